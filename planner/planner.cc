@@ -1,0 +1,567 @@
+#include "planner/planner.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/log.h"
+#include "planner/layout.h"
+#include "planner/shard.h"
+#include "planner/validate.h"
+
+namespace reshard::planner {
+namespace {
+
+// Ranks of one generation that share a (tp, dp) coordinate hold the same
+// shard; a Group is one box of the global tensor with every coordinate that
+// holds it (data-parallel replicas) and where each keeps it.
+struct Member {
+  int tp_index;
+  int dp_index;
+  View view;
+};
+struct Group {
+  Box box;
+  std::vector<Member> members;
+};
+struct Overlap {
+  int old_group;
+  int new_group;
+  Box region;
+};
+
+// The stage-independent part of planning one tensor: which old boxes meet
+// which new boxes. Shared by every tensor with the same shape and tp/dp rule.
+struct Template {
+  std::vector<Group> old_groups;
+  std::vector<Group> new_groups;
+  std::vector<Overlap> overlaps;
+  // Padding of each new coordinate's buffer, index tp_index + tp * dp_index.
+  std::vector<std::pair<int64_t, int64_t>> new_padding;  // (offset, count)
+};
+
+std::string TemplateKey(const v1::TensorSpec& t) {
+  const v1::PartitionSpec& p = t.partition();
+  std::string key =
+      absl::StrCat(absl::StrJoin(t.shape(), ","), "|", p.tp().mode(), ":", p.tp().axis(), ":",
+                   absl::StrJoin(p.tp().blocks(), ","), "|", p.dp().mode(), ":", p.dp().axis());
+  return key;
+}
+
+void AddCoordShard(const CoordShard& cs, int tp_index, int dp_index,
+                   absl::flat_hash_map<std::string, int>* by_box, std::vector<Group>* groups) {
+  for (const Piece& piece : cs.pieces) {
+    std::string key(reinterpret_cast<const char*>(piece.global.offset),
+                    sizeof(int64_t) * piece.global.ndim);
+    key.append(reinterpret_cast<const char*>(piece.global.size),
+               sizeof(int64_t) * piece.global.ndim);
+    auto [it, inserted] = by_box->emplace(std::move(key), static_cast<int>(groups->size()));
+    if (inserted) groups->push_back(Group{piece.global, {}});
+    (*groups)[it->second].members.push_back(Member{tp_index, dp_index, piece.local});
+  }
+}
+
+Template BuildTemplate(const v1::TensorSpec& t, const ResolvedLayout& from,
+                       const ResolvedLayout& to) {
+  Template tpl;
+  absl::flat_hash_map<std::string, int> by_box;
+  for (int d = 0; d < from.dp(); ++d) {
+    for (int i = 0; i < from.tp(); ++i) {
+      AddCoordShard(DeriveCoordShard(t, from.tp(), from.dp(), i, d), i, d, &by_box,
+                    &tpl.old_groups);
+    }
+  }
+  by_box.clear();
+  tpl.new_padding.resize(static_cast<size_t>(to.tp()) * to.dp());
+  for (int d = 0; d < to.dp(); ++d) {
+    for (int i = 0; i < to.tp(); ++i) {
+      const CoordShard cs = DeriveCoordShard(t, to.tp(), to.dp(), i, d);
+      tpl.new_padding[i + to.tp() * d] = {cs.padding_offset, cs.local_elements - cs.padding_offset};
+      AddCoordShard(cs, i, d, &by_box, &tpl.new_groups);
+    }
+  }
+  // Old groups sorted by their start on dimension 0 let each new group scan
+  // only the old groups that can meet it there.
+  std::vector<int> order(tpl.old_groups.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
+  std::sort(order.begin(), order.end(), [&](int a, int b) {
+    return tpl.old_groups[a].box.offset[0] < tpl.old_groups[b].box.offset[0];
+  });
+  for (size_t n = 0; n < tpl.new_groups.size(); ++n) {
+    const Box& nb = tpl.new_groups[n].box;
+    const int64_t n_end = nb.offset[0] + nb.size[0];
+    for (int o : order) {
+      const Box& ob = tpl.old_groups[o].box;
+      if (ob.offset[0] >= n_end) break;
+      Overlap ov{o, static_cast<int>(n), {}};
+      if (Intersect(ob, nb, &ov.region)) tpl.overlaps.push_back(ov);
+    }
+  }
+  return tpl;
+}
+
+std::string BoxString(const Box& b) {
+  std::string s = "[";
+  for (int d = 0; d < b.ndim; ++d) {
+    absl::StrAppend(&s, d ? ", " : "", b.offset[d], ":", b.offset[d] + b.size[d]);
+  }
+  return s + "]";
+}
+
+// One rank that needs (or holds) a region, with where it keeps it.
+struct Endpoint {
+  int rank;
+  int host;
+  int device;
+  View view;
+};
+
+class PlanBuilder {
+ public:
+  PlanBuilder(int num_hosts, Plan* plan) : plan_(plan) {
+    out_.assign(num_hosts, 0);
+    in_.assign(num_hosts, 0);
+    local_.assign(num_hosts, 0);
+  }
+
+  // Plans one region of item `item`: `needers` (new ranks) need it and
+  // `holders` (surviving old ranks) hold it. Returns false when no holder.
+  bool PlaceRegion(int item, int ndim, const int64_t* shape, int64_t bytes,
+                   std::vector<Endpoint>& needers, const std::vector<Endpoint>& holders) {
+    if (needers.empty()) return true;
+    if (holders.empty()) return false;
+    std::sort(needers.begin(), needers.end(),
+              [](const Endpoint& a, const Endpoint& b) { return a.host < b.host; });
+    for (size_t begin = 0; begin < needers.size();) {
+      size_t end = begin;
+      const int host = needers[begin].host;
+      while (end < needers.size() && needers[end].host == host) ++end;
+      PlaceOnHost(item, ndim, shape, bytes, &needers[begin], &needers[end], holders);
+      begin = end;
+    }
+    return true;
+  }
+
+  void AddFill(int item, int rank, int64_t offset, int64_t count, int element_bytes) {
+    plan_->fills.push_back(Plan::Fill{item, rank, offset, count});
+    plan_->bytes_zero_filled += count * element_bytes;
+  }
+
+  void Finish(const HostTable& hosts) {
+    plan_->hosts.resize(hosts.size());
+    for (int h = 0; h < hosts.size(); ++h) {
+      plan_->hosts[h].host = hosts.Name(h);
+      plan_->hosts[h].bytes_in = in_[h];
+      plan_->hosts[h].bytes_out = out_[h];
+      plan_->hosts[h].bytes_local = local_[h];
+    }
+  }
+
+ private:
+  void PlaceOnHost(int item, int ndim, const int64_t* shape, int64_t bytes, Endpoint* first,
+                   Endpoint* last, const std::vector<Endpoint>& holders) {
+    const int host = first->host;
+    int local_holders = 0;
+    for (const Endpoint& h : holders) local_holders += h.host == host;
+    if (local_holders > 0) {
+      // Rule 2: same device, else same host (spread over the local holders).
+      int next = 0;
+      for (Endpoint* n = first; n != last; ++n) {
+        const Endpoint* src = nullptr;
+        for (const Endpoint& h : holders) {
+          if (h.host == host && h.device == n->device) {
+            src = &h;
+            break;
+          }
+        }
+        if (src == nullptr) {
+          int k = next++ % local_holders;
+          for (const Endpoint& h : holders) {
+            if (h.host == host && k-- == 0) {
+              src = &h;
+              break;
+            }
+          }
+        }
+        EmitStep(item, ndim, shape, bytes, *src, n, n + 1, /*cross=*/false);
+      }
+      return;
+    }
+    // Rules 3-5: the region crosses to this host once, from the least-loaded
+    // host among the holders.
+    plan_->lower_bound_cross_host += bytes;
+    const Endpoint* best = nullptr;
+    for (const Endpoint& h : holders) {
+      if (best == nullptr || out_[h.host] < out_[best->host] ||
+          (out_[h.host] == out_[best->host] && h.host < best->host)) {
+        best = &h;
+      }
+    }
+    EmitStep(item, ndim, shape, bytes, *best, first, last, /*cross=*/true);
+  }
+
+  // True when the region covers one contiguous run of its buffer.
+  static bool Contiguous(int ndim, const int64_t* shape, const View& v) {
+    int64_t expected = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (shape[d] == 1) continue;
+      if (v.strides[d] != expected) return false;
+      expected *= shape[d];
+    }
+    return true;
+  }
+
+  // Extends the previous step when this one continues it in both buffers (a
+  // flat shard's range cut into boxes): one 1-d step instead of several.
+  bool MergeWithPrevious(int item, int ndim, const int64_t* shape, int64_t bytes,
+                         const Endpoint& src, const Endpoint& dst, bool cross) {
+    if (plan_->steps.empty()) return false;
+    Plan::Step& p = plan_->steps.back();
+    if (p.item != item || p.src_rank != src.rank || p.cross_host != cross ||
+        p.dst_end - p.dst_begin != 1 || plan_->dsts[p.dst_begin].rank != dst.rank) {
+      return false;
+    }
+    Plan::Dst& pd = plan_->dsts[p.dst_begin];
+    if (!Contiguous(p.ndim, p.shape, p.src) || !Contiguous(p.ndim, p.shape, pd.view) ||
+        !Contiguous(ndim, shape, src.view) || !Contiguous(ndim, shape, dst.view)) {
+      return false;
+    }
+    int64_t n = 1;
+    for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
+    if (p.src.offset + n != src.view.offset || pd.view.offset + n != dst.view.offset) return false;
+    int64_t m = 1;
+    for (int d = 0; d < ndim; ++d) m *= shape[d];
+    p.ndim = 1;
+    p.shape[0] = n + m;
+    p.src.strides[0] = 1;
+    pd.view.strides[0] = 1;
+    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = p.src.strides[d] = pd.view.strides[d] = 0;
+    p.bytes += bytes;
+    return true;
+  }
+
+  void EmitStep(int item, int ndim, const int64_t* shape, int64_t bytes, const Endpoint& src,
+                const Endpoint* first, const Endpoint* last, bool cross) {
+    const int64_t ndst = last - first;
+    if (ndst == 1 && MergeWithPrevious(item, ndim, shape, bytes, src, *first, cross)) {
+      Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
+      return;
+    }
+    Plan::Step s;
+    s.item = item;
+    s.src_rank = src.rank;
+    s.ndim = static_cast<int8_t>(ndim);
+    s.cross_host = cross;
+    s.bytes = bytes;
+    std::copy(shape, shape + ndim, s.shape);
+    std::fill(s.shape + ndim, s.shape + kMaxDims, 0);
+    s.src = src.view;
+    s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
+    for (const Endpoint* d = first; d != last; ++d) {
+      plan_->dsts.push_back(Plan::Dst{d->rank, d->view});
+    }
+    s.dst_end = static_cast<int32_t>(plan_->dsts.size());
+    plan_->steps.push_back(s);
+    Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
+  }
+
+  void Account(const Endpoint& src, const Endpoint& dst, int64_t bytes, int64_t ndst, bool cross,
+               bool new_step) {
+    if (cross) {
+      out_[src.host] += bytes;
+      in_[dst.host] += bytes;
+      plan_->bytes_cross_host += bytes;
+      plan_->cross_host_steps += new_step;
+    } else {
+      local_[dst.host] += bytes * ndst;
+      plan_->bytes_local += bytes * ndst;
+    }
+  }
+
+  Plan* plan_;
+  std::vector<int64_t> out_, in_, local_;
+};
+
+absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,
+                         const std::vector<v1::DeviceSlot>& old_slots, std::vector<char>* alive,
+                         std::vector<int>* lost_ranks) {
+  alive->assign(from.world(), 1);
+  for (const std::string& h : lost.hosts) {
+    const int index = hosts.Find(h);
+    bool found = false;
+    for (int r = 0; r < from.world(); ++r) {
+      if (from.host(r) == index) {
+        (*alive)[r] = 0;
+        found = true;
+      }
+    }
+    if (!found) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lost host \"", h, "\" holds no rank of the current layout"));
+    }
+  }
+  for (int r : lost.ranks) {
+    if (r < 0 || r >= from.world()) {
+      return absl::InvalidArgumentError(absl::StrCat("lost rank ", r, " is out of range: the ",
+                                                     "current layout has ranks 0..",
+                                                     from.world() - 1));
+    }
+    (*alive)[r] = 0;
+  }
+  for (int r = 0; r < from.world(); ++r) {
+    if (!(*alive)[r]) lost_ranks->push_back(r);
+  }
+  (void)old_slots;
+  return absl::OkStatus();
+}
+
+absl::Status CheckTargetAvoidsLost(const LostSet& lost, const std::vector<int>& lost_ranks,
+                                   const std::vector<v1::DeviceSlot>& old_slots,
+                                   const std::vector<v1::DeviceSlot>& new_slots) {
+  for (size_t r = 0; r < new_slots.size(); ++r) {
+    for (const std::string& h : lost.hosts) {
+      if (new_slots[r].host() == h) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("target.placement: rank ", r, " is on lost host \"", h, "\""));
+      }
+    }
+    for (int lr : lost_ranks) {
+      if (new_slots[r].host() == old_slots[lr].host() &&
+          new_slots[r].device() == old_slots[lr].device()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("target.placement: rank ", r, " is on host \"", new_slots[r].host(),
+                         "\" device ", new_slots[r].device(), ", the device of lost rank ", lr));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                              const LostSet& lost) {
+  if (absl::Status s = ValidatePtc(ptc); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, from, "layout"); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, to, "target"); !s.ok()) return s;
+
+  HostTable hosts;
+  const ResolvedLayout old_layout = ResolvedLayout::Resolve(from, ptc.num_layers(), &hosts);
+  const ResolvedLayout new_layout = ResolvedLayout::Resolve(to, ptc.num_layers(), &hosts);
+  const std::vector<v1::DeviceSlot> old_slots = ExpandPlacement(from.placement());
+  const std::vector<v1::DeviceSlot> new_slots = ExpandPlacement(to.placement());
+
+  Plan plan;
+  std::vector<char> alive;
+  if (absl::Status s = ResolveLost(lost, hosts, old_layout, old_slots, &alive, &plan.lost_ranks);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckTargetAvoidsLost(lost, plan.lost_ranks, old_slots, new_slots);
+      !s.ok()) {
+    return s;
+  }
+
+  PlanBuilder builder(hosts.size(), &plan);
+  std::unordered_map<std::string, Template> templates;  // stable addresses
+  std::vector<std::string> missing;                     // one line per tensor with lost regions
+  std::vector<int> old_stages, new_stages;
+  std::vector<Endpoint> needers, holders;
+
+  // First pass: templates, and the exact number of destinations (one per
+  // needer of every overlap), so the plan's arrays never reallocate.
+  std::vector<const Template*> tensor_templates(ptc.tensors_size());
+  size_t total_dsts = 0;
+  for (int item = 0; item < ptc.tensors_size(); ++item) {
+    const v1::TensorSpec& t = ptc.tensors(item);
+    auto [it, inserted] = templates.try_emplace(TemplateKey(t));
+    if (inserted) it->second = BuildTemplate(t, old_layout, new_layout);
+    tensor_templates[item] = &it->second;
+    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
+    size_t needers_per_stage = 0;
+    for (const Overlap& ov : it->second.overlaps) {
+      needers_per_stage += it->second.new_groups[ov.new_group].members.size();
+    }
+    total_dsts += needers_per_stage * new_stages.size();
+  }
+  // Blobs: at most one destination per new rank each.
+  total_dsts += static_cast<size_t>(ptc.blobs_size()) * new_layout.world();
+  plan.dsts.reserve(total_dsts);
+  plan.steps.reserve(total_dsts);  // untouched capacity costs no memory
+
+  for (int item = 0; item < ptc.tensors_size(); ++item) {
+    const v1::TensorSpec& t = ptc.tensors(item);
+    const int ebytes = ElementBytes(t.dtype());
+    plan.items.push_back(Plan::Item{t.name(), false, ebytes, t.shape_size()});
+    const Template& tpl = *tensor_templates[item];
+    old_layout.StagesHolding(t.partition().pipeline(), &old_stages);
+    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
+
+    // Report each lost old box once, however many new shards need part of it.
+    std::vector<int> lost_groups;
+    for (const Overlap& ov : tpl.overlaps) {
+      const Group& og = tpl.old_groups[ov.old_group];
+      const Group& ng = tpl.new_groups[ov.new_group];
+      needers.clear();
+      holders.clear();
+      for (const Member& m : ng.members) {
+        const View v = SubView(ng.box, m.view, ov.region);
+        for (int p : new_stages) {
+          const int r = new_layout.Rank({m.tp_index, m.dp_index, p});
+          needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), v});
+        }
+      }
+      for (const Member& m : og.members) {
+        const View v = SubView(og.box, m.view, ov.region);
+        for (int p : old_stages) {
+          const int r = old_layout.Rank({m.tp_index, m.dp_index, p});
+          if (!alive[r]) continue;
+          holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), v});
+        }
+      }
+      const int64_t bytes = ov.region.Elements() * ebytes;
+      if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, bytes, needers, holders)) {
+        if (std::find(lost_groups.begin(), lost_groups.end(), ov.old_group) == lost_groups.end()) {
+          lost_groups.push_back(ov.old_group);
+        }
+      }
+    }
+    if (!lost_groups.empty()) {
+      std::vector<std::string> lost_regions;
+      for (int g : lost_groups) lost_regions.push_back(BoxString(tpl.old_groups[g].box));
+      missing.push_back(
+          absl::StrCat("tensor \"", t.name(), "\" regions ", absl::StrJoin(lost_regions, " ")));
+      continue;
+    }
+    for (int p : new_stages) {
+      for (int d = 0; d < new_layout.dp(); ++d) {
+        for (int i = 0; i < new_layout.tp(); ++i) {
+          const auto& [offset, count] = tpl.new_padding[i + new_layout.tp() * d];
+          if (count > 0) builder.AddFill(item, new_layout.Rank({i, d, p}), offset, count, ebytes);
+        }
+      }
+    }
+  }
+
+  for (int b = 0; b < ptc.blobs_size(); ++b) {
+    const v1::BlobSpec& blob = ptc.blobs(b);
+    const int item = ptc.tensors_size() + b;
+    plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
+    View whole;
+    whole.strides[0] = 1;
+    const int64_t shape[1] = {blob.size_bytes()};
+    if (blob.scope() == v1::BLOB_REPLICATED) {
+      needers.clear();
+      holders.clear();
+      for (int r = 0; r < new_layout.world(); ++r) {
+        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+      }
+      for (int r = 0; r < old_layout.world(); ++r) {
+        if (alive[r]) {
+          holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), whole});
+        }
+      }
+      if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
+        missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
+      }
+      continue;
+    }
+    std::vector<int> lost_values;
+    for (int k = 0; k < std::min(old_layout.world(), new_layout.world()); ++k) {
+      needers.clear();
+      holders.clear();
+      for (int r = k; r < new_layout.world(); r += old_layout.world()) {
+        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+      }
+      if (alive[k]) {
+        holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), whole});
+      }
+      if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
+        lost_values.push_back(k);
+      }
+    }
+    if (!lost_values.empty()) {
+      missing.push_back(absl::StrCat("blob \"", blob.name(), "\" values of old ranks ",
+                                     absl::StrJoin(lost_values, ",")));
+    }
+  }
+
+  if (!missing.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        missing.size(), " items have regions that no surviving rank holds (lost ranks ",
+        absl::StrJoin(plan.lost_ranks, ","), "): ", absl::StrJoin(missing, "; ")));
+  }
+  builder.Finish(hosts);
+  return plan;
+}
+
+v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to) {
+  v1::TransferPlan out;
+  *out.mutable_source_layout() = from;
+  *out.mutable_target_layout() = to;
+  for (const Plan::Item& it : plan.items) {
+    v1::PlanItem* pi = out.add_items();
+    pi->set_name(it.name);
+    pi->set_is_blob(it.is_blob);
+    pi->set_element_bytes(it.element_bytes);
+  }
+  out.mutable_steps()->Reserve(static_cast<int>(plan.steps.size()));
+  for (const Plan::Step& s : plan.steps) {
+    v1::CopyStep* cs = out.add_steps();
+    cs->set_item(s.item);
+    cs->set_src_rank(s.src_rank);
+    cs->mutable_src()->set_offset(s.src.offset);
+    for (int d = 0; d < s.ndim; ++d) {
+      cs->add_shape(s.shape[d]);
+      cs->mutable_src()->add_strides(s.src.strides[d]);
+    }
+    for (int i = s.dst_begin; i < s.dst_end; ++i) {
+      v1::Destination* dst = cs->add_dsts();
+      dst->set_rank(plan.dsts[i].rank);
+      dst->mutable_region()->set_offset(plan.dsts[i].view.offset);
+      for (int d = 0; d < s.ndim; ++d)
+        dst->mutable_region()->add_strides(plan.dsts[i].view.strides[d]);
+    }
+    cs->set_bytes(s.bytes);
+    cs->set_cross_host(s.cross_host);
+  }
+  for (const Plan::Fill& f : plan.fills) {
+    v1::ZeroFill* z = out.add_zero_fills();
+    z->set_item(f.item);
+    z->set_rank(f.rank);
+    z->set_offset(f.offset);
+    z->set_count(f.count);
+  }
+  for (int r : plan.lost_ranks) out.add_lost_ranks(r);
+  v1::PlanStats* st = out.mutable_stats();
+  st->set_bytes_local(plan.bytes_local);
+  st->set_bytes_cross_host(plan.bytes_cross_host);
+  st->set_lower_bound_cross_host(plan.lower_bound_cross_host);
+  st->set_bytes_zero_filled(plan.bytes_zero_filled);
+  st->set_steps(static_cast<int64_t>(plan.steps.size()));
+  st->set_cross_host_steps(plan.cross_host_steps);
+  st->set_zero_fills(static_cast<int64_t>(plan.fills.size()));
+  for (const Plan::HostStats& h : plan.hosts) {
+    v1::HostTraffic* ht = st->add_hosts();
+    ht->set_host(h.host);
+    ht->set_bytes_in(h.bytes_in);
+    ht->set_bytes_out(h.bytes_out);
+    ht->set_bytes_local(h.bytes_local);
+  }
+  return out;
+}
+
+absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc, const v1::Layout& from,
+                                              const v1::Layout& to, const LostSet& lost) {
+  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, lost);
+  if (!plan.ok()) return plan.status();
+  return ToProto(*plan, from, to);
+}
+
+}  // namespace reshard::planner

@@ -1,0 +1,87 @@
+// The transfer planner: old generation + new layout (+ lost ranks or hosts)
+// -> a plan obeying the five rules of DESIGN.md "The plan".
+//
+// Pure: no I/O, no clock, no threads. Thread-safe (no shared state).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "planner/geometry.h"
+#include "reshard/v1/plan.pb.h"
+#include "reshard/v1/ptc.pb.h"
+
+namespace reshard::planner {
+
+/// Old ranks or hosts whose bytes are gone.
+struct LostSet {
+  std::vector<std::string> hosts;
+  std::vector<int> ranks;  // ranks of the old generation
+};
+
+/// The plan in the planner's compact form (what the benchmark measures);
+/// ToProto() turns it into the API's TransferPlan.
+struct Plan {
+  struct Item {
+    std::string name;
+    bool is_blob = false;
+    int element_bytes = 1;
+    int ndim = 1;
+  };
+  struct Dst {
+    int32_t rank;
+    View view;
+  };
+  struct Step {
+    int32_t item;
+    int32_t src_rank;
+    int32_t dst_begin;  // [dst_begin, dst_end) in `dsts`
+    int32_t dst_end;
+    bool cross_host;
+    int8_t ndim;    // dimensions of the region (may be fewer than the item's)
+    int64_t bytes;  // of one destination's copy
+    int64_t shape[kMaxDims];
+    View src;
+  };
+  struct Fill {
+    int32_t item;
+    int32_t rank;
+    int64_t offset;
+    int64_t count;
+  };
+  struct HostStats {
+    std::string host;
+    int64_t bytes_in = 0, bytes_out = 0, bytes_local = 0;
+  };
+
+  std::vector<Item> items;
+  std::vector<Step> steps;
+  std::vector<Dst> dsts;
+  std::vector<Fill> fills;
+  std::vector<int> lost_ranks;
+
+  int64_t bytes_local = 0;
+  int64_t bytes_cross_host = 0;
+  int64_t lower_bound_cross_host = 0;
+  int64_t bytes_zero_filled = 0;
+  int64_t cross_host_steps = 0;
+  std::vector<HostStats> hosts;
+};
+
+/// Plans `from` -> `to` for `ptc`. Validates its inputs (InvalidArgument);
+/// FailedPrecondition, listing every tensor and region, when some needed
+/// bytes have no surviving holder.
+[[nodiscard]] absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from,
+                                            const v1::Layout& to, const LostSet& lost);
+
+v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to);
+
+/// MakePlan + ToProto.
+[[nodiscard]] absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc,
+                                                            const v1::Layout& from,
+                                                            const v1::Layout& to,
+                                                            const LostSet& lost);
+
+}  // namespace reshard::planner

@@ -1,0 +1,327 @@
+#include "planner/validate.h"
+
+#include <algorithm>
+#include <set>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "planner/geometry.h"
+#include "planner/layout.h"
+#include "planner/shard.h"
+
+namespace reshard::planner {
+namespace {
+
+// Upper bound on ranks in one layout: far beyond any cluster, small enough
+// that rank arithmetic cannot overflow.
+constexpr int64_t kMaxWorld = 1 << 20;
+
+absl::Status TensorError(const v1::TensorSpec& t, absl::string_view what) {
+  return absl::InvalidArgumentError(absl::StrCat("tensor \"", t.name(), "\": ", what));
+}
+
+std::string ShapeString(const v1::TensorSpec& t) {
+  return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
+}
+
+absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
+  if (ElementBytes(t.dtype()) == 0) {
+    return TensorError(
+        t, absl::StrCat("dtype ", static_cast<int>(t.dtype()), " is not a known DType"));
+  }
+  const int ndim = t.shape_size();
+  if (ndim == 0) return TensorError(t, "shape is empty (use [1] for a scalar)");
+  if (ndim > kMaxDims) {
+    return TensorError(t, absl::StrCat("shape ", ShapeString(t), " has ", ndim,
+                                       " dimensions; at most ", kMaxDims, " are supported"));
+  }
+  int64_t bytes = ElementBytes(t.dtype());
+  for (int d = 0; d < ndim; ++d) {
+    if (t.shape(d) <= 0) {
+      return TensorError(t, absl::StrCat("shape[", d, "] is ", t.shape(d), " in ", ShapeString(t),
+                                         "; dimensions must be positive"));
+    }
+    if (__builtin_mul_overflow(bytes, t.shape(d), &bytes)) {
+      return TensorError(t,
+                         absl::StrCat("shape ", ShapeString(t), " overflows a 64-bit byte size"));
+    }
+  }
+  const v1::PartitionSpec& ps = t.partition();
+  const v1::TensorParallel& tp = ps.tp();
+  switch (tp.mode()) {
+    case v1::TP_REPLICATED:
+      if (tp.blocks_size() > 0) {
+        return TensorError(t, "partition.tp.blocks given but partition.tp.mode is TP_REPLICATED");
+      }
+      break;
+    case v1::TP_SPLIT: {
+      if (tp.axis() < 0 || tp.axis() >= ndim) {
+        return TensorError(t, absl::StrCat("partition.tp.axis ", tp.axis(),
+                                           " out of range for a rank-", ndim, " tensor"));
+      }
+      if (tp.blocks_size() > 0) {
+        int64_t sum = 0;
+        for (int j = 0; j < tp.blocks_size(); ++j) {
+          if (tp.blocks(j) <= 0) {
+            return TensorError(t, absl::StrCat("partition.tp.blocks[", j, "] is ", tp.blocks(j),
+                                               "; blocks must be positive"));
+          }
+          sum += tp.blocks(j);
+        }
+        if (sum != t.shape(tp.axis())) {
+          return TensorError(
+              t,
+              absl::StrCat("partition.tp.blocks [", absl::StrJoin(tp.blocks(), ", "), "] sum to ",
+                           sum, " but shape[", tp.axis(), "] is ", t.shape(tp.axis())));
+        }
+      }
+      break;
+    }
+    default:
+      return TensorError(t, absl::StrCat("partition.tp.mode ", static_cast<int>(tp.mode()),
+                                         " is not a known TpMode"));
+  }
+  const v1::Pipeline& pl = ps.pipeline();
+  switch (pl.mode()) {
+    case v1::PIPELINE_LAYER:
+      if (pl.layer() < 0 || pl.layer() >= num_layers) {
+        return TensorError(t, absl::StrCat("partition.pipeline.layer ", pl.layer(),
+                                           " is beyond the layer count ", num_layers));
+      }
+      break;
+    case v1::PIPELINE_FIRST_STAGE:
+    case v1::PIPELINE_LAST_STAGE:
+    case v1::PIPELINE_EVERY_STAGE:
+      break;
+    case v1::PIPELINE_UNSPECIFIED:
+      return TensorError(t,
+                         "partition.pipeline.mode is unspecified (PIPELINE_LAYER, "
+                         "PIPELINE_FIRST_STAGE, PIPELINE_LAST_STAGE or PIPELINE_EVERY_STAGE)");
+    default:
+      return TensorError(t, absl::StrCat("partition.pipeline.mode ", static_cast<int>(pl.mode()),
+                                         " is not a known PipelineMode"));
+  }
+  const v1::DataParallel& dp = ps.dp();
+  switch (dp.mode()) {
+    case v1::DP_REPLICATED:
+    case v1::DP_FLAT:
+      break;
+    case v1::DP_SPLIT:
+      if (dp.axis() < 0 || dp.axis() >= ndim) {
+        return TensorError(t, absl::StrCat("partition.dp.axis ", dp.axis(),
+                                           " out of range for a rank-", ndim, " tensor"));
+      }
+      break;
+    default:
+      return TensorError(t, absl::StrCat("partition.dp.mode ", static_cast<int>(dp.mode()),
+                                         " is not a known DpMode"));
+  }
+  return absl::OkStatus();
+}
+
+// A holding rank left without elements, when the tensor forbids it.
+absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig& c,
+                              absl::string_view what) {
+  if (t.partition().allow_empty()) return absl::OkStatus();
+  for (int i = 0; i < c.tp(); ++i) {
+    const TpPiece piece = DeriveTpPiece(t, c.tp(), i);
+    int64_t n = 1;
+    for (int64_t x : piece.local_shape) n *= x;
+    if (n == 0) {
+      return TensorError(t, absl::StrCat(what, ".config.tp ", c.tp(), " leaves tp rank ", i,
+                                         " without elements of shape ", ShapeString(t),
+                                         " (set partition.allow_empty to permit)"));
+    }
+    const v1::DataParallel& dp = t.partition().dp();
+    if (c.dp() == 1) continue;
+    if (dp.mode() == v1::DP_SPLIT && piece.local_shape[dp.axis()] < c.dp()) {
+      return TensorError(
+          t, absl::StrCat(what, ".config.dp ", c.dp(), " exceeds the ",
+                          piece.local_shape[dp.axis()], " elements on partition.dp.axis ",
+                          dp.axis(), " of tp rank ", i, "'s piece, leaving a dp rank empty",
+                          " (set partition.allow_empty to permit)"));
+    }
+    if (dp.mode() == v1::DP_FLAT) {
+      const int64_t chunk = (n + c.dp() - 1) / c.dp();
+      if (chunk * (c.dp() - 1) >= n) {
+        return TensorError(t, absl::StrCat(what, ".config.dp ", c.dp(), " leaves a dp rank ",
+                                           "without elements of tp rank ", i, "'s ", n,
+                                           "-element piece (set partition.allow_empty to permit)"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+int ElementBytes(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FLOAT64:
+    case v1::DTYPE_INT64:
+      return 8;
+    case v1::DTYPE_FLOAT32:
+    case v1::DTYPE_INT32:
+      return 4;
+    case v1::DTYPE_FLOAT16:
+    case v1::DTYPE_BFLOAT16:
+    case v1::DTYPE_INT16:
+      return 2;
+    case v1::DTYPE_FLOAT8_E4M3:
+    case v1::DTYPE_FLOAT8_E5M2:
+    case v1::DTYPE_INT8:
+    case v1::DTYPE_UINT8:
+    case v1::DTYPE_BOOL:
+      return 1;
+    default:
+      return 0;
+  }
+}
+
+absl::Status ValidatePtc(const v1::Ptc& ptc) {
+  if (ptc.num_layers() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptc.num_layers is ", ptc.num_layers(), "; it must be >= 0"));
+  }
+  if (ptc.tensors_size() == 0 && ptc.blobs_size() == 0) {
+    return absl::InvalidArgumentError("ptc has no tensors and no blobs");
+  }
+  absl::flat_hash_set<std::string> names;
+  int64_t total = 0;
+  for (int i = 0; i < ptc.tensors_size(); ++i) {
+    const v1::TensorSpec& t = ptc.tensors(i);
+    if (t.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("ptc.tensors[", i, "]: name is empty"));
+    }
+    if (!names.insert(t.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor \"", t.name(), "\": duplicate name (ptc.tensors[", i, "])"));
+    }
+    if (absl::Status s = ValidateTensor(t, ptc.num_layers()); !s.ok()) return s;
+    int64_t bytes = ElementBytes(t.dtype());
+    for (int64_t d : t.shape()) bytes *= d;  // checked above
+    if (__builtin_add_overflow(total, bytes, &total)) {
+      return TensorError(t, "the PTC's total byte size overflows 64 bits");
+    }
+  }
+  for (int i = 0; i < ptc.blobs_size(); ++i) {
+    const v1::BlobSpec& b = ptc.blobs(i);
+    if (b.name().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("ptc.blobs[", i, "]: name is empty"));
+    }
+    if (!names.insert(b.name()).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("blob \"", b.name(), "\": duplicate name (ptc.blobs[", i, "])"));
+    }
+    if (b.size_bytes() <= 0) {
+      return absl::InvalidArgumentError(absl::StrCat("blob \"", b.name(), "\": size_bytes ",
+                                                     b.size_bytes(), " must be positive"));
+    }
+    if (b.scope() != v1::BLOB_REPLICATED && b.scope() != v1::BLOB_PER_RANK) {
+      return absl::InvalidArgumentError(absl::StrCat("blob \"", b.name(), "\": scope ",
+                                                     static_cast<int>(b.scope()),
+                                                     " is not a known BlobScope"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::string_view what) {
+  const v1::ParallelConfig& c = layout.config();
+  for (auto [name, value] :
+       {std::pair<const char*, int>{"tp", c.tp()}, {"pp", c.pp()}, {"dp", c.dp()}}) {
+    if (value < 1) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".config.", name, " is ", value, "; it must be >= 1"));
+    }
+  }
+  const int64_t world = int64_t{c.tp()} * c.pp() * c.dp();
+  if (world > kMaxWorld) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".config: tp*pp*dp = ", world,
+                                                   " exceeds the limit of ", kMaxWorld, " ranks"));
+  }
+  if (c.order() != v1::RANK_ORDER_TP_DP_PP && c.order() != v1::RANK_ORDER_TP_PP_DP) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ".config.order ", static_cast<int>(c.order()), " is not a known RankOrder"));
+  }
+  const int layers = ptc.num_layers();
+  if (c.stage_starts_size() > 0) {
+    if (c.stage_starts_size() != c.pp()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".config.stage_starts has ", c.stage_starts_size(), " entries but pp is ", c.pp()));
+    }
+    if (c.stage_starts(0) != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".config.stage_starts[0] is ",
+                                                     c.stage_starts(0),
+                                                     "; the first stage must start at layer 0"));
+    }
+    for (int s = 1; s < c.pp(); ++s) {
+      if (c.stage_starts(s) <= c.stage_starts(s - 1) || c.stage_starts(s) >= layers) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ".config.stage_starts[", s, "] is ", c.stage_starts(s),
+                         "; stage starts must increase strictly and stay below num_layers ", layers,
+                         " so that every stage owns at least one layer"));
+      }
+    }
+  } else if (c.pp() > 1 && c.pp() > layers) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".config.pp ", c.pp(),
+                                                   " exceeds num_layers ", layers,
+                                                   ": some stage would own no layer"));
+  }
+  const v1::Placement& p = layout.placement();
+  if (p.ranks_size() > 0 && (p.hosts_size() > 0 || p.devices_per_host() != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".placement: give either ranks or hosts + devices_per_host, not both"));
+  }
+  if (p.ranks_size() == 0) {
+    if (p.devices_per_host() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".placement.devices_per_host is ",
+                                                     p.devices_per_host(),
+                                                     "; it must be >= 1 (or give ranks)"));
+    }
+    if (int64_t{p.hosts_size()} * p.devices_per_host() != world) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          what, ".placement has ", p.hosts_size(), " hosts x ", p.devices_per_host(), " devices = ",
+          int64_t{p.hosts_size()} * p.devices_per_host(), " slots but tp*pp*dp = ", world));
+    }
+  } else if (p.ranks_size() != world) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".placement has ", p.ranks_size(),
+                                                   " ranks but tp*pp*dp = ", c.tp(), "*", c.pp(),
+                                                   "*", c.dp(), " = ", world));
+  }
+  const std::vector<v1::DeviceSlot> slots = ExpandPlacement(p);
+  absl::flat_hash_map<std::pair<std::string, int>, int> seen;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (slots[r].host().empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".placement: rank ", r, " has an empty host name"));
+    }
+    if (slots[r].device() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".placement: rank ", r, " device ",
+                                                     slots[r].device(), " is negative"));
+    }
+    auto [it, inserted] =
+        seen.emplace(std::make_pair(slots[r].host(), slots[r].device()), static_cast<int>(r));
+    if (!inserted) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".placement: ranks ", it->second,
+                                                     " and ", r, " share host \"", slots[r].host(),
+                                                     "\" device ", slots[r].device()));
+    }
+  }
+  for (const v1::TensorSpec& t : ptc.tensors()) {
+    if (absl::Status s = CheckNoEmptyRank(t, c, what); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
+  if (spec.name().empty()) return absl::InvalidArgumentError("job name is empty");
+  if (absl::Status s = ValidatePtc(spec.ptc()); !s.ok()) return s;
+  return ValidateLayout(spec.ptc(), spec.layout(), "layout");
+}
+
+}  // namespace reshard::planner

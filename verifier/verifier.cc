@@ -1,0 +1,385 @@
+#include "verifier/verifier.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "verifier/model.h"
+
+namespace reshard::verifier {
+namespace {
+
+// Value of a new buffer position that nothing has written yet.
+constexpr int64_t kUnwritten = -2;
+
+absl::Status Violation(const std::string& msg) {
+  return absl::FailedPreconditionError(absl::StrCat("plan rejected by verifier: ", msg));
+}
+
+std::string ItemLabel(const Model& m, int item) {
+  return absl::StrFormat("item %d (%s \"%s\")", item, m.items[item].is_blob ? "blob" : "tensor",
+                         m.items[item].name);
+}
+
+// What the plan did, tallied while it is applied.
+struct Tally {
+  int64_t bytes_local = 0, bytes_cross_host = 0, bytes_zero_filled = 0, cross_host_steps = 0;
+  std::vector<int64_t> in, out, local;  // per host index
+};
+
+using Buffers = std::vector<std::vector<std::vector<int64_t>>>;  // [item][new rank][pos]
+
+absl::Status CheckHeader(const Model& m, const v1::Layout& from, const v1::Layout& to,
+                         const v1::TransferPlan& plan) {
+  if (plan.items_size() != static_cast<int>(m.items.size())) {
+    return Violation(absl::StrCat("plan has ", plan.items_size(), " items, the PTC ",
+                                  m.items.size(), " (tensors, then blobs)"));
+  }
+  for (int i = 0; i < plan.items_size(); ++i) {
+    const auto& got = plan.items(i);
+    const ModelItem& want = m.items[i];
+    if (got.name() != want.name || got.is_blob() != want.is_blob ||
+        got.element_bytes() != want.element_bytes) {
+      return Violation(absl::StrFormat(
+          "item %d is (\"%s\", is_blob %d, element_bytes %d), expected (\"%s\", %d, %d)", i,
+          got.name(), got.is_blob(), got.element_bytes(), want.name, want.is_blob,
+          want.element_bytes));
+    }
+  }
+  using google::protobuf::util::MessageDifferencer;
+  if (!MessageDifferencer::Equals(plan.source_layout(), from)) {
+    return Violation("source_layout differs from the layout planned from");
+  }
+  if (!MessageDifferencer::Equals(plan.target_layout(), to)) {
+    return Violation("target_layout differs from the layout planned to");
+  }
+  std::vector<int> lost(plan.lost_ranks().begin(), plan.lost_ranks().end());
+  std::sort(lost.begin(), lost.end());
+  lost.erase(std::unique(lost.begin(), lost.end()), lost.end());
+  if (lost != m.lost_ranks) {
+    return Violation(absl::StrCat("lost_ranks [", absl::StrJoin(plan.lost_ranks(), ", "),
+                                  "], expected [", absl::StrJoin(m.lost_ranks, ", "), "]"));
+  }
+  return absl::OkStatus();
+}
+
+// Rule 2 for one element copied from `src` to new rank `dst`.
+absl::Status CheckSourceChoice(const Model& m, const ModelItem& item, int64_t id, int src, int dst,
+                               const std::string& where) {
+  const int same_device = m.same_device_old[dst];
+  if (same_device >= 0 && HolderIs(item, id, same_device)) {
+    if (src == same_device) return absl::OkStatus();
+    return Violation(absl::StrFormat(
+        "%s: new rank %d gets %s from old rank %d, but old rank %d on its own device holds it",
+        where, dst, DescribeElement(item, id), src, same_device));
+  }
+  const int host = m.to.host[dst];
+  if (m.from.host[src] != host && HeldOnHost(m, item, id, host)) {
+    return Violation(absl::StrFormat(
+        "%s: new rank %d gets %s across hosts from old rank %d, but a surviving old rank on "
+        "its host \"%s\" holds it",
+        where, dst, DescribeElement(item, id), src, m.hosts[host]));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buffers* bufs,
+                       Tally* tally) {
+  const v1::CopyStep& st = plan.steps(s);
+  if (st.item() < 0 || st.item() >= static_cast<int>(m.items.size())) {
+    return Violation(absl::StrFormat("step %d: item %d out of range", s, st.item()));
+  }
+  const ModelItem& item = m.items[st.item()];
+  const std::string where = absl::StrFormat("step %d, %s", s, ItemLabel(m, st.item()));
+  const int src = st.src_rank();
+  if (src < 0 || src >= m.from.world) {
+    return Violation(
+        absl::StrFormat("%s: src rank %d outside the old world of %d", where, src, m.from.world));
+  }
+  if (m.old_lost[src]) {
+    return Violation(absl::StrFormat("%s: src rank %d is lost (or on a lost host)", where, src));
+  }
+  const int ndim = st.shape_size();
+  if (st.src().strides_size() != ndim) {
+    return Violation(absl::StrFormat("%s: src has %d strides for a rank-%d shape", where,
+                                     st.src().strides_size(), ndim));
+  }
+  if (st.dsts_size() == 0) return Violation(absl::StrCat(where, ": no destinations"));
+  int64_t count = 1;
+  for (int d = 0; d < ndim; ++d) {
+    if (st.shape(d) < 0) {
+      return Violation(absl::StrFormat("%s: shape[%d] is %d", where, d, st.shape(d)));
+    }
+    count = st.shape(d) == 0 || count <= kMaxModelElements / st.shape(d) ? count * st.shape(d)
+                                                                         : kMaxModelElements + 1;
+  }
+  const int dst_host =
+      st.dsts(0).rank() >= 0 && st.dsts(0).rank() < m.to.world ? m.to.host[st.dsts(0).rank()] : -1;
+  for (const auto& dst : st.dsts()) {
+    if (dst.rank() < 0 || dst.rank() >= m.to.world) {
+      return Violation(absl::StrFormat("%s: dst rank %d outside the new world of %d", where,
+                                       dst.rank(), m.to.world));
+    }
+    if (dst.region().strides_size() != ndim) {
+      return Violation(absl::StrFormat("%s: dst rank %d has %d strides for a rank-%d shape", where,
+                                       dst.rank(), dst.region().strides_size(), ndim));
+    }
+    if (m.to.host[dst.rank()] != dst_host) {
+      return Violation(absl::StrFormat("%s: destinations span hosts \"%s\" and \"%s\"", where,
+                                       m.hosts[dst_host], m.hosts[m.to.host[dst.rank()]]));
+    }
+    const int64_t len = static_cast<int64_t>((*bufs)[st.item()][dst.rank()].size());
+    if (count > len) {
+      return Violation(absl::StrFormat("%s: copies %d elements into new rank %d's buffer of %d",
+                                       where, count, dst.rank(), len));
+    }
+  }
+  if (st.bytes() != count * item.element_bytes) {
+    return Violation(absl::StrFormat("%s: bytes %d, expected %d elements x %d bytes", where,
+                                     st.bytes(), count, item.element_bytes));
+  }
+  const bool cross = m.from.host[src] != dst_host;
+  if (st.cross_host() != cross) {
+    return Violation(
+        absl::StrFormat("%s: cross_host %d, but src rank %d is on \"%s\" and the "
+                        "destinations on \"%s\"",
+                        where, st.cross_host(), src, m.hosts[m.from.host[src]], m.hosts[dst_host]));
+  }
+
+  const std::vector<int64_t>& old_buf = item.old_buffers[src];
+  std::vector<int64_t> idx(ndim, 0);
+  for (int64_t k = 0; k < count; ++k) {
+    int64_t sp = st.src().offset();
+    for (int d = 0; d < ndim; ++d) sp += idx[d] * st.src().strides(d);
+    if (sp < 0 || sp >= static_cast<int64_t>(old_buf.size())) {
+      return Violation(absl::StrFormat("%s: reads position %d outside old rank %d's buffer of %d",
+                                       where, sp, src, old_buf.size()));
+    }
+    const int64_t id = old_buf[sp];
+    if (id == kPadding) {
+      return Violation(
+          absl::StrFormat("%s: reads padding at position %d of old rank %d", where, sp, src));
+    }
+    for (const auto& dst : st.dsts()) {
+      std::vector<int64_t>& buf = (*bufs)[st.item()][dst.rank()];
+      int64_t dp = dst.region().offset();
+      for (int d = 0; d < ndim; ++d) dp += idx[d] * dst.region().strides(d);
+      if (dp < 0 || dp >= static_cast<int64_t>(buf.size())) {
+        return Violation(
+            absl::StrFormat("%s: writes position %d outside new rank %d's buffer "
+                            "of %d",
+                            where, dp, dst.rank(), buf.size()));
+      }
+      if (buf[dp] != kUnwritten) {
+        return Violation(absl::StrFormat("%s: writes position %d of new rank %d a second time",
+                                         where, dp, dst.rank()));
+      }
+      buf[dp] = id;
+      if (absl::Status st2 = CheckSourceChoice(m, item, id, src, dst.rank(), where); !st2.ok()) {
+        return st2;
+      }
+    }
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (++idx[d] < st.shape(d)) break;
+      idx[d] = 0;
+    }
+  }
+  if (cross) {
+    tally->bytes_cross_host += st.bytes();
+    tally->cross_host_steps += 1;
+    tally->in[dst_host] += st.bytes();
+    tally->out[m.from.host[src]] += st.bytes();
+  } else {
+    tally->bytes_local += st.bytes() * st.dsts_size();
+    tally->local[dst_host] += st.bytes() * st.dsts_size();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ApplyFill(const Model& m, const v1::TransferPlan& plan, int f, Buffers* bufs,
+                       Tally* tally) {
+  const v1::ZeroFill& z = plan.zero_fills(f);
+  if (z.item() < 0 || z.item() >= static_cast<int>(m.items.size())) {
+    return Violation(absl::StrFormat("zero fill %d: item %d out of range", f, z.item()));
+  }
+  const std::string where = absl::StrFormat("zero fill %d, %s", f, ItemLabel(m, z.item()));
+  if (z.rank() < 0 || z.rank() >= m.to.world) {
+    return Violation(
+        absl::StrFormat("%s: rank %d outside the new world of %d", where, z.rank(), m.to.world));
+  }
+  std::vector<int64_t>& buf = (*bufs)[z.item()][z.rank()];
+  const int64_t len = static_cast<int64_t>(buf.size());
+  if (z.offset() < 0 || z.count() < 0 || z.offset() > len || z.count() > len - z.offset()) {
+    return Violation(absl::StrFormat("%s: [%d, +%d) outside new rank %d's buffer of %d", where,
+                                     z.offset(), z.count(), z.rank(), len));
+  }
+  for (int64_t p = z.offset(); p < z.offset() + z.count(); ++p) {
+    if (buf[p] != kUnwritten) {
+      return Violation(absl::StrFormat("%s: writes position %d of new rank %d a second time", where,
+                                       p, z.rank()));
+    }
+    buf[p] = kPadding;
+  }
+  tally->bytes_zero_filled += z.count() * m.items[z.item()].element_bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CheckContent(const Model& m, const Buffers& bufs) {
+  for (size_t i = 0; i < m.items.size(); ++i) {
+    const ModelItem& item = m.items[i];
+    for (int r = 0; r < m.to.world; ++r) {
+      const std::vector<int64_t>& want = item.new_buffers[r];
+      const std::vector<int64_t>& got = bufs[i][r];
+      for (size_t p = 0; p < want.size(); ++p) {
+        if (got[p] == want[p]) continue;
+        if (got[p] == kUnwritten) {
+          return Violation(
+              absl::StrFormat("%s: position %d of new rank %d is never written "
+                              "(it should hold %s)",
+                              ItemLabel(m, i), p, r, DescribeElement(item, want[p])));
+        }
+        return Violation(absl::StrFormat("%s: position %d of new rank %d holds %s, expected %s",
+                                         ItemLabel(m, i), p, r, DescribeElement(item, got[p]),
+                                         DescribeElement(item, want[p])));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Rule 4's lower bound per host: bytes of the distinct elements new ranks on
+// the host need that no surviving old rank on the host holds.
+std::vector<int64_t> LowerBound(const Model& m) {
+  std::vector<std::vector<int>> new_ranks_on(m.hosts.size());
+  for (int r = 0; r < m.to.world; ++r) new_ranks_on[m.to.host[r]].push_back(r);
+  std::vector<int64_t> bound(m.hosts.size(), 0);
+  for (const ModelItem& item : m.items) {
+    std::vector<int> seen_on(item.num_ids, -1);
+    for (size_t h = 0; h < m.hosts.size(); ++h) {
+      for (int r : new_ranks_on[h]) {
+        for (int64_t id : item.new_buffers[r]) {
+          if (id == kPadding || seen_on[id] == static_cast<int>(h)) continue;
+          seen_on[id] = static_cast<int>(h);
+          if (!HeldOnHost(m, item, id, static_cast<int>(h))) bound[h] += item.element_bytes;
+        }
+      }
+    }
+  }
+  return bound;
+}
+
+absl::Status CheckStat(const char* field, int64_t got, int64_t want) {
+  if (got == want) return absl::OkStatus();
+  return Violation(absl::StrFormat("stats.%s is %d, expected %d", field, got, want));
+}
+
+absl::Status CheckStats(const Model& m, const v1::TransferPlan& plan, const Tally& t,
+                        const std::vector<int64_t>& bound) {
+  for (size_t h = 0; h < m.hosts.size(); ++h) {
+    if (t.in[h] != bound[h]) {
+      return Violation(
+          absl::StrFormat("host \"%s\" receives %d cross-host bytes; the lower bound for it is %d",
+                          m.hosts[h], t.in[h], bound[h]));
+    }
+  }
+  int64_t total_bound = 0;
+  for (int64_t b : bound) total_bound += b;
+  const v1::PlanStats& s = plan.stats();
+  for (auto [field, got, want] :
+       {std::make_tuple("bytes_local", s.bytes_local(), t.bytes_local),
+        std::make_tuple("bytes_cross_host", s.bytes_cross_host(), t.bytes_cross_host),
+        std::make_tuple("lower_bound_cross_host", s.lower_bound_cross_host(), total_bound),
+        std::make_tuple("bytes_zero_filled", s.bytes_zero_filled(), t.bytes_zero_filled),
+        std::make_tuple("steps", s.steps(), int64_t{plan.steps_size()}),
+        std::make_tuple("cross_host_steps", s.cross_host_steps(), t.cross_host_steps),
+        std::make_tuple("zero_fills", s.zero_fills(), int64_t{plan.zero_fills_size()})}) {
+    if (absl::Status st = CheckStat(field, got, want); !st.ok()) return st;
+  }
+  // Per host: hosts with no traffic may be listed (with zeros) or left out.
+  std::map<std::string, const v1::HostTraffic*> listed;
+  for (const auto& h : s.hosts()) {
+    if (!listed.emplace(h.host(), &h).second) {
+      return Violation(absl::StrFormat("stats.hosts lists \"%s\" twice", h.host()));
+    }
+  }
+  for (size_t h = 0; h < m.hosts.size(); ++h) {
+    auto it = listed.find(m.hosts[h]);
+    const int64_t in = it == listed.end() ? 0 : it->second->bytes_in();
+    const int64_t out = it == listed.end() ? 0 : it->second->bytes_out();
+    const int64_t local = it == listed.end() ? 0 : it->second->bytes_local();
+    if (in != t.in[h] || out != t.out[h] || local != t.local[h]) {
+      return Violation(absl::StrFormat(
+          "stats.hosts[\"%s\"] (in, out, local) = (%d, %d, %d), expected (%d, %d, %d)", m.hosts[h],
+          in, out, local, t.in[h], t.out[h], t.local[h]));
+    }
+    if (it != listed.end()) listed.erase(it);
+  }
+  for (const auto& [host, traffic] : listed) {
+    if (traffic->bytes_in() != 0 || traffic->bytes_out() != 0 || traffic->bytes_local() != 0) {
+      return Violation(
+          absl::StrFormat("stats.hosts lists \"%s\", which is in neither placement", host));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status VerifyPlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                        const std::vector<std::string>& lost_hosts,
+                        const std::vector<int>& lost_ranks, const v1::TransferPlan& plan) {
+  absl::StatusOr<Model> model = BuildModel(ptc, from, to, lost_hosts, lost_ranks);
+  if (!model.ok()) return model.status();
+  const Model& m = *model;
+  if (absl::Status s = CheckHeader(m, from, to, plan); !s.ok()) return s;
+
+  Buffers bufs(m.items.size());
+  for (size_t i = 0; i < m.items.size(); ++i) {
+    for (int r = 0; r < m.to.world; ++r) {
+      bufs[i].emplace_back(m.items[i].new_buffers[r].size(), kUnwritten);
+    }
+  }
+  Tally tally;
+  tally.in.assign(m.hosts.size(), 0);
+  tally.out.assign(m.hosts.size(), 0);
+  tally.local.assign(m.hosts.size(), 0);
+  for (int s = 0; s < plan.steps_size(); ++s) {
+    if (absl::Status st = ApplyStep(m, plan, s, &bufs, &tally); !st.ok()) return st;
+  }
+  for (int f = 0; f < plan.zero_fills_size(); ++f) {
+    if (absl::Status st = ApplyFill(m, plan, f, &bufs, &tally); !st.ok()) return st;
+  }
+  if (absl::Status s = CheckContent(m, bufs); !s.ok()) return s;
+  return CheckStats(m, plan, tally, LowerBound(m));
+}
+
+absl::StatusOr<std::vector<std::string>> UnrecoverableItems(
+    const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+    const std::vector<std::string>& lost_hosts, const std::vector<int>& lost_ranks) {
+  absl::StatusOr<Model> model = BuildModel(ptc, from, to, lost_hosts, lost_ranks);
+  if (!model.ok()) return model.status();
+  std::vector<std::string> names;
+  for (const ModelItem& item : model->items) {
+    bool lost = false;
+    for (int r = 0; r < model->to.world && !lost; ++r) {
+      for (int64_t id : item.new_buffers[r]) {
+        if (id != kPadding && item.holder_begin[id] == item.holder_begin[id + 1]) {
+          lost = true;
+          break;
+        }
+      }
+    }
+    if (lost) names.push_back(item.name);
+  }
+  return names;
+}
+
+}  // namespace reshard::verifier
