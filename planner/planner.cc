@@ -12,99 +12,12 @@
 #include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "planner/layout.h"
+#include "planner/overlap.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
 
 namespace reshard::planner {
 namespace {
-
-// Ranks of one generation that share a (tp, dp) coordinate hold the same
-// shard; a Group is one box of the global tensor with every coordinate that
-// holds it (data-parallel replicas) and where each keeps it.
-struct Member {
-  int tp_index;
-  int dp_index;
-  View view;
-};
-struct Group {
-  Box box;
-  std::vector<Member> members;
-};
-struct Overlap {
-  int old_group;
-  int new_group;
-  Box region;
-};
-
-// The stage-independent part of planning one tensor: which old boxes meet
-// which new boxes. Shared by every tensor with the same shape and tp/dp rule.
-struct Template {
-  std::vector<Group> old_groups;
-  std::vector<Group> new_groups;
-  std::vector<Overlap> overlaps;
-  // Padding of each new coordinate's buffer, index tp_index + tp * dp_index.
-  std::vector<std::pair<int64_t, int64_t>> new_padding;  // (offset, count)
-};
-
-std::string TemplateKey(const v1::TensorSpec& t) {
-  const v1::PartitionSpec& p = t.partition();
-  std::string key =
-      absl::StrCat(absl::StrJoin(t.shape(), ","), "|", p.tp().mode(), ":", p.tp().axis(), ":",
-                   absl::StrJoin(p.tp().blocks(), ","), "|", p.dp().mode(), ":", p.dp().axis());
-  return key;
-}
-
-void AddCoordShard(const CoordShard& cs, int tp_index, int dp_index,
-                   absl::flat_hash_map<std::string, int>* by_box, std::vector<Group>* groups) {
-  for (const Piece& piece : cs.pieces) {
-    std::string key(reinterpret_cast<const char*>(piece.global.offset),
-                    sizeof(int64_t) * piece.global.ndim);
-    key.append(reinterpret_cast<const char*>(piece.global.size),
-               sizeof(int64_t) * piece.global.ndim);
-    auto [it, inserted] = by_box->emplace(std::move(key), static_cast<int>(groups->size()));
-    if (inserted) groups->push_back(Group{piece.global, {}});
-    (*groups)[it->second].members.push_back(Member{tp_index, dp_index, piece.local});
-  }
-}
-
-Template BuildTemplate(const v1::TensorSpec& t, const ResolvedLayout& from,
-                       const ResolvedLayout& to) {
-  Template tpl;
-  absl::flat_hash_map<std::string, int> by_box;
-  for (int d = 0; d < from.dp(); ++d) {
-    for (int i = 0; i < from.tp(); ++i) {
-      AddCoordShard(DeriveCoordShard(t, from.tp(), from.dp(), i, d), i, d, &by_box,
-                    &tpl.old_groups);
-    }
-  }
-  by_box.clear();
-  tpl.new_padding.resize(static_cast<size_t>(to.tp()) * to.dp());
-  for (int d = 0; d < to.dp(); ++d) {
-    for (int i = 0; i < to.tp(); ++i) {
-      const CoordShard cs = DeriveCoordShard(t, to.tp(), to.dp(), i, d);
-      tpl.new_padding[i + to.tp() * d] = {cs.padding_offset, cs.local_elements - cs.padding_offset};
-      AddCoordShard(cs, i, d, &by_box, &tpl.new_groups);
-    }
-  }
-  // Old groups sorted by their start on dimension 0 let each new group scan
-  // only the old groups that can meet it there.
-  std::vector<int> order(tpl.old_groups.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int>(i);
-  std::sort(order.begin(), order.end(), [&](int a, int b) {
-    return tpl.old_groups[a].box.offset[0] < tpl.old_groups[b].box.offset[0];
-  });
-  for (size_t n = 0; n < tpl.new_groups.size(); ++n) {
-    const Box& nb = tpl.new_groups[n].box;
-    const int64_t n_end = nb.offset[0] + nb.size[0];
-    for (int o : order) {
-      const Box& ob = tpl.old_groups[o].box;
-      if (ob.offset[0] >= n_end) break;
-      Overlap ov{o, static_cast<int>(n), {}};
-      if (Intersect(ob, nb, &ov.region)) tpl.overlaps.push_back(ov);
-    }
-  }
-  return tpl;
-}
 
 std::string BoxString(const Box& b) {
   std::string s = "[";
@@ -499,62 +412,6 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   }
   builder.Finish(hosts);
   return plan;
-}
-
-v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to) {
-  v1::TransferPlan out;
-  *out.mutable_source_layout() = from;
-  *out.mutable_target_layout() = to;
-  for (const Plan::Item& it : plan.items) {
-    v1::PlanItem* pi = out.add_items();
-    pi->set_name(it.name);
-    pi->set_is_blob(it.is_blob);
-    pi->set_element_bytes(it.element_bytes);
-  }
-  out.mutable_steps()->Reserve(static_cast<int>(plan.steps.size()));
-  for (const Plan::Step& s : plan.steps) {
-    v1::CopyStep* cs = out.add_steps();
-    cs->set_item(s.item);
-    cs->set_src_rank(s.src_rank);
-    cs->mutable_src()->set_offset(s.src.offset);
-    for (int d = 0; d < s.ndim; ++d) {
-      cs->add_shape(s.shape[d]);
-      cs->mutable_src()->add_strides(s.src.strides[d]);
-    }
-    for (int i = s.dst_begin; i < s.dst_end; ++i) {
-      v1::Destination* dst = cs->add_dsts();
-      dst->set_rank(plan.dsts[i].rank);
-      dst->mutable_region()->set_offset(plan.dsts[i].view.offset);
-      for (int d = 0; d < s.ndim; ++d)
-        dst->mutable_region()->add_strides(plan.dsts[i].view.strides[d]);
-    }
-    cs->set_bytes(s.bytes);
-    cs->set_cross_host(s.cross_host);
-  }
-  for (const Plan::Fill& f : plan.fills) {
-    v1::ZeroFill* z = out.add_zero_fills();
-    z->set_item(f.item);
-    z->set_rank(f.rank);
-    z->set_offset(f.offset);
-    z->set_count(f.count);
-  }
-  for (int r : plan.lost_ranks) out.add_lost_ranks(r);
-  v1::PlanStats* st = out.mutable_stats();
-  st->set_bytes_local(plan.bytes_local);
-  st->set_bytes_cross_host(plan.bytes_cross_host);
-  st->set_lower_bound_cross_host(plan.lower_bound_cross_host);
-  st->set_bytes_zero_filled(plan.bytes_zero_filled);
-  st->set_steps(static_cast<int64_t>(plan.steps.size()));
-  st->set_cross_host_steps(plan.cross_host_steps);
-  st->set_zero_fills(static_cast<int64_t>(plan.fills.size()));
-  for (const Plan::HostStats& h : plan.hosts) {
-    v1::HostTraffic* ht = st->add_hosts();
-    ht->set_host(h.host);
-    ht->set_bytes_in(h.bytes_in);
-    ht->set_bytes_out(h.bytes_out);
-    ht->set_bytes_local(h.bytes_local);
-  }
-  return out;
 }
 
 absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc, const v1::Layout& from,

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake pkg-config git
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libpqxx-dev prometheus-cpp-dev
-  libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev
+  libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
   postgresql python3-grpcio python3-protobuf python3-numpy python3-pytest
 )
 

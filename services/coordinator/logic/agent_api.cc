@@ -1,0 +1,245 @@
+#include "services/coordinator/logic/agent_api.h"
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "services/coordinator/logic/error_text.h"
+#include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/request_checks.h"
+#include "services/coordinator/logic/task.h"
+
+namespace reshard::coordinator {
+namespace {
+
+const HostProgress* FindHost(const std::vector<HostProgress>& rows, const std::string& host_id) {
+  for (const HostProgress& row : rows) {
+    if (row.host_id == host_id) return &row;
+  }
+  return nullptr;
+}
+
+bool IsHostFinal(v1::HostTaskState state) {
+  return state == v1::HOST_TASK_STATE_DONE || state == v1::HOST_TASK_STATE_FAILED;
+}
+
+// A DONE host vouches for every shard it wrote: exactly one checksum per
+// (item, new rank) the plan writes there, so that the committed generation
+// has a checksum for every shard.
+absl::Status CheckChecksums(const v1::TransferPlan& plan, const std::string& host_id,
+                            const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums) {
+  const std::set<std::pair<int, int>> expected = ShardsWrittenOnHost(plan, host_id);
+  std::set<std::pair<int, int>> seen;
+  for (int i = 0; i < sums.size(); ++i) {
+    const std::pair<int, int> shard{sums[i].item(), sums[i].rank()};
+    if (expected.count(shard) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksums[", i, "]: item ", shard.first, " rank ", shard.second,
+                       " is not a shard the plan writes on host \"", host_id, "\""));
+    }
+    if (!seen.insert(shard).second) {
+      return absl::InvalidArgumentError(absl::StrCat("checksums[", i, "]: item ", shard.first,
+                                                     " rank ", shard.second, " given twice"));
+    }
+    if (sums[i].bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksums[", i, "]: bytes is ", sums[i].bytes()));
+    }
+  }
+  for (const auto& [item, rank] : expected) {
+    if (seen.count({item, rank}) == 0) {
+      const std::string name = item < plan.items_size() ? plan.items(item).name() : "";
+      return absl::InvalidArgumentError(
+          absl::StrCat("checksums: no checksum for item ", item, " (\"", name, "\") rank ", rank,
+                       "; a DONE ", "report carries one for every shard written on host \"",
+                       host_id, "\" (", expected.size(), " shards)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+AgentApi::AgentApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options)
+    : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(options) {}
+
+absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
+    const v1::RegisterAgentRequest& request) {
+  if (absl::Status s = RequireNonEmpty("host.host_id", request.host().host_id()); !s.ok()) {
+    return s;
+  }
+  v1::Host host = request.host();
+  host.set_state(v1::HOST_STATE_ALIVE);
+  const int64_t now = clock_->NowUnixMs();
+  host.set_last_heartbeat_unix_ms(now);
+  host.set_lease_expires_unix_ms(now + options_.lease_ms);
+  absl::StatusOr<int64_t> epoch = store_->RegisterHost(host, now, now + options_.lease_ms);
+  if (!epoch.ok()) return epoch.status();
+  RESHARD_LOG(INFO) << "host=" << host.host_id() << " registered epoch=" << *epoch
+                    << " address=" << host.address() << " devices=" << host.devices_size();
+  v1::RegisterAgentResponse response;
+  response.set_lease_ms(options_.lease_ms);
+  response.set_epoch(*epoch);
+  return response;
+}
+
+absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatRequest& request) {
+  const std::string& host_id = request.host_id();
+  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
+  if (request.epoch() < 1) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "epoch is ", request.epoch(), "; use the epoch RegisterAgent returned (>= 1)"));
+  }
+  const int64_t now = clock_->NowUnixMs();
+  if (absl::Status s = store_->Heartbeat(host_id, request.epoch(), now, now + options_.lease_ms);
+      !s.ok()) {
+    return NameNotFound(s, HostNotFound(host_id));
+  }
+  v1::HeartbeatResponse response;
+  response.set_lease_ms(options_.lease_ms);
+  absl::StatusOr<std::vector<std::string>> assigned = store_->AssignedOperations(host_id);
+  if (!assigned.ok()) return assigned.status();
+  for (std::string& id : *assigned) response.add_assigned_operations(std::move(id));
+  absl::StatusOr<std::vector<v1::GenerationRef>> release = store_->GenerationsToRelease(host_id);
+  if (!release.ok()) return release.status();
+  for (v1::GenerationRef& ref : *release) *response.add_release() = std::move(ref);
+  absl::StatusOr<std::vector<v1::GenerationRef>> discard = store_->GenerationsToDiscard(host_id);
+  if (!discard.ok()) return discard.status();
+  for (v1::GenerationRef& ref : *discard) *response.add_discard() = std::move(ref);
+  return response;
+}
+
+absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request) {
+  const std::string& host_id = request.host_id();
+  const std::string& op_id = request.operation_id();
+  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
+  if (absl::Status s = RequireNonEmpty("operation_id", op_id); !s.ok()) return s;
+  absl::StatusOr<OperationRecord> record = store_->GetOperation(op_id, /*include_plan=*/true);
+  if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
+  const v1::Operation& op = record->op;
+  if (op.state() != v1::OPERATION_STATE_TRANSFERRING || !record->plan.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("operation \"", op_id, "\" is ", StateName(op.state()), ", not TRANSFERRING"));
+  }
+  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);
+  if (!rows.ok()) return rows.status();
+  if (FindHost(*rows, host_id) == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("operation \"", op_id, "\" has no task for host \"", host_id, "\""));
+  }
+  absl::StatusOr<v1::Ptc> ptc = store_->GetPtc(op.job_id());
+  if (!ptc.ok()) return NameNotFound(ptc.status(), JobNotFound(op.job_id()));
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  if (!hosts.ok()) return hosts.status();
+  std::map<std::string, const v1::Host*> by_id;
+  for (const v1::Host& h : *hosts) by_id[h.host_id()] = &h;
+
+  v1::HostTask task;
+  task.set_operation_id(op_id);
+  task.set_job_id(op.job_id());
+  task.set_from_generation(op.from_generation());
+  task.set_to_generation(op.to_generation());
+  *task.mutable_ptc() = *std::move(ptc);
+  *task.mutable_plan() = SliceForHost(*record->plan, host_id);
+  for (const HostProgress& row : *rows) {
+    if (row.host_id == host_id) continue;
+    v1::PeerHost* peer = task.add_peers();
+    peer->set_host_id(row.host_id);
+    auto it = by_id.find(row.host_id);
+    if (it == by_id.end()) continue;  // gone since: the driver aborts the operation
+    peer->set_address(it->second->address());
+    peer->set_ucx_address(it->second->ucx_address());
+  }
+  RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
+                    << " fetched its task: " << task.plan().steps_size() << " steps, "
+                    << task.plan().zero_fills_size() << " zero fills, " << task.peers_size()
+                    << " peers";
+  return task;
+}
+
+absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
+    const v1::ReportProgressRequest& request) {
+  const std::string& host_id = request.host_id();
+  const std::string& op_id = request.operation_id();
+  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
+  if (absl::Status s = RequireNonEmpty("operation_id", op_id); !s.ok()) return s;
+  const v1::HostTaskState state = request.state();
+  if (state != v1::HOST_TASK_STATE_RUNNING && state != v1::HOST_TASK_STATE_DONE &&
+      state != v1::HOST_TASK_STATE_FAILED) {
+    return absl::InvalidArgumentError(absl::StrCat("state ", v1::HostTaskState_Name(state), " (",
+                                                   static_cast<int>(state),
+                                                   ") is not RUNNING, DONE or FAILED"));
+  }
+  if (request.bytes_done() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("bytes_done is ", request.bytes_done(), "; it must be >= 0"));
+  }
+
+  v1::ReportProgressResponse response;
+  absl::StatusOr<OperationRecord> record =
+      store_->GetOperation(op_id, /*include_plan=*/state == v1::HOST_TASK_STATE_DONE);
+  if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
+  const v1::Operation& op = record->op;
+  if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
+    response.set_abort(true);  // cancelled, aborted or already committed: stop
+    return response;
+  }
+  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);
+  if (!rows.ok()) return rows.status();
+  const HostProgress* row = FindHost(*rows, host_id);
+  if (row == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("operation \"", op_id, "\" has no task for host \"", host_id, "\""));
+  }
+  if (IsHostFinal(row->state)) {
+    // A resent final report (the reply was lost) is fine; a change of mind is not.
+    if (row->state == state) return response;
+    return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
+                                                      v1::HostTaskState_Name(row->state),
+                                                      " for operation \"", op_id, "\""));
+  }
+  if (state == v1::HOST_TASK_STATE_DONE) {
+    if (!record->plan.has_value()) {
+      return absl::InternalError(absl::StrCat("operation \"", op_id, "\" has no stored plan"));
+    }
+    if (absl::Status s = CheckChecksums(*record->plan, host_id, request.checksums()); !s.ok()) {
+      return s;
+    }
+  }
+
+  HostProgress progress;
+  progress.host_id = host_id;
+  progress.state = state;
+  // The coordinator's count of the host's bytes is the one the operation's
+  // total is made of; the agent's own count only bounds what it reports.
+  progress.bytes_total = row->bytes_total;
+  progress.bytes_done = state == v1::HOST_TASK_STATE_DONE
+                            ? row->bytes_total
+                            : std::min(request.bytes_done(), row->bytes_total);
+  if (state == v1::HOST_TASK_STATE_FAILED) {
+    progress.error =
+        TruncateError(request.error().empty() ? "no error text given" : request.error());
+  }
+  std::vector<v1::ShardChecksum> checksums;
+  if (state == v1::HOST_TASK_STATE_DONE) {
+    checksums.assign(request.checksums().begin(), request.checksums().end());
+  }
+  absl::Status recorded = store_->RecordHostProgress(op_id, progress, checksums);
+  if (absl::IsFailedPrecondition(recorded)) {
+    response.set_abort(true);  // it left TRANSFERRING since we looked
+    return response;
+  }
+  if (!recorded.ok()) return recorded;
+  if (state != v1::HOST_TASK_STATE_RUNNING) {
+    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
+                      << " reported " << v1::HostTaskState_Name(state)
+                      << (progress.error.empty() ? "" : ": ") << progress.error;
+  }
+  return response;
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,40 @@
+// Logic behind AgentService (what host agents call): registration, leases,
+// each host's slice of a plan, progress. Thread-safe.
+#pragma once
+
+#include "absl/status/statusor.h"
+#include "reshard/v1/agent.pb.h"
+#include "services/coordinator/clock.h"
+#include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+class AgentApi {
+ public:
+  struct Options {
+    int64_t lease_ms = 10000;
+  };
+
+  /// `metrics` may be null.
+  AgentApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options);
+
+  [[nodiscard]] absl::StatusOr<v1::RegisterAgentResponse> RegisterAgent(
+      const v1::RegisterAgentRequest& request);
+  /// Extends the lease and tells the agent what to do: operations assigned to
+  /// it, generations to release and to discard.
+  [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
+      const v1::HeartbeatRequest& request);
+  /// The host's slice of an operation's plan (see task.h).
+  [[nodiscard]] absl::StatusOr<v1::HostTask> GetTask(const v1::GetTaskRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
+      const v1::ReportProgressRequest& request);
+
+ private:
+  StorePtr store_;
+  const Clock* clock_;
+  CoordinatorMetrics* metrics_;
+  Options options_;
+};
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,80 @@
+#include "services/coordinator/logic/leader.h"
+
+#include <chrono>
+#include <utility>
+
+#include "common/log.h"
+
+namespace reshard::coordinator {
+
+LeaderLoop::LeaderLoop(std::unique_ptr<LeaderLock> lock, OperationDriver* driver,
+                       CoordinatorMetrics* metrics, Options options)
+    : lock_(std::move(lock)), driver_(driver), metrics_(metrics), options_(options) {}
+
+LeaderLoop::~LeaderLoop() { Stop(); }
+
+void LeaderLoop::Start() {
+  RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::Start called twice";
+  if (metrics_ != nullptr) metrics_->SetLeader(false);
+  thread_ = std::thread([this] { Run(); });
+}
+
+void LeaderLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void LeaderLoop::Run() {
+  // ResumeAll must succeed once per leadership before Tick runs: it is what
+  // re-reads every unfinished operation after a failover.
+  bool resumed = false;
+  auto set_leader = [this](bool leader) {
+    leader_ = leader;
+    if (metrics_ != nullptr) metrics_->SetLeader(leader);
+  };
+  for (;;) {
+    int wait_ms = options_.retry_ms;
+    if (!leader_) {
+      absl::StatusOr<bool> acquired = lock_->TryAcquire();
+      if (!acquired.ok()) {
+        RESHARD_LOG(WARNING) << "leader lock: " << acquired.status();
+      } else if (*acquired) {
+        RESHARD_LOG(INFO) << "leader lock taken: this replica drives operations";
+        set_leader(true);
+        resumed = false;
+      }
+    } else if (!lock_->StillHeld()) {
+      // The lock's connection dropped, so PostgreSQL has released it and
+      // another replica may drive already: stop at once.
+      RESHARD_LOG(WARNING) << "leader lock lost: no longer driving operations";
+      set_leader(false);
+      lock_->Release();
+    }
+    if (leader_) {
+      wait_ms = options_.tick_ms;
+      if (!resumed) {
+        absl::Status s = driver_->ResumeAll();
+        if (s.ok()) {
+          resumed = true;
+        } else {
+          RESHARD_LOG(WARNING) << "resuming operations failed (retrying): " << s;
+        }
+      } else if (absl::Status s = driver_->Tick(); !s.ok()) {
+        RESHARD_LOG(WARNING) << "driver tick: " << s;
+      }
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    if (cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return stop_; })) break;
+  }
+  if (leader_) {
+    lock_->Release();
+    set_leader(false);
+    RESHARD_LOG(INFO) << "leader lock released (stopping)";
+  }
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,217 @@
+// The driver's loop: leases, resuming, dispatching each operation to its
+// step (operation_steps.cc), final states and gauges.
+#include "services/coordinator/logic/operation_driver.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "services/coordinator/logic/error_text.h"
+#include "services/coordinator/logic/operation_states.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// Each lost race means another party (a cancel, another driver) moved the
+// operation; after a few re-reads it is final or ours again.
+constexpr int kAdvanceAttempts = 8;
+
+// Prometheus scrapes every few seconds; counting jobs every tick would only
+// load the database.
+constexpr int64_t kGaugePeriodMs = 1000;
+
+}  // namespace
+
+OperationDriver::OperationDriver(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics,
+                                 Options options)
+    : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(std::move(options)) {}
+
+absl::StatusOr<OperationDriver::HostMap> OperationDriver::LoadHosts() {
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  if (!hosts.ok()) return hosts.status();
+  HostMap by_id;
+  for (v1::Host& h : *hosts) {
+    std::string id = h.host_id();
+    by_id.emplace(std::move(id), std::move(h));
+  }
+  return by_id;
+}
+
+absl::Status OperationDriver::ResumeAll() {
+  const int64_t now = clock_->NowUnixMs();
+  leases_enforced_from_ms_ = now + options_.lease_grace_ms;
+  absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
+  if (!active.ok()) return active.status();
+  RESHARD_LOG(INFO) << "replica=" << options_.replica_id << " leading: resuming " << active->size()
+                    << " active operations; leases enforced after " << options_.lease_grace_ms
+                    << " ms";
+  for (const std::string& id : *active) {
+    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+    if (!record.ok()) continue;  // finished or deleted since the listing
+    RESHARD_LOG(INFO) << "job=" << record->op.job_id() << " operation=" << id << " resumed in "
+                      << StateName(record->op.state());
+  }
+  absl::StatusOr<HostMap> hosts = LoadHosts();
+  if (!hosts.ok()) return hosts.status();
+  return AdvanceAll(*hosts, now);
+}
+
+absl::Status OperationDriver::Tick() {
+  const int64_t now = clock_->NowUnixMs();
+  if (now >= leases_enforced_from_ms_) {
+    absl::StatusOr<std::vector<std::string>> expired = store_->ExpireLeases(now);
+    if (!expired.ok()) return expired.status();
+    for (const std::string& host : *expired) {
+      RESHARD_LOG(WARNING) << "host=" << host << " lease expired: marked LOST";
+      hosts_to_degrade_.insert(host);
+    }
+  }
+  absl::StatusOr<HostMap> hosts = LoadHosts();
+  if (!hosts.ok()) return hosts.status();
+  // Operations first: aborting one returns its job to DEGRADED in the same
+  // transaction, and only jobs left ACTIVE need marking afterwards.
+  absl::Status advanced = AdvanceAll(*hosts, now);
+  if (!hosts_to_degrade_.empty()) {
+    absl::Status degraded = DegradeJobsOn(hosts_to_degrade_);
+    if (degraded.ok()) {
+      hosts_to_degrade_.clear();
+    } else if (advanced.ok()) {
+      advanced = degraded;
+    }
+  }
+  RefreshGauges(*hosts, now);
+  return advanced;
+}
+
+absl::Status OperationDriver::AdvanceAll(const HostMap& hosts, int64_t now) {
+  absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
+  if (!active.ok()) return active.status();
+  absl::Status first_error;
+  for (const std::string& id : *active) {
+    absl::Status s = Advance(id, hosts, now);
+    if (!s.ok()) {
+      RESHARD_LOG(WARNING) << "operation=" << id << " not advanced: " << s;
+      if (first_error.ok()) first_error = s;
+    }
+  }
+  return first_error;
+}
+
+absl::Status OperationDriver::Advance(const std::string& operation_id, const HostMap& hosts,
+                                      int64_t now) {
+  for (int attempt = 0; attempt < kAdvanceAttempts; ++attempt) {
+    absl::StatusOr<OperationRecord> record =
+        store_->GetOperation(operation_id, /*include_plan=*/false);
+    if (absl::IsNotFound(record.status())) return absl::OkStatus();  // job deleted
+    if (!record.ok()) return record.status();
+    const v1::OperationState state = record->op.state();
+    absl::StatusOr<bool> moved;
+    switch (state) {
+      case v1::OPERATION_STATE_PENDING:
+        moved = PlanOperation(*record, now);
+        break;
+      case v1::OPERATION_STATE_PLANNED: {
+        // Only this step needs the (possibly large) plan.
+        absl::StatusOr<OperationRecord> with_plan =
+            store_->GetOperation(operation_id, /*include_plan=*/true);
+        if (!with_plan.ok()) return with_plan.status();
+        if (with_plan->op.state() != state) continue;
+        moved = StartTransfer(*with_plan, hosts, now);
+        break;
+      }
+      case v1::OPERATION_STATE_TRANSFERRING:
+        moved = CheckTransfer(*record, hosts, now);
+        break;
+      default:
+        return absl::OkStatus();  // final: nothing left to do
+    }
+    if (absl::IsAborted(moved.status())) continue;  // moved under us: look again
+    if (!moved.ok()) return moved.status();
+    if (!*moved) return absl::OkStatus();  // waiting (for agents)
+    // Moved on: the next step may be possible in the same pass.
+  }
+  return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" kept changing during ",
+                                         kAdvanceAttempts, " attempts to advance it"));
+}
+
+absl::Status OperationDriver::Finish(const v1::Operation& op, v1::OperationState to,
+                                     const std::string& error, int64_t now) {
+  absl::Status moved;
+  if (to == v1::OPERATION_STATE_COMMITTED) {
+    moved = store_->CommitOperation(op.id());
+  } else {
+    OperationUpdate update;
+    update.error = TruncateError(error);
+    moved = store_->TransitionOperation(op.id(), op.state(), to, update);
+  }
+  if (!moved.ok()) return moved;
+  if (to == v1::OPERATION_STATE_COMMITTED) {
+    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " "
+                      << StateName(op.state()) << " -> COMMITTED: generation " << op.to_generation()
+                      << " is current";
+  } else {
+    RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id() << " "
+                         << StateName(op.state()) << " -> " << StateName(to) << ": " << error;
+  }
+  if (metrics_ != nullptr) {
+    metrics_->OperationFinished(op.kind(), to, SecondsSince(op.created_unix_ms(), now));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status OperationDriver::DegradeJobsOn(const std::set<std::string>& lost_hosts) {
+  absl::StatusOr<std::vector<std::string>> jobs =
+      store_->JobsOnHosts({lost_hosts.begin(), lost_hosts.end()});
+  if (!jobs.ok()) return jobs.status();
+  for (const std::string& job_id : *jobs) {
+    absl::StatusOr<v1::Job> job = store_->GetJob(job_id, /*include_ptc=*/false);
+    if (absl::IsNotFound(job.status())) continue;
+    if (!job.ok()) return job.status();
+    // A RECONFIGURING job is settled when its operation ends: the store
+    // makes it DEGRADED on an abort while its hosts are lost, and a commit
+    // cannot include a lost host (every host taking part must be DONE).
+    if (job->state() != v1::JOB_STATE_ACTIVE) continue;
+    if (absl::Status s = store_->SetJobState(job_id, v1::JOB_STATE_DEGRADED); !s.ok()) return s;
+    RESHARD_LOG(WARNING) << "job=" << job_id << " DEGRADED: hosts of its current generation are"
+                         << " lost";
+  }
+  return absl::OkStatus();
+}
+
+void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
+  if (metrics_ == nullptr) return;
+  if (gauges_refreshed_ms_ != 0 && now - gauges_refreshed_ms_ < kGaugePeriodMs) return;
+  absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> counts = store_->CountJobsByState();
+  if (!counts.ok()) {
+    RESHARD_LOG(WARNING) << "job gauges not refreshed: " << counts.status();
+    return;
+  }
+  std::map<v1::JobState, int64_t> by_state = {{v1::JOB_STATE_ACTIVE, 0},
+                                              {v1::JOB_STATE_RECONFIGURING, 0},
+                                              {v1::JOB_STATE_DEGRADED, 0},
+                                              {v1::JOB_STATE_FAILED, 0}};
+  for (const auto& [state, count] : *counts) by_state[state] = count;
+  for (const auto& [state, count] : by_state) metrics_->SetJobs(state, count);
+
+  std::map<v1::HostState, int64_t> host_counts = {{v1::HOST_STATE_ALIVE, 0},
+                                                  {v1::HOST_STATE_LOST, 0}};
+  std::vector<std::string> lost;
+  for (const auto& [id, host] : hosts) {
+    ++host_counts[host.state()];
+    if (host.state() == v1::HOST_STATE_LOST) lost.push_back(id);
+  }
+  for (const auto& [state, count] : host_counts) metrics_->SetHosts(state, count);
+  int64_t degraded = 0;
+  if (!lost.empty()) {
+    absl::StatusOr<std::vector<std::string>> jobs = store_->JobsOnHosts(lost);
+    if (!jobs.ok()) {
+      RESHARD_LOG(WARNING) << "lost-host gauge not refreshed: " << jobs.status();
+      return;
+    }
+    degraded = static_cast<int64_t>(jobs->size());
+  }
+  metrics_->SetJobsWithLostHosts(degraded);
+  gauges_refreshed_ms_ = now;
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,84 @@
+// Drives operations through PENDING -> PLANNED -> TRANSFERRING -> COMMITTED
+// (or ABORTED / FAILED with a reason), persisting every transition before it
+// takes effect, and watches host leases. Only the leader replica's driver
+// runs (leader.h). Not thread-safe: one caller thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/coordinator/clock.h"
+#include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+class OperationDriver {
+ public:
+  struct Options {
+    int64_t transfer_timeout_ms = 30 * 60 * 1000;  // TRANSFERRING longer: ABORTED
+    std::string replica_id = "coordinator";
+    /// After ResumeAll (becoming leader), leases are not enforced for this
+    /// long, so that agents which could not heartbeat while no coordinator
+    /// was up get one lease period to do so before their hosts count as LOST.
+    /// Set it to AgentApi::Options::lease_ms.
+    int64_t lease_grace_ms = 10000;
+  };
+
+  /// `metrics` may be null.
+  OperationDriver(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options);
+
+  /// Called once when this replica becomes the leader: every unfinished
+  /// operation is resumed where its persisted state says, or aborted with
+  /// the reason recorded when it cannot be.
+  [[nodiscard]] absl::Status ResumeAll();
+
+  /// One pass: mark hosts whose lease expired LOST (aborting the operations
+  /// that need them, marking their jobs DEGRADED), then advance every active
+  /// operation as far as it can go now. Refreshes the job/host gauges.
+  [[nodiscard]] absl::Status Tick();
+
+ private:
+  using HostMap = std::map<std::string, v1::Host>;
+
+  [[nodiscard]] absl::StatusOr<HostMap> LoadHosts();
+  /// Advances every active operation; errors of one do not stop the others.
+  [[nodiscard]] absl::Status AdvanceAll(const HostMap& hosts, int64_t now);
+  /// Moves one operation as far as it goes now, re-reading it whenever the
+  /// store says it moved under us.
+  [[nodiscard]] absl::Status Advance(const std::string& operation_id, const HostMap& hosts,
+                                     int64_t now);
+  // One step each (operation_steps.cc): true when the operation moved on,
+  // false when there is nothing to do yet, Aborted when the store says it
+  // moved under us.
+  [[nodiscard]] absl::StatusOr<bool> PlanOperation(const OperationRecord& record, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> StartTransfer(const OperationRecord& record,
+                                                   const HostMap& hosts, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> CheckTransfer(const OperationRecord& record,
+                                                   const HostMap& hosts, int64_t now);
+  /// Moves the operation from its state to a final one with `error` (empty
+  /// for COMMITTED) and records the metrics.
+  [[nodiscard]] absl::Status Finish(const v1::Operation& op, v1::OperationState to,
+                                    const std::string& error, int64_t now);
+  /// Jobs whose current generation uses `lost_hosts` and that no operation
+  /// holds become DEGRADED.
+  [[nodiscard]] absl::Status DegradeJobsOn(const std::set<std::string>& lost_hosts);
+  void RefreshGauges(const HostMap& hosts, int64_t now);
+
+  StorePtr store_;
+  const Clock* clock_;
+  CoordinatorMetrics* metrics_;
+  Options options_;
+  int64_t leases_enforced_from_ms_ = 0;
+  // Lost hosts whose jobs are still to be marked DEGRADED (retried each
+  // Tick until the store accepts it).
+  std::set<std::string> hosts_to_degrade_;
+  int64_t gauges_refreshed_ms_ = 0;
+};
+
+}  // namespace reshard::coordinator

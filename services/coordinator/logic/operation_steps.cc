@@ -1,0 +1,152 @@
+// The driver's steps, one per non-final state: plan a PENDING operation,
+// start a PLANNED one's transfer, watch a TRANSFERRING one to its end. Each
+// persists its transition (compare-and-set) before anything acts on it.
+#include <algorithm>
+#include <map>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "planner/planner.h"
+#include "services/coordinator/logic/operation_driver.h"
+#include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/task.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// A step that ended the operation has moved it on.
+absl::StatusOr<bool> Moved(const absl::Status& finished) {
+  if (!finished.ok()) return finished;
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& record, int64_t now) {
+  const v1::Operation& op = record.op;
+  absl::StatusOr<v1::Job> job = store_->GetJob(op.job_id(), /*include_ptc=*/false);
+  if (absl::IsNotFound(job.status())) {
+    return Moved(Finish(op, v1::OPERATION_STATE_FAILED,
+                        absl::StrCat("job \"", op.job_id(), "\" not found"), now));
+  }
+  if (!job.ok()) return job.status();
+  // One operation at a time per job, so the generation cannot have moved;
+  // if it did, the state is not what the operation was asked against.
+  if (job->generation() != op.from_generation()) {
+    return Moved(
+        Finish(op, v1::OPERATION_STATE_FAILED,
+               absl::StrCat("job \"", op.job_id(), "\" is at generation ", job->generation(),
+                            " but the operation was created for ", op.from_generation()),
+               now));
+  }
+  absl::StatusOr<v1::Ptc> ptc = store_->GetPtc(op.job_id());
+  if (!ptc.ok()) return ptc.status();
+
+  // Hosts of the current generation already known LOST are never sources,
+  // whatever the request said: planning from them would only abort later.
+  planner::LostSet lost;
+  lost.hosts = record.lost_hosts;
+  for (const std::string& host : job->lost_hosts()) {
+    if (std::find(lost.hosts.begin(), lost.hosts.end(), host) == lost.hosts.end()) {
+      lost.hosts.push_back(host);
+    }
+  }
+  lost.ranks = record.lost_ranks;
+  absl::StatusOr<planner::Plan> plan =
+      planner::MakePlan(*ptc, job->layout(), op.target_layout(), lost);
+  if (!plan.ok()) {
+    // Invalid targets and lost data alike end the operation: retrying the
+    // same inputs gives the same answer.
+    return Moved(Finish(op, v1::OPERATION_STATE_FAILED, std::string(plan.status().message()), now));
+  }
+  OperationUpdate update;
+  update.plan = planner::ToProto(*plan, job->layout(), op.target_layout());
+  update.stats = update.plan->stats();
+  update.bytes_total = BytesTotal(*update.plan);
+  const int64_t local = update.stats->bytes_local();
+  const int64_t cross_host = update.stats->bytes_cross_host();
+  if (absl::Status s = store_->TransitionOperation(op.id(), v1::OPERATION_STATE_PENDING,
+                                                   v1::OPERATION_STATE_PLANNED, update);
+      !s.ok()) {
+    return s;
+  }
+  RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
+                    << " PENDING -> PLANNED: " << update.stats->steps() << " steps, " << cross_host
+                    << " bytes cross-host, " << local << " local, " << *update.bytes_total
+                    << " bytes to write";
+  if (metrics_ != nullptr) metrics_->PlannedBytes(local, cross_host);
+  return true;
+}
+
+absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& record,
+                                                    const HostMap& hosts, int64_t now) {
+  const v1::Operation& op = record.op;
+  if (!record.plan.has_value()) {
+    return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
+  }
+  const std::map<std::string, int64_t> bytes = BytesWrittenByHost(*record.plan);
+  std::vector<HostProgress> rows;
+  for (const auto& [host_id, host_bytes] : bytes) {
+    auto it = hosts.find(host_id);
+    const char* why = nullptr;
+    if (it == hosts.end()) {
+      why = "never registered";
+    } else if (it->second.state() != v1::HOST_STATE_ALIVE) {
+      why = "LOST";
+    }
+    if (why != nullptr) {
+      return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
+                          absl::StrCat("host \"", host_id, "\" has no live agent (", why, ")"),
+                          now));
+    }
+    HostProgress row;
+    row.host_id = host_id;
+    row.state = v1::HOST_TASK_STATE_ASSIGNED;
+    row.bytes_total = host_bytes;
+    rows.push_back(std::move(row));
+  }
+  if (absl::Status s = store_->StartTransfer(op.id(), rows); !s.ok()) return s;
+  RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
+                    << " PLANNED -> TRANSFERRING on " << rows.size() << " hosts";
+  return true;
+}
+
+absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& record,
+                                                    const HostMap& hosts, int64_t now) {
+  const v1::Operation& op = record.op;
+  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
+  if (!rows.ok()) return rows.status();
+  auto finish = [&](v1::OperationState to, const std::string& error) -> absl::StatusOr<bool> {
+    return Moved(Finish(op, to, error, now));
+  };
+  for (const HostProgress& row : *rows) {
+    if (row.state == v1::HOST_TASK_STATE_FAILED) {
+      return finish(v1::OPERATION_STATE_ABORTED,
+                    absl::StrCat("host \"", row.host_id, "\": ", row.error));
+    }
+  }
+  for (const HostProgress& row : *rows) {
+    auto it = hosts.find(row.host_id);
+    if (it == hosts.end() || it->second.state() != v1::HOST_STATE_ALIVE) {
+      return finish(
+          v1::OPERATION_STATE_ABORTED,
+          absl::StrCat("host \"", row.host_id, "\" lost (lease expired) during transfer"));
+    }
+  }
+  const bool all_done =
+      !rows->empty() && std::all_of(rows->begin(), rows->end(), [](const auto& r) {
+        return r.state == v1::HOST_TASK_STATE_DONE;
+      });
+  // Finished work is committed even when it finished late.
+  if (all_done) return finish(v1::OPERATION_STATE_COMMITTED, "");
+  const int64_t age_ms = now - op.created_unix_ms();
+  if (age_ms > options_.transfer_timeout_ms) {
+    return finish(v1::OPERATION_STATE_ABORTED,
+                  absl::StrCat("timed out: the operation is ", age_ms,
+                               " ms old, over transfer_timeout_ms ", options_.transfer_timeout_ms));
+  }
+  return false;
+}
+
+}  // namespace reshard::coordinator

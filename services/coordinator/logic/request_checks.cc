@@ -1,0 +1,94 @@
+#include "services/coordinator/logic/request_checks.h"
+
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "planner/layout.h"
+
+namespace reshard::coordinator {
+
+absl::Status RequireNonEmpty(absl::string_view field, const std::string& value) {
+  if (!value.empty()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+}
+
+absl::Status CheckExpectedGeneration(int64_t expected_generation) {
+  if (expected_generation >= 1) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "expected_generation is ", expected_generation,
+      "; pass the job's generation the request was computed from (GetJob), which is >= 1"));
+}
+
+absl::Status CheckMigrateWorld(const v1::ParallelConfig& config, const v1::Placement& placement) {
+  const int64_t world = int64_t{config.tp()} * config.pp() * config.dp();
+  const int64_t slots = placement.ranks_size() > 0
+                            ? placement.ranks_size()
+                            : int64_t{placement.hosts_size()} * placement.devices_per_host();
+  if (slots == world) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("placement has ", slots, " slots but the job's world size is ", world, " (tp ",
+                   config.tp(), " x pp ", config.pp(), " x dp ", config.dp(),
+                   "); Migrate keeps the parallel config, use Resize to change it"));
+}
+
+absl::Status CheckLostFields(const google::protobuf::RepeatedPtrField<std::string>& lost_hosts,
+                             const google::protobuf::RepeatedField<int32_t>& lost_ranks) {
+  if (lost_hosts.empty() && lost_ranks.empty()) {
+    return absl::InvalidArgumentError(
+        "lost_hosts and lost_ranks are both empty; name at least one lost host or rank");
+  }
+  for (int i = 0; i < lost_hosts.size(); ++i) {
+    if (lost_hosts[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("lost_hosts[", i, "] is empty"));
+    }
+  }
+  for (int i = 0; i < lost_ranks.size(); ++i) {
+    if (lost_ranks[i] < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lost_ranks[", i, "] is ", lost_ranks[i], "; ranks are >= 0"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckLostAgainst(const v1::Layout& current, const v1::Layout& target,
+                              const google::protobuf::RepeatedPtrField<std::string>& lost_hosts,
+                              const google::protobuf::RepeatedField<int32_t>& lost_ranks) {
+  const std::vector<v1::DeviceSlot> old_slots = planner::ExpandPlacement(current.placement());
+  const std::vector<v1::DeviceSlot> new_slots = planner::ExpandPlacement(target.placement());
+  std::set<std::string> old_hosts;
+  for (const v1::DeviceSlot& s : old_slots) old_hosts.insert(s.host());
+  for (const std::string& host : lost_hosts) {
+    if (old_hosts.count(host) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("lost_hosts: host \"", host, "\" holds no rank of the current layout"));
+    }
+  }
+  std::set<std::pair<std::string, int>> lost_devices;
+  for (int32_t rank : lost_ranks) {
+    if (rank >= static_cast<int64_t>(old_slots.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("lost_ranks: rank ", rank,
+                                                     " is out of range: the current layout has ",
+                                                     old_slots.size(), " ranks"));
+    }
+    lost_devices.emplace(old_slots[rank].host(), old_slots[rank].device());
+  }
+  const std::set<std::string> lost_host_set(lost_hosts.begin(), lost_hosts.end());
+  for (size_t r = 0; r < new_slots.size(); ++r) {
+    const v1::DeviceSlot& s = new_slots[r];
+    if (lost_host_set.count(s.host()) > 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("target.placement: rank ", r, " is on lost host \"", s.host(), "\""));
+    }
+    if (lost_devices.count({s.host(), s.device()}) > 0) {
+      return absl::InvalidArgumentError(absl::StrCat("target.placement: rank ", r, " is on host \"",
+                                                     s.host(), "\" device ", s.device(),
+                                                     ", the device of a lost rank"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,313 @@
+#include "services/coordinator/logic/scheduler_api.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "planner/planner.h"
+#include "planner/validate.h"
+#include "services/coordinator/logic/error_text.h"
+#include "services/coordinator/logic/idempotency.h"
+#include "services/coordinator/logic/ids.h"
+#include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/request_checks.h"
+#include "services/coordinator/logic/task.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// A cancel races the driver's own transitions; each lost race means the
+// operation moved, so a handful of re-reads always settles it.
+constexpr int kCancelAttempts = 8;
+
+constexpr char kCancelledByClient[] = "cancelled by client";
+
+}  // namespace
+
+SchedulerApi::SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics,
+                           Options options)
+    : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(options) {}
+
+absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
+    const v1::RegisterJobRequest& request) {
+  // Size first: validating or hashing a huge spec is the cost the limit avoids.
+  const size_t spec_bytes = request.spec().ByteSizeLong();
+  if (static_cast<int64_t>(spec_bytes) > options_.max_spec_bytes) {
+    return absl::InvalidArgumentError(absl::StrCat("spec is ", spec_bytes,
+                                                   " bytes serialized; the limit is ",
+                                                   options_.max_spec_bytes, " (max_spec_bytes)"));
+  }
+  if (!request.has_spec()) return absl::InvalidArgumentError("spec is required");
+  if (absl::Status s = planner::ValidateJobSpec(request.spec()); !s.ok()) return s;
+
+  const std::string job_id = NewId();
+  absl::StatusOr<v1::Job> job = store_->CreateJob(
+      job_id, request.spec(), MakeIdempotency(request.idempotency_key(), "RegisterJob", request));
+  if (!job.ok()) return job.status();
+  job->clear_ptc();  // the caller sent it; do not echo megabytes back
+  RESHARD_LOG(INFO) << "job=" << job->id() << " registered tenant=\"" << job->tenant()
+                    << "\" name=\"" << job->name() << "\" generation=" << job->generation()
+                    << (job->id() == job_id ? "" : " (idempotent retry)");
+  v1::RegisterJobResponse response;
+  *response.mutable_job() = *std::move(job);
+  return response;
+}
+
+absl::StatusOr<v1::Job> SchedulerApi::GetJob(const v1::GetJobRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = store_->GetJob(request.job_id(), request.include_ptc());
+  if (!job.ok()) return NameNotFound(job.status(), JobNotFound(request.job_id()));
+  return job;
+}
+
+absl::StatusOr<v1::ListJobsResponse> SchedulerApi::ListJobs(const v1::ListJobsRequest& request) {
+  if (request.page_size() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size is ", request.page_size(), "; it must be >= 0 (0: default)"));
+  }
+  if (!v1::JobState_IsValid(request.state())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state ", static_cast<int>(request.state()), " is not a known JobState"));
+  }
+  // The token is the last job id of the previous page; anything else was not
+  // made by this service.
+  if (!request.page_token().empty() && !LooksLikeId(request.page_token())) {
+    return absl::InvalidArgumentError(absl::StrCat("page_token \"",
+                                                   TruncateError(request.page_token(), 64),
+                                                   "\" is not a token ListJobs returned"));
+  }
+  ListJobsQuery query;
+  query.tenant = request.tenant();
+  query.state = request.state();
+  query.page_size = request.page_size() == 0
+                        ? options_.default_page_size
+                        : std::min<int>(request.page_size(), options_.max_page_size);
+  query.after_job_id = request.page_token();
+  absl::StatusOr<JobPage> page = store_->ListJobs(query);
+  if (!page.ok()) return page.status();
+  v1::ListJobsResponse response;
+  for (v1::Job& job : page->jobs) *response.add_jobs() = std::move(job);
+  response.set_next_page_token(page->next_after_job_id);
+  return response;
+}
+
+absl::StatusOr<v1::DeleteJobResponse> SchedulerApi::DeleteJob(const v1::DeleteJobRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (absl::Status s = store_->DeleteJob(request.job_id()); !s.ok()) {
+    return NameNotFound(s, JobNotFound(request.job_id()));
+  }
+  RESHARD_LOG(INFO) << "job=" << request.job_id() << " deleted";
+  return v1::DeleteJobResponse();
+}
+
+absl::StatusOr<v1::Job> SchedulerApi::LoadJobWithPtc(const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = store_->GetJob(job_id, /*include_ptc=*/true);
+  if (!job.ok()) return NameNotFound(job.status(), JobNotFound(job_id));
+  return job;
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (!request.has_placement()) return absl::InvalidArgumentError("placement is required");
+  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  if (!job.ok()) return job.status();
+
+  v1::Layout target;
+  *target.mutable_config() = request.has_config() ? request.config() : job->layout().config();
+  *target.mutable_placement() = request.placement();
+  // Without a config the target borrows the current one, which is only
+  // meaningful for the generation the request names. For a stale request
+  // (or a retry of one that already committed) the store answers Aborted or
+  // the first result, so do not judge it against another generation.
+  if (request.has_config() || job->generation() == request.expected_generation()) {
+    if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
+  }
+  NewOperation op;
+  op.kind = v1::OPERATION_KIND_RESIZE;
+  op.job_id = request.job_id();
+  op.expected_generation = request.expected_generation();
+  op.target_layout = std::move(target);
+  op.idempotency = MakeIdempotency(request.idempotency_key(), "Resize", request);
+  return CreateOperation(std::move(op));
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (!request.has_placement()) return absl::InvalidArgumentError("placement is required");
+  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  if (!job.ok()) return job.status();
+
+  v1::Layout target;
+  *target.mutable_config() = job->layout().config();
+  *target.mutable_placement() = request.placement();
+  // As in Resize: the config comes from the generation the request names.
+  if (job->generation() == request.expected_generation()) {
+    if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
+    if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
+  }
+  NewOperation op;
+  op.kind = v1::OPERATION_KIND_MIGRATE;
+  op.job_id = request.job_id();
+  op.expected_generation = request.expected_generation();
+  op.target_layout = std::move(target);
+  op.idempotency = MakeIdempotency(request.idempotency_key(), "Migrate", request);
+  return CreateOperation(std::move(op));
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
+    const v1::RecoverFromFailureRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckLostFields(request.lost_hosts(), request.lost_ranks()); !s.ok()) {
+    return s;
+  }
+  if (!request.has_target()) return absl::InvalidArgumentError("target is required");
+  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  if (!job.ok()) return job.status();
+
+  if (absl::Status s = planner::ValidateLayout(job->ptc(), request.target(), "target"); !s.ok()) {
+    return s;
+  }
+  // Lost ranks and hosts are of the generation the request names; whether
+  // the survivors still hold everything is the planner's call (the
+  // operation FAILS, naming the tensors, when they do not).
+  if (job->generation() == request.expected_generation()) {
+    if (absl::Status s = CheckLostAgainst(job->layout(), request.target(), request.lost_hosts(),
+                                          request.lost_ranks());
+        !s.ok()) {
+      return s;
+    }
+  }
+  NewOperation op;
+  op.kind = v1::OPERATION_KIND_RECOVER;
+  op.job_id = request.job_id();
+  op.expected_generation = request.expected_generation();
+  op.target_layout = request.target();
+  op.lost_hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
+  op.lost_ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+  op.idempotency = MakeIdempotency(request.idempotency_key(), "RecoverFromFailure", request);
+  return CreateOperation(std::move(op));
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
+  op.operation_id = NewId();
+  const std::string minted = op.operation_id;
+  absl::StatusOr<v1::Operation> created = store_->CreateOperation(op);
+  if (!created.ok()) {
+    RESHARD_LOG(INFO) << "job=" << op.job_id << " " << KindName(op.kind)
+                      << " refused: " << created.status();
+    return NameNotFound(created.status(), JobNotFound(op.job_id));
+  }
+  RESHARD_LOG(INFO) << "job=" << created->job_id() << " operation=" << created->id() << " "
+                    << KindName(created->kind())
+                    << (created->id() == minted ? " created" : " returned for idempotent retry")
+                    << " state=" << StateName(created->state())
+                    << " from_generation=" << created->from_generation();
+  return created;
+}
+
+absl::StatusOr<v1::PreviewPlanResponse> SchedulerApi::PreviewPlan(
+    const v1::PreviewPlanRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (!request.has_target()) return absl::InvalidArgumentError("target is required");
+  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  if (!job.ok()) return job.status();
+  planner::LostSet lost;
+  lost.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
+  lost.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+  absl::StatusOr<planner::Plan> plan =
+      planner::MakePlan(job->ptc(), job->layout(), request.target(), lost);
+  if (!plan.ok()) return plan.status();
+  v1::PreviewPlanResponse response;
+  *response.mutable_stats() = StatsOf(*plan);
+  return response;
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::GetOperation(const v1::GetOperationRequest& request) {
+  if (absl::Status s = RequireNonEmpty("operation_id", request.operation_id()); !s.ok()) return s;
+  absl::StatusOr<OperationRecord> record =
+      store_->GetOperation(request.operation_id(), /*include_plan=*/false);
+  if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(request.operation_id()));
+  return std::move(record->op);
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
+    const v1::CancelOperationRequest& request) {
+  const std::string& id = request.operation_id();
+  if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
+  for (int attempt = 0; attempt < kCancelAttempts; ++attempt) {
+    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+    if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
+    const v1::Operation& op = record->op;
+    if (IsFinal(op.state())) {
+      // A retried cancel (it carries a key) finds the operation it cancelled.
+      if (!request.idempotency_key().empty() && op.state() == v1::OPERATION_STATE_ABORTED &&
+          op.error() == kCancelledByClient) {
+        return op;
+      }
+      return absl::FailedPreconditionError(absl::StrCat("operation \"", id, "\" is already ",
+                                                        StateName(op.state()),
+                                                        "; only an active operation can be "
+                                                        "cancelled"));
+    }
+    OperationUpdate update;
+    update.error = kCancelledByClient;
+    absl::Status moved =
+        store_->TransitionOperation(id, op.state(), v1::OPERATION_STATE_ABORTED, update);
+    if (absl::IsAborted(moved)) continue;  // the driver moved it first: look again
+    if (!moved.ok()) return moved;
+    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << id << " "
+                      << StateName(op.state()) << " -> ABORTED: " << kCancelledByClient;
+    if (metrics_ != nullptr) {
+      metrics_->OperationFinished(op.kind(), v1::OPERATION_STATE_ABORTED,
+                                  SecondsSince(op.created_unix_ms(), clock_->NowUnixMs()));
+    }
+    absl::StatusOr<OperationRecord> after = store_->GetOperation(id, /*include_plan=*/false);
+    if (!after.ok()) return NameNotFound(after.status(), OperationNotFound(id));
+    return std::move(after->op);
+  }
+  return absl::AbortedError(absl::StrCat("operation \"", id, "\" kept changing during ",
+                                         kCancelAttempts, " cancel attempts; retry"));
+}
+
+absl::StatusOr<v1::ListHostsResponse> SchedulerApi::ListHosts(const v1::ListHostsRequest&) {
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  if (!hosts.ok()) return hosts.status();
+  v1::ListHostsResponse response;
+  for (v1::Host& host : *hosts) *response.add_hosts() = std::move(host);
+  return response;
+}
+
+absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& request,
+                                          const std::function<bool(const v1::Operation&)>& send,
+                                          const std::function<bool()>& cancelled) {
+  const std::string& id = request.operation_id();
+  if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
+  bool sent_any = false;
+  v1::OperationState last_state = v1::OPERATION_STATE_UNSPECIFIED;
+  int64_t last_bytes_done = -1;
+  for (;;) {
+    if (cancelled())
+      return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\" cancelled"));
+    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+    if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
+    const v1::Operation& op = record->op;
+    if (!sent_any || op.state() != last_state || op.bytes_done() != last_bytes_done) {
+      if (!send(op)) {
+        return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\": stream closed"));
+      }
+      sent_any = true;
+      last_state = op.state();
+      last_bytes_done = op.bytes_done();
+    }
+    if (IsFinal(op.state())) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
+  }
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,69 @@
+// Logic behind CoordinatorService (what schedulers call). The gRPC adapter
+// (server/) only converts; every check and every status code is decided here.
+// Thread-safe: holds no mutable state of its own.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "reshard/v1/coordinator.pb.h"
+#include "services/coordinator/clock.h"
+#include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+class SchedulerApi {
+ public:
+  struct Options {
+    int64_t max_spec_bytes = 64 << 20;  // larger specs: InvalidArgument
+    int max_page_size = 1000;
+    int default_page_size = 100;
+    int watch_poll_ms = 100;  // WatchOperation's store polling period
+  };
+
+  /// `metrics` may be null.
+  SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options);
+
+  [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
+      const v1::RegisterJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::DeleteJobResponse> DeleteJob(
+      const v1::DeleteJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> Resize(const v1::ResizeRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(const v1::MigrateRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> RecoverFromFailure(
+      const v1::RecoverFromFailureRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
+      const v1::PreviewPlanRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const v1::GetOperationRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(
+      const v1::CancelOperationRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts(
+      const v1::ListHostsRequest& request);
+
+  /// Sends the operation now and each time it changes (state or bytes done)
+  /// until it reaches a final state (then returns OK), `send` returns false
+  /// or `cancelled` returns true (Cancelled), or an error.
+  [[nodiscard]] absl::Status WatchOperation(const v1::WatchOperationRequest& request,
+                                            const std::function<bool(const v1::Operation&)>& send,
+                                            const std::function<bool()>& cancelled);
+
+ private:
+  /// The job with its PTC; NotFound names the job.
+  [[nodiscard]] absl::StatusOr<v1::Job> LoadJobWithPtc(const std::string& job_id);
+  /// Mints the id and asks the store (which checks existence, idempotency,
+  /// generation and the active operation atomically).
+  [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
+
+  StorePtr store_;
+  const Clock* clock_;
+  CoordinatorMetrics* metrics_;
+  Options options_;
+};
+
+}  // namespace reshard::coordinator

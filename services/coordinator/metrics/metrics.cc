@@ -1,0 +1,201 @@
+#include "services/coordinator/metrics/metrics.h"
+
+#include <cctype>
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "prometheus/counter.h"
+#include "prometheus/family.h"
+#include "prometheus/gauge.h"
+#include "prometheus/histogram.h"
+#include "prometheus/registry.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// An enum value's name without its type prefix, lower case:
+// OPERATION_STATE_COMMITTED -> "committed". Unknown numbers keep their value
+// so that a label is never empty.
+std::string EnumLabel(const std::string& name, const std::string& prefix, int value) {
+  if (name.empty()) return absl::StrCat("unknown_", value);
+  std::string out = absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name;
+  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return out;
+}
+
+std::string KindLabel(v1::OperationKind kind) {
+  return EnumLabel(v1::OperationKind_Name(kind), "OPERATION_KIND_", kind);
+}
+std::string OperationStateLabel(v1::OperationState state) {
+  return EnumLabel(v1::OperationState_Name(state), "OPERATION_STATE_", state);
+}
+std::string JobStateLabel(v1::JobState state) {
+  return EnumLabel(v1::JobState_Name(state), "JOB_STATE_", state);
+}
+std::string HostStateLabel(v1::HostState state) {
+  return EnumLabel(v1::HostState_Name(state), "HOST_STATE_", state);
+}
+
+// RPCs and SQL statements: 100 us .. 10 s.
+const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
+  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
+      0.05,   0.1,     0.25,   0.5,   1.0,    2.5,   5.0,  10.0};
+  return *kBuckets;
+}
+
+// Whole operations: planning plus transfers of up to terabytes, 10 ms .. 2 h.
+const prometheus::Histogram::BucketBoundaries& OperationBuckets() {
+  static const auto* const kBuckets = new prometheus::Histogram::BucketBoundaries{
+      0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 7200};
+  return *kBuckets;
+}
+
+// Family::Add builds a throw-away Histogram (bucket vector included) even
+// when the series exists, so the hot paths (every RPC, every statement) look
+// their series up here first.
+class HistogramCache {
+ public:
+  HistogramCache(prometheus::Family<prometheus::Histogram>& family,
+                 const prometheus::Histogram::BucketBoundaries& buckets)
+      : family_(family), buckets_(buckets) {}
+
+  prometheus::Histogram& Get(const prometheus::Labels& labels) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = series_.find(labels);
+    if (it != series_.end()) return *it->second;
+    prometheus::Histogram& h = family_.Add(labels, buckets_);
+    series_.emplace(labels, &h);
+    return h;
+  }
+
+ private:
+  prometheus::Family<prometheus::Histogram>& family_;
+  const prometheus::Histogram::BucketBoundaries& buckets_;
+  std::mutex mu_;
+  std::map<prometheus::Labels, prometheus::Histogram*> series_;
+};
+
+}  // namespace
+
+struct CoordinatorMetrics::Impl {
+  explicit Impl(std::shared_ptr<prometheus::Registry> r)
+      : registry(std::move(r)),
+        operations(prometheus::BuildCounter()
+                       .Name("reshard_coordinator_operations_total")
+                       .Help("Operations that reached a final state, by kind and result.")
+                       .Register(*registry)),
+        operation_duration(
+            prometheus::BuildHistogram()
+                .Name("reshard_coordinator_operation_duration_seconds")
+                .Help("Time from an operation's creation to its final state, by kind.")
+                .Register(*registry)),
+        planned_bytes(prometheus::BuildCounter()
+                          .Name("reshard_coordinator_planned_bytes_total")
+                          .Help("Bytes in committed-to plans, copied within a host (local) or "
+                                "crossing hosts (cross_host).")
+                          .Register(*registry)),
+        jobs(prometheus::BuildGauge()
+                 .Name("reshard_coordinator_jobs")
+                 .Help("Jobs by state.")
+                 .Register(*registry)),
+        jobs_with_lost_hosts(prometheus::BuildGauge()
+                                 .Name("reshard_coordinator_jobs_with_lost_hosts")
+                                 .Help("Jobs whose current generation uses a lost host.")
+                                 .Register(*registry)),
+        hosts(prometheus::BuildGauge()
+                  .Name("reshard_coordinator_hosts")
+                  .Help("Registered hosts by state.")
+                  .Register(*registry)),
+        rpc_duration(prometheus::BuildHistogram()
+                         .Name("reshard_coordinator_rpc_duration_seconds")
+                         .Help("gRPC handler time, by method and status code.")
+                         .Register(*registry)),
+        store_duration(prometheus::BuildHistogram()
+                           .Name("reshard_coordinator_store_duration_seconds")
+                           .Help("Store statement time (transaction included), by statement.")
+                           .Register(*registry)),
+        leader_family(prometheus::BuildGauge()
+                          .Name("reshard_coordinator_leader")
+                          .Help("1 on the replica that drives operations, else 0.")
+                          .Register(*registry)),
+        planned_local(planned_bytes.Add({{"locality", "local"}})),
+        planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
+        lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
+        leader(leader_family.Add({})),
+        rpc_series(rpc_duration, LatencyBuckets()),
+        store_series(store_duration, LatencyBuckets()) {}
+
+  std::shared_ptr<prometheus::Registry> registry;
+  prometheus::Family<prometheus::Counter>& operations;
+  prometheus::Family<prometheus::Histogram>& operation_duration;
+  prometheus::Family<prometheus::Counter>& planned_bytes;
+  prometheus::Family<prometheus::Gauge>& jobs;
+  prometheus::Family<prometheus::Gauge>& jobs_with_lost_hosts;
+  prometheus::Family<prometheus::Gauge>& hosts;
+  prometheus::Family<prometheus::Histogram>& rpc_duration;
+  prometheus::Family<prometheus::Histogram>& store_duration;
+  prometheus::Family<prometheus::Gauge>& leader_family;
+  // Series without variable labels, created once so that they are exported
+  // (as 0) before anything happens.
+  prometheus::Counter& planned_local;
+  prometheus::Counter& planned_cross_host;
+  prometheus::Gauge& lost_hosts_jobs;
+  prometheus::Gauge& leader;
+  HistogramCache rpc_series;
+  HistogramCache store_series;
+};
+
+CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> registry)
+    : impl_(std::make_unique<Impl>(std::move(registry))) {}
+
+CoordinatorMetrics::~CoordinatorMetrics() = default;
+
+// Family::Add returns the existing series for labels seen before (the
+// buckets argument is then ignored), and is thread-safe. Operations are rare.
+void CoordinatorMetrics::OperationFinished(v1::OperationKind kind, v1::OperationState result,
+                                           double seconds) {
+  const std::string kind_label = KindLabel(kind);
+  impl_->operations.Add({{"kind", kind_label}, {"result", OperationStateLabel(result)}})
+      .Increment();
+  impl_->operation_duration.Add({{"kind", kind_label}}, OperationBuckets())
+      .Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {
+  if (local > 0) impl_->planned_local.Increment(static_cast<double>(local));
+  if (cross_host > 0) impl_->planned_cross_host.Increment(static_cast<double>(cross_host));
+}
+
+void CoordinatorMetrics::SetJobs(v1::JobState state, int64_t count) {
+  impl_->jobs.Add({{"state", JobStateLabel(state)}}).Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::SetJobsWithLostHosts(int64_t count) {
+  impl_->lost_hosts_jobs.Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::SetHosts(v1::HostState state, int64_t count) {
+  impl_->hosts.Add({{"state", HostStateLabel(state)}}).Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::RpcDone(const std::string& method, const std::string& code,
+                                 double seconds) {
+  impl_->rpc_series.Get({{"method", method}, {"code", code}}).Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::StoreStatement(const std::string& statement, double seconds) {
+  impl_->store_series.Get({{"statement", statement}}).Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::SetLeader(bool leader) { impl_->leader.Set(leader ? 1 : 0); }
+
+std::shared_ptr<prometheus::Registry> CoordinatorMetrics::registry() const {
+  return impl_->registry;
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,48 @@
+// The coordinator's Prometheus metrics, declared in one place.
+// Names: reshard_coordinator_<thing>_<unit>. Thread-safe.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "reshard/v1/agent.pb.h"
+#include "reshard/v1/coordinator.pb.h"
+
+namespace prometheus {
+class Registry;
+}
+
+namespace reshard::coordinator {
+
+class CoordinatorMetrics {
+ public:
+  /// Registers every family in `registry`.
+  explicit CoordinatorMetrics(std::shared_ptr<prometheus::Registry> registry);
+  ~CoordinatorMetrics();
+
+  /// reshard_coordinator_operations_total{kind, result} and
+  /// reshard_coordinator_operation_duration_seconds{kind} (histogram).
+  void OperationFinished(v1::OperationKind kind, v1::OperationState result, double seconds);
+  /// reshard_coordinator_planned_bytes_total{locality="local"|"cross_host"}.
+  void PlannedBytes(int64_t local, int64_t cross_host);
+  /// reshard_coordinator_jobs{state} (gauge).
+  void SetJobs(v1::JobState state, int64_t count);
+  /// reshard_coordinator_jobs_with_lost_hosts (gauge).
+  void SetJobsWithLostHosts(int64_t count);
+  /// reshard_coordinator_hosts{state} (gauge).
+  void SetHosts(v1::HostState state, int64_t count);
+  /// reshard_coordinator_rpc_duration_seconds{method, code} (histogram).
+  void RpcDone(const std::string& method, const std::string& code, double seconds);
+  /// reshard_coordinator_store_duration_seconds{statement} (histogram).
+  void StoreStatement(const std::string& statement, double seconds);
+  /// reshard_coordinator_leader (gauge, 1 on the replica driving operations).
+  void SetLeader(bool leader);
+
+  std::shared_ptr<prometheus::Registry> registry() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace reshard::coordinator

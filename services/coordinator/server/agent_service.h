@@ -1,0 +1,32 @@
+// gRPC adapter for AgentService (what host agents call): each handler turns
+// the request into an AgentApi call and its status into the reply. No checks
+// of its own. Thread-safe (the API is).
+#pragma once
+
+#include "reshard/v1/agent.grpc.pb.h"
+#include "services/coordinator/logic/agent_api.h"
+#include "services/coordinator/metrics/metrics.h"
+
+namespace reshard::coordinator {
+
+class AgentServiceImpl final : public v1::AgentService::Service {
+ public:
+  /// `api` must outlive this; `metrics` may be null.
+  AgentServiceImpl(AgentApi* api, CoordinatorMetrics* metrics) : api_(api), metrics_(metrics) {}
+
+  grpc::Status RegisterAgent(grpc::ServerContext* context, const v1::RegisterAgentRequest* request,
+                             v1::RegisterAgentResponse* reply) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* reply) override;
+  grpc::Status GetTask(grpc::ServerContext* context, const v1::GetTaskRequest* request,
+                       v1::HostTask* reply) override;
+  grpc::Status ReportProgress(grpc::ServerContext* context,
+                              const v1::ReportProgressRequest* request,
+                              v1::ReportProgressResponse* reply) override;
+
+ private:
+  AgentApi* api_;
+  CoordinatorMetrics* metrics_;
+};
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,287 @@
+#include "services/coordinator/server/config.h"
+
+#include <unistd.h>
+
+#include <climits>
+#include <cstdlib>
+#include <limits>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// One configurable field: its flag, its environment variable and how a
+// string value is stored (InvalidArgument for a malformed value).
+struct Setting {
+  const char* flag;  // without "--"
+  const char* env;
+  const char* help;
+  std::function<absl::Status(const std::string& value, CoordinatorConfig* config)> set;
+  std::function<std::string(const CoordinatorConfig& defaults)> default_text;
+};
+
+template <typename Int>
+absl::Status ParseInt(const std::string& value, Int* out) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(value, &v) || v < std::numeric_limits<Int>::min() ||
+      v > std::numeric_limits<Int>::max()) {
+    return absl::InvalidArgumentError("not an integer");
+  }
+  *out = static_cast<Int>(v);
+  return absl::OkStatus();
+}
+
+template <typename Int>
+Setting IntSetting(const char* flag, const char* env, const char* help,
+                   Int CoordinatorConfig::*field) {
+  return {flag, env, help,
+          [field](const std::string& value, CoordinatorConfig* c) {
+            return ParseInt(value, &(c->*field));
+          },
+          [field](const CoordinatorConfig& c) { return absl::StrCat(c.*field); }};
+}
+
+Setting StringSetting(const char* flag, const char* env, const char* help,
+                      std::string CoordinatorConfig::*field) {
+  return {flag, env, help,
+          [field](const std::string& value, CoordinatorConfig* c) {
+            c->*field = value;
+            return absl::OkStatus();
+          },
+          [field](const CoordinatorConfig& c) { return c.*field; }};
+}
+
+const std::vector<Setting>& Settings() {
+  static const auto* const kSettings = new std::vector<Setting>{
+      StringSetting("listen", "RESHARD_LISTEN", "gRPC address host:port (port 0: any free port)",
+                    &CoordinatorConfig::listen),
+      StringSetting("dsn", "RESHARD_DSN",
+                    "PostgreSQL connection string (required), e.g. "
+                    "'host=/run/postgresql dbname=reshard'",
+                    &CoordinatorConfig::dsn),
+      StringSetting("metrics-listen", "RESHARD_METRICS_LISTEN",
+                    "Prometheus /metrics address host:port (port 0: any free port)",
+                    &CoordinatorConfig::metrics_listen),
+      IntSetting("lease-ms", "RESHARD_LEASE_MS", "host lease: a host without heartbeat is LOST",
+                 &CoordinatorConfig::lease_ms),
+      IntSetting("transfer-timeout-ms", "RESHARD_TRANSFER_TIMEOUT_MS",
+                 "a transfer running longer is ABORTED", &CoordinatorConfig::transfer_timeout_ms),
+      IntSetting("tick-ms", "RESHARD_TICK_MS", "period of the leader's driver pass",
+                 &CoordinatorConfig::tick_ms),
+      IntSetting("leader-retry-ms", "RESHARD_LEADER_RETRY_MS",
+                 "period of a follower's attempts to become leader",
+                 &CoordinatorConfig::leader_retry_ms),
+      IntSetting("pool-size", "RESHARD_POOL_SIZE", "PostgreSQL connections",
+                 &CoordinatorConfig::pool_size),
+      IntSetting("max-spec-bytes", "RESHARD_MAX_SPEC_BYTES",
+                 "largest serialized JobSpec RegisterJob accepts",
+                 &CoordinatorConfig::max_spec_bytes),
+      StringSetting("replica-id", "RESHARD_REPLICA_ID",
+                    "this replica's name in logs (default hostname:pid)",
+                    &CoordinatorConfig::replica_id),
+      {"log-level", "RESHARD_LOG_LEVEL", "debug, info, warning or error",
+       [](const std::string& value, CoordinatorConfig* c) {
+         if (!ParseLogSeverity(value, &c->log_level)) {
+           return absl::InvalidArgumentError("expected debug, info, warning or error");
+         }
+         return absl::OkStatus();
+       },
+       [](const CoordinatorConfig&) { return std::string("info"); }},
+  };
+  return *kSettings;
+}
+
+const Setting* FindSetting(const std::string& flag) {
+  for (const Setting& s : Settings()) {
+    if (flag == s.flag) return &s;
+  }
+  return nullptr;
+}
+
+std::string Name(const Setting& s) { return absl::StrCat("--", s.flag, " (", s.env, ")"); }
+
+absl::Status Range(const char* flag, int64_t value, int64_t lo, int64_t hi) {
+  if (value >= lo && value <= hi) return absl::OkStatus();
+  const Setting* s = FindSetting(flag);
+  return absl::InvalidArgumentError(
+      absl::StrFormat("%s = %d: must be between %d and %d", Name(*s), value, lo, hi));
+}
+
+}  // namespace
+
+GetEnvFn ProcessEnv() {
+  return [](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  };
+}
+
+absl::Status SplitHostPort(const std::string& address, const std::string& flag, std::string* host,
+                           int* port) {
+  const size_t colon = address.rfind(':');
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s = \"%s\": %s (expected host:port)", flag, address, why));
+  };
+  if (colon == std::string::npos) return bad("no port");
+  std::string h = address.substr(0, colon);
+  if (h.empty()) return bad("no host");
+  if (absl::StartsWith(h, "[") != absl::EndsWith(h, "]")) return bad("unbalanced brackets");
+  if (!absl::StartsWith(h, "[") && h.find(':') != std::string::npos) {
+    return bad("an IPv6 host needs brackets");
+  }
+  int p = 0;
+  if (!absl::SimpleAtoi(address.substr(colon + 1), &p) || p < 0 || p > 65535) {
+    return bad("port must be an integer between 0 and 65535");
+  }
+  if (host != nullptr) *host = std::move(h);
+  if (port != nullptr) *port = p;
+  return absl::OkStatus();
+}
+
+std::string DefaultReplicaId() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    return absl::StrCat("coordinator:", getpid());
+  }
+  return absl::StrCat(host, ":", getpid());
+}
+
+absl::Status ValidateConfig(const CoordinatorConfig& c) {
+  int listen_port = 0, metrics_port = 0;
+  if (absl::Status s = SplitHostPort(c.listen, "--listen (RESHARD_LISTEN)", nullptr, &listen_port);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = SplitHostPort(c.metrics_listen, "--metrics-listen (RESHARD_METRICS_LISTEN)",
+                                     nullptr, &metrics_port);
+      !s.ok()) {
+    return s;
+  }
+  if (listen_port != 0 && listen_port == metrics_port) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--listen = \"%s\" and --metrics-listen = \"%s\" use the same port %d",
+                        c.listen, c.metrics_listen, listen_port));
+  }
+  if (c.dsn.empty()) {
+    return absl::InvalidArgumentError(
+        "--dsn (RESHARD_DSN) is required: a PostgreSQL connection string");
+  }
+  constexpr int64_t kDay = 24 * 3600 * 1000;
+  for (absl::Status s : {Range("lease-ms", c.lease_ms, 100, kDay),
+                         Range("transfer-timeout-ms", c.transfer_timeout_ms, 1000, 7 * kDay),
+                         Range("tick-ms", c.tick_ms, 1, 60000),
+                         Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
+                         Range("pool-size", c.pool_size, 1, 256),
+                         Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30)}) {
+    if (!s.ok()) return s;
+  }
+  if (c.tick_ms >= c.lease_ms) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--tick-ms = %d must be shorter than --lease-ms = %d, or leases expire between ticks",
+        c.tick_ms, c.lease_ms));
+  }
+  if (c.replica_id.empty()) {
+    return absl::InvalidArgumentError("--replica-id (RESHARD_REPLICA_ID) is empty");
+  }
+  for (char ch : c.replica_id) {
+    if (ch == ' ' || ch == '\t' || ch == '\n' || ch == '\r') {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "--replica-id (RESHARD_REPLICA_ID) = \"%s\": must not contain whitespace", c.replica_id));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
+                                             const GetEnvFn& getenv) {
+  CommandLine out;
+  size_t i = 0;
+  if (i < args.size() && !absl::StartsWith(args[i], "-")) {
+    if (args[i] == "serve") {
+      out.command = CoordinatorCommand::kServe;
+    } else if (args[i] == "migrate") {
+      out.command = CoordinatorCommand::kMigrate;
+    } else {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("unknown command \"%s\" (expected serve or migrate)", args[i]));
+    }
+    ++i;
+  }
+  std::vector<bool> given(Settings().size(), false);
+  for (; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "-h" || arg == "--help") {
+      out.help = true;
+      return out;
+    }
+    if (!absl::StartsWith(arg, "--")) {
+      return absl::InvalidArgumentError(absl::StrFormat("unexpected argument \"%s\"", arg));
+    }
+    std::string name = arg.substr(2), value;
+    const size_t eq = name.find('=');
+    bool has_value = eq != std::string::npos;
+    if (has_value) {
+      value = name.substr(eq + 1);
+      name.resize(eq);
+    }
+    const Setting* s = FindSetting(name);
+    if (s == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat("unknown flag --%s (see --help)", name));
+    }
+    if (!has_value) {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrFormat("flag --%s needs a value", name));
+      }
+      value = args[++i];
+    }
+    const size_t index = s - Settings().data();
+    if (given[index]) {
+      return absl::InvalidArgumentError(absl::StrFormat("flag --%s given twice", name));
+    }
+    given[index] = true;
+    if (absl::Status st = s->set(value, &out.config); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("--%s = \"%s\": %s", name, value, st.message()));
+    }
+  }
+  for (size_t k = 0; k < Settings().size(); ++k) {
+    if (given[k]) continue;
+    const Setting& s = Settings()[k];
+    std::optional<std::string> value = getenv(s.env);
+    if (!value.has_value()) continue;
+    if (absl::Status st = s.set(*value, &out.config); !st.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("%s = \"%s\": %s", s.env, *value, st.message()));
+    }
+  }
+  if (out.config.replica_id.empty()) out.config.replica_id = DefaultReplicaId();
+  if (absl::Status st = ValidateConfig(out.config); !st.ok()) return st;
+  return out;
+}
+
+std::string Usage() {
+  const CoordinatorConfig defaults;
+  std::string out =
+      "usage: reshard-coordinator [serve] [flags]   run a coordinator replica\n"
+      "       reshard-coordinator migrate --dsn DSN  apply the schema migrations and exit\n"
+      "\n"
+      "Every flag may also come from its environment variable; a flag wins.\n"
+      "\n";
+  for (const Setting& s : Settings()) {
+    std::string def = s.default_text(defaults);
+    if (std::string(s.flag) == "replica-id") def = "hostname:pid";
+    absl::StrAppendFormat(&out, "  --%-20s env %s", absl::StrCat(s.flag, " V"), s.env);
+    if (!def.empty()) absl::StrAppend(&out, ", default ", def);
+    absl::StrAppend(&out, "\n      ", s.help, "\n");
+  }
+  absl::StrAppend(&out, "  -h, --help\n");
+  return out;
+}
+
+}  // namespace reshard::coordinator

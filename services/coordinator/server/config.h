@@ -1,0 +1,78 @@
+// The reshard-coordinator binary's configuration: one struct, filled from
+// command-line flags and then from the environment (a flag wins over its
+// variable, either wins over the default), validated once at start-up.
+// Pure functions; thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/log.h"
+
+namespace reshard::coordinator {
+
+struct CoordinatorConfig {
+  /// gRPC address (host:port); port 0 picks a free one.
+  std::string listen = "0.0.0.0:7070";
+  /// PostgreSQL connection string (libpq key=value or postgresql:// URI). Required.
+  std::string dsn;
+  /// Prometheus /metrics address (host:port); port 0 picks a free one.
+  std::string metrics_listen = "0.0.0.0:9464";
+  /// How long a host stays ALIVE without a heartbeat.
+  int64_t lease_ms = 10000;
+  /// TRANSFERRING longer than this: ABORTED.
+  int64_t transfer_timeout_ms = 30 * 60 * 1000;
+  /// Period of the leader's OperationDriver::Tick.
+  int tick_ms = 200;
+  /// Period of a follower's attempts to take the leader lock.
+  int leader_retry_ms = 500;
+  /// PostgreSQL connections held by the store.
+  int pool_size = 8;
+  /// Largest serialized JobSpec accepted by RegisterJob.
+  int64_t max_spec_bytes = 64 << 20;
+  /// Names this replica in logs and operation records; default hostname:pid.
+  std::string replica_id;
+  LogSeverity log_level = LogSeverity::kInfo;
+};
+
+enum class CoordinatorCommand { kServe, kMigrate };
+
+struct CommandLine {
+  CoordinatorCommand command = CoordinatorCommand::kServe;
+  CoordinatorConfig config;
+  bool help = false;  // -h / --help: print Usage() and exit 0
+};
+
+/// Reads an environment variable; nullopt when unset.
+using GetEnvFn = std::function<std::optional<std::string>(const std::string& name)>;
+
+/// The process environment (std::getenv).
+GetEnvFn ProcessEnv();
+
+/// Parses `reshard-coordinator [serve|migrate] [flags]` (`args` without the
+/// program name), fills the config from flags then `getenv`, fills defaults
+/// (replica id) and validates. Flags take `--name value` or `--name=value`.
+/// InvalidArgument naming the flag (or variable) and the value on any error;
+/// with `help` set, nothing is validated.
+[[nodiscard]] absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
+                                                           const GetEnvFn& getenv);
+
+/// Checks every field; InvalidArgument naming the flag and the value.
+[[nodiscard]] absl::Status ValidateConfig(const CoordinatorConfig& config);
+
+/// Splits "host:port" ("[v6]:port" too). InvalidArgument naming `flag`.
+[[nodiscard]] absl::Status SplitHostPort(const std::string& address, const std::string& flag,
+                                         std::string* host, int* port);
+
+/// `hostname:pid` of this process.
+std::string DefaultReplicaId();
+
+/// The --help text: commands, every flag with its variable and default.
+std::string Usage();
+
+}  // namespace reshard::coordinator

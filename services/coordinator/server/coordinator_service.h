@@ -1,0 +1,59 @@
+// gRPC adapter for CoordinatorService (what schedulers call): each handler
+// turns the request into a SchedulerApi call and its status into the reply.
+// No checks of its own: every code is decided by SchedulerApi.
+// Thread-safe (the API is); BeginShutdown() may be called from any thread.
+#pragma once
+
+#include <atomic>
+
+#include "reshard/v1/coordinator.grpc.pb.h"
+#include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/metrics/metrics.h"
+
+namespace reshard::coordinator {
+
+class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
+ public:
+  /// `api` must outlive this; `metrics` may be null.
+  CoordinatorServiceImpl(SchedulerApi* api, CoordinatorMetrics* metrics)
+      : api_(api), metrics_(metrics) {}
+
+  /// Ends open WatchOperation streams (they return CANCELLED) so that the
+  /// server can stop without waiting for operations to finish.
+  void BeginShutdown() { stopping_.store(true); }
+
+  grpc::Status RegisterJob(grpc::ServerContext* context, const v1::RegisterJobRequest* request,
+                           v1::RegisterJobResponse* reply) override;
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
+                      v1::Job* reply) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* reply) override;
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* reply) override;
+  grpc::Status Resize(grpc::ServerContext* context, const v1::ResizeRequest* request,
+                      v1::Operation* reply) override;
+  grpc::Status Migrate(grpc::ServerContext* context, const v1::MigrateRequest* request,
+                       v1::Operation* reply) override;
+  grpc::Status RecoverFromFailure(grpc::ServerContext* context,
+                                  const v1::RecoverFromFailureRequest* request,
+                                  v1::Operation* reply) override;
+  grpc::Status PreviewPlan(grpc::ServerContext* context, const v1::PreviewPlanRequest* request,
+                           v1::PreviewPlanResponse* reply) override;
+  grpc::Status GetOperation(grpc::ServerContext* context, const v1::GetOperationRequest* request,
+                            v1::Operation* reply) override;
+  grpc::Status WatchOperation(grpc::ServerContext* context,
+                              const v1::WatchOperationRequest* request,
+                              grpc::ServerWriter<v1::Operation>* writer) override;
+  grpc::Status CancelOperation(grpc::ServerContext* context,
+                               const v1::CancelOperationRequest* request,
+                               v1::Operation* reply) override;
+  grpc::Status ListHosts(grpc::ServerContext* context, const v1::ListHostsRequest* request,
+                         v1::ListHostsResponse* reply) override;
+
+ private:
+  SchedulerApi* api_;
+  CoordinatorMetrics* metrics_;
+  std::atomic<bool> stopping_{false};
+};
+
+}  // namespace reshard::coordinator

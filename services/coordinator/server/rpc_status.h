@@ -1,0 +1,63 @@
+// What every gRPC handler of the coordinator shares: the one conversion from
+// absl::Status to grpc::Status, and the wrapper that times a handler and
+// records reshard_coordinator_rpc_duration_seconds{method, code}.
+// Thread-safe.
+#pragma once
+
+#include <chrono>
+#include <exception>
+#include <string>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "grpcpp/support/status.h"
+#include "services/coordinator/metrics/metrics.h"
+
+namespace reshard::coordinator {
+
+/// Longest status message sent back, counted as gRPC encodes it (bytes
+/// outside printable ASCII take three): it travels in a trailer, and peers
+/// refuse metadata past 8 KiB by default. Longer messages are cut and say so.
+inline constexpr size_t kMaxStatusMessageBytes = 4096;
+
+/// `message` itself when it fits kMaxStatusMessageBytes; else its longest
+/// prefix that fits (never splitting a UTF-8 sequence) plus
+/// " ... (N more bytes)".
+std::string CutStatusMessage(std::string message);
+
+/// Same code (the numeric values agree), same message (CutStatusMessage).
+grpc::Status ToGrpcStatus(const absl::Status& status);
+
+/// "OK", "INVALID_ARGUMENT", ... as used in the metric's `code` label.
+std::string StatusCodeName(absl::StatusCode code);
+
+/// Moves a successful result into the reply.
+template <typename T>
+absl::Status Unwrap(absl::StatusOr<T> result, T* reply) {
+  if (!result.ok()) return result.status();
+  *reply = *std::move(result);
+  return absl::OkStatus();
+}
+
+/// Runs `body` (returning absl::Status), records its duration and code
+/// under `method`, and converts the status. An exception escaping the logic
+/// is a bug there; it becomes INTERNAL rather than taking the process down
+/// with a request from the network.
+template <typename Body>
+grpc::Status RunRpc(CoordinatorMetrics* metrics, const char* method, Body&& body) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status;
+  try {
+    status = body();
+  } catch (const std::exception& e) {
+    status = absl::InternalError(std::string(method) + ": unexpected exception: " + e.what());
+  }
+  if (metrics != nullptr) {
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    metrics->RpcDone(method, StatusCodeName(status.code()), seconds.count());
+  }
+  return ToGrpcStatus(status);
+}
+
+}  // namespace reshard::coordinator

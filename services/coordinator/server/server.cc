@@ -1,0 +1,148 @@
+#include "services/coordinator/server/server.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <limits>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "grpcpp/grpcpp.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
+#include "services/coordinator/logic/agent_api.h"
+#include "services/coordinator/logic/leader.h"
+#include "services/coordinator/logic/operation_driver.h"
+#include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/server/agent_service.h"
+#include "services/coordinator/server/coordinator_service.h"
+#include "services/coordinator/store/migrator.h"
+#include "services/coordinator/store/pg_store.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// In-flight calls get this long to finish once Shutdown starts.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
+}  // namespace
+
+int MaxReceiveMessageBytes(const CoordinatorConfig& config) {
+  const int64_t bytes = std::max<int64_t>(config.max_spec_bytes + kRequestMarginBytes, 4 << 20);
+  return static_cast<int>(std::min<int64_t>(bytes, std::numeric_limits<int>::max()));
+}
+
+CoordinatorServer::CoordinatorServer(CoordinatorConfig config) : config_(std::move(config)) {}
+
+CoordinatorServer::~CoordinatorServer() { Shutdown(); }
+
+absl::Status CoordinatorServer::Start() {
+  RESHARD_CHECK(!started_) << "CoordinatorServer::Start called twice";
+  started_ = true;
+  if (absl::Status s = ValidateConfig(config_); !s.ok()) return s;
+
+  // Schema first: a database newer than this binary is refused untouched.
+  if (absl::Status s = Migrate(config_.dsn); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("schema migration: ", s.message()));
+  }
+
+  registry_ = std::make_shared<prometheus::Registry>();
+  metrics_ = std::make_unique<CoordinatorMetrics>(registry_);
+
+  PgStoreOptions store_options;
+  store_options.dsn = config_.dsn;
+  store_options.pool_size = config_.pool_size;
+  CoordinatorMetrics* metrics = metrics_.get();
+  store_options.observer = [metrics](const std::string& statement, double seconds) {
+    metrics->StoreStatement(statement, seconds);
+  };
+  absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(store_options);
+  if (!store.ok()) return store.status();
+  store_ = *std::move(store);
+
+  SchedulerApi::Options scheduler_options;
+  scheduler_options.max_spec_bytes = config_.max_spec_bytes;
+  scheduler_api_ =
+      std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
+  AgentApi::Options agent_options;
+  agent_options.lease_ms = config_.lease_ms;
+  agent_api_ = std::make_unique<AgentApi>(store_, &clock_, metrics_.get(), agent_options);
+  OperationDriver::Options driver_options;
+  driver_options.transfer_timeout_ms = config_.transfer_timeout_ms;
+  driver_options.replica_id = config_.replica_id;
+  // After a failover, agents get one lease period to find the new leader.
+  driver_options.lease_grace_ms = config_.lease_ms;
+  driver_ = std::make_unique<OperationDriver>(store_, &clock_, metrics_.get(), driver_options);
+
+  coordinator_service_ =
+      std::make_unique<CoordinatorServiceImpl>(scheduler_api_.get(), metrics_.get());
+  agent_service_ = std::make_unique<AgentServiceImpl>(agent_api_.get(), metrics_.get());
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.SetMaxReceiveMessageSize(MaxReceiveMessageBytes(config_));
+  builder.RegisterService(coordinator_service_.get());
+  builder.RegisterService(agent_service_.get());
+  grpc_server_ = builder.BuildAndStart();
+  if (grpc_server_ == nullptr || port_ == 0) {
+    const std::string address = config_.listen;
+    Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("--listen = \"", address, "\": cannot bind the gRPC server there"));
+  }
+
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(config_.metrics_listen);
+    exposer_->RegisterCollectable(registry_);
+    const std::vector<int> ports = exposer_->GetListeningPorts();
+    metrics_port_ = ports.empty() ? 0 : ports.front();
+  } catch (const std::exception& e) {
+    const std::string address = config_.metrics_listen;
+    Shutdown();
+    return absl::UnavailableError(absl::StrCat("--metrics-listen = \"", address,
+                                               "\": cannot serve /metrics there: ", e.what()));
+  }
+
+  LeaderLoop::Options leader_options;
+  leader_options.tick_ms = config_.tick_ms;
+  leader_options.retry_ms = config_.leader_retry_ms;
+  leader_ = std::make_unique<LeaderLoop>(MakePgLeaderLock(config_.dsn), driver_.get(),
+                                         metrics_.get(), leader_options);
+  leader_->Start();
+  RESHARD_LOG(INFO) << "replica=" << config_.replica_id << " serving gRPC on port " << port_
+                    << ", /metrics on port " << metrics_port_ << ", schema version "
+                    << LatestKnownSchemaVersion();
+  return absl::OkStatus();
+}
+
+bool CoordinatorServer::IsLeader() const { return leader_ != nullptr && leader_->IsLeader(); }
+
+std::string CoordinatorServer::StartupLine() const {
+  std::string listen_host, metrics_host;
+  int unused = 0;
+  (void)SplitHostPort(config_.listen, "--listen", &listen_host, &unused);
+  (void)SplitHostPort(config_.metrics_listen, "--metrics-listen", &metrics_host, &unused);
+  return absl::StrCat("reshard-coordinator listening on ", listen_host, ":", port_, " metrics on ",
+                      metrics_host, ":", metrics_port_, " replica ", config_.replica_id);
+}
+
+void CoordinatorServer::Shutdown() {
+  std::lock_guard<std::mutex> lock(shutdown_mu_);
+  if (shut_down_) return;
+  shut_down_ = true;
+  // Stop driving first, so that another replica can take over at once.
+  if (leader_ != nullptr) leader_->Stop();
+  if (coordinator_service_ != nullptr) coordinator_service_->BeginShutdown();
+  if (grpc_server_ != nullptr) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
+    grpc_server_->Wait();
+  }
+  exposer_.reset();  // civetweb takes up to ~2 s to stop its listener thread
+  leader_.reset();
+  driver_.reset();
+  // The services and APIs hold no threads; the store's connections close here.
+  store_.reset();
+}
+
+}  // namespace reshard::coordinator

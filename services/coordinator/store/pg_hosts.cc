@@ -1,0 +1,118 @@
+// PgStore: hosts, their leases, and which jobs and operations use them.
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+using Ids = std::vector<std::string>;
+
+Ids FirstColumn(const pqxx::result& r) {
+  Ids ids;
+  ids.reserve(r.size());
+  for (const pqxx::row& row : r) ids.emplace_back(row[0].c_str());
+  return ids;
+}
+
+absl::Status CheckHostIds(const Ids& host_ids) {
+  for (const std::string& id : host_ids) {
+    if (absl::Status s = pg::CheckText("host id", id); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> PgStore::RegisterHost(const v1::Host& host, int64_t now_unix_ms,
+                                              int64_t lease_expires_unix_ms) {
+  if (host.host_id().empty()) return absl::InvalidArgumentError("host_id is empty");
+  if (absl::Status s = pg::CheckText("host id", host.host_id()); !s.ok()) return s;
+  if (absl::Status s = pg::CheckText("host address", host.address()); !s.ok()) return s;
+  // State, heartbeat and lease live in their own columns.
+  v1::Host info = host;
+  info.clear_state();
+  info.clear_last_heartbeat_unix_ms();
+  info.clear_lease_expires_unix_ms();
+  const std::string info_bytes = info.SerializeAsString();
+  return pg::TransactFor<int64_t>(*pool_, "RegisterHost", [&](pg::PgTx& tx) {
+    const pqxx::result r = tx.Exec(pg::kUpsertHost, host.host_id(), host.address(),
+                                   pg::Bytea(info_bytes), now_unix_ms, lease_expires_unix_ms);
+    return absl::StatusOr<int64_t>(r[0][0].as<int64_t>());
+  });
+}
+
+absl::Status PgStore::Heartbeat(const std::string& host_id, int64_t epoch, int64_t now_unix_ms,
+                                int64_t lease_expires_unix_ms) {
+  return pool_->Transact("Heartbeat", [&](pg::PgTx& tx) -> absl::Status {
+    if (!tx.Exec(pg::kHeartbeatHost, host_id, epoch, now_unix_ms, lease_expires_unix_ms).empty()) {
+      return absl::OkStatus();
+    }
+    const pqxx::result r = tx.Exec(pg::kHostEpochState, host_id);
+    if (r.empty()) return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+    const int64_t latest = r[0][0].as<int64_t>();
+    if (latest != epoch) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("host \"", host_id, "\": heartbeat for epoch ", epoch,
+                       " but the latest registration is epoch ", latest, "; register again"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("host \"", host_id, "\" was marked LOST (lease expired); register again"));
+  });
+}
+
+absl::StatusOr<std::vector<v1::Host>> PgStore::ListHosts() {
+  using Hosts = std::vector<v1::Host>;
+  return pg::TransactFor<Hosts>(*pool_, "ListHosts", [&](pg::PgTx& tx) -> absl::StatusOr<Hosts> {
+    Hosts hosts;
+    for (const pqxx::row& row : tx.Exec(pg::kListHosts)) {
+      absl::StatusOr<v1::Host> host = pg::HostFromRow(row);
+      if (!host.ok()) return host.status();
+      hosts.push_back(*std::move(host));
+    }
+    return hosts;
+  });
+}
+
+absl::StatusOr<v1::Host> PgStore::GetHost(const std::string& host_id) {
+  return pg::TransactFor<v1::Host>(
+      *pool_, "GetHost", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Host> {
+        const pqxx::result r = tx.Exec(pg::kSelectHost, host_id);
+        if (r.empty()) {
+          return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+        }
+        return pg::HostFromRow(r[0]);
+      });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::ExpireLeases(int64_t now_unix_ms) {
+  return pg::TransactFor<Ids>(*pool_, "ExpireLeases", [&](pg::PgTx& tx) {
+    Ids ids = FirstColumn(tx.Exec(pg::kExpireLeases, now_unix_ms));
+    std::sort(ids.begin(), ids.end());
+    return absl::StatusOr<Ids>(std::move(ids));
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::OperationsOnHosts(const Ids& host_ids) {
+  if (host_ids.empty()) return Ids();
+  if (absl::Status s = CheckHostIds(host_ids); !s.ok()) return s;
+  const std::string hosts = pg::TextArray(host_ids);
+  return pg::TransactFor<Ids>(*pool_, "OperationsOnHosts", [&](pg::PgTx& tx) {
+    return absl::StatusOr<Ids>(FirstColumn(tx.Exec(pg::kOperationsOnHosts, hosts)));
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::JobsOnHosts(const Ids& host_ids) {
+  if (host_ids.empty()) return Ids();
+  if (absl::Status s = CheckHostIds(host_ids); !s.ok()) return s;
+  const std::string hosts = pg::TextArray(host_ids);
+  return pg::TransactFor<Ids>(*pool_, "JobsOnHosts", [&](pg::PgTx& tx) {
+    return absl::StatusOr<Ids>(FirstColumn(tx.Exec(pg::kJobsOnHosts, hosts)));
+  });
+}
+
+}  // namespace reshard::coordinator

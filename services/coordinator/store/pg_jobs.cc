@@ -1,0 +1,187 @@
+// PgStore: jobs and their PTCs.
+#include "absl/strings/str_cat.h"
+#include "planner/validate.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// The PTC as insert_ptc_tensors / insert_ptc_blobs parameters.
+struct PtcRows {
+  std::string tensor_names, tensor_dtypes, tensor_shapes, tensor_specs;
+  std::string blob_names, blob_sizes, blob_scopes;
+  int64_t total_bytes = 0;
+};
+
+absl::StatusOr<PtcRows> ToPtcRows(const v1::Ptc& ptc) {
+  std::vector<std::string> names, shapes, specs;
+  std::vector<int64_t> dtypes;
+  names.reserve(ptc.tensors_size());
+  shapes.reserve(ptc.tensors_size());
+  specs.reserve(ptc.tensors_size());
+  dtypes.reserve(ptc.tensors_size());
+  PtcRows rows;
+  for (const v1::TensorSpec& t : ptc.tensors()) {
+    if (absl::Status s = pg::CheckText("tensor name", t.name()); !s.ok()) return s;
+    names.push_back(t.name());
+    dtypes.push_back(t.dtype());
+    shapes.push_back(pg::IntArray({t.shape().begin(), t.shape().end()}));
+    specs.push_back(pg::Hex(t.partition().SerializeAsString()));
+    int64_t elements = 1;
+    for (int64_t d : t.shape()) elements *= d;
+    rows.total_bytes += elements * planner::ElementBytes(t.dtype());
+  }
+  std::vector<std::string> blob_names;
+  std::vector<int64_t> blob_sizes, blob_scopes;
+  for (const v1::BlobSpec& b : ptc.blobs()) {
+    if (absl::Status s = pg::CheckText("blob name", b.name()); !s.ok()) return s;
+    blob_names.push_back(b.name());
+    blob_sizes.push_back(b.size_bytes());
+    blob_scopes.push_back(b.scope());
+    rows.total_bytes += b.size_bytes();
+  }
+  rows.tensor_names = pg::TextArray(names);
+  rows.tensor_dtypes = pg::IntArray(dtypes);
+  rows.tensor_shapes = pg::TextArray(shapes);
+  rows.tensor_specs = pg::TextArray(specs);
+  rows.blob_names = pg::TextArray(blob_names);
+  rows.blob_sizes = pg::IntArray(blob_sizes);
+  rows.blob_scopes = pg::IntArray(blob_scopes);
+  return rows;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::JobSpec& spec,
+                                           const Idempotency& idem) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"job id", &job_id},
+                                    {"tenant", &spec.tenant()},
+                                    {"job name", &spec.name()},
+                                    {"idempotency key", &idem.key}}) {
+    if (absl::Status s = pg::CheckText(what, *value); !s.ok()) return s;
+  }
+  // Everything that does not need the database is prepared before the
+  // transaction, so that it stays short.
+  absl::StatusOr<PtcRows> ptc = ToPtcRows(spec.ptc());
+  if (!ptc.ok()) return ptc.status();
+  absl::StatusOr<pg::GenerationRows> generation = pg::ToGenerationRows(spec.layout(), "layout");
+  if (!generation.ok()) return generation.status();
+  const std::string layout_bytes = spec.layout().SerializeAsString();
+
+  return pg::TransactFor<v1::Job>(
+      *pool_, "CreateJob", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Job> {
+        if (!idem.key.empty()) {
+          absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
+          if (!first.ok()) return first.status();
+          if (first->has_value()) return pg::ReadJob(tx, **first);
+        }
+        const pqxx::result inserted =
+            tx.Exec(pg::kInsertJob, job_id, spec.tenant(), spec.name(), spec.ptc().num_layers(),
+                    spec.ptc().tensors_size(), ptc->total_bytes);
+        if (inserted.empty()) {
+          // (tenant, name) is taken. If it was taken by a concurrent call with
+          // the same key, that call's job is the answer.
+          if (!idem.key.empty()) {
+            absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
+            if (!first.ok()) return first.status();
+            if (first->has_value()) return pg::ReadJob(tx, **first);
+          }
+          return absl::AlreadyExistsError(absl::StrCat("job \"", spec.name(), "\" of tenant \"",
+                                                       spec.tenant(), "\" already exists"));
+        }
+        tx.Exec(pg::kInsertPtcTensors, job_id, ptc->tensor_names, ptc->tensor_dtypes,
+                ptc->tensor_shapes, ptc->tensor_specs);
+        if (spec.ptc().blobs_size() > 0) {
+          tx.Exec(pg::kInsertPtcBlobs, job_id, ptc->blob_names, ptc->blob_sizes, ptc->blob_scopes);
+        }
+        pg::InsertGeneration(tx, job_id, 1, layout_bytes, *generation, GenerationState::kCurrent,
+                             "");
+        if (!idem.key.empty()) {
+          if (absl::Status s = pg::ClaimIdempotencyKey(tx, idem, job_id, job_id); !s.ok()) return s;
+        }
+        return pg::ReadJob(tx, job_id);
+      });
+}
+
+absl::StatusOr<v1::Job> PgStore::GetJob(const std::string& job_id, bool include_ptc) {
+  return pg::TransactFor<v1::Job>(*pool_, "GetJob", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Job> {
+    absl::StatusOr<v1::Job> job = pg::ReadJob(tx, job_id);
+    if (!job.ok() || !include_ptc) return job;
+    absl::StatusOr<v1::Ptc> ptc = pg::ReadPtc(tx, job_id);
+    if (!ptc.ok()) return ptc.status();
+    *job->mutable_ptc() = *std::move(ptc);
+    return job;
+  });
+}
+
+absl::StatusOr<v1::Ptc> PgStore::GetPtc(const std::string& job_id) {
+  return pg::TransactFor<v1::Ptc>(*pool_, "GetPtc",
+                                  [&](pg::PgTx& tx) { return pg::ReadPtc(tx, job_id); });
+}
+
+absl::StatusOr<JobPage> PgStore::ListJobs(const ListJobsQuery& query) {
+  constexpr int kMaxPageSize = 10000;
+  const int page_size = query.page_size <= 0
+                            ? 100
+                            : (query.page_size > kMaxPageSize ? kMaxPageSize : query.page_size);
+  return pg::TransactFor<JobPage>(*pool_, "ListJobs", [&](pg::PgTx& tx) -> absl::StatusOr<JobPage> {
+    // One row more than the page tells whether another page follows.
+    const pqxx::result r = tx.Exec(pg::kListJobs, query.tenant, static_cast<int>(query.state),
+                                   query.after_job_id, page_size + 1);
+    JobPage page;
+    for (const pqxx::row& row : r) {
+      if (static_cast<int>(page.jobs.size()) == page_size) {
+        page.next_after_job_id = page.jobs.back().id();
+        break;
+      }
+      absl::StatusOr<v1::Job> job = pg::JobFromRow(row);
+      if (!job.ok()) return job.status();
+      page.jobs.push_back(*std::move(job));
+    }
+    return page;
+  });
+}
+
+absl::Status PgStore::DeleteJob(const std::string& job_id) {
+  return pool_->Transact("DeleteJob", [&](pg::PgTx& tx) -> absl::Status {
+    if (tx.Exec(pg::kLockJob, job_id).empty()) return pg::JobNotFound(job_id);
+    const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, job_id);
+    if (!active.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "job \"", job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
+          pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
+    }
+    tx.Exec(pg::kDeleteJob, job_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PgStore::SetJobState(const std::string& job_id, v1::JobState state) {
+  if (state == v1::JOB_STATE_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job \"", job_id, "\": cannot set state JOB_STATE_UNSPECIFIED"));
+  }
+  return pool_->Transact("SetJobState", [&](pg::PgTx& tx) -> absl::Status {
+    if (tx.Exec(pg::kSetJobState, job_id, static_cast<int>(state)).empty()) {
+      return pg::JobNotFound(job_id);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> PgStore::CountJobsByState() {
+  using Counts = std::vector<std::pair<v1::JobState, int64_t>>;
+  return pg::TransactFor<Counts>(*pool_, "CountJobsByState", [&](pg::PgTx& tx) {
+    Counts counts;
+    for (const pqxx::row& row : tx.Exec(pg::kCountJobsByState)) {
+      counts.emplace_back(static_cast<v1::JobState>(row[0].as<int>()), row[1].as<int64_t>());
+    }
+    return absl::StatusOr<Counts>(std::move(counts));
+  });
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,180 @@
+// PgStore: creating operations and moving them through their states.
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+bool IsActive(v1::OperationState s) {
+  return s == v1::OPERATION_STATE_PENDING || s == v1::OPERATION_STATE_PLANNED ||
+         s == v1::OPERATION_STATE_TRANSFERRING;
+}
+
+absl::Status CheckNewOperation(const NewOperation& op) {
+  if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
+  if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  if (op.kind == v1::OPERATION_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", op.operation_id, "\": kind is unspecified"));
+  }
+  for (const auto& [what, value] :
+       {std::pair<const char*, const std::string*>{"operation id", &op.operation_id},
+        {"job id", &op.job_id},
+        {"idempotency key", &op.idempotency.key}}) {
+    if (absl::Status s = pg::CheckText(what, *value); !s.ok()) return s;
+  }
+  for (const std::string& host : op.lost_hosts) {
+    if (absl::Status s = pg::CheckText("lost host", host); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
+  if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
+  const std::string layout_bytes = op.target_layout.SerializeAsString();
+  const std::string lost_hosts = pg::TextArray(op.lost_hosts);
+  const std::string lost_ranks = pg::IntArray({op.lost_ranks.begin(), op.lost_ranks.end()});
+  const bool keyed = !op.idempotency.key.empty();
+
+  return pg::TransactFor<v1::Operation>(
+      *pool_, "CreateOperation", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Operation> {
+        // The job row lock serializes every mutation of this job, so the
+        // checks below cannot be overtaken before the commit.
+        const pqxx::result job = tx.Exec(pg::kLockJob, op.job_id);
+        if (job.empty()) return pg::JobNotFound(op.job_id);
+        const int64_t generation = job[0][0].as<int64_t>();
+        if (keyed) {
+          absl::StatusOr<std::optional<std::string>> first =
+              pg::FindIdempotentResource(tx, op.idempotency);
+          if (!first.ok()) return first.status();
+          if (first->has_value()) {
+            absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, **first, false);
+            if (!record.ok()) return record.status();
+            return record->op;
+          }
+        }
+        if (op.expected_generation <= 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("expected_generation must be positive, got ", op.expected_generation));
+        }
+        if (op.expected_generation != generation) {
+          return absl::AbortedError(absl::StrCat("job \"", op.job_id, "\" is at generation ",
+                                                 generation, ", request expected ",
+                                                 op.expected_generation));
+        }
+        const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, op.job_id);
+        if (!active.empty()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "job \"", op.job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
+              pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
+        }
+        // Generation numbers are never reused (a DISCARDED one keeps its).
+        const int64_t to_generation =
+            tx.Exec(pg::kMaxGeneration, op.job_id)[0][0].as<int64_t>() + 1;
+        tx.Exec(pg::kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
+                generation, to_generation, pg::Bytea(layout_bytes), lost_hosts, lost_ranks,
+                op.idempotency.key);
+        if (keyed) {
+          if (absl::Status s =
+                  pg::ClaimIdempotencyKey(tx, op.idempotency, op.operation_id, op.job_id);
+              !s.ok()) {
+            return s;
+          }
+        }
+        tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
+        absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, op.operation_id, false);
+        if (!record.ok()) return record.status();
+        return record->op;
+      });
+}
+
+absl::StatusOr<OperationRecord> PgStore::GetOperation(const std::string& operation_id,
+                                                      bool include_plan) {
+  return pg::TransactFor<OperationRecord>(*pool_, "GetOperation", [&](pg::PgTx& tx) {
+    return pg::ReadOperation(tx, operation_id, include_plan);
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::ListActiveOperations() {
+  using Ids = std::vector<std::string>;
+  return pg::TransactFor<Ids>(*pool_, "ListActiveOperations", [&](pg::PgTx& tx) {
+    Ids ids;
+    for (const pqxx::row& row : tx.Exec(pg::kListActiveOperations)) {
+      ids.emplace_back(row[0].c_str());
+    }
+    return absl::StatusOr<Ids>(std::move(ids));
+  });
+}
+
+absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::OperationState from,
+                                          v1::OperationState to, const OperationUpdate& update) {
+  if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", operation_id, "\": move to ", pg::ShortName(to), " with ",
+                     to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
+                     ", not TransitionOperation"));
+  }
+  // The moves left to TransitionOperation: PENDING -> PLANNED, and any
+  // active state -> ABORTED / FAILED. Final states are never left.
+  const bool plan_step = from == v1::OPERATION_STATE_PENDING && to == v1::OPERATION_STATE_PLANNED;
+  const bool end_step =
+      IsActive(from) && (to == v1::OPERATION_STATE_ABORTED || to == v1::OPERATION_STATE_FAILED);
+  if (!plan_step && !end_step) {
+    return absl::InvalidArgumentError(absl::StrCat("operation \"", operation_id,
+                                                   "\": no transition from ", pg::ShortName(from),
+                                                   " to ", pg::ShortName(to)));
+  }
+  const pqxx::binarystring plan =
+      update.plan ? pg::Bytea(*update.plan) : pg::Bytea(absl::string_view());
+  const pqxx::binarystring stats =
+      update.stats ? pg::Bytea(*update.stats) : pg::Bytea(absl::string_view());
+  const std::string error = update.error ? pg::TruncateError(*update.error) : std::string();
+
+  return pool_->Transact("TransitionOperation", [&](pg::PgTx& tx) -> absl::Status {
+    const pqxx::result r = tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),
+                                   static_cast<int>(to), update.plan.has_value(), plan,
+                                   update.stats.has_value(), stats, update.error.has_value(), error,
+                                   update.bytes_total.has_value(), update.bytes_total.value_or(0));
+    if (r.empty()) {
+      const pqxx::result now = tx.Exec(pg::kOperationState, operation_id);
+      if (now.empty()) return pg::OperationNotFound(operation_id);
+      return absl::AbortedError(
+          absl::StrCat("operation \"", operation_id, "\" is ",
+                       pg::ShortName(static_cast<v1::OperationState>(now[0][0].as<int>())),
+                       ", not ", pg::ShortName(from)));
+    }
+    if (end_step) {
+      // ABORTED / FAILED: the new buffers are dropped, the job is usable
+      // again (DEGRADED when its current generation lost hosts).
+      const std::string job_id = r[0][0].c_str();
+      tx.Exec(pg::kDiscardPendingGeneration, job_id, r[0][1].as<int64_t>());
+      tx.Exec(pg::kSettleJobState, job_id);
+    }
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<v1::Operation>> PgStore::ListOperationsForJob(
+    const std::string& job_id) {
+  using Ops = std::vector<v1::Operation>;
+  return pg::TransactFor<Ops>(
+      *pool_, "ListOperationsForJob", [&](pg::PgTx& tx) -> absl::StatusOr<Ops> {
+        if (tx.Exec(pg::kJobExists, job_id).empty()) {
+          return pg::JobNotFound(job_id);
+        }
+        Ops ops;
+        for (const pqxx::row& row : tx.Exec(pg::kListOperationsForJob, job_id)) {
+          absl::StatusOr<v1::Operation> op = pg::OperationFromRow(row, nullptr, nullptr);
+          if (!op.ok()) return op.status();
+          ops.push_back(*std::move(op));
+        }
+        return ops;
+      });
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,62 @@
+#include "services/coordinator/store/pg_statements.h"
+
+namespace reshard::coordinator::pg {
+
+const std::vector<Statement>& AllStatements() {
+  static const std::vector<Statement>* const kAll = new std::vector<Statement>{
+      kSelectJob,
+      kListJobs,
+      kInsertJob,
+      kLockJob,
+      kJobExists,
+      kDeleteJob,
+      kSetJobState,
+      kSettleJobState,
+      kCountJobsByState,
+      kSelectJobLayers,
+      kInsertPtcTensors,
+      kInsertPtcBlobs,
+      kSelectPtcTensors,
+      kSelectPtcBlobs,
+      kInsertGeneration,
+      kInsertGenerationRanks,
+      kMaxGeneration,
+      kDiscardPendingGeneration,
+      kRetireCurrentGeneration,
+      kPromotePendingGeneration,
+      kAdvanceJob,
+      kStoreRankChecksums,
+      kSelectRankChecksums,
+      kGenerationsToRelease,
+      kGenerationsToDiscard,
+      kSelectIdempotencyKey,
+      kClaimIdempotencyKey,
+      kSelectOperation,
+      kSelectOperationWithPlan,
+      kListOperationsForJob,
+      kListActiveOperations,
+      kActiveOperationOfJob,
+      kInsertOperation,
+      kLockOperation,
+      kOperationState,
+      kTransitionOperation,
+      kSetOperationTransferring,
+      kFinishCommittedOperation,
+      kUpdateOperationBytesDone,
+      kOperationsOnHosts,
+      kInsertOperationHosts,
+      kUpdateHostProgress,
+      kSelectHostProgress,
+      kAssignedOperations,
+      kUpsertHost,
+      kHeartbeatHost,
+      kHostEpochState,
+      kListHosts,
+      kSelectHost,
+      kExpireLeases,
+      kJobsOnHosts,
+  };
+  return *kAll;
+}
+
+}  // namespace reshard::coordinator::pg

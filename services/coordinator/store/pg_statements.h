@@ -1,0 +1,306 @@
+// Every SQL statement PgStore runs, as named constants. The name is the
+// prepared statement's name and the metric label. Schema:
+// migrations/0001_init.sql. Enum numbers are the proto numbers (JobState,
+// OperationState, HostState, HostTaskState) and store.h's GenerationState.
+//
+// Array parameters are passed as PostgreSQL array literals (pg_codec.h) and
+// expanded with unnest(), so a batch is one round trip.
+#pragma once
+
+#include <vector>
+
+#include "services/coordinator/store/pg_pool.h"
+
+namespace reshard::coordinator::pg {
+
+// ---- Jobs ------------------------------------------------------------------
+
+// The columns JobFromRow (pg_codec.h) reads, from `jobs j` joined with its
+// current generation `g`. Lost hosts: hosts of the current generation whose
+// state is LOST (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING.
+#define RESHARD_PG_JOB_COLUMNS                                                              \
+  "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
+  "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
+  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state IN (1, 2, 3)), "        \
+  "ARRAY(SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "             \
+  "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
+  "r.generation = j.generation) ORDER BY h.id) "                                            \
+  "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
+
+inline constexpr Statement kSelectJob{"select_job",
+                                      "SELECT " RESHARD_PG_JOB_COLUMNS "WHERE j.id = $1"};
+
+inline constexpr Statement kListJobs{
+    "list_jobs", "SELECT " RESHARD_PG_JOB_COLUMNS
+                 "WHERE ($1::text = '' OR j.tenant = $1::text) AND ($2::smallint = 0 OR j.state = "
+                 "$2::smallint) AND j.id > $3::text ORDER BY j.id LIMIT $4::integer"};
+
+inline constexpr Statement kInsertJob{
+    "insert_job",
+    "INSERT INTO jobs (id, tenant, name, state, generation, num_layers, tensor_count, "
+    "total_bytes) VALUES ($1, $2, $3, 1, 1, $4, $5, $6) "
+    "ON CONFLICT ON CONSTRAINT jobs_tenant_name_key DO NOTHING RETURNING id"};
+
+// Locks the job row: operations on one job serialize on it.
+inline constexpr Statement kLockJob{"lock_job",
+                                    "SELECT generation, state FROM jobs WHERE id = $1 FOR UPDATE"};
+
+inline constexpr Statement kJobExists{"job_exists", "SELECT 1 FROM jobs WHERE id = $1"};
+
+inline constexpr Statement kDeleteJob{"delete_job", "DELETE FROM jobs WHERE id = $1"};
+
+inline constexpr Statement kSetJobState{
+    "set_job_state", "UPDATE jobs SET state = $2, updated_at = now() WHERE id = $1 RETURNING id"};
+
+// After an operation ends: DEGRADED (3) when a host of the current
+// generation is LOST, else ACTIVE (1).
+inline constexpr Statement kSettleJobState{
+    "settle_job_state",
+    "UPDATE jobs j SET state = CASE WHEN EXISTS (SELECT 1 FROM generation_ranks r JOIN hosts h "
+    "ON h.id = r.host_id WHERE r.job_id = j.id AND r.generation = j.generation AND h.state = 2) "
+    "THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1"};
+
+inline constexpr Statement kCountJobsByState{
+    "count_jobs_by_state", "SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state"};
+
+inline constexpr Statement kSelectJobLayers{"select_job_layers",
+                                            "SELECT num_layers FROM jobs WHERE id = $1"};
+
+// ---- PTC -------------------------------------------------------------------
+
+// $2 names, $3 dtypes, $4 shapes (each a bigint[] literal), $5 serialized
+// PartitionSpecs in hex; idx is the position in the arrays.
+inline constexpr Statement kInsertPtcTensors{
+    "insert_ptc_tensors",
+    "INSERT INTO ptc_tensors (job_id, idx, name, dtype, shape, partition_spec) "
+    "SELECT $1, t.ord - 1, t.name, t.dtype, t.shape::bigint[], decode(t.spec, 'hex') "
+    "FROM unnest($2::text[], $3::smallint[], $4::text[], $5::text[]) WITH ORDINALITY "
+    "AS t(name, dtype, shape, spec, ord)"};
+
+inline constexpr Statement kInsertPtcBlobs{
+    "insert_ptc_blobs",
+    "INSERT INTO ptc_blobs (job_id, idx, name, size_bytes, scope) "
+    "SELECT $1, b.ord - 1, b.name, b.size_bytes, b.scope "
+    "FROM unnest($2::text[], $3::bigint[], $4::smallint[]) WITH ORDINALITY "
+    "AS b(name, size_bytes, scope, ord)"};
+
+inline constexpr Statement kSelectPtcTensors{
+    "select_ptc_tensors",
+    "SELECT name, dtype, shape, partition_spec FROM ptc_tensors WHERE job_id = $1 ORDER BY idx"};
+
+inline constexpr Statement kSelectPtcBlobs{
+    "select_ptc_blobs",
+    "SELECT name, size_bytes, scope FROM ptc_blobs WHERE job_id = $1 ORDER BY idx"};
+
+// ---- Generations -----------------------------------------------------------
+
+inline constexpr Statement kInsertGeneration{
+    "insert_generation",
+    "INSERT INTO generations (job_id, generation, layout, tp, pp, dp, world, state, "
+    "operation_id) VALUES ($1, $2, $3, $4, $5, $6, $7, $8, NULLIF($9, ''))"};
+
+// $3 host ids and $4 devices in rank order.
+inline constexpr Statement kInsertGenerationRanks{
+    "insert_generation_ranks",
+    "INSERT INTO generation_ranks (job_id, generation, rank, host_id, device) "
+    "SELECT $1, $2, r.ord - 1, r.host_id, r.device "
+    "FROM unnest($3::text[], $4::integer[]) WITH ORDINALITY AS r(host_id, device, ord)"};
+
+inline constexpr Statement kMaxGeneration{
+    "max_generation", "SELECT max(generation) FROM generations WHERE job_id = $1"};
+
+inline constexpr Statement kDiscardPendingGeneration{
+    "discard_pending_generation",
+    "UPDATE generations SET state = 4 WHERE job_id = $1 AND generation = $2 AND state = 2"};
+
+inline constexpr Statement kRetireCurrentGeneration{
+    "retire_current_generation",
+    "UPDATE generations SET state = 3 WHERE job_id = $1 AND state = 1"};
+
+inline constexpr Statement kPromotePendingGeneration{
+    "promote_pending_generation",
+    "UPDATE generations SET state = 1, committed_at = now() "
+    "WHERE job_id = $1 AND generation = $2 AND state = 2 RETURNING generation"};
+
+inline constexpr Statement kAdvanceJob{
+    "advance_job",
+    "UPDATE jobs j SET generation = $2, state = CASE WHEN EXISTS (SELECT 1 FROM "
+    "generation_ranks r JOIN hosts h ON h.id = r.host_id WHERE r.job_id = j.id AND "
+    "r.generation = $2 AND h.state = 2) THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1"};
+
+// $3 ranks, $4 packed checksums in hex.
+inline constexpr Statement kStoreRankChecksums{
+    "store_rank_checksums",
+    "UPDATE generation_ranks r SET checksums = decode(c.hex, 'hex') "
+    "FROM unnest($3::integer[], $4::text[]) AS c(rank, hex) "
+    "WHERE r.job_id = $1 AND r.generation = $2 AND r.rank = c.rank"};
+
+inline constexpr Statement kSelectRankChecksums{
+    "select_rank_checksums",
+    "SELECT rank, checksums FROM generation_ranks WHERE job_id = $1 AND generation = $2 "
+    "AND checksums IS NOT NULL ORDER BY rank"};
+
+inline constexpr Statement kGenerationsToRelease{
+    "generations_to_release",
+    "SELECT g.job_id, g.generation FROM generations g WHERE g.state = 3 AND EXISTS (SELECT 1 "
+    "FROM generation_ranks r WHERE r.host_id = $1 AND r.job_id = g.job_id AND "
+    "r.generation = g.generation) ORDER BY g.job_id, g.generation"};
+
+inline constexpr Statement kGenerationsToDiscard{
+    "generations_to_discard",
+    "SELECT g.job_id, g.generation FROM generations g WHERE g.state = 4 AND EXISTS (SELECT 1 "
+    "FROM generation_ranks r WHERE r.host_id = $1 AND r.job_id = g.job_id AND "
+    "r.generation = g.generation) ORDER BY g.job_id, g.generation"};
+
+// ---- Idempotency -----------------------------------------------------------
+
+inline constexpr Statement kSelectIdempotencyKey{
+    "select_idempotency_key",
+    "SELECT method, request_hash, resource_id FROM idempotency_keys WHERE key = $1"};
+
+inline constexpr Statement kClaimIdempotencyKey{
+    "claim_idempotency_key",
+    "INSERT INTO idempotency_keys (key, method, request_hash, resource_id, job_id) "
+    "VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING RETURNING key"};
+
+// ---- Operations ------------------------------------------------------------
+
+// The columns OperationFromRow (pg_codec.h) reads.
+#define RESHARD_PG_OPERATION_COLUMNS                                                        \
+  "o.id, o.job_id, o.kind, o.state, o.from_generation, o.to_generation, o.error, o.stats, " \
+  "o.bytes_done, o.bytes_total, o.idempotency_key, reshard_unix_ms(o.created_at), "         \
+  "reshard_unix_ms(o.updated_at), o.target_layout, o.lost_hosts, o.lost_ranks "
+
+inline constexpr Statement kSelectOperation{
+    "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
+
+inline constexpr Statement kSelectOperationWithPlan{"select_operation_with_plan",
+                                                    "SELECT " RESHARD_PG_OPERATION_COLUMNS
+                                                    ", o.plan FROM operations o WHERE o.id = $1"};
+
+inline constexpr Statement kListOperationsForJob{
+    "list_operations_for_job", "SELECT " RESHARD_PG_OPERATION_COLUMNS
+                               "FROM operations o WHERE o.job_id = $1 ORDER BY o.seq DESC"};
+
+inline constexpr Statement kListActiveOperations{
+    "list_active_operations", "SELECT id FROM operations WHERE state IN (1, 2, 3) ORDER BY seq"};
+
+inline constexpr Statement kActiveOperationOfJob{
+    "active_operation_of_job",
+    "SELECT id, state FROM operations WHERE job_id = $1 AND state IN (1, 2, 3)"};
+
+inline constexpr Statement kInsertOperation{
+    "insert_operation",
+    "INSERT INTO operations (id, job_id, kind, state, from_generation, to_generation, "
+    "target_layout, lost_hosts, lost_ranks, idempotency_key) "
+    "VALUES ($1, $2, $3, 1, $4, $5, $6, $7::text[], $8::integer[], $9)"};
+
+inline constexpr Statement kLockOperation{
+    "lock_operation",
+    "SELECT job_id, state, from_generation, to_generation, target_layout FROM operations "
+    "WHERE id = $1 FOR UPDATE"};
+
+inline constexpr Statement kOperationState{"operation_state",
+                                           "SELECT state FROM operations WHERE id = $1"};
+
+// Compare-and-set: only from state $2. Each optional field has a "set" flag.
+inline constexpr Statement kTransitionOperation{
+    "transition_operation",
+    "UPDATE operations SET state = $3::smallint, "
+    "plan = CASE WHEN $4::boolean THEN $5::bytea ELSE plan END, "
+    "stats = CASE WHEN $6::boolean THEN $7::bytea ELSE stats END, "
+    "error = CASE WHEN $8::boolean THEN $9::text ELSE error END, "
+    "bytes_total = CASE WHEN $10::boolean THEN $11::bigint ELSE bytes_total END, "
+    "updated_at = now(), "
+    "finished_at = CASE WHEN $3::smallint IN (4, 5, 6) THEN now() ELSE finished_at END "
+    "WHERE id = $1 AND state = $2::smallint RETURNING job_id, to_generation"};
+
+inline constexpr Statement kSetOperationTransferring{
+    "set_operation_transferring",
+    "UPDATE operations SET state = 3, updated_at = now() WHERE id = $1"};
+
+inline constexpr Statement kFinishCommittedOperation{
+    "finish_committed_operation",
+    "UPDATE operations SET state = 4, updated_at = now(), finished_at = now() WHERE id = $1"};
+
+inline constexpr Statement kUpdateOperationBytesDone{
+    "update_operation_bytes_done",
+    "UPDATE operations SET bytes_done = (SELECT coalesce(sum(bytes_done), 0) FROM "
+    "operation_hosts WHERE operation_id = $1), updated_at = now() WHERE id = $1"};
+
+inline constexpr Statement kOperationsOnHosts{
+    "operations_on_hosts",
+    "SELECT o.id FROM operations o WHERE o.state IN (1, 2, 3) AND EXISTS (SELECT 1 FROM "
+    "operation_hosts oh WHERE oh.operation_id = o.id AND oh.host_id = ANY($1::text[])) "
+    "ORDER BY o.seq"};
+
+// ---- Per-host progress -----------------------------------------------------
+
+// $2 host ids, $3 states, $4 bytes done, $5 bytes total, $6 errors.
+inline constexpr Statement kInsertOperationHosts{
+    "insert_operation_hosts",
+    "INSERT INTO operation_hosts (operation_id, host_id, state, bytes_done, bytes_total, error) "
+    "SELECT $1, h.host_id, h.state, h.bytes_done, h.bytes_total, h.error "
+    "FROM unnest($2::text[], $3::smallint[], $4::bigint[], $5::bigint[], $6::text[]) "
+    "AS h(host_id, state, bytes_done, bytes_total, error)"};
+
+// A host's DONE (3) or FAILED (4) is final: a late RUNNING report keeps it.
+// A report without a total keeps the one recorded.
+inline constexpr Statement kUpdateHostProgress{
+    "update_host_progress",
+    "UPDATE operation_hosts SET state = CASE WHEN state IN (3, 4) AND $3::smallint NOT IN "
+    "(3, 4) THEN state ELSE $3::smallint END, bytes_done = $4, bytes_total = CASE WHEN "
+    "$5::bigint > 0 THEN $5::bigint ELSE bytes_total END, error = $6, updated_at = now() "
+    "WHERE operation_id = $1 AND host_id = $2 RETURNING host_id"};
+
+inline constexpr Statement kSelectHostProgress{
+    "select_host_progress",
+    "SELECT host_id, state, bytes_done, bytes_total, error FROM operation_hosts "
+    "WHERE operation_id = $1 ORDER BY host_id"};
+
+inline constexpr Statement kAssignedOperations{
+    "assigned_operations",
+    "SELECT o.id FROM operation_hosts oh JOIN operations o ON o.id = oh.operation_id "
+    "WHERE oh.host_id = $1 AND oh.state NOT IN (3, 4) AND o.state = 3 ORDER BY o.seq"};
+
+// ---- Hosts -----------------------------------------------------------------
+
+inline constexpr Statement kUpsertHost{
+    "upsert_host",
+    "INSERT INTO hosts (id, address, info, state, epoch, last_heartbeat_unix_ms, "
+    "lease_expires_unix_ms) VALUES ($1, $2, $3, 1, 1, $4, $5) ON CONFLICT (id) DO UPDATE SET "
+    "address = EXCLUDED.address, info = EXCLUDED.info, state = 1, epoch = hosts.epoch + 1, "
+    "last_heartbeat_unix_ms = EXCLUDED.last_heartbeat_unix_ms, "
+    "lease_expires_unix_ms = EXCLUDED.lease_expires_unix_ms, registered_at = now() "
+    "RETURNING epoch"};
+
+inline constexpr Statement kHeartbeatHost{
+    "heartbeat_host",
+    "UPDATE hosts SET last_heartbeat_unix_ms = $3, lease_expires_unix_ms = $4 "
+    "WHERE id = $1 AND epoch = $2 AND state = 1 RETURNING id"};
+
+inline constexpr Statement kHostEpochState{"host_epoch_state",
+                                           "SELECT epoch, state FROM hosts WHERE id = $1"};
+
+// The columns HostFromRow (pg_codec.h) reads.
+#define RESHARD_PG_HOST_COLUMNS "info, state, last_heartbeat_unix_ms, lease_expires_unix_ms "
+
+inline constexpr Statement kListHosts{"list_hosts",
+                                      "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
+
+inline constexpr Statement kSelectHost{
+    "select_host", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = $1"};
+
+inline constexpr Statement kExpireLeases{
+    "expire_leases",
+    "UPDATE hosts SET state = 2 WHERE state = 1 AND lease_expires_unix_ms < $1 RETURNING id"};
+
+inline constexpr Statement kJobsOnHosts{
+    "jobs_on_hosts",
+    "SELECT DISTINCT r.job_id FROM generation_ranks r JOIN jobs j ON j.id = r.job_id AND "
+    "j.generation = r.generation WHERE r.host_id = ANY($1::text[]) ORDER BY r.job_id"};
+
+/// Every statement above, to prepare on each connection.
+const std::vector<Statement>& AllStatements();
+
+}  // namespace reshard::coordinator::pg

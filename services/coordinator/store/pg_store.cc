@@ -1,0 +1,183 @@
+// PgStore: construction and the helpers every part of it shares. The Store
+// methods live in pg_jobs.cc, pg_operations.cc, pg_transfer.cc, pg_hosts.cc.
+#include "services/coordinator/store/pg_store.h"
+
+#include <chrono>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "planner/layout.h"
+#include "services/coordinator/store/migrator.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_pool.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+
+absl::StatusOr<std::shared_ptr<PgStore>> PgStore::Connect(const PgStoreOptions& options) {
+  if (options.check_schema) {
+    if (absl::Status s = CheckSchema(options.dsn); !s.ok()) return s;
+  }
+  pg::PgPool::Options pool_options;
+  pool_options.dsn = options.dsn;
+  pool_options.size = options.pool_size;
+  pool_options.acquire_timeout = std::chrono::milliseconds(options.acquire_timeout_ms);
+  pool_options.observer = options.observer;
+  pool_options.statements = pg::AllStatements();
+  absl::StatusOr<std::unique_ptr<pg::PgPool>> pool = pg::PgPool::Create(std::move(pool_options));
+  if (!pool.ok()) return pool.status();
+  return std::shared_ptr<PgStore>(new PgStore(*std::move(pool)));
+}
+
+PgStore::PgStore(std::unique_ptr<pg::PgPool> pool) : pool_(std::move(pool)) {}
+PgStore::~PgStore() = default;
+
+std::vector<std::string> PgStore::StatementNames() {
+  std::vector<std::string> names;
+  for (const pg::Statement& s : pg::AllStatements()) names.emplace_back(s.name);
+  names.emplace_back("commit");
+  return names;
+}
+
+namespace pg {
+
+absl::Status JobNotFound(absl::string_view job_id) {
+  return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
+}
+
+absl::Status OperationNotFound(absl::string_view operation_id) {
+  return absl::NotFoundError(absl::StrCat("operation \"", operation_id, "\" not found"));
+}
+
+std::string ShortName(v1::OperationState state) {
+  const std::string& name = v1::OperationState_Name(state);
+  if (name.empty()) return absl::StrCat(static_cast<int>(state));
+  return std::string(absl::StripPrefix(name, "OPERATION_STATE_"));
+}
+
+std::string TruncateError(const std::string& text) {
+  constexpr size_t kMaxErrorBytes = 4096;
+  if (text.size() <= kMaxErrorBytes) return text;
+  size_t end = kMaxErrorBytes;
+  // Do not cut a UTF-8 sequence: back off over continuation bytes.
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
+absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id) {
+  const pqxx::result r = tx.Exec(kSelectJob, job_id);
+  if (r.empty()) return JobNotFound(job_id);
+  return JobFromRow(r[0]);
+}
+
+absl::StatusOr<v1::Ptc> ReadPtc(PgTx& tx, const std::string& job_id) {
+  const pqxx::result layers = tx.Exec(kSelectJobLayers, job_id);
+  if (layers.empty()) return JobNotFound(job_id);
+  v1::Ptc ptc;
+  ptc.set_num_layers(layers[0][0].as<int>());
+  const pqxx::result tensors = tx.Exec(kSelectPtcTensors, job_id);
+  ptc.mutable_tensors()->Reserve(static_cast<int>(tensors.size()));
+  for (const pqxx::row& row : tensors) {
+    v1::TensorSpec* t = ptc.add_tensors();
+    t->set_name(row[0].c_str());
+    t->set_dtype(static_cast<v1::DType>(row[1].as<int>()));
+    for (int64_t d : ParseIntArray(row[2])) t->add_shape(d);
+    if (absl::Status s = ParseBytea(row[3], absl::StrCat("partition of tensor \"", t->name(), "\""),
+                                    t->mutable_partition());
+        !s.ok()) {
+      return s;
+    }
+  }
+  for (const pqxx::row& row : tx.Exec(kSelectPtcBlobs, job_id)) {
+    v1::BlobSpec* b = ptc.add_blobs();
+    b->set_name(row[0].c_str());
+    b->set_size_bytes(row[1].as<int64_t>());
+    b->set_scope(static_cast<v1::BlobScope>(row[2].as<int>()));
+  }
+  return ptc;
+}
+
+absl::StatusOr<OperationRecord> ReadOperation(PgTx& tx, const std::string& operation_id,
+                                              bool include_plan) {
+  const pqxx::result r =
+      tx.Exec(include_plan ? kSelectOperationWithPlan : kSelectOperation, operation_id);
+  if (r.empty()) return OperationNotFound(operation_id);
+  OperationRecord record;
+  absl::StatusOr<v1::Operation> op = OperationFromRow(r[0], &record.lost_hosts, &record.lost_ranks);
+  if (!op.ok()) return op.status();
+  record.op = *std::move(op);
+  if (include_plan && !r[0][16].is_null()) {
+    v1::TransferPlan plan;
+    if (absl::Status s =
+            ParseBytea(r[0][16], absl::StrCat("plan of operation \"", operation_id, "\""), &plan);
+        !s.ok()) {
+      return s;
+    }
+    record.plan = std::move(plan);
+  }
+  return record;
+}
+
+absl::StatusOr<std::optional<std::string>> FindIdempotentResource(PgTx& tx,
+                                                                  const Idempotency& idem) {
+  const pqxx::result r = tx.Exec(kSelectIdempotencyKey, idem.key);
+  if (r.empty()) return std::optional<std::string>();
+  const std::string method = r[0][0].c_str();
+  const pqxx::binarystring hash(r[0][1]);
+  if (method != idem.method || hash.str() != idem.request_hash) {
+    return absl::InvalidArgumentError(absl::StrCat("idempotency key \"", idem.key,
+                                                   "\" was already used for a different ", method,
+                                                   " request; use a new key"));
+  }
+  return std::optional<std::string>(r[0][2].c_str());
+}
+
+absl::Status ClaimIdempotencyKey(PgTx& tx, const Idempotency& idem, const std::string& resource_id,
+                                 const std::string& job_id) {
+  const pqxx::result r = tx.Exec(kClaimIdempotencyKey, idem.key, idem.method,
+                                 Bytea(idem.request_hash), resource_id, job_id);
+  if (r.empty()) {
+    return absl::AbortedError(absl::StrCat("idempotency key \"", idem.key,
+                                           "\" was taken by a concurrent request; retry"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<GenerationRows> ToGenerationRows(const v1::Layout& layout, absl::string_view what) {
+  GenerationRows rows;
+  rows.tp = layout.config().tp();
+  rows.pp = layout.config().pp();
+  rows.dp = layout.config().dp();
+  rows.world = rows.tp * rows.pp * rows.dp;
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(layout.placement());
+  if (rows.world <= 0 || static_cast<int64_t>(slots.size()) != rows.world) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": placement has ", slots.size(),
+                                                   " ranks but tp x pp x dp is ", rows.tp, " x ",
+                                                   rows.pp, " x ", rows.dp));
+  }
+  std::vector<std::string> hosts;
+  std::vector<int64_t> devices;
+  hosts.reserve(slots.size());
+  devices.reserve(slots.size());
+  for (const v1::DeviceSlot& slot : slots) {
+    if (absl::Status s = CheckText(absl::StrCat(what, " host"), slot.host()); !s.ok()) return s;
+    hosts.push_back(slot.host());
+    devices.push_back(slot.device());
+  }
+  rows.hosts = TextArray(hosts);
+  rows.devices = IntArray(devices);
+  return rows;
+}
+
+void InsertGeneration(PgTx& tx, const std::string& job_id, int64_t generation,
+                      const std::string& layout_bytes, const GenerationRows& rows,
+                      GenerationState state, const std::string& operation_id) {
+  tx.Exec(kInsertGeneration, job_id, generation, Bytea(layout_bytes), rows.tp, rows.pp, rows.dp,
+          rows.world, static_cast<int>(state), operation_id);
+  tx.Exec(kInsertGenerationRanks, job_id, generation, rows.hosts, rows.devices);
+}
+
+}  // namespace pg
+}  // namespace reshard::coordinator

@@ -1,0 +1,166 @@
+// PostgreSQL implementations of the coordinator's Store and LeaderLock
+// (libpqxx). The schema is migrations/*.sql, applied by the migrator
+// (migrator.h); PgStore::Connect refuses a database at another version.
+//
+// Thread contract: PgStore is thread-safe (a pool of connections, one
+// transaction per call). PgLeaderLock is not: one owner thread.
+//
+// Behaviour beyond store.h:
+//   * Connection drops: a call whose pooled connection turns out to be dead
+//     before it committed (server restart, pg_terminate_backend) reconnects
+//     and runs its transaction once more, transparently; it fails with
+//     Unavailable only when the server cannot be reached again, or when the
+//     connection broke during the commit itself (outcome unknown).
+//   * Generation numbers are never reused within a job: an operation's
+//     to_generation is one above the highest generation ever recorded for
+//     the job (its current one, unless an aborted operation left a DISCARDED
+//     one), so a (job, generation) pair names one set of agent buffers.
+//   * TransitionOperation makes only PENDING -> PLANNED and active ->
+//     ABORTED / FAILED; TRANSFERRING and COMMITTED are reached through
+//     StartTransfer and CommitOperation. Anything else is InvalidArgument.
+//   * Operation.updated_unix_ms moves on every transition and every progress
+//     report.
+//   * Times the database sets (job and operation created / updated) come from
+//     PostgreSQL's clock, not the coordinator's injected Clock.
+//   * Job.total_bytes: logical bytes of the PTC (tensor elements x element
+//     size, plus each blob once).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+namespace pg {
+class PgPool;
+class PgTx;
+}  // namespace pg
+
+struct PgStoreOptions {
+  /// libpq connection string or URI, e.g. "host=db port=5432 dbname=reshard
+  /// user=reshard connect_timeout=5".
+  std::string dsn;
+  /// Connections kept at most; they open on demand.
+  int pool_size = 8;
+  /// How long a call waits for a free connection before Unavailable.
+  int acquire_timeout_ms = 10000;
+  /// Connect() fails with FailedPrecondition unless the database schema is
+  /// at the version this binary knows (migrator.h CheckSchema).
+  bool check_schema = true;
+  /// Called after each statement with its name (pg_statements.h; "commit"
+  /// for commits) and wall time in seconds, from the calling thread. For
+  /// metrics; may be empty.
+  std::function<void(const std::string& statement, double seconds)> observer;
+};
+
+class PgStore : public Store {
+ public:
+  using Options = PgStoreOptions;
+
+  /// Opens the pool (one connection now). Unavailable when PostgreSQL cannot
+  /// be reached; FailedPrecondition when the schema does not match.
+  [[nodiscard]] static absl::StatusOr<std::shared_ptr<PgStore>> Connect(
+      const PgStoreOptions& options);
+  ~PgStore() override;
+
+  /// Names of every statement PgStore runs (metric labels), plus "commit".
+  static std::vector<std::string> StatementNames();
+
+  // ---- Jobs ----------------------------------------------------------------
+  [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(const std::string& job_id,
+                                                  const v1::JobSpec& spec,
+                                                  const Idempotency& idem) override;
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
+                                               bool include_ptc) override;
+  [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;
+  [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) override;
+  [[nodiscard]] absl::Status DeleteJob(const std::string& job_id) override;
+  [[nodiscard]] absl::Status SetJobState(const std::string& job_id, v1::JobState state) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> CountJobsByState()
+      override;
+
+  // ---- Operations ----------------------------------------------------------
+  [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) override;
+  [[nodiscard]] absl::StatusOr<OperationRecord> GetOperation(const std::string& operation_id,
+                                                             bool include_plan) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListActiveOperations() override;
+  [[nodiscard]] absl::Status TransitionOperation(const std::string& operation_id,
+                                                 v1::OperationState from, v1::OperationState to,
+                                                 const OperationUpdate& update) override;
+  [[nodiscard]] absl::Status StartTransfer(const std::string& operation_id,
+                                           const std::vector<HostProgress>& hosts) override;
+  [[nodiscard]] absl::Status RecordHostProgress(
+      const std::string& operation_id, const HostProgress& progress,
+      const std::vector<v1::ShardChecksum>& checksums) override;
+  [[nodiscard]] absl::StatusOr<std::vector<HostProgress>> GetHostProgress(
+      const std::string& operation_id) override;
+  [[nodiscard]] absl::Status CommitOperation(const std::string& operation_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> AssignedOperations(
+      const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToRelease(
+      const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToDiscard(
+      const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
+      const std::string& job_id) override;
+
+  /// Not in Store: the shard checksums recorded for a generation (by
+  /// RecordHostProgress), rank ascending. For tests and tooling.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
+      const std::string& job_id, int64_t generation);
+
+  // ---- Hosts ---------------------------------------------------------------
+  [[nodiscard]] absl::StatusOr<int64_t> RegisterHost(const v1::Host& host, int64_t now_unix_ms,
+                                                     int64_t lease_expires_unix_ms) override;
+  [[nodiscard]] absl::Status Heartbeat(const std::string& host_id, int64_t epoch,
+                                       int64_t now_unix_ms, int64_t lease_expires_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> ListHosts() override;
+  [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
+      const std::vector<std::string>& host_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
+      const std::vector<std::string>& host_ids) override;
+
+ private:
+  explicit PgStore(std::unique_ptr<pg::PgPool> pool);
+
+  std::unique_ptr<pg::PgPool> pool_;
+};
+
+/// The advisory lock key of the coordinator's leader election.
+inline constexpr int64_t kLeaderLockKey = 0x7265736861726402;  // "reshard\x02"
+
+/// LeaderLock on a dedicated connection holding the session-level advisory
+/// lock pg_try_advisory_lock(key). The server releases it when the
+/// connection closes, so a dead holder frees it. Not thread-safe.
+class PgLeaderLock : public LeaderLock {
+ public:
+  /// Connects lazily, on the first TryAcquire.
+  PgLeaderLock(std::string dsn, int64_t key);
+  ~PgLeaderLock() override;  // releases
+
+  /// Unavailable when PostgreSQL cannot be reached.
+  [[nodiscard]] absl::StatusOr<bool> TryAcquire() override;
+  /// Runs a trivial query on the lock's connection; false (and the
+  /// connection dropped) when it fails.
+  [[nodiscard]] bool StillHeld() override;
+  void Release() override;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// The factory the server uses: a PgLeaderLock on `dsn`.
+std::unique_ptr<LeaderLock> MakePgLeaderLock(const std::string& dsn, int64_t key = kLeaderLockKey);
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,233 @@
+// PgStore: the TRANSFERRING phase (pending generation, per-host progress,
+// checksums), the commit, and what agents are told to do.
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// The locked operation row (lock_operation).
+struct LockedOperation {
+  std::string job_id;
+  v1::OperationState state;
+  int64_t to_generation;
+  pqxx::binarystring target_layout;
+};
+
+absl::StatusOr<LockedOperation> LockOperation(pg::PgTx& tx, const std::string& operation_id) {
+  const pqxx::result r = tx.Exec(pg::kLockOperation, operation_id);
+  if (r.empty()) return pg::OperationNotFound(operation_id);
+  return LockedOperation{r[0][0].c_str(), static_cast<v1::OperationState>(r[0][1].as<int>()),
+                         r[0][3].as<int64_t>(), pqxx::binarystring(r[0][4])};
+}
+
+absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
+                   v1::OperationState expected, absl::StatusCode code) {
+  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
+                                         pg::ShortName(state), ", not ", pg::ShortName(expected)));
+}
+
+bool ValidTaskState(v1::HostTaskState s) {
+  return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> GenerationRefs(const pqxx::result& r) {
+  std::vector<v1::GenerationRef> refs;
+  refs.reserve(r.size());
+  for (const pqxx::row& row : r) {
+    v1::GenerationRef ref;
+    ref.set_job_id(row[0].c_str());
+    ref.set_generation(row[1].as<int64_t>());
+    refs.push_back(std::move(ref));
+  }
+  return refs;
+}
+
+}  // namespace
+
+absl::Status PgStore::StartTransfer(const std::string& operation_id,
+                                    const std::vector<HostProgress>& hosts) {
+  std::vector<std::string> host_ids, errors;
+  std::vector<int64_t> states, done, total;
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) return absl::InvalidArgumentError("StartTransfer: empty host id");
+    if (absl::Status s = pg::CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+    if (!ValidTaskState(h.state)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
+    }
+    host_ids.push_back(h.host_id);
+    states.push_back(h.state);
+    done.push_back(h.bytes_done);
+    total.push_back(h.bytes_total);
+    errors.push_back(pg::TruncateError(h.error));
+  }
+
+  return pool_->Transact("StartTransfer", [&](pg::PgTx& tx) -> absl::Status {
+    absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
+    if (!op.ok()) return op.status();
+    if (op->state != v1::OPERATION_STATE_PLANNED) {
+      return NotIn(operation_id, op->state, v1::OPERATION_STATE_PLANNED,
+                   absl::StatusCode::kAborted);
+    }
+    v1::Layout target;
+    if (!target.ParseFromArray(op->target_layout.data(),
+                               static_cast<int>(op->target_layout.size()))) {
+      return absl::InternalError(
+          absl::StrCat("stored target layout of operation \"", operation_id, "\" does not parse"));
+    }
+    absl::StatusOr<pg::GenerationRows> rows = pg::ToGenerationRows(target, "target");
+    if (!rows.ok()) return rows.status();
+    pg::InsertGeneration(tx, op->job_id, op->to_generation, op->target_layout.str(), *rows,
+                         GenerationState::kPending, operation_id);
+    tx.Exec(pg::kInsertOperationHosts, operation_id, pg::TextArray(host_ids), pg::IntArray(states),
+            pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors));
+    tx.Exec(pg::kSetOperationTransferring, operation_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
+                                         const HostProgress& progress,
+                                         const std::vector<v1::ShardChecksum>& checksums) {
+  if (!ValidTaskState(progress.state)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host \"", progress.host_id, "\": bad task state ", static_cast<int>(progress.state)));
+  }
+  // One packed value per rank (generation_ranks.checksums).
+  std::map<int, std::vector<const v1::ShardChecksum*>> by_rank;
+  for (const v1::ShardChecksum& c : checksums) by_rank[c.rank()].push_back(&c);
+  std::vector<int64_t> ranks;
+  std::vector<std::string> packed;
+  for (const auto& [rank, list] : by_rank) {
+    ranks.push_back(rank);
+    packed.push_back(pg::Hex(pg::PackChecksums(list)));
+  }
+  const std::string error = pg::TruncateError(progress.error);
+
+  return pool_->Transact("RecordHostProgress", [&](pg::PgTx& tx) -> absl::Status {
+    absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
+    if (!op.ok()) return op.status();
+    if (op->state != v1::OPERATION_STATE_TRANSFERRING) {
+      return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
+                   absl::StatusCode::kFailedPrecondition);
+    }
+    if (tx.Exec(pg::kUpdateHostProgress, operation_id, progress.host_id,
+                static_cast<int>(progress.state), progress.bytes_done, progress.bytes_total, error)
+            .empty()) {
+      return absl::NotFoundError(absl::StrCat(
+          "host \"", progress.host_id, "\" takes no part in operation \"", operation_id, "\""));
+    }
+    if (!ranks.empty()) {
+      const pqxx::result stored = tx.Exec(pg::kStoreRankChecksums, op->job_id, op->to_generation,
+                                          pg::IntArray(ranks), pg::TextArray(packed));
+      if (stored.affected_rows() != ranks.size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("host \"", progress.host_id, "\" reported checksums for ", ranks.size(),
+                         " ranks, of which only ", stored.affected_rows(), " exist in generation ",
+                         op->to_generation, " of job \"", op->job_id, "\""));
+      }
+    }
+    tx.Exec(pg::kUpdateOperationBytesDone, operation_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<HostProgress>> PgStore::GetHostProgress(
+    const std::string& operation_id) {
+  using Rows = std::vector<HostProgress>;
+  return pg::TransactFor<Rows>(
+      *pool_, "GetHostProgress", [&](pg::PgTx& tx) -> absl::StatusOr<Rows> {
+        const pqxx::result r = tx.Exec(pg::kSelectHostProgress, operation_id);
+        if (r.empty() && tx.Exec(pg::kOperationState, operation_id).empty()) {
+          return pg::OperationNotFound(operation_id);
+        }
+        Rows rows;
+        for (const pqxx::row& row : r) {
+          HostProgress p;
+          p.host_id = row[0].c_str();
+          p.state = static_cast<v1::HostTaskState>(row[1].as<int>());
+          p.bytes_done = row[2].as<int64_t>();
+          p.bytes_total = row[3].as<int64_t>();
+          p.error = row[4].c_str();
+          rows.push_back(std::move(p));
+        }
+        return rows;
+      });
+}
+
+absl::Status PgStore::CommitOperation(const std::string& operation_id) {
+  return pool_->Transact("CommitOperation", [&](pg::PgTx& tx) -> absl::Status {
+    absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
+    if (!op.ok()) return op.status();
+    if (op->state != v1::OPERATION_STATE_TRANSFERRING) {
+      return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
+                   absl::StatusCode::kAborted);
+    }
+    if (tx.Exec(pg::kLockJob, op->job_id).empty()) return pg::JobNotFound(op->job_id);
+    tx.Exec(pg::kRetireCurrentGeneration, op->job_id);
+    if (tx.Exec(pg::kPromotePendingGeneration, op->job_id, op->to_generation).empty()) {
+      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"",
+                                              op->job_id, "\" has no pending generation ",
+                                              op->to_generation));
+    }
+    tx.Exec(pg::kAdvanceJob, op->job_id, op->to_generation);
+    tx.Exec(pg::kFinishCommittedOperation, operation_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::AssignedOperations(const std::string& host_id) {
+  using Ids = std::vector<std::string>;
+  return pg::TransactFor<Ids>(*pool_, "AssignedOperations", [&](pg::PgTx& tx) {
+    Ids ids;
+    for (const pqxx::row& row : tx.Exec(pg::kAssignedOperations, host_id)) {
+      ids.emplace_back(row[0].c_str());
+    }
+    return absl::StatusOr<Ids>(std::move(ids));
+  });
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToRelease(
+    const std::string& host_id) {
+  return pg::TransactFor<std::vector<v1::GenerationRef>>(
+      *pool_, "GenerationsToRelease",
+      [&](pg::PgTx& tx) { return GenerationRefs(tx.Exec(pg::kGenerationsToRelease, host_id)); });
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToDiscard(
+    const std::string& host_id) {
+  return pg::TransactFor<std::vector<v1::GenerationRef>>(
+      *pool_, "GenerationsToDiscard",
+      [&](pg::PgTx& tx) { return GenerationRefs(tx.Exec(pg::kGenerationsToDiscard, host_id)); });
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetGenerationChecksums(
+    const std::string& job_id, int64_t generation) {
+  using Sums = std::vector<v1::ShardChecksum>;
+  return pg::TransactFor<Sums>(
+      *pool_, "GetGenerationChecksums", [&](pg::PgTx& tx) -> absl::StatusOr<Sums> {
+        Sums sums;
+        for (const pqxx::row& row : tx.Exec(pg::kSelectRankChecksums, job_id, generation)) {
+          const pqxx::binarystring packed(row[1]);
+          if (absl::Status s = pg::UnpackChecksums(packed.str(), row[0].as<int>(), &sums);
+              !s.ok()) {
+            return s;
+          }
+        }
+        return sums;
+      });
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,219 @@
+// The coordinator's storage interface: every piece of cluster state lives
+// behind it. PostgreSQL (pg_store.h) is the product.
+//
+// Thread contract: implementations are thread-safe; every method is one short
+// transaction (or none) and may be called from any thread.
+//
+// Errors (translated once, inside the implementation):
+//   NotFound            the job / operation / host does not exist
+//   AlreadyExists       unique violation (e.g. a second job with the same
+//                       tenant and name)
+//   FailedPrecondition  wrong state (an active operation exists, epoch stale)
+//   Aborted             lost a race: serialization failure, or a compare-and-set
+//                       (expected generation / expected state) that no longer holds
+//   Unavailable         the database cannot be reached
+//   InvalidArgument     an idempotency key reused for a different request
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "reshard/v1/agent.pb.h"
+#include "reshard/v1/coordinator.pb.h"
+#include "reshard/v1/plan.pb.h"
+#include "reshard/v1/ptc.pb.h"
+
+namespace reshard::coordinator {
+
+/// Idempotency of a mutating call: the same `key` for the same `method` and
+/// `request_hash` returns the first call's resource; a different request
+/// with a used key is InvalidArgument. An empty key disables it.
+struct Idempotency {
+  std::string key;
+  std::string method;        // e.g. "Resize"
+  std::string request_hash;  // hash of the request without the key
+};
+
+struct ListJobsQuery {
+  std::string tenant;  // empty: all
+  v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // unspecified: all
+  int page_size = 100;
+  std::string after_job_id;  // page token: list job ids greater than this
+};
+
+struct JobPage {
+  std::vector<v1::Job> jobs;
+  std::string next_after_job_id;  // empty on the last page
+};
+
+enum class GenerationState : int16_t {
+  kCurrent = 1,    // the job's committed generation
+  kPending = 2,    // being built by an operation
+  kRetired = 3,    // superseded; agents may free its buffers
+  kDiscarded = 4,  // its operation aborted; agents drop its buffers
+};
+
+struct NewOperation {
+  std::string operation_id;  // chosen by the caller
+  std::string job_id;
+  v1::OperationKind kind = v1::OPERATION_KIND_UNSPECIFIED;
+  int64_t expected_generation = 0;  // Aborted when the job's differs
+  v1::Layout target_layout;
+  std::vector<std::string> lost_hosts;
+  std::vector<int> lost_ranks;
+  Idempotency idempotency;
+};
+
+/// An operation with what only the coordinator needs.
+struct OperationRecord {
+  v1::Operation op;  // includes stats, bytes done/total, error
+  std::vector<std::string> lost_hosts;
+  std::vector<int> lost_ranks;
+  std::optional<v1::TransferPlan> plan;  // only when asked for and planned
+};
+
+/// Fields written together with a state transition; unset ones are kept.
+struct OperationUpdate {
+  std::optional<v1::TransferPlan> plan;
+  std::optional<v1::PlanStats> stats;
+  std::optional<std::string> error;
+  std::optional<int64_t> bytes_total;
+};
+
+/// One host's part of an operation.
+struct HostProgress {
+  std::string host_id;
+  v1::HostTaskState state = v1::HOST_TASK_STATE_ASSIGNED;
+  int64_t bytes_done = 0;
+  int64_t bytes_total = 0;
+  std::string error;
+};
+
+class Store {
+ public:
+  virtual ~Store() = default;
+
+  // ---- Jobs ----------------------------------------------------------------
+  /// Creates job `job_id` with generation 1 = spec.layout (state ACTIVE) and
+  /// its PTC. With a key seen before for the same request: returns that job.
+  /// AlreadyExists when (tenant, name) is taken.
+  [[nodiscard]] virtual absl::StatusOr<v1::Job> CreateJob(const std::string& job_id,
+                                                          const v1::JobSpec& spec,
+                                                          const Idempotency& idem) = 0;
+  /// The job with its current layout, lost hosts (hosts of the current
+  /// generation whose state is LOST) and active operation; the PTC only when
+  /// `include_ptc`.
+  [[nodiscard]] virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
+                                                       bool include_ptc) = 0;
+  [[nodiscard]] virtual absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) = 0;
+  [[nodiscard]] virtual absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) = 0;
+  /// Deletes the job and everything under it. FailedPrecondition while an
+  /// operation is active.
+  [[nodiscard]] virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  /// Sets a job's state (e.g. DEGRADED when its hosts are lost).
+  [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id,
+                                                 v1::JobState state) = 0;
+  /// Counts of jobs by state, for metrics.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>>
+  CountJobsByState() = 0;
+
+  // ---- Operations ----------------------------------------------------------
+  /// Creates a PENDING operation and marks the job RECONFIGURING, atomically
+  /// checking: the job exists (NotFound), its generation equals
+  /// expected_generation (Aborted), no other operation is active
+  /// (FailedPrecondition naming it). With a key seen before for the same
+  /// request, returns that operation (whatever its state now).
+  [[nodiscard]] virtual absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) = 0;
+  [[nodiscard]] virtual absl::StatusOr<OperationRecord> GetOperation(
+      const std::string& operation_id, bool include_plan) = 0;
+  /// Ids of operations in PENDING, PLANNED or TRANSFERRING, oldest first.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListActiveOperations() = 0;
+  /// Moves the operation from `from` to `to` with `update`, only if it is
+  /// still in `from` (else Aborted). Moving to ABORTED or FAILED also
+  /// returns the job to ACTIVE (or DEGRADED when it has lost hosts) and marks
+  /// a pending generation DISCARDED.
+  [[nodiscard]] virtual absl::Status TransitionOperation(const std::string& operation_id,
+                                                         v1::OperationState from,
+                                                         v1::OperationState to,
+                                                         const OperationUpdate& update) = 0;
+  /// PLANNED -> TRANSFERRING: records the pending generation (target layout)
+  /// and one progress row per host taking part, in one transaction.
+  [[nodiscard]] virtual absl::Status StartTransfer(const std::string& operation_id,
+                                                   const std::vector<HostProgress>& hosts) = 0;
+  /// Records a host's progress (bytes, state, error, checksums of the shards
+  /// it wrote). FailedPrecondition when the operation is no longer
+  /// TRANSFERRING.
+  [[nodiscard]] virtual absl::Status RecordHostProgress(
+      const std::string& operation_id, const HostProgress& progress,
+      const std::vector<v1::ShardChecksum>& checksums) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<HostProgress>> GetHostProgress(
+      const std::string& operation_id) = 0;
+  /// TRANSFERRING -> COMMITTED in one transaction: the pending generation
+  /// becomes current (with the checksums the hosts reported), the old one
+  /// RETIRED, the job's generation advances and it returns to ACTIVE.
+  /// Aborted when the operation is no longer TRANSFERRING.
+  [[nodiscard]] virtual absl::Status CommitOperation(const std::string& operation_id) = 0;
+  /// Operations assigned to `host_id` that are TRANSFERRING and whose
+  /// progress row on that host is not DONE or FAILED.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> AssignedOperations(
+      const std::string& host_id) = 0;
+  /// Generations an agent on `host_id` may free (RETIRED) or must drop
+  /// (DISCARDED), among jobs whose generations placed ranks on that host.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToRelease(
+      const std::string& host_id) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToDiscard(
+      const std::string& host_id) = 0;
+  /// Every operation of a job, newest first (for tests and tooling).
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
+      const std::string& job_id) = 0;
+
+  // ---- Hosts ---------------------------------------------------------------
+  /// Inserts or replaces a host (state ALIVE, lease until
+  /// `lease_expires_unix_ms`); returns its new epoch (1, 2, ...).
+  [[nodiscard]] virtual absl::StatusOr<int64_t> RegisterHost(const v1::Host& host,
+                                                             int64_t now_unix_ms,
+                                                             int64_t lease_expires_unix_ms) = 0;
+  /// Extends the lease. NotFound for an unknown host; FailedPrecondition when
+  /// `epoch` is not the latest (an older agent process) or the host was
+  /// marked LOST (the agent must register again).
+  [[nodiscard]] virtual absl::Status Heartbeat(const std::string& host_id, int64_t epoch,
+                                               int64_t now_unix_ms,
+                                               int64_t lease_expires_unix_ms) = 0;
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> ListHosts() = 0;
+  [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
+  /// Marks ALIVE hosts whose lease ended before `now_unix_ms` LOST and
+  /// returns their ids.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ExpireLeases(
+      int64_t now_unix_ms) = 0;
+  /// Active operations that involve any of `host_ids` (as a progress row).
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
+      const std::vector<std::string>& host_ids) = 0;
+  /// Jobs whose current generation places a rank on any of `host_ids`.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> JobsOnHosts(
+      const std::vector<std::string>& host_ids) = 0;
+};
+
+using StorePtr = std::shared_ptr<Store>;
+
+/// A cluster-wide exclusive lock that picks the replica driving operations:
+/// a PostgreSQL session-level advisory lock held on its own connection, so
+/// it is released by the server when the holder dies or its connection
+/// drops. Not thread-safe: one owner thread.
+class LeaderLock {
+ public:
+  virtual ~LeaderLock() = default;
+  /// Takes the lock if free; true when this object holds it now.
+  [[nodiscard]] virtual absl::StatusOr<bool> TryAcquire() = 0;
+  /// Whether the lock is still held (checks the connection is alive; false
+  /// after the connection dropped, after which TryAcquire reconnects).
+  [[nodiscard]] virtual bool StillHeld() = 0;
+  /// Releases the lock if held. Idempotent.
+  virtual void Release() = 0;
+};
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,170 @@
+// Unit tests of the coordinator's command line and configuration.
+#include "services/coordinator/server/config.h"
+
+#include <cctype>
+#include <map>
+#include <ostream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace reshard::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+GetEnvFn Env(std::map<std::string, std::string> vars) {
+  return [vars = std::move(vars)](const std::string& name) -> std::optional<std::string> {
+    auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  };
+}
+
+absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
+                                  std::map<std::string, std::string> env = {}) {
+  return ParseCommandLine(args, Env(std::move(env)));
+}
+
+TEST(ConfigTest, DefaultsWithDsnOnly) {
+  absl::StatusOr<CommandLine> cl = Parse({"--dsn", "dbname=x"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->command, CoordinatorCommand::kServe);
+  EXPECT_FALSE(cl->help);
+  const CoordinatorConfig& c = cl->config;
+  EXPECT_EQ(c.dsn, "dbname=x");
+  EXPECT_EQ(c.listen, "0.0.0.0:7070");
+  EXPECT_EQ(c.metrics_listen, "0.0.0.0:9464");
+  EXPECT_EQ(c.lease_ms, 10000);
+  EXPECT_EQ(c.max_spec_bytes, 64 << 20);
+  EXPECT_EQ(c.log_level, LogSeverity::kInfo);
+  // hostname:pid
+  EXPECT_THAT(c.replica_id, HasSubstr(":"));
+  EXPECT_EQ(c.replica_id, DefaultReplicaId());
+}
+
+TEST(ConfigTest, EveryFlagBothSpellings) {
+  absl::StatusOr<CommandLine> cl =
+      Parse({"serve", "--listen=127.0.0.1:0", "--dsn", "host=/tmp", "--metrics-listen", "[::1]:0",
+             "--lease-ms=3000", "--transfer-timeout-ms", "60000", "--tick-ms=50",
+             "--leader-retry-ms", "100", "--pool-size=3", "--max-spec-bytes", "4096",
+             "--replica-id=r1", "--log-level", "debug"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  const CoordinatorConfig& c = cl->config;
+  EXPECT_EQ(c.listen, "127.0.0.1:0");
+  EXPECT_EQ(c.dsn, "host=/tmp");
+  EXPECT_EQ(c.metrics_listen, "[::1]:0");
+  EXPECT_EQ(c.lease_ms, 3000);
+  EXPECT_EQ(c.transfer_timeout_ms, 60000);
+  EXPECT_EQ(c.tick_ms, 50);
+  EXPECT_EQ(c.leader_retry_ms, 100);
+  EXPECT_EQ(c.pool_size, 3);
+  EXPECT_EQ(c.max_spec_bytes, 4096);
+  EXPECT_EQ(c.replica_id, "r1");
+  EXPECT_EQ(c.log_level, LogSeverity::kDebug);
+}
+
+TEST(ConfigTest, EnvironmentFillsWhatFlagsLeaveAndFlagsWin) {
+  absl::StatusOr<CommandLine> cl =
+      Parse({"--lease-ms", "2000"}, {{"RESHARD_DSN", "dbname=env"},
+                                     {"RESHARD_LEASE_MS", "9000"},
+                                     {"RESHARD_LISTEN", "127.0.0.1:0"},
+                                     {"RESHARD_REPLICA_ID", "from-env"},
+                                     {"RESHARD_LOG_LEVEL", "warning"}});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->config.dsn, "dbname=env");
+  EXPECT_EQ(cl->config.lease_ms, 2000);
+  EXPECT_EQ(cl->config.listen, "127.0.0.1:0");
+  EXPECT_EQ(cl->config.replica_id, "from-env");
+  EXPECT_EQ(cl->config.log_level, LogSeverity::kWarning);
+}
+
+TEST(ConfigTest, MigrateCommand) {
+  absl::StatusOr<CommandLine> cl = Parse({"migrate", "--dsn=dbname=x"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->command, CoordinatorCommand::kMigrate);
+}
+
+TEST(ConfigTest, HelpSkipsValidation) {
+  absl::StatusOr<CommandLine> cl = Parse({"--help"});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_TRUE(cl->help);
+  const std::string usage = Usage();
+  for (const char* name :
+       {"--listen", "--dsn", "--metrics-listen", "--lease-ms", "--transfer-timeout-ms", "--tick-ms",
+        "--leader-retry-ms", "--pool-size", "--max-spec-bytes", "--replica-id", "--log-level",
+        "RESHARD_DSN", "migrate"}) {
+    EXPECT_THAT(usage, HasSubstr(name));
+  }
+}
+
+struct BadCase {
+  std::vector<std::string> args;
+  std::map<std::string, std::string> env;
+  std::string message_part;  // the message names the flag / variable and value
+};
+
+// Names the case in test listings (CTest shows the parameter).
+void PrintTo(const BadCase& c, std::ostream* os) {
+  std::string name;
+  for (const std::string& a : c.args) name += a + "_";
+  for (const auto& [k, v] : c.env) name += k + "=" + v + "_";
+  for (char& ch : name) {
+    if (!std::isalnum(static_cast<unsigned char>(ch))) ch = '_';
+  }
+  *os << (name.empty() ? std::string("no_args") : name);
+}
+
+class ConfigErrorTest : public ::testing::TestWithParam<BadCase> {};
+
+TEST_P(ConfigErrorTest, InvalidArgumentNamingTheProblem) {
+  const BadCase& c = GetParam();
+  absl::StatusOr<CommandLine> cl = Parse(c.args, c.env);
+  ASSERT_FALSE(cl.ok());
+  EXPECT_EQ(cl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(cl.status().message()), HasSubstr(c.message_part));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ConfigErrorTest,
+    ::testing::Values(
+        BadCase{{}, {}, "--dsn"}, BadCase{{"--dsn="}, {}, "--dsn"},
+        BadCase{{"--dsn", "x", "--listen", "nohost"}, {}, "nohost"},
+        BadCase{{"--dsn", "x", "--listen", ":7070"}, {}, "--listen"},
+        BadCase{{"--dsn", "x", "--listen", "h:70000"}, {}, "h:70000"},
+        BadCase{{"--dsn", "x", "--metrics-listen", "h:-1"}, {}, "--metrics-listen"},
+        BadCase{{"--dsn", "x", "--metrics-listen", "::1:80"}, {}, "brackets"},
+        BadCase{{"--dsn", "x", "--listen", "a:80", "--metrics-listen", "b:80"}, {}, "same port"},
+        BadCase{{"--dsn", "x", "--lease-ms", "abc"}, {}, "--lease-ms = \"abc\""},
+        BadCase{{"--dsn", "x", "--lease-ms", "5"}, {}, "--lease-ms"},
+        BadCase{{"--dsn", "x", "--tick-ms", "0"}, {}, "--tick-ms"},
+        BadCase{{"--dsn", "x", "--tick-ms", "5000", "--lease-ms", "1000"}, {}, "--tick-ms"},
+        BadCase{{"--dsn", "x", "--pool-size", "0"}, {}, "--pool-size"},
+        BadCase{{"--dsn", "x", "--max-spec-bytes", "10"}, {}, "--max-spec-bytes"},
+        BadCase{{"--dsn", "x", "--transfer-timeout-ms", "99999999999999999999"},
+                {},
+                "--transfer-timeout-ms"},
+        BadCase{{"--dsn", "x", "--log-level", "loud"}, {}, "loud"},
+        BadCase{{"--dsn", "x", "--replica-id", "a b"}, {}, "--replica-id"},
+        BadCase{{"--dsn", "x", "--bogus", "1"}, {}, "--bogus"},
+        BadCase{{"--dsn", "x", "--lease-ms"}, {}, "--lease-ms"},
+        BadCase{{"--dsn", "x", "--dsn", "y"}, {}, "twice"},
+        BadCase{{"frobnicate"}, {}, "frobnicate"}, BadCase{{"--dsn", "x", "stray"}, {}, "stray"},
+        BadCase{{"--dsn", "x"}, {{"RESHARD_POOL_SIZE", "many"}}, "RESHARD_POOL_SIZE"},
+        BadCase{{"--dsn", "x"}, {{"RESHARD_LEASE_MS", "1"}}, "RESHARD_LEASE_MS"}));
+
+TEST(SplitHostPortTest, Forms) {
+  std::string host;
+  int port = -1;
+  ASSERT_TRUE(SplitHostPort("127.0.0.1:0", "--listen", &host, &port).ok());
+  EXPECT_EQ(host, "127.0.0.1");
+  EXPECT_EQ(port, 0);
+  ASSERT_TRUE(SplitHostPort("[::]:7070", "--listen", &host, &port).ok());
+  EXPECT_EQ(host, "[::]");
+  EXPECT_EQ(port, 7070);
+  ASSERT_TRUE(SplitHostPort("localhost:65535", "--listen", &host, &port).ok());
+  EXPECT_EQ(port, 65535);
+}
+
+}  // namespace
+}  // namespace reshard::coordinator

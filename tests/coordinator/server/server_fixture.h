@@ -1,0 +1,81 @@
+// Shared pieces of the coordinator's integration tests: a fresh database per
+// test on the binary's shared throwaway PostgreSQL, real reshard-coordinator
+// processes on port 0, gRPC clients, simulated agents, snapshots of what the
+// scheduler API shows, and polling with deadlines (never blind sleeps).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "gtest/gtest.h"
+#include "reshard/v1/agent.grpc.pb.h"
+#include "reshard/v1/coordinator.grpc.pb.h"
+#include "tests/coordinator/server/coordinator_process.h"
+#include "tests/coordinator/server/fake_agent.h"
+
+namespace reshard::coordinator::testing {
+
+using CoordinatorStub = v1::CoordinatorService::Stub;
+using AgentStub = v1::AgentService::Stub;
+
+/// Calls `done` every `period` until it returns true or `timeout` passes;
+/// whether it returned true.
+bool Eventually(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(30),
+                absl::Duration period = absl::Milliseconds(50));
+
+/// A ClientContext with a 30 s deadline.
+std::unique_ptr<grpc::ClientContext> Ctx();
+
+std::unique_ptr<CoordinatorStub> CoordinatorClient(const std::string& address);
+std::unique_ptr<AgentStub> AgentClient(const std::string& address);
+
+/// Everything the scheduler API shows about jobs: every page of ListJobs
+/// and GetJob (with its PTC) of each, serialized. Equal snapshots: nothing
+/// changed.
+std::string JobsSnapshot(CoordinatorStub* stub);
+
+/// Polls GetOperation until the operation is COMMITTED, ABORTED or FAILED.
+absl::StatusOr<v1::Operation> WaitFinal(CoordinatorStub* stub, const std::string& operation_id,
+                                        absl::Duration timeout = absl::Seconds(60));
+/// Polls GetOperation until it is in `state` (or final: then an error).
+absl::Status WaitState(CoordinatorStub* stub, const std::string& operation_id,
+                       v1::OperationState state, absl::Duration timeout = absl::Seconds(60));
+
+/// Whether `state` is COMMITTED, ABORTED or FAILED.
+bool IsFinal(v1::OperationState state);
+
+class ServerTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+  void TearDown() override;
+
+  /// The flags every test coordinator gets: this test's database, ports 0
+  /// on loopback, short ticks, lease_ms_; `extra` is appended (a flag given
+  /// twice is refused, so tests pass only flags not set here:
+  /// --max-spec-bytes, --replica-id, --transfer-timeout-ms).
+  std::vector<std::string> Flags(const std::vector<std::string>& extra = {}) const;
+  /// Starts a coordinator on this test's database (fails the test if it
+  /// cannot).
+  std::unique_ptr<CoordinatorProcess> StartCoordinator(const std::vector<std::string>& extra = {});
+
+  /// Simulated agents on hosts `ids` (4 devices each), registered with and
+  /// heartbeating to `address`.
+  void StartAgents(const std::vector<std::string>& ids, const std::string& address);
+  void PointAgentsAt(const std::string& address);
+  void HoldAgents(bool hold);
+  void StopAgents();
+  FakeAgent* agent(const std::string& id);
+
+  /// RegisterJob of `spec`; the job (fails the test on error).
+  v1::Job Register(CoordinatorStub* stub, const v1::JobSpec& spec);
+
+  std::string dsn_;
+  int64_t lease_ms_ = 5000;  // --lease-ms of coordinators started from now
+  std::vector<std::unique_ptr<FakeAgent>> agents_;
+};
+
+}  // namespace reshard::coordinator::testing

@@ -1,0 +1,74 @@
+// Shared pieces of the PgStore integration tests: a fixture giving each test
+// a fresh, migrated database on the binary's shared PostgreSQL server, and
+// small job specs, layouts and operations.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "reshard/v1/agent.pb.h"
+#include "reshard/v1/coordinator.pb.h"
+#include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/pg_store.h"
+#include "tests/coordinator/harness/test_postgres.h"
+
+namespace reshard::coordinator::store_test {
+
+/// A database with every embedded migration applied, on the shared server,
+/// created once per test binary; tests copy it (CREATE DATABASE ... TEMPLATE).
+const std::string& MigratedTemplate();
+
+/// A fresh migrated database; its dsn.
+std::string FreshMigratedDatabase();
+
+/// The dbname of a TestPostgres dsn.
+std::string DatabaseOf(const std::string& dsn);
+
+class PgStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override;
+
+  /// Connects another PgStore to this test's database.
+  std::shared_ptr<PgStore> Connect(int pool_size = 4);
+  /// Rows of `table` whose job_id (or, for operation_hosts, operation's
+  /// job) is `job_id`; read directly with SQL.
+  int64_t CountRows(const std::string& sql_with_job_param, const std::string& job_id);
+
+  /// Statement names the store's observer saw, in order.
+  std::vector<std::string> Observed();
+
+  std::string dsn_;
+  std::shared_ptr<PgStore> store_;
+
+ private:
+  std::mutex observed_mu_;
+  std::vector<std::string> observed_;
+};
+
+// ---- Builders ----------------------------------------------------------------
+
+/// tp x pp x dp over `hosts` with `per_host` devices each (compact form).
+v1::Layout Layout(int tp, int pp, int dp, const std::vector<std::string>& hosts, int per_host);
+
+/// A valid 2-layer job: tp 2 x pp 2 x dp 1 on hosts h0, h1 (2 devices each).
+v1::JobSpec SmallSpec(const std::string& name, const std::string& tenant = "tenant-a");
+
+Idempotency Key(const std::string& key, const std::string& method, const std::string& hash);
+
+/// A Resize of `job_id` from generation `expected` to `target`.
+NewOperation Resize(const std::string& op_id, const std::string& job_id, int64_t expected,
+                    const v1::Layout& target, const Idempotency& idem = {});
+
+/// The planner's plan for `spec` from its layout to `target`.
+v1::TransferPlan PlanFor(const v1::JobSpec& spec, const v1::Layout& target);
+
+v1::Host MakeHost(const std::string& id);
+
+HostProgress Progress(const std::string& host, v1::HostTaskState state, int64_t done = 0,
+                      int64_t total = 0);
+
+}  // namespace reshard::coordinator::store_test
