@@ -31,6 +31,7 @@ v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Lay
     }
     cs->set_bytes(s.bytes);
     cs->set_cross_host(s.cross_host);
+    cs->set_index(out.steps_size() - 1);
   }
   for (const Plan::Fill& f : plan.fills) {
     v1::ZeroFill* z = out.add_zero_fills();

@@ -1,0 +1,58 @@
+// Executes one host's slice of a plan (v1::HostTask): creates the new
+// generation's rank buffers of this host's new ranks, applies zero fills,
+// local copies, sends and receives, then checksums every new shard from the
+// bytes written. See docs/agent.md, "Executing a HostTask".
+// Thread-safe: several tasks may run at once.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/shard_store/shard_store.h"
+#include "agent/transfer/transport.h"
+#include "reshard/v1/agent.pb.h"
+
+namespace reshard::agent {
+
+class LocalCopier;
+
+/// The high 32 bits of every transfer tag of operation `operation_id`
+/// (FNV-1a of the id); the low 32 bits are the step's plan index. Source and
+/// destination hosts compute it alike.
+uint32_t OperationTagKey(const std::string& operation_id);
+
+class TaskExecutor {
+ public:
+  struct Options {
+    int copy_threads = 4;
+    int64_t max_inflight_bytes = int64_t{256} << 20;  // UCX sends + receives
+  };
+
+  /// `transport` may be null when every step of every task is local.
+  TaskExecutor(ShardStore* store, Transport* transport, Options options);
+  ~TaskExecutor();
+
+  /// Runs `task` on host `host_id`. `progress(done, total)` (bytes written on
+  /// this host) is called at least every 200 ms; `cancelled()` is polled and
+  /// stops the task (Cancelled). On any failure the new buffers are dropped,
+  /// the old generation is untouched, and the status says why (NotFound for a
+  /// missing old shard, ResourceExhausted before any byte moved when the new
+  /// buffers do not fit, Unavailable for an unreachable peer...). On success
+  /// returns one checksum per (item, new rank on this host) with its bytes.
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Execute(
+      const std::string& host_id, const v1::HostTask& task,
+      const std::function<void(int64_t done, int64_t total)>& progress,
+      const std::function<bool()>& cancelled);
+
+ private:
+  ShardStore* store_;
+  Transport* transport_;
+  Options options_;
+  std::unique_ptr<LocalCopier> copier_;
+};
+
+}  // namespace reshard::agent

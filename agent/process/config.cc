@@ -1,0 +1,145 @@
+#include "agent/process/config.h"
+
+#include <unistd.h>
+
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+// Flag name -> environment variable (empty: flag only).
+const std::map<std::string, std::string>& KnownFlags() {
+  static const auto* flags = new std::map<std::string, std::string>{
+      {"host-id", "RESHARD_HOST_ID"},
+      {"coordinator", "RESHARD_COORDINATOR"},
+      {"worker-socket", "RESHARD_WORKER_SOCKET"},
+      {"address", "RESHARD_AGENT_ADDRESS"},
+      {"shm-dir", "RESHARD_SHM_DIR"},
+      {"memory-limit-bytes", "RESHARD_MEMORY_LIMIT_BYTES"},
+      {"ucx-net-devices", "UCX_NET_DEVICES"},
+      {"ucx-tls", "UCX_TLS"},
+      {"heartbeat-ms", "RESHARD_HEARTBEAT_MS"},
+      {"copy-threads", "RESHARD_COPY_THREADS"},
+      {"log-level", "RESHARD_LOG_LEVEL"},
+  };
+  return *flags;
+}
+
+absl::Status ParseInt(const std::string& flag, const std::string& text, int64_t min, int64_t max,
+                      int64_t* out) {
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(text, &v) || v < min || v > max) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " \"", text, "\": expected an integer in [", min, ", ", max, "]"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string AgentUsage() {
+  return "usage: reshard-agent --coordinator HOST:PORT --worker-socket PATH [--host-id ID]\n"
+         "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--ucx-net-devices DEVS]\n"
+         "  [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N] [--log-level LEVEL]\n"
+         "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
+         "RESHARD_COORDINATOR, RESHARD_WORKER_SOCKET, RESHARD_AGENT_ADDRESS, RESHARD_SHM_DIR,\n"
+         "RESHARD_MEMORY_LIMIT_BYTES, UCX_NET_DEVICES, UCX_TLS, RESHARD_HEARTBEAT_MS,\n"
+         "RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL); flags win.\n";
+}
+
+absl::StatusOr<AgentConfig> ParseAgentConfig(
+    const std::vector<std::string>& args, const std::function<const char*(const char*)>& getenv) {
+  std::map<std::string, std::string> values;
+  for (const auto& [flag, env] : KnownFlags()) {
+    const char* v = env.empty() ? nullptr : getenv(env.c_str());
+    if (v != nullptr && *v != '\0') values[flag] = v;
+  }
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    if (!absl::StartsWith(a, "--")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument \"", a, "\""));
+    }
+    std::string name = a.substr(2), value;
+    const size_t eq = name.find('=');
+    if (eq != std::string::npos) {
+      value = name.substr(eq + 1);
+      name = name.substr(0, eq);
+    } else {
+      if (i + 1 >= args.size()) {
+        return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
+      }
+      value = args[++i];
+    }
+    if (KnownFlags().count(name) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name));
+    }
+    values[name] = value;
+  }
+
+  AgentConfig c;
+  auto get = [&](const char* flag, std::string* out) {
+    auto it = values.find(flag);
+    if (it != values.end()) *out = it->second;
+  };
+  get("host-id", &c.host_id);
+  get("coordinator", &c.coordinator);
+  get("worker-socket", &c.worker_socket);
+  get("address", &c.address);
+  get("shm-dir", &c.shm_dir);
+  get("ucx-net-devices", &c.ucx_net_devices);
+  get("ucx-tls", &c.ucx_tls);
+  get("log-level", &c.log_level);
+  int64_t v = 0;
+  if (auto it = values.find("memory-limit-bytes"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 1, int64_t{1} << 50, &v);
+    if (!s.ok()) return s;
+    c.memory_limit_bytes = v;
+  }
+  if (auto it = values.find("heartbeat-ms"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 0, 600000, &v);
+    if (!s.ok()) return s;
+    c.heartbeat_ms = static_cast<int>(v);
+  }
+  if (auto it = values.find("copy-threads"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 1, 256, &v);
+    if (!s.ok()) return s;
+    c.copy_threads = static_cast<int>(v);
+  }
+
+  if (c.host_id.empty()) {
+    char name[256] = {0};
+    if (gethostname(name, sizeof(name) - 1) == 0) c.host_id = name;
+  }
+  if (c.host_id.empty()) return absl::InvalidArgumentError("--host-id is required");
+  if (c.host_id.find_first_of("/ \t\n") != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--host-id \"", c.host_id, "\": must not contain '/' or spaces"));
+  }
+  if (c.coordinator.empty()) {
+    return absl::InvalidArgumentError("--coordinator is required (host:port)");
+  }
+  if (c.worker_socket.empty()) {
+    return absl::InvalidArgumentError("--worker-socket is required (a unix socket path)");
+  }
+  if (absl::StartsWith(c.worker_socket, "unix:")) c.worker_socket = c.worker_socket.substr(5);
+  if (c.worker_socket.size() >= 100) {
+    return absl::InvalidArgumentError(absl::StrCat("--worker-socket \"", c.worker_socket,
+                                                   "\": longer than a unix socket path may be"));
+  }
+  if (c.shm_dir.empty()) return absl::InvalidArgumentError("--shm-dir must not be empty");
+  if (c.address.empty()) c.address = "unix:" + c.worker_socket;
+  LogSeverity sev;
+  if (!ParseLogSeverity(c.log_level, &sev)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--log-level \"", c.log_level, "\": expected debug, info, warning or error"));
+  }
+  return c;
+}
+
+}  // namespace reshard::agent

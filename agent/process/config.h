@@ -1,0 +1,38 @@
+// reshard-agent's configuration: flags, then environment variables for the
+// flags not given, then defaults; validated once at start-up. See README.md,
+// "Running an agent".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace reshard::agent {
+
+struct AgentConfig {
+  std::string host_id;               // --host-id, RESHARD_HOST_ID; default: hostname
+  std::string coordinator;           // --coordinator, RESHARD_COORDINATOR (host:port)
+  std::string worker_socket;         // --worker-socket, RESHARD_WORKER_SOCKET
+  std::string address;               // --address, RESHARD_AGENT_ADDRESS; default unix:<socket>
+  std::string shm_dir = "/dev/shm";  // --shm-dir, RESHARD_SHM_DIR
+  int64_t memory_limit_bytes = int64_t{64} << 30;  // --memory-limit-bytes
+  std::string ucx_net_devices;                     // --ucx-net-devices, UCX_NET_DEVICES
+  std::string ucx_tls;                             // --ucx-tls, UCX_TLS
+  int heartbeat_ms = 0;                            // --heartbeat-ms; 0: a third of the lease
+  int copy_threads = 4;                            // --copy-threads
+  std::string log_level = "info";                  // --log-level, RESHARD_LOG_LEVEL
+};
+
+/// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the
+/// environment through `getenv` (returns nullptr when unset). InvalidArgument
+/// naming the flag and value on anything unknown, missing or out of range.
+[[nodiscard]] absl::StatusOr<AgentConfig> ParseAgentConfig(
+    const std::vector<std::string>& args, const std::function<const char*(const char*)>& getenv);
+
+/// The usage text printed with --help and on a bad configuration.
+std::string AgentUsage();
+
+}  // namespace reshard::agent

@@ -1,0 +1,370 @@
+#include "agent/process/coordinator_session.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+constexpr int kReportPeriodMs = 500;
+constexpr int kMaxBackoffMs = 2000;
+constexpr int kRpcDeadlineMs = 5000;
+
+void SetDeadline(grpc::ClientContext* ctx, int ms = kRpcDeadlineMs) {
+  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
+}
+
+bool Retryable(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
+}
+
+}  // namespace
+
+int CudaDeviceCount() {
+  void* lib = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) lib = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
+  if (lib == nullptr) return 0;
+  using Fn = int (*)(int*);
+  auto fn = reinterpret_cast<Fn>(dlsym(lib, "cudaGetDeviceCount"));
+  int n = 0;
+  if (fn == nullptr || fn(&n) != 0) n = 0;
+  // libcudart stays loaded: unloading a CUDA runtime is not safe.
+  return n;
+}
+
+absl::Status FromGrpc(const grpc::Status& s) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+CoordinatorSession::CoordinatorSession(Options options, std::shared_ptr<grpc::Channel> channel,
+                                       ShardStore* store, TaskExecutor* executor,
+                                       Transport* transport)
+    : options_(std::move(options)),
+      stub_(v1::AgentService::NewStub(channel)),
+      store_(store),
+      executor_(executor),
+      transport_(transport) {}
+
+CoordinatorSession::~CoordinatorSession() { Stop(); }
+
+void CoordinatorSession::Start() {
+  std::lock_guard<std::mutex> l(mu_);
+  if (started_) return;
+  started_ = true;
+  loop_ = std::thread([this] { Loop(); });
+}
+
+void CoordinatorSession::Stop() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_.exchange(true)) return;
+    for (auto& [id, op] : ops_) op->cancel.store(true);
+  }
+  cv_.notify_all();
+  if (loop_.joinable()) loop_.join();
+  std::map<std::string, std::unique_ptr<RunningOp>> ops;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    ops.swap(ops_);
+  }
+  for (auto& [id, op] : ops) {
+    if (op->thread.joinable()) op->thread.join();
+  }
+}
+
+bool CoordinatorSession::Sleep(int ms) {
+  std::unique_lock<std::mutex> l(mu_);
+  cv_.wait_for(l, std::chrono::milliseconds(ms), [this] { return stopping_.load(); });
+  return !stopping_.load();
+}
+
+v1::Host CoordinatorSession::DescribeHost() const {
+  v1::Host h;
+  h.set_host_id(options_.host_id);
+  h.set_address(options_.address);
+  h.set_memory_limit_bytes(options_.memory_limit_bytes);
+  const int cuda = CudaDeviceCount();
+  if (cuda > 0) {
+    for (int i = 0; i < cuda; ++i) {
+      v1::Device* d = h.add_devices();
+      d->set_index(i);
+      d->set_kind("cuda");
+      d->set_name(absl::StrCat("cuda:", i));
+    }
+  } else {
+    v1::Device* d = h.add_devices();
+    d->set_index(0);
+    d->set_kind("cpu");
+    d->set_name("cpu");
+    d->set_memory_bytes(options_.memory_limit_bytes);
+  }
+  h.add_transports("local");
+  if (transport_ != nullptr) {
+    h.add_transports("ucx");
+    h.set_ucx_address(transport_->LocalAddress());
+  }
+  if (cuda > 0) h.add_transports("nccl");
+  return h;
+}
+
+absl::Status CoordinatorSession::Register() {
+  v1::RegisterAgentRequest req;
+  *req.mutable_host() = DescribeHost();
+  v1::RegisterAgentResponse resp;
+  grpc::ClientContext ctx;
+  SetDeadline(&ctx);
+  absl::Status s = FromGrpc(stub_->RegisterAgent(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  epoch_.store(resp.epoch());
+  if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
+  RESHARD_LOG(INFO) << "host " << options_.host_id << " registered, epoch " << resp.epoch()
+                    << ", lease " << resp.lease_ms() << " ms";
+  return absl::OkStatus();
+}
+
+void CoordinatorSession::Loop() {
+  bool registered = false;
+  int backoff_ms = 100;
+  while (!stopping_.load()) {
+    if (!registered) {
+      absl::Status s = Register();
+      if (!s.ok()) {
+        RESHARD_LOG(WARNING) << "host " << options_.host_id << ": RegisterAgent: " << s
+                             << "; retrying in " << backoff_ms << " ms";
+        if (!Sleep(backoff_ms)) break;
+        backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+        continue;
+      }
+      registered = true;
+      backoff_ms = 100;
+    }
+    v1::HeartbeatRequest req;
+    req.set_host_id(options_.host_id);
+    req.set_epoch(epoch_.load());
+    req.set_memory_used_bytes(store_->used_bytes());
+    v1::HeartbeatResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp));
+    int period = options_.heartbeat_ms > 0
+                     ? options_.heartbeat_ms
+                     : static_cast<int>(std::max<int64_t>(lease_ms_.load() / 3, 10));
+    if (s.ok()) {
+      backoff_ms = 100;
+      if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
+      Apply(resp);
+    } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
+      RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
+                           << "; registering again";
+      registered = false;
+      continue;
+    } else {
+      RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
+                           << "; retrying in " << backoff_ms << " ms";
+      period = std::min(period, backoff_ms);
+      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+    }
+    ReapFinished();
+    if (!Sleep(period)) break;
+  }
+}
+
+void CoordinatorSession::ReapFinished() {
+  std::vector<std::unique_ptr<RunningOp>> done;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto it = ops_.begin(); it != ops_.end();) {
+      if (it->second->finished.load()) {
+        finished_.insert(it->first);
+        done.push_back(std::move(it->second));
+        it = ops_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& op : done) {
+    if (op->thread.joinable()) op->thread.join();
+  }
+}
+
+void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
+  for (const v1::GenerationRef& g : r.discard()) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (auto& [id, op] : ops_) {
+        if (op->job_id == g.job_id() && op->to_generation == g.generation()) {
+          op->cancel.store(true);
+        }
+      }
+    }
+    RESHARD_LOG(INFO) << "job " << g.job_id() << ": discarding generation " << g.generation();
+    store_->DropGeneration(g.job_id(), g.generation());
+  }
+  for (const v1::GenerationRef& g : r.release()) {
+    RESHARD_LOG(DEBUG) << "job " << g.job_id() << ": releasing generation " << g.generation();
+    store_->DropGeneration(g.job_id(), g.generation());
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_.load()) return;
+  for (const std::string& id : r.assigned_operations()) {
+    if (ops_.count(id) != 0 || finished_.count(id) != 0) continue;
+    auto op = std::make_unique<RunningOp>();
+    RunningOp* raw = op.get();
+    ops_[id] = std::move(op);
+    raw->thread = std::thread([this, id, raw] { RunOperation(id, raw); });
+  }
+}
+
+absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bool retry,
+                                        bool* abort) {
+  int backoff_ms = 100;
+  for (int attempt = 0;; ++attempt) {
+    v1::ReportProgressResponse resp;
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx);
+    absl::Status s = FromGrpc(stub_->ReportProgress(&ctx, req, &resp));
+    if (s.ok()) {
+      if (resp.abort()) *abort = true;
+      return s;
+    }
+    // A final report is worth retrying for a while: the coordinator may be
+    // restarting. It aborts the operation itself if the host stays silent.
+    if (!retry || !Retryable(s) || attempt >= 30 || stopping_.load()) return s;
+    if (!Sleep(backoff_ms)) return s;
+    backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+  }
+}
+
+void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp* op) {
+  const std::string& host = options_.host_id;
+  v1::HostTask task;
+  absl::Status s;
+  int backoff_ms = 100;
+  for (int attempt = 0;; ++attempt) {
+    v1::GetTaskRequest req;
+    req.set_host_id(host);
+    req.set_operation_id(operation_id);
+    grpc::ClientContext ctx;
+    SetDeadline(&ctx, 30000);
+    s = FromGrpc(stub_->GetTask(&ctx, req, &task));
+    if (s.ok() || !Retryable(s) || attempt >= 10 || !Sleep(backoff_ms)) break;
+    backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+  }
+  if (!s.ok()) {
+    RESHARD_LOG(WARNING) << "operation " << operation_id << ": GetTask: " << s;
+    op->finished.store(true);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    op->job_id = task.job_id();
+    op->to_generation = task.to_generation();
+  }
+  RESHARD_LOG(INFO) << "operation " << operation_id << " job " << task.job_id() << ": generation "
+                    << task.from_generation() << " -> " << task.to_generation() << ", "
+                    << task.plan().steps_size() << " steps here";
+
+  std::atomic<int64_t> done{0}, total{0};
+  std::atomic<bool> exec_finished{false};
+  absl::StatusOr<std::vector<v1::ShardChecksum>> result =
+      absl::UnknownError("operation did not run");
+  std::thread worker([&] {
+    absl::Status connect = absl::OkStatus();
+    if (transport_ != nullptr) {
+      for (const v1::PeerHost& p : task.peers()) {
+        if (p.host_id() == host || p.ucx_address().empty()) continue;
+        connect = transport_->Connect(p.host_id(), p.ucx_address());
+        if (!connect.ok()) {
+          connect = absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
+                                                              "\": ", connect.message()));
+          break;
+        }
+      }
+    }
+    if (!connect.ok()) {
+      result = connect;
+    } else {
+      result = executor_->Execute(
+          host, task,
+          [&](int64_t d, int64_t t) {
+            done.store(d);
+            total.store(t);
+          },
+          [&] { return op->cancel.load() || stopping_.load(); });
+    }
+    exec_finished.store(true);
+    cv_.notify_all();
+  });
+
+  bool abort = false;
+  while (!exec_finished.load()) {
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait_for(l, std::chrono::milliseconds(kReportPeriodMs),
+                   [&] { return exec_finished.load() || stopping_.load(); });
+    }
+    if (exec_finished.load() || stopping_.load()) break;
+    if (abort) continue;
+    v1::ReportProgressRequest req;
+    req.set_host_id(host);
+    req.set_operation_id(operation_id);
+    req.set_state(v1::HOST_TASK_STATE_RUNNING);
+    req.set_bytes_done(done.load());
+    req.set_bytes_total(total.load());
+    absl::Status rs = Report(req, /*retry=*/false, &abort);
+    if (!rs.ok()) {
+      RESHARD_LOG(WARNING) << "operation " << operation_id << ": ReportProgress: " << rs;
+    }
+    if (abort) {
+      RESHARD_LOG(INFO) << "operation " << operation_id << ": aborted by the coordinator";
+      op->cancel.store(true);
+    }
+  }
+  worker.join();
+
+  if (abort || stopping_.load()) {
+    // The executor dropped the new buffers; the coordinator knows already,
+    // or learns it from the lease.
+    op->finished.store(true);
+    return;
+  }
+  v1::ReportProgressRequest req;
+  req.set_host_id(host);
+  req.set_operation_id(operation_id);
+  req.set_bytes_done(done.load());
+  req.set_bytes_total(total.load());
+  if (result.ok()) {
+    req.set_state(v1::HOST_TASK_STATE_DONE);
+    req.set_bytes_done(std::max(done.load(), total.load()));
+    for (const v1::ShardChecksum& c : *result) *req.add_checksums() = c;
+    RESHARD_LOG(INFO) << "operation " << operation_id << ": done, " << result->size()
+                      << " shards written here";
+  } else {
+    req.set_state(v1::HOST_TASK_STATE_FAILED);
+    req.set_error(result.status().ToString());
+    RESHARD_LOG(WARNING) << "operation " << operation_id << ": failed: " << result.status();
+  }
+  absl::Status rs = Report(req, /*retry=*/true, &abort);
+  if (!rs.ok()) {
+    RESHARD_LOG(WARNING) << "operation " << operation_id << ": final ReportProgress: " << rs;
+  }
+  if (abort && result.ok()) {
+    // Committed nowhere: the coordinator discards the generation too.
+    store_->DropGeneration(task.job_id(), task.to_generation());
+  }
+  op->finished.store(true);
+}
+
+}  // namespace reshard::agent

@@ -1,0 +1,97 @@
+// The agent's side of the coordinator protocol (docs/coordinator.md, "Hosts
+// and leases", "A host's slice of a plan"): registers the host, heartbeats at
+// a third of the lease, registers again when the coordinator forgot it or
+// gave it up (new epoch), retries with backoff while the coordinator is
+// unreachable, runs every assigned operation once on its own thread
+// (GetTask -> TaskExecutor::Execute, ReportProgress RUNNING every ~500 ms,
+// then DONE or FAILED), and frees released and discarded generations.
+// Thread-safe; Stop() is idempotent and joins every thread.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/status/status.h"
+#include "agent/executor/executor.h"
+#include "agent/shard_store/shard_store.h"
+#include "agent/transfer/transport.h"
+#include "grpcpp/grpcpp.h"
+#include "reshard/v1/agent.grpc.pb.h"
+
+namespace reshard::agent {
+
+/// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
+/// libcudart), 0 when there is no runtime or no device.
+int CudaDeviceCount();
+
+/// absl::Status from a grpc::Status (same code and message).
+absl::Status FromGrpc(const grpc::Status& s);
+/// grpc::Status from an absl::Status.
+grpc::Status ToGrpc(const absl::Status& s);
+
+class CoordinatorSession {
+ public:
+  struct Options {
+    std::string host_id;
+    std::string address;  // what peers and workers use to reach this agent
+    int64_t memory_limit_bytes = 0;
+    int heartbeat_ms = 0;  // 0: a third of the lease
+  };
+
+  /// `transport` may be null (then only local plans can run); none are owned.
+  CoordinatorSession(Options options, std::shared_ptr<grpc::Channel> channel, ShardStore* store,
+                     TaskExecutor* executor, Transport* transport);
+  ~CoordinatorSession();
+
+  /// Starts the heartbeat thread; it registers first.
+  void Start();
+  /// Cancels running operations and joins every thread. Idempotent.
+  void Stop();
+
+  int64_t epoch() const { return epoch_.load(); }
+
+ private:
+  struct RunningOp {
+    std::string job_id;
+    int64_t to_generation = 0;
+    std::atomic<bool> cancel{false};
+    std::atomic<bool> finished{false};
+    std::thread thread;
+  };
+
+  void Loop();
+  [[nodiscard]] absl::Status Register();
+  void Apply(const v1::HeartbeatResponse& r);
+  void RunOperation(const std::string& operation_id, RunningOp* op);
+  /// Sends one report, retrying while the coordinator is unreachable. Sets
+  /// *abort when the coordinator answers abort = true.
+  absl::Status Report(const v1::ReportProgressRequest& req, bool retry, bool* abort);
+  void ReapFinished();
+  v1::Host DescribeHost() const;
+  bool Sleep(int ms);  // false when stopping
+
+  const Options options_;
+  std::unique_ptr<v1::AgentService::Stub> stub_;
+  ShardStore* store_;
+  TaskExecutor* executor_;
+  Transport* transport_;
+
+  std::atomic<int64_t> epoch_{0};
+  std::atomic<int64_t> lease_ms_{3000};
+  std::atomic<bool> stopping_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<std::string, std::unique_ptr<RunningOp>> ops_;  // by operation id
+  std::set<std::string> finished_;                         // operations already run
+  std::thread loop_;
+  bool started_ = false;
+};
+
+}  // namespace reshard::agent

@@ -1,0 +1,105 @@
+// reshard-agent: one per host. Holds the host's shards, executes its slice
+// of every plan and serves the host's training workers. See docs/agent.md.
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/executor/executor.h"
+#include "agent/process/config.h"
+#include "agent/process/coordinator_session.h"
+#include "agent/process/worker_service.h"
+#include "agent/shard_store/shard_store.h"
+#include "agent/transfer/transport.h"
+#include "common/log.h"
+#include "grpcpp/grpcpp.h"
+
+namespace {
+
+int Fail(const std::string& what) {
+  std::cerr << "reshard-agent: " << what << std::endl;
+  return 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using namespace reshard::agent;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") {
+      std::cout << AgentUsage();
+      return 0;
+    }
+  }
+  absl::StatusOr<AgentConfig> config =
+      ParseAgentConfig(args, [](const char* name) { return std::getenv(name); });
+  if (!config.ok()) {
+    std::cerr << "reshard-agent: " << config.status().message() << "\n" << AgentUsage();
+    return 2;
+  }
+  reshard::LogSeverity severity;
+  reshard::ParseLogSeverity(config->log_level, &severity);
+  reshard::SetMinLogSeverity(severity);
+
+  // Signals are taken by sigwait below; every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  ShardStore::Options store_options;
+  store_options.shm_dir = config->shm_dir;
+  store_options.host_id = config->host_id;
+  store_options.memory_limit_bytes = config->memory_limit_bytes;
+  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(store_options);
+  if (!store.ok()) return Fail("opening the shard store: " + store.status().ToString());
+
+  UcxOptions ucx;
+  ucx.net_devices = config->ucx_net_devices;
+  ucx.transports = config->ucx_tls;
+  absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport(ucx);
+  if (!transport.ok()) return Fail("starting UCX: " + transport.status().ToString());
+
+  TaskExecutor::Options exec_options;
+  exec_options.copy_threads = config->copy_threads;
+  TaskExecutor executor(store->get(), transport->get(), exec_options);
+
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(config->coordinator, grpc::InsecureChannelCredentials());
+
+  WorkerServiceImpl worker_service(store->get(), channel);
+  unlink(config->worker_socket.c_str());  // a stale socket of an earlier run
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort("unix:" + config->worker_socket, grpc::InsecureServerCredentials());
+  builder.RegisterService(&worker_service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr) return Fail("cannot listen on unix:" + config->worker_socket);
+
+  CoordinatorSession::Options session_options;
+  session_options.host_id = config->host_id;
+  session_options.address = config->address;
+  session_options.memory_limit_bytes = config->memory_limit_bytes;
+  session_options.heartbeat_ms = config->heartbeat_ms;
+  CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
+  session.Start();
+
+  std::cout << "reshard-agent " << config->host_id << " ready worker-socket "
+            << config->worker_socket << std::endl;
+
+  int sig = 0;
+  sigwait(&signals, &sig);
+  RESHARD_LOG(INFO) << "signal " << sig << ": shutting down";
+  session.Stop();
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  (*transport)->Shutdown();
+  unlink(config->worker_socket.c_str());
+  return 0;
+}

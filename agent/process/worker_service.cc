@@ -1,0 +1,167 @@
+#include "agent/process/worker_service.h"
+
+#include <chrono>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "agent/process/coordinator_session.h"
+#include "planner/layout.h"
+#include "planner/shard.h"
+
+namespace reshard::agent {
+namespace {
+
+absl::Status CheckKey(const std::string& job_id, int64_t generation, int32_t rank) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  if (generation <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("generation ", generation, " must be > 0"));
+  }
+  if (rank < 0) return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " must be >= 0"));
+  return absl::OkStatus();
+}
+
+int WorldSize(const v1::Layout& layout) {
+  const v1::ParallelConfig& c = layout.config();
+  return c.tp() * c.pp() * c.dp();
+}
+
+}  // namespace
+
+WorkerServiceImpl::WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator)
+    : store_(store), stub_(v1::CoordinatorService::NewStub(coordinator)) {}
+
+absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerServiceImpl::Lookup(
+    const std::string& job_id, int64_t generation, bool require_current) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = cache_.find({job_id, generation});
+    if (it != cache_.end() && !require_current) return it->second;
+  }
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  req.set_include_ptc(true);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
+  }
+  auto jg = std::make_shared<JobGeneration>();
+  jg->ptc = job.ptc();
+  jg->layout = job.layout();
+  std::lock_guard<std::mutex> l(mu_);
+  cache_[{job_id, job.generation()}] = jg;
+  if (job.generation() != generation) {
+    auto it = cache_.find({job_id, generation});
+    if (!require_current && it != cache_.end()) return it->second;
+    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" is at generation ",
+                                                      job.generation(), ", not ", generation));
+  }
+  return std::shared_ptr<const JobGeneration>(jg);
+}
+
+void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
+                                      google::protobuf::RepeatedPtrField<v1::WorkerItem>* items) {
+  const std::vector<ItemSlot>& slots = buffer.items();
+  planner::RankCoord coord;
+  bool have_coord = false;
+  if (jg != nullptr && rank < WorldSize(jg->layout)) {
+    planner::HostTable hosts;
+    planner::ResolvedLayout rl =
+        planner::ResolvedLayout::Resolve(jg->layout, jg->ptc.num_layers(), &hosts);
+    coord = rl.Coord(rank);
+    have_coord = true;
+  }
+  for (size_t i = 0; i < slots.size(); ++i) {
+    v1::WorkerItem* it = items->Add();
+    it->set_offset(slots[i].offset);
+    it->set_bytes(slots[i].bytes);
+    if (jg == nullptr) continue;
+    const int ntensors = jg->ptc.tensors_size();
+    if (static_cast<int>(i) < ntensors) {
+      const v1::TensorSpec& t = jg->ptc.tensors(static_cast<int>(i));
+      it->set_name(t.name());
+      if (have_coord && slots[i].bytes > 0) {
+        const v1::ParallelConfig& c = jg->layout.config();
+        planner::CoordShard cs = planner::DeriveCoordShard(t, c.tp(), c.dp(), coord.tp, coord.dp);
+        for (int64_t d : cs.local_shape) it->add_local_shape(d);
+      }
+    } else if (static_cast<int>(i) - ntensors < jg->ptc.blobs_size()) {
+      it->set_name(jg->ptc.blobs(static_cast<int>(i) - ntensors).name());
+    }
+  }
+}
+
+grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext*,
+                                             const v1::PublishShardRequest* req,
+                                             v1::PublishShardResponse* resp) {
+  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+  if (!s.ok()) return ToGrpc(s);
+  absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
+      Lookup(req->job_id(), req->generation(), /*require_current=*/true);
+  if (!jg.ok()) return ToGrpc(jg.status());
+  const int world = WorldSize((*jg)->layout);
+  if (req->rank() >= world) {
+    return ToGrpc(absl::InvalidArgumentError(
+        absl::StrCat("rank ", req->rank(), " out of range: job \"", req->job_id(), "\" generation ",
+                     req->generation(), " has ", world, " ranks")));
+  }
+  RankBufferKey key{req->job_id(), req->generation(), req->rank()};
+  absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
+  if (absl::IsNotFound(buf.status())) {
+    std::vector<int64_t> bytes = RankItemBytes((*jg)->ptc, (*jg)->layout, req->rank());
+    absl::StatusOr<std::vector<RankBufferPtr>> created = store_->CreateAll({key}, {bytes});
+    if (created.ok()) {
+      buf = (*created)[0];
+    } else if (absl::IsAlreadyExists(created.status())) {
+      buf = store_->Get(key);  // a concurrent publish of the same rank won
+    } else {
+      buf = created.status();
+    }
+  }
+  if (!buf.ok()) return ToGrpc(buf.status());
+  resp->set_path((*buf)->path());
+  resp->set_size((*buf)->size());
+  DescribeItems(jg->get(), req->rank(), **buf, resp->mutable_items());
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext*, const v1::SealShardRequest* req,
+                                          v1::SealShardResponse* resp) {
+  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+  if (!s.ok()) return ToGrpc(s);
+  std::vector<uint64_t> expected(req->expected_checksums().begin(),
+                                 req->expected_checksums().end());
+  absl::StatusOr<std::vector<uint64_t>> sums =
+      store_->Seal({req->job_id(), req->generation(), req->rank()}, expected);
+  if (!sums.ok()) return ToGrpc(sums.status());
+  for (uint64_t c : *sums) resp->add_checksums(c);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext*,
+                                               const v1::OpenGenerationRequest* req,
+                                               v1::OpenGenerationResponse* resp) {
+  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+  if (!s.ok()) return ToGrpc(s);
+  RankBufferKey key{req->job_id(), req->generation(), req->rank()};
+  absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
+  if (!buf.ok()) return ToGrpc(buf.status());
+  if (!(*buf)->sealed()) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
+                     req->rank(), " is not sealed")));
+  }
+  // Names and shapes are best effort: a generation that is no longer current
+  // and was never published here has only offsets and sizes.
+  absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
+      Lookup(req->job_id(), req->generation(), /*require_current=*/false);
+  resp->set_path((*buf)->path());
+  resp->set_size((*buf)->size());
+  DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), **buf, resp->mutable_items());
+  for (uint64_t c : (*buf)->checksums()) resp->add_checksums(c);
+  return grpc::Status::OK;
+}
+
+}  // namespace reshard::agent

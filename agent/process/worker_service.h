@@ -1,0 +1,55 @@
+// WorkerService (proto/reshard/v1/worker.proto): the API the training
+// workers of this host use on the agent's unix socket to publish their
+// rank's shards (written in place into shared memory, then sealed) and to
+// open the shards of a generation. Item sizes come from the job's PTC and
+// layout (RankItemBytes), fetched from the coordinator's GetJob. Thread-safe.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <utility>
+
+#include "absl/status/statusor.h"
+#include "agent/shard_store/shard_store.h"
+#include "grpcpp/grpcpp.h"
+#include "reshard/v1/coordinator.grpc.pb.h"
+#include "reshard/v1/worker.grpc.pb.h"
+
+namespace reshard::agent {
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  /// `store` is not owned; `coordinator` reaches CoordinatorService.
+  WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator);
+
+  grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
+                            v1::PublishShardResponse* resp) override;
+  grpc::Status SealShard(grpc::ServerContext* ctx, const v1::SealShardRequest* req,
+                         v1::SealShardResponse* resp) override;
+  grpc::Status OpenGeneration(grpc::ServerContext* ctx, const v1::OpenGenerationRequest* req,
+                              v1::OpenGenerationResponse* resp) override;
+
+ private:
+  struct JobGeneration {
+    v1::Ptc ptc;
+    v1::Layout layout;
+  };
+  /// The PTC and layout of (job, generation); FailedPrecondition when
+  /// `require_current` and it is not the job's current generation.
+  absl::StatusOr<std::shared_ptr<const JobGeneration>> Lookup(const std::string& job_id,
+                                                              int64_t generation,
+                                                              bool require_current);
+  /// Fills names and local shapes of `buffer`'s items (when `jg` is known),
+  /// offsets and sizes always.
+  static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
+                            google::protobuf::RepeatedPtrField<v1::WorkerItem>* items);
+
+  ShardStore* store_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::mutex mu_;
+  std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;
+};
+
+}  // namespace reshard::agent

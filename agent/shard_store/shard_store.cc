@@ -1,0 +1,439 @@
+#include "agent/shard_store/shard_store.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "agent/shard_store/sidecar.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+constexpr char kMetaSuffix[] = ".meta";
+
+std::string Describe(const RankBufferKey& k) {
+  return absl::StrCat("rank buffer of job \"", k.job_id, "\" generation ", k.generation, " rank ",
+                      k.rank);
+}
+
+std::string HumanBytes(int64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int unit = 0;
+  while (v >= 1024.0 && unit < 4) {
+    v /= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return absl::StrCat(bytes, " B");
+  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
+}
+
+absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
+  const std::string msg = absl::StrCat(what, " \"", path, "\": ", std::strerror(err));
+  if (err == ENOSPC || err == ENOMEM || err == EDQUOT) return absl::ResourceExhaustedError(msg);
+  if (err == EEXIST) return absl::AlreadyExistsError(msg);
+  return absl::InternalError(msg);
+}
+
+// A job id becomes part of a file name.
+absl::Status CheckName(const std::string& what, const std::string& name) {
+  if (name.find('/') != std::string::npos || name.find('\0') != std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", name, "\" may not contain '/' or NUL"));
+  }
+  return absl::OkStatus();
+}
+
+struct KeyLess {
+  bool operator()(const RankBufferKey& a, const RankBufferKey& b) const {
+    return std::tie(a.job_id, a.generation, a.rank) < std::tie(b.job_id, b.generation, b.rank);
+  }
+};
+
+// Bytes of mapped buffers; shared with the buffers so that one outliving the
+// store still returns its bytes.
+struct Accounting {
+  std::atomic<int64_t> used{0};
+};
+
+class MappedRankBuffer final : public RankBuffer {
+ public:
+  MappedRankBuffer(RankBufferKey key, std::string path, uint8_t* data, int64_t size,
+                   std::vector<ItemSlot> items, std::shared_ptr<Accounting> accounting)
+      : key_(std::move(key)),
+        path_(std::move(path)),
+        data_(data),
+        size_(size),
+        items_(std::move(items)),
+        accounting_(std::move(accounting)) {}
+  ~MappedRankBuffer() override {
+    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
+    accounting_->used -= size_;
+  }
+
+  const RankBufferKey& key() const override { return key_; }
+  const std::string& path() const override { return path_; }
+  uint8_t* data() override { return data_; }
+  int64_t size() const override { return size_; }
+  const std::vector<ItemSlot>& items() const override { return items_; }
+  bool sealed() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return sealed_;
+  }
+  std::vector<uint64_t> checksums() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return checksums_;
+  }
+  void SetSealed(std::vector<uint64_t> checksums) {
+    std::lock_guard<std::mutex> lock(mu_);
+    sealed_ = true;
+    checksums_ = std::move(checksums);
+  }
+  std::vector<int64_t> item_bytes() const {
+    std::vector<int64_t> out;
+    for (const ItemSlot& s : items_) out.push_back(s.bytes);
+    return out;
+  }
+
+ private:
+  const RankBufferKey key_;
+  const std::string path_;
+  uint8_t* const data_;  // null when size_ is 0
+  const int64_t size_;
+  const std::vector<ItemSlot> items_;
+  const std::shared_ptr<Accounting> accounting_;
+  mutable std::mutex mu_;
+  bool sealed_ = false;
+  std::vector<uint64_t> checksums_;
+};
+
+// Maps `size` bytes of the open file `fd` (closing it).
+absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t size) {
+  uint8_t* data = nullptr;
+  if (size > 0) {
+    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return ErrnoStatus("cannot map", path, err);
+    }
+    data = static_cast<uint8_t*>(p);
+  }
+  ::close(fd);
+  return data;
+}
+
+class ShmShardStore final : public ShardStore {
+ public:
+  explicit ShmShardStore(Options options)
+      : options_(std::move(options)), accounting_(std::make_shared<Accounting>()) {}
+
+  // Maps this host's buffers found in shm_dir; malformed ones are logged and
+  // left alone.
+  absl::Status Scan() {
+    DIR* dir = ::opendir(options_.shm_dir.c_str());
+    if (dir == nullptr) return ErrnoStatus("cannot open shm_dir", options_.shm_dir, errno);
+    const std::string prefix = absl::StrCat("reshard-", options_.host_id, "-");
+    std::vector<std::string> metas;
+    while (const dirent* e = ::readdir(dir)) {
+      const std::string name = e->d_name;
+      if (absl::StartsWith(name, prefix) && absl::EndsWith(name, kMetaSuffix)) {
+        metas.push_back(name);
+      }
+    }
+    ::closedir(dir);
+    for (const std::string& meta : metas) {
+      absl::Status s = Load(options_.shm_dir + "/" + meta);
+      if (!s.ok()) {
+        RESHARD_LOG(WARNING) << "shard store: skipping \"" << options_.shm_dir << "/" << meta
+                             << "\": " << s;
+      }
+    }
+    if (accounting_->used > options_.memory_limit_bytes) {
+      RESHARD_LOG(WARNING) << "shard store: buffers found in \"" << options_.shm_dir << "\" use "
+                           << accounting_->used.load() << " bytes, over the limit of "
+                           << options_.memory_limit_bytes;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
+      const std::vector<RankBufferKey>& keys,
+      const std::vector<std::vector<int64_t>>& item_bytes) override {
+    if (keys.size() != item_bytes.size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(keys.size(), " keys but ", item_bytes.size(), " item size lists"));
+    }
+    std::vector<int64_t> sizes(keys.size());
+    std::vector<std::vector<ItemSlot>> slots(keys.size());
+    int64_t needed = 0;
+    std::set<RankBufferKey, KeyLess> seen;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (absl::Status s = CheckName("job id", keys[i].job_id); !s.ok()) return s;
+      if (!seen.insert(keys[i]).second) {
+        return absl::InvalidArgumentError(absl::StrCat(Describe(keys[i]), " listed twice"));
+      }
+      for (size_t j = 0; j < item_bytes[i].size(); ++j) {
+        if (item_bytes[i][j] < 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(Describe(keys[i]), ": item ", j, " has ", item_bytes[i][j], " bytes"));
+        }
+      }
+      slots[i] = LayoutItems(item_bytes[i], &sizes[i]);
+      needed += sizes[i];
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const RankBufferKey& k : keys) {
+        if (buffers_.count(k) != 0) {
+          return absl::AlreadyExistsError(absl::StrCat(Describe(k), " already exists"));
+        }
+      }
+      const int64_t used = accounting_->used;
+      if (needed > options_.memory_limit_bytes - used) {
+        std::string what = keys.empty() ? std::string("nothing")
+                                        : absl::StrCat("job \"", keys[0].job_id, "\" generation ",
+                                                       keys[0].generation);
+        for (const RankBufferKey& k : keys) {
+          if (k.job_id != keys[0].job_id || k.generation != keys[0].generation) {
+            absl::StrAppend(&what, " and others");
+            break;
+          }
+        }
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "need ", HumanBytes(needed), " for ", keys.size(), " rank buffers of ", what, ", ",
+            HumanBytes(used), " of ", HumanBytes(options_.memory_limit_bytes), " in use"));
+      }
+      accounting_->used += needed;  // reserved; each buffer returns its own share
+    }
+    std::vector<std::shared_ptr<MappedRankBuffer>> created;
+    int64_t created_bytes = 0;
+    absl::Status status;
+    for (size_t i = 0; i < keys.size() && status.ok(); ++i) {
+      absl::StatusOr<std::shared_ptr<MappedRankBuffer>> b =
+          CreateOne(keys[i], item_bytes[i], std::move(slots[i]), sizes[i]);
+      if (!b.ok()) {
+        status = b.status();
+        break;
+      }
+      created_bytes += sizes[i];
+      created.push_back(*std::move(b));
+    }
+    if (!status.ok()) {
+      accounting_->used -= needed - created_bytes;
+      for (const auto& b : created) Unlink(b->path());
+      return status;
+    }
+    std::vector<RankBufferPtr> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& b : created) {
+      buffers_[b->key()] = b;
+      out.push_back(std::move(b));
+    }
+    return out;
+  }
+
+  absl::StatusOr<RankBufferPtr> Get(const RankBufferKey& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.find(key);
+    if (it == buffers_.end()) return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
+    return RankBufferPtr(it->second);
+  }
+
+  absl::StatusOr<std::vector<uint64_t>> Seal(const RankBufferKey& key,
+                                             const std::vector<uint64_t>& expected) override {
+    std::shared_ptr<MappedRankBuffer> b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = buffers_.find(key);
+      if (it == buffers_.end()) {
+        return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
+      }
+      b = it->second;
+    }
+    const std::vector<ItemSlot>& items = b->items();
+    if (!expected.empty() && expected.size() != items.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(Describe(key), " has ", items.size(),
+                                                     " items, got ", expected.size(),
+                                                     " expected checksums"));
+    }
+    std::vector<uint64_t> sums;
+    sums.reserve(items.size());
+    for (size_t i = 0; i < items.size(); ++i) {
+      sums.push_back(Checksum(b->data() + items[i].offset, static_cast<size_t>(items[i].bytes)));
+      if (!expected.empty() && sums[i] != expected[i]) {
+        return absl::DataLossError(absl::StrCat(Describe(key), ": item ", i, " (", items[i].bytes,
+                                                " bytes) has checksum ",
+                                                absl::Hex(sums[i], absl::kZeroPad16), ", expected ",
+                                                absl::Hex(expected[i], absl::kZeroPad16)));
+      }
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.find(key);
+    if (it == buffers_.end() || it->second != b) {
+      return absl::NotFoundError(absl::StrCat(Describe(key), " was dropped while sealing"));
+    }
+    Sidecar sidecar;
+    sidecar.host_id = options_.host_id;
+    sidecar.key = key;
+    sidecar.item_bytes = b->item_bytes();
+    sidecar.sealed = true;
+    sidecar.checksums = sums;
+    if (absl::Status s = WriteSidecar(b->path() + kMetaSuffix, sidecar); !s.ok()) return s;
+    b->SetSealed(sums);
+    return sums;
+  }
+
+  void DropGeneration(const std::string& job_id, int64_t generation) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = buffers_.begin(); it != buffers_.end();) {
+      if (it->first.job_id == job_id && it->first.generation == generation) {
+        Unlink(it->second->path());
+        it = buffers_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
+  void Drop(const RankBufferKey& key) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.find(key);
+    if (it == buffers_.end()) return;
+    Unlink(it->second->path());
+    buffers_.erase(it);
+  }
+
+  std::vector<RankBufferKey> List() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<RankBufferKey> out;
+    for (const auto& [k, b] : buffers_) out.push_back(k);
+    return out;
+  }
+
+  int64_t used_bytes() const override { return accounting_->used; }
+  int64_t limit_bytes() const override { return options_.memory_limit_bytes; }
+
+ private:
+  std::string PathOf(const RankBufferKey& key) const {
+    return absl::StrCat(options_.shm_dir, "/", RankBufferFileName(options_.host_id, key));
+  }
+
+  static void Unlink(const std::string& path) {
+    ::unlink(path.c_str());
+    ::unlink((path + kMetaSuffix).c_str());
+  }
+
+  // Creates, sizes and maps one file and writes its unsealed sidecar. The
+  // caller has reserved `size` bytes.
+  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(
+      const RankBufferKey& key, const std::vector<int64_t>& item_bytes, std::vector<ItemSlot> slots,
+      int64_t size) {
+    const std::string path = PathOf(key);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EEXIST) {
+        return absl::AlreadyExistsError(
+            absl::StrCat(Describe(key), ": file \"", path, "\" already exists"));
+      }
+      return ErrnoStatus("cannot create", path, err);
+    }
+    if (size > 0) {
+      // Reserves the pages now, so a full shm_dir fails here and not with a
+      // SIGBUS on first touch. The new pages read as zeros.
+      const int err = ::posix_fallocate(fd, 0, size);
+      if (err != 0) {
+        ::close(fd);
+        ::unlink(path.c_str());
+        return ErrnoStatus(absl::StrCat("cannot allocate ", size, " bytes for"), path, err);
+      }
+    }
+    absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size);
+    if (!data.ok()) {
+      ::unlink(path.c_str());
+      return data.status();
+    }
+    auto b =
+        std::make_shared<MappedRankBuffer>(key, path, *data, size, std::move(slots), accounting_);
+    Sidecar sidecar;
+    sidecar.host_id = options_.host_id;
+    sidecar.key = key;
+    sidecar.item_bytes = item_bytes;
+    if (absl::Status s = WriteSidecar(path + kMetaSuffix, sidecar); !s.ok()) {
+      Unlink(path);
+      return s;
+    }
+    return b;
+  }
+
+  // Maps the buffer described by the sidecar at `meta_path`.
+  absl::Status Load(const std::string& meta_path) {
+    absl::StatusOr<Sidecar> sidecar = ReadSidecar(meta_path);
+    if (!sidecar.ok()) return sidecar.status();
+    if (sidecar->host_id != options_.host_id) {
+      // Another host whose id starts with ours and a dash: not ours.
+      RESHARD_LOG(DEBUG) << "shard store: \"" << meta_path << "\" belongs to host \""
+                         << sidecar->host_id << "\"";
+      return absl::OkStatus();
+    }
+    const std::string path = PathOf(sidecar->key);
+    if (path + kMetaSuffix != meta_path) {
+      return absl::InvalidArgumentError(absl::StrCat("describes \"", path, "\""));
+    }
+    int64_t size = 0;
+    std::vector<ItemSlot> slots = LayoutItems(sidecar->item_bytes, &size);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_size != size) {
+      ::close(fd);
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", path, "\" has ", st.st_size, " bytes, the sidecar says ", size));
+    }
+    absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size);
+    if (!data.ok()) return data.status();
+    accounting_->used += size;
+    auto b = std::make_shared<MappedRankBuffer>(sidecar->key, path, *data, size, std::move(slots),
+                                                accounting_);
+    if (sidecar->sealed) b->SetSealed(sidecar->checksums);
+    std::lock_guard<std::mutex> lock(mu_);
+    buffers_[sidecar->key] = std::move(b);
+    return absl::OkStatus();
+  }
+
+  const Options options_;
+  const std::shared_ptr<Accounting> accounting_;
+  mutable std::mutex mu_;
+  std::map<RankBufferKey, std::shared_ptr<MappedRankBuffer>, KeyLess> buffers_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Open(const Options& options) {
+  if (absl::Status s = CheckName("host id", options.host_id); !s.ok()) return s;
+  if (options.memory_limit_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("memory_limit_bytes ", options.memory_limit_bytes, " is negative"));
+  }
+  auto store = std::make_unique<ShmShardStore>(options);
+  if (absl::Status s = store->Scan(); !s.ok()) return s;
+  return std::unique_ptr<ShardStore>(std::move(store));
+}
+
+}  // namespace reshard::agent

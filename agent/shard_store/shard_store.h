@@ -1,0 +1,112 @@
+// The agent's shard store: rank buffers in shared memory that workers on the
+// host map without a copy, with checksums and memory accounting. See
+// docs/agent.md, "Shard store". Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "reshard/v1/ptc.pb.h"
+
+namespace reshard::agent {
+
+/// XXH3-64 of `bytes` bytes at `data`.
+uint64_t Checksum(const void* data, size_t bytes);
+
+/// Bytes of each PTC item (tensors in order, then blobs) that `rank` holds
+/// under `layout`: local_elements x element bytes (padding included), 0 for
+/// tensors of other stages. `ptc` and `layout` must be valid.
+std::vector<int64_t> RankItemBytes(const v1::Ptc& ptc, const v1::Layout& layout, int rank);
+
+/// RankItemBytes for every rank of `layout`, indexed by rank (resolves the
+/// layout once).
+std::vector<std::vector<int64_t>> AllRankItemBytes(const v1::Ptc& ptc, const v1::Layout& layout);
+
+struct RankBufferKey {
+  std::string job_id;
+  int64_t generation = 0;
+  int32_t rank = 0;
+  bool operator==(const RankBufferKey& o) const {
+    return job_id == o.job_id && generation == o.generation && rank == o.rank;
+  }
+};
+
+/// One item's place in a rank buffer (offsets aligned to 64 bytes).
+struct ItemSlot {
+  int64_t offset = 0;
+  int64_t bytes = 0;
+};
+
+/// Byte alignment of every item's offset in a rank buffer.
+inline constexpr int64_t kItemAlignment = 64;
+
+/// The slots of items of `item_bytes` laid out in order at aligned offsets;
+/// `total_bytes` (if not null) gets the buffer size (the end of the last
+/// item, rounded up to kItemAlignment).
+std::vector<ItemSlot> LayoutItems(const std::vector<int64_t>& item_bytes,
+                                  int64_t* total_bytes = nullptr);
+
+/// The file name (no directory) of a rank buffer:
+/// "reshard-<host>-<job>-g<generation>-r<rank>".
+std::string RankBufferFileName(const std::string& host_id, const RankBufferKey& key);
+
+/// Everything one rank holds in one generation of one job: one shared-memory
+/// file, mapped for the buffer's lifetime. Data access is not synchronised:
+/// callers own disjoint regions.
+class RankBuffer {
+ public:
+  virtual ~RankBuffer() = default;
+  virtual const RankBufferKey& key() const = 0;
+  /// The file a worker maps.
+  virtual const std::string& path() const = 0;
+  virtual uint8_t* data() = 0;
+  virtual int64_t size() const = 0;
+  virtual const std::vector<ItemSlot>& items() const = 0;
+  uint8_t* item_data(int item) { return data() + items()[item].offset; }
+  /// Whether every item has been sealed, and the checksums once sealed.
+  virtual bool sealed() const = 0;
+  virtual std::vector<uint64_t> checksums() const = 0;
+};
+using RankBufferPtr = std::shared_ptr<RankBuffer>;
+
+class ShardStore {
+ public:
+  struct Options {
+    std::string shm_dir = "/dev/shm";
+    std::string host_id;  // part of every file name
+    int64_t memory_limit_bytes = int64_t{64} << 30;
+  };
+
+  /// Opens the store, finding the rank buffers (and their sealed checksums)
+  /// this host left behind, e.g. before the agent restarted.
+  [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardStore>> Open(const Options& options);
+  virtual ~ShardStore() = default;
+
+  /// Creates all the buffers or none: ResourceExhausted naming the bytes
+  /// needed, used and the limit when they do not fit; AlreadyExists when one
+  /// exists. New buffers are zeroed.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
+      const std::vector<RankBufferKey>& keys,
+      const std::vector<std::vector<int64_t>>& item_bytes) = 0;
+  /// NotFound when absent.
+  [[nodiscard]] virtual absl::StatusOr<RankBufferPtr> Get(const RankBufferKey& key) = 0;
+  /// Checksums every item from its bytes and records them (durably, in a
+  /// sidecar file). With `expected` (one per item, or empty), a mismatch is
+  /// DataLoss naming the item.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> Seal(
+      const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
+  /// Removes every buffer of (job, generation); memory is returned when the
+  /// last user drops its RankBufferPtr. Idempotent.
+  virtual void DropGeneration(const std::string& job_id, int64_t generation) = 0;
+  /// Removes one buffer. Idempotent.
+  virtual void Drop(const RankBufferKey& key) = 0;
+  virtual std::vector<RankBufferKey> List() const = 0;
+  virtual int64_t used_bytes() const = 0;
+  virtual int64_t limit_bytes() const = 0;
+};
+
+}  // namespace reshard::agent

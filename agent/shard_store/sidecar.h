@@ -1,0 +1,42 @@
+// The sidecar file of a rank buffer ("<file>.meta"): the buffer's key, item
+// sizes and, once sealed, item checksums, so that an agent that restarts finds
+// its buffers again. Internal to the shard store. Line-oriented text:
+//
+//   reshard-rank-buffer 1
+//   host <c-escaped host id>
+//   job <c-escaped job id>
+//   generation <n>
+//   rank <n>
+//   sealed <0 or 1>
+//   items <count>
+//   item <bytes> <checksum as 16 hex digits, or "-" while unsealed>  (count lines)
+//   end
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "agent/shard_store/shard_store.h"
+
+namespace reshard::agent {
+
+struct Sidecar {
+  std::string host_id;
+  RankBufferKey key;
+  std::vector<int64_t> item_bytes;
+  bool sealed = false;
+  std::vector<uint64_t> checksums;  // one per item when sealed, else empty
+};
+
+std::string SerializeSidecar(const Sidecar& sidecar);
+/// InvalidArgument naming the line when `text` is malformed.
+[[nodiscard]] absl::StatusOr<Sidecar> ParseSidecar(const std::string& text);
+
+/// Writes `<path>.tmp`, syncs it and renames it over `path`.
+[[nodiscard]] absl::Status WriteSidecar(const std::string& path, const Sidecar& sidecar);
+[[nodiscard]] absl::StatusOr<Sidecar> ReadSidecar(const std::string& path);
+
+}  // namespace reshard::agent

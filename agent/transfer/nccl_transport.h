@@ -1,0 +1,43 @@
+// The GPU path: NCCL send/receive between device buffers. Always compiled and
+// linked; without a CUDA device every call reports Unavailable and
+// CudaDeviceCount() is 0. Backend headers (cuda, nccl) stay in the .cc.
+// Thread-compatible.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace reshard::agent {
+
+/// CUDA devices visible to this process; 0 without a GPU or driver.
+int CudaDeviceCount();
+
+/// A device buffer (cudaMalloc) on one GPU; freed on destruction.
+class DeviceBuffer {
+ public:
+  [[nodiscard]] static absl::StatusOr<DeviceBuffer> Allocate(int device, size_t bytes);
+  DeviceBuffer() = default;
+  DeviceBuffer(DeviceBuffer&& o) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept;
+  ~DeviceBuffer();
+  int device() const { return device_; }
+  void* data() const { return data_; }
+  size_t size() const { return bytes_; }
+  [[nodiscard]] absl::Status CopyFromHost(const void* src, size_t bytes);
+  [[nodiscard]] absl::Status CopyToHost(void* dst, size_t bytes) const;
+
+ private:
+  int device_ = -1;
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// Moves `bytes` from `src` (on one GPU) to `dst` (on another) with
+/// ncclSend/ncclRecv over a 2-rank communicator (ncclCommInitAll), then
+/// waits. Unavailable without two devices or when NCCL fails.
+[[nodiscard]] absl::Status NcclPeerCopy(const DeviceBuffer& src, DeviceBuffer* dst, size_t bytes);
+
+}  // namespace reshard::agent

@@ -1,0 +1,53 @@
+// Moving bytes between hosts: one interface, UCX (ucx_transport.h) between
+// host memories and NCCL (nccl_transport.h) between GPU buffers. Backend
+// headers (ucp, nccl) never appear here. Thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace reshard::agent {
+
+/// Called once when a transfer finished (its buffer may be reused) or failed.
+using TransferDone = std::function<void(absl::Status)>;
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual std::string name() const = 0;
+  /// This endpoint's address, which peers pass to Connect (opaque bytes).
+  virtual std::string LocalAddress() const = 0;
+  /// Makes `peer_id` reachable; idempotent for the same address.
+  [[nodiscard]] virtual absl::Status Connect(const std::string& peer_id,
+                                             const std::string& address) = 0;
+  /// Sends `bytes` at `data` to `peer_id` as message `tag`. `data` must stay
+  /// valid until `done`.
+  virtual void Send(const std::string& peer_id, uint64_t tag, const void* data, size_t bytes,
+                    TransferDone done) = 0;
+  /// Receives message `tag` (from any peer) of exactly `bytes` into `data`.
+  virtual void Receive(uint64_t tag, void* data, size_t bytes, TransferDone done) = 0;
+  /// Fails every pending transfer with Cancelled whose tag has `tag_prefix`
+  /// in its high 32 bits (one operation's transfers).
+  virtual void CancelTag(uint32_t tag_prefix) = 0;
+  /// Stops; pending transfers fail with Cancelled. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+struct UcxOptions {
+  /// UCX_NET_DEVICES-style device list ("lo" on one machine); empty: UCX default.
+  std::string net_devices;
+  /// UCX_TLS-style transport list; empty: UCX default.
+  std::string transports;
+};
+
+/// A UCX context + worker with its own progress thread; tag send/receive.
+[[nodiscard]] absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(
+    const UcxOptions& options);
+
+}  // namespace reshard::agent

@@ -1,0 +1,439 @@
+#include "agent/transfer/ucx_transport.h"
+
+#include <sys/epoll.h>
+#include <ucp/api/ucp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <deque>
+#include <future>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+absl::Status FromUcs(ucs_status_t s, const std::string& what) {
+  if (s == UCS_OK) return absl::OkStatus();
+  const std::string msg = absl::StrCat(what, ": ", ucs_status_string(s));
+  switch (s) {
+    case UCS_ERR_CANCELED:
+      return absl::CancelledError(msg);
+    case UCS_ERR_MESSAGE_TRUNCATED:
+      return absl::InvalidArgumentError(msg);
+    case UCS_ERR_NO_MEMORY:
+      return absl::ResourceExhaustedError(msg);
+    case UCS_ERR_INVALID_PARAM:
+    case UCS_ERR_INVALID_ADDR:
+      return absl::InvalidArgumentError(msg);
+    case UCS_ERR_UNREACHABLE:
+    case UCS_ERR_CONNECTION_RESET:
+    case UCS_ERR_ENDPOINT_TIMEOUT:
+    case UCS_ERR_REJECTED:
+    case UCS_ERR_NOT_CONNECTED:
+    case UCS_ERR_TIMED_OUT:
+    case UCS_ERR_IO_ERROR:
+    default:
+      return absl::UnavailableError(msg);
+  }
+}
+
+constexpr uint64_t kFullMask = ~uint64_t{0};
+
+class UcxTransportImpl;
+
+// One send or receive in flight; owned by the transport until it completes.
+struct Request {
+  UcxTransportImpl* transport = nullptr;
+  uint64_t tag = 0;
+  size_t bytes = 0;
+  bool is_send = false;
+  std::string peer;  // sends only
+  void* ucx = nullptr;
+  TransferDone done;
+  bool abandoned = false;  // failed at shutdown; UCX may still call back
+  // Inside ucp_tag_*_nbx: UCX may complete the request and call back before
+  // the call returns (always so for UCP_OP_ATTR_FLAG_NO_IMM_CMPL).
+  bool submitting = false;
+  bool completed_early = false;
+  absl::Status early_status;
+};
+
+struct Peer {
+  UcxTransportImpl* owner = nullptr;
+  std::string address;
+  ucp_ep_h ep = nullptr;
+  bool failed = false;
+  std::string error;
+};
+
+class UcxTransportImpl final : public UcxTransport {
+ public:
+  ~UcxTransportImpl() override { Shutdown(); }
+
+  absl::Status Init(const UcxOptions& options) {
+    ucp_config_t* config = nullptr;
+    ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
+    if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
+    if (!options.net_devices.empty())
+      ucp_config_modify(config, "NET_DEVICES", options.net_devices.c_str());
+    if (!options.transports.empty()) ucp_config_modify(config, "TLS", options.transports.c_str());
+    ucp_params_t params{};
+    params.field_mask = UCP_PARAM_FIELD_FEATURES;
+    params.features = UCP_FEATURE_TAG | UCP_FEATURE_WAKEUP;
+    s = ucp_init(&params, config, &context_);
+    ucp_config_release(config);
+    if (s != UCS_OK) return FromUcs(s, "ucp_init");
+    ucp_worker_params_t wp{};
+    wp.field_mask = UCP_WORKER_PARAM_FIELD_THREAD_MODE;
+    wp.thread_mode = UCS_THREAD_MODE_SINGLE;
+    s = ucp_worker_create(context_, &wp, &worker_);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_create");
+    ucp_address_t* addr = nullptr;
+    size_t len = 0;
+    s = ucp_worker_get_address(worker_, &addr, &len);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
+    address_.assign(reinterpret_cast<const char*>(addr), len);
+    ucp_worker_release_address(worker_, addr);
+    s = ucp_worker_get_efd(worker_, &efd_);
+    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
+    epfd_ = epoll_create1(EPOLL_CLOEXEC);
+    epoll_event ev{};
+    ev.events = EPOLLIN;
+    ev.data.fd = efd_;
+    epoll_ctl(epfd_, EPOLL_CTL_ADD, efd_, &ev);
+    thread_ = std::thread([this] { Loop(); });
+    return absl::OkStatus();
+  }
+
+  std::string name() const override { return "ucx"; }
+  std::string LocalAddress() const override { return address_; }
+
+  absl::Status Connect(const std::string& peer_id, const std::string& address) override {
+    if (address.empty())
+      return absl::InvalidArgumentError(absl::StrCat("peer \"", peer_id, "\": empty UCX address"));
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    auto future = promise->get_future();
+    if (!Post([this, peer_id, address, promise] {
+          promise->set_value(DoConnect(peer_id, address));
+        })) {
+      return absl::CancelledError("UCX transport shut down");
+    }
+    return future.get();
+  }
+
+  void Send(const std::string& peer_id, uint64_t tag, const void* data, size_t bytes,
+            TransferDone done) override {
+    auto* r = NewRequest(tag, bytes, std::move(done));
+    r->is_send = true;
+    r->peer = peer_id;
+    if (!Post([this, r, data] { DoSend(r, data); }))
+      Fail(r, absl::CancelledError("UCX transport shut down"));
+  }
+
+  void Receive(uint64_t tag, void* data, size_t bytes, TransferDone done) override {
+    auto* r = NewRequest(tag, bytes, std::move(done));
+    if (!Post([this, r, data] { DoReceive(r, data); }))
+      Fail(r, absl::CancelledError("UCX transport shut down"));
+  }
+
+  void CancelTag(uint32_t tag_prefix) override {
+    Post([this, tag_prefix] {
+      std::vector<Request*> victims;
+      for (Request* r : pending_) {
+        if (static_cast<uint32_t>(r->tag >> 32) == tag_prefix) victims.push_back(r);
+      }
+      for (Request* r : victims) ucp_request_cancel(worker_, r->ucx);
+    });
+  }
+
+  void Shutdown() override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) {
+        if (!thread_.joinable()) return;
+      }
+      stopping_ = true;
+    }
+    if (worker_ != nullptr) ucp_worker_signal(worker_);
+    if (thread_.joinable()) thread_.join();
+    if (epfd_ >= 0) close(epfd_);
+    epfd_ = -1;
+    if (worker_ != nullptr) ucp_worker_destroy(worker_);
+    worker_ = nullptr;
+    for (Request* r : abandoned_) delete r;
+    abandoned_.clear();
+    if (context_ != nullptr) ucp_cleanup(context_);
+    context_ = nullptr;
+  }
+
+  size_t pending() const override { return pending_count_.load(); }
+
+ private:
+  // Queues `fn` for the progress thread; false once stopping.
+  bool Post(std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      if (stopping_) return false;
+      queue_.push_back(std::move(fn));
+      ucp_worker_signal(worker_);  // thread-safe; under mu_ so the worker is alive
+    }
+    return true;
+  }
+
+  Request* NewRequest(uint64_t tag, size_t bytes, TransferDone done) {
+    auto* r = new Request;
+    r->transport = this;
+    r->tag = tag;
+    r->bytes = bytes;
+    r->done = std::move(done);
+    return r;
+  }
+
+  static void Fail(Request* r, absl::Status s) {
+    auto done = std::move(r->done);
+    delete r;
+    if (done) done(std::move(s));
+  }
+
+  absl::Status DoConnect(const std::string& peer_id, const std::string& address) {
+    auto it = peers_.find(peer_id);
+    if (it != peers_.end()) {
+      if (it->second->address == address && !it->second->failed) return absl::OkStatus();
+      CloseEp(it->second.get(), /*force=*/true);
+      peers_.erase(it);
+    }
+    auto peer = std::make_unique<Peer>();
+    peer->address = address;
+    peer->owner = this;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(peer->address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &OnEpError;
+    ep.err_handler.arg = peer.get();
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
+    if (s != UCS_OK) return FromUcs(s, absl::StrCat("connecting to peer \"", peer_id, "\""));
+    peers_[peer_id] = std::move(peer);
+    return absl::OkStatus();
+  }
+
+  static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
+    auto* peer = static_cast<Peer*>(arg);
+    peer->failed = true;
+    peer->error = ucs_status_string(status);
+    (void)ep;
+    // Every pending send to the peer fails on its own; a receive is not bound
+    // to a peer, so fail the receives too: their data may have been coming
+    // from this peer, and a task fails as a whole anyway.
+    UcxTransportImpl* self = nullptr;
+    self = peer->owner;
+    self->FailReceives(absl::StrCat("peer connection failed: ", peer->error));
+  }
+
+  void FailReceives(const std::string& why) {
+    std::vector<Request*> victims;
+    for (Request* r : pending_) {
+      if (!r->is_send) victims.push_back(r);
+    }
+    for (Request* r : victims) {
+      receive_error_[r] = why;
+      ucp_request_cancel(worker_, r->ucx);
+    }
+  }
+
+  void CloseEp(Peer* peer, bool force) {
+    if (peer->ep == nullptr) return;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
+    void* req = ucp_ep_close_nbx(peer->ep, &p);
+    peer->ep = nullptr;
+    if (UCS_PTR_IS_PTR(req)) {
+      // Bounded wait: a dead peer must not block shutdown.
+      for (int i = 0; i < 200000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) {
+        ucp_worker_progress(worker_);
+      }
+      if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(worker_, req);
+      ucp_request_free(req);
+    }
+  }
+
+  void DoSend(Request* r, const void* data) {
+    auto it = peers_.find(r->peer);
+    if (it == peers_.end()) {
+      return Fail(r, absl::FailedPreconditionError(
+                         absl::StrCat("send to unknown peer \"", r->peer, "\"; Connect first")));
+    }
+    if (it->second->failed) {
+      return Fail(r, absl::UnavailableError(
+                         absl::StrCat("peer \"", r->peer, "\" failed: ", it->second->error)));
+    }
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &OnSend;
+    p.user_data = r;
+    r->submitting = true;
+    void* req = ucp_tag_send_nbx(it->second->ep, data, r->bytes, r->tag, &p);
+    Track(r, req);
+  }
+
+  void DoReceive(Request* r, void* data) {
+    ucp_request_param_t p{};
+    // No immediate completion: the callback always reports the length (UCX
+    // 1.13 leaves recv_info unset on some immediate paths).
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = &OnReceive;
+    p.user_data = r;
+    r->submitting = true;
+    void* req = ucp_tag_recv_nbx(worker_, data, r->bytes, r->tag, kFullMask, &p);
+    Track(r, req);
+  }
+
+  void Track(Request* r, void* req) {
+    r->submitting = false;
+    if (r->completed_early) {
+      if (UCS_PTR_IS_PTR(req)) ucp_request_free(req);
+      return Complete(r, std::move(r->early_status));
+    }
+    if (req == nullptr) return Complete(r, absl::OkStatus());
+    if (UCS_PTR_IS_ERR(req)) {
+      return Complete(r, FromUcs(UCS_PTR_STATUS(req), Describe(r)));
+    }
+    r->ucx = req;
+    pending_.insert(r);
+    pending_count_.fetch_add(1);
+  }
+
+  static std::string Describe(const Request* r) {
+    if (r->is_send)
+      return absl::StrCat("send of tag ", r->tag, " (", r->bytes, " bytes) to \"", r->peer, "\"");
+    return absl::StrCat("receive of tag ", r->tag, " (", r->bytes, " bytes)");
+  }
+
+  void Complete(Request* r, absl::Status s) {
+    if (r->submitting) {  // called back from inside the nbx call; Track finishes
+      r->completed_early = true;
+      r->early_status = std::move(s);
+      return;
+    }
+    if (r->abandoned) {
+      abandoned_.erase(r);
+      ucp_request_free(r->ucx);
+      delete r;
+      return;
+    }
+    if (r->ucx != nullptr) {
+      pending_.erase(r);
+      pending_count_.fetch_sub(1);
+      ucp_request_free(r->ucx);
+      r->ucx = nullptr;
+    }
+    auto err = receive_error_.find(r);
+    if (err != receive_error_.end()) {
+      if (!s.ok()) s = absl::UnavailableError(absl::StrCat(Describe(r), ": ", err->second));
+      receive_error_.erase(err);
+    }
+    Fail(r, std::move(s));
+  }
+
+  static void OnSend(void* /*req*/, ucs_status_t status, void* user_data) {
+    // Never called from inside ucp_tag_send_nbx, so Track has run.
+    auto* r = static_cast<Request*>(user_data);
+    r->transport->Complete(r, FromUcs(status, Describe(r)));
+  }
+
+  static void OnReceive(void* /*req*/, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                        void* user_data) {
+    auto* r = static_cast<Request*>(user_data);
+    absl::Status s = FromUcs(status, Describe(r));
+    if (s.ok() && info->length != r->bytes) {
+      s = absl::InvalidArgumentError(absl::StrCat(Describe(r), ": got ", info->length, " bytes"));
+    }
+    r->transport->Complete(r, std::move(s));
+  }
+
+  void Loop() {
+    int idle = 0;
+    for (;;) {
+      std::deque<std::function<void()>> work;
+      bool stop;
+      {
+        std::lock_guard<std::mutex> l(mu_);
+        work.swap(queue_);
+        stop = stopping_;
+      }
+      for (auto& fn : work) fn();
+      if (stop) break;
+      if (ucp_worker_progress(worker_) != 0 || !work.empty()) {
+        idle = 0;
+        continue;
+      }
+      if (++idle < 1000) continue;
+      // Nothing happening: sleep until UCX or Post wakes the worker.
+      ucs_status_t s = ucp_worker_arm(worker_);
+      if (s == UCS_ERR_BUSY) continue;
+      epoll_event ev;
+      epoll_wait(epfd_, &ev, 1, 100);
+      idle = 0;
+    }
+    // Stopping: cancel what is pending, then close endpoints.
+    std::vector<Request*> victims(pending_.begin(), pending_.end());
+    for (Request* r : victims) ucp_request_cancel(worker_, r->ucx);
+    for (int i = 0; i < 1000 && !pending_.empty(); ++i) ucp_worker_progress(worker_);
+    for (auto& [id, peer] : peers_) CloseEp(peer.get(), /*force=*/false);
+    // Anything still pending (a send UCX would not cancel) fails here; its
+    // UCX request is left to the worker's destruction.
+    victims.assign(pending_.begin(), pending_.end());
+    for (Request* r : victims) {
+      pending_.erase(r);
+      pending_count_.fetch_sub(1);
+      auto done = std::move(r->done);
+      r->abandoned = true;
+      abandoned_.insert(r);
+      if (done) done(absl::CancelledError(absl::StrCat(Describe(r), ": transport shut down")));
+    }
+  }
+
+  ucp_context_h context_ = nullptr;
+  ucp_worker_h worker_ = nullptr;
+  int efd_ = -1;
+  int epfd_ = -1;
+  std::string address_;
+  std::thread thread_;
+
+  std::mutex mu_;
+  bool stopping_ = false;
+  std::deque<std::function<void()>> queue_;
+
+  // Progress thread only.
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+  std::unordered_set<Request*> pending_;
+  std::unordered_map<Request*, std::string> receive_error_;
+  std::unordered_set<Request*> abandoned_;
+  std::atomic<size_t> pending_count_{0};
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<UcxTransport>> MakeUcxTransportImpl(const UcxOptions& options) {
+  auto t = std::make_unique<UcxTransportImpl>();
+  absl::Status s = t->Init(options);
+  if (!s.ok()) return s;
+  return std::unique_ptr<UcxTransport>(std::move(t));
+}
+
+absl::StatusOr<std::unique_ptr<Transport>> MakeUcxTransport(const UcxOptions& options) {
+  auto t = MakeUcxTransportImpl(options);
+  if (!t.ok()) return t.status();
+  return std::unique_ptr<Transport>(std::move(*t));
+}
+
+}  // namespace reshard::agent

@@ -1,0 +1,369 @@
+// End to end: PostgreSQL, the real reshard-coordinator and four real
+// reshard-agent processes (h0..h3, each with its own shm dir, UCX over
+// loopback). The test plays the training workers: it registers a GPT-style
+// job, publishes every rank's shards with random bytes through each host's
+// WorkerService, runs resizes, a migration and a recovery, and after each
+// commit compares every new rank's buffer, byte by byte, with the reference
+// the independent verifier model derives. Faults are caused: an agent is
+// SIGKILLed while its operation transfers, and a host is lost for good.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/agent/e2e/e2e_support.h"
+#include "tests/coordinator/harness/test_postgres.h"
+#include "tests/coordinator/server/coordinator_process.h"
+#include "tests/coordinator/server/test_jobs.h"
+
+namespace reshard::agent::testing {
+namespace {
+
+using coordinator::testing::CoordinatorProcess;
+using coordinator::testing::CreateFreshDatabase;
+using coordinator::testing::HostsPlacement;
+using coordinator::testing::MakeLayout;
+
+constexpr int kLeaseMs = 1500;
+
+bool Final(v1::OperationState s) {
+  return s == v1::OPERATION_STATE_COMMITTED || s == v1::OPERATION_STATE_ABORTED ||
+         s == v1::OPERATION_STATE_FAILED;
+}
+
+class AgentE2eTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/reshard-agent-e2e-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    absl::StatusOr<std::string> dsn = CreateFreshDatabase("agent_e2e");
+    ASSERT_TRUE(dsn.ok()) << dsn.status();
+    auto c = CoordinatorProcess::Start({"--dsn", *dsn, "--listen", "127.0.0.1:0",
+                                        "--metrics-listen", "127.0.0.1:0", "--lease-ms",
+                                        std::to_string(kLeaseMs), "--tick-ms", "50",
+                                        "--leader-retry-ms", "100", "--log-level", "info"});
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+    stub_ = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+    for (const char* h : {"h0", "h1", "h2", "h3"}) {
+      sockets_[h] = dir_ + "/" + h + ".sock";
+      ASSERT_NO_FATAL_FAILURE(StartAgent(h));
+    }
+    ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
+  }
+
+  void TearDown() override {
+    agents_.clear();
+    if (coordinator_) coordinator_->Kill();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void StartAgent(const std::string& h) {
+    AgentProcess::Options o;
+    o.host_id = h;
+    o.coordinator = coordinator_->address();
+    o.worker_socket = sockets_[h];
+    o.shm_dir = dir_ + "/shm-" + h;
+    o.extra_args = {"--memory-limit-bytes", std::to_string(int64_t{1} << 30)};
+    o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}};
+    auto a = AgentProcess::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agents_[h] = std::move(*a);
+  }
+
+  // Every agent's first registration reaches the coordinator before a job
+  // needs it: ListHosts shows each ALIVE.
+  void WaitHostsAlive() {
+    for (int i = 0; i < 200; ++i) {
+      v1::ListHostsResponse resp;
+      grpc::ClientContext ctx;
+      if (stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) {
+        int alive = 0;
+        for (const v1::Host& h : resp.hosts()) {
+          if (h.state() == v1::HOST_STATE_ALIVE && agents_.count(h.host_id())) ++alive;
+        }
+        if (alive == static_cast<int>(agents_.size())) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "agents did not all register";
+  }
+
+  // Registers the job and publishes generation 1.
+  void RegisterAndPublish(const v1::JobSpec& spec) {
+    v1::RegisterJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    job_id_ = resp.job().id();
+    ptc_ = spec.ptc();
+    generation_ = 1;
+    auto c = RandomContents(ptc_, spec.layout(), 42);
+    ASSERT_TRUE(c.ok()) << c.status();
+    contents_ = std::move(*c);
+    absl::Status p = Publish(sockets_, job_id_, generation_, contents_);
+    ASSERT_TRUE(p.ok()) << p;
+  }
+
+  v1::Operation WaitFinal(const std::string& op_id, int timeout_s = 90) {
+    v1::Operation op;
+    for (int i = 0; i < timeout_s * 20; ++i) {
+      v1::GetOperationRequest req;
+      req.set_operation_id(op_id);
+      grpc::ClientContext ctx;
+      if (stub_->GetOperation(&ctx, req, &op).ok() && Final(op.state())) return op;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "operation " << op_id << " did not end; now "
+                  << v1::OperationState_Name(op.state());
+    return op;
+  }
+
+  // Starts a resize to `target` (config and placement).
+  v1::Operation StartResize(const v1::Layout& target) {
+    v1::ResizeRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    *req.mutable_placement() = target.placement();
+    *req.mutable_config() = target.config();
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Resize(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // Expects `op` to commit, then checks every new rank against the reference.
+  void ExpectCommitted(const v1::Operation& started, const v1::Layout& target,
+                       const std::vector<std::string>& lost_hosts = {}) {
+    ASSERT_FALSE(started.id().empty());
+    v1::Operation op = WaitFinal(started.id());
+    ASSERT_EQ(op.state(), v1::OPERATION_STATE_COMMITTED) << op.error();
+    auto next = Reshard(ptc_, contents_, target, lost_hosts);
+    ASSERT_TRUE(next.ok()) << next.status();
+    contents_ = std::move(*next);
+    generation_ = op.to_generation();
+    absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
+    ASSERT_TRUE(v.ok()) << v;
+  }
+
+  void ResizeTo(const v1::Layout& target) {
+    SCOPED_TRACE(absl::StrCat("resize to tp ", target.config().tp(), " pp ", target.config().pp(),
+                              " dp ", target.config().dp()));
+    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(StartResize(target), target));
+  }
+
+  void WaitLost(const std::string& host) {
+    for (int i = 0; i < 400; ++i) {
+      v1::GetJobRequest req;
+      req.set_job_id(job_id_);
+      v1::Job job;
+      grpc::ClientContext ctx;
+      if (stub_->GetJob(&ctx, req, &job).ok()) {
+        for (const std::string& h : job.lost_hosts()) {
+          if (h == host) return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "host " << host << " was not marked lost";
+  }
+
+  std::string dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::map<std::string, std::string> sockets_;
+  std::map<std::string, std::unique_ptr<AgentProcess>> agents_;
+  std::string job_id_;
+  v1::Ptc ptc_;
+  int64_t generation_ = 0;
+  Contents contents_;
+};
+
+TEST_F(AgentE2eTest, PublishedGenerationIsLoadable) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  absl::Status v = Verify(sockets_, job_id_, 1, contents_);
+  EXPECT_TRUE(v.ok()) << v;
+}
+
+TEST_F(AgentE2eTest, ResizesTpPpDpAndMigrates) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  // Start: tp 2, pp 2, dp 2 on h0, h1 x 4.
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(4, 2, 1, {"h0", "h1"}, 4)));              // TP up
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 2, 2, {"h0", "h1"}, 4)));              // TP down
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 4, 1, {"h0", "h1"}, 4)));              // PP up
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 2, 2, {"h0", "h1"}, 4)));              // PP down
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 2, 1, {"h2"}, 4)));                    // DP down
+  ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2)));  // DP up
+
+  // Migrate: same config, every rank on another host.
+  v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3", "h0", "h1"}, 2);
+  v1::MigrateRequest req;
+  req.set_job_id(job_id_);
+  req.set_expected_generation(generation_);
+  *req.mutable_placement() = target.placement();
+  v1::Operation op;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->Migrate(&ctx, req, &op);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target));
+}
+
+TEST_F(AgentE2eTest, RecoversFromALostHost) {
+  // One data-parallel replica of one stage per host: h1 holds a copy of h0's.
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "e2e")));
+  agents_["h1"]->Kill();
+  ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
+
+  v1::Layout target = MakeLayout(2, 2, 1, {"h3", "h0"}, 2);
+  v1::RecoverFromFailureRequest req;
+  req.set_job_id(job_id_);
+  req.set_expected_generation(generation_);
+  req.add_lost_hosts("h1");
+  *req.mutable_target() = target;
+  v1::Operation op;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->RecoverFromFailure(&ctx, req, &op);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target, {"h1"}));
+}
+
+TEST_F(AgentE2eTest, AgentKilledMidTransferAbortsAndRetrySucceeds) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  // Every new rank on h2, h3: both old hosts send, both new hosts receive.
+  const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
+  v1::Operation op = StartResize(target);
+  ASSERT_FALSE(op.id().empty());
+  // Kill a destination as soon as the transfer starts.
+  for (int i = 0; i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state());
+       ++i) {
+    v1::GetOperationRequest req;
+    req.set_operation_id(op.id());
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetOperation(&ctx, req, &op).ok());
+    if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING);
+  agents_["h3"]->Kill();
+  op = WaitFinal(op.id());
+  EXPECT_EQ(op.state(), v1::OPERATION_STATE_ABORTED) << op.error();
+
+  // The old generation is intact and loadable on its hosts.
+  absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
+  ASSERT_TRUE(v.ok()) << v;
+
+  // The agent comes back (same shm dir) and the retry commits.
+  ASSERT_NO_FATAL_FAILURE(StartAgent("h3"));
+  ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
+  v1::Operation retry;
+  for (int i = 0; i < 100; ++i) {
+    retry = StartResize(target);
+    if (!retry.id().empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(retry, target));
+}
+
+TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
+  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"});
+  v1::RegisterJobRequest rj;
+  *rj.mutable_spec() = spec;
+  v1::RegisterJobResponse job;
+  grpc::ClientContext rctx;
+  ASSERT_TRUE(stub_->RegisterJob(&rctx, rj, &job).ok());
+  auto worker = v1::WorkerService::NewStub(
+      grpc::CreateChannel("unix:" + sockets_["h0"], grpc::InsecureChannelCredentials()));
+  auto publish = [&](int64_t generation, int rank) {
+    v1::PublishShardRequest req;
+    req.set_job_id(job.job().id());
+    req.set_generation(generation);
+    req.set_rank(rank);
+    v1::PublishShardResponse resp;
+    grpc::ClientContext ctx;
+    return worker->PublishShard(&ctx, req, &resp).error_code();
+  };
+  EXPECT_EQ(publish(2, 0), grpc::StatusCode::FAILED_PRECONDITION);  // not the current one
+  EXPECT_EQ(publish(1, 8), grpc::StatusCode::INVALID_ARGUMENT);     // world is 8
+  {
+    v1::PublishShardRequest req;
+    req.set_job_id("no-such-job");
+    req.set_generation(1);
+    v1::PublishShardResponse resp;
+    grpc::ClientContext ctx;
+    EXPECT_EQ(worker->PublishShard(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
+  }
+  ASSERT_EQ(publish(1, 0), grpc::StatusCode::OK);
+
+  v1::OpenGenerationRequest open;
+  open.set_job_id(job.job().id());
+  open.set_generation(1);
+  open.set_rank(0);
+  v1::OpenGenerationResponse opened;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(worker->OpenGeneration(&ctx, open, &opened).error_code(),
+              grpc::StatusCode::FAILED_PRECONDITION);  // not sealed yet
+  }
+  open.set_rank(1);
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(worker->OpenGeneration(&ctx, open, &opened).error_code(),
+              grpc::StatusCode::NOT_FOUND);  // never published
+  }
+
+  v1::SealShardRequest seal;
+  seal.set_job_id(job.job().id());
+  seal.set_generation(1);
+  seal.set_rank(0);
+  v1::SealShardResponse sealed;
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(worker->SealShard(&ctx, seal, &sealed).ok());
+  }
+  // Sealing again with a wrong expected checksum for the first item.
+  for (int i = 0; i < sealed.checksums_size(); ++i) {
+    seal.add_expected_checksums(sealed.checksums(i) + (i == 0 ? 1 : 0));
+  }
+  v1::SealShardResponse resealed;
+  {
+    grpc::ClientContext ctx;
+    EXPECT_EQ(worker->SealShard(&ctx, seal, &resealed).error_code(), grpc::StatusCode::DATA_LOSS);
+  }
+  open.set_rank(0);
+  {
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(worker->OpenGeneration(&ctx, open, &opened).ok());
+    EXPECT_EQ(opened.checksums_size(), sealed.checksums_size());
+    ASSERT_GT(opened.items_size(), 0);
+    EXPECT_EQ(opened.items(0).name(), spec.ptc().tensors(0).name());
+  }
+}
+
+TEST_F(AgentE2eTest, SigtermStopsAgentCleanly) {
+  absl::StatusOr<int> rc = agents_["h2"]->Terminate();
+  ASSERT_TRUE(rc.ok()) << rc.status();
+  EXPECT_EQ(*rc, 0);
+}
+
+}  // namespace
+}  // namespace reshard::agent::testing
