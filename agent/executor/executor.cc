@@ -6,6 +6,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -312,8 +313,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     done += f.count() * eb;
   }
 
-  // Per issued remote: its staging buffer (shared with the callback).
-  std::vector<std::shared_ptr<std::vector<uint8_t>>> staging(remotes.size());
+  // Per issued remote: its staging buffer (shared with the callback). Left
+  // uninitialised: Pack or the receive overwrites every byte, and zeroing
+  // hundreds of MiB per step would cost as much as the copy.
+  struct Staging {
+    explicit Staging(int64_t n) : bytes(new uint8_t[n]) {}
+    uint8_t* data() { return bytes.get(); }
+    std::unique_ptr<uint8_t[]> bytes;
+  };
+  std::vector<std::shared_ptr<Staging>> staging(remotes.size());
   int64_t inflight = 0;
   size_t next_local = 0;
   size_t finished = 0;
@@ -338,7 +346,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       if (IsContiguous(shape, src.strides)) {
         data = const_cast<uint8_t*>(src.base) + src.offset * eb;
       } else {
-        staging[i] = std::make_shared<std::vector<uint8_t>>(r.bytes);
+        staging[i] = std::make_shared<Staging>(r.bytes);
         copier_->Pack(src, shape, eb, staging[i]->data());
       }
     } else {
@@ -346,7 +354,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       if (step.dsts_size() == 1 && IsContiguous(shape, ToVector(d0.region().strides()))) {
         data = new_bufs[new_index[d0.rank()]]->item_data(step.item()) + d0.region().offset() * eb;
       } else {
-        staging[i] = std::make_shared<std::vector<uint8_t>>(r.bytes);
+        staging[i] = std::make_shared<Staging>(r.bytes);
       }
     }
     if (staging[i]) data = staging[i]->data();
