@@ -1,6 +1,5 @@
 // reshard-agent: one per host. Holds the host's shards, executes its slice
 // of every plan and serves the host's training workers. See docs/agent.md.
-#include <signal.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -17,6 +16,7 @@
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
+#include "common/signals.h"
 #include "grpcpp/grpcpp.h"
 
 namespace {
@@ -47,13 +47,7 @@ int main(int argc, char** argv) {
   reshard::ParseLogSeverity(config->log_level, &severity);
   reshard::SetMinLogSeverity(severity);
 
-  // Signals are taken by sigwait below; every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  reshard::BlockTerminationSignals();
 
   ShardStore::Options store_options;
   store_options.shm_dir = config->shm_dir;
@@ -94,8 +88,7 @@ int main(int argc, char** argv) {
   std::cout << "reshard-agent " << config->host_id << " ready worker-socket "
             << config->worker_socket << std::endl;
 
-  int sig = 0;
-  sigwait(&signals, &sig);
+  const int sig = reshard::WaitForTerminationSignal();
   RESHARD_LOG(INFO) << "signal " << sig << ": shutting down";
   session.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -1,13 +1,13 @@
 // reshard-coordinator: `serve` (the default) runs one replica until SIGTERM
 // or SIGINT; `migrate` applies the schema migrations and exits.
 // Exit status: 0 clean, 1 runtime error, 2 bad command line or configuration.
-#include <signal.h>
 
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "common/log.h"
+#include "common/signals.h"
 #include "services/coordinator/server/config.h"
 #include "services/coordinator/server/server.h"
 #include "services/coordinator/store/migrator.h"
@@ -32,14 +32,7 @@ int RunMigrate(const reshard::coordinator::CoordinatorConfig& config) {
 }
 
 int RunServe(const reshard::coordinator::CoordinatorConfig& config) {
-  // Every thread inherits this mask, so SIGTERM / SIGINT reach only the
-  // sigwait below and shutdown runs on an ordinary thread.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  signal(SIGPIPE, SIG_IGN);
+  reshard::BlockTerminationSignals();
 
   reshard::coordinator::CoordinatorServer server(config);
   if (absl::Status s = server.Start(); !s.ok()) {
@@ -49,8 +42,7 @@ int RunServe(const reshard::coordinator::CoordinatorConfig& config) {
   std::printf("%s\n", server.StartupLine().c_str());
   std::fflush(stdout);
 
-  int received = 0;
-  sigwait(&signals, &received);
+  const int received = reshard::WaitForTerminationSignal();
   RESHARD_LOG(INFO) << "replica=" << config.replica_id << " received signal " << received
                     << ", shutting down";
   server.Shutdown();

@@ -40,7 +40,7 @@ struct Idempotency {
 };
 
 struct ListJobsQuery {
-  std::string tenant;  // empty: all
+  std::string tenant;                              // empty: all
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;  // unspecified: all
   int page_size = 100;
   std::string after_job_id;  // page token: list job ids greater than this
@@ -116,8 +116,7 @@ class Store {
   /// operation is active.
   [[nodiscard]] virtual absl::Status DeleteJob(const std::string& job_id) = 0;
   /// Sets a job's state (e.g. DEGRADED when its hosts are lost).
-  [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id,
-                                                 v1::JobState state) = 0;
+  [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id, v1::JobState state) = 0;
   /// Counts of jobs by state, for metrics.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>>
   CountJobsByState() = 0;
