@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/step_chunks.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "reshard/v1/agent.pb.h"
@@ -20,19 +21,24 @@ namespace reshard::agent {
 
 class LocalCopier;
 
-/// The high 32 bits of every transfer tag of operation `operation_id`
-/// (FNV-1a of the id); the low 32 bits are the step's plan index. Source and
-/// destination hosts compute it alike.
-uint32_t OperationTagKey(const std::string& operation_id);
-
 class TaskExecutor {
  public:
   struct Options {
     int copy_threads = 4;
-    int64_t max_inflight_bytes = int64_t{256} << 20;  // UCX sends + receives
+    /// Sends + receives handed to the transport and not yet completed.
+    int64_t max_inflight_bytes = int64_t{256} << 20;
+    /// Cross-host steps travel in chunks of about this many bytes (see
+    /// StepChunks). Every agent of an operation must use the same value: the
+    /// receiver derives the chunks alike, and a mismatch fails the first
+    /// cross-host step (a message of the wrong length).
+    int64_t chunk_bytes = int64_t{8} << 20;
+    /// Local steps are copied in pieces of about this many bytes, so that
+    /// completions (unpacks, new transfers) are handled between them.
+    int64_t local_chunk_bytes = int64_t{64} << 20;
   };
 
-  /// `transport` may be null when every step of every task is local.
+  /// `transport` may be null when every step of every task is local. The
+  /// byte sizes in `options` must be positive (checked: bad configuration).
   TaskExecutor(ShardStore* store, Transport* transport, Options options);
   ~TaskExecutor();
 

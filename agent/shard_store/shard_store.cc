@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <thread>
 #include <tuple>
 #include <utility>
 
@@ -25,6 +26,8 @@ namespace reshard::agent {
 namespace {
 
 constexpr char kMetaSuffix[] = ".meta";
+// CreateAll makes files in parallel from this many bytes in all.
+constexpr int64_t kParallelCreateBytes = int64_t{64} << 20;
 
 std::string Describe(const RankBufferKey& k) {
   return absl::StrCat("rank buffer of job \"", k.job_id, "\" generation ", k.generation, " rank ",
@@ -138,6 +141,29 @@ absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t si
   return data;
 }
 
+// Reserves the pages of a new buffer (`prefault`: and maps them) in one pass:
+// a full shm_dir fails here (ResourceExhausted) and not with a SIGBUS on a
+// later write. MADV_POPULATE_WRITE on a fresh tmpfs file allocates, zeroes
+// and maps each page once; posix_fallocate only reserves them (zeroed on
+// first touch), for Backing::kReserved and on kernels before 5.14.
+absl::Status Allocate(uint8_t* data, int64_t size, const std::string& path, bool prefault) {
+  if (size == 0) return absl::OkStatus();
+  if (prefault) {
+    const absl::Status s = PrefaultPages(data, size);
+    if (s.ok() || !absl::IsUnimplemented(s)) {
+      return s.ok() ? s
+                    : absl::Status(s.code(), absl::StrCat("cannot allocate ", size, " bytes for \"",
+                                                          path, "\": ", s.message()));
+    }
+  }
+  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+  const int err = ::posix_fallocate(fd, 0, size);
+  ::close(fd);
+  if (err != 0) return ErrnoStatus(absl::StrCat("cannot allocate ", size, " bytes for"), path, err);
+  return absl::OkStatus();
+}
+
 class ShmShardStore final : public ShardStore {
  public:
   explicit ShmShardStore(Options options)
@@ -173,8 +199,8 @@ class ShmShardStore final : public ShardStore {
   }
 
   absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
-      const std::vector<RankBufferKey>& keys,
-      const std::vector<std::vector<int64_t>>& item_bytes) override {
+      const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
+      Backing backing) override {
     if (keys.size() != item_bytes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(keys.size(), " keys but ", item_bytes.size(), " item size lists"));
@@ -221,18 +247,33 @@ class ShmShardStore final : public ShardStore {
       }
       accounting_->used += needed;  // reserved; each buffer returns its own share
     }
+    // Several files at once when there is much to allocate: the kernel
+    // allocates a file's pages under that file's lock, so files go in parallel.
+    std::vector<absl::StatusOr<std::shared_ptr<MappedRankBuffer>>> results(
+        keys.size(), absl::UnknownError("not created"));
+    const size_t threads =
+        needed < kParallelCreateBytes
+            ? 1
+            : std::min<size_t>(keys.size(), std::max(1u, std::thread::hardware_concurrency()));
+    auto create = [&](size_t first) {
+      for (size_t i = first; i < keys.size(); i += threads) {
+        results[i] = CreateOne(keys[i], item_bytes[i], std::move(slots[i]), sizes[i], backing);
+      }
+    };
+    std::vector<std::thread> helpers;
+    for (size_t t = 1; t < threads; ++t) helpers.emplace_back(create, t);
+    create(0);
+    for (std::thread& t : helpers) t.join();
     std::vector<std::shared_ptr<MappedRankBuffer>> created;
     int64_t created_bytes = 0;
     absl::Status status;
-    for (size_t i = 0; i < keys.size() && status.ok(); ++i) {
-      absl::StatusOr<std::shared_ptr<MappedRankBuffer>> b =
-          CreateOne(keys[i], item_bytes[i], std::move(slots[i]), sizes[i]);
-      if (!b.ok()) {
-        status = b.status();
-        break;
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (!results[i].ok()) {
+        if (status.ok()) status = results[i].status();
+        continue;
       }
       created_bytes += sizes[i];
-      created.push_back(*std::move(b));
+      created.push_back(*std::move(results[i]));
     }
     if (!status.ok()) {
       accounting_->used -= needed - created_bytes;
@@ -343,7 +384,7 @@ class ShmShardStore final : public ShardStore {
   // caller has reserved `size` bytes.
   absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(
       const RankBufferKey& key, const std::vector<int64_t>& item_bytes, std::vector<ItemSlot> slots,
-      int64_t size) {
+      int64_t size, Backing backing) {
     const std::string path = PathOf(key);
     const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
     if (fd < 0) {
@@ -354,20 +395,21 @@ class ShmShardStore final : public ShardStore {
       }
       return ErrnoStatus("cannot create", path, err);
     }
-    if (size > 0) {
-      // Reserves the pages now, so a full shm_dir fails here and not with a
-      // SIGBUS on first touch. The new pages read as zeros.
-      const int err = ::posix_fallocate(fd, 0, size);
-      if (err != 0) {
-        ::close(fd);
-        ::unlink(path.c_str());
-        return ErrnoStatus(absl::StrCat("cannot allocate ", size, " bytes for"), path, err);
-      }
+    if (size > 0 && ::ftruncate(fd, size) != 0) {
+      const int err = errno;
+      ::close(fd);
+      ::unlink(path.c_str());
+      return ErrnoStatus(absl::StrCat("cannot size to ", size, " bytes"), path, err);
     }
     absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size);
     if (!data.ok()) {
       ::unlink(path.c_str());
       return data.status();
+    }
+    if (absl::Status s = Allocate(*data, size, path, backing == Backing::kPrefaulted); !s.ok()) {
+      ::munmap(*data, static_cast<size_t>(size));
+      ::unlink(path.c_str());
+      return s;
     }
     auto b =
         std::make_shared<MappedRankBuffer>(key, path, *data, size, std::move(slots), accounting_);
@@ -424,6 +466,29 @@ class ShmShardStore final : public ShardStore {
 };
 
 }  // namespace
+
+absl::Status PrefaultPages(uint8_t* data, int64_t bytes) {
+  if (bytes <= 0) return absl::OkStatus();
+#ifdef MADV_POPULATE_WRITE
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes);
+  for (;;) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) {
+      return absl::OkStatus();
+    }
+    const int err = errno;
+    if (err == EINTR || err == EAGAIN) continue;
+    // EFAULT: a page could not be had (tmpfs full: a write would SIGBUS).
+    if (err == EFAULT || err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
+    if (err == EINVAL) return absl::UnimplementedError("MADV_POPULATE_WRITE not supported");
+    return absl::InternalError(absl::StrCat("madvise(MADV_POPULATE_WRITE): ", std::strerror(err)));
+  }
+#else
+  (void)data;
+  return absl::UnimplementedError("MADV_POPULATE_WRITE not supported");
+#endif
+}
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Open(const Options& options) {
   if (absl::Status s = CheckName("host id", options.host_id); !s.ok()) return s;

@@ -73,6 +73,13 @@ class RankBuffer {
 };
 using RankBufferPtr = std::shared_ptr<RankBuffer>;
 
+/// Maps the pages of [data, data + bytes) of a rank buffer made with
+/// Backing::kReserved now (allocating them if needed), so that later writes
+/// take no page faults. Safe while other threads write the range. Fails
+/// (harmlessly: the first write maps a page anyway) where the kernel lacks
+/// MADV_POPULATE_WRITE (before 5.14).
+absl::Status PrefaultPages(uint8_t* data, int64_t bytes);
+
 class ShardStore {
  public:
   struct Options {
@@ -86,12 +93,21 @@ class ShardStore {
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardStore>> Open(const Options& options);
   virtual ~ShardStore() = default;
 
+  /// How CreateAll backs a new buffer with memory.
+  enum class Backing {
+    /// Every page allocated and mapped before CreateAll returns.
+    kPrefaulted,
+    /// Pages reserved (a full shm_dir fails CreateAll, never a later write)
+    /// but mapped by the first write, or by PrefaultPages meanwhile.
+    kReserved,
+  };
+
   /// Creates all the buffers or none: ResourceExhausted naming the bytes
-  /// needed, used and the limit when they do not fit; AlreadyExists when one
-  /// exists. New buffers are zeroed.
+  /// needed, used and the limit (or the shm_dir) when they do not fit;
+  /// AlreadyExists when one exists. New buffers are zeroed.
   [[nodiscard]] virtual absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
-      const std::vector<RankBufferKey>& keys,
-      const std::vector<std::vector<int64_t>>& item_bytes) = 0;
+      const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
+      Backing backing = Backing::kPrefaulted) = 0;
   /// NotFound when absent.
   [[nodiscard]] virtual absl::StatusOr<RankBufferPtr> Get(const RankBufferKey& key) = 0;
   /// Checksums every item from its bytes and records them (durably, in a

@@ -7,6 +7,10 @@
 #include <mutex>
 #include <thread>
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -21,7 +25,54 @@ struct Plan {
   int64_t run_bytes = 0;  // bytes of the innermost contiguous run (>= element)
   int element_bytes = 0;
   bool inner_contiguous = false;  // innermost dim: stride == element for all
+  bool nontemporal = false;       // contiguous runs bypass the cache (see CopyRun)
 };
+
+// Runs at least this long are worth streaming stores when the copy is large.
+constexpr int64_t kNonTemporalMinRun = 1024;
+
+// Copies one contiguous run. With `nontemporal`, the destination is written
+// with streaming stores: a large copy then moves each byte twice through
+// memory (read source, write destination) instead of three times (the
+// destination line is otherwise read for ownership first), and does not
+// evict what the cache holds. glibc's memcpy does the same, but only above
+// its own threshold (192 MiB here) and never for the short runs of a strided
+// copy. The caller issues a store fence before the bytes are handed on.
+inline void CopyRun(uint8_t* dst, const uint8_t* src, int64_t n, bool nontemporal) {
+#if defined(__SSE2__)
+  if (nontemporal && n >= kNonTemporalMinRun) {
+    const int64_t head = static_cast<int64_t>((64 - reinterpret_cast<uintptr_t>(dst) % 64) % 64);
+    std::memcpy(dst, src, head);
+    dst += head;
+    src += head;
+    n -= head;
+    for (; n >= 64; n -= 64, dst += 64, src += 64) {
+      // The hardware prefetcher stops at page ends, and runs of a strided
+      // copy end every few pages; reading ahead (within the run: what follows
+      // it is not read) keeps the loads streaming.
+      if (n >= 512 + 64) _mm_prefetch(reinterpret_cast<const char*>(src) + 512, _MM_HINT_NTA);
+      const __m128i a = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 16));
+      const __m128i c = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 32));
+      const __m128i d = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + 48));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst), a);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 16), b);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 32), c);
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + 48), d);
+    }
+  }
+#else
+  (void)nontemporal;
+#endif
+  std::memcpy(dst, src, n);
+}
+
+// Makes streaming stores visible before another thread reads the bytes.
+inline void StoreFence() {
+#if defined(__SSE2__)
+  _mm_sfence();
+#endif
+}
 
 Plan MakePlan(const std::vector<int64_t>& shape, const std::vector<int64_t>& src_strides,
               const std::vector<const std::vector<int64_t>*>& dst_strides, int element_bytes) {
@@ -97,7 +148,7 @@ void Run(const Plan& p, size_t dim, int64_t begin, int64_t end, const uint8_t* s
          const std::vector<uint8_t*>& dsts) {
   const size_t rank = p.shape.size();
   if (rank == 0) {
-    for (uint8_t* d : dsts) std::memcpy(d, src, p.run_bytes);
+    for (uint8_t* d : dsts) CopyRun(d, src, p.run_bytes, p.nontemporal);
     return;
   }
   // The last remaining dimension with strided elements: a tight loop.
@@ -114,7 +165,7 @@ void Run(const Plan& p, size_t dim, int64_t begin, int64_t end, const uint8_t* s
     const uint8_t* s = src + i * p.src_strides[dim];
     for (size_t d = 0; d < dsts.size(); ++d) next[d] = dsts[d] + i * p.dst_strides[d][dim];
     if (dim + 1 == rank) {
-      for (uint8_t* d : next) std::memcpy(d, s, p.run_bytes);
+      for (uint8_t* d : next) CopyRun(d, s, p.run_bytes, p.nontemporal);
     } else {
       Run(p, dim + 1, 0, p.shape[dim + 1], s, next);
     }
@@ -222,11 +273,25 @@ void LocalCopier::Copy(const StridedView& src, const std::vector<MutableStridedV
     dst_strides.push_back(&d.strides);
     dst_bases.push_back(d.base + d.offset * element_bytes);
   }
-  const Plan p = MakePlan(shape, src.strides, dst_strides, element_bytes);
+  Plan p = MakePlan(shape, src.strides, dst_strides, element_bytes);
   const uint8_t* s = src.base + src.offset * element_bytes;
   const int64_t bytes = elements * element_bytes;
-  if (!pool_ || p.shape.empty() || bytes < kParallelThresholdBytes) {
+  p.nontemporal = bytes >= kNonTemporalThresholdBytes && p.run_bytes >= kNonTemporalMinRun;
+  if (!pool_ || bytes < kParallelThresholdBytes) {
     Run(p, 0, 0, p.shape.empty() ? 1 : p.shape[0], s, dst_bases);
+    if (p.nontemporal) StoreFence();
+    return;
+  }
+  if (p.shape.empty()) {  // one contiguous run: split it
+    const int parts = threads_;
+    pool_->ParallelFor(parts, [&](int part) {
+      // Cut at 64-byte multiples so that every part streams whole lines.
+      const int64_t begin = p.run_bytes * part / parts / 64 * 64;
+      const int64_t end =
+          part + 1 == parts ? p.run_bytes : p.run_bytes * (part + 1) / parts / 64 * 64;
+      for (uint8_t* d : dst_bases) CopyRun(d + begin, s + begin, end - begin, p.nontemporal);
+      if (p.nontemporal) StoreFence();
+    });
     return;
   }
   const int64_t outer = p.shape[0];
@@ -235,6 +300,7 @@ void LocalCopier::Copy(const StridedView& src, const std::vector<MutableStridedV
     const int64_t begin = outer * part / parts;
     const int64_t end = outer * (part + 1) / parts;
     Run(p, 0, begin, end, s, dst_bases);
+    if (p.nontemporal) StoreFence();  // before the pool reports this part done
   });
 }
 

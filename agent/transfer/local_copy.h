@@ -59,6 +59,10 @@ class LocalCopier {
 
   /// Copies below this many bytes per destination stay on the calling thread.
   static constexpr int64_t kParallelThresholdBytes = int64_t{4} << 20;
+  /// Copies of at least this many bytes per destination write their
+  /// contiguous runs (of 1 KiB or more) with streaming stores that bypass the
+  /// cache: beyond the cache's size that saves a third of the memory traffic.
+  static constexpr int64_t kNonTemporalThresholdBytes = int64_t{8} << 20;
 
  private:
   class Pool;

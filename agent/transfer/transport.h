@@ -32,9 +32,9 @@ class Transport {
                     TransferDone done) = 0;
   /// Receives message `tag` (from any peer) of exactly `bytes` into `data`.
   virtual void Receive(uint64_t tag, void* data, size_t bytes, TransferDone done) = 0;
-  /// Fails every pending transfer with Cancelled whose tag has `tag_prefix`
-  /// in its high 32 bits (one operation's transfers).
-  virtual void CancelTag(uint32_t tag_prefix) = 0;
+  /// Fails with Cancelled every pending transfer whose tag agrees with `tag`
+  /// on the bits of `mask` (e.g. one operation's transfers).
+  virtual void CancelTags(uint64_t tag, uint64_t mask) = 0;
   /// Stops; pending transfers fail with Cancelled. Idempotent.
   virtual void Shutdown() = 0;
 };

@@ -142,11 +142,11 @@ class UcxTransportImpl final : public UcxTransport {
       Fail(r, absl::CancelledError("UCX transport shut down"));
   }
 
-  void CancelTag(uint32_t tag_prefix) override {
-    Post([this, tag_prefix] {
+  void CancelTags(uint64_t tag, uint64_t mask) override {
+    Post([this, tag, mask] {
       std::vector<Request*> victims;
       for (Request* r : pending_) {
-        if (static_cast<uint32_t>(r->tag >> 32) == tag_prefix) victims.push_back(r);
+        if ((r->tag & mask) == (tag & mask)) victims.push_back(r);
       }
       for (Request* r : victims) ucp_request_cancel(worker_, r->ucx);
     });

@@ -11,6 +11,7 @@
 #include <future>
 #include <thread>
 
+#include "agent/transfer/local_copy.h"
 #include "agent/transfer/ucx_transport.h"
 #include "planner/layout.h"
 #include "planner/planner.h"
@@ -177,7 +178,8 @@ class ExecutorTest : public ::testing::Test {
     }
   }
 
-  void MakeHosts(int64_t memory_limit = int64_t{1} << 30) {
+  void MakeHosts(int64_t memory_limit = int64_t{1} << 30,
+                 int64_t chunk_bytes = TaskExecutor::Options().chunk_bytes) {
     for (int i = 0; i < 2; ++i) {
       Host h;
       h.id = "h" + std::to_string(i);
@@ -198,6 +200,8 @@ class ExecutorTest : public ::testing::Test {
       TaskExecutor::Options eo;
       eo.copy_threads = 2;
       eo.max_inflight_bytes = 64 << 10;  // several windows' worth of traffic
+      eo.chunk_bytes = chunk_bytes;
+      eo.local_chunk_bytes = chunk_bytes;
       h.executor = std::make_unique<TaskExecutor>(h.store.get(), h.transport.get(), eo);
       hosts_.push_back(std::move(h));
     }
@@ -241,6 +245,49 @@ class ExecutorTest : public ::testing::Test {
     return n;
   }
 
+  // Runs both hosts' slices of `whole` at once and checks every new rank's
+  // bytes against the global tensors, and its checksums.
+  void ExpectResharded(const v1::HostTask& whole, int old_world) {
+    const auto addrs = Addresses();
+    std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
+    std::atomic<int> reports{0};
+    for (auto& h : hosts_) {
+      v1::HostTask task = Slice(whole, h.id, addrs);
+      runs.push_back(std::async(std::launch::async, [&h, task, &reports] {
+        return h.executor->Execute(
+            h.id, task, [&](int64_t done, int64_t total) { reports += done <= total; },
+            [] { return false; });
+      }));
+    }
+    const auto new_slots = planner::ExpandPlacement(to_.placement());
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      auto result = runs[i].get();
+      ASSERT_TRUE(result.ok()) << hosts_[i].id << ": " << result.status();
+      // Every new rank of the host, byte for byte, and its checksums.
+      std::map<std::pair<int, int>, v1::ShardChecksum> sums;
+      for (const auto& c : *result) sums[{c.rank(), c.item()}] = c;
+      for (int r = 0; r < static_cast<int>(new_slots.size()); ++r) {
+        if (new_slots[r].host() != hosts_[i].id) continue;
+        auto got = hosts_[i].store->Get({kJob, 2, r});
+        ASSERT_TRUE(got.ok()) << got.status();
+        VectorBuffer want((*got)->items(), (*got)->size());
+        RenderRank(ptc_, to_, r, old_world, &want);
+        for (size_t item = 0; item < want.items().size(); ++item) {
+          const int64_t n = want.items()[item].bytes;
+          ASSERT_EQ(0, std::memcmp(want.item_data(item), (*got)->item_data(item), n))
+              << "rank " << r << " item " << item;
+          if (n == 0) continue;
+          auto it = sums.find({r, static_cast<int>(item)});
+          ASSERT_NE(it, sums.end()) << "no checksum for rank " << r << " item " << item;
+          EXPECT_EQ(it->second.checksum(), Checksum(want.item_data(item), n));
+          EXPECT_EQ(it->second.bytes(), n);
+        }
+        EXPECT_TRUE((*got)->sealed());
+      }
+    }
+    EXPECT_GT(reports.load(), 0);
+  }
+
   v1::Ptc ptc_;
   v1::Layout from_, to_;
   std::vector<Host> hosts_;
@@ -252,44 +299,66 @@ TEST_F(ExecutorTest, TwoHostsReshardTp2To4AndDp3To2) {
   const v1::HostTask whole = WholeTask();
   ASSERT_GT(whole.plan().stats().bytes_cross_host(), 0);
   ASSERT_GT(whole.plan().zero_fills_size(), 0);
-  const auto addrs = Addresses();
-  std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
-  std::atomic<int> reports{0};
-  for (auto& h : hosts_) {
-    v1::HostTask task = Slice(whole, h.id, addrs);
-    runs.push_back(std::async(std::launch::async, [&h, task, &reports] {
-      return h.executor->Execute(
-          h.id, task, [&](int64_t done, int64_t total) { reports += done <= total; },
-          [] { return false; });
-    }));
-  }
+  ExpectResharded(whole, 6);
+}
+
+// Cross-host steps larger than the chunk size, strided at both ends and
+// fanned out to two ranks of one host, travel as many chunks whose
+// boundaries fall inside rows (1000 bytes against rows of 1024, 96 and 16);
+// local steps are copied in pieces of the same size.
+TEST_F(ExecutorTest, ChunkedStridedAndFanOutStepsAreByteExact) {
+  ptc_ = MakePtc(256);
+  v1::TensorSpec c = Tensor("c", {64, 96});
+  TpSplit(c, 1);  // columns 32 each -> 48 each: strided at both ends
+  *ptc_.add_tensors() = c;
+  from_ = MakeLayout(3, 1, 1, 3);  // h0: ranks 0-2, nothing on h1
+  to_ = MakeLayout(2, 1, 4, 4);    // h0: dp 0-1, h1: dp 2-3 (replicas side by side)
+  constexpr int64_t kChunk = 1000;
+  MakeHosts(int64_t{1} << 30, kChunk);
+  FillOld();
+  const v1::HostTask whole = WholeTask();
+  bool large = false, fan_out = false, strided = false, large_local = false;
+  const auto old_slots = planner::ExpandPlacement(from_.placement());
   const auto new_slots = planner::ExpandPlacement(to_.placement());
-  for (int i = 0; i < 2; ++i) {
-    auto result = runs[i].get();
-    ASSERT_TRUE(result.ok()) << hosts_[i].id << ": " << result.status();
-    // Every new rank of the host, byte for byte, and its checksums.
-    std::map<std::pair<int, int>, v1::ShardChecksum> sums;
-    for (const auto& c : *result) sums[{c.rank(), c.item()}] = c;
-    for (int r = 0; r < static_cast<int>(new_slots.size()); ++r) {
-      if (new_slots[r].host() != hosts_[i].id) continue;
-      auto got = hosts_[i].store->Get({kJob, 2, r});
-      ASSERT_TRUE(got.ok()) << got.status();
-      VectorBuffer want((*got)->items(), (*got)->size());
-      RenderRank(ptc_, to_, r, 6, &want);
-      for (size_t item = 0; item < want.items().size(); ++item) {
-        const int64_t n = want.items()[item].bytes;
-        ASSERT_EQ(0, std::memcmp(want.item_data(item), (*got)->item_data(item), n))
-            << "rank " << r << " item " << item;
-        if (n == 0) continue;
-        auto it = sums.find({r, static_cast<int>(item)});
-        ASSERT_NE(it, sums.end()) << "no checksum for rank " << r << " item " << item;
-        EXPECT_EQ(it->second.checksum(), Checksum(want.item_data(item), n));
-        EXPECT_EQ(it->second.bytes(), n);
-      }
-      EXPECT_TRUE((*got)->sealed());
+  for (const v1::CopyStep& s : whole.plan().steps()) {
+    if (old_slots[s.src_rank()].host() == new_slots[s.dsts(0).rank()].host()) {
+      large_local |= s.bytes() > kChunk;
+      continue;
+    }
+    const std::vector<int64_t> shape(s.shape().begin(), s.shape().end());
+    large |= s.bytes() > kChunk;
+    fan_out |= s.dsts_size() > 1;
+    const std::vector<int64_t> src(s.src().strides().begin(), s.src().strides().end());
+    const std::vector<int64_t> dst(s.dsts(0).region().strides().begin(),
+                                   s.dsts(0).region().strides().end());
+    strided |= s.bytes() > kChunk && !IsContiguous(shape, src) && !IsContiguous(shape, dst);
+  }
+  ASSERT_TRUE(large && fan_out && strided && large_local)
+      << large << fan_out << strided << large_local;
+  ExpectResharded(whole, 3);
+}
+
+TEST_F(ExecutorTest, StepIndexBeyondTheTagIsInvalidArgumentBeforeAnythingIsMade) {
+  MakeHosts();
+  FillOld();
+  v1::HostTask whole = WholeTask();
+  const auto old_slots = planner::ExpandPlacement(from_.placement());
+  const auto new_slots = planner::ExpandPlacement(to_.placement());
+  bool changed = false;
+  for (v1::CopyStep& s : *whole.mutable_plan()->mutable_steps()) {
+    if (old_slots[s.src_rank()].host() != new_slots[s.dsts(0).rank()].host()) {
+      s.set_index(kMaxTaggedSteps);
+      changed = true;
+      break;
     }
   }
-  EXPECT_GT(reports.load(), 0);
+  ASSERT_TRUE(changed);
+  const v1::HostTask task = Slice(whole, "h0", Addresses());
+  auto result = hosts_[0].executor->Execute("h0", task, nullptr, [] { return false; });
+  ASSERT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
+  EXPECT_NE(std::string(result.status().message()).find("tag"), std::string::npos)
+      << result.status();
+  EXPECT_EQ(NewBuffers(hosts_[0]), 0);
 }
 
 TEST_F(ExecutorTest, MissingOldShardIsNotFoundAndLeavesNoNewBuffers) {

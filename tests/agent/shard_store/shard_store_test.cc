@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -108,6 +109,61 @@ TEST_F(ShardStoreTest, CreateGetSealRoundTrip) {
   EXPECT_THAT(*sums, ElementsAre(Checksum((*created)[1]->data(), 3000)));
   EXPECT_EQ(store->Seal(Key(7), {}).status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(store->List(), ElementsAre(Key(0), Key(1)));
+}
+
+// Both backings give zeroed buffers whose pages are allocated before
+// CreateAll returns (so a full shm_dir fails there, not with a SIGBUS later);
+// PrefaultPages then maps a reserved buffer's pages.
+TEST_F(ShardStoreTest, BackingsAllocateEveryPageUpFront) {
+  auto store = OpenStore();
+  for (auto backing : {ShardStore::Backing::kPrefaulted, ShardStore::Backing::kReserved}) {
+    const int rank = backing == ShardStore::Backing::kPrefaulted ? 0 : 1;
+    auto created = store->CreateAll({Key(rank)}, {{(int64_t{3} << 20) + 5}}, backing);
+    ASSERT_TRUE(created.ok()) << created.status();
+    RankBufferPtr b = (*created)[0];
+    struct stat st {};
+    ASSERT_EQ(::stat(b->path().c_str(), &st), 0);
+    EXPECT_EQ(st.st_size, b->size());
+    EXPECT_GE(static_cast<int64_t>(st.st_blocks) * 512, b->size()) << "rank " << rank;
+    if (backing == ShardStore::Backing::kReserved) {
+      EXPECT_TRUE(PrefaultPages(b->data() + 100, b->size() - 100).ok());
+    }
+    for (int64_t i = 0; i < b->size(); i += 4093) ASSERT_EQ(b->data()[i], 0) << "byte " << i;
+    Fill(*b, 0, 3);
+    EXPECT_EQ(b->data()[b->size() - 64], static_cast<uint8_t>(3 + (b->size() - 64) * 7));
+  }
+  EXPECT_TRUE(PrefaultPages(nullptr, 0).ok());
+}
+
+// Many bytes at once are created in parallel, still all or nothing.
+TEST_F(ShardStoreTest, LargeCreatesAreAllOrNothing) {
+  auto store = OpenStore();
+  std::vector<RankBufferKey> keys;
+  std::vector<std::vector<int64_t>> sizes;
+  for (int r = 0; r < 5; ++r) {
+    keys.push_back(Key(r));
+    sizes.push_back({int64_t{16} << 20});
+  }
+  // A stray file where rank 3's buffer goes: that one fails, so all do.
+  const std::string stray = dir_ + "/reshard-host-a-job-1-g1-r3";
+  { std::ofstream(stray) << "x"; }
+  auto failed = store->CreateAll(keys, sizes, ShardStore::Backing::kReserved);
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kAlreadyExists) << failed.status();
+  EXPECT_EQ(store->used_bytes(), 0);
+  EXPECT_TRUE(store->List().empty());
+  EXPECT_EQ(FilesInDir(), 1);
+  std::filesystem::remove(stray);
+
+  auto created = store->CreateAll(keys, sizes);
+  ASSERT_TRUE(created.ok()) << created.status();
+  ASSERT_EQ(created->size(), 5u);
+  for (int r = 0; r < 5; ++r) {
+    EXPECT_EQ((*created)[r]->key(), Key(r));
+    EXPECT_EQ((*created)[r]->size(), int64_t{16} << 20);
+    EXPECT_EQ((*created)[r]->data()[(int64_t{16} << 20) - 1], 0);
+  }
+  EXPECT_EQ(store->used_bytes(), int64_t{80} << 20);
+  EXPECT_EQ(FilesInDir(), 10);  // buffers and sidecars
 }
 
 TEST_F(ShardStoreTest, BytesAreSharedWithAWorkerMapping) {

@@ -127,6 +127,43 @@ TEST(LocalCopyTest, ThreadedLargeCopiesMatchNaiveLoop) {
   }
 }
 
+// Copies above kNonTemporalThresholdBytes stream their runs past the cache:
+// unaligned starts, runs that are not a multiple of 64 bytes, two
+// destinations, one thread or several; and one long contiguous run split
+// over threads.
+TEST(LocalCopyTest, LargeCopiesWithStreamingStoresMatchNaiveLoop) {
+  std::mt19937_64 rng(11);
+  const std::vector<int64_t> shape = {2100, 1027};  // 4108-byte runs, 8.6 MB
+  const int eb = 4;
+  ASSERT_GE(shape[0] * shape[1] * eb, LocalCopier::kNonTemporalThresholdBytes);
+  const std::vector<int64_t> sstr = {1100, 1}, d0str = {1030, 1}, d1str = {1027, 1};
+  const int64_t soff = 3, d0off = 5, d1off = 1;
+  std::vector<uint8_t> src((soff + shape[0] * sstr[0]) * eb);
+  for (auto& b : src) b = static_cast<uint8_t>(rng());
+  for (int threads : {1, 3}) {
+    LocalCopier copier(threads);
+    std::vector<uint8_t> got0((d0off + shape[0] * d0str[0]) * eb, 0), want0 = got0;
+    std::vector<uint8_t> got1((d1off + shape[0] * d1str[0]) * eb, 0), want1 = got1;
+    NaiveCopy(src.data(), soff, sstr, want0.data(), d0off, d0str, shape, eb);
+    NaiveCopy(src.data(), soff, sstr, want1.data(), d1off, d1str, shape, eb);
+    copier.Copy(StridedView{src.data(), soff, sstr},
+                {MutableStridedView{got0.data(), d0off, d0str},
+                 MutableStridedView{got1.data(), d1off, d1str}},
+                shape, eb);
+    ASSERT_EQ(got0, want0) << threads << " threads";
+    ASSERT_EQ(got1, want1) << threads << " threads";
+
+    const int64_t n = (int64_t{9} << 20) + 13;  // one run
+    std::vector<uint8_t> run(n + 7), flat(n + 16, 0);
+    for (auto& b : run) b = static_cast<uint8_t>(rng());
+    copier.Copy(StridedView{run.data(), 7, {1}}, {MutableStridedView{flat.data(), 3, {1}}}, {n}, 1);
+    ASSERT_EQ(0, std::memcmp(flat.data() + 3, run.data() + 7, n)) << threads << " threads";
+    for (int64_t i : {int64_t{0}, int64_t{1}, int64_t{2}, n + 3, n + 15}) {
+      ASSERT_EQ(flat[i], 0) << "byte " << i << " outside the destination written";
+    }
+  }
+}
+
 TEST(LocalCopyTest, ContiguityHelpers) {
   EXPECT_EQ(ContiguousStrides({2, 3, 4}), (std::vector<int64_t>{12, 4, 1}));
   EXPECT_TRUE(IsContiguous({2, 3, 4}, {12, 4, 1}));

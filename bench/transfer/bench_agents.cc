@@ -1,0 +1,233 @@
+#include "bench/transfer/bench_agents.h"
+
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "planner/layout.h"
+
+namespace reshard::agent::bench {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+constexpr double kMiB = 1024.0 * 1024.0;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+int NextPort() {
+  // A different port per run: a server of the previous run may linger.
+  static int calls = 0;
+  return 20000 + static_cast<int>((getpid() * 13 + 101 * calls++) % 20000);
+}
+
+pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
+  std::fflush(stdout);  // or the child repeats our buffered output
+  pid_t pid = fork();
+  if (pid == 0) {
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_TLS", "tcp", 1);
+    FILE* f = std::freopen(out.c_str(), "w", stdout);
+    (void)f;
+    dup2(STDOUT_FILENO, STDERR_FILENO);
+    std::vector<char*> argv;
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execvp(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+}  // namespace
+
+std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes) {
+  std::vector<Agent> agents(n);
+  for (int i = 0; i < n; ++i) {
+    Agent& a = agents[i];
+    a.id = "h" + std::to_string(i);
+    a.dir = fs::path("/dev/shm") / ("reshard-bench-" + std::to_string(getpid()) + "-" + a.id);
+    fs::create_directories(a.dir);
+    ShardStore::Options so;
+    so.shm_dir = a.dir.string();
+    so.host_id = a.id;
+    so.memory_limit_bytes = memory_limit_bytes;
+    auto store = ShardStore::Open(so);
+    if (!store.ok()) {
+      std::fprintf(stderr, "store: %s\n", store.status().ToString().c_str());
+      std::exit(1);
+    }
+    a.store = std::move(*store);
+    auto t = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+    if (!t.ok()) {
+      std::fprintf(stderr, "ucx: %s\n", t.status().ToString().c_str());
+      std::exit(1);
+    }
+    a.transport = std::move(*t);
+    a.executor =
+        std::make_unique<TaskExecutor>(a.store.get(), a.transport.get(), TaskExecutor::Options{});
+  }
+  return agents;
+}
+
+void DropAgents(std::vector<Agent>* agents) {
+  for (Agent& a : *agents) {
+    a.transport->Shutdown();
+    a.executor.reset();
+    a.store.reset();
+    std::error_code ec;
+    fs::remove_all(a.dir, ec);
+  }
+  agents->clear();
+}
+
+bool FillRanks(std::vector<Agent>* agents, const std::string& job, const v1::Ptc& ptc,
+               const v1::Layout& layout, int64_t generation) {
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(layout.placement());
+  const std::vector<std::vector<int64_t>> item_bytes = AllRankItemBytes(ptc, layout);
+  for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
+    Agent* owner = nullptr;
+    for (Agent& a : *agents) {
+      if (a.id == slots[r].host()) owner = &a;
+    }
+    if (owner == nullptr) return false;
+    auto b = owner->store->CreateAll({{job, generation, r}}, {item_bytes[r]});
+    if (!b.ok()) {
+      std::fprintf(stderr, "fill: %s\n", b.status().ToString().c_str());
+      return false;
+    }
+    std::memset((*b)[0]->data(), r + 1, (*b)[0]->size());
+  }
+  return true;
+}
+
+v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, const v1::Ptc& ptc,
+                      const v1::TransferPlan& plan) {
+  v1::HostTask task;
+  task.set_operation_id(job + "-op");
+  task.set_job_id(job);
+  task.set_from_generation(1);
+  task.set_to_generation(2);
+  *task.mutable_ptc() = ptc;
+  *task.mutable_plan() = plan;
+  for (const Agent& a : agents) {
+    auto* p = task.add_peers();
+    p->set_host_id(a.id);
+    p->set_ucx_address(a.transport->LocalAddress());
+  }
+  return task;
+}
+
+double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
+               std::vector<AgentTimes>* times) {
+  times->assign(agents->size(), AgentTimes{});
+  const auto start = Clock::now();
+  std::vector<std::future<absl::Status>> runs;
+  for (size_t i = 0; i < agents->size(); ++i) {
+    Agent& a = (*agents)[i];
+    AgentTimes* t = &(*times)[i];
+    runs.push_back(std::async(std::launch::async, [&a, &task, t, start] {
+      bool first = true;
+      auto progress = [&](int64_t done, int64_t total) {
+        const double now = Seconds(start, Clock::now());
+        if (first) t->created = now;
+        first = false;
+        if (done == total && t->moved == 0) t->moved = now;
+      };
+      absl::Status s = a.executor->Execute(a.id, task, progress, nullptr).status();
+      t->sealed = Seconds(start, Clock::now());
+      return s;
+    }));
+  }
+  bool ok = true;
+  for (auto& r : runs) {
+    absl::Status s = r.get();
+    if (!s.ok()) {
+      std::fprintf(stderr, "execute: %s\n", s.ToString().c_str());
+      ok = false;
+    }
+  }
+  const double secs = Seconds(start, Clock::now());
+  return ok ? secs : -1;
+}
+
+double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
+  const std::string port = std::to_string(NextPort());
+  const std::string srv_log = "/tmp/transfer_bench_srv_" + std::to_string(getpid()) + ".log";
+  const std::string cli_log = "/tmp/transfer_bench_cli_" + std::to_string(getpid()) + ".log";
+  pid_t server = Spawn({"ucx_perftest", "-p", port}, srv_log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  pid_t client = Spawn({"ucx_perftest", "127.0.0.1", "-p", port, "-t", "tag_bw", "-s",
+                        std::to_string(message), "-n", std::to_string(iters)},
+                       cli_log);
+  int status = 0;
+  waitpid(client, &status, 0);
+  kill(server, SIGTERM);
+  waitpid(server, nullptr, 0);
+  double bw = -1;
+  if (FILE* f = std::fopen(cli_log.c_str(), "r")) {
+    char line[512];
+    while (std::fgets(line, sizeof line, f)) {
+      if (std::strncmp(line, "Final:", 6) != 0) continue;
+      double v[8];
+      if (std::sscanf(line + 6, "%lf %lf %lf %lf %lf %lf", &v[0], &v[1], &v[2], &v[3], &v[4],
+                      &v[5]) == 6) {
+        bw = v[5];  // overall bandwidth
+      }
+    }
+    std::fclose(f);
+  }
+  if (bw < 0)
+    *why = "ucx_perftest exit status " + std::to_string(WEXITSTATUS(status)) + ", see " + cli_log;
+  std::remove(srv_log.c_str());
+  if (bw >= 0) std::remove(cli_log.c_str());
+  return bw;
+}
+
+double BareTransportMiBps(int64_t total, int64_t message) {
+  auto a = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+  auto b = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+  if (!a.ok() || !b.ok()) return -1;
+  if (!(*a)->Connect("b", (*b)->LocalAddress()).ok()) return -1;
+  std::vector<uint8_t> src(total, 7), dst(total, 0);  // warm: every page touched
+  const int64_t n = total / message;
+  double best = -1;
+  for (int rep = 0; rep < 2; ++rep) {
+    std::mutex mu;
+    std::condition_variable cv;
+    int64_t left = n;
+    bool failed = false;
+    auto done = [&](absl::Status s) {
+      std::lock_guard<std::mutex> l(mu);
+      failed |= !s.ok();
+      if (--left == 0) cv.notify_all();
+    };
+    const auto start = Clock::now();
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t tag = uint64_t{1} << 40 | static_cast<uint64_t>(rep) << 32 | i;
+      (*b)->Receive(tag, dst.data() + i * message, message, done);
+      (*a)->Send("b", tag, src.data() + i * message, message, [](absl::Status) {});
+    }
+    std::unique_lock<std::mutex> l(mu);
+    cv.wait(l, [&] { return left == 0; });
+    if (failed) return -1;
+    best = std::max(best, n * message / kMiB / Seconds(start, Clock::now()));
+  }
+  (*a)->Shutdown();
+  (*b)->Shutdown();
+  return best;
+}
+
+}  // namespace reshard::agent::bench

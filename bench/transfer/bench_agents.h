@@ -1,0 +1,61 @@
+// Pieces shared by the transfer benchmarks: several agents in one process
+// (shard store, UCX transport over loopback TCP, executor each), running one
+// task on all of them at once; and the reference bandwidths (ucx_perftest,
+// the bare transport). Not thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/executor/executor.h"
+#include "agent/transfer/ucx_transport.h"
+#include "reshard/v1/agent.pb.h"
+
+namespace reshard::agent::bench {
+
+struct Agent {
+  std::string id;  // "h0", "h1", ...
+  std::filesystem::path dir;
+  std::unique_ptr<ShardStore> store;
+  std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<TaskExecutor> executor;
+};
+
+/// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm.
+std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes);
+/// Shuts the transports down and removes the shm dirs.
+void DropAgents(std::vector<Agent>* agents);
+
+/// Creates generation `generation` of every rank of `layout` on its host's
+/// agent, every page written (a pattern), as workers would have published it.
+bool FillRanks(std::vector<Agent>* agents, const std::string& job, const v1::Ptc& ptc,
+               const v1::Layout& layout, int64_t generation);
+
+/// A task for `plan` with every agent as a peer.
+v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, const v1::Ptc& ptc,
+                      const v1::TransferPlan& plan);
+
+/// Where one agent's Execute spent its time (seconds from the common start).
+struct AgentTimes {
+  double created = 0;  // new buffers made (first progress report)
+  double moved = 0;    // every byte in (progress reports done == total)
+  double sealed = 0;   // Execute returned
+};
+
+/// Runs `task` on every agent at once; wall seconds (negative on failure)
+/// and each agent's times.
+double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
+               std::vector<AgentTimes>* times);
+
+/// ucx_perftest tag_bw over tcp/lo, `message` bytes x `iters`: MiB/s, or
+/// negative with `why`.
+double PerftestMiBps(int64_t message, int64_t iters, std::string* why);
+
+/// Two bare UCX transports over tcp/lo moving `total` bytes in `message`-byte
+/// tag messages, all posted at once into warm buffers: MiB/s, or negative.
+double BareTransportMiBps(int64_t total, int64_t message);
+
+}  // namespace reshard::agent::bench
