@@ -25,6 +25,19 @@ constexpr int kCancelAttempts = 8;
 
 constexpr char kCancelledByClient[] = "cancelled by client";
 
+// The operation of a Resize or Migrate request (they share these fields).
+template <typename Request>
+NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, v1::Layout target,
+                                Idempotency idempotency) {
+  NewOperation op;
+  op.kind = kind;
+  op.job_id = request.job_id();
+  op.expected_generation = request.expected_generation();
+  op.target_layout = std::move(target);
+  op.idempotency = std::move(idempotency);
+  return op;
+}
+
 }  // namespace
 
 SchedulerApi::SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics,
@@ -109,11 +122,18 @@ absl::StatusOr<v1::Job> SchedulerApi::LoadJobWithPtc(const std::string& job_id) 
   return job;
 }
 
+absl::StatusOr<v1::Job> SchedulerApi::LoadForNewPlacement(const std::string& job_id,
+                                                          bool has_placement,
+                                                          int64_t expected_generation) {
+  if (absl::Status s = RequireNonEmpty("job_id", job_id); !s.ok()) return s;
+  if (!has_placement) return absl::InvalidArgumentError("placement is required");
+  if (absl::Status s = CheckExpectedGeneration(expected_generation); !s.ok()) return s;
+  return LoadJobWithPtc(job_id);
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
-  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
-  if (!request.has_placement()) return absl::InvalidArgumentError("placement is required");
-  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  absl::StatusOr<v1::Job> job =
+      LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
 
   v1::Layout target;
@@ -126,20 +146,14 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
   }
-  NewOperation op;
-  op.kind = v1::OPERATION_KIND_RESIZE;
-  op.job_id = request.job_id();
-  op.expected_generation = request.expected_generation();
-  op.target_layout = std::move(target);
-  op.idempotency = MakeIdempotency(request.idempotency_key(), "Resize", request);
-  return CreateOperation(std::move(op));
+  return CreateOperation(
+      PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
+                         MakeIdempotency(request.idempotency_key(), "Resize", request)));
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request) {
-  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
-  if (!request.has_placement()) return absl::InvalidArgumentError("placement is required");
-  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
-  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  absl::StatusOr<v1::Job> job =
+      LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
 
   v1::Layout target;
@@ -150,13 +164,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
   }
-  NewOperation op;
-  op.kind = v1::OPERATION_KIND_MIGRATE;
-  op.job_id = request.job_id();
-  op.expected_generation = request.expected_generation();
-  op.target_layout = std::move(target);
-  op.idempotency = MakeIdempotency(request.idempotency_key(), "Migrate", request);
-  return CreateOperation(std::move(op));
+  return CreateOperation(
+      PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
+                         MakeIdempotency(request.idempotency_key(), "Migrate", request)));
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(

@@ -56,6 +56,11 @@ class SchedulerApi {
  private:
   /// The job with its PTC; NotFound names the job.
   [[nodiscard]] absl::StatusOr<v1::Job> LoadJobWithPtc(const std::string& job_id);
+  // Resize and Migrate: checks the request's job id, placement presence and
+  // expected generation, then loads the job with its PTC.
+  [[nodiscard]] absl::StatusOr<v1::Job> LoadForNewPlacement(const std::string& job_id,
+                                                            bool has_placement,
+                                                            int64_t expected_generation);
   /// Mints the id and asks the store (which checks existence, idempotency,
   /// generation and the active operation atomically).
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
