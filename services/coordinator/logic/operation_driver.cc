@@ -2,6 +2,8 @@
 // step (operation_steps.cc), final states and gauges.
 #include "services/coordinator/logic/operation_driver.h"
 
+#include <algorithm>
+#include <map>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -211,6 +213,27 @@ void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
     degraded = static_cast<int64_t>(jobs->size());
   }
   metrics_->SetJobsWithLostHosts(degraded);
+
+  // Unfinished operations (at most one per job) by state, and the oldest's age.
+  absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
+  if (!active.ok()) {
+    RESHARD_LOG(WARNING) << "operation gauges not refreshed: " << active.status();
+    return;
+  }
+  std::map<v1::OperationState, int64_t> op_counts = {{v1::OPERATION_STATE_PENDING, 0},
+                                                     {v1::OPERATION_STATE_PLANNED, 0},
+                                                     {v1::OPERATION_STATE_TRANSFERRING, 0}};
+  int64_t oldest_created_ms = now;
+  for (const std::string& id : *active) {
+    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+    if (!record.ok()) continue;  // finished or deleted since the listing
+    auto it = op_counts.find(record->op.state());
+    if (it == op_counts.end()) continue;
+    ++it->second;
+    oldest_created_ms = std::min(oldest_created_ms, record->op.created_unix_ms());
+  }
+  for (const auto& [state, count] : op_counts) metrics_->SetActiveOperations(state, count);
+  metrics_->SetOldestActiveOperationSeconds(static_cast<double>(now - oldest_created_ms) / 1000.0);
   gauges_refreshed_ms_ = now;
 }
 

@@ -119,6 +119,16 @@ struct CoordinatorMetrics::Impl {
                            .Name("reshard_coordinator_store_duration_seconds")
                            .Help("Store statement time (transaction included), by statement.")
                            .Register(*registry)),
+        active_operations(prometheus::BuildGauge()
+                              .Name("reshard_coordinator_active_operations")
+                              .Help("Unfinished operations by state (pending, planned, "
+                                    "transferring); set by the leader.")
+                              .Register(*registry)),
+        oldest_active_family(prometheus::BuildGauge()
+                                 .Name("reshard_coordinator_oldest_active_operation_seconds")
+                                 .Help("Age of the oldest unfinished operation, 0 when none; set "
+                                       "by the leader.")
+                                 .Register(*registry)),
         leader_family(prometheus::BuildGauge()
                           .Name("reshard_coordinator_leader")
                           .Help("1 on the replica that drives operations, else 0.")
@@ -126,6 +136,7 @@ struct CoordinatorMetrics::Impl {
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
+        oldest_active(oldest_active_family.Add({})),
         leader(leader_family.Add({})),
         rpc_series(rpc_duration, LatencyBuckets()),
         store_series(store_duration, LatencyBuckets()) {}
@@ -139,19 +150,36 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& hosts;
   prometheus::Family<prometheus::Histogram>& rpc_duration;
   prometheus::Family<prometheus::Histogram>& store_duration;
+  prometheus::Family<prometheus::Gauge>& active_operations;
+  prometheus::Family<prometheus::Gauge>& oldest_active_family;
   prometheus::Family<prometheus::Gauge>& leader_family;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
   prometheus::Counter& planned_cross_host;
   prometheus::Gauge& lost_hosts_jobs;
+  prometheus::Gauge& oldest_active;
   prometheus::Gauge& leader;
   HistogramCache rpc_series;
   HistogramCache store_series;
 };
 
 CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> registry)
-    : impl_(std::make_unique<Impl>(std::move(registry))) {}
+    : impl_(std::make_unique<Impl>(std::move(registry))) {
+  for (v1::OperationState state : {v1::OPERATION_STATE_PENDING, v1::OPERATION_STATE_PLANNED,
+                                   v1::OPERATION_STATE_TRANSFERRING}) {
+    SetActiveOperations(state, 0);
+  }
+  // Every (kind, final result) series from the start, at 0, so that
+  // increase() and alerts see an operation's first failure.
+  for (v1::OperationKind kind :
+       {v1::OPERATION_KIND_RESIZE, v1::OPERATION_KIND_MIGRATE, v1::OPERATION_KIND_RECOVER}) {
+    for (v1::OperationState result :
+         {v1::OPERATION_STATE_COMMITTED, v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED}) {
+      impl_->operations.Add({{"kind", KindLabel(kind)}, {"result", OperationStateLabel(result)}});
+    }
+  }
+}
 
 CoordinatorMetrics::~CoordinatorMetrics() = default;
 
@@ -190,6 +218,15 @@ void CoordinatorMetrics::RpcDone(const std::string& method, const std::string& c
 
 void CoordinatorMetrics::StoreStatement(const std::string& statement, double seconds) {
   impl_->store_series.Get({{"statement", statement}}).Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::SetActiveOperations(v1::OperationState state, int64_t count) {
+  impl_->active_operations.Add({{"state", OperationStateLabel(state)}})
+      .Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::SetOldestActiveOperationSeconds(double seconds) {
+  impl_->oldest_active.Set(seconds < 0 ? 0 : seconds);
 }
 
 void CoordinatorMetrics::SetLeader(bool leader) { impl_->leader.Set(leader ? 1 : 0); }

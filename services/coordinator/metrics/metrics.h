@@ -35,6 +35,11 @@ class CoordinatorMetrics {
   void RpcDone(const std::string& method, const std::string& code, double seconds);
   /// reshard_coordinator_store_duration_seconds{statement} (histogram).
   void StoreStatement(const std::string& statement, double seconds);
+  /// reshard_coordinator_active_operations{state} (gauge: pending, planned,
+  /// transferring) and reshard_coordinator_oldest_active_operation_seconds
+  /// (gauge: age of the oldest unfinished operation, 0 when none).
+  void SetActiveOperations(v1::OperationState state, int64_t count);
+  void SetOldestActiveOperationSeconds(double seconds);
   /// reshard_coordinator_leader (gauge, 1 on the replica driving operations).
   void SetLeader(bool leader);
 

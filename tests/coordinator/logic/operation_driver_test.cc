@@ -317,6 +317,36 @@ TEST_F(OperationDriverTest, TransferTimesOut) {
   EXPECT_THAT(after.error(), HasSubstr("over transfer_timeout_ms 60000"));
 }
 
+TEST_F(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
+  OperationDriver::Options options;
+  options.transfer_timeout_ms = 60000;
+  driver_ = MakeDriver(store_, options);
+  const v1::Job job = Register(SmallJob("gauged"));
+  RegisterAgents({"h0", "h1", "h2"});
+  const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(kLeaseMs);
+    for (const std::string host : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(host).ok());
+    Tick();
+  }
+  ASSERT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_TRANSFERRING);
+  EXPECT_EQ(MetricValue("reshard_coordinator_active_operations", {{"state", "transferring"}}), 1);
+  EXPECT_EQ(MetricValue("reshard_coordinator_active_operations", {{"state", "pending"}}), 0);
+  EXPECT_EQ(MetricValue("reshard_coordinator_oldest_active_operation_seconds", {}),
+            (clock_.NowUnixMs() - Op(op.id()).created_unix_ms()) / 1000.0);
+  EXPECT_GT(MetricValue("reshard_coordinator_oldest_active_operation_seconds", {}),
+            kLeaseMs / 1000.0);
+
+  for (int i = 0; i < 7; ++i) {  // past the transfer timeout: ABORTED
+    clock_.Advance(kLeaseMs);
+    for (const std::string host : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(host).ok());
+    Tick();
+  }
+  ASSERT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_EQ(MetricValue("reshard_coordinator_active_operations", {{"state", "transferring"}}), 0);
+  EXPECT_EQ(MetricValue("reshard_coordinator_oldest_active_operation_seconds", {}), 0);
+}
+
 TEST_F(OperationDriverTest, NewDriverResumesAfterRestart) {
   const v1::Job job = Register(SmallJob("restart"));
   const v1::Job pending_job = Register(SmallJob("restart-pending"));
