@@ -26,6 +26,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"heartbeat-ms", "RESHARD_HEARTBEAT_MS"},
       {"copy-threads", "RESHARD_COPY_THREADS"},
       {"log-level", "RESHARD_LOG_LEVEL"},
+      {"metrics-listen", "RESHARD_METRICS_LISTEN"},
   };
   return *flags;
 }
@@ -41,16 +42,45 @@ absl::Status ParseInt(const std::string& flag, const std::string& text, int64_t 
   return absl::OkStatus();
 }
 
+// HOST:PORT or [V6]:PORT with a port in [0, 65535] (0: any free port).
+absl::Status CheckHostPort(const std::string& flag, const std::string& env,
+                           const std::string& text) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, " (", env, ") \"", text, "\": ", why));
+  };
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos) return bad("expected HOST:PORT");
+  std::string host = text.substr(0, colon);
+  const std::string port = text.substr(colon + 1);
+  if (absl::StartsWith(host, "[")) {
+    if (host.size() < 3 || host.back() != ']') return bad("expected [IPV6]:PORT");
+    host = host.substr(1, host.size() - 2);
+  } else if (host.find(':') != std::string::npos) {
+    return bad("an IPv6 address needs brackets: [ADDR]:PORT");
+  }
+  if (host.empty()) return bad("the host is empty (use 0.0.0.0 for every interface)");
+  if (host.find_first_of(" \t/") != std::string::npos) return bad("the host has '/' or spaces");
+  int64_t p = 0;
+  if (port.empty() || !absl::SimpleAtoi(port, &p) || p < 0 || p > 65535) {
+    return bad("the port must be an integer in [0, 65535]");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string AgentUsage() {
   return "usage: reshard-agent --coordinator HOST:PORT --worker-socket PATH [--host-id ID]\n"
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--ucx-net-devices DEVS]\n"
          "  [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N] [--log-level LEVEL]\n"
+         "  [--metrics-listen HOST:PORT]\n"
+         "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
+         "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
          "RESHARD_COORDINATOR, RESHARD_WORKER_SOCKET, RESHARD_AGENT_ADDRESS, RESHARD_SHM_DIR,\n"
          "RESHARD_MEMORY_LIMIT_BYTES, UCX_NET_DEVICES, UCX_TLS, RESHARD_HEARTBEAT_MS,\n"
-         "RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL); flags win.\n";
+         "RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL, RESHARD_METRICS_LISTEN); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -95,6 +125,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
   get("ucx-net-devices", &c.ucx_net_devices);
   get("ucx-tls", &c.ucx_tls);
   get("log-level", &c.log_level);
+  get("metrics-listen", &c.metrics_listen);
   int64_t v = 0;
   if (auto it = values.find("memory-limit-bytes"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, 1, int64_t{1} << 50, &v);
@@ -134,6 +165,10 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
   }
   if (c.shm_dir.empty()) return absl::InvalidArgumentError("--shm-dir must not be empty");
   if (c.address.empty()) c.address = "unix:" + c.worker_socket;
+  if (!c.metrics_listen.empty()) {
+    absl::Status s = CheckHostPort("metrics-listen", "RESHARD_METRICS_LISTEN", c.metrics_listen);
+    if (!s.ok()) return s;
+  }
   LogSeverity sev;
   if (!ParseLogSeverity(c.log_level, &sev)) {
     return absl::InvalidArgumentError(

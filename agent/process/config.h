@@ -24,6 +24,9 @@ struct AgentConfig {
   int heartbeat_ms = 0;                            // --heartbeat-ms; 0: a third of the lease
   int copy_threads = 4;                            // --copy-threads
   std::string log_level = "info";                  // --log-level, RESHARD_LOG_LEVEL
+  /// Prometheus /metrics address HOST:PORT (port 0: any free port); empty:
+  /// no metrics served. --metrics-listen, RESHARD_METRICS_LISTEN.
+  std::string metrics_listen;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

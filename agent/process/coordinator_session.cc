@@ -125,6 +125,7 @@ absl::Status CoordinatorSession::Register() {
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
   absl::Status s = FromGrpc(stub_->RegisterAgent(&ctx, req, &resp));
+  if (options_.metrics != nullptr) options_.metrics->RegisterDone(s.ok());
   if (!s.ok()) return s;
   epoch_.store(resp.epoch());
   if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
@@ -157,6 +158,7 @@ void CoordinatorSession::Loop() {
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp));
+    if (options_.metrics != nullptr) options_.metrics->HeartbeatDone(s.ok());
     int period = options_.heartbeat_ms > 0
                      ? options_.heartbeat_ms
                      : static_cast<int>(std::max<int64_t>(lease_ms_.load() / 3, 10));
@@ -276,7 +278,21 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
                     << task.from_generation() << " -> " << task.to_generation() << ", "
                     << task.plan().steps_size() << " steps here";
 
+  AgentMetrics* metrics = options_.metrics;
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t token = metrics != nullptr ? metrics->TaskStarted() : 0;
   std::atomic<int64_t> done{0}, total{0};
+  // Ends the task in the metrics: takes its bytes out of the progress gauges
+  // (counting the rest as written when it succeeded) and records the result.
+  auto finish_metrics = [&](TaskResult r) {
+    if (metrics == nullptr) return;
+    const int64_t d = done.load(), t = total.load();
+    if (r == TaskResult::kDone && t > d) metrics->TaskProgress(t - d, 0);
+    const int64_t shown = r == TaskResult::kDone ? std::max(d, t) : d;
+    metrics->TaskProgress(-shown, -t);
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - started;
+    metrics->TaskFinished(token, r, seconds.count());
+  };
   std::atomic<bool> exec_finished{false};
   absl::StatusOr<std::vector<v1::ShardChecksum>> result =
       absl::UnknownError("operation did not run");
@@ -299,8 +315,9 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
       result = executor_->Execute(
           host, task,
           [&](int64_t d, int64_t t) {
-            done.store(d);
-            total.store(t);
+            const int64_t prev_done = done.exchange(d);
+            const int64_t prev_total = total.exchange(t);
+            if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
           },
           [&] { return op->cancel.load() || stopping_.load(); });
     }
@@ -337,6 +354,7 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   if (abort || stopping_.load()) {
     // The executor dropped the new buffers; the coordinator knows already,
     // or learns it from the lease.
+    finish_metrics(TaskResult::kAborted);
     op->finished.store(true);
     return;
   }
@@ -364,6 +382,9 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     // Committed nowhere: the coordinator discards the generation too.
     store_->DropGeneration(task.job_id(), task.to_generation());
   }
+  finish_metrics(!result.ok() ? TaskResult::kFailed
+                 : abort      ? TaskResult::kAborted
+                              : TaskResult::kDone);
   op->finished.store(true);
 }
 

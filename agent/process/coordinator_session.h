@@ -20,6 +20,7 @@
 
 #include "absl/status/status.h"
 #include "agent/executor/executor.h"
+#include "agent/process/metrics.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "grpcpp/grpcpp.h"
@@ -42,7 +43,8 @@ class CoordinatorSession {
     std::string host_id;
     std::string address;  // what peers and workers use to reach this agent
     int64_t memory_limit_bytes = 0;
-    int heartbeat_ms = 0;  // 0: a third of the lease
+    int heartbeat_ms = 0;             // 0: a third of the lease
+    AgentMetrics* metrics = nullptr;  // not owned; null: no metrics
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.

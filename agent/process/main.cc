@@ -4,20 +4,26 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <iostream>
 #include <memory>
+#include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent/executor/executor.h"
 #include "agent/process/config.h"
 #include "agent/process/coordinator_session.h"
+#include "agent/process/metrics.h"
 #include "agent/process/worker_service.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
 #include "common/signals.h"
 #include "grpcpp/grpcpp.h"
+#include "prometheus/exposer.h"
+#include "prometheus/registry.h"
 
 namespace {
 
@@ -66,10 +72,34 @@ int main(int argc, char** argv) {
   exec_options.copy_threads = config->copy_threads;
   TaskExecutor executor(store->get(), transport->get(), exec_options);
 
+  AgentMetrics metrics(std::make_shared<prometheus::Registry>());
+  ShardStore* shard_store = store->get();
+  metrics.SetRefresh([&metrics, shard_store] {
+    std::set<std::pair<std::string, int64_t>> generations;
+    const std::vector<RankBufferKey> keys = shard_store->List();
+    for (const RankBufferKey& k : keys) generations.insert({k.job_id, k.generation});
+    metrics.SetShardStore(shard_store->used_bytes(), shard_store->limit_bytes(),
+                          static_cast<int64_t>(generations.size()),
+                          static_cast<int64_t>(keys.size()));
+  });
+  std::unique_ptr<prometheus::Exposer> exposer;
+  if (!config->metrics_listen.empty()) {
+    try {
+      exposer = std::make_unique<prometheus::Exposer>(config->metrics_listen);
+      exposer->RegisterCollectable(metrics.collectable());
+    } catch (const std::exception& e) {
+      return Fail("--metrics-listen \"" + config->metrics_listen +
+                  "\": cannot serve /metrics there: " + e.what());
+    }
+    const std::vector<int> ports = exposer->GetListeningPorts();
+    RESHARD_LOG(INFO) << "host " << config->host_id << ": /metrics on port "
+                      << (ports.empty() ? 0 : ports.front());
+  }
+
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(config->coordinator, grpc::InsecureChannelCredentials());
 
-  WorkerServiceImpl worker_service(store->get(), channel);
+  WorkerServiceImpl worker_service(store->get(), channel, &metrics);
   unlink(config->worker_socket.c_str());  // a stale socket of an earlier run
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config->worker_socket, grpc::InsecureServerCredentials());
@@ -82,6 +112,7 @@ int main(int argc, char** argv) {
   session_options.address = config->address;
   session_options.memory_limit_bytes = config->memory_limit_bytes;
   session_options.heartbeat_ms = config->heartbeat_ms;
+  session_options.metrics = &metrics;
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   session.Start();
 
@@ -93,6 +124,7 @@ int main(int argc, char** argv) {
   session.Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*transport)->Shutdown();
+  exposer.reset();
   unlink(config->worker_socket.c_str());
   return 0;
 }

@@ -20,6 +20,21 @@ absl::Status CheckKey(const std::string& job_id, int64_t generation, int32_t ran
   return absl::OkStatus();
 }
 
+// Runs a handler body, recording its time and status code (named like the
+// coordinator's `code` label: "OK", "INVALID_ARGUMENT", ...).
+template <typename Body>
+grpc::Status Timed(AgentMetrics* metrics, const char* method, Body&& body) {
+  const auto start = std::chrono::steady_clock::now();
+  grpc::Status status = body();
+  if (metrics != nullptr) {
+    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
+    metrics->WorkerRpcDone(
+        method, absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
+        seconds.count());
+  }
+  return status;
+}
+
 int WorldSize(const v1::Layout& layout) {
   const v1::ParallelConfig& c = layout.config();
   return c.tp() * c.pp() * c.dp();
@@ -27,8 +42,26 @@ int WorldSize(const v1::Layout& layout) {
 
 }  // namespace
 
-WorkerServiceImpl::WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator)
-    : store_(store), stub_(v1::CoordinatorService::NewStub(coordinator)) {}
+WorkerServiceImpl::WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator,
+                                     AgentMetrics* metrics)
+    : store_(store), metrics_(metrics), stub_(v1::CoordinatorService::NewStub(coordinator)) {}
+
+grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext*,
+                                             const v1::PublishShardRequest* req,
+                                             v1::PublishShardResponse* resp) {
+  return Timed(metrics_, "PublishShard", [&] { return DoPublishShard(req, resp); });
+}
+
+grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext*, const v1::SealShardRequest* req,
+                                          v1::SealShardResponse* resp) {
+  return Timed(metrics_, "SealShard", [&] { return DoSealShard(req, resp); });
+}
+
+grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext*,
+                                               const v1::OpenGenerationRequest* req,
+                                               v1::OpenGenerationResponse* resp) {
+  return Timed(metrics_, "OpenGeneration", [&] { return DoOpenGeneration(req, resp); });
+}
 
 absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerServiceImpl::Lookup(
     const std::string& job_id, int64_t generation, bool require_current) {
@@ -93,9 +126,8 @@ void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuf
   }
 }
 
-grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext*,
-                                             const v1::PublishShardRequest* req,
-                                             v1::PublishShardResponse* resp) {
+grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* req,
+                                               v1::PublishShardResponse* resp) {
   absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
   if (!s.ok()) return ToGrpc(s);
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
@@ -127,8 +159,8 @@ grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext*,
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext*, const v1::SealShardRequest* req,
-                                          v1::SealShardResponse* resp) {
+grpc::Status WorkerServiceImpl::DoSealShard(const v1::SealShardRequest* req,
+                                            v1::SealShardResponse* resp) {
   absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
   if (!s.ok()) return ToGrpc(s);
   std::vector<uint64_t> expected(req->expected_checksums().begin(),
@@ -140,9 +172,8 @@ grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext*, const v1::SealSh
   return grpc::Status::OK;
 }
 
-grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext*,
-                                               const v1::OpenGenerationRequest* req,
-                                               v1::OpenGenerationResponse* resp) {
+grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest* req,
+                                                 v1::OpenGenerationResponse* resp) {
   absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
   if (!s.ok()) return ToGrpc(s);
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "agent/process/metrics.h"
 #include "agent/shard_store/shard_store.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
@@ -21,8 +22,11 @@ namespace reshard::agent {
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  /// `store` is not owned; `coordinator` reaches CoordinatorService.
-  WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator);
+  /// `store` and `metrics` (may be null) are not owned; `coordinator`
+  /// reaches CoordinatorService. Every handler is timed into
+  /// reshard_agent_worker_rpc_duration_seconds{method, code}.
+  WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator,
+                    AgentMetrics* metrics = nullptr);
 
   grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
                             v1::PublishShardResponse* resp) override;
@@ -32,6 +36,11 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                               v1::OpenGenerationResponse* resp) override;
 
  private:
+  grpc::Status DoPublishShard(const v1::PublishShardRequest* req, v1::PublishShardResponse* resp);
+  grpc::Status DoSealShard(const v1::SealShardRequest* req, v1::SealShardResponse* resp);
+  grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
+                                v1::OpenGenerationResponse* resp);
+
   struct JobGeneration {
     v1::Ptc ptc;
     v1::Layout layout;
@@ -47,6 +56,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                             google::protobuf::RepeatedPtrField<v1::WorkerItem>* items);
 
   ShardStore* store_;
+  AgentMetrics* metrics_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;

@@ -49,5 +49,32 @@ TEST(AgentConfigTest, RefusesBadInput) {
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--heartbeat-ms"})));
 }
 
+TEST(AgentConfigTest, MetricsListen) {
+  const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
+  absl::StatusOr<AgentConfig> off = Parse(base);
+  ASSERT_TRUE(off.ok()) << off.status();
+  EXPECT_EQ(off->metrics_listen, "");  // disabled by default
+
+  absl::StatusOr<AgentConfig> env = Parse(base, {{"RESHARD_METRICS_LISTEN", "0.0.0.0:9465"}});
+  ASSERT_TRUE(env.ok()) << env.status();
+  EXPECT_EQ(env->metrics_listen, "0.0.0.0:9465");
+
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--metrics-listen=[::1]:0"});
+  absl::StatusOr<AgentConfig> flag = Parse(args, {{"RESHARD_METRICS_LISTEN", "0.0.0.0:9465"}});
+  ASSERT_TRUE(flag.ok()) << flag.status();
+  EXPECT_EQ(flag->metrics_listen, "[::1]:0");  // the flag wins
+
+  for (const std::string bad : {"9465", "host:", ":9465", "h:70000", "h:x", "::1:9", "[::1]"}) {
+    std::vector<std::string> a = base;
+    a.insert(a.end(), {"--metrics-listen", bad});
+    absl::Status s = Parse(a).status();
+    EXPECT_TRUE(absl::IsInvalidArgument(s)) << bad << ": " << s;
+    // The message names the flag and the value.
+    EXPECT_NE(s.message().find("--metrics-listen"), std::string::npos) << s;
+    EXPECT_NE(s.message().find("\"" + bad + "\""), std::string::npos) << s;
+  }
+}
+
 }  // namespace
 }  // namespace reshard::agent

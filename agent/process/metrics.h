@@ -1,0 +1,70 @@
+// The agent's Prometheus metrics, declared in one place. Names:
+// reshard_agent_<thing>_<unit>. Serving them (prometheus-cpp::pull, the
+// --metrics-listen flag) is main.cc's business. Thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+namespace prometheus {
+class Collectable;
+class Registry;
+}  // namespace prometheus
+
+namespace reshard::agent {
+
+/// How a host task ended, the `result` label of the task metrics.
+enum class TaskResult { kDone, kFailed, kAborted };
+
+/// "done", "failed", "aborted".
+const char* TaskResultLabel(TaskResult result);
+
+class AgentMetrics {
+ public:
+  /// Registers every family in `registry`.
+  explicit AgentMetrics(std::shared_ptr<prometheus::Registry> registry);
+  ~AgentMetrics();
+  AgentMetrics(const AgentMetrics&) = delete;
+  AgentMetrics& operator=(const AgentMetrics&) = delete;
+
+  /// reshard_agent_tasks_started_total, reshard_agent_tasks_running +1.
+  /// Returns the task's token for TaskFinished.
+  int64_t TaskStarted();
+  /// reshard_agent_task_progress_bytes / reshard_agent_task_total_bytes
+  /// (gauges, summed over running tasks) move by the deltas;
+  /// reshard_agent_task_bytes_written_total grows by a positive `done_delta`.
+  void TaskProgress(int64_t done_delta, int64_t total_delta);
+  /// reshard_agent_tasks_finished_total{result},
+  /// reshard_agent_task_duration_seconds{result} (histogram),
+  /// reshard_agent_tasks_running -1.
+  void TaskFinished(int64_t token, TaskResult result, double seconds);
+
+  /// reshard_agent_shard_store_used_bytes, reshard_agent_shard_store_limit_bytes,
+  /// reshard_agent_generations_held, reshard_agent_rank_buffers_held (gauges).
+  void SetShardStore(int64_t used_bytes, int64_t limit_bytes, int64_t generations,
+                     int64_t rank_buffers);
+
+  /// reshard_agent_coordinator_reachable (gauge 0/1); a failure also counts
+  /// reshard_agent_heartbeat_failures_total.
+  void HeartbeatDone(bool ok);
+  /// reshard_agent_registrations_total{result="ok"|"error"}.
+  void RegisterDone(bool ok);
+
+  /// reshard_agent_worker_rpc_duration_seconds{method, code} (histogram).
+  void WorkerRpcDone(const std::string& method, const std::string& code, double seconds);
+
+  /// `refresh` runs before every collection (e.g. to read the shard store's
+  /// gauges); it must not call Collect. Set before serving.
+  void SetRefresh(std::function<void()> refresh);
+  /// What the HTTP exposer serves: runs the refresh hook, computes
+  /// reshard_agent_task_oldest_running_seconds, then collects the registry.
+  std::shared_ptr<prometheus::Collectable> collectable() const;
+
+ private:
+  struct Impl;
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace reshard::agent

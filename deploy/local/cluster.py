@@ -1,0 +1,397 @@
+#!/usr/bin/python3
+"""A throwaway reshard cluster on this machine.
+
+LocalCluster starts a private PostgreSQL (initdb in a temporary directory, a
+free loopback port), one reshard-coordinator and N reshard-agent processes,
+each agent a "host" with its own shared-memory directory and worker socket,
+all talking UCX over TCP on the loopback device. Everything it starts runs in
+its own process group, dies with the Python process (PR_SET_PDEATHSIG), and is
+stopped and removed by stop() (also on exit, SIGINT and SIGTERM).
+
+Used by the main job (deploy/local/main_job.py), the Python and reshardctl
+test suites and the Prometheus test. As a program it starts a cluster and
+waits until interrupted, printing how to reach it:
+
+    /usr/bin/python3 deploy/local/cluster.py --build build --hosts 4
+"""
+
+import argparse
+import atexit
+import ctypes
+import os
+import pwd
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ClusterError(RuntimeError):
+    """A part of the local cluster could not be started."""
+
+
+def free_port():
+    """A loopback TCP port nobody listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _pg_bindir():
+    explicit = os.environ.get("RESHARD_PG_BINDIR")
+    candidates = [explicit] if explicit else []
+    root = "/usr/lib/postgresql"
+    if os.path.isdir(root):
+        versions = sorted(os.listdir(root), key=lambda v: [int(x) for x in v.split(".") if x.isdigit()])
+        candidates += [os.path.join(root, v, "bin") for v in reversed(versions)]
+    for d in candidates:
+        if os.access(os.path.join(d, "initdb"), os.X_OK) and os.access(os.path.join(d, "postgres"), os.X_OK):
+            return d
+    raise ClusterError("no PostgreSQL server binaries (initdb, postgres) found: install the Debian "
+                       "package postgresql or set RESHARD_PG_BINDIR")
+
+
+def _child_setup(uid=None, gid=None):
+    def setup():
+        if gid is not None:
+            os.setgid(gid)
+        if uid is not None:
+            os.setuid(uid)
+        # After the uid change: changing credentials clears the death signal.
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    return setup
+
+
+class _Process:
+    """A child in its own process group whose output goes to a log file; it can
+    wait for a line that starts with a given prefix."""
+
+    def __init__(self, name, argv, log_path, env=None, uid=None, gid=None, cwd=None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self._lines = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._log = open(log_path, "ab", buffering=0)
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd,
+                                     start_new_session=True, preexec_fn=_child_setup(uid, gid))
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def _read(self):
+        for raw in self.proc.stdout:
+            self._log.write(raw)
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._cv:
+                self._lines.append(line)
+                if len(self._lines) > 2000:
+                    del self._lines[:1000]
+                self._cv.notify_all()
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+
+    def wait_for_line(self, prefix, timeout):
+        deadline = time.monotonic() + timeout
+        seen = 0
+        with self._cv:
+            while True:
+                for line in self._lines[seen:]:
+                    if line.startswith(prefix):
+                        return line
+                seen = len(self._lines)
+                left = deadline - time.monotonic()
+                if self._closed or left <= 0:
+                    break
+                self._cv.wait(left)
+        status = self.proc.poll()
+        why = f"exited with status {status}" if status is not None else f"no '{prefix}' within {timeout} s"
+        raise ClusterError(f"{self.name} {why}; last output:\n{self.tail()}")
+
+    def tail(self, lines=20):
+        with self._cv:
+            return "\n".join(self._lines[-lines:])
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def send_signal(self, sig):
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, sig=signal.SIGTERM, timeout=10.0):
+        self.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.send_signal(signal.SIGKILL)
+            self.proc.wait()
+        self._reader.join(timeout=2)
+        self._log.close()
+
+
+class Agent:
+    """One reshard-agent: a host of the local cluster."""
+
+    def __init__(self, host_id, worker_socket, shm_dir, metrics):
+        self.host_id = host_id
+        self.worker_socket = worker_socket
+        self.shm_dir = shm_dir
+        self.metrics = metrics  # "127.0.0.1:PORT" or None
+        self.process = None
+
+    @property
+    def pid(self):
+        return self.process.pid if self.process else None
+
+    def alive(self):
+        return self.process is not None and self.process.alive()
+
+
+class LocalCluster:
+    """PostgreSQL + reshard-coordinator + `hosts` reshard-agents on this machine.
+
+    Use as a context manager, or call start() and stop(). Attributes once
+    started: coordinator ("127.0.0.1:PORT"), coordinator_metrics, dsn,
+    host_ids, agents (host id -> Agent), reshardctl (path), work_dir.
+    """
+
+    def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
+                 memory_limit_bytes=4 << 30, lease_ms=3000, tick_ms=100, log=None):
+        self.build_dir = os.path.abspath(build_dir)
+        self.hosts = hosts
+        self.devices_per_host = devices_per_host
+        self.agent_metrics = agent_metrics
+        self.memory_limit_bytes = memory_limit_bytes
+        self.lease_ms = lease_ms
+        self.tick_ms = tick_ms
+        self._log = log or (lambda msg: None)
+        self._requested_work_dir = work_dir
+        self.work_dir = None
+        self.coordinator = None
+        self.coordinator_metrics = None
+        self.dsn = None
+        self.host_ids = [f"host-{i}" for i in range(hosts)]
+        self.agents = {}
+        self._pg = None
+        self._pg_dir = None
+        self._coordinator_proc = None
+        self._stopped = False
+        self._lock = threading.Lock()
+        self.coordinator_bin = self._binary("services/coordinator/server/reshard-coordinator")
+        self.agent_bin = self._binary("agent/process/reshard-agent")
+        self.reshardctl = os.path.join(self.build_dir, "client/cli/reshardctl")
+
+    def _binary(self, rel):
+        path = os.path.join(self.build_dir, rel)
+        if not os.access(path, os.X_OK):
+            raise ClusterError(f"{path} not found: build first (scripts/build.sh)")
+        return path
+
+    # ----------------------------------------------------------------- start
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc):
+        self.stop()
+        return False
+
+    def start(self):
+        atexit.register(self.stop)
+        try:
+            base = "/dev/shm" if os.path.isdir("/dev/shm") else None
+            self.work_dir = self._requested_work_dir or tempfile.mkdtemp(prefix="reshard-local-", dir=base)
+            os.makedirs(self.work_dir, exist_ok=True)
+            self._start_postgres()
+            self._start_coordinator()
+            for host in self.host_ids:
+                self.agents[host] = Agent(
+                    host, os.path.join(self.work_dir, host, "worker.sock"),
+                    os.path.join(self.work_dir, host, "shm"),
+                    f"127.0.0.1:{free_port()}" if self.agent_metrics else None)
+                self.start_agent(host)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_postgres(self):
+        bindir = _pg_bindir()
+        uid = gid = None
+        if os.geteuid() == 0:
+            try:
+                pw = pwd.getpwnam("postgres")
+            except KeyError:
+                raise ClusterError("running as root but there is no `postgres` user to run PostgreSQL as")
+            uid, gid = pw.pw_uid, pw.pw_gid
+        self._pg_dir = tempfile.mkdtemp(prefix="reshard-local-pg-")
+        if uid is not None:
+            os.chown(self._pg_dir, uid, gid)
+        data = os.path.join(self._pg_dir, "data")
+        self._log(f"cluster: initdb {data}")
+        init = subprocess.run(
+            [os.path.join(bindir, "initdb"), "-D", data, "-U", "reshard", "--auth=trust", "--no-sync",
+             "-E", "UTF8", "--locale=C", "--no-instructions"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_child_setup(uid, gid),
+            cwd=self._pg_dir)
+        if init.returncode != 0:
+            raise ClusterError(f"initdb failed:\n{init.stdout.decode(errors='replace')}")
+        last = ""
+        for _ in range(5):  # another process may take the port between probe and bind
+            port = free_port()
+            self._pg = _Process(
+                "postgres",
+                [os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", self._pg_dir,
+                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
+                 "-c", "max_connections=200", "-c", "shared_buffers=32MB"],
+                os.path.join(self._pg_dir, "postgres.log"), uid=uid, gid=gid, cwd=self._pg_dir)
+            try:
+                self._pg.wait_for_line("", 0.1)  # any output at all
+            except ClusterError:
+                pass
+            if self._wait_postgres(port):
+                self.dsn = f"host=127.0.0.1 port={port} user=reshard dbname=postgres"
+                self._log(f"cluster: postgresql on 127.0.0.1:{port}")
+                return
+            last = self._pg.tail()
+            self._pg.stop(signal.SIGKILL)
+            self._pg = None
+        raise ClusterError(f"postgres did not start:\n{last}")
+
+    def _wait_postgres(self, port, timeout=30.0):
+        pg_isready = os.path.join(_pg_bindir(), "pg_isready")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self._pg.alive():
+                return False
+            r = subprocess.run([pg_isready, "-q", "-h", "127.0.0.1", "-p", str(port)])
+            if r.returncode == 0:
+                return True
+            time.sleep(0.1)
+        return False
+
+    def _start_coordinator(self):
+        argv = [self.coordinator_bin, "serve", "--dsn", self.dsn, "--listen", "127.0.0.1:0",
+                "--metrics-listen", "127.0.0.1:0", "--lease-ms", str(self.lease_ms), "--tick-ms",
+                str(self.tick_ms), "--leader-retry-ms", "200", "--replica-id", "local-0"]
+        self._coordinator_proc = _Process("reshard-coordinator", argv,
+                                          os.path.join(self.work_dir, "coordinator.log"))
+        line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", 60)
+        # "reshard-coordinator listening on H:P metrics on H:M replica ID"
+        words = line.split()
+        self.coordinator = words[3]
+        self.coordinator_metrics = words[6]
+        self._log(f"cluster: reshard-coordinator on {self.coordinator} (metrics {self.coordinator_metrics})")
+
+    def start_agent(self, host_id):
+        """Starts (or restarts) the agent of `host_id` and waits until it serves workers."""
+        agent = self.agents[host_id]
+        os.makedirs(agent.shm_dir, exist_ok=True)
+        if os.path.exists(agent.worker_socket):
+            os.unlink(agent.worker_socket)
+        argv = [self.agent_bin, "--host-id", host_id, "--coordinator", self.coordinator,
+                "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
+                "--memory-limit-bytes", str(self.memory_limit_bytes), "--ucx-net-devices", "lo",
+                "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
+        if agent.metrics:
+            argv += ["--metrics-listen", agent.metrics]
+        env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
+        agent.process = _Process(f"reshard-agent {host_id}", argv,
+                                 os.path.join(self.work_dir, f"{host_id}.log"), env=env)
+        agent.process.wait_for_line(f"reshard-agent {host_id} ready worker-socket ", 60)
+        self._log(f"cluster: reshard-agent {host_id} ready (worker socket {agent.worker_socket})")
+        return agent
+
+    def kill_agent(self, host_id):
+        """SIGKILLs the agent of `host_id` (its shared memory stays, as on a crashed host)."""
+        agent = self.agents[host_id]
+        if agent.process:
+            agent.process.stop(signal.SIGKILL)
+        self._log(f"cluster: reshard-agent {host_id} killed")
+
+    def lose_host(self, host_id):
+        """The host is gone: its agent is killed and its shared memory removed."""
+        self.kill_agent(host_id)
+        shutil.rmtree(self.agents[host_id].shm_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ stop
+    def stop(self):
+        with self._lock:
+            if self._stopped:
+                return
+            self._stopped = True
+        for agent in self.agents.values():
+            if agent.process:
+                agent.process.stop()
+        if self._coordinator_proc:
+            self._coordinator_proc.stop()
+        if self._pg:
+            self._pg.stop(signal.SIGINT)  # fast shutdown
+        for d in (self.work_dir if not self._requested_work_dir else None, self._pg_dir):
+            if d:
+                shutil.rmtree(d, ignore_errors=True)
+        if self.work_dir and self._requested_work_dir:
+            for agent in self.agents.values():
+                shutil.rmtree(agent.shm_dir, ignore_errors=True)
+
+    def logs(self, lines=20):
+        """The last lines of every process's output, for error reports."""
+        parts = []
+        procs = [self._coordinator_proc] + [a.process for a in self.agents.values()]
+        for p in procs:
+            if p:
+                parts.append(f"--- {p.name} ---\n{p.tail(lines)}")
+        return "\n".join(parts)
+
+
+def _raise_keyboard_interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def install_signal_handlers():
+    """SIGTERM and SIGHUP unwind like Ctrl-C, so `with LocalCluster(...)` cleans up."""
+    signal.signal(signal.SIGTERM, _raise_keyboard_interrupt)
+    signal.signal(signal.SIGHUP, _raise_keyboard_interrupt)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "../../build"))
+    parser.add_argument("--hosts", type=int, default=4)
+    parser.add_argument("--devices-per-host", type=int, default=2)
+    args = parser.parse_args()
+    install_signal_handlers()
+    try:
+        with LocalCluster(args.build, hosts=args.hosts, devices_per_host=args.devices_per_host,
+                          log=print) as c:
+            print(f"coordinator {c.coordinator}  metrics http://{c.coordinator_metrics}/metrics")
+            for a in c.agents.values():
+                print(f"{a.host_id}: worker socket {a.worker_socket}"
+                      + (f"  metrics http://{a.metrics}/metrics" if a.metrics else ""))
+            print(f"try: {c.reshardctl} --coordinator {c.coordinator} hosts list")
+            print("Ctrl-C stops and removes everything.", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        print("\ncluster: stopped")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,137 @@
+// AgentMetrics (agent/process/metrics.h): what a scrape of the agent shows
+// after tasks, heartbeats and worker RPCs.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "agent/process/metrics.h"
+#include "prometheus/collectable.h"
+#include "prometheus/metric_family.h"
+#include "prometheus/registry.h"
+
+namespace reshard::agent {
+namespace {
+
+// One collection: "name{k=v,...}" -> value (counter, gauge or histogram count).
+std::map<std::string, double> Scrape(const AgentMetrics& m) {
+  std::map<std::string, double> out;
+  for (const prometheus::MetricFamily& f : m.collectable()->Collect()) {
+    for (const prometheus::ClientMetric& c : f.metric) {
+      std::string key = f.name + "{";
+      for (size_t i = 0; i < c.label.size(); ++i) {
+        key += (i ? "," : "") + c.label[i].name + "=" + c.label[i].value;
+      }
+      key += "}";
+      switch (f.type) {
+        case prometheus::MetricType::Counter:
+          out[key] = c.counter.value;
+          break;
+        case prometheus::MetricType::Gauge:
+          out[key] = c.gauge.value;
+          break;
+        case prometheus::MetricType::Histogram:
+          out[key] = static_cast<double>(c.histogram.sample_count);
+          out[f.name + "_sum" + key.substr(f.name.size())] = c.histogram.sample_sum;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return out;
+}
+
+TEST(AgentMetricsTest, ExportsEveryFamilyBeforeAnythingHappens) {
+  AgentMetrics m(std::make_shared<prometheus::Registry>());
+  std::map<std::string, double> s = Scrape(m);
+  for (const char* key :
+       {"reshard_agent_tasks_started_total{}", "reshard_agent_tasks_finished_total{result=done}",
+        "reshard_agent_tasks_finished_total{result=failed}",
+        "reshard_agent_tasks_finished_total{result=aborted}",
+        "reshard_agent_task_duration_seconds{result=done}",
+        "reshard_agent_task_bytes_written_total{}", "reshard_agent_tasks_running{}",
+        "reshard_agent_task_progress_bytes{}", "reshard_agent_task_total_bytes{}",
+        "reshard_agent_task_oldest_running_seconds{}", "reshard_agent_shard_store_used_bytes{}",
+        "reshard_agent_shard_store_limit_bytes{}", "reshard_agent_generations_held{}",
+        "reshard_agent_rank_buffers_held{}", "reshard_agent_coordinator_reachable{}",
+        "reshard_agent_heartbeat_failures_total{}", "reshard_agent_registrations_total{result=ok}",
+        "reshard_agent_registrations_total{result=error}"}) {
+    ASSERT_EQ(s.count(key), 1u) << key;
+    EXPECT_EQ(s[key], 0) << key;
+  }
+}
+
+TEST(AgentMetricsTest, TasksProgressAndFinish) {
+  AgentMetrics m(std::make_shared<prometheus::Registry>());
+  const int64_t a = m.TaskStarted();
+  const int64_t b = m.TaskStarted();
+  m.TaskProgress(100, 1000);  // a
+  m.TaskProgress(0, 500);     // b
+  m.TaskProgress(400, 0);     // a: 500 of 1000
+  std::map<std::string, double> s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_tasks_started_total{}"], 2);
+  EXPECT_EQ(s["reshard_agent_tasks_running{}"], 2);
+  EXPECT_EQ(s["reshard_agent_task_progress_bytes{}"], 500);
+  EXPECT_EQ(s["reshard_agent_task_total_bytes{}"], 1500);
+  EXPECT_EQ(s["reshard_agent_task_bytes_written_total{}"], 500);
+  EXPECT_GE(s["reshard_agent_task_oldest_running_seconds{}"], 0);
+
+  // a finishes: the rest of its bytes land, then it leaves the gauges.
+  m.TaskProgress(500, 0);
+  m.TaskProgress(-1000, -1000);
+  m.TaskFinished(a, TaskResult::kDone, 2.5);
+  // b fails having written nothing.
+  m.TaskProgress(0, -500);
+  m.TaskFinished(b, TaskResult::kFailed, 0.5);
+
+  s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_tasks_running{}"], 0);
+  EXPECT_EQ(s["reshard_agent_task_progress_bytes{}"], 0);
+  EXPECT_EQ(s["reshard_agent_task_total_bytes{}"], 0);
+  EXPECT_EQ(s["reshard_agent_task_bytes_written_total{}"], 1000);  // never decreases
+  EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=done}"], 1);
+  EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=failed}"], 1);
+  EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=aborted}"], 0);
+  EXPECT_EQ(s["reshard_agent_task_duration_seconds{result=done}"], 1);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_duration_seconds_sum{result=done}"], 2.5);
+  EXPECT_EQ(s["reshard_agent_task_oldest_running_seconds{}"], 0);
+}
+
+TEST(AgentMetricsTest, RefreshHookRunsAtEveryCollection) {
+  AgentMetrics m(std::make_shared<prometheus::Registry>());
+  int64_t used = 10;
+  m.SetRefresh([&] { m.SetShardStore(used, 100, 2, 3); });
+  std::map<std::string, double> s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_shard_store_used_bytes{}"], 10);
+  EXPECT_EQ(s["reshard_agent_shard_store_limit_bytes{}"], 100);
+  EXPECT_EQ(s["reshard_agent_generations_held{}"], 2);
+  EXPECT_EQ(s["reshard_agent_rank_buffers_held{}"], 3);
+  used = 70;
+  EXPECT_EQ(Scrape(m)["reshard_agent_shard_store_used_bytes{}"], 70);
+}
+
+TEST(AgentMetricsTest, HeartbeatsRegistrationsAndWorkerRpcs) {
+  AgentMetrics m(std::make_shared<prometheus::Registry>());
+  m.RegisterDone(true);
+  m.HeartbeatDone(true);
+  EXPECT_EQ(Scrape(m)["reshard_agent_coordinator_reachable{}"], 1);
+  m.HeartbeatDone(false);
+  m.HeartbeatDone(false);
+  m.RegisterDone(false);
+  m.WorkerRpcDone("PublishShard", "OK", 0.001);
+  m.WorkerRpcDone("PublishShard", "OK", 0.002);
+  m.WorkerRpcDone("SealShard", "DATA_LOSS", 0.003);
+  std::map<std::string, double> s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_coordinator_reachable{}"], 0);
+  EXPECT_EQ(s["reshard_agent_heartbeat_failures_total{}"], 2);
+  EXPECT_EQ(s["reshard_agent_registrations_total{result=ok}"], 1);
+  EXPECT_EQ(s["reshard_agent_registrations_total{result=error}"], 1);
+  EXPECT_EQ(s["reshard_agent_worker_rpc_duration_seconds{code=OK,method=PublishShard}"], 2);
+  EXPECT_EQ(s["reshard_agent_worker_rpc_duration_seconds{code=DATA_LOSS,method=SealShard}"], 1);
+}
+
+}  // namespace
+}  // namespace reshard::agent
