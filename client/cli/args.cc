@@ -9,7 +9,8 @@
 namespace reshard::cli {
 
 absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                     const std::vector<std::string>& value_flags) {
+                                     const std::vector<std::string>& value_flags,
+                                     const std::vector<std::string>& bool_flags) {
   ParsedArgs out;
   bool flags_done = false;
   for (size_t i = 0; i < args.size(); ++i) {
@@ -36,6 +37,15 @@ absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
       value = name.substr(eq + 1);
       name.resize(eq);
       has_value = true;
+    }
+    if (std::find(bool_flags.begin(), bool_flags.end(), name) != bool_flags.end()) {
+      if (has_value) {
+        return absl::InvalidArgumentError(absl::StrCat("flag \"--", name, "\" takes no value"));
+      }
+      if (!out.values.emplace(name, "true").second) {
+        return absl::InvalidArgumentError(absl::StrCat("flag \"--", name, "\" given twice"));
+      }
+      continue;
     }
     if (std::find(value_flags.begin(), value_flags.end(), name) == value_flags.end()) {
       return absl::InvalidArgumentError(absl::StrCat("unknown flag \"--", name, "\""));

@@ -18,9 +18,11 @@ struct ParsedArgs {
 };
 
 /// Accepts `--name value` and `--name=value` for every name in `value_flags`,
+/// `--name` alone for every name in `bool_flags` (its value is "true"),
 /// plus -h/--help; "--" ends the flags. InvalidArgument, naming the flag, on
 /// an unknown flag, a missing value or a flag given twice.
 [[nodiscard]] absl::StatusOr<ParsedArgs> ParseArgs(const std::vector<std::string>& args,
-                                                   const std::vector<std::string>& value_flags);
+                                                   const std::vector<std::string>& value_flags,
+                                                   const std::vector<std::string>& bool_flags = {});
 
 }  // namespace reshard::cli

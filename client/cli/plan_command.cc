@@ -30,6 +30,7 @@ const char kPlanUsage[] =
     "                      integer is a rank, rank:N is always a rank\n"
     "  --format FORMAT     summary (default): a readable table of traffic;\n"
     "                      json: the reshard.v1.TransferPlan\n"
+    "  --output FORMAT     table (= summary) or json, as for every command\n"
     "  -h, --help          this text\n"
     "\n"
     "Exit status: 0 planned, 1 error (bad file or spec, lost data), 2 usage error.\n"
@@ -52,7 +53,7 @@ absl::Status WithContext(const absl::Status& status, absl::string_view context) 
 }  // namespace
 
 absl::StatusOr<PlanOptions> ParsePlanArgs(const std::vector<std::string>& args) {
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {"spec", "to", "lost", "format"});
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(args, {"spec", "to", "lost", "format", "output"});
   if (!parsed.ok()) return parsed.status();
   PlanOptions options;
   options.help = parsed->help;
@@ -76,6 +77,13 @@ absl::StatusOr<PlanOptions> ParsePlanArgs(const std::vector<std::string>& args) 
   take("lost", &options.lost);
   std::string format = "summary";
   take("format", &format);
+  // --output, as every other command has it: json, or table (= summary).
+  if (std::string output; take("output", &output)) {
+    if (parsed->values.contains("format")) {
+      return absl::InvalidArgumentError("give --format or --output, not both");
+    }
+    format = output == "table" ? "summary" : output;
+  }
   if (format == "summary") {
     options.format = PlanOptions::Format::kSummary;
   } else if (format == "json") {

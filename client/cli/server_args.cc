@@ -1,0 +1,324 @@
+// Parsing of reshardctl's server command lines (server_commands.h).
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "client/cli/args.h"
+#include "client/cli/server_commands.h"
+#include "planner/layout.h"
+
+namespace reshard::cli {
+namespace {
+
+const char kGlobalHelp[] =
+    "\n"
+    "global flags (before or after the command):\n"
+    "  --coordinator HOST:PORT   the coordinator (default $RESHARD_COORDINATOR, else "
+    "127.0.0.1:7070)\n"
+    "  --output table|json       json: the reply as proto JSON (original field names)\n"
+    "  --timeout DURATION        deadline of each call, retries included (default 30s)\n"
+    "\n"
+    "exit status: 0 ok, 1 error, 2 usage, 3 operation ABORTED/FAILED, 4 NOT_FOUND,\n"
+    "5 conflict (FAILED_PRECONDITION, ALREADY_EXISTS, ABORTED), 6 coordinator unreachable.\n";
+
+const char kWaitHelp[] =
+    "  --no-wait                 print the operation's id and return once it is created\n"
+    "  --wait-timeout DURATION   stop waiting after this long (exit 6; the operation goes on)\n"
+    "  --expected-generation N   refuse (exit 5) unless the job is at generation N\n"
+    "                            (default: the generation it is at now)\n"
+    "  --idempotency-key KEY     a retried command with the same key returns the first\n"
+    "                            one's operation instead of starting another\n"
+    "Waits for the operation with a progress bar on stderr (plain lines when stderr is\n"
+    "not a terminal) and prints the final operation; exit 3 when it ends ABORTED or FAILED.\n";
+
+struct CommandSpec {
+  const char* name;
+  std::vector<std::string> args;  // positional argument names
+  std::vector<std::string> flags;
+  std::vector<std::string> bool_flags;
+  std::vector<std::string> required;  // flags that must be given
+  std::string usage;
+};
+
+const std::vector<CommandSpec>& Specs() {
+  static const auto* specs = new std::vector<CommandSpec>{
+      {"jobs list",
+       {},
+       {"tenant", "state"},
+       {},
+       {},
+       "usage: reshardctl jobs list [--tenant T] [--state ACTIVE|RECONFIGURING|DEGRADED|FAILED]\n"
+       "\nLists jobs (every page).\n"},
+      {"jobs show",
+       {"JOB"},
+       {},
+       {"ptc"},
+       {},
+       "usage: reshardctl jobs show JOB [--ptc]\n"
+       "\nShows a job: state, generation, layout, placement, lost hosts.\n"
+       "  --ptc   include the tensor collection (with --output json)\n"},
+      {"jobs register",
+       {},
+       {"spec", "idempotency-key"},
+       {},
+       {"spec"},
+       "usage: reshardctl jobs register --spec JOB.json [--idempotency-key KEY]\n"
+       "\nRegisters a job (a reshard.v1.JobSpec in JSON) and prints it.\n"},
+      {"jobs delete",
+       {"JOB"},
+       {"idempotency-key"},
+       {},
+       {},
+       "usage: reshardctl jobs delete JOB\n\nDeletes a job.\n"},
+      {"resize",
+       {"JOB"},
+       {"to", "expected-generation", "idempotency-key", "wait-timeout"},
+       {"no-wait"},
+       {"to"},
+       absl::StrCat("usage: reshardctl resize JOB --to LAYOUT.json [--no-wait]\n"
+                    "\nMoves a job to a new layout: a reshard.v1.Layout in JSON (a missing\n"
+                    "config keeps the current one).\n\n",
+                    kWaitHelp)},
+      {"migrate",
+       {"JOB"},
+       {"to", "expected-generation", "idempotency-key", "wait-timeout"},
+       {"no-wait"},
+       {"to"},
+       absl::StrCat("usage: reshardctl migrate JOB --to LAYOUT.json [--no-wait]\n"
+                    "\nMoves a job's ranks to other devices, same config (the layout file's\n"
+                    "placement is used; its world size must match).\n\n",
+                    kWaitHelp)},
+      {"recover",
+       {"JOB"},
+       {"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
+       {"no-wait"},
+       {"lost"},
+       absl::StrCat(
+           "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--no-wait]\n"
+           "\nRebuilds a job's state from the survivors after hosts or ranks were lost.\n"
+           "  --lost LIST    comma-separated hosts or old ranks (rank:N is always a rank)\n"
+           "  --to FILE      the new layout; default: the current config with data\n"
+           "                 parallelism shrunk to the surviving devices\n",
+           kWaitHelp)},
+      {"preview",
+       {"JOB"},
+       {"to", "lost"},
+       {},
+       {"to"},
+       "usage: reshardctl preview JOB --to LAYOUT.json [--lost LIST]\n"
+       "\nPlans the move to LAYOUT.json against the current generation and shows\n"
+       "its traffic; nothing is stored or moved.\n"},
+      {"hosts list",
+       {},
+       {},
+       {},
+       {},
+       "usage: reshardctl hosts list\n\nLists hosts and their agents' lease.\n"},
+      {"ops show", {"OP"}, {}, {}, {}, "usage: reshardctl ops show OP\n\nShows an operation.\n"},
+      {"ops watch",
+       {"OP"},
+       {"wait-timeout"},
+       {},
+       {},
+       "usage: reshardctl ops watch OP [--wait-timeout DURATION]\n"
+       "\nFollows an operation until it is final, with progress on stderr; prints the\n"
+       "final operation. Exit 0 COMMITTED, 3 ABORTED or FAILED.\n"},
+      {"ops cancel",
+       {"OP"},
+       {"idempotency-key"},
+       {},
+       {},
+       "usage: reshardctl ops cancel OP\n\nAborts a running operation.\n"},
+  };
+  return *specs;
+}
+
+const std::vector<std::string> kGroups = {"jobs", "hosts", "ops"};
+
+const CommandSpec* FindSpec(const std::string& name) {
+  for (const CommandSpec& s : Specs()) {
+    if (name == s.name) return &s;
+  }
+  return nullptr;
+}
+
+std::vector<std::string> Subcommands(const std::string& group) {
+  std::vector<std::string> out;
+  for (const CommandSpec& s : Specs()) {
+    const std::string name = s.name;
+    if (name.rfind(group + " ", 0) == 0) out.push_back(name.substr(group.size() + 1));
+  }
+  return out;
+}
+
+}  // namespace
+
+bool IsServerCommand(const std::string& name) {
+  return FindSpec(name) != nullptr ||
+         std::find(kGroups.begin(), kGroups.end(), name) != kGroups.end();
+}
+
+std::string ServerUsage(const std::string& command) {
+  if (const CommandSpec* s = FindSpec(command)) return absl::StrCat(s->usage, kGlobalHelp);
+  std::string out = absl::StrCat("usage: reshardctl ", command, " SUBCOMMAND\n\nsubcommands:\n");
+  for (const std::string& sub : Subcommands(command)) {
+    const std::string& usage = FindSpec(absl::StrCat(command, " ", sub))->usage;
+    absl::StrAppend(&out, "  ", absl::StripPrefix(usage.substr(0, usage.find('\n')), "usage: "),
+                    "\n");
+  }
+  return absl::StrCat(out, kGlobalHelp);
+}
+
+absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
+  absl::Duration d;
+  double seconds = 0;
+  if (absl::SimpleAtod(text, &seconds) && std::isfinite(seconds)) {
+    d = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(text, &d)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\" is not a duration (e.g. 30s, 2m, 500ms)"));
+  }
+  if (d <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat("\"", text, "\": must be positive"));
+  }
+  return d;
+}
+
+absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
+                                                 const std::vector<std::string>& args,
+                                                 const std::string& coordinator_env) {
+  ServerInvocation inv;
+  std::vector<std::string> rest = args;
+  inv.command = command;
+  if (std::find(kGroups.begin(), kGroups.end(), command) != kGroups.end()) {
+    // The first argument that is not a flag names the subcommand.
+    auto it = std::find_if(rest.begin(), rest.end(),
+                           [](const std::string& a) { return a.empty() || a[0] != '-'; });
+    if (it == rest.end()) {
+      if (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
+          std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
+        inv.help = true;
+        return inv;
+      }
+      return absl::InvalidArgumentError(absl::StrCat("missing subcommand of \"", command,
+                                                     "\": one of ",
+                                                     absl::StrJoin(Subcommands(command), ", ")));
+    }
+    inv.command = absl::StrCat(command, " ", *it);
+    if (FindSpec(inv.command) == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown subcommand \"", *it, "\" of \"",
+                                                     command, "\": expected one of ",
+                                                     absl::StrJoin(Subcommands(command), ", ")));
+    }
+    rest.erase(it);
+  }
+  const CommandSpec* spec = FindSpec(inv.command);
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
+  }
+  std::vector<std::string> value_flags = spec->flags;
+  for (const char* g : {"coordinator", "output", "timeout"}) value_flags.push_back(g);
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, value_flags, spec->bool_flags);
+  if (!parsed.ok()) return parsed.status();
+  inv.help = parsed->help;
+  if (inv.help) return inv;
+
+  if (parsed->positional.size() < spec->args.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("missing ", spec->args[parsed->positional.size()]));
+  }
+  if (parsed->positional.size() > spec->args.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("unexpected argument \"", parsed->positional[spec->args.size()], "\""));
+  }
+  for (size_t i = 0; i < spec->args.size(); ++i) {
+    if (parsed->positional[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(spec->args[i], " is empty"));
+    }
+  }
+  inv.positional = parsed->positional;
+
+  inv.global.coordinator = coordinator_env.empty() ? kDefaultCoordinator : coordinator_env;
+  for (auto& [name, value] : parsed->values) {
+    if (name == "coordinator") {
+      if (value.empty()) return absl::InvalidArgumentError("--coordinator is empty");
+      inv.global.coordinator = value;
+    } else if (name == "output") {
+      if (value == "table") {
+        inv.global.output = GlobalOptions::Output::kTable;
+      } else if (value == "json") {
+        inv.global.output = GlobalOptions::Output::kJson;
+      } else {
+        return absl::InvalidArgumentError(
+            absl::StrCat("--output \"", value, "\": expected table or json"));
+      }
+    } else if (name == "timeout") {
+      absl::StatusOr<absl::Duration> d = ParseTimeout(value);
+      if (!d.ok())
+        return absl::InvalidArgumentError(absl::StrCat("--timeout ", d.status().message()));
+      inv.global.timeout = *d;
+    } else {
+      inv.flags[name] = value;
+    }
+  }
+  for (const std::string& r : spec->required) {
+    if (!inv.flags.contains(r) || inv.flags.at(r).empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("missing --", r));
+    }
+  }
+  if (auto it = inv.flags.find("wait-timeout"); it != inv.flags.end()) {
+    absl::StatusOr<absl::Duration> d = ParseTimeout(it->second);
+    if (!d.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--wait-timeout ", d.status().message()));
+    }
+  }
+  if (auto it = inv.flags.find("expected-generation"); it != inv.flags.end()) {
+    int64_t g = 0;
+    if (!absl::SimpleAtoi(it->second, &g) || g <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--expected-generation \"", it->second, "\": expected a positive integer"));
+    }
+  }
+  if (auto it = inv.flags.find("state"); it != inv.flags.end()) {
+    v1::JobState state;
+    if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", it->second), &state) &&
+        !v1::JobState_Parse(it->second, &state)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--state \"", it->second, "\": expected ACTIVE, RECONFIGURING, DEGRADED or FAILED"));
+    }
+  }
+  return inv;
+}
+
+absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
+                                          const std::vector<std::string>& lost_hosts,
+                                          const std::vector<int>& lost_ranks) {
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(current.placement());
+  const absl::flat_hash_set<std::string> hosts(lost_hosts.begin(), lost_hosts.end());
+  const absl::flat_hash_set<int> ranks(lost_ranks.begin(), lost_ranks.end());
+  std::vector<v1::DeviceSlot> alive;
+  for (size_t r = 0; r < slots.size(); ++r) {
+    if (hosts.contains(slots[r].host()) || ranks.contains(static_cast<int>(r))) continue;
+    alive.push_back(slots[r]);
+  }
+  const v1::ParallelConfig& c = current.config();
+  const int64_t model = int64_t{c.tp()} * c.pp();
+  const int64_t dp = model > 0 ? static_cast<int64_t>(alive.size()) / model : 0;
+  if (dp < 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(alive.size(), " surviving devices cannot hold tp ", c.tp(), " x pp ", c.pp(),
+                     " = ", model, " ranks; give a target layout with --to"));
+  }
+  v1::Layout out;
+  *out.mutable_config() = c;
+  out.mutable_config()->set_dp(static_cast<int32_t>(dp));
+  for (int64_t r = 0; r < dp * model; ++r) *out.mutable_placement()->add_ranks() = alive[r];
+  return out;
+}
+
+}  // namespace reshard::cli

@@ -1,0 +1,308 @@
+#include "client/cli/server_commands.h"
+
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "client/cli/exit_codes.h"
+#include "client/cli/json_file.h"
+#include "client/cli/lost_set.h"
+#include "client/cli/plan_command.h"
+#include "client/cli/progress.h"
+#include "client/cli/server_format.h"
+#include "client/cpp/coordinator_client.h"
+
+namespace reshard::cli {
+namespace {
+
+client::CoordinatorClient::Options ClientOptions(const GlobalOptions& global) {
+  client::CoordinatorClient::Options o;
+  o.call_timeout = global.timeout;
+  // An unreachable coordinator is reported after about 1.5 s of retries.
+  o.retry.max_attempts = 4;
+  o.retry.initial_backoff = absl::Milliseconds(200);
+  o.retry.max_backoff = absl::Seconds(2);
+  return o;
+}
+
+absl::Status WithContext(const absl::Status& s, absl::string_view context) {
+  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
+}
+
+class Runner {
+ public:
+  Runner(const ServerInvocation& inv, std::ostream& out, std::ostream& err, const CommandEnv& env)
+      : inv_(inv),
+        out_(out),
+        err_(err),
+        env_(env),
+        client_(inv.global.coordinator, ClientOptions(inv.global)) {}
+
+  int Run() {
+    const std::string& c = inv_.command;
+    if (c == "jobs list") return JobsList();
+    if (c == "jobs show") return JobsShow();
+    if (c == "jobs register") return JobsRegister();
+    if (c == "jobs delete") return JobsDelete();
+    if (c == "resize") return Resize();
+    if (c == "migrate") return Migrate();
+    if (c == "recover") return Recover();
+    if (c == "preview") return Preview();
+    if (c == "hosts list") return HostsList();
+    if (c == "ops show") return OpsShow();
+    if (c == "ops watch") return Watch(inv_.positional[0]);
+    if (c == "ops cancel") return OpsCancel();
+    return LocalError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")),
+                      kExitUsage);
+  }
+
+ private:
+  bool json() const { return inv_.global.output == GlobalOptions::Output::kJson; }
+  int64_t Now() const {
+    return env_.now_unix_ms ? env_.now_unix_ms() : absl::ToUnixMillis(absl::Now());
+  }
+  std::string Flag(const std::string& name) const {
+    auto it = inv_.flags.find(name);
+    return it == inv_.flags.end() ? "" : it->second;
+  }
+  bool Has(const std::string& name) const { return inv_.flags.contains(name); }
+
+  // An error from the coordinator: its code picks the exit status.
+  int Fail(const absl::Status& s) {
+    const int code = ExitCodeFor(s);
+    PrintError(code == kExitUnavailable
+                   ? WithContext(s, absl::StrCat("coordinator ", inv_.global.coordinator))
+                   : s,
+               err_);
+    return code;
+  }
+  // An error on this side (files, arguments read from files).
+  int LocalError(const absl::Status& s, int code = kExitError) {
+    PrintError(s, err_);
+    return code;
+  }
+
+  // The message as JSON, or `table` as it is.
+  int Print(const google::protobuf::Message& message, const std::string& table) {
+    if (json()) {
+      absl::StatusOr<std::string> text = ToJson(message);
+      if (!text.ok()) return LocalError(text.status());
+      out_ << *text;
+    } else {
+      out_ << table;
+    }
+    out_.flush();
+    return kExitOk;
+  }
+
+  int JobsList() {
+    v1::ListJobsRequest req;
+    req.set_tenant(Flag("tenant"));
+    if (Has("state")) {
+      v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
+      if (!v1::JobState_Parse(absl::StrCat("JOB_STATE_", Flag("state")), &state)) {
+        (void)v1::JobState_Parse(Flag("state"), &state);
+      }
+      req.set_state(state);
+    }
+    absl::StatusOr<v1::ListJobsResponse> jobs = client_.ListAllJobs(req);
+    if (!jobs.ok()) return Fail(jobs.status());
+    return Print(*jobs, FormatJobsTable(*jobs));
+  }
+
+  int JobsShow() {
+    absl::StatusOr<v1::Job> job = client_.GetJob(inv_.positional[0], Has("ptc"));
+    if (!job.ok()) return Fail(job.status());
+    return Print(*job, FormatJob(*job, Now()));
+  }
+
+  int JobsRegister() {
+    v1::RegisterJobRequest req;
+    if (absl::Status s = ReadJsonMessage(Flag("spec"), "--spec", req.mutable_spec()); !s.ok()) {
+      return LocalError(s);
+    }
+    req.set_idempotency_key(Flag("idempotency-key"));
+    absl::StatusOr<v1::Job> job = client_.RegisterJob(std::move(req));
+    if (!job.ok()) return Fail(job.status());
+    return Print(*job, FormatJob(*job, Now()));
+  }
+
+  int JobsDelete() {
+    v1::DeleteJobRequest req;
+    req.set_job_id(inv_.positional[0]);
+    req.set_idempotency_key(Flag("idempotency-key"));
+    if (absl::Status s = client_.DeleteJob(std::move(req)); !s.ok()) return Fail(s);
+    return Print(v1::DeleteJobResponse(), absl::StrCat("deleted job ", inv_.positional[0], "\n"));
+  }
+
+  absl::Status ReadLayout(v1::Layout* layout) {
+    return ReadJsonMessage(Flag("to"), "--to", layout);
+  }
+
+  // --expected-generation, else the job's current generation.
+  absl::StatusOr<int64_t> ExpectedGeneration(const std::string& job_id, v1::Job* job_out) {
+    absl::StatusOr<v1::Job> job = client_.GetJob(job_id);
+    if (!job.ok()) return job.status();
+    if (job_out != nullptr) *job_out = *job;
+    int64_t g = job->generation();
+    if (Has("expected-generation")) (void)absl::SimpleAtoi(Flag("expected-generation"), &g);
+    return g;
+  }
+
+  int Resize() {
+    v1::Layout target;
+    if (absl::Status s = ReadLayout(&target); !s.ok()) return LocalError(s);
+    v1::ResizeRequest req;
+    req.set_job_id(inv_.positional[0]);
+    absl::StatusOr<int64_t> gen = ExpectedGeneration(req.job_id(), nullptr);
+    if (!gen.ok()) return Fail(gen.status());
+    req.set_expected_generation(*gen);
+    *req.mutable_placement() = target.placement();
+    if (target.has_config()) *req.mutable_config() = target.config();
+    req.set_idempotency_key(Flag("idempotency-key"));
+    return Started(client_.Resize(std::move(req)));
+  }
+
+  int Migrate() {
+    v1::Layout target;
+    if (absl::Status s = ReadLayout(&target); !s.ok()) return LocalError(s);
+    v1::MigrateRequest req;
+    req.set_job_id(inv_.positional[0]);
+    absl::StatusOr<int64_t> gen = ExpectedGeneration(req.job_id(), nullptr);
+    if (!gen.ok()) return Fail(gen.status());
+    req.set_expected_generation(*gen);
+    *req.mutable_placement() = target.placement();
+    req.set_idempotency_key(Flag("idempotency-key"));
+    return Started(client_.Migrate(std::move(req)));
+  }
+
+  int Recover() {
+    v1::RecoverFromFailureRequest req;
+    req.set_job_id(inv_.positional[0]);
+    v1::Job job;
+    absl::StatusOr<int64_t> gen = ExpectedGeneration(req.job_id(), &job);
+    if (!gen.ok()) return Fail(gen.status());
+    req.set_expected_generation(*gen);
+    absl::StatusOr<planner::LostSet> lost = ParseLostSet(Flag("lost"), job.layout());
+    if (!lost.ok()) return LocalError(lost.status());
+    for (const std::string& h : lost->hosts) req.add_lost_hosts(h);
+    for (int r : lost->ranks) req.add_lost_ranks(r);
+    if (Has("to")) {
+      if (absl::Status s = ReadJsonMessage(Flag("to"), "--to", req.mutable_target()); !s.ok()) {
+        return LocalError(s);
+      }
+      if (!req.target().has_config())
+        *req.mutable_target()->mutable_config() = job.layout().config();
+    } else {
+      absl::StatusOr<v1::Layout> target = SurvivorLayout(job.layout(), lost->hosts, lost->ranks);
+      if (!target.ok()) return LocalError(target.status());
+      *req.mutable_target() = *std::move(target);
+    }
+    req.set_idempotency_key(Flag("idempotency-key"));
+    return Started(client_.RecoverFromFailure(std::move(req)));
+  }
+
+  int Preview() {
+    v1::PreviewPlanRequest req;
+    req.set_job_id(inv_.positional[0]);
+    if (absl::Status s = ReadLayout(req.mutable_target()); !s.ok()) return LocalError(s);
+    if (!req.target().has_config() || Has("lost")) {
+      absl::StatusOr<v1::Job> job = client_.GetJob(req.job_id());
+      if (!job.ok()) return Fail(job.status());
+      if (!req.target().has_config())
+        *req.mutable_target()->mutable_config() = job->layout().config();
+      absl::StatusOr<planner::LostSet> lost = ParseLostSet(Flag("lost"), job->layout());
+      if (!lost.ok()) return LocalError(lost.status());
+      for (const std::string& h : lost->hosts) req.add_lost_hosts(h);
+      for (int r : lost->ranks) req.add_lost_ranks(r);
+    }
+    absl::StatusOr<v1::PreviewPlanResponse> preview = client_.PreviewPlan(req);
+    if (!preview.ok()) return Fail(preview.status());
+    return Print(*preview,
+                 absl::StrCat("preview of job ", req.job_id(), " -> ", FormatLayout(req.target()),
+                              "\n\n", FormatPlanStats(preview->stats())));
+  }
+
+  int HostsList() {
+    absl::StatusOr<v1::ListHostsResponse> hosts = client_.ListHosts();
+    if (!hosts.ok()) return Fail(hosts.status());
+    return Print(*hosts, FormatHostsTable(*hosts, Now()));
+  }
+
+  int OpsShow() {
+    absl::StatusOr<v1::Operation> op = client_.GetOperation(inv_.positional[0]);
+    if (!op.ok()) return Fail(op.status());
+    return Print(*op, FormatOperation(*op, Now()));
+  }
+
+  int OpsCancel() {
+    v1::CancelOperationRequest req;
+    req.set_operation_id(inv_.positional[0]);
+    req.set_idempotency_key(Flag("idempotency-key"));
+    absl::StatusOr<v1::Operation> op = client_.CancelOperation(std::move(req));
+    if (!op.ok()) return Fail(op.status());
+    return Print(*op, FormatOperation(*op, Now()));
+  }
+
+  // An operation was requested: print its id (--no-wait) or wait for it.
+  int Started(const absl::StatusOr<v1::Operation>& op) {
+    if (!op.ok()) return Fail(op.status());
+    if (Has("no-wait")) return Print(*op, absl::StrCat(op->id(), "\n"));
+    if (!json() && !env_.stderr_is_tty) {
+      err_ << "operation " << op->id() << " started\n";
+    }
+    return Watch(op->id());
+  }
+
+  int Watch(const std::string& op_id) {
+    absl::Duration timeout = absl::InfiniteDuration();
+    if (Has("wait-timeout")) {
+      absl::StatusOr<absl::Duration> d = ParseTimeout(Flag("wait-timeout"));
+      if (d.ok()) timeout = *d;
+    }
+    ProgressReporter progress(err_, env_.stderr_is_tty);
+    absl::StatusOr<v1::Operation> final_op = client_.WatchOperation(
+        op_id, [&](const v1::Operation& op) { progress.Update(op); }, timeout);
+    progress.Finish();
+    if (!final_op.ok()) return Fail(WithContext(final_op.status(), "waiting for the operation"));
+    const int printed = Print(*final_op, FormatOperation(*final_op, Now()));
+    if (printed != kExitOk) return printed;
+    if (final_op->state() != v1::OPERATION_STATE_COMMITTED) {
+      err_ << "operation " << final_op->id() << " "
+           << v1::OperationState_Name(final_op->state()).substr(16) << ": " << final_op->error()
+           << "\n";
+      return kExitOperationFailed;
+    }
+    return kExitOk;
+  }
+
+  const ServerInvocation& inv_;
+  std::ostream& out_;
+  std::ostream& err_;
+  const CommandEnv& env_;
+  client::CoordinatorClient client_;
+};
+
+}  // namespace
+
+int RunServerCommand(const ServerInvocation& invocation, std::ostream& out, std::ostream& err,
+                     const CommandEnv& env) {
+  return Runner(invocation, out, err, env).Run();
+}
+
+int ServerMain(const std::string& command, const std::vector<std::string>& args, std::ostream& out,
+               std::ostream& err, const std::string& coordinator_env, const CommandEnv& env) {
+  absl::StatusOr<ServerInvocation> inv = ParseServerArgs(command, args, coordinator_env);
+  if (!inv.ok()) {
+    PrintError(WithContext(inv.status(), absl::StrCat("reshardctl ", command)), err);
+    err << "run \"reshardctl " << command << " --help\" for usage\n";
+    return kExitUsage;
+  }
+  if (inv->help) {
+    out << ServerUsage(inv->command);
+    return kExitOk;
+  }
+  return RunServerCommand(*inv, out, err, env);
+}
+
+}  // namespace reshard::cli

@@ -1,0 +1,256 @@
+#include "client/cli/server_format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
+#include "client/cli/lost_set.h"
+#include "client/cli/plan_summary.h"
+#include "google/protobuf/util/json_util.h"
+#include "planner/layout.h"
+
+namespace reshard::cli {
+namespace {
+
+// Left-aligned columns separated by two spaces; the first row is the header.
+std::string RenderTable(const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width;
+  for (const auto& row : rows) {
+    if (width.size() < row.size()) width.resize(row.size(), 0);
+    for (size_t c = 0; c < row.size(); ++c) width[c] = std::max(width[c], row[c].size());
+  }
+  std::string out;
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t c = 0; c < row.size(); ++c) {
+      absl::StrAppend(&line, row[c], std::string(width[c] - row[c].size() + 2, ' '));
+    }
+    absl::StrAppend(&out, absl::StripTrailingAsciiWhitespace(line), "\n");
+  }
+  return out;
+}
+
+// Enum value names without their prefix: JOB_STATE_ACTIVE -> ACTIVE.
+std::string Short(const std::string& name, absl::string_view prefix) {
+  return std::string(absl::StripPrefix(name, prefix));
+}
+
+std::string JobState(v1::JobState s) { return Short(v1::JobState_Name(s), "JOB_STATE_"); }
+std::string OpState(v1::OperationState s) {
+  return Short(v1::OperationState_Name(s), "OPERATION_STATE_");
+}
+std::string OpKind(v1::OperationKind k) {
+  return Short(v1::OperationKind_Name(k), "OPERATION_KIND_");
+}
+std::string HostState(v1::HostState s) { return Short(v1::HostState_Name(s), "HOST_STATE_"); }
+
+int64_t World(const v1::ParallelConfig& c) { return int64_t{c.tp()} * c.pp() * c.dp(); }
+
+void Field(std::string* out, absl::string_view name, absl::string_view value) {
+  absl::StrAppendFormat(out, "%-19s %s\n", absl::StrCat(name, ":"), value);
+}
+
+}  // namespace
+
+absl::StatusOr<std::string> ToJson(const google::protobuf::Message& message) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = true;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  std::string json;
+  const auto status = google::protobuf::util::MessageToJsonString(message, &json, options);
+  if (!status.ok()) {
+    return absl::InternalError(absl::StrCat("printing ", message.GetDescriptor()->full_name(),
+                                            " as JSON: ", std::string(status.message())));
+  }
+  if (json.empty() || json.back() != '\n') json.push_back('\n');
+  return json;
+}
+
+std::string FormatLayout(const v1::Layout& layout) {
+  const v1::ParallelConfig& c = layout.config();
+  std::string out =
+      absl::StrFormat("tp %d, pp %d, dp %d (%d ranks)", c.tp(), c.pp(), c.dp(), World(c));
+  const v1::Placement& p = layout.placement();
+  if (p.ranks_size() == 0 && p.hosts_size() > 0) {
+    absl::StrAppend(&out, " on ", absl::StrJoin(p.hosts(), ", "), " x ", p.devices_per_host());
+  } else if (p.ranks_size() > 0) {
+    absl::StrAppend(&out, " on ", absl::StrJoin(PlacementHosts(p), ", "));
+  }
+  return out;
+}
+
+std::string FormatRelativeTime(int64_t unix_ms, int64_t now_unix_ms) {
+  if (unix_ms <= 0) return "-";
+  const double d = (now_unix_ms - unix_ms) / 1000.0;
+  if (d >= 0) return absl::StrCat(FormatSeconds(d), " ago");
+  return absl::StrCat("in ", FormatSeconds(-d));
+}
+
+std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
+  std::vector<std::vector<std::string>> rows = {
+      {"ID", "NAME", "TENANT", "STATE", "GEN", "TP", "PP", "DP", "RANKS", "SIZE", "OPERATION"}};
+  for (const v1::Job& j : jobs.jobs()) {
+    const v1::ParallelConfig& c = j.layout().config();
+    rows.push_back({j.id(), j.name(), j.tenant(), JobState(j.state()), absl::StrCat(j.generation()),
+                    absl::StrCat(c.tp()), absl::StrCat(c.pp()), absl::StrCat(c.dp()),
+                    absl::StrCat(World(c)), FormatBytes(j.total_bytes()),
+                    j.active_operation_id().empty() ? "-" : j.active_operation_id()});
+  }
+  std::string out = RenderTable(rows);
+  if (jobs.jobs().empty()) absl::StrAppend(&out, "(no jobs)\n");
+  return out;
+}
+
+std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
+  std::string out;
+  Field(&out, "id", job.id());
+  Field(&out, "name", job.name());
+  Field(&out, "tenant", job.tenant());
+  Field(&out, "state", JobState(job.state()));
+  Field(&out, "generation", absl::StrCat(job.generation()));
+  Field(&out, "layout", FormatLayout(job.layout()));
+  Field(&out, "tensors", absl::StrCat(job.tensor_count()));
+  Field(&out, "size", FormatBytes(job.total_bytes()));
+  Field(&out, "active operation",
+        job.active_operation_id().empty() ? "-" : job.active_operation_id());
+  Field(&out, "lost hosts", job.lost_hosts().empty() ? "-" : absl::StrJoin(job.lost_hosts(), ", "));
+  Field(&out, "created", FormatRelativeTime(job.created_unix_ms(), now_unix_ms));
+  Field(&out, "updated", FormatRelativeTime(job.updated_unix_ms(), now_unix_ms));
+  // Ranks per host, in rank order.
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
+  if (!slots.empty()) {
+    absl::StrAppend(&out, "placement:\n");
+    std::vector<std::vector<std::string>> rows = {{"  HOST", "RANKS", "DEVICES"}};
+    for (const std::string& host : PlacementHosts(job.layout().placement())) {
+      std::vector<std::string> ranks, devices;
+      for (size_t r = 0; r < slots.size(); ++r) {
+        if (slots[r].host() != host) continue;
+        ranks.push_back(absl::StrCat(r));
+        devices.push_back(absl::StrCat(slots[r].device()));
+      }
+      const bool lost = std::find(job.lost_hosts().begin(), job.lost_hosts().end(), host) !=
+                        job.lost_hosts().end();
+      rows.push_back({absl::StrCat("  ", host, lost ? " (LOST)" : ""), absl::StrJoin(ranks, ","),
+                      absl::StrJoin(devices, ",")});
+    }
+    absl::StrAppend(&out, RenderTable(rows));
+  }
+  return out;
+}
+
+std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_unix_ms) {
+  std::vector<std::vector<std::string>> rows = {
+      {"HOST", "STATE", "ADDRESS", "DEVICES", "TRANSPORTS", "HEARTBEAT", "LEASE"}};
+  for (const v1::Host& h : hosts.hosts()) {
+    std::string lease = FormatRelativeTime(h.lease_expires_unix_ms(), now_unix_ms);
+    if (h.lease_expires_unix_ms() > 0 && h.lease_expires_unix_ms() <= now_unix_ms) {
+      lease = absl::StrCat("expired ", lease);
+    }
+    rows.push_back({h.host_id(), HostState(h.state()), h.address().empty() ? "-" : h.address(),
+                    absl::StrCat(h.devices_size()),
+                    h.transports().empty() ? "-" : absl::StrJoin(h.transports(), ","),
+                    FormatRelativeTime(h.last_heartbeat_unix_ms(), now_unix_ms), lease});
+  }
+  std::string out = RenderTable(rows);
+  if (hosts.hosts().empty()) absl::StrAppend(&out, "(no hosts)\n");
+  return out;
+}
+
+std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
+  std::string out;
+  Field(&out, "id", op.id());
+  Field(&out, "job", op.job_id());
+  Field(&out, "kind", OpKind(op.kind()));
+  Field(&out, "state", OpState(op.state()));
+  Field(&out, "generation", absl::StrCat(op.from_generation(), " -> ", op.to_generation()));
+  if (op.has_target_layout()) Field(&out, "target", FormatLayout(op.target_layout()));
+  const double pct = op.bytes_total() > 0 ? 100.0 * op.bytes_done() / op.bytes_total() : 0;
+  Field(&out, "progress",
+        absl::StrFormat("%s / %s (%.1f%%)", FormatBytes(op.bytes_done()),
+                        FormatBytes(op.bytes_total()), op.bytes_total() > 0 ? pct : 0.0));
+  if (op.has_stats()) {
+    Field(&out, "bytes local", FormatBytes(op.stats().bytes_local()));
+    Field(&out, "bytes cross-host",
+          absl::StrCat(FormatBytes(op.stats().bytes_cross_host()), " (lower bound ",
+                       FormatBytes(op.stats().lower_bound_cross_host()), ")"));
+  }
+  if (!op.error().empty()) Field(&out, "error", op.error());
+  Field(&out, "created", FormatRelativeTime(op.created_unix_ms(), now_unix_ms));
+  Field(&out, "updated", FormatRelativeTime(op.updated_unix_ms(), now_unix_ms));
+  return out;
+}
+
+std::string FormatPlanStats(const v1::PlanStats& s) {
+  std::string out;
+  Field(&out, "bytes local", FormatBytes(s.bytes_local()));
+  Field(&out, "bytes cross-host", FormatBytes(s.bytes_cross_host()));
+  Field(&out, "lower bound", FormatBytes(s.lower_bound_cross_host()));
+  Field(&out, "cross / lower bound", FormatRatio(s.bytes_cross_host(), s.lower_bound_cross_host()));
+  Field(&out, "bytes zero-filled", FormatBytes(s.bytes_zero_filled()));
+  Field(&out, "steps", absl::StrCat(s.steps(), " (", s.cross_host_steps(), " cross-host)"));
+  if (!s.hosts().empty()) {
+    std::vector<std::vector<std::string>> rows = {{"HOST", "IN", "OUT", "LOCAL"}};
+    for (const v1::HostTraffic& h : s.hosts()) {
+      rows.push_back({h.host(), FormatBytes(h.bytes_in()), FormatBytes(h.bytes_out()),
+                      FormatBytes(h.bytes_local())});
+    }
+    absl::StrAppend(&out, "\n", RenderTable(rows));
+  }
+  return out;
+}
+
+std::string FormatSeconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  if (seconds < 10) return absl::StrFormat("%.1fs", seconds);
+  const int64_t s = static_cast<int64_t>(std::llround(seconds));
+  if (s < 60) return absl::StrCat(s, "s");
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+}
+
+namespace {
+
+// "50.0%  1.00 GiB / 2.00 GiB  100 MiB/s  10s left", fields known so far.
+// `padded`: a fixed-width percentage, so a redrawn bar does not jump.
+std::string ProgressFigures(const ProgressSample& s, absl::string_view sep, bool padded) {
+  std::vector<std::string> parts;
+  if (s.bytes_total > 0) {
+    const double pct = 100.0 * s.bytes_done / s.bytes_total;
+    parts.push_back(padded ? absl::StrFormat("%5.1f%%", pct) : absl::StrFormat("%.1f%%", pct));
+    parts.push_back(absl::StrCat(FormatBytes(s.bytes_done), " / ", FormatBytes(s.bytes_total)));
+  }
+  if (s.rate_bytes_per_s >= 0) {
+    parts.push_back(absl::StrCat(FormatBytes(static_cast<int64_t>(s.rate_bytes_per_s)), "/s"));
+    if (s.rate_bytes_per_s > 0 && s.bytes_total > 0 && s.bytes_done < s.bytes_total) {
+      parts.push_back(absl::StrCat(
+          FormatSeconds((s.bytes_total - s.bytes_done) / s.rate_bytes_per_s), " left"));
+    }
+  }
+  parts.push_back(absl::StrCat(FormatSeconds(s.elapsed_s), " elapsed"));
+  return absl::StrJoin(parts, sep);
+}
+
+}  // namespace
+
+std::string FormatProgressBar(const ProgressSample& s, int bar_width) {
+  bar_width = std::max(1, bar_width);
+  const double frac = s.bytes_total > 0
+                          ? std::clamp(static_cast<double>(s.bytes_done) / s.bytes_total, 0.0, 1.0)
+                          : (s.state == v1::OPERATION_STATE_COMMITTED ? 1.0 : 0.0);
+  const int filled = static_cast<int>(frac * bar_width);
+  return absl::StrCat(OpState(s.state), " [", std::string(filled, '#'),
+                      std::string(bar_width - filled, '-'), "] ", ProgressFigures(s, "  ", true));
+}
+
+std::string FormatProgressLine(const std::string& operation_id, const ProgressSample& s) {
+  return absl::StrCat("operation ", operation_id, ": ", OpState(s.state), " ",
+                      ProgressFigures(s, ", ", false));
+}
+
+}  // namespace reshard::cli

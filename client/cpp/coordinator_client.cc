@@ -1,0 +1,299 @@
+#include "client/cpp/coordinator_client.h"
+
+#include <algorithm>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "client/cpp/grpc_status.h"
+#include "grpcpp/grpcpp.h"
+
+namespace reshard::client {
+namespace {
+
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const CoordinatorClient::Options& options) {
+  grpc::ChannelArguments args;
+  // gRPC's own reconnect backoff (default 1 s growing to 120 s) would keep
+  // the channel failing fast long after the coordinator is back; follow ours.
+  const int initial_ms = static_cast<int>(
+      std::max<int64_t>(1, absl::ToInt64Milliseconds(options.retry.initial_backoff)));
+  const int max_ms = static_cast<int>(
+      std::max<int64_t>(initial_ms, absl::ToInt64Milliseconds(options.retry.max_backoff)));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, initial_ms);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
+  // Retries are ours (UNAVAILABLE only, with one idempotency key).
+  args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+}
+
+absl::Time DeadlineAfter(absl::Duration timeout) {
+  return timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+}
+
+void SetDeadline(grpc::ClientContext* context, absl::Time deadline) {
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
+}
+
+template <typename Request>
+void EnsureKey(Request* request) {
+  if (request->idempotency_key().empty()) request->set_idempotency_key(NewIdempotencyKey());
+}
+
+bool SameProgress(const v1::Operation& a, const v1::Operation& b) {
+  return a.state() == b.state() && a.bytes_done() == b.bytes_done() &&
+         a.bytes_total() == b.bytes_total();
+}
+
+}  // namespace
+
+bool IsFinal(v1::OperationState state) {
+  return state == v1::OPERATION_STATE_COMMITTED || state == v1::OPERATION_STATE_ABORTED ||
+         state == v1::OPERATION_STATE_FAILED;
+}
+
+std::string NewIdempotencyKey() {
+  thread_local std::mt19937_64 rng{std::random_device{}()};
+  return absl::StrFormat("%016x%016x", rng(), rng());
+}
+
+CoordinatorClient::CoordinatorClient(const std::string& target, Options options)
+    : CoordinatorClient(MakeChannel(target, options), options) {}
+
+CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel, Options options)
+    : options_(std::move(options)),
+      channel_(std::move(channel)),
+      stub_(v1::CoordinatorService::NewStub(channel_)),
+      rng_(std::random_device{}()) {}
+
+absl::Duration CoordinatorClient::NextBackoff(int attempt) {
+  std::lock_guard<std::mutex> lock(rng_mu_);
+  return Backoff(options_.retry, attempt, rng_);
+}
+
+void CoordinatorClient::SleepFor(absl::Duration d) {
+  if (d > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));
+}
+
+absl::Status CoordinatorClient::Call(
+    absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+  const absl::Time deadline = DeadlineAfter(options_.call_timeout);
+  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  for (int i = 1;; ++i) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    const absl::Status status = FromGrpcStatus(attempt(&context));
+    if (options_.on_attempt) options_.on_attempt(method, i, status);
+    if (status.ok() || !IsRetryable(status) || i >= max_attempts) return status;
+    const absl::Duration wait = NextBackoff(i);
+    // The deadline, not the attempt count, ends the retries.
+    if (absl::Now() + wait >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          method, ": deadline of ", absl::FormatDuration(options_.call_timeout), " passed after ",
+          i, " attempts; last: ", absl::StatusCodeToString(status.code()), ": ", status.message()));
+    }
+    SleepFor(wait);
+  }
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::RegisterJob(v1::RegisterJobRequest request) {
+  EnsureKey(&request);
+  v1::RegisterJobResponse response;
+  absl::Status s = Call("RegisterJob", [&](grpc::ClientContext* c) {
+    return stub_->RegisterJob(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return std::move(*response.mutable_job());
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const v1::GetJobRequest& request) {
+  v1::Job job;
+  absl::Status s =
+      Call("GetJob", [&](grpc::ClientContext* c) { return stub_->GetJob(c, request, &job); });
+  if (!s.ok()) return s;
+  return job;
+}
+
+absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id, bool include_ptc) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_include_ptc(include_ptc);
+  return GetJob(request);
+}
+
+absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs(
+    const v1::ListJobsRequest& request) {
+  v1::ListJobsResponse response;
+  absl::Status s = Call(
+      "ListJobs", [&](grpc::ClientContext* c) { return stub_->ListJobs(c, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListAllJobs(v1::ListJobsRequest request) {
+  v1::ListJobsResponse all;
+  for (;;) {
+    absl::StatusOr<v1::ListJobsResponse> page = ListJobs(request);
+    if (!page.ok()) return page.status();
+    for (v1::Job& job : *page->mutable_jobs()) *all.add_jobs() = std::move(job);
+    if (page->next_page_token().empty() || page->next_page_token() == request.page_token()) {
+      return all;
+    }
+    request.set_page_token(page->next_page_token());
+  }
+}
+
+absl::Status CoordinatorClient::DeleteJob(v1::DeleteJobRequest request) {
+  EnsureKey(&request);
+  v1::DeleteJobResponse response;
+  return Call("DeleteJob",
+              [&](grpc::ClientContext* c) { return stub_->DeleteJob(c, request, &response); });
+}
+
+absl::Status CoordinatorClient::DeleteJob(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  return DeleteJob(std::move(request));
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::Resize(v1::ResizeRequest request) {
+  EnsureKey(&request);
+  v1::Operation op;
+  absl::Status s =
+      Call("Resize", [&](grpc::ClientContext* c) { return stub_->Resize(c, request, &op); });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::Migrate(v1::MigrateRequest request) {
+  EnsureKey(&request);
+  v1::Operation op;
+  absl::Status s =
+      Call("Migrate", [&](grpc::ClientContext* c) { return stub_->Migrate(c, request, &op); });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::RecoverFromFailure(
+    v1::RecoverFromFailureRequest request) {
+  EnsureKey(&request);
+  v1::Operation op;
+  absl::Status s = Call("RecoverFromFailure", [&](grpc::ClientContext* c) {
+    return stub_->RecoverFromFailure(c, request, &op);
+  });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::PreviewPlanResponse> CoordinatorClient::PreviewPlan(
+    const v1::PreviewPlanRequest& request) {
+  v1::PreviewPlanResponse response;
+  absl::Status s = Call("PreviewPlan", [&](grpc::ClientContext* c) {
+    return stub_->PreviewPlan(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::GetOperation(const std::string& operation_id) {
+  v1::GetOperationRequest request;
+  request.set_operation_id(operation_id);
+  v1::Operation op;
+  absl::Status s = Call(
+      "GetOperation", [&](grpc::ClientContext* c) { return stub_->GetOperation(c, request, &op); });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::CancelOperation(
+    v1::CancelOperationRequest request) {
+  EnsureKey(&request);
+  v1::Operation op;
+  absl::Status s = Call("CancelOperation", [&](grpc::ClientContext* c) {
+    return stub_->CancelOperation(c, request, &op);
+  });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::CancelOperation(const std::string& operation_id) {
+  v1::CancelOperationRequest request;
+  request.set_operation_id(operation_id);
+  return CancelOperation(std::move(request));
+}
+
+absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
+  v1::ListHostsRequest request;
+  v1::ListHostsResponse response;
+  absl::Status s = Call(
+      "ListHosts", [&](grpc::ClientContext* c) { return stub_->ListHosts(c, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
+    const std::string& operation_id, const std::function<void(const v1::Operation&)>& on_update,
+    absl::Duration timeout) {
+  const absl::Time deadline = DeadlineAfter(timeout);
+  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  v1::Operation last;
+  bool have_last = false;
+  auto deliver = [&](const v1::Operation& op) {
+    if (on_update) on_update(op);
+    last = op;
+    have_last = true;
+  };
+  int failures = 0;  // consecutive broken streams without an update
+  for (;;) {
+    grpc::ClientContext context;
+    SetDeadline(&context, deadline);
+    v1::WatchOperationRequest request;
+    request.set_operation_id(operation_id);
+    std::unique_ptr<grpc::ClientReader<v1::Operation>> reader =
+        stub_->WatchOperation(&context, request);
+    v1::Operation op;
+    while (reader->Read(&op)) {
+      failures = 0;
+      if (!have_last || !SameProgress(last, op) || IsFinal(op.state())) deliver(op);
+      if (IsFinal(op.state())) break;
+    }
+    absl::Status status = FromGrpcStatus(reader->Finish());
+    if (options_.on_attempt) options_.on_attempt("WatchOperation", failures + 1, status);
+    if (have_last && IsFinal(last.state())) return last;
+    if (status.ok()) {
+      status = absl::UnavailableError(
+          absl::StrCat("watch of operation \"", operation_id, "\" ended before a final state"));
+    }
+    if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "operation \"", operation_id, "\" not final before the watch's deadline",
+          have_last ? absl::StrCat(" (now ", v1::OperationState_Name(last.state()), ")") : ""));
+    }
+    if (!IsRetryable(status)) return status;
+    if (++failures >= max_attempts) return status;
+    const absl::Duration wait = NextBackoff(failures);
+    if (absl::Now() + wait >= deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("operation \"", operation_id,
+                       "\" not final before the watch's deadline: ", status.message()));
+    }
+    SleepFor(wait);
+    // What happened while the stream was down; a final state ends the watch.
+    absl::StatusOr<v1::Operation> now = GetOperation(operation_id);
+    if (now.ok()) {
+      if (!have_last || !SameProgress(last, *now) || IsFinal(now->state())) deliver(*now);
+      if (IsFinal(now->state())) return *now;
+    } else if (!IsRetryable(now.status())) {
+      return now.status();
+    }
+  }
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::WaitForOperation(const std::string& operation_id,
+                                                                  absl::Duration timeout) {
+  return WatchOperation(operation_id, nullptr, timeout);
+}
+
+}  // namespace reshard::client

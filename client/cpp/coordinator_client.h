@@ -1,0 +1,118 @@
+// reshard::client::CoordinatorClient: typed calls of the coordinator's
+// scheduler API (reshard.v1.CoordinatorService) for schedulers and tools.
+//
+// Every call returns the server's status code and message unchanged
+// (absl::Status), has a deadline (Options::call_timeout, covering every
+// retry of that call) and is retried, with exponential backoff and jitter,
+// only when it ends UNAVAILABLE (when the deadline, not the attempt count,
+// stops the retries, the call ends DEADLINE_EXCEEDED). Mutating calls carry an idempotency key: the
+// request's own when it has one, else a fresh random key per logical call,
+// reused by every retry of it, so a retried Resize starts one operation.
+//
+// Thread contract: thread-safe; one client may serve many threads.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <random>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "client/cpp/retry.h"
+#include "reshard/v1/coordinator.grpc.pb.h"
+#include "reshard/v1/coordinator.pb.h"
+
+namespace reshard::client {
+
+/// True for COMMITTED, ABORTED and FAILED.
+bool IsFinal(v1::OperationState state);
+
+/// A fresh idempotency key: 32 random hex characters.
+std::string NewIdempotencyKey();
+
+class CoordinatorClient {
+ public:
+  struct Options {
+    /// Deadline of one logical call, retries and backoff included.
+    absl::Duration call_timeout = absl::Seconds(30);
+    RetryPolicy retry;
+    /// Called after every attempt of every call (method name, 1-based
+    /// attempt, its status), e.g. for logging. May be empty.
+    std::function<void(absl::string_view method, int attempt, const absl::Status&)> on_attempt;
+  };
+
+  /// A client of the coordinator at `target` (gRPC target: "host:port").
+  /// Connects lazily: the first call reports an unreachable coordinator.
+  explicit CoordinatorClient(const std::string& target) : CoordinatorClient(target, Options()) {}
+  CoordinatorClient(const std::string& target, Options options);
+  /// Over an existing channel (tests, custom credentials).
+  CoordinatorClient(std::shared_ptr<grpc::Channel> channel, Options options);
+
+  CoordinatorClient(const CoordinatorClient&) = delete;
+  CoordinatorClient& operator=(const CoordinatorClient&) = delete;
+
+  const Options& options() const { return options_; }
+
+  // Jobs.
+  [[nodiscard]] absl::StatusOr<v1::Job> RegisterJob(v1::RegisterJobRequest request);
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool include_ptc = false);
+  /// One page; see ListAllJobs for every page.
+  [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  /// Follows next_page_token to the end; the jobs of every page.
+  [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListAllJobs(v1::ListJobsRequest request);
+  [[nodiscard]] absl::Status DeleteJob(v1::DeleteJobRequest request);
+  [[nodiscard]] absl::Status DeleteJob(const std::string& job_id);
+
+  // Operations. Each returns the operation as created (usually PENDING).
+  [[nodiscard]] absl::StatusOr<v1::Operation> Resize(v1::ResizeRequest request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(v1::MigrateRequest request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> RecoverFromFailure(
+      v1::RecoverFromFailureRequest request);
+  /// Plans against the current generation; nothing is stored.
+  [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
+      const v1::PreviewPlanRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const std::string& operation_id);
+  [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(v1::CancelOperationRequest request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(const std::string& operation_id);
+
+  /// Hosts and their agents' state.
+  [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts();
+
+  /// Streams the operation to `on_update` every time it changes, until it is
+  /// final, and returns the final state. When the stream breaks with
+  /// UNAVAILABLE (coordinator restarted, failover) it re-reads the operation
+  /// with GetOperation and watches again, so no final state is missed; the
+  /// callback may see an unchanged operation twice around a reconnect.
+  /// `timeout` bounds the whole watch (DEADLINE_EXCEEDED when it passes);
+  /// absl::InfiniteDuration() waits as long as it takes. The callback runs
+  /// on the calling thread.
+  [[nodiscard]] absl::StatusOr<v1::Operation> WatchOperation(
+      const std::string& operation_id, const std::function<void(const v1::Operation&)>& on_update,
+      absl::Duration timeout = absl::InfiniteDuration());
+
+  /// WatchOperation without a callback: the final operation, or
+  /// DEADLINE_EXCEEDED after `timeout`.
+  [[nodiscard]] absl::StatusOr<v1::Operation> WaitForOperation(const std::string& operation_id,
+                                                               absl::Duration timeout);
+
+ private:
+  // Runs `attempt(context)` with the call's deadline, retrying UNAVAILABLE.
+  absl::Status Call(absl::string_view method,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& attempt);
+  absl::Duration NextBackoff(int attempt);
+  void SleepFor(absl::Duration d);
+
+  Options options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::mutex rng_mu_;
+  std::mt19937_64 rng_;  // guarded by rng_mu_
+};
+
+}  // namespace reshard::client

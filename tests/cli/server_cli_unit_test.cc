@@ -1,0 +1,226 @@
+// Unit tests of reshardctl's server commands' pure parts: argument parsing,
+// global flags, exit codes, the default recovery target and the formatting
+// of tables, JSON and progress. No network, no files.
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "client/cli/args.h"
+#include "client/cli/exit_codes.h"
+#include "client/cli/plan_command.h"
+#include "client/cli/server_commands.h"
+#include "client/cli/server_format.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace reshard::cli {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+TEST(ParseArgsBoolFlagsTest, BoolFlagsTakeNoValue) {
+  auto parsed = ParseArgs({"--no-wait", "job", "--to", "t.json"}, {"to"}, {"no-wait"});
+  ASSERT_TRUE(parsed.ok()) << parsed.status();
+  EXPECT_EQ(parsed->values.at("no-wait"), "true");
+  EXPECT_THAT(parsed->positional, ElementsAre("job"));
+  EXPECT_THAT(ParseArgs({"--no-wait=1"}, {}, {"no-wait"}).status().message(),
+              HasSubstr("takes no value"));
+  EXPECT_THAT(ParseArgs({"--no-wait", "--no-wait"}, {}, {"no-wait"}).status().message(),
+              HasSubstr("given twice"));
+}
+
+TEST(ParseServerArgsTest, ResizeWithGlobalFlags) {
+  auto inv = ParseServerArgs("resize",
+                             {"job-1", "--to", "t.json", "--no-wait", "--output", "json",
+                              "--coordinator", "db:7070", "--timeout", "5s"},
+                             "env:1");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->command, "resize");
+  EXPECT_THAT(inv->positional, ElementsAre("job-1"));
+  EXPECT_EQ(inv->flags.at("to"), "t.json");
+  EXPECT_TRUE(inv->flags.contains("no-wait"));
+  EXPECT_EQ(inv->global.output, GlobalOptions::Output::kJson);
+  EXPECT_EQ(inv->global.coordinator, "db:7070");
+  EXPECT_EQ(inv->global.timeout, absl::Seconds(5));
+}
+
+TEST(ParseServerArgsTest, CoordinatorFromEnvironmentThenDefault) {
+  auto from_env = ParseServerArgs("hosts", {"list"}, "env:1");
+  ASSERT_TRUE(from_env.ok()) << from_env.status();
+  EXPECT_EQ(from_env->command, "hosts list");
+  EXPECT_EQ(from_env->global.coordinator, "env:1");
+  EXPECT_EQ(from_env->global.output, GlobalOptions::Output::kTable);
+  auto by_default = ParseServerArgs("hosts", {"list"}, "");
+  ASSERT_TRUE(by_default.ok()) << by_default.status();
+  EXPECT_EQ(by_default->global.coordinator, kDefaultCoordinator);
+}
+
+TEST(ParseServerArgsTest, GroupsNeedAKnownSubcommand) {
+  auto show = ParseServerArgs("jobs", {"--output=json", "show", "abc"}, "");
+  ASSERT_TRUE(show.ok()) << show.status();
+  EXPECT_EQ(show->command, "jobs show");
+  EXPECT_THAT(show->positional, ElementsAre("abc"));
+  EXPECT_THAT(ParseServerArgs("jobs", {}, "").status().message(), HasSubstr("list"));
+  EXPECT_THAT(ParseServerArgs("ops", {"frob", "x"}, "").status().message(), HasSubstr("frob"));
+  auto help = ParseServerArgs("ops", {"--help"}, "");
+  ASSERT_TRUE(help.ok());
+  EXPECT_TRUE(help->help);
+}
+
+TEST(ParseServerArgsTest, UsageErrorsNameTheProblem) {
+  EXPECT_THAT(ParseServerArgs("resize", {"job"}, "").status().message(), HasSubstr("--to"));
+  EXPECT_THAT(ParseServerArgs("resize", {"--to", "t"}, "").status().message(), HasSubstr("JOB"));
+  EXPECT_THAT(ParseServerArgs("resize", {"a", "b", "--to", "t"}, "").status().message(),
+              HasSubstr("\"b\""));
+  EXPECT_THAT(ParseServerArgs("recover", {"job"}, "").status().message(), HasSubstr("--lost"));
+  EXPECT_THAT(ParseServerArgs("hosts", {"list", "--output", "yaml"}, "").status().message(),
+              HasSubstr("yaml"));
+  EXPECT_THAT(ParseServerArgs("hosts", {"list", "--timeout", "soon"}, "").status().message(),
+              HasSubstr("soon"));
+  EXPECT_THAT(ParseServerArgs("jobs", {"list", "--state", "HAPPY"}, "").status().message(),
+              HasSubstr("HAPPY"));
+  EXPECT_THAT(ParseServerArgs("resize", {"j", "--to", "t", "--expected-generation", "0"}, "")
+                  .status()
+                  .message(),
+              HasSubstr("positive"));
+  EXPECT_THAT(ParseServerArgs("hosts", {"list", "--no-wait"}, "").status().message(),
+              HasSubstr("--no-wait"));
+  EXPECT_TRUE(ParseServerArgs("jobs", {"list", "--state", "DEGRADED"}, "").ok());
+}
+
+TEST(ParsePlanArgsOutputTest, OutputIsAnAliasOfFormat) {
+  auto json = ParsePlanArgs({"--spec", "j", "--to", "t", "--output", "json"});
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->format, PlanOptions::Format::kJson);
+  auto table = ParsePlanArgs({"--spec", "j", "--to", "t", "--output=table"});
+  ASSERT_TRUE(table.ok()) << table.status();
+  EXPECT_EQ(table->format, PlanOptions::Format::kSummary);
+  EXPECT_FALSE(ParsePlanArgs({"--spec", "j", "--to", "t", "--output", "xml"}).ok());
+  EXPECT_FALSE(
+      ParsePlanArgs({"--spec", "j", "--to", "t", "--output", "json", "--format", "json"}).ok());
+}
+
+TEST(ParseTimeoutTest, DurationsAndSeconds) {
+  EXPECT_EQ(*ParseTimeout("2.5"), absl::Milliseconds(2500));
+  EXPECT_EQ(*ParseTimeout("1m"), absl::Minutes(1));
+  EXPECT_EQ(*ParseTimeout("500ms"), absl::Milliseconds(500));
+  EXPECT_FALSE(ParseTimeout("0").ok());
+  EXPECT_FALSE(ParseTimeout("-3s").ok());
+  EXPECT_FALSE(ParseTimeout("later").ok());
+}
+
+TEST(ExitCodeTest, ConflictNotFoundAndUnavailable) {
+  EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), kExitNotFound);
+  EXPECT_EQ(ExitCodeFor(absl::FailedPreconditionError("x")), kExitConflict);
+  EXPECT_EQ(ExitCodeFor(absl::AlreadyExistsError("x")), kExitConflict);
+  EXPECT_EQ(ExitCodeFor(absl::AbortedError("x")), kExitConflict);
+  EXPECT_EQ(ExitCodeFor(absl::UnavailableError("x")), kExitUnavailable);
+  EXPECT_EQ(ExitCodeFor(absl::DeadlineExceededError("x")), kExitUnavailable);
+  EXPECT_EQ(ExitCodeFor(absl::InvalidArgumentError("x")), kExitError);
+  EXPECT_EQ(ExitCodeFor(absl::InternalError("x")), kExitError);
+  EXPECT_NE(ExitCodeFor(absl::OkStatus()), kExitOk);
+  EXPECT_THAT(std::string(kExitCodesHelp), HasSubstr("6  coordinator unreachable"));
+}
+
+v1::Layout TwoHostsOfTwo() {
+  v1::Layout l;
+  l.mutable_config()->set_tp(2);
+  l.mutable_config()->set_pp(1);
+  l.mutable_config()->set_dp(2);
+  l.mutable_placement()->add_hosts("a");
+  l.mutable_placement()->add_hosts("b");
+  l.mutable_placement()->set_devices_per_host(2);
+  return l;
+}
+
+TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
+  auto l = SurvivorLayout(TwoHostsOfTwo(), {"a"}, {});
+  ASSERT_TRUE(l.ok()) << l.status();
+  EXPECT_EQ(l->config().tp(), 2);
+  EXPECT_EQ(l->config().dp(), 1);
+  ASSERT_EQ(l->placement().ranks_size(), 2);
+  EXPECT_EQ(l->placement().ranks(0).host(), "b");
+  EXPECT_EQ(l->placement().ranks(1).device(), 1);
+  // A lost rank takes its slot away: 3 slots hold one tp 2 replica.
+  auto r = SurvivorLayout(TwoHostsOfTwo(), {}, {0});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->config().dp(), 1);
+  EXPECT_EQ(r->placement().ranks(0).host(), "a");
+  EXPECT_EQ(r->placement().ranks(0).device(), 1);
+  EXPECT_EQ(SurvivorLayout(TwoHostsOfTwo(), {"a", "b"}, {}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ServerFormatTest, JsonUsesOriginalFieldNames) {
+  v1::Operation op;
+  op.set_id("op-1");
+  op.set_state(v1::OPERATION_STATE_TRANSFERRING);
+  op.set_bytes_total(10);
+  auto json = ToJson(op);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"bytes_total\": \"10\""));
+  EXPECT_THAT(*json, HasSubstr("\"bytes_done\": \"0\""));  // every field printed
+  EXPECT_THAT(*json, HasSubstr("\"OPERATION_STATE_TRANSFERRING\""));
+  EXPECT_THAT(*json, Not(HasSubstr("bytesTotal")));
+}
+
+TEST(ServerFormatTest, TablesShowTheFields) {
+  v1::ListJobsResponse jobs;
+  v1::Job* j = jobs.add_jobs();
+  j->set_id("j1");
+  j->set_name("gpt");
+  j->set_tenant("t");
+  j->set_state(v1::JOB_STATE_DEGRADED);
+  j->set_generation(3);
+  *j->mutable_layout() = TwoHostsOfTwo();
+  j->set_total_bytes(int64_t{3} << 30);
+  const std::string table = FormatJobsTable(jobs);
+  EXPECT_THAT(table, HasSubstr("ID"));
+  EXPECT_THAT(table, HasSubstr("DEGRADED"));
+  EXPECT_THAT(table, HasSubstr("3.00 GiB"));
+  EXPECT_THAT(FormatJobsTable(v1::ListJobsResponse()), HasSubstr("(no jobs)"));
+
+  j->add_lost_hosts("b");
+  const std::string shown = FormatJob(*j, 0);
+  EXPECT_THAT(shown, HasSubstr("tp 2, pp 1, dp 2 (4 ranks) on a, b x 2"));
+  EXPECT_THAT(shown, HasSubstr("b (LOST)"));
+
+  v1::ListHostsResponse hosts;
+  v1::Host* h = hosts.add_hosts();
+  h->set_host_id("h0");
+  h->set_state(v1::HOST_STATE_LOST);
+  h->set_last_heartbeat_unix_ms(10'000);
+  h->set_lease_expires_unix_ms(13'000);
+  const std::string host_table = FormatHostsTable(hosts, 20'000);
+  EXPECT_THAT(host_table, HasSubstr("LOST"));
+  EXPECT_THAT(host_table, HasSubstr("10s ago"));
+  EXPECT_THAT(host_table, HasSubstr("expired 7.0s ago"));
+}
+
+TEST(ServerFormatTest, ProgressShowsBytesRateAndTimeLeft) {
+  ProgressSample s;
+  s.state = v1::OPERATION_STATE_TRANSFERRING;
+  s.bytes_done = int64_t{1} << 30;
+  s.bytes_total = int64_t{2} << 30;
+  s.rate_bytes_per_s = 100.0 * (1 << 20);
+  s.elapsed_s = 12;
+  const std::string bar = FormatProgressBar(s, 10);
+  EXPECT_THAT(bar, HasSubstr("TRANSFERRING [#####-----]"));
+  EXPECT_THAT(bar, HasSubstr("50.0%"));
+  EXPECT_THAT(bar, HasSubstr("1.00 GiB / 2.00 GiB"));
+  EXPECT_THAT(bar, HasSubstr("100 MiB/s"));
+  EXPECT_THAT(bar, HasSubstr("10s left"));
+  const std::string line = FormatProgressLine("op-9", s);
+  EXPECT_THAT(line, HasSubstr("operation op-9: TRANSFERRING"));
+  EXPECT_THAT(line, HasSubstr("10s left"));
+  ProgressSample pending;
+  pending.state = v1::OPERATION_STATE_PENDING;
+  EXPECT_THAT(FormatProgressBar(pending, 4), HasSubstr("PENDING [----]"));
+  EXPECT_EQ(FormatSeconds(75), "1m15s");
+  EXPECT_EQ(FormatSeconds(0.42), "0.4s");
+}
+
+}  // namespace
+}  // namespace reshard::cli

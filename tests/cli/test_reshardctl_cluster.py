@@ -1,0 +1,397 @@
+"""End-to-end tests of the reshardctl binary against a real local cluster.
+
+One LocalCluster (deploy/local/cluster.py: PostgreSQL, reshard-coordinator,
+four reshard-agents) per module. The test plays the training workers through
+each agent's WorkerService (generated stubs under <build>/python) and the
+operator through reshardctl only; it checks exit statuses, stdout (tables
+and proto JSON) and the bytes the agents hold afterwards.
+
+Run by CTest (tests/cli/CMakeLists.txt, labels "cli;integration") with
+RESHARD_BUILD_DIR set; by hand:
+
+    RESHARD_BUILD_DIR=build /usr/bin/python3 -m pytest -v tests/cli/test_reshardctl_cluster.py
+"""
+
+import json
+import mmap
+import os
+import pty
+import re
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BUILD = os.path.abspath(os.environ.get("RESHARD_BUILD_DIR", os.path.join(REPO, "build")))
+sys.path.insert(0, os.path.join(REPO, "deploy", "local"))
+sys.path.insert(0, os.path.join(BUILD, "python"))
+
+import grpc  # noqa: E402
+from cluster import LocalCluster  # noqa: E402
+from reshard.v1 import worker_pb2, worker_pb2_grpc  # noqa: E402
+
+TIMEOUT_S = 120
+
+# Exit statuses (reshardctl --help).
+OK, ERROR, USAGE, OP_FAILED, NOT_FOUND, CONFLICT, UNAVAILABLE = 0, 1, 2, 3, 4, 5, 6
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def job_spec(name, tenant, hosts):
+    """A small GPT-like job, everything data-parallel replicated (so losing
+    one data-parallel replica is recoverable): tp 2, pp 1, dp 2 on 2 hosts x 2."""
+    def tensor(name, shape, pipeline, layer=0, split_axis=None):
+        t = {"name": name, "dtype": "DTYPE_BFLOAT16", "shape": shape,
+             "partition": {"pipeline": {"mode": pipeline, "layer": layer}}}
+        if split_axis is not None:
+            t["partition"]["tp"] = {"mode": "TP_SPLIT", "axis": split_axis}
+        return t
+
+    tensors = [tensor("embedding.weight", [64, 32], "PIPELINE_FIRST_STAGE", split_axis=0)]
+    for n in range(2):
+        tensors.append(tensor(f"layers.{n}.mlp.weight", [64, 32], "PIPELINE_LAYER", n, 0))
+        tensors.append(tensor(f"layers.{n}.norm.weight", [32], "PIPELINE_LAYER", n))
+    tensors.append(tensor("output.weight", [64, 32], "PIPELINE_LAST_STAGE", split_axis=0))
+    return {
+        "name": name, "tenant": tenant,
+        "ptc": {"num_layers": 2, "tensors": tensors,
+                "blobs": [{"name": "step", "size_bytes": 8}]},
+        "layout": layout(2, 1, 2, hosts, 2),
+    }
+
+
+def layout(tp, pp, dp, hosts, per_host):
+    return {"config": {"tp": tp, "pp": pp, "dp": dp},
+            "placement": {"hosts": hosts, "devices_per_host": per_host}}
+
+
+def write_json(directory, name, obj):
+    path = os.path.join(directory, name)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f)
+    return path
+
+
+def rank_hosts(lay):
+    p = lay["placement"]
+    return [h for h in p["hosts"] for _ in range(p["devices_per_host"])]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Ctl:
+    """Runs reshardctl against the cluster."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def __call__(self, *args, coordinator=True, env=None, timeout=TIMEOUT_S):
+        argv = [self.cluster.reshardctl]
+        if coordinator:
+            argv += ["--coordinator", self.cluster.coordinator]
+        proc = subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout,
+                              env=dict(os.environ, **(env or {})))
+        return proc.returncode, proc.stdout, proc.stderr
+
+    def json(self, *args):
+        rc, out, err = self(*args, "--output", "json")
+        assert rc == OK, f"reshardctl {' '.join(args)}: exit {rc}\n{err}"
+        return json.loads(out)
+
+
+def worker_stub(cluster, host):
+    channel = grpc.insecure_channel("unix:" + cluster.agents[host].worker_socket)
+    return worker_pb2_grpc.WorkerServiceStub(channel)
+
+
+def publish(cluster, job_id, spec, seed):
+    """Publishes generation 1 of every rank; returns {rank: {item name: bytes}}.
+    Every element is data-parallel replicated and pp is 1, so an item's bytes
+    depend only on the rank's tensor-parallel index (for split tensors): the
+    replicas agree, as a real job's do."""
+    import hashlib
+    lay = spec["layout"]
+    tp = lay["config"]["tp"]
+    split = {t["name"] for t in spec["ptc"]["tensors"]
+             if t["partition"].get("tp", {}).get("mode") == "TP_SPLIT"}
+
+    def content(name, rank, size):
+        piece = rank % tp if name in split else 0
+        out = b""
+        counter = 0
+        while len(out) < size:
+            out += hashlib.sha256(f"{seed}/{name}/{piece}/{counter}".encode()).digest()
+            counter += 1
+        return out[:size]
+
+    written = {}
+    for rank, host in enumerate(rank_hosts(lay)):
+        stub = worker_stub(cluster, host)
+        resp = stub.PublishShard(worker_pb2.PublishShardRequest(
+            job_id=job_id, generation=1, rank=rank), timeout=30)
+        items = {}
+        with open(resp.path, "r+b") as f, mmap.mmap(f.fileno(), resp.size) as m:
+            for item in resp.items:
+                data = content(item.name, rank, item.bytes)
+                m[item.offset:item.offset + item.bytes] = data
+                items[item.name] = data
+        stub.SealShard(worker_pb2.SealShardRequest(job_id=job_id, generation=1, rank=rank),
+                       timeout=30)
+        written[rank] = items
+    return written
+
+
+def load(cluster, host, job_id, generation, rank):
+    resp = worker_stub(cluster, host).OpenGeneration(worker_pb2.OpenGenerationRequest(
+        job_id=job_id, generation=generation, rank=rank), timeout=30)
+    with open(resp.path, "rb") as f, mmap.mmap(f.fileno(), resp.size, prot=mmap.PROT_READ) as m:
+        return {item.name: bytes(m[item.offset:item.offset + item.bytes]) for item in resp.items}
+
+
+# ----------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(build_dir=BUILD, hosts=4, devices_per_host=2) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def ctl(cluster):
+    return Ctl(cluster)
+
+
+@pytest.fixture(scope="module")
+def files():
+    with tempfile.TemporaryDirectory(prefix="reshardctl-test-") as d:
+        yield d
+
+
+@pytest.fixture(scope="module")
+def job(cluster, ctl, files):
+    """Job "gpt" on host-0, host-1 with its generation 1 published."""
+    spec = job_spec("gpt", "cli", ["host-0", "host-1"])
+    created = ctl.json("jobs", "register", "--spec", write_json(files, "gpt.json", spec))
+    written = publish(cluster, created["id"], spec, seed=1)
+    return {"id": created["id"], "spec": spec, "written": written}
+
+
+# -------------------------------------------------------------------- tests
+
+
+def test_help_documents_exit_codes(ctl):
+    rc, out, _ = ctl("--help", coordinator=False)
+    assert rc == OK
+    for cmd in ("jobs list", "jobs show", "resize", "migrate", "recover", "preview", "hosts list",
+                "ops watch", "plan"):
+        assert cmd in out
+    for code in ("NOT_FOUND", "FAILED_PRECONDITION", "UNAVAILABLE"):
+        assert code in out
+    rc, out, _ = ctl("resize", "--help", coordinator=False)
+    assert rc == OK and "--no-wait" in out and "--to" in out
+
+
+def test_usage_errors(ctl):
+    rc, out, err = ctl("resize", "some-job")
+    assert rc == USAGE and out == ""
+    assert re.match(r"^INVALID_ARGUMENT: .*--to", err)
+    rc, _, err = ctl("jobs", "frobnicate")
+    assert rc == USAGE and "frobnicate" in err
+    rc, _, err = ctl("jobs", "list", "--output", "yaml")
+    assert rc == USAGE and "yaml" in err
+
+
+def test_hosts_list(ctl, cluster):
+    rc, out, err = ctl("hosts", "list")
+    assert rc == OK, err
+    for host in cluster.host_ids:
+        assert re.search(rf"^{host}\s+ALIVE\s", out, re.MULTILINE), out
+    hosts = ctl.json("hosts", "list")["hosts"]
+    assert sorted(h["host_id"] for h in hosts) == cluster.host_ids
+    assert all(h["state"] == "HOST_STATE_ALIVE" for h in hosts)
+
+
+def test_jobs_list_and_show(ctl, job):
+    rc, out, err = ctl("jobs", "list")
+    assert rc == OK, err
+    assert re.search(rf"^{job['id']}\s+gpt\s+cli\s+ACTIVE\s+1\s", out, re.MULTILINE), out
+    listed = ctl.json("jobs", "list")["jobs"]
+    assert [j["id"] for j in listed] == [job["id"]]
+    shown = ctl.json("jobs", "show", job["id"])
+    assert shown["id"] == job["id"] and shown["name"] == "gpt"
+    assert shown["state"] == "JOB_STATE_ACTIVE"
+    assert int(shown["generation"]) == 1
+    assert shown["layout"]["config"]["dp"] == 2
+    rc, out, err = ctl("jobs", "show", job["id"])
+    assert rc == OK, err
+    assert re.search(r"^layout:\s+tp 2, pp 1, dp 2 \(4 ranks\) on host-0, host-1 x 2", out,
+                     re.MULTILINE), out
+    # A filter that matches nothing.
+    assert ctl.json("jobs", "list", "--tenant", "nobody").get("jobs", []) == []
+
+
+def test_preview(ctl, job, files):
+    target = write_json(files, "preview.json", layout(2, 1, 2, ["host-2", "host-3"], 2))
+    rc, out, err = ctl("preview", job["id"], "--to", target)
+    assert rc == OK, err
+    assert re.search(r"cross / lower bound:\s+1\.000", out), out
+    stats = ctl.json("preview", job["id"], "--to", target)["stats"]
+    assert int(stats["bytes_cross_host"]) > 0
+    assert int(stats["bytes_cross_host"]) == int(stats["lower_bound_cross_host"])
+
+
+def test_unknown_job_is_exit_4(ctl, files):
+    missing = "0123456789abcdef0123456789abcdef"
+    rc, out, err = ctl("jobs", "show", missing)
+    assert rc == NOT_FOUND and out == ""
+    assert re.match(rf'^NOT_FOUND: .*{missing}', err), err
+    target = write_json(files, "any.json", layout(2, 1, 1, ["host-2"], 2))
+    rc, _, err = ctl("resize", missing, "--to", target)
+    assert rc == NOT_FOUND and err.startswith("NOT_FOUND: "), err
+    rc, _, err = ctl("ops", "watch", "no-such-operation")
+    assert rc == NOT_FOUND, err
+
+
+def test_coordinator_down_is_exit_6(ctl):
+    dead = f"127.0.0.1:{free_port()}"
+    start = time.monotonic()
+    rc, out, err = ctl("jobs", "list", "--coordinator", dead, coordinator=False)
+    assert rc == UNAVAILABLE and out == "", err
+    assert re.match(r"^(UNAVAILABLE|DEADLINE_EXCEEDED): ", err), err
+    assert time.monotonic() - start < 30
+    # The same through $RESHARD_COORDINATOR.
+    rc, _, err = ctl("hosts", "list", coordinator=False, env={"RESHARD_COORDINATOR": dead})
+    assert rc == UNAVAILABLE, err
+
+
+def test_resize_waits_and_prints_json(ctl, cluster, job, files):
+    # tp 2, dp 1 on host-2: new ranks 0 and 1 are old ranks 0 and 1.
+    target = write_json(files, "to-host-2.json", layout(2, 1, 1, ["host-2"], 2))
+    rc, out, err = ctl("resize", job["id"], "--to", target, "--output", "json")
+    assert rc == OK, err
+    op = json.loads(out)
+    assert op["state"] == "OPERATION_STATE_COMMITTED", op
+    assert int(op["to_generation"]) == 2
+    assert int(op["bytes_done"]) == int(op["bytes_total"]) > 0
+    # Not a terminal: plain progress lines on stderr, the last one final.
+    assert re.search(rf"operation {op['id']}: COMMITTED", err), err
+    for rank in (0, 1):
+        assert load(cluster, "host-2", job["id"], 2, rank) == job["written"][rank]
+    shown = ctl.json("jobs", "show", job["id"])
+    assert int(shown["generation"]) == 2 and shown["state"] == "JOB_STATE_ACTIVE"
+
+
+def test_second_resize_conflicts_then_watch(ctl, cluster, job, files):
+    # host-3's agent is paused (shorter than the lease), so the first
+    # operation cannot finish before the second request arrives.
+    target = write_json(files, "to-host-3.json", layout(2, 1, 1, ["host-3"], 2))
+    other = write_json(files, "to-host-0.json", layout(2, 1, 1, ["host-0"], 2))
+    agent_pid = cluster.agents["host-3"].pid
+    os.kill(agent_pid, signal.SIGSTOP)
+    try:
+        rc, out, err = ctl("resize", job["id"], "--to", target, "--no-wait")
+        assert rc == OK, err
+        op_id = out.strip()
+        assert re.fullmatch(r"[0-9a-zA-Z_-]+", op_id), out
+        rc, out, err = ctl("resize", job["id"], "--to", other, "--no-wait")
+        assert rc == CONFLICT and out == "", err
+        assert err.startswith("FAILED_PRECONDITION: ") and op_id in err, err
+    finally:
+        os.kill(agent_pid, signal.SIGCONT)
+    rc, out, err = ctl("ops", "watch", op_id)
+    assert rc == OK, err
+    assert re.search(r"^state:\s+COMMITTED", out, re.MULTILINE), out
+    for rank in (0, 1):
+        assert load(cluster, "host-3", job["id"], 3, rank) == job["written"][rank]
+
+    # Watching a finished operation returns at once, in JSON too.
+    op = ctl.json("ops", "watch", op_id)
+    assert op["id"] == op_id and op["state"] == "OPERATION_STATE_COMMITTED"
+
+
+def test_progress_bar_on_a_terminal(ctl, cluster, job):
+    # A --no-wait resize back to host-2, then `ops watch` with stderr on a pty.
+    target = write_json(tempfile.mkdtemp(), "back.json", layout(2, 1, 1, ["host-2"], 2))
+    rc, out, err = ctl("resize", job["id"], "--to", target, "--no-wait")
+    assert rc == OK, err
+    op_id = out.strip()
+    master, slave = pty.openpty()
+    try:
+        proc = subprocess.Popen([cluster.reshardctl, "--coordinator", cluster.coordinator, "ops",
+                                 "watch", op_id], stdout=subprocess.PIPE, stderr=slave)
+        os.close(slave)
+        slave = None
+        out, _ = proc.communicate(timeout=TIMEOUT_S)
+        tty = b""
+        while select.select([master], [], [], 0.2)[0]:
+            try:
+                chunk = os.read(master, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            tty += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert proc.returncode == OK, tty
+    text = tty.decode(errors="replace")
+    assert "\r" in text and re.search(r"COMMITTED \[#+\]\s+100\.0%", text), repr(text)
+
+
+def test_operation_aborted_is_exit_3(ctl, job, files):
+    # A host without an agent: the coordinator accepts, then aborts.
+    target = write_json(files, "to-nowhere.json", layout(2, 1, 1, ["host-99"], 2))
+    rc, out, err = ctl("resize", job["id"], "--to", target, "--output", "json")
+    assert rc == OP_FAILED, err
+    op = json.loads(out)
+    assert op["state"] in ("OPERATION_STATE_ABORTED", "OPERATION_STATE_FAILED")
+    assert "host-99" in op["error"]
+    assert re.search(r"operation \S+ (ABORTED|FAILED): .*host-99", err), err
+
+
+def test_lost_host_and_recover(ctl, cluster, files):
+    spec = job_spec("gpt-recover", "cli", ["host-0", "host-1"])
+    created = ctl.json("jobs", "register", "--spec", write_json(files, "recover.json", spec))
+    job_id = created["id"]
+    written = publish(cluster, job_id, spec, seed=2)
+
+    cluster.kill_agent("host-1")
+    deadline = time.monotonic() + 30
+    while True:
+        hosts = {h["host_id"]: h["state"] for h in ctl.json("hosts", "list")["hosts"]}
+        if hosts["host-1"] == "HOST_STATE_LOST":
+            break
+        assert time.monotonic() < deadline, f"host-1 not LOST: {hosts}"
+        time.sleep(0.5)
+    rc, out, err = ctl("hosts", "list")
+    assert rc == OK and re.search(r"^host-1\s+LOST\s", out, re.MULTILINE), out
+    shown = ctl.json("jobs", "show", job_id)
+    assert shown["lost_hosts"] == ["host-1"]
+    assert shown["state"] == "JOB_STATE_DEGRADED"
+
+    # Without --to: the same config with dp shrunk onto the survivors (host-0).
+    rc, out, err = ctl("recover", job_id, "--lost", "host-1", "--output", "json")
+    assert rc == OK, err
+    op = json.loads(out)
+    assert op["state"] == "OPERATION_STATE_COMMITTED", op
+    assert op["kind"] == "OPERATION_KIND_RECOVER"
+    shown = ctl.json("jobs", "show", job_id)
+    assert int(shown["generation"]) == 2 and shown["state"] == "JOB_STATE_ACTIVE"
+    assert shown["layout"]["config"]["dp"] == 1
+    for rank in (0, 1):
+        assert load(cluster, "host-0", job_id, 2, rank) == written[rank]
