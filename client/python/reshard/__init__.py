@@ -1,0 +1,39 @@
+"""reshard: Python SDK of the reshard coordinator and agents.
+
+- reshard.Client: the scheduler API (jobs, resize, migrate, recover, preview,
+  operations, hosts) with deadlines and retries on UNAVAILABLE.
+- reshard.Worker: a training worker publishes its rank's tensors to the agent
+  of its host and loads a new generation's shards.
+- reshard.layout: layouts and the reference "global tensors -> one rank's
+  shard" function of docs/partitioning.md.
+- reshard.megatron: PTC specs from Megatron-style state dicts; a synthetic GPT.
+
+The generated messages live in reshard.v1 (ptc_pb2, coordinator_pb2, ...).
+"""
+
+from reshard.errors import (  # noqa: F401
+    Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
+    InvalidArgument, NotFound, OperationFailed, ReshardError, ResourceExhausted, Unavailable)
+from reshard._proto import as_message, to_dict  # noqa: F401
+from reshard.v1 import agent_pb2, coordinator_pb2, plan_pb2, ptc_pb2  # noqa: F401
+from reshard.client import Client, TERMINAL_STATES, is_terminal  # noqa: F401
+from reshard.worker import Worker, checksum  # noqa: F401
+from reshard import layout, megatron  # noqa: F401
+
+# Enum wrappers, e.g. reshard.OperationState.Name(op.state), reshard.DType.Value("DTYPE_BFLOAT16").
+OperationState = coordinator_pb2.OperationState
+OperationKind = coordinator_pb2.OperationKind
+JobState = coordinator_pb2.JobState
+HostState = agent_pb2.HostState
+DType = ptc_pb2.DType
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Client", "Worker", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
+    "as_message", "to_dict", "agent_pb2", "coordinator_pb2", "plan_pb2", "ptc_pb2",
+    "OperationState", "OperationKind", "JobState", "HostState", "DType",
+    "ReshardError", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
+    "Aborted", "Unavailable", "DeadlineExceeded", "DataLoss", "ResourceExhausted", "Cancelled",
+    "Internal", "OperationFailed",
+]

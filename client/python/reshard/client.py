@@ -1,0 +1,336 @@
+"""reshard.Client: the scheduler-facing API of reshard-coordinator.
+
+Thread contract: a Client may be shared by threads (gRPC channels and stubs
+are thread-safe); close() is idempotent. Every call has a deadline (`timeout`
+seconds, per attempt); calls that fail with UNAVAILABLE are retried with
+exponential backoff and jitter up to `max_attempts` attempts, and nothing else
+is retried. A mutating call draws one idempotency key and sends it on every
+attempt, so a retry after a lost reply returns the first attempt's result
+instead of doing the work twice. Results are the proto messages of
+reshard.v1 (`reshard.to_dict` turns one into a dict).
+"""
+
+import random
+import time
+import uuid
+
+import grpc
+
+from reshard import errors
+from reshard import layout as layout_mod
+from reshard._proto import as_message, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2
+
+_pb = coordinator_pb2
+
+TERMINAL_STATES = frozenset(
+    (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED, _pb.OPERATION_STATE_FAILED))
+
+_DEFAULT_CHANNEL_OPTIONS = (
+    # The client retries UNAVAILABLE itself; let the channel reconnect quickly
+    # instead of sitting out gRPC's default 1 s..120 s reconnect backoff.
+    # (Not grpc.min_reconnect_backoff_ms: gRPC also uses it as the connect
+    # timeout, and 100 ms fails handshakes on a loaded machine.)
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+)
+
+
+def is_terminal(operation):
+    """True when the Operation is COMMITTED, ABORTED or FAILED."""
+    return operation.state in TERMINAL_STATES
+
+
+def new_idempotency_key():
+    """A fresh random idempotency key (32 hex chars)."""
+    return uuid.uuid4().hex
+
+
+class Client:
+    """Typed calls for the whole CoordinatorService.
+
+    Args:
+      address: "host:port" of a coordinator (any replica).
+      timeout: default deadline of one attempt, seconds.
+      max_attempts: attempts per call when the server is UNAVAILABLE (>= 1).
+      initial_backoff, max_backoff, backoff_multiplier: retry delays, seconds;
+        each delay is multiplied by a random factor in [0.5, 1.5) (jitter).
+      channel: an existing grpc.Channel to use instead of opening one.
+      credentials: grpc.ChannelCredentials for a secure channel (default insecure).
+      options: extra gRPC channel options, (key, value) pairs.
+      on_retry: optional callable(method, attempt, error, delay_s, idempotency_key)
+        called before each retry sleep (for logging and metrics).
+    """
+
+    def __init__(self, address, timeout=30.0, max_attempts=5, initial_backoff=0.1,
+                 max_backoff=5.0, backoff_multiplier=2.0, channel=None, credentials=None,
+                 options=(), on_retry=None):
+        if max_attempts < 1:
+            raise ValueError(f"max_attempts {max_attempts} must be >= 1")
+        if timeout is not None and timeout <= 0:
+            raise ValueError(f"timeout {timeout} must be > 0")
+        self.address = address
+        self.timeout = timeout
+        self.max_attempts = max_attempts
+        self.initial_backoff = initial_backoff
+        self.max_backoff = max_backoff
+        self.backoff_multiplier = backoff_multiplier
+        self.on_retry = on_retry
+        self._own_channel = channel is None
+        if channel is None:
+            opts = list(_DEFAULT_CHANNEL_OPTIONS) + list(options)
+            if credentials is None:
+                channel = grpc.insecure_channel(address, options=opts)
+            else:
+                channel = grpc.secure_channel(address, credentials, options=opts)
+        self._channel = channel
+        self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
+        self._closed = False
+
+    # ------------------------------------------------------------ lifecycle
+
+    def close(self):
+        """Closes the channel (if the Client opened it). Idempotent."""
+        if not self._closed:
+            self._closed = True
+            if self._own_channel:
+                self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # -------------------------------------------------------------- plumbing
+
+    def _delay(self, attempt):
+        base = min(self.max_backoff,
+                   self.initial_backoff * self.backoff_multiplier ** (attempt - 1))
+        return base * random.uniform(0.5, 1.5)
+
+    def _call(self, method, request, timeout=None, idempotency_key=None):
+        rpc = getattr(self._stub, method)
+        deadline = self.timeout if timeout is None else timeout
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return rpc(request, timeout=deadline)
+            except grpc.RpcError as e:
+                err = errors.from_rpc_error(e, method)
+                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.max_attempts:
+                    raise err from None
+                delay = self._delay(attempt)
+                if self.on_retry is not None:
+                    self.on_retry(method, attempt, err, delay, idempotency_key)
+                time.sleep(delay)
+
+    def _current_generation(self, job_id, expected_generation, timeout):
+        if expected_generation is not None:
+            return expected_generation
+        return self.get_job(job_id, timeout=timeout).generation
+
+    # ------------------------------------------------------------------ jobs
+
+    def register_job(self, spec, idempotency_key=None, timeout=None):
+        """Registers a job (JobSpec or dict: name, tenant, ptc, layout) at
+        generation 1. Returns the Job. AlreadyExists when (tenant, name) is
+        taken by another request; InvalidArgument for a bad spec."""
+        key = idempotency_key or new_idempotency_key()
+        req = _pb.RegisterJobRequest(spec=as_message(spec, ptc_pb2.JobSpec, "spec"),
+                                     idempotency_key=key)
+        return self._call("RegisterJob", req, timeout, key).job
+
+    def get_job(self, job_id, include_ptc=False, timeout=None):
+        """The Job (with its PTC when include_ptc). NotFound if unknown."""
+        return self._call("GetJob", _pb.GetJobRequest(job_id=job_id, include_ptc=include_ptc),
+                          timeout)
+
+    def iter_jobs(self, tenant="", state=None, page_size=100, timeout=None):
+        """Yields every Job (optionally of one tenant / JobState), page by page."""
+        token = ""
+        while True:
+            req = _pb.ListJobsRequest(tenant=tenant, page_size=page_size, page_token=token)
+            if state is not None:
+                req.state = _pb.JobState.Value(state) if isinstance(state, str) else state
+            resp = self._call("ListJobs", req, timeout)
+            yield from resp.jobs
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def list_jobs(self, tenant="", state=None, page_size=100, timeout=None):
+        """Every Job (all pages), as a list."""
+        return list(self.iter_jobs(tenant, state, page_size, timeout))
+
+    def delete_job(self, job_id, idempotency_key=None, timeout=None):
+        """Deletes a job and its generations. NotFound if unknown."""
+        key = idempotency_key or new_idempotency_key()
+        self._call("DeleteJob", _pb.DeleteJobRequest(job_id=job_id, idempotency_key=key),
+                   timeout, key)
+
+    # ------------------------------------------------------------ operations
+
+    def resize(self, job_id, layout, expected_generation=None, idempotency_key=None,
+               timeout=None):
+        """Starts a resize to `layout` (Layout: config + placement; a Layout
+        without config, or a bare Placement, keeps the current config).
+        expected_generation defaults to the job's current one (read first).
+        Returns the new Operation (PENDING); see wait()."""
+        key = idempotency_key or new_idempotency_key()
+        config, placement = _split_layout(layout)
+        req = _pb.ResizeRequest(job_id=job_id, placement=placement, idempotency_key=key,
+                                expected_generation=self._current_generation(
+                                    job_id, expected_generation, timeout))
+        if config is not None:
+            req.config.CopyFrom(config)
+        return self._call("Resize", req, timeout, key)
+
+    def migrate(self, job_id, layout, expected_generation=None, idempotency_key=None,
+                timeout=None):
+        """Moves the job to another placement (Layout or Placement) with the
+        same config and world size. Returns the new Operation."""
+        key = idempotency_key or new_idempotency_key()
+        _, placement = _split_layout(layout)
+        req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key,
+                                 expected_generation=self._current_generation(
+                                     job_id, expected_generation, timeout))
+        return self._call("Migrate", req, timeout, key)
+
+    def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
+                expected_generation=None, idempotency_key=None, timeout=None):
+        """Recovers from lost hosts/ranks onto `layout`. Without a layout the
+        target keeps tp, pp and devices per host on the surviving hosts of
+        the current (compact) placement and shrinks dp to fit
+        (reshard.layout.survivor_layout). FailedPrecondition from the planner
+        (via the Operation's error) when some state has no surviving holder."""
+        key = idempotency_key or new_idempotency_key()
+        if isinstance(lost_hosts, str):
+            lost_hosts = [lost_hosts]
+        job = None
+        if layout is None or expected_generation is None:
+            job = self.get_job(job_id, timeout=timeout)
+        if expected_generation is None:
+            expected_generation = job.generation
+        if layout is None:
+            target = layout_mod.survivor_layout(job.layout, lost_hosts)
+        else:
+            target = as_message(layout, ptc_pb2.Layout, "layout")
+        req = _pb.RecoverFromFailureRequest(
+            job_id=job_id, expected_generation=expected_generation, lost_hosts=list(lost_hosts),
+            lost_ranks=list(lost_ranks), target=target, idempotency_key=key)
+        return self._call("RecoverFromFailure", req, timeout, key)
+
+    def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):
+        """Plans current generation -> `layout` without running it; returns
+        the PlanStats. Planner errors pass through (InvalidArgument,
+        FailedPrecondition)."""
+        if isinstance(lost_hosts, str):
+            lost_hosts = [lost_hosts]
+        req = _pb.PreviewPlanRequest(job_id=job_id,
+                                     target=as_message(layout, ptc_pb2.Layout, "layout"),
+                                     lost_hosts=list(lost_hosts), lost_ranks=list(lost_ranks))
+        return self._call("PreviewPlan", req, timeout).stats
+
+    def get_operation(self, operation_id, timeout=None):
+        """The Operation as it is now. NotFound if unknown."""
+        return self._call("GetOperation", _pb.GetOperationRequest(operation_id=operation_id),
+                          timeout)
+
+    def cancel_operation(self, operation_id, idempotency_key=None, timeout=None):
+        """Cancels a running operation (-> ABORTED "cancelled by client").
+        FailedPrecondition when it is already final."""
+        key = idempotency_key or new_idempotency_key()
+        req = _pb.CancelOperationRequest(operation_id=operation_id, idempotency_key=key)
+        return self._call("CancelOperation", req, timeout, key)
+
+    def watch_operation(self, operation_id, callback=None, timeout=None):
+        """Follows an operation until it is final.
+
+        Without a callback: returns an iterator of Operation updates, the last
+        one final. With a callback: calls callback(operation) for each update
+        and returns the final Operation. A broken stream (UNAVAILABLE, or a
+        coordinator that ends the stream early) is reopened with backoff;
+        `timeout` (seconds, None: no limit) bounds the whole watch and raises
+        DeadlineExceeded."""
+        if hasattr(operation_id, "id"):  # an Operation
+            operation_id = operation_id.id
+        updates = self._watch(operation_id, timeout)
+        if callback is None:
+            return updates
+        last = None
+        for op in updates:
+            callback(op)
+            last = op
+        return last
+
+    def _watch(self, operation_id, timeout):
+        end = None if timeout is None else time.monotonic() + timeout
+        failures = 0
+        while True:
+            remaining = None if end is None else end - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise errors.DeadlineExceeded(
+                    f"operation \"{operation_id}\" not final after {timeout} s",
+                    method="WatchOperation")
+            stream = None
+            try:
+                stream = self._stub.WatchOperation(
+                    _pb.WatchOperationRequest(operation_id=operation_id), timeout=remaining)
+                for op in stream:
+                    failures = 0
+                    yield op
+                    if is_terminal(op):
+                        return
+                # The stream ended without a final state: read the operation.
+                op = self.get_operation(operation_id)
+                if is_terminal(op):
+                    yield op
+                    return
+                failures += 1
+            except grpc.RpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and end is not None:
+                    raise errors.DeadlineExceeded(
+                        f"operation \"{operation_id}\" not final after {timeout} s",
+                        method="WatchOperation") from None
+                err = errors.from_rpc_error(e, "WatchOperation")
+                failures += 1
+                if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
+                    raise err from None
+            finally:
+                if stream is not None:
+                    stream.cancel()  # the caller stopped early, or the stream is done
+            delay = self._delay(max(failures, 1))
+            if self.on_retry is not None:
+                self.on_retry("WatchOperation", failures, None, delay, None)
+            time.sleep(delay)
+
+    def wait(self, operation_id, timeout=None, raise_on_failure=False):
+        """Blocks until the operation is final and returns it. With
+        raise_on_failure an ABORTED / FAILED end raises OperationFailed.
+        DeadlineExceeded after `timeout` seconds (None: no limit)."""
+        if hasattr(operation_id, "id"):  # an Operation
+            operation_id = operation_id.id
+        final = None
+        for op in self._watch(operation_id, timeout):
+            final = op
+        if raise_on_failure and final.state != _pb.OPERATION_STATE_COMMITTED:
+            raise errors.OperationFailed(final)
+        return final
+
+    # ----------------------------------------------------------------- hosts
+
+    def list_hosts(self, timeout=None):
+        """Every registered host (agent) with its state and devices."""
+        return list(self._call("ListHosts", _pb.ListHostsRequest(), timeout).hosts)
+
+
+def _split_layout(value):
+    """(config or None, placement) from a Layout, a Placement or their dicts."""
+    if isinstance(value, ptc_pb2.Placement):
+        return None, as_message(value, ptc_pb2.Placement)
+    if isinstance(value, dict) and not ({"config", "placement"} & set(value)):
+        return None, as_message(value, ptc_pb2.Placement, "placement")
+    lay = as_message(value, ptc_pb2.Layout, "layout")
+    config = lay.config if lay.HasField("config") else None
+    return config, lay.placement

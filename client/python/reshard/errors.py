@@ -1,0 +1,97 @@
+"""Errors raised by the SDK: one class per gRPC status code a caller acts on.
+
+Every error carries `code` (a grpc.StatusCode), `message` (the server's text,
+which names the thing and the value) and `method` (the RPC). Pick the handling
+the way the codes mean it: InvalidArgument / FailedPrecondition never retry,
+Aborted retry the whole operation, Unavailable retry the call (the Client does
+that itself, up to max_attempts).
+"""
+
+import grpc
+
+
+class ReshardError(Exception):
+    """Base class of every error the reshard SDK raises for a failed call."""
+
+    code = grpc.StatusCode.UNKNOWN
+
+    def __init__(self, message, code=None, method=""):
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.method = method
+        where = f"{method}: " if method else ""
+        super().__init__(f"{where}{self.code.name}: {message}")
+
+
+class InvalidArgument(ReshardError):
+    code = grpc.StatusCode.INVALID_ARGUMENT
+
+
+class NotFound(ReshardError):
+    code = grpc.StatusCode.NOT_FOUND
+
+
+class AlreadyExists(ReshardError):
+    code = grpc.StatusCode.ALREADY_EXISTS
+
+
+class FailedPrecondition(ReshardError):
+    code = grpc.StatusCode.FAILED_PRECONDITION
+
+
+class Aborted(ReshardError):
+    code = grpc.StatusCode.ABORTED
+
+
+class Unavailable(ReshardError):
+    code = grpc.StatusCode.UNAVAILABLE
+
+
+class DeadlineExceeded(ReshardError):
+    code = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+class DataLoss(ReshardError):
+    code = grpc.StatusCode.DATA_LOSS
+
+
+class ResourceExhausted(ReshardError):
+    code = grpc.StatusCode.RESOURCE_EXHAUSTED
+
+
+class Cancelled(ReshardError):
+    code = grpc.StatusCode.CANCELLED
+
+
+class Internal(ReshardError):
+    code = grpc.StatusCode.INTERNAL
+
+
+class OperationFailed(ReshardError):
+    """Client.wait(..., raise_on_failure=True): the operation ended ABORTED or
+    FAILED. `operation` is the final Operation; `message` its error."""
+
+    code = grpc.StatusCode.ABORTED
+
+    def __init__(self, operation):
+        from reshard.v1 import coordinator_pb2
+        state = coordinator_pb2.OperationState.Name(operation.state)
+        super().__init__(f"operation \"{operation.id}\" ended {state}: {operation.error}",
+                         method="wait")
+        self.operation = operation
+
+
+_BY_CODE = {cls.code: cls for cls in (
+    InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unavailable,
+    DeadlineExceeded, DataLoss, ResourceExhausted, Cancelled, Internal)}
+
+
+def from_rpc_error(err, method=""):
+    """The ReshardError subclass for a grpc.RpcError (ReshardError for other codes)."""
+    code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN
+    details = err.details() if hasattr(err, "details") else str(err)
+    cls = _BY_CODE.get(code, ReshardError)
+    if cls is ReshardError:
+        return ReshardError(details or "", code=code, method=method)
+    return cls(details or "", method=method)

@@ -1,0 +1,335 @@
+"""reshard.Worker: the training-worker side of an agent (unix-socket gRPC).
+
+A worker publishes its rank's local tensors into the rank buffer the agent
+created (a shared-memory file: the worker maps it and writes in place) and
+seals it; after a reshard it loads the rank's buffer of the new generation.
+Thread contract: one Worker may be used by several threads for different
+ranks; publish/load of the same rank must not race.
+"""
+
+import mmap
+import os
+
+import grpc
+import numpy as np
+
+from reshard import _dtypes, errors
+from reshard._proto import as_message, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2
+from reshard._proto import worker_pb2, worker_pb2_grpc
+
+try:  # optional: expected checksums on seal, verification on load
+    import xxhash
+except ImportError:  # pragma: no cover - exercised only where xxhash is missing
+    xxhash = None
+
+
+_PUBLISHED_DTYPES = {}  # job id -> {tensor name: (numpy dtype, original dtype)}
+
+
+def checksum(data):
+    """XXH3-64 of a bytes-like, the agent's item checksum (docs/agent.md).
+    None when the xxhash module is not installed."""
+    if xxhash is None:
+        return None
+    return xxhash.xxh3_64_intdigest(data)
+
+
+def _torch():
+    try:
+        import torch
+        return torch
+    except ImportError:
+        return None
+
+
+def _is_torch(value):
+    return type(value).__module__.startswith("torch")
+
+
+class Worker:
+    """Publishes and loads one job's rank buffers through the agent of this host.
+
+    Args:
+      socket_path: the agent's --worker-socket path.
+      job_id: the job.
+      ptc: the job's Ptc (message or dict), used for item dtypes on load.
+      coordinator: "host:port" of the coordinator, to fetch the PTC when it
+        is needed and not given.
+      timeout: deadline of each call, seconds.
+
+    Dtypes on load: from `ptc`, else from the coordinator, else the dtypes
+    last published under each name by a Worker of this process for this job;
+    otherwise load raises ValueError.
+    """
+
+    def __init__(self, socket_path, job_id, ptc=None, coordinator=None, timeout=30.0):
+        self.socket_path = socket_path
+        self.job_id = job_id
+        self.timeout = timeout
+        target = socket_path if socket_path.startswith("unix:") else (
+            "unix:" + os.path.abspath(socket_path))
+        self._channel = grpc.insecure_channel(target)
+        self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        self._coordinator = coordinator
+        self._ptc = as_message(ptc, ptc_pb2.Ptc, "ptc") if ptc is not None else None
+        # Dtypes published through any Worker of this process, per job: a
+        # process that publishes and later loads needs no PTC.
+        self._seen_dtypes = _PUBLISHED_DTYPES.setdefault(job_id, {})
+
+    def close(self):
+        """Closes the channel. Idempotent."""
+        self._channel.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _call(self, method, request):
+        try:
+            return getattr(self._stub, method)(request, timeout=self.timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, method) from None
+
+    # ----------------------------------------------------------------- publish
+
+    def publish(self, rank, generation, state_dict, verify=True):
+        """Writes `rank`'s local tensors and blobs of `generation` (the job's
+        current one) into the agent's rank buffer and seals it.
+
+        state_dict maps every item the rank holds to its local data: tensors as
+        numpy arrays or torch tensors of the local shape the agent reports and
+        the PTC's element size; blobs as bytes-likes or arrays of exactly the
+        blob's size. Items the rank does not hold (other pipeline stages) may
+        be left out, or given with zero elements. Everything is checked before
+        the first byte is written; then each item is copied once, straight
+        from the source (strided arrays included) into the shared-memory file.
+
+        verify: send XXH3-64 checksums computed here so the agent refuses
+        (DataLoss) bytes that differ from what it reads back (needs xxhash).
+        Returns {item name: checksum} as the agent recorded them.
+        """
+        resp = self._call("PublishShard", worker_pb2.PublishShardRequest(
+            job_id=self.job_id, generation=generation, rank=rank))
+        names = [it.name for it in resp.items]
+        unknown = sorted(set(state_dict) - set(names))
+        if unknown:
+            raise ValueError(f"rank {rank}: {', '.join(repr(n) for n in unknown)} "
+                             f"not in the job's PTC")
+        plan = []  # (item, checked source array: local shape, or flat uint8 for blobs)
+        for it in resp.items:
+            plan.append((it, self._source(rank, it, state_dict.get(it.name))))
+        expected = []
+        with _Mapping(resp.path, resp.size, writable=True) as mm:
+            for it, src in plan:
+                if it.bytes:
+                    # One pass from the (possibly strided) source into the file.
+                    dst = np.ndarray(src.shape, dtype=src.dtype, buffer=mm, offset=it.offset)
+                    np.copyto(dst, src, casting="no")
+                    del dst
+                if verify and xxhash is not None:
+                    expected.append(checksum(memoryview(mm)[it.offset:it.offset + it.bytes])
+                                    if it.bytes else checksum(b""))
+        sums = self._call("SealShard", worker_pb2.SealShardRequest(
+            job_id=self.job_id, generation=generation, rank=rank,
+            expected_checksums=expected)).checksums
+        return dict(zip(names, sums))
+
+    def _source(self, rank, item, value):
+        """`value` checked against the item: an array of the local shape
+        (any strides), a flat uint8 array for blobs, None for nothing."""
+        where = f"rank {rank} item \"{item.name}\""
+        if value is None:
+            if item.bytes:
+                raise ValueError(f"{where}: missing from the state dict ({item.bytes} bytes "
+                                 f"held by this rank)")
+            return None
+        if isinstance(value, (bytes, bytearray, memoryview)):
+            raw = np.frombuffer(value, dtype=np.uint8)
+            if raw.size != item.bytes:
+                raise ValueError(f"{where}: {raw.size} bytes given, the rank buffer holds "
+                                 f"{item.bytes}")
+            return raw
+        arr = self._as_array(value)
+        shape = list(item.local_shape)
+        is_tensor_item = bool(shape) or (item.bytes == 0)
+        if item.bytes == 0:
+            if arr.size:
+                raise ValueError(f"{where}: rank {rank} does not hold this item (0 bytes in "
+                                 f"its buffer) but {arr.size} elements were given")
+            return None
+        if not is_tensor_item:  # blob given as an array: raw bytes
+            raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
+            if raw.size != item.bytes:
+                raise ValueError(f"{where}: {raw.size} bytes given, the blob holds {item.bytes}")
+            return raw
+        if list(arr.shape) != shape:
+            raise ValueError(f"{where}: local shape {list(arr.shape)} given, the layout gives "
+                             f"rank {rank} {shape}")
+        elements = int(np.prod(shape, dtype=np.int64))
+        if arr.dtype.itemsize * elements != item.bytes:
+            raise ValueError(f"{where}: dtype {arr.dtype} has {arr.dtype.itemsize}-byte "
+                             f"elements, the PTC's dtype has {item.bytes // max(elements, 1)}")
+        self._seen_dtypes[item.name] = (arr.dtype, getattr(value, "dtype", None))
+        return arr
+
+    @staticmethod
+    def _as_array(value):
+        if _is_torch(value):
+            torch = _torch()
+            t = value.detach()
+            if t.device.type != "cpu":
+                t = t.cpu()
+            if t.dtype == torch.bfloat16:
+                return t.view(torch.int16).numpy().view(np.uint16)
+            return t.numpy()
+        return np.asarray(value)
+
+    # -------------------------------------------------------------------- load
+
+    def load(self, rank, generation, as_torch=False, copy=True, verify=True):
+        """`rank`'s sealed buffer of `generation`: {name: array} for every
+        tensor the rank holds (local shape, the PTC's dtype; bfloat16 as
+        uint16 and float8 as uint8 in numpy, torch.bfloat16 in torch) and
+        {name: bytes} for every blob. Tensors with no bytes in the rank's
+        buffer (other pipeline stages, or an empty share) are left out.
+
+        copy=True: the arrays own their memory (one copy out of shared memory).
+        copy=False: zero-copy, copy-on-write views of a private mapping of the
+        file: writable, and writes never reach the agent's buffer; the mapping
+        lives as long as any array of it.
+        verify: recompute each item's XXH3-64 and raise DataLoss on a mismatch
+        with the agent's recorded checksum (needs xxhash).
+        """
+        resp = self._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
+            job_id=self.job_id, generation=generation, rank=rank))
+        kinds = self._item_kinds(resp.items)
+        torch = _torch() if as_torch else None
+        if as_torch and torch is None:
+            raise ImportError("as_torch=True needs torch")
+        out = {}
+        mm = _open_map(resp.path, resp.size, private=not copy)
+        try:
+            for i, it in enumerate(resp.items):
+                kind = kinds[i]
+                if verify and xxhash is not None and i < len(resp.checksums):
+                    got = checksum(memoryview(mm)[it.offset:it.offset + it.bytes]
+                                   if it.bytes else b"")
+                    if got != resp.checksums[i]:
+                        raise errors.DataLoss(
+                            f"job \"{self.job_id}\" generation {generation} rank {rank} item "
+                            f"\"{kind[-1]}\": checksum {got:016x}, agent recorded "
+                            f"{resp.checksums[i]:016x}", method="load")
+                name = kind[-1]
+                if kind[0] == "blob":
+                    out[name] = bytes(memoryview(mm)[it.offset:it.offset + it.bytes])
+                    continue
+                if it.bytes == 0:
+                    continue  # no element of it in this rank's buffer
+                np_dtype, enum = kind[1], kind[2]
+                # An old generation this agent never served may come without
+                # local shapes: such a tensor is returned flat.
+                shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
+                arr = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=it.offset)
+                if copy:
+                    arr = arr.copy()
+                if torch is not None:
+                    if arr.dtype == np.uint16:  # torch has no uint16: bfloat16 bits
+                        t = torch.from_numpy(arr.view(np.int16))
+                        arr = t.view(torch.bfloat16) if enum == ptc_pb2.DTYPE_BFLOAT16 else t
+                    else:
+                        arr = torch.from_numpy(arr)
+                out[name] = arr
+        finally:
+            if copy and mm is not None:
+                _close(mm)
+        return out
+
+    def _item_kinds(self, items):
+        """Per item: ("blob", name) or ("tensor", numpy dtype, DType or None, name)."""
+        ptc = self._ptc
+        if ptc is None and self._coordinator and any(
+                it.name not in self._seen_dtypes for it in items):
+            ptc = self._fetch_ptc()
+        if ptc is not None:
+            # Items are the PTC's tensors in order, then its blobs.
+            specs = [("tensor", t) for t in ptc.tensors] + [("blob", b) for b in ptc.blobs]
+            if len(specs) != len(items):
+                raise errors.ReshardError(
+                    f"the rank buffer has {len(items)} items, the job's PTC "
+                    f"{len(specs)}", method="load")
+            out = []
+            for it, (kind, spec) in zip(items, specs):
+                if it.name and it.name != spec.name:
+                    raise errors.ReshardError(f"item \"{it.name}\" where the PTC has "
+                                              f"\"{spec.name}\"", method="load")
+                if kind == "blob":
+                    out.append(("blob", spec.name))
+                else:
+                    out.append(("tensor", _dtypes.numpy_dtype(spec.dtype), spec.dtype, spec.name))
+            return out
+        out = []
+        for it in items:
+            if it.name in self._seen_dtypes:
+                np_dtype, _ = self._seen_dtypes[it.name]
+                enum = ptc_pb2.DTYPE_BFLOAT16 if np_dtype == np.uint16 else -1
+                out.append(("tensor", np_dtype, enum, it.name))
+            elif it.bytes and not len(it.local_shape):
+                out.append(("blob", it.name))  # blobs carry no local shape
+            elif it.bytes == 0:
+                out.append(("tensor", np.dtype(np.uint8), None, it.name))  # skipped by load
+            else:
+                raise ValueError(f"dtype of tensor \"{it.name}\" unknown: pass ptc= or "
+                                 f"coordinator= to Worker")
+        return out
+
+    def _fetch_ptc(self):
+        with grpc.insecure_channel(self._coordinator) as ch:
+            stub = coordinator_pb2_grpc.CoordinatorServiceStub(ch)
+            try:
+                job = stub.GetJob(coordinator_pb2.GetJobRequest(job_id=self.job_id,
+                                                                 include_ptc=True),
+                                  timeout=self.timeout)
+            except grpc.RpcError as e:
+                raise errors.from_rpc_error(e, "GetJob") from None
+        self._ptc = job.ptc
+        return self._ptc
+
+
+def _open_map(path, size, private=False, writable=False):
+    if size == 0:
+        return None
+    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
+    try:
+        if writable:
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+                             prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        if private:
+            return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+    finally:
+        os.close(fd)
+
+
+class _Mapping:
+    """A shared writable mapping of a rank buffer, closed on exit."""
+
+    def __init__(self, path, size, writable):
+        self._mm = _open_map(path, size, writable=writable)
+
+    def __enter__(self):
+        return self._mm if self._mm is not None else bytearray()
+
+    def __exit__(self, *exc):
+        if self._mm is not None:
+            _close(self._mm)
+
+
+def _close(mm):
+    """Unmaps now, or (while an array still views it, e.g. after an error
+    mid-copy) leaves the unmapping to the garbage collector."""
+    try:
+        mm.close()
+    except BufferError:
+        pass

@@ -1,0 +1,107 @@
+"""Shared test helpers: small PTCs covering every partition kind, publishing a
+layout's shards, and comparing loaded shards with reshard.layout.shard."""
+
+import numpy as np
+
+import reshard
+from reshard import layout
+from reshard.v1 import ptc_pb2
+
+
+def tensor(name, dtype, shape, tp=None, axis=0, blocks=(), pipeline="PIPELINE_LAYER", layer=0,
+           dp="DP_REPLICATED", dp_axis=0, allow_empty=False):
+    part = {"tp": {"mode": "TP_SPLIT", "axis": axis, "blocks": list(blocks)} if tp
+            else {"mode": "TP_REPLICATED"},
+            "pipeline": {"mode": pipeline, "layer": layer},
+            "dp": {"mode": dp, "axis": dp_axis},
+            "allowEmpty": allow_empty}
+    return {"name": name, "dtype": dtype, "shape": list(shape), "partition": part}
+
+
+def every_kind_ptc():
+    """A 5-layer PTC with every partition kind, uneven sizes, several dtypes."""
+    t = [
+        tensor("emb.word", "DTYPE_FLOAT16", [51, 12], tp=True, pipeline="PIPELINE_FIRST_STAGE"),
+        tensor("emb.pos", "DTYPE_FLOAT32", [7, 12], pipeline="PIPELINE_FIRST_STAGE"),
+        tensor("shared.tied", "DTYPE_BFLOAT16", [9, 6], tp=True, pipeline="PIPELINE_EVERY_STAGE"),
+    ]
+    for n in range(5):
+        p = f"layers.{n}."
+        t += [
+            tensor(p + "norm", "DTYPE_FLOAT32", [12], layer=n),
+            tensor(p + "qkv", "DTYPE_FLOAT16", [26, 12], tp=True, blocks=[14, 6, 6], layer=n),
+            tensor(p + "proj", "DTYPE_BFLOAT16", [12, 13], tp=True, axis=1, layer=n),
+            tensor(p + "fc1", "DTYPE_FLOAT16", [22, 12], tp=True, blocks=[11, 11], layer=n,
+                   dp="DP_SPLIT", dp_axis=1),
+            tensor(p + "fc2", "DTYPE_INT8", [12, 11], tp=True, axis=1, layer=n, dp="DP_SPLIT",
+                   dp_axis=0),
+            tensor(p + "fsdp3d", "DTYPE_INT32", [5, 3, 7], tp=True, axis=2, layer=n,
+                   dp="DP_SPLIT", dp_axis=1, allow_empty=True),
+            tensor(p + "opt.flat", "DTYPE_FLOAT32", [23, 5], tp=True, layer=n, dp="DP_FLAT"),
+            tensor(p + "opt.flat_rep", "DTYPE_FLOAT64", [13], layer=n, dp="DP_FLAT",
+                   allow_empty=True),
+            tensor(p + "mask", "DTYPE_BOOL", [3, 5], layer=n),
+        ]
+    t += [
+        tensor("final.norm", "DTYPE_FLOAT32", [12], pipeline="PIPELINE_LAST_STAGE"),
+        tensor("head", "DTYPE_FLOAT16", [51, 12], tp=True, pipeline="PIPELINE_LAST_STAGE",
+               dp="DP_FLAT"),
+        tensor("counts", "DTYPE_INT64", [4, 3], tp=True, axis=1, pipeline="PIPELINE_LAST_STAGE",
+               allow_empty=True),
+    ]
+    blobs = [{"name": "step", "sizeBytes": 8, "scope": "BLOB_REPLICATED"},
+             {"name": "rng_state", "sizeBytes": 40, "scope": "BLOB_PER_RANK"}]
+    return reshard.as_message({"numLayers": 5, "tensors": t, "blobs": blobs}, ptc_pb2.Ptc)
+
+
+def random_globals(ptc, world, seed=0):
+    """Random global arrays (raw dtypes) for every tensor, and blob values
+    (per-rank blobs: one value per rank of a world of `world`)."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for t in ptc.tensors:
+        dt = reshard._dtypes.numpy_dtype(t.dtype)
+        n = int(np.prod(t.shape))
+        if dt == np.bool_:
+            out[t.name] = rng.integers(0, 2, n).astype(np.bool_).reshape(t.shape)
+        else:
+            out[t.name] = rng.integers(0, 256, n * dt.itemsize, dtype=np.uint8).view(dt).reshape(
+                t.shape)
+    for b in ptc.blobs:
+        if b.scope == ptc_pb2.BLOB_PER_RANK:
+            out[b.name] = [rng.integers(0, 256, b.size_bytes, dtype=np.uint8).tobytes()
+                           for _ in range(world)]
+        else:
+            out[b.name] = rng.integers(0, 256, b.size_bytes, dtype=np.uint8).tobytes()
+    return out
+
+
+def register(client, cluster, name, ptc, lay):
+    spec = ptc_pb2.JobSpec(name=name, tenant="pytest", ptc=ptc, layout=lay)
+    return client.register_job(spec)
+
+
+def publish_all(cluster, job_id, ptc, lay, globals_, generation=1):
+    """Publishes every rank of `lay` through the Worker of its host."""
+    for host in layout.hosts_of(lay):
+        with reshard.Worker(cluster.agents[host].worker_socket, job_id) as w:
+            for rank, _ in layout.ranks_on_host(lay, host):
+                w.publish(rank, generation, layout.shard(ptc, lay, rank, globals_))
+
+
+def check_generation(cluster, job_id, ptc, lay, globals_, generation):
+    """Loads every rank of `generation` and compares it with shard(...):
+    returns a list of mismatch descriptions (empty when all bytes agree)."""
+    problems = []
+    for host in layout.hosts_of(lay):
+        with reshard.Worker(cluster.agents[host].worker_socket, job_id, ptc=ptc) as w:
+            for rank, _ in layout.ranks_on_host(lay, host):
+                got = w.load(rank, generation)
+                want = layout.shard(ptc, lay, rank, globals_)
+                want = {k: v for k, v in want.items() if isinstance(v, bytes) or v.size}
+                if set(got) != set(want):
+                    problems.append(f"rank {rank}: items differ: {sorted(set(got) ^ set(want))}")
+                for name in set(got) & set(want):
+                    if not layout.same_bytes(got[name], want[name]):
+                        problems.append(f"rank {rank} item {name}: bytes differ")
+    return problems
