@@ -139,12 +139,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
         absl::StrCat("operation ", task.operation_id(), " has cross-host steps and no transport"));
   }
 
-  // 2. The new buffers of this host's new ranks, all or none.
+  // 2. The new buffers of this host's new ranks, all or none. The spare pool
+  // refills only once the task is over: the refill would take CPU from it.
+  const std::shared_ptr<void> refill_pause = store_->PauseSpareRefill();
   std::vector<RankBufferKey> new_keys;
   for (int r : hs.new_ranks) new_keys.push_back(RankBufferKey{job, task.to_generation(), r});
-  // Pages reserved now (a full shm_dir fails here), mapped by a background
-  // thread while the first transfers run: fresh pages cost about as much as
-  // moving the bytes over loopback, so overlapping the two saves most of it.
+  // Pages reserved now (a full shm_dir fails here; those of spare files exist
+  // already), mapped by a background thread while the first transfers run:
+  // fresh pages cost about as much as moving the bytes over loopback, so
+  // overlapping the two saves most of it.
   absl::StatusOr<std::vector<RankBufferPtr>> created =
       store_->CreateAll(new_keys, hs.new_item_bytes, ShardStore::Backing::kReserved);
   if (!created.ok()) return created.status();

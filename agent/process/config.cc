@@ -21,6 +21,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"address", "RESHARD_AGENT_ADDRESS"},
       {"shm-dir", "RESHARD_SHM_DIR"},
       {"memory-limit-bytes", "RESHARD_MEMORY_LIMIT_BYTES"},
+      {"spare-bytes", "RESHARD_SPARE_BYTES"},
       {"ucx-net-devices", "UCX_NET_DEVICES"},
       {"ucx-tls", "UCX_TLS"},
       {"heartbeat-ms", "RESHARD_HEARTBEAT_MS"},
@@ -72,15 +73,18 @@ absl::Status CheckHostPort(const std::string& flag, const std::string& env,
 
 std::string AgentUsage() {
   return "usage: reshard-agent --coordinator HOST:PORT --worker-socket PATH [--host-id ID]\n"
-         "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--ucx-net-devices DEVS]\n"
-         "  [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N] [--log-level LEVEL]\n"
-         "  [--metrics-listen HOST:PORT]\n"
+         "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
+         "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
+         "  [--log-level LEVEL] [--metrics-listen HOST:PORT]\n"
+         "--spare-bytes keeps that much shared memory allocated and zeroed ahead (within\n"
+         "--memory-limit-bytes; tmpfs only) for new buffers; 0: none. Default 1 GiB.\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
          "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
          "RESHARD_COORDINATOR, RESHARD_WORKER_SOCKET, RESHARD_AGENT_ADDRESS, RESHARD_SHM_DIR,\n"
-         "RESHARD_MEMORY_LIMIT_BYTES, UCX_NET_DEVICES, UCX_TLS, RESHARD_HEARTBEAT_MS,\n"
-         "RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL, RESHARD_METRICS_LISTEN); flags win.\n";
+         "RESHARD_MEMORY_LIMIT_BYTES, RESHARD_SPARE_BYTES, UCX_NET_DEVICES, UCX_TLS,\n"
+         "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL,\n"
+         "RESHARD_METRICS_LISTEN); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -131,6 +135,11 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = ParseInt(it->first, it->second, 1, int64_t{1} << 50, &v);
     if (!s.ok()) return s;
     c.memory_limit_bytes = v;
+  }
+  if (auto it = values.find("spare-bytes"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 0, int64_t{1} << 50, &v);
+    if (!s.ok()) return s;
+    c.spare_bytes = v;
   }
   if (auto it = values.find("heartbeat-ms"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, 0, 600000, &v);

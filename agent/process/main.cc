@@ -59,6 +59,7 @@ int main(int argc, char** argv) {
   store_options.shm_dir = config->shm_dir;
   store_options.host_id = config->host_id;
   store_options.memory_limit_bytes = config->memory_limit_bytes;
+  store_options.spare_bytes = config->spare_bytes;
   absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(store_options);
   if (!store.ok()) return Fail("opening the shard store: " + store.status().ToString());
 

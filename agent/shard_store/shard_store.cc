@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -20,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/shard_store/sidecar.h"
+#include "agent/shard_store/spare_pool.h"
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -28,6 +30,8 @@ namespace {
 constexpr char kMetaSuffix[] = ".meta";
 // CreateAll makes files in parallel from this many bytes in all.
 constexpr int64_t kParallelCreateBytes = int64_t{64} << 20;
+// Smaller buffers are made fresh (cheap) and leave the spares to larger ones.
+constexpr int64_t kMinSpareUse = int64_t{4} << 20;
 
 std::string Describe(const RankBufferKey& k) {
   return absl::StrCat("rank buffer of job \"", k.job_id, "\" generation ", k.generation, " rank ",
@@ -141,15 +145,40 @@ absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t si
   return data;
 }
 
+// madvise(`advice`) over the pages of [data, data + bytes).
+absl::Status Populate(uint8_t* data, int64_t bytes, int advice) {
+  if (bytes <= 0) return absl::OkStatus();
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes);
+  for (;;) {
+    if (::madvise(reinterpret_cast<void*>(begin), end - begin, advice) == 0) {
+      return absl::OkStatus();
+    }
+    const int err = errno;
+    if (err == EINTR || err == EAGAIN) continue;
+    // EFAULT: a page could not be had (tmpfs full: a write would SIGBUS).
+    if (err == EFAULT || err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
+    if (err == EINVAL) return absl::UnimplementedError("MADV_POPULATE_* not supported");
+    return absl::InternalError(absl::StrCat("madvise(MADV_POPULATE_*): ", std::strerror(err)));
+  }
+}
+
 // Reserves the pages of a new buffer (`prefault`: and maps them) in one pass:
 // a full shm_dir fails here (ResourceExhausted) and not with a SIGBUS on a
 // later write. MADV_POPULATE_WRITE on a fresh tmpfs file allocates, zeroes
 // and maps each page once; posix_fallocate only reserves them (zeroed on
 // first touch), for Backing::kReserved and on kernels before 5.14.
-absl::Status Allocate(uint8_t* data, int64_t size, const std::string& path, bool prefault) {
-  if (size == 0) return absl::OkStatus();
+// Only bytes [from, size) are new (`from` is a multiple of the page size).
+absl::Status Allocate(uint8_t* data, int64_t from, int64_t size, const std::string& path,
+                      bool prefault) {
+  if (size <= from) return absl::OkStatus();
   if (prefault) {
-    const absl::Status s = PrefaultPages(data, size);
+#ifdef MADV_POPULATE_WRITE
+    const absl::Status s = Populate(data + from, size - from, MADV_POPULATE_WRITE);
+#else
+    const absl::Status s = absl::UnimplementedError("no MADV_POPULATE_WRITE");
+#endif
     if (s.ok() || !absl::IsUnimplemented(s)) {
       return s.ok() ? s
                     : absl::Status(s.code(), absl::StrCat("cannot allocate ", size, " bytes for \"",
@@ -158,7 +187,7 @@ absl::Status Allocate(uint8_t* data, int64_t size, const std::string& path, bool
   }
   const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
   if (fd < 0) return ErrnoStatus("cannot open", path, errno);
-  const int err = ::posix_fallocate(fd, 0, size);
+  const int err = ::posix_fallocate(fd, from, size - from);
   ::close(fd);
   if (err != 0) return ErrnoStatus(absl::StrCat("cannot allocate ", size, " bytes for"), path, err);
   return absl::OkStatus();
@@ -168,6 +197,18 @@ class ShmShardStore final : public ShardStore {
  public:
   explicit ShmShardStore(Options options)
       : options_(std::move(options)), accounting_(std::make_shared<Accounting>()) {}
+  ~ShmShardStore() override { pool_.reset(); }
+
+  // Removes the spare files a previous agent left and starts the pool
+  // (after Scan: the buffers found take their room first).
+  void StartPool() {
+    SparePool::Options o;
+    o.shm_dir = options_.shm_dir;
+    o.host_id = options_.host_id;
+    o.target_bytes = options_.spare_bytes;
+    o.room = [this] { return options_.memory_limit_bytes - accounting_->used.load(); };
+    pool_ = std::make_unique<SparePool>(std::move(o));
+  }
 
   // Maps this host's buffers found in shm_dir; malformed ones are logged and
   // left alone.
@@ -223,6 +264,7 @@ class ShmShardStore final : public ShardStore {
       slots[i] = LayoutItems(item_bytes[i], &sizes[i]);
       needed += sizes[i];
     }
+    const std::shared_ptr<void> pause = PauseSpareRefill();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const RankBufferKey& k : keys) {
@@ -247,17 +289,40 @@ class ShmShardStore final : public ShardStore {
       }
       accounting_->used += needed;  // reserved; each buffer returns its own share
     }
-    // Several files at once when there is much to allocate: the kernel
-    // allocates a file's pages under that file's lock, so files go in parallel.
+    // Spares first, the largest buffers first; then the pool gives back
+    // what the new buffers need of the limit.
     std::vector<absl::StatusOr<std::shared_ptr<MappedRankBuffer>>> results(
         keys.size(), absl::UnknownError("not created"));
+    std::vector<int64_t> spare(keys.size(), 0);
+    std::vector<size_t> order(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
+    for (size_t i : order) {
+      if (sizes[i] < kMinSpareUse) break;
+      absl::StatusOr<int64_t> taken = pool_->TakeInto(sizes[i], PathOf(keys[i]));
+      if (!taken.ok()) {
+        results[i] = absl::AlreadyExistsError(
+            absl::StrCat(Describe(keys[i]), ": file \"", PathOf(keys[i]), "\" already exists"));
+      } else {
+        spare[i] = *taken;
+      }
+    }
+    pool_->ShrinkTo(options_.memory_limit_bytes - accounting_->used);
+    // Several files at once when there is much to allocate: the kernel
+    // allocates a file's pages under that file's lock, so files go in parallel.
     const size_t threads =
         needed < kParallelCreateBytes
             ? 1
             : std::min<size_t>(keys.size(), std::max(1u, std::thread::hardware_concurrency()));
     auto create = [&](size_t first) {
       for (size_t i = first; i < keys.size(); i += threads) {
-        results[i] = CreateOne(keys[i], item_bytes[i], std::move(slots[i]), sizes[i], backing);
+        if (!results[i].ok() && absl::IsAlreadyExists(results[i].status())) continue;
+        results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, spare[i]);
+        if (absl::IsResourceExhausted(results[i].status()) && pool_->bytes() > 0) {
+          // shm_dir full: the spares' pages go first.
+          pool_->ShrinkTo(0);
+          results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, 0);
+        }
       }
     };
     std::vector<std::thread> helpers;
@@ -280,6 +345,7 @@ class ShmShardStore final : public ShardStore {
       for (const auto& b : created) Unlink(b->path());
       return status;
     }
+    pool_->NoteSizes(sizes);
     std::vector<RankBufferPtr> out;
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& b : created) {
@@ -350,14 +416,18 @@ class ShmShardStore final : public ShardStore {
         ++it;
       }
     }
+    pool_->Wake();
   }
 
   void Drop(const RankBufferKey& key) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = buffers_.find(key);
-    if (it == buffers_.end()) return;
-    Unlink(it->second->path());
-    buffers_.erase(it);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = buffers_.find(key);
+      if (it == buffers_.end()) return;
+      Unlink(it->second->path());
+      buffers_.erase(it);
+    }
+    pool_->Wake();
   }
 
   std::vector<RankBufferKey> List() const override {
@@ -369,6 +439,13 @@ class ShmShardStore final : public ShardStore {
 
   int64_t used_bytes() const override { return accounting_->used; }
   int64_t limit_bytes() const override { return options_.memory_limit_bytes; }
+  int64_t spare_bytes() const override { return pool_->bytes(); }
+  std::shared_ptr<void> PauseSpareRefill() override {
+    pool_->Pause();
+    SparePool* pool = pool_.get();
+    return std::shared_ptr<void>(pool, [](SparePool* p) { p->Resume(); });
+  }
+  bool WaitForSpares(double timeout_s) override { return pool_->WaitFilled(timeout_s); }
 
  private:
   std::string PathOf(const RankBufferKey& key) const {
@@ -381,21 +458,24 @@ class ShmShardStore final : public ShardStore {
   }
 
   // Creates, sizes and maps one file and writes its unsealed sidecar. The
-  // caller has reserved `size` bytes.
+  // caller has reserved `size` bytes and, when `spare` > 0, renamed a spare
+  // file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
   absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(
       const RankBufferKey& key, const std::vector<int64_t>& item_bytes, std::vector<ItemSlot> slots,
-      int64_t size, Backing backing) {
+      int64_t size, Backing backing, int64_t spare) {
     const std::string path = PathOf(key);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+    const int fd = spare > 0 ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
+                             : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
     if (fd < 0) {
       const int err = errno;
       if (err == EEXIST) {
         return absl::AlreadyExistsError(
             absl::StrCat(Describe(key), ": file \"", path, "\" already exists"));
       }
+      if (spare > 0) ::unlink(path.c_str());
       return ErrnoStatus("cannot create", path, err);
     }
-    if (size > 0 && ::ftruncate(fd, size) != 0) {
+    if (size != spare && ::ftruncate(fd, size) != 0) {
       const int err = errno;
       ::close(fd);
       ::unlink(path.c_str());
@@ -406,7 +486,13 @@ class ShmShardStore final : public ShardStore {
       ::unlink(path.c_str());
       return data.status();
     }
-    if (absl::Status s = Allocate(*data, size, path, backing == Backing::kPrefaulted); !s.ok()) {
+    const int64_t kept = std::min(spare, size);  // allocated and zeroed already
+    absl::Status s = Allocate(*data, kept, size, path, backing == Backing::kPrefaulted);
+    if (s.ok() && kept > 0 && backing == Backing::kPrefaulted) {
+      // Only page tables to fill; harmless if unsupported (writes map them).
+      (void)PrefaultPages(*data, kept);
+    }
+    if (!s.ok()) {
       ::munmap(*data, static_cast<size_t>(size));
       ::unlink(path.c_str());
       return s;
@@ -463,30 +549,20 @@ class ShmShardStore final : public ShardStore {
   const std::shared_ptr<Accounting> accounting_;
   mutable std::mutex mu_;
   std::map<RankBufferKey, std::shared_ptr<MappedRankBuffer>, KeyLess> buffers_;
+  std::unique_ptr<SparePool> pool_;  // set by StartPool; never null after Open
 };
 
 }  // namespace
 
 absl::Status PrefaultPages(uint8_t* data, int64_t bytes) {
-  if (bytes <= 0) return absl::OkStatus();
-#ifdef MADV_POPULATE_WRITE
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes);
-  for (;;) {
-    if (::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_POPULATE_WRITE) == 0) {
-      return absl::OkStatus();
-    }
-    const int err = errno;
-    if (err == EINTR || err == EAGAIN) continue;
-    // EFAULT: a page could not be had (tmpfs full: a write would SIGBUS).
-    if (err == EFAULT || err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
-    if (err == EINVAL) return absl::UnimplementedError("MADV_POPULATE_WRITE not supported");
-    return absl::InternalError(absl::StrCat("madvise(MADV_POPULATE_WRITE): ", std::strerror(err)));
-  }
+#ifdef MADV_POPULATE_READ
+  // A read fault maps a shared tmpfs page writable, allocating it if needed;
+  // on pages that exist already (a spare's) it costs a third of a write fault.
+  return Populate(data, bytes, MADV_POPULATE_READ);
 #else
   (void)data;
-  return absl::UnimplementedError("MADV_POPULATE_WRITE not supported");
+  (void)bytes;
+  return absl::UnimplementedError("MADV_POPULATE_READ not supported");
 #endif
 }
 
@@ -496,8 +572,13 @@ absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Open(const Options& opti
     return absl::InvalidArgumentError(
         absl::StrCat("memory_limit_bytes ", options.memory_limit_bytes, " is negative"));
   }
+  if (options.spare_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spare_bytes ", options.spare_bytes, " is negative"));
+  }
   auto store = std::make_unique<ShmShardStore>(options);
   if (absl::Status s = store->Scan(); !s.ok()) return s;
+  store->StartPool();
   return std::unique_ptr<ShardStore>(std::move(store));
 }
 

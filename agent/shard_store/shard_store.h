@@ -77,7 +77,7 @@ using RankBufferPtr = std::shared_ptr<RankBuffer>;
 /// Backing::kReserved now (allocating them if needed), so that later writes
 /// take no page faults. Safe while other threads write the range. Fails
 /// (harmlessly: the first write maps a page anyway) where the kernel lacks
-/// MADV_POPULATE_WRITE (before 5.14).
+/// MADV_POPULATE_READ (before 5.14).
 absl::Status PrefaultPages(uint8_t* data, int64_t bytes);
 
 class ShardStore {
@@ -86,10 +86,17 @@ class ShardStore {
     std::string shm_dir = "/dev/shm";
     std::string host_id;  // part of every file name
     int64_t memory_limit_bytes = int64_t{64} << 30;
+    /// Bytes of spare files `<shm_dir>/reshard-<host>-spare-<n>` kept with
+    /// their pages allocated and zeroed, filled by a background thread at
+    /// idle priority: CreateAll makes buffers from them first. They count
+    /// against memory_limit_bytes and are removed first when a CreateAll
+    /// needs the room. 0: no spare pool.
+    int64_t spare_bytes = 0;
   };
 
   /// Opens the store, finding the rank buffers (and their sealed checksums)
-  /// this host left behind, e.g. before the agent restarted.
+  /// this host left behind, e.g. before the agent restarted, and removing
+  /// the spare files it left.
   [[nodiscard]] static absl::StatusOr<std::unique_ptr<ShardStore>> Open(const Options& options);
   virtual ~ShardStore() = default;
 
@@ -104,7 +111,9 @@ class ShardStore {
 
   /// Creates all the buffers or none: ResourceExhausted naming the bytes
   /// needed, used and the limit (or the shm_dir) when they do not fit;
-  /// AlreadyExists when one exists. New buffers are zeroed.
+  /// AlreadyExists when one exists. New buffers are zeroed. Spare files are
+  /// taken first (renamed to the buffer's name, resized); fresh files cover
+  /// the rest.
   [[nodiscard]] virtual absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
       const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
       Backing backing = Backing::kPrefaulted) = 0;
@@ -121,8 +130,19 @@ class ShardStore {
   /// Removes one buffer. Idempotent.
   virtual void Drop(const RankBufferKey& key) = 0;
   virtual std::vector<RankBufferKey> List() const = 0;
+  /// Bytes of rank buffers (spare files not included).
   virtual int64_t used_bytes() const = 0;
   virtual int64_t limit_bytes() const = 0;
+  /// Bytes of spare files (used_bytes() + spare_bytes() <= limit_bytes(),
+  /// unless buffers found at Open exceed the limit).
+  virtual int64_t spare_bytes() const = 0;
+  /// The spare pool is not refilled while a returned pause lives (e.g. while
+  /// a task moves bytes: refilling takes CPU and memory bandwidth). The store
+  /// must outlive the pauses.
+  [[nodiscard]] virtual std::shared_ptr<void> PauseSpareRefill() = 0;
+  /// Waits up to `timeout_s` until the spare pool is as full as it wants to be
+  /// and has room for; whether it got there. True without a pool.
+  virtual bool WaitForSpares(double timeout_s) = 0;
 };
 
 }  // namespace reshard::agent

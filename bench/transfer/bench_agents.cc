@@ -53,7 +53,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
 
 }  // namespace
 
-std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes) {
+std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes) {
   std::vector<Agent> agents(n);
   for (int i = 0; i < n; ++i) {
     Agent& a = agents[i];
@@ -64,6 +64,7 @@ std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes) {
     so.shm_dir = a.dir.string();
     so.host_id = a.id;
     so.memory_limit_bytes = memory_limit_bytes;
+    so.spare_bytes = spare_bytes;
     auto store = ShardStore::Open(so);
     if (!store.ok()) {
       std::fprintf(stderr, "store: %s\n", store.status().ToString().c_str());
@@ -80,6 +81,13 @@ std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes) {
         std::make_unique<TaskExecutor>(a.store.get(), a.transport.get(), TaskExecutor::Options{});
   }
   return agents;
+}
+
+bool WaitForSpares(std::vector<Agent>* agents) {
+  bool ok = true;
+  for (Agent& a : *agents) ok &= a.store->WaitForSpares(60);
+  std::this_thread::sleep_for(std::chrono::duration<double>(kSettleSeconds));
+  return ok;
 }
 
 void DropAgents(std::vector<Agent>* agents) {

@@ -24,8 +24,19 @@ struct Agent {
   std::unique_ptr<TaskExecutor> executor;
 };
 
-/// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm.
-std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes);
+/// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm and a
+/// spare pool of `spare_bytes` (0: none), which starts filling at once.
+std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes = 0);
+/// Waits until every agent's spare pool is full (false after a minute), then
+/// kSettleSeconds more.
+bool WaitForSpares(std::vector<Agent>* agents);
+
+/// How long a timed run waits after its setup, pool or not. This VM returns
+/// freed memory to its host after about 2 s (virtio-balloon free page
+/// reporting); a page allocated later costs a host fault on top of zeroing, so
+/// without the wait a run right after another's teardown reuses pages still
+/// backed and is faster than an agent that has been idle would be.
+inline constexpr double kSettleSeconds = 3;
 /// Shuts the transports down and removes the shm dirs.
 void DropAgents(std::vector<Agent>* agents);
 

@@ -6,7 +6,9 @@
 //  (c) a full reconfiguration of a GPT-style state (~2 GiB; tp2 pp2 dp1 on 2
 //      hosts -> tp2 pp1 dp2 on 4 hosts) by four agents at once, against the
 //      lower bound: cross-host bytes / the measured pairwise bandwidth.
-// Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--only a|b|c]
+// (a) and (c) run with a spare pool per agent (--spare-mib, default 2048; 128
+// with --quick) and without one (cold).
+// Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -16,6 +18,7 @@
 #include <functional>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "agent/transfer/local_copy.h"
@@ -60,15 +63,17 @@ void MakeMigration(int64_t bytes, int ranks, v1::Ptc* ptc, v1::Layout* from, v1:
 }
 
 // Seconds for both executors to finish the migration (negative on failure)
-// and the receiver's times.
-double RunMigration(int64_t bytes, AgentTimes* receiver) {
+// and the receiver's times; the agents get a spare pool of `spare` bytes
+// (0: none), filled before the timed run starts.
+double RunMigration(int64_t bytes, int64_t spare, AgentTimes* receiver) {
   v1::Ptc ptc;
   v1::Layout from, to;
   MakeMigration(bytes, 8, &ptc, &from, &to);
-  std::vector<Agent> agents = MakeAgents(2, bytes * 2);
+  std::vector<Agent> agents = MakeAgents(2, bytes * 2 + spare, spare);
   double secs = -1;
   auto plan = planner::PlanTransfer(ptc, from, to, {});
   if (plan.ok() && FillRanks(&agents, "bench", ptc, from, 1)) {
+    if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
     std::vector<AgentTimes> times;
     secs = RunTask(&agents, MakeTask(agents, "bench", ptc, *plan), &times);
     *receiver = times[1];
@@ -77,13 +82,19 @@ double RunMigration(int64_t bytes, AgentTimes* receiver) {
   return secs;
 }
 
-void BenchStack(bool quick, int64_t only_size, int reps) {
+void BenchStack(bool quick, int64_t only_size, int reps, int64_t spare) {
   std::printf(
-      "(a) agent to agent over UCX tcp/lo (8 steps per size, whole Execute incl. "
-      "buffer creation and checksums; best of %d; receiver's phases in seconds)\n",
-      reps);
-  std::printf("%10s %12s %19s %7s %8s %7s %7s %11s\n", "size", "stack MiB/s", "ucx_perftest MiB/s",
-              "ratio", "create", "move", "seal", "move MiB/s");
+      "(a) agent to agent over UCX tcp/lo (8 steps per size). Timed: the whole Execute on both\n"
+      "    agents, incl. creating the new buffers and checksums; not timed: making the agents,\n"
+      "    the old generation, and filling the spare pools. \"pool\": each agent has a spare\n"
+      "    pool of %lld MiB (--spare-bytes), full before the timed run; \"cold\": no pool, every\n"
+      "    new page fresh. Both start %.0f s after their setup (freed memory goes back to the\n"
+      "    VM's host by then). Best of %d each; phases (seconds) are the receiver's in the pool\n"
+      "    run.\n",
+      static_cast<long long>(spare >> 20), kSettleSeconds, reps);
+  std::printf("%10s %11s %11s %13s %11s %11s %7s %6s %6s %11s\n", "size", "pool MiB/s",
+              "cold MiB/s", "perftest MiB/s", "pool ratio", "cold ratio", "create", "move", "seal",
+              "move MiB/s");
   std::vector<int64_t> sizes;
   if (only_size > 0) {
     sizes = {only_size};
@@ -96,28 +107,32 @@ void BenchStack(bool quick, int64_t only_size, int reps) {
     // Best of `reps` runs each, alternating, so that load from elsewhere
     // on the machine does not decide the ratio.
     AgentTimes warm, t;
-    RunMigration(int64_t{16} << 20, &warm);  // warm-up
-    double secs = -1, theirs = -1;
+    RunMigration(int64_t{16} << 20, 0, &warm);  // warm-up
+    double pool = -1, cold = -1, theirs = -1;
     std::string why;
     const int64_t message = size / 8;
     for (int rep = 0; rep < reps; ++rep) {
       AgentTimes run;
-      const double s = RunMigration(size, &run);
-      if (s > 0 && (secs < 0 || s < secs)) {
-        secs = s;
+      const double s = RunMigration(size, spare, &run);
+      if (s > 0 && (pool < 0 || s < pool)) {
+        pool = s;
         t = run;
       }
+      const double c = RunMigration(size, 0, &run);
+      if (c > 0 && (cold < 0 || c < cold)) cold = c;
       theirs = std::max(theirs, PerftestMiBps(message, std::max<int64_t>(8, size / message), &why));
     }
-    const double ours = secs > 0 ? size / kMiB / secs : -1;
+    const double ours = pool > 0 ? size / kMiB / pool : -1;
+    const double ours_cold = cold > 0 ? size / kMiB / cold : -1;
     char label[32];
     std::snprintf(label, sizeof label, "%lld MiB", static_cast<long long>(size >> 20));
     if (theirs > 0) {
-      std::printf("%10s %12.0f %19.0f %6.2fx %8.2f %7.2f %7.2f %11.0f\n", label, ours, theirs,
-                  ours / theirs, t.created, t.moved - t.created, t.sealed - t.moved,
-                  size / kMiB / (t.moved - t.created));
+      std::printf("%10s %11.0f %11.0f %13.0f %10.2fx %10.2fx %7.2f %6.2f %6.2f %11.0f\n", label,
+                  ours, ours_cold, theirs, ours / theirs, ours_cold / theirs, t.created,
+                  t.moved - t.created, t.sealed - t.moved, size / kMiB / (t.moved - t.created));
     } else {
-      std::printf("%10s %12.0f %19s %7s   (%s)\n", label, ours, "failed", "-", why.c_str());
+      std::printf("%10s %11.0f %11.0f %13s   (%s)\n", label, ours, ours_cold, "failed",
+                  why.c_str());
     }
     std::fflush(stdout);
   }
@@ -255,14 +270,30 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
   return ptc;
 }
 
-void BenchReconfigure(bool quick, int reps) {
+// One reconfiguration by four fresh agents with spare pools of `spare`
+// bytes (filled before the timed run); seconds (negative on failure).
+double RunReconfigure(const v1::Ptc& ptc, const v1::Layout& from, const v1::TransferPlan& plan,
+                      int64_t spare, std::vector<AgentTimes>* times) {
+  std::vector<Agent> agents = MakeAgents(4, (int64_t{16} << 30) + spare, spare);
+  double s = -1;
+  if (FillRanks(&agents, "gpt", ptc, from, 1)) {
+    if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
+    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times);
+  }
+  DropAgents(&agents);
+  return s;
+}
+
+void BenchReconfigure(bool quick, int reps, int64_t spare) {
   const v1::Ptc ptc = quick ? MakeGpt(2, 128, 1024, 128) : MakeGpt(12, 1024, 8192, 1024);
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   const v1::Layout to = MakeLayout(2, 1, 2, {"h0", "h1", "h2", "h3"}, 1);
   std::printf(
       "\n(c) GPT-style reconfiguration, %d layers, tp2 pp2 dp1 on 2 hosts -> tp2 pp1 dp2 on 4 "
-      "hosts, four agents at once, best of %d\n",
-      ptc.num_layers(), reps);
+      "hosts, four agents at once, best of %d.\n    Timed: every agent's whole Execute (buffers "
+      "made, bytes moved, checksums). \"pool\": each agent\n    has a spare pool of %lld MiB, "
+      "full before the timed run; \"cold\": no pool. Both start %.0f s after\n    their setup.\n",
+      ptc.num_layers(), reps, static_cast<long long>(spare >> 20), kSettleSeconds);
   auto plan = planner::PlanTransfer(ptc, from, to, {});
   if (!plan.ok()) {
     std::printf("planner: %s\n", plan.status().ToString().c_str());
@@ -277,18 +308,20 @@ void BenchReconfigure(bool quick, int reps) {
   // pairwise bandwidth measured between them in the same run: the bare
   // transport and ucx_perftest, 8 MiB messages.
   const int64_t probe = quick ? int64_t{64} << 20 : int64_t{512} << 20;
-  double secs = -1, bare = -1, perftest = -1;
-  std::vector<AgentTimes> times;
+  double pool = -1, cold = -1, bare = -1, perftest = -1;
+  std::vector<AgentTimes> times, cold_times;
   std::string why;
   for (int rep = 0; rep < reps; ++rep) {
-    std::vector<Agent> agents = MakeAgents(4, int64_t{16} << 30);
-    if (!FillRanks(&agents, "gpt", ptc, from, 1)) return;
     std::vector<AgentTimes> run;
-    const double s = RunTask(&agents, MakeTask(agents, "gpt", ptc, *plan), &run);
-    DropAgents(&agents);
-    if (s > 0 && (secs < 0 || s < secs)) {
-      secs = s;
+    const double s = RunReconfigure(ptc, from, *plan, spare, &run);
+    if (s > 0 && (pool < 0 || s < pool)) {
+      pool = s;
       times = run;
+    }
+    const double c = RunReconfigure(ptc, from, *plan, 0, &run);
+    if (c > 0 && (cold < 0 || c < cold)) {
+      cold = c;
+      cold_times = run;
     }
     bare = std::max(bare, BareTransportMiBps(probe, int64_t{8} << 20));
     perftest = std::max(perftest, PerftestMiBps(int64_t{8} << 20, probe >> 23, &why));
@@ -298,25 +331,27 @@ void BenchReconfigure(bool quick, int reps) {
               plan->steps_size(), cross / kMiB, plan->stats().bytes_local() / kMiB);
   std::printf("  pairwise bandwidth: bare transport %.0f MiB/s, ucx_perftest %.0f MiB/s%s\n", bare,
               perftest, perftest < 0 ? (" (" + why + ")").c_str() : "");
-  if (secs < 0 || bw <= 0) {
+  if (pool < 0 || cold < 0 || bw <= 0) {
     std::printf("  failed\n");
     return;
   }
   const double bound = cross / kMiB / bw;
-  double created = 0, moved = 0;
-  for (const AgentTimes& t : times) {
-    created = std::max(created, t.created);
-    moved = std::max(moved, t.moved);
-  }
-  std::printf(
-      "  time %.2f s (buffers made by %.2f s, bytes in by %.2f s); lower bound %.2f s; ratio "
-      "%.2fx\n",
-      secs, created, moved, bound, secs / bound);
-  std::printf("  from the last buffer made to the last byte in: %.2f s, %.2fx the lower bound\n",
-              moved - created, (moved - created) / bound);
-  for (size_t i = 0; i < times.size(); ++i) {
-    std::printf("    h%zu: buffers made %.2f s, bytes in %.2f s, sealed %.2f s\n", i,
-                times[i].created, times[i].moved, times[i].sealed);
+  std::printf("  lower bound %.2f s\n", bound);
+  for (auto [name, secs, ts] :
+       {std::make_tuple("pool", pool, &times), std::make_tuple("cold", cold, &cold_times)}) {
+    double created = 0, moved = 0;
+    for (const AgentTimes& t : *ts) {
+      created = std::max(created, t.created);
+      moved = std::max(moved, t.moved);
+    }
+    std::printf(
+        "  %s: time %.2f s (buffers made by %.2f s, bytes in by %.2f s); ratio %.2fx the lower "
+        "bound\n",
+        name, secs, created, moved, secs / bound);
+    for (size_t i = 0; i < ts->size(); ++i) {
+      std::printf("    h%zu: buffers made %.2f s, bytes in %.2f s, sealed %.2f s\n", i,
+                  (*ts)[i].created, (*ts)[i].moved, (*ts)[i].sealed);
+    }
   }
   std::fflush(stdout);
 }
@@ -329,6 +364,7 @@ int main(int argc, char** argv) {
   int64_t only_size = 0;  // --size-mib N: part (a) at one size only
   std::string only;       // --only a|b|c
   int reps = 0;           // --reps N: runs in (a) per size and in (c), best taken
+  int64_t spare = -1;     // --spare-mib N: each agent's spare pool
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     if (std::strcmp(argv[i], "--size-mib") == 0 && i + 1 < argc) {
@@ -336,6 +372,8 @@ int main(int argc, char** argv) {
       only = "a";
     } else if (std::strcmp(argv[i], "--reps") == 0 && i + 1 < argc) {
       reps = std::atoi(argv[++i]);
+    } else if (std::strcmp(argv[i], "--spare-mib") == 0 && i + 1 < argc) {
+      spare = std::atoll(argv[++i]) << 20;
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     }
@@ -344,8 +382,9 @@ int main(int argc, char** argv) {
   setenv("UCX_TLS", "tcp", 1);
   using namespace reshard::agent::bench;
   if (reps <= 0) reps = quick ? 1 : 3;
-  if (only.empty() || only == "a") BenchStack(quick, only_size, reps);
+  if (spare < 0) spare = quick ? int64_t{128} << 20 : int64_t{2} << 30;
+  if (only.empty() || only == "a") BenchStack(quick, only_size, reps, spare);
   if (only.empty() || only == "b") BenchLocal(quick);
-  if (only.empty() || only == "c") BenchReconfigure(quick, reps);
+  if (only.empty() || only == "c") BenchReconfigure(quick, reps, spare);
   return 0;
 }

@@ -43,6 +43,7 @@ TEST(AgentConfigTest, RefusesBadInput) {
   EXPECT_TRUE(absl::IsInvalidArgument(Parse({"--coordinator", "c:1"}).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--unknown", "1"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--memory-limit-bytes", "0"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--spare-bytes", "-1"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--copy-threads", "x"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--log-level", "loud"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--host-id", "a/b"})));

@@ -1,0 +1,89 @@
+// Spare shared-memory files whose pages are allocated and zeroed ahead of
+// time, so that a new rank buffer made from one pays neither (see
+// docs/agent.md, "Shard store"). Internal to the shard store. Thread-safe;
+// the destructor stops the fill thread and removes the spare files.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace reshard::agent {
+
+class SparePool {
+ public:
+  struct Options {
+    std::string shm_dir;
+    std::string host_id;
+    /// Bytes of spare files to keep; 0: no pool, no thread.
+    int64_t target_bytes = 0;
+    /// Bytes the pool may hold at most right now (the memory limit less the
+    /// rank buffers); called from the fill thread.
+    std::function<int64_t()> room;
+  };
+
+  /// Removes the spare files of `host_id` that a previous agent left in
+  /// `shm_dir`, then starts filling the pool in the background (at idle
+  /// priority) if `shm_dir` is a tmpfs.
+  explicit SparePool(Options options);
+  ~SparePool();
+  SparePool(const SparePool&) = delete;
+  SparePool& operator=(const SparePool&) = delete;
+
+  /// Renames the spare that best fits `bytes` (the smallest as large, else
+  /// the largest) to `path`, which must not exist. Returns the spare's size
+  /// (the caller truncates or extends it), 0 when the pool has none, or
+  /// AlreadyExists when `path` exists (the spare stays in the pool).
+  absl::StatusOr<int64_t> TakeInto(int64_t bytes, const std::string& path);
+  /// Removes spare files (a fill in progress first, then the smallest) until
+  /// the pool holds at most `max_bytes`. Returns once they are gone.
+  void ShrinkTo(int64_t max_bytes);
+  /// Refilling waits while a pause is held (a task is moving bytes).
+  void Pause();
+  void Resume();
+  /// The sizes of the buffers last made: the pool refills with spares of
+  /// these sizes from now on.
+  void NoteSizes(std::vector<int64_t> sizes);
+  /// Something changed the room (a buffer dropped): look again.
+  void Wake();
+  /// Waits up to `timeout_s` until the pool has as many spares as it wants
+  /// and room for; whether it got there.
+  bool WaitFilled(double timeout_s);
+  /// Bytes of spare files, those being filled included.
+  int64_t bytes() const;
+
+ private:
+  struct Spare {
+    std::string path;
+    int64_t bytes = 0;
+  };
+  void Run();
+  // The next size to fill, or 0 when the pool has what it wants. Under mu_.
+  int64_t NextSize(int64_t cap) const;
+  // Creates and populates one spare of `bytes`; false when it was given up.
+  bool Fill(int64_t bytes);
+  void RemoveStale();
+
+  const Options options_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Spare> ready_;
+  int64_t bytes_ = 0;          // ready_ and the fill in progress
+  int64_t filling_bytes_ = 0;  // the fill in progress, 0 when none
+  bool cancel_fill_ = false;   // the fill in progress must give up
+  int pauses_ = 0;
+  bool stop_ = false;
+  bool idle_ = false;    // the thread found nothing to fill
+  bool failed_ = false;  // the last fill failed; wait for a change
+  uint64_t next_id_ = 0;
+  std::vector<int64_t> wanted_;  // learned sizes, largest first
+  std::thread thread_;
+};
+
+}  // namespace reshard::agent
