@@ -173,12 +173,15 @@ class LocalCluster:
     """
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
-                 memory_limit_bytes=4 << 30, lease_ms=3000, tick_ms=100, log=None):
+                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None):
         self.build_dir = os.path.abspath(build_dir)
         self.hosts = hosts
         self.devices_per_host = devices_per_host
         self.agent_metrics = agent_metrics
         self.memory_limit_bytes = memory_limit_bytes
+        # Pre-zeroed shared memory each agent keeps ready (reshard-agent
+        # --spare-bytes); off by default so that test clusters stay small.
+        self.spare_bytes = spare_bytes
         self.lease_ms = lease_ms
         self.tick_ms = tick_ms
         self._log = log or (lambda msg: None)
@@ -307,7 +310,8 @@ class LocalCluster:
             os.unlink(agent.worker_socket)
         argv = [self.agent_bin, "--host-id", host_id, "--coordinator", self.coordinator,
                 "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
-                "--memory-limit-bytes", str(self.memory_limit_bytes), "--ucx-net-devices", "lo",
+                "--memory-limit-bytes", str(self.memory_limit_bytes),
+                "--spare-bytes", str(self.spare_bytes), "--ucx-net-devices", "lo",
                 "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
         if agent.metrics:
             argv += ["--metrics-listen", agent.metrics]

@@ -55,7 +55,8 @@ def main():
     install_signal_handlers()
     started = time.monotonic()
     try:
-        with LocalCluster(args.build, hosts=5, devices_per_host=2, log=print) as cluster:
+        with LocalCluster(args.build, hosts=5, devices_per_host=2, spare_bytes=256 << 20,
+                          log=print) as cluster:
             job = TrainingJob(cluster, layers=args.layers, hidden=args.hidden, log=print)
             ok = job.run()
             if args.keep_logs:
