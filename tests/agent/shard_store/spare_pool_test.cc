@@ -270,32 +270,5 @@ TEST_F(SparePoolTest, NegativeSpareBytesIsInvalidArgument) {
   EXPECT_EQ(ShardStore::Open(o).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Not a test: how long CreateAll takes with and without spares
-// (--gtest_also_run_disabled_tests).
-TEST_F(SparePoolTest, DISABLED_Timing) {
-  for (int64_t spare : {int64_t{0}, int64_t{2} << 30}) {
-    auto store = OpenStore(spare, int64_t{8} << 30);
-    ASSERT_TRUE(store->WaitForSpares(kWait));
-    std::vector<RankBufferKey> keys;
-    std::vector<std::vector<int64_t>> sizes;
-    for (int r = 0; r < 8; ++r) {
-      keys.push_back(Key(r));
-      sizes.push_back({128 * kMiB});
-    }
-    auto t0 = std::chrono::steady_clock::now();
-    auto created = store->CreateAll(keys, sizes, ShardStore::Backing::kReserved);
-    auto t1 = std::chrono::steady_clock::now();
-    ASSERT_TRUE(created.ok()) << created.status();
-    for (auto& b : *created) ASSERT_TRUE(PrefaultPages(b->data(), b->size()).ok());
-    auto t2 = std::chrono::steady_clock::now();
-    for (auto& b : *created) std::memset(b->data(), 1, b->size());
-    auto t3 = std::chrono::steady_clock::now();
-    auto s = [](auto a, auto b) { return std::chrono::duration<double>(b - a).count(); };
-    std::printf("spare %lld MiB: CreateAll %.3f s, prefault %.3f s, write %.3f s\n",
-                static_cast<long long>(spare >> 20), s(t0, t1), s(t1, t2), s(t2, t3));
-    store->DropGeneration("job-1", 1);
-  }
-}
-
 }  // namespace
 }  // namespace reshard::agent
