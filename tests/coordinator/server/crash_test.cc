@@ -16,27 +16,6 @@ using ::google::protobuf::util::MessageDifferencer;
 
 class CrashTest : public ServerTest {
  protected:
-  v1::Job GetJob(CoordinatorStub* stub, const std::string& id) {
-    v1::GetJobRequest request;
-    request.set_job_id(id);
-    v1::Job job;
-    const grpc::Status s = stub->GetJob(Ctx().get(), request, &job);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return job;
-  }
-
-  v1::Operation StartResize(CoordinatorStub* stub, const v1::Job& job, const v1::Layout& target) {
-    v1::ResizeRequest request;
-    request.set_job_id(job.id());
-    request.set_expected_generation(job.generation());
-    *request.mutable_placement() = target.placement();
-    *request.mutable_config() = target.config();
-    v1::Operation op;
-    const grpc::Status s = stub->Resize(Ctx().get(), request, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
   // The job after `op` ended: generation and layout both old or both new,
   // and no operation left active.
   void ExpectWhole(CoordinatorStub* stub, const v1::Job& before, const v1::Operation& op) {
@@ -63,7 +42,8 @@ TEST_F(CrashTest, KilledWhileTransferringResumesAfterRestart) {
   StartAgents({"h0", "h1", "h2"}, first->address());
   HoldAgents(true);  // they fetch their tasks but do not finish
   const v1::Job job = Register(stub.get(), SmallJobSpec("crash", "t"));
-  const v1::Operation op = StartResize(stub.get(), job, MakeLayout(2, 2, 1, {"h2"}, 4));
+  const v1::Operation op =
+      Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
   ASSERT_TRUE(Eventually([&] { return agent("h2")->Fetched(op.id()); }));
 
@@ -101,7 +81,8 @@ TEST_F(CrashTest, KilledWhilePendingResumesAfterRestart) {
   auto stub = CoordinatorClient(first->address());
   StartAgents({"h0", "h1", "h2"}, first->address());
   const v1::Job job = Register(stub.get(), SmallJobSpec("pending", "t"));
-  const v1::Operation op = StartResize(stub.get(), job, MakeLayout(2, 2, 1, {"h2"}, 4));
+  const v1::Operation op =
+      Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   EXPECT_EQ(op.state(), v1::OPERATION_STATE_PENDING);
   EXPECT_EQ(ScrapeLeader(first->metrics_port()).value_or(-1), 0);
 
@@ -135,7 +116,8 @@ TEST_F(CrashTest, AgentsGoneDuringTheCrashAbortWithAReason) {
   StartAgents({"h0", "h1", "h2"}, first->address());
   HoldAgents(true);
   const v1::Job job = Register(stub.get(), SmallJobSpec("orphan", "t"));
-  const v1::Operation op = StartResize(stub.get(), job, MakeLayout(2, 2, 1, {"h2"}, 4));
+  const v1::Operation op =
+      Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
 
   // The coordinator and every agent die; the new coordinator finds the

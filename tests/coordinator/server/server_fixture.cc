@@ -38,6 +38,28 @@ std::unique_ptr<AgentStub> AgentClient(const std::string& address) {
   return v1::AgentService::NewStub(Channel(address));
 }
 
+v1::Job GetJob(CoordinatorStub* stub, const std::string& id) {
+  v1::GetJobRequest request;
+  request.set_job_id(id);
+  v1::Job job;
+  const grpc::Status s = stub->GetJob(Ctx().get(), request, &job);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return job;
+}
+
+v1::Operation Resize(CoordinatorStub* stub, const std::string& job_id, int64_t generation,
+                     const v1::Layout& target) {
+  v1::ResizeRequest request;
+  request.set_job_id(job_id);
+  request.set_expected_generation(generation);
+  *request.mutable_placement() = target.placement();
+  *request.mutable_config() = target.config();
+  v1::Operation op;
+  const grpc::Status s = stub->Resize(Ctx().get(), request, &op);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return op;
+}
+
 std::string JobsSnapshot(CoordinatorStub* stub) {
   std::string out;
   v1::ListJobsRequest list;

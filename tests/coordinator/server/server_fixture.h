@@ -38,6 +38,12 @@ std::unique_ptr<AgentStub> AgentClient(const std::string& address);
 /// changed.
 std::string JobsSnapshot(CoordinatorStub* stub);
 
+/// GetJob and Resize (to `target`'s placement and config, from `generation`)
+/// that fail the current test when the call fails.
+v1::Job GetJob(CoordinatorStub* stub, const std::string& id);
+v1::Operation Resize(CoordinatorStub* stub, const std::string& job_id, int64_t generation,
+                     const v1::Layout& target);
+
 /// Polls GetOperation until the operation is COMMITTED, ABORTED or FAILED.
 absl::StatusOr<v1::Operation> WaitFinal(CoordinatorStub* stub, const std::string& operation_id,
                                         absl::Duration timeout = absl::Seconds(60));
