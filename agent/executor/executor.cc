@@ -8,6 +8,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <thread>
 #include <unordered_map>
 
@@ -103,6 +104,81 @@ struct InFlight {
   StagingPtr staging;                 // null when the transfer is in place
 };
 
+// A read lease on one sealed source buffer for the whole task.
+struct SourceLease {
+  int rank = 0;
+  std::unique_ptr<ReadLease> lease;
+};
+
+std::string DescribeSource(const v1::HostTask& task, int rank) {
+  return absl::StrCat("sealed source of job \"", task.job_id(), "\" generation ",
+                      task.from_generation(), " rank ", rank);
+}
+
+absl::StatusOr<std::vector<SourceLease>> LeaseSources(const HostSteps& hs) {
+  std::vector<SourceLease> out;
+  for (const auto& [rank, buf] : hs.old_bufs) {
+    absl::StatusOr<std::unique_ptr<ReadLease>> l = buf->LeaseForReading();
+    if (!l.ok()) return l.status();
+    out.push_back(SourceLease{rank, *std::move(l)});
+  }
+  return out;
+}
+
+absl::Status CheckLeases(const std::vector<SourceLease>& leases, const v1::HostTask& task) {
+  for (const SourceLease& l : leases) {
+    if (l.lease->Broken()) {
+      return absl::DataLossError(absl::StrCat(
+          DescribeSource(task, l.rank),
+          ": another process tried to truncate it or open it for writing while the task read it"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Checksums every (old rank, item) this host's steps read and compares them
+// with the sealed checksums; DataLoss naming the first that differs. Items
+// in parallel over a few threads.
+absl::Status VerifySources(const HostSteps& hs, const v1::TransferPlan& plan,
+                           const v1::HostTask& task) {
+  std::set<std::pair<int, int>> read;  // (old rank, item)
+  for (const v1::CopyStep* step : hs.locals) read.emplace(step->src_rank(), step->item());
+  for (const RemoteStep& r : hs.remotes) {
+    if (r.is_send) read.emplace(r.step->src_rank(), r.step->item());
+  }
+  const std::vector<std::pair<int, int>> todo(read.begin(), read.end());
+  std::vector<absl::Status> results(todo.size());
+  auto verify = [&](size_t i) {
+    const auto [rank, item] = todo[i];
+    RankBuffer& b = *hs.old_bufs.at(rank);
+    const std::vector<uint64_t> sealed = b.checksums();
+    const ItemSlot& slot = b.items()[item];
+    const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
+    if (item >= static_cast<int>(sealed.size()) || now != sealed[item]) {
+      results[i] = absl::DataLossError(absl::StrCat(
+          DescribeSource(task, rank), " item ", item, " (\"", plan.items(item).name(),
+          "\") no longer matches its sealed checksum: ", absl::Hex(now, absl::kZeroPad16),
+          ", sealed ",
+          item < static_cast<int>(sealed.size())
+              ? absl::StrCat(absl::Hex(sealed[item], absl::kZeroPad16))
+              : std::string("none")));
+    }
+  };
+  const size_t threads = std::min<size_t>(todo.size(), 4);
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) {
+    helpers.emplace_back([&, t] {
+      for (size_t i = t; i < todo.size(); i += threads) verify(i);
+    });
+  }
+  for (size_t i = 0; i < todo.size(); i += std::max<size_t>(threads, 1)) verify(i);
+  for (std::thread& t : helpers) t.join();
+  for (const absl::Status& s : results) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options options)
@@ -139,11 +215,26 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
         absl::StrCat("operation ", task.operation_id(), " has cross-host steps and no transport"));
   }
 
+  // The sealed sources stay as sealed while the task reads them: a read lease
+  // makes a truncate or an open for writing wait, and says so (checked below).
+  absl::StatusOr<std::vector<SourceLease>> leases = LeaseSources(hs);
+  if (!leases.ok()) return leases.status();
+
   // 2. The new buffers of this host's new ranks, all or none. The spare pool
   // refills only once the task is over: the refill would take CPU from it.
   const std::shared_ptr<void> refill_pause = store_->PauseSpareRefill();
   std::vector<RankBufferKey> new_keys;
   for (int r : hs.new_ranks) new_keys.push_back(RankBufferKey{job, task.to_generation(), r});
+  // Executing a task is idempotent: buffers of an earlier attempt of this
+  // generation (an agent that died, or a task run again) are discarded.
+  for (const RankBufferKey& k : new_keys) {
+    if (store_->Get(k).ok()) {
+      RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job
+                        << ": discarding generation " << k.generation << " rank " << k.rank
+                        << " left by an earlier attempt";
+      store_->Drop(k);
+    }
+  }
   // Pages reserved now (a full shm_dir fails here; those of spare files exist
   // already), mapped by a background thread while the first transfers run:
   // fresh pages cost about as much as moving the bytes over loopback, so
@@ -301,10 +392,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   };
   auto locals_left = [&] { return next_local < hs.locals.size(); };
 
+  auto last_lease_check = Clock::now();
   while (locals_left() || finished < remote_chunk_total) {
     if (cancelled && cancelled()) {
       return fail(
           absl::CancelledError(absl::StrCat("operation ", task.operation_id(), " cancelled")));
+    }
+    if (Clock::now() - last_lease_check >= kProgressInterval) {
+      last_lease_check = Clock::now();
+      if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
     }
     skip_empty_remotes();
     while (next_remote < hs.remotes.size() &&
@@ -371,6 +467,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   }
   report(true);
   prefaulter.Stop();
+  // The sources must still be what was sealed: a process that wrote them
+  // (through a mapping opened before the seal, or as root) fails the task
+  // rather than the job committing bytes that were never sealed.
+  if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
+  if (absl::Status s = VerifySources(hs, plan, task); !s.ok()) return fail(s);
 
   // 4. Checksums from the bytes written, recorded durably; ranks in parallel.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys.size(),

@@ -81,6 +81,14 @@ absl::StatusOr<HostSteps> PrepareHostSteps(ShardStore* store, const std::string&
       }
       return b.status();
     }
+    if (!(*b)->sealed()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "old shard of job \"", job, "\" generation ", task.from_generation(), " rank ", rank,
+          " on host \"", host_id, "\" is not sealed (its worker never called SealShard)"));
+    }
+    // The file must still be the one sealed, at its size: reading a
+    // truncated mapping would kill the agent.
+    if (absl::Status s = (*b)->CheckFile(); !s.ok()) return s;
     RankBuffer* raw = b->get();
     out.old_bufs.emplace(rank, std::move(*b));
     return raw;

@@ -31,7 +31,8 @@ struct HostSteps {
   std::vector<int> new_ranks;
   std::vector<std::vector<int64_t>> new_item_bytes;
   std::map<int, size_t> new_index;  // new rank -> position in new_ranks
-  /// Old buffers of this host's ranks that some step reads.
+  /// Old buffers of this host's ranks that some step reads (sealed, files
+  /// intact when checked).
   std::unordered_map<int, RankBufferPtr> old_bufs;
   /// Source and destinations here, in plan order.
   std::vector<const v1::CopyStep*> locals;
@@ -47,7 +48,8 @@ struct HostSteps {
 
 /// Checks `task` (PTC, layouts, steps, fills) for host `host_id` and sorts out
 /// its part. InvalidArgument for anything malformed, NotFound naming the rank
-/// when an old buffer a step reads is not in `store`.
+/// when an old buffer a step reads is not in `store`, FailedPrecondition when
+/// it is not sealed, DataLoss when its file was truncated or replaced.
 [[nodiscard]] absl::StatusOr<HostSteps> PrepareHostSteps(ShardStore* store,
                                                          const std::string& host_id,
                                                          const v1::HostTask& task);

@@ -143,7 +143,8 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
   if (absl::IsNotFound(buf.status())) {
     std::vector<int64_t> bytes = RankItemBytes((*jg)->ptc, (*jg)->layout, req->rank());
-    absl::StatusOr<std::vector<RankBufferPtr>> created = store_->CreateAll({key}, {bytes});
+    absl::StatusOr<std::vector<RankBufferPtr>> created = store_->CreateAll(
+        {key}, {bytes}, ShardStore::Backing::kPrefaulted, ShardStore::Writer::kWorker);
     if (created.ok()) {
       buf = (*created)[0];
     } else if (absl::IsAlreadyExists(created.status())) {
@@ -153,6 +154,20 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
     }
   }
   if (!buf.ok()) return ToGrpc(buf.status());
+  // A sealed generation is immutable: what a transfer reads must be what
+  // was sealed.
+  if ((*buf)->sealed()) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
+                     req->rank(), " is sealed: a sealed generation cannot be published again")));
+  }
+  // Only a buffer made by PublishShard is the worker's to write (not one a
+  // task is filling).
+  if (!(*buf)->published()) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
+                     req->rank(), " is being written by a transfer, not by workers")));
+  }
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
   DescribeItems(jg->get(), req->rank(), **buf, resp->mutable_items());

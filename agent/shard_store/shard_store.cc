@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <csignal>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -17,6 +18,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -28,6 +30,8 @@ namespace reshard::agent {
 namespace {
 
 constexpr char kMetaSuffix[] = ".meta";
+// A published buffer's private copy while Seal makes it (see CopyForSeal).
+constexpr char kSealingSuffix[] = ".sealing";
 // CreateAll makes files in parallel from this many bytes in all.
 constexpr int64_t kParallelCreateBytes = int64_t{64} << 20;
 // Smaller buffers are made fresh (cheap) and leave the spares to larger ones.
@@ -78,16 +82,65 @@ struct Accounting {
   std::atomic<int64_t> used{0};
 };
 
+// Mode of a sealed buffer's file: nobody but root may write or truncate it.
+constexpr mode_t kSealedMode = 0440;
+
+// Sent instead of SIGIO (whose default action ends the process) when a
+// process breaks one of our read leases; its default action is to ignore it.
+constexpr int kLeaseBreakSignal = SIGURG;
+
+class FileReadLease final : public ReadLease {
+ public:
+  explicit FileReadLease(int fd) : fd_(fd) {}
+  ~FileReadLease() override {
+    (void)::fcntl(fd_, F_SETLEASE, F_UNLCK);
+    ::close(fd_);
+  }
+  // While a break is pending F_GETLEASE answers the type the lease is being
+  // downgraded to (F_UNLCK for a read lease).
+  bool Broken() const override { return ::fcntl(fd_, F_GETLEASE) != F_RDLCK; }
+
+ private:
+  const int fd_;
+};
+
+// Where a buffer's file is: the file must still be this one.
+struct FileId {
+  dev_t dev = 0;
+  ino_t ino = 0;
+};
+
+// Replaces the mapping [data, data + size) of `path` with a read-only one at
+// the same address (so that this process holds no writer of the file) and,
+// when `seal_mode`, makes the file mode 0440.
+absl::Status RemapReadOnly(uint8_t* data, int64_t size, const std::string& path, bool seal_mode) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
+  absl::Status s;
+  if (data != nullptr && ::mmap(data, static_cast<size_t>(size), PROT_READ, MAP_SHARED | MAP_FIXED,
+                                fd, 0) == MAP_FAILED) {
+    s = ErrnoStatus("cannot map read-only", path, errno);
+  }
+  if (s.ok() && seal_mode && ::fchmod(fd, kSealedMode) != 0) {
+    s = ErrnoStatus("cannot make read-only", path, errno);
+  }
+  ::close(fd);
+  return s;
+}
+
 class MappedRankBuffer final : public RankBuffer {
  public:
   MappedRankBuffer(RankBufferKey key, std::string path, uint8_t* data, int64_t size,
-                   std::vector<ItemSlot> items, std::shared_ptr<Accounting> accounting)
+                   std::vector<ItemSlot> items, std::shared_ptr<Accounting> accounting,
+                   bool published, FileId file)
       : key_(std::move(key)),
         path_(std::move(path)),
         data_(data),
         size_(size),
         items_(std::move(items)),
-        accounting_(std::move(accounting)) {}
+        accounting_(std::move(accounting)),
+        published_(published),
+        file_(file) {}
   ~MappedRankBuffer() override {
     if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
     accounting_->used -= size_;
@@ -106,6 +159,49 @@ class MappedRankBuffer final : public RankBuffer {
     std::lock_guard<std::mutex> lock(mu_);
     return checksums_;
   }
+  bool published() const override { return published_; }
+  FileId file() const { return file_; }
+
+  absl::Status CheckFile() const override {
+    struct stat st {};
+    if (::stat(path_.c_str(), &st) != 0) {
+      return absl::DataLossError(
+          absl::StrCat(Describe(key_), ": file \"", path_, "\" is gone: ", std::strerror(errno)));
+    }
+    return CheckStat(st);
+  }
+
+  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
+    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+      return absl::DataLossError(
+          absl::StrCat(Describe(key_), ": cannot open \"", path_, "\": ", std::strerror(errno)));
+    }
+    struct stat st {};
+    absl::Status s = ::fstat(fd, &st) == 0 ? CheckStat(st) : absl::InternalError("fstat failed");
+    if (s.ok() && ::fcntl(fd, F_SETSIG, kLeaseBreakSignal) != 0) {
+      s = absl::InternalError(
+          absl::StrCat("fcntl(F_SETSIG) on \"", path_, "\": ", std::strerror(errno)));
+    }
+    if (s.ok() && ::fcntl(fd, F_SETLEASE, F_RDLCK) != 0) {
+      const int err = errno;
+      s = err == EAGAIN ? absl::FailedPreconditionError(absl::StrCat(
+                              Describe(key_), ": file \"", path_,
+                              "\" is open for writing by another process (or mapped writable)"))
+                        : absl::InternalError(absl::StrCat("fcntl(F_SETLEASE) on \"", path_,
+                                                           "\": ", std::strerror(err)));
+    }
+    if (!s.ok()) {
+      ::close(fd);
+      return s;
+    }
+    return std::unique_ptr<ReadLease>(new FileReadLease(fd));
+  }
+
+  absl::Status MakeReadOnly(bool seal_mode) {
+    return RemapReadOnly(data_, size_, path_, seal_mode);
+  }
+
   void SetSealed(std::vector<uint64_t> checksums) {
     std::lock_guard<std::mutex> lock(mu_);
     sealed_ = true;
@@ -118,22 +214,47 @@ class MappedRankBuffer final : public RankBuffer {
   }
 
  private:
+  absl::Status CheckStat(const struct stat& st) const {
+    if (st.st_dev != file_.dev || st.st_ino != file_.ino) {
+      return absl::DataLossError(
+          absl::StrCat(Describe(key_), ": file \"", path_, "\" was replaced by another file"));
+    }
+    if (st.st_size != size_) {
+      return absl::DataLossError(absl::StrCat(Describe(key_), ": file \"", path_, "\" has ",
+                                              st.st_size, " bytes, ", size_,
+                                              " expected (truncated or grown by another process)"));
+    }
+    return absl::OkStatus();
+  }
+
   const RankBufferKey key_;
   const std::string path_;
   uint8_t* const data_;  // null when size_ is 0
   const int64_t size_;
   const std::vector<ItemSlot> items_;
   const std::shared_ptr<Accounting> accounting_;
+  const bool published_;
+  const FileId file_;
   mutable std::mutex mu_;
   bool sealed_ = false;
   std::vector<uint64_t> checksums_;
 };
 
-// Maps `size` bytes of the open file `fd` (closing it).
-absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t size) {
+// The identity of the open file `fd`.
+FileId IdOf(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return FileId{};
+  return FileId{st.st_dev, st.st_ino};
+}
+
+// Maps `size` bytes of the open file `fd` (closing it); read-only unless
+// `writable`.
+absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t size,
+                                     bool writable = true) {
   uint8_t* data = nullptr;
   if (size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    void* p = ::mmap(nullptr, static_cast<size_t>(size),
+                     writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
     if (p == MAP_FAILED) {
       const int err = errno;
       ::close(fd);
@@ -158,7 +279,11 @@ absl::Status Populate(uint8_t* data, int64_t bytes, int advice) {
     const int err = errno;
     if (err == EINTR || err == EAGAIN) continue;
     // EFAULT: a page could not be had (tmpfs full: a write would SIGBUS).
-    if (err == EFAULT || err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
+    if (err == EFAULT) {
+      return absl::ResourceExhaustedError(
+          "no space left on device: the file system of shm_dir has no free pages");
+    }
+    if (err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
     if (err == EINVAL) return absl::UnimplementedError("MADV_POPULATE_* not supported");
     return absl::InternalError(absl::StrCat("madvise(MADV_POPULATE_*): ", std::strerror(err)));
   }
@@ -221,6 +346,8 @@ class ShmShardStore final : public ShardStore {
       const std::string name = e->d_name;
       if (absl::StartsWith(name, prefix) && absl::EndsWith(name, kMetaSuffix)) {
         metas.push_back(name);
+      } else if (absl::StartsWith(name, prefix) && absl::EndsWith(name, kSealingSuffix)) {
+        ::unlink((options_.shm_dir + "/" + name).c_str());  // a copy a dead Seal left
       }
     }
     ::closedir(dir);
@@ -241,7 +368,7 @@ class ShmShardStore final : public ShardStore {
 
   absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
       const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
-      Backing backing) override {
+      Backing backing, Writer writer) override {
     if (keys.size() != item_bytes.size()) {
       return absl::InvalidArgumentError(
           absl::StrCat(keys.size(), " keys but ", item_bytes.size(), " item size lists"));
@@ -317,11 +444,12 @@ class ShmShardStore final : public ShardStore {
     auto create = [&](size_t first) {
       for (size_t i = first; i < keys.size(); i += threads) {
         if (!results[i].ok() && absl::IsAlreadyExists(results[i].status())) continue;
-        results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, spare[i]);
+        results[i] =
+            CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, writer, spare[i]);
         if (absl::IsResourceExhausted(results[i].status()) && pool_->bytes() > 0) {
           // shm_dir full: the spares' pages go first.
           pool_->ShrinkTo(0);
-          results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, 0);
+          results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, writer, 0);
         }
       }
     };
@@ -372,7 +500,16 @@ class ShmShardStore final : public ShardStore {
         return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
       }
       b = it->second;
+      if (!b->sealed() && !sealing_.insert(key).second) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(key), " is being sealed by another call"));
+      }
     }
+    if (b->sealed()) return SealedAgain(*b, expected);
+    absl::Cleanup done = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      sealing_.erase(key);
+    };
     const std::vector<ItemSlot>& items = b->items();
     if (!expected.empty() && expected.size() != items.size()) {
       return absl::InvalidArgumentError(absl::StrCat(Describe(key), " has ", items.size(),
@@ -380,29 +517,54 @@ class ShmShardStore final : public ShardStore {
                                                      " expected checksums"));
     }
     std::vector<uint64_t> sums;
-    sums.reserve(items.size());
-    for (size_t i = 0; i < items.size(); ++i) {
-      sums.push_back(Checksum(b->data() + items[i].offset, static_cast<size_t>(items[i].bytes)));
-      if (!expected.empty() && sums[i] != expected[i]) {
-        return absl::DataLossError(absl::StrCat(Describe(key), ": item ", i, " (", items[i].bytes,
-                                                " bytes) has checksum ",
-                                                absl::Hex(sums[i], absl::kZeroPad16), ", expected ",
-                                                absl::Hex(expected[i], absl::kZeroPad16)));
+    std::shared_ptr<MappedRankBuffer> sealed = b;
+    if (b->published()) {
+      absl::StatusOr<std::shared_ptr<MappedRankBuffer>> s = SealPublished(b, &sums);
+      if (!s.ok()) return s.status();
+      sealed = *std::move(s);
+    } else {
+      sums = ChecksumItems(*b);
+    }
+    std::string copy_path;  // the private copy's file until it replaces the buffer's
+    if (sealed != b) copy_path = b->path() + kSealingSuffix;
+    auto discard_copy = [&] {
+      if (!copy_path.empty()) ::unlink(copy_path.c_str());
+    };
+    if (!expected.empty()) {
+      if (absl::Status s = CompareChecksums(key, items, sums, expected); !s.ok()) {
+        discard_copy();
+        return s;
       }
     }
     std::lock_guard<std::mutex> lock(mu_);
     auto it = buffers_.find(key);
     if (it == buffers_.end() || it->second != b) {
+      discard_copy();
       return absl::NotFoundError(absl::StrCat(Describe(key), " was dropped while sealing"));
+    }
+    absl::Status s;
+    if (sealed != b) {
+      // The copy takes the buffer's name; the worker's mapping keeps the old
+      // file, which nothing the agent serves reads any more.
+      if (::rename(copy_path.c_str(), b->path().c_str()) != 0) {
+        s = ErrnoStatus("cannot rename to", b->path(), errno);
+        discard_copy();
+        return s;
+      }
+      it->second = sealed;
+    } else {
+      s = b->MakeReadOnly(/*seal_mode=*/true);
     }
     Sidecar sidecar;
     sidecar.host_id = options_.host_id;
     sidecar.key = key;
     sidecar.item_bytes = b->item_bytes();
     sidecar.sealed = true;
+    sidecar.published = b->published();
     sidecar.checksums = sums;
-    if (absl::Status s = WriteSidecar(b->path() + kMetaSuffix, sidecar); !s.ok()) return s;
-    b->SetSealed(sums);
+    if (s.ok()) s = WriteSidecar(b->path() + kMetaSuffix, sidecar);
+    if (!s.ok()) return s;
+    sealed->SetSealed(sums);
     return sums;
   }
 
@@ -462,7 +624,7 @@ class ShmShardStore final : public ShardStore {
   // file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
   absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(
       const RankBufferKey& key, const std::vector<int64_t>& item_bytes, std::vector<ItemSlot> slots,
-      int64_t size, Backing backing, int64_t spare) {
+      int64_t size, Backing backing, Writer writer, int64_t spare) {
     const std::string path = PathOf(key);
     const int fd = spare > 0 ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
                              : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
@@ -481,6 +643,7 @@ class ShmShardStore final : public ShardStore {
       ::unlink(path.c_str());
       return ErrnoStatus(absl::StrCat("cannot size to ", size, " bytes"), path, err);
     }
+    const FileId id = IdOf(fd);
     absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size);
     if (!data.ok()) {
       ::unlink(path.c_str());
@@ -488,7 +651,7 @@ class ShmShardStore final : public ShardStore {
     }
     const int64_t kept = std::min(spare, size);  // allocated and zeroed already
     absl::Status s = Allocate(*data, kept, size, path, backing == Backing::kPrefaulted);
-    if (s.ok() && kept > 0 && backing == Backing::kPrefaulted) {
+    if (s.ok() && kept > 0 && backing == Backing::kPrefaulted && writer == Writer::kAgent) {
       // Only page tables to fill; harmless if unsupported (writes map them).
       (void)PrefaultPages(*data, kept);
     }
@@ -497,16 +660,23 @@ class ShmShardStore final : public ShardStore {
       ::unlink(path.c_str());
       return s;
     }
-    auto b =
-        std::make_shared<MappedRankBuffer>(key, path, *data, size, std::move(slots), accounting_);
+    const bool published = writer == Writer::kWorker;
+    // A worker writes this one: the agent keeps no writable mapping, so that
+    // Seal can tell (by a read lease) whether anyone still can write it.
+    if (published) s = RemapReadOnly(*data, size, path, /*seal_mode=*/false);
     Sidecar sidecar;
     sidecar.host_id = options_.host_id;
     sidecar.key = key;
     sidecar.item_bytes = item_bytes;
-    if (absl::Status s = WriteSidecar(path + kMetaSuffix, sidecar); !s.ok()) {
+    sidecar.published = published;
+    if (s.ok()) s = WriteSidecar(path + kMetaSuffix, sidecar);
+    if (!s.ok()) {
+      if (*data != nullptr) ::munmap(*data, static_cast<size_t>(size));
       Unlink(path);
       return s;
     }
+    auto b = std::make_shared<MappedRankBuffer>(key, path, *data, size, std::move(slots),
+                                                accounting_, published, id);
     return b;
   }
 
@@ -524,9 +694,17 @@ class ShmShardStore final : public ShardStore {
     if (path + kMetaSuffix != meta_path) {
       return absl::InvalidArgumentError(absl::StrCat("describes \"", path, "\""));
     }
+    if (!sidecar->sealed && !sidecar->published) {
+      // A task's unfinished buffer (the agent died while executing it): the
+      // task's attempt is over, and a new attempt makes its buffers afresh.
+      RESHARD_LOG(INFO) << "shard store: removing the unfinished " << Describe(sidecar->key)
+                        << " left by a task that did not end";
+      Unlink(path);
+      return absl::OkStatus();
+    }
     int64_t size = 0;
     std::vector<ItemSlot> slots = LayoutItems(sidecar->item_bytes, &size);
-    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
     if (fd < 0) return ErrnoStatus("cannot open", path, errno);
     struct stat st {};
     if (::fstat(fd, &st) != 0 || st.st_size != size) {
@@ -534,22 +712,174 @@ class ShmShardStore final : public ShardStore {
       return absl::InvalidArgumentError(
           absl::StrCat("\"", path, "\" has ", st.st_size, " bytes, the sidecar says ", size));
     }
-    absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size);
+    const FileId id{st.st_dev, st.st_ino};
+    // Sealed and published buffers alike: the agent never writes them.
+    absl::StatusOr<uint8_t*> data = MapAndClose(fd, path, size, /*writable=*/false);
     if (!data.ok()) return data.status();
     accounting_->used += size;
     auto b = std::make_shared<MappedRankBuffer>(sidecar->key, path, *data, size, std::move(slots),
-                                                accounting_);
+                                                accounting_, sidecar->published, id);
     if (sidecar->sealed) b->SetSealed(sidecar->checksums);
     std::lock_guard<std::mutex> lock(mu_);
     buffers_[sidecar->key] = std::move(b);
     return absl::OkStatus();
   }
 
+  // Seal of a sealed buffer: its checksums, if `expected` agrees.
+  static absl::StatusOr<std::vector<uint64_t>> SealedAgain(const MappedRankBuffer& b,
+                                                           const std::vector<uint64_t>& expected) {
+    std::vector<uint64_t> sums = b.checksums();
+    if (!expected.empty()) {
+      if (expected.size() != sums.size()) {
+        return absl::InvalidArgumentError(absl::StrCat(Describe(b.key()), " has ", sums.size(),
+                                                       " items, got ", expected.size(),
+                                                       " expected checksums"));
+      }
+      absl::Status s = CompareChecksums(b.key(), b.items(), sums, expected);
+      if (!s.ok()) {
+        return absl::DataLossError(absl::StrCat(s.message(), " (the buffer is sealed already)"));
+      }
+    }
+    return sums;
+  }
+
+  static absl::Status CompareChecksums(const RankBufferKey& key, const std::vector<ItemSlot>& items,
+                                       const std::vector<uint64_t>& sums,
+                                       const std::vector<uint64_t>& expected) {
+    for (size_t i = 0; i < items.size(); ++i) {
+      if (sums[i] != expected[i]) {
+        return absl::DataLossError(absl::StrCat(Describe(key), ": item ", i, " (", items[i].bytes,
+                                                " bytes) has checksum ",
+                                                absl::Hex(sums[i], absl::kZeroPad16), ", expected ",
+                                                absl::Hex(expected[i], absl::kZeroPad16)));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  static std::vector<uint64_t> ChecksumItems(RankBuffer& b) {
+    std::vector<uint64_t> sums;
+    sums.reserve(b.items().size());
+    for (const ItemSlot& it : b.items()) {
+      sums.push_back(Checksum(b.data() + it.offset, static_cast<size_t>(it.bytes)));
+    }
+    return sums;
+  }
+
+  // Checksums a published buffer (`*sums`) and returns what will be its
+  // sealed self: `b` when no process can write its file any more (a read
+  // lease was granted: nobody has it open for writing, and nobody can
+  // truncate it or open it for writing until the lease is gone), else a
+  // private copy (see CopyForSeal).
+  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> SealPublished(
+      const std::shared_ptr<MappedRankBuffer>& b, std::vector<uint64_t>* sums) {
+    absl::StatusOr<std::unique_ptr<ReadLease>> lease = b->LeaseForReading();
+    if (lease.ok()) {
+      *sums = ChecksumItems(*b);
+      if (!(*lease)->Broken()) return b;
+    } else if (!absl::IsFailedPrecondition(lease.status())) {
+      return lease.status();  // truncated or replaced: DataLoss
+    }
+    RESHARD_LOG(INFO) << "shard store: " << Describe(b->key())
+                      << " is still writable by another process: sealing a private copy";
+    return CopyForSeal(b, sums);
+  }
+
+  // A copy of published buffer `b` in a new file `<path>.sealing`, read with
+  // pread (a file truncated meanwhile gives a short read, never a SIGBUS),
+  // and its checksums. The copy counts against the memory limit.
+  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CopyForSeal(
+      const std::shared_ptr<MappedRankBuffer>& b, std::vector<uint64_t>* sums) {
+    const int64_t size = b->size();
+    const std::string& path = b->path();
+    const std::string tmp = path + kSealingSuffix;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int64_t used = accounting_->used;
+      if (size > options_.memory_limit_bytes - used) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat(Describe(b->key()),
+                         " is still open for writing (or mapped writable) by a worker, so "
+                         "sealing it needs a private copy of ",
+                         HumanBytes(size), ", and ", HumanBytes(used), " of ",
+                         HumanBytes(options_.memory_limit_bytes),
+                         " are in use: unmap and close it before SealShard"));
+      }
+      accounting_->used += size;
+    }
+    pool_->ShrinkTo(options_.memory_limit_bytes - accounting_->used);
+    ::unlink(tmp.c_str());  // a dead agent's leftover
+    const int out = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, kSealedMode);
+    if (out < 0) {
+      accounting_->used -= size;
+      return ErrnoStatus("cannot create", tmp, errno);
+    }
+    uint8_t* dst = nullptr;
+    const FileId id = IdOf(out);
+    absl::Status s;
+    if (::ftruncate(out, size) != 0) s = ErrnoStatus("cannot size", tmp, errno);
+    if (s.ok()) {
+      absl::StatusOr<uint8_t*> m = MapAndClose(out, tmp, size);
+      if (m.ok()) dst = *m;
+      s = m.status();
+    } else {
+      ::close(out);
+    }
+    if (s.ok()) s = Allocate(dst, 0, size, tmp, /*prefault=*/true);
+    if (s.ok()) s = ReadFileInto(*b, dst);
+    if (s.ok()) s = RemapReadOnly(dst, size, tmp, /*seal_mode=*/false);
+    if (!s.ok()) {
+      if (dst != nullptr) ::munmap(dst, static_cast<size_t>(size));
+      ::unlink(tmp.c_str());
+      accounting_->used -= size;
+      return s;
+    }
+    // The reservation above becomes the copy's own (its destructor returns it).
+    auto copy = std::make_shared<MappedRankBuffer>(b->key(), path, dst, size, b->items(),
+                                                   accounting_, /*published=*/true, id);
+    *sums = ChecksumItems(*copy);
+    return copy;
+  }
+
+  // Reads every item of `b` from its file (pread) into `dst` at the items'
+  // offsets; DataLoss when the file was replaced, truncated or grown.
+  static absl::Status ReadFileInto(const MappedRankBuffer& b, uint8_t* dst) {
+    const int fd = ::open(b.path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus("cannot open", b.path(), errno);
+    absl::Status s;
+    struct stat st {};
+    if (::fstat(fd, &st) != 0 || st.st_dev != b.file().dev || st.st_ino != b.file().ino) {
+      s = absl::DataLossError(absl::StrCat(Describe(b.key()), ": file \"", b.path(),
+                                           "\" was replaced by another file"));
+    }
+    for (const ItemSlot& it : b.items()) {
+      for (int64_t at = 0; s.ok() && at < it.bytes;) {
+        const ssize_t n =
+            ::pread(fd, dst + it.offset + at, static_cast<size_t>(it.bytes - at), it.offset + at);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) s = ErrnoStatus("cannot read", b.path(), errno);
+        if (n == 0) {
+          s = absl::DataLossError(
+              absl::StrCat(Describe(b.key()), ": file \"", b.path(), "\" was truncated to ",
+                           it.offset + at, " bytes by another process, ", b.size(), " expected"));
+        }
+        if (n > 0) at += n;
+      }
+    }
+    if (s.ok() && (::fstat(fd, &st) != 0 || st.st_size != b.size())) {
+      s = absl::DataLossError(absl::StrCat(Describe(b.key()), ": file \"", b.path(), "\" has ",
+                                           st.st_size, " bytes, ", b.size(), " expected"));
+    }
+    ::close(fd);
+    return s;
+  }
+
   const Options options_;
   const std::shared_ptr<Accounting> accounting_;
   mutable std::mutex mu_;
   std::map<RankBufferKey, std::shared_ptr<MappedRankBuffer>, KeyLess> buffers_;
-  std::unique_ptr<SparePool> pool_;  // set by StartPool; never null after Open
+  std::set<RankBufferKey, KeyLess> sealing_;  // unsealed buffers a Seal call is working on
+  std::unique_ptr<SparePool> pool_;           // set by StartPool; never null after Open
 };
 
 }  // namespace

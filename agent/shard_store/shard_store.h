@@ -54,9 +54,28 @@ std::vector<ItemSlot> LayoutItems(const std::vector<int64_t>& item_bytes,
 /// "reshard-<host>-<job>-g<generation>-r<rank>".
 std::string RankBufferFileName(const std::string& host_id, const RankBufferKey& key);
 
+/// A read lease on a sealed rank buffer's file (fcntl F_SETLEASE F_RDLCK)
+/// while it lives: a process that tries to truncate the file or open it for
+/// writing waits (up to /proc/sys/fs/lease-break-time, default 45 s) until the
+/// lease goes, and Broken() turns true at once, so that a reader stops and
+/// fails instead of reading bytes that are about to change or vanish.
+class ReadLease {
+ public:
+  virtual ~ReadLease() = default;
+  /// Whether some process has asked to truncate or write the file since the
+  /// lease was taken.
+  virtual bool Broken() const = 0;
+};
+
 /// Everything one rank holds in one generation of one job: one shared-memory
 /// file, mapped for the buffer's lifetime. Data access is not synchronised:
 /// callers own disjoint regions.
+///
+/// Lifecycle (docs/agent.md, "Generation lifecycle"): a buffer is written
+/// (by a worker after PublishShard, or by the executor), then sealed; from
+/// then on it is immutable: the agent's own mapping is read-only, the file is
+/// mode 0440, re-publishing is refused, and readers hold a ReadLease and
+/// check the bytes against the sealed checksums.
 class RankBuffer {
  public:
   virtual ~RankBuffer() = default;
@@ -70,6 +89,15 @@ class RankBuffer {
   /// Whether every item has been sealed, and the checksums once sealed.
   virtual bool sealed() const = 0;
   virtual std::vector<uint64_t> checksums() const = 0;
+  /// Made for a worker to write (ShardStore::Writer::kWorker).
+  virtual bool published() const = 0;
+  /// OK while the buffer's file is still the one the agent mapped, at its
+  /// size; DataLoss naming the buffer when a process truncated, grew or
+  /// replaced it (reading the mapping then could kill the agent with SIGBUS).
+  [[nodiscard]] virtual absl::Status CheckFile() const = 0;
+  /// A ReadLease on the file (after CheckFile). FailedPrecondition when a
+  /// process has the file open for writing (or a writable mapping of it).
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const = 0;
 };
 using RankBufferPtr = std::shared_ptr<RankBuffer>;
 
@@ -109,6 +137,17 @@ class ShardStore {
     kReserved,
   };
 
+  /// Who writes a new buffer's bytes before it is sealed.
+  enum class Writer {
+    /// The agent (the executor); the agent's mapping stays writable until
+    /// Seal.
+    kAgent,
+    /// A worker, through the file (PublishShard). The agent maps it
+    /// read-only from the start, and Seal makes sure no worker can change
+    /// the sealed bytes (see Seal).
+    kWorker,
+  };
+
   /// Creates all the buffers or none: ResourceExhausted naming the bytes
   /// needed, used and the limit (or the shm_dir) when they do not fit;
   /// AlreadyExists when one exists. New buffers are zeroed. Spare files are
@@ -116,12 +155,20 @@ class ShardStore {
   /// the rest.
   [[nodiscard]] virtual absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
       const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
-      Backing backing = Backing::kPrefaulted) = 0;
+      Backing backing = Backing::kPrefaulted, Writer writer = Writer::kAgent) = 0;
   /// NotFound when absent.
   [[nodiscard]] virtual absl::StatusOr<RankBufferPtr> Get(const RankBufferKey& key) = 0;
   /// Checksums every item from its bytes and records them (durably, in a
-  /// sidecar file). With `expected` (one per item, or empty), a mismatch is
-  /// DataLoss naming the item.
+  /// sidecar file); from then on the buffer is immutable. With `expected`
+  /// (one per item, or empty), a mismatch is DataLoss naming the item.
+  /// Sealing a sealed buffer returns its checksums (DataLoss when `expected`
+  /// differs from them). A published buffer whose file was truncated is
+  /// DataLoss (the agent never reads past the file's end). A published
+  /// buffer that some process still has open for writing (a worker that did
+  /// not unmap) is sealed from a private copy read with pread: the copy
+  /// replaces the file (rename), so that later writes through the old
+  /// mapping reach nothing the agent serves. The copy needs the buffer's
+  /// size again within the memory limit (ResourceExhausted otherwise).
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> Seal(
       const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
   /// Removes every buffer of (job, generation); memory is returned when the

@@ -40,6 +40,7 @@ std::string SerializeSidecar(const Sidecar& s) {
   absl::StrAppend(&out, "generation ", s.key.generation, "\n");
   absl::StrAppend(&out, "rank ", s.key.rank, "\n");
   absl::StrAppend(&out, "sealed ", s.sealed ? 1 : 0, "\n");
+  absl::StrAppend(&out, "published ", s.published ? 1 : 0, "\n");
   absl::StrAppend(&out, "items ", s.item_bytes.size(), "\n");
   for (size_t i = 0; i < s.item_bytes.size(); ++i) {
     absl::StrAppend(
@@ -76,6 +77,14 @@ absl::StatusOr<Sidecar> ParseSidecar(const std::string& text) {
     return bad("bad sealed flag");
   }
   s.sealed = sealed == 1;
+  int published = 0;
+  if (next < lines.size() && Field(lines[next], "published", &v)) {
+    ++next;
+    if (!absl::SimpleAtoi(v, &published) || (published != 0 && published != 1)) {
+      return bad("bad published flag");
+    }
+  }
+  s.published = published == 1;
   int64_t count = 0;
   if (!Field(line(), "items", &v) || !absl::SimpleAtoi(v, &count) || count < 0 ||
       count > int64_t{1} << 24) {

@@ -8,6 +8,7 @@
 //   generation <n>
 //   rank <n>
 //   sealed <0 or 1>
+//   published <0 or 1>   (optional, 0 when absent: written since version 2)
 //   items <count>
 //   item <bytes> <checksum as 16 hex digits, or "-" while unsealed>  (count lines)
 //   end
@@ -28,6 +29,10 @@ struct Sidecar {
   RankBufferKey key;
   std::vector<int64_t> item_bytes;
   bool sealed = false;
+  /// Made by a worker's PublishShard (else by the executor): an unsealed
+  /// published buffer survives an agent restart (its worker may still be
+  /// writing); an unsealed executor buffer is a dead task's leftover.
+  bool published = false;
   std::vector<uint64_t> checksums;  // one per item when sealed, else empty
 };
 

@@ -117,6 +117,11 @@ bool FillRanks(std::vector<Agent>* agents, const std::string& job, const v1::Ptc
       return false;
     }
     std::memset((*b)[0]->data(), r + 1, (*b)[0]->size());
+    // Tasks read sealed sources only.
+    if (auto sealed = owner->store->Seal({job, generation, r}, {}); !sealed.ok()) {
+      std::fprintf(stderr, "seal: %s\n", sealed.status().ToString().c_str());
+      return false;
+    }
   }
   return true;
 }

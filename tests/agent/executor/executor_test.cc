@@ -3,11 +3,16 @@
 // byte is checked against the global tensors.
 #include "agent/executor/executor.h"
 
+#include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -119,6 +124,11 @@ class VectorBuffer : public RankBuffer {
   const std::vector<ItemSlot>& items() const override { return items_; }
   bool sealed() const override { return false; }
   std::vector<uint64_t> checksums() const override { return {}; }
+  bool published() const override { return false; }
+  absl::Status CheckFile() const override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
+    return absl::UnimplementedError("a test buffer has no file");
+  }
 
  private:
   RankBufferKey key_;
@@ -424,6 +434,114 @@ TEST_F(ExecutorTest, CancelledStopsAndDropsNewBuffers) {
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
   EXPECT_TRUE(absl::IsCancelled(run.get().status()));
   EXPECT_EQ(NewBuffers(hosts_[0]), 0);
+}
+
+// Runs both hosts' slices of `whole` at once; h0's progress goes to
+// `progress0`. Returns each host's result.
+std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> RunBoth(
+    std::vector<Host>& hosts, const v1::HostTask& whole,
+    const std::map<std::string, std::string>& addrs,
+    const std::function<void(int64_t, int64_t)>& progress0) {
+  std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    Host& h = hosts[i];
+    v1::HostTask task = Slice(whole, h.id, addrs);
+    auto progress = i == 0 ? progress0 : nullptr;
+    runs.push_back(std::async(std::launch::async, [&h, task, progress] {
+      return h.executor->Execute(h.id, task, progress, [] { return false; });
+    }));
+  }
+  std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> out;
+  for (auto& r : runs) out.push_back(r.get());
+  return out;
+}
+
+std::string OldFile(const Host& h, int rank) {
+  return (h.dir / RankBufferFileName(h.id, RankBufferKey{kJob, 1, rank})).string();
+}
+
+// Issue 9, defect 1: a source whose bytes no longer match its sealed
+// checksum (written as root, after the seal) fails the task with DataLoss.
+TEST_F(ExecutorTest, SourceChangedAfterItsSealIsDataLossAndNothingIsKept) {
+  MakeHosts();
+  FillOld();
+  {
+    const int fd = ::open(OldFile(hosts_[0], 0).c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    const uint8_t b = 0x5a;
+    ASSERT_EQ(::pwrite(fd, &b, 1, 3), 1);  // inside item 0 ("w")
+    ::close(fd);
+  }
+  auto results = RunBoth(hosts_, WholeTask(), Addresses(), nullptr);
+  ASSERT_EQ(results[0].status().code(), absl::StatusCode::kDataLoss) << results[0].status();
+  EXPECT_THAT(std::string(results[0].status().message()),
+              ::testing::AllOf(::testing::HasSubstr("rank 0"), ::testing::HasSubstr("\"w\"")));
+  EXPECT_EQ(NewBuffers(hosts_[0]), 0);
+  for (int r = 0; r < 3; ++r) EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, r}).ok());
+}
+
+// A process that asks to write (or truncate) a source while the task reads
+// it breaks the task's read lease: DataLoss, and the writer waits meanwhile.
+TEST_F(ExecutorTest, WriterArrivingDuringTheTaskIsDataLoss) {
+  MakeHosts();
+  FillOld();
+  const std::string victim = OldFile(hosts_[0], 1);
+  int open_errno = 0;
+  bool tried = false;
+  auto results = RunBoth(hosts_, WholeTask(), Addresses(), [&](int64_t, int64_t) {
+    if (tried) return;
+    tried = true;
+    // O_NONBLOCK: fails with EWOULDBLOCK at once, and still breaks the lease.
+    const int fd = ::open(victim.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+    open_errno = fd < 0 ? errno : 0;
+    if (fd >= 0) ::close(fd);
+  });
+  EXPECT_TRUE(tried);
+  EXPECT_EQ(open_errno, EWOULDBLOCK) << "the lease must hold writers off while the task reads";
+  ASSERT_EQ(results[0].status().code(), absl::StatusCode::kDataLoss) << results[0].status();
+  EXPECT_EQ(NewBuffers(hosts_[0]), 0);
+  // Once the task is over, writers get through again.
+  const int fd = ::open(victim.c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC);
+  EXPECT_GE(fd, 0) << std::strerror(errno);
+  if (fd >= 0) ::close(fd);
+}
+
+TEST_F(ExecutorTest, TruncatedSourceIsDataLossBeforeAnythingIsMade) {
+  MakeHosts();
+  FillOld();
+  ASSERT_EQ(::truncate(OldFile(hosts_[0], 2).c_str(), 0), 0);
+  const v1::HostTask task = Slice(WholeTask(), "h0", Addresses());
+  auto result = hosts_[0].executor->Execute("h0", task, nullptr, [] { return false; });
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kDataLoss) << result.status();
+  EXPECT_EQ(NewBuffers(hosts_[0]), 0);
+}
+
+TEST_F(ExecutorTest, UnsealedSourceIsFailedPrecondition) {
+  MakeHosts();
+  FillOld(/*skip_rank=*/0);
+  ASSERT_TRUE(hosts_[0]
+                  .store->CreateAll({RankBufferKey{kJob, 1, 0}}, {RankItemBytes(ptc_, from_, 0)})
+                  .ok());
+  const v1::HostTask task = Slice(WholeTask(), "h0", Addresses());
+  auto result = hosts_[0].executor->Execute("h0", task, nullptr, [] { return false; });
+  ASSERT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_THAT(std::string(result.status().message()), ::testing::HasSubstr("not sealed"));
+}
+
+// Issue 9, defect 5: buffers an earlier attempt left (unsealed or sealed)
+// do not fail the task with AlreadyExists; they are made again.
+TEST_F(ExecutorTest, LeftoversOfAnEarlierAttemptAreDiscarded) {
+  MakeHosts();
+  FillOld();
+  for (int r : {0, 3}) {
+    ASSERT_TRUE(hosts_[0]
+                    .store
+                    ->CreateAll({RankBufferKey{kJob, 2, r}}, {RankItemBytes(ptc_, to_, r)},
+                                ShardStore::Backing::kReserved)
+                    .ok());
+  }
+  ASSERT_TRUE(hosts_[0].store->Seal({kJob, 2, 3}, {}).ok());
+  ExpectResharded(WholeTask(), 6);
 }
 
 TEST(OperationTagKeyTest, StableAndDistinct) {

@@ -1,0 +1,232 @@
+// A sealed rank buffer is immutable and no worker action on its file can
+// crash the agent (issue 9, defects 1, 2 and 5). Each test does to the file
+// what a careless or hostile worker does: keeps a writable mapping, writes
+// after sealing, truncates, and checks what the store serves.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "agent/shard_store/shard_store.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent/shard_store/store_fixture.h"
+
+namespace reshard::agent {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A worker's view of a published file: mapped shared and writable.
+class WorkerMapping {
+ public:
+  WorkerMapping(const std::string& path, int64_t size) : size_(size) {
+    const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    EXPECT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    void* p = ::mmap(nullptr, static_cast<size_t>(size), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    EXPECT_NE(p, MAP_FAILED) << std::strerror(errno);
+    data_ = static_cast<uint8_t*>(p);
+    ::close(fd);
+  }
+  ~WorkerMapping() { Unmap(); }
+  void Unmap() {
+    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
+    data_ = nullptr;
+  }
+  uint8_t* data() { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  int64_t size_;
+};
+
+ino_t InodeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_ino;
+}
+
+mode_t ModeOf(const std::string& path) {
+  struct stat st {};
+  EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+  return st.st_mode & 07777;
+}
+
+class SealTest : public ShardStoreTest {
+ protected:
+  RankBufferPtr Publish(ShardStore& store, const RankBufferKey& key, std::vector<int64_t> items) {
+    auto created = store.CreateAll({key}, {items}, ShardStore::Backing::kPrefaulted,
+                                   ShardStore::Writer::kWorker);
+    EXPECT_TRUE(created.ok()) << created.status();
+    return created.ok() ? (*created)[0] : nullptr;
+  }
+};
+
+TEST_F(SealTest, WorkerThatUnmappedIsSealedInPlaceAndTheFileBecomesReadOnly) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {4096});
+  ASSERT_NE(b, nullptr);
+  const ino_t inode = InodeOf(b->path());
+  {
+    WorkerMapping w(b->path(), b->size());
+    std::memset(w.data(), 'A', 4096);
+  }
+  auto sums = store->Seal(Key(0), {});
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  std::vector<uint8_t> want(4096, 'A');
+  EXPECT_EQ((*sums)[0], Checksum(want.data(), want.size()));
+  EXPECT_EQ(InodeOf(b->path()), inode) << "no copy was needed";
+  EXPECT_EQ(ModeOf(b->path()), 0440u);
+  // Nobody in the agent can write it, so a reader gets a lease.
+  auto got = store->Get(Key(0));
+  ASSERT_TRUE(got.ok());
+  auto lease = (*got)->LeaseForReading();
+  EXPECT_TRUE(lease.ok()) << lease.status();
+}
+
+TEST_F(SealTest, WritesThroughAMappingHeldAcrossTheSealDoNotReachTheSealedBuffer) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {1 << 20, 100});
+  ASSERT_NE(b, nullptr);
+  const std::string path = b->path();
+  const ino_t inode = InodeOf(path);
+  WorkerMapping w(path, b->size());
+  std::memset(w.data(), 'A', b->size());
+  auto sums = store->Seal(Key(0), {});
+  ASSERT_TRUE(sums.ok()) << sums.status();
+  // The worker goes on writing through its old mapping.
+  std::memset(w.data(), 'B', b->size());
+
+  auto sealed = store->Get(Key(0));
+  ASSERT_TRUE(sealed.ok());
+  EXPECT_TRUE((*sealed)->sealed());
+  EXPECT_NE(InodeOf(path), inode) << "the sealed bytes must live in a file the worker cannot reach";
+  for (size_t i = 0; i < (*sealed)->items().size(); ++i) {
+    const ItemSlot& slot = (*sealed)->items()[i];
+    std::vector<uint8_t> a(static_cast<size_t>(slot.bytes), 'A');
+    EXPECT_EQ(0, std::memcmp((*sealed)->item_data(static_cast<int>(i)), a.data(), a.size()));
+    EXPECT_EQ((*sums)[i], Checksum(a.data(), a.size()));
+  }
+  EXPECT_TRUE((*sealed)->CheckFile().ok());
+  EXPECT_EQ(ModeOf(path), 0440u);
+  // The copy took the room of one more buffer while it was made, and the
+  // old one's is returned once its last user (here `b`) lets go.
+  b.reset();
+  EXPECT_EQ(store->used_bytes(), (*sealed)->size());
+  // A restarted agent finds the sealed copy.
+  sealed->reset();
+  store.reset();
+  store = OpenStore();
+  auto again = store->Get(Key(0));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE((*again)->sealed());
+  EXPECT_EQ((*again)->checksums(), *sums);
+}
+
+TEST_F(SealTest, CopyThatDoesNotFitTheLimitIsResourceExhaustedAndChangesNothing) {
+  auto store = OpenStore(/*limit=*/int64_t{3} << 20);
+  RankBufferPtr b = Publish(*store, Key(0), {2 << 20});
+  ASSERT_NE(b, nullptr);
+  WorkerMapping w(b->path(), b->size());
+  auto sums = store->Seal(Key(0), {});
+  EXPECT_EQ(sums.status().code(), absl::StatusCode::kResourceExhausted) << sums.status();
+  EXPECT_THAT(sums.status().message(), HasSubstr("unmap"));
+  EXPECT_FALSE(b->sealed());
+  EXPECT_EQ(store->used_bytes(), 2 << 20);
+  // Once the worker lets go, the seal goes through in place.
+  w.Unmap();
+  EXPECT_TRUE(store->Seal(Key(0), {}).ok());
+}
+
+TEST_F(SealTest, TruncatedBeforeSealIsDataLossAndTheStoreSurvives) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {1 << 20});
+  ASSERT_NE(b, nullptr);
+  ASSERT_EQ(::truncate(b->path().c_str(), 0), 0);
+  auto sums = store->Seal(Key(0), {});
+  EXPECT_EQ(sums.status().code(), absl::StatusCode::kDataLoss) << sums.status();
+  EXPECT_THAT(sums.status().message(), HasSubstr("rank 0"));
+  EXPECT_EQ(b->CheckFile().code(), absl::StatusCode::kDataLoss);
+  // Still truncated while a worker keeps it mapped: the copy reads with
+  // pread and sees the short file.
+  {
+    WorkerMapping w(b->path(), 0 + 4096);
+    auto again = store->Seal(Key(0), {});
+    EXPECT_EQ(again.status().code(), absl::StatusCode::kDataLoss) << again.status();
+  }
+  // Other buffers are served as before.
+  RankBufferPtr other = Publish(*store, Key(1), {100});
+  ASSERT_NE(other, nullptr);
+  EXPECT_TRUE(store->Seal(Key(1), {}).ok());
+}
+
+TEST_F(SealTest, TruncatingASealedFileIsCaughtBeforeAnyRead) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {1 << 20});
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(store->Seal(Key(0), {}).ok());
+  ASSERT_EQ(::truncate(b->path().c_str(), 4096), 0);  // root ignores the 0440 mode
+  EXPECT_EQ(b->CheckFile().code(), absl::StatusCode::kDataLoss);
+  auto lease = b->LeaseForReading();
+  EXPECT_EQ(lease.status().code(), absl::StatusCode::kDataLoss) << lease.status();
+}
+
+TEST_F(SealTest, LeaseRefusesAWriterAndBreaksWhenOneAsks) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {4096});
+  ASSERT_NE(b, nullptr);
+  ASSERT_TRUE(store->Seal(Key(0), {}).ok());
+  {
+    const int w = ::open(b->path().c_str(), O_RDWR | O_CLOEXEC);
+    ASSERT_GE(w, 0);
+    EXPECT_EQ(b->LeaseForReading().status().code(), absl::StatusCode::kFailedPrecondition);
+    ::close(w);
+  }
+  auto lease = b->LeaseForReading();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  EXPECT_FALSE((*lease)->Broken());
+  // An open for writing does not get through while the lease is held
+  // (O_NONBLOCK: it fails at once instead of waiting), and breaks it.
+  EXPECT_LT(::open(b->path().c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC), 0);
+  EXPECT_EQ(errno, EWOULDBLOCK);
+  EXPECT_TRUE((*lease)->Broken());
+}
+
+TEST_F(SealTest, SealingASealedBufferReturnsItsChecksumsAndRefusesOthers) {
+  auto store = OpenStore();
+  RankBufferPtr b = Publish(*store, Key(0), {64});
+  ASSERT_NE(b, nullptr);
+  auto sums = store->Seal(Key(0), {});
+  ASSERT_TRUE(sums.ok());
+  auto again = store->Seal(Key(0), *sums);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *sums);
+  auto other = store->Seal(Key(0), {(*sums)[0] ^ 1});
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss) << other.status();
+}
+
+TEST_F(SealTest, UnfinishedTaskBuffersAreRemovedAtOpenAndPublishedOnesKept) {
+  {
+    auto store = OpenStore();
+    ASSERT_TRUE(store->CreateAll({Key(0, 2)}, {{1000}}, ShardStore::Backing::kReserved).ok());
+    ASSERT_NE(Publish(*store, Key(0, 1), {1000}), nullptr);
+  }
+  const std::string task_file = dir_ + "/reshard-host-a-job-1-g2-r0";
+  ASSERT_TRUE(std::filesystem::exists(task_file));
+  auto store = OpenStore();
+  EXPECT_EQ(store->Get(Key(0, 2)).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_FALSE(std::filesystem::exists(task_file));
+  EXPECT_FALSE(std::filesystem::exists(task_file + ".meta"));
+  EXPECT_TRUE(store->Get(Key(0, 1)).ok());
+  EXPECT_EQ(store->used_bytes(), 1024);
+  // A new attempt can make the buffer again.
+  EXPECT_TRUE(store->CreateAll({Key(0, 2)}, {{1000}}, ShardStore::Backing::kReserved).ok());
+}
+
+}  // namespace
+}  // namespace reshard::agent
