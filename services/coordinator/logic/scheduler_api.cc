@@ -109,7 +109,9 @@ absl::StatusOr<v1::ListJobsResponse> SchedulerApi::ListJobs(const v1::ListJobsRe
 
 absl::StatusOr<v1::DeleteJobResponse> SchedulerApi::DeleteJob(const v1::DeleteJobRequest& request) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
-  if (absl::Status s = store_->DeleteJob(request.job_id()); !s.ok()) {
+  if (absl::Status s = store_->DeleteJob(
+          request.job_id(), MakeIdempotency(request.idempotency_key(), "DeleteJob", request));
+      !s.ok()) {
     return NameNotFound(s, JobNotFound(request.job_id()));
   }
   RESHARD_LOG(INFO) << "job=" << request.job_id() << " deleted";
