@@ -1,6 +1,7 @@
 #include "planner/validate.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <set>
 #include <string>
 #include <utility>
@@ -29,6 +30,7 @@ std::string ShapeString(const v1::TensorSpec& t) {
 }
 
 absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
+  int64_t elements = 1;
   if (ElementBytes(t.dtype()) == 0) {
     return TensorError(
         t, absl::StrCat("dtype ", static_cast<int>(t.dtype()), " is not a known DType"));
@@ -45,10 +47,19 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
       return TensorError(t, absl::StrCat("shape[", d, "] is ", t.shape(d), " in ", ShapeString(t),
                                          "; dimensions must be positive"));
     }
-    if (__builtin_mul_overflow(bytes, t.shape(d), &bytes)) {
+    if (__builtin_mul_overflow(bytes, t.shape(d), &bytes) ||
+        __builtin_mul_overflow(elements, t.shape(d), &elements)) {
       return TensorError(t,
                          absl::StrCat("shape ", ShapeString(t), " overflows a 64-bit byte size"));
     }
+  }
+  if (elements > kMaxTensorElements) {
+    return TensorError(t, absl::StrCat("shape ", ShapeString(t), " has ", elements,
+                                       " elements; the limit is ", kMaxTensorElements));
+  }
+  if (bytes > kMaxTensorBytes) {
+    return TensorError(t, absl::StrCat("shape ", ShapeString(t), " is ", bytes,
+                                       " bytes; the limit is ", kMaxTensorBytes, " per tensor"));
   }
   const v1::PartitionSpec& ps = t.partition();
   const v1::TensorParallel& tp = ps.tp();
@@ -63,6 +74,10 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
         return TensorError(t, absl::StrCat("partition.tp.axis ", tp.axis(),
                                            " out of range for a rank-", ndim, " tensor"));
       }
+      if (tp.blocks_size() > kMaxTpBlocks) {
+        return TensorError(t, absl::StrCat("partition.tp.blocks has ", tp.blocks_size(),
+                                           " entries; the limit is ", kMaxTpBlocks));
+      }
       if (tp.blocks_size() > 0) {
         int64_t sum = 0;
         for (int j = 0; j < tp.blocks_size(); ++j) {
@@ -70,7 +85,7 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
             return TensorError(t, absl::StrCat("partition.tp.blocks[", j, "] is ", tp.blocks(j),
                                                "; blocks must be positive"));
           }
-          sum += tp.blocks(j);
+          if (__builtin_add_overflow(sum, tp.blocks(j), &sum)) sum = INT64_MAX;
         }
         if (sum != t.shape(tp.axis())) {
           return TensorError(
@@ -159,6 +174,13 @@ absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig&
 
 }  // namespace
 
+absl::Status CheckLength(absl::string_view field, absl::string_view value, int64_t limit) {
+  if (static_cast<int64_t>(value.size()) <= limit) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(field, " \"", value.substr(0, 64), "...\" is ",
+                                                 value.size(), " bytes; the limit is ", limit,
+                                                 " bytes"));
+}
+
 int ElementBytes(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT64:
@@ -187,8 +209,20 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
     return absl::InvalidArgumentError(
         absl::StrCat("ptc.num_layers is ", ptc.num_layers(), "; it must be >= 0"));
   }
+  if (ptc.num_layers() > kMaxLayers) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptc.num_layers is ", ptc.num_layers(), "; the limit is ", kMaxLayers));
+  }
   if (ptc.tensors_size() == 0 && ptc.blobs_size() == 0) {
     return absl::InvalidArgumentError("ptc has no tensors and no blobs");
+  }
+  if (ptc.tensors_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptc has ", ptc.tensors_size(), " tensors; the limit is ", kMaxTensors));
+  }
+  if (ptc.blobs_size() > kMaxBlobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptc has ", ptc.blobs_size(), " blobs; the limit is ", kMaxBlobs));
   }
   absl::flat_hash_set<std::string> names;
   int64_t total = 0;
@@ -197,6 +231,11 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
     if (t.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("ptc.tensors[", i, "]: name is empty"));
     }
+    if (absl::Status s =
+            CheckLength(absl::StrCat("ptc.tensors[", i, "].name"), t.name(), kMaxItemNameBytes);
+        !s.ok()) {
+      return s;
+    }
     if (!names.insert(t.name()).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", t.name(), "\": duplicate name (ptc.tensors[", i, "])"));
@@ -204,14 +243,21 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
     if (absl::Status s = ValidateTensor(t, ptc.num_layers()); !s.ok()) return s;
     int64_t bytes = ElementBytes(t.dtype());
     for (int64_t d : t.shape()) bytes *= d;  // checked above
-    if (__builtin_add_overflow(total, bytes, &total)) {
-      return TensorError(t, "the PTC's total byte size overflows 64 bits");
+    total += bytes;                          // both at most 2^50 here
+    if (total > kMaxJobBytes) {
+      return TensorError(t, absl::StrCat("the PTC's total reaches ", total,
+                                         " bytes here; the limit is ", kMaxJobBytes, " per job"));
     }
   }
   for (int i = 0; i < ptc.blobs_size(); ++i) {
     const v1::BlobSpec& b = ptc.blobs(i);
     if (b.name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat("ptc.blobs[", i, "]: name is empty"));
+    }
+    if (absl::Status s =
+            CheckLength(absl::StrCat("ptc.blobs[", i, "].name"), b.name(), kMaxItemNameBytes);
+        !s.ok()) {
+      return s;
     }
     if (!names.insert(b.name()).second) {
       return absl::InvalidArgumentError(
@@ -220,6 +266,17 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
     if (b.size_bytes() <= 0) {
       return absl::InvalidArgumentError(absl::StrCat("blob \"", b.name(), "\": size_bytes ",
                                                      b.size_bytes(), " must be positive"));
+    }
+    if (b.size_bytes() > kMaxBlobBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("blob \"", b.name(), "\": size_bytes ",
+                                                     b.size_bytes(), " exceeds the limit of ",
+                                                     kMaxBlobBytes, " bytes per blob"));
+    }
+    total += b.size_bytes();  // both at most 2^50 here
+    if (total > kMaxJobBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("blob \"", b.name(), "\": the PTC's total reaches ", total,
+                       " bytes here; the limit is ", kMaxJobBytes, " per job"));
     }
     if (b.scope() != v1::BLOB_REPLICATED && b.scope() != v1::BLOB_PER_RANK) {
       return absl::InvalidArgumentError(absl::StrCat("blob \"", b.name(), "\": scope ",
@@ -300,6 +357,11 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
       return absl::InvalidArgumentError(
           absl::StrCat(what, ".placement: rank ", r, " has an empty host name"));
     }
+    if (absl::Status s = CheckLength(absl::StrCat(what, ".placement: rank ", r, " host"),
+                                     slots[r].host(), kMaxIdBytes);
+        !s.ok()) {
+      return s;
+    }
     if (slots[r].device() < 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, ".placement: rank ", r, " device ",
                                                      slots[r].device(), " is negative"));
@@ -320,8 +382,67 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
 
 absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   if (spec.name().empty()) return absl::InvalidArgumentError("job name is empty");
+  if (absl::Status s = CheckLength("job name", spec.name(), kMaxIdBytes); !s.ok()) return s;
+  if (absl::Status s = CheckLength("tenant", spec.tenant(), kMaxIdBytes); !s.ok()) return s;
   if (absl::Status s = ValidatePtc(spec.ptc()); !s.ok()) return s;
   return ValidateLayout(spec.ptc(), spec.layout(), "layout");
+}
+
+}  // namespace reshard::planner
+
+namespace reshard::planner {
+
+absl::StatusOr<std::vector<HostBytes>> BytesPerHost(const v1::Ptc& ptc, const v1::Layout& layout) {
+  HostTable table;
+  const ResolvedLayout rl = ResolvedLayout::Resolve(layout, ptc.num_layers(), &table);
+  std::vector<int64_t> per_host(table.size(), 0);
+  std::vector<int64_t> per_rank(rl.world(), 0);
+  const auto add = [&](int rank, int64_t bytes) -> bool {
+    return !__builtin_add_overflow(per_rank[rank], bytes, &per_rank[rank]);
+  };
+  std::vector<int> stages;
+  std::vector<int64_t> coord_bytes;  // [tp * dp]
+  for (const v1::TensorSpec& t : ptc.tensors()) {
+    rl.StagesHolding(t.partition().pipeline(), &stages);
+    const bool replicated_dp = t.partition().dp().mode() == v1::DP_REPLICATED;
+    coord_bytes.assign(int64_t{rl.tp()} * rl.dp(), 0);
+    for (int i = 0; i < rl.tp(); ++i) {
+      for (int j = 0; j < rl.dp(); ++j) {
+        coord_bytes[int64_t{i} * rl.dp() + j] =
+            replicated_dp && j > 0 ? coord_bytes[int64_t{i} * rl.dp()]
+                                   : DeriveCoordShard(t, rl.tp(), rl.dp(), i, j).local_elements *
+                                         ElementBytes(t.dtype());
+      }
+    }
+    for (int stage : stages) {
+      for (int i = 0; i < rl.tp(); ++i) {
+        for (int j = 0; j < rl.dp(); ++j) {
+          const int rank = rl.Rank(RankCoord{i, j, stage});
+          if (!add(rank, coord_bytes[int64_t{i} * rl.dp() + j])) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "rank ", rank, "'s bytes overflow 64 bits at tensor \"", t.name(), "\""));
+          }
+        }
+      }
+    }
+  }
+  for (int rank = 0; rank < rl.world(); ++rank) {
+    for (const v1::BlobSpec& b : ptc.blobs()) {
+      if (!add(rank, b.size_bytes())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", rank, "'s bytes overflow 64 bits at blob \"", b.name(), "\""));
+      }
+    }
+    int64_t& host = per_host[rl.host(rank)];
+    if (__builtin_add_overflow(host, per_rank[rank], &host)) {
+      return absl::InvalidArgumentError(absl::StrCat("host \"", table.Name(rl.host(rank)),
+                                                     "\": its ranks' bytes overflow 64 bits"));
+    }
+  }
+  std::vector<HostBytes> out;
+  out.reserve(per_host.size());
+  for (int h = 0; h < table.size(); ++h) out.push_back(HostBytes{table.Name(h), per_host[h]});
+  return out;
 }
 
 }  // namespace reshard::planner

@@ -1,7 +1,9 @@
 #include "planner/validate.h"
 
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/planner/test_specs.h"
@@ -164,6 +166,138 @@ TEST(ValidateTest, Blobs) {
   b->set_name("step");
   b->set_size_bytes(0);
   ExpectInvalid(job, "blob \"step\": size_bytes 0");
+}
+
+// ---- Limits (issue 9, defect 8): one over each limit is refused naming the
+// field, the value and the limit; exactly at the limit is accepted.
+
+v1::BlobSpec Blob(const std::string& name, int64_t bytes) {
+  v1::BlobSpec b;
+  b.set_name(name);
+  b.set_size_bytes(bytes);
+  b.set_scope(v1::BLOB_REPLICATED);
+  return b;
+}
+
+TEST(ValidateLimitsTest, JobNameAndTenant) {
+  v1::JobSpec job = BaseJob();
+  job.set_name(std::string(kMaxIdBytes, 'n'));
+  job.set_tenant(std::string(kMaxIdBytes, 't'));
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  job.set_name(std::string(kMaxIdBytes + 1, 'n'));
+  ExpectInvalid(job, "job name \"nnn", "is 257 bytes; the limit is 256 bytes");
+  job.set_name("job");
+  job.set_tenant(std::string(2700, 't'));
+  ExpectInvalid(job, "tenant \"ttt", "is 2700 bytes; the limit is 256 bytes");
+}
+
+TEST(ValidateLimitsTest, TensorAndBlobNames) {
+  v1::JobSpec job = BaseJob();
+  job.mutable_ptc()->mutable_tensors(0)->set_name(std::string(kMaxItemNameBytes, 'w'));
+  *job.mutable_ptc()->add_blobs() = Blob(std::string(kMaxItemNameBytes, 'b'), 8);
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  job.mutable_ptc()->mutable_tensors(0)->set_name(std::string(kMaxItemNameBytes + 1, 'w'));
+  ExpectInvalid(job, "ptc.tensors[0].name \"www", "is 1025 bytes; the limit is 1024 bytes");
+  job.mutable_ptc()->mutable_tensors(0)->set_name("w");
+  job.mutable_ptc()->mutable_blobs(0)->set_name(std::string(kMaxItemNameBytes + 1, 'b'));
+  ExpectInvalid(job, "ptc.blobs[0].name \"bbb", "is 1025 bytes; the limit is 1024 bytes");
+}
+
+TEST(ValidateLimitsTest, PlacementHostName) {
+  v1::JobSpec job = BaseJob();
+  job.mutable_layout()->mutable_placement()->set_hosts(0, std::string(kMaxIdBytes, 'h'));
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  job.mutable_layout()->mutable_placement()->set_hosts(0, std::string(kMaxIdBytes + 1, 'h'));
+  ExpectInvalid(job, "layout.placement: rank 0 host \"hhh", "257 bytes; the limit is 256");
+}
+
+TEST(ValidateLimitsTest, TensorBytesAndElements) {
+  v1::JobSpec job = BaseJob();
+  v1::TensorSpec* t = job.mutable_ptc()->mutable_tensors(0);
+  t->set_dtype(v1::DTYPE_INT8);
+  t->clear_shape();
+  t->add_shape(int64_t{1} << 20);
+  t->add_shape(int64_t{1} << 20);  // 2^40 int8: at the limit
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  t->set_shape(1, (int64_t{1} << 20) + 1);
+  ExpectInvalid(job, "\"layers.0.w\"", "elements; the limit is 1099511627776");
+  t->set_dtype(v1::DTYPE_FLOAT32);
+  t->set_shape(1, int64_t{1} << 18);  // 2^38 elements, 2^40 bytes: at the limit
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  t->set_shape(1, (int64_t{1} << 18) + 1);
+  ExpectInvalid(job, "\"layers.0.w\"", "bytes; the limit is 1099511627776 per tensor");
+}
+
+TEST(ValidateLimitsTest, TheOverflowingJobOfTheIssueIsRefused) {
+  // A tensor of 2^62 int8 plus a blob of 2^63-1 bytes used to register with
+  // a negative total.
+  v1::JobSpec job = BaseJob();
+  v1::TensorSpec* t = job.mutable_ptc()->mutable_tensors(0);
+  t->set_dtype(v1::DTYPE_INT8);
+  t->clear_shape();
+  t->add_shape(int64_t{1} << 31);
+  t->add_shape(int64_t{1} << 31);
+  ExpectInvalid(job, "\"layers.0.w\"", "elements; the limit is");
+  job = BaseJob();
+  *job.mutable_ptc()->add_blobs() = Blob("rng", INT64_MAX);
+  ExpectInvalid(job, "blob \"rng\": size_bytes 9223372036854775807",
+                "exceeds the limit of 17179869184 bytes per blob");
+  job.mutable_ptc()->mutable_blobs(0)->set_size_bytes(kMaxBlobBytes);
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+}
+
+TEST(ValidateLimitsTest, JobBytes) {
+  // 4 EiB as 2^22 tensors of 1 TiB would also trip the tensor count; 1025
+  // tensors of 1 TiB pass every per-tensor limit and exceed 1 PiB.
+  v1::JobSpec job = BaseJob();
+  job.mutable_ptc()->clear_tensors();
+  for (int i = 0; i < 1025; ++i) {
+    v1::TensorSpec t =
+        Tensor(absl::StrCat("t", i), {int64_t{1} << 20, int64_t{1} << 20}, v1::DTYPE_INT8);
+    testing::AtLayer(t, 0);
+    *job.mutable_ptc()->add_tensors() = t;
+  }
+  ExpectInvalid(job, "\"t1024\"", "the limit is 1125899906842624 per job");
+  job.mutable_ptc()->mutable_tensors()->RemoveLast();  // exactly 1 PiB
+  EXPECT_TRUE(ValidateJobSpec(job).ok()) << ValidateJobSpec(job);
+  *job.mutable_ptc()->add_blobs() = Blob("step", 8);
+  ExpectInvalid(job, "blob \"step\"", "the limit is 1125899906842624 per job");
+}
+
+TEST(ValidateLimitsTest, CountsOfTensorsBlobsLayersBlocks) {
+  v1::JobSpec job = BaseJob();
+  job.mutable_ptc()->set_num_layers(kMaxLayers + 1);
+  ExpectInvalid(job, "ptc.num_layers is 1048577", "the limit is 1048576");
+  job = BaseJob();
+  for (int i = 0; i <= kMaxBlobs; ++i) *job.mutable_ptc()->add_blobs() = Blob("b", 1);
+  ExpectInvalid(job, "ptc has 65537 blobs", "the limit is 65536");
+  job = BaseJob();
+  v1::TensorSpec* t = job.mutable_ptc()->mutable_tensors(0);
+  t->set_shape(0, kMaxTpBlocks + 1);
+  t->mutable_partition()->mutable_tp()->clear_blocks();
+  for (int i = 0; i <= kMaxTpBlocks; ++i) t->mutable_partition()->mutable_tp()->add_blocks(1);
+  ExpectInvalid(job, "partition.tp.blocks has 1025 entries", "the limit is 1024");
+}
+
+TEST(ValidateLimitsTest, TensorCount) {
+  v1::JobSpec job = BaseJob();
+  const v1::TensorSpec t = job.ptc().tensors(0);
+  job.mutable_ptc()->clear_tensors();
+  job.mutable_ptc()->mutable_tensors()->Reserve(kMaxTensors + 1);
+  for (int i = 0; i <= kMaxTensors; ++i) *job.mutable_ptc()->add_tensors() = t;
+  ExpectInvalid(job, "ptc has 1048577 tensors", "the limit is 1048576");
+}
+
+TEST(BytesPerHostTest, SumsEachHostsRanksAndBlobs) {
+  v1::JobSpec job = BaseJob();  // 8x8 bf16 split on tp 2, at layer 0; pp 2, dp 2
+  *job.mutable_ptc()->add_blobs() = Blob("step", 8);
+  absl::StatusOr<std::vector<HostBytes>> bytes = BytesPerHost(job.ptc(), job.layout());
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  int64_t total = 0;
+  for (const HostBytes& h : *bytes) total += h.bytes;
+  // Stage 0 holds the tensor: 2 tp x 2 dp ranks of 4x8 bf16 (64 bytes each);
+  // every one of the 8 ranks holds the blob.
+  EXPECT_EQ(total, 4 * 64 + 8 * 8);
 }
 
 }  // namespace

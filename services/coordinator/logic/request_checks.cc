@@ -6,12 +6,50 @@
 
 #include "absl/strings/str_cat.h"
 #include "planner/layout.h"
+#include "planner/validate.h"
 
 namespace reshard::coordinator {
 
 absl::Status RequireNonEmpty(absl::string_view field, const std::string& value) {
-  if (!value.empty()) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
+  return planner::CheckLength(field, value, planner::kMaxIdBytes);
+}
+
+absl::Status CheckIdempotencyKey(const std::string& key) {
+  return planner::CheckLength("idempotency_key", key, planner::kMaxIdBytes);
+}
+
+absl::Status CheckHostFields(const v1::Host& host) {
+  if (absl::Status s = RequireNonEmpty("host.host_id", host.host_id()); !s.ok()) return s;
+  if (absl::Status s = planner::CheckLength("host.address", host.address(), kMaxAddressBytes);
+      !s.ok()) {
+    return s;
+  }
+  if (static_cast<int64_t>(host.ucx_address().size()) > kMaxUcxAddressBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("host.ucx_address is ",
+                                                   host.ucx_address().size(),
+                                                   " bytes; the limit is ", kMaxUcxAddressBytes));
+  }
+  if (host.devices_size() > kMaxDevicesPerHost) {
+    return absl::InvalidArgumentError(absl::StrCat("host.devices has ", host.devices_size(),
+                                                   " entries; the limit is ", kMaxDevicesPerHost));
+  }
+  if (host.transports_size() > kMaxTransports) {
+    return absl::InvalidArgumentError(absl::StrCat("host.transports has ", host.transports_size(),
+                                                   " entries; the limit is ", kMaxTransports));
+  }
+  for (int i = 0; i < host.transports_size(); ++i) {
+    if (absl::Status s = planner::CheckLength(absl::StrCat("host.transports[", i, "]"),
+                                              host.transports(i), kMaxTransportNameBytes);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (host.memory_limit_bytes() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("host.memory_limit_bytes is ",
+                                                   host.memory_limit_bytes(), "; it must be >= 0"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckExpectedGeneration(int64_t expected_generation) {
@@ -39,9 +77,15 @@ absl::Status CheckLostFields(const google::protobuf::RepeatedPtrField<std::strin
     return absl::InvalidArgumentError(
         "lost_hosts and lost_ranks are both empty; name at least one lost host or rank");
   }
+  if (lost_hosts.size() > kMaxLostEntries || lost_ranks.size() > kMaxLostEntries) {
+    return absl::InvalidArgumentError(absl::StrCat("lost_hosts has ", lost_hosts.size(),
+                                                   " and lost_ranks ", lost_ranks.size(),
+                                                   " entries; the limit is ", kMaxLostEntries));
+  }
   for (int i = 0; i < lost_hosts.size(); ++i) {
-    if (lost_hosts[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("lost_hosts[", i, "] is empty"));
+    if (absl::Status s = RequireNonEmpty(absl::StrCat("lost_hosts[", i, "]"), lost_hosts[i]);
+        !s.ok()) {
+      return s;
     }
   }
   for (int i = 0; i < lost_ranks.size(); ++i) {

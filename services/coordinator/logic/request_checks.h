@@ -8,12 +8,35 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "google/protobuf/repeated_field.h"
+#include "reshard/v1/agent.pb.h"
 #include "reshard/v1/ptc.pb.h"
 
 namespace reshard::coordinator {
 
-/// InvalidArgument `FIELD is empty` when `value` is.
+// Limits of request fields that are not part of a spec (the spec's own are
+// in planner/validate.h); docs/coordinator.md lists them all.
+/// Bytes of an agent's address (host:port or a URI).
+inline constexpr int64_t kMaxAddressBytes = 1024;
+/// Bytes of an agent's UCX worker address blob.
+inline constexpr int64_t kMaxUcxAddressBytes = 64 << 10;
+/// Devices and transports one agent may report.
+inline constexpr int64_t kMaxDevicesPerHost = 1024;
+inline constexpr int64_t kMaxTransports = 16;
+inline constexpr int64_t kMaxTransportNameBytes = 64;
+/// Entries of a RecoverFromFailure's lost_hosts / lost_ranks.
+inline constexpr int64_t kMaxLostEntries = 1 << 20;
+
+/// An identifier field (job id, operation id, host id): InvalidArgument
+/// `FIELD is empty` when it is, and when it is longer than
+/// planner::kMaxIdBytes, naming field, value and limit.
 [[nodiscard]] absl::Status RequireNonEmpty(absl::string_view field, const std::string& value);
+
+/// An idempotency key may be empty; else at most planner::kMaxIdBytes.
+[[nodiscard]] absl::Status CheckIdempotencyKey(const std::string& key);
+
+/// The fields of RegisterAgentRequest.host: host_id (non-empty, limit),
+/// address, ucx_address, devices, transports, memory_limit_bytes >= 0.
+[[nodiscard]] absl::Status CheckHostFields(const v1::Host& host);
 
 /// expected_generation must name a generation (they start at 1).
 [[nodiscard]] absl::Status CheckExpectedGeneration(int64_t expected_generation);

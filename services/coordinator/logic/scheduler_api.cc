@@ -9,6 +9,7 @@
 #include "common/log.h"
 #include "planner/planner.h"
 #include "planner/validate.h"
+#include "services/coordinator/logic/capacity.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
@@ -54,7 +55,13 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
                                                    options_.max_spec_bytes, " (max_spec_bytes)"));
   }
   if (!request.has_spec()) return absl::InvalidArgumentError("spec is required");
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = planner::ValidateJobSpec(request.spec()); !s.ok()) return s;
+  if (absl::Status s =
+          CheckFitsHosts(*store_, request.spec().ptc(), request.spec().layout(), "layout");
+      !s.ok()) {
+    return s;
+  }
 
   const std::string job_id = NewId();
   absl::StatusOr<v1::Job> job = store_->CreateJob(
@@ -109,7 +116,10 @@ absl::StatusOr<v1::ListJobsResponse> SchedulerApi::ListJobs(const v1::ListJobsRe
 
 absl::StatusOr<v1::DeleteJobResponse> SchedulerApi::DeleteJob(const v1::DeleteJobRequest& request) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
-  if (absl::Status s = store_->DeleteJob(request.job_id()); !s.ok()) {
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  if (absl::Status s = store_->DeleteJob(
+          request.job_id(), MakeIdempotency(request.idempotency_key(), "DeleteJob", request));
+      !s.ok()) {
     return NameNotFound(s, JobNotFound(request.job_id()));
   }
   RESHARD_LOG(INFO) << "job=" << request.job_id() << " deleted";
@@ -132,6 +142,7 @@ absl::StatusOr<v1::Job> SchedulerApi::LoadForNewPlacement(const std::string& job
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -145,6 +156,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   // the first result, so do not judge it against another generation.
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
+    if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), target, "target"); !s.ok()) return s;
   }
   return CreateOperation(
       PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
@@ -152,6 +164,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request) {
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -163,6 +176,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
+    if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), target, "target"); !s.ok()) return s;
   }
   return CreateOperation(
       PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
@@ -177,10 +191,14 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   }
   if (!request.has_target()) return absl::InvalidArgumentError("target is required");
   if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
   if (!job.ok()) return job.status();
 
   if (absl::Status s = planner::ValidateLayout(job->ptc(), request.target(), "target"); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), request.target(), "target"); !s.ok()) {
     return s;
   }
   // Lost ranks and hosts are of the generation the request names; whether
@@ -250,6 +268,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
     const v1::CancelOperationRequest& request) {
   const std::string& id = request.operation_id();
   if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   for (int attempt = 0; attempt < kCancelAttempts; ++attempt) {
     absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
     if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));

@@ -1,5 +1,6 @@
 #include "services/coordinator/server/agent_service.h"
 
+#include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/server/rpc_status.h"
 
 namespace reshard::coordinator {
@@ -7,8 +8,11 @@ namespace reshard::coordinator {
 grpc::Status AgentServiceImpl::RegisterAgent(grpc::ServerContext*,
                                              const v1::RegisterAgentRequest* request,
                                              v1::RegisterAgentResponse* reply) {
-  return RunRpc(metrics_, "RegisterAgent",
-                [&] { return Unwrap(api_->RegisterAgent(*request), reply); });
+  return RunRpc(metrics_, "RegisterAgent", [&] {
+    // Field limits first (request_checks.h); AgentApi does the rest.
+    if (absl::Status s = CheckHostFields(request->host()); !s.ok()) return s;
+    return Unwrap(api_->RegisterAgent(*request), reply);
+  });
 }
 
 grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,

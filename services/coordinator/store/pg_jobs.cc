@@ -146,9 +146,25 @@ absl::StatusOr<JobPage> PgStore::ListJobs(const ListJobsQuery& query) {
   });
 }
 
-absl::Status PgStore::DeleteJob(const std::string& job_id) {
+absl::Status PgStore::DeleteJob(const std::string& job_id, const Idempotency& idem) {
+  if (absl::Status s = pg::CheckText("idempotency key", idem.key); !s.ok()) return s;
   return pool_->Transact("DeleteJob", [&](pg::PgTx& tx) -> absl::Status {
-    if (tx.Exec(pg::kLockJob, job_id).empty()) return pg::JobNotFound(job_id);
+    // The key first: a retry finds the job gone, and a key used by another
+    // request must not delete anything.
+    if (!idem.key.empty()) {
+      absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
+      if (!first.ok()) return first.status();
+      if (first->has_value()) return absl::OkStatus();
+    }
+    if (tx.Exec(pg::kLockJob, job_id).empty()) {
+      // A concurrent call with the same key may have deleted it just now.
+      if (!idem.key.empty()) {
+        absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
+        if (!first.ok()) return first.status();
+        if (first->has_value()) return absl::OkStatus();
+      }
+      return pg::JobNotFound(job_id);
+    }
     const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, job_id);
     if (!active.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -156,6 +172,8 @@ absl::Status PgStore::DeleteJob(const std::string& job_id) {
           pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
     }
     tx.Exec(pg::kDeleteJob, job_id);
+    // Without a job id: the row must outlive the job it names.
+    if (!idem.key.empty()) return pg::ClaimIdempotencyKey(tx, idem, job_id, "");
     return absl::OkStatus();
   });
 }

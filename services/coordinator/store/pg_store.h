@@ -82,7 +82,8 @@ class PgStore : public Store {
                                                bool include_ptc) override;
   [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;
   [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) override;
-  [[nodiscard]] absl::Status DeleteJob(const std::string& job_id) override;
+  [[nodiscard]] absl::Status DeleteJob(const std::string& job_id,
+                                       const Idempotency& idem = {}) override;
   [[nodiscard]] absl::Status SetJobState(const std::string& job_id, v1::JobState state) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> CountJobsByState()
       override;

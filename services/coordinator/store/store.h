@@ -113,8 +113,12 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) = 0;
   [[nodiscard]] virtual absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) = 0;
   /// Deletes the job and everything under it. FailedPrecondition while an
-  /// operation is active.
-  [[nodiscard]] virtual absl::Status DeleteJob(const std::string& job_id) = 0;
+  /// operation is active. With a key: the key is recorded in the same
+  /// transaction (without a job, so it outlives the job); a retry with the
+  /// same key and request returns OK again; a key used for another request
+  /// (or method) is InvalidArgument, before the job is looked at.
+  [[nodiscard]] virtual absl::Status DeleteJob(const std::string& job_id,
+                                               const Idempotency& idem = {}) = 0;
   /// Sets a job's state (e.g. DEGRADED when its hosts are lost).
   [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id, v1::JobState state) = 0;
   /// Counts of jobs by state, for metrics.

@@ -282,6 +282,96 @@ TEST_F(InvalidInputTest, GarbageBytesAreRefused) {
   EXPECT_TRUE(stub_->GetJob(Ctx().get(), r, &job).ok());
 }
 
+// Issue 9, defect 8: names too long for PostgreSQL's btree index used to
+// answer INTERNAL; every limit answers INVALID_ARGUMENT naming the field,
+// the value and the limit, over the wire too, for agents as well.
+TEST_F(InvalidInputTest, LengthLimitsAreInvalidArgument) {
+  const std::string long_name(2700, 'x');
+  for (const char* field : {"name", "tenant", "tensor", "host"}) {
+    ExpectRefused(field, grpc::StatusCode::INVALID_ARGUMENT, [&] {
+      v1::RegisterJobRequest r;
+      *r.mutable_spec() = SmallJobSpec("long", "t");
+      const std::string f = field;
+      if (f == "name") r.mutable_spec()->set_name(long_name);
+      if (f == "tenant") r.mutable_spec()->set_tenant(long_name);
+      if (f == "tensor") r.mutable_spec()->mutable_ptc()->mutable_tensors(0)->set_name(long_name);
+      if (f == "host")
+        r.mutable_spec()->mutable_layout()->mutable_placement()->set_hosts(0, long_name);
+      v1::RegisterJobResponse reply;
+      grpc::Status s = stub_->RegisterJob(Ctx().get(), r, &reply);
+      EXPECT_NE(s.error_message().find("is 2700 bytes; the limit is"), std::string::npos)
+          << field << ": " << s.error_message();
+      return s;
+    });
+  }
+  auto agents = AgentClient(coordinator_->address());
+  const auto register_agent = [&](const std::string& id, const std::string& address) {
+    v1::RegisterAgentRequest r;
+    r.mutable_host()->set_host_id(id);
+    r.mutable_host()->set_address(address);
+    v1::RegisterAgentResponse reply;
+    return agents->RegisterAgent(Ctx().get(), r, &reply);
+  };
+  grpc::Status s = register_agent(long_name, "a:1");
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("host.host_id \"xxx"), std::string::npos) << s.error_message();
+  s = register_agent("h-long-address", std::string(1025, 'a'));
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
+  EXPECT_NE(s.error_message().find("host.address"), std::string::npos) << s.error_message();
+  v1::ListHostsResponse hosts;
+  ASSERT_TRUE(stub_->ListHosts(Ctx().get(), v1::ListHostsRequest(), &hosts).ok());
+  EXPECT_EQ(hosts.hosts_size(), 0);
+  // At the limits: accepted.
+  s = register_agent(std::string(256, 'h'), std::string(1024, 'a'));
+  EXPECT_TRUE(s.ok()) << s.error_message();
+}
+
+// Issue 9, defect 9: bodies gRPC's own protobuf parser rejects (100k nested
+// groups, invalid UTF-8 in a string field) are refused before any handler
+// runs and change nothing. gRPC 1.51 answers them INTERNAL with an empty
+// message (docs/coordinator.md, "Limits"); this pins that they are refused.
+TEST_F(InvalidInputTest, UnparseableBodiesChangeNothing) {
+  std::string nested;
+  for (int i = 0; i < 100000; ++i) nested += '\x0b';  // field 1, start group
+  for (int i = 0; i < 100000; ++i) nested += '\x0c';  // field 1, end group
+  v1::RegisterJobRequest bad_utf8;
+  *bad_utf8.mutable_spec() = SmallJobSpec("utf8", "t");
+  std::string bytes = bad_utf8.SerializeAsString();
+  const size_t at = bytes.find("utf8");
+  ASSERT_NE(at, std::string::npos);
+  bytes[at] = '\xc3';  // a lead byte followed by 't': not UTF-8
+  bytes[at + 1] = '\x28';
+  grpc::GenericStub generic(
+      grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+  for (const std::string& body : {nested, bytes}) {
+    ExpectRefused("body", std::nullopt, [&] {
+      grpc::Slice slice(body);
+      grpc::ByteBuffer request(&slice, 1);
+      grpc::ByteBuffer reply;
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+      std::mutex mu;
+      std::condition_variable cv;
+      bool done = false;
+      grpc::Status status;
+      generic.UnaryCall(&context, "/reshard.v1.CoordinatorService/RegisterJob", grpc::StubOptions(),
+                        &request, &reply, [&](grpc::Status s) {
+                          std::lock_guard<std::mutex> lock(mu);
+                          status = std::move(s);
+                          done = true;
+                          cv.notify_all();
+                        });
+      std::unique_lock<std::mutex> lock(mu);
+      cv.wait(lock, [&] { return done; });
+      return status;
+    });
+  }
+  v1::Job job;
+  v1::GetJobRequest r;
+  r.set_job_id(job_.id());
+  EXPECT_TRUE(stub_->GetJob(Ctx().get(), r, &job).ok());
+}
+
 TEST_F(InvalidInputTest, OversizedSpecs) {
   auto small = StartCoordinator({"--max-spec-bytes", "1024"});
   ASSERT_NE(small, nullptr);

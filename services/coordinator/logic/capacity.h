@@ -1,0 +1,24 @@
+// Whether a job's layout fits the memory of the cluster's hosts, checked
+// before an operation or a job is created (nothing is allocated yet). The
+// agents remain the final authority (they also count other jobs' buffers
+// and per-item alignment); this refuses what can never fit. Thread-safe.
+#pragma once
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+/// ResourceExhausted when a registered host of `layout` would hold more shard
+/// bytes of this job than its memory_limit_bytes (naming host, bytes needed
+/// and limit), or when the job's bytes over all its hosts exceed the sum of
+/// memory_limit_bytes over every registered host (only when at least one is
+/// registered and every one reports a limit). Hosts not registered, or
+/// registered without a limit (0), are not judged. `what` names the layout
+/// in messages ("layout", "target"). `ptc` and `layout` must be valid.
+[[nodiscard]] absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc,
+                                          const v1::Layout& layout, absl::string_view what);
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,175 @@
+// SchedulerApi limits against a real PostgreSQL (issue 9, defect 8): names
+// too long for a btree index, sizes that overflowed, a 4 EiB job, and jobs
+// that cannot fit their hosts' memory. Each refusal changes nothing.
+#include <cstdint>
+#include <string>
+
+#include "absl/strings/str_cat.h"
+#include "gtest/gtest.h"
+#include "planner/validate.h"
+#include "tests/coordinator/logic/job_builders.h"
+#include "tests/coordinator/logic/logic_fixture.h"
+
+namespace reshard::coordinator::testing {
+namespace {
+
+class SchedulerLimitsTest : public LogicTest {
+ protected:
+  absl::Status RegisterStatus(const v1::JobSpec& spec, const std::string& key = "") {
+    v1::RegisterJobRequest request;
+    *request.mutable_spec() = spec;
+    request.set_idempotency_key(key);
+    return api_->RegisterJob(request).status();
+  }
+  // The refusal has `code` and mentions `text`, and the database is as before.
+  void ExpectRefused(const v1::JobSpec& spec, absl::StatusCode code, const std::string& text,
+                     const std::string& key = "") {
+    const DatabaseSnapshot before = Snapshot();
+    EXPECT_THAT(RegisterStatus(spec, key), StatusIs(code, text));
+    EXPECT_TRUE(Snapshot() == before);
+  }
+  void RegisterWithLimit(const std::string& host, int64_t limit) {
+    v1::RegisterAgentRequest request;
+    request.mutable_host()->set_host_id(host);
+    request.mutable_host()->set_address(host + ":7171");
+    request.mutable_host()->set_memory_limit_bytes(limit);
+    absl::StatusOr<v1::RegisterAgentResponse> r = agents_->RegisterAgent(request);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+};
+
+TEST_F(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
+  const std::string long_name(2700, 'x');
+  v1::JobSpec spec = SmallJob("ok");
+  spec.set_name(long_name);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "job name \"xxx");
+  spec = SmallJob("ok", long_name);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "tenant \"xxx");
+  spec = SmallJob("ok");
+  spec.mutable_ptc()->mutable_tensors(0)->set_name(long_name);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "ptc.tensors[0].name");
+  spec = SmallJob("ok");
+  spec.mutable_layout()->mutable_placement()->set_hosts(1, long_name);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "layout.placement: rank 2 host \"xxx");
+  ExpectRefused(SmallJob("ok"), absl::StatusCode::kInvalidArgument, "idempotency_key \"kkk",
+                std::string(planner::kMaxIdBytes + 1, 'k'));
+
+  // At the limits everything is stored and read back.
+  spec = SmallJob(std::string(planner::kMaxIdBytes, 'n'), std::string(planner::kMaxIdBytes, 't'));
+  spec.mutable_ptc()->mutable_tensors(0)->set_name(std::string(planner::kMaxItemNameBytes, 'w'));
+  spec.mutable_layout()->mutable_placement()->set_hosts(1, std::string(planner::kMaxIdBytes, 'h'));
+  const absl::Status ok = RegisterStatus(spec, std::string(planner::kMaxIdBytes, 'k'));
+  EXPECT_TRUE(ok.ok()) << ok;
+}
+
+TEST_F(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
+  const v1::Job job = Register(SmallJob("job"));
+  const DatabaseSnapshot before = Snapshot();
+  EXPECT_THAT(ResizeTo(job, MakeLayout(2, 2, 1, {"h0", std::string(2700, 'h')}, 2)).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "target.placement: rank 2 host"));
+  EXPECT_THAT(ResizeTo(job, MakeLayout(2, 2, 1, {"h0", "h2"}, 2), std::string(2700, 'k')).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "idempotency_key"));
+  v1::DeleteJobRequest del;
+  del.set_job_id(job.id());
+  del.set_idempotency_key(std::string(2700, 'k'));
+  EXPECT_THAT(api_->DeleteJob(del).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "idempotency_key"));
+  v1::GetJobRequest get;
+  get.set_job_id(std::string(2700, 'j'));
+  EXPECT_THAT(api_->GetJob(get).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "is 2700 bytes; the limit is 256"));
+  EXPECT_TRUE(Snapshot() == before);
+}
+
+TEST_F(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
+  // The issue's job: a tensor of 2^62 int8 plus a blob of 2^63-1 bytes.
+  v1::JobSpec spec = SmallJob("overflow");
+  v1::TensorSpec* t = spec.mutable_ptc()->mutable_tensors(0);
+  t->set_dtype(v1::DTYPE_INT8);
+  t->mutable_partition()->Clear();
+  t->mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
+  t->clear_shape();
+  t->add_shape(int64_t{1} << 31);
+  t->add_shape(int64_t{1} << 31);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "elements; the limit is");
+  spec = SmallJob("overflow");
+  spec.mutable_ptc()->mutable_blobs(0)->set_size_bytes(INT64_MAX);
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "size_bytes 9223372036854775807");
+
+  // 4 EiB in 4096 tensors of 1 TiB: every tensor within its limit, the job not.
+  spec = SmallJob("exabyte");
+  spec.mutable_ptc()->clear_blobs();
+  v1::TensorSpec big = spec.ptc().tensors(0);
+  big.set_dtype(v1::DTYPE_INT8);
+  big.mutable_partition()->Clear();
+  big.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
+  big.clear_shape();
+  big.add_shape(int64_t{1} << 20);
+  big.add_shape(int64_t{1} << 20);
+  spec.mutable_ptc()->clear_tensors();
+  for (int i = 0; i < 4096; ++i) {
+    big.set_name(absl::StrCat("t", i));
+    *spec.mutable_ptc()->add_tensors() = big;
+  }
+  ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "the limit is 1125899906842624 per job");
+}
+
+TEST_F(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStored) {
+  // Every host of ReplicatedJob holds every item once: total_bytes each.
+  const v1::JobSpec spec = ReplicatedJob("fits");
+  const int64_t per_host = Register(spec).total_bytes();
+  ASSERT_TRUE(api_->DeleteJob([&] {
+                    v1::DeleteJobRequest r;
+                    r.set_job_id(api_->ListJobs(v1::ListJobsRequest())->jobs(0).id());
+                    return r;
+                  }())
+                  .ok());
+
+  RegisterWithLimit("h0", per_host);
+  RegisterWithLimit("h1", per_host - 1);
+  ExpectRefused(
+      spec, absl::StatusCode::kResourceExhausted,
+      absl::StrCat("layout: host \"h1\" would hold ", per_host,
+                   " bytes of this job's shards; its memory_limit_bytes is ", per_host - 1));
+  RegisterWithLimit("h1", per_host);  // exactly enough
+  const v1::Job job = Register(spec);
+
+  // Resize / Migrate targets: both ranks on h2, which has room for one.
+  RegisterWithLimit("h2", 2 * per_host - 1);
+  const DatabaseSnapshot before = Snapshot();
+  EXPECT_THAT(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "target: host \"h2\" would hold"));
+  v1::MigrateRequest migrate;
+  migrate.set_job_id(job.id());
+  migrate.set_expected_generation(1);
+  *migrate.mutable_placement() = MakeLayout(1, 1, 2, {"h2"}, 2).placement();
+  EXPECT_THAT(api_->Migrate(migrate).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "target: host \"h2\" would hold"));
+  v1::RecoverFromFailureRequest recover;
+  recover.set_job_id(job.id());
+  recover.set_expected_generation(1);
+  recover.add_lost_hosts("h1");
+  *recover.mutable_target() = MakeLayout(1, 1, 2, {"h2"}, 2);
+  EXPECT_THAT(api_->RecoverFromFailure(recover).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted, "target: host \"h2\" would hold"));
+  EXPECT_TRUE(Snapshot() == before);
+  RegisterWithLimit("h2", 2 * per_host);
+  EXPECT_TRUE(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).ok());
+}
+
+TEST_F(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
+  const v1::JobSpec spec = ReplicatedJob("big");  // on h0, h1: not registered
+  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  RegisterWithLimit("h7", per_host);
+  RegisterWithLimit("h8", per_host - 1);  // the two hold 2 * per_host - 1
+  ExpectRefused(spec, absl::StatusCode::kResourceExhausted,
+                absl::StrCat("the job needs ", 2 * per_host,
+                             " bytes over its hosts; the 2 "
+                             "registered hosts have ",
+                             2 * per_host - 1));
+  RegisterWithLimit("h8", per_host);
+  EXPECT_TRUE(RegisterStatus(spec).ok());
+}
+
+}  // namespace
+}  // namespace reshard::coordinator::testing
