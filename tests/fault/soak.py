@@ -80,7 +80,8 @@ def main():
               f"SIGKILL + restart every {args.kill_every} operations", flush=True)
 
         def snapshot():
-            rss = {name: cluster.rss_bytes(pid) for name, pid in sorted(cluster.processes().items())}
+            rss = {name: (cluster.rss_bytes(pid), pid)
+                   for name, pid in sorted(cluster.processes().items())}
             files = {h: cluster.shm_files(h) for h in cluster.host_ids}
             return rss, files, faultlib.accounting(cluster)
 
@@ -184,9 +185,9 @@ def main():
               f"{counts['kills']}; {elapsed:.1f} s")
         print("  RSS (MiB)             before     after")
         for name in sorted(set(before[0]) | set(after[0])):
-            b, a = before[0].get(name), after[0].get(name)
+            (b, bpid), (a, apid) = before[0].get(name, (0, 0)), after[0].get(name, (0, 0))
             print(f"  {name:<20} {(b or 0) / 2**20:8.1f} {(a or 0) / 2**20:9.1f}"
-                  + ("   (restarted)" if name.startswith("reshard-agent") and counts["kills"] else ""))
+                  + (f"   (restarted: pid {bpid} -> {apid})" if bpid != apid else ""))
         print("  shard files / accounting (used bytes, buffers, generations)")
         for h in cluster.host_ids:
             bf, af = before[1][h], after[1][h]
