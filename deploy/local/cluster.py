@@ -137,6 +137,8 @@ class _Process:
 
     def stop(self, sig=signal.SIGTERM, timeout=10.0):
         self.send_signal(sig)
+        if sig not in (signal.SIGKILL, signal.SIGSTOP):
+            self.send_signal(signal.SIGCONT)  # a stopped process handles `sig` only once continued
         try:
             self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
@@ -194,6 +196,7 @@ class LocalCluster:
         self.agents = {}
         self._pg = None
         self._pg_dir = None
+        self._pg_uid = self._pg_gid = None
         self._coordinator_proc = None
         self._stopped = False
         self._lock = threading.Lock()
@@ -243,6 +246,7 @@ class LocalCluster:
             except KeyError:
                 raise ClusterError("running as root but there is no `postgres` user to run PostgreSQL as")
             uid, gid = pw.pw_uid, pw.pw_gid
+        self._pg_uid, self._pg_gid = uid, gid
         self._pg_dir = tempfile.mkdtemp(prefix="reshard-local-pg-")
         if uid is not None:
             os.chown(self._pg_dir, uid, gid)
@@ -258,12 +262,7 @@ class LocalCluster:
         last = ""
         for _ in range(5):  # another process may take the port between probe and bind
             port = free_port()
-            self._pg = _Process(
-                "postgres",
-                [os.path.join(bindir, "postgres"), "-D", data, "-p", str(port), "-k", self._pg_dir,
-                 "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
-                 "-c", "max_connections=200", "-c", "shared_buffers=32MB"],
-                os.path.join(self._pg_dir, "postgres.log"), uid=uid, gid=gid, cwd=self._pg_dir)
+            self._pg = self._spawn_postgres(port)
             try:
                 self._pg.wait_for_line("", 0.1)  # any output at all
             except ClusterError:
@@ -277,6 +276,16 @@ class LocalCluster:
             self._pg = None
         raise ClusterError(f"postgres did not start:\n{last}")
 
+    def _spawn_postgres(self, port):
+        data = os.path.join(self._pg_dir, "data")
+        return _Process(
+            "postgres",
+            [os.path.join(_pg_bindir(), "postgres"), "-D", data, "-p", str(port), "-k", self._pg_dir,
+             "-c", "listen_addresses=127.0.0.1", "-c", "fsync=off", "-c", "full_page_writes=off",
+             "-c", "max_connections=200", "-c", "shared_buffers=32MB"],
+            os.path.join(self._pg_dir, "postgres.log"), uid=self._pg_uid, gid=self._pg_gid,
+            cwd=self._pg_dir)
+
     def _wait_postgres(self, port, timeout=30.0):
         pg_isready = os.path.join(_pg_bindir(), "pg_isready")
         deadline = time.monotonic() + timeout
@@ -289,18 +298,198 @@ class LocalCluster:
             time.sleep(0.1)
         return False
 
-    def _start_coordinator(self):
-        argv = [self.coordinator_bin, "serve", "--dsn", self.dsn, "--listen", "127.0.0.1:0",
-                "--metrics-listen", "127.0.0.1:0", "--lease-ms", str(self.lease_ms), "--tick-ms",
+    def _start_coordinator(self, listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", timeout=60.0):
+        argv = [self.coordinator_bin, "serve", "--dsn", self.dsn, "--listen", listen,
+                "--metrics-listen", metrics_listen, "--lease-ms", str(self.lease_ms), "--tick-ms",
                 str(self.tick_ms), "--leader-retry-ms", "200", "--replica-id", "local-0"]
         self._coordinator_proc = _Process("reshard-coordinator", argv,
                                           os.path.join(self.work_dir, "coordinator.log"))
-        line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", 60)
+        line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", timeout)
         # "reshard-coordinator listening on H:P metrics on H:M replica ID"
         words = line.split()
         self.coordinator = words[3]
         self.coordinator_metrics = words[6]
         self._log(f"cluster: reshard-coordinator on {self.coordinator} (metrics {self.coordinator_metrics})")
+
+    # ------------------------------------------------------ fault injection
+    # For tests that cause faults for real (tests/fault): kill, stop and
+    # restart the coordinator, an agent or PostgreSQL, keeping their
+    # addresses, so that the rest of the cluster finds them again.
+
+    @property
+    def coordinator_pid(self):
+        return self._coordinator_proc.pid if self._coordinator_proc else None
+
+    def coordinator_alive(self):
+        return self._coordinator_proc is not None and self._coordinator_proc.alive()
+
+    def kill_coordinator(self, sig=signal.SIGKILL):
+        """Stops the coordinator with `sig` (default SIGKILL: no cleanup at
+        all) and reaps it. Its address stays in `coordinator`."""
+        if self._coordinator_proc:
+            self._coordinator_proc.stop(sig)
+        self._log(f"cluster: reshard-coordinator stopped ({signal.Signals(sig).name})")
+
+    def start_coordinator(self, timeout=60.0):
+        """Starts the coordinator again on the port (and metrics port) it had
+        before, so that agents and clients reconnect to the same address.
+        Retries the bind for `timeout` seconds (the old sockets may linger)."""
+        if self.coordinator_alive():
+            raise ClusterError("reshard-coordinator is still running")
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                self._start_coordinator(self.coordinator, self.coordinator_metrics,
+                                        timeout=max(1.0, deadline - time.monotonic()))
+                return self.coordinator
+            except ClusterError:
+                if self._coordinator_proc.alive() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)  # the port is still taken: try the bind again
+
+    def restart_coordinator(self, sig=signal.SIGKILL, timeout=60.0):
+        """kill_coordinator(sig), then start_coordinator() on the same port."""
+        self.kill_coordinator(sig)
+        return self.start_coordinator(timeout)
+
+    def signal_agent(self, host_id, sig):
+        """Sends `sig` to the agent of `host_id` (SIGSTOP and SIGCONT freeze
+        and thaw it; a stopped agent misses its heartbeats)."""
+        self.agents[host_id].process.send_signal(sig)
+        self._log(f"cluster: reshard-agent {host_id} sent {signal.Signals(sig).name}")
+
+    def stop_agent(self, host_id):
+        """SIGSTOP: the agent is frozen, its sockets stay open."""
+        self.signal_agent(host_id, signal.SIGSTOP)
+
+    def continue_agent(self, host_id):
+        """SIGCONT after stop_agent."""
+        self.signal_agent(host_id, signal.SIGCONT)
+
+    def restart_agent(self, host_id, keep_shm=True, sig=signal.SIGKILL):
+        """Kills the agent of `host_id` with `sig` and starts it again with
+        the same host id, worker socket, metrics port and shm_dir. With
+        keep_shm=False its shared-memory files are deleted in between (the
+        host came back empty)."""
+        agent = self.agents[host_id]
+        if agent.process:
+            agent.process.stop(sig)
+        if not keep_shm:
+            shutil.rmtree(agent.shm_dir, ignore_errors=True)
+        self._log(f"cluster: reshard-agent {host_id} killed ({signal.Signals(sig).name}), "
+                  f"{'shm kept' if keep_shm else 'shm removed'}; restarting")
+        deadline = time.monotonic() + 60.0
+        while True:
+            try:
+                return self.start_agent(host_id)
+            except ClusterError:
+                # The metrics port of the killed agent may not be free yet.
+                if agent.process.alive() or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.2)
+
+    def shm_files(self, host_id):
+        """{file name: size in bytes} of everything in the agent's shm_dir."""
+        out = {}
+        d = self.agents[host_id].shm_dir
+        try:
+            names = os.listdir(d)
+        except FileNotFoundError:
+            return out
+        for name in names:
+            try:
+                out[name] = os.stat(os.path.join(d, name)).st_size
+            except FileNotFoundError:
+                pass
+        return out
+
+    def metrics_of(self, host_id, timeout=5.0):
+        """The agent's Prometheus metrics as {"name{labels}": value}."""
+        return scrape_metrics(self.agents[host_id].metrics, timeout)
+
+    def processes(self):
+        """{name: pid} of every process the cluster runs now (PostgreSQL's
+        postmaster, the coordinator, each agent), live ones only."""
+        out = {}
+        if self._pg and self._pg.alive():
+            out["postgres"] = self._pg.pid
+        if self.coordinator_alive():
+            out["reshard-coordinator"] = self._coordinator_proc.pid
+        for host, agent in self.agents.items():
+            if agent.alive():
+                out[f"reshard-agent {host}"] = agent.pid
+        return out
+
+    def process_tree(self):
+        """{pid: command name} of every live process the cluster runs and their
+        descendants (PostgreSQL's backends included): what a process-leak
+        check compares before and after."""
+        parent = {}
+        comm = {}
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat", "rb") as f:
+                    stat = f.read().decode("utf-8", "replace")
+            except OSError:
+                continue
+            # pid (comm) state ppid ...
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z":
+                continue
+            comm[int(entry)] = stat[stat.index("(") + 1:stat.rindex(")")]
+            parent[int(entry)] = int(fields[1])
+        out = {}
+        for pid in comm:
+            p = pid
+            roots = set(self.processes().values())
+            while p > 1:
+                if p in roots:
+                    out[pid] = comm[pid]
+                    break
+                p = parent.get(p, 0)
+        return out
+
+    @staticmethod
+    def rss_bytes(pid):
+        """Resident set size of `pid` in bytes (VmRSS), None if it is gone."""
+        try:
+            with open(f"/proc/{pid}/status") as f:
+                for line in f:
+                    if line.startswith("VmRSS:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            return None
+        return None
+
+    def kill_postgres(self, sig=signal.SIGKILL):
+        """Stops PostgreSQL (default SIGKILL of the whole process group: the
+        coordinator's connections break). Its data directory stays."""
+        if self._pg:
+            self._pg.stop(sig)
+        self._log(f"cluster: postgresql stopped ({signal.Signals(sig).name})")
+
+    def start_postgres(self, timeout=60.0):
+        """Starts PostgreSQL again on the same port and data directory
+        (crash recovery runs if it was killed)."""
+        if self._pg and self._pg.alive():
+            raise ClusterError("postgres is still running")
+        port = int(self.dsn.split("port=")[1].split()[0])
+        deadline = time.monotonic() + timeout
+        while True:
+            self._pg = self._spawn_postgres(port)
+            if self._wait_postgres(port, timeout=max(1.0, deadline - time.monotonic())):
+                self._log(f"cluster: postgresql restarted on 127.0.0.1:{port}")
+                return
+            if time.monotonic() >= deadline:
+                raise ClusterError(f"postgres did not restart:\n{self._pg.tail()}")
+            time.sleep(0.2)  # the port may still be taken
+
+    def restart_postgres(self, sig=signal.SIGKILL, timeout=60.0):
+        """kill_postgres(sig), then start_postgres() on the same port."""
+        self.kill_postgres(sig)
+        self.start_postgres(timeout)
 
     def start_agent(self, host_id):
         """Starts (or restarts) the agent of `host_id` and waits until it serves workers."""
@@ -362,6 +551,24 @@ class LocalCluster:
             if p:
                 parts.append(f"--- {p.name} ---\n{p.tail(lines)}")
         return "\n".join(parts)
+
+
+def scrape_metrics(address, timeout=5.0):
+    """GET http://ADDRESS/metrics, parsed into {"name{labels}": float}
+    (comments skipped)."""
+    import urllib.request
+    with urllib.request.urlopen(f"http://{address}/metrics", timeout=timeout) as r:
+        text = r.read().decode("utf-8", "replace")
+    out = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key, _, value = line.rpartition(" ")
+        try:
+            out[key] = float(value)
+        except ValueError:
+            pass
+    return out
 
 
 def _raise_keyboard_interrupt(signum, frame):
