@@ -198,7 +198,8 @@ TaskExecutor::~TaskExecutor() = default;
 absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     const std::string& host_id, const v1::HostTask& task,
     const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting) {
   const v1::TransferPlan& plan = task.plan();
   const std::string& job = task.job_id();
   if (cancelled && cancelled()) return absl::CancelledError("task cancelled before it started");
@@ -298,12 +299,17 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   // 3. Move bytes.
   int64_t done = 0;
   auto last_report = Clock::now();
+  std::string waiting_on;
+  std::function<std::string()> describe_wait;  // set once the transfer state exists
   auto report = [&](bool force) {
-    if (!progress) return;
     const auto now = Clock::now();
     if (!force && now - last_report < kProgressInterval) return;
     last_report = now;
-    progress(done, hs.total_bytes);
+    if (progress) progress(done, hs.total_bytes);
+    if (waiting && describe_wait) {
+      std::string what = describe_wait();
+      if (what != waiting_on) waiting(waiting_on = std::move(what));
+    }
   };
   report(true);
   for (const v1::ZeroFill* f : hs.fills) {
@@ -391,6 +397,17 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     }
   };
   auto locals_left = [&] { return next_local < hs.locals.size(); };
+  describe_wait = [&]() -> std::string {
+    const InFlight* first = nullptr;
+    uint64_t first_seq = 0;
+    for (const auto& [seq, f] : inflight) {
+      if (first == nullptr || seq < first_seq) first = &f, first_seq = seq;
+    }
+    if (first == nullptr) return locals_left() ? "local copies" : "";
+    const RemoteStep& r = hs.remotes[first->remote];
+    return absl::StrCat("step ", r.step->index(), " (", r.is_send ? "send to" : "receive from",
+                        " host \"", r.peer, "\")");
+  };
 
   auto last_lease_check = Clock::now();
   while (locals_left() || finished < remote_chunk_total) {

@@ -49,10 +49,14 @@ class TaskExecutor {
   /// missing old shard, ResourceExhausted before any byte moved when the new
   /// buffers do not fit, Unavailable for an unreachable peer...). On success
   /// returns one checksum per (item, new rank on this host) with its bytes.
+  /// `waiting(what)`, if set, is called with each progress report when what
+  /// the task waits on changes: the earliest unfinished cross-host step
+  /// ("step 17 (receive from host \"h1\")"), "local copies", or "" (checksums).
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Execute(
       const std::string& host_id, const v1::HostTask& task,
       const std::function<void(int64_t done, int64_t total)>& progress,
-      const std::function<bool()>& cancelled);
+      const std::function<bool()>& cancelled,
+      const std::function<void(const std::string& what)>& waiting = nullptr);
 
  private:
   ShardStore* store_;

@@ -160,7 +160,7 @@ absl::StatusOr<HostSteps> PrepareHostSteps(ShardStore* store, const std::string&
           absl::StrCat("operation ", task.operation_id(), ": cross-host step index ", step.index(),
                        " does not fit a transfer tag (at most ", kMaxTaggedSteps - 1, ")"));
     }
-    out.remotes.push_back(RemoteStep{&step, src_here, src_here ? *dst_host : std::string()});
+    out.remotes.push_back(RemoteStep{&step, src_here, src_here ? *dst_host : *src_host});
   }
   for (const v1::ZeroFill& f : plan.zero_fills()) {
     auto it = out.new_index.find(f.rank());

@@ -23,7 +23,7 @@ namespace reshard::agent {
 struct RemoteStep {
   const v1::CopyStep* step = nullptr;
   bool is_send = false;
-  std::string peer;  // sends: the destinations' host
+  std::string peer;  // the other end: the destinations' host, or the source's
 };
 
 struct HostSteps {

@@ -15,7 +15,8 @@ _names = itertools.count()
 
 @pytest.fixture
 def cluster():
-    with LocalCluster(build_dir=faultlib.BUILD, hosts=4, devices_per_host=2) as c:
+    with LocalCluster(build_dir=faultlib.BUILD, hosts=4, devices_per_host=2,
+                      work_dir=os.environ.get("RESHARD_FAULT_WORK_DIR")) as c:
         yield c
 
 

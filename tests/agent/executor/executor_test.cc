@@ -14,6 +14,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <mutex>
 #include <thread>
 
 #include "agent/transfer/local_copy.h"
@@ -407,10 +408,23 @@ TEST_F(ExecutorTest, PeerDiesMidTransferFailsAndDropsNewBuffers) {
   FillOld();
   const v1::HostTask task = Slice(WholeTask(), "h0", Addresses());
   // h1 never runs its slice: h0's receives wait on it; then h1 dies.
+  std::mutex mu;
+  std::string waiting_on;
   auto run = std::async(std::launch::async, [&] {
-    return hosts_[0].executor->Execute("h0", task, nullptr, [] { return false; });
+    return hosts_[0].executor->Execute(
+        "h0", task, nullptr, [] { return false; },
+        [&](const std::string& what) {
+          std::lock_guard<std::mutex> l(mu);
+          if (!what.empty()) waiting_on = what;
+        });
   });
   ASSERT_EQ(run.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  {
+    // What a stalled task reports: the step it waits on, and the peer.
+    std::lock_guard<std::mutex> l(mu);
+    EXPECT_THAT(waiting_on, ::testing::MatchesRegex("step [0-9]+ \\((receive from|send to) "
+                                                    "host \"h1\"\\)"));
+  }
   hosts_[1].transport->Shutdown();
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "hangs";
   auto result = run.get();
