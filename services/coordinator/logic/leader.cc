@@ -13,6 +13,45 @@ LeaderLoop::LeaderLoop(std::unique_ptr<LeaderLock> lock, OperationDriver* driver
 
 LeaderLoop::~LeaderLoop() { Stop(); }
 
+void LeaderLoop::EnableRetention(StorePtr store, Retention retention) {
+  RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::EnableRetention after Start";
+  retention_store_ = std::move(store);
+  retention_ = retention;
+}
+
+void LeaderLoop::MaybePrune() {
+  if (retention_store_ == nullptr) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (last_prune_ != std::chrono::steady_clock::time_point{} &&
+      now - last_prune_ < std::chrono::milliseconds(retention_.interval_ms)) {
+    return;
+  }
+  last_prune_ = now;
+  PrunedRows total;
+  for (int batch = 0; batch < retention_.batches_per_round; ++batch) {
+    absl::StatusOr<PrunedRows> pruned = retention_store_->PruneRetention(retention_.policy);
+    if (!pruned.ok()) {
+      RESHARD_LOG(WARNING) << "retention: " << pruned.status();
+      break;
+    }
+    total.generations += pruned->generations;
+    total.operations += pruned->operations;
+    if (metrics_ != nullptr) {
+      metrics_->RetentionPruned("generations", pruned->generations);
+      metrics_->RetentionPruned("operations", pruned->operations);
+    }
+    // A batch short of full on every table: nothing more is due now.
+    if (pruned->generations < retention_.policy.batch_rows &&
+        pruned->operations < retention_.policy.batch_rows) {
+      break;
+    }
+  }
+  if (total.generations > 0 || total.operations > 0) {
+    RESHARD_LOG(INFO) << "retention: pruned " << total.generations << " generations, "
+                      << total.operations << " operations";
+  }
+}
+
 void LeaderLoop::Start() {
   RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::Start called twice";
   if (metrics_ != nullptr) metrics_->SetLeader(false);
@@ -63,8 +102,11 @@ void LeaderLoop::Run() {
         } else {
           RESHARD_LOG(WARNING) << "resuming operations failed (retrying): " << s;
         }
-      } else if (absl::Status s = driver_->Tick(); !s.ok()) {
-        RESHARD_LOG(WARNING) << "driver tick: " << s;
+      } else {
+        if (absl::Status s = driver_->Tick(); !s.ok()) {
+          RESHARD_LOG(WARNING) << "driver tick: " << s;
+        }
+        MaybePrune();
       }
     }
     std::unique_lock<std::mutex> lock(mu_);

@@ -1,10 +1,14 @@
 // Runs the OperationDriver on exactly one replica: a thread that holds the
 // LeaderLock (PostgreSQL advisory lock) and ticks the driver while it holds
-// it; other replicas keep trying and take over when the holder dies.
-// Start() once; Stop() is idempotent and joins the thread.
+// it; other replicas keep trying and take over when the holder dies. The
+// leader also prunes finished rows under the retention policy, in bounded
+// batches (EnableRetention).
+// EnableRetention() before Start(); Start() once; Stop() is idempotent and
+// joins the thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <memory>
 #include <mutex>
@@ -28,12 +32,27 @@ class LeaderLoop {
              Options options);
   ~LeaderLoop();
 
+  /// What the leader prunes, and how much per tick.
+  struct Retention {
+    RetentionPolicy policy;
+    /// Least time between two pruning rounds (0: every tick).
+    int interval_ms = 60 * 1000;
+    /// Most Store::PruneRetention batches per round (each at most
+    /// policy.batch_rows rows per table).
+    int batches_per_round = 4;
+  };
+  /// Prunes `store` under `retention` while leader. `store` must outlive
+  /// the loop's thread.
+  void EnableRetention(StorePtr store, Retention retention);
+
   void Start();
   void Stop();
   bool IsLeader() const { return leader_.load(); }
 
  private:
   void Run();
+  // One pruning round, if due; errors are logged (retried next round).
+  void MaybePrune();
 
   std::unique_ptr<LeaderLock> lock_;
   OperationDriver* driver_;
@@ -44,6 +63,9 @@ class LeaderLoop {
   std::condition_variable cv_;
   bool stop_ = false;
   std::thread thread_;
+  StorePtr retention_store_;  // null: retention off
+  Retention retention_;
+  std::chrono::steady_clock::time_point last_prune_{};
 };
 
 }  // namespace reshard::coordinator

@@ -243,6 +243,11 @@ absl::StatusOr<v1::PreviewPlanResponse> SchedulerApi::PreviewPlan(
     const v1::PreviewPlanRequest& request) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (!request.has_target()) return absl::InvalidArgumentError("target is required");
+  if (!request.lost_hosts().empty() || !request.lost_ranks().empty()) {
+    if (absl::Status s = CheckLostFields(request.lost_hosts(), request.lost_ranks()); !s.ok()) {
+      return s;
+    }
+  }
   absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
   if (!job.ok()) return job.status();
   planner::LostSet lost;

@@ -133,6 +133,10 @@ struct CoordinatorMetrics::Impl {
                           .Name("reshard_coordinator_leader")
                           .Help("1 on the replica that drives operations, else 0.")
                           .Register(*registry)),
+        retention_pruned(prometheus::BuildCounter()
+                             .Name("reshard_coordinator_retention_pruned_rows_total")
+                             .Help("Rows deleted by the retention policy, by table.")
+                             .Register(*registry)),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -153,6 +157,7 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& active_operations;
   prometheus::Family<prometheus::Gauge>& oldest_active_family;
   prometheus::Family<prometheus::Gauge>& leader_family;
+  prometheus::Family<prometheus::Counter>& retention_pruned;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -192,6 +197,12 @@ void CoordinatorMetrics::OperationFinished(v1::OperationKind kind, v1::Operation
       .Increment();
   impl_->operation_duration.Add({{"kind", kind_label}}, OperationBuckets())
       .Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::RetentionPruned(const std::string& table, int64_t rows) {
+  // Added even for 0 rows, so that the series exists from the first prune.
+  prometheus::Counter& c = impl_->retention_pruned.Add({{"table", table}});
+  if (rows > 0) c.Increment(static_cast<double>(rows));
 }
 
 void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {

@@ -42,6 +42,10 @@ class CoordinatorMetrics {
   void SetOldestActiveOperationSeconds(double seconds);
   /// reshard_coordinator_leader (gauge, 1 on the replica driving operations).
   void SetLeader(bool leader);
+  /// reshard_coordinator_retention_pruned_rows_total{table} (counter: rows
+  /// the retention policy deleted from `table`, "generations" or
+  /// "operations"; rows deleted with them by ON DELETE CASCADE not counted).
+  void RetentionPruned(const std::string& table, int64_t rows);
 
   std::shared_ptr<prometheus::Registry> registry() const;
 

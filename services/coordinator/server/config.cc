@@ -80,6 +80,30 @@ const std::vector<Setting>& Settings() {
       IntSetting("max-spec-bytes", "RESHARD_MAX_SPEC_BYTES",
                  "largest serialized JobSpec RegisterJob accepts",
                  &CoordinatorConfig::max_spec_bytes),
+      // Retention (issue 9, defect 10).
+      IntSetting("retention-keep-retired", "RESHARD_RETENTION_KEEP_RETIRED",
+                 "per job, newest RETIRED generations kept whatever their age",
+                 &CoordinatorConfig::retention_keep_retired),
+      IntSetting("retention-retired-age-ms", "RESHARD_RETENTION_RETIRED_AGE_MS",
+                 "older RETIRED generations are pruned once retired this long ago (>= 3 leases)",
+                 &CoordinatorConfig::retention_retired_age_ms),
+      IntSetting("retention-discarded-age-ms", "RESHARD_RETENTION_DISCARDED_AGE_MS",
+                 "DISCARDED generations are pruned once their operation ended this long ago "
+                 "(>= 3 leases)",
+                 &CoordinatorConfig::retention_discarded_age_ms),
+      IntSetting("retention-keep-operations", "RESHARD_RETENTION_KEEP_OPERATIONS",
+                 "per job, newest operations kept whatever their age",
+                 &CoordinatorConfig::retention_keep_operations),
+      IntSetting("retention-operation-age-ms", "RESHARD_RETENTION_OPERATION_AGE_MS",
+                 "older finished operations are pruned once finished this long ago",
+                 &CoordinatorConfig::retention_operation_age_ms),
+      IntSetting("retention-batch-rows", "RESHARD_RETENTION_BATCH_ROWS",
+                 "rows deleted by one pruning statement", &CoordinatorConfig::retention_batch_rows),
+      IntSetting("retention-batches", "RESHARD_RETENTION_BATCHES", "pruning batches per round",
+                 &CoordinatorConfig::retention_batches),
+      IntSetting("retention-interval-ms", "RESHARD_RETENTION_INTERVAL_MS",
+                 "least time between two pruning rounds of the leader",
+                 &CoordinatorConfig::retention_interval_ms),
       StringSetting("replica-id", "RESHARD_REPLICA_ID",
                     "this replica's name in logs (default hostname:pid)",
                     &CoordinatorConfig::replica_id),
@@ -173,12 +197,22 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         "--dsn (RESHARD_DSN) is required: a PostgreSQL connection string");
   }
   constexpr int64_t kDay = 24 * 3600 * 1000;
-  for (absl::Status s : {Range("lease-ms", c.lease_ms, 100, kDay),
-                         Range("transfer-timeout-ms", c.transfer_timeout_ms, 1000, 7 * kDay),
-                         Range("tick-ms", c.tick_ms, 1, 60000),
-                         Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
-                         Range("pool-size", c.pool_size, 1, 256),
-                         Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30)}) {
+  for (absl::Status s :
+       {Range("lease-ms", c.lease_ms, 100, kDay),
+        Range("transfer-timeout-ms", c.transfer_timeout_ms, 1000, 7 * kDay),
+        Range("tick-ms", c.tick_ms, 1, 60000),
+        Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
+        Range("pool-size", c.pool_size, 1, 256),
+        Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30),
+        Range("retention-keep-retired", c.retention_keep_retired, 0, 1000000),
+        Range("retention-retired-age-ms", c.retention_retired_age_ms, 3 * c.lease_ms, 365 * kDay),
+        Range("retention-discarded-age-ms", c.retention_discarded_age_ms, 3 * c.lease_ms,
+              365 * kDay),
+        Range("retention-keep-operations", c.retention_keep_operations, 0, 1000000),
+        Range("retention-operation-age-ms", c.retention_operation_age_ms, 0, 3650 * kDay),
+        Range("retention-batch-rows", c.retention_batch_rows, 1, 100000),
+        Range("retention-batches", c.retention_batches, 1, 1000),
+        Range("retention-interval-ms", c.retention_interval_ms, 0, kDay)}) {
     if (!s.ok()) return s;
   }
   if (c.tick_ms >= c.lease_ms) {

@@ -35,6 +35,23 @@ struct CoordinatorConfig {
   int pool_size = 8;
   /// Largest serialized JobSpec accepted by RegisterJob.
   int64_t max_spec_bytes = 64 << 20;
+  // ---- Retention (docs/coordinator.md, "Retention") ----
+  /// Per job, the newest RETIRED generations kept whatever their age.
+  int64_t retention_keep_retired = 2;
+  /// Older RETIRED generations are pruned once retired this long ago (at
+  /// least 3 leases, so every live agent has seen them in `release`).
+  int64_t retention_retired_age_ms = 60 * 60 * 1000;
+  /// DISCARDED generations are pruned once their operation ended this long
+  /// ago (at least 3 leases, for the same reason with `discard`).
+  int64_t retention_discarded_age_ms = 10 * 60 * 1000;
+  /// Per job, the newest operations kept whatever their age.
+  int64_t retention_keep_operations = 100;
+  /// Older finished operations are pruned once finished this long ago.
+  int64_t retention_operation_age_ms = 7LL * 24 * 60 * 60 * 1000;
+  /// Rows per pruning statement, batches per round, and rounds' period.
+  int64_t retention_batch_rows = 500;
+  int64_t retention_batches = 4;
+  int64_t retention_interval_ms = 60 * 1000;
   /// Names this replica in logs and operation records; default hostname:pid.
   std::string replica_id;
   LogSeverity log_level = LogSeverity::kInfo;

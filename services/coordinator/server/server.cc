@@ -109,6 +109,16 @@ absl::Status CoordinatorServer::Start() {
   leader_options.retry_ms = config_.leader_retry_ms;
   leader_ = std::make_unique<LeaderLoop>(MakePgLeaderLock(config_.dsn), driver_.get(),
                                          metrics_.get(), leader_options);
+  LeaderLoop::Retention retention;
+  retention.policy.keep_retired_generations = static_cast<int>(config_.retention_keep_retired);
+  retention.policy.retired_min_age_ms = config_.retention_retired_age_ms;
+  retention.policy.discarded_min_age_ms = config_.retention_discarded_age_ms;
+  retention.policy.keep_operations = static_cast<int>(config_.retention_keep_operations);
+  retention.policy.operation_min_age_ms = config_.retention_operation_age_ms;
+  retention.policy.batch_rows = static_cast<int>(config_.retention_batch_rows);
+  retention.batches_per_round = static_cast<int>(config_.retention_batches);
+  retention.interval_ms = static_cast<int>(config_.retention_interval_ms);
+  leader_->EnableRetention(store_, retention);
   leader_->Start();
   RESHARD_LOG(INFO) << "replica=" << config_.replica_id << " serving gRPC on port " << port_
                     << ", /metrics on port " << metrics_port_ << ", schema version "

@@ -55,6 +55,10 @@ const std::vector<Statement>& AllStatements() {
       kSelectHost,
       kExpireLeases,
       kJobsOnHosts,
+      // Retention
+      kPruneRetiredGenerations,
+      kPruneDiscardedGenerations,
+      kPruneOperations,
   };
   return *kAll;
 }

@@ -300,6 +300,45 @@ inline constexpr Statement kJobsOnHosts{
     "SELECT DISTINCT r.job_id FROM generation_ranks r JOIN jobs j ON j.id = r.job_id AND "
     "j.generation = r.generation WHERE r.host_id = ANY($1::text[]) ORDER BY r.job_id"};
 
+// ---- Retention (issue 9, defect 10; pg_retention.cc) -------------------------
+// Each deletes at most $N rows, oldest first. "Retired before" = a newer
+// generation of the job committed before the cutoff; the newest $keep
+// RETIRED generations of a job are kept (the OFFSET subquery finds the
+// (keep+1)-th newest through the generations primary key).
+
+// $1 keep, $2 min age ms, $3 batch rows.
+inline constexpr Statement kPruneRetiredGenerations{
+    "prune_retired_generations",
+    "DELETE FROM generations d USING (SELECT g.job_id, g.generation FROM generations g "
+    "WHERE g.state = 3 AND g.generation <= (SELECT n.generation FROM generations n WHERE "
+    "n.job_id = g.job_id AND n.state = 3 ORDER BY n.generation DESC OFFSET $1::integer LIMIT 1) "
+    "AND EXISTS (SELECT 1 FROM generations c WHERE c.job_id = g.job_id AND c.generation > "
+    "g.generation AND c.committed_at < now() - $2::bigint * interval '1 millisecond') "
+    "ORDER BY g.job_id, g.generation LIMIT $3::integer) v "
+    "WHERE d.job_id = v.job_id AND d.generation = v.generation AND d.state = 3"};
+
+// $1 min age ms, $2 batch rows. Age: since the operation that built it
+// ended (its creation when that row is gone).
+inline constexpr Statement kPruneDiscardedGenerations{
+    "prune_discarded_generations",
+    "DELETE FROM generations d USING (SELECT g.job_id, g.generation FROM generations g "
+    "WHERE g.state = 4 AND coalesce((SELECT o.finished_at FROM operations o WHERE o.id = "
+    "g.operation_id), g.created_at) < now() - $1::bigint * interval '1 millisecond' "
+    "ORDER BY g.job_id, g.generation LIMIT $2::integer) v "
+    "WHERE d.job_id = v.job_id AND d.generation = v.generation AND d.state = 4"};
+
+// $1 keep, $2 min age ms, $3 batch rows. Only COMMITTED/ABORTED/FAILED
+// (4, 5, 6); their idempotency keys go with them (a retry then finds
+// nothing, which is right a week later).
+inline constexpr Statement kPruneOperations{
+    "prune_operations",
+    "WITH v AS (SELECT o.id FROM operations o WHERE o.state IN (4, 5, 6) AND o.finished_at < "
+    "now() - $2::bigint * interval '1 millisecond' AND o.seq <= (SELECT n.seq FROM operations n "
+    "WHERE n.job_id = o.job_id ORDER BY n.seq DESC OFFSET $1::integer LIMIT 1) "
+    "ORDER BY o.finished_at LIMIT $3::integer), "
+    "k AS (DELETE FROM idempotency_keys i USING v WHERE i.resource_id = v.id AND i.job_id IS NOT "
+    "NULL) DELETE FROM operations d USING v WHERE d.id = v.id AND d.state IN (4, 5, 6)"};
+
 /// Every statement above, to prepare on each connection.
 const std::vector<Statement>& AllStatements();
 

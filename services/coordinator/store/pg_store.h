@@ -131,6 +131,9 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
       const std::vector<std::string>& host_ids) override;
 
+  // ---- Retention (pg_retention.cc) -----------------------------------------
+  [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
+
  private:
   explicit PgStore(std::unique_ptr<pg::PgPool> pool);
 

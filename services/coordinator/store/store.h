@@ -94,6 +94,33 @@ struct HostProgress {
   std::string error;
 };
 
+// ---- Retention (issue 9, defect 10) ------------------------------------------
+/// Which finished rows the leader prunes (docs/coordinator.md, "Retention").
+/// Ages are measured with the database's clock.
+struct RetentionPolicy {
+  /// Per job, the newest RETIRED generations kept whatever their age.
+  int keep_retired_generations = 2;
+  /// Older RETIRED generations are pruned once retired (= a newer generation
+  /// committed) this long ago; must cover several leases so that every live
+  /// agent has seen them in Heartbeat's `release` list.
+  int64_t retired_min_age_ms = 60 * 60 * 1000;
+  /// DISCARDED generations are pruned once their operation ended this long ago.
+  int64_t discarded_min_age_ms = 10 * 60 * 1000;
+  /// Per job, the newest operations kept whatever their state and age.
+  int keep_operations = 100;
+  /// Older COMMITTED / ABORTED / FAILED operations are pruned once finished
+  /// this long ago (their idempotency keys go with them).
+  int64_t operation_min_age_ms = 7LL * 24 * 60 * 60 * 1000;
+  /// Rows deleted by one statement.
+  int batch_rows = 500;
+};
+
+/// Rows one PruneRetention call deleted, by table.
+struct PrunedRows {
+  int64_t generations = 0;  // RETIRED and DISCARDED (their rank rows cascade)
+  int64_t operations = 0;   // (their progress rows and idempotency keys go too)
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -199,6 +226,15 @@ class Store {
   /// Jobs whose current generation places a rank on any of `host_ids`.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> JobsOnHosts(
       const std::vector<std::string>& host_ids) = 0;
+
+  // ---- Retention (issue 9, defect 10) --------------------------------------
+  /// One bounded batch of pruning under `policy`: at most batch_rows RETIRED
+  /// or DISCARDED generations and at most batch_rows finished operations,
+  /// each in its own short statement. Never touches CURRENT or PENDING
+  /// generations or active operations. Call again while it returns full
+  /// batches.
+  [[nodiscard]] virtual absl::StatusOr<PrunedRows> PruneRetention(
+      const RetentionPolicy& policy) = 0;
 };
 
 using StorePtr = std::shared_ptr<Store>;

@@ -304,6 +304,23 @@ TEST_F(InvalidInputTest, LengthLimitsAreInvalidArgument) {
       return s;
     });
   }
+  for (int which = 0; which < 2; ++which) {
+    ExpectRefused("preview lost set", grpc::StatusCode::INVALID_ARGUMENT, [&] {
+      v1::PreviewPlanRequest r;
+      r.set_job_id(job_.id());
+      *r.mutable_target() = MakeLayout(2, 2, 1, {"h0"}, 4);
+      if (which == 0) r.add_lost_hosts(long_name);
+      if (which == 1) r.add_lost_ranks(-1);
+      v1::PreviewPlanResponse reply;
+      return stub_->PreviewPlan(Ctx().get(), r, &reply);
+    });
+  }
+  ExpectRefused("list page token", grpc::StatusCode::INVALID_ARGUMENT, [&] {
+    v1::ListJobsRequest r;
+    r.set_page_token(long_name);
+    v1::ListJobsResponse reply;
+    return stub_->ListJobs(Ctx().get(), r, &reply);
+  });
   auto agents = AgentClient(coordinator_->address());
   const auto register_agent = [&](const std::string& id, const std::string& address) {
     v1::RegisterAgentRequest r;

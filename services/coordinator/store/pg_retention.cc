@@ -1,0 +1,49 @@
+// PgStore: the retention policy's pruning (docs/coordinator.md, "Retention").
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+
+absl::StatusOr<PrunedRows> PgStore::PruneRetention(const RetentionPolicy& policy) {
+  if (policy.keep_retired_generations < 0 || policy.keep_operations < 0 || policy.batch_rows < 1 ||
+      policy.retired_min_age_ms < 0 || policy.discarded_min_age_ms < 0 ||
+      policy.operation_min_age_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention policy: keep counts and ages must be >= 0 and batch_rows >= 1 (keep_retired ",
+        policy.keep_retired_generations, ", keep_operations ", policy.keep_operations,
+        ", batch_rows ", policy.batch_rows, ")"));
+  }
+  PrunedRows pruned;
+  // One short transaction per statement: pruning never holds locks long
+  // and a failure loses at most one batch of work.
+  absl::StatusOr<int64_t> retired = pg::TransactFor<int64_t>(
+      *pool_, "PruneRetiredGenerations", [&](pg::PgTx& tx) -> absl::StatusOr<int64_t> {
+        return tx
+            .Exec(pg::kPruneRetiredGenerations, policy.keep_retired_generations,
+                  policy.retired_min_age_ms, policy.batch_rows)
+            .affected_rows();
+      });
+  if (!retired.ok()) return retired.status();
+  absl::StatusOr<int64_t> discarded = pg::TransactFor<int64_t>(
+      *pool_, "PruneDiscardedGenerations", [&](pg::PgTx& tx) -> absl::StatusOr<int64_t> {
+        return tx
+            .Exec(pg::kPruneDiscardedGenerations, policy.discarded_min_age_ms, policy.batch_rows)
+            .affected_rows();
+      });
+  if (!discarded.ok()) return discarded.status();
+  absl::StatusOr<int64_t> operations = pg::TransactFor<int64_t>(
+      *pool_, "PruneOperations", [&](pg::PgTx& tx) -> absl::StatusOr<int64_t> {
+        return tx
+            .Exec(pg::kPruneOperations, policy.keep_operations, policy.operation_min_age_ms,
+                  policy.batch_rows)
+            .affected_rows();
+      });
+  if (!operations.ok()) return operations.status();
+  pruned.generations = *retired + *discarded;
+  pruned.operations = *operations;
+  return pruned;
+}
+
+}  // namespace reshard::coordinator
