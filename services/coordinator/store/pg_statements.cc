@@ -55,6 +55,12 @@ const std::vector<Statement>& AllStatements() {
       kSelectHost,
       kExpireLeases,
       kJobsOnHosts,
+      // Liveness (issue 9).
+      kDeletedJobs,
+      kJobsLostOnHost,
+      kClearJobLostHost,
+      kClearJobLostHosts,
+      kSettleJobLiveness,
   };
   return *kAll;
 }
