@@ -24,7 +24,8 @@ class OperationDriver {
     int64_t transfer_timeout_ms = 30 * 60 * 1000;  // TRANSFERRING longer: ABORTED
     /// A host's unfinished task (ASSIGNED or RUNNING) whose state and
     /// bytes_done stay unchanged this long aborts its operation. Counted from
-    /// the later of its last progress and this driver's ResumeAll.
+    /// the later of its last progress and this driver's ResumeAll; a RUNNING
+    /// host that writes nothing (it only sends) progresses with its peers.
     int64_t stall_timeout_ms = 20000;
     std::string replica_id = "coordinator";
     /// After ResumeAll (becoming leader), leases are not enforced for this
