@@ -25,7 +25,8 @@ class OperationDriver {
     /// A host's unfinished task (ASSIGNED or RUNNING) whose state and
     /// bytes_done stay unchanged this long aborts its operation. Counted from
     /// the later of its last progress and this driver's ResumeAll; a RUNNING
-    /// host that writes nothing (it only sends) progresses with its peers.
+    /// host with nothing left to write (it only sends) progresses with its
+    /// peers.
     int64_t stall_timeout_ms = 20000;
     std::string replica_id = "coordinator";
     /// After ResumeAll (becoming leader), leases are not enforced for this

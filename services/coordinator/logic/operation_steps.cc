@@ -141,8 +141,9 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
       });
   // Finished work is committed even when it finished late.
   if (all_done) return finish(v1::OPERATION_STATE_COMMITTED, "");
-  // A host that only sends (it writes nothing here) reports no bytes until it
-  // is DONE: its sends are its peers' progress, so it moves when they do.
+  // A host with nothing (left) to write here only sends: its bytes_done stays
+  // put until it is DONE, and its sends are its peers' progress, so it moves
+  // when they do.
   int64_t latest_progress_ms = 0;
   for (const HostProgress& row : *rows) {
     latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
@@ -150,7 +151,7 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
   for (const HostProgress& row : *rows) {
     if (row.state == v1::HOST_TASK_STATE_DONE) continue;
     int64_t since = std::max(row.progress_unix_ms, resumed_at_ms_);
-    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_total == 0) {
+    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_done >= row.bytes_total) {
       since = std::max(since, latest_progress_ms);
     }
     if (now - since <= options_.stall_timeout_ms) continue;

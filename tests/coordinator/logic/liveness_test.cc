@@ -191,6 +191,33 @@ TEST_F(LivenessTest, TasksThatMoveOnAreNotStalled) {
   EXPECT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_TRANSFERRING) << Op(op.id()).error();
 }
 
+TEST_F(LivenessTest, HostLeftOnlySendingProgressesWithItsPeers) {
+  const v1::Job job = Register(SmallJob("sends-last"));
+  RegisterAgents({"h0", "h1", "h2"});
+  const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  for (const std::string h : {"h0", "h1", "h2"}) Fetch(h, op.id());
+  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->at(1).host_id, "h1");
+  const int64_t h1_total = rows->at(1).bytes_total;
+  ASSERT_GT(h1_total, 0);
+  // h1 wrote everything it writes and only sends from now on; h2 receives.
+  ASSERT_TRUE(Report("h1", op.id(), v1::HOST_TASK_STATE_RUNNING, h1_total).ok());
+  for (int i = 1; i <= 4; ++i) {  // 60 s
+    ASSERT_NO_FATAL_FAILURE(Pass(15000, {"h0", "h1", "h2"}));
+    ASSERT_TRUE(Report("h1", op.id(), v1::HOST_TASK_STATE_RUNNING, h1_total).ok());
+    ASSERT_TRUE(Report("h2", op.id(), v1::HOST_TASK_STATE_RUNNING, i).ok());
+    ASSERT_TRUE(Report("h0", op.id(), v1::HOST_TASK_STATE_RUNNING, 0).ok());
+  }
+  Tick();
+  EXPECT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_TRANSFERRING) << Op(op.id()).error();
+  // Once h2 stops moving too, the operation ends naming it.
+  ASSERT_NO_FATAL_FAILURE(Pass(kStallMs + 1, {"h0", "h1", "h2"}));
+  const v1::Operation after = Op(op.id());
+  EXPECT_EQ(after.state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_THAT(after.error(), HasSubstr("made no progress for 20001 ms"));
+}
+
 TEST_F(LivenessTest, StallsCountFromANewLeadersStart) {
   const v1::Job job = Register(SmallJob("resumed"));
   RegisterAgents({"h0", "h1", "h2"});
