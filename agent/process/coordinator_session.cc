@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -121,6 +122,23 @@ v1::Host CoordinatorSession::DescribeHost() const {
 absl::Status CoordinatorSession::Register() {
   v1::RegisterAgentRequest req;
   *req.mutable_host() = DescribeHost();
+  // What this host holds, so that the coordinator can name deleted jobs and
+  // give back the jobs that counted this host lost while its shards survived.
+  std::set<std::string> jobs;
+  for (const RankBufferKey& key : store_->List()) {
+    jobs.insert(key.job_id);
+    absl::StatusOr<RankBufferPtr> buffer = store_->Get(key);
+    if (!buffer.ok()) continue;  // dropped since the listing
+    v1::HeldRank* held = req.add_held_ranks();
+    held->set_job_id(key.job_id);
+    held->set_generation(key.generation);
+    held->set_rank(key.rank);
+    held->set_sealed((*buffer)->sealed());
+    if ((*buffer)->sealed()) {
+      for (uint64_t c : (*buffer)->checksums()) held->add_checksums(c);
+    }
+  }
+  for (const std::string& job : jobs) req.add_held_jobs(job);
   v1::RegisterAgentResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
@@ -129,6 +147,7 @@ absl::Status CoordinatorSession::Register() {
   if (!s.ok()) return s;
   epoch_.store(resp.epoch());
   if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
+  DropDeletedJobs(resp.deleted_jobs());
   RESHARD_LOG(INFO) << "host " << options_.host_id << " registered, epoch " << resp.epoch()
                     << ", lease " << resp.lease_ms() << " ms";
   return absl::OkStatus();
@@ -154,6 +173,7 @@ void CoordinatorSession::Loop() {
     req.set_host_id(options_.host_id);
     req.set_epoch(epoch_.load());
     req.set_memory_used_bytes(store_->used_bytes());
+    for (std::string& job : HeldJobs()) req.add_held_jobs(std::move(job));
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
@@ -201,7 +221,37 @@ void CoordinatorSession::ReapFinished() {
   }
 }
 
+std::vector<std::string> CoordinatorSession::HeldJobs() const {
+  std::set<std::string> jobs;
+  for (const RankBufferKey& key : store_->List()) jobs.insert(key.job_id);
+  return {jobs.begin(), jobs.end()};
+}
+
+void CoordinatorSession::DropDeletedJobs(
+    const google::protobuf::RepeatedPtrField<std::string>& job_ids) {
+  if (job_ids.empty()) return;
+  const std::set<std::string> deleted(job_ids.begin(), job_ids.end());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    for (auto& [id, op] : ops_) {
+      if (deleted.count(op->job_id) != 0) op->cancel.store(true);
+    }
+  }
+  int dropped = 0;
+  for (const RankBufferKey& key : store_->List()) {
+    if (deleted.count(key.job_id) == 0) continue;
+    store_->Drop(key);
+    ++dropped;
+  }
+  for (const std::string& job : deleted) {
+    RESHARD_LOG(INFO) << "job " << job << " was deleted: its buffers here are dropped";
+  }
+  RESHARD_LOG(INFO) << "dropped " << dropped << " rank buffers of " << deleted.size()
+                    << " deleted jobs; " << store_->used_bytes() << " bytes used";
+}
+
 void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
+  DropDeletedJobs(r.deleted_jobs());
   for (const v1::GenerationRef& g : r.discard()) {
     {
       std::lock_guard<std::mutex> l(mu_);

@@ -1,7 +1,8 @@
 // The agent's side of the coordinator protocol (docs/coordinator.md, "Hosts
 // and leases", "A host's slice of a plan"): registers the host, heartbeats at
 // a third of the lease, registers again when the coordinator forgot it or
-// gave it up (new epoch), retries with backoff while the coordinator is
+// gave it up (new epoch) telling it what it holds, drops the buffers of jobs
+// the coordinator says were deleted, retries with backoff while the coordinator is
 // unreachable, runs every assigned operation once on its own thread
 // (GetTask -> TaskExecutor::Execute, ReportProgress RUNNING every ~500 ms,
 // then DONE or FAILED), and frees released and discarded generations.
@@ -17,6 +18,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "agent/executor/executor.h"
@@ -71,6 +73,10 @@ class CoordinatorSession {
   void Loop();
   [[nodiscard]] absl::Status Register();
   void Apply(const v1::HeartbeatResponse& r);
+  /// Ids of the jobs this host holds buffers of.
+  std::vector<std::string> HeldJobs() const;
+  /// Cancels the job's running tasks and drops every buffer it has here.
+  void DropDeletedJobs(const google::protobuf::RepeatedPtrField<std::string>& job_ids);
   void RunOperation(const std::string& operation_id, RunningOp* op);
   /// Sends one report, retrying while the coordinator is unreachable. Sets
   /// *abort when the coordinator answers abort = true.

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "planner/layout.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/request_checks.h"
@@ -62,6 +63,37 @@ absl::Status CheckChecksums(const v1::TransferPlan& plan, const std::string& hos
   return absl::OkStatus();
 }
 
+// Whether `held` (what the agent reports) has every rank of `job`'s current
+// generation placed on `host_id`, sealed, with the checksums recorded at
+// commit (`committed`; none for a generation workers published). Sets *why
+// otherwise.
+bool HoldsIntact(const v1::Job& job, const std::string& host_id,
+                 const std::vector<v1::ShardChecksum>& committed,
+                 const std::map<std::pair<int64_t, int>, const v1::HeldRank*>& held,
+                 std::string* why) {
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
+  for (int rank = 0; rank < static_cast<int>(slots.size()); ++rank) {
+    if (slots[rank].host() != host_id) continue;
+    auto it = held.find({job.generation(), rank});
+    if (it == held.end() || !it->second->sealed()) {
+      *why = absl::StrCat("rank ", rank, " of generation ", job.generation(),
+                          it == held.end() ? " is not held" : " is not sealed");
+      return false;
+    }
+    for (const v1::ShardChecksum& c : committed) {
+      if (c.rank() != rank) continue;
+      const v1::HeldRank& h = *it->second;
+      if (c.item() >= h.checksums_size() || h.checksums(c.item()) != c.checksum()) {
+        *why = absl::StrCat("rank ", rank, " item ", c.item(), ": checksum ",
+                            c.item() < h.checksums_size() ? h.checksums(c.item()) : 0, " held, ",
+                            c.checksum(), " committed");
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 AgentApi::AgentApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options)
@@ -80,11 +112,74 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
   absl::StatusOr<int64_t> epoch = store_->RegisterHost(host, now, now + options_.lease_ms);
   if (!epoch.ok()) return epoch.status();
   RESHARD_LOG(INFO) << "host=" << host.host_id() << " registered epoch=" << *epoch
-                    << " address=" << host.address() << " devices=" << host.devices_size();
+                    << " address=" << host.address() << " devices=" << host.devices_size()
+                    << " holding " << request.held_ranks_size() << " rank buffers";
+  if (*epoch > 1) {
+    if (absl::Status s = FailTasksOfEarlierIncarnation(host.host_id(), *epoch); !s.ok()) return s;
+  }
+  if (absl::Status s = RestoreReturnedHost(request); !s.ok()) return s;
+  absl::StatusOr<std::vector<std::string>> deleted =
+      store_->DeletedJobs({request.held_jobs().begin(), request.held_jobs().end()});
+  if (!deleted.ok()) return deleted.status();
   v1::RegisterAgentResponse response;
   response.set_lease_ms(options_.lease_ms);
   response.set_epoch(*epoch);
+  for (std::string& id : *deleted) response.add_deleted_jobs(std::move(id));
   return response;
+}
+
+absl::Status AgentApi::FailTasksOfEarlierIncarnation(const std::string& host_id, int64_t epoch) {
+  absl::StatusOr<std::vector<std::string>> ops = store_->OperationsOnHosts({host_id});
+  if (!ops.ok()) return ops.status();
+  const int64_t now = clock_->NowUnixMs();
+  for (const std::string& op_id : *ops) {
+    absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);
+    if (absl::IsNotFound(rows.status())) continue;  // deleted since
+    if (!rows.ok()) return rows.status();
+    const HostProgress* row = FindHost(*rows, host_id);
+    if (row == nullptr || IsHostFinal(row->state)) continue;
+    HostProgress failed = *row;
+    failed.state = v1::HOST_TASK_STATE_FAILED;
+    failed.progress_unix_ms = now;
+    failed.error = absl::StrCat("the agent restarted (epoch ", epoch - 1, " -> ", epoch,
+                                "): the task its earlier incarnation held (",
+                                v1::HostTaskState_Name(row->state), ", ", row->bytes_done, " of ",
+                                row->bytes_total, " bytes) is lost");
+    absl::Status s = store_->RecordHostProgress(op_id, failed, {});
+    if (absl::IsFailedPrecondition(s) || absl::IsNotFound(s)) continue;  // ended since
+    if (!s.ok()) return s;
+    RESHARD_LOG(WARNING) << "operation=" << op_id << " host=" << host_id << ": " << failed.error;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status AgentApi::RestoreReturnedHost(const v1::RegisterAgentRequest& request) {
+  const std::string& host_id = request.host().host_id();
+  absl::StatusOr<std::vector<std::string>> jobs = store_->JobsLostOnHost(host_id);
+  if (!jobs.ok()) return jobs.status();
+  for (const std::string& job_id : *jobs) {
+    absl::StatusOr<v1::Job> job = store_->GetJob(job_id, /*include_ptc=*/false);
+    if (absl::IsNotFound(job.status())) continue;
+    if (!job.ok()) return job.status();
+    absl::StatusOr<std::vector<v1::ShardChecksum>> committed =
+        store_->GetGenerationChecksums(job_id, job->generation());
+    if (!committed.ok()) return committed.status();
+    std::map<std::pair<int64_t, int>, const v1::HeldRank*> held;
+    for (const v1::HeldRank& h : request.held_ranks()) {
+      if (h.job_id() == job_id) held[{h.generation(), h.rank()}] = &h;
+    }
+    std::string why;
+    if (!HoldsIntact(*job, host_id, *committed, held, &why)) {
+      RESHARD_LOG(WARNING) << "job=" << job_id << " host=" << host_id
+                           << " registered again but stays lost: " << why;
+      continue;
+    }
+    if (absl::Status s = store_->RestoreLostHost(job_id, host_id); !s.ok()) return s;
+    RESHARD_LOG(INFO) << "job=" << job_id << " host=" << host_id
+                      << " is back with the shards of generation " << job->generation()
+                      << " intact: no longer lost";
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatRequest& request) {
@@ -110,6 +205,10 @@ absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatReq
   absl::StatusOr<std::vector<v1::GenerationRef>> discard = store_->GenerationsToDiscard(host_id);
   if (!discard.ok()) return discard.status();
   for (v1::GenerationRef& ref : *discard) *response.add_discard() = std::move(ref);
+  absl::StatusOr<std::vector<std::string>> deleted =
+      store_->DeletedJobs({request.held_jobs().begin(), request.held_jobs().end()});
+  if (!deleted.ok()) return deleted.status();
+  for (std::string& id : *deleted) response.add_deleted_jobs(std::move(id));
   return response;
 }
 
@@ -220,6 +319,8 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
   progress.bytes_done = state == v1::HOST_TASK_STATE_DONE
                             ? row->bytes_total
                             : std::min(request.bytes_done(), row->bytes_total);
+  progress.progress_unix_ms = clock_->NowUnixMs();
+  progress.waiting_on = request.waiting_on();
   if (state == v1::HOST_TASK_STATE_FAILED) {
     progress.error =
         TruncateError(request.error().empty() ? "no error text given" : request.error());

@@ -19,10 +19,15 @@ class AgentApi {
   /// `metrics` may be null.
   AgentApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options);
 
+  /// Registers a new incarnation of the host (a new epoch). The tasks the
+  /// previous incarnation held and had not finished are FAILED (the driver
+  /// aborts their operations: peers may have sent bytes to the dead
+  /// process); jobs that count the host lost get it back when it holds their
+  /// shards intact; the answer names the held jobs that were deleted.
   [[nodiscard]] absl::StatusOr<v1::RegisterAgentResponse> RegisterAgent(
       const v1::RegisterAgentRequest& request);
   /// Extends the lease and tells the agent what to do: operations assigned to
-  /// it, generations to release and to discard.
+  /// it, generations to release and to discard, held jobs deleted.
   [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
   /// The host's slice of an operation's plan (see task.h).
@@ -31,6 +36,13 @@ class AgentApi {
       const v1::ReportProgressRequest& request);
 
  private:
+  /// FAILs the unfinished tasks of `host_id`'s incarnations before `epoch`.
+  [[nodiscard]] absl::Status FailTasksOfEarlierIncarnation(const std::string& host_id,
+                                                           int64_t epoch);
+  /// Jobs that count `host_id` lost and whose current-generation ranks on it
+  /// `request` reports sealed with the committed checksums get it back.
+  [[nodiscard]] absl::Status RestoreReturnedHost(const v1::RegisterAgentRequest& request);
+
   StorePtr store_;
   const Clock* clock_;
   CoordinatorMetrics* metrics_;

@@ -42,6 +42,7 @@ absl::StatusOr<OperationDriver::HostMap> OperationDriver::LoadHosts() {
 absl::Status OperationDriver::ResumeAll() {
   const int64_t now = clock_->NowUnixMs();
   leases_enforced_from_ms_ = now + options_.lease_grace_ms;
+  resumed_at_ms_ = now;
   absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
   if (!active.ok()) return active.status();
   RESHARD_LOG(INFO) << "replica=" << options_.replica_id << " leading: resuming " << active->size()
@@ -166,16 +167,18 @@ absl::Status OperationDriver::DegradeJobsOn(const std::set<std::string>& lost_ho
       store_->JobsOnHosts({lost_hosts.begin(), lost_hosts.end()});
   if (!jobs.ok()) return jobs.status();
   for (const std::string& job_id : *jobs) {
-    absl::StatusOr<v1::Job> job = store_->GetJob(job_id, /*include_ptc=*/false);
-    if (absl::IsNotFound(job.status())) continue;
-    if (!job.ok()) return job.status();
     // A RECONFIGURING job is settled when its operation ends: the store
     // makes it DEGRADED on an abort while its hosts are lost, and a commit
-    // cannot include a lost host (every host taking part must be DONE).
-    if (job->state() != v1::JOB_STATE_ACTIVE) continue;
-    if (absl::Status s = store_->SetJobState(job_id, v1::JOB_STATE_DEGRADED); !s.ok()) return s;
-    RESHARD_LOG(WARNING) << "job=" << job_id << " DEGRADED: hosts of its current generation are"
-                         << " lost";
+    // cannot include a lost host (every host taking part must be DONE). A
+    // host that registered again with the job's shards intact since is no
+    // longer lost: the job stays ACTIVE.
+    absl::StatusOr<v1::JobState> state = store_->SettleJobLiveness(job_id);
+    if (absl::IsNotFound(state.status())) continue;
+    if (!state.ok()) return state.status();
+    if (*state == v1::JOB_STATE_DEGRADED) {
+      RESHARD_LOG(WARNING) << "job=" << job_id << " DEGRADED: hosts of its current generation"
+                           << " are lost";
+    }
   }
   return absl::OkStatus();
 }

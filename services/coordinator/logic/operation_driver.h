@@ -22,6 +22,12 @@ class OperationDriver {
  public:
   struct Options {
     int64_t transfer_timeout_ms = 30 * 60 * 1000;  // TRANSFERRING longer: ABORTED
+    /// A host's unfinished task (ASSIGNED or RUNNING) whose state and
+    /// bytes_done stay unchanged this long aborts its operation. Counted from
+    /// the later of its last progress and this driver's ResumeAll; a RUNNING
+    /// host with nothing left to write (it only sends) progresses with its
+    /// peers.
+    int64_t stall_timeout_ms = 20000;
     std::string replica_id = "coordinator";
     /// After ResumeAll (becoming leader), leases are not enforced for this
     /// long, so that agents which could not heartbeat while no coordinator
@@ -66,7 +72,7 @@ class OperationDriver {
   [[nodiscard]] absl::Status Finish(const v1::Operation& op, v1::OperationState to,
                                     const std::string& error, int64_t now);
   /// Jobs whose current generation uses `lost_hosts` and that no operation
-  /// holds become DEGRADED.
+  /// holds become DEGRADED (unless their hosts came back meanwhile).
   [[nodiscard]] absl::Status DegradeJobsOn(const std::set<std::string>& lost_hosts);
   void RefreshGauges(const HostMap& hosts, int64_t now);
 
@@ -75,6 +81,7 @@ class OperationDriver {
   CoordinatorMetrics* metrics_;
   Options options_;
   int64_t leases_enforced_from_ms_ = 0;
+  int64_t resumed_at_ms_ = 0;  // stalls are counted from here at the earliest
   // Lost hosts whose jobs are still to be marked DEGRADED (retried each
   // Tick until the store accepts it).
   std::set<std::string> hosts_to_degrade_;

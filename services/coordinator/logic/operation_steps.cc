@@ -104,6 +104,7 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
     row.host_id = host_id;
     row.state = v1::HOST_TASK_STATE_ASSIGNED;
     row.bytes_total = host_bytes;
+    row.progress_unix_ms = now;
     rows.push_back(std::move(row));
   }
   if (absl::Status s = store_->StartTransfer(op.id(), rows); !s.ok()) return s;
@@ -140,6 +141,29 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
       });
   // Finished work is committed even when it finished late.
   if (all_done) return finish(v1::OPERATION_STATE_COMMITTED, "");
+  // A host with nothing (left) to write here only sends: its bytes_done stays
+  // put until it is DONE, and its sends are its peers' progress, so it moves
+  // when they do.
+  int64_t latest_progress_ms = 0;
+  for (const HostProgress& row : *rows) {
+    latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
+  }
+  for (const HostProgress& row : *rows) {
+    if (row.state == v1::HOST_TASK_STATE_DONE) continue;
+    int64_t since = std::max(row.progress_unix_ms, resumed_at_ms_);
+    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_done >= row.bytes_total) {
+      since = std::max(since, latest_progress_ms);
+    }
+    if (now - since <= options_.stall_timeout_ms) continue;
+    std::string what =
+        row.state == v1::HOST_TASK_STATE_ASSIGNED
+            ? std::string("its task was never fetched")
+            : absl::StrCat("its task is at ", row.bytes_done, " of ", row.bytes_total, " bytes");
+    if (!row.waiting_on.empty()) absl::StrAppend(&what, ", waiting on ", row.waiting_on);
+    return finish(v1::OPERATION_STATE_ABORTED,
+                  absl::StrCat("host \"", row.host_id, "\" made no progress for ", now - since,
+                               " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what));
+  }
   const int64_t age_ms = now - op.created_unix_ms();
   if (age_ms > options_.transfer_timeout_ms) {
     return finish(v1::OPERATION_STATE_ABORTED,

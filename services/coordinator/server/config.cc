@@ -70,6 +70,9 @@ const std::vector<Setting>& Settings() {
                  &CoordinatorConfig::lease_ms),
       IntSetting("transfer-timeout-ms", "RESHARD_TRANSFER_TIMEOUT_MS",
                  "a transfer running longer is ABORTED", &CoordinatorConfig::transfer_timeout_ms),
+      IntSetting("stall-timeout-ms", "RESHARD_STALL_TIMEOUT_MS",
+                 "a host's task without progress this long ABORTS its operation",
+                 &CoordinatorConfig::stall_timeout_ms),
       IntSetting("tick-ms", "RESHARD_TICK_MS", "period of the leader's driver pass",
                  &CoordinatorConfig::tick_ms),
       IntSetting("leader-retry-ms", "RESHARD_LEADER_RETRY_MS",
@@ -200,6 +203,7 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
   for (absl::Status s :
        {Range("lease-ms", c.lease_ms, 100, kDay),
         Range("transfer-timeout-ms", c.transfer_timeout_ms, 1000, 7 * kDay),
+        Range("stall-timeout-ms", c.stall_timeout_ms, 100, kDay),
         Range("tick-ms", c.tick_ms, 1, 60000),
         Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
         Range("pool-size", c.pool_size, 1, 256),

@@ -71,6 +71,7 @@ absl::Status CoordinatorServer::Start() {
   agent_api_ = std::make_unique<AgentApi>(store_, &clock_, metrics_.get(), agent_options);
   OperationDriver::Options driver_options;
   driver_options.transfer_timeout_ms = config_.transfer_timeout_ms;
+  driver_options.stall_timeout_ms = config_.stall_timeout_ms;
   driver_options.replica_id = config_.replica_id;
   // After a failover, agents get one lease period to find the new leader.
   driver_options.lease_grace_ms = config_.lease_ms;

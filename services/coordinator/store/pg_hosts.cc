@@ -1,4 +1,5 @@
-// PgStore: hosts, their leases, and which jobs and operations use them.
+// PgStore: hosts, their leases, and which jobs and operations use them; deleted
+// jobs and the lost hosts of jobs (job_lost_hosts, migrations/0002).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -115,4 +116,67 @@ absl::StatusOr<std::vector<std::string>> PgStore::JobsOnHosts(const Ids& host_id
   });
 }
 
+// ---- Liveness: deleted jobs and the lost hosts of jobs (job_lost_hosts) ------
+
+absl::StatusOr<Ids> PgStore::DeletedJobs(const Ids& job_ids) {
+  if (job_ids.empty()) return Ids();
+  for (const std::string& id : job_ids) {
+    if (absl::Status s = pg::CheckText("job id", id); !s.ok()) return s;
+  }
+  const std::string ids = pg::TextArray(job_ids);
+  return pg::TransactFor<Ids>(*pool_, "DeletedJobs", [&](pg::PgTx& tx) {
+    Ids deleted;
+    for (const pqxx::row& row : tx.Exec(pg::kDeletedJobs, ids))
+      deleted.emplace_back(row[0].c_str());
+    return absl::StatusOr<Ids>(std::move(deleted));
+  });
+}
+
+absl::StatusOr<Ids> PgStore::JobsLostOnHost(const std::string& host_id) {
+  if (absl::Status s = pg::CheckText("host id", host_id); !s.ok()) return s;
+  return pg::TransactFor<Ids>(*pool_, "JobsLostOnHost", [&](pg::PgTx& tx) {
+    Ids jobs;
+    for (const pqxx::row& row : tx.Exec(pg::kJobsLostOnHost, host_id)) {
+      jobs.emplace_back(row[0].c_str());
+    }
+    return absl::StatusOr<Ids>(std::move(jobs));
+  });
+}
+
+absl::Status PgStore::RestoreLostHost(const std::string& job_id, const std::string& host_id) {
+  return pool_->Transact("RestoreLostHost", [&](pg::PgTx& tx) -> absl::Status {
+    if (tx.Exec(pg::kLockJob, job_id).empty()) return pg::JobNotFound(job_id);
+    tx.Exec(pg::kClearJobLostHost, job_id, host_id);
+    tx.Exec(pg::kSettleJobLiveness, job_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::JobState> PgStore::SettleJobLiveness(const std::string& job_id) {
+  return pg::TransactFor<v1::JobState>(
+      *pool_, "SettleJobLiveness", [&](pg::PgTx& tx) -> absl::StatusOr<v1::JobState> {
+        const pqxx::result locked = tx.Exec(pg::kLockJob, job_id);
+        if (locked.empty()) return pg::JobNotFound(job_id);
+        const pqxx::result r = tx.Exec(pg::kSettleJobLiveness, job_id);
+        const int state = r.empty() ? locked[0][1].as<int>() : r[0][0].as<int>();
+        return static_cast<v1::JobState>(state);
+      });
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetGenerationChecksums(
+    const std::string& job_id, int64_t generation) {
+  using Sums = std::vector<v1::ShardChecksum>;
+  return pg::TransactFor<Sums>(
+      *pool_, "GetGenerationChecksums", [&](pg::PgTx& tx) -> absl::StatusOr<Sums> {
+        Sums sums;
+        for (const pqxx::row& row : tx.Exec(pg::kSelectRankChecksums, job_id, generation)) {
+          const pqxx::binarystring packed(row[1]);
+          if (absl::Status s = pg::UnpackChecksums(packed.str(), row[0].as<int>(), &sums);
+              !s.ok()) {
+            return s;
+          }
+        }
+        return sums;
+      });
+}
 }  // namespace reshard::coordinator

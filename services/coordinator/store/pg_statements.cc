@@ -59,6 +59,12 @@ const std::vector<Statement>& AllStatements() {
       kPruneRetiredGenerations,
       kPruneDiscardedGenerations,
       kPruneOperations,
+      // Liveness (issue 9).
+      kDeletedJobs,
+      kJobsLostOnHost,
+      kClearJobLostHost,
+      kClearJobLostHosts,
+      kSettleJobLiveness,
   };
   return *kAll;
 }

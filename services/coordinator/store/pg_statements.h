@@ -16,15 +16,17 @@ namespace reshard::coordinator::pg {
 // ---- Jobs ------------------------------------------------------------------
 
 // The columns JobFromRow (pg_codec.h) reads, from `jobs j` joined with its
-// current generation `g`. Lost hosts: hosts of the current generation whose
-// state is LOST (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING.
+// current generation `g`. Lost hosts: those job_lost_hosts names (see
+// migrations/0002) and hosts of the current generation whose state is LOST
+// (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING.
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state IN (1, 2, 3)), "        \
-  "ARRAY(SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "             \
+  "ARRAY(SELECT l.host_id FROM job_lost_hosts l WHERE l.job_id = j.id UNION "               \
+  "SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "                   \
   "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
-  "r.generation = j.generation) ORDER BY h.id) "                                            \
+  "r.generation = j.generation) ORDER BY 1) "                                               \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
@@ -52,13 +54,18 @@ inline constexpr Statement kDeleteJob{"delete_job", "DELETE FROM jobs WHERE id =
 inline constexpr Statement kSetJobState{
     "set_job_state", "UPDATE jobs SET state = $2, updated_at = now() WHERE id = $1 RETURNING id"};
 
-// After an operation ends: DEGRADED (3) when a host of the current
-// generation is LOST, else ACTIVE (1).
+// Whether job `j` has lost hosts: persisted ones (job_lost_hosts) or hosts
+// of its current generation that are LOST now.
+#define RESHARD_PG_JOB_HAS_LOST_HOSTS                                                        \
+  "(EXISTS (SELECT 1 FROM job_lost_hosts l WHERE l.job_id = j.id) OR EXISTS (SELECT 1 FROM " \
+  "generation_ranks r JOIN hosts h ON h.id = r.host_id WHERE r.job_id = j.id AND "           \
+  "r.generation = j.generation AND h.state = 2))"
+
+// After an operation ends: DEGRADED (3) when the job has lost hosts, else
+// ACTIVE (1).
 inline constexpr Statement kSettleJobState{
-    "settle_job_state",
-    "UPDATE jobs j SET state = CASE WHEN EXISTS (SELECT 1 FROM generation_ranks r JOIN hosts h "
-    "ON h.id = r.host_id WHERE r.job_id = j.id AND r.generation = j.generation AND h.state = 2) "
-    "THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1"};
+    "settle_job_state", "UPDATE jobs j SET state = CASE WHEN " RESHARD_PG_JOB_HAS_LOST_HOSTS
+                        " THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1"};
 
 inline constexpr Statement kCountJobsByState{
     "count_jobs_by_state", "SELECT state, count(*) FROM jobs GROUP BY state ORDER BY state"};
@@ -236,26 +243,30 @@ inline constexpr Statement kOperationsOnHosts{
 
 // ---- Per-host progress -----------------------------------------------------
 
-// $2 host ids, $3 states, $4 bytes done, $5 bytes total, $6 errors.
+// $2 host ids, $3 states, $4 bytes done, $5 bytes total, $6 errors, $7 progress times.
 inline constexpr Statement kInsertOperationHosts{
     "insert_operation_hosts",
-    "INSERT INTO operation_hosts (operation_id, host_id, state, bytes_done, bytes_total, error) "
-    "SELECT $1, h.host_id, h.state, h.bytes_done, h.bytes_total, h.error "
-    "FROM unnest($2::text[], $3::smallint[], $4::bigint[], $5::bigint[], $6::text[]) "
-    "AS h(host_id, state, bytes_done, bytes_total, error)"};
+    "INSERT INTO operation_hosts (operation_id, host_id, state, bytes_done, bytes_total, error, "
+    "progress_unix_ms) SELECT $1, h.host_id, h.state, h.bytes_done, h.bytes_total, h.error, "
+    "h.progress FROM unnest($2::text[], $3::smallint[], $4::bigint[], $5::bigint[], $6::text[], "
+    "$7::bigint[]) AS h(host_id, state, bytes_done, bytes_total, error, progress)"};
 
 // A host's DONE (3) or FAILED (4) is final: a late RUNNING report keeps it.
-// A report without a total keeps the one recorded.
+// A report without a total keeps the one recorded. Progress ($7, the time) is
+// a change of state or of bytes_done; the same report again is none.
 inline constexpr Statement kUpdateHostProgress{
     "update_host_progress",
     "UPDATE operation_hosts SET state = CASE WHEN state IN (3, 4) AND $3::smallint NOT IN "
     "(3, 4) THEN state ELSE $3::smallint END, bytes_done = $4, bytes_total = CASE WHEN "
-    "$5::bigint > 0 THEN $5::bigint ELSE bytes_total END, error = $6, updated_at = now() "
+    "$5::bigint > 0 THEN $5::bigint ELSE bytes_total END, error = $6, updated_at = now(), "
+    "progress_unix_ms = CASE WHEN state <> $3::smallint OR bytes_done <> $4::bigint THEN "
+    "$7::bigint ELSE progress_unix_ms END, waiting_on = $8 "
     "WHERE operation_id = $1 AND host_id = $2 RETURNING host_id"};
 
 inline constexpr Statement kSelectHostProgress{
     "select_host_progress",
-    "SELECT host_id, state, bytes_done, bytes_total, error FROM operation_hosts "
+    "SELECT host_id, state, bytes_done, bytes_total, error, progress_unix_ms, waiting_on "
+    "FROM operation_hosts "
     "WHERE operation_id = $1 ORDER BY host_id"};
 
 inline constexpr Statement kAssignedOperations{
@@ -291,9 +302,15 @@ inline constexpr Statement kListHosts{"list_hosts",
 inline constexpr Statement kSelectHost{
     "select_host", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = $1"};
 
+// Marks the hosts LOST and, for every job whose current generation places a
+// rank on one, records it in job_lost_hosts (in the same statement).
 inline constexpr Statement kExpireLeases{
     "expire_leases",
-    "UPDATE hosts SET state = 2 WHERE state = 1 AND lease_expires_unix_ms < $1 RETURNING id"};
+    "WITH expired AS (UPDATE hosts SET state = 2 WHERE state = 1 AND lease_expires_unix_ms < $1 "
+    "RETURNING id), marked AS (INSERT INTO job_lost_hosts (job_id, host_id) SELECT DISTINCT "
+    "r.job_id, r.host_id FROM generation_ranks r JOIN jobs j ON j.id = r.job_id AND "
+    "j.generation = r.generation JOIN expired e ON e.id = r.host_id ON CONFLICT DO NOTHING) "
+    "SELECT id FROM expired"};
 
 inline constexpr Statement kJobsOnHosts{
     "jobs_on_hosts",
@@ -338,6 +355,31 @@ inline constexpr Statement kPruneOperations{
     "ORDER BY o.finished_at LIMIT $3::integer), "
     "k AS (DELETE FROM idempotency_keys i USING v WHERE i.resource_id = v.id AND i.job_id IS NOT "
     "NULL) DELETE FROM operations d USING v WHERE d.id = v.id AND d.state IN (4, 5, 6)"};
+
+// ---- Liveness: deleted jobs, lost hosts of jobs (issue 9) --------------------
+
+// Of the job ids $1, those without a row (ids are never reused: deleted).
+inline constexpr Statement kDeletedJobs{
+    "deleted_jobs",
+    "SELECT h.id FROM unnest($1::text[]) WITH ORDINALITY AS h(id, ord) WHERE NOT EXISTS "
+    "(SELECT 1 FROM jobs j WHERE j.id = h.id) ORDER BY h.ord"};
+
+inline constexpr Statement kJobsLostOnHost{
+    "jobs_lost_on_host", "SELECT job_id FROM job_lost_hosts WHERE host_id = $1 ORDER BY job_id"};
+
+inline constexpr Statement kClearJobLostHost{
+    "clear_job_lost_host", "DELETE FROM job_lost_hosts WHERE job_id = $1 AND host_id = $2"};
+
+// A commit replaces the generation whose hosts were lost.
+inline constexpr Statement kClearJobLostHosts{"clear_job_lost_hosts",
+                                              "DELETE FROM job_lost_hosts WHERE job_id = $1"};
+
+// ACTIVE (1) <-> DEGRADED (3) by whether the job has lost hosts.
+inline constexpr Statement kSettleJobLiveness{
+    "settle_job_liveness",
+    "UPDATE jobs j SET state = CASE WHEN " RESHARD_PG_JOB_HAS_LOST_HOSTS
+    " THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1 AND j.state IN (1, 3) "
+    "RETURNING j.state"};
 
 /// Every statement above, to prepare on each connection.
 const std::vector<Statement>& AllStatements();

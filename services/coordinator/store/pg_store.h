@@ -113,11 +113,6 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
       const std::string& job_id) override;
 
-  /// Not in Store: the shard checksums recorded for a generation (by
-  /// RecordHostProgress), rank ascending. For tests and tooling.
-  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
-      const std::string& job_id, int64_t generation);
-
   // ---- Hosts ---------------------------------------------------------------
   [[nodiscard]] absl::StatusOr<int64_t> RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                                      int64_t lease_expires_unix_ms) override;
@@ -133,6 +128,17 @@ class PgStore : public Store {
 
   // ---- Retention (pg_retention.cc) -----------------------------------------
   [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
+
+  // ---- Liveness (pg_hosts.cc) -------------------------------------------
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> DeletedJobs(
+      const std::vector<std::string>& job_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsLostOnHost(
+      const std::string& host_id) override;
+  [[nodiscard]] absl::Status RestoreLostHost(const std::string& job_id,
+                                             const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<v1::JobState> SettleJobLiveness(const std::string& job_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
+      const std::string& job_id, int64_t generation) override;
 
  private:
   explicit PgStore(std::unique_ptr<pg::PgPool> pool);

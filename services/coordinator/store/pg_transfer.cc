@@ -54,7 +54,7 @@ absl::StatusOr<std::vector<v1::GenerationRef>> GenerationRefs(const pqxx::result
 absl::Status PgStore::StartTransfer(const std::string& operation_id,
                                     const std::vector<HostProgress>& hosts) {
   std::vector<std::string> host_ids, errors;
-  std::vector<int64_t> states, done, total;
+  std::vector<int64_t> states, done, total, progress;
   std::set<std::string> seen;
   for (const HostProgress& h : hosts) {
     if (h.host_id.empty()) return absl::InvalidArgumentError("StartTransfer: empty host id");
@@ -71,6 +71,7 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
     states.push_back(h.state);
     done.push_back(h.bytes_done);
     total.push_back(h.bytes_total);
+    progress.push_back(h.progress_unix_ms);
     errors.push_back(pg::TruncateError(h.error));
   }
 
@@ -92,7 +93,7 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
     pg::InsertGeneration(tx, op->job_id, op->to_generation, op->target_layout.str(), *rows,
                          GenerationState::kPending, operation_id);
     tx.Exec(pg::kInsertOperationHosts, operation_id, pg::TextArray(host_ids), pg::IntArray(states),
-            pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors));
+            pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors), pg::IntArray(progress));
     tx.Exec(pg::kSetOperationTransferring, operation_id);
     return absl::OkStatus();
   });
@@ -124,7 +125,8 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
                    absl::StatusCode::kFailedPrecondition);
     }
     if (tx.Exec(pg::kUpdateHostProgress, operation_id, progress.host_id,
-                static_cast<int>(progress.state), progress.bytes_done, progress.bytes_total, error)
+                static_cast<int>(progress.state), progress.bytes_done, progress.bytes_total, error,
+                progress.progress_unix_ms, pg::TruncateError(progress.waiting_on))
             .empty()) {
       return absl::NotFoundError(absl::StrCat(
           "host \"", progress.host_id, "\" takes no part in operation \"", operation_id, "\""));
@@ -161,6 +163,8 @@ absl::StatusOr<std::vector<HostProgress>> PgStore::GetHostProgress(
           p.bytes_done = row[2].as<int64_t>();
           p.bytes_total = row[3].as<int64_t>();
           p.error = row[4].c_str();
+          p.progress_unix_ms = row[5].as<int64_t>();
+          p.waiting_on = row[6].c_str();
           rows.push_back(std::move(p));
         }
         return rows;
@@ -182,6 +186,7 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
                                               op->job_id, "\" has no pending generation ",
                                               op->to_generation));
     }
+    tx.Exec(pg::kClearJobLostHosts, op->job_id);
     tx.Exec(pg::kAdvanceJob, op->job_id, op->to_generation);
     tx.Exec(pg::kFinishCommittedOperation, operation_id);
     return absl::OkStatus();
@@ -211,23 +216,6 @@ absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToDiscard(
   return pg::TransactFor<std::vector<v1::GenerationRef>>(
       *pool_, "GenerationsToDiscard",
       [&](pg::PgTx& tx) { return GenerationRefs(tx.Exec(pg::kGenerationsToDiscard, host_id)); });
-}
-
-absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetGenerationChecksums(
-    const std::string& job_id, int64_t generation) {
-  using Sums = std::vector<v1::ShardChecksum>;
-  return pg::TransactFor<Sums>(
-      *pool_, "GetGenerationChecksums", [&](pg::PgTx& tx) -> absl::StatusOr<Sums> {
-        Sums sums;
-        for (const pqxx::row& row : tx.Exec(pg::kSelectRankChecksums, job_id, generation)) {
-          const pqxx::binarystring packed(row[1]);
-          if (absl::Status s = pg::UnpackChecksums(packed.str(), row[0].as<int>(), &sums);
-              !s.ok()) {
-            return s;
-          }
-        }
-        return sums;
-      });
 }
 
 }  // namespace reshard::coordinator

@@ -92,6 +92,10 @@ struct HostProgress {
   int64_t bytes_done = 0;
   int64_t bytes_total = 0;
   std::string error;
+  /// When the task last made progress (its state or bytes_done changed),
+  /// coordinator clock. Written by StartTransfer and RecordHostProgress.
+  int64_t progress_unix_ms = 0;
+  std::string waiting_on;  // what the agent last said the task waits on
 };
 
 // ---- Retention (issue 9, defect 10) ------------------------------------------
@@ -235,6 +239,30 @@ class Store {
   /// batches.
   [[nodiscard]] virtual absl::StatusOr<PrunedRows> PruneRetention(
       const RetentionPolicy& policy) = 0;
+
+  // ---- Liveness: deleted jobs, lost hosts of jobs (issue 9) -----------------
+  /// Of `job_ids`, those that do not exist (job ids are never reused, so:
+  /// deleted), in the order given.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> DeletedJobs(
+      const std::vector<std::string>& job_ids) = 0;
+  /// Jobs that count `host_id` among their lost hosts (persisted when the
+  /// host's lease expired while it held a rank of the job's current
+  /// generation; cleared by RestoreLostHost or a commit).
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> JobsLostOnHost(
+      const std::string& host_id) = 0;
+  /// `host_id` is no longer lost for `job_id` (it came back with the job's
+  /// shards intact); the job returns from DEGRADED to ACTIVE when no lost
+  /// host is left.
+  [[nodiscard]] virtual absl::Status RestoreLostHost(const std::string& job_id,
+                                                     const std::string& host_id) = 0;
+  /// An ACTIVE or DEGRADED job becomes DEGRADED when it has lost hosts, else
+  /// ACTIVE; other states are kept. Returns the state it has now.
+  [[nodiscard]] virtual absl::StatusOr<v1::JobState> SettleJobLiveness(
+      const std::string& job_id) = 0;
+  /// The shard checksums recorded for a generation (by RecordHostProgress),
+  /// rank ascending; empty for a generation no operation built.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
+      const std::string& job_id, int64_t generation) = 0;
 };
 
 using StorePtr = std::shared_ptr<Store>;

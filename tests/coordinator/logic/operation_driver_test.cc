@@ -303,6 +303,7 @@ TEST_F(OperationDriverTest, HostWithoutAgentAborts) {
 TEST_F(OperationDriverTest, TransferTimesOut) {
   OperationDriver::Options options;
   options.transfer_timeout_ms = 60000;
+  options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
   driver_ = MakeDriver(store_, options);
   const v1::Job job = Register(SmallJob("slow"));
   RegisterAgents({"h0", "h1", "h2"});
@@ -320,6 +321,7 @@ TEST_F(OperationDriverTest, TransferTimesOut) {
 TEST_F(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
   OperationDriver::Options options;
   options.transfer_timeout_ms = 60000;
+  options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
   driver_ = MakeDriver(store_, options);
   const v1::Job job = Register(SmallJob("gauged"));
   RegisterAgents({"h0", "h1", "h2"});

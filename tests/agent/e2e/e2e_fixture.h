@@ -1,0 +1,233 @@
+// The fixture of the agent's end-to-end tests: PostgreSQL, the real
+// reshard-coordinator and four real reshard-agent processes (h0..h3, each
+// with its own shm dir, UCX over loopback); the test plays the training
+// workers. Not thread-safe.
+#pragma once
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "grpcpp/grpcpp.h"
+#include "tests/agent/e2e/e2e_support.h"
+#include "tests/coordinator/harness/test_postgres.h"
+#include "tests/coordinator/server/coordinator_process.h"
+#include "tests/coordinator/server/test_jobs.h"
+
+namespace reshard::agent::testing {
+
+using coordinator::testing::CoordinatorProcess;
+using coordinator::testing::CreateFreshDatabase;
+using coordinator::testing::HostsPlacement;
+using coordinator::testing::MakeLayout;
+
+inline constexpr int kLeaseMs = 1500;
+
+/// A TCP port free on 127.0.0.1 now (the kernel's pick for port 0).
+inline int FreeTcpPort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  int port = 0;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
+    port = ntohs(addr.sin_port);
+  }
+  if (fd >= 0) close(fd);
+  return port;
+}
+
+inline bool Final(v1::OperationState s) {
+  return s == v1::OPERATION_STATE_COMMITTED || s == v1::OPERATION_STATE_ABORTED ||
+         s == v1::OPERATION_STATE_FAILED;
+}
+
+class AgentE2eTest : public ::testing::Test {
+ protected:
+  /// The coordinator's lease (--lease-ms); a test may choose another.
+  virtual int LeaseMs() const { return kLeaseMs; }
+  /// Flags added to the coordinator's command line.
+  virtual std::vector<std::string> CoordinatorFlags() const { return {}; }
+
+  void SetUp() override {
+    char tmpl[] = "/tmp/reshard-agent-e2e-XXXXXX";
+    ASSERT_NE(mkdtemp(tmpl), nullptr);
+    dir_ = tmpl;
+    absl::StatusOr<std::string> dsn = CreateFreshDatabase("agent_e2e");
+    ASSERT_TRUE(dsn.ok()) << dsn.status();
+    std::vector<std::string> flags = {"--dsn",
+                                      *dsn,
+                                      "--listen",
+                                      "127.0.0.1:0",
+                                      "--metrics-listen",
+                                      "127.0.0.1:0",
+                                      "--lease-ms",
+                                      std::to_string(LeaseMs()),
+                                      "--tick-ms",
+                                      "50",
+                                      "--leader-retry-ms",
+                                      "100",
+                                      "--log-level",
+                                      "info"};
+    for (const std::string& f : CoordinatorFlags()) flags.push_back(f);
+    auto c = CoordinatorProcess::Start(flags);
+    ASSERT_TRUE(c.ok()) << c.status();
+    coordinator_ = std::move(*c);
+    stub_ = v1::CoordinatorService::NewStub(
+        grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+    for (const char* h : {"h0", "h1", "h2", "h3"}) {
+      sockets_[h] = dir_ + "/" + h + ".sock";
+      ASSERT_NO_FATAL_FAILURE(StartAgent(h));
+    }
+    ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
+  }
+
+  void TearDown() override {
+    agents_.clear();
+    if (coordinator_) coordinator_->Kill();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  void StartAgent(const std::string& h) {
+    AgentProcess::Options o;
+    o.host_id = h;
+    o.coordinator = coordinator_->address();
+    o.worker_socket = sockets_[h];
+    o.shm_dir = dir_ + "/shm-" + h;
+    if (metrics_ports_.count(h) == 0) metrics_ports_[h] = FreeTcpPort();
+    o.extra_args = {"--memory-limit-bytes", std::to_string(int64_t{1} << 30), "--metrics-listen",
+                    absl::StrCat("127.0.0.1:", metrics_ports_[h])};
+    o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}};
+    auto a = AgentProcess::Start(o);
+    ASSERT_TRUE(a.ok()) << a.status();
+    agents_[h] = std::move(*a);
+  }
+
+  // Every agent's first registration reaches the coordinator before a job
+  // needs it: ListHosts shows each ALIVE.
+  void WaitHostsAlive() {
+    for (int i = 0; i < 200; ++i) {
+      v1::ListHostsResponse resp;
+      grpc::ClientContext ctx;
+      if (stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) {
+        int alive = 0;
+        for (const v1::Host& h : resp.hosts()) {
+          if (h.state() == v1::HOST_STATE_ALIVE && agents_.count(h.host_id())) ++alive;
+        }
+        if (alive == static_cast<int>(agents_.size())) return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "agents did not all register";
+  }
+
+  // Registers the job and publishes generation 1.
+  void RegisterAndPublish(const v1::JobSpec& spec) {
+    v1::RegisterJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    job_id_ = resp.job().id();
+    ptc_ = spec.ptc();
+    generation_ = 1;
+    auto c = RandomContents(ptc_, spec.layout(), 42);
+    ASSERT_TRUE(c.ok()) << c.status();
+    contents_ = std::move(*c);
+    absl::Status p = Publish(sockets_, job_id_, generation_, contents_);
+    ASSERT_TRUE(p.ok()) << p;
+  }
+
+  v1::Operation WaitFinal(const std::string& op_id, int timeout_s = 90) {
+    v1::Operation op;
+    for (int i = 0; i < timeout_s * 20; ++i) {
+      v1::GetOperationRequest req;
+      req.set_operation_id(op_id);
+      grpc::ClientContext ctx;
+      if (stub_->GetOperation(&ctx, req, &op).ok() && Final(op.state())) return op;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "operation " << op_id << " did not end; now "
+                  << v1::OperationState_Name(op.state());
+    return op;
+  }
+
+  // Starts a resize to `target` (config and placement).
+  v1::Operation StartResize(const v1::Layout& target) {
+    v1::ResizeRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    *req.mutable_placement() = target.placement();
+    *req.mutable_config() = target.config();
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Resize(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // Expects `op` to commit, then checks every new rank against the reference.
+  void ExpectCommitted(const v1::Operation& started, const v1::Layout& target,
+                       const std::vector<std::string>& lost_hosts = {}) {
+    ASSERT_FALSE(started.id().empty());
+    v1::Operation op = WaitFinal(started.id());
+    ASSERT_EQ(op.state(), v1::OPERATION_STATE_COMMITTED) << op.error();
+    auto next = Reshard(ptc_, contents_, target, lost_hosts);
+    ASSERT_TRUE(next.ok()) << next.status();
+    contents_ = std::move(*next);
+    generation_ = op.to_generation();
+    absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
+    ASSERT_TRUE(v.ok()) << v;
+  }
+
+  void ResizeTo(const v1::Layout& target) {
+    SCOPED_TRACE(absl::StrCat("resize to tp ", target.config().tp(), " pp ", target.config().pp(),
+                              " dp ", target.config().dp()));
+    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(StartResize(target), target));
+  }
+
+  void WaitLost(const std::string& host) {
+    for (int i = 0; i < 400; ++i) {
+      v1::GetJobRequest req;
+      req.set_job_id(job_id_);
+      v1::Job job;
+      grpc::ClientContext ctx;
+      if (stub_->GetJob(&ctx, req, &job).ok()) {
+        for (const std::string& h : job.lost_hosts()) {
+          if (h == host) return;
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    FAIL() << "host " << host << " was not marked lost";
+  }
+
+  std::string dir_;
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::map<std::string, std::string> sockets_;
+  std::map<std::string, std::unique_ptr<AgentProcess>> agents_;
+  std::map<std::string, int> metrics_ports_;  // each agent's /metrics
+  std::string job_id_;
+  v1::Ptc ptc_;
+  int64_t generation_ = 0;
+  Contents contents_;
+};
+
+}  // namespace reshard::agent::testing

@@ -1,0 +1,254 @@
+// Lifecycle and liveness end to end (issue 9, defects 3, 4 and 6), with real
+// processes and real faults: DeleteJob releases every host's memory (also on
+// an agent that was down); a destination agent SIGKILLed and restarted within
+// its lease ends its operation at once instead of hanging; a host SIGSTOPped
+// past its lease gives its jobs back when it returns with its shards intact,
+// and one restarted without its shm files stays lost until a recovery.
+#include <signal.h>
+
+#include <filesystem>
+#include <optional>
+
+#include "tests/agent/e2e/e2e_fixture.h"
+#include "tests/coordinator/server/scrape.h"
+
+namespace reshard::agent::testing {
+namespace {
+
+using coordinator::testing::HttpGet;
+using coordinator::testing::MakeLayout;
+using coordinator::testing::MetricValue;
+
+constexpr auto kDeadline = std::chrono::seconds(20);
+
+class LivenessE2eTest : public AgentE2eTest {
+ protected:
+  // Files of the job's rank buffers in `host`'s shm dir.
+  int ShardFiles(const std::string& host) {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/shm-" + host, ec)) {
+      if (e.path().filename().string().find(job_id_) != std::string::npos) ++n;
+    }
+    return n;
+  }
+
+  std::optional<double> AgentMetric(const std::string& host, const std::string& name) {
+    absl::StatusOr<std::string> body = HttpGet(metrics_ports_[host], "/metrics");
+    if (!body.ok()) return std::nullopt;
+    return MetricValue(*body, name);
+  }
+
+  std::optional<double> CoordinatorMetric(const std::string& name,
+                                          const std::map<std::string, std::string>& labels) {
+    absl::StatusOr<std::string> body = HttpGet(coordinator_->metrics_port(), "/metrics");
+    if (!body.ok()) return std::nullopt;
+    return MetricValue(*body, name, labels);
+  }
+
+  // Polls `done` every 50 ms until it holds or kDeadline passes.
+  template <typename F>
+  bool WaitFor(F done) {
+    const auto until = std::chrono::steady_clock::now() + kDeadline;
+    while (std::chrono::steady_clock::now() < until) {
+      if (done()) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return done();
+  }
+
+  v1::Job GetJob() {
+    v1::GetJobRequest req;
+    req.set_job_id(job_id_);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    EXPECT_TRUE(stub_->GetJob(&ctx, req, &job).ok());
+    return job;
+  }
+
+  grpc::StatusCode OpenRank(const std::string& host, int64_t generation, int rank) {
+    auto worker = v1::WorkerService::NewStub(
+        grpc::CreateChannel("unix:" + sockets_[host], grpc::InsecureChannelCredentials()));
+    v1::OpenGenerationRequest open;
+    open.set_job_id(job_id_);
+    open.set_generation(generation);
+    open.set_rank(rank);
+    v1::OpenGenerationResponse opened;
+    grpc::ClientContext ctx;
+    return worker->OpenGeneration(&ctx, open, &opened).error_code();
+  }
+
+  void DeleteJob() {
+    v1::DeleteJobRequest req;
+    req.set_job_id(job_id_);
+    v1::DeleteJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->DeleteJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+
+  // The replicated job (h0/h1 and h2/h3 each hold the same ranks' data)
+  // migrated once, so that the coordinator holds the checksums of its
+  // current generation.
+  void ReplicatedJobAtGeneration2() {
+    ASSERT_NO_FATAL_FAILURE(
+        RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "e2e")));
+    const v1::Layout target = MakeLayout(2, 2, 2, {"h1", "h0", "h3", "h2"}, 2);
+    v1::MigrateRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    *req.mutable_placement() = target.placement();
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Migrate(&ctx, req, &op);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target));
+    ASSERT_EQ(generation_, 2);
+  }
+};
+
+// ---- Defect 3 ----------------------------------------------------------------
+
+TEST_F(LivenessE2eTest, DeleteJobReleasesEveryHostsMemory) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  for (const std::string h : {"h0", "h1"}) {
+    ASSERT_GT(ShardFiles(h), 0) << h;
+    std::optional<double> used = AgentMetric(h, "reshard_agent_shard_store_used_bytes");
+    ASSERT_TRUE(used.has_value()) << h;
+    ASSERT_GT(*used, 0) << h;
+  }
+  ASSERT_EQ(OpenRank("h0", 1, 0), grpc::StatusCode::OK);
+  ASSERT_NO_FATAL_FAILURE(DeleteJob());
+  for (const std::string h : {"h0", "h1"}) {
+    EXPECT_TRUE(WaitFor([&] { return ShardFiles(h) == 0; })) << h << ": " << ShardFiles(h);
+    EXPECT_TRUE(WaitFor([&] {
+      return AgentMetric(h, "reshard_agent_shard_store_used_bytes") == std::optional<double>(0);
+    })) << h;
+  }
+  EXPECT_EQ(OpenRank("h0", 1, 0), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(OpenRank("h1", 1, 4), grpc::StatusCode::NOT_FOUND);
+}
+
+TEST_F(LivenessE2eTest, AgentDownDuringDeleteJobDropsItWhenItComesBack) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_GT(ShardFiles("h1"), 0);
+  agents_["h1"]->Kill();
+  ASSERT_NO_FATAL_FAILURE(DeleteJob());
+  EXPECT_TRUE(WaitFor([&] { return ShardFiles("h0") == 0; }));
+  ASSERT_GT(ShardFiles("h1"), 0);  // nobody told the dead agent
+  ASSERT_NO_FATAL_FAILURE(StartAgent("h1"));
+  EXPECT_TRUE(WaitFor([&] { return ShardFiles("h1") == 0; })) << ShardFiles("h1");
+  EXPECT_TRUE(WaitFor([&] {
+    return AgentMetric("h1", "reshard_agent_shard_store_used_bytes") == std::optional<double>(0);
+  }));
+  EXPECT_EQ(OpenRank("h1", 1, 4), grpc::StatusCode::NOT_FOUND);
+}
+
+// ---- Defect 4 (a) ------------------------------------------------------------
+
+// A lease long enough for the agent to restart inside it, and a stall
+// timeout longer than the test's bound, so that only the new incarnation's
+// registration can end the operation in time.
+class RestartWithinLeaseTest : public LivenessE2eTest {
+ protected:
+  int LeaseMs() const override { return 8000; }
+  std::vector<std::string> CoordinatorFlags() const override {
+    return {"--stall-timeout-ms", "120000"};
+  }
+};
+
+TEST_F(RestartWithinLeaseTest, DestinationRestartedWithinItsLeaseAbortsAtOnceAndRetryCommits) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
+  v1::Operation op = StartResize(target);
+  ASSERT_FALSE(op.id().empty());
+  for (int i = 0; i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state());
+       ++i) {
+    v1::GetOperationRequest req;
+    req.set_operation_id(op.id());
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(stub_->GetOperation(&ctx, req, &op).ok());
+    if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  }
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING);
+  agents_["h3"]->Kill();
+  const auto restarted = std::chrono::steady_clock::now();
+  ASSERT_NO_FATAL_FAILURE(StartAgent("h3"));
+  op = WaitFinal(op.id(), /*timeout_s=*/30);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - restarted).count();
+  EXPECT_EQ(op.state(), v1::OPERATION_STATE_ABORTED) << op.error();
+  EXPECT_NE(op.error().find("host \"h3\": the agent restarted (epoch 1 -> 2)"), std::string::npos)
+      << op.error();
+  EXPECT_LT(seconds, 6.0) << "within the lease (8 s): only the restart can have ended it";
+
+  absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
+  ASSERT_TRUE(v.ok()) << v;
+  v1::Operation retry = StartResize(target);
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(retry, target));
+}
+
+// ---- Defect 6 ----------------------------------------------------------------
+
+TEST_F(LivenessE2eTest, HostStoppedPastItsLeaseGivesTheJobBackWhenItContinues) {
+  ASSERT_NO_FATAL_FAILURE(ReplicatedJobAtGeneration2());
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
+  ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
+  EXPECT_EQ(GetJob().state(), v1::JOB_STATE_DEGRADED);
+  EXPECT_TRUE(WaitFor([&] {
+    return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
+           std::optional<double>(1);
+  }));
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
+
+  EXPECT_TRUE(WaitFor([&] {
+    const v1::Job job = GetJob();
+    return job.state() == v1::JOB_STATE_ACTIVE && job.lost_hosts().empty();
+  })) << GetJob().ShortDebugString();
+  EXPECT_TRUE(WaitFor([&] {
+    return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
+               std::optional<double>(0) &&
+           CoordinatorMetric("reshard_coordinator_jobs", {{"state", "active"}}) ==
+               std::optional<double>(1);
+  }));
+  absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
+  EXPECT_TRUE(v.ok()) << v;
+}
+
+TEST_F(LivenessE2eTest, HostBackWithoutItsShardsStaysLostUntilRecovered) {
+  ASSERT_NO_FATAL_FAILURE(ReplicatedJobAtGeneration2());
+  agents_["h1"]->Kill();
+  ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
+  std::error_code ec;
+  std::filesystem::remove_all(dir_ + "/shm-h1", ec);
+  ASSERT_FALSE(ec) << ec.message();
+  ASSERT_NO_FATAL_FAILURE(StartAgent("h1"));
+  ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());  // registered: judged already
+  const v1::Job job = GetJob();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_DEGRADED);
+  ASSERT_EQ(job.lost_hosts_size(), 1) << job.ShortDebugString();
+  EXPECT_EQ(job.lost_hosts(0), "h1");
+
+  const v1::Layout target = MakeLayout(2, 2, 1, {"h3", "h0"}, 2);
+  v1::RecoverFromFailureRequest req;
+  req.set_job_id(job_id_);
+  req.set_expected_generation(generation_);
+  req.add_lost_hosts("h1");
+  *req.mutable_target() = target;
+  v1::Operation op;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->RecoverFromFailure(&ctx, req, &op);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target, {"h1"}));
+  const v1::Job recovered = GetJob();
+  EXPECT_EQ(recovered.state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_TRUE(recovered.lost_hosts().empty());
+}
+
+}  // namespace
+}  // namespace reshard::agent::testing
