@@ -332,6 +332,8 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   const auto started = std::chrono::steady_clock::now();
   const int64_t token = metrics != nullptr ? metrics->TaskStarted() : 0;
   std::atomic<int64_t> done{0}, total{0};
+  std::mutex waiting_mu;
+  std::string waiting_on;  // what the task waits on, for the coordinator's stall message
   // Ends the task in the metrics: takes its bytes out of the progress gauges
   // (counting the rest as written when it succeeded) and records the result.
   auto finish_metrics = [&](TaskResult r) {
@@ -369,7 +371,11 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
             const int64_t prev_total = total.exchange(t);
             if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
           },
-          [&] { return op->cancel.load() || stopping_.load(); });
+          [&] { return op->cancel.load() || stopping_.load(); },
+          [&](const std::string& what) {
+            std::lock_guard<std::mutex> l(waiting_mu);
+            waiting_on = what;
+          });
     }
     exec_finished.store(true);
     cv_.notify_all();
@@ -390,6 +396,10 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     req.set_state(v1::HOST_TASK_STATE_RUNNING);
     req.set_bytes_done(done.load());
     req.set_bytes_total(total.load());
+    {
+      std::lock_guard<std::mutex> l(waiting_mu);
+      req.set_waiting_on(waiting_on);
+    }
     absl::Status rs = Report(req, /*retry=*/false, &abort);
     if (!rs.ok()) {
       RESHARD_LOG(WARNING) << "operation " << operation_id << ": ReportProgress: " << rs;
