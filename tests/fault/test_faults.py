@@ -139,8 +139,6 @@ def test_agent_sigkill_mid_transfer_and_restart_keeping_shm(job, cluster, client
     faultlib.check_processes(cluster, census)
 
 
-@pytest.mark.xfail(strict=True, raises=faultlib.FaultCheckError,
-                   reason="open: issue 9 defect 6 (a job stays DEGRADED after its host returns)")
 def test_agent_sigstop_past_the_lease_then_sigcont(job, cluster, client):
     """The only holder of generation 1 (host-0) is frozen past its lease:
     it is marked LOST and the job DEGRADED naming it; after SIGCONT it is
