@@ -346,8 +346,11 @@ class ShmShardStore final : public ShardStore {
       const std::string name = e->d_name;
       if (absl::StartsWith(name, prefix) && absl::EndsWith(name, kMetaSuffix)) {
         metas.push_back(name);
-      } else if (absl::StartsWith(name, prefix) && absl::EndsWith(name, kSealingSuffix)) {
-        ::unlink((options_.shm_dir + "/" + name).c_str());  // a copy a dead Seal left
+      } else if (absl::StartsWith(name, prefix) &&
+                 (absl::EndsWith(name, kSealingSuffix) || absl::EndsWith(name, ".meta.tmp"))) {
+        // A copy a dead Seal left, or a sidecar a dead agent was writing (one
+        // agent per shm_dir, as for spare files).
+        ::unlink((options_.shm_dir + "/" + name).c_str());
       }
     }
     ::closedir(dir);
@@ -395,7 +398,7 @@ class ShmShardStore final : public ShardStore {
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const RankBufferKey& k : keys) {
-        if (buffers_.count(k) != 0) {
+        if (buffers_.count(k) != 0 || creating_.count(k) != 0) {
           return absl::AlreadyExistsError(absl::StrCat(Describe(k), " already exists"));
         }
       }
@@ -415,6 +418,15 @@ class ShmShardStore final : public ShardStore {
             HumanBytes(used), " of ", HumanBytes(options_.memory_limit_bytes), " in use"));
       }
       accounting_->used += needed;  // reserved; each buffer returns its own share
+      for (const RankBufferKey& k : keys) creating_.insert(k);
+    }
+    absl::Cleanup created_or_not = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const RankBufferKey& k : keys) creating_.erase(k);
+    };
+    if (absl::Status s = WriteUnsealedSidecars(keys, item_bytes, writer); !s.ok()) {
+      accounting_->used -= needed;
+      return s;
     }
     // Spares first, the largest buffers first; then the pool gives back
     // what the new buffers need of the limit.
@@ -444,12 +456,11 @@ class ShmShardStore final : public ShardStore {
     auto create = [&](size_t first) {
       for (size_t i = first; i < keys.size(); i += threads) {
         if (!results[i].ok() && absl::IsAlreadyExists(results[i].status())) continue;
-        results[i] =
-            CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, writer, spare[i]);
+        results[i] = CreateOne(keys[i], slots[i], sizes[i], backing, writer, spare[i]);
         if (absl::IsResourceExhausted(results[i].status()) && pool_->bytes() > 0) {
           // shm_dir full: the spares' pages go first.
           pool_->ShrinkTo(0);
-          results[i] = CreateOne(keys[i], item_bytes[i], slots[i], sizes[i], backing, writer, 0);
+          results[i] = CreateOne(keys[i], slots[i], sizes[i], backing, writer, 0);
         }
       }
     };
@@ -470,7 +481,9 @@ class ShmShardStore final : public ShardStore {
     }
     if (!status.ok()) {
       accounting_->used -= needed - created_bytes;
-      for (const auto& b : created) Unlink(b->path());
+      // Every key's sidecar is ours (WriteUnsealedSidecars), and so is every
+      // data file made: all go.
+      for (const RankBufferKey& k : keys) Unlink(PathOf(k));
       return status;
     }
     pool_->NoteSizes(sizes);
@@ -619,12 +632,42 @@ class ShmShardStore final : public ShardStore {
     ::unlink((path + kMetaSuffix).c_str());
   }
 
+  // Writes the unsealed sidecar of every key before any data file exists, so
+  // that an agent dying while it makes them leaves sidecars that name their
+  // files (Open removes the unfinished ones), never a data file nobody knows
+  // of. AlreadyExists, writing nothing, when a file of a key is there.
+  absl::Status WriteUnsealedSidecars(const std::vector<RankBufferKey>& keys,
+                                     const std::vector<std::vector<int64_t>>& item_bytes,
+                                     Writer writer) {
+    for (const RankBufferKey& k : keys) {
+      const std::string path = PathOf(k);
+      struct stat st {};
+      if (::stat(path.c_str(), &st) == 0 || ::stat((path + kMetaSuffix).c_str(), &st) == 0) {
+        return absl::AlreadyExistsError(
+            absl::StrCat(Describe(k), ": file \"", path, "\" already exists"));
+      }
+    }
+    for (size_t i = 0; i < keys.size(); ++i) {
+      Sidecar sidecar;
+      sidecar.host_id = options_.host_id;
+      sidecar.key = keys[i];
+      sidecar.item_bytes = item_bytes[i];
+      sidecar.published = writer == Writer::kWorker;
+      if (absl::Status s = WriteSidecar(PathOf(keys[i]) + kMetaSuffix, sidecar); !s.ok()) {
+        for (size_t j = 0; j <= i; ++j) ::unlink((PathOf(keys[j]) + kMetaSuffix).c_str());
+        return s;
+      }
+    }
+    return absl::OkStatus();
+  }
+
   // Creates, sizes and maps one file and writes its unsealed sidecar. The
   // caller has reserved `size` bytes and, when `spare` > 0, renamed a spare
   // file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
-  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(
-      const RankBufferKey& key, const std::vector<int64_t>& item_bytes, std::vector<ItemSlot> slots,
-      int64_t size, Backing backing, Writer writer, int64_t spare) {
+  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(const RankBufferKey& key,
+                                                              std::vector<ItemSlot> slots,
+                                                              int64_t size, Backing backing,
+                                                              Writer writer, int64_t spare) {
     const std::string path = PathOf(key);
     const int fd = spare > 0 ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
                              : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
@@ -664,12 +707,6 @@ class ShmShardStore final : public ShardStore {
     // A worker writes this one: the agent keeps no writable mapping, so that
     // Seal can tell (by a read lease) whether anyone still can write it.
     if (published) s = RemapReadOnly(*data, size, path, /*seal_mode=*/false);
-    Sidecar sidecar;
-    sidecar.host_id = options_.host_id;
-    sidecar.key = key;
-    sidecar.item_bytes = item_bytes;
-    sidecar.published = published;
-    if (s.ok()) s = WriteSidecar(path + kMetaSuffix, sidecar);
     if (!s.ok()) {
       if (*data != nullptr) ::munmap(*data, static_cast<size_t>(size));
       Unlink(path);
@@ -705,8 +742,16 @@ class ShmShardStore final : public ShardStore {
     int64_t size = 0;
     std::vector<ItemSlot> slots = LayoutItems(sidecar->item_bytes, &size);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("cannot open", path, errno);
     struct stat st {};
+    if (!sidecar->sealed && (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size != size)) {
+      // A published buffer the agent died making (the sidecar is written
+      // first): its worker publishes again.
+      if (fd >= 0) ::close(fd);
+      RESHARD_LOG(INFO) << "shard store: removing the half-made " << Describe(sidecar->key);
+      Unlink(path);
+      return absl::OkStatus();
+    }
+    if (fd < 0) return ErrnoStatus("cannot open", path, errno);
     if (::fstat(fd, &st) != 0 || st.st_size != size) {
       ::close(fd);
       return absl::InvalidArgumentError(
@@ -878,8 +923,9 @@ class ShmShardStore final : public ShardStore {
   const std::shared_ptr<Accounting> accounting_;
   mutable std::mutex mu_;
   std::map<RankBufferKey, std::shared_ptr<MappedRankBuffer>, KeyLess> buffers_;
-  std::set<RankBufferKey, KeyLess> sealing_;  // unsealed buffers a Seal call is working on
-  std::unique_ptr<SparePool> pool_;           // set by StartPool; never null after Open
+  std::set<RankBufferKey, KeyLess> sealing_;   // unsealed buffers a Seal call is working on
+  std::set<RankBufferKey, KeyLess> creating_;  // keys a CreateAll call is making
+  std::unique_ptr<SparePool> pool_;            // set by StartPool; never null after Open
 };
 
 }  // namespace

@@ -154,6 +154,21 @@ class AgentE2eTest : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p;
   }
 
+  // Polls `op` until it is TRANSFERRING (or ended), for at most ~4 s.
+  v1::Operation WaitTransferring(v1::Operation op) {
+    for (int i = 0;
+         i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state()); ++i) {
+      v1::GetOperationRequest req;
+      req.set_operation_id(op.id());
+      grpc::ClientContext ctx;
+      if (!stub_->GetOperation(&ctx, req, &op).ok()) continue;
+      if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      }
+    }
+    return op;
+  }
+
   v1::Operation WaitFinal(const std::string& op_id, int timeout_s = 90) {
     v1::Operation op;
     for (int i = 0; i < timeout_s * 20; ++i) {

@@ -165,16 +165,7 @@ TEST_F(RestartWithinLeaseTest, DestinationRestartedWithinItsLeaseAbortsAtOnceAnd
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
   v1::Operation op = StartResize(target);
   ASSERT_FALSE(op.id().empty());
-  for (int i = 0; i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state());
-       ++i) {
-    v1::GetOperationRequest req;
-    req.set_operation_id(op.id());
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub_->GetOperation(&ctx, req, &op).ok());
-    if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(2));
-    }
-  }
+  op = WaitTransferring(op);
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING);
   agents_["h3"]->Kill();
   const auto restarted = std::chrono::steady_clock::now();

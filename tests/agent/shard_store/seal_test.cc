@@ -7,8 +7,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -226,6 +228,54 @@ TEST_F(SealTest, UnfinishedTaskBuffersAreRemovedAtOpenAndPublishedOnesKept) {
   EXPECT_EQ(store->used_bytes(), 1024);
   // A new attempt can make the buffer again.
   EXPECT_TRUE(store->CreateAll({Key(0, 2)}, {{1000}}, ShardStore::Backing::kReserved).ok());
+}
+
+// The soak found these: an agent killed while it made a buffer left a data
+// file without its sidecar (written second) and a half-written sidecar
+// (`.meta.tmp`), which no later agent ever removed. The sidecar now goes
+// first, and Open removes what a dead agent left half made.
+TEST_F(SealTest, BuffersAnAgentDiedMakingAreRemovedAtOpen) {
+  {
+    auto store = OpenStore();
+    ASSERT_NE(Publish(*store, Key(0), {1000}), nullptr);
+    ASSERT_NE(Publish(*store, Key(1), {1000}), nullptr);
+  }
+  const std::string r0 = dir_ + "/reshard-host-a-job-1-g1-r0";
+  const std::string r1 = dir_ + "/reshard-host-a-job-1-g1-r1";
+  ASSERT_EQ(::truncate(r0.c_str(), 0), 0);  // made, not yet sized
+  ASSERT_EQ(::unlink(r1.c_str()), 0);       // sidecar written, no file yet
+  std::ofstream(r1 + ".meta.tmp") << "reshard-rank-buffer 1\nhost host-a\n";
+  auto store = OpenStore();
+  EXPECT_TRUE(store->List().empty());
+  EXPECT_EQ(store->used_bytes(), 0);
+  EXPECT_EQ(FilesInDir(), 0);
+  // The worker publishes again.
+  EXPECT_NE(Publish(*store, Key(0), {1000}), nullptr);
+}
+
+// Issue 9, defect 8: a full tmpfs says so (it used to answer "Bad address").
+// A real 1 MiB tmpfs is mounted for it, which needs root.
+TEST(FullTmpfsTest, PublishOnAFullTmpfsIsResourceExhaustedSayingTheDeviceIsFull) {
+  if (::geteuid() != 0) GTEST_SKIP() << "mounting a tmpfs needs root";
+  char tmpl[] = "/tmp/reshard-full-tmpfs-XXXXXX";
+  ASSERT_NE(::mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  ASSERT_EQ(std::system(("mount -t tmpfs -o size=1m reshard-test " + dir).c_str()), 0);
+  {
+    ShardStore::Options o;
+    o.shm_dir = dir;
+    o.host_id = "host-a";
+    auto store = ShardStore::Open(o);
+    ASSERT_TRUE(store.ok()) << store.status();
+    RankBufferKey key{"job-1", 1, 0};
+    auto created = (*store)->CreateAll({key}, {{4 << 20}}, ShardStore::Backing::kPrefaulted,
+                                       ShardStore::Writer::kWorker);
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kResourceExhausted) << created.status();
+    EXPECT_THAT(std::string(created.status().message()), HasSubstr("no space left on device"));
+    EXPECT_EQ((*store)->used_bytes(), 0);
+  }
+  EXPECT_EQ(std::system(("umount " + dir).c_str()), 0);
+  ::rmdir(dir.c_str());
 }
 
 }  // namespace
