@@ -148,6 +148,11 @@ absl::Status CoordinatorSession::Register() {
   epoch_.store(resp.epoch());
   if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
   DropDeletedJobs(resp.deleted_jobs());
+  for (const v1::GenerationRef& g : resp.release()) {
+    RESHARD_LOG(INFO) << "job " << g.job_id() << ": releasing generation " << g.generation()
+                      << ", neither current nor pending any more";
+    store_->DropGeneration(g.job_id(), g.generation());
+  }
   RESHARD_LOG(INFO) << "host " << options_.host_id << " registered, epoch " << resp.epoch()
                     << ", lease " << resp.lease_ms() << " ms";
   return absl::OkStatus();

@@ -125,6 +125,20 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
   response.set_lease_ms(options_.lease_ms);
   response.set_epoch(*epoch);
   for (std::string& id : *deleted) response.add_deleted_jobs(std::move(id));
+  // Generations released or discarded while the agent was away may be
+  // pruned by now (retention), so Heartbeat would never name them.
+  std::set<std::pair<std::string, int64_t>> held;
+  for (const v1::HeldRank& h : request.held_ranks()) held.emplace(h.job_id(), h.generation());
+  std::vector<v1::GenerationRef> refs;
+  for (const auto& [job_id, generation] : held) {
+    v1::GenerationRef ref;
+    ref.set_job_id(job_id);
+    ref.set_generation(generation);
+    refs.push_back(std::move(ref));
+  }
+  absl::StatusOr<std::vector<v1::GenerationRef>> stale = store_->StaleGenerations(refs);
+  if (!stale.ok()) return stale.status();
+  for (v1::GenerationRef& ref : *stale) *response.add_release() = std::move(ref);
   return response;
 }
 

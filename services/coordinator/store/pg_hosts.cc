@@ -132,6 +132,30 @@ absl::StatusOr<Ids> PgStore::DeletedJobs(const Ids& job_ids) {
   });
 }
 
+absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::StaleGenerations(
+    const std::vector<v1::GenerationRef>& held) {
+  using Refs = std::vector<v1::GenerationRef>;
+  if (held.empty()) return Refs();
+  Ids jobs, generations;
+  for (const v1::GenerationRef& g : held) {
+    if (absl::Status s = pg::CheckText("job id", g.job_id()); !s.ok()) return s;
+    jobs.push_back(g.job_id());
+    generations.push_back(absl::StrCat(g.generation()));
+  }
+  const std::string job_array = pg::TextArray(jobs);
+  const std::string generation_array = pg::TextArray(generations);
+  return pg::TransactFor<Refs>(*pool_, "StaleGenerations", [&](pg::PgTx& tx) {
+    Refs stale;
+    for (const pqxx::row& row : tx.Exec(pg::kStaleGenerations, job_array, generation_array)) {
+      v1::GenerationRef ref;
+      ref.set_job_id(row[0].c_str());
+      ref.set_generation(row[1].as<int64_t>());
+      stale.push_back(std::move(ref));
+    }
+    return absl::StatusOr<Refs>(std::move(stale));
+  });
+}
+
 absl::StatusOr<Ids> PgStore::JobsLostOnHost(const std::string& host_id) {
   if (absl::Status s = pg::CheckText("host id", host_id); !s.ok()) return s;
   return pg::TransactFor<Ids>(*pool_, "JobsLostOnHost", [&](pg::PgTx& tx) {

@@ -65,6 +65,7 @@ const std::vector<Statement>& AllStatements() {
       kClearJobLostHost,
       kClearJobLostHosts,
       kSettleJobLiveness,
+      kStaleGenerations,
   };
   return *kAll;
 }

@@ -364,6 +364,14 @@ inline constexpr Statement kDeletedJobs{
     "SELECT h.id FROM unnest($1::text[]) WITH ORDINALITY AS h(id, ord) WHERE NOT EXISTS "
     "(SELECT 1 FROM jobs j WHERE j.id = h.id) ORDER BY h.ord"};
 
+// Of the (job, generation) pairs $1, $2 (text arrays), those that are not a
+// CURRENT (1) or PENDING (2) generation.
+inline constexpr Statement kStaleGenerations{
+    "stale_generations",
+    "SELECT m.job_id, m.generation FROM unnest($1::text[], $2::text[]::bigint[]) WITH ORDINALITY "
+    "AS m(job_id, generation, ord) WHERE NOT EXISTS (SELECT 1 FROM generations g WHERE g.job_id "
+    "= m.job_id AND g.generation = m.generation AND g.state IN (1, 2)) ORDER BY m.ord"};
+
 inline constexpr Statement kJobsLostOnHost{
     "jobs_lost_on_host", "SELECT job_id FROM job_lost_hosts WHERE host_id = $1 ORDER BY job_id"};
 

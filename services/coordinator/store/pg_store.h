@@ -139,6 +139,8 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<v1::JobState> SettleJobLiveness(const std::string& job_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
       const std::string& job_id, int64_t generation) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
+      const std::vector<v1::GenerationRef>& held) override;
 
  private:
   explicit PgStore(std::unique_ptr<pg::PgPool> pool);

@@ -263,6 +263,11 @@ class Store {
   /// rank ascending; empty for a generation no operation built.
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
       const std::string& job_id, int64_t generation) = 0;
+  /// Of `held` (generations an agent holds buffers of), those that are not a
+  /// CURRENT or PENDING generation (RETIRED, DISCARDED, pruned, or of a
+  /// deleted job), in order: the agent may drop them.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
+      const std::vector<v1::GenerationRef>& held) = 0;
 };
 
 using StorePtr = std::shared_ptr<Store>;

@@ -293,6 +293,26 @@ TEST_F(LivenessTest, AgentsLearnWhichHeldJobsWereDeleted) {
   EXPECT_THAT(registered.deleted_jobs(), ElementsAre(gone.id()));
 }
 
+// An agent that was away while generations were released or discarded (and
+// maybe pruned since) learns at registration which of its generations to
+// drop: every one that is neither current nor pending.
+TEST_F(LivenessTest, RegistrationReleasesGenerationsNoLongerCurrentOrPending) {
+  const v1::Job job = CommittedJobWithLostHost();  // generation 2 current, 1 retired
+  auto held = [&](int64_t generation) {
+    v1::HeldRank h;
+    h.set_job_id(job.id());
+    h.set_generation(generation);
+    h.set_rank(0);
+    h.set_sealed(true);
+    return h;
+  };
+  const v1::RegisterAgentResponse r = RegisterHolding("h0", {held(1), held(2), held(7)});
+  std::vector<std::pair<std::string, int64_t>> released;
+  for (const v1::GenerationRef& g : r.release()) released.emplace_back(g.job_id(), g.generation());
+  EXPECT_THAT(released, ElementsAre(std::make_pair(job.id(), int64_t{1}),
+                                    std::make_pair(job.id(), int64_t{7})));
+}
+
 // ---- Defect 6: a lost host that returns ------------------------------------
 
 TEST_F(LivenessTest, LostHostBackWithIntactShardsMakesTheJobActive) {
