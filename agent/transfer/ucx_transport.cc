@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <deque>
 #include <future>
 #include <mutex>
@@ -45,7 +46,16 @@ absl::Status FromUcs(ucs_status_t s, const std::string& what) {
 
 constexpr uint64_t kFullMask = ~uint64_t{0};
 
+using Clock = std::chrono::steady_clock;
+
+// After CancelTags, how long a retired endpoint waits for the sends on it that
+// were not cancelled (another operation's) before it is closed under them.
+constexpr auto kRetireGrace = std::chrono::seconds(2);
+// At shutdown, how long force-closed endpoints get to fail their sends.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+
 class UcxTransportImpl;
+struct Endpoint;
 
 // One send or receive in flight; owned by the transport until it completes.
 struct Request {
@@ -53,7 +63,9 @@ struct Request {
   uint64_t tag = 0;
   size_t bytes = 0;
   bool is_send = false;
-  std::string peer;  // sends only
+  std::string peer;        // sends only
+  Endpoint* ep = nullptr;  // sends only: the endpoint it went out on
+  bool cancelled = false;  // matched a CancelTags
   void* ucx = nullptr;
   TransferDone done;
   bool abandoned = false;  // failed at shutdown; UCX may still call back
@@ -64,12 +76,27 @@ struct Request {
   absl::Status early_status;
 };
 
-struct Peer {
+// One ucp endpoint to a peer. UCX (1.13) cannot cancel a send request: a
+// rendezvous send completes only when the receiver matches it, or when its
+// endpoint fails or is force-closed (UCX then completes every request on it
+// with an error, after its transport endpoints are discarded, so the buffer
+// is no longer read). So cancelling sends means retiring the endpoint they
+// went out on (new sends to the peer get a fresh one) and force-closing it.
+struct Endpoint {
   UcxTransportImpl* owner = nullptr;
-  std::string address;
-  ucp_ep_h ep = nullptr;
+  std::string peer;
+  ucp_ep_h ep = nullptr;  // null once closed
   bool failed = false;
   std::string error;
+  size_t sends = 0;       // pending sends on it
+  size_t live_sends = 0;  // of which not cancelled
+  bool retired = false;   // no longer a peer's current endpoint
+  Clock::time_point close_by;
+};
+
+struct Peer {
+  std::string address;
+  Endpoint* current = nullptr;  // null: create one on the next send
 };
 
 class UcxTransportImpl final : public UcxTransport {
@@ -148,7 +175,20 @@ class UcxTransportImpl final : public UcxTransport {
       for (Request* r : pending_) {
         if ((r->tag & mask) == (tag & mask)) victims.push_back(r);
       }
-      for (Request* r : victims) ucp_request_cancel(worker_, r->ucx);
+      const auto close_by = Clock::now() + kRetireGrace;
+      for (Request* r : victims) {
+        if (!r->is_send) {
+          ucp_request_cancel(worker_, r->ucx);
+          continue;
+        }
+        // ucp_request_cancel ignores sends: retire the endpoint instead.
+        if (!r->cancelled) {
+          r->cancelled = true;
+          --r->ep->live_sends;
+        }
+        Retire(r->ep, close_by);
+      }
+      CloseRetired();
     });
   }
 
@@ -204,37 +244,101 @@ class UcxTransportImpl final : public UcxTransport {
   absl::Status DoConnect(const std::string& peer_id, const std::string& address) {
     auto it = peers_.find(peer_id);
     if (it != peers_.end()) {
-      if (it->second->address == address && !it->second->failed) return absl::OkStatus();
-      CloseEp(it->second.get(), /*force=*/true);
+      Endpoint* current = it->second->current;
+      if (it->second->address == address && current != nullptr && !current->failed) {
+        return absl::OkStatus();
+      }
+      // A new incarnation (or a failed endpoint): what is pending on the old
+      // endpoint can never complete normally.
+      if (current != nullptr) Retire(current, Clock::now());
       peers_.erase(it);
+      CloseRetired();
     }
     auto peer = std::make_unique<Peer>();
     peer->address = address;
-    peer->owner = this;
-    ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(peer->address.data());
-    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
-    ep.err_handler.cb = &OnEpError;
-    ep.err_handler.arg = peer.get();
-    ucs_status_t s = ucp_ep_create(worker_, &ep, &peer->ep);
-    if (s != UCS_OK) return FromUcs(s, absl::StrCat("connecting to peer \"", peer_id, "\""));
+    absl::StatusOr<Endpoint*> ep = CreateEndpoint(peer_id, peer->address);
+    if (!ep.ok()) return ep.status();
+    peer->current = *ep;
     peers_[peer_id] = std::move(peer);
     return absl::OkStatus();
   }
 
+  absl::StatusOr<Endpoint*> CreateEndpoint(const std::string& peer_id, const std::string& address) {
+    auto e = std::make_unique<Endpoint>();
+    e->owner = this;
+    e->peer = peer_id;
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &OnEpError;
+    ep.err_handler.arg = e.get();
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &e->ep);
+    if (s != UCS_OK) return FromUcs(s, absl::StrCat("connecting to peer \"", peer_id, "\""));
+    Endpoint* raw = e.get();
+    endpoints_.emplace(raw, std::move(e));
+    return raw;
+  }
+
   static void OnEpError(void* arg, ucp_ep_h ep, ucs_status_t status) {
-    auto* peer = static_cast<Peer*>(arg);
-    peer->failed = true;
-    peer->error = ucs_status_string(status);
+    auto* e = static_cast<Endpoint*>(arg);
     (void)ep;
-    // Every pending send to the peer fails on its own; a receive is not bound
-    // to a peer, so fail the receives too: their data may have been coming
-    // from this peer, and a task fails as a whole anyway.
-    UcxTransportImpl* self = nullptr;
-    self = peer->owner;
-    self->FailReceives(absl::StrCat("peer connection failed: ", peer->error));
+    // UCX fails the sends on the endpoint itself.
+    e->failed = true;
+    e->error = ucs_status_string(status);
+    if (e->retired) return;  // its peer has a newer endpoint
+    // A receive is not bound to a peer, so fail the receives too: their data
+    // may have been coming from this peer, and a task fails as a whole anyway.
+    e->owner->FailReceives(absl::StrCat("peer connection failed: ", e->error));
+  }
+
+  // Takes `e` from its peer (new sends get a new endpoint); it is force-closed
+  // once no send on it is still wanted, or at `close_by`.
+  void Retire(Endpoint* e, Clock::time_point close_by) {
+    if (!e->retired) {
+      e->retired = true;
+      e->close_by = close_by;
+      auto it = peers_.find(e->peer);
+      if (it != peers_.end() && it->second->current == e) it->second->current = nullptr;
+    } else if (close_by < e->close_by) {
+      e->close_by = close_by;
+    }
+  }
+
+  // Force-closes the retired endpoints that are due; frees closed ones that
+  // have nothing pending. UCX completes their sends (UCS_ERR_CANCELED) as the
+  // worker progresses.
+  void CloseRetired() {
+    const auto now = Clock::now();
+    retired_left_ = false;
+    for (auto it = endpoints_.begin(); it != endpoints_.end();) {
+      Endpoint* e = it->first;
+      if (e->retired && e->ep != nullptr && (e->live_sends == 0 || now >= e->close_by)) {
+        ForceClose(e);
+      }
+      if (e->retired && e->ep == nullptr && e->sends == 0) {
+        it = endpoints_.erase(it);
+        continue;
+      }
+      retired_left_ = retired_left_ || e->retired;
+      ++it;
+    }
+  }
+
+  void ForceClose(Endpoint* e) {
+    if (e->ep == nullptr) return;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
+    p.flags = UCP_EP_CLOSE_FLAG_FORCE;
+    // FORCE completes in place (UCX 1.13 returns no request for it); the
+    // endpoint's requests are purged once its lanes are discarded.
+    void* req = ucp_ep_close_nbx(e->ep, &p);
+    e->ep = nullptr;
+    if (UCS_PTR_IS_PTR(req)) {
+      while (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_worker_progress(worker_);
+      ucp_request_free(req);
+    }
   }
 
   void FailReceives(const std::string& why) {
@@ -248,39 +352,30 @@ class UcxTransportImpl final : public UcxTransport {
     }
   }
 
-  void CloseEp(Peer* peer, bool force) {
-    if (peer->ep == nullptr) return;
-    ucp_request_param_t p{};
-    p.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-    p.flags = force ? UCP_EP_CLOSE_FLAG_FORCE : 0;
-    void* req = ucp_ep_close_nbx(peer->ep, &p);
-    peer->ep = nullptr;
-    if (UCS_PTR_IS_PTR(req)) {
-      // Bounded wait: a dead peer must not block shutdown.
-      for (int i = 0; i < 200000 && ucp_request_check_status(req) == UCS_INPROGRESS; ++i) {
-        ucp_worker_progress(worker_);
-      }
-      if (ucp_request_check_status(req) == UCS_INPROGRESS) ucp_request_cancel(worker_, req);
-      ucp_request_free(req);
-    }
-  }
-
   void DoSend(Request* r, const void* data) {
     auto it = peers_.find(r->peer);
     if (it == peers_.end()) {
       return Fail(r, absl::FailedPreconditionError(
                          absl::StrCat("send to unknown peer \"", r->peer, "\"; Connect first")));
     }
-    if (it->second->failed) {
-      return Fail(r, absl::UnavailableError(
-                         absl::StrCat("peer \"", r->peer, "\" failed: ", it->second->error)));
+    Peer* peer = it->second.get();
+    if (peer->current == nullptr) {  // retired by CancelTags
+      absl::StatusOr<Endpoint*> e = CreateEndpoint(r->peer, peer->address);
+      if (!e.ok()) return Fail(r, absl::UnavailableError(e.status().message()));
+      peer->current = *e;
     }
+    Endpoint* e = peer->current;
+    if (e->failed) {
+      return Fail(
+          r, absl::UnavailableError(absl::StrCat("peer \"", r->peer, "\" failed: ", e->error)));
+    }
+    r->ep = e;
     ucp_request_param_t p{};
     p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
     p.cb.send = &OnSend;
     p.user_data = r;
     r->submitting = true;
-    void* req = ucp_tag_send_nbx(it->second->ep, data, r->bytes, r->tag, &p);
+    void* req = ucp_tag_send_nbx(e->ep, data, r->bytes, r->tag, &p);
     Track(r, req);
   }
 
@@ -310,6 +405,10 @@ class UcxTransportImpl final : public UcxTransport {
     r->ucx = req;
     pending_.insert(r);
     pending_count_.fetch_add(1);
+    if (r->ep != nullptr) {
+      ++r->ep->sends;
+      ++r->ep->live_sends;
+    }
   }
 
   static std::string Describe(const Request* r) {
@@ -335,6 +434,10 @@ class UcxTransportImpl final : public UcxTransport {
       pending_count_.fetch_sub(1);
       ucp_request_free(r->ucx);
       r->ucx = nullptr;
+      if (r->ep != nullptr) {
+        --r->ep->sends;
+        if (!r->cancelled) --r->ep->live_sends;
+      }
     }
     auto err = receive_error_.find(r);
     if (err != receive_error_.end()) {
@@ -372,6 +475,7 @@ class UcxTransportImpl final : public UcxTransport {
       }
       for (auto& fn : work) fn();
       if (stop) break;
+      if (retired_left_) CloseRetired();
       if (ucp_worker_progress(worker_) != 0 || !work.empty()) {
         idle = 0;
         continue;
@@ -384,13 +488,24 @@ class UcxTransportImpl final : public UcxTransport {
       epoll_wait(epfd_, &ev, 1, 100);
       idle = 0;
     }
-    // Stopping: cancel what is pending, then close endpoints.
+    // Stopping: cancel the receives, force-close every endpoint (which fails
+    // its sends: UCX cannot cancel them, and a flush would wait for
+    // receivers that may never match), and progress until UCX has completed
+    // them, so no request is left on an endpoint the worker destroys.
     std::vector<Request*> victims(pending_.begin(), pending_.end());
-    for (Request* r : victims) ucp_request_cancel(worker_, r->ucx);
-    for (int i = 0; i < 1000 && !pending_.empty(); ++i) ucp_worker_progress(worker_);
-    for (auto& [id, peer] : peers_) CloseEp(peer.get(), /*force=*/false);
-    // Anything still pending (a send UCX would not cancel) fails here; its
-    // UCX request is left to the worker's destruction.
+    for (Request* r : victims) {
+      if (!r->is_send) ucp_request_cancel(worker_, r->ucx);
+    }
+    for (auto& [e, owned] : endpoints_) ForceClose(e);
+    peers_.clear();
+    const auto deadline = Clock::now() + kShutdownGrace;
+    while (!pending_.empty() && Clock::now() < deadline) ucp_worker_progress(worker_);
+    if (!pending_.empty()) {
+      RESHARD_LOG(WARNING) << "UCX transport: " << pending_.size()
+                           << " transfers still pending at shutdown";
+    }
+    // Anything still pending fails here; its UCX request is left to the
+    // worker's destruction.
     victims.assign(pending_.begin(), pending_.end());
     for (Request* r : victims) {
       pending_.erase(r);
@@ -415,6 +530,8 @@ class UcxTransportImpl final : public UcxTransport {
 
   // Progress thread only.
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
+  std::unordered_map<Endpoint*, std::unique_ptr<Endpoint>> endpoints_;
+  bool retired_left_ = false;  // some endpoint is retired but not yet freed
   std::unordered_set<Request*> pending_;
   std::unordered_map<Request*, std::string> receive_error_;
   std::unordered_set<Request*> abandoned_;
