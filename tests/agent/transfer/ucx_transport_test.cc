@@ -1,12 +1,25 @@
-// Two UCX transports in one process over loopback TCP.
+// Two UCX transports in one process over loopback TCP, and a transport in a
+// child process (ucx_peer_main.cc) that is killed for real.
 #include "agent/transfer/ucx_transport.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <cstring>
 #include <future>
+#include <mutex>
 #include <random>
+#include <string>
 #include <vector>
+
+extern char** environ;
 
 namespace reshard::agent {
 namespace {
@@ -19,6 +32,59 @@ UcxOptions LoopbackOptions() {
   o.transports = "tcp,self";
   return o;
 }
+
+// Outcomes of many transfers, waited on with deadlines.
+class Outcomes {
+ public:
+  TransferDone Callback() {
+    return [this](absl::Status s) {
+      std::lock_guard<std::mutex> l(mu_);
+      (s.ok() ? ok_ : failed_)++;
+      if (!s.ok() && first_error_.ok()) first_error_ = s;
+      cv_.notify_all();
+    };
+  }
+  /// Waits until at least `n` transfers succeeded; false at the deadline.
+  bool WaitOk(int n, std::chrono::steady_clock::duration timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, timeout, [&] { return ok_ >= n; });
+  }
+  /// Waits until `n` transfers finished either way; false at the deadline.
+  bool WaitAll(int n, std::chrono::steady_clock::duration timeout) {
+    std::unique_lock<std::mutex> l(mu_);
+    return cv_.wait_for(l, timeout, [&] { return ok_ + failed_ >= n; });
+  }
+  int ok() {
+    std::lock_guard<std::mutex> l(mu_);
+    return ok_;
+  }
+  int failed() {
+    std::lock_guard<std::mutex> l(mu_);
+    return failed_;
+  }
+  absl::Status first_error() {
+    std::lock_guard<std::mutex> l(mu_);
+    return first_error_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  int ok_ = 0;
+  int failed_ = 0;
+  absl::Status first_error_;
+};
+
+// Shuts transports down when a test body exits, before its locals (buffers,
+// outcomes that callbacks write to) are destroyed.
+struct StopAtExit {
+  Transport* a;
+  Transport* b;
+  ~StopAtExit() {
+    a->Shutdown();
+    b->Shutdown();
+  }
+};
 
 class UcxTransportTest : public ::testing::Test {
  protected:
@@ -176,6 +242,224 @@ TEST_F(UcxTransportTest, DeadPeerFailsPendingTransfers) {
   auto sf = sent.get_future();
   ASSERT_EQ(sf.wait_for(seconds(30)), std::future_status::ready) << "send hangs";
   EXPECT_FALSE(sf.get().ok());
+}
+
+// Rendezvous sends whose receiver never posts the receives (its task failed
+// before it got there, as in the fault suite's destination-kill case, where a
+// third host's task failed at Connect): UCX cannot cancel a send request, so
+// before the fix they stayed pending for ever, pinning the sender's buffers.
+constexpr int kUnmatchedSends = 16;
+constexpr size_t kUnmatchedBytes = size_t{8} << 20;
+constexpr uint64_t kOpMask = ~uint64_t{0} << 32;
+
+TEST_F(UcxTransportTest, CancelTagsFailsSendsThePeerNeverReceives) {
+  RoundTrip(16, uint64_t{15} << 32);
+  std::vector<uint8_t> src(kUnmatchedBytes, 5), dst(kUnmatchedBytes, 0);
+  Outcomes cancelled, other, after;
+  StopAtExit stop{a_.get(), b_.get()};  // before the buffers go, on any exit
+  for (int i = 0; i < kUnmatchedSends; ++i) {
+    a_->Send("b", uint64_t{16} << 32 | i, src.data(), src.size(), cancelled.Callback());
+  }
+  // Another operation's send to the same peer, in flight at the cancel.
+  a_->Send("b", uint64_t{17} << 32, src.data(), src.size(), other.Callback());
+  a_->CancelTags(uint64_t{16} << 32, kOpMask);
+  b_->Receive(uint64_t{17} << 32, dst.data(), dst.size(), other.Callback());
+  ASSERT_TRUE(cancelled.WaitAll(kUnmatchedSends, seconds(8)))
+      << cancelled.ok() + cancelled.failed() << " of " << kUnmatchedSends
+      << " cancelled sends finished; a pending " << a_->pending();
+  EXPECT_EQ(cancelled.ok(), 0);
+  EXPECT_TRUE(absl::IsCancelled(cancelled.first_error())) << cancelled.first_error();
+  // The other operation's transfer is not collateral damage.
+  ASSERT_TRUE(other.WaitAll(2, seconds(30)));
+  EXPECT_TRUE(other.first_error().ok()) << other.first_error();
+  EXPECT_EQ(a_->pending(), 0u);
+  // The peer is still reachable (over a fresh endpoint).
+  a_->Send("b", uint64_t{18} << 32, src.data(), src.size(), after.Callback());
+  b_->Receive(uint64_t{18} << 32, dst.data(), dst.size(), after.Callback());
+  ASSERT_TRUE(after.WaitAll(2, seconds(30)));
+  EXPECT_TRUE(after.first_error().ok()) << after.first_error();
+  EXPECT_EQ(a_->pending(), 0u);
+}
+
+TEST_F(UcxTransportTest, ShutdownFailsSendsThePeerNeverReceives) {
+  RoundTrip(16, uint64_t{19} << 32);
+  std::vector<uint8_t> src(kUnmatchedBytes, 6);
+  Outcomes sends;
+  for (int i = 0; i < kUnmatchedSends; ++i) {
+    a_->Send("b", uint64_t{20} << 32 | i, src.data(), src.size(), sends.Callback());
+  }
+  // Before the fix, UCX aborted the process here (ucp_ep.c: Assertion
+  // `ucs_hlist_is_empty(&ucp_ep_ext_gen(ep)->proto_reqs)' failed).
+  a_->Shutdown();
+  ASSERT_TRUE(sends.WaitAll(kUnmatchedSends, seconds(1)));
+  EXPECT_EQ(sends.ok(), 0);
+  EXPECT_TRUE(absl::IsCancelled(sends.first_error())) << sends.first_error();
+  EXPECT_EQ(a_->pending(), 0u);
+}
+
+// A transport in a child process that posts receives and can be SIGKILLed.
+class PeerProcess {
+ public:
+  /// Starts a peer that connects to `test_side` and posts `receives` receives
+  /// of `bytes` each, tags `tag_base` + i.
+  static std::unique_ptr<PeerProcess> Start(UcxTransport& test_side, uint64_t receives,
+                                            size_t bytes, uint64_t tag_base) {
+    int to_child[2], from_child[2];
+    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
+    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
+    const std::string count = std::to_string(receives), size = std::to_string(bytes),
+                      base = std::to_string(tag_base);
+    const char* argv[] = {RESHARD_UCX_PEER_PATH, count.c_str(), size.c_str(), base.c_str(),
+                          nullptr};
+    auto p = std::unique_ptr<PeerProcess>(new PeerProcess);
+    const int rc = posix_spawn(&p->pid_, RESHARD_UCX_PEER_PATH, &actions, nullptr,
+                               const_cast<char**>(argv), environ);
+    posix_spawn_file_actions_destroy(&actions);
+    close(to_child[0]);
+    close(from_child[1]);
+    p->in_ = to_child[1];
+    p->out_ = from_child[0];
+    if (rc != 0) {
+      p->pid_ = -1;
+      return nullptr;
+    }
+    uint64_t len = 0;
+    if (!p->Read(&len, sizeof(len)) || len > (1 << 20)) return nullptr;
+    p->address_.resize(len);
+    if (!p->Read(p->address_.data(), len)) return nullptr;
+    const std::string mine = test_side.LocalAddress();
+    const uint64_t mine_len = mine.size();
+    if (!p->Write(&mine_len, sizeof(mine_len)) || !p->Write(mine.data(), mine.size())) {
+      return nullptr;
+    }
+    char ready = 0;
+    if (!p->Read(&ready, 1)) return nullptr;
+    return p;
+  }
+
+  ~PeerProcess() {
+    Kill();
+    if (in_ >= 0) close(in_);
+    if (out_ >= 0) close(out_);
+  }
+
+  const std::string& address() const { return address_; }
+
+  void Kill() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+  }
+
+ private:
+  PeerProcess() = default;
+
+  // Reads exactly `n` bytes, giving up after 30 s without data.
+  bool Read(void* data, size_t n) {
+    char* p = static_cast<char*>(data);
+    while (n > 0) {
+      pollfd pfd{out_, POLLIN, 0};
+      if (poll(&pfd, 1, 30000) <= 0) return false;
+      const ssize_t k = read(out_, p, n);
+      if (k <= 0) return false;
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  }
+
+  bool Write(const void* data, size_t n) {
+    const char* p = static_cast<const char*>(data);
+    while (n > 0) {
+      const ssize_t k = write(in_, p, n);
+      if (k <= 0) return false;
+      p += k;
+      n -= static_cast<size_t>(k);
+    }
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int in_ = -1;
+  int out_ = -1;
+  std::string address_;
+};
+
+// Many rendezvous-sized sends to a peer process that is SIGKILLed while they
+// move; the peer posted receives for the first half only, so at the kill some
+// sends are mid-transfer and the rest wait for the peer to match them. Every
+// send must then finish (with an error) within `kFailBound`, so that callers
+// drop what they pin, and Shutdown must not trip over leftover requests.
+class UcxDeadPeerTest : public ::testing::Test {
+ protected:
+  static constexpr int kSends = 64;
+  static constexpr size_t kChunk = size_t{8} << 20;
+  static constexpr uint64_t kTagBase = uint64_t{21} << 32;
+  static constexpr auto kFailBound = seconds(8);
+
+  void SetUp() override {
+    auto t = MakeUcxTransportImpl(LoopbackOptions());
+    ASSERT_TRUE(t.ok()) << t.status();
+    sender_ = std::move(*t);
+    peer_ = PeerProcess::Start(*sender_, kSends / 2, kChunk, kTagBase);
+    ASSERT_NE(peer_, nullptr) << "peer process did not start";
+    ASSERT_TRUE(sender_->Connect("peer", peer_->address()).ok());
+    src_.assign(kChunk, 7);
+  }
+  // Before the buffers and outcomes go: callbacks may still run until then.
+  void TearDown() override {
+    if (sender_) sender_->Shutdown();
+  }
+
+  // Posts the sends and kills the peer once the first one has landed.
+  void SendAndKillMidway() {
+    for (int i = 0; i < kSends; ++i) {
+      sender_->Send("peer", kTagBase + i, src_.data(), src_.size(), outcomes_.Callback());
+    }
+    ASSERT_TRUE(outcomes_.WaitOk(1, seconds(60))) << "no send completed";
+    peer_->Kill();
+    ASSERT_LT(outcomes_.ok(), kSends) << "all sends finished before the kill";
+  }
+
+  void ExpectAllFailedWithinBound() {
+    ASSERT_TRUE(outcomes_.WaitAll(kSends, kFailBound))
+        << outcomes_.ok() << " ok + " << outcomes_.failed() << " failed of " << kSends
+        << " sends after the peer was killed; pending " << sender_->pending();
+    EXPECT_GT(outcomes_.failed(), 0);
+    EXPECT_FALSE(outcomes_.first_error().ok());
+    EXPECT_EQ(sender_->pending(), 0u);
+  }
+
+  std::unique_ptr<UcxTransport> sender_;
+  std::unique_ptr<PeerProcess> peer_;
+  std::vector<uint8_t> src_;
+  Outcomes outcomes_;
+  Outcomes after_restart_;
+};
+
+TEST_F(UcxDeadPeerTest, SendsToKilledPeerFailWithinBound) {
+  SendAndKillMidway();
+  ExpectAllFailedWithinBound();
+  sender_->Shutdown();  // aborts the process if UCX still holds requests
+}
+
+TEST_F(UcxDeadPeerTest, SendsToKilledPeerFailWhenItRestartsAtOnce) {
+  SendAndKillMidway();
+  // The peer comes back under the same id with a new address before the old
+  // connection's failure was seen (an agent restarted by its supervisor).
+  auto restarted = PeerProcess::Start(*sender_, 1, kChunk, kTagBase + kSends);
+  ASSERT_NE(restarted, nullptr);
+  ASSERT_TRUE(sender_->Connect("peer", restarted->address()).ok());
+  ExpectAllFailedWithinBound();
+  // The new incarnation is reachable.
+  sender_->Send("peer", kTagBase + kSends, src_.data(), src_.size(), after_restart_.Callback());
+  ASSERT_TRUE(after_restart_.WaitAll(1, seconds(30)));
+  EXPECT_TRUE(after_restart_.first_error().ok()) << after_restart_.first_error();
+  sender_->Shutdown();
 }
 
 }  // namespace

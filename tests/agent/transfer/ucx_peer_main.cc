@@ -1,0 +1,75 @@
+// A UCX transport in its own process, for tests that kill a peer for real
+// (ucx_transport_test.cc). Protocol over stdin/stdout, each address as an
+// 8-byte length then its bytes:
+//   1. writes its UCX address, reads the test's;
+//   2. posts `count` receives of `bytes` each, tags `tag_base` + i, all into one
+//      buffer (the contents do not matter), then writes one byte;
+//   3. waits for stdin to close, shuts down and exits 0.
+// Usage: transfer_ucx_peer COUNT BYTES TAG_BASE
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "agent/transfer/ucx_transport.h"
+
+namespace {
+
+bool WriteAll(int fd, const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t k = write(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+bool ReadAll(int fd, void* data, size_t n) {
+  char* p = static_cast<char*>(data);
+  while (n > 0) {
+    const ssize_t k = read(fd, p, n);
+    if (k <= 0) return false;
+    p += k;
+    n -= static_cast<size_t>(k);
+  }
+  return true;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 4) return 2;
+  const uint64_t count = std::strtoull(argv[1], nullptr, 10);
+  const uint64_t bytes = std::strtoull(argv[2], nullptr, 10);
+  const uint64_t tag_base = std::strtoull(argv[3], nullptr, 10);
+  reshard::agent::UcxOptions options;
+  options.net_devices = "lo";
+  options.transports = "tcp,self";
+  auto t = reshard::agent::MakeUcxTransportImpl(options);
+  if (!t.ok()) return 3;
+  const std::string mine = (*t)->LocalAddress();
+  const uint64_t len = mine.size();
+  if (!WriteAll(1, &len, sizeof(len)) || !WriteAll(1, mine.data(), mine.size())) return 4;
+  uint64_t theirs_len = 0;
+  if (!ReadAll(0, &theirs_len, sizeof(theirs_len)) || theirs_len > (1 << 20)) return 5;
+  std::string theirs(theirs_len, '\0');
+  if (!ReadAll(0, theirs.data(), theirs.size())) return 5;
+  // Only checked: like a destination agent, which connects only to the hosts
+  // it sends to, the peer replies over the endpoint UCX creates for the test.
+  if (theirs.empty()) return 6;
+  std::vector<uint8_t> buffer(bytes);
+  for (uint64_t i = 0; i < count; ++i) {
+    (*t)->Receive(tag_base + i, buffer.data(), buffer.size(), [](absl::Status) {});
+  }
+  const char ready = 'r';
+  if (!WriteAll(1, &ready, 1)) return 4;
+  char c;
+  while (read(0, &c, 1) > 0) {
+  }
+  (*t)->Shutdown();
+  return 0;
+}
