@@ -98,17 +98,7 @@ def test_postgres_sigkill_and_restart_mid_transfer(job, cluster, client):
     _finish(job, cluster, client, census, op, gen, before, target)
 
 
-# Open: killing the destination mid-transfer leaves UCX sends on the sources
-# that never complete; they keep the sources' old buffers alive, so the
-# agents' used_bytes stays up after the generation is released (and UCX
-# asserts at shutdown). Strict: the day it passes, this mark must go.
-DESTINATION_KILL_LEAK = pytest.mark.xfail(
-    strict=True, raises=faultlib.FaultCheckError,
-    reason="open: sends to a killed destination never complete and pin the sources' buffers")
-
-
-@pytest.mark.parametrize("side", ["source", pytest.param("destination",
-                                                         marks=DESTINATION_KILL_LEAK)])
+@pytest.mark.parametrize("side", ["source", "destination"])
 def test_agent_sigkill_mid_transfer_and_restart_keeping_shm(job, cluster, client, side):
     """The agent comes back (same host id, its shm files kept) within the
     lease: the operation ends within the bound (defect 4: not stuck
