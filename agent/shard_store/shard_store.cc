@@ -22,6 +22,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "agent/shard_store/rank_buffer_file.h"
+#include "agent/shard_store/seal.h"
 #include "agent/shard_store/sidecar.h"
 #include "agent/shard_store/spare_pool.h"
 #include "common/log.h"
@@ -29,37 +31,29 @@
 namespace reshard::agent {
 namespace {
 
+using store_internal::Accounting;
+using store_internal::Allocate;
+using store_internal::ChecksumItems;
+using store_internal::CompareChecksums;
+using store_internal::Describe;
+using store_internal::ErrnoStatus;
+using store_internal::FileId;
+using store_internal::HumanBytes;
+using store_internal::IdOf;
+using store_internal::kSealedMode;
+using store_internal::kSealingSuffix;
+using store_internal::MapAndClose;
+using store_internal::MappedRankBuffer;
+using store_internal::Populate;
+using store_internal::RemapReadOnly;
+using store_internal::SealedAgain;
+using store_internal::SealPublished;
+
 constexpr char kMetaSuffix[] = ".meta";
-// A published buffer's private copy while Seal makes it (see CopyForSeal).
-constexpr char kSealingSuffix[] = ".sealing";
 // CreateAll makes files in parallel from this many bytes in all.
 constexpr int64_t kParallelCreateBytes = int64_t{64} << 20;
 // Smaller buffers are made fresh (cheap) and leave the spares to larger ones.
 constexpr int64_t kMinSpareUse = int64_t{4} << 20;
-
-std::string Describe(const RankBufferKey& k) {
-  return absl::StrCat("rank buffer of job \"", k.job_id, "\" generation ", k.generation, " rank ",
-                      k.rank);
-}
-
-std::string HumanBytes(int64_t bytes) {
-  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double v = static_cast<double>(bytes);
-  int unit = 0;
-  while (v >= 1024.0 && unit < 4) {
-    v /= 1024.0;
-    ++unit;
-  }
-  if (unit == 0) return absl::StrCat(bytes, " B");
-  return absl::StrFormat("%.1f %s", v, kUnits[unit]);
-}
-
-absl::Status ErrnoStatus(const std::string& what, const std::string& path, int err) {
-  const std::string msg = absl::StrCat(what, " \"", path, "\": ", std::strerror(err));
-  if (err == ENOSPC || err == ENOMEM || err == EDQUOT) return absl::ResourceExhaustedError(msg);
-  if (err == EEXIST) return absl::AlreadyExistsError(msg);
-  return absl::InternalError(msg);
-}
 
 // A job id becomes part of a file name.
 absl::Status CheckName(const std::string& what, const std::string& name) {
@@ -75,248 +69,6 @@ struct KeyLess {
     return std::tie(a.job_id, a.generation, a.rank) < std::tie(b.job_id, b.generation, b.rank);
   }
 };
-
-// Bytes of mapped buffers; shared with the buffers so that one outliving the
-// store still returns its bytes.
-struct Accounting {
-  std::atomic<int64_t> used{0};
-};
-
-// Mode of a sealed buffer's file: nobody but root may write or truncate it.
-constexpr mode_t kSealedMode = 0440;
-
-// Sent instead of SIGIO (whose default action ends the process) when a
-// process breaks one of our read leases; its default action is to ignore it.
-constexpr int kLeaseBreakSignal = SIGURG;
-
-class FileReadLease final : public ReadLease {
- public:
-  explicit FileReadLease(int fd) : fd_(fd) {}
-  ~FileReadLease() override {
-    (void)::fcntl(fd_, F_SETLEASE, F_UNLCK);
-    ::close(fd_);
-  }
-  // While a break is pending F_GETLEASE answers the type the lease is being
-  // downgraded to (F_UNLCK for a read lease).
-  bool Broken() const override { return ::fcntl(fd_, F_GETLEASE) != F_RDLCK; }
-
- private:
-  const int fd_;
-};
-
-// Where a buffer's file is: the file must still be this one.
-struct FileId {
-  dev_t dev = 0;
-  ino_t ino = 0;
-};
-
-// Replaces the mapping [data, data + size) of `path` with a read-only one at
-// the same address (so that this process holds no writer of the file) and,
-// when `seal_mode`, makes the file mode 0440.
-absl::Status RemapReadOnly(uint8_t* data, int64_t size, const std::string& path, bool seal_mode) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
-  absl::Status s;
-  if (data != nullptr && ::mmap(data, static_cast<size_t>(size), PROT_READ, MAP_SHARED | MAP_FIXED,
-                                fd, 0) == MAP_FAILED) {
-    s = ErrnoStatus("cannot map read-only", path, errno);
-  }
-  if (s.ok() && seal_mode && ::fchmod(fd, kSealedMode) != 0) {
-    s = ErrnoStatus("cannot make read-only", path, errno);
-  }
-  ::close(fd);
-  return s;
-}
-
-class MappedRankBuffer final : public RankBuffer {
- public:
-  MappedRankBuffer(RankBufferKey key, std::string path, uint8_t* data, int64_t size,
-                   std::vector<ItemSlot> items, std::shared_ptr<Accounting> accounting,
-                   bool published, FileId file)
-      : key_(std::move(key)),
-        path_(std::move(path)),
-        data_(data),
-        size_(size),
-        items_(std::move(items)),
-        accounting_(std::move(accounting)),
-        published_(published),
-        file_(file) {}
-  ~MappedRankBuffer() override {
-    if (data_ != nullptr) ::munmap(data_, static_cast<size_t>(size_));
-    accounting_->used -= size_;
-  }
-
-  const RankBufferKey& key() const override { return key_; }
-  const std::string& path() const override { return path_; }
-  uint8_t* data() override { return data_; }
-  int64_t size() const override { return size_; }
-  const std::vector<ItemSlot>& items() const override { return items_; }
-  bool sealed() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return sealed_;
-  }
-  std::vector<uint64_t> checksums() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return checksums_;
-  }
-  bool published() const override { return published_; }
-  FileId file() const { return file_; }
-
-  absl::Status CheckFile() const override {
-    struct stat st {};
-    if (::stat(path_.c_str(), &st) != 0) {
-      return absl::DataLossError(
-          absl::StrCat(Describe(key_), ": file \"", path_, "\" is gone: ", std::strerror(errno)));
-    }
-    return CheckStat(st);
-  }
-
-  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
-    const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-      return absl::DataLossError(
-          absl::StrCat(Describe(key_), ": cannot open \"", path_, "\": ", std::strerror(errno)));
-    }
-    struct stat st {};
-    absl::Status s = ::fstat(fd, &st) == 0 ? CheckStat(st) : absl::InternalError("fstat failed");
-    if (s.ok() && ::fcntl(fd, F_SETSIG, kLeaseBreakSignal) != 0) {
-      s = absl::InternalError(
-          absl::StrCat("fcntl(F_SETSIG) on \"", path_, "\": ", std::strerror(errno)));
-    }
-    if (s.ok() && ::fcntl(fd, F_SETLEASE, F_RDLCK) != 0) {
-      const int err = errno;
-      s = err == EAGAIN ? absl::FailedPreconditionError(absl::StrCat(
-                              Describe(key_), ": file \"", path_,
-                              "\" is open for writing by another process (or mapped writable)"))
-                        : absl::InternalError(absl::StrCat("fcntl(F_SETLEASE) on \"", path_,
-                                                           "\": ", std::strerror(err)));
-    }
-    if (!s.ok()) {
-      ::close(fd);
-      return s;
-    }
-    return std::unique_ptr<ReadLease>(new FileReadLease(fd));
-  }
-
-  absl::Status MakeReadOnly(bool seal_mode) {
-    return RemapReadOnly(data_, size_, path_, seal_mode);
-  }
-
-  void SetSealed(std::vector<uint64_t> checksums) {
-    std::lock_guard<std::mutex> lock(mu_);
-    sealed_ = true;
-    checksums_ = std::move(checksums);
-  }
-  std::vector<int64_t> item_bytes() const {
-    std::vector<int64_t> out;
-    for (const ItemSlot& s : items_) out.push_back(s.bytes);
-    return out;
-  }
-
- private:
-  absl::Status CheckStat(const struct stat& st) const {
-    if (st.st_dev != file_.dev || st.st_ino != file_.ino) {
-      return absl::DataLossError(
-          absl::StrCat(Describe(key_), ": file \"", path_, "\" was replaced by another file"));
-    }
-    if (st.st_size != size_) {
-      return absl::DataLossError(absl::StrCat(Describe(key_), ": file \"", path_, "\" has ",
-                                              st.st_size, " bytes, ", size_,
-                                              " expected (truncated or grown by another process)"));
-    }
-    return absl::OkStatus();
-  }
-
-  const RankBufferKey key_;
-  const std::string path_;
-  uint8_t* const data_;  // null when size_ is 0
-  const int64_t size_;
-  const std::vector<ItemSlot> items_;
-  const std::shared_ptr<Accounting> accounting_;
-  const bool published_;
-  const FileId file_;
-  mutable std::mutex mu_;
-  bool sealed_ = false;
-  std::vector<uint64_t> checksums_;
-};
-
-// The identity of the open file `fd`.
-FileId IdOf(int fd) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return FileId{};
-  return FileId{st.st_dev, st.st_ino};
-}
-
-// Maps `size` bytes of the open file `fd` (closing it); read-only unless
-// `writable`.
-absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t size,
-                                     bool writable = true) {
-  uint8_t* data = nullptr;
-  if (size > 0) {
-    void* p = ::mmap(nullptr, static_cast<size_t>(size),
-                     writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED, fd, 0);
-    if (p == MAP_FAILED) {
-      const int err = errno;
-      ::close(fd);
-      return ErrnoStatus("cannot map", path, err);
-    }
-    data = static_cast<uint8_t*>(p);
-  }
-  ::close(fd);
-  return data;
-}
-
-// madvise(`advice`) over the pages of [data, data + bytes).
-absl::Status Populate(uint8_t* data, int64_t bytes, int advice) {
-  if (bytes <= 0) return absl::OkStatus();
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(data) / page * page;
-  const uintptr_t end = reinterpret_cast<uintptr_t>(data) + static_cast<uintptr_t>(bytes);
-  for (;;) {
-    if (::madvise(reinterpret_cast<void*>(begin), end - begin, advice) == 0) {
-      return absl::OkStatus();
-    }
-    const int err = errno;
-    if (err == EINTR || err == EAGAIN) continue;
-    // EFAULT: a page could not be had (tmpfs full: a write would SIGBUS).
-    if (err == EFAULT) {
-      return absl::ResourceExhaustedError(
-          "no space left on device: the file system of shm_dir has no free pages");
-    }
-    if (err == ENOMEM) return absl::ResourceExhaustedError(std::strerror(err));
-    if (err == EINVAL) return absl::UnimplementedError("MADV_POPULATE_* not supported");
-    return absl::InternalError(absl::StrCat("madvise(MADV_POPULATE_*): ", std::strerror(err)));
-  }
-}
-
-// Reserves the pages of a new buffer (`prefault`: and maps them) in one pass:
-// a full shm_dir fails here (ResourceExhausted) and not with a SIGBUS on a
-// later write. MADV_POPULATE_WRITE on a fresh tmpfs file allocates, zeroes
-// and maps each page once; posix_fallocate only reserves them (zeroed on
-// first touch), for Backing::kReserved and on kernels before 5.14.
-// Only bytes [from, size) are new (`from` is a multiple of the page size).
-absl::Status Allocate(uint8_t* data, int64_t from, int64_t size, const std::string& path,
-                      bool prefault) {
-  if (size <= from) return absl::OkStatus();
-  if (prefault) {
-#ifdef MADV_POPULATE_WRITE
-    const absl::Status s = Populate(data + from, size - from, MADV_POPULATE_WRITE);
-#else
-    const absl::Status s = absl::UnimplementedError("no MADV_POPULATE_WRITE");
-#endif
-    if (s.ok() || !absl::IsUnimplemented(s)) {
-      return s.ok() ? s
-                    : absl::Status(s.code(), absl::StrCat("cannot allocate ", size, " bytes for \"",
-                                                          path, "\": ", s.message()));
-    }
-  }
-  const int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return ErrnoStatus("cannot open", path, errno);
-  const int err = ::posix_fallocate(fd, from, size - from);
-  ::close(fd);
-  if (err != 0) return ErrnoStatus(absl::StrCat("cannot allocate ", size, " bytes for"), path, err);
-  return absl::OkStatus();
-}
 
 class ShmShardStore final : public ShardStore {
  public:
@@ -532,7 +284,9 @@ class ShmShardStore final : public ShardStore {
     std::vector<uint64_t> sums;
     std::shared_ptr<MappedRankBuffer> sealed = b;
     if (b->published()) {
-      absl::StatusOr<std::shared_ptr<MappedRankBuffer>> s = SealPublished(b, &sums);
+      absl::StatusOr<std::shared_ptr<MappedRankBuffer>> s = SealPublished(
+          b, accounting_, [this](const RankBufferKey& k, int64_t n) { return ReserveCopy(k, n); },
+          &sums);
       if (!s.ok()) return s.status();
       sealed = *std::move(s);
     } else {
@@ -770,80 +524,14 @@ class ShmShardStore final : public ShardStore {
     return absl::OkStatus();
   }
 
-  // Seal of a sealed buffer: its checksums, if `expected` agrees.
-  static absl::StatusOr<std::vector<uint64_t>> SealedAgain(const MappedRankBuffer& b,
-                                                           const std::vector<uint64_t>& expected) {
-    std::vector<uint64_t> sums = b.checksums();
-    if (!expected.empty()) {
-      if (expected.size() != sums.size()) {
-        return absl::InvalidArgumentError(absl::StrCat(Describe(b.key()), " has ", sums.size(),
-                                                       " items, got ", expected.size(),
-                                                       " expected checksums"));
-      }
-      absl::Status s = CompareChecksums(b.key(), b.items(), sums, expected);
-      if (!s.ok()) {
-        return absl::DataLossError(absl::StrCat(s.message(), " (the buffer is sealed already)"));
-      }
-    }
-    return sums;
-  }
-
-  static absl::Status CompareChecksums(const RankBufferKey& key, const std::vector<ItemSlot>& items,
-                                       const std::vector<uint64_t>& sums,
-                                       const std::vector<uint64_t>& expected) {
-    for (size_t i = 0; i < items.size(); ++i) {
-      if (sums[i] != expected[i]) {
-        return absl::DataLossError(absl::StrCat(Describe(key), ": item ", i, " (", items[i].bytes,
-                                                " bytes) has checksum ",
-                                                absl::Hex(sums[i], absl::kZeroPad16), ", expected ",
-                                                absl::Hex(expected[i], absl::kZeroPad16)));
-      }
-    }
-    return absl::OkStatus();
-  }
-
-  static std::vector<uint64_t> ChecksumItems(RankBuffer& b) {
-    std::vector<uint64_t> sums;
-    sums.reserve(b.items().size());
-    for (const ItemSlot& it : b.items()) {
-      sums.push_back(Checksum(b.data() + it.offset, static_cast<size_t>(it.bytes)));
-    }
-    return sums;
-  }
-
-  // Checksums a published buffer (`*sums`) and returns what will be its
-  // sealed self: `b` when no process can write its file any more (a read
-  // lease was granted: nobody has it open for writing, and nobody can
-  // truncate it or open it for writing until the lease is gone), else a
-  // private copy (see CopyForSeal).
-  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> SealPublished(
-      const std::shared_ptr<MappedRankBuffer>& b, std::vector<uint64_t>* sums) {
-    absl::StatusOr<std::unique_ptr<ReadLease>> lease = b->LeaseForReading();
-    if (lease.ok()) {
-      *sums = ChecksumItems(*b);
-      if (!(*lease)->Broken()) return b;
-    } else if (!absl::IsFailedPrecondition(lease.status())) {
-      return lease.status();  // truncated or replaced: DataLoss
-    }
-    RESHARD_LOG(INFO) << "shard store: " << Describe(b->key())
-                      << " is still writable by another process: sealing a private copy";
-    return CopyForSeal(b, sums);
-  }
-
-  // A copy of published buffer `b` in a new file `<path>.sealing`, read with
-  // pread (a file truncated meanwhile gives a short read, never a SIGBUS),
-  // and its checksums. The copy counts against the memory limit.
-  absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CopyForSeal(
-      const std::shared_ptr<MappedRankBuffer>& b, std::vector<uint64_t>* sums) {
-    const int64_t size = b->size();
-    const std::string& path = b->path();
-    const std::string tmp = path + kSealingSuffix;
+  // Reserves room for a sealing copy of `key`'s buffer (see SealPublished).
+  absl::Status ReserveCopy(const RankBufferKey& key, int64_t size) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       const int64_t used = accounting_->used;
       if (size > options_.memory_limit_bytes - used) {
         return absl::ResourceExhaustedError(
-            absl::StrCat(Describe(b->key()),
+            absl::StrCat(Describe(key),
                          " is still open for writing (or mapped writable) by a worker, so "
                          "sealing it needs a private copy of ",
                          HumanBytes(size), ", and ", HumanBytes(used), " of ",
@@ -853,70 +541,7 @@ class ShmShardStore final : public ShardStore {
       accounting_->used += size;
     }
     pool_->ShrinkTo(options_.memory_limit_bytes - accounting_->used);
-    ::unlink(tmp.c_str());  // a dead agent's leftover
-    const int out = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, kSealedMode);
-    if (out < 0) {
-      accounting_->used -= size;
-      return ErrnoStatus("cannot create", tmp, errno);
-    }
-    uint8_t* dst = nullptr;
-    const FileId id = IdOf(out);
-    absl::Status s;
-    if (::ftruncate(out, size) != 0) s = ErrnoStatus("cannot size", tmp, errno);
-    if (s.ok()) {
-      absl::StatusOr<uint8_t*> m = MapAndClose(out, tmp, size);
-      if (m.ok()) dst = *m;
-      s = m.status();
-    } else {
-      ::close(out);
-    }
-    if (s.ok()) s = Allocate(dst, 0, size, tmp, /*prefault=*/true);
-    if (s.ok()) s = ReadFileInto(*b, dst);
-    if (s.ok()) s = RemapReadOnly(dst, size, tmp, /*seal_mode=*/false);
-    if (!s.ok()) {
-      if (dst != nullptr) ::munmap(dst, static_cast<size_t>(size));
-      ::unlink(tmp.c_str());
-      accounting_->used -= size;
-      return s;
-    }
-    // The reservation above becomes the copy's own (its destructor returns it).
-    auto copy = std::make_shared<MappedRankBuffer>(b->key(), path, dst, size, b->items(),
-                                                   accounting_, /*published=*/true, id);
-    *sums = ChecksumItems(*copy);
-    return copy;
-  }
-
-  // Reads every item of `b` from its file (pread) into `dst` at the items'
-  // offsets; DataLoss when the file was replaced, truncated or grown.
-  static absl::Status ReadFileInto(const MappedRankBuffer& b, uint8_t* dst) {
-    const int fd = ::open(b.path().c_str(), O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return ErrnoStatus("cannot open", b.path(), errno);
-    absl::Status s;
-    struct stat st {};
-    if (::fstat(fd, &st) != 0 || st.st_dev != b.file().dev || st.st_ino != b.file().ino) {
-      s = absl::DataLossError(absl::StrCat(Describe(b.key()), ": file \"", b.path(),
-                                           "\" was replaced by another file"));
-    }
-    for (const ItemSlot& it : b.items()) {
-      for (int64_t at = 0; s.ok() && at < it.bytes;) {
-        const ssize_t n =
-            ::pread(fd, dst + it.offset + at, static_cast<size_t>(it.bytes - at), it.offset + at);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) s = ErrnoStatus("cannot read", b.path(), errno);
-        if (n == 0) {
-          s = absl::DataLossError(
-              absl::StrCat(Describe(b.key()), ": file \"", b.path(), "\" was truncated to ",
-                           it.offset + at, " bytes by another process, ", b.size(), " expected"));
-        }
-        if (n > 0) at += n;
-      }
-    }
-    if (s.ok() && (::fstat(fd, &st) != 0 || st.st_size != b.size())) {
-      s = absl::DataLossError(absl::StrCat(Describe(b.key()), ": file \"", b.path(), "\" has ",
-                                           st.st_size, " bytes, ", b.size(), " expected"));
-    }
-    ::close(fd);
-    return s;
+    return absl::OkStatus();
   }
 
   const Options options_;
