@@ -154,6 +154,21 @@ class AgentE2eTest : public ::testing::Test {
     ASSERT_TRUE(p.ok()) << p;
   }
 
+  // RecoverFromFailure with `lost_host` lost, onto `target`; expects it to
+  // commit, the lost host's shards rebuilt from the replicas that survive.
+  void RecoverOnto(const std::string& lost_host, const v1::Layout& target) {
+    v1::RecoverFromFailureRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    req.add_lost_hosts(lost_host);
+    *req.mutable_target() = target;
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->RecoverFromFailure(&ctx, req, &op);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target, {lost_host}));
+  }
+
   // Polls `op` until it is TRANSFERRING (or ended), for at most ~4 s.
   v1::Operation WaitTransferring(v1::Operation op) {
     for (int i = 0;

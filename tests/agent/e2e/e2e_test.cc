@@ -70,16 +70,7 @@ TEST_F(AgentE2eTest, RecoversFromALostHost) {
   ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
 
   v1::Layout target = MakeLayout(2, 2, 1, {"h3", "h0"}, 2);
-  v1::RecoverFromFailureRequest req;
-  req.set_job_id(job_id_);
-  req.set_expected_generation(generation_);
-  req.add_lost_hosts("h1");
-  *req.mutable_target() = target;
-  v1::Operation op;
-  grpc::ClientContext ctx;
-  grpc::Status s = stub_->RecoverFromFailure(&ctx, req, &op);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target, {"h1"}));
+  ASSERT_NO_FATAL_FAILURE(RecoverOnto("h1", target));
 }
 
 TEST_F(AgentE2eTest, AgentKilledMidTransferAbortsAndRetrySucceeds) {

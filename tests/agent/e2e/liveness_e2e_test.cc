@@ -226,16 +226,7 @@ TEST_F(LivenessE2eTest, HostBackWithoutItsShardsStaysLostUntilRecovered) {
   EXPECT_EQ(job.lost_hosts(0), "h1");
 
   const v1::Layout target = MakeLayout(2, 2, 1, {"h3", "h0"}, 2);
-  v1::RecoverFromFailureRequest req;
-  req.set_job_id(job_id_);
-  req.set_expected_generation(generation_);
-  req.add_lost_hosts("h1");
-  *req.mutable_target() = target;
-  v1::Operation op;
-  grpc::ClientContext ctx;
-  grpc::Status s = stub_->RecoverFromFailure(&ctx, req, &op);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target, {"h1"}));
+  ASSERT_NO_FATAL_FAILURE(RecoverOnto("h1", target));
   const v1::Job recovered = GetJob();
   EXPECT_EQ(recovered.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_TRUE(recovered.lost_hosts().empty());

@@ -16,6 +16,30 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+// Sends `body` as the raw request bytes of unary `method` and waits for the
+// answer (at most 30 s): what a client that sends garbage gets.
+grpc::Status RawUnaryCall(grpc::GenericStub& generic, const std::string& method,
+                          const std::string& body) {
+  grpc::Slice slice(body);
+  grpc::ByteBuffer request(&slice, 1);
+  grpc::ByteBuffer reply;
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  grpc::Status status;
+  generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply, [&](grpc::Status s) {
+    std::lock_guard<std::mutex> lock(mu);
+    status = std::move(s);
+    done = true;
+    cv.notify_all();
+  });
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return done; });
+  return status;
+}
+
 constexpr char kUnknownId[] = "0123456789abcdef0123456789abcdef";
 
 class InvalidInputTest : public ServerTest {
@@ -251,27 +275,9 @@ TEST_F(InvalidInputTest, GarbageBytesAreRefused) {
   for (const std::string& method : methods) {
     for (size_t b = 0; b < bodies.size(); ++b) {
       ExpectRefused(method + " body " + std::to_string(b), std::nullopt, [&] {
-        grpc::Slice slice(bodies[b]);
-        grpc::ByteBuffer request(&slice, 1);
-        grpc::ByteBuffer reply;
-        grpc::ClientContext context;
-        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-        std::mutex mu;
-        std::condition_variable cv;
-        bool done = false;
-        grpc::Status status;
-        generic.UnaryCall(&context, method, grpc::StubOptions(), &request, &reply,
-                          [&](grpc::Status s) {
-                            std::lock_guard<std::mutex> lock(mu);
-                            status = std::move(s);
-                            done = true;
-                            cv.notify_all();
-                          });
-        std::unique_lock<std::mutex> lock(mu);
-        cv.wait(lock, [&] { return done; });
         // Whatever the code (a parse failure, or a request that parsed into
         // nonsense and was refused), never OK.
-        return status;
+        return RawUnaryCall(generic, method, bodies[b]);
       });
     }
   }
@@ -362,25 +368,7 @@ TEST_F(InvalidInputTest, UnparseableBodiesChangeNothing) {
       grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
   for (const std::string& body : {nested, bytes}) {
     ExpectRefused("body", std::nullopt, [&] {
-      grpc::Slice slice(body);
-      grpc::ByteBuffer request(&slice, 1);
-      grpc::ByteBuffer reply;
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
-      std::mutex mu;
-      std::condition_variable cv;
-      bool done = false;
-      grpc::Status status;
-      generic.UnaryCall(&context, "/reshard.v1.CoordinatorService/RegisterJob", grpc::StubOptions(),
-                        &request, &reply, [&](grpc::Status s) {
-                          std::lock_guard<std::mutex> lock(mu);
-                          status = std::move(s);
-                          done = true;
-                          cv.notify_all();
-                        });
-      std::unique_lock<std::mutex> lock(mu);
-      cv.wait(lock, [&] { return done; });
-      return status;
+      return RawUnaryCall(generic, "/reshard.v1.CoordinatorService/RegisterJob", body);
     });
   }
   v1::Job job;
