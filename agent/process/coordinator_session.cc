@@ -358,7 +358,14 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     if (transport_ != nullptr) {
       for (const v1::PeerHost& p : task.peers()) {
         if (p.host_id() == host || p.ucx_address().empty()) continue;
-        connect = transport_->Connect(p.host_id(), p.ucx_address());
+        // An endpoint can fail to come up for a moment (e.g. while one to the
+        // same peer from an aborted attempt is being torn down): a few tries
+        // within about a second before the task fails.
+        for (int attempt = 0; attempt < 4; ++attempt) {
+          if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+          connect = transport_->Connect(p.host_id(), p.ucx_address());
+          if (connect.ok() || !absl::IsUnavailable(connect) || op->cancel.load()) break;
+        }
         if (!connect.ok()) {
           connect = absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
                                                               "\": ", connect.message()));

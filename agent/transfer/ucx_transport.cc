@@ -257,6 +257,14 @@ class UcxTransportImpl final : public UcxTransport {
     auto peer = std::make_unique<Peer>();
     peer->address = address;
     absl::StatusOr<Endpoint*> ep = CreateEndpoint(peer_id, peer->address);
+    if (!ep.ok() && CloseRetiredOf(peer_id)) {
+      // Seen under load: UCX refused a new endpoint (unreachable) while a
+      // retired one to the same worker was still closing. Close those now
+      // and try once more.
+      RESHARD_LOG(WARNING) << "UCX: connecting to \"" << peer_id << "\" failed (" << ep.status()
+                           << ") with retired endpoints still open; closed them, trying again";
+      ep = CreateEndpoint(peer_id, peer->address);
+    }
     if (!ep.ok()) return ep.status();
     peer->current = *ep;
     peers_[peer_id] = std::move(peer);
@@ -304,6 +312,21 @@ class UcxTransportImpl final : public UcxTransport {
     } else if (close_by < e->close_by) {
       e->close_by = close_by;
     }
+  }
+
+  // Force-closes every retired endpoint of `peer_id` at once and progresses
+  // the worker a little; whether there was one.
+  bool CloseRetiredOf(const std::string& peer_id) {
+    bool any = false;
+    for (auto& [e, owned] : endpoints_) {
+      if (e->retired && e->peer == peer_id && e->ep != nullptr) {
+        ForceClose(e);
+        any = true;
+      }
+    }
+    for (int i = 0; any && i < 1000; ++i) ucp_worker_progress(worker_);
+    retired_left_ = true;  // CloseRetired frees them once their sends are done
+    return any;
   }
 
   // Force-closes the retired endpoints that are due; frees closed ones that
