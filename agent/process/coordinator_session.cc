@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transfer/backend.h"
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -110,12 +111,11 @@ v1::Host CoordinatorSession::DescribeHost() const {
     d->set_name("cpu");
     d->set_memory_bytes(options_.memory_limit_bytes);
   }
-  h.add_transports("local");
-  if (transport_ != nullptr) {
-    h.add_transports("ucx");
-    h.set_ucx_address(transport_->LocalAddress());
+  // Only backends that loaded here and that an execution path uses.
+  for (const std::string& name : AdvertisedTransports(LoadedBackends(transport_))) {
+    h.add_transports(name);
   }
-  if (cuda > 0) h.add_transports("nccl");
+  if (transport_ != nullptr) h.set_ucx_address(transport_->LocalAddress());
   return h;
 }
 

@@ -1,7 +1,9 @@
-// The GPU path: NCCL send/receive between device buffers. Always compiled and
-// linked; without a CUDA device every call reports Unavailable and
-// CudaDeviceCount() is 0. Backend headers (cuda, nccl) stay in the .cc.
-// Thread-compatible.
+// The GPU path: NCCL send/receive between device buffers. Compiled only when
+// configured with CUDA (RESHARD_CUDA; library reshard_transfer_nccl, which
+// defines RESHARD_HAVE_CUDA for its users); without a CUDA device every call
+// reports Unavailable and NcclDeviceCount() is 0. No execution path uses it
+// yet, so the agent does not advertise it (backend.h). Backend headers (cuda,
+// nccl) stay in the .cc. Thread-compatible.
 #pragma once
 
 #include <cstddef>
@@ -9,11 +11,17 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/transfer/backend.h"
 
 namespace reshard::agent {
 
-/// CUDA devices visible to this process; 0 without a GPU or driver.
-int CudaDeviceCount();
+/// CUDA devices visible to this process (cudaGetDeviceCount of the linked
+/// runtime); 0 without a GPU or driver.
+int NcclDeviceCount();
+
+/// CUDA memory between GPUs of this host; no notifications; no execution
+/// path uses it yet.
+BackendCapabilities NcclCapabilities();
 
 /// A device buffer (cudaMalloc) on one GPU; freed on destruction.
 class DeviceBuffer {
