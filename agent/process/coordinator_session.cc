@@ -1,7 +1,5 @@
 #include "agent/process/coordinator_session.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <set>
@@ -27,18 +25,6 @@ bool Retryable(const absl::Status& s) {
 }
 
 }  // namespace
-
-int CudaDeviceCount() {
-  void* lib = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) lib = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return 0;
-  using Fn = int (*)(int*);
-  auto fn = reinterpret_cast<Fn>(dlsym(lib, "cudaGetDeviceCount"));
-  int n = 0;
-  if (fn == nullptr || fn(&n) != 0) n = 0;
-  // libcudart stays loaded: unloading a CUDA runtime is not safe.
-  return n;
-}
 
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());

@@ -1,9 +1,8 @@
 #include "agent/transfer/backend.h"
 
+#include <dlfcn.h>
+
 #include "agent/transfer/transport.h"
-#ifdef RESHARD_HAVE_CUDA
-#include "agent/transfer/nccl_transport.h"
-#endif
 
 namespace reshard::agent {
 
@@ -26,6 +25,29 @@ BackendCapabilities UcxCapabilities() {
   return c;
 }
 
+BackendCapabilities NcclCapabilities() {
+  BackendCapabilities c;
+  c.name = "nccl";
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.local = true;  // ncclCommInitAll over this host's devices
+  c.used_by_executor = false;
+  return c;
+}
+
+int CudaDeviceCount() {
+  void* lib = nullptr;
+  for (const char* soname : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
+    if ((lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  }
+  if (lib == nullptr) return 0;
+  using Fn = int (*)(int*);
+  auto fn = reinterpret_cast<Fn>(dlsym(lib, "cudaGetDeviceCount"));
+  int n = 0;
+  if (fn == nullptr || fn(&n) != 0) n = 0;
+  // libcudart stays loaded: unloading a CUDA runtime is not safe.
+  return n;
+}
+
 std::vector<std::string> CompiledBackends() {
   std::vector<std::string> names = {LocalCopyCapabilities().name, UcxCapabilities().name};
 #ifdef RESHARD_HAVE_CUDA
@@ -38,7 +60,7 @@ std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx) {
   std::vector<BackendCapabilities> loaded = {LocalCopyCapabilities()};
   if (ucx != nullptr) loaded.push_back(UcxCapabilities());
 #ifdef RESHARD_HAVE_CUDA
-  if (NcclDeviceCount() > 0) loaded.push_back(NcclCapabilities());
+  if (CudaDeviceCount() > 0) loaded.push_back(NcclCapabilities());
 #endif
   return loaded;
 }

@@ -34,14 +34,23 @@ struct BackendCapabilities {
 BackendCapabilities LocalCopyCapabilities();
 /// UCX tag send/receive (ucx_transport.h): host memory between hosts.
 BackendCapabilities UcxCapabilities();
+/// NCCL (nccl_transport.h, library reshard_transfer_nccl, built only with
+/// CUDA): CUDA memory between this host's GPUs. No execution path uses it yet.
+BackendCapabilities NcclCapabilities();
+
+/// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
+/// libcudart, so that the agent does not link CUDA), 0 when there is no
+/// runtime or no device.
+int CudaDeviceCount();
 
 /// Names of the backends compiled into this build: "local", "ucx", and
-/// "nccl" only when configured with CUDA (RESHARD_CUDA, RESHARD_HAVE_CUDA).
+/// "nccl" only when configured with CUDA (RESHARD_CUDA; reshard_transfer is
+/// then compiled with RESHARD_HAVE_CUDA).
 std::vector<std::string> CompiledBackends();
 
 /// The backends loaded in this process: the local copier always, UCX when
 /// `ucx` is non-null (its context and worker came up), NCCL when compiled and
-/// a CUDA device is visible.
+/// CudaDeviceCount() > 0.
 std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx);
 
 /// What the agent advertises in Host.transports: the names of `loaded`

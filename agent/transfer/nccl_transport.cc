@@ -31,15 +31,6 @@ int NcclDeviceCount() {
   return n;
 }
 
-BackendCapabilities NcclCapabilities() {
-  BackendCapabilities c;
-  c.name = "nccl";
-  c.memory_kinds = {MemoryKind::kCuda};
-  c.local = true;  // ncclCommInitAll over this host's devices
-  c.used_by_executor = false;
-  return c;
-}
-
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int device, size_t bytes) {
   if (device < 0 || device >= NcclDeviceCount()) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", device));

@@ -1,8 +1,8 @@
 // The GPU path: NCCL send/receive between device buffers. Compiled only when
-// configured with CUDA (RESHARD_CUDA; library reshard_transfer_nccl, which
-// defines RESHARD_HAVE_CUDA for its users); without a CUDA device every call
+// configured with CUDA (RESHARD_CUDA; library reshard_transfer_nccl, linked
+// only by what uses it); without a CUDA device every call
 // reports Unavailable and NcclDeviceCount() is 0. No execution path uses it
-// yet, so the agent does not advertise it (backend.h). Backend headers (cuda,
+// yet, so the agent neither links nor advertises it (backend.h). Backend headers (cuda,
 // nccl) stay in the .cc. Thread-compatible.
 #pragma once
 
@@ -11,17 +11,12 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/transfer/backend.h"
 
 namespace reshard::agent {
 
 /// CUDA devices visible to this process (cudaGetDeviceCount of the linked
 /// runtime); 0 without a GPU or driver.
 int NcclDeviceCount();
-
-/// CUDA memory between GPUs of this host; no notifications; no execution
-/// path uses it yet.
-BackendCapabilities NcclCapabilities();
 
 /// A device buffer (cudaMalloc) on one GPU; freed on destruction.
 class DeviceBuffer {
