@@ -3,8 +3,8 @@
 // receiver is told when data arrived), and one registry lists the backends
 // that this build compiled and this process loaded. The agent advertises in
 // Host.transports only loaded backends that an execution path uses. Backend
-// headers (ucp, cuda, nccl) never appear here. Thread-compatible; the
-// functions are safe to call from any thread.
+// headers (ucp, cuda, nccl) never appear here. Thread-safe: the functions
+// keep no state.
 #pragma once
 
 #include <string>
