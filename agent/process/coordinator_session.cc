@@ -1,13 +1,12 @@
 #include "agent/process/coordinator_session.h"
 
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transfer/backend.h"
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -26,18 +25,6 @@ bool Retryable(const absl::Status& s) {
 }
 
 }  // namespace
-
-int CudaDeviceCount() {
-  void* lib = dlopen("libcudart.so", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) lib = dlopen("libcudart.so.12", RTLD_NOW | RTLD_LOCAL);
-  if (lib == nullptr) return 0;
-  using Fn = int (*)(int*);
-  auto fn = reinterpret_cast<Fn>(dlsym(lib, "cudaGetDeviceCount"));
-  int n = 0;
-  if (fn == nullptr || fn(&n) != 0) n = 0;
-  // libcudart stays loaded: unloading a CUDA runtime is not safe.
-  return n;
-}
 
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
@@ -110,12 +97,11 @@ v1::Host CoordinatorSession::DescribeHost() const {
     d->set_name("cpu");
     d->set_memory_bytes(options_.memory_limit_bytes);
   }
-  h.add_transports("local");
-  if (transport_ != nullptr) {
-    h.add_transports("ucx");
-    h.set_ucx_address(transport_->LocalAddress());
+  // Only backends that loaded here and that an execution path uses.
+  for (const std::string& name : AdvertisedTransports(LoadedBackends(transport_))) {
+    h.add_transports(name);
   }
-  if (cuda > 0) h.add_transports("nccl");
+  if (transport_ != nullptr) h.set_ucx_address(transport_->LocalAddress());
   return h;
 }
 

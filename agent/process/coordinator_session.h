@@ -30,10 +30,6 @@
 
 namespace reshard::agent {
 
-/// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
-/// libcudart), 0 when there is no runtime or no device.
-int CudaDeviceCount();
-
 /// absl::Status from a grpc::Status (same code and message).
 absl::Status FromGrpc(const grpc::Status& s);
 /// grpc::Status from an absl::Status.

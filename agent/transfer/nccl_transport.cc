@@ -22,7 +22,7 @@ absl::Status FromNccl(ncclResult_t r, const char* what) {
 
 }  // namespace
 
-int CudaDeviceCount() {
+int NcclDeviceCount() {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky error
@@ -32,7 +32,7 @@ int CudaDeviceCount() {
 }
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int device, size_t bytes) {
-  if (device < 0 || device >= CudaDeviceCount()) {
+  if (device < 0 || device >= NcclDeviceCount()) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", device));
   }
   DeviceBuffer b;

@@ -1,7 +1,9 @@
-// The GPU path: NCCL send/receive between device buffers. Always compiled and
-// linked; without a CUDA device every call reports Unavailable and
-// CudaDeviceCount() is 0. Backend headers (cuda, nccl) stay in the .cc.
-// Thread-compatible.
+// The GPU path: NCCL send/receive between device buffers. Compiled only when
+// configured with CUDA (RESHARD_CUDA; library reshard_transfer_nccl, linked
+// only by what uses it); without a CUDA device every call
+// reports Unavailable and NcclDeviceCount() is 0. No execution path uses it
+// yet, so the agent neither links nor advertises it (backend.h). Backend headers (cuda,
+// nccl) stay in the .cc. Thread-compatible.
 #pragma once
 
 #include <cstddef>
@@ -12,8 +14,9 @@
 
 namespace reshard::agent {
 
-/// CUDA devices visible to this process; 0 without a GPU or driver.
-int CudaDeviceCount();
+/// CUDA devices visible to this process (cudaGetDeviceCount of the linked
+/// runtime); 0 without a GPU or driver.
+int NcclDeviceCount();
 
 /// A device buffer (cudaMalloc) on one GPU; freed on destruction.
 class DeviceBuffer {

@@ -1,6 +1,7 @@
-// Moving bytes between hosts: one interface, UCX (ucx_transport.h) between
-// host memories and NCCL (nccl_transport.h) between GPU buffers. Backend
-// headers (ucp, nccl) never appear here. Thread-safe.
+// Moving bytes between hosts: one interface, implemented by UCX
+// (ucx_transport.h) between host memories. What each backend supports, and
+// which ones loaded: backend.h. Backend headers (ucp, nccl) never appear
+// here. Thread-safe.
 #pragma once
 
 #include <cstddef>

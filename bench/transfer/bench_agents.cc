@@ -143,15 +143,15 @@ v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, 
   return task;
 }
 
-double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
-               std::vector<AgentTimes>* times) {
+double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
+               bool cancel) {
   times->assign(agents->size(), AgentTimes{});
   const auto start = Clock::now();
   std::vector<std::future<absl::Status>> runs;
   for (size_t i = 0; i < agents->size(); ++i) {
     Agent& a = (*agents)[i];
     AgentTimes* t = &(*times)[i];
-    runs.push_back(std::async(std::launch::async, [&a, &task, t, start] {
+    runs.push_back(std::async(std::launch::async, [&a, &task, t, start, cancel] {
       bool first = true;
       auto progress = [&](int64_t done, int64_t total) {
         const double now = Seconds(start, Clock::now());
@@ -159,7 +159,8 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
         first = false;
         if (done == total && t->moved == 0) t->moved = now;
       };
-      absl::Status s = a.executor->Execute(a.id, task, progress, nullptr).status();
+      absl::Status s =
+          a.executor->Execute(a.id, task, progress, [cancel] { return cancel; }).status();
       t->sealed = Seconds(start, Clock::now());
       return s;
     }));
@@ -168,7 +169,8 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
   for (auto& r : runs) {
     absl::Status s = r.get();
     if (!s.ok()) {
-      std::fprintf(stderr, "execute: %s\n", s.ToString().c_str());
+      std::fprintf(stderr, "execute on %s: %s\n", (*agents)[&r - runs.data()].id.c_str(),
+                   s.ToString().c_str());
       ok = false;
     }
   }

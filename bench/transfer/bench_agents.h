@@ -56,10 +56,11 @@ struct AgentTimes {
   double sealed = 0;   // Execute returned
 };
 
-/// Runs `task` on every agent at once; wall seconds (negative on failure)
-/// and each agent's times.
-double RunTask(std::vector<Agent>* agents, const v1::HostTask& task,
-               std::vector<AgentTimes>* times);
+/// Runs `task` on every agent at once; wall seconds (negative on failure,
+/// each failed Execute's status printed to stderr) and each agent's times.
+/// `cancel`: every Execute is cancelled (a forced failure).
+double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
+               bool cancel = false);
 
 /// ucx_perftest tag_bw over tcp/lo, `message` bytes x `iters`: MiB/s, or
 /// negative with `why`.

@@ -8,7 +8,11 @@
 //      lower bound: cross-host bytes / the measured pairwise bandwidth.
 // (a) and (c) run with a spare pool per agent (--spare-mib, default 2048; 128
 // with --quick) and without one (cold).
+// Any failed run (plan, fill, an agent's Execute, the bare transport) is
+// printed to stderr and makes the exit status 1; --cancel cancels every
+// agent's Execute, to show that (the CTest transfer_bench_cancel_fails).
 // Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c]
+//                       [--cancel]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -62,27 +66,30 @@ void MakeMigration(int64_t bytes, int ranks, v1::Ptc* ptc, v1::Layout* from, v1:
   *to = MakeLayout(ranks, 1, 1, {"h1"}, ranks);
 }
 
-// Seconds for both executors to finish the migration (negative on failure)
-// and the receiver's times; the agents get a spare pool of `spare` bytes
-// (0: none), filled before the timed run starts.
-double RunMigration(int64_t bytes, int64_t spare, AgentTimes* receiver) {
+// Seconds for both executors to finish the migration (negative on failure,
+// printed) and the receiver's times; the agents get a spare pool of `spare`
+// bytes (0: none), filled before the timed run starts. `cancel`: every
+// Execute is cancelled.
+double RunMigration(int64_t bytes, int64_t spare, bool cancel, AgentTimes* receiver) {
   v1::Ptc ptc;
   v1::Layout from, to;
   MakeMigration(bytes, 8, &ptc, &from, &to);
   std::vector<Agent> agents = MakeAgents(2, bytes * 2 + spare, spare);
   double secs = -1;
   auto plan = planner::PlanTransfer(ptc, from, to, {});
+  if (!plan.ok()) std::fprintf(stderr, "planner: %s\n", plan.status().ToString().c_str());
   if (plan.ok() && FillRanks(&agents, "bench", ptc, from, 1)) {
     if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
     std::vector<AgentTimes> times;
-    secs = RunTask(&agents, MakeTask(agents, "bench", ptc, *plan), &times);
+    secs = RunTask(&agents, MakeTask(agents, "bench", ptc, *plan), &times, cancel);
     *receiver = times[1];
   }
   DropAgents(&agents);
   return secs;
 }
 
-void BenchStack(bool quick, int64_t only_size, int reps, int64_t spare) {
+// Returns the number of failed runs.
+int BenchStack(bool quick, int64_t only_size, int reps, int64_t spare, bool cancel) {
   std::printf(
       "(a) agent to agent over UCX tcp/lo (8 steps per size). Timed: the whole Execute on both\n"
       "    agents, incl. creating the new buffers and checksums; not timed: making the agents,\n"
@@ -103,22 +110,25 @@ void BenchStack(bool quick, int64_t only_size, int reps, int64_t spare) {
   } else {
     sizes = {int64_t{1} << 30, int64_t{2} << 30, int64_t{4} << 30};
   }
+  int failures = 0;
   for (int64_t size : sizes) {
     // Best of `reps` runs each, alternating, so that load from elsewhere
     // on the machine does not decide the ratio.
     AgentTimes warm, t;
-    RunMigration(int64_t{16} << 20, 0, &warm);  // warm-up
+    if (RunMigration(int64_t{16} << 20, 0, cancel, &warm) < 0) ++failures;  // warm-up
     double pool = -1, cold = -1, theirs = -1;
     std::string why;
     const int64_t message = size / 8;
     for (int rep = 0; rep < reps; ++rep) {
       AgentTimes run;
-      const double s = RunMigration(size, spare, &run);
+      const double s = RunMigration(size, spare, cancel, &run);
+      if (s < 0) ++failures;
       if (s > 0 && (pool < 0 || s < pool)) {
         pool = s;
         t = run;
       }
-      const double c = RunMigration(size, 0, &run);
+      const double c = RunMigration(size, 0, cancel, &run);
+      if (c < 0) ++failures;
       if (c > 0 && (cold < 0 || c < cold)) cold = c;
       theirs = std::max(theirs, PerftestMiBps(message, std::max<int64_t>(8, size / message), &why));
     }
@@ -126,7 +136,9 @@ void BenchStack(bool quick, int64_t only_size, int reps, int64_t spare) {
     const double ours_cold = cold > 0 ? size / kMiB / cold : -1;
     char label[32];
     std::snprintf(label, sizeof label, "%lld MiB", static_cast<long long>(size >> 20));
-    if (theirs > 0) {
+    if (pool < 0 || cold < 0) {
+      std::printf("%10s failed (see stderr)\n", label);
+    } else if (theirs > 0) {
       std::printf("%10s %11.0f %11.0f %13.0f %10.2fx %10.2fx %7.2f %6.2f %6.2f %11.0f\n", label,
                   ours, ours_cold, theirs, ours / theirs, ours_cold / theirs, t.created,
                   t.moved - t.created, t.sealed - t.moved, size / kMiB / (t.moved - t.created));
@@ -136,6 +148,7 @@ void BenchStack(bool quick, int64_t only_size, int reps, int64_t spare) {
     }
     std::fflush(stdout);
   }
+  return failures;
 }
 
 // ---- (b) local copies ----
@@ -271,20 +284,22 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
 }
 
 // One reconfiguration by four fresh agents with spare pools of `spare`
-// bytes (filled before the timed run); seconds (negative on failure).
+// bytes (filled before the timed run); seconds (negative on failure,
+// printed). `cancel`: every Execute is cancelled.
 double RunReconfigure(const v1::Ptc& ptc, const v1::Layout& from, const v1::TransferPlan& plan,
-                      int64_t spare, std::vector<AgentTimes>* times) {
+                      int64_t spare, bool cancel, std::vector<AgentTimes>* times) {
   std::vector<Agent> agents = MakeAgents(4, (int64_t{16} << 30) + spare, spare);
   double s = -1;
   if (FillRanks(&agents, "gpt", ptc, from, 1)) {
     if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
-    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times);
+    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times, cancel);
   }
   DropAgents(&agents);
   return s;
 }
 
-void BenchReconfigure(bool quick, int reps, int64_t spare) {
+// Returns the number of failed runs.
+int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel) {
   const v1::Ptc ptc = quick ? MakeGpt(2, 128, 1024, 128) : MakeGpt(12, 1024, 8192, 1024);
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   const v1::Layout to = MakeLayout(2, 1, 2, {"h0", "h1", "h2", "h3"}, 1);
@@ -296,8 +311,8 @@ void BenchReconfigure(bool quick, int reps, int64_t spare) {
       ptc.num_layers(), reps, static_cast<long long>(spare >> 20), kSettleSeconds);
   auto plan = planner::PlanTransfer(ptc, from, to, {});
   if (!plan.ok()) {
-    std::printf("planner: %s\n", plan.status().ToString().c_str());
-    return;
+    std::fprintf(stderr, "planner: %s\n", plan.status().ToString().c_str());
+    return 1;
   }
   int64_t state = 0;
   for (const auto& bytes : AllRankItemBytes(ptc, from)) {
@@ -311,19 +326,27 @@ void BenchReconfigure(bool quick, int reps, int64_t spare) {
   double pool = -1, cold = -1, bare = -1, perftest = -1;
   std::vector<AgentTimes> times, cold_times;
   std::string why;
+  int failures = 0;
   for (int rep = 0; rep < reps; ++rep) {
     std::vector<AgentTimes> run;
-    const double s = RunReconfigure(ptc, from, *plan, spare, &run);
+    const double s = RunReconfigure(ptc, from, *plan, spare, cancel, &run);
+    if (s < 0) ++failures;
     if (s > 0 && (pool < 0 || s < pool)) {
       pool = s;
       times = run;
     }
-    const double c = RunReconfigure(ptc, from, *plan, 0, &run);
+    const double c = RunReconfigure(ptc, from, *plan, 0, cancel, &run);
+    if (c < 0) ++failures;
     if (c > 0 && (cold < 0 || c < cold)) {
       cold = c;
       cold_times = run;
     }
-    bare = std::max(bare, BareTransportMiBps(probe, int64_t{8} << 20));
+    const double b = BareTransportMiBps(probe, int64_t{8} << 20);
+    if (b < 0) {
+      std::fprintf(stderr, "bare transport: a transfer failed\n");
+      ++failures;
+    }
+    bare = std::max(bare, b);
     perftest = std::max(perftest, PerftestMiBps(int64_t{8} << 20, probe >> 23, &why));
   }
   const double bw = std::max(bare, perftest);
@@ -332,8 +355,8 @@ void BenchReconfigure(bool quick, int reps, int64_t spare) {
   std::printf("  pairwise bandwidth: bare transport %.0f MiB/s, ucx_perftest %.0f MiB/s%s\n", bare,
               perftest, perftest < 0 ? (" (" + why + ")").c_str() : "");
   if (pool < 0 || cold < 0 || bw <= 0) {
-    std::printf("  failed\n");
-    return;
+    std::printf("  failed (see stderr)\n");
+    return failures > 0 ? failures : 1;
   }
   const double bound = cross / kMiB / bw;
   std::printf("  lower bound %.2f s\n", bound);
@@ -354,6 +377,7 @@ void BenchReconfigure(bool quick, int reps, int64_t spare) {
     }
   }
   std::fflush(stdout);
+  return failures;
 }
 
 }  // namespace
@@ -365,8 +389,10 @@ int main(int argc, char** argv) {
   std::string only;       // --only a|b|c
   int reps = 0;           // --reps N: runs in (a) per size and in (c), best taken
   int64_t spare = -1;     // --spare-mib N: each agent's spare pool
+  bool cancel = false;    // --cancel: every Execute cancelled (a forced failure)
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
+    cancel |= std::strcmp(argv[i], "--cancel") == 0;
     if (std::strcmp(argv[i], "--size-mib") == 0 && i + 1 < argc) {
       only_size = std::atoll(argv[++i]) << 20;
       only = "a";
@@ -383,8 +409,13 @@ int main(int argc, char** argv) {
   using namespace reshard::agent::bench;
   if (reps <= 0) reps = quick ? 1 : 3;
   if (spare < 0) spare = quick ? int64_t{128} << 20 : int64_t{2} << 30;
-  if (only.empty() || only == "a") BenchStack(quick, only_size, reps, spare);
+  int failures = 0;
+  if (only.empty() || only == "a") failures += BenchStack(quick, only_size, reps, spare, cancel);
   if (only.empty() || only == "b") BenchLocal(quick);
-  if (only.empty() || only == "c") BenchReconfigure(quick, reps, spare);
+  if (only.empty() || only == "c") failures += BenchReconfigure(quick, reps, spare, cancel);
+  if (failures > 0) {
+    std::fprintf(stderr, "transfer_bench: %d run(s) failed\n", failures);
+    return 1;
+  }
   return 0;
 }

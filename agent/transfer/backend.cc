@@ -1,0 +1,76 @@
+#include "agent/transfer/backend.h"
+
+#include <dlfcn.h>
+
+#include "agent/transfer/transport.h"
+
+namespace reshard::agent {
+
+BackendCapabilities LocalCopyCapabilities() {
+  BackendCapabilities c;
+  c.name = "local";
+  c.memory_kinds = {MemoryKind::kHost};
+  c.local = true;
+  c.used_by_executor = true;
+  return c;
+}
+
+BackendCapabilities UcxCapabilities() {
+  BackendCapabilities c;
+  c.name = "ucx";
+  c.memory_kinds = {MemoryKind::kHost};
+  c.remote = true;
+  c.notifications = true;  // a tagged receive completes when its message is in
+  c.used_by_executor = true;
+  return c;
+}
+
+BackendCapabilities NcclCapabilities() {
+  BackendCapabilities c;
+  c.name = "nccl";
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.local = true;  // ncclCommInitAll over this host's devices
+  c.used_by_executor = false;
+  return c;
+}
+
+int CudaDeviceCount() {
+  void* lib = nullptr;
+  for (const char* soname : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
+    if ((lib = dlopen(soname, RTLD_NOW | RTLD_LOCAL)) != nullptr) break;
+  }
+  if (lib == nullptr) return 0;
+  using Fn = int (*)(int*);
+  auto fn = reinterpret_cast<Fn>(dlsym(lib, "cudaGetDeviceCount"));
+  int n = 0;
+  if (fn == nullptr || fn(&n) != 0) n = 0;
+  // libcudart stays loaded: unloading a CUDA runtime is not safe.
+  return n;
+}
+
+std::vector<std::string> CompiledBackends() {
+  std::vector<std::string> names = {LocalCopyCapabilities().name, UcxCapabilities().name};
+#ifdef RESHARD_HAVE_CUDA
+  names.push_back(NcclCapabilities().name);
+#endif
+  return names;
+}
+
+std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx) {
+  std::vector<BackendCapabilities> loaded = {LocalCopyCapabilities()};
+  if (ucx != nullptr) loaded.push_back(UcxCapabilities());
+#ifdef RESHARD_HAVE_CUDA
+  if (CudaDeviceCount() > 0) loaded.push_back(NcclCapabilities());
+#endif
+  return loaded;
+}
+
+std::vector<std::string> AdvertisedTransports(const std::vector<BackendCapabilities>& loaded) {
+  std::vector<std::string> names;
+  for (const BackendCapabilities& c : loaded) {
+    if (c.used_by_executor) names.push_back(c.name);
+  }
+  return names;
+}
+
+}  // namespace reshard::agent

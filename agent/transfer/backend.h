@@ -1,0 +1,60 @@
+// The transfer-backend seam, in NIXL's shape: each backend states what it
+// moves (memory kinds, within a host and/or between hosts, whether the
+// receiver is told when data arrived), and one registry lists the backends
+// that this build compiled and this process loaded. The agent advertises in
+// Host.transports only loaded backends that an execution path uses. Backend
+// headers (ucp, cuda, nccl) never appear here. Thread-safe: the functions
+// keep no state.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace reshard::agent {
+
+class Transport;
+
+/// Memory a backend reads from and writes to.
+enum class MemoryKind { kHost, kCuda };
+
+/// What one backend supports (NIXL: getSupportedMems, supportsLocal,
+/// supportsRemote, supportsNotif).
+struct BackendCapabilities {
+  std::string name;                      // as advertised: "local", "ucx", "nccl"
+  std::vector<MemoryKind> memory_kinds;  // what it moves
+  bool local = false;                    // between buffers of this host
+  bool remote = false;                   // between hosts
+  bool notifications = false;            // the receiver learns when data arrived
+  /// An execution path (TaskExecutor) moves bytes with it. Only such backends
+  /// are advertised: a peer must not plan on a backend nothing here runs.
+  bool used_by_executor = false;
+};
+
+/// The strided copier (local_copy.h): host memory within one host.
+BackendCapabilities LocalCopyCapabilities();
+/// UCX tag send/receive (ucx_transport.h): host memory between hosts.
+BackendCapabilities UcxCapabilities();
+/// NCCL (nccl_transport.h, library reshard_transfer_nccl, built only with
+/// CUDA): CUDA memory between this host's GPUs. No execution path uses it yet.
+BackendCapabilities NcclCapabilities();
+
+/// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
+/// libcudart, so that the agent does not link CUDA), 0 when there is no
+/// runtime or no device.
+int CudaDeviceCount();
+
+/// Names of the backends compiled into this build: "local", "ucx", and
+/// "nccl" only when configured with CUDA (RESHARD_CUDA; reshard_transfer is
+/// then compiled with RESHARD_HAVE_CUDA).
+std::vector<std::string> CompiledBackends();
+
+/// The backends loaded in this process: the local copier always, UCX when
+/// `ucx` is non-null (its context and worker came up), NCCL when compiled and
+/// CudaDeviceCount() > 0.
+std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx);
+
+/// What the agent advertises in Host.transports: the names of `loaded`
+/// backends that an execution path uses, in order.
+std::vector<std::string> AdvertisedTransports(const std::vector<BackendCapabilities>& loaded);
+
+}  // namespace reshard::agent
