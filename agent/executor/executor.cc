@@ -104,6 +104,20 @@ struct InFlight {
   StagingPtr staging;                 // null when the transfer is in place
 };
 
+// Runs fn(0) ... fn(n - 1) on up to `threads` threads (this one included),
+// index i on thread i % threads.
+void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
+  const size_t t_count = std::max<size_t>(1, std::min<size_t>(n, std::max(1, threads)));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < t_count; ++t) {
+    helpers.emplace_back([&, t] {
+      for (size_t i = t; i < n; i += t_count) fn(i);
+    });
+  }
+  for (size_t i = 0; i < n; i += t_count) fn(i);
+  for (std::thread& t : helpers) t.join();
+}
+
 // A read lease on one sealed source buffer for the whole task.
 struct SourceLease {
   int rank = 0;
@@ -138,20 +152,22 @@ absl::Status CheckLeases(const std::vector<SourceLease>& leases, const v1::HostT
 
 // Checksums every (old rank, item) this host's steps read and compares them
 // with the sealed checksums; DataLoss naming the first that differs. Items
-// in parallel over a few threads.
+// in parallel on up to `threads` threads.
 absl::Status VerifySources(const HostSteps& hs, const v1::TransferPlan& plan,
-                           const v1::HostTask& task) {
+                           const v1::HostTask& task, int threads) {
   std::set<std::pair<int, int>> read;  // (old rank, item)
   for (const v1::CopyStep* step : hs.locals) read.emplace(step->src_rank(), step->item());
   for (const RemoteStep& r : hs.remotes) {
     if (r.is_send) read.emplace(r.step->src_rank(), r.step->item());
   }
   const std::vector<std::pair<int, int>> todo(read.begin(), read.end());
+  std::unordered_map<int, std::vector<uint64_t>> sealed_of;  // old rank -> sealed checksums
+  for (const auto& [rank, buf] : hs.old_bufs) sealed_of[rank] = buf->checksums();
   std::vector<absl::Status> results(todo.size());
-  auto verify = [&](size_t i) {
+  ParallelFor(todo.size(), threads, [&](size_t i) {
     const auto [rank, item] = todo[i];
     RankBuffer& b = *hs.old_bufs.at(rank);
-    const std::vector<uint64_t> sealed = b.checksums();
+    const std::vector<uint64_t>& sealed = sealed_of.at(rank);
     const ItemSlot& slot = b.items()[item];
     const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
     if (item >= static_cast<int>(sealed.size()) || now != sealed[item]) {
@@ -163,16 +179,7 @@ absl::Status VerifySources(const HostSteps& hs, const v1::TransferPlan& plan,
               ? absl::StrCat(absl::Hex(sealed[item], absl::kZeroPad16))
               : std::string("none")));
     }
-  };
-  const size_t threads = std::min<size_t>(todo.size(), 4);
-  std::vector<std::thread> helpers;
-  for (size_t t = 1; t < threads; ++t) {
-    helpers.emplace_back([&, t] {
-      for (size_t i = t; i < todo.size(); i += threads) verify(i);
-    });
-  }
-  for (size_t i = 0; i < todo.size(); i += std::max<size_t>(threads, 1)) verify(i);
-  for (std::thread& t : helpers) t.join();
+  });
   for (const absl::Status& s : results) {
     if (!s.ok()) return s;
   }
@@ -488,25 +495,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   // (through a mapping opened before the seal, or as root) fails the task
   // rather than the job committing bytes that were never sealed.
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
-  if (absl::Status s = VerifySources(hs, plan, task); !s.ok()) return fail(s);
+  if (absl::Status s = VerifySources(hs, plan, task, options_.copy_threads); !s.ok()) {
+    return fail(s);
+  }
 
   // 4. Checksums from the bytes written, recorded durably; ranks in parallel.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys.size(),
                                                           absl::UnknownError("not sealed"));
-  {
-    const size_t n = new_keys.size();
-    const size_t threads = std::min<size_t>(n, std::max(1, options_.copy_threads));
-    std::vector<std::thread> sealers;
-    for (size_t t = 1; t < threads; ++t) {
-      sealers.emplace_back([&, t] {
-        for (size_t k = t; k < n; k += threads) sums[k] = store_->Seal(new_keys[k], {});
-      });
-    }
-    for (size_t k = 0; k < n; k += std::max<size_t>(threads, 1)) {
-      sums[k] = store_->Seal(new_keys[k], {});
-    }
-    for (auto& t : sealers) t.join();
-  }
+  ParallelFor(new_keys.size(), options_.copy_threads,
+              [&](size_t k) { sums[k] = store_->Seal(new_keys[k], {}); });
   std::vector<v1::ShardChecksum> out;
   for (size_t k = 0; k < new_keys.size(); ++k) {
     if (!sums[k].ok()) return fail(sums[k].status());

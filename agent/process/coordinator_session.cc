@@ -134,11 +134,7 @@ absl::Status CoordinatorSession::Register() {
   epoch_.store(resp.epoch());
   if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
   DropDeletedJobs(resp.deleted_jobs());
-  for (const v1::GenerationRef& g : resp.release()) {
-    RESHARD_LOG(INFO) << "job " << g.job_id() << ": releasing generation " << g.generation()
-                      << ", neither current nor pending any more";
-    store_->DropGeneration(g.job_id(), g.generation());
-  }
+  Release(resp.release());
   RESHARD_LOG(INFO) << "host " << options_.host_id << " registered, epoch " << resp.epoch()
                     << ", lease " << resp.lease_ms() << " ms";
   return absl::OkStatus();
@@ -241,6 +237,14 @@ void CoordinatorSession::DropDeletedJobs(
                     << " deleted jobs; " << store_->used_bytes() << " bytes used";
 }
 
+void CoordinatorSession::Release(
+    const google::protobuf::RepeatedPtrField<v1::GenerationRef>& generations) {
+  for (const v1::GenerationRef& g : generations) {
+    RESHARD_LOG(DEBUG) << "job " << g.job_id() << ": releasing generation " << g.generation();
+    store_->DropGeneration(g.job_id(), g.generation());
+  }
+}
+
 void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
   DropDeletedJobs(r.deleted_jobs());
   for (const v1::GenerationRef& g : r.discard()) {
@@ -255,10 +259,7 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
     RESHARD_LOG(INFO) << "job " << g.job_id() << ": discarding generation " << g.generation();
     store_->DropGeneration(g.job_id(), g.generation());
   }
-  for (const v1::GenerationRef& g : r.release()) {
-    RESHARD_LOG(DEBUG) << "job " << g.job_id() << ": releasing generation " << g.generation();
-    store_->DropGeneration(g.job_id(), g.generation());
-  }
+  Release(r.release());
   std::lock_guard<std::mutex> l(mu_);
   if (stopping_.load()) return;
   for (const std::string& id : r.assigned_operations()) {

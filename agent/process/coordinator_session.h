@@ -71,6 +71,9 @@ class CoordinatorSession {
   void Apply(const v1::HeartbeatResponse& r);
   /// Ids of the jobs this host holds buffers of.
   std::vector<std::string> HeldJobs() const;
+  /// Frees generations the coordinator says are neither current nor pending
+  /// (their successor committed, or released while this agent was away).
+  void Release(const google::protobuf::RepeatedPtrField<v1::GenerationRef>& generations);
   /// Cancels the job's running tasks and drops every buffer it has here.
   void DropDeletedJobs(const google::protobuf::RepeatedPtrField<std::string>& job_ids);
   void RunOperation(const std::string& operation_id, RunningOp* op);

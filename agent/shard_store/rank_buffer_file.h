@@ -107,7 +107,21 @@ class MappedRankBuffer final : public RankBuffer {
     return checksums_;
   }
   bool published() const override { return published_; }
-  FileId file() const { return file_; }
+
+  /// OK when `st` (a stat of the buffer's path) is the file the agent
+  /// mapped, at its size; DataLoss naming the buffer otherwise.
+  absl::Status CheckStat(const struct stat& st) const {
+    if (st.st_dev != file_.dev || st.st_ino != file_.ino) {
+      return absl::DataLossError(
+          absl::StrCat(Describe(key_), ": file \"", path_, "\" was replaced by another file"));
+    }
+    if (st.st_size != size_) {
+      return absl::DataLossError(absl::StrCat(Describe(key_), ": file \"", path_, "\" has ",
+                                              st.st_size, " bytes, ", size_,
+                                              " expected (truncated or grown by another process)"));
+    }
+    return absl::OkStatus();
+  }
 
   absl::Status CheckFile() const override {
     struct stat st {};
@@ -161,19 +175,6 @@ class MappedRankBuffer final : public RankBuffer {
   }
 
  private:
-  absl::Status CheckStat(const struct stat& st) const {
-    if (st.st_dev != file_.dev || st.st_ino != file_.ino) {
-      return absl::DataLossError(
-          absl::StrCat(Describe(key_), ": file \"", path_, "\" was replaced by another file"));
-    }
-    if (st.st_size != size_) {
-      return absl::DataLossError(absl::StrCat(Describe(key_), ": file \"", path_, "\" has ",
-                                              st.st_size, " bytes, ", size_,
-                                              " expected (truncated or grown by another process)"));
-    }
-    return absl::OkStatus();
-  }
-
   const RankBufferKey key_;
   const std::string path_;
   uint8_t* const data_;  // null when size_ is 0

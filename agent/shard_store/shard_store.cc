@@ -270,7 +270,6 @@ class ShmShardStore final : public ShardStore {
             absl::StrCat(Describe(key), " is being sealed by another call"));
       }
     }
-    if (b->sealed()) return SealedAgain(*b, expected);
     absl::Cleanup done = [&] {
       std::lock_guard<std::mutex> lock(mu_);
       sealing_.erase(key);
@@ -281,6 +280,7 @@ class ShmShardStore final : public ShardStore {
                                                      " items, got ", expected.size(),
                                                      " expected checksums"));
     }
+    if (b->sealed()) return SealedAgain(*b, expected);
     std::vector<uint64_t> sums;
     std::shared_ptr<MappedRankBuffer> sealed = b;
     if (b->published()) {
@@ -322,12 +322,8 @@ class ShmShardStore final : public ShardStore {
     } else {
       s = b->MakeReadOnly(/*seal_mode=*/true);
     }
-    Sidecar sidecar;
-    sidecar.host_id = options_.host_id;
-    sidecar.key = key;
-    sidecar.item_bytes = b->item_bytes();
+    Sidecar sidecar = MakeSidecar(key, b->item_bytes(), b->published());
     sidecar.sealed = true;
-    sidecar.published = b->published();
     sidecar.checksums = sums;
     if (s.ok()) s = WriteSidecar(b->path() + kMetaSuffix, sidecar);
     if (!s.ok()) return s;
@@ -386,6 +382,17 @@ class ShmShardStore final : public ShardStore {
     ::unlink((path + kMetaSuffix).c_str());
   }
 
+  // An unsealed sidecar of this host's buffer `key`.
+  Sidecar MakeSidecar(const RankBufferKey& key, std::vector<int64_t> item_bytes,
+                      bool published) const {
+    Sidecar sidecar;
+    sidecar.host_id = options_.host_id;
+    sidecar.key = key;
+    sidecar.item_bytes = std::move(item_bytes);
+    sidecar.published = published;
+    return sidecar;
+  }
+
   // Writes the unsealed sidecar of every key before any data file exists, so
   // that an agent dying while it makes them leaves sidecars that name their
   // files (Open removes the unfinished ones), never a data file nobody knows
@@ -402,11 +409,7 @@ class ShmShardStore final : public ShardStore {
       }
     }
     for (size_t i = 0; i < keys.size(); ++i) {
-      Sidecar sidecar;
-      sidecar.host_id = options_.host_id;
-      sidecar.key = keys[i];
-      sidecar.item_bytes = item_bytes[i];
-      sidecar.published = writer == Writer::kWorker;
+      const Sidecar sidecar = MakeSidecar(keys[i], item_bytes[i], writer == Writer::kWorker);
       if (absl::Status s = WriteSidecar(PathOf(keys[i]) + kMetaSuffix, sidecar); !s.ok()) {
         for (size_t j = 0; j <= i; ++j) ::unlink((PathOf(keys[j]) + kMetaSuffix).c_str());
         return s;
@@ -415,9 +418,9 @@ class ShmShardStore final : public ShardStore {
     return absl::OkStatus();
   }
 
-  // Creates, sizes and maps one file and writes its unsealed sidecar. The
-  // caller has reserved `size` bytes and, when `spare` > 0, renamed a spare
-  // file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
+  // Creates, sizes and maps one file (its unsealed sidecar is written
+  // already: WriteUnsealedSidecars). The caller has reserved `size` bytes and, when `spare` > 0,
+  // renamed a spare file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
   absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(const RankBufferKey& key,
                                                               std::vector<ItemSlot> slots,
                                                               int64_t size, Backing backing,
@@ -496,18 +499,19 @@ class ShmShardStore final : public ShardStore {
     int64_t size = 0;
     std::vector<ItemSlot> slots = LayoutItems(sidecar->item_bytes, &size);
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    const int open_errno = errno;
     struct stat st {};
-    if (!sidecar->sealed && (fd < 0 || ::fstat(fd, &st) != 0 || st.st_size != size)) {
+    const bool whole = fd >= 0 && ::fstat(fd, &st) == 0 && st.st_size == size;
+    if (!whole && fd >= 0) ::close(fd);
+    if (!whole && !sidecar->sealed) {
       // A published buffer the agent died making (the sidecar is written
       // first): its worker publishes again.
-      if (fd >= 0) ::close(fd);
       RESHARD_LOG(INFO) << "shard store: removing the half-made " << Describe(sidecar->key);
       Unlink(path);
       return absl::OkStatus();
     }
-    if (fd < 0) return ErrnoStatus("cannot open", path, errno);
-    if (::fstat(fd, &st) != 0 || st.st_size != size) {
-      ::close(fd);
+    if (fd < 0) return ErrnoStatus("cannot open", path, open_errno);
+    if (!whole) {
       return absl::InvalidArgumentError(
           absl::StrCat("\"", path, "\" has ", st.st_size, " bytes, the sidecar says ", size));
     }
