@@ -118,19 +118,38 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
     if (absl::Status s = FailTasksOfEarlierIncarnation(host.host_id(), *epoch); !s.ok()) return s;
   }
   if (absl::Status s = RestoreReturnedHost(request); !s.ok()) return s;
-  absl::StatusOr<std::vector<std::string>> deleted =
-      store_->DeletedJobs({request.held_jobs().begin(), request.held_jobs().end()});
-  if (!deleted.ok()) return deleted.status();
   v1::RegisterAgentResponse response;
   response.set_lease_ms(options_.lease_ms);
   response.set_epoch(*epoch);
-  for (std::string& id : *deleted) response.add_deleted_jobs(std::move(id));
+  if (absl::Status s = AddDeletedJobs(request.held_jobs(), response.mutable_deleted_jobs());
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = AddStaleGenerations(request.held_ranks(), response.mutable_release());
+      !s.ok()) {
+    return s;
+  }
+  return response;
+}
+
+absl::Status AgentApi::AddDeletedJobs(const google::protobuf::RepeatedPtrField<std::string>& held,
+                                      google::protobuf::RepeatedPtrField<std::string>* deleted) {
+  absl::StatusOr<std::vector<std::string>> missing =
+      store_->DeletedJobs({held.begin(), held.end()});
+  if (!missing.ok()) return missing.status();
+  for (std::string& id : *missing) deleted->Add(std::move(id));
+  return absl::OkStatus();
+}
+
+absl::Status AgentApi::AddStaleGenerations(
+    const google::protobuf::RepeatedPtrField<v1::HeldRank>& held,
+    google::protobuf::RepeatedPtrField<v1::GenerationRef>* release) {
   // Generations released or discarded while the agent was away may be
   // pruned by now (retention), so Heartbeat would never name them.
-  std::set<std::pair<std::string, int64_t>> held;
-  for (const v1::HeldRank& h : request.held_ranks()) held.emplace(h.job_id(), h.generation());
+  std::set<std::pair<std::string, int64_t>> generations;
+  for (const v1::HeldRank& h : held) generations.emplace(h.job_id(), h.generation());
   std::vector<v1::GenerationRef> refs;
-  for (const auto& [job_id, generation] : held) {
+  for (const auto& [job_id, generation] : generations) {
     v1::GenerationRef ref;
     ref.set_job_id(job_id);
     ref.set_generation(generation);
@@ -138,8 +157,8 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
   }
   absl::StatusOr<std::vector<v1::GenerationRef>> stale = store_->StaleGenerations(refs);
   if (!stale.ok()) return stale.status();
-  for (v1::GenerationRef& ref : *stale) *response.add_release() = std::move(ref);
-  return response;
+  for (v1::GenerationRef& ref : *stale) *release->Add() = std::move(ref);
+  return absl::OkStatus();
 }
 
 absl::Status AgentApi::FailTasksOfEarlierIncarnation(const std::string& host_id, int64_t epoch) {
@@ -219,10 +238,10 @@ absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatReq
   absl::StatusOr<std::vector<v1::GenerationRef>> discard = store_->GenerationsToDiscard(host_id);
   if (!discard.ok()) return discard.status();
   for (v1::GenerationRef& ref : *discard) *response.add_discard() = std::move(ref);
-  absl::StatusOr<std::vector<std::string>> deleted =
-      store_->DeletedJobs({request.held_jobs().begin(), request.held_jobs().end()});
-  if (!deleted.ok()) return deleted.status();
-  for (std::string& id : *deleted) response.add_deleted_jobs(std::move(id));
+  if (absl::Status s = AddDeletedJobs(request.held_jobs(), response.mutable_deleted_jobs());
+      !s.ok()) {
+    return s;
+  }
   return response;
 }
 

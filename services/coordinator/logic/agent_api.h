@@ -42,6 +42,16 @@ class AgentApi {
   /// Jobs that count `host_id` lost and whose current-generation ranks on it
   /// `request` reports sealed with the committed checksums get it back.
   [[nodiscard]] absl::Status RestoreReturnedHost(const v1::RegisterAgentRequest& request);
+  /// Adds to `deleted` those of `held` (job ids an agent holds) that are
+  /// deleted.
+  [[nodiscard]] absl::Status AddDeletedJobs(
+      const google::protobuf::RepeatedPtrField<std::string>& held,
+      google::protobuf::RepeatedPtrField<std::string>* deleted);
+  /// Adds to `release` the generations of `held` that are neither current
+  /// nor pending.
+  [[nodiscard]] absl::Status AddStaleGenerations(
+      const google::protobuf::RepeatedPtrField<v1::HeldRank>& held,
+      google::protobuf::RepeatedPtrField<v1::GenerationRef>* release);
 
   StorePtr store_;
   const Clock* clock_;

@@ -141,6 +141,11 @@ absl::StatusOr<v1::Job> SchedulerApi::LoadForNewPlacement(const std::string& job
   return LoadJobWithPtc(job_id);
 }
 
+absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& target) {
+  if (absl::Status s = planner::ValidateLayout(ptc, target, "target"); !s.ok()) return s;
+  return CheckFitsHosts(*store_, ptc, target, "target");
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
@@ -155,8 +160,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   // (or a retry of one that already committed) the store answers Aborted or
   // the first result, so do not judge it against another generation.
   if (request.has_config() || job->generation() == request.expected_generation()) {
-    if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
-    if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), target, "target"); !s.ok()) return s;
+    if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
   return CreateOperation(
       PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
@@ -175,8 +179,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
   // As in Resize: the config comes from the generation the request names.
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
-    if (absl::Status s = planner::ValidateLayout(job->ptc(), target, "target"); !s.ok()) return s;
-    if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), target, "target"); !s.ok()) return s;
+    if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
   return CreateOperation(
       PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
@@ -195,12 +198,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
   if (!job.ok()) return job.status();
 
-  if (absl::Status s = planner::ValidateLayout(job->ptc(), request.target(), "target"); !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckFitsHosts(*store_, job->ptc(), request.target(), "target"); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckTarget(job->ptc(), request.target()); !s.ok()) return s;
   // Lost ranks and hosts are of the generation the request names; whether
   // the survivors still hold everything is the planner's call (the
   // operation FAILS, naming the tensors, when they do not).

@@ -61,6 +61,9 @@ class SchedulerApi {
   [[nodiscard]] absl::StatusOr<v1::Job> LoadForNewPlacement(const std::string& job_id,
                                                             bool has_placement,
                                                             int64_t expected_generation);
+  /// A Resize, Migrate or Recover target: a valid layout for `ptc`
+  /// (InvalidArgument) whose hosts can hold it (ResourceExhausted).
+  [[nodiscard]] absl::Status CheckTarget(const v1::Ptc& ptc, const v1::Layout& target);
   /// Mints the id and asks the store (which checks existence, idempotency,
   /// generation and the active operation atomically).
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);

@@ -166,6 +166,18 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   return op;
 }
 
+absl::StatusOr<std::vector<v1::GenerationRef>> GenerationRefsFromRows(const pqxx::result& rows) {
+  std::vector<v1::GenerationRef> refs;
+  refs.reserve(rows.size());
+  for (const pqxx::row& row : rows) {
+    v1::GenerationRef ref;
+    ref.set_job_id(row[0].c_str());
+    ref.set_generation(row[1].as<int64_t>());
+    refs.push_back(std::move(ref));
+  }
+  return refs;
+}
+
 absl::StatusOr<v1::Host> HostFromRow(const pqxx::row& row) {
   v1::Host host;
   if (absl::Status s = ParseBytea(row[0], "host info", &host); !s.ok()) return s;

@@ -53,6 +53,9 @@ std::vector<int64_t> ParseIntArray(const pqxx::field& field);
                                                              std::vector<int>* lost_ranks);
 /// Row of RESHARD_PG_HOST_COLUMNS.
 [[nodiscard]] absl::StatusOr<v1::Host> HostFromRow(const pqxx::row& row);
+/// Rows of (job id, generation).
+[[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationRefsFromRows(
+    const pqxx::result& rows);
 
 // ---- Shard checksums ---------------------------------------------------------
 

@@ -145,14 +145,7 @@ absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::StaleGenerations(
   const std::string job_array = pg::TextArray(jobs);
   const std::string generation_array = pg::TextArray(generations);
   return pg::TransactFor<Refs>(*pool_, "StaleGenerations", [&](pg::PgTx& tx) {
-    Refs stale;
-    for (const pqxx::row& row : tx.Exec(pg::kStaleGenerations, job_array, generation_array)) {
-      v1::GenerationRef ref;
-      ref.set_job_id(row[0].c_str());
-      ref.set_generation(row[1].as<int64_t>());
-      stale.push_back(std::move(ref));
-    }
-    return absl::StatusOr<Refs>(std::move(stale));
+    return pg::GenerationRefsFromRows(tx.Exec(pg::kStaleGenerations, job_array, generation_array));
   });
 }
 

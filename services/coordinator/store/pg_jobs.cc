@@ -149,20 +149,22 @@ absl::StatusOr<JobPage> PgStore::ListJobs(const ListJobsQuery& query) {
 absl::Status PgStore::DeleteJob(const std::string& job_id, const Idempotency& idem) {
   if (absl::Status s = pg::CheckText("idempotency key", idem.key); !s.ok()) return s;
   return pool_->Transact("DeleteJob", [&](pg::PgTx& tx) -> absl::Status {
-    // The key first: a retry finds the job gone, and a key used by another
-    // request must not delete anything.
-    if (!idem.key.empty()) {
+    // Whether the key names a delete done before (InvalidArgument when it
+    // names another request).
+    auto done_before = [&]() -> absl::StatusOr<bool> {
+      if (idem.key.empty()) return false;
       absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
       if (!first.ok()) return first.status();
-      if (first->has_value()) return absl::OkStatus();
-    }
+      return first->has_value();
+    };
+    // The key first: a retry finds the job gone, and a key used by another
+    // request must not delete anything.
+    absl::StatusOr<bool> retry = done_before();
+    if (!retry.ok() || *retry) return retry.status();
     if (tx.Exec(pg::kLockJob, job_id).empty()) {
       // A concurrent call with the same key may have deleted it just now.
-      if (!idem.key.empty()) {
-        absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
-        if (!first.ok()) return first.status();
-        if (first->has_value()) return absl::OkStatus();
-      }
+      retry = done_before();
+      if (!retry.ok() || *retry) return retry.status();
       return pg::JobNotFound(job_id);
     }
     const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, job_id);

@@ -37,18 +37,6 @@ bool ValidTaskState(v1::HostTaskState s) {
   return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
 }
 
-absl::StatusOr<std::vector<v1::GenerationRef>> GenerationRefs(const pqxx::result& r) {
-  std::vector<v1::GenerationRef> refs;
-  refs.reserve(r.size());
-  for (const pqxx::row& row : r) {
-    v1::GenerationRef ref;
-    ref.set_job_id(row[0].c_str());
-    ref.set_generation(row[1].as<int64_t>());
-    refs.push_back(std::move(ref));
-  }
-  return refs;
-}
-
 }  // namespace
 
 absl::Status PgStore::StartTransfer(const std::string& operation_id,
@@ -207,15 +195,17 @@ absl::StatusOr<std::vector<std::string>> PgStore::AssignedOperations(const std::
 absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToRelease(
     const std::string& host_id) {
   return pg::TransactFor<std::vector<v1::GenerationRef>>(
-      *pool_, "GenerationsToRelease",
-      [&](pg::PgTx& tx) { return GenerationRefs(tx.Exec(pg::kGenerationsToRelease, host_id)); });
+      *pool_, "GenerationsToRelease", [&](pg::PgTx& tx) {
+        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToRelease, host_id));
+      });
 }
 
 absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToDiscard(
     const std::string& host_id) {
   return pg::TransactFor<std::vector<v1::GenerationRef>>(
-      *pool_, "GenerationsToDiscard",
-      [&](pg::PgTx& tx) { return GenerationRefs(tx.Exec(pg::kGenerationsToDiscard, host_id)); });
+      *pool_, "GenerationsToDiscard", [&](pg::PgTx& tx) {
+        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToDiscard, host_id));
+      });
 }
 
 }  // namespace reshard::coordinator
