@@ -226,6 +226,20 @@ class AgentE2eTest : public ::testing::Test {
     ASSERT_TRUE(v.ok()) << v;
   }
 
+  // Migrates the job to `target`'s placement (same config) and expects it
+  // to commit.
+  void MigrateTo(const v1::Layout& target) {
+    v1::MigrateRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    *req.mutable_placement() = target.placement();
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Migrate(&ctx, req, &op);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target));
+  }
+
   void ResizeTo(const v1::Layout& target) {
     SCOPED_TRACE(absl::StrCat("resize to tp ", target.config().tp(), " pp ", target.config().pp(),
                               " dp ", target.config().dp()));

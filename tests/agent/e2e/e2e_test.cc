@@ -51,15 +51,7 @@ TEST_F(AgentE2eTest, ResizesTpPpDpAndMigrates) {
 
   // Migrate: same config, every rank on another host.
   v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3", "h0", "h1"}, 2);
-  v1::MigrateRequest req;
-  req.set_job_id(job_id_);
-  req.set_expected_generation(generation_);
-  *req.mutable_placement() = target.placement();
-  v1::Operation op;
-  grpc::ClientContext ctx;
-  grpc::Status s = stub_->Migrate(&ctx, req, &op);
-  ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target));
+  ASSERT_NO_FATAL_FAILURE(MigrateTo(target));
 }
 
 TEST_F(AgentE2eTest, RecoversFromALostHost) {

@@ -94,15 +94,7 @@ class LivenessE2eTest : public AgentE2eTest {
     ASSERT_NO_FATAL_FAILURE(
         RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "e2e")));
     const v1::Layout target = MakeLayout(2, 2, 2, {"h1", "h0", "h3", "h2"}, 2);
-    v1::MigrateRequest req;
-    req.set_job_id(job_id_);
-    req.set_expected_generation(generation_);
-    *req.mutable_placement() = target.placement();
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->Migrate(&ctx, req, &op);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    ASSERT_NO_FATAL_FAILURE(ExpectCommitted(op, target));
+    ASSERT_NO_FATAL_FAILURE(MigrateTo(target));
     ASSERT_EQ(generation_, 2);
   }
 };

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/leader.h"
+#include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -46,14 +47,6 @@ class LeaderRetentionTest : public LogicTest {
       ASSERT_TRUE(store_->CommitOperation(op.operation_id).ok());
     }
   }
-  bool Eventually(const std::function<bool()>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    }
-    return done();
-  }
 };
 
 TEST_F(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
@@ -78,7 +71,8 @@ TEST_F(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
   const auto pruned = [&](const char* table) {
     return MetricValue("reshard_coordinator_retention_pruned_rows_total", {{"table", table}});
   };
-  EXPECT_TRUE(Eventually([&] { return pruned("generations") == 4 && pruned("operations") == 4; }))
+  EXPECT_TRUE(Eventually([&] { return pruned("generations") == 4 && pruned("operations") == 4; },
+                         absl::Seconds(20), absl::Milliseconds(5)))
       << pruned("generations") << " " << pruned("operations");
   loop.Stop();
 

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "gtest/gtest.h"
+#include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -40,12 +41,7 @@ class ScriptedLock : public LeaderLock {
 
 // Polls `done` for up to 20 s of real time (the loop runs on its own thread).
 bool Eventually(const std::function<bool()>& done) {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-  while (std::chrono::steady_clock::now() < deadline) {
-    if (done()) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  return done();
+  return testing::Eventually(done, absl::Seconds(20), absl::Milliseconds(5));
 }
 
 class LeaderLoopTest : public LogicTest {

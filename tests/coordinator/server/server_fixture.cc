@@ -6,15 +6,6 @@
 
 namespace reshard::coordinator::testing {
 
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout, absl::Duration period) {
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    if (done()) return true;
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(period);
-  }
-}
-
 std::unique_ptr<grpc::ClientContext> Ctx() {
   auto context = std::make_unique<grpc::ClientContext>();
   context->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));

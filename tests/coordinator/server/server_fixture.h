@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "reshard/v1/agent.grpc.pb.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
+#include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/fake_agent.h"
 
@@ -21,11 +22,6 @@ namespace reshard::coordinator::testing {
 
 using CoordinatorStub = v1::CoordinatorService::Stub;
 using AgentStub = v1::AgentService::Stub;
-
-/// Calls `done` every `period` until it returns true or `timeout` passes;
-/// whether it returned true.
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(30),
-                absl::Duration period = absl::Milliseconds(50));
 
 /// A ClientContext with a 30 s deadline.
 std::unique_ptr<grpc::ClientContext> Ctx();
