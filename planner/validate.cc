@@ -388,10 +388,6 @@ absl::Status ValidateJobSpec(const v1::JobSpec& spec) {
   return ValidateLayout(spec.ptc(), spec.layout(), "layout");
 }
 
-}  // namespace reshard::planner
-
-namespace reshard::planner {
-
 absl::StatusOr<std::vector<HostBytes>> BytesPerHost(const v1::Ptc& ptc, const v1::Layout& layout) {
   HostTable table;
   const ResolvedLayout rl = ResolvedLayout::Resolve(layout, ptc.num_layers(), &table);
