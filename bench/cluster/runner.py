@@ -161,9 +161,12 @@ class Bench:
             times["publish_bytes"] = sum(x["bytes"] for x in r.values())
             if self.args.unshaped:
                 times["publish_memcpy_s"] = self._memcpy("old")
+            prefix = f"case{number}-rep{rep}"
             if self.storage:
-                self._central(times, f"case{number}-rep{rep}")
-            self.hosts.all("drop_old")
+                times["save_s"], _ = self._timed("save", prefix=prefix)
+            self.hosts.all("drop_old")  # before the new generations take memory
+            if self.storage:
+                self._central_load(times, prefix)
             if rep == 0:
                 static.update(self._preview(job.id, new))
             final = self._resize(job.id, new, times)
@@ -192,8 +195,7 @@ class Bench:
         """The slowest host's memcpy of the same bytes, one thread per rank."""
         return max(r["memcpy_seconds"] for r in self.hosts.all("memcpy", of=of).values())
 
-    def _central(self, times, prefix):
-        times["save_s"], _ = self._timed("save", prefix=prefix)
+    def _central_load(self, times, prefix):
         self.hosts.all("central_prepare")
         times["central_load_s"], _ = self._timed("central_load", prefix=prefix)
         self.hosts.all("check_central")

@@ -29,13 +29,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def ucx_tag_bandwidth(message_bytes=64 << 20, iterations=40, timeout=120):
+def ucx_tag_bandwidth(message_bytes=64 << 20, iterations=40, timeout=60):
     """Measured tag_bw in bytes/s (the "Final:" line's overall MB/s, which
     ucx_perftest counts in MiB/s)."""
     env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
     port = str(_free_port())
     args = ["-p", port, "-t", "tag_bw", "-s", str(message_bytes), "-n", str(iterations)]
-    server = subprocess.Popen(["ucx_perftest"] + args, env=env, stdout=subprocess.PIPE,
+    # Line-buffered, so that "Waiting for connection" arrives when it is printed.
+    server = subprocess.Popen(["stdbuf", "-oL", "ucx_perftest"] + args, env=env, stdout=subprocess.PIPE,
                               stderr=subprocess.STDOUT, start_new_session=True)
     ready = threading.Event()
     lines = []
