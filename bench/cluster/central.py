@@ -199,14 +199,18 @@ def plan_central(ptc, old, new):
         blob_off[b.name] = file_off[0]
         file_off[0] += b.size_bytes
     runs = {r: [] for r in new_views}  # (virtual start, bytes, dst offset) arrays
-    sizes = {r: 0 for r in new_views}
+    dst_off, sizes = _buffer_offsets(new_views)
+    groups = {}  # a weight and its optimizer states share shape and partition
     for t in ptc.tensors:
-        _plan_tensor(ptc, old, t, old_views, new_views, where.get(t.name, []), runs, sizes)
+        groups.setdefault((tuple(t.shape), t.partition.SerializeToString()), []).append(t)
+    for tensors in groups.values():
+        elem = _element_runs(old, tensors[0], old_views, new_views, where)
+        for t in tensors:
+            _tensor_runs(t, elem, where.get(t.name, []), dst_off, runs)
     for b in ptc.blobs:
         v = (0 << _FILE_SHIFT) + blob_off[b.name]
         for r in new_views:
-            runs[r].append(np.array([[v, b.size_bytes, sizes[r]]], dtype=np.int64))
-            sizes[r] += b.size_bytes
+            runs[r].append(np.array([[v, b.size_bytes, dst_off[r][b.name]]], dtype=np.int64))
     reads = {r: _merge(np.concatenate(runs[r]), sizes[r]) for r in new_views}
     stats = dict(bytes_saved=sum(file_off.values()),
                  bytes_needed=sum(sizes.values()),
@@ -214,30 +218,61 @@ def plan_central(ptc, old, new):
     return {r: names for r, names in saves.items() if names}, reads, stats
 
 
-def _plan_tensor(ptc, old, t, old_views, new_views, saved_at, runs, sizes):
-    esize = _dtypes.element_bytes(t.dtype)
+def _buffer_offsets(views):
+    """{rank: {item: offset}} and {rank: size} of each rank's load buffer:
+    its tensors in PTC order, then the blobs (what host_proc.py allocates)."""
+    offsets, sizes = {}, {}
+    for r, v in views.items():
+        off, offsets[r] = 0, {}
+        for t, shape in v.tensors:
+            offsets[r][t.name] = off
+            off += int(np.prod(shape)) * _dtypes.element_bytes(t.dtype)
+        for name, value in bstate.BLOBS.items():
+            offsets[r][name] = off
+            off += len(value)
+        sizes[r] = off
+    return offsets, sizes
+
+
+def _element_runs(old, t, old_views, new_views, where):
+    """For tensors shaped and partitioned like t: {new rank: int64[K,4]
+    (old rank, element in its local buffer, element in the new local
+    buffer, elements)}, one row per run contiguous on both sides."""
     n = int(np.prod(t.shape, dtype=np.int64))
-    src = np.full(n, -1, dtype=np.int64)
-    for r, off in saved_at:
+    src_rank = np.full(n, -1, dtype=np.int64)
+    src_pos = np.zeros(n, dtype=np.int64)
+    for r, _ in where.get(t.name, []):
         v = old_views[r]
         idx = bstate.local_indices(t, old.config, v.tp_i, v.dp_i)
         pos = np.nonzero(idx >= 0)[0]
-        src[idx[pos]] = (r << _FILE_SHIFT) + off + pos * esize
+        src_rank[idx[pos]] = r
+        src_pos[idx[pos]] = pos
+    out = {}
     for r, v in new_views.items():
-        held = dict((x.name, shape) for x, shape in v.tensors)
-        if t.name not in held:
+        if not any(x.name == t.name for x, _ in v.tensors):
             continue
         idx = bstate.local_indices(t, v.config, v.tp_i, v.dp_i)
         pos = np.nonzero(idx >= 0)[0]
-        vs = src[idx[pos]]
-        if (vs < 0).any():
+        sr, sp = src_rank[idx[pos]], src_pos[idx[pos]]
+        if (sr < 0).any():
             raise AssertionError(f"tensor \"{t.name}\": new rank {r} needs bytes nobody saved")
-        dst = sizes[r] + pos * esize
-        brk = np.nonzero((np.diff(vs) != esize) | (np.diff(dst) != esize))[0] + 1
+        brk = np.nonzero((np.diff(sr) != 0) | (np.diff(sp) != 1) | (np.diff(pos) != 1))[0] + 1
         starts = np.concatenate(([0], brk))
-        ends = np.concatenate((brk, [len(vs)]))
-        runs[r].append(np.stack([vs[starts], (ends - starts) * esize, dst[starts]], axis=1))
-        sizes[r] += int(np.prod(held[t.name])) * esize
+        ends = np.concatenate((brk, [len(pos)]))
+        out[r] = np.stack([sr[starts], sp[starts], pos[starts], ends - starts], axis=1)
+    return out
+
+
+def _tensor_runs(t, elem, saved_at, dst_off, runs):
+    """Byte runs (virtual start, bytes, dst offset) of tensor t for every new rank."""
+    esize = _dtypes.element_bytes(t.dtype)
+    base = np.zeros(1 + max([r for r, _ in saved_at], default=0), dtype=np.int64)
+    for r, off in saved_at:
+        base[r] = off
+    for r, e in elem.items():
+        v = (e[:, 0] << _FILE_SHIFT) + base[e[:, 0]] + e[:, 1] * esize
+        runs[r].append(np.stack([v, e[:, 3] * esize, dst_off[r][t.name] + e[:, 2] * esize],
+                                axis=1))
 
 
 def _merge(runs, size):
