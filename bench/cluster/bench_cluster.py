@@ -82,6 +82,7 @@ def main(argv=None):
         raise KeyboardInterrupt(f"signal {signum}")
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGHUP, stop)
+    signal.signal(signal.SIGINT, stop)
     bench = Bench(args, log=lambda m: print(m, flush=True))
     try:
         bench.start()

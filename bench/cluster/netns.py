@@ -16,7 +16,9 @@ Not thread-safe; close() is idempotent.
 import ipaddress
 import os
 import re
+import shutil
 import subprocess
+import tempfile
 
 PREFIX = "rsbc"
 _NAME = re.compile(r"^rsbc(\d+)")
@@ -70,13 +72,25 @@ def _pid_alive(pid):
         return True
 
 
+def _kill_processes_in(netns):
+    """SIGKILLs what still runs in a stale namespace (an agent, nginx)."""
+    for pid in run(["ip", "netns", "pids", netns], check=False).stdout.decode().split():
+        try:
+            os.kill(int(pid), 9)
+        except (ProcessLookupError, ValueError):
+            pass
+
+
 def remove_stale(log=lambda m: None):
-    """Deletes namespaces, links and tmpfs mounts named rsbc<PID>... whose
-    PID is no longer alive (left by a run that was SIGKILLed)."""
+    """Deletes namespaces (killing what runs in them), links, tmpfs mounts
+    and directories (in /dev/shm and the temporary directory) named
+    rsbc<PID>... whose PID is no longer alive (left by a run that was
+    SIGKILLed)."""
     for name in run(["ip", "netns", "list"]).stdout.decode().split():
         m = _NAME.match(name)
         if m and not _pid_alive(int(m.group(1))):
             log(f"netns: removing stale namespace {name}")
+            _kill_processes_in(name)
             run(["ip", "netns", "del", name], check=False)
     for line in run(["ip", "-o", "link", "show"]).stdout.decode().splitlines():
         dev = line.split(":")[1].strip().split("@")[0]
@@ -91,6 +105,18 @@ def remove_stale(log=lambda m: None):
         if m and not _pid_alive(int(m.group(1))):
             log(f"netns: unmounting stale tmpfs {mnt}")
             run(["umount", "-l", mnt], check=False)
+    remove_stale_directories(log)
+
+
+def remove_stale_directories(log=lambda m: None):
+    """Removes directories in /dev/shm and the temporary directory named
+    rsbc<PID>... of a dead PID (work directories, agents' shared memory)."""
+    for base in ("/dev/shm", tempfile.gettempdir()):
+        for entry in os.listdir(base):
+            m = _NAME.match(entry)
+            if m and not _pid_alive(int(m.group(1))):
+                log(f"netns: removing stale directory {base}/{entry}")
+                shutil.rmtree(os.path.join(base, entry), ignore_errors=True)
 
 
 def _free_subnet():

@@ -73,22 +73,17 @@ class Bench:
     def start(self):
         tag = f"{netns.PREFIX}{os.getpid()}"
         self.work_dir = tempfile.mkdtemp(prefix=f"{tag}-work-", dir="/dev/shm")
-        if not self.args.unshaped:
-            netns.remove_stale(self.log)
-            self.topology = netns.Topology(self.args.hosts, self.args.rate_gbit,
-                                           log=self.log).start()
-            # Holds one saved replica; 25% and 64 MiB of slack for nginx's temp files.
-            size = int(self.state_bytes * 1.25) + (64 << 20)
-            self.storage = central.StorageServer(self.topology.nodes["storage"], size,
-                                                 tag).start()
-            self.log(f"storage: nginx on {self.storage.url_host} (tmpfs {size >> 20} MiB)")
-            self.cluster = parts.NamespacedCluster(self.args.build, self.topology,
-                                                   devices_per_host=DEVICES_PER_HOST,
-                                                   memory_limit_bytes=8 << 30, log=self.log)
-        else:
+        cluster_args = dict(devices_per_host=DEVICES_PER_HOST, memory_limit_bytes=8 << 30,
+                            log=self.log, work_dir=os.path.join(self.work_dir, "cluster"))
+        if self.args.unshaped:
+            netns.remove_stale_directories(self.log)  # dead runs' agents' shared memory
             self.cluster = parts.local.LocalCluster(self.args.build, hosts=self.args.hosts,
-                                                    devices_per_host=DEVICES_PER_HOST,
-                                                    memory_limit_bytes=8 << 30, log=self.log)
+                                                    **cluster_args)
+        else:
+            netns.remove_stale(self.log)
+            self._start_network(tag)
+            self.cluster = parts.NamespacedCluster(self.args.build, self.topology,
+                                                   **cluster_args)
         self.cluster.start()
         self.client = reshard.Client(self.cluster.coordinator, timeout=120.0)
         with open(os.path.join(self.work_dir, "ptc.bin"), "wb") as f:
@@ -100,6 +95,13 @@ class Bench:
             self.ucx_bw = yardsticks.ucx_tag_bandwidth()
             self.log(f"ucx_perftest tag_bw (lo, tcp, 64 MiB messages): "
                      f"{self.ucx_bw / 1e9:.2f} GB/s")
+
+    def _start_network(self, tag):
+        self.topology = netns.Topology(self.args.hosts, self.args.rate_gbit, log=self.log).start()
+        # Holds one saved replica; 25% and 64 MiB of slack for nginx's temp files.
+        size = int(self.state_bytes * 1.25) + (64 << 20)
+        self.storage = central.StorageServer(self.topology.nodes["storage"], size, tag).start()
+        self.log(f"storage: nginx on {self.storage.url_host} (tmpfs {size >> 20} MiB)")
 
     def close(self):
         """Stops and removes everything start() made. Idempotent."""
