@@ -16,7 +16,6 @@ small and the storage link, not the client, is what limits.
 
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -25,6 +24,7 @@ import numpy as np
 
 from reshard import _dtypes
 from reshard import layout as rlayout
+from reshard._proto import ptc_pb2
 
 import state as bstate
 
@@ -158,12 +158,11 @@ http {{
 # ------------------------------------------------------------------ planning
 
 
-def _saves(ptc, old, r, view, t):
+def _saves(old, r, view, t):
     """Whether old rank r writes tensor t to storage: dp replica 0, and tp
     rank 0 for a tensor replicated across tensor parallelism."""
     if view.dp_i != 0:
         return False
-    from reshard._proto import ptc_pb2
     if t.partition.tp.mode != ptc_pb2.TP_SPLIT and view.tp_i != 0:
         return False
     if t.partition.pipeline.mode == ptc_pb2.PIPELINE_EVERY_STAGE:
@@ -189,7 +188,7 @@ def plan_central(ptc, old, new):
     where = {}  # tensor name -> [(old rank, offset in file)]
     for r, v in old_views.items():
         for t, shape in v.tensors:
-            if _saves(ptc, old, r, v, t):
+            if _saves(old, r, v, t):
                 saves[r].append(t.name)
                 where.setdefault(t.name, []).append((r, file_off[r]))
                 file_off[r] += int(np.prod(shape)) * _dtypes.element_bytes(t.dtype)

@@ -16,7 +16,6 @@ import json
 import os
 import queue
 import sys
-import threading
 import time
 import traceback
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
 import reshard  # noqa: E402
+from reshard import _dtypes  # noqa: E402
 from reshard._proto import ptc_pb2  # noqa: E402
 from reshard import layout as rlayout  # noqa: E402
 import state as bstate  # noqa: E402
@@ -80,7 +80,7 @@ class Host:
     def _expected(view):
         out = {}
         for t, _, idx in view.indices():
-            out[t.name] = _hash(bstate.content(t.name, idx, bstate._dtypes.element_bytes(t.dtype)))
+            out[t.name] = _hash(bstate.content(t.name, idx, _dtypes.element_bytes(t.dtype)))
         for name, value in bstate.BLOBS.items():
             out[name] = _hash(value)
         return out
@@ -218,7 +218,7 @@ class Host:
             for r, view in self.new_views.items():
                 items, off, buf = {}, 0, self.buffers[r]
                 for t, shape in view.tensors:
-                    n = int(np.prod(shape)) * bstate._dtypes.element_bytes(t.dtype)
+                    n = int(np.prod(shape)) * _dtypes.element_bytes(t.dtype)
                     items[t.name] = buf[off:off + n]
                     off += n
                 for name, value in bstate.BLOBS.items():

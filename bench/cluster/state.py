@@ -152,26 +152,3 @@ class RankView:
             out[t.name] = content(t.name, idx, _dtypes.element_bytes(t.dtype)).reshape(shape)
         out.update(BLOBS)
         return out
-
-    def check(self, loaded, what):
-        """Raises ValueError unless `loaded` ({name: array or bytes}) holds
-        exactly this rank's bytes. Returns the bytes compared."""
-        want = {t.name for t, _ in self.tensors} | set(BLOBS)
-        if set(loaded) != want:
-            raise ValueError(f"{what} rank {self.rank}: items differ: "
-                             f"{sorted(set(loaded) ^ want)[:5]}")
-        compared = 0
-        cache = {}
-        for t, shape, idx in self.indices(cache):
-            have = np.ascontiguousarray(loaded[t.name]).reshape(-1)
-            expect = content(t.name, idx, _dtypes.element_bytes(t.dtype))
-            have = have.view(expect.dtype) if have.dtype.itemsize == expect.itemsize else None
-            if have is None or have.shape != expect.shape or not np.array_equal(have, expect):
-                raise ValueError(f"{what} rank {self.rank} tensor \"{t.name}\": bytes differ "
-                                 "from what was published")
-            compared += expect.nbytes
-        for name, value in BLOBS.items():
-            if bytes(loaded[name]) != value:
-                raise ValueError(f"{what} rank {self.rank} blob \"{name}\" differs")
-            compared += len(value)
-        return compared
