@@ -22,6 +22,8 @@ client::CoordinatorClient::Options ClientOptions(const GlobalOptions& global) {
   o.retry.max_attempts = 4;
   o.retry.initial_backoff = absl::Milliseconds(200);
   o.retry.max_backoff = absl::Seconds(2);
+  o.tls = global.tls;
+  o.token = global.token;
   return o;
 }
 
@@ -292,7 +294,14 @@ int RunServerCommand(const ServerInvocation& invocation, std::ostream& out, std:
 
 int ServerMain(const std::string& command, const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err, const std::string& coordinator_env, const CommandEnv& env) {
-  absl::StatusOr<ServerInvocation> inv = ParseServerArgs(command, args, coordinator_env);
+  absl::StatusOr<ServerInvocation> inv =
+      ParseServerArgs(command, args, coordinator_env, env.getenv);
+  if (inv.ok() && !inv->help) {
+    // Checked before any call, so that a missing CA is a usage error.
+    if (absl::Status s = ValidateTlsFiles(inv->global.tls, /*need_identity=*/false); !s.ok()) {
+      inv = s;
+    }
+  }
   if (!inv.ok()) {
     PrintError(WithContext(inv.status(), absl::StrCat("reshardctl ", command)), err);
     err << "run \"reshardctl " << command << " --help\" for usage\n";

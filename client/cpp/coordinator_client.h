@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/cpp/retry.h"
+#include "common/tls.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/coordinator.pb.h"
 
@@ -44,10 +45,19 @@ class CoordinatorClient {
     /// Called after every attempt of every call (method name, 1-based
     /// attempt, its status), e.g. for logging. May be empty.
     std::function<void(absl::string_view method, int attempt, const absl::Status&)> on_attempt;
+    /// Transport security (docs/security.md): the CA that the coordinator's
+    /// certificate chains to, and this client's certificate and key for
+    /// mutual TLS (services, agents), or `tls.insecure` for plaintext. With
+    /// neither a CA nor `insecure`, every call fails InvalidArgument.
+    TlsFiles tls;
+    /// A bearer token (people, schedulers): sent as `authorization: Bearer
+    /// <token>` with every call. Empty: none (the certificate identifies).
+    std::string token;
   };
 
   /// A client of the coordinator at `target` (gRPC target: "host:port").
-  /// Connects lazily: the first call reports an unreachable coordinator.
+  /// Connects lazily: the first call reports an unreachable coordinator, or
+  /// (InvalidArgument) TLS options that cannot work.
   explicit CoordinatorClient(const std::string& target) : CoordinatorClient(target, Options()) {}
   CoordinatorClient(const std::string& target, Options options);
   /// Over an existing channel (tests, custom credentials).
@@ -108,7 +118,11 @@ class CoordinatorClient {
   absl::Duration NextBackoff(int attempt);
   void SleepFor(absl::Duration d);
 
+  /// A fresh context with the call's deadline and the bearer token.
+  void Prepare(grpc::ClientContext* context, absl::Time deadline) const;
+
   Options options_;
+  absl::Status init_status_;  // why the channel could not be made (TLS files)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex rng_mu_;

@@ -98,7 +98,8 @@ class Ctl:
         self.cluster = cluster
 
     def __call__(self, *args, coordinator=True, env=None, timeout=TIMEOUT_S):
-        argv = [self.cluster.reshardctl]
+        # Mutual TLS with the cluster's admin certificate.
+        argv = [self.cluster.reshardctl] + self.cluster.ctl_args()
         if coordinator:
             argv += ["--coordinator", self.cluster.coordinator]
         proc = subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout,
@@ -330,8 +331,9 @@ def test_progress_bar_on_a_terminal(ctl, cluster, job):
     op_id = out.strip()
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([cluster.reshardctl, "--coordinator", cluster.coordinator, "ops",
-                                 "watch", op_id], stdout=subprocess.PIPE, stderr=slave)
+        proc = subprocess.Popen([cluster.reshardctl, "--coordinator", cluster.coordinator,
+                                 *cluster.ctl_args(), "ops", "watch", op_id],
+                                stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         slave = None
         out, _ = proc.communicate(timeout=TIMEOUT_S)
