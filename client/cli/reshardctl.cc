@@ -29,6 +29,8 @@ constexpr char kUsage[] =
     "  hosts list                     list hosts and their agents' lease\n"
     "  ops show OP | ops watch OP | ops cancel OP\n"
     "                                 show, follow or abort an operation\n"
+    "  auth create | auth revoke ID | auth list\n"
+    "                                 bearer tokens (admin only)\n"
     "  plan                           plan a move offline from files (no server)\n"
     "\n"
     "global flags:\n"

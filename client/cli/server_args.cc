@@ -135,6 +135,29 @@ const std::vector<CommandSpec>& Specs() {
        "usage: reshardctl ops watch OP [--wait-timeout DURATION]\n"
        "\nFollows an operation until it is final, with progress on stderr; prints the\n"
        "final operation. Exit 0 COMMITTED, 3 ABORTED or FAILED.\n"},
+      {"auth create",
+       {},
+       {"name", "role", "tenants", "ttl"},
+       {},
+       {"name", "role"},
+       "usage: reshardctl auth create --name NAME --role admin|scheduler|viewer\n"
+       "         [--tenants T1,T2] [--ttl DURATION]\n"
+       "\nCreates a bearer token (admin only) and prints it once: the coordinator keeps\n"
+       "only its hash. A scheduler or viewer token needs --tenants. --ttl: its\n"
+       "lifetime (default 30 days, at most 366).\n"},
+      {"auth revoke",
+       {"TOKEN_ID"},
+       {},
+       {},
+       {},
+       "usage: reshardctl auth revoke TOKEN_ID\n\nRevokes a token at once (admin only).\n"},
+      {"auth list",
+       {},
+       {},
+       {},
+       {},
+       "usage: reshardctl auth list\n\nLists tokens: id, name, role, tenants, expiry (never "
+       "secrets).\n"},
       {"ops cancel",
        {"OP"},
        {"idempotency-key"},
@@ -145,7 +168,7 @@ const std::vector<CommandSpec>& Specs() {
   return *specs;
 }
 
-const std::vector<std::string> kGroups = {"jobs", "hosts", "ops"};
+const std::vector<std::string> kGroups = {"jobs", "hosts", "ops", "auth"};
 
 const CommandSpec* FindSpec(const std::string& name) {
   for (const CommandSpec& s : Specs()) {

@@ -4,6 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "client/cli/exit_codes.h"
 #include "client/cli/json_file.h"
 #include "client/cli/lost_set.h"
@@ -54,6 +57,9 @@ class Runner {
     if (c == "ops show") return OpsShow();
     if (c == "ops watch") return Watch(inv_.positional[0]);
     if (c == "ops cancel") return OpsCancel();
+    if (c == "auth create") return AuthCreate();
+    if (c == "auth revoke") return AuthRevoke();
+    if (c == "auth list") return AuthList();
     return LocalError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")),
                       kExitUsage);
   }
@@ -223,6 +229,49 @@ class Runner {
     return Print(*preview,
                  absl::StrCat("preview of job ", req.job_id(), " -> ", FormatLayout(req.target()),
                               "\n\n", FormatPlanStats(preview->stats())));
+  }
+
+  static std::string TokenLine(const v1::Token& t) {
+    return absl::StrCat(
+        t.id(), "  ", t.name(), "  ", t.role(), "  tenants=", absl::StrJoin(t.tenants(), ","),
+        "  expires ",
+        absl::FormatTime(absl::FromUnixMillis(t.expires_unix_ms()), absl::UTCTimeZone()),
+        t.revoked_unix_ms() != 0 ? "  REVOKED" : "", "\n");
+  }
+
+  int AuthCreate() {
+    v1::CreateTokenRequest req;
+    req.set_name(Flag("name"));
+    req.set_role(Flag("role"));
+    for (absl::string_view t : absl::StrSplit(Flag("tenants"), ',', absl::SkipEmpty())) {
+      req.add_tenants(std::string(t));
+    }
+    if (Has("ttl")) {
+      absl::StatusOr<absl::Duration> ttl = ParseTimeout(Flag("ttl"));
+      if (!ttl.ok()) {
+        return LocalError(
+            absl::InvalidArgumentError(absl::StrCat("--ttl ", ttl.status().message())), kExitUsage);
+      }
+      req.set_ttl_seconds(absl::ToInt64Seconds(*ttl));
+    }
+    absl::StatusOr<v1::CreateTokenResponse> created = client_.CreateToken(req);
+    if (!created.ok()) return Fail(created.status());
+    return Print(*created, absl::StrCat(TokenLine(created->token()),
+                                        "token (shown once): ", created->bearer_token(), "\n"));
+  }
+
+  int AuthRevoke() {
+    absl::StatusOr<v1::Token> token = client_.RevokeToken(inv_.positional[0]);
+    if (!token.ok()) return Fail(token.status());
+    return Print(*token, TokenLine(*token));
+  }
+
+  int AuthList() {
+    absl::StatusOr<v1::ListTokensResponse> tokens = client_.ListTokens();
+    if (!tokens.ok()) return Fail(tokens.status());
+    std::string table;
+    for (const v1::Token& t : tokens->tokens()) table += TokenLine(t);
+    return Print(*tokens, table);
   }
 
   int HostsList() {

@@ -74,6 +74,7 @@ CoordinatorClient::CoordinatorClient(const std::string& target, Options options)
     channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
   }
   stub_ = v1::CoordinatorService::NewStub(channel_);
+  auth_stub_ = v1::AuthService::NewStub(channel_);
 }
 
 void CoordinatorClient::Prepare(grpc::ClientContext* context, absl::Time deadline) const {
@@ -85,6 +86,7 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel, Opt
     : options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::CoordinatorService::NewStub(channel_)),
+      auth_stub_(v1::AuthService::NewStub(channel_)),
       rng_(std::random_device{}()) {}
 
 absl::Duration CoordinatorClient::NextBackoff(int attempt) {
@@ -257,6 +259,36 @@ absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
   v1::ListHostsResponse response;
   absl::Status s = Call(
       "ListHosts", [&](grpc::ClientContext* c) { return stub_->ListHosts(c, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
+    const v1::CreateTokenRequest& request) {
+  v1::CreateTokenResponse response;
+  absl::Status s = Call("CreateToken", [&](grpc::ClientContext* c) {
+    return auth_stub_->CreateToken(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::Token> CoordinatorClient::RevokeToken(const std::string& token_id) {
+  v1::RevokeTokenRequest request;
+  request.set_token_id(token_id);
+  v1::Token token;
+  absl::Status s = Call("RevokeToken", [&](grpc::ClientContext* c) {
+    return auth_stub_->RevokeToken(c, request, &token);
+  });
+  if (!s.ok()) return s;
+  return token;
+}
+
+absl::StatusOr<v1::ListTokensResponse> CoordinatorClient::ListTokens() {
+  v1::ListTokensResponse response;
+  absl::Status s = Call("ListTokens", [&](grpc::ClientContext* c) {
+    return auth_stub_->ListTokens(c, v1::ListTokensRequest(), &response);
+  });
   if (!s.ok()) return s;
   return response;
 }

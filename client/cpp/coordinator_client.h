@@ -88,6 +88,13 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const std::string& operation_id);
+
+  // Bearer tokens (AuthService; admin only). CreateToken's reply carries
+  // the token itself, which nothing shows again.
+  [[nodiscard]] absl::StatusOr<v1::CreateTokenResponse> CreateToken(
+      const v1::CreateTokenRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Token> RevokeToken(const std::string& token_id);
+  [[nodiscard]] absl::StatusOr<v1::ListTokensResponse> ListTokens();
   [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(v1::CancelOperationRequest request);
   [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(const std::string& operation_id);
 
@@ -125,6 +132,7 @@ class CoordinatorClient {
   absl::Status init_status_;  // why the channel could not be made (TLS files)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::unique_ptr<v1::AuthService::Stub> auth_stub_;
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // guarded by rng_mu_
 };

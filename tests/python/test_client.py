@@ -407,3 +407,23 @@ def test_mutual_tls_identities(tls_cluster):
     with reshard.Client(c.coordinator, insecure=True, timeout=2.0, max_attempts=1) as plain:
         with pytest.raises((reshard.Unavailable, reshard.DeadlineExceeded)):
             plain.list_hosts()
+
+
+def test_bearer_token_scoped_to_its_tenant(tls_cluster):
+    from reshard.v1 import coordinator_pb2, coordinator_pb2_grpc
+    c = tls_cluster
+    cert, key = c.pki.issue(c.ADMIN)
+    with grpc.secure_channel(c.coordinator,
+                             reshard.tls_credentials(c.pki.ca, cert, key)) as channel:
+        created = coordinator_pb2_grpc.AuthServiceStub(channel).CreateToken(
+            coordinator_pb2.CreateTokenRequest(name="py", role="viewer", tenants=["team-p"]),
+            timeout=10)
+    token = created.bearer_token
+    with reshard.Client(c.coordinator, credentials=reshard.tls_credentials(c.pki.ca),
+                        token=token, timeout=10.0, max_attempts=1) as viewer:
+        assert list(viewer.list_jobs(tenant="team-p")) == []
+        with pytest.raises(reshard.PermissionDenied) as e:
+            viewer.list_jobs(tenant="team-q")
+        assert "team-q" in e.value.message and token.split(".")[1] not in e.value.message
+        with pytest.raises(reshard.PermissionDenied):
+            viewer.register_job({"name": "nope", "tenant": "team-p"})

@@ -2,11 +2,13 @@
 
 #include <cstring>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/tls.h"
 #include "grpcpp/server_context.h"
+#include "services/coordinator/logic/tokens.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -128,8 +130,30 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& co
   const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
   const std::string cn = auth == nullptr ? "" : PeerCertificateName(*auth);
   if (cn.empty()) {
-    return absl::UnauthenticatedError(
-        absl::StrCat(method, ": no client certificate (mutual TLS) was presented"));
+    const auto& metadata = context.client_metadata();
+    const auto header = metadata.find("authorization");
+    if (header == metadata.end()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          method, ": neither a client certificate (mutual TLS) nor a bearer token was presented"));
+    }
+    const std::string value(header->second.data(), header->second.size());
+    if (!absl::StartsWith(value, "Bearer ") || tokens_ == nullptr) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(method, ": the authorization header is not `Bearer <token>`"));
+    }
+    absl::StatusOr<TokenRecord> token = tokens_->Verify(value.substr(7));
+    if (!token.ok()) {
+      return absl::Status(token.status().code(),
+                          absl::StrCat(method, ": ", token.status().message()));
+    }
+    Principal p;
+    p.name = absl::StrCat("token:", token->id, " (", token->name, ")");
+    if (!ParseRole(token->role, &p.role)) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(method, ": bearer token \"", token->id, "\" has an unknown role"));
+    }
+    p.tenants = token->tenants;
+    return p;
   }
   absl::StatusOr<Principal> p = PrincipalFromCertificateName(cn);
   if (!p.ok()) return absl::UnauthenticatedError(absl::StrCat(method, ": ", p.status().message()));
@@ -163,6 +187,17 @@ absl::Status Authorizer::Authorize(const Principal& principal, const char* metho
     if (r == principal.role) return absl::OkStatus();
   }
   return refuse("the role may not call it");
+}
+
+absl::Status Authorizer::AuthorizeTenant(const Principal& principal, const char* method,
+                                         const std::string& tenant) const {
+  if (!ScopedToTenants(principal)) return absl::OkStatus();
+  for (const std::string& t : principal.tenants) {
+    if (t == tenant) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, " in tenant \"", tenant, "\" refused to \"", principal.name, "\" (role ",
+      RoleName(principal.role), "): its tenants are ", absl::StrJoin(principal.tenants, ",")));
 }
 
 absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* method,

@@ -8,6 +8,8 @@
 //    common name is `<role>:<name>`: `agent:<host id>` (bound to that host),
 //    `admin:<name>`, `scheduler:<name>@<tenant>[,<tenant>...]`,
 //    `viewer:<name>@<tenants>`;
+//  - a bearer token (`authorization: Bearer tok-ID.SECRET`, TokenApi) when
+//    no certificate was presented: its role and tenants;
 //  - with --insecure (plaintext), every caller is the admin `insecure` and an
 //    agent may speak for any host: an explicit, logged choice for tests and
 //    single-user machines.
@@ -50,13 +52,17 @@ struct Principal {
 /// principal. InvalidArgument (naming the text) for any other form.
 [[nodiscard]] absl::StatusOr<Principal> PrincipalFromCertificateName(const std::string& cn);
 
+class TokenApi;
+
 class Authorizer {
  public:
-  /// `insecure`: plaintext mode (see above).
-  explicit Authorizer(bool insecure) : insecure_(insecure) {}
+  /// `insecure`: plaintext mode (see above). `tokens` (may be null: no
+  /// bearer tokens) must outlive this.
+  Authorizer(bool insecure, const TokenApi* tokens) : insecure_(insecure), tokens_(tokens) {}
 
-  /// Who calls: from the verified client certificate. UNAUTHENTICATED
-  /// naming the method when there is none.
+  /// Who calls: from the verified client certificate, else the bearer
+  /// token. UNAUTHENTICATED naming the method (and the token's id, never
+  /// its secret) when neither identifies the caller.
   [[nodiscard]] absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& context,
                                                        const char* method) const;
 
@@ -66,6 +72,17 @@ class Authorizer {
   /// principal, its role, the method and the host.
   [[nodiscard]] absl::Status Authorize(const Principal& principal, const char* method,
                                        const std::string& host_id) const;
+
+  /// Whether `principal` is scoped to tenants (scheduler, viewer), so that
+  /// a call on a job must first look its tenant up.
+  bool ScopedToTenants(const Principal& principal) const {
+    return principal.role == Role::kScheduler || principal.role == Role::kViewer;
+  }
+
+  /// Whether `principal` may act in `tenant` (RegisterJob's spec, ListJobs'
+  /// filter): admin always, scheduler and viewer within their tenants.
+  [[nodiscard]] absl::Status AuthorizeTenant(const Principal& principal, const char* method,
+                                             const std::string& tenant) const;
 
   /// Whether `principal` may see or act on job `job_id` of `tenant`, placed
   /// on `hosts` (its current placement): admin always; scheduler and viewer
@@ -82,6 +99,7 @@ class Authorizer {
 
  private:
   const bool insecure_;
+  const TokenApi* tokens_;
 };
 
 }  // namespace reshard::coordinator

@@ -55,6 +55,13 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
 
  private:
   SchedulerApi* api_;
+  /// A scheduler's or viewer's call on job `job_id` / operation
+  /// `operation_id` stays within its tenants (Authorizer::AuthorizeJob);
+  /// others pass. A missing job or operation passes: the call answers it.
+  absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id) const;
+  absl::Status InOperationTenant(const Principal& p, const char* method,
+                                 const std::string& operation_id) const;
+
   const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
   std::atomic<bool> stopping_{false};

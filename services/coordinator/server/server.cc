@@ -16,9 +16,11 @@
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/logic/tokens.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
+#include "services/coordinator/server/auth_service.h"
 #include "services/coordinator/server/coordinator_service.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_store.h"
@@ -90,7 +92,10 @@ absl::Status CoordinatorServer::Start() {
                          << config_.listen
                          << " and NO authentication; anyone who reaches the port is admin";
   }
-  authorizer_ = std::make_unique<Authorizer>(config_.tls.insecure);
+  token_api_ = std::make_unique<TokenApi>(store_, &clock_);
+  authorizer_ = std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get());
+  auth_service_ =
+      std::make_unique<AuthServiceImpl>(token_api_.get(), authorizer_.get(), metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
       scheduler_api_.get(), authorizer_.get(), metrics_.get());
   agent_service_ =
@@ -100,6 +105,7 @@ absl::Status CoordinatorServer::Start() {
   builder.SetMaxReceiveMessageSize(MaxReceiveMessageBytes(config_));
   builder.RegisterService(coordinator_service_.get());
   builder.RegisterService(agent_service_.get());
+  builder.RegisterService(auth_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     const std::string address = config_.listen;
