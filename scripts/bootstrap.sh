@@ -8,7 +8,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libpqxx-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
-  postgresql python3-grpcio python3-protobuf python3-numpy python3-pytest
+  openssl postgresql python3-grpcio python3-protobuf python3-numpy python3-pytest
   python3-yaml python3-xxhash python3-torch prometheus nginx-light
 )
 

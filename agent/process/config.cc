@@ -28,6 +28,10 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"copy-threads", "RESHARD_COPY_THREADS"},
       {"log-level", "RESHARD_LOG_LEVEL"},
       {"metrics-listen", "RESHARD_METRICS_LISTEN"},
+      {"tls-cert", "RESHARD_TLS_CERT"},
+      {"tls-key", "RESHARD_TLS_KEY"},
+      {"tls-ca", "RESHARD_TLS_CA"},
+      {"insecure", "RESHARD_INSECURE"},
   };
   return *flags;
 }
@@ -76,6 +80,10 @@ std::string AgentUsage() {
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT]\n"
+         "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
+         "--tls-cert/--tls-key: this host's certificate (common name agent:HOST_ID) and\n"
+         "key; --tls-ca: the CA of the coordinator's certificate. Re-read when they\n"
+         "change. --insecure: plaintext to the coordinator (a warning is logged).\n"
          "--spare-bytes keeps that much shared memory allocated and zeroed ahead (within\n"
          "--memory-limit-bytes; tmpfs only) for new buffers; 0: none. Default 1 GiB.\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
@@ -84,7 +92,8 @@ std::string AgentUsage() {
          "RESHARD_COORDINATOR, RESHARD_WORKER_SOCKET, RESHARD_AGENT_ADDRESS, RESHARD_SHM_DIR,\n"
          "RESHARD_MEMORY_LIMIT_BYTES, RESHARD_SPARE_BYTES, UCX_NET_DEVICES, UCX_TLS,\n"
          "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL,\n"
-         "RESHARD_METRICS_LISTEN); flags win.\n";
+         "RESHARD_METRICS_LISTEN, RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA,\n"
+         "RESHARD_INSECURE); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -104,6 +113,8 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     if (eq != std::string::npos) {
       value = name.substr(eq + 1);
       name = name.substr(0, eq);
+    } else if (name == "insecure") {
+      value = "true";  // the one boolean flag
     } else {
       if (i + 1 >= args.size()) {
         return absl::InvalidArgumentError(absl::StrCat("--", name, " needs a value"));
@@ -130,6 +141,15 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
   get("ucx-tls", &c.ucx_tls);
   get("log-level", &c.log_level);
   get("metrics-listen", &c.metrics_listen);
+  get("tls-cert", &c.tls.cert);
+  get("tls-key", &c.tls.key);
+  get("tls-ca", &c.tls.ca);
+  if (auto it = values.find("insecure"); it != values.end()) {
+    if (!ParseBool(it->second, &c.tls.insecure).ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--insecure (RESHARD_INSECURE) \"", it->second,
+                                                     "\": expected true or false"));
+    }
+  }
   int64_t v = 0;
   if (auto it = values.find("memory-limit-bytes"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, 1, int64_t{1} << 50, &v);
@@ -178,6 +198,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = CheckHostPort("metrics-listen", "RESHARD_METRICS_LISTEN", c.metrics_listen);
     if (!s.ok()) return s;
   }
+  if (absl::Status s = ValidateTlsFiles(c.tls, /*need_identity=*/true); !s.ok()) return s;
   LogSeverity sev;
   if (!ParseLogSeverity(c.log_level, &sev)) {
     return absl::InvalidArgumentError(

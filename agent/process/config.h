@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/tls.h"
 
 namespace reshard::agent {
 
@@ -28,6 +29,12 @@ struct AgentConfig {
   /// Prometheus /metrics address HOST:PORT (port 0: any free port); empty:
   /// no metrics served. --metrics-listen, RESHARD_METRICS_LISTEN.
   std::string metrics_listen;
+  /// The channel to the coordinator: this host's certificate (common name
+  /// `agent:<host id>`) and key, the CA of the coordinator's certificate;
+  /// re-read when they change. --tls-cert, --tls-key, --tls-ca
+  /// (RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA), all required
+  /// unless --insecure (RESHARD_INSECURE): plaintext, logged as a warning.
+  TlsFiles tls;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

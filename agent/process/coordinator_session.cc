@@ -10,6 +10,19 @@
 #include "common/log.h"
 
 namespace reshard::agent {
+
+absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& target,
+                                                                  const TlsFiles& tls) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(tls);
+  if (!credentials.ok()) return credentials.status();
+  if (tls.insecure) {
+    RESHARD_LOG(WARNING) << "--insecure: plaintext to the coordinator at " << target
+                         << "; anyone on the path can read and forge this host's reports";
+  }
+  return grpc::CreateChannel(target, *credentials);
+}
+
 namespace {
 
 constexpr int kReportPeriodMs = 500;

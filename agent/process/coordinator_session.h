@@ -21,10 +21,12 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "agent/executor/executor.h"
 #include "agent/process/metrics.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/agent.grpc.pb.h"
 
@@ -34,6 +36,12 @@ namespace reshard::agent {
 absl::Status FromGrpc(const grpc::Status& s);
 /// grpc::Status from an absl::Status.
 grpc::Status ToGrpc(const absl::Status& s);
+
+/// The channel to the coordinator at `target` (host:port): mutual TLS with
+/// this host's certificate, or plaintext when `tls.insecure` (a warning is
+/// logged). InvalidArgument naming the flag when the files do not do.
+[[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(
+    const std::string& target, const TlsFiles& tls);
 
 class CoordinatorSession {
  public:

@@ -97,8 +97,10 @@ int main(int argc, char** argv) {
                       << (ports.empty() ? 0 : ports.front());
   }
 
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(config->coordinator, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator_channel =
+      CoordinatorChannel(config->coordinator, config->tls);
+  if (!coordinator_channel.ok()) return Fail(std::string(coordinator_channel.status().message()));
+  std::shared_ptr<grpc::Channel> channel = *coordinator_channel;
 
   WorkerServiceImpl worker_service(store->get(), channel, &metrics);
   unlink(config->worker_socket.c_str());  // a stale socket of an earlier run

@@ -4,7 +4,9 @@
 //    (tp 8, pp 16, dp 8 on 128 hosts x 8 GPUs; preview to dp 6 on 96 hosts);
 //  - read throughput (GetJob, ListJobs) and durable mutation throughput
 //    (RegisterJob of small jobs, each one committed transaction) with 1, 4
-//    and 16 concurrent clients, each for a fixed time.
+//    and 16 concurrent clients, each for a fixed time, over mutual TLS (the
+//    default) and, in the same run, against a second replica on the same
+//    database run --insecure (plaintext): the cost of TLS in calls/s.
 // Prints a table. --quick runs each case briefly (the CTest smoke run) and
 // exits non-zero only when a call fails.
 #include <algorithm>
@@ -23,9 +25,11 @@
 #include "absl/strings/str_format.h"
 #include "bench/planner/gpt_model.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "services/coordinator/server/server.h"
+#include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/harness/test_postgres.h"
 
 namespace reshard::bench {
@@ -49,14 +53,22 @@ double Percentile(std::vector<double> v, double p) {
   return v[i];
 }
 
-std::unique_ptr<Stub> NewStub(int port, int channel_id) {
+// Where a throughput case sends its calls: a replica's port and the
+// credentials it takes.
+struct Target {
+  std::string name;  // "mTLS", "plaintext"
+  int port = 0;
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+std::unique_ptr<Stub> NewStub(const Target& target, int channel_id) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(256 << 20);
   args.SetMaxSendMessageSize(256 << 20);
   // A distinct argument gives each client its own connection.
   args.SetInt("reshard.bench.channel", channel_id);
-  return v1::CoordinatorService::NewStub(grpc::CreateCustomChannel(
-      absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials(), args));
+  return v1::CoordinatorService::NewStub(
+      grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", target.port), target.credentials, args));
 }
 
 // Fails the benchmark on a call error: a number measured over errors means
@@ -100,10 +112,16 @@ struct ThroughputRow {
 
 // Runs `call(client, i)` from `clients` threads for `seconds`; each
 // thread has its own stub and connection.
-ThroughputRow Throughput(const std::string& what, int port, int clients, double seconds,
+ThroughputRow Throughput(const std::string& what, const Target& target, int clients, double seconds,
                          const std::function<void(Stub*, int, int64_t)>& call) {
   std::vector<std::unique_ptr<Stub>> stubs;
-  for (int c = 0; c < clients; ++c) stubs.push_back(NewStub(port, c + 1));
+  for (int c = 0; c < clients; ++c) stubs.push_back(NewStub(target, c + 1));
+  // Connected (and, with TLS, handshaken) before the clock starts.
+  for (auto& stub : stubs) {
+    grpc::ClientContext context;
+    v1::ListHostsResponse reply;
+    Check(stub->ListHosts(&context, v1::ListHostsRequest(), &reply), "ListHosts warm-up");
+  }
   std::vector<std::vector<double>> ms(clients);
   std::atomic<bool> go{false};
   const auto deadline_after =
@@ -124,7 +142,8 @@ ThroughputRow Throughput(const std::string& what, int port, int clients, double 
   start = Clock::now();
   go.store(true);
   for (std::thread& t : threads) t.join();
-  ThroughputRow row{what, clients, 0, Ms(Clock::now() - start) / 1000, {}};
+  ThroughputRow row{
+      absl::StrCat(what, " ", target.name), clients, 0, Ms(Clock::now() - start) / 1000, {}};
   for (const std::vector<double>& v : ms) {
     row.calls += static_cast<int64_t>(v.size());
     row.ms.insert(row.ms.end(), v.begin(), v.end());
@@ -140,6 +159,18 @@ int Run(const Options& opt) {
     std::fprintf(stderr, "coordinator_bench: PostgreSQL: %s\n", pg.status().ToString().c_str());
     return 1;
   }
+  absl::StatusOr<std::unique_ptr<coordinator::testing::TestPki>> pki =
+      coordinator::testing::TestPki::Create("coordinator-bench");
+  absl::StatusOr<coordinator::testing::CertFiles> server_cert =
+      pki.ok() ? (*pki)->Issue("coordinator") : pki.status();
+  absl::StatusOr<coordinator::testing::CertFiles> client_cert =
+      pki.ok() ? (*pki)->Issue("admin:bench") : pki.status();
+  if (!server_cert.ok() || !client_cert.ok()) {
+    std::fprintf(
+        stderr, "coordinator_bench: test CA: %s\n",
+        (server_cert.ok() ? client_cert.status() : server_cert.status()).ToString().c_str());
+    return 1;
+  }
   coordinator::CoordinatorConfig config;
   config.listen = "127.0.0.1:0";
   config.metrics_listen = "127.0.0.1:0";
@@ -147,13 +178,32 @@ int Run(const Options& opt) {
   config.replica_id = "bench";
   config.pool_size = 16;
   config.log_level = LogSeverity::kWarning;
+  config.tls.cert = server_cert->cert;
+  config.tls.key = server_cert->key;
+  config.tls.ca = (*pki)->ca();
   coordinator::CoordinatorServer server(config);
-  if (absl::Status s = server.Start(); !s.ok()) {
-    std::fprintf(stderr, "coordinator_bench: coordinator: %s\n", s.ToString().c_str());
-    return 1;
+  // The same replica's code, plaintext, on the same database.
+  coordinator::CoordinatorConfig plain_config = config;
+  plain_config.replica_id = "bench-plain";
+  plain_config.tls = TlsFiles();
+  plain_config.tls.insecure = true;
+  coordinator::CoordinatorServer plain_server(plain_config);
+  for (coordinator::CoordinatorServer* s : {&server, &plain_server}) {
+    if (absl::Status st = s->Start(); !st.ok()) {
+      std::fprintf(stderr, "coordinator_bench: coordinator: %s\n", st.ToString().c_str());
+      return 1;
+    }
   }
-  const int port = server.port();
-  std::unique_ptr<Stub> stub = NewStub(port, 0);
+  TlsFiles client_tls;
+  client_tls.cert = client_cert->cert;
+  client_tls.key = client_cert->key;
+  client_tls.ca = (*pki)->ca();
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> client_credentials =
+      MakeChannelCredentials(client_tls);
+  RESHARD_CHECK(client_credentials.ok()) << client_credentials.status();
+  const Target tls_target{"mTLS", server.port(), *client_credentials};
+  const Target plain_target{"plaintext", plain_server.port(), grpc::InsecureChannelCredentials()};
+  std::unique_ptr<Stub> stub = NewStub(tls_target, 0);
 
   // ---- 175B latency ----------------------------------------------------
   std::vector<LatencyRow> latency;
@@ -215,37 +265,44 @@ int Run(const Options& opt) {
   }
   std::vector<ThroughputRow> throughput;
   std::atomic<int64_t> serial{0};
-  for (int clients : {1, 4, 16}) {
-    throughput.push_back(
-        Throughput("GetJob", port, clients, opt.seconds, [&](Stub* s, int c, int64_t i) {
-          v1::GetJobRequest request;
-          request.set_job_id(small_ids[(c * 7919 + i) % small_ids.size()]);
-          grpc::ClientContext context;
-          v1::Job reply;
-          Check(s->GetJob(&context, request, &reply), "GetJob");
-        }));
-  }
-  for (int clients : {1, 4, 16}) {
-    throughput.push_back(
-        Throughput("ListJobs (100/page)", port, clients, opt.seconds, [&](Stub* s, int, int64_t) {
-          v1::ListJobsRequest request;
-          request.set_page_size(100);
-          grpc::ClientContext context;
-          v1::ListJobsResponse reply;
-          Check(s->ListJobs(&context, request, &reply), "ListJobs");
-        }));
-  }
-  for (int clients : {1, 4, 16}) {
-    throughput.push_back(Throughput(
-        "RegisterJob (small, durable)", port, clients, opt.seconds, [&](Stub* s, int, int64_t) {
-          v1::RegisterJobRequest request;
-          *request.mutable_spec() = SmallSpec(absl::StrCat("job-", serial.fetch_add(1)));
-          grpc::ClientContext context;
-          v1::RegisterJobResponse reply;
-          Check(s->RegisterJob(&context, request, &reply), "RegisterJob small");
-        }));
+  using Call = std::function<void(Stub*, int, int64_t)>;
+  const std::vector<std::pair<std::string, Call>> cases = {
+      {"GetJob",
+       [&](Stub* s, int c, int64_t i) {
+         v1::GetJobRequest request;
+         request.set_job_id(small_ids[(c * 7919 + i) % small_ids.size()]);
+         grpc::ClientContext context;
+         v1::Job reply;
+         Check(s->GetJob(&context, request, &reply), "GetJob");
+       }},
+      {"ListJobs (100/page)",
+       [&](Stub* s, int, int64_t) {
+         v1::ListJobsRequest request;
+         request.set_page_size(100);
+         grpc::ClientContext context;
+         v1::ListJobsResponse reply;
+         Check(s->ListJobs(&context, request, &reply), "ListJobs");
+       }},
+      {"RegisterJob (small)",
+       [&](Stub* s, int, int64_t) {
+         v1::RegisterJobRequest request;
+         *request.mutable_spec() = SmallSpec(absl::StrCat("job-", serial.fetch_add(1)));
+         grpc::ClientContext context;
+         v1::RegisterJobResponse reply;
+         Check(s->RegisterJob(&context, request, &reply), "RegisterJob small");
+       }},
+  };
+  // Plaintext, then mTLS, case by case: both see the same database and the
+  // same load on the machine.
+  for (const auto& [name, call] : cases) {
+    for (int clients : {1, 4, 16}) {
+      for (const Target* target : {&plain_target, &tls_target}) {
+        throughput.push_back(Throughput(name, *target, clients, opt.seconds, call));
+      }
+    }
   }
   server.Shutdown();
+  plain_server.Shutdown();
 
   std::printf("coordinator_bench: one replica, PostgreSQL on the same machine (%u cores)%s\n\n",
               std::thread::hardware_concurrency(), opt.quick ? ", --quick" : "");
@@ -254,12 +311,21 @@ int Run(const Options& opt) {
     std::printf("%-28s %5zu %10.1f %10.1f  %s\n", r.what.c_str(), r.ms.size(),
                 Percentile(r.ms, 0.5), *std::min_element(r.ms.begin(), r.ms.end()), r.note.c_str());
   }
-  std::printf("\n%-28s %7s %8s %10s %8s %8s\n", "throughput", "clients", "calls", "calls/s",
-              "p50 ms", "p99 ms");
-  for (const ThroughputRow& r : throughput) {
-    std::printf("%-28s %7d %8lld %10.0f %8.2f %8.2f\n", r.what.c_str(), r.clients,
-                static_cast<long long>(r.calls), r.calls / r.seconds, Percentile(r.ms, 0.5),
-                Percentile(r.ms, 0.99));
+  std::printf("\n%-32s %7s %8s %10s %8s %8s %9s\n", "throughput", "clients", "calls", "calls/s",
+              "p50 ms", "p99 ms", "vs plain");
+  // Rows alternate: plaintext, then the same case over mTLS.
+  for (size_t k = 0; k < throughput.size(); ++k) {
+    const ThroughputRow& r = throughput[k];
+    const double rate = r.calls / r.seconds;
+    std::string vs;
+    if (k % 2 == 1) {
+      const ThroughputRow& plain = throughput[k - 1];
+      const double plain_rate = plain.calls / plain.seconds;
+      if (plain_rate > 0) vs = absl::StrFormat("%+.1f%%", 100.0 * (rate / plain_rate - 1));
+    }
+    std::printf("%-32s %7d %8lld %10.0f %8.2f %8.2f %9s\n", r.what.c_str(), r.clients,
+                static_cast<long long>(r.calls), rate, Percentile(r.ms, 0.5),
+                Percentile(r.ms, 0.99), vs.c_str());
   }
   return 0;
 }

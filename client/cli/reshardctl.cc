@@ -29,6 +29,8 @@ constexpr char kUsage[] =
     "  hosts list                     list hosts and their agents' lease\n"
     "  ops show OP | ops watch OP | ops cancel OP\n"
     "                                 show, follow or abort an operation\n"
+    "  auth create | auth revoke ID | auth list\n"
+    "                                 bearer tokens (admin only)\n"
     "  plan                           plan a move offline from files (no server)\n"
     "\n"
     "global flags:\n"
@@ -36,6 +38,12 @@ constexpr char kUsage[] =
     "127.0.0.1:7070)\n"
     "  --output table|json       json: the reply as proto JSON with original field names\n"
     "  --timeout DURATION        deadline of each call, retries included (default 30s)\n"
+    "  --tls-ca FILE             CA of the coordinator's certificate ($RESHARD_TLS_CA)\n"
+    "  --tls-cert FILE, --tls-key FILE\n"
+    "                            client certificate for mutual TLS ($RESHARD_TLS_CERT/KEY)\n"
+    "  --token-file FILE         bearer token ($RESHARD_TOKEN_FILE, or the token in\n"
+    "                            $RESHARD_TOKEN)\n"
+    "  --insecure                plaintext (a coordinator run with --insecure)\n"
     "\n"
     "Errors go to stderr as \"CODE_NAME: message\".\n";
 
@@ -55,8 +63,14 @@ int main(int argc, char** argv) {
   std::string output;
   while (i < args.size()) {
     const std::string& a = args[i];
+    if (a == "--insecure") {
+      globals.push_back(a);
+      ++i;
+      continue;
+    }
     if (!IsGlobalFlag(a, "coordinator") && !IsGlobalFlag(a, "output") &&
-        !IsGlobalFlag(a, "timeout")) {
+        !IsGlobalFlag(a, "timeout") && !IsGlobalFlag(a, "tls-ca") && !IsGlobalFlag(a, "tls-cert") &&
+        !IsGlobalFlag(a, "tls-key") && !IsGlobalFlag(a, "token-file")) {
       break;
     }
     globals.push_back(a);
@@ -90,6 +104,7 @@ int main(int argc, char** argv) {
     const char* env = std::getenv("RESHARD_COORDINATOR");
     reshard::cli::CommandEnv command_env;
     command_env.stderr_is_tty = ::isatty(STDERR_FILENO) == 1;
+    command_env.getenv = [](const char* name) { return std::getenv(name); };
     return reshard::cli::ServerMain(command, rest, std::cout, std::cerr, env ? env : "",
                                     command_env);
   }

@@ -2,8 +2,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <fstream>
 
 #include "absl/container/flat_hash_set.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -22,6 +24,11 @@ const char kGlobalHelp[] =
     "127.0.0.1:7070)\n"
     "  --output table|json       json: the reply as proto JSON (original field names)\n"
     "  --timeout DURATION        deadline of each call, retries included (default 30s)\n"
+    "  --tls-ca FILE             CA of the coordinator's certificate ($RESHARD_TLS_CA)\n"
+    "  --tls-cert FILE           client certificate for mutual TLS ($RESHARD_TLS_CERT)\n"
+    "  --tls-key FILE            its key ($RESHARD_TLS_KEY)\n"
+    "  --token-file FILE         bearer token ($RESHARD_TOKEN_FILE; or $RESHARD_TOKEN)\n"
+    "  --insecure                plaintext, for a coordinator run --insecure ($RESHARD_INSECURE)\n"
     "\n"
     "exit status: 0 ok, 1 error, 2 usage, 3 operation ABORTED/FAILED, 4 NOT_FOUND,\n"
     "5 conflict (FAILED_PRECONDITION, ALREADY_EXISTS, ABORTED), 6 coordinator unreachable.\n";
@@ -128,6 +135,29 @@ const std::vector<CommandSpec>& Specs() {
        "usage: reshardctl ops watch OP [--wait-timeout DURATION]\n"
        "\nFollows an operation until it is final, with progress on stderr; prints the\n"
        "final operation. Exit 0 COMMITTED, 3 ABORTED or FAILED.\n"},
+      {"auth create",
+       {},
+       {"name", "role", "tenants", "ttl"},
+       {},
+       {"name", "role"},
+       "usage: reshardctl auth create --name NAME --role admin|scheduler|viewer\n"
+       "         [--tenants T1,T2] [--ttl DURATION]\n"
+       "\nCreates a bearer token (admin only) and prints it once: the coordinator keeps\n"
+       "only its hash. A scheduler or viewer token needs --tenants. --ttl: its\n"
+       "lifetime (default 30 days, at most 366).\n"},
+      {"auth revoke",
+       {"TOKEN_ID"},
+       {},
+       {},
+       {},
+       "usage: reshardctl auth revoke TOKEN_ID\n\nRevokes a token at once (admin only).\n"},
+      {"auth list",
+       {},
+       {},
+       {},
+       {},
+       "usage: reshardctl auth list\n\nLists tokens: id, name, role, tenants, expiry (never "
+       "secrets).\n"},
       {"ops cancel",
        {"OP"},
        {"idempotency-key"},
@@ -138,7 +168,7 @@ const std::vector<CommandSpec>& Specs() {
   return *specs;
 }
 
-const std::vector<std::string> kGroups = {"jobs", "hosts", "ops"};
+const std::vector<std::string> kGroups = {"jobs", "hosts", "ops", "auth"};
 
 const CommandSpec* FindSpec(const std::string& name) {
   for (const CommandSpec& s : Specs()) {
@@ -191,7 +221,8 @@ absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
 
 absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
                                                  const std::vector<std::string>& args,
-                                                 const std::string& coordinator_env) {
+                                                 const std::string& coordinator_env,
+                                                 const GetEnv& getenv) {
   ServerInvocation inv;
   std::vector<std::string> rest = args;
   inv.command = command;
@@ -222,8 +253,13 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
   }
   std::vector<std::string> value_flags = spec->flags;
-  for (const char* g : {"coordinator", "output", "timeout"}) value_flags.push_back(g);
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, value_flags, spec->bool_flags);
+  for (const char* g :
+       {"coordinator", "output", "timeout", "tls-ca", "tls-cert", "tls-key", "token-file"}) {
+    value_flags.push_back(g);
+  }
+  std::vector<std::string> bool_flags = spec->bool_flags;
+  bool_flags.push_back("insecure");
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, value_flags, bool_flags);
   if (!parsed.ok()) return parsed.status();
   inv.help = parsed->help;
   if (inv.help) return inv;
@@ -244,6 +280,21 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
   inv.positional = parsed->positional;
 
   inv.global.coordinator = coordinator_env.empty() ? kDefaultCoordinator : coordinator_env;
+  auto env = [&](const char* name) -> std::string {
+    const char* v = getenv ? getenv(name) : nullptr;
+    return v == nullptr ? "" : v;
+  };
+  inv.global.tls.ca = env("RESHARD_TLS_CA");
+  inv.global.tls.cert = env("RESHARD_TLS_CERT");
+  inv.global.tls.key = env("RESHARD_TLS_KEY");
+  if (const std::string insecure = env("RESHARD_INSECURE"); !insecure.empty()) {
+    if (!ParseBool(insecure, &inv.global.tls.insecure).ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RESHARD_INSECURE \"", insecure, "\": expected true or false"));
+    }
+  }
+  std::string token_file = env("RESHARD_TOKEN_FILE");
+  inv.global.token = env("RESHARD_TOKEN");
   for (auto& [name, value] : parsed->values) {
     if (name == "coordinator") {
       if (value.empty()) return absl::InvalidArgumentError("--coordinator is empty");
@@ -257,6 +308,16 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
         return absl::InvalidArgumentError(
             absl::StrCat("--output \"", value, "\": expected table or json"));
       }
+    } else if (name == "insecure") {
+      inv.global.tls.insecure = true;
+    } else if (name == "tls-ca") {
+      inv.global.tls.ca = value;
+    } else if (name == "tls-cert") {
+      inv.global.tls.cert = value;
+    } else if (name == "tls-key") {
+      inv.global.tls.key = value;
+    } else if (name == "token-file") {
+      token_file = value;
     } else if (name == "timeout") {
       absl::StatusOr<absl::Duration> d = ParseTimeout(value);
       if (!d.ok())
@@ -265,6 +326,15 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     } else {
       inv.flags[name] = value;
     }
+  }
+  if (!token_file.empty()) {
+    std::ifstream in(token_file);
+    std::string token;
+    if (!in.good() || !std::getline(in, token)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--token-file \"", token_file, "\": cannot read a token from it"));
+    }
+    inv.global.token = std::string(absl::StripAsciiWhitespace(token));
   }
   for (const std::string& r : spec->required) {
     if (!inv.flags.contains(r) || inv.flags.at(r).empty()) {

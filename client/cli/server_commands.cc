@@ -4,6 +4,9 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "client/cli/exit_codes.h"
 #include "client/cli/json_file.h"
 #include "client/cli/lost_set.h"
@@ -22,6 +25,8 @@ client::CoordinatorClient::Options ClientOptions(const GlobalOptions& global) {
   o.retry.max_attempts = 4;
   o.retry.initial_backoff = absl::Milliseconds(200);
   o.retry.max_backoff = absl::Seconds(2);
+  o.tls = global.tls;
+  o.token = global.token;
   return o;
 }
 
@@ -52,6 +57,9 @@ class Runner {
     if (c == "ops show") return OpsShow();
     if (c == "ops watch") return Watch(inv_.positional[0]);
     if (c == "ops cancel") return OpsCancel();
+    if (c == "auth create") return AuthCreate();
+    if (c == "auth revoke") return AuthRevoke();
+    if (c == "auth list") return AuthList();
     return LocalError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")),
                       kExitUsage);
   }
@@ -223,6 +231,49 @@ class Runner {
                               "\n\n", FormatPlanStats(preview->stats())));
   }
 
+  static std::string TokenLine(const v1::Token& t) {
+    return absl::StrCat(
+        t.id(), "  ", t.name(), "  ", t.role(), "  tenants=", absl::StrJoin(t.tenants(), ","),
+        "  expires ",
+        absl::FormatTime(absl::FromUnixMillis(t.expires_unix_ms()), absl::UTCTimeZone()),
+        t.revoked_unix_ms() != 0 ? "  REVOKED" : "", "\n");
+  }
+
+  int AuthCreate() {
+    v1::CreateTokenRequest req;
+    req.set_name(Flag("name"));
+    req.set_role(Flag("role"));
+    for (absl::string_view t : absl::StrSplit(Flag("tenants"), ',', absl::SkipEmpty())) {
+      req.add_tenants(std::string(t));
+    }
+    if (Has("ttl")) {
+      absl::StatusOr<absl::Duration> ttl = ParseTimeout(Flag("ttl"));
+      if (!ttl.ok()) {
+        return LocalError(
+            absl::InvalidArgumentError(absl::StrCat("--ttl ", ttl.status().message())), kExitUsage);
+      }
+      req.set_ttl_seconds(absl::ToInt64Seconds(*ttl));
+    }
+    absl::StatusOr<v1::CreateTokenResponse> created = client_.CreateToken(req);
+    if (!created.ok()) return Fail(created.status());
+    return Print(*created, absl::StrCat(TokenLine(created->token()),
+                                        "token (shown once): ", created->bearer_token(), "\n"));
+  }
+
+  int AuthRevoke() {
+    absl::StatusOr<v1::Token> token = client_.RevokeToken(inv_.positional[0]);
+    if (!token.ok()) return Fail(token.status());
+    return Print(*token, TokenLine(*token));
+  }
+
+  int AuthList() {
+    absl::StatusOr<v1::ListTokensResponse> tokens = client_.ListTokens();
+    if (!tokens.ok()) return Fail(tokens.status());
+    std::string table;
+    for (const v1::Token& t : tokens->tokens()) table += TokenLine(t);
+    return Print(*tokens, table);
+  }
+
   int HostsList() {
     absl::StatusOr<v1::ListHostsResponse> hosts = client_.ListHosts();
     if (!hosts.ok()) return Fail(hosts.status());
@@ -292,7 +343,14 @@ int RunServerCommand(const ServerInvocation& invocation, std::ostream& out, std:
 
 int ServerMain(const std::string& command, const std::vector<std::string>& args, std::ostream& out,
                std::ostream& err, const std::string& coordinator_env, const CommandEnv& env) {
-  absl::StatusOr<ServerInvocation> inv = ParseServerArgs(command, args, coordinator_env);
+  absl::StatusOr<ServerInvocation> inv =
+      ParseServerArgs(command, args, coordinator_env, env.getenv);
+  if (inv.ok() && !inv->help) {
+    // Checked before any call, so that a missing CA is a usage error.
+    if (absl::Status s = ValidateTlsFiles(inv->global.tls, /*need_identity=*/false); !s.ok()) {
+      inv = s;
+    }
+  }
   if (!inv.ok()) {
     PrintError(WithContext(inv.status(), absl::StrCat("reshardctl ", command)), err);
     err << "run \"reshardctl " << command << " --help\" for usage\n";

@@ -13,6 +13,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "common/tls.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
 
@@ -27,6 +28,12 @@ struct GlobalOptions {
   std::string coordinator;  // host:port
   Output output = Output::kTable;
   absl::Duration timeout = absl::Seconds(30);  // per RPC, retries included
+  /// --tls-ca/--tls-cert/--tls-key/--insecure, else RESHARD_TLS_CA,
+  /// RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_INSECURE.
+  TlsFiles tls;
+  /// The bearer token: from --token-file, else $RESHARD_TOKEN_FILE, else
+  /// $RESHARD_TOKEN. Never printed.
+  std::string token;
 };
 
 /// One parsed server command line.
@@ -44,12 +51,17 @@ bool IsServerCommand(const std::string& name);
 /// The usage text of a command ("resize") or group ("jobs").
 std::string ServerUsage(const std::string& command);
 
+/// Reads an environment variable (nullptr when unset).
+using GetEnv = std::function<const char*(const char*)>;
+
 /// Parses `args` (what follows `command` on the command line) of a server
-/// command. `coordinator_env` is $RESHARD_COORDINATOR (may be empty).
+/// command. `coordinator_env` is $RESHARD_COORDINATOR (may be empty);
+/// `getenv` gives the TLS and token variables (empty: none set).
 /// Every error is a usage error (InvalidArgument naming the flag or value).
 [[nodiscard]] absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
                                                                const std::vector<std::string>& args,
-                                                               const std::string& coordinator_env);
+                                                               const std::string& coordinator_env,
+                                                               const GetEnv& getenv = {});
 
 /// `--timeout`: an absl duration ("30s", "1m", "500ms") or plain seconds ("2.5").
 [[nodiscard]] absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text);
@@ -67,6 +79,7 @@ std::string ServerUsage(const std::string& command);
 struct CommandEnv {
   bool stderr_is_tty = false;
   std::function<int64_t()> now_unix_ms;  // empty: the system clock
+  GetEnv getenv;                         // empty: no variables
 };
 
 /// Runs a parsed invocation; returns the exit status (client/cli/exit_codes.h).

@@ -12,8 +12,11 @@
 namespace reshard::client {
 namespace {
 
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
-                                           const CoordinatorClient::Options& options) {
+absl::StatusOr<std::shared_ptr<grpc::Channel>> MakeChannel(
+    const std::string& target, const CoordinatorClient::Options& options) {
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+      MakeChannelCredentials(options.tls);
+  if (!credentials.ok()) return credentials.status();
   grpc::ChannelArguments args;
   // gRPC's own reconnect backoff (default 1 s growing to 120 s) would keep
   // the channel failing fast long after the coordinator is back; follow ours.
@@ -22,11 +25,12 @@ std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
   const int max_ms = static_cast<int>(
       std::max<int64_t>(initial_ms, absl::ToInt64Milliseconds(options.retry.max_backoff)));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, initial_ms);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, initial_ms);
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: gRPC also uses it as the connect
+  // timeout, and a TLS handshake on a loaded machine outlasts our backoff.
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, max_ms);
   // Retries are ours (UNAVAILABLE only, with one idempotency key).
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(target, *credentials, args);
 }
 
 absl::Time DeadlineAfter(absl::Duration timeout) {
@@ -60,12 +64,29 @@ std::string NewIdempotencyKey() {
 }
 
 CoordinatorClient::CoordinatorClient(const std::string& target, Options options)
-    : CoordinatorClient(MakeChannel(target, options), options) {}
+    : options_(std::move(options)), rng_(std::random_device{}()) {
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = MakeChannel(target, options_);
+  if (channel.ok()) {
+    channel_ = *std::move(channel);
+  } else {
+    // Every call reports it; the stub is never used.
+    init_status_ = channel.status();
+    channel_ = grpc::CreateChannel(target, grpc::InsecureChannelCredentials());
+  }
+  stub_ = v1::CoordinatorService::NewStub(channel_);
+  auth_stub_ = v1::AuthService::NewStub(channel_);
+}
+
+void CoordinatorClient::Prepare(grpc::ClientContext* context, absl::Time deadline) const {
+  SetDeadline(context, deadline);
+  if (!options_.token.empty()) context->AddMetadata("authorization", "Bearer " + options_.token);
+}
 
 CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel, Options options)
     : options_(std::move(options)),
       channel_(std::move(channel)),
       stub_(v1::CoordinatorService::NewStub(channel_)),
+      auth_stub_(v1::AuthService::NewStub(channel_)),
       rng_(std::random_device{}()) {}
 
 absl::Duration CoordinatorClient::NextBackoff(int attempt) {
@@ -74,16 +95,25 @@ absl::Duration CoordinatorClient::NextBackoff(int attempt) {
 }
 
 void CoordinatorClient::SleepFor(absl::Duration d) {
-  if (d > absl::ZeroDuration()) std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));
+  if (d <= absl::ZeroDuration()) return;
+  if (channel_->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+    std::this_thread::sleep_for(absl::ToChronoNanoseconds(d));
+    return;
+  }
+  // Not connected: wait on the channel instead of sleeping. Waiting drives
+  // its reconnection (a TLS handshake needs several polls, which otherwise
+  // only gRPC's 5 s backup poller would make) and ends once it is ready.
+  (void)channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + d));
 }
 
 absl::Status CoordinatorClient::Call(
     absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+  if (!init_status_.ok()) return init_status_;
   const absl::Time deadline = DeadlineAfter(options_.call_timeout);
   const int max_attempts = std::max(1, options_.retry.max_attempts);
   for (int i = 1;; ++i) {
     grpc::ClientContext context;
-    SetDeadline(&context, deadline);
+    Prepare(&context, deadline);
     const absl::Status status = FromGrpcStatus(attempt(&context));
     if (options_.on_attempt) options_.on_attempt(method, i, status);
     if (status.ok() || !IsRetryable(status) || i >= max_attempts) return status;
@@ -233,9 +263,40 @@ absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
   return response;
 }
 
+absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
+    const v1::CreateTokenRequest& request) {
+  v1::CreateTokenResponse response;
+  absl::Status s = Call("CreateToken", [&](grpc::ClientContext* c) {
+    return auth_stub_->CreateToken(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::StatusOr<v1::Token> CoordinatorClient::RevokeToken(const std::string& token_id) {
+  v1::RevokeTokenRequest request;
+  request.set_token_id(token_id);
+  v1::Token token;
+  absl::Status s = Call("RevokeToken", [&](grpc::ClientContext* c) {
+    return auth_stub_->RevokeToken(c, request, &token);
+  });
+  if (!s.ok()) return s;
+  return token;
+}
+
+absl::StatusOr<v1::ListTokensResponse> CoordinatorClient::ListTokens() {
+  v1::ListTokensResponse response;
+  absl::Status s = Call("ListTokens", [&](grpc::ClientContext* c) {
+    return auth_stub_->ListTokens(c, v1::ListTokensRequest(), &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
     const std::string& operation_id, const std::function<void(const v1::Operation&)>& on_update,
     absl::Duration timeout) {
+  if (!init_status_.ok()) return init_status_;
   const absl::Time deadline = DeadlineAfter(timeout);
   const int max_attempts = std::max(1, options_.retry.max_attempts);
   v1::Operation last;
@@ -248,7 +309,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
   int failures = 0;  // consecutive broken streams without an update
   for (;;) {
     grpc::ClientContext context;
-    SetDeadline(&context, deadline);
+    Prepare(&context, deadline);
     v1::WatchOperationRequest request;
     request.set_operation_id(operation_id);
     std::unique_ptr<grpc::ClientReader<v1::Operation>> reader =

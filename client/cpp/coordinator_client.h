@@ -24,6 +24,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "client/cpp/retry.h"
+#include "common/tls.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/coordinator.pb.h"
 
@@ -44,10 +45,19 @@ class CoordinatorClient {
     /// Called after every attempt of every call (method name, 1-based
     /// attempt, its status), e.g. for logging. May be empty.
     std::function<void(absl::string_view method, int attempt, const absl::Status&)> on_attempt;
+    /// Transport security (docs/security.md): the CA that the coordinator's
+    /// certificate chains to, and this client's certificate and key for
+    /// mutual TLS (services, agents), or `tls.insecure` for plaintext. With
+    /// neither a CA nor `insecure`, every call fails InvalidArgument.
+    TlsFiles tls;
+    /// A bearer token (people, schedulers): sent as `authorization: Bearer
+    /// <token>` with every call. Empty: none (the certificate identifies).
+    std::string token;
   };
 
   /// A client of the coordinator at `target` (gRPC target: "host:port").
-  /// Connects lazily: the first call reports an unreachable coordinator.
+  /// Connects lazily: the first call reports an unreachable coordinator, or
+  /// (InvalidArgument) TLS options that cannot work.
   explicit CoordinatorClient(const std::string& target) : CoordinatorClient(target, Options()) {}
   CoordinatorClient(const std::string& target, Options options);
   /// Over an existing channel (tests, custom credentials).
@@ -78,6 +88,13 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const std::string& operation_id);
+
+  // Bearer tokens (AuthService; admin only). CreateToken's reply carries
+  // the token itself, which nothing shows again.
+  [[nodiscard]] absl::StatusOr<v1::CreateTokenResponse> CreateToken(
+      const v1::CreateTokenRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Token> RevokeToken(const std::string& token_id);
+  [[nodiscard]] absl::StatusOr<v1::ListTokensResponse> ListTokens();
   [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(v1::CancelOperationRequest request);
   [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(const std::string& operation_id);
 
@@ -108,9 +125,14 @@ class CoordinatorClient {
   absl::Duration NextBackoff(int attempt);
   void SleepFor(absl::Duration d);
 
+  /// A fresh context with the call's deadline and the bearer token.
+  void Prepare(grpc::ClientContext* context, absl::Time deadline) const;
+
   Options options_;
+  absl::Status init_status_;  // why the channel could not be made (TLS files)
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
+  std::unique_ptr<v1::AuthService::Stub> auth_stub_;
   std::mutex rng_mu_;
   std::mt19937_64 rng_;  // guarded by rng_mu_
 };

@@ -8,6 +8,13 @@ all talking UCX over TCP on the loopback device. Everything it starts runs in
 its own process group, dies with the Python process (PR_SET_PDEATHSIG), and is
 stopped and removed by stop() (also on exit, SIGINT and SIGTERM).
 
+By default every gRPC channel is mutual TLS: a throwaway CA (deploy/local/
+pki.py, Debian's openssl) in the work directory issues the coordinator's
+certificate, one `agent:<host>` certificate per agent and an `admin:local`
+certificate for the clients (client_kwargs(), ctl_args(), ctl_env());
+LocalCluster(tls=False) runs everything --insecure instead (plaintext, no
+authentication), for suites that are not about security.
+
 Used by the main job (deploy/local/main_job.py), the Python and reshardctl
 test suites and the Prometheus test. As a program it starts a cluster and
 waits until interrupted, printing how to reach it:
@@ -28,6 +35,9 @@ import sys
 import tempfile
 import threading
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pki import Pki  # noqa: E402
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -171,12 +181,18 @@ class LocalCluster:
 
     Use as a context manager, or call start() and stop(). Attributes once
     started: coordinator ("127.0.0.1:PORT"), coordinator_metrics, dsn,
-    host_ids, agents (host id -> Agent), reshardctl (path), work_dir.
+    host_ids, agents (host id -> Agent), reshardctl (path), work_dir, tls,
+    pki (the CA, when tls).
     """
 
+    ADMIN = "admin:local"
+
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
-                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None):
+                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
+                 tls=True):
         self.build_dir = os.path.abspath(build_dir)
+        self.tls = tls
+        self.pki = None
         self.hosts = hosts
         self.devices_per_host = devices_per_host
         self.agent_metrics = agent_metrics
@@ -224,6 +240,8 @@ class LocalCluster:
             base = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self.work_dir = self._requested_work_dir or tempfile.mkdtemp(prefix="reshard-local-", dir=base)
             os.makedirs(self.work_dir, exist_ok=True)
+            if self.tls:
+                self.pki = Pki(os.path.join(self.work_dir, "tls"))
             self._start_postgres()
             self._start_coordinator()
             for host in self.host_ids:
@@ -302,6 +320,7 @@ class LocalCluster:
         argv = [self.coordinator_bin, "serve", "--dsn", self.dsn, "--listen", listen,
                 "--metrics-listen", metrics_listen, "--lease-ms", str(self.lease_ms), "--tick-ms",
                 str(self.tick_ms), "--leader-retry-ms", "200", "--replica-id", "local-0"]
+        argv += self.pki.coordinator_flags("coordinator") if self.tls else ["--insecure"]
         self._coordinator_proc = _Process("reshard-coordinator", argv,
                                           os.path.join(self.work_dir, "coordinator.log"))
         line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", timeout)
@@ -310,6 +329,34 @@ class LocalCluster:
         self.coordinator = words[3]
         self.coordinator_metrics = words[6]
         self._log(f"cluster: reshard-coordinator on {self.coordinator} (metrics {self.coordinator_metrics})")
+
+    # ------------------------------------------------------------- clients
+    def client_kwargs(self, identity=ADMIN):
+        """Keyword arguments of reshard.Client for `identity` (a certificate
+        common name; None: TLS without a client certificate)."""
+        if not self.tls:
+            return {"insecure": True}
+        import reshard
+        if identity is None:
+            return {"credentials": reshard.tls_credentials(self.pki.ca)}
+        cert, key = self.pki.issue(identity)
+        return {"credentials": reshard.tls_credentials(self.pki.ca, cert, key)}
+
+    def client(self, identity=ADMIN, **kwargs):
+        """A reshard.Client of this cluster's coordinator as `identity`."""
+        import reshard
+        return reshard.Client(self.coordinator, **self.client_kwargs(identity), **kwargs)
+
+    def ctl_args(self, identity=ADMIN):
+        """reshardctl's global flags for `identity`."""
+        if not self.tls:
+            return ["--insecure"]
+        cert, key = self.pki.issue(identity)
+        return ["--tls-ca", self.pki.ca, "--tls-cert", cert, "--tls-key", key]
+
+    def ctl_env(self, identity=ADMIN):
+        """reshardctl's RESHARD_TLS_* variables (or RESHARD_INSECURE) for `identity`."""
+        return self.pki.env(identity) if self.tls else {"RESHARD_INSECURE": "1"}
 
     # ------------------------------------------------------ fault injection
     # For tests that cause faults for real (tests/fault): kill, stop and
@@ -504,6 +551,8 @@ class LocalCluster:
                 "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
         if agent.metrics:
             argv += ["--metrics-listen", agent.metrics]
+        # The agent's certificate binds it to its host (docs/security.md).
+        argv += self.pki.coordinator_flags(f"agent:{host_id}") if self.tls else ["--insecure"]
         env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
         agent.process = _Process(f"reshard-agent {host_id}", argv,
                                  os.path.join(self.work_dir, f"{host_id}.log"), env=env)
@@ -595,7 +644,8 @@ def main():
             for a in c.agents.values():
                 print(f"{a.host_id}: worker socket {a.worker_socket}"
                       + (f"  metrics http://{a.metrics}/metrics" if a.metrics else ""))
-            print(f"try: {c.reshardctl} --coordinator {c.coordinator} hosts list")
+            print(f"try: {c.reshardctl} --coordinator {c.coordinator} "
+                  f"{' '.join(c.ctl_args())} hosts list")
             print("Ctrl-C stops and removes everything.", flush=True)
             while True:
                 time.sleep(3600)

@@ -43,7 +43,7 @@ class TrainingJob:
     def __init__(self, cluster, layers=8, hidden=256, log=print):
         self.cluster = cluster
         self.log = log
-        self.client = reshard.Client(cluster.coordinator, timeout=60.0)
+        self.client = cluster.client(timeout=60.0)  # mutual TLS as admin:local
         self.layers = layers
         self.hidden = hidden
         self.rows = []  # summary table

@@ -98,7 +98,8 @@ class Ctl:
         self.cluster = cluster
 
     def __call__(self, *args, coordinator=True, env=None, timeout=TIMEOUT_S):
-        argv = [self.cluster.reshardctl]
+        # Mutual TLS with the cluster's admin certificate.
+        argv = [self.cluster.reshardctl] + self.cluster.ctl_args()
         if coordinator:
             argv += ["--coordinator", self.cluster.coordinator]
         proc = subprocess.run(argv + list(args), capture_output=True, text=True, timeout=timeout,
@@ -330,8 +331,9 @@ def test_progress_bar_on_a_terminal(ctl, cluster, job):
     op_id = out.strip()
     master, slave = pty.openpty()
     try:
-        proc = subprocess.Popen([cluster.reshardctl, "--coordinator", cluster.coordinator, "ops",
-                                 "watch", op_id], stdout=subprocess.PIPE, stderr=slave)
+        proc = subprocess.Popen([cluster.reshardctl, "--coordinator", cluster.coordinator,
+                                 *cluster.ctl_args(), "ops", "watch", op_id],
+                                stdout=subprocess.PIPE, stderr=slave)
         os.close(slave)
         slave = None
         out, _ = proc.communicate(timeout=TIMEOUT_S)
@@ -395,3 +397,38 @@ def test_lost_host_and_recover(ctl, cluster, files):
     assert shown["layout"]["config"]["dp"] == 1
     for rank in (0, 1):
         assert load(cluster, "host-0", job_id, 2, rank) == written[rank]
+
+
+def test_auth_tokens_create_use_revoke(ctl, cluster):
+    # An admin (the cluster's admin certificate) creates a viewer token of one tenant.
+    created = ctl.json("auth", "create", "--name", "ci-viewer", "--role", "viewer",
+                       "--tenants", "team-x", "--ttl", "1h")
+    token, token_id = created["bearer_token"], created["token"]["id"]
+    assert token.startswith(token_id + ".")
+    secret = token.split(".", 1)[1]
+
+    def as_token(*args):
+        # TLS without a client certificate: the token alone identifies.
+        proc = subprocess.run([cluster.reshardctl, "--coordinator", cluster.coordinator,
+                               "--tls-ca", cluster.pki.ca, *args], capture_output=True,
+                              text=True, timeout=TIMEOUT_S,
+                              env=dict(os.environ, RESHARD_TOKEN=token))
+        return proc.returncode, proc.stdout, proc.stderr
+
+    rc, out, err = as_token("jobs", "list", "--tenant", "team-x")
+    assert rc == OK, err
+    rc, _, err = as_token("jobs", "list", "--tenant", "team-y")
+    assert rc == ERROR and err.startswith("PERMISSION_DENIED: "), err
+    assert "team-y" in err and secret not in err
+    listed = ctl.json("auth", "list")
+    assert [t["id"] for t in listed["tokens"]] == [token_id]
+    assert secret not in json.dumps(listed)
+
+    rc, out, err = ctl("auth", "revoke", token_id)
+    assert rc == OK, err
+    rc, _, err = as_token("jobs", "list", "--tenant", "team-x")
+    assert rc == ERROR and err.startswith("UNAUTHENTICATED: "), err
+    assert "revoked" in err and secret not in err
+    # Only an admin manages tokens.
+    rc, _, err = as_token("auth", "list")
+    assert rc == ERROR and err.startswith("UNAUTHENTICATED: "), err

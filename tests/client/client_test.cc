@@ -27,6 +27,7 @@
 #include "client/cpp/coordinator_client.h"
 #include "client/cpp/worker_client.h"
 #include "tests/agent/e2e/e2e_support.h"
+#include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/harness/test_postgres.h"
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/test_jobs.h"
@@ -42,19 +43,20 @@ using coordinator::testing::MakeLayout;
 
 constexpr int kLeaseMs = 3000;
 
+// A certificate of the shared test CA (issued once per name).
+coordinator::testing::CertFiles Cert(const std::string& common_name) {
+  absl::StatusOr<coordinator::testing::CertFiles> files =
+      coordinator::testing::SharedTestPki().Issue(common_name);
+  EXPECT_TRUE(files.ok()) << files.status();
+  return files.ok() ? *files : coordinator::testing::CertFiles{};
+}
+
 std::vector<std::string> CoordinatorArgs(const std::string& dsn, const std::string& listen) {
-  return {"--dsn",
-          dsn,
-          "--listen",
-          listen,
-          "--metrics-listen",
-          "127.0.0.1:0",
-          "--lease-ms",
-          std::to_string(kLeaseMs),
-          "--tick-ms",
-          "50",
-          "--leader-retry-ms",
-          "100"};
+  return {"--dsn", dsn, "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--lease-ms",
+          std::to_string(kLeaseMs), "--tick-ms", "50", "--leader-retry-ms", "100",
+          // Mutual TLS with the test CA: the SDK as deployments use it.
+          "--tls-cert", Cert("coordinator").cert, "--tls-key", Cert("coordinator").key, "--tls-ca",
+          coordinator::testing::SharedTestPki().ca()};
 }
 
 // Item names of a PTC in buffer order: tensors, then blobs.
@@ -204,7 +206,14 @@ class ClientTest : public ::testing::Test {
       o.coordinator = coordinator_->address();
       o.worker_socket = dir_ + "/" + h + ".sock";
       o.shm_dir = dir_ + "/shm-" + h;
-      o.extra_args = {"--memory-limit-bytes", std::to_string(int64_t{1} << 30)};
+      o.extra_args = {"--memory-limit-bytes",
+                      std::to_string(int64_t{1} << 30),
+                      "--tls-cert",
+                      Cert("agent:" + h).cert,
+                      "--tls-key",
+                      Cert("agent:" + h).key,
+                      "--tls-ca",
+                      coordinator::testing::SharedTestPki().ca()};
       o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}};
       auto a = AgentProcess::Start(o);
       ASSERT_TRUE(a.ok()) << a.status();
@@ -228,6 +237,9 @@ class ClientTest : public ::testing::Test {
   CoordinatorClient::Options Options() {
     CoordinatorClient::Options o;
     o.call_timeout = absl::Seconds(20);
+    o.tls.ca = coordinator::testing::SharedTestPki().ca();
+    o.tls.cert = Cert("admin:client-test").cert;
+    o.tls.key = Cert("admin:client-test").key;
     o.on_attempt = [this](absl::string_view method, int attempt, const absl::Status& s) {
       std::lock_guard<std::mutex> lock(mu_);
       attempts_.push_back({std::string(method), attempt, s.code()});

@@ -210,6 +210,24 @@ def test_agent_daemonset():
         ":%d" % _one("Service", "reshard-coordinator")["spec"]["ports"][0]["port"])
 
 
+def test_tls_files_come_from_secrets():
+    """Both binaries get their certificate, key and CA from files of a Secret
+    volume (docs/security.md); nothing runs --insecure."""
+    for kind, name, secret in (("Deployment", "reshard-coordinator", "reshard-coordinator-tls"),
+                               ("DaemonSet", "reshard-agent", "reshard-agent-tls")):
+        d = _one(kind, name)
+        spec = d["spec"]["template"]["spec"]
+        (c,) = _containers(d)
+        secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
+        mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
+        for var in ("RESHARD_TLS_CERT", "RESHARD_TLS_KEY", "RESHARD_TLS_CA"):
+            path = _env_value(c, var)
+            assert path, f"{name}: {var} is not set"
+            assert secrets.get(mounts.get(os.path.dirname(path))) == secret, (name, var, path)
+        assert "--insecure" not in c.get("args", []) + c["command"]
+        assert _env_value(c, "RESHARD_INSECURE") in (None, "", "false", "0")
+
+
 def _help_variables(binary):
     out = subprocess.run([binary, "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
@@ -248,7 +266,7 @@ def test_agent_refuses_a_bad_or_busy_metrics_address():
         busy.listen(1)
         taken = "127.0.0.1:%d" % busy.getsockname()[1]
         base = [agent, "--host-id", "h0", "--coordinator", "127.0.0.1:1", "--worker-socket",
-                os.path.join(tmp, "w.sock"), "--shm-dir", tmp]
+                os.path.join(tmp, "w.sock"), "--shm-dir", tmp, "--insecure"]
         env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp")
         for value, code in (("localhost", 2), ("127.0.0.1:99999", 2), (taken, 1)):
             r = subprocess.run(base + ["--metrics-listen", value], capture_output=True,

@@ -76,7 +76,9 @@ def cluster():
 
     if not os.access(PROMETHEUS, os.X_OK):
         pytest.fail(f"no Prometheus server at {PROMETHEUS} (Debian package prometheus)")
-    with LocalCluster(build_dir=BUILD, hosts=2, devices_per_host=2, agent_metrics=True) as c:
+    # reshard_traffic dials plaintext; this suite is about metrics, not TLS.
+    with LocalCluster(build_dir=BUILD, hosts=2, devices_per_host=2, agent_metrics=True,
+                      tls=False) as c:
         hosts = list(c.host_ids)
         committed, aborted = reshard_traffic.run(
             c.coordinator, [c.agents[h].worker_socket for h in hosts], hosts)

@@ -23,8 +23,7 @@ def cluster():
 @pytest.fixture
 def client(cluster):
     # Generous retries: the coordinator is restarted under it.
-    with reshard.Client(cluster.coordinator, timeout=30.0, max_attempts=50,
-                        max_backoff=1.0) as c:
+    with cluster.client(timeout=30.0, max_attempts=50, max_backoff=1.0) as c:
         yield c
 
 

@@ -65,8 +65,7 @@ def main():
 
     with LocalCluster(args.build, hosts=args.hosts, devices_per_host=dph,
                       work_dir=os.environ.get("RESHARD_FAULT_WORK_DIR")) as cluster, \
-            reshard.Client(cluster.coordinator, timeout=30.0, max_attempts=20,
-                           max_backoff=1.0) as client:
+            cluster.client(timeout=30.0, max_attempts=20, max_backoff=1.0) as client:
         slots_all = [(h, d) for h in cluster.host_ids for d in range(dph)]
 
         def random_layout(tp, pp, dp):

@@ -238,7 +238,7 @@ def test_unavailable_is_retried_then_raised():
     sock = closed_port()
     retries = []
     c = reshard.Client("127.0.0.1:%d" % sock.getsockname()[1], timeout=5, max_attempts=3,
-                       initial_backoff=0.05,
+                       initial_backoff=0.05, insecure=True,
                        on_retry=lambda m, a, e, d, k: retries.append((m, a, e.code, k)))
     with pytest.raises(reshard.Unavailable) as e:
         c.register_job({"name": "never", "tenant": "t"})
@@ -258,7 +258,7 @@ def test_retry_succeeds_once_the_server_is_back(cluster, job_name):
         # gRPC's own reconnect backoff may keep the channel failing for a few
         # seconds after the server is back: allow ~20 s of attempts.
         with reshard.Client(proxy.address, timeout=10, max_attempts=80, initial_backoff=0.05,
-                            max_backoff=0.3,
+                            max_backoff=0.3, **cluster.client_kwargs(),
                             on_retry=lambda m, a, e, d, k: retries.append(k)) as c:
             job = c.register_job(spec)
             assert c.get_job(job.id).name == job_name
@@ -268,9 +268,9 @@ def test_retry_succeeds_once_the_server_is_back(cluster, job_name):
     assert proxy.accepted >= 1
 
 
-def test_other_errors_are_not_retried(client):
+def test_other_errors_are_not_retried(cluster, client):
     retries = []
-    c = reshard.Client(client.address, max_attempts=5,
+    c = reshard.Client(client.address, max_attempts=5, **cluster.client_kwargs(),
                        on_retry=lambda *a: retries.append(a))
     with pytest.raises(reshard.NotFound):
         c.get_job("missing")
@@ -289,7 +289,7 @@ def test_deadline_exceeded_is_not_retried():
     silent.bind(("127.0.0.1", 0))
     silent.listen(4)
     retries = []
-    c = reshard.Client("127.0.0.1:%d" % silent.getsockname()[1], max_attempts=5,
+    c = reshard.Client("127.0.0.1:%d" % silent.getsockname()[1], max_attempts=5, insecure=True,
                        on_retry=lambda *a: retries.append(a))
     try:
         with pytest.raises(reshard.DeadlineExceeded) as e:
@@ -334,7 +334,9 @@ def test_every_status_code_has_its_class():
                 grpc.StatusCode.DEADLINE_EXCEEDED: reshard.DeadlineExceeded,
                 grpc.StatusCode.DATA_LOSS: reshard.DataLoss,
                 grpc.StatusCode.RESOURCE_EXHAUSTED: reshard.ResourceExhausted,
-                grpc.StatusCode.PERMISSION_DENIED: reshard.ReshardError}
+                grpc.StatusCode.PERMISSION_DENIED: reshard.PermissionDenied,
+                grpc.StatusCode.UNAUTHENTICATED: reshard.Unauthenticated,
+                grpc.StatusCode.UNIMPLEMENTED: reshard.ReshardError}
     for code, cls in expected.items():
         err = reshard.errors.from_rpc_error(FakeRpcError(code), "M")
         assert type(err) is cls and err.code == code and err.message == "what went wrong"
@@ -365,3 +367,63 @@ def test_recover_after_killed_agent(cluster, client, job_name):
     after = client.get_job(job.id)
     assert after.state == OP.JOB_STATE_ACTIVE and after.generation == 2
 
+
+
+# ------------------------------------------------------------ transport security
+
+def test_credentials_are_explicit():
+    # No credentials and no insecure=True: refused before any channel exists.
+    with pytest.raises(ValueError, match="insecure=True"):
+        reshard.Client("127.0.0.1:1")
+    with pytest.raises(ValueError, match="tls ca"):
+        reshard.tls_credentials("/nonexistent/ca.pem")
+    with pytest.raises(ValueError, match="together"):
+        reshard.tls_credentials("/nonexistent/ca.pem", cert="/nonexistent/c.pem")
+
+
+@pytest.fixture(scope="module")
+def tls_cluster():
+    from cluster import LocalCluster
+    from conftest import build_dir
+    with LocalCluster(build_dir=build_dir(), hosts=1, devices_per_host=1, tls=True) as c:
+        yield c
+
+
+def test_mutual_tls_identities(tls_cluster):
+    c = tls_cluster
+    with c.client(timeout=10.0) as admin:
+        assert [h.host_id for h in admin.list_hosts()] == c.host_ids
+    # TLS without a client certificate or a token: not authenticated.
+    with c.client(identity=None, timeout=10.0, max_attempts=1) as anonymous:
+        with pytest.raises(reshard.Unauthenticated) as e:
+            anonymous.list_hosts()
+        assert "ListHosts" in e.value.message
+    # An agent's certificate is for AgentService only.
+    with c.client(identity="agent:host-0", timeout=10.0, max_attempts=1) as agent:
+        with pytest.raises(reshard.PermissionDenied) as e:
+            agent.list_jobs()
+        assert "agent:host-0" in e.value.message
+    # Plaintext to a TLS port: never connects.
+    with reshard.Client(c.coordinator, insecure=True, timeout=2.0, max_attempts=1) as plain:
+        with pytest.raises((reshard.Unavailable, reshard.DeadlineExceeded)):
+            plain.list_hosts()
+
+
+def test_bearer_token_scoped_to_its_tenant(tls_cluster):
+    from reshard.v1 import coordinator_pb2, coordinator_pb2_grpc
+    c = tls_cluster
+    cert, key = c.pki.issue(c.ADMIN)
+    with grpc.secure_channel(c.coordinator,
+                             reshard.tls_credentials(c.pki.ca, cert, key)) as channel:
+        created = coordinator_pb2_grpc.AuthServiceStub(channel).CreateToken(
+            coordinator_pb2.CreateTokenRequest(name="py", role="viewer", tenants=["team-p"]),
+            timeout=10)
+    token = created.bearer_token
+    with reshard.Client(c.coordinator, credentials=reshard.tls_credentials(c.pki.ca),
+                        token=token, timeout=10.0, max_attempts=1) as viewer:
+        assert list(viewer.list_jobs(tenant="team-p")) == []
+        with pytest.raises(reshard.PermissionDenied) as e:
+            viewer.list_jobs(tenant="team-q")
+        assert "team-q" in e.value.message and token.split(".")[1] not in e.value.message
+        with pytest.raises(reshard.PermissionDenied):
+            viewer.register_job({"name": "nope", "tenant": "team-p"})

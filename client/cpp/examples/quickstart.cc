@@ -107,7 +107,12 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  CoordinatorClient client(coordinator);
+  // TLS from RESHARD_TLS_CA / RESHARD_TLS_CERT / RESHARD_TLS_KEY (or
+  // RESHARD_INSECURE=1), the bearer token from RESHARD_TOKEN.
+  CoordinatorClient::Options options;
+  options.tls = reshard::TlsFilesFromEnvironment();
+  if (const char* token = std::getenv("RESHARD_TOKEN")) options.token = token;
+  CoordinatorClient client(coordinator, options);
   v1::RegisterJobRequest reg;
   *reg.mutable_spec() = Spec({hosts[0], hosts[1]});
   absl::StatusOr<v1::Job> job = client.RegisterJob(reg);

@@ -13,10 +13,12 @@ The generated messages live in reshard.v1 (ptc_pb2, coordinator_pb2, ...).
 
 from reshard.errors import (  # noqa: F401
     Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
-    InvalidArgument, NotFound, OperationFailed, ReshardError, ResourceExhausted, Unavailable)
+    InvalidArgument, NotFound, OperationFailed, PermissionDenied, ReshardError, ResourceExhausted,
+    Unauthenticated, Unavailable)
 from reshard._proto import as_message, to_dict  # noqa: F401
 from reshard.v1 import agent_pb2, coordinator_pb2, plan_pb2, ptc_pb2  # noqa: F401
-from reshard.client import Client, TERMINAL_STATES, is_terminal  # noqa: F401
+from reshard.client import (  # noqa: F401
+    Client, TERMINAL_STATES, is_terminal, tls_credentials)
 from reshard.worker import Worker, checksum  # noqa: F401
 from reshard import layout, megatron  # noqa: F401
 
@@ -30,10 +32,10 @@ DType = ptc_pb2.DType
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "Worker", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
+    "Client", "tls_credentials", "Worker", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
     "as_message", "to_dict", "agent_pb2", "coordinator_pb2", "plan_pb2", "ptc_pb2",
     "OperationState", "OperationKind", "JobState", "HostState", "DType",
     "ReshardError", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
     "Aborted", "Unavailable", "DeadlineExceeded", "DataLoss", "ResourceExhausted", "Cancelled",
-    "Internal", "OperationFailed",
+    "Internal", "OperationFailed", "Unauthenticated", "PermissionDenied",
 ]

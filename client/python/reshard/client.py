@@ -35,6 +35,29 @@ _DEFAULT_CHANNEL_OPTIONS = (
 )
 
 
+def _read(path, what):
+    try:
+        with open(path, "rb") as f:
+            return f.read()
+    except OSError as e:
+        raise ValueError(f"{what} \"{path}\": cannot read it: {e.strerror}") from None
+
+
+def tls_credentials(ca, cert=None, key=None):
+    """grpc.ChannelCredentials for a coordinator with TLS (docs/security.md).
+
+    ca: the PEM CA file the coordinator's certificate chains to.
+    cert, key: this client's certificate and key (mutual TLS: services,
+      agents); leave both out to be identified by a bearer token instead.
+    """
+    if (cert is None) != (key is None):
+        raise ValueError("tls_credentials: cert and key go together: give both or neither")
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(ca, "tls ca"),
+        private_key=None if key is None else _read(key, "tls key"),
+        certificate_chain=None if cert is None else _read(cert, "tls cert"))
+
+
 def is_terminal(operation):
     """True when the Operation is COMMITTED, ABORTED or FAILED."""
     return operation.state in TERMINAL_STATES
@@ -55,7 +78,11 @@ class Client:
       initial_backoff, max_backoff, backoff_multiplier: retry delays, seconds;
         each delay is multiplied by a random factor in [0.5, 1.5) (jitter).
       channel: an existing grpc.Channel to use instead of opening one.
-      credentials: grpc.ChannelCredentials for a secure channel (default insecure).
+      credentials: grpc.ChannelCredentials (reshard.tls_credentials(...)).
+        Required unless `channel` is given or `insecure` is True.
+      insecure: plaintext, for a coordinator run with --insecure.
+      token: a bearer token, sent as `authorization: Bearer <token>` with
+        every call (people and schedulers without a certificate).
       options: extra gRPC channel options, (key, value) pairs.
       on_retry: optional callable(method, attempt, error, delay_s, idempotency_key)
         called before each retry sleep (for logging and metrics).
@@ -63,7 +90,7 @@ class Client:
 
     def __init__(self, address, timeout=30.0, max_attempts=5, initial_backoff=0.1,
                  max_backoff=5.0, backoff_multiplier=2.0, channel=None, credentials=None,
-                 options=(), on_retry=None):
+                 options=(), on_retry=None, insecure=False, token=None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts {max_attempts} must be >= 1")
         if timeout is not None and timeout <= 0:
@@ -75,6 +102,12 @@ class Client:
         self.max_backoff = max_backoff
         self.backoff_multiplier = backoff_multiplier
         self.on_retry = on_retry
+        self._metadata = None if not token else (("authorization", f"Bearer {token}"),)
+        if channel is None and credentials is None and not insecure:
+            raise ValueError("Client: credentials= (reshard.tls_credentials(ca, ...)) or "
+                             "insecure=True (a coordinator run with --insecure) is required")
+        if insecure and credentials is not None:
+            raise ValueError("Client: insecure=True and credentials= contradict each other")
         self._own_channel = channel is None
         if channel is None:
             opts = list(_DEFAULT_CHANNEL_OPTIONS) + list(options)
@@ -115,7 +148,7 @@ class Client:
         while True:
             attempt += 1
             try:
-                return rpc(request, timeout=deadline)
+                return rpc(request, timeout=deadline, metadata=self._metadata)
             except grpc.RpcError as e:
                 err = errors.from_rpc_error(e, method)
                 if e.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.max_attempts:
@@ -276,7 +309,8 @@ class Client:
             stream = None
             try:
                 stream = self._stub.WatchOperation(
-                    _pb.WatchOperationRequest(operation_id=operation_id), timeout=remaining)
+                    _pb.WatchOperationRequest(operation_id=operation_id), timeout=remaining,
+                    metadata=self._metadata)
                 for op in stream:
                     failures = 0
                     yield op

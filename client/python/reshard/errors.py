@@ -68,6 +68,16 @@ class Internal(ReshardError):
     code = grpc.StatusCode.INTERNAL
 
 
+class Unauthenticated(ReshardError):
+    """No identity: no client certificate and no (valid) bearer token."""
+    code = grpc.StatusCode.UNAUTHENTICATED
+
+
+class PermissionDenied(ReshardError):
+    """The identity's role or tenants do not allow the call."""
+    code = grpc.StatusCode.PERMISSION_DENIED
+
+
 class OperationFailed(ReshardError):
     """Client.wait(..., raise_on_failure=True): the operation ended ABORTED or
     FAILED. `operation` is the final Operation; `message` its error."""
@@ -84,7 +94,8 @@ class OperationFailed(ReshardError):
 
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unavailable,
-    DeadlineExceeded, DataLoss, ResourceExhausted, Cancelled, Internal)}
+    DeadlineExceeded, DataLoss, ResourceExhausted, Cancelled, Internal, Unauthenticated,
+    PermissionDenied)}
 
 
 def from_rpc_error(err, method=""):

@@ -5,31 +5,36 @@
 
 namespace reshard::coordinator {
 
-grpc::Status AgentServiceImpl::RegisterAgent(grpc::ServerContext*,
+grpc::Status AgentServiceImpl::RegisterAgent(grpc::ServerContext* context,
                                              const v1::RegisterAgentRequest* request,
                                              v1::RegisterAgentResponse* reply) {
-  return RunRpc(metrics_, "RegisterAgent", [&] {
-    // Field limits first (request_checks.h); AgentApi does the rest.
-    if (absl::Status s = CheckHostFields(request->host()); !s.ok()) return s;
-    return Unwrap(api_->RegisterAgent(*request), reply);
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "RegisterAgent", request->host().host_id(),
+                     [&](const Principal&) {
+                       // Field limits first (request_checks.h); AgentApi does the rest.
+                       if (absl::Status s = CheckHostFields(request->host()); !s.ok()) return s;
+                       return Unwrap(api_->RegisterAgent(*request), reply);
+                     });
 }
 
-grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext* context,
+                                         const v1::HeartbeatRequest* request,
                                          v1::HeartbeatResponse* reply) {
-  return RunRpc(metrics_, "Heartbeat", [&] { return Unwrap(api_->Heartbeat(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "Heartbeat", request->host_id(),
+                     [&](const Principal&) { return Unwrap(api_->Heartbeat(*request), reply); });
 }
 
-grpc::Status AgentServiceImpl::GetTask(grpc::ServerContext*, const v1::GetTaskRequest* request,
-                                       v1::HostTask* reply) {
-  return RunRpc(metrics_, "GetTask", [&] { return Unwrap(api_->GetTask(*request), reply); });
+grpc::Status AgentServiceImpl::GetTask(grpc::ServerContext* context,
+                                       const v1::GetTaskRequest* request, v1::HostTask* reply) {
+  return RunAdmitted(authorizer_, context, metrics_, "GetTask", request->host_id(),
+                     [&](const Principal&) { return Unwrap(api_->GetTask(*request), reply); });
 }
 
-grpc::Status AgentServiceImpl::ReportProgress(grpc::ServerContext*,
+grpc::Status AgentServiceImpl::ReportProgress(grpc::ServerContext* context,
                                               const v1::ReportProgressRequest* request,
                                               v1::ReportProgressResponse* reply) {
-  return RunRpc(metrics_, "ReportProgress",
-                [&] { return Unwrap(api_->ReportProgress(*request), reply); });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "ReportProgress", request->host_id(),
+      [&](const Principal&) { return Unwrap(api_->ReportProgress(*request), reply); });
 }
 
 }  // namespace reshard::coordinator

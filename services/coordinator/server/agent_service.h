@@ -1,18 +1,21 @@
 // gRPC adapter for AgentService (what host agents call): each handler turns
-// the request into an AgentApi call and its status into the reply. No checks
-// of its own. Thread-safe (the API is).
+// the request into an AgentApi call and its status into the reply. Each call
+// passes the Authorizer (auth.h) first, with the host the request speaks
+// for: an agent speaks only for its own host. Thread-safe (the API is).
 #pragma once
 
 #include "reshard/v1/agent.grpc.pb.h"
 #include "services/coordinator/logic/agent_api.h"
 #include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/server/auth.h"
 
 namespace reshard::coordinator {
 
 class AgentServiceImpl final : public v1::AgentService::Service {
  public:
-  /// `api` must outlive this; `metrics` may be null.
-  AgentServiceImpl(AgentApi* api, CoordinatorMetrics* metrics) : api_(api), metrics_(metrics) {}
+  /// `api` and `authorizer` must outlive this; `metrics` may be null.
+  AgentServiceImpl(AgentApi* api, const Authorizer* authorizer, CoordinatorMetrics* metrics)
+      : api_(api), authorizer_(authorizer), metrics_(metrics) {}
 
   grpc::Status RegisterAgent(grpc::ServerContext* context, const v1::RegisterAgentRequest* request,
                              v1::RegisterAgentResponse* reply) override;
@@ -26,6 +29,7 @@ class AgentServiceImpl final : public v1::AgentService::Service {
 
  private:
   AgentApi* api_;
+  const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
 };
 

@@ -22,6 +22,8 @@ struct Setting {
   const char* help;
   std::function<absl::Status(const std::string& value, CoordinatorConfig* config)> set;
   std::function<std::string(const CoordinatorConfig& defaults)> default_text;
+  /// A boolean flag: `--flag` alone means true.
+  bool boolean = false;
 };
 
 template <typename Int>
@@ -66,6 +68,36 @@ const std::vector<Setting>& Settings() {
       StringSetting("metrics-listen", "RESHARD_METRICS_LISTEN",
                     "Prometheus /metrics address host:port (port 0: any free port)",
                     &CoordinatorConfig::metrics_listen),
+      {"tls-cert", "RESHARD_TLS_CERT", "PEM certificate (chain) of this replica",
+       [](const std::string& v, CoordinatorConfig* c) {
+         c->tls.cert = v;
+         return absl::OkStatus();
+       },
+       [](const CoordinatorConfig& c) { return c.tls.cert; }},
+      {"tls-key", "RESHARD_TLS_KEY", "PEM private key of --tls-cert",
+       [](const std::string& v, CoordinatorConfig* c) {
+         c->tls.key = v;
+         return absl::OkStatus();
+       },
+       [](const CoordinatorConfig& c) { return c.tls.key; }},
+      {"tls-ca", "RESHARD_TLS_CA",
+       "PEM CA bundle: client certificates (agents, services) must chain to it",
+       [](const std::string& v, CoordinatorConfig* c) {
+         c->tls.ca = v;
+         return absl::OkStatus();
+       },
+       [](const CoordinatorConfig& c) { return c.tls.ca; }},
+      {"tls-reload-s", "RESHARD_TLS_RELOAD_S",
+       "seconds between checks of the TLS files for rotated certificates",
+       [](const std::string& v, CoordinatorConfig* c) {
+         return ParseInt(v, &c->tls.reload_seconds);
+       },
+       [](const CoordinatorConfig& c) { return absl::StrCat(c.tls.reload_seconds); }},
+      {"insecure", "RESHARD_INSECURE",
+       "plaintext gRPC and no authentication (every caller is admin); logs a warning",
+       [](const std::string& v, CoordinatorConfig* c) { return ParseBool(v, &c->tls.insecure); },
+       [](const CoordinatorConfig& c) { return std::string(c.tls.insecure ? "true" : "false"); },
+       /*boolean=*/true},
       IntSetting("lease-ms", "RESHARD_LEASE_MS", "host lease: a host without heartbeat is LOST",
                  &CoordinatorConfig::lease_ms),
       IntSetting("transfer-timeout-ms", "RESHARD_TRANSFER_TIMEOUT_MS",
@@ -224,6 +256,11 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         "--tick-ms = %d must be shorter than --lease-ms = %d, or leases expire between ticks",
         c.tick_ms, c.lease_ms));
   }
+  if (c.tls.reload_seconds < 1 || c.tls.reload_seconds > 86400) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("--tls-reload-s (RESHARD_TLS_RELOAD_S) = %d: must be between 1 and 86400",
+                        c.tls.reload_seconds));
+  }
   if (c.replica_id.empty()) {
     return absl::InvalidArgumentError("--replica-id (RESHARD_REPLICA_ID) is empty");
   }
@@ -272,7 +309,9 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
     if (s == nullptr) {
       return absl::InvalidArgumentError(absl::StrFormat("unknown flag --%s (see --help)", name));
     }
-    if (!has_value) {
+    if (!has_value && s->boolean) {
+      value = "true";
+    } else if (!has_value) {
       if (i + 1 >= args.size()) {
         return absl::InvalidArgumentError(absl::StrFormat("flag --%s needs a value", name));
       }
@@ -300,6 +339,12 @@ absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& arg
   }
   if (out.config.replica_id.empty()) out.config.replica_id = DefaultReplicaId();
   if (absl::Status st = ValidateConfig(out.config); !st.ok()) return st;
+  // Only `serve` listens; `migrate` talks to PostgreSQL alone.
+  if (out.command == CoordinatorCommand::kServe) {
+    if (absl::Status st = ValidateTlsFiles(out.config.tls, /*need_identity=*/true); !st.ok()) {
+      return st;
+    }
+  }
   return out;
 }
 
@@ -314,7 +359,8 @@ std::string Usage() {
   for (const Setting& s : Settings()) {
     std::string def = s.default_text(defaults);
     if (std::string(s.flag) == "replica-id") def = "hostname:pid";
-    absl::StrAppendFormat(&out, "  --%-20s env %s", absl::StrCat(s.flag, " V"), s.env);
+    absl::StrAppendFormat(&out, "  --%-20s env %s", absl::StrCat(s.flag, s.boolean ? "" : " V"),
+                          s.env);
     if (!def.empty()) absl::StrAppend(&out, ", default ", def);
     absl::StrAppend(&out, "\n      ", s.help, "\n");
   }

@@ -13,16 +13,24 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "common/log.h"
+#include "common/tls.h"
 
 namespace reshard::coordinator {
 
 struct CoordinatorConfig {
-  /// gRPC address (host:port); port 0 picks a free one.
-  std::string listen = "0.0.0.0:7070";
+  /// gRPC address (host:port); port 0 picks a free one. Loopback by
+  /// default: reaching other machines is a deliberate choice.
+  std::string listen = "127.0.0.1:7070";
   /// PostgreSQL connection string (libpq key=value or postgresql:// URI). Required.
   std::string dsn;
   /// Prometheus /metrics address (host:port); port 0 picks a free one.
-  std::string metrics_listen = "0.0.0.0:9464";
+  std::string metrics_listen = "127.0.0.1:9464";
+  // ---- Transport security (docs/security.md) ----
+  /// This replica's certificate and key, and the CA that client
+  /// certificates must chain to; re-read when they change. All required
+  /// unless `tls.insecure` (plaintext, no authentication: every caller is
+  /// trusted as admin, and a warning is logged).
+  TlsFiles tls;
   /// How long a host stays ALIVE without a heartbeat.
   int64_t lease_ms = 10000;
   /// TRANSFERRING longer than this: ABORTED.
@@ -82,7 +90,9 @@ GetEnvFn ProcessEnv();
 [[nodiscard]] absl::StatusOr<CommandLine> ParseCommandLine(const std::vector<std::string>& args,
                                                            const GetEnvFn& getenv);
 
-/// Checks every field; InvalidArgument naming the flag and the value.
+/// Checks every field but the TLS files (ValidateTlsFiles, which `serve`
+/// and CoordinatorServer::Start apply); InvalidArgument naming the flag and
+/// the value.
 [[nodiscard]] absl::Status ValidateConfig(const CoordinatorConfig& config);
 
 /// Splits "host:port" ("[v6]:port" too). InvalidArgument naming `flag`.

@@ -1,85 +1,172 @@
 #include "services/coordinator/server/coordinator_service.h"
 
+#include "planner/layout.h"
 #include "services/coordinator/server/rpc_status.h"
 
 namespace reshard::coordinator {
 
-grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext*,
+absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char* method,
+                                                 const std::string& job_id) const {
+  if (!authorizer_->ScopedToTenants(p)) return absl::OkStatus();
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  absl::StatusOr<v1::Job> job = api_->GetJob(request);
+  // A missing job is the call's own answer (NotFound, or an idempotent replay).
+  if (absl::IsNotFound(job.status())) return absl::OkStatus();
+  if (!job.ok()) return job.status();
+  return authorizer_->AuthorizeJob(p, method, job->id(), job->tenant(), {});
+}
+
+absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const char* method,
+                                                       const std::string& operation_id) const {
+  if (!authorizer_->ScopedToTenants(p)) return absl::OkStatus();
+  v1::GetOperationRequest request;
+  request.set_operation_id(operation_id);
+  absl::StatusOr<v1::Operation> op = api_->GetOperation(request);
+  if (absl::IsNotFound(op.status())) return absl::OkStatus();
+  if (!op.ok()) return op.status();
+  return InJobTenant(p, method, op->job_id());
+}
+
+grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
                                                  const v1::RegisterJobRequest* request,
                                                  v1::RegisterJobResponse* reply) {
-  return RunRpc(metrics_, "RegisterJob",
-                [&] { return Unwrap(api_->RegisterJob(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "RegisterJob", "", [&](const Principal& p) {
+    if (absl::Status s = authorizer_->AuthorizeTenant(p, "RegisterJob", request->spec().tenant());
+        !s.ok()) {
+      return s;
+    }
+    return Unwrap(api_->RegisterJob(*request), reply);
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
-                                            v1::Job* reply) {
-  return RunRpc(metrics_, "GetJob", [&] { return Unwrap(api_->GetJob(*request), reply); });
+grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* context,
+                                            const v1::GetJobRequest* request, v1::Job* reply) {
+  return RunAdmitted(authorizer_, context, metrics_, "GetJob", "", [&](const Principal& p) {
+    if (absl::Status s = Unwrap(api_->GetJob(*request), reply); !s.ok()) return s;
+    std::vector<std::string> hosts;
+    for (const v1::DeviceSlot& slot : planner::ExpandPlacement(reply->layout().placement())) {
+      hosts.push_back(slot.host());
+    }
+    absl::Status allowed =
+        authorizer_->AuthorizeJob(p, "GetJob", reply->id(), reply->tenant(), hosts);
+    if (!allowed.ok()) reply->Clear();
+    return allowed;
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext* context,
                                               const v1::ListJobsRequest* request,
                                               v1::ListJobsResponse* reply) {
-  return RunRpc(metrics_, "ListJobs", [&] { return Unwrap(api_->ListJobs(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "ListJobs", "", [&](const Principal& p) {
+    v1::ListJobsRequest scoped = *request;
+    // A caller of one tenant lists that tenant; one of several names it.
+    if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p) && p.tenants.size() == 1) {
+      scoped.set_tenant(p.tenants.front());
+    }
+    if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p)) {
+      return absl::PermissionDeniedError(absl::StrCat("ListJobs of every tenant refused to \"",
+                                                      p.name,
+                                                      "\": name one of its tenants in `tenant`"));
+    }
+    if (absl::Status s = authorizer_->AuthorizeTenant(p, "ListJobs", scoped.tenant()); !s.ok()) {
+      return s;
+    }
+    return Unwrap(api_->ListJobs(scoped), reply);
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::DeleteJob(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::DeleteJob(grpc::ServerContext* context,
                                                const v1::DeleteJobRequest* request,
                                                v1::DeleteJobResponse* reply) {
-  return RunRpc(metrics_, "DeleteJob", [&] { return Unwrap(api_->DeleteJob(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "DeleteJob", "", [&](const Principal& p) {
+    if (absl::Status s = InJobTenant(p, "DeleteJob", request->job_id()); !s.ok()) return s;
+    return Unwrap(api_->DeleteJob(*request), reply);
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::Resize(grpc::ServerContext*, const v1::ResizeRequest* request,
+grpc::Status CoordinatorServiceImpl::Resize(grpc::ServerContext* context,
+                                            const v1::ResizeRequest* request,
                                             v1::Operation* reply) {
-  return RunRpc(metrics_, "Resize", [&] { return Unwrap(api_->Resize(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "Resize", "", [&](const Principal& p) {
+    if (absl::Status s = InJobTenant(p, "Resize", request->job_id()); !s.ok()) return s;
+    return Unwrap(api_->Resize(*request), reply);
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::Migrate(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::Migrate(grpc::ServerContext* context,
                                              const v1::MigrateRequest* request,
                                              v1::Operation* reply) {
-  return RunRpc(metrics_, "Migrate", [&] { return Unwrap(api_->Migrate(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "Migrate", "", [&](const Principal& p) {
+    if (absl::Status s = InJobTenant(p, "Migrate", request->job_id()); !s.ok()) return s;
+    return Unwrap(api_->Migrate(*request), reply);
+  });
 }
 
 grpc::Status CoordinatorServiceImpl::RecoverFromFailure(
-    grpc::ServerContext*, const v1::RecoverFromFailureRequest* request, v1::Operation* reply) {
-  return RunRpc(metrics_, "RecoverFromFailure",
-                [&] { return Unwrap(api_->RecoverFromFailure(*request), reply); });
+    grpc::ServerContext* context, const v1::RecoverFromFailureRequest* request,
+    v1::Operation* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "RecoverFromFailure", "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "RecoverFromFailure", request->job_id()); !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->RecoverFromFailure(*request), reply);
+      });
 }
 
-grpc::Status CoordinatorServiceImpl::PreviewPlan(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::PreviewPlan(grpc::ServerContext* context,
                                                  const v1::PreviewPlanRequest* request,
                                                  v1::PreviewPlanResponse* reply) {
-  return RunRpc(metrics_, "PreviewPlan",
-                [&] { return Unwrap(api_->PreviewPlan(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "PreviewPlan", "", [&](const Principal& p) {
+    if (absl::Status s = InJobTenant(p, "PreviewPlan", request->job_id()); !s.ok()) return s;
+    return Unwrap(api_->PreviewPlan(*request), reply);
+  });
 }
 
-grpc::Status CoordinatorServiceImpl::GetOperation(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::GetOperation(grpc::ServerContext* context,
                                                   const v1::GetOperationRequest* request,
                                                   v1::Operation* reply) {
-  return RunRpc(metrics_, "GetOperation",
-                [&] { return Unwrap(api_->GetOperation(*request), reply); });
+  return RunAdmitted(authorizer_, context, metrics_, "GetOperation", "", [&](const Principal& p) {
+    if (absl::Status s = InOperationTenant(p, "GetOperation", request->operation_id()); !s.ok()) {
+      return s;
+    }
+    return Unwrap(api_->GetOperation(*request), reply);
+  });
 }
 
 grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context,
                                                     const v1::WatchOperationRequest* request,
                                                     grpc::ServerWriter<v1::Operation>* writer) {
-  return RunRpc(metrics_, "WatchOperation", [&] {
+  return RunAdmitted(authorizer_, context, metrics_, "WatchOperation", "", [&](const Principal& p) {
+    if (absl::Status s = InOperationTenant(p, "WatchOperation", request->operation_id()); !s.ok()) {
+      return s;
+    }
     return api_->WatchOperation(
         *request, [writer](const v1::Operation& op) { return writer->Write(op); },
         [this, context] { return stopping_.load() || context->IsCancelled(); });
   });
 }
 
-grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext* context,
                                                      const v1::CancelOperationRequest* request,
                                                      v1::Operation* reply) {
-  return RunRpc(metrics_, "CancelOperation",
-                [&] { return Unwrap(api_->CancelOperation(*request), reply); });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "CancelOperation", "", [&](const Principal& p) {
+        if (absl::Status s = InOperationTenant(p, "CancelOperation", request->operation_id());
+            !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->CancelOperation(*request), reply);
+      });
 }
 
-grpc::Status CoordinatorServiceImpl::ListHosts(grpc::ServerContext*,
+grpc::Status CoordinatorServiceImpl::ListHosts(grpc::ServerContext* context,
                                                const v1::ListHostsRequest* request,
                                                v1::ListHostsResponse* reply) {
-  return RunRpc(metrics_, "ListHosts", [&] { return Unwrap(api_->ListHosts(*request), reply); });
+  // Hosts are shared by every tenant: any scheduler or viewer may list them.
+  return RunAdmitted(authorizer_, context, metrics_, "ListHosts", "",
+                     [&](const Principal&) { return Unwrap(api_->ListHosts(*request), reply); });
 }
 
 }  // namespace reshard::coordinator

@@ -1,6 +1,7 @@
 // gRPC adapter for CoordinatorService (what schedulers call): each handler
 // turns the request into a SchedulerApi call and its status into the reply.
-// No checks of its own: every code is decided by SchedulerApi.
+// Each call passes the Authorizer (auth.h) first; every other code is
+// decided by SchedulerApi.
 // Thread-safe (the API is); BeginShutdown() may be called from any thread.
 #pragma once
 
@@ -9,14 +10,16 @@
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/server/auth.h"
 
 namespace reshard::coordinator {
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
-  /// `api` must outlive this; `metrics` may be null.
-  CoordinatorServiceImpl(SchedulerApi* api, CoordinatorMetrics* metrics)
-      : api_(api), metrics_(metrics) {}
+  /// `api` and `authorizer` must outlive this; `metrics` may be null.
+  CoordinatorServiceImpl(SchedulerApi* api, const Authorizer* authorizer,
+                         CoordinatorMetrics* metrics)
+      : api_(api), authorizer_(authorizer), metrics_(metrics) {}
 
   /// Ends open WatchOperation streams (they return CANCELLED) so that the
   /// server can stop without waiting for operations to finish.
@@ -52,6 +55,14 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
 
  private:
   SchedulerApi* api_;
+  /// A scheduler's or viewer's call on job `job_id` / operation
+  /// `operation_id` stays within its tenants (Authorizer::AuthorizeJob);
+  /// others pass. A missing job or operation passes: the call answers it.
+  absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id) const;
+  absl::Status InOperationTenant(const Principal& p, const char* method,
+                                 const std::string& operation_id) const;
+
+  const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
   std::atomic<bool> stopping_{false};
 };

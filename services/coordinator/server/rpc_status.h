@@ -11,8 +11,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 #include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/server/auth.h"
 
 namespace reshard::coordinator {
 
@@ -58,6 +60,20 @@ grpc::Status RunRpc(CoordinatorMetrics* metrics, const char* method, Body&& body
     metrics->RpcDone(method, StatusCodeName(status.code()), seconds.count());
   }
   return ToGrpcStatus(status);
+}
+
+/// RunRpc of a handler that first passes the Authorizer: `body` gets the
+/// admitted principal; a refusal is recorded like any other status.
+/// `host_id`: the host an AgentService request speaks for, else empty.
+template <typename Body>
+grpc::Status RunAdmitted(const Authorizer* authorizer, const grpc::ServerContext* context,
+                         CoordinatorMetrics* metrics, const char* method,
+                         const std::string& host_id, Body&& body) {
+  return RunRpc(metrics, method, [&]() -> absl::Status {
+    absl::StatusOr<Principal> principal = authorizer->Admit(*context, method, host_id);
+    if (!principal.ok()) return principal.status();
+    return body(*principal);
+  });
 }
 
 }  // namespace reshard::coordinator

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/tls.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
@@ -15,8 +16,11 @@
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/logic/tokens.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/agent_service.h"
+#include "services/coordinator/server/auth.h"
+#include "services/coordinator/server/auth_service.h"
 #include "services/coordinator/server/coordinator_service.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_store.h"
@@ -77,14 +81,31 @@ absl::Status CoordinatorServer::Start() {
   driver_options.lease_grace_ms = config_.lease_ms;
   driver_ = std::make_unique<OperationDriver>(store_, &clock_, metrics_.get(), driver_options);
 
-  coordinator_service_ =
-      std::make_unique<CoordinatorServiceImpl>(scheduler_api_.get(), metrics_.get());
-  agent_service_ = std::make_unique<AgentServiceImpl>(agent_api_.get(), metrics_.get());
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      MakeServerCredentials(config_.tls);
+  if (!credentials.ok()) {
+    Shutdown();
+    return credentials.status();
+  }
+  if (config_.tls.insecure) {
+    RESHARD_LOG(WARNING) << "replica=" << config_.replica_id << " --insecure: plaintext gRPC on "
+                         << config_.listen
+                         << " and NO authentication; anyone who reaches the port is admin";
+  }
+  token_api_ = std::make_unique<TokenApi>(store_, &clock_);
+  authorizer_ = std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get());
+  auth_service_ =
+      std::make_unique<AuthServiceImpl>(token_api_.get(), authorizer_.get(), metrics_.get());
+  coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
+      scheduler_api_.get(), authorizer_.get(), metrics_.get());
+  agent_service_ =
+      std::make_unique<AgentServiceImpl>(agent_api_.get(), authorizer_.get(), metrics_.get());
   grpc::ServerBuilder builder;
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port_);
+  builder.AddListeningPort(config_.listen, *credentials, &port_);
   builder.SetMaxReceiveMessageSize(MaxReceiveMessageBytes(config_));
   builder.RegisterService(coordinator_service_.get());
   builder.RegisterService(agent_service_.get());
+  builder.RegisterService(auth_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
     const std::string address = config_.listen;

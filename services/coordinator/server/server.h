@@ -29,6 +29,9 @@ namespace reshard::coordinator {
 
 class AgentApi;
 class AgentServiceImpl;
+class Authorizer;
+class AuthServiceImpl;
+class TokenApi;
 class CoordinatorMetrics;
 class CoordinatorServiceImpl;
 class LeaderLoop;
@@ -87,6 +90,9 @@ class CoordinatorServer {
   std::unique_ptr<AgentApi> agent_api_;
   std::unique_ptr<OperationDriver> driver_;
   std::unique_ptr<LeaderLoop> leader_;
+  std::unique_ptr<TokenApi> token_api_;
+  std::unique_ptr<Authorizer> authorizer_;
+  std::unique_ptr<AuthServiceImpl> auth_service_;
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<grpc::Server> grpc_server_;

@@ -66,6 +66,11 @@ const std::vector<Statement>& AllStatements() {
       kClearJobLostHosts,
       kSettleJobLiveness,
       kStaleGenerations,
+      // Bearer tokens (issue 11).
+      kInsertToken,
+      kSelectTokenByHash,
+      kRevokeToken,
+      kListTokens,
   };
   return *kAll;
 }

@@ -296,6 +296,26 @@ inline constexpr Statement kHostEpochState{"host_epoch_state",
 // The columns HostFromRow (pg_codec.h) reads.
 #define RESHARD_PG_HOST_COLUMNS "info, state, last_heartbeat_unix_ms, lease_expires_unix_ms "
 
+// ---- Bearer tokens (migrations/0004) ----------------------------------------
+
+// The columns TokenFromRow (pg_tokens.cc) reads.
+#define RESHARD_PG_TOKEN_COLUMNS \
+  "id, name, role, tenants, created_by, created_unix_ms, expires_unix_ms, revoked_unix_ms "
+
+inline constexpr Statement kInsertToken{
+    "insert_token",
+    "INSERT INTO auth_tokens (id, secret_sha256, name, role, tenants, created_by, "
+    "created_unix_ms, expires_unix_ms) VALUES ($1, $2, $3, $4, $5::text[], $6, $7, $8)"};
+inline constexpr Statement kSelectTokenByHash{"select_token_by_hash",
+                                              "SELECT " RESHARD_PG_TOKEN_COLUMNS
+                                              "FROM auth_tokens WHERE secret_sha256 = $1"};
+inline constexpr Statement kRevokeToken{
+    "revoke_token",
+    "UPDATE auth_tokens SET revoked_unix_ms = COALESCE(revoked_unix_ms, $2) WHERE id = $1 "
+    "RETURNING " RESHARD_PG_TOKEN_COLUMNS};
+inline constexpr Statement kListTokens{
+    "list_tokens", "SELECT " RESHARD_PG_TOKEN_COLUMNS "FROM auth_tokens ORDER BY id"};
+
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
 

@@ -51,6 +51,19 @@ struct JobPage {
   std::string next_after_job_id;  // empty on the last page
 };
 
+/// A bearer token as stored (migrations/0004): never its secret, only the
+/// secret's SHA-256 (kept by the store, not returned).
+struct TokenRecord {
+  std::string id;    // public part, "tok-" + 16 hex
+  std::string name;  // what the admin called it
+  std::string role;  // "admin", "scheduler" or "viewer"
+  std::vector<std::string> tenants;
+  std::string created_by;
+  int64_t created_unix_ms = 0;
+  int64_t expires_unix_ms = 0;
+  std::optional<int64_t> revoked_unix_ms;
+};
+
 enum class GenerationState : int16_t {
   kCurrent = 1,    // the job's committed generation
   kPending = 2,    // being built by an operation
@@ -219,6 +232,20 @@ class Store {
                                                int64_t now_unix_ms,
                                                int64_t lease_expires_unix_ms) = 0;
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> ListHosts() = 0;
+
+  // ---- Bearer tokens (docs/security.md) ----
+  /// Stores a token with the SHA-256 of its secret (raw 32 bytes).
+  /// AlreadyExists for a used id or hash.
+  [[nodiscard]] virtual absl::Status CreateToken(const TokenRecord& token,
+                                                 const std::string& secret_sha256) = 0;
+  /// The token whose secret hashes to `secret_sha256`, revoked or expired
+  /// ones included; NotFound when none.
+  [[nodiscard]] virtual absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) = 0;
+  /// Marks the token revoked at `now_unix_ms` (again: no change). NotFound.
+  [[nodiscard]] virtual absl::StatusOr<TokenRecord> RevokeToken(const std::string& id,
+                                                                int64_t now_unix_ms) = 0;
+  /// Every token, by id.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens() = 0;
   [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
   /// Marks ALIVE hosts whose lease ended before `now_unix_ms` LOST and
   /// returns their ids.

@@ -82,7 +82,8 @@ class AgentE2eTest : public ::testing::Test {
                                       "--leader-retry-ms",
                                       "100",
                                       "--log-level",
-                                      "info"};
+                                      "info",
+                                      "--insecure"};  // not about security (issue 11)
     for (const std::string& f : CoordinatorFlags()) flags.push_back(f);
     auto c = CoordinatorProcess::Start(flags);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -111,7 +112,7 @@ class AgentE2eTest : public ::testing::Test {
     o.shm_dir = dir_ + "/shm-" + h;
     if (metrics_ports_.count(h) == 0) metrics_ports_[h] = FreeTcpPort();
     o.extra_args = {"--memory-limit-bytes", std::to_string(int64_t{1} << 30), "--metrics-listen",
-                    absl::StrCat("127.0.0.1:", metrics_ports_[h])};
+                    absl::StrCat("127.0.0.1:", metrics_ports_[h]), "--insecure"};
     o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}};
     auto a = AgentProcess::Start(o);
     ASSERT_TRUE(a.ok()) << a.status();

@@ -78,7 +78,7 @@ class NetnsTest : public ::testing::Test {
     ASSERT_TRUE(dsn.ok()) << dsn.status();
     auto c = CoordinatorProcess::Start({"--dsn", *dsn, "--listen", "0.0.0.0:0", "--metrics-listen",
                                         "127.0.0.1:0", "--lease-ms", "1500", "--tick-ms", "50",
-                                        "--leader-retry-ms", "100"});
+                                        "--leader-retry-ms", "100", "--insecure"});
     ASSERT_TRUE(c.ok()) << c.status();
     coordinator_ = std::move(*c);
     stub_ = v1::CoordinatorService::NewStub(
@@ -92,6 +92,7 @@ class NetnsTest : public ::testing::Test {
       o.worker_socket = sockets_[h];
       o.shm_dir = dir_ + "/shm-" + h;
       o.wrapper = {"ip", "netns", "exec", Ns(i)};
+      o.extra_args = {"--insecure"};
       o.env = {{"UCX_NET_DEVICES", NsIf(i)}, {"UCX_TLS", "tcp,self"}};
       auto a = AgentProcess::Start(o);
       ASSERT_TRUE(a.ok()) << a.status();

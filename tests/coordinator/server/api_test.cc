@@ -251,7 +251,7 @@ TEST_F(ApiTest, SigtermEndsOpenWatchesAndExitsCleanly) {
 TEST_F(ApiTest, EveryAgentCallDirectly) {
   std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
   ASSERT_NE(c, nullptr);
-  auto agent_stub = AgentClient(c->address());
+  auto agent_stub = AgentClient(c->address(), "agent:solo");
 
   v1::RegisterAgentRequest reg;
   reg.mutable_host()->set_host_id("solo");
@@ -273,8 +273,12 @@ TEST_F(ApiTest, EveryAgentCallDirectly) {
             grpc::StatusCode::FAILED_PRECONDITION);
   hb.set_host_id("nobody");
   hb.set_epoch(1);
+  // Not the certificate's host: refused before anything is looked up.
   EXPECT_EQ(agent_stub->Heartbeat(Ctx().get(), hb, &hb_reply).error_code(),
-            grpc::StatusCode::NOT_FOUND);
+            grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(
+      AgentClient(c->address(), "agent:nobody")->Heartbeat(Ctx().get(), hb, &hb_reply).error_code(),
+      grpc::StatusCode::NOT_FOUND);
 
   v1::GetTaskRequest task;
   task.set_host_id("solo");
@@ -291,7 +295,7 @@ TEST_F(ApiTest, EveryAgentCallDirectly) {
             grpc::StatusCode::NOT_FOUND);
   reg.mutable_host()->clear_host_id();
   EXPECT_EQ(agent_stub->RegisterAgent(Ctx().get(), reg, &first).error_code(),
-            grpc::StatusCode::INVALID_ARGUMENT);
+            grpc::StatusCode::PERMISSION_DENIED);  // "" is not the certificate's host
 
   // A whole operation through the four calls: GetTask and ReportProgress
   // by the simulated agents; a report after the end gets abort.
@@ -306,7 +310,9 @@ TEST_F(ApiTest, EveryAgentCallDirectly) {
   EXPECT_TRUE(agent("h1")->Fetched(op.id()));
   report.set_host_id("h0");
   report.set_operation_id(op.id());
-  ASSERT_TRUE(agent_stub->ReportProgress(Ctx().get(), report, &report_reply).ok());
+  ASSERT_TRUE(AgentClient(c->address(), "agent:h0")
+                  ->ReportProgress(Ctx().get(), report, &report_reply)
+                  .ok());
   EXPECT_TRUE(report_reply.abort());
 }
 

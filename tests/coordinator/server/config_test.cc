@@ -2,6 +2,7 @@
 #include "services/coordinator/server/config.h"
 
 #include <cctype>
+#include <cstdio>
 #include <map>
 #include <ostream>
 
@@ -26,15 +27,17 @@ absl::StatusOr<CommandLine> Parse(std::vector<std::string> args,
   return ParseCommandLine(args, Env(std::move(env)));
 }
 
-TEST(ConfigTest, DefaultsWithDsnOnly) {
-  absl::StatusOr<CommandLine> cl = Parse({"--dsn", "dbname=x"});
+TEST(ConfigTest, DefaultsWithDsnAndInsecure) {
+  absl::StatusOr<CommandLine> cl = Parse({"--dsn", "dbname=x", "--insecure"});
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_EQ(cl->command, CoordinatorCommand::kServe);
   EXPECT_FALSE(cl->help);
   const CoordinatorConfig& c = cl->config;
   EXPECT_EQ(c.dsn, "dbname=x");
-  EXPECT_EQ(c.listen, "0.0.0.0:7070");
-  EXPECT_EQ(c.metrics_listen, "0.0.0.0:9464");
+  // Loopback unless told otherwise.
+  EXPECT_EQ(c.listen, "127.0.0.1:7070");
+  EXPECT_EQ(c.metrics_listen, "127.0.0.1:9464");
+  EXPECT_TRUE(c.tls.insecure);
   EXPECT_EQ(c.lease_ms, 10000);
   EXPECT_EQ(c.max_spec_bytes, 64 << 20);
   EXPECT_EQ(c.log_level, LogSeverity::kInfo);
@@ -48,7 +51,7 @@ TEST(ConfigTest, EveryFlagBothSpellings) {
       Parse({"serve", "--listen=127.0.0.1:0", "--dsn", "host=/tmp", "--metrics-listen", "[::1]:0",
              "--lease-ms=3000", "--transfer-timeout-ms", "60000", "--tick-ms=50",
              "--leader-retry-ms", "100", "--pool-size=3", "--max-spec-bytes", "4096",
-             "--replica-id=r1", "--log-level", "debug"});
+             "--replica-id=r1", "--log-level", "debug", "--insecure=true"});
   ASSERT_TRUE(cl.ok()) << cl.status();
   const CoordinatorConfig& c = cl->config;
   EXPECT_EQ(c.listen, "127.0.0.1:0");
@@ -70,7 +73,8 @@ TEST(ConfigTest, EnvironmentFillsWhatFlagsLeaveAndFlagsWin) {
                                      {"RESHARD_LEASE_MS", "9000"},
                                      {"RESHARD_LISTEN", "127.0.0.1:0"},
                                      {"RESHARD_REPLICA_ID", "from-env"},
-                                     {"RESHARD_LOG_LEVEL", "warning"}});
+                                     {"RESHARD_LOG_LEVEL", "warning"},
+                                     {"RESHARD_INSECURE", "1"}});
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_EQ(cl->config.dsn, "dbname=env");
   EXPECT_EQ(cl->config.lease_ms, 2000);
@@ -80,7 +84,8 @@ TEST(ConfigTest, EnvironmentFillsWhatFlagsLeaveAndFlagsWin) {
 }
 
 TEST(ConfigTest, MigrateCommand) {
-  absl::StatusOr<CommandLine> cl = Parse({"migrate", "--dsn=dbname=x"});
+  absl::StatusOr<CommandLine> cl =
+      Parse({"migrate", "--dsn=dbname=x"});  // no TLS: it listens nowhere
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_EQ(cl->command, CoordinatorCommand::kMigrate);
 }
@@ -93,7 +98,8 @@ TEST(ConfigTest, HelpSkipsValidation) {
   for (const char* name :
        {"--listen", "--dsn", "--metrics-listen", "--lease-ms", "--transfer-timeout-ms", "--tick-ms",
         "--leader-retry-ms", "--pool-size", "--max-spec-bytes", "--replica-id", "--log-level",
-        "RESHARD_DSN", "migrate"}) {
+        "RESHARD_DSN", "migrate", "--tls-cert", "--tls-key", "--tls-ca", "RESHARD_TLS_CA",
+        "--insecure", "--tls-reload-s"}) {
     EXPECT_THAT(usage, HasSubstr(name));
   }
 }
@@ -128,30 +134,62 @@ TEST_P(ConfigErrorTest, InvalidArgumentNamingTheProblem) {
 INSTANTIATE_TEST_SUITE_P(
     Cases, ConfigErrorTest,
     ::testing::Values(
-        BadCase{{}, {}, "--dsn"}, BadCase{{"--dsn="}, {}, "--dsn"},
-        BadCase{{"--dsn", "x", "--listen", "nohost"}, {}, "nohost"},
-        BadCase{{"--dsn", "x", "--listen", ":7070"}, {}, "--listen"},
-        BadCase{{"--dsn", "x", "--listen", "h:70000"}, {}, "h:70000"},
-        BadCase{{"--dsn", "x", "--metrics-listen", "h:-1"}, {}, "--metrics-listen"},
-        BadCase{{"--dsn", "x", "--metrics-listen", "::1:80"}, {}, "brackets"},
-        BadCase{{"--dsn", "x", "--listen", "a:80", "--metrics-listen", "b:80"}, {}, "same port"},
-        BadCase{{"--dsn", "x", "--lease-ms", "abc"}, {}, "--lease-ms = \"abc\""},
-        BadCase{{"--dsn", "x", "--lease-ms", "5"}, {}, "--lease-ms"},
-        BadCase{{"--dsn", "x", "--tick-ms", "0"}, {}, "--tick-ms"},
-        BadCase{{"--dsn", "x", "--tick-ms", "5000", "--lease-ms", "1000"}, {}, "--tick-ms"},
-        BadCase{{"--dsn", "x", "--pool-size", "0"}, {}, "--pool-size"},
-        BadCase{{"--dsn", "x", "--max-spec-bytes", "10"}, {}, "--max-spec-bytes"},
-        BadCase{{"--dsn", "x", "--transfer-timeout-ms", "99999999999999999999"},
+        BadCase{{"--insecure"}, {}, "--dsn"}, BadCase{{"--insecure", "--dsn="}, {}, "--dsn"},
+        BadCase{{"--insecure", "--dsn", "x", "--listen", "nohost"}, {}, "nohost"},
+        BadCase{{"--insecure", "--dsn", "x", "--listen", ":7070"}, {}, "--listen"},
+        BadCase{{"--insecure", "--dsn", "x", "--listen", "h:70000"}, {}, "h:70000"},
+        BadCase{{"--insecure", "--dsn", "x", "--metrics-listen", "h:-1"}, {}, "--metrics-listen"},
+        BadCase{{"--insecure", "--dsn", "x", "--metrics-listen", "::1:80"}, {}, "brackets"},
+        BadCase{{"--insecure", "--dsn", "x", "--listen", "a:80", "--metrics-listen", "b:80"},
+                {},
+                "same port"},
+        BadCase{{"--insecure", "--dsn", "x", "--lease-ms", "abc"}, {}, "--lease-ms = \"abc\""},
+        BadCase{{"--insecure", "--dsn", "x", "--lease-ms", "5"}, {}, "--lease-ms"},
+        BadCase{{"--insecure", "--dsn", "x", "--tick-ms", "0"}, {}, "--tick-ms"},
+        BadCase{{"--insecure", "--dsn", "x", "--tick-ms", "5000", "--lease-ms", "1000"},
+                {},
+                "--tick-ms"},
+        BadCase{{"--insecure", "--dsn", "x", "--pool-size", "0"}, {}, "--pool-size"},
+        BadCase{{"--insecure", "--dsn", "x", "--max-spec-bytes", "10"}, {}, "--max-spec-bytes"},
+        BadCase{{"--insecure", "--dsn", "x", "--transfer-timeout-ms", "99999999999999999999"},
                 {},
                 "--transfer-timeout-ms"},
-        BadCase{{"--dsn", "x", "--log-level", "loud"}, {}, "loud"},
-        BadCase{{"--dsn", "x", "--replica-id", "a b"}, {}, "--replica-id"},
-        BadCase{{"--dsn", "x", "--bogus", "1"}, {}, "--bogus"},
-        BadCase{{"--dsn", "x", "--lease-ms"}, {}, "--lease-ms"},
-        BadCase{{"--dsn", "x", "--dsn", "y"}, {}, "twice"},
-        BadCase{{"frobnicate"}, {}, "frobnicate"}, BadCase{{"--dsn", "x", "stray"}, {}, "stray"},
-        BadCase{{"--dsn", "x"}, {{"RESHARD_POOL_SIZE", "many"}}, "RESHARD_POOL_SIZE"},
-        BadCase{{"--dsn", "x"}, {{"RESHARD_LEASE_MS", "1"}}, "RESHARD_LEASE_MS"}));
+        BadCase{{"--insecure", "--dsn", "x", "--log-level", "loud"}, {}, "loud"},
+        BadCase{{"--insecure", "--dsn", "x", "--replica-id", "a b"}, {}, "--replica-id"},
+        BadCase{{"--insecure", "--dsn", "x", "--bogus", "1"}, {}, "--bogus"},
+        BadCase{{"--insecure", "--dsn", "x", "--lease-ms"}, {}, "--lease-ms"},
+        BadCase{{"--insecure", "--dsn", "x", "--dsn", "y"}, {}, "twice"},
+        BadCase{{"frobnicate"}, {}, "frobnicate"},
+        BadCase{{"--insecure", "--dsn", "x", "stray"}, {}, "stray"},
+        BadCase{{"--insecure", "--dsn", "x"}, {{"RESHARD_POOL_SIZE", "many"}}, "RESHARD_POOL_SIZE"},
+        BadCase{{"--insecure", "--dsn", "x"}, {{"RESHARD_LEASE_MS", "1"}}, "RESHARD_LEASE_MS"},
+        // Transport security: TLS unless --insecure, files named and readable.
+        BadCase{{"--dsn", "x"}, {}, "--tls-ca (RESHARD_TLS_CA) is required"},
+        BadCase{{"--dsn", "x", "--tls-ca", "/nonexistent/ca.pem"}, {}, "--tls-cert"},
+        BadCase{{"--dsn", "x", "--tls-ca", "/nonexistent/ca.pem", "--tls-cert", "/nonexistent/c",
+                 "--tls-key", "/nonexistent/k"},
+                {},
+                "\"/nonexistent/c"},
+        BadCase{{"--dsn", "x", "--insecure", "--tls-ca", "/etc/hostname"}, {}, "contradict"},
+        BadCase{{"--dsn", "x", "--insecure=maybe"}, {}, "--insecure = \"maybe\""},
+        BadCase{{"--dsn", "x"}, {{"RESHARD_INSECURE", "sure"}}, "RESHARD_INSECURE"}));
+
+TEST(ConfigTest, TlsFilesFromFlagsAndEnvironment) {
+  // Any readable files pass the configuration check (their PEM is read by gRPC).
+  const std::string file = ::testing::TempDir() + "/config_test_tls.pem";
+  FILE* f = std::fopen(file.c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("pem", f);
+  std::fclose(f);
+  absl::StatusOr<CommandLine> cl = Parse({"--dsn", "x", "--tls-cert", file, "--tls-key", file},
+                                         {{"RESHARD_TLS_CA", file}, {"RESHARD_TLS_RELOAD_S", "2"}});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_FALSE(cl->config.tls.insecure);
+  EXPECT_EQ(cl->config.tls.cert, file);
+  EXPECT_EQ(cl->config.tls.key, file);
+  EXPECT_EQ(cl->config.tls.ca, file);
+  EXPECT_EQ(cl->config.tls.reload_seconds, 2u);
+}
 
 TEST(SplitHostPortTest, Forms) {
   std::string host;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
+#include "tests/coordinator/server/test_channel.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -58,7 +59,9 @@ FakeAgent::FakeAgent(std::string host_id, int devices)
 FakeAgent::~FakeAgent() { Stop(); }
 
 void FakeAgent::SetCoordinator(const std::string& address) {
-  auto channel = grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  // Each fake agent has its own host's certificate, as a real one does.
+  auto channel = TestChannel(
+      address, DefaultTestInsecure() ? kInsecureIdentity : absl::StrCat("agent:", host_id_));
   std::lock_guard<std::mutex> lock(mu_);
   stub_ = v1::AgentService::NewStub(channel);
 }

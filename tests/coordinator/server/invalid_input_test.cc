@@ -44,6 +44,10 @@ constexpr char kUnknownId[] = "0123456789abcdef0123456789abcdef";
 
 class InvalidInputTest : public ServerTest {
  protected:
+  // Field limits, not identities: host ids longer than a certificate's
+  // common name may be, so plaintext without authentication.
+  bool Insecure() const override { return true; }
+
   void SetUp() override {
     ServerTest::SetUp();
     if (HasFatalFailure()) return;
@@ -253,8 +257,7 @@ TEST_F(InvalidInputTest, GenerationsKeysAndBusyJobs) {
 }
 
 TEST_F(InvalidInputTest, GarbageBytesAreRefused) {
-  grpc::GenericStub generic(
-      grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+  grpc::GenericStub generic(TestChannel(coordinator_->address(), kInsecureIdentity));
   std::mt19937 rng(20240531);
   std::vector<std::string> bodies = {
       std::string(11, '\xff'),                     // an over-long varint tag
@@ -327,7 +330,7 @@ TEST_F(InvalidInputTest, LengthLimitsAreInvalidArgument) {
     v1::ListJobsResponse reply;
     return stub_->ListJobs(Ctx().get(), r, &reply);
   });
-  auto agents = AgentClient(coordinator_->address());
+  auto agents = AgentClient(coordinator_->address(), kInsecureIdentity);
   const auto register_agent = [&](const std::string& id, const std::string& address) {
     v1::RegisterAgentRequest r;
     r.mutable_host()->set_host_id(id);
@@ -364,8 +367,7 @@ TEST_F(InvalidInputTest, UnparseableBodiesChangeNothing) {
   ASSERT_NE(at, std::string::npos);
   bytes[at] = '\xc3';  // a lead byte followed by 't': not UTF-8
   bytes[at + 1] = '\x28';
-  grpc::GenericStub generic(
-      grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
+  grpc::GenericStub generic(TestChannel(coordinator_->address(), kInsecureIdentity));
   for (const std::string& body : {nested, bytes}) {
     ExpectRefused("body", std::nullopt, [&] {
       return RawUnaryCall(generic, "/reshard.v1.CoordinatorService/RegisterJob", body);

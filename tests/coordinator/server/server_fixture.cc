@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/harness/test_postgres.h"
 
 namespace reshard::coordinator::testing {
@@ -12,21 +13,16 @@ std::unique_ptr<grpc::ClientContext> Ctx() {
   return context;
 }
 
-namespace {
-std::shared_ptr<grpc::Channel> Channel(const std::string& address) {
-  grpc::ChannelArguments args;
-  args.SetMaxSendMessageSize(64 << 20);
-  args.SetMaxReceiveMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args);
-}
-}  // namespace
+std::string DefaultIdentity() { return DefaultTestInsecure() ? kInsecureIdentity : kAdminIdentity; }
 
-std::unique_ptr<CoordinatorStub> CoordinatorClient(const std::string& address) {
-  return v1::CoordinatorService::NewStub(Channel(address));
+std::unique_ptr<CoordinatorStub> CoordinatorClient(const std::string& address,
+                                                   const std::string& identity) {
+  return v1::CoordinatorService::NewStub(
+      TestChannel(address, identity.empty() ? DefaultIdentity() : identity));
 }
 
-std::unique_ptr<AgentStub> AgentClient(const std::string& address) {
-  return v1::AgentService::NewStub(Channel(address));
+std::unique_ptr<AgentStub> AgentClient(const std::string& address, const std::string& identity) {
+  return v1::AgentService::NewStub(TestChannel(address, identity));
 }
 
 v1::Job GetJob(CoordinatorStub* stub, const std::string& id) {
@@ -116,6 +112,7 @@ absl::Status WaitState(CoordinatorStub* stub, const std::string& operation_id,
 }
 
 void ServerTest::SetUp() {
+  SetDefaultTestSecurity(Insecure());
   absl::StatusOr<std::string> dsn = CreateFreshDatabase("server");
   ASSERT_TRUE(dsn.ok()) << dsn.status();
   dsn_ = *dsn;
@@ -142,6 +139,11 @@ std::vector<std::string> ServerTest::Flags(const std::vector<std::string>& extra
                                     "4",
                                     "--log-level",
                                     "info"};
+  if (Insecure()) {
+    flags.push_back("--insecure");
+  } else {
+    for (const std::string& f : TestTlsFlags()) flags.push_back(f);
+  }
   flags.insert(flags.end(), extra.begin(), extra.end());
   return flags;
 }

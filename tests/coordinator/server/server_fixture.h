@@ -17,6 +17,7 @@
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/fake_agent.h"
+#include "tests/coordinator/server/test_channel.h"
 
 namespace reshard::coordinator::testing {
 
@@ -26,8 +27,14 @@ using AgentStub = v1::AgentService::Stub;
 /// A ClientContext with a 30 s deadline.
 std::unique_ptr<grpc::ClientContext> Ctx();
 
-std::unique_ptr<CoordinatorStub> CoordinatorClient(const std::string& address);
-std::unique_ptr<AgentStub> AgentClient(const std::string& address);
+/// kAdminIdentity, or kInsecureIdentity in a fixture whose Insecure() is true.
+std::string DefaultIdentity();
+
+/// Clients as `identity` (test_channel.h; empty: DefaultIdentity()).
+std::unique_ptr<CoordinatorStub> CoordinatorClient(const std::string& address,
+                                                   const std::string& identity = "");
+/// An agent speaks for the host of its certificate: "agent:<host id>".
+std::unique_ptr<AgentStub> AgentClient(const std::string& address, const std::string& identity);
 
 /// Everything the scheduler API shows about jobs: every page of ListJobs
 /// and GetJob (with its PTC) of each, serialized. Equal snapshots: nothing
@@ -55,8 +62,13 @@ class ServerTest : public ::testing::Test {
   void SetUp() override;
   void TearDown() override;
 
+  /// Whether this fixture's coordinators run --insecure (plaintext, no
+  /// authentication): for tests that are not about security and need what
+  /// a certificate cannot carry. Default: mutual TLS with the shared test CA.
+  virtual bool Insecure() const { return false; }
+
   /// The flags every test coordinator gets: this test's database, ports 0
-  /// on loopback, short ticks, lease_ms_; `extra` is appended (a flag given
+  /// on loopback, short ticks, lease_ms_, TLS (or --insecure); `extra` is appended (a flag given
   /// twice is refused, so tests pass only flags not set here:
   /// --max-spec-bytes, --replica-id, --transfer-timeout-ms).
   std::vector<std::string> Flags(const std::vector<std::string>& extra = {}) const;

@@ -1,0 +1,239 @@
+#include "services/coordinator/server/auth.h"
+
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/tls.h"
+#include "grpcpp/server_context.h"
+#include "services/coordinator/logic/tokens.h"
+
+namespace reshard::coordinator {
+namespace {
+
+// The role × method table. A method absent here is refused to everyone
+// but admin.
+struct MethodRule {
+  const char* method;
+  std::vector<Role> roles;  // besides admin, which may call every scheduler method
+  bool agent_service;       // AgentService: only agents, each for its own host
+};
+
+const std::vector<MethodRule>& Rules() {
+  static const auto* const kRules = new std::vector<MethodRule>{
+      // CoordinatorService: reads.
+      {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent}, false},
+      {"ListJobs", {Role::kScheduler, Role::kViewer}, false},
+      {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false},
+      {"GetOperation", {Role::kScheduler, Role::kViewer}, false},
+      {"WatchOperation", {Role::kScheduler, Role::kViewer}, false},
+      {"ListHosts", {Role::kScheduler, Role::kViewer}, false},
+      // CoordinatorService: changes.
+      {"RegisterJob", {Role::kScheduler}, false},
+      {"DeleteJob", {Role::kScheduler}, false},
+      {"Resize", {Role::kScheduler}, false},
+      {"Migrate", {Role::kScheduler}, false},
+      {"RecoverFromFailure", {Role::kScheduler}, false},
+      {"CancelOperation", {Role::kScheduler}, false},
+      // AgentService.
+      {"RegisterAgent", {Role::kAgent}, true},
+      {"Heartbeat", {Role::kAgent}, true},
+      {"GetTask", {Role::kAgent}, true},
+      {"ReportProgress", {Role::kAgent}, true},
+  };
+  return *kRules;
+}
+
+const MethodRule* FindRule(const char* method) {
+  for (const MethodRule& r : Rules()) {
+    if (std::strcmp(r.method, method) == 0) return &r;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+const char* RoleName(Role role) {
+  switch (role) {
+    case Role::kAdmin:
+      return "admin";
+    case Role::kScheduler:
+      return "scheduler";
+    case Role::kViewer:
+      return "viewer";
+    case Role::kAgent:
+      return "agent";
+    case Role::kWorker:
+      return "worker";
+  }
+  return "unknown";
+}
+
+bool ParseRole(const std::string& text, Role* role) {
+  for (Role r : {Role::kAdmin, Role::kScheduler, Role::kViewer, Role::kAgent, Role::kWorker}) {
+    if (text == RoleName(r)) {
+      *role = r;
+      return true;
+    }
+  }
+  return false;
+}
+
+absl::StatusOr<Principal> PrincipalFromCertificateName(const std::string& cn) {
+  auto bad = [&](const std::string& why) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "certificate common name \"", cn, "\": ", why,
+        " (expected agent:HOST, admin:NAME, scheduler:NAME@TENANTS or viewer:NAME@TENANTS)"));
+  };
+  const size_t colon = cn.find(':');
+  if (colon == std::string::npos) return bad("no role");
+  Principal p;
+  p.name = cn;
+  if (!ParseRole(cn.substr(0, colon), &p.role) || p.role == Role::kWorker) {
+    return bad("unknown role");
+  }
+  std::string rest = cn.substr(colon + 1);
+  const size_t at = rest.find('@');
+  if (at != std::string::npos) {
+    for (absl::string_view t : absl::StrSplit(rest.substr(at + 1), ',', absl::SkipEmpty())) {
+      p.tenants.emplace_back(t);
+    }
+    rest.resize(at);
+  }
+  if (rest.empty()) return bad("empty name");
+  switch (p.role) {
+    case Role::kAgent:
+      if (at != std::string::npos) return bad("an agent has no tenants");
+      p.host_id = rest;
+      break;
+    case Role::kScheduler:
+    case Role::kViewer:
+      if (p.tenants.empty()) return bad("a scheduler or viewer needs @TENANT[,TENANT...]");
+      break;
+    default:
+      break;
+  }
+  return p;
+}
+
+absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& context,
+                                                   const char* method) const {
+  if (insecure_) {
+    Principal p;
+    p.name = "insecure";
+    p.role = Role::kAdmin;
+    p.any_host = true;
+    return p;
+  }
+  const std::shared_ptr<const grpc::AuthContext> auth = context.auth_context();
+  const std::string cn = auth == nullptr ? "" : PeerCertificateName(*auth);
+  if (cn.empty()) {
+    const auto& metadata = context.client_metadata();
+    const auto header = metadata.find("authorization");
+    if (header == metadata.end()) {
+      return absl::UnauthenticatedError(absl::StrCat(
+          method, ": neither a client certificate (mutual TLS) nor a bearer token was presented"));
+    }
+    const std::string value(header->second.data(), header->second.size());
+    if (!absl::StartsWith(value, "Bearer ") || tokens_ == nullptr) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(method, ": the authorization header is not `Bearer <token>`"));
+    }
+    absl::StatusOr<TokenRecord> token = tokens_->Verify(value.substr(7));
+    if (!token.ok()) {
+      return absl::Status(token.status().code(),
+                          absl::StrCat(method, ": ", token.status().message()));
+    }
+    Principal p;
+    p.name = absl::StrCat("token:", token->id, " (", token->name, ")");
+    if (!ParseRole(token->role, &p.role)) {
+      return absl::UnauthenticatedError(
+          absl::StrCat(method, ": bearer token \"", token->id, "\" has an unknown role"));
+    }
+    p.tenants = token->tenants;
+    return p;
+  }
+  absl::StatusOr<Principal> p = PrincipalFromCertificateName(cn);
+  if (!p.ok()) return absl::UnauthenticatedError(absl::StrCat(method, ": ", p.status().message()));
+  return p;
+}
+
+absl::Status Authorizer::Authorize(const Principal& principal, const char* method,
+                                   const std::string& host_id) const {
+  auto refuse = [&](const std::string& why) {
+    return absl::PermissionDeniedError(absl::StrCat(method, " refused to \"", principal.name,
+                                                    "\" (role ", RoleName(principal.role),
+                                                    "): ", why));
+  };
+  const MethodRule* rule = FindRule(method);
+  if (rule == nullptr) {
+    if (principal.role == Role::kAdmin) return absl::OkStatus();
+    return refuse("only an admin may call it");
+  }
+  if (rule->agent_service) {
+    if (principal.any_host) return absl::OkStatus();
+    if (principal.role != Role::kAgent) return refuse("only agents call AgentService");
+    if (host_id != principal.host_id) {
+      return refuse(absl::StrCat("the request speaks for host \"", host_id,
+                                 "\" but the certificate is bound to host \"", principal.host_id,
+                                 "\""));
+    }
+    return absl::OkStatus();
+  }
+  if (principal.role == Role::kAdmin) return absl::OkStatus();
+  for (Role r : rule->roles) {
+    if (r == principal.role) return absl::OkStatus();
+  }
+  return refuse("the role may not call it");
+}
+
+absl::Status Authorizer::AuthorizeTenant(const Principal& principal, const char* method,
+                                         const std::string& tenant) const {
+  if (!ScopedToTenants(principal)) return absl::OkStatus();
+  for (const std::string& t : principal.tenants) {
+    if (t == tenant) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      method, " in tenant \"", tenant, "\" refused to \"", principal.name, "\" (role ",
+      RoleName(principal.role), "): its tenants are ", absl::StrJoin(principal.tenants, ",")));
+}
+
+absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* method,
+                                      const std::string& job_id, const std::string& tenant,
+                                      const std::vector<std::string>& hosts) const {
+  auto refuse = [&](const std::string& why) {
+    return absl::PermissionDeniedError(
+        absl::StrCat(method, " of job \"", job_id, "\" (tenant \"", tenant, "\") refused to \"",
+                     principal.name, "\" (role ", RoleName(principal.role), "): ", why));
+  };
+  switch (principal.role) {
+    case Role::kAdmin:
+      return absl::OkStatus();
+    case Role::kScheduler:
+    case Role::kViewer:
+      for (const std::string& t : principal.tenants) {
+        if (t == tenant) return absl::OkStatus();
+      }
+      return refuse(absl::StrCat("its tenants are ", absl::StrJoin(principal.tenants, ",")));
+    case Role::kAgent:
+    case Role::kWorker:
+      if (principal.any_host) return absl::OkStatus();
+      for (const std::string& h : hosts) {
+        if (h == principal.host_id) return absl::OkStatus();
+      }
+      return refuse(absl::StrCat("the job is not placed on host \"", principal.host_id, "\""));
+  }
+  return refuse("unknown role");
+}
+
+absl::StatusOr<Principal> Authorizer::Admit(const grpc::ServerContext& context, const char* method,
+                                            const std::string& host_id) const {
+  absl::StatusOr<Principal> p = Authenticate(context, method);
+  if (!p.ok()) return p.status();
+  if (absl::Status s = Authorize(*p, method, host_id); !s.ok()) return s;
+  return p;
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,357 @@
+// Roles and tenants against the real reshard-coordinator (issue 11): for
+// every identity (certificates of each role, bearer tokens, none, expired
+// and revoked tokens) every RPC of CoordinatorService, AgentService and
+// AuthService is either let through to the logic or refused with
+// UNAUTHENTICATED / PERMISSION_DENIED, as the role x tenant table says; and
+// tokens are created, listed, rotated and revoked with the admin's RPCs.
+#include <functional>
+#include <map>
+#include <set>
+
+#include "grpcpp/grpcpp.h"
+#include "tests/coordinator/server/server_fixture.h"
+#include "tests/coordinator/server/test_jobs.h"
+
+namespace reshard::coordinator::testing {
+namespace {
+
+using AuthStub = v1::AuthService::Stub;
+
+// A caller: a certificate common name (or kAnonymousIdentity) and, maybe,
+// a bearer token sent with every call.
+struct Caller {
+  std::string identity;
+  std::string token;
+};
+
+std::unique_ptr<grpc::ClientContext> CallCtx(const Caller& caller) {
+  std::unique_ptr<grpc::ClientContext> c = Ctx();
+  c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
+  if (!caller.token.empty()) c->AddMetadata("authorization", "Bearer " + caller.token);
+  return c;
+}
+
+bool Refused(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+         s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
+}
+
+class AuthTest : public ServerTest {
+ protected:
+  void SetUp() override {
+    ServerTest::SetUp();
+    if (HasFatalFailure()) return;
+    coordinator_ = StartCoordinator();
+    ASSERT_NE(coordinator_, nullptr);
+    admin_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
+    admin_auth_ = v1::AuthService::NewStub(TestChannel(coordinator_->address(), kAdminIdentity));
+  }
+
+  // An admin-made token; its bearer string.
+  std::string Token(const std::string& role, const std::vector<std::string>& tenants,
+                    int64_t ttl_seconds = 0, std::string* id = nullptr) {
+    v1::CreateTokenRequest r;
+    r.set_name(absl::StrCat(role, "-token"));
+    r.set_role(role);
+    for (const std::string& t : tenants) r.add_tenants(t);
+    r.set_ttl_seconds(ttl_seconds);
+    v1::CreateTokenResponse reply;
+    const grpc::Status s = admin_auth_->CreateToken(Ctx().get(), r, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    if (id != nullptr) *id = reply.token().id();
+    return reply.bearer_token();
+  }
+
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<CoordinatorStub> admin_;
+  std::unique_ptr<AuthStub> admin_auth_;
+};
+
+TEST_F(AuthTest, RoleTimesRpcMatrix) {
+  const std::string address = coordinator_->address();
+  StartAgents({"h0", "h1"}, address);
+  const v1::Job job = Register(admin_.get(), SmallJobSpec("matrix", "team-a"));
+  const v1::Operation op = Resize(admin_.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
+  ASSERT_TRUE(WaitFinal(admin_.get(), op.id()).ok());
+
+  std::string revoked_id;
+  const std::string revoked = Token("scheduler", {"team-a"}, 0, &revoked_id);
+  {
+    v1::RevokeTokenRequest r;
+    r.set_token_id(revoked_id);
+    v1::Token reply;
+    ASSERT_TRUE(admin_auth_->RevokeToken(Ctx().get(), r, &reply).ok());
+  }
+  const std::string expiring = Token("scheduler", {"team-a"}, 1);
+
+  // identity -> the calls it may make (every other call must be refused).
+  const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
+                                        "GetOperation", "WatchOperation", "ListHosts"};
+  const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
+                                         "Migrate",     "RecoverFromFailure", "CancelOperation"};
+  const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
+  const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
+  auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
+    a.insert(b.begin(), b.end());
+    return a;
+  };
+  const std::vector<std::pair<Caller, std::set<std::string>>> callers = {
+      {{kAdminIdentity, ""}, both(both(kReads, kWrites), kAuth)},
+      {{"scheduler:s@team-a", ""}, both(kReads, kWrites)},
+      {{"scheduler:s@team-c,team-a", ""}, both(kReads, kWrites)},
+      {{"viewer:v@team-a", ""}, kReads},
+      {{"scheduler:other@team-b", ""}, {"ListHosts"}},
+      {{"viewer:other@team-b", ""}, {"ListHosts"}},
+      {{"agent:h0", ""}, both(kAgent, {"GetJob"})},
+      {{"agent:h7", ""}, {}},  // no job of its host; speaks for h0 below
+      {{kAnonymousIdentity, Token("scheduler", {"team-a"})}, both(kReads, kWrites)},
+      {{kAnonymousIdentity, Token("viewer", {"team-a"})}, kReads},
+      {{kAnonymousIdentity, Token("admin", {})}, both(both(kReads, kWrites), kAuth)},
+      {{kAnonymousIdentity, Token("viewer", {"team-b"})}, {"ListHosts"}},
+      {{kAnonymousIdentity, ""}, {}},
+      {{kAnonymousIdentity, revoked}, {}},
+      {{kAnonymousIdentity, "tok-0123456789abcdef.not-a-secret"}, {}},
+  };
+
+  int serial = 0;
+  using Call = std::function<grpc::Status(const Caller&)>;
+  const std::map<std::string, Call> calls = {
+      {"RegisterJob",
+       [&](const Caller& c) {
+         v1::RegisterJobRequest r;
+         *r.mutable_spec() = SmallJobSpec(absl::StrCat("m-", ++serial), "team-a");
+         v1::RegisterJobResponse reply;
+         return CoordinatorClient(address, c.identity)->RegisterJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetJob",
+       [&](const Caller& c) {
+         v1::GetJobRequest r;
+         r.set_job_id(job.id());
+         v1::Job reply;
+         return CoordinatorClient(address, c.identity)->GetJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"ListJobs",
+       [&](const Caller& c) {
+         v1::ListJobsRequest r;
+         r.set_tenant("team-a");
+         v1::ListJobsResponse reply;
+         return CoordinatorClient(address, c.identity)->ListJobs(CallCtx(c).get(), r, &reply);
+       }},
+      {"DeleteJob",
+       [&](const Caller& c) {
+         // A job of team-a of its own, so that an allowed delete harms no other case.
+         const v1::Job victim =
+             Register(admin_.get(), SmallJobSpec(absl::StrCat("victim-", ++serial), "team-a"));
+         v1::DeleteJobRequest r;
+         r.set_job_id(victim.id());
+         v1::DeleteJobResponse reply;
+         return CoordinatorClient(address, c.identity)->DeleteJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"Resize",
+       [&](const Caller& c) {
+         v1::ResizeRequest r;
+         r.set_job_id(job.id());
+         r.set_expected_generation(99);  // past authorization: refused by the logic
+         *r.mutable_placement() = MakeLayout(2, 2, 1, {"h1"}, 4).placement();
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)->Resize(CallCtx(c).get(), r, &reply);
+       }},
+      {"Migrate",
+       [&](const Caller& c) {
+         v1::MigrateRequest r;
+         r.set_job_id(job.id());
+         r.set_expected_generation(99);
+         *r.mutable_placement() = MakeLayout(2, 2, 1, {"h1"}, 4).placement();
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)->Migrate(CallCtx(c).get(), r, &reply);
+       }},
+      {"RecoverFromFailure",
+       [&](const Caller& c) {
+         v1::RecoverFromFailureRequest r;
+         r.set_job_id(job.id());
+         r.set_expected_generation(99);
+         r.add_lost_hosts("h1");
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)
+             ->RecoverFromFailure(CallCtx(c).get(), r, &reply);
+       }},
+      {"PreviewPlan",
+       [&](const Caller& c) {
+         v1::PreviewPlanRequest r;
+         r.set_job_id(job.id());
+         *r.mutable_target() = MakeLayout(2, 2, 1, {"h1"}, 4);
+         v1::PreviewPlanResponse reply;
+         return CoordinatorClient(address, c.identity)->PreviewPlan(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetOperation",
+       [&](const Caller& c) {
+         v1::GetOperationRequest r;
+         r.set_operation_id(op.id());
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)->GetOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"WatchOperation",
+       [&](const Caller& c) {
+         v1::WatchOperationRequest r;
+         r.set_operation_id(op.id());
+         auto ctx = CallCtx(c);
+         auto stub = CoordinatorClient(address, c.identity);
+         auto reader = stub->WatchOperation(ctx.get(), r);
+         v1::Operation update;
+         while (reader->Read(&update)) {
+         }
+         return reader->Finish();
+       }},
+      {"CancelOperation",
+       [&](const Caller& c) {
+         v1::CancelOperationRequest r;
+         r.set_operation_id(op.id());  // already COMMITTED: the logic refuses or returns it
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)
+             ->CancelOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"ListHosts",
+       [&](const Caller& c) {
+         v1::ListHostsResponse reply;
+         return CoordinatorClient(address, c.identity)
+             ->ListHosts(CallCtx(c).get(), v1::ListHostsRequest(), &reply);
+       }},
+      {"RegisterAgent",
+       [&](const Caller& c) {
+         v1::RegisterAgentRequest r;
+         r.mutable_host()->set_host_id("h0");
+         r.mutable_host()->set_address("h0:7171");
+         v1::RegisterAgentResponse reply;
+         return AgentClient(address, c.identity)->RegisterAgent(CallCtx(c).get(), r, &reply);
+       }},
+      {"Heartbeat",
+       [&](const Caller& c) {
+         v1::HeartbeatRequest r;
+         r.set_host_id("h0");
+         r.set_epoch(1);
+         v1::HeartbeatResponse reply;
+         return AgentClient(address, c.identity)->Heartbeat(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetTask",
+       [&](const Caller& c) {
+         v1::GetTaskRequest r;
+         r.set_host_id("h0");
+         r.set_operation_id(op.id());
+         v1::HostTask reply;
+         return AgentClient(address, c.identity)->GetTask(CallCtx(c).get(), r, &reply);
+       }},
+      {"ReportProgress",
+       [&](const Caller& c) {
+         v1::ReportProgressRequest r;
+         r.set_host_id("h0");
+         r.set_operation_id(op.id());
+         r.set_state(v1::HOST_TASK_STATE_RUNNING);
+         v1::ReportProgressResponse reply;
+         return AgentClient(address, c.identity)->ReportProgress(CallCtx(c).get(), r, &reply);
+       }},
+      {"CreateToken",
+       [&](const Caller& c) {
+         v1::CreateTokenRequest r;
+         r.set_name("made-in-matrix");
+         r.set_role("viewer");
+         r.add_tenants("team-a");
+         v1::CreateTokenResponse reply;
+         return v1::AuthService::NewStub(TestChannel(address, c.identity))
+             ->CreateToken(CallCtx(c).get(), r, &reply);
+       }},
+      {"ListTokens",
+       [&](const Caller& c) {
+         v1::ListTokensResponse reply;
+         return v1::AuthService::NewStub(TestChannel(address, c.identity))
+             ->ListTokens(CallCtx(c).get(), v1::ListTokensRequest(), &reply);
+       }},
+      {"RevokeToken",
+       [&](const Caller& c) {
+         v1::RevokeTokenRequest r;
+         r.set_token_id(revoked_id);  // already revoked: revoking again changes nothing
+         v1::Token reply;
+         return v1::AuthService::NewStub(TestChannel(address, c.identity))
+             ->RevokeToken(CallCtx(c).get(), r, &reply);
+       }},
+  };
+
+  for (const auto& [caller, allowed] : callers) {
+    for (const auto& [method, call] : calls) {
+      const grpc::Status s = call(caller);
+      const std::string who = caller.identity + (caller.token.empty() ? "" : " + token");
+      if (allowed.count(method) > 0) {
+        EXPECT_FALSE(Refused(s)) << who << " " << method << ": " << s.error_code() << " "
+                                 << s.error_message();
+      } else {
+        EXPECT_TRUE(Refused(s)) << who << " " << method << " was let through: " << s.error_code()
+                                << " " << s.error_message();
+        EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
+        if (!caller.token.empty()) {
+          // A refusal never repeats the secret.
+          EXPECT_EQ(s.error_message().find(caller.token.substr(caller.token.find('.') + 1)),
+                    std::string::npos)
+              << s.error_message();
+        }
+      }
+    }
+  }
+
+  // The 1 s token expires: refused from then on (polled, not slept).
+  const Caller late{kAnonymousIdentity, expiring};
+  grpc::Status last;
+  EXPECT_TRUE(Eventually([&] {
+    last = calls.at("ListHosts")(late);
+    return last.error_code() == grpc::StatusCode::UNAUTHENTICATED;
+  }));
+  EXPECT_NE(last.error_message().find("expired"), std::string::npos) << last.error_message();
+}
+
+// A scheduler rotates its token: the new one works at once, the old one
+// works until revoked, and not a call later.
+TEST_F(AuthTest, TokenRotation) {
+  std::string old_id;
+  const std::string old_token = Token("scheduler", {"team-a"}, 3600, &old_id);
+  const std::string new_token = Token("scheduler", {"team-a"}, 3600);
+  auto list = [&](const std::string& token) {
+    v1::ListJobsRequest r;
+    v1::ListJobsResponse reply;
+    return CoordinatorClient(coordinator_->address(), kAnonymousIdentity)
+        ->ListJobs(CallCtx({kAnonymousIdentity, token}).get(), r, &reply);
+  };
+  EXPECT_TRUE(list(old_token).ok());
+  EXPECT_TRUE(list(new_token).ok());
+  v1::RevokeTokenRequest revoke;
+  revoke.set_token_id(old_id);
+  v1::Token revoked;
+  ASSERT_TRUE(admin_auth_->RevokeToken(Ctx().get(), revoke, &revoked).ok());
+  EXPECT_NE(revoked.revoked_unix_ms(), 0);
+  const grpc::Status s = list(old_token);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_NE(s.error_message().find(old_id), std::string::npos) << s.error_message();
+  EXPECT_NE(s.error_message().find("revoked"), std::string::npos) << s.error_message();
+  EXPECT_TRUE(list(new_token).ok());
+  // Listed without secrets.
+  v1::ListTokensResponse tokens;
+  ASSERT_TRUE(admin_auth_->ListTokens(Ctx().get(), v1::ListTokensRequest(), &tokens).ok());
+  ASSERT_EQ(tokens.tokens_size(), 2);
+  for (const v1::Token& t : tokens.tokens()) {
+    EXPECT_EQ(new_token.find(t.id()) == 0 || t.id() == old_id, true);
+  }
+  EXPECT_EQ(tokens.DebugString().find(new_token.substr(new_token.find('.') + 1)),
+            std::string::npos);
+  // Bad requests name the field.
+  v1::CreateTokenRequest bad;
+  bad.set_name("x");
+  bad.set_role("scheduler");
+  v1::CreateTokenResponse reply;
+  const grpc::Status no_tenant = admin_auth_->CreateToken(Ctx().get(), bad, &reply);
+  EXPECT_EQ(no_tenant.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(no_tenant.error_message().find("tenants"), std::string::npos);
+  bad.set_role("root");
+  const grpc::Status bad_role = admin_auth_->CreateToken(Ctx().get(), bad, &reply);
+  EXPECT_EQ(bad_role.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(bad_role.error_message().find("\"root\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace reshard::coordinator::testing
