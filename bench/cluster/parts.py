@@ -23,41 +23,23 @@ import cluster as local  # noqa: E402  (deploy/local/cluster.py)
 class NamespacedCluster(local.LocalCluster):
     """LocalCluster whose agents run in the namespaces of a netns.Topology.
 
-    Overrides two of LocalCluster's steps: where the coordinator listens (the
-    bridge address instead of loopback) and how an agent is started (inside
-    its namespace, UCX on the namespace's veth). Agent metrics are off: their
+    Differs from LocalCluster in two steps: the coordinator listens on the
+    bridge address instead of loopback, and an agent starts inside its
+    namespace with UCX on the namespace's veth. Agent metrics are off: their
     loopback listeners would be unreachable from the root namespace.
     """
 
     def __init__(self, build_dir, topology, **kwargs):
         self.topology = topology
         super().__init__(build_dir, hosts=len([n for n in topology.nodes if n.startswith("host-")]),
-                         agent_metrics=False, **kwargs)
+                         agent_metrics=False, coordinator_host=topology.bridge_address, **kwargs)
 
-    def _start_coordinator(self, listen=None, metrics_listen="127.0.0.1:0", timeout=60.0):
-        listen = listen or f"{self.topology.bridge_address}:0"
-        super()._start_coordinator(listen, metrics_listen, timeout)
-
-    def start_agent(self, host_id):
-        agent = self.agents[host_id]
+    def agent_command(self, host_id):
         node = self.topology.host(host_id)
-        os.makedirs(agent.shm_dir, exist_ok=True)
-        if os.path.exists(agent.worker_socket):
-            os.unlink(agent.worker_socket)
-        argv = node.exec_prefix() + [
-            self.agent_bin, "--host-id", host_id, "--coordinator", self.coordinator,
-            "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
-            "--memory-limit-bytes", str(self.memory_limit_bytes),
-            "--spare-bytes", str(self.spare_bytes), "--ucx-net-devices", node.device,
-            "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
-        env = dict(os.environ, UCX_NET_DEVICES=node.device, UCX_TLS="tcp",
-                   UCX_WARN_UNUSED_ENV_VARS="n")
-        agent.process = local._Process(f"reshard-agent {host_id}", argv,
-                                       os.path.join(self.work_dir, f"{host_id}.log"), env=env)
-        agent.process.wait_for_line(f"reshard-agent {host_id} ready worker-socket ", 60)
-        self._log(f"cluster: reshard-agent {host_id} ready in {node.netns} "
-                  f"({node.device} {node.address})")
-        return agent
+        argv, env = super().agent_command(host_id)
+        argv[argv.index("--ucx-net-devices") + 1] = node.device
+        env["UCX_NET_DEVICES"] = node.device
+        return node.exec_prefix() + argv, env
 
 
 class HostError(RuntimeError):

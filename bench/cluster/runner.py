@@ -85,7 +85,7 @@ class Bench:
             self.cluster = parts.NamespacedCluster(self.args.build, self.topology,
                                                    **cluster_args)
         self.cluster.start()
-        self.client = reshard.Client(self.cluster.coordinator, timeout=120.0)
+        self.client = self.cluster.client(timeout=120.0)
         with open(os.path.join(self.work_dir, "ptc.bin"), "wb") as f:
             f.write(self.ptc.SerializeToString())
         self.hosts = parts.HostWorkers(self.cluster.host_ids,

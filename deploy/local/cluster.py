@@ -189,10 +189,12 @@ class LocalCluster:
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
                  memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
-                 tls=True):
+                 tls=True, coordinator_host="127.0.0.1"):
         self.build_dir = os.path.abspath(build_dir)
         self.tls = tls
         self.pki = None
+        # The address the coordinator listens on (and its certificate names).
+        self.coordinator_host = coordinator_host
         self.hosts = hosts
         self.devices_per_host = devices_per_host
         self.agent_metrics = agent_metrics
@@ -316,11 +318,13 @@ class LocalCluster:
             time.sleep(0.1)
         return False
 
-    def _start_coordinator(self, listen="127.0.0.1:0", metrics_listen="127.0.0.1:0", timeout=60.0):
+    def _start_coordinator(self, listen=None, metrics_listen="127.0.0.1:0", timeout=60.0):
+        listen = listen or f"{self.coordinator_host}:0"
         argv = [self.coordinator_bin, "serve", "--dsn", self.dsn, "--listen", listen,
                 "--metrics-listen", metrics_listen, "--lease-ms", str(self.lease_ms), "--tick-ms",
                 str(self.tick_ms), "--leader-retry-ms", "200", "--replica-id", "local-0"]
-        argv += self.pki.coordinator_flags("coordinator") if self.tls else ["--insecure"]
+        argv += (self.pki.coordinator_flags("coordinator", ips=[self.coordinator_host])
+                 if self.tls else ["--insecure"])
         self._coordinator_proc = _Process("reshard-coordinator", argv,
                                           os.path.join(self.work_dir, "coordinator.log"))
         line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", timeout)
@@ -538,12 +542,9 @@ class LocalCluster:
         self.kill_postgres(sig)
         self.start_postgres(timeout)
 
-    def start_agent(self, host_id):
-        """Starts (or restarts) the agent of `host_id` and waits until it serves workers."""
+    def agent_command(self, host_id):
+        """(argv, env) that start the agent of `host_id`."""
         agent = self.agents[host_id]
-        os.makedirs(agent.shm_dir, exist_ok=True)
-        if os.path.exists(agent.worker_socket):
-            os.unlink(agent.worker_socket)
         argv = [self.agent_bin, "--host-id", host_id, "--coordinator", self.coordinator,
                 "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
                 "--memory-limit-bytes", str(self.memory_limit_bytes),
@@ -554,6 +555,15 @@ class LocalCluster:
         # The agent's certificate binds it to its host (docs/security.md).
         argv += self.pki.coordinator_flags(f"agent:{host_id}") if self.tls else ["--insecure"]
         env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
+        return argv, env
+
+    def start_agent(self, host_id):
+        """Starts (or restarts) the agent of `host_id` and waits until it serves workers."""
+        agent = self.agents[host_id]
+        os.makedirs(agent.shm_dir, exist_ok=True)
+        if os.path.exists(agent.worker_socket):
+            os.unlink(agent.worker_socket)
+        argv, env = self.agent_command(host_id)
         agent.process = _Process(f"reshard-agent {host_id}", argv,
                                  os.path.join(self.work_dir, f"{host_id}.log"), env=env)
         agent.process.wait_for_line(f"reshard-agent {host_id} ready worker-socket ", 60)

@@ -47,9 +47,10 @@ class Pki:
                  "-nodes", "-keyout", self._ca_key, "-out", self.ca, "-days", "2",
                  "-subj", f"/CN={name}-ca")
 
-    def issue(self, common_name, reissue=False):
+    def issue(self, common_name, reissue=False, ips=()):
         """(cert, key) paths of a certificate for `common_name`, issued once
-        (again with reissue=True: a new key, the same paths, replaced atomically)."""
+        (again with reissue=True: a new key, the same paths, replaced atomically).
+        Its subjectAltName holds localhost, 127.0.0.1 and every address in `ips`."""
         with self._lock:
             if common_name in self._issued and not reissue:
                 return self._issued[common_name]
@@ -61,7 +62,8 @@ class Pki:
                 f.write("basicConstraints=CA:FALSE\n"
                         "keyUsage=digitalSignature,keyEncipherment\n"
                         "extendedKeyUsage=serverAuth,clientAuth\n"
-                        "subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+                        "subjectAltName=DNS:localhost,IP:127.0.0.1%s\n"
+                        % "".join(",IP:" + ip for ip in ips if ip != "127.0.0.1"))
             key, csr, cert = stem + tag + ".key", stem + tag + ".csr", stem + tag + ".pem"
             _openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
                      "-keyout", key, "-out", csr, "-subj", f"/CN={common_name}")
@@ -77,9 +79,10 @@ class Pki:
             self._issued[common_name] = out
             return out
 
-    def coordinator_flags(self, common_name="coordinator"):
-        """--tls-cert/--tls-key/--tls-ca of a server (coordinator) or agent."""
-        cert, key = self.issue(common_name)
+    def coordinator_flags(self, common_name="coordinator", ips=()):
+        """--tls-cert/--tls-key/--tls-ca of a server (coordinator) or agent;
+        `ips`: the addresses a server is reached at, besides 127.0.0.1."""
+        cert, key = self.issue(common_name, ips=ips)
         return ["--tls-cert", cert, "--tls-key", key, "--tls-ca", self.ca]
 
     def env(self, common_name):
