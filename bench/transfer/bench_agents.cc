@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -143,9 +144,17 @@ v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, 
   return task;
 }
 
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
 double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
-               bool cancel) {
+               bool cancel, double* cpu_seconds) {
   times->assign(agents->size(), AgentTimes{});
+  const double cpu_start = ProcessCpuSeconds();
   const auto start = Clock::now();
   std::vector<std::future<absl::Status>> runs;
   for (size_t i = 0; i < agents->size(); ++i) {
@@ -157,6 +166,7 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
         const double now = Seconds(start, Clock::now());
         if (first) t->created = now;
         first = false;
+        t->written = total;
         if (done == total && t->moved == 0) t->moved = now;
       };
       absl::Status s =
@@ -175,6 +185,7 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
     }
   }
   const double secs = Seconds(start, Clock::now());
+  if (cpu_seconds != nullptr) *cpu_seconds = ProcessCpuSeconds() - cpu_start;
   return ok ? secs : -1;
 }
 

@@ -54,13 +54,19 @@ struct AgentTimes {
   double created = 0;  // new buffers made (first progress report)
   double moved = 0;    // every byte in (progress reports done == total)
   double sealed = 0;   // Execute returned
+  int64_t written = 0;  // bytes the agent wrote into its new buffers
 };
+
+/// CPU seconds (user + system) this process has used so far: the agents are
+/// in-process, so the difference around a run is what they spent on it.
+double ProcessCpuSeconds();
 
 /// Runs `task` on every agent at once; wall seconds (negative on failure,
 /// each failed Execute's status printed to stderr) and each agent's times.
-/// `cancel`: every Execute is cancelled (a forced failure).
+/// `cancel`: every Execute is cancelled (a forced failure). `cpu_seconds`,
+/// if set, receives the CPU seconds all agents used during the run.
 double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
-               bool cancel = false);
+               bool cancel = false, double* cpu_seconds = nullptr);
 
 /// ucx_perftest tag_bw over tcp/lo, `message` bytes x `iters`: MiB/s, or
 /// negative with `why`.
