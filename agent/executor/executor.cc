@@ -8,12 +8,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/host_steps.h"
+#include "agent/executor/transfer_lanes.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
 
@@ -98,6 +100,7 @@ class Prefaulter {
 
 // One chunk handed to the transport.
 struct InFlight {
+  TransferLanes::Chunk lane_chunk;
   size_t remote = 0;
   int64_t bytes = 0;
   std::vector<int64_t> start, shape;  // the chunk within its step
@@ -196,6 +199,8 @@ TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options opti
   RESHARD_CHECK(options_.chunk_bytes > 0) << "chunk_bytes " << options_.chunk_bytes;
   RESHARD_CHECK(options_.local_chunk_bytes > 0)
       << "local_chunk_bytes " << options_.local_chunk_bytes;
+  RESHARD_CHECK(options_.peer_window_bytes > 0)
+      << "peer_window_bytes " << options_.peer_window_bytes;
   RESHARD_CHECK(options_.max_inflight_bytes > 0)
       << "max_inflight_bytes " << options_.max_inflight_bytes;
 }
@@ -326,34 +331,38 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   }
 
   std::vector<StepChunks> remote_chunks;
-  int64_t remote_chunk_total = 0;
+  std::vector<TransferLanes::Step> lane_steps;
   for (const RemoteStep& r : hs.remotes) {
     remote_chunks.emplace_back(ToVector(r.step->shape()), element_bytes(r.step->item()),
                                options_.chunk_bytes);
-    remote_chunk_total += remote_chunks.back().count();
+    TransferLanes::Step ls{r.peer, r.is_send, {}};
+    for (int64_t c = 0; c < remote_chunks.back().count(); ++c) {
+      ls.chunk_bytes.push_back(remote_chunks.back().Bytes(c));
+    }
+    lane_steps.push_back(std::move(ls));
   }
+  TransferLanes lanes(lane_steps, options_.peer_window_bytes, options_.max_inflight_bytes);
+  const int64_t remote_chunk_total = lanes.chunk_count();
   StagingPool pool(options_.chunk_bytes);
-  int64_t inflight_bytes = 0;
   uint64_t next_seq = 0;
-  size_t next_remote = 0;  // the next chunk to issue: (next_remote, next_chunk)
-  int64_t next_chunk = 0;
   int64_t finished = 0;   // remote chunks completed
   size_t next_local = 0;  // the next local piece: (next_local, next_local_chunk)
   int64_t next_local_chunk = 0;
   std::unique_ptr<StepChunks> local_chunks;
 
-  // Hands chunk (next_remote, next_chunk) to the transport.
-  auto issue = [&]() {
-    const RemoteStep& r = hs.remotes[next_remote];
+  // Hands chunk `c` to the transport.
+  auto issue = [&](const TransferLanes::Chunk& c) {
+    const RemoteStep& r = hs.remotes[c.step];
     const v1::CopyStep& step = *r.step;
-    const StepChunks& chunks = remote_chunks[next_remote];
+    const StepChunks& chunks = remote_chunks[c.step];
     const int eb = element_bytes(step.item());
     InFlight f;
-    f.remote = next_remote;
-    f.bytes = chunks.Bytes(next_chunk);
-    chunks.Get(next_chunk, &f.start, &f.shape);
+    f.lane_chunk = c;
+    f.remote = c.step;
+    f.bytes = c.bytes;
+    chunks.Get(c.chunk, &f.start, &f.shape);
     // Checked in PrepareHostSteps (step index) and by StepChunks (chunk count).
-    const uint64_t tag = TransferTag(tag_key, step.index(), next_chunk).value();
+    const uint64_t tag = TransferTag(tag_key, step.index(), c.chunk).value();
     // The callback holds what the transfer touches, so a late callback is safe.
     std::vector<RankBufferPtr> keep;
     void* data = nullptr;
@@ -386,21 +395,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       state->cv.notify_one();
     };
     const int64_t bytes = f.bytes;
-    inflight_bytes += bytes;
     inflight.emplace(seq, std::move(f));
     if (r.is_send) {
       transport_->Send(r.peer, tag, data, bytes, std::move(cb));
     } else {
       transport_->Receive(tag, data, bytes, std::move(cb));
-    }
-    if (++next_chunk == chunks.count()) {
-      ++next_remote;
-      next_chunk = 0;
-    }
-  };
-  auto skip_empty_remotes = [&] {
-    while (next_remote < hs.remotes.size() && remote_chunks[next_remote].count() == 0) {
-      ++next_remote;
     }
   };
   auto locals_left = [&] { return next_local < hs.locals.size(); };
@@ -426,13 +425,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       last_lease_check = Clock::now();
       if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
     }
-    skip_empty_remotes();
-    while (next_remote < hs.remotes.size() &&
-           (inflight.empty() || inflight_bytes + remote_chunks[next_remote].Bytes(next_chunk) <=
-                                    options_.max_inflight_bytes)) {
-      issue();
-      skip_empty_remotes();
-    }
+    while (std::optional<TransferLanes::Chunk> c = lanes.Next()) issue(*c);
     // Completions first: they free window space for more transfers.
     std::deque<std::pair<uint64_t, absl::Status>> batch;
     {
@@ -449,7 +442,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       InFlight f = std::move(it->second);
       inflight.erase(it);
       ++finished;
-      inflight_bytes -= f.bytes;
+      lanes.Done(f.lane_chunk);
       const RemoteStep& r = hs.remotes[f.remote];
       if (!status.ok() && first_error.ok()) {
         first_error = absl::Status(
