@@ -34,12 +34,17 @@ int NextPort() {
   return 20000 + static_cast<int>((getpid() * 13 + 101 * calls++) % 20000);
 }
 
+std::string& Transports() {
+  static std::string tls = "tcp";
+  return tls;
+}
+
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
   std::fflush(stdout);  // or the child repeats our buffered output
   pid_t pid = fork();
   if (pid == 0) {
     setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", Transports().c_str(), 1);
     FILE* f = std::freopen(out.c_str(), "w", stdout);
     (void)f;
     dup2(STDOUT_FILENO, STDERR_FILENO);
@@ -53,6 +58,8 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
 }
 
 }  // namespace
+
+void SetUcxTransports(const std::string& tls) { Transports() = tls; }
 
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes) {
   std::vector<Agent> agents(n);
@@ -72,7 +79,7 @@ std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_b
       std::exit(1);
     }
     a.store = std::move(*store);
-    auto t = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+    auto t = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
     if (!t.ok()) {
       std::fprintf(stderr, "ucx: %s\n", t.status().ToString().c_str());
       std::exit(1);
@@ -223,8 +230,8 @@ double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
 }
 
 double BareTransportMiBps(int64_t total, int64_t message) {
-  auto a = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
-  auto b = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+  auto a = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
+  auto b = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
   if (!a.ok() || !b.ok()) return -1;
   if (!(*a)->Connect("b", (*b)->LocalAddress()).ok()) return -1;
   std::vector<uint8_t> src(total, 7), dst(total, 0);  // warm: every page touched

@@ -24,6 +24,11 @@ struct Agent {
   std::unique_ptr<TaskExecutor> executor;
 };
 
+/// The UCX_TLS of the agents, the bare transport and ucx_perftest ("tcp"
+/// unless set; "tcp,sm" lets UCX use shared memory between agents on one
+/// machine). Set before any other call.
+void SetUcxTransports(const std::string& tls);
+
 /// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm and a
 /// spare pool of `spare_bytes` (0: none), which starts filling at once.
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes = 0);
