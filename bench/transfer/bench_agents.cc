@@ -34,6 +34,11 @@ int NextPort() {
   return 20000 + static_cast<int>((getpid() * 13 + 101 * calls++) % 20000);
 }
 
+std::string& ShmRoot() {
+  static std::string dir = "/dev/shm";
+  return dir;
+}
+
 std::string& Transports() {
   static std::string tls = "tcp";
   return tls;
@@ -60,13 +65,14 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
 }  // namespace
 
 void SetUcxTransports(const std::string& tls) { Transports() = tls; }
+void SetShmRoot(const std::string& dir) { ShmRoot() = dir; }
 
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes) {
   std::vector<Agent> agents(n);
   for (int i = 0; i < n; ++i) {
     Agent& a = agents[i];
     a.id = "h" + std::to_string(i);
-    a.dir = fs::path("/dev/shm") / ("reshard-bench-" + std::to_string(getpid()) + "-" + a.id);
+    a.dir = fs::path(ShmRoot()) / ("reshard-bench-" + std::to_string(getpid()) + "-" + a.id);
     fs::create_directories(a.dir);
     ShardStore::Options so;
     so.shm_dir = a.dir.string();

@@ -29,7 +29,11 @@ struct Agent {
 /// machine). Set before any other call.
 void SetUcxTransports(const std::string& tls);
 
-/// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm and a
+/// Where the agents' shm dirs are made ("/dev/shm" unless set; e.g. a tmpfs
+/// mounted with huge=within_size). Set before any other call.
+void SetShmRoot(const std::string& dir);
+
+/// `n` agents h0..h<n-1>, each with its own shm dir under the shm root and a
 /// spare pool of `spare_bytes` (0: none), which starts filling at once.
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes = 0);
 /// Waits until every agent's spare pool is full (false after a minute), then

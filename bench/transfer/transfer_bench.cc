@@ -12,7 +12,7 @@
 // printed to stderr and makes the exit status 1; --cancel cancels every
 // agent's Execute, to show that (the CTest transfer_bench_cancel_fails).
 // Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c]
-//                       [--layers N] [--ucx-tls TLS] [--cancel]
+//                       [--layers N] [--ucx-tls TLS] [--shm-dir DIR] [--cancel]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -400,6 +400,7 @@ int main(int argc, char** argv) {
   bool cancel = false;    // --cancel: every Execute cancelled (a forced failure)
   int layers = 0;         // --layers N: layers of the GPT state in (c) (default 12)
   std::string tls = "tcp";  // --ucx-tls TLS: UCX_TLS of agents, bare transport and ucx_perftest
+  std::string shm_dir = "/dev/shm";  // --shm-dir DIR: where the agents' shm dirs go
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     cancel |= std::strcmp(argv[i], "--cancel") == 0;
@@ -410,6 +411,8 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--spare-mib") == 0 && i + 1 < argc) {
       spare = std::atoll(argv[++i]) << 20;
+    } else if (std::strcmp(argv[i], "--shm-dir") == 0 && i + 1 < argc) {
+      shm_dir = argv[++i];
     } else if (std::strcmp(argv[i], "--ucx-tls") == 0 && i + 1 < argc) {
       tls = argv[++i];
     } else if (std::strcmp(argv[i], "--layers") == 0 && i + 1 < argc) {
@@ -422,6 +425,7 @@ int main(int argc, char** argv) {
   setenv("UCX_TLS", tls.c_str(), 1);
   using namespace reshard::agent::bench;
   SetUcxTransports(tls);
+  SetShmRoot(shm_dir);
   if (reps <= 0) reps = quick ? 1 : 3;
   if (spare < 0) spare = quick ? int64_t{128} << 20 : int64_t{2} << 30;
   int failures = 0;
