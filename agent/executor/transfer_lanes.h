@@ -37,9 +37,13 @@ class TransferLanes {
 
   /// `steps` in step-index order. A lane issues while its bytes in flight
   /// stay within `lane_window_bytes` and all lanes' within
-  /// `total_window_bytes`; a lane with nothing in flight, or all lanes with
-  /// nothing in flight, may always issue one chunk (larger chunks make
-  /// progress). Both windows must be positive.
+  /// `total_window_bytes`; a lane with nothing in flight always issues one
+  /// chunk, whatever the total. That keeps the transfer deadlock-free: the
+  /// earliest unfinished chunk of every lane is posted at both its ends (had
+  /// the total window a say over idle lanes, host A could wait on B's
+  /// receives, B on C's sends and C on A's sends, every window full). The
+  /// total can therefore exceed `total_window_bytes` by up to one chunk per
+  /// lane. Both windows must be positive.
   TransferLanes(const std::vector<Step>& steps, int64_t lane_window_bytes,
                 int64_t total_window_bytes);
 
