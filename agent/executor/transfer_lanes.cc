@@ -29,7 +29,8 @@ TransferLanes::TransferLanes(const std::vector<Step>& steps, int64_t lane_window
 
 bool TransferLanes::Ready(Lane& lane) const {
   while (lane.next_step < lane.steps.size() &&
-         lane.next_chunk >= static_cast<int64_t>(steps_[lane.steps[lane.next_step]].chunk_bytes.size())) {
+         lane.next_chunk >=
+             static_cast<int64_t>(steps_[lane.steps[lane.next_step]].chunk_bytes.size())) {
     ++lane.next_step;
     lane.next_chunk = 0;
   }

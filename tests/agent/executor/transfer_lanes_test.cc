@@ -52,13 +52,13 @@ TEST(TransferLanesTest, PeersInterleaveInsteadOfPlanOrder) {
   ASSERT_EQ(order.size(), 9u);
   std::vector<std::string> peers;
   for (const Chunk& c : order) peers.push_back(steps[c.step].peer);
-  EXPECT_EQ(peers, (std::vector<std::string>{"h1", "h2", "h3", "h1", "h2", "h3", "h1", "h2",
-                                               "h3"}));
+  EXPECT_EQ(peers,
+            (std::vector<std::string>{"h1", "h2", "h3", "h1", "h2", "h3", "h1", "h2", "h3"}));
 }
 
 TEST(TransferLanesTest, EachLaneKeepsStepAndChunkOrderAndEveryChunkIsIssuedOnce) {
   std::vector<Step> steps = {{"h1", true, {5, 5, 4}}, {"h1", false, {7}}, {"h2", true, {}},
-                             {"h2", true, {3, 3}},   {"h1", true, {9}},  {"h1", false, {1, 1}}};
+                             {"h2", true, {3, 3}},    {"h1", true, {9}},  {"h1", false, {1, 1}}};
   TransferLanes lanes(steps, 8, 20);
   EXPECT_EQ(lanes.chunk_count(), 9);
   EXPECT_EQ(lanes.lane_count(), 3u);  // (h1, send), (h1, receive), (h2, send)
