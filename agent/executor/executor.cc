@@ -6,14 +6,18 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/host_steps.h"
+#include "agent/executor/item_checks.h"
+#include "agent/executor/transfer_lanes.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
 
@@ -98,6 +102,7 @@ class Prefaulter {
 
 // One chunk handed to the transport.
 struct InFlight {
+  TransferLanes::Chunk lane_chunk;
   size_t remote = 0;
   int64_t bytes = 0;
   std::vector<int64_t> start, shape;  // the chunk within its step
@@ -150,40 +155,50 @@ absl::Status CheckLeases(const std::vector<SourceLease>& leases, const v1::HostT
   return absl::OkStatus();
 }
 
-// Checksums every (old rank, item) this host's steps read and compares them
-// with the sealed checksums; DataLoss naming the first that differs. Items
-// in parallel on up to `threads` threads.
-absl::Status VerifySources(const HostSteps& hs, const v1::TransferPlan& plan,
-                           const v1::HostTask& task, int threads) {
-  std::set<std::pair<int, int>> read;  // (old rank, item)
-  for (const v1::CopyStep* step : hs.locals) read.emplace(step->src_rank(), step->item());
-  for (const RemoteStep& r : hs.remotes) {
-    if (r.is_send) read.emplace(r.step->src_rank(), r.step->item());
-  }
-  const std::vector<std::pair<int, int>> todo(read.begin(), read.end());
-  std::unordered_map<int, std::vector<uint64_t>> sealed_of;  // old rank -> sealed checksums
-  for (const auto& [rank, buf] : hs.old_bufs) sealed_of[rank] = buf->checksums();
-  std::vector<absl::Status> results(todo.size());
-  ParallelFor(todo.size(), threads, [&](size_t i) {
-    const auto [rank, item] = todo[i];
-    RankBuffer& b = *hs.old_bufs.at(rank);
-    const std::vector<uint64_t>& sealed = sealed_of.at(rank);
-    const ItemSlot& slot = b.items()[item];
-    const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
-    if (item >= static_cast<int>(sealed.size()) || now != sealed[item]) {
-      results[i] = absl::DataLossError(absl::StrCat(
-          DescribeSource(task, rank), " item ", item, " (\"", plan.items(item).name(),
-          "\") no longer matches its sealed checksum: ", absl::Hex(now, absl::kZeroPad16),
-          ", sealed ",
-          item < static_cast<int>(sealed.size())
-              ? absl::StrCat(absl::Hex(sealed[item], absl::kZeroPad16))
-              : std::string("none")));
+// What ItemChecks checks: an item of an old (source) rank buffer against its
+// sealed checksum, or an item of a new rank buffer to checksum.
+enum ItemKind : int { kSourceItem = 0, kNewItem = 1 };
+
+// How many accesses each item has in `hs` (chunks of `remote_chunks`, one per
+// local step and zero fill; every new item, accessed or not).
+std::map<ItemChecks::Key, int64_t> CountAccesses(const HostSteps& hs,
+                                                 const std::vector<StepChunks>& remote_chunks) {
+  std::map<ItemChecks::Key, int64_t> n;
+  for (size_t k = 0; k < hs.new_ranks.size(); ++k) {
+    for (size_t item = 0; item < hs.new_item_bytes[k].size(); ++item) {
+      n[{kNewItem, hs.new_ranks[k], static_cast<int>(item)}] += 0;
     }
-  });
-  for (const absl::Status& s : results) {
-    if (!s.ok()) return s;
   }
-  return absl::OkStatus();
+  for (const v1::ZeroFill* f : hs.fills) ++n[{kNewItem, f->rank(), f->item()}];
+  for (const v1::CopyStep* step : hs.locals) {
+    ++n[{kSourceItem, step->src_rank(), step->item()}];
+    for (const auto& d : step->dsts()) ++n[{kNewItem, d.rank(), step->item()}];
+  }
+  for (size_t i = 0; i < hs.remotes.size(); ++i) {
+    const v1::CopyStep& step = *hs.remotes[i].step;
+    const int64_t chunks = remote_chunks[i].count();
+    if (hs.remotes[i].is_send) {
+      n[{kSourceItem, step.src_rank(), step.item()}] += chunks;
+    } else {
+      for (const auto& d : step.dsts()) n[{kNewItem, d.rank(), step.item()}] += chunks;
+    }
+  }
+  return n;
+}
+
+// Checksums item `item` of old rank `rank` and compares it with `sealed`,
+// that rank's sealed checksums; DataLoss naming it when they differ.
+absl::Status CheckSource(RankBuffer& b, const std::vector<uint64_t>& sealed, int rank, int item,
+                         const v1::TransferPlan& plan, const v1::HostTask& task) {
+  const ItemSlot& slot = b.items()[item];
+  const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
+  if (item < static_cast<int>(sealed.size()) && now == sealed[item]) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      DescribeSource(task, rank), " item ", item, " (\"", plan.items(item).name(),
+      "\") no longer matches its sealed checksum: ", absl::Hex(now, absl::kZeroPad16), ", sealed ",
+      item < static_cast<int>(sealed.size())
+          ? absl::StrCat(absl::Hex(sealed[item], absl::kZeroPad16))
+          : std::string("none")));
 }
 
 }  // namespace
@@ -196,6 +211,8 @@ TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options opti
   RESHARD_CHECK(options_.chunk_bytes > 0) << "chunk_bytes " << options_.chunk_bytes;
   RESHARD_CHECK(options_.local_chunk_bytes > 0)
       << "local_chunk_bytes " << options_.local_chunk_bytes;
+  RESHARD_CHECK(options_.peer_window_bytes > 0)
+      << "peer_window_bytes " << options_.peer_window_bytes;
   RESHARD_CHECK(options_.max_inflight_bytes > 0)
       << "max_inflight_bytes " << options_.max_inflight_bytes;
 }
@@ -319,41 +336,71 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     }
   };
   report(true);
+
+  std::vector<StepChunks> remote_chunks;
+  std::vector<TransferLanes::Step> lane_steps;
+  for (const RemoteStep& r : hs.remotes) {
+    remote_chunks.emplace_back(ToVector(r.step->shape()), element_bytes(r.step->item()),
+                               options_.chunk_bytes);
+    TransferLanes::Step ls{r.peer, r.is_send, {}};
+    for (int64_t c = 0; c < remote_chunks.back().count(); ++c) {
+      ls.chunk_bytes.push_back(remote_chunks.back().Bytes(c));
+    }
+    lane_steps.push_back(std::move(ls));
+  }
+  TransferLanes lanes(lane_steps, options_.peer_window_bytes, options_.max_inflight_bytes);
+  const int64_t remote_chunk_total = lanes.chunk_count();
+
+  // Each item is checked as soon as its last access is over, while other
+  // transfers go on: a source item against its sealed checksum once every
+  // read of it finished (so the bytes read are the bytes sealed), a new item
+  // checksummed once every write to it landed (nothing writes it afterwards).
+  std::vector<std::vector<uint64_t>> new_sums(new_keys.size());
+  for (size_t k = 0; k < new_keys.size(); ++k) new_sums[k].assign(new_bufs[k]->items().size(), 0);
+  std::unordered_map<int, std::vector<uint64_t>> sealed_of;  // old rank -> sealed checksums
+  for (const auto& [rank, buf] : hs.old_bufs) sealed_of[rank] = buf->checksums();
+  std::mutex source_mu;
+  std::map<std::pair<int, int>, absl::Status> source_errors;  // (old rank, item) -> DataLoss
+  ItemChecks checks(CountAccesses(hs, remote_chunks), [&](const ItemChecks::Key& key) {
+    const auto [kind, rank, item] = key;
+    if (kind == kNewItem) {
+      const size_t k = hs.new_index.at(rank);
+      const ItemSlot& slot = new_bufs[k]->items()[item];
+      new_sums[k][item] =
+          Checksum(new_bufs[k]->data() + slot.offset, static_cast<size_t>(slot.bytes));
+      return;
+    }
+    absl::Status s = CheckSource(*hs.old_bufs.at(rank), sealed_of.at(rank), rank, item, plan, task);
+    if (s.ok()) return;
+    std::lock_guard<std::mutex> l(source_mu);
+    source_errors.emplace(std::make_pair(rank, item), std::move(s));
+  });
   for (const v1::ZeroFill* f : hs.fills) {
     const int64_t eb = element_bytes(f->item());
     std::memset(new_buf(f->rank())->item_data(f->item()) + f->offset() * eb, 0, f->count() * eb);
     done += f->count() * eb;
-  }
-
-  std::vector<StepChunks> remote_chunks;
-  int64_t remote_chunk_total = 0;
-  for (const RemoteStep& r : hs.remotes) {
-    remote_chunks.emplace_back(ToVector(r.step->shape()), element_bytes(r.step->item()),
-                               options_.chunk_bytes);
-    remote_chunk_total += remote_chunks.back().count();
+    checks.Done({kNewItem, f->rank(), f->item()});
   }
   StagingPool pool(options_.chunk_bytes);
-  int64_t inflight_bytes = 0;
   uint64_t next_seq = 0;
-  size_t next_remote = 0;  // the next chunk to issue: (next_remote, next_chunk)
-  int64_t next_chunk = 0;
   int64_t finished = 0;   // remote chunks completed
   size_t next_local = 0;  // the next local piece: (next_local, next_local_chunk)
   int64_t next_local_chunk = 0;
   std::unique_ptr<StepChunks> local_chunks;
 
-  // Hands chunk (next_remote, next_chunk) to the transport.
-  auto issue = [&]() {
-    const RemoteStep& r = hs.remotes[next_remote];
+  // Hands chunk `c` to the transport.
+  auto issue = [&](const TransferLanes::Chunk& c) {
+    const RemoteStep& r = hs.remotes[c.step];
     const v1::CopyStep& step = *r.step;
-    const StepChunks& chunks = remote_chunks[next_remote];
+    const StepChunks& chunks = remote_chunks[c.step];
     const int eb = element_bytes(step.item());
     InFlight f;
-    f.remote = next_remote;
-    f.bytes = chunks.Bytes(next_chunk);
-    chunks.Get(next_chunk, &f.start, &f.shape);
+    f.lane_chunk = c;
+    f.remote = c.step;
+    f.bytes = c.bytes;
+    chunks.Get(c.chunk, &f.start, &f.shape);
     // Checked in PrepareHostSteps (step index) and by StepChunks (chunk count).
-    const uint64_t tag = TransferTag(tag_key, step.index(), next_chunk).value();
+    const uint64_t tag = TransferTag(tag_key, step.index(), c.chunk).value();
     // The callback holds what the transfer touches, so a late callback is safe.
     std::vector<RankBufferPtr> keep;
     void* data = nullptr;
@@ -386,21 +433,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       state->cv.notify_one();
     };
     const int64_t bytes = f.bytes;
-    inflight_bytes += bytes;
     inflight.emplace(seq, std::move(f));
     if (r.is_send) {
       transport_->Send(r.peer, tag, data, bytes, std::move(cb));
     } else {
       transport_->Receive(tag, data, bytes, std::move(cb));
-    }
-    if (++next_chunk == chunks.count()) {
-      ++next_remote;
-      next_chunk = 0;
-    }
-  };
-  auto skip_empty_remotes = [&] {
-    while (next_remote < hs.remotes.size() && remote_chunks[next_remote].count() == 0) {
-      ++next_remote;
     }
   };
   auto locals_left = [&] { return next_local < hs.locals.size(); };
@@ -426,13 +463,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       last_lease_check = Clock::now();
       if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
     }
-    skip_empty_remotes();
-    while (next_remote < hs.remotes.size() &&
-           (inflight.empty() || inflight_bytes + remote_chunks[next_remote].Bytes(next_chunk) <=
-                                    options_.max_inflight_bytes)) {
-      issue();
-      skip_empty_remotes();
-    }
+    while (std::optional<TransferLanes::Chunk> c = lanes.Next()) issue(*c);
     // Completions first: they free window space for more transfers.
     std::deque<std::pair<uint64_t, absl::Status>> batch;
     {
@@ -449,7 +480,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       InFlight f = std::move(it->second);
       inflight.erase(it);
       ++finished;
-      inflight_bytes -= f.bytes;
+      lanes.Done(f.lane_chunk);
       const RemoteStep& r = hs.remotes[f.remote];
       if (!status.ok() && first_error.ok()) {
         first_error = absl::Status(
@@ -464,6 +495,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
                           element_bytes(r.step->item()));
         }
         done += f.bytes * r.step->dsts_size();
+        for (const auto& d : r.step->dsts()) checks.Done({kNewItem, d.rank(), r.step->item()});
+      } else {
+        checks.Done({kSourceItem, r.step->src_rank(), r.step->item()});
       }
       pool.Give(std::move(f.staging));
     }
@@ -482,6 +516,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
         done += local_chunks->Bytes(next_local_chunk) * step.dsts_size();
       }
       if (++next_local_chunk >= local_chunks->count()) {
+        checks.Done({kSourceItem, step.src_rank(), step.item()});
+        for (const auto& d : step.dsts()) checks.Done({kNewItem, d.rank(), step.item()});
         ++next_local;
         next_local_chunk = 0;
         local_chunks.reset();
@@ -495,15 +531,14 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   // (through a mapping opened before the seal, or as root) fails the task
   // rather than the job committing bytes that were never sealed.
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
-  if (absl::Status s = VerifySources(hs, plan, task, options_.copy_threads); !s.ok()) {
-    return fail(s);
-  }
+  checks.Finish();
+  if (!source_errors.empty()) return fail(source_errors.begin()->second);
 
-  // 4. Checksums from the bytes written, recorded durably; ranks in parallel.
+  // 4. The checksums of the bytes written, recorded durably; ranks in parallel.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys.size(),
                                                           absl::UnknownError("not sealed"));
   ParallelFor(new_keys.size(), options_.copy_threads,
-              [&](size_t k) { sums[k] = store_->Seal(new_keys[k], {}); });
+              [&](size_t k) { sums[k] = store_->SealWritten(new_keys[k], new_sums[k]); });
   std::vector<v1::ShardChecksum> out;
   for (size_t k = 0; k < new_keys.size(); ++k) {
     if (!sums[k].ok()) return fail(sums[k].status());

@@ -27,6 +27,9 @@ class TaskExecutor {
     int copy_threads = 4;
     /// Sends + receives handed to the transport and not yet completed.
     int64_t max_inflight_bytes = int64_t{256} << 20;
+    /// The same for one peer and direction (see TransferLanes): chunks to and
+    /// from different peers interleave, each peer with its own window.
+    int64_t peer_window_bytes = int64_t{64} << 20;
     /// Cross-host steps travel in chunks of about this many bytes (see
     /// StepChunks). Every agent of an operation must use the same value: the
     /// receiver derives the chunks alike, and a mismatch fails the first

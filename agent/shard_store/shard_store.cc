@@ -303,6 +303,50 @@ class ShmShardStore final : public ShardStore {
         return s;
       }
     }
+    return Record(key, b, sealed, copy_path, std::move(sums));
+  }
+
+  absl::StatusOr<std::vector<uint64_t>> SealWritten(const RankBufferKey& key,
+                                                    std::vector<uint64_t> sums) override {
+    std::shared_ptr<MappedRankBuffer> b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = buffers_.find(key);
+      if (it == buffers_.end()) {
+        return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
+      }
+      b = it->second;
+      if (b->published() || b->sealed()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            Describe(key), b->sealed() ? " is sealed already" : " was written by a worker"));
+      }
+      if (!sealing_.insert(key).second) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(key), " is being sealed by another call"));
+      }
+    }
+    absl::Cleanup done = [&] {
+      std::lock_guard<std::mutex> lock(mu_);
+      sealing_.erase(key);
+    };
+    if (sums.size() != b->items().size()) {
+      return absl::InvalidArgumentError(absl::StrCat(Describe(key), " has ", b->items().size(),
+                                                     " items, got ", sums.size(), " checksums"));
+    }
+    return Record(key, b, b, "", std::move(sums));
+  }
+
+ private:
+  // Seal's last part: `sealed` (`b`, or the private copy at `copy_path`)
+  // becomes the buffer of `key`, read-only, with `sums` recorded.
+  absl::StatusOr<std::vector<uint64_t>> Record(const RankBufferKey& key,
+                                               const std::shared_ptr<MappedRankBuffer>& b,
+                                               const std::shared_ptr<MappedRankBuffer>& sealed,
+                                               const std::string& copy_path,
+                                               std::vector<uint64_t> sums) {
+    auto discard_copy = [&] {
+      if (!copy_path.empty()) ::unlink(copy_path.c_str());
+    };
     std::lock_guard<std::mutex> lock(mu_);
     auto it = buffers_.find(key);
     if (it == buffers_.end() || it->second != b) {
@@ -330,6 +374,8 @@ class ShmShardStore final : public ShardStore {
     sealed->SetSealed(sums);
     return sums;
   }
+
+ public:
 
   void DropGeneration(const std::string& job_id, int64_t generation) override {
     std::lock_guard<std::mutex> lock(mu_);

@@ -171,6 +171,13 @@ class ShardStore {
   /// size again within the memory limit (ResourceExhausted otherwise).
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> Seal(
       const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
+  /// Seal for a buffer the agent wrote (Writer::kAgent) with `sums`, one per
+  /// item, that the writer computed from the bytes it wrote after its last
+  /// write to each item, so that the buffer is not read again. Records them
+  /// like Seal; from then on the buffer is immutable. FailedPrecondition for
+  /// a sealed or worker-written buffer, InvalidArgument for a wrong count.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> SealWritten(
+      const RankBufferKey& key, std::vector<uint64_t> sums) = 0;
   /// Removes every buffer of (job, generation); memory is returned when the
   /// last user drops its RankBufferPtr. Idempotent.
   virtual void DropGeneration(const std::string& job_id, int64_t generation) = 0;

@@ -9,6 +9,7 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <cstdlib>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
@@ -53,6 +54,19 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kRetireGrace = std::chrono::seconds(2);
 // At shutdown, how long force-closed endpoints get to fail their sends.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// Idle progress calls before the progress thread sleeps in epoll. Each call
+// is a syscall (UCX's TCP progress polls its sockets); spinning 1000 of them
+// kept the thread busy through a whole transfer on a shaped link, where a
+// socket takes a little more every few microseconds, and made the agents
+// CPU-bound (about 5 CPU-s per GB written at 1 Gbit/s). Overridable with
+// RESHARD_UCX_IDLE_SPINS for measurements.
+int IdleSpins() {
+  static const int spins = [] {
+    const char* v = std::getenv("RESHARD_UCX_IDLE_SPINS");
+    return v != nullptr && std::atoi(v) >= 0 ? std::atoi(v) : 8;
+  }();
+  return spins;
+}
 
 class UcxTransportImpl;
 struct Endpoint;
@@ -503,7 +517,7 @@ class UcxTransportImpl final : public UcxTransport {
         idle = 0;
         continue;
       }
-      if (++idle < 1000) continue;
+      if (++idle < IdleSpins()) continue;
       // Nothing happening: sleep until UCX or Post wakes the worker.
       ucs_status_t s = ucp_worker_arm(worker_);
       if (s == UCS_ERR_BUSY) continue;

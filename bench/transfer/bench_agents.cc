@@ -2,6 +2,7 @@
 
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -33,12 +34,22 @@ int NextPort() {
   return 20000 + static_cast<int>((getpid() * 13 + 101 * calls++) % 20000);
 }
 
+std::string& ShmRoot() {
+  static std::string dir = "/dev/shm";
+  return dir;
+}
+
+std::string& Transports() {
+  static std::string tls = "tcp";
+  return tls;
+}
+
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
   std::fflush(stdout);  // or the child repeats our buffered output
   pid_t pid = fork();
   if (pid == 0) {
     setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("UCX_TLS", "tcp", 1);
+    setenv("UCX_TLS", Transports().c_str(), 1);
     FILE* f = std::freopen(out.c_str(), "w", stdout);
     (void)f;
     dup2(STDOUT_FILENO, STDERR_FILENO);
@@ -53,12 +64,15 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
 
 }  // namespace
 
+void SetUcxTransports(const std::string& tls) { Transports() = tls; }
+void SetShmRoot(const std::string& dir) { ShmRoot() = dir; }
+
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes) {
   std::vector<Agent> agents(n);
   for (int i = 0; i < n; ++i) {
     Agent& a = agents[i];
     a.id = "h" + std::to_string(i);
-    a.dir = fs::path("/dev/shm") / ("reshard-bench-" + std::to_string(getpid()) + "-" + a.id);
+    a.dir = fs::path(ShmRoot()) / ("reshard-bench-" + std::to_string(getpid()) + "-" + a.id);
     fs::create_directories(a.dir);
     ShardStore::Options so;
     so.shm_dir = a.dir.string();
@@ -71,7 +85,7 @@ std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_b
       std::exit(1);
     }
     a.store = std::move(*store);
-    auto t = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+    auto t = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
     if (!t.ok()) {
       std::fprintf(stderr, "ucx: %s\n", t.status().ToString().c_str());
       std::exit(1);
@@ -143,9 +157,17 @@ v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, 
   return task;
 }
 
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  auto secs = [](const timeval& t) { return t.tv_sec + t.tv_usec / 1e6; };
+  return secs(u.ru_utime) + secs(u.ru_stime);
+}
+
 double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
-               bool cancel) {
+               bool cancel, double* cpu_seconds) {
   times->assign(agents->size(), AgentTimes{});
+  const double cpu_start = ProcessCpuSeconds();
   const auto start = Clock::now();
   std::vector<std::future<absl::Status>> runs;
   for (size_t i = 0; i < agents->size(); ++i) {
@@ -157,6 +179,7 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
         const double now = Seconds(start, Clock::now());
         if (first) t->created = now;
         first = false;
+        t->written = total;
         if (done == total && t->moved == 0) t->moved = now;
       };
       absl::Status s =
@@ -175,6 +198,7 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
     }
   }
   const double secs = Seconds(start, Clock::now());
+  if (cpu_seconds != nullptr) *cpu_seconds = ProcessCpuSeconds() - cpu_start;
   return ok ? secs : -1;
 }
 
@@ -212,8 +236,8 @@ double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
 }
 
 double BareTransportMiBps(int64_t total, int64_t message) {
-  auto a = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
-  auto b = MakeUcxTransportImpl(UcxOptions{"lo", "tcp"});
+  auto a = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
+  auto b = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
   if (!a.ok() || !b.ok()) return -1;
   if (!(*a)->Connect("b", (*b)->LocalAddress()).ok()) return -1;
   std::vector<uint8_t> src(total, 7), dst(total, 0);  // warm: every page touched

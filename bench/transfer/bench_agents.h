@@ -24,7 +24,16 @@ struct Agent {
   std::unique_ptr<TaskExecutor> executor;
 };
 
-/// `n` agents h0..h<n-1>, each with its own shm dir under /dev/shm and a
+/// The UCX_TLS of the agents, the bare transport and ucx_perftest ("tcp"
+/// unless set; "tcp,sm" lets UCX use shared memory between agents on one
+/// machine). Set before any other call.
+void SetUcxTransports(const std::string& tls);
+
+/// Where the agents' shm dirs are made ("/dev/shm" unless set; e.g. a tmpfs
+/// mounted with huge=within_size). Set before any other call.
+void SetShmRoot(const std::string& dir);
+
+/// `n` agents h0..h<n-1>, each with its own shm dir under the shm root and a
 /// spare pool of `spare_bytes` (0: none), which starts filling at once.
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes = 0);
 /// Waits until every agent's spare pool is full (false after a minute), then
@@ -54,13 +63,19 @@ struct AgentTimes {
   double created = 0;  // new buffers made (first progress report)
   double moved = 0;    // every byte in (progress reports done == total)
   double sealed = 0;   // Execute returned
+  int64_t written = 0;  // bytes the agent wrote into its new buffers
 };
+
+/// CPU seconds (user + system) this process has used so far: the agents are
+/// in-process, so the difference around a run is what they spent on it.
+double ProcessCpuSeconds();
 
 /// Runs `task` on every agent at once; wall seconds (negative on failure,
 /// each failed Execute's status printed to stderr) and each agent's times.
-/// `cancel`: every Execute is cancelled (a forced failure).
+/// `cancel`: every Execute is cancelled (a forced failure). `cpu_seconds`,
+/// if set, receives the CPU seconds all agents used during the run.
 double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
-               bool cancel = false);
+               bool cancel = false, double* cpu_seconds = nullptr);
 
 /// ucx_perftest tag_bw over tcp/lo, `message` bytes x `iters`: MiB/s, or
 /// negative with `why`.

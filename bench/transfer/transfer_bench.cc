@@ -12,7 +12,7 @@
 // printed to stderr and makes the exit status 1; --cancel cancels every
 // agent's Execute, to show that (the CTest transfer_bench_cancel_fails).
 // Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c]
-//                       [--cancel]
+//                       [--layers N] [--ucx-tls TLS] [--shm-dir DIR] [--cancel]
 #include <stdlib.h>
 
 #include <algorithm>
@@ -287,20 +287,21 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
 // bytes (filled before the timed run); seconds (negative on failure,
 // printed). `cancel`: every Execute is cancelled.
 double RunReconfigure(const v1::Ptc& ptc, const v1::Layout& from, const v1::TransferPlan& plan,
-                      int64_t spare, bool cancel, std::vector<AgentTimes>* times) {
+                      int64_t spare, bool cancel, std::vector<AgentTimes>* times, double* cpu) {
   std::vector<Agent> agents = MakeAgents(4, (int64_t{16} << 30) + spare, spare);
   double s = -1;
   if (FillRanks(&agents, "gpt", ptc, from, 1)) {
     if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
-    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times, cancel);
+    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times, cancel, cpu);
   }
   DropAgents(&agents);
   return s;
 }
 
 // Returns the number of failed runs.
-int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel) {
-  const v1::Ptc ptc = quick ? MakeGpt(2, 128, 1024, 128) : MakeGpt(12, 1024, 8192, 1024);
+int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel, int layers) {
+  const v1::Ptc ptc =
+      quick ? MakeGpt(2, 128, 1024, 128) : MakeGpt(layers > 0 ? layers : 12, 1024, 8192, 1024);
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   const v1::Layout to = MakeLayout(2, 1, 2, {"h0", "h1", "h2", "h3"}, 1);
   std::printf(
@@ -324,21 +325,25 @@ int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel) {
   // transport and ucx_perftest, 8 MiB messages.
   const int64_t probe = quick ? int64_t{64} << 20 : int64_t{512} << 20;
   double pool = -1, cold = -1, bare = -1, perftest = -1;
+  double pool_cpu = 0, cold_cpu = 0;  // of the best runs
   std::vector<AgentTimes> times, cold_times;
   std::string why;
   int failures = 0;
   for (int rep = 0; rep < reps; ++rep) {
     std::vector<AgentTimes> run;
-    const double s = RunReconfigure(ptc, from, *plan, spare, cancel, &run);
+    double cpu = 0;
+    const double s = RunReconfigure(ptc, from, *plan, spare, cancel, &run, &cpu);
     if (s < 0) ++failures;
     if (s > 0 && (pool < 0 || s < pool)) {
       pool = s;
+      pool_cpu = cpu;
       times = run;
     }
-    const double c = RunReconfigure(ptc, from, *plan, 0, cancel, &run);
+    const double c = RunReconfigure(ptc, from, *plan, 0, cancel, &run, &cpu);
     if (c < 0) ++failures;
     if (c > 0 && (cold < 0 || c < cold)) {
       cold = c;
+      cold_cpu = cpu;
       cold_times = run;
     }
     const double b = BareTransportMiBps(probe, int64_t{8} << 20);
@@ -360,17 +365,20 @@ int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel) {
   }
   const double bound = cross / kMiB / bw;
   std::printf("  lower bound %.2f s\n", bound);
-  for (auto [name, secs, ts] :
-       {std::make_tuple("pool", pool, &times), std::make_tuple("cold", cold, &cold_times)}) {
+  for (auto [name, secs, ts, cpu] : {std::make_tuple("pool", pool, &times, pool_cpu),
+                                     std::make_tuple("cold", cold, &cold_times, cold_cpu)}) {
     double created = 0, moved = 0;
+    int64_t written = 0;
     for (const AgentTimes& t : *ts) {
       created = std::max(created, t.created);
       moved = std::max(moved, t.moved);
+      written += t.written;
     }
     std::printf(
         "  %s: time %.2f s (buffers made by %.2f s, bytes in by %.2f s); ratio %.2fx the lower "
-        "bound\n",
-        name, secs, created, moved, secs / bound);
+        "bound; CPU %.2f s for %.2f GB written = %.2f CPU-s per GB\n",
+        name, secs, created, moved, secs / bound, cpu, written / 1e9,
+        written > 0 ? cpu / (written / 1e9) : 0.0);
     for (size_t i = 0; i < ts->size(); ++i) {
       std::printf("    h%zu: buffers made %.2f s, bytes in %.2f s, sealed %.2f s\n", i,
                   (*ts)[i].created, (*ts)[i].moved, (*ts)[i].sealed);
@@ -390,6 +398,9 @@ int main(int argc, char** argv) {
   int reps = 0;           // --reps N: runs in (a) per size and in (c), best taken
   int64_t spare = -1;     // --spare-mib N: each agent's spare pool
   bool cancel = false;    // --cancel: every Execute cancelled (a forced failure)
+  int layers = 0;         // --layers N: layers of the GPT state in (c) (default 12)
+  std::string tls = "tcp";  // --ucx-tls TLS: UCX_TLS of agents, bare transport and ucx_perftest
+  std::string shm_dir = "/dev/shm";  // --shm-dir DIR: where the agents' shm dirs go
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     cancel |= std::strcmp(argv[i], "--cancel") == 0;
@@ -400,19 +411,27 @@ int main(int argc, char** argv) {
       reps = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--spare-mib") == 0 && i + 1 < argc) {
       spare = std::atoll(argv[++i]) << 20;
+    } else if (std::strcmp(argv[i], "--shm-dir") == 0 && i + 1 < argc) {
+      shm_dir = argv[++i];
+    } else if (std::strcmp(argv[i], "--ucx-tls") == 0 && i + 1 < argc) {
+      tls = argv[++i];
+    } else if (std::strcmp(argv[i], "--layers") == 0 && i + 1 < argc) {
+      layers = std::atoi(argv[++i]);
     } else if (std::strcmp(argv[i], "--only") == 0 && i + 1 < argc) {
       only = argv[++i];
     }
   }
   setenv("UCX_NET_DEVICES", "lo", 1);
-  setenv("UCX_TLS", "tcp", 1);
+  setenv("UCX_TLS", tls.c_str(), 1);
   using namespace reshard::agent::bench;
+  SetUcxTransports(tls);
+  SetShmRoot(shm_dir);
   if (reps <= 0) reps = quick ? 1 : 3;
   if (spare < 0) spare = quick ? int64_t{128} << 20 : int64_t{2} << 30;
   int failures = 0;
   if (only.empty() || only == "a") failures += BenchStack(quick, only_size, reps, spare, cancel);
   if (only.empty() || only == "b") BenchLocal(quick);
-  if (only.empty() || only == "c") failures += BenchReconfigure(quick, reps, spare, cancel);
+  if (only.empty() || only == "c") failures += BenchReconfigure(quick, reps, spare, cancel, layers);
   if (failures > 0) {
     std::fprintf(stderr, "transfer_bench: %d run(s) failed\n", failures);
     return 1;

@@ -210,3 +210,30 @@ def test_strided_sources_are_written_as_their_values(cluster, client, job_name):
         got = w.load(0, 1, as_torch=True)
     assert torch.equal(got["a"], torch.from_numpy(np.ascontiguousarray(a)))
     assert torch.equal(got["b"], b.contiguous())
+
+
+@pytest.mark.parametrize("block", [1, 7, 64, 1 << 20])
+@pytest.mark.parametrize("hash_first", [False, True])
+def test_copy_blocks_copies_and_hashes_the_file_bytes_whatever_the_block(monkeypatch, block,
+                                                                           hash_first):
+    from reshard import worker as worker_mod
+    monkeypatch.setattr(worker_mod, "_BLOCK_BYTES", block)
+    rng = np.random.default_rng(3)
+    strided = rng.integers(0, 1 << 30, size=(9, 10), dtype=np.int32)[:, ::2]  # not contiguous
+    file = bytearray(8 + strided.nbytes)
+    on_file = np.ndarray(strided.shape, dtype=strided.dtype, buffer=file, offset=8)
+    h = xxhash.xxh3_64()
+    if hash_first:  # load: the file is the source
+        np.copyto(on_file, strided)
+        out = np.empty_like(strided)
+        worker_mod._copy_blocks(out, on_file, file, 8, h, hash_first=True)
+    else:  # publish: the file is the destination
+        out = on_file
+        worker_mod._copy_blocks(on_file, strided, file, 8, h, hash_first=False)
+    assert np.array_equal(out, strided)
+    assert h.intdigest() == xxhash.xxh3_64_intdigest(bytes(file[8:]))
+    scalar = bytearray(4)
+    h0 = xxhash.xxh3_64()
+    worker_mod._copy_blocks(np.ndarray((), np.int32, buffer=scalar), np.int32(5), scalar, 0, h0,
+                            hash_first=False)
+    assert h0.intdigest() == xxhash.xxh3_64_intdigest(bytes(scalar)) and scalar != bytearray(4)

@@ -121,16 +121,18 @@ class Worker:
         for it in resp.items:
             plan.append((it, self._source(rank, it, state_dict.get(it.name))))
         expected = []
+        hashing = verify and xxhash is not None
         with _Mapping(resp.path, resp.size, writable=True) as mm:
             for it, src in plan:
+                h = xxhash.xxh3_64() if hashing else None
                 if it.bytes:
-                    # One pass from the (possibly strided) source into the file.
+                    # One pass from the (possibly strided) source into the file,
+                    # each block hashed while it is still in cache.
                     dst = np.ndarray(src.shape, dtype=src.dtype, buffer=mm, offset=it.offset)
-                    np.copyto(dst, src, casting="no")
+                    _copy_blocks(dst, src, mm, it.offset, h, hash_first=False)
                     del dst
-                if verify and xxhash is not None:
-                    expected.append(checksum(memoryview(mm)[it.offset:it.offset + it.bytes])
-                                    if it.bytes else checksum(b""))
+                if hashing:
+                    expected.append(h.intdigest())
         sums = self._call("SealShard", worker_pb2.SealShardRequest(
             job_id=self.job_id, generation=generation, rank=rank,
             expected_checksums=expected)).checksums
@@ -213,9 +215,22 @@ class Worker:
         try:
             for i, it in enumerate(resp.items):
                 kind = kinds[i]
-                if verify and xxhash is not None and i < len(resp.checksums):
+                np_dtype = kind[1] if kind[0] != "blob" else None
+                hashing = verify and xxhash is not None and i < len(resp.checksums)
+                copied = None
+                if hashing and copy and np_dtype is not None and it.bytes:
+                    # Hash each block and copy it out while it is in cache.
+                    shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
+                    copied = np.empty(shape, dtype=np_dtype)
+                    h = xxhash.xxh3_64()
+                    view = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=it.offset)
+                    _copy_blocks(copied, view, mm, it.offset, h, hash_first=True)
+                    del view
+                    got = h.intdigest()
+                elif hashing:
                     got = checksum(memoryview(mm)[it.offset:it.offset + it.bytes]
                                    if it.bytes else b"")
+                if hashing:
                     if got != resp.checksums[i]:
                         raise errors.DataLoss(
                             f"job \"{self.job_id}\" generation {generation} rank {rank} item "
@@ -231,9 +246,12 @@ class Worker:
                 # An old generation this agent never served may come without
                 # local shapes: such a tensor is returned flat.
                 shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
-                arr = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=it.offset)
-                if copy:
-                    arr = arr.copy()
+                if copied is not None:
+                    arr = copied
+                else:
+                    arr = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=it.offset)
+                    if copy:
+                        arr = arr.copy()
                 if torch is not None:
                     if arr.dtype == np.uint16:  # torch has no uint16: bfloat16 bits
                         t = torch.from_numpy(arr.view(np.int16))
@@ -297,17 +315,55 @@ class Worker:
         return self._ptc
 
 
+# Blocks of the copy-and-hash loops: small enough to be hashed from cache
+# right after they were copied, large enough that the loop costs nothing.
+_BLOCK_BYTES = 1 << 20
+# Shared mappings have their page tables filled in one call instead of a
+# fault per page (the agent made the pages already). Not for private
+# mappings: populating a writable private mapping would copy every page.
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
+
+
+def _copy_blocks(dst, src, mm, offset, h, hash_first):
+    """np.copyto(dst, src) a block at a time; with `h` (an xxh3_64 hasher),
+    each block of the file bytes (the mapping `mm` from `offset`, which is
+    `dst` when hash_first is False and `src` when True) is hashed right after
+    (or before) it is copied. Blocks follow the file's byte order: whole
+    runs of the first axis; arrays of rank 0 go in one block."""
+    file_side = src if hash_first else dst
+    if file_side.ndim == 0 or file_side.size == 0:
+        np.copyto(dst, src, casting="no")
+        if h is not None:
+            h.update(memoryview(mm)[offset:offset + file_side.nbytes])
+        return
+    row = file_side.nbytes // file_side.shape[0]
+    step = max(1, _BLOCK_BYTES // max(row, 1))
+    view = memoryview(mm)
+    try:
+        for first in range(0, file_side.shape[0], step):
+            last = min(first + step, file_side.shape[0])
+            block = view[offset + first * row:offset + last * row]
+            if h is not None and hash_first:
+                h.update(block)
+            np.copyto(dst[first:last], src[first:last], casting="no")
+            if h is not None and not hash_first:
+                h.update(block)
+            block.release()
+    finally:
+        view.release()
+
+
 def _open_map(path, size, private=False, writable=False):
     if size == 0:
         return None
     fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
         if writable:
-            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED,
+            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
         if private:
             return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ)
+        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
 

@@ -212,6 +212,39 @@ TEST_F(SealTest, SealingASealedBufferReturnsItsChecksumsAndRefusesOthers) {
   EXPECT_EQ(other.status().code(), absl::StatusCode::kDataLoss) << other.status();
 }
 
+// The executor checksums each item as its last write lands and seals with
+// those sums: they are recorded (and survive a restart) as if Seal had read
+// them, and only an agent-written, unsealed buffer takes them.
+TEST_F(SealTest, SealWrittenRecordsTheWritersChecksumsAndRefusesWorkerOrSealedBuffers) {
+  std::vector<uint64_t> want;
+  {
+    auto store = OpenStore();
+    auto created = store->CreateAll({Key(0, 2)}, {{100, 0, 300}}, ShardStore::Backing::kReserved);
+    ASSERT_TRUE(created.ok()) << created.status();
+    RankBuffer& b = *(*created)[0];
+    Fill(b, 0, 3);
+    Fill(b, 2, 9);
+    for (const ItemSlot& slot : b.items()) want.push_back(Checksum(b.data() + slot.offset, slot.bytes));
+    EXPECT_EQ(store->SealWritten(Key(0, 2), {1, 2}).status().code(),
+              absl::StatusCode::kInvalidArgument);
+    auto sums = store->SealWritten(Key(0, 2), want);
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    EXPECT_EQ(*sums, want);
+    EXPECT_TRUE(b.sealed());
+    EXPECT_EQ(b.checksums(), want);
+    EXPECT_EQ(store->SealWritten(Key(0, 2), want).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    ASSERT_NE(Publish(*store, Key(0, 1), {64}), nullptr);
+    EXPECT_EQ(store->SealWritten(Key(0, 1), {0}).status().code(),
+              absl::StatusCode::kFailedPrecondition);
+    EXPECT_EQ(store->SealWritten(Key(5, 1), {0}).status().code(), absl::StatusCode::kNotFound);
+  }
+  auto store = OpenStore();
+  auto again = store->Seal(Key(0, 2), want);  // what Open found in the sidecar
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, want);
+}
+
 TEST_F(SealTest, UnfinishedTaskBuffersAreRemovedAtOpenAndPublishedOnesKept) {
   {
     auto store = OpenStore();
