@@ -36,6 +36,10 @@ int Fail(const std::string& what) {
 
 int main(int argc, char** argv) {
   using namespace reshard::agent;
+  // gRPC advances a reconnect (TCP connect, TLS handshake) of a channel with
+  // no call in flight only from its backup poller, every 5 s by default; a
+  // TLS reconnect to a restarted coordinator then takes several polls.
+  setenv("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100", /*overwrite=*/0);
   std::vector<std::string> args(argv + 1, argv + argc);
   for (const std::string& a : args) {
     if (a == "--help" || a == "-h") {

@@ -77,6 +77,11 @@ absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerSe
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
   absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    // An agent may read only the jobs placed on its host (docs/security.md):
+    // for the worker, the job is not (or no longer) here, a precondition.
+    return absl::FailedPreconditionError(s.message());
+  }
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
   }

@@ -29,10 +29,7 @@ def build_dir():
 @pytest.fixture(scope="module")
 def cluster():
     from cluster import LocalCluster
-    # Plaintext: Worker(coordinator=...) dials the coordinator without TLS
-    # (worker-side security is issue 11's items 4-5); test_client.py's TLS
-    # cases start their own cluster.
-    with LocalCluster(build_dir=build_dir(), hosts=4, devices_per_host=2, tls=False) as c:
+    with LocalCluster(build_dir=build_dir(), hosts=4, devices_per_host=2) as c:  # mutual TLS
         yield c
 
 

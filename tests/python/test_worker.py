@@ -71,10 +71,15 @@ def test_load_without_copy_is_private(cluster, job):
 
 def test_dtypes_from_coordinator_or_publish(cluster, client, job):
     j, ptc, lay, g = job
-    with worker(cluster, j.id, coordinator=cluster.coordinator) as w:
+    with worker(cluster, j.id, coordinator=cluster.coordinator,
+                **cluster.client_kwargs()) as w:  # dials over mutual TLS
         got = w.load(1, 1)
         assert got["layers.0.qkv"].dtype == np.float16
         assert got["layers.0.mask"].dtype == np.bool_
+    with pytest.raises(ValueError, match="credentials"):  # no plaintext by accident
+        worker(cluster, j.id, coordinator=cluster.coordinator)
+    with pytest.raises(ValueError, match="insecure apply only"):
+        worker(cluster, j.id, coordinator=client, insecure=True)
     # another Worker of this process knows what was published for the job
     with worker(cluster, j.id) as w:
         assert w.load(1, 1)["layers.0.opt.flat_rep"].dtype == np.float64
@@ -118,7 +123,7 @@ def test_torch_round_trip(cluster, client):
             assert torch.equal(back["i"], g["i"])
             assert back["step"] == (42).to_bytes(8, "little")
         # and through the PTC from the coordinator, zero-copy
-        with worker(cluster, j.id, "host-2", coordinator=cluster.coordinator) as w2:
+        with worker(cluster, j.id, "host-2", coordinator=client) as w2:  # a Client
             back = w2.load(1, 1, as_torch=True, copy=False)
             assert back["w"].dtype == torch.bfloat16 and list(back["w"].shape) == [3, 4]
 

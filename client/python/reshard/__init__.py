@@ -11,6 +11,14 @@
 The generated messages live in reshard.v1 (ptc_pb2, coordinator_pb2, ...).
 """
 
+import os
+
+# gRPC advances an idle channel's reconnect (TCP connect, TLS handshake) only
+# from its backup poller, every 5 s by default; a client that retries
+# UNAVAILABLE fails fast in between, so a TLS reconnect to a restarted
+# coordinator took ~20 s. Poll every 100 ms unless the process chose.
+os.environ.setdefault("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100")
+
 from reshard.errors import (  # noqa: F401
     Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
     InvalidArgument, NotFound, OperationFailed, PermissionDenied, ReshardError, ResourceExhausted,

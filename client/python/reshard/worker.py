@@ -14,7 +14,7 @@ import grpc
 import numpy as np
 
 from reshard import _dtypes, errors
-from reshard._proto import as_message, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2
+from reshard._proto import as_message, ptc_pb2
 from reshard._proto import worker_pb2, worker_pb2_grpc
 
 try:  # optional: expected checksums on seal, verification on load
@@ -53,8 +53,10 @@ class Worker:
       socket_path: the agent's --worker-socket path.
       job_id: the job.
       ptc: the job's Ptc (message or dict), used for item dtypes on load.
-      coordinator: "host:port" of the coordinator, to fetch the PTC when it
-        is needed and not given.
+      coordinator: where to fetch the PTC when it is needed and not given:
+        a reshard.Client (its credentials are used), or "host:port" of the
+        coordinator, dialled with `client_kwargs` (reshard.Client's
+        credentials=, token= or insecure=True; one of them is required).
       timeout: deadline of each call, seconds.
 
     Dtypes on load: from `ptc`, else from the coordinator, else the dtypes
@@ -62,7 +64,8 @@ class Worker:
     otherwise load raises ValueError.
     """
 
-    def __init__(self, socket_path, job_id, ptc=None, coordinator=None, timeout=30.0):
+    def __init__(self, socket_path, job_id, ptc=None, coordinator=None, timeout=30.0,
+                 **client_kwargs):
         self.socket_path = socket_path
         self.job_id = job_id
         self.timeout = timeout
@@ -70,6 +73,15 @@ class Worker:
             "unix:" + os.path.abspath(socket_path))
         self._channel = grpc.insecure_channel(target)
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
+        if isinstance(coordinator, str):
+            from reshard.client import Client
+            coordinator = Client(coordinator, timeout=timeout, **client_kwargs)
+            self._own_client = coordinator
+        elif client_kwargs:
+            raise ValueError(f"Worker: {', '.join(sorted(client_kwargs))} apply only to a "
+                             f"coordinator given as \"host:port\"")
+        else:
+            self._own_client = None
         self._coordinator = coordinator
         self._ptc = as_message(ptc, ptc_pb2.Ptc, "ptc") if ptc is not None else None
         # Dtypes published through any Worker of this process, per job: a
@@ -77,8 +89,10 @@ class Worker:
         self._seen_dtypes = _PUBLISHED_DTYPES.setdefault(job_id, {})
 
     def close(self):
-        """Closes the channel. Idempotent."""
+        """Closes the channel (and the coordinator Client it made). Idempotent."""
         self._channel.close()
+        if self._own_client is not None:
+            self._own_client.close()
 
     def __enter__(self):
         return self
@@ -303,15 +317,7 @@ class Worker:
         return out
 
     def _fetch_ptc(self):
-        with grpc.insecure_channel(self._coordinator) as ch:
-            stub = coordinator_pb2_grpc.CoordinatorServiceStub(ch)
-            try:
-                job = stub.GetJob(coordinator_pb2.GetJobRequest(job_id=self.job_id,
-                                                                 include_ptc=True),
-                                  timeout=self.timeout)
-            except grpc.RpcError as e:
-                raise errors.from_rpc_error(e, "GetJob") from None
-        self._ptc = job.ptc
+        self._ptc = self._coordinator.get_job(self.job_id, include_ptc=True).ptc
         return self._ptc
 
 
