@@ -147,6 +147,19 @@ TEST_F(AuditTest, RefusedCallsWriteTheirRefusal) {
     EXPECT_NE(e.message().find("DeleteJob"), std::string::npos) << e.message();
   }
 
+  // Refused by the logic: the same, with the logic's code and message.
+  v1::ResizeRequest resize;
+  resize.set_job_id(job.id());
+  resize.set_expected_generation(1);  // no placement
+  v1::Operation op;
+  s = admin_->Resize(Ctx().get(), resize, &op);
+  ASSERT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  rows = Entries(job.id(), "Resize");
+  ASSERT_EQ(rows.size(), 1u);
+  EXPECT_EQ(rows[0].identity(), kAdminIdentity);
+  EXPECT_EQ(rows[0].code(), "INVALID_ARGUMENT");
+  EXPECT_NE(rows[0].message().find("placement"), std::string::npos) << rows[0].message();
+
   // Without any identity: UNAUTHENTICATED, with no caller named.
   v1::RegisterJobRequest reg;
   *reg.mutable_spec() = SmallJobSpec("anonymous", "team-a");
