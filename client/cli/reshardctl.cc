@@ -31,6 +31,8 @@ constexpr char kUsage[] =
     "                                 show, follow or abort an operation\n"
     "  auth create | auth revoke ID | auth list\n"
     "                                 bearer tokens (admin only)\n"
+    "  audit [--job J] [--tenant T] [--since WHEN] [--limit N]\n"
+    "                                 who changed what, and what was refused\n"
     "  plan                           plan a move offline from files (no server)\n"
     "\n"
     "global flags:\n"

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "client/cli/args.h"
 #include "client/cli/server_commands.h"
 #include "planner/layout.h"
@@ -158,6 +159,19 @@ const std::vector<CommandSpec>& Specs() {
        {},
        "usage: reshardctl auth list\n\nLists tokens: id, name, role, tenants, expiry (never "
        "secrets).\n"},
+      {"audit",
+       {},
+       {"job", "tenant", "since", "limit"},
+       {"json"},
+       {},
+       "usage: reshardctl audit [--job JOB] [--tenant TENANT] [--since WHEN] [--limit N]\n"
+       "         [--json]\n"
+       "\nLists the audit trail, newest first: every mutating call with who made it, its\n"
+       "tenant, method, job and result, refusals included (an admin sees every tenant; a\n"
+       "scheduler or viewer its own).\n"
+       "  --since WHEN   a duration back from now (1h, 30m) or an RFC 3339 time\n"
+       "  --limit N      at most N entries (default 100)\n"
+       "  --json         the same as --output json\n"},
       {"ops cancel",
        {"OP"},
        {"idempotency-key"},
@@ -217,6 +231,20 @@ absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
     return absl::InvalidArgumentError(absl::StrCat("\"", text, "\": must be positive"));
   }
   return d;
+}
+
+absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms) {
+  absl::Time t;
+  std::string error;
+  if (absl::ParseTime(absl::RFC3339_full, text, &t, &error)) return absl::ToUnixMillis(t);
+  absl::StatusOr<absl::Duration> back = ParseTimeout(text);
+  if (!back.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--since \"", text,
+                     "\": expected a duration back from now (1h, 30m) or an RFC 3339 time "
+                     "(2026-01-02T15:04:05Z)"));
+  }
+  return std::max<int64_t>(0, now_unix_ms - absl::ToInt64Milliseconds(*back));
 }
 
 absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
@@ -308,6 +336,8 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
         return absl::InvalidArgumentError(
             absl::StrCat("--output \"", value, "\": expected table or json"));
       }
+    } else if (name == "json") {
+      inv.global.output = GlobalOptions::Output::kJson;
     } else if (name == "insecure") {
       inv.global.tls.insecure = true;
     } else if (name == "tls-ca") {

@@ -1,5 +1,6 @@
 #include "client/cli/server_commands.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/numbers.h"
@@ -60,6 +61,7 @@ class Runner {
     if (c == "auth create") return AuthCreate();
     if (c == "auth revoke") return AuthRevoke();
     if (c == "auth list") return AuthList();
+    if (c == "audit") return Audit();
     return LocalError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")),
                       kExitUsage);
   }
@@ -272,6 +274,33 @@ class Runner {
     std::string table;
     for (const v1::Token& t : tokens->tokens()) table += TokenLine(t);
     return Print(*tokens, table);
+  }
+
+  int Audit() {
+    v1::ListAuditRequest req;
+    req.set_job_id(Flag("job"));
+    req.set_tenant(Flag("tenant"));
+    if (Has("since")) {
+      absl::StatusOr<int64_t> since = ParseSince(Flag("since"), Now());
+      if (!since.ok()) return LocalError(since.status(), kExitUsage);
+      req.set_since_unix_ms(*since);
+    }
+    int64_t limit = 100;
+    if (Has("limit") && (!absl::SimpleAtoi(Flag("limit"), &limit) || limit < 1)) {
+      return LocalError(absl::InvalidArgumentError(absl::StrCat("--limit \"", Flag("limit"),
+                                                                "\": expected a positive integer")),
+                        kExitUsage);
+    }
+    v1::ListAuditResponse all;
+    while (all.entries_size() < limit) {
+      req.set_page_size(static_cast<int32_t>(std::min<int64_t>(limit - all.entries_size(), 1000)));
+      absl::StatusOr<v1::ListAuditResponse> page = client_.ListAudit(req);
+      if (!page.ok()) return Fail(page.status());
+      for (v1::AuditEntry& e : *page->mutable_entries()) *all.add_entries() = std::move(e);
+      if (page->next_page_token().empty()) break;
+      req.set_page_token(page->next_page_token());
+    }
+    return Print(all, FormatAuditTable(all));
   }
 
   int HostsList() {

@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
+#include "absl/time/time.h"
 #include "client/cli/lost_set.h"
 #include "client/cli/plan_summary.h"
 #include "google/protobuf/util/json_util.h"
@@ -159,6 +160,29 @@ std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_uni
   }
   std::string out = RenderTable(rows);
   if (hosts.hosts().empty()) absl::StrAppend(&out, "(no hosts)\n");
+  return out;
+}
+
+std::string FormatAuditTable(const v1::ListAuditResponse& audit) {
+  constexpr size_t kMessageChars = 80;
+  auto dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
+  std::vector<std::vector<std::string>> rows = {{"TIME", "IDENTITY", "ROLE", "TENANT", "METHOD",
+                                                 "JOB", "OPERATION", "TARGET", "CODE", "MESSAGE"}};
+  for (const v1::AuditEntry& e : audit.entries()) {
+    std::string message = e.message();
+    if (message.size() > kMessageChars) {
+      size_t end = kMessageChars - 3;  // not inside a UTF-8 sequence
+      while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+      message = message.substr(0, end) + "...";
+    }
+    rows.push_back({absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(e.unix_ms()),
+                                     absl::UTCTimeZone()),
+                    dash(e.identity()), dash(e.role()), dash(e.tenant()), e.method(),
+                    dash(e.job_id()), dash(e.operation_id()), dash(e.target()), e.code(),
+                    dash(message)});
+  }
+  std::string out = RenderTable(rows);
+  if (audit.entries().empty()) absl::StrAppend(&out, "(no audit entries)\n");
   return out;
 }
 

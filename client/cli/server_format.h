@@ -31,6 +31,10 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms);
 /// One row per host: HOST, STATE, ADDRESS, DEVICES, TRANSPORTS, HEARTBEAT, LEASE.
 std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_unix_ms);
 
+/// One row per audit entry: TIME (UTC), IDENTITY, ROLE, TENANT, METHOD, JOB,
+/// OPERATION, TARGET, CODE, MESSAGE (cut to 80 characters).
+std::string FormatAuditTable(const v1::ListAuditResponse& audit);
+
 /// An operation's fields, one per line.
 std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms);
 

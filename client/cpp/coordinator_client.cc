@@ -263,6 +263,15 @@ absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
   return response;
 }
 
+absl::StatusOr<v1::ListAuditResponse> CoordinatorClient::ListAudit(
+    const v1::ListAuditRequest& request) {
+  v1::ListAuditResponse response;
+  absl::Status s = Call(
+      "ListAudit", [&](grpc::ClientContext* c) { return stub_->ListAudit(c, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
     const v1::CreateTokenRequest& request) {
   v1::CreateTokenResponse response;

@@ -101,6 +101,11 @@ class CoordinatorClient {
   /// Hosts and their agents' state.
   [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts();
 
+  /// One page of the audit trail, newest first (docs/security.md, "Audit"):
+  /// an admin sees every tenant, a scheduler or viewer its own.
+  [[nodiscard]] absl::StatusOr<v1::ListAuditResponse> ListAudit(
+      const v1::ListAuditRequest& request);
+
   /// Streams the operation to `on_update` every time it changes, until it is
   /// final, and returns the final state. When the stream breaks with
   /// UNAVAILABLE (coordinator restarted, failover) it re-reads the operation

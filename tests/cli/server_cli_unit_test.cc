@@ -111,6 +111,49 @@ TEST(ParseTimeoutTest, DurationsAndSeconds) {
   EXPECT_FALSE(ParseTimeout("later").ok());
 }
 
+TEST(ParseSinceTest, DurationBackFromNowOrRfc3339) {
+  EXPECT_EQ(*ParseSince("1h", 10 * 3600 * 1000), 9 * 3600 * 1000);
+  EXPECT_EQ(*ParseSince("90", 100'000), 10'000);
+  EXPECT_EQ(*ParseSince("1970-01-01T00:00:01Z", 5), 1000);
+  EXPECT_EQ(*ParseSince("2h", 1000), 0);  // not before the epoch
+  const absl::Status s = ParseSince("yesterday", 0).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_NE(s.message().find("--since \"yesterday\""), std::string::npos) << s;
+}
+
+TEST(ParseServerArgsTest, AuditFlagsAndJsonAlias) {
+  absl::StatusOr<ServerInvocation> inv = ParseServerArgs(
+      "audit", {"--job", "J", "--tenant", "T", "--since", "1h", "--limit", "5", "--json"}, "");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->flags.at("job"), "J");
+  EXPECT_EQ(inv->flags.at("tenant"), "T");
+  EXPECT_EQ(inv->flags.at("limit"), "5");
+  EXPECT_EQ(inv->global.output, GlobalOptions::Output::kJson);
+  EXPECT_FALSE(ParseServerArgs("audit", {"--jobs", "J"}, "").ok());
+}
+
+TEST(ServerFormatTest, AuditTableNamesWhoWhatAndResult) {
+  v1::ListAuditResponse audit;
+  v1::AuditEntry* e = audit.add_entries();
+  e->set_unix_ms(1000);
+  e->set_identity("scheduler:s@team-a");
+  e->set_role("scheduler");
+  e->set_tenant("team-a");
+  e->set_method("DeleteJob");
+  e->set_job_id("job-1");
+  e->set_code("PERMISSION_DENIED");
+  e->set_message(std::string(200, 'm'));
+  const std::string table = FormatAuditTable(audit);
+  EXPECT_NE(table.find("TIME"), std::string::npos) << table;
+  EXPECT_NE(table.find("1970-01-01T00:00:01.000Z"), std::string::npos) << table;
+  EXPECT_NE(table.find("scheduler:s@team-a"), std::string::npos) << table;
+  EXPECT_NE(table.find("PERMISSION_DENIED"), std::string::npos) << table;
+  EXPECT_NE(table.find(std::string(77, 'm') + "..."), std::string::npos) << table;
+  EXPECT_EQ(table.find(std::string(78, 'm')), std::string::npos) << table;
+  EXPECT_NE(FormatAuditTable(v1::ListAuditResponse()).find("(no audit entries)"),
+            std::string::npos);
+}
+
 TEST(ExitCodeTest, ConflictNotFoundAndUnavailable) {
   EXPECT_EQ(ExitCodeFor(absl::NotFoundError("x")), kExitNotFound);
   EXPECT_EQ(ExitCodeFor(absl::FailedPreconditionError("x")), kExitConflict);

@@ -358,6 +358,34 @@ class Client:
         """Every registered host (agent) with its state and devices."""
         return list(self._call("ListHosts", _pb.ListHostsRequest(), timeout).hosts)
 
+    # ----------------------------------------------------------------- audit
+
+    def iter_audit(self, tenant="", job_id="", since_unix_ms=0, page_size=100, timeout=None):
+        """Yields the audit trail's AuditEntry messages, newest first, page by
+        page: every mutating call with its caller, tenant, method, job and
+        result code. An admin sees every tenant, a scheduler or viewer its
+        own (PermissionDenied naming another)."""
+        token = ""
+        while True:
+            req = _pb.ListAuditRequest(tenant=tenant, job_id=job_id, since_unix_ms=since_unix_ms,
+                                       page_size=page_size, page_token=token)
+            resp = self._call("ListAudit", req, timeout)
+            yield from resp.entries
+            token = resp.next_page_token
+            if not token:
+                return
+
+    def audit(self, tenant="", job_id="", since_unix_ms=0, limit=100, timeout=None):
+        """At most `limit` audit entries (newest first), as a list."""
+        if limit < 1:
+            raise ValueError(f"limit {limit}: must be >= 1")
+        out = []
+        for entry in self.iter_audit(tenant, job_id, since_unix_ms, min(limit, 1000), timeout):
+            out.append(entry)
+            if len(out) == limit:
+                break
+        return out
+
 
 def _split_layout(value):
     """(config or None, placement) from a Layout, a Placement or their dicts."""

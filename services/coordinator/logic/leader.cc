@@ -36,19 +36,22 @@ void LeaderLoop::MaybePrune() {
     }
     total.generations += pruned->generations;
     total.operations += pruned->operations;
+    total.audit += pruned->audit;
     if (metrics_ != nullptr) {
       metrics_->RetentionPruned("generations", pruned->generations);
       metrics_->RetentionPruned("operations", pruned->operations);
+      metrics_->RetentionPruned("audit_log", pruned->audit);
     }
     // A batch short of full on every table: nothing more is due now.
     if (pruned->generations < retention_.policy.batch_rows &&
-        pruned->operations < retention_.policy.batch_rows) {
+        pruned->operations < retention_.policy.batch_rows &&
+        pruned->audit < retention_.policy.batch_rows) {
       break;
     }
   }
-  if (total.generations > 0 || total.operations > 0) {
+  if (total.generations > 0 || total.operations > 0 || total.audit > 0) {
     RESHARD_LOG(INFO) << "retention: pruned " << total.generations << " generations, "
-                      << total.operations << " operations";
+                      << total.operations << " operations, " << total.audit << " audit rows";
   }
 }
 

@@ -8,8 +8,8 @@ namespace reshard::coordinator {
 grpc::Status AgentServiceImpl::RegisterAgent(grpc::ServerContext* context,
                                              const v1::RegisterAgentRequest* request,
                                              v1::RegisterAgentResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "RegisterAgent", request->host().host_id(),
-                     [&](const Principal&) {
+  return RunAdmitted(authorizer_, context, metrics_, "RegisterAgent", *request,
+                     request->host().host_id(), [&](const Principal&) {
                        // Field limits first (request_checks.h); AgentApi does the rest.
                        if (absl::Status s = CheckHostFields(request->host()); !s.ok()) return s;
                        return Unwrap(api_->RegisterAgent(*request), reply);
@@ -19,13 +19,13 @@ grpc::Status AgentServiceImpl::RegisterAgent(grpc::ServerContext* context,
 grpc::Status AgentServiceImpl::Heartbeat(grpc::ServerContext* context,
                                          const v1::HeartbeatRequest* request,
                                          v1::HeartbeatResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "Heartbeat", request->host_id(),
+  return RunAdmitted(authorizer_, context, metrics_, "Heartbeat", *request, request->host_id(),
                      [&](const Principal&) { return Unwrap(api_->Heartbeat(*request), reply); });
 }
 
 grpc::Status AgentServiceImpl::GetTask(grpc::ServerContext* context,
                                        const v1::GetTaskRequest* request, v1::HostTask* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "GetTask", request->host_id(),
+  return RunAdmitted(authorizer_, context, metrics_, "GetTask", *request, request->host_id(),
                      [&](const Principal&) { return Unwrap(api_->GetTask(*request), reply); });
 }
 
@@ -33,7 +33,7 @@ grpc::Status AgentServiceImpl::ReportProgress(grpc::ServerContext* context,
                                               const v1::ReportProgressRequest* request,
                                               v1::ReportProgressResponse* reply) {
   return RunAdmitted(
-      authorizer_, context, metrics_, "ReportProgress", request->host_id(),
+      authorizer_, context, metrics_, "ReportProgress", *request, request->host_id(),
       [&](const Principal&) { return Unwrap(api_->ReportProgress(*request), reply); });
 }
 

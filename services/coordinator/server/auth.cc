@@ -13,35 +13,46 @@
 namespace reshard::coordinator {
 namespace {
 
-// The role × method table. A method absent here is refused to everyone
-// but admin.
+// The role × method table, and which calls the audit trail records. A
+// method absent here is refused to everyone but admin and not audited.
 struct MethodRule {
   const char* method;
   std::vector<Role> roles;  // besides admin, which may call every scheduler method
   bool agent_service;       // AgentService: only agents, each for its own host
+  AuditLevel audit;
 };
 
 const std::vector<MethodRule>& Rules() {
+  constexpr AuditLevel kNo = AuditLevel::kNone;
+  constexpr AuditLevel kAll = AuditLevel::kEveryCall;
+  // Agents' heartbeats, task polls and progress reports come several times
+  // a second per host: only their refusals are recorded.
+  constexpr AuditLevel kRefused = AuditLevel::kRefusals;
   static const auto* const kRules = new std::vector<MethodRule>{
       // CoordinatorService: reads.
-      {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent}, false},
-      {"ListJobs", {Role::kScheduler, Role::kViewer}, false},
-      {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false},
-      {"GetOperation", {Role::kScheduler, Role::kViewer}, false},
-      {"WatchOperation", {Role::kScheduler, Role::kViewer}, false},
-      {"ListHosts", {Role::kScheduler, Role::kViewer}, false},
+      {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent}, false, kNo},
+      {"ListJobs", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"GetOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"WatchOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"ListHosts", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"ListAudit", {Role::kScheduler, Role::kViewer}, false, kNo},
       // CoordinatorService: changes.
-      {"RegisterJob", {Role::kScheduler}, false},
-      {"DeleteJob", {Role::kScheduler}, false},
-      {"Resize", {Role::kScheduler}, false},
-      {"Migrate", {Role::kScheduler}, false},
-      {"RecoverFromFailure", {Role::kScheduler}, false},
-      {"CancelOperation", {Role::kScheduler}, false},
+      {"RegisterJob", {Role::kScheduler}, false, kAll},
+      {"DeleteJob", {Role::kScheduler}, false, kAll},
+      {"Resize", {Role::kScheduler}, false, kAll},
+      {"Migrate", {Role::kScheduler}, false, kAll},
+      {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
+      {"CancelOperation", {Role::kScheduler}, false, kAll},
       // AgentService.
-      {"RegisterAgent", {Role::kAgent}, true},
-      {"Heartbeat", {Role::kAgent}, true},
-      {"GetTask", {Role::kAgent}, true},
-      {"ReportProgress", {Role::kAgent}, true},
+      {"RegisterAgent", {Role::kAgent}, true, kAll},
+      {"Heartbeat", {Role::kAgent}, true, kRefused},
+      {"GetTask", {Role::kAgent}, true, kRefused},
+      {"ReportProgress", {Role::kAgent}, true, kRefused},
+      // AuthService: admin only.
+      {"CreateToken", {}, false, kAll},
+      {"RevokeToken", {}, false, kAll},
+      {"ListTokens", {}, false, kNo},
   };
   return *kRules;
 }
@@ -186,7 +197,7 @@ absl::Status Authorizer::Authorize(const Principal& principal, const char* metho
   for (Role r : rule->roles) {
     if (r == principal.role) return absl::OkStatus();
   }
-  return refuse("the role may not call it");
+  return refuse(rule->roles.empty() ? "only an admin may call it" : "the role may not call it");
 }
 
 absl::Status Authorizer::AuthorizeTenant(const Principal& principal, const char* method,
@@ -228,12 +239,9 @@ absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* me
   return refuse("unknown role");
 }
 
-absl::StatusOr<Principal> Authorizer::Admit(const grpc::ServerContext& context, const char* method,
-                                            const std::string& host_id) const {
-  absl::StatusOr<Principal> p = Authenticate(context, method);
-  if (!p.ok()) return p.status();
-  if (absl::Status s = Authorize(*p, method, host_id); !s.ok()) return s;
-  return p;
+AuditLevel Authorizer::AuditOf(const char* method) {
+  const MethodRule* rule = FindRule(method);
+  return rule == nullptr ? AuditLevel::kNone : rule->audit;
 }
 
 }  // namespace reshard::coordinator

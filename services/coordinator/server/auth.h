@@ -1,7 +1,8 @@
 // Who is calling, and may they: the coordinator's one authenticator and
-// authorizer (docs/security.md). Every handler of both gRPC services goes
-// through Authorizer::Admit with its method name and what the request
-// names (a host id for AgentService); the rules live only here.
+// authorizer (docs/security.md). Every handler of the gRPC services goes
+// through RunAdmitted (rpc_status.h: Authenticate, then Authorize) with its
+// method name and what the request names (a host id for AgentService); the
+// rules, and which calls the audit trail records, live only here.
 //
 // Identities:
 //  - a client certificate that chains to --tls-ca (checked by TLS) whose
@@ -31,6 +32,13 @@ namespace reshard::coordinator {
 
 enum class Role { kAdmin, kScheduler, kViewer, kAgent, kWorker };
 
+/// Which calls of a method the audit trail records (docs/security.md).
+enum class AuditLevel {
+  kNone,       // reads
+  kRefusals,   // only UNAUTHENTICATED / PERMISSION_DENIED (high-volume agent calls)
+  kEveryCall,  // mutations: every call, whatever its result
+};
+
 /// "admin", "scheduler", ...; ParseRole is its inverse (false: unknown).
 const char* RoleName(Role role);
 bool ParseRole(const std::string& text, Role* role);
@@ -53,12 +61,20 @@ struct Principal {
 [[nodiscard]] absl::StatusOr<Principal> PrincipalFromCertificateName(const std::string& cn);
 
 class TokenApi;
+class AuditApi;
 
 class Authorizer {
  public:
   /// `insecure`: plaintext mode (see above). `tokens` (may be null: no
-  /// bearer tokens) must outlive this.
-  Authorizer(bool insecure, const TokenApi* tokens) : insecure_(insecure), tokens_(tokens) {}
+  /// bearer tokens) and `audit` (may be null: no audit trail) must outlive
+  /// this.
+  Authorizer(bool insecure, const TokenApi* tokens, AuditApi* audit = nullptr)
+      : insecure_(insecure), tokens_(tokens), audit_(audit) {}
+
+  /// What the audit trail records of `method` (the method table).
+  static AuditLevel AuditOf(const char* method);
+  /// Where audit rows go; null: nowhere.
+  AuditApi* audit() const { return audit_; }
 
   /// Who calls: from the verified client certificate, else the bearer
   /// token. UNAUTHENTICATED naming the method (and the token's id, never
@@ -92,14 +108,10 @@ class Authorizer {
                                           const std::string& job_id, const std::string& tenant,
                                           const std::vector<std::string>& hosts) const;
 
-  /// Authenticate then Authorize.
-  [[nodiscard]] absl::StatusOr<Principal> Admit(const grpc::ServerContext& context,
-                                                const char* method,
-                                                const std::string& host_id) const;
-
  private:
   const bool insecure_;
   const TokenApi* tokens_;
+  AuditApi* const audit_;
 };
 
 }  // namespace reshard::coordinator

@@ -25,39 +25,43 @@ v1::Token ToProto(const TokenRecord& r) {
 grpc::Status AuthServiceImpl::CreateToken(grpc::ServerContext* context,
                                           const v1::CreateTokenRequest* request,
                                           v1::CreateTokenResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "CreateToken", "", [&](const Principal& p) {
-    if (request->ttl_seconds() < 0 || request->ttl_seconds() > TokenApi::kMaxTtlMs / 1000) {
-      return absl::InvalidArgumentError("ttl_seconds is out of range");
-    }
-    absl::StatusOr<TokenApi::Created> created =
-        api_->Create(request->name(), request->role(),
-                     std::vector<std::string>(request->tenants().begin(), request->tenants().end()),
-                     request->ttl_seconds() * 1000, p.name);
-    if (!created.ok()) return created.status();
-    *reply->mutable_token() = ToProto(created->record);
-    reply->set_bearer_token(created->token);
-    return absl::OkStatus();
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "CreateToken", *request, "", [&](const Principal& p) {
+        if (request->ttl_seconds() < 0 || request->ttl_seconds() > TokenApi::kMaxTtlMs / 1000) {
+          return absl::InvalidArgumentError("ttl_seconds is out of range");
+        }
+        absl::StatusOr<TokenApi::Created> created = api_->Create(
+            request->name(), request->role(),
+            std::vector<std::string>(request->tenants().begin(), request->tenants().end()),
+            request->ttl_seconds() * 1000, p.name);
+        if (!created.ok()) return created.status();
+        *reply->mutable_token() = ToProto(created->record);
+        reply->set_bearer_token(created->token);
+        return absl::OkStatus();
+      });
 }
 
 grpc::Status AuthServiceImpl::RevokeToken(grpc::ServerContext* context,
                                           const v1::RevokeTokenRequest* request, v1::Token* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "RevokeToken", "", [&](const Principal&) {
-    absl::StatusOr<TokenRecord> revoked = api_->Revoke(request->token_id());
-    if (!revoked.ok()) return revoked.status();
-    *reply = ToProto(*revoked);
-    return absl::OkStatus();
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "RevokeToken", *request, "",
+                     [&](const Principal&) {
+                       absl::StatusOr<TokenRecord> revoked = api_->Revoke(request->token_id());
+                       if (!revoked.ok()) return revoked.status();
+                       *reply = ToProto(*revoked);
+                       return absl::OkStatus();
+                     });
 }
 
-grpc::Status AuthServiceImpl::ListTokens(grpc::ServerContext* context, const v1::ListTokensRequest*,
+grpc::Status AuthServiceImpl::ListTokens(grpc::ServerContext* context,
+                                         const v1::ListTokensRequest* request,
                                          v1::ListTokensResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "ListTokens", "", [&](const Principal&) {
-    absl::StatusOr<std::vector<TokenRecord>> tokens = api_->List();
-    if (!tokens.ok()) return tokens.status();
-    for (const TokenRecord& t : *tokens) *reply->add_tokens() = ToProto(t);
-    return absl::OkStatus();
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "ListTokens", *request, "",
+                     [&](const Principal&) {
+                       absl::StatusOr<std::vector<TokenRecord>> tokens = api_->List();
+                       if (!tokens.ok()) return tokens.status();
+                       for (const TokenRecord& t : *tokens) *reply->add_tokens() = ToProto(t);
+                       return absl::OkStatus();
+                     });
 }
 
 }  // namespace reshard::coordinator

@@ -132,6 +132,8 @@ const std::vector<Setting>& Settings() {
       IntSetting("retention-operation-age-ms", "RESHARD_RETENTION_OPERATION_AGE_MS",
                  "older finished operations are pruned once finished this long ago",
                  &CoordinatorConfig::retention_operation_age_ms),
+      IntSetting("retention-audit-age-ms", "RESHARD_RETENTION_AUDIT_AGE_MS",
+                 "audit rows are pruned once this old", &CoordinatorConfig::retention_audit_age_ms),
       IntSetting("retention-batch-rows", "RESHARD_RETENTION_BATCH_ROWS",
                  "rows deleted by one pruning statement", &CoordinatorConfig::retention_batch_rows),
       IntSetting("retention-batches", "RESHARD_RETENTION_BATCHES", "pruning batches per round",
@@ -246,6 +248,7 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
               365 * kDay),
         Range("retention-keep-operations", c.retention_keep_operations, 0, 1000000),
         Range("retention-operation-age-ms", c.retention_operation_age_ms, 0, 3650 * kDay),
+        Range("retention-audit-age-ms", c.retention_audit_age_ms, 0, 3650 * kDay),
         Range("retention-batch-rows", c.retention_batch_rows, 1, 100000),
         Range("retention-batches", c.retention_batches, 1, 1000),
         Range("retention-interval-ms", c.retention_interval_ms, 0, kDay)}) {

@@ -59,6 +59,8 @@ struct CoordinatorConfig {
   int64_t retention_keep_operations = 100;
   /// Older finished operations are pruned once finished this long ago.
   int64_t retention_operation_age_ms = 7LL * 24 * 60 * 60 * 1000;
+  /// Audit rows are pruned once this old.
+  int64_t retention_audit_age_ms = 90LL * 24 * 60 * 60 * 1000;
   /// Rows per pruning statement, batches per round, and rounds' period.
   int64_t retention_batch_rows = 500;
   int64_t retention_batches = 4;

@@ -1,6 +1,7 @@
 #include "services/coordinator/server/coordinator_service.h"
 
 #include "planner/layout.h"
+#include "services/coordinator/logic/audit_api.h"
 #include "services/coordinator/server/rpc_status.h"
 
 namespace reshard::coordinator {
@@ -31,83 +32,94 @@ absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const
 grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
                                                  const v1::RegisterJobRequest* request,
                                                  v1::RegisterJobResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "RegisterJob", "", [&](const Principal& p) {
-    if (absl::Status s = authorizer_->AuthorizeTenant(p, "RegisterJob", request->spec().tenant());
-        !s.ok()) {
-      return s;
-    }
-    return Unwrap(api_->RegisterJob(*request), reply);
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "RegisterJob", *request, "", [&](const Principal& p) {
+        if (absl::Status s =
+                authorizer_->AuthorizeTenant(p, "RegisterJob", request->spec().tenant());
+            !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->RegisterJob(*request), reply);
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* context,
                                             const v1::GetJobRequest* request, v1::Job* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "GetJob", "", [&](const Principal& p) {
-    if (absl::Status s = Unwrap(api_->GetJob(*request), reply); !s.ok()) return s;
-    std::vector<std::string> hosts;
-    for (const v1::DeviceSlot& slot : planner::ExpandPlacement(reply->layout().placement())) {
-      hosts.push_back(slot.host());
-    }
-    absl::Status allowed =
-        authorizer_->AuthorizeJob(p, "GetJob", reply->id(), reply->tenant(), hosts);
-    if (!allowed.ok()) reply->Clear();
-    return allowed;
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "GetJob", *request, "", [&](const Principal& p) {
+        if (absl::Status s = Unwrap(api_->GetJob(*request), reply); !s.ok()) return s;
+        std::vector<std::string> hosts;
+        for (const v1::DeviceSlot& slot : planner::ExpandPlacement(reply->layout().placement())) {
+          hosts.push_back(slot.host());
+        }
+        absl::Status allowed =
+            authorizer_->AuthorizeJob(p, "GetJob", reply->id(), reply->tenant(), hosts);
+        if (!allowed.ok()) reply->Clear();
+        return allowed;
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::ListJobs(grpc::ServerContext* context,
                                               const v1::ListJobsRequest* request,
                                               v1::ListJobsResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "ListJobs", "", [&](const Principal& p) {
-    v1::ListJobsRequest scoped = *request;
-    // A caller of one tenant lists that tenant; one of several names it.
-    if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p) && p.tenants.size() == 1) {
-      scoped.set_tenant(p.tenants.front());
-    }
-    if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p)) {
-      return absl::PermissionDeniedError(absl::StrCat("ListJobs of every tenant refused to \"",
-                                                      p.name,
-                                                      "\": name one of its tenants in `tenant`"));
-    }
-    if (absl::Status s = authorizer_->AuthorizeTenant(p, "ListJobs", scoped.tenant()); !s.ok()) {
-      return s;
-    }
-    return Unwrap(api_->ListJobs(scoped), reply);
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "ListJobs", *request, "", [&](const Principal& p) {
+        v1::ListJobsRequest scoped = *request;
+        // A caller of one tenant lists that tenant; one of several names it.
+        if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p) && p.tenants.size() == 1) {
+          scoped.set_tenant(p.tenants.front());
+        }
+        if (scoped.tenant().empty() && authorizer_->ScopedToTenants(p)) {
+          return absl::PermissionDeniedError(
+              absl::StrCat("ListJobs of every tenant refused to \"", p.name,
+                           "\": name one of its tenants in `tenant`"));
+        }
+        if (absl::Status s = authorizer_->AuthorizeTenant(p, "ListJobs", scoped.tenant());
+            !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->ListJobs(scoped), reply);
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::DeleteJob(grpc::ServerContext* context,
                                                const v1::DeleteJobRequest* request,
                                                v1::DeleteJobResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "DeleteJob", "", [&](const Principal& p) {
-    if (absl::Status s = InJobTenant(p, "DeleteJob", request->job_id()); !s.ok()) return s;
-    return Unwrap(api_->DeleteJob(*request), reply);
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "DeleteJob", *request, "",
+                     [&](const Principal& p) {
+                       if (absl::Status s = InJobTenant(p, "DeleteJob", request->job_id()); !s.ok())
+                         return s;
+                       return Unwrap(api_->DeleteJob(*request), reply);
+                     });
 }
 
 grpc::Status CoordinatorServiceImpl::Resize(grpc::ServerContext* context,
                                             const v1::ResizeRequest* request,
                                             v1::Operation* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "Resize", "", [&](const Principal& p) {
-    if (absl::Status s = InJobTenant(p, "Resize", request->job_id()); !s.ok()) return s;
-    return Unwrap(api_->Resize(*request), reply);
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "Resize", *request, "",
+                     [&](const Principal& p) {
+                       if (absl::Status s = InJobTenant(p, "Resize", request->job_id()); !s.ok())
+                         return s;
+                       return Unwrap(api_->Resize(*request), reply);
+                     });
 }
 
 grpc::Status CoordinatorServiceImpl::Migrate(grpc::ServerContext* context,
                                              const v1::MigrateRequest* request,
                                              v1::Operation* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "Migrate", "", [&](const Principal& p) {
-    if (absl::Status s = InJobTenant(p, "Migrate", request->job_id()); !s.ok()) return s;
-    return Unwrap(api_->Migrate(*request), reply);
-  });
+  return RunAdmitted(authorizer_, context, metrics_, "Migrate", *request, "",
+                     [&](const Principal& p) {
+                       if (absl::Status s = InJobTenant(p, "Migrate", request->job_id()); !s.ok())
+                         return s;
+                       return Unwrap(api_->Migrate(*request), reply);
+                     });
 }
 
 grpc::Status CoordinatorServiceImpl::RecoverFromFailure(
     grpc::ServerContext* context, const v1::RecoverFromFailureRequest* request,
     v1::Operation* reply) {
   return RunAdmitted(
-      authorizer_, context, metrics_, "RecoverFromFailure", "", [&](const Principal& p) {
+      authorizer_, context, metrics_, "RecoverFromFailure", *request, "", [&](const Principal& p) {
         if (absl::Status s = InJobTenant(p, "RecoverFromFailure", request->job_id()); !s.ok()) {
           return s;
         }
@@ -118,41 +130,46 @@ grpc::Status CoordinatorServiceImpl::RecoverFromFailure(
 grpc::Status CoordinatorServiceImpl::PreviewPlan(grpc::ServerContext* context,
                                                  const v1::PreviewPlanRequest* request,
                                                  v1::PreviewPlanResponse* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "PreviewPlan", "", [&](const Principal& p) {
-    if (absl::Status s = InJobTenant(p, "PreviewPlan", request->job_id()); !s.ok()) return s;
-    return Unwrap(api_->PreviewPlan(*request), reply);
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "PreviewPlan", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "PreviewPlan", request->job_id()); !s.ok()) return s;
+        return Unwrap(api_->PreviewPlan(*request), reply);
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::GetOperation(grpc::ServerContext* context,
                                                   const v1::GetOperationRequest* request,
                                                   v1::Operation* reply) {
-  return RunAdmitted(authorizer_, context, metrics_, "GetOperation", "", [&](const Principal& p) {
-    if (absl::Status s = InOperationTenant(p, "GetOperation", request->operation_id()); !s.ok()) {
-      return s;
-    }
-    return Unwrap(api_->GetOperation(*request), reply);
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "GetOperation", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InOperationTenant(p, "GetOperation", request->operation_id());
+            !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->GetOperation(*request), reply);
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context,
                                                     const v1::WatchOperationRequest* request,
                                                     grpc::ServerWriter<v1::Operation>* writer) {
-  return RunAdmitted(authorizer_, context, metrics_, "WatchOperation", "", [&](const Principal& p) {
-    if (absl::Status s = InOperationTenant(p, "WatchOperation", request->operation_id()); !s.ok()) {
-      return s;
-    }
-    return api_->WatchOperation(
-        *request, [writer](const v1::Operation& op) { return writer->Write(op); },
-        [this, context] { return stopping_.load() || context->IsCancelled(); });
-  });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "WatchOperation", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InOperationTenant(p, "WatchOperation", request->operation_id());
+            !s.ok()) {
+          return s;
+        }
+        return api_->WatchOperation(
+            *request, [writer](const v1::Operation& op) { return writer->Write(op); },
+            [this, context] { return stopping_.load() || context->IsCancelled(); });
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext* context,
                                                      const v1::CancelOperationRequest* request,
                                                      v1::Operation* reply) {
   return RunAdmitted(
-      authorizer_, context, metrics_, "CancelOperation", "", [&](const Principal& p) {
+      authorizer_, context, metrics_, "CancelOperation", *request, "", [&](const Principal& p) {
         if (absl::Status s = InOperationTenant(p, "CancelOperation", request->operation_id());
             !s.ok()) {
           return s;
@@ -165,8 +182,30 @@ grpc::Status CoordinatorServiceImpl::ListHosts(grpc::ServerContext* context,
                                                const v1::ListHostsRequest* request,
                                                v1::ListHostsResponse* reply) {
   // Hosts are shared by every tenant: any scheduler or viewer may list them.
-  return RunAdmitted(authorizer_, context, metrics_, "ListHosts", "",
+  return RunAdmitted(authorizer_, context, metrics_, "ListHosts", *request, "",
                      [&](const Principal&) { return Unwrap(api_->ListHosts(*request), reply); });
+}
+
+grpc::Status CoordinatorServiceImpl::ListAudit(grpc::ServerContext* context,
+                                               const v1::ListAuditRequest* request,
+                                               v1::ListAuditResponse* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "ListAudit", *request, "",
+      [&](const Principal& p) -> absl::Status {
+        if (authorizer_->audit() == nullptr) {
+          return absl::UnimplementedError("ListAudit: no audit trail is kept");
+        }
+        // A scheduler or viewer sees its tenants' entries.
+        std::vector<std::string> tenants;
+        if (authorizer_->ScopedToTenants(p)) tenants = p.tenants;
+        if (!request->tenant().empty()) {
+          if (absl::Status s = authorizer_->AuthorizeTenant(p, "ListAudit", request->tenant());
+              !s.ok()) {
+            return s;
+          }
+        }
+        return Unwrap(authorizer_->audit()->List(*request, tenants), reply);
+      });
 }
 
 }  // namespace reshard::coordinator

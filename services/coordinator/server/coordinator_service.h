@@ -52,6 +52,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                                v1::Operation* reply) override;
   grpc::Status ListHosts(grpc::ServerContext* context, const v1::ListHostsRequest* request,
                          v1::ListHostsResponse* reply) override;
+  grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
+                         v1::ListAuditResponse* reply) override;
 
  private:
   SchedulerApi* api_;

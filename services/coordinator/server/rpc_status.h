@@ -15,6 +15,7 @@
 #include "grpcpp/support/status.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/auth.h"
+#include "services/coordinator/server/call_audit.h"
 
 namespace reshard::coordinator {
 
@@ -63,16 +64,23 @@ grpc::Status RunRpc(CoordinatorMetrics* metrics, const char* method, Body&& body
 }
 
 /// RunRpc of a handler that first passes the Authorizer: `body` gets the
-/// admitted principal; a refusal is recorded like any other status.
+/// admitted principal; a refusal is recorded like any other status, and in
+/// the audit trail as the method table says (CallAudit).
 /// `host_id`: the host an AgentService request speaks for, else empty.
 template <typename Body>
 grpc::Status RunAdmitted(const Authorizer* authorizer, const grpc::ServerContext* context,
                          CoordinatorMetrics* metrics, const char* method,
-                         const std::string& host_id, Body&& body) {
+                         const google::protobuf::Message& request, const std::string& host_id,
+                         Body&& body) {
   return RunRpc(metrics, method, [&]() -> absl::Status {
-    absl::StatusOr<Principal> principal = authorizer->Admit(*context, method, host_id);
-    if (!principal.ok()) return principal.status();
-    return body(*principal);
+    CallAudit audit(*authorizer, method, request);
+    absl::StatusOr<Principal> principal = authorizer->Authenticate(*context, method);
+    if (!principal.ok()) return audit.Finish(principal.status());
+    audit.SetCaller(*principal);  // a refusal below names who was refused
+    if (absl::Status s = authorizer->Authorize(*principal, method, host_id); !s.ok()) {
+      return audit.Finish(s);
+    }
+    return audit.Finish(body(*principal));
   });
 }
 

@@ -13,6 +13,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "services/coordinator/logic/agent_api.h"
+#include "services/coordinator/logic/audit_api.h"
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
@@ -93,7 +94,9 @@ absl::Status CoordinatorServer::Start() {
                          << " and NO authentication; anyone who reaches the port is admin";
   }
   token_api_ = std::make_unique<TokenApi>(store_, &clock_);
-  authorizer_ = std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get());
+  audit_api_ = std::make_unique<AuditApi>(store_, AuditApi::Options{});
+  authorizer_ =
+      std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get(), audit_api_.get());
   auth_service_ =
       std::make_unique<AuthServiceImpl>(token_api_.get(), authorizer_.get(), metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
@@ -137,6 +140,7 @@ absl::Status CoordinatorServer::Start() {
   retention.policy.discarded_min_age_ms = config_.retention_discarded_age_ms;
   retention.policy.keep_operations = static_cast<int>(config_.retention_keep_operations);
   retention.policy.operation_min_age_ms = config_.retention_operation_age_ms;
+  retention.policy.audit_min_age_ms = config_.retention_audit_age_ms;
   retention.policy.batch_rows = static_cast<int>(config_.retention_batch_rows);
   retention.batches_per_round = static_cast<int>(config_.retention_batches);
   retention.interval_ms = static_cast<int>(config_.retention_interval_ms);

@@ -29,6 +29,7 @@ namespace reshard::coordinator {
 
 class AgentApi;
 class AgentServiceImpl;
+class AuditApi;
 class Authorizer;
 class AuthServiceImpl;
 class TokenApi;
@@ -91,6 +92,7 @@ class CoordinatorServer {
   std::unique_ptr<OperationDriver> driver_;
   std::unique_ptr<LeaderLoop> leader_;
   std::unique_ptr<TokenApi> token_api_;
+  std::unique_ptr<AuditApi> audit_api_;
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<AuthServiceImpl> auth_service_;
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;

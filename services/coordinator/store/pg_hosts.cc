@@ -43,6 +43,7 @@ absl::StatusOr<int64_t> PgStore::RegisterHost(const v1::Host& host, int64_t now_
   return pg::TransactFor<int64_t>(*pool_, "RegisterHost", [&](pg::PgTx& tx) {
     const pqxx::result r = tx.Exec(pg::kUpsertHost, host.host_id(), host.address(),
                                    pg::Bytea(info_bytes), now_unix_ms, lease_expires_unix_ms);
+    pg::WriteAudit(tx, "", "", host.host_id());
     return absl::StatusOr<int64_t>(r[0][0].as<int64_t>());
   });
 }

@@ -53,6 +53,13 @@ absl::StatusOr<PtcRows> ToPtcRows(const v1::Ptc& ptc) {
   return rows;
 }
 
+// An idempotent retry's answer: the first call's job, which its audit row
+// names.
+absl::StatusOr<v1::Job> ReplayedJob(pg::PgTx& tx, const std::string& job_id) {
+  pg::WriteAudit(tx, job_id, "");
+  return pg::ReadJob(tx, job_id);
+}
+
 }  // namespace
 
 absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::JobSpec& spec,
@@ -77,7 +84,7 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         if (!idem.key.empty()) {
           absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
           if (!first.ok()) return first.status();
-          if (first->has_value()) return pg::ReadJob(tx, **first);
+          if (first->has_value()) return ReplayedJob(tx, **first);
         }
         const pqxx::result inserted =
             tx.Exec(pg::kInsertJob, job_id, spec.tenant(), spec.name(), spec.ptc().num_layers(),
@@ -88,7 +95,7 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
           if (!idem.key.empty()) {
             absl::StatusOr<std::optional<std::string>> first = pg::FindIdempotentResource(tx, idem);
             if (!first.ok()) return first.status();
-            if (first->has_value()) return pg::ReadJob(tx, **first);
+            if (first->has_value()) return ReplayedJob(tx, **first);
           }
           return absl::AlreadyExistsError(absl::StrCat("job \"", spec.name(), "\" of tenant \"",
                                                        spec.tenant(), "\" already exists"));
@@ -103,6 +110,7 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         if (!idem.key.empty()) {
           if (absl::Status s = pg::ClaimIdempotencyKey(tx, idem, job_id, job_id); !s.ok()) return s;
         }
+        pg::WriteAudit(tx, job_id, "");
         return pg::ReadJob(tx, job_id);
       });
 }
@@ -167,6 +175,9 @@ absl::Status PgStore::DeleteJob(const std::string& job_id, const Idempotency& id
       if (!retry.ok() || *retry) return retry.status();
       return pg::JobNotFound(job_id);
     }
+    // While the job exists (the row takes its tenant); a refusal below rolls
+    // it back with everything else.
+    pg::WriteAudit(tx, job_id, "");
     const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, job_id);
     if (!active.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(

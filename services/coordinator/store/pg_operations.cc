@@ -55,6 +55,7 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
           if (first->has_value()) {
             absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, **first, false);
             if (!record.ok()) return record.status();
+            pg::WriteAudit(tx, op.job_id, **first);  // the replay names the first call's
             return record->op;
           }
         }
@@ -87,6 +88,7 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
           }
         }
         tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
+        pg::WriteAudit(tx, op.job_id, op.operation_id);
         absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, op.operation_id, false);
         if (!record.ok()) return record.status();
         return record->op;
@@ -155,6 +157,7 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
       tx.Exec(pg::kDiscardPendingGeneration, job_id, r[0][1].as<int64_t>());
       tx.Exec(pg::kSettleJobState, job_id);
     }
+    pg::WriteAudit(tx, r[0][0].c_str(), operation_id);
     return absl::OkStatus();
   });
 }

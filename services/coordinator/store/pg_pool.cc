@@ -193,6 +193,7 @@ absl::Status PgPool::RunOnce(absl::string_view what, const Body& body, bool* bro
       const auto start = std::chrono::steady_clock::now();
       work.commit();
       tx.Observe("commit", start);
+      tx.Committed();
     }
     // Otherwise ~work rolls back.
   } catch (...) {

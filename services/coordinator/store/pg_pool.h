@@ -63,7 +63,15 @@ class PgTx {
   void set_current_statement(const char* name) { current_ = name; }
   void Observe(const char* name, std::chrono::steady_clock::time_point start) const;
 
+  /// Runs `done` after this transaction commits (never when it rolls back).
+  void OnCommit(std::function<void()> done) { on_commit_.push_back(std::move(done)); }
+  /// Called by PgPool after the commit.
+  void Committed() {
+    for (const auto& done : on_commit_) done();
+  }
+
  private:
+  std::vector<std::function<void()>> on_commit_;
   pqxx::work* work_ = nullptr;
   const StatementObserver* observer_;
   const char* current_ = "begin";

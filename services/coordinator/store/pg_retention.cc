@@ -1,5 +1,6 @@
 // PgStore: the retention policy's pruning (docs/coordinator.md, "Retention").
 #include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -9,11 +10,13 @@ namespace reshard::coordinator {
 absl::StatusOr<PrunedRows> PgStore::PruneRetention(const RetentionPolicy& policy) {
   if (policy.keep_retired_generations < 0 || policy.keep_operations < 0 || policy.batch_rows < 1 ||
       policy.retired_min_age_ms < 0 || policy.discarded_min_age_ms < 0 ||
-      policy.operation_min_age_ms < 0) {
+      policy.operation_min_age_ms < 0 || policy.audit_min_age_ms < 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "retention policy: keep counts and ages must be >= 0 and batch_rows >= 1 (keep_retired ",
         policy.keep_retired_generations, ", keep_operations ", policy.keep_operations,
-        ", batch_rows ", policy.batch_rows, ")"));
+        ", batch_rows ", policy.batch_rows, ", ages ms: retired ", policy.retired_min_age_ms,
+        ", discarded ", policy.discarded_min_age_ms, ", operation ", policy.operation_min_age_ms,
+        ", audit ", policy.audit_min_age_ms, ")"));
   }
   PrunedRows pruned;
   // One short transaction per statement: pruning never holds locks long
@@ -41,8 +44,14 @@ absl::StatusOr<PrunedRows> PgStore::PruneRetention(const RetentionPolicy& policy
             .affected_rows();
       });
   if (!operations.ok()) return operations.status();
+  absl::StatusOr<int64_t> audit =
+      pg::TransactFor<int64_t>(*pool_, "PruneAudit", [&](pg::PgTx& tx) -> absl::StatusOr<int64_t> {
+        return tx.Exec(pg::kPruneAudit, policy.audit_min_age_ms, policy.batch_rows).affected_rows();
+      });
+  if (!audit.ok()) return audit.status();
   pruned.generations = *retired + *discarded;
   pruned.operations = *operations;
+  pruned.audit = *audit;
   return pruned;
 }
 

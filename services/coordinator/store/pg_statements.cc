@@ -1,5 +1,7 @@
 #include "services/coordinator/store/pg_statements.h"
 
+#include "services/coordinator/store/pg_audit_statements.h"
+
 namespace reshard::coordinator::pg {
 
 const std::vector<Statement>& AllStatements() {
@@ -71,6 +73,10 @@ const std::vector<Statement>& AllStatements() {
       kSelectTokenByHash,
       kRevokeToken,
       kListTokens,
+      // Audit (issue 11).
+      kInsertAudit,
+      kListAudit,
+      kPruneAudit,
   };
   return *kAll;
 }

@@ -132,6 +132,10 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
       const std::vector<std::string>& host_ids) override;
 
+  // ---- Audit (pg_audit.cc) -------------------------------------------------
+  [[nodiscard]] absl::Status AppendAudit(const AuditRecord& record) override;
+  [[nodiscard]] absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) override;
+
   // ---- Retention (pg_retention.cc) -----------------------------------------
   [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
 

@@ -66,6 +66,12 @@ struct GenerationRows {
 };
 absl::StatusOr<GenerationRows> ToGenerationRows(const v1::Layout& layout, absl::string_view what);
 
+/// Writes the current thread's audit record (audit.h), if any, as a
+/// successful call in `tx`, naming `job_id`, `operation_id` and `target`
+/// where the record does not already; marks it committed when `tx` commits.
+void WriteAudit(PgTx& tx, const std::string& job_id, const std::string& operation_id,
+                const std::string& target = "");
+
 /// Inserts a generation and its rank rows.
 void InsertGeneration(PgTx& tx, const std::string& job_id, int64_t generation,
                       const std::string& layout_bytes, const GenerationRows& rows,

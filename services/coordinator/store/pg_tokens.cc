@@ -38,6 +38,7 @@ absl::Status PgStore::CreateToken(const TokenRecord& token, const std::string& s
     tx.Exec(pg::kInsertToken, token.id, pg::Bytea(secret_sha256), token.name, token.role,
             pg::TextArray(token.tenants), token.created_by, token.created_unix_ms,
             token.expires_unix_ms);
+    pg::WriteAudit(tx, "", "", token.id);
     return absl::OkStatus();
   });
 }
@@ -56,6 +57,7 @@ absl::StatusOr<TokenRecord> PgStore::RevokeToken(const std::string& id, int64_t 
       *pool_, "RevokeToken", [&](pg::PgTx& tx) -> absl::StatusOr<TokenRecord> {
         const pqxx::result r = tx.Exec(pg::kRevokeToken, id, now_unix_ms);
         if (r.empty()) return absl::NotFoundError(absl::StrCat("token \"", id, "\" not found"));
+        pg::WriteAudit(tx, "", "", id);
         return TokenFromRow(r[0]);
       });
 }

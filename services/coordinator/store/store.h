@@ -27,6 +27,7 @@
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/audit.h"
 
 namespace reshard::coordinator {
 
@@ -128,6 +129,8 @@ struct RetentionPolicy {
   /// Older COMMITTED / ABORTED / FAILED operations are pruned once finished
   /// this long ago (their idempotency keys go with them).
   int64_t operation_min_age_ms = 7LL * 24 * 60 * 60 * 1000;
+  /// Audit rows (migrations/0005) are pruned once this old.
+  int64_t audit_min_age_ms = 90LL * 24 * 60 * 60 * 1000;
   /// Rows deleted by one statement.
   int batch_rows = 500;
 };
@@ -136,6 +139,21 @@ struct RetentionPolicy {
 struct PrunedRows {
   int64_t generations = 0;  // RETIRED and DISCARDED (their rank rows cascade)
   int64_t operations = 0;   // (their progress rows and idempotency keys go too)
+  int64_t audit = 0;        // audit_log rows
+};
+
+/// Which audit rows ListAudit returns: newest first.
+struct AuditQuery {
+  std::vector<std::string> tenants;  // empty: every tenant
+  std::string job_id;                // empty: every job
+  int64_t since_unix_ms = 0;         // rows at or after this time
+  int64_t before_id = 0;             // page token: rows with a smaller id; 0: newest
+  int page_size = 100;
+};
+
+struct AuditPage {
+  std::vector<AuditRecord> records;
+  int64_t next_before_id = 0;  // 0 on the last page
 };
 
 class Store {
@@ -258,12 +276,20 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> JobsOnHosts(
       const std::vector<std::string>& host_ids) = 0;
 
+  // ---- Audit (audit.h; docs/security.md) ----------------------------------
+  // Mutations made on a caller's behalf (CreateJob, DeleteJob,
+  // CreateOperation, TransitionOperation to ABORTED, RegisterHost,
+  // CreateToken, RevokeToken) also write the thread's AuditScope record, if
+  // any, in their own transaction, and mark it committed.
+  /// Writes `record` in its own transaction (a refused or failed call).
+  [[nodiscard]] virtual absl::Status AppendAudit(const AuditRecord& record) = 0;
+  [[nodiscard]] virtual absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) = 0;
+
   // ---- Retention (issue 9, defect 10) --------------------------------------
   /// One bounded batch of pruning under `policy`: at most batch_rows RETIRED
-  /// or DISCARDED generations and at most batch_rows finished operations,
-  /// each in its own short statement. Never touches CURRENT or PENDING
-  /// generations or active operations. Call again while it returns full
-  /// batches.
+  /// or DISCARDED generations, at most batch_rows finished operations and
+  /// at most batch_rows old audit rows, each in its own short statement. Never touches CURRENT or
+  /// PENDING generations or active operations. Call again while it returns full batches.
   [[nodiscard]] virtual absl::StatusOr<PrunedRows> PruneRetention(
       const RetentionPolicy& policy) = 0;
 

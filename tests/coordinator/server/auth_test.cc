@@ -86,7 +86,8 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
 
   // identity -> the calls it may make (every other call must be refused).
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
-                                        "GetOperation", "WatchOperation", "ListHosts"};
+                                        "GetOperation", "WatchOperation", "ListHosts",
+                                        "ListAudit"};
   const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
                                          "Migrate",     "RecoverFromFailure", "CancelOperation"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
@@ -215,6 +216,13 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          v1::ListHostsResponse reply;
          return CoordinatorClient(address, c.identity)
              ->ListHosts(CallCtx(c).get(), v1::ListHostsRequest(), &reply);
+       }},
+      {"ListAudit",
+       [&](const Caller& c) {
+         v1::ListAuditRequest r;
+         r.set_tenant("team-a");
+         v1::ListAuditResponse reply;
+         return CoordinatorClient(address, c.identity)->ListAudit(CallCtx(c).get(), r, &reply);
        }},
       {"RegisterAgent",
        [&](const Caller& c) {
