@@ -1,7 +1,9 @@
 #include "agent/process/config.h"
 
+#include <grp.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -32,6 +34,9 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"tls-key", "RESHARD_TLS_KEY"},
       {"tls-ca", "RESHARD_TLS_CA"},
       {"insecure", "RESHARD_INSECURE"},
+      {"worker-group", "RESHARD_WORKER_GROUP"},
+      {"worker-socket-mode", "RESHARD_WORKER_SOCKET_MODE"},
+      {"shard-file-mode", "RESHARD_SHARD_FILE_MODE"},
   };
   return *flags;
 }
@@ -73,6 +78,38 @@ absl::Status CheckHostPort(const std::string& flag, const std::string& env,
   return absl::OkStatus();
 }
 
+// An octal file mode of at most 0777 (no set-id or sticky bits).
+absl::Status ParseMode(const std::string& flag, const std::string& env, const std::string& text,
+                       uint32_t* out) {
+  uint32_t v = 0;
+  if (text.empty() || text.size() > 4 || text.find_first_not_of("01234567") != std::string::npos ||
+      (v = static_cast<uint32_t>(std::strtoul(text.c_str(), nullptr, 8))) > 0777) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " (", env, ") \"", text,
+                                                   "\": expected an octal mode such as 0660"));
+  }
+  *out = v;
+  return absl::OkStatus();
+}
+
+// A group name or number.
+absl::Status ResolveGroup(const std::string& text, int64_t* gid) {
+  int64_t v = 0;
+  if (absl::SimpleAtoi(text, &v) && v >= 0 && v < (int64_t{1} << 32) - 1) {
+    *gid = v;
+    return absl::OkStatus();
+  }
+  std::vector<char> buf(16384);
+  struct group g {};
+  struct group* found = nullptr;
+  const int err = ::getgrnam_r(text.c_str(), &g, buf.data(), buf.size(), &found);
+  if (err != 0 || found == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker-group (RESHARD_WORKER_GROUP) \"", text, "\": no such group"));
+  }
+  *gid = found->gr_gid;
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 std::string AgentUsage() {
@@ -80,7 +117,12 @@ std::string AgentUsage() {
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT]\n"
+         "  [--worker-group GROUP] [--worker-socket-mode MODE] [--shard-file-mode MODE]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
+         "--worker-group: the group (name or number) of the worker socket and the shard\n"
+         "files, whose members (training processes) may use them; default the agent's.\n"
+         "--worker-socket-mode (default 0660), --shard-file-mode (unsealed files a worker\n"
+         "writes, default 0660; sealed files are 0440): octal.\n"
          "--tls-cert/--tls-key: this host's certificate (common name agent:HOST_ID) and\n"
          "key; --tls-ca: the CA of the coordinator's certificate. Re-read when they\n"
          "change. --insecure: plaintext to the coordinator (a warning is logged).\n"
@@ -93,7 +135,8 @@ std::string AgentUsage() {
          "RESHARD_MEMORY_LIMIT_BYTES, RESHARD_SPARE_BYTES, UCX_NET_DEVICES, UCX_TLS,\n"
          "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL,\n"
          "RESHARD_METRICS_LISTEN, RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA,\n"
-         "RESHARD_INSECURE); flags win.\n";
+         "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE,\n"
+         "RESHARD_SHARD_FILE_MODE); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -149,6 +192,20 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
       return absl::InvalidArgumentError(absl::StrCat("--insecure (RESHARD_INSECURE) \"", it->second,
                                                      "\": expected true or false"));
     }
+  }
+  if (auto it = values.find("worker-group"); it != values.end()) {
+    c.worker_group = it->second;
+    if (absl::Status s = ResolveGroup(it->second, &c.worker_gid); !s.ok()) return s;
+  }
+  if (auto it = values.find("worker-socket-mode"); it != values.end()) {
+    absl::Status s =
+        ParseMode(it->first, "RESHARD_WORKER_SOCKET_MODE", it->second, &c.worker_socket_mode);
+    if (!s.ok()) return s;
+  }
+  if (auto it = values.find("shard-file-mode"); it != values.end()) {
+    absl::Status s =
+        ParseMode(it->first, "RESHARD_SHARD_FILE_MODE", it->second, &c.shard_file_mode);
+    if (!s.ok()) return s;
   }
   int64_t v = 0;
   if (auto it = values.find("memory-limit-bytes"); it != values.end()) {

@@ -1,9 +1,12 @@
 // reshard-agent: one per host. Holds the host's shards, executes its slice
 // of every plan and serves the host's training workers. See docs/agent.md.
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <iostream>
 #include <memory>
@@ -64,6 +67,8 @@ int main(int argc, char** argv) {
   store_options.host_id = config->host_id;
   store_options.memory_limit_bytes = config->memory_limit_bytes;
   store_options.spare_bytes = config->spare_bytes;
+  store_options.file_gid = config->worker_gid;
+  store_options.file_mode = config->shard_file_mode;
   absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(store_options);
   if (!store.ok()) return Fail("opening the shard store: " + store.status().ToString());
 
@@ -113,6 +118,17 @@ int main(int argc, char** argv) {
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr) return Fail("cannot listen on unix:" + config->worker_socket);
+  // Connecting to a unix socket needs write permission on it: the group and
+  // mode say which training processes may (docs/security.md, "Workers").
+  if (config->worker_gid >= 0 && ::chown(config->worker_socket.c_str(), static_cast<uid_t>(-1),
+                                         static_cast<gid_t>(config->worker_gid)) != 0) {
+    return Fail("--worker-group \"" + config->worker_group + "\": cannot give " +
+                config->worker_socket + " that group: " + std::strerror(errno));
+  }
+  if (::chmod(config->worker_socket.c_str(), static_cast<mode_t>(config->worker_socket_mode)) !=
+      0) {
+    return Fail("cannot set the mode of " + config->worker_socket + ": " + std::strerror(errno));
+  }
 
   CoordinatorSession::Options session_options;
   session_options.host_id = config->host_id;

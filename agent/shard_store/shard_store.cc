@@ -357,6 +357,13 @@ class ShmShardStore final : public ShardStore {
     if (sealed != b) {
       // The copy takes the buffer's name; the worker's mapping keeps the old
       // file, which nothing the agent serves reads any more.
+      if (options_.file_gid >= 0 && ::chown(copy_path.c_str(), static_cast<uid_t>(-1),
+                                            static_cast<gid_t>(options_.file_gid)) != 0) {
+        s = ErrnoStatus(absl::StrCat("cannot give group ", options_.file_gid, " to"), copy_path,
+                        errno);
+        discard_copy();
+        return s;
+      }
       if (::rename(copy_path.c_str(), b->path().c_str()) != 0) {
         s = ErrnoStatus("cannot rename to", b->path(), errno);
         discard_copy();
@@ -376,7 +383,6 @@ class ShmShardStore final : public ShardStore {
   }
 
  public:
-
   void DropGeneration(const std::string& job_id, int64_t generation) override {
     std::lock_guard<std::mutex> lock(mu_);
     for (auto it = buffers_.begin(); it != buffers_.end();) {
@@ -464,6 +470,20 @@ class ShmShardStore final : public ShardStore {
     return absl::OkStatus();
   }
 
+  // Gives a new buffer file the configured group and mode (explicitly: the
+  // umask would take the group's write bit).
+  absl::Status SetOwnership(int fd, const std::string& path) const {
+    if (options_.file_gid >= 0 &&
+        ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(options_.file_gid)) != 0) {
+      return ErrnoStatus(absl::StrCat("cannot give group ", options_.file_gid, " to"), path, errno);
+    }
+    if (::fchmod(fd, static_cast<mode_t>(options_.file_mode)) != 0) {
+      return ErrnoStatus(absl::StrFormat("cannot set mode %04o on", options_.file_mode), path,
+                         errno);
+    }
+    return absl::OkStatus();
+  }
+
   // Creates, sizes and maps one file (its unsealed sidecar is written
   // already: WriteUnsealedSidecars). The caller has reserved `size` bytes and, when `spare` > 0,
   // renamed a spare file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
@@ -482,6 +502,11 @@ class ShmShardStore final : public ShardStore {
       }
       if (spare > 0) ::unlink(path.c_str());
       return ErrnoStatus("cannot create", path, err);
+    }
+    if (absl::Status s = SetOwnership(fd, path); !s.ok()) {
+      ::close(fd);
+      ::unlink(path.c_str());
+      return s;
     }
     if (size != spare && ::ftruncate(fd, size) != 0) {
       const int err = errno;

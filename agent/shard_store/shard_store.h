@@ -120,6 +120,13 @@ class ShardStore {
     /// against memory_limit_bytes and are removed first when a CreateAll
     /// needs the room. 0: no spare pool.
     int64_t spare_bytes = 0;
+    /// The group of every rank buffer file (-1: the agent's own), so that
+    /// training processes of that group, not only root, can use them
+    /// (docs/security.md, "Workers").
+    int64_t file_gid = -1;
+    /// The mode of an unsealed buffer file (a worker of `file_gid` writes it
+    /// in place); sealed files are always read-only (0440).
+    uint32_t file_mode = 0660;
   };
 
   /// Opens the store, finding the rank buffers (and their sealed checksums)

@@ -158,6 +158,14 @@ class _Process:
         self._log.close()
 
 
+def _group_id(group):
+    """The gid of a group name or number."""
+    if isinstance(group, int) or str(group).isdigit():
+        return int(group)
+    import grp
+    return grp.getgrnam(group).gr_gid
+
+
 class Agent:
     """One reshard-agent: a host of the local cluster."""
 
@@ -189,8 +197,12 @@ class LocalCluster:
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
                  memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
-                 tls=True, coordinator_host="127.0.0.1"):
+                 tls=True, coordinator_host="127.0.0.1", worker_group=None):
         self.build_dir = os.path.abspath(build_dir)
+        # reshard-agent --worker-group (a name or gid): its members, not only
+        # root, may use the worker sockets and shard files; the cluster's
+        # directories then let that group reach them (docs/security.md).
+        self.worker_group = worker_group
         self.tls = tls
         self.pki = None
         # The address the coordinator listens on (and its certificate names).
@@ -242,6 +254,8 @@ class LocalCluster:
             base = "/dev/shm" if os.path.isdir("/dev/shm") else None
             self.work_dir = self._requested_work_dir or tempfile.mkdtemp(prefix="reshard-local-", dir=base)
             os.makedirs(self.work_dir, exist_ok=True)
+            if self.worker_group is not None:
+                os.chmod(self.work_dir, 0o711)  # others may pass, not list
             if self.tls:
                 self.pki = Pki(os.path.join(self.work_dir, "tls"))
             self._start_postgres()
@@ -552,6 +566,8 @@ class LocalCluster:
                 "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
         if agent.metrics:
             argv += ["--metrics-listen", agent.metrics]
+        if self.worker_group is not None:
+            argv += ["--worker-group", str(self.worker_group)]
         # The agent's certificate binds it to its host (docs/security.md).
         argv += self.pki.coordinator_flags(f"agent:{host_id}") if self.tls else ["--insecure"]
         env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")
@@ -561,6 +577,11 @@ class LocalCluster:
         """Starts (or restarts) the agent of `host_id` and waits until it serves workers."""
         agent = self.agents[host_id]
         os.makedirs(agent.shm_dir, exist_ok=True)
+        if self.worker_group is not None:
+            gid = _group_id(self.worker_group)
+            for d in (os.path.dirname(agent.worker_socket), agent.shm_dir):
+                os.chown(d, -1, gid)
+                os.chmod(d, 0o750)
         if os.path.exists(agent.worker_socket):
             os.unlink(agent.worker_socket)
         argv, env = self.agent_command(host_id)
@@ -645,11 +666,13 @@ def main():
     parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "../../build"))
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--devices-per-host", type=int, default=2)
+    parser.add_argument("--worker-group", default=None,
+                        help="group (name or gid) whose processes may use the agents")
     args = parser.parse_args()
     install_signal_handlers()
     try:
         with LocalCluster(args.build, hosts=args.hosts, devices_per_host=args.devices_per_host,
-                          log=print) as c:
+                          log=print, worker_group=args.worker_group) as c:
             print(f"coordinator {c.coordinator}  metrics http://{c.coordinator_metrics}/metrics")
             for a in c.agents.values():
                 print(f"{a.host_id}: worker socket {a.worker_socket}"

@@ -52,6 +52,36 @@ TEST(AgentConfigTest, RefusesBadInput) {
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--heartbeat-ms"})));
 }
 
+TEST(AgentConfigTest, WorkerGroupAndModes) {
+  const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
+  absl::StatusOr<AgentConfig> c = Parse(base);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_gid, -1);  // the agent's own group
+  EXPECT_EQ(c->worker_socket_mode, 0660u);
+  EXPECT_EQ(c->shard_file_mode, 0660u);
+
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--worker-group", "4242", "--worker-socket-mode", "0666"});
+  c = Parse(args, {{"RESHARD_SHARD_FILE_MODE", "640"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_gid, 4242);
+  EXPECT_EQ(c->worker_socket_mode, 0666u);
+  EXPECT_EQ(c->shard_file_mode, 0640u);
+
+  c = Parse(base, {{"RESHARD_WORKER_GROUP", "root"}});  // a name
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->worker_gid, 0);
+
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.begin(), base.begin(), base.end());
+    return Parse(extra).status();
+  };
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-group", "no-such-group-xyz"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-socket-mode", "0860"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-socket-mode", "4777"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--shard-file-mode", "rw"})));
+}
+
 TEST(AgentConfigTest, MetricsListen) {
   const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
   absl::StatusOr<AgentConfig> off = Parse(base);

@@ -142,6 +142,37 @@ TEST_F(ShardStoreTest, BytesAreSharedWithAWorkerMapping) {
   ::munmap(p, b->size());
 }
 
+// With a file group (reshard-agent --worker-group), a worker's unsealed
+// buffer is the group's to write and its sealed copy the group's to read;
+// a buffer the agent writes and seals in place keeps the group, read-only.
+TEST_F(ShardStoreTest, FilesGetTheWorkerGroupAndMode) {
+  if (::geteuid() != 0) GTEST_SKIP() << "giving a file another group needs root";
+  constexpr gid_t kGroup = 4242;
+  ShardStore::Options o = MakeOptions();
+  o.file_gid = kGroup;
+  o.file_mode = 0660;
+  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(o);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto mode_and_group = [](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path << ": " << std::strerror(errno);
+    return std::make_pair(st.st_mode & 07777, st.st_gid);
+  };
+  auto worker = (*store)->CreateAll({Key(0)}, {{4096}}, ShardStore::Backing::kPrefaulted,
+                                    ShardStore::Writer::kWorker);
+  ASSERT_TRUE(worker.ok()) << worker.status();
+  const std::string path = (*worker)[0]->path();
+  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0660}, kGroup));
+  ASSERT_TRUE((*store)->Seal(Key(0), {}).ok());
+  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0440}, kGroup));  // the sealed copy
+
+  auto agent = (*store)->CreateAll({Key(1)}, {{4096}});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0660}, kGroup));
+  ASSERT_TRUE((*store)->Seal(Key(1), {}).ok());
+  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0440}, kGroup));
+}
+
 TEST_F(ShardStoreTest, SealWithWrongChecksumIsDataLossNamingTheItem) {
   auto store = OpenStore();
   auto created = store->CreateAll({Key(2, 3, "j")}, {{64, 64}});

@@ -1,0 +1,106 @@
+"""Who may use an agent's worker socket (docs/security.md, "Workers"): agents
+started with --worker-group serve non-root training processes of that group,
+which publish and load through group-owned shard files; a process outside
+the group cannot connect. Needs root (to run workers as uid nobody)."""
+
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from helpers import every_kind_ptc, random_globals, register
+from reshard import layout
+
+WORKER_GID = 4242  # a group that need not exist by name: --worker-group takes a gid
+NOBODY = 65534
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs workers as another uid")
+
+# Run as the worker: publishes (or loads) every rank of host-0 and prints
+# the checksums it got, one line per rank.
+_WORKER = r"""
+import sys, json
+import reshard
+from reshard import layout
+sys.path.insert(0, sys.argv[1])
+from helpers import every_kind_ptc, random_globals
+socket, job_id, mode = sys.argv[2], sys.argv[3], sys.argv[4]
+ptc = every_kind_ptc()
+lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
+g = random_globals(ptc, world=2, seed=5)
+try:
+    with reshard.Worker(socket, job_id, ptc=ptc) as w:
+        for rank, _ in layout.ranks_on_host(lay, "host-0"):
+            want = layout.shard(ptc, lay, rank, g)
+            if mode == "publish":
+                print(json.dumps(w.publish(rank, 1, want)))
+                continue
+            got = w.load(rank, 1)
+            bad = [k for k, v in want.items()
+                   if (isinstance(v, bytes) or v.size) and not layout.same_bytes(got[k], v)]
+            print(json.dumps({"bad": bad}))
+except reshard.errors.ReshardError as e:
+    print(type(e).__name__)
+    sys.exit(3)
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from conftest import build_dir
+    from cluster import LocalCluster
+    with LocalCluster(build_dir=build_dir(), hosts=1, devices_per_host=2,
+                      worker_group=WORKER_GID) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def client(cluster):
+    with cluster.client(timeout=30.0) as c:
+        yield c
+
+
+def run_as(cluster, groups, job_id, mode):
+    """Runs _WORKER as uid/gid nobody with supplementary `groups` (a list)."""
+    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}"]
+    setpriv += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, HOME="/tmp")
+    return subprocess.run(
+        setpriv + [sys.executable, "-c", _WORKER, here, cluster.agents["host-0"].worker_socket,
+                   job_id, mode], capture_output=True, text=True, timeout=120, env=env)
+
+
+def test_socket_and_files_belong_to_the_worker_group(cluster, client):
+    st = os.stat(cluster.agents["host-0"].worker_socket)
+    assert st.st_gid == WORKER_GID and stat.S_IMODE(st.st_mode) == 0o660
+
+
+def test_member_of_the_group_publishes_and_loads(cluster, client):
+    ptc = every_kind_ptc()
+    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
+    j = register(client, cluster, "access-member", ptc, lay)
+    r = run_as(cluster, [WORKER_GID], j.id, "publish")
+    assert r.returncode == 0, r.stderr
+    assert len(r.stdout.splitlines()) == 2
+    files = [os.path.join(cluster.agents["host-0"].shm_dir, f)
+             for f in os.listdir(cluster.agents["host-0"].shm_dir) if j.id in f
+             and not f.endswith(".meta")]
+    assert files
+    for f in files:  # sealed: read-only, readable by the group
+        st = os.stat(f)
+        assert st.st_gid == WORKER_GID and stat.S_IMODE(st.st_mode) == 0o440, f
+    r = run_as(cluster, [WORKER_GID], j.id, "load")
+    assert r.returncode == 0, r.stderr
+    assert all('"bad": []' in line for line in r.stdout.splitlines()), r.stdout
+
+
+def test_uid_outside_the_group_cannot_connect(cluster, client):
+    ptc = every_kind_ptc()
+    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
+    j = register(client, cluster, "access-outsider", ptc, lay)
+    r = run_as(cluster, [], j.id, "publish")
+    assert r.returncode == 3 and r.stdout.strip() == "Unavailable", (r.stdout, r.stderr)
+    assert not [f for f in os.listdir(cluster.agents["host-0"].shm_dir) if j.id in f]
