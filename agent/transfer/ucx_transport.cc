@@ -6,10 +6,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <deque>
 #include <future>
 #include <mutex>
-#include <cstdlib>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>

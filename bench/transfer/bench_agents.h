@@ -60,9 +60,9 @@ v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, 
 
 /// Where one agent's Execute spent its time (seconds from the common start).
 struct AgentTimes {
-  double created = 0;  // new buffers made (first progress report)
-  double moved = 0;    // every byte in (progress reports done == total)
-  double sealed = 0;   // Execute returned
+  double created = 0;   // new buffers made (first progress report)
+  double moved = 0;     // every byte in (progress reports done == total)
+  double sealed = 0;    // Execute returned
   int64_t written = 0;  // bytes the agent wrote into its new buffers
 };
 

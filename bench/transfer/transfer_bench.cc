@@ -393,12 +393,12 @@ int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel, int layer
 
 int main(int argc, char** argv) {
   bool quick = false;
-  int64_t only_size = 0;  // --size-mib N: part (a) at one size only
-  std::string only;       // --only a|b|c
-  int reps = 0;           // --reps N: runs in (a) per size and in (c), best taken
-  int64_t spare = -1;     // --spare-mib N: each agent's spare pool
-  bool cancel = false;    // --cancel: every Execute cancelled (a forced failure)
-  int layers = 0;         // --layers N: layers of the GPT state in (c) (default 12)
+  int64_t only_size = 0;    // --size-mib N: part (a) at one size only
+  std::string only;         // --only a|b|c
+  int reps = 0;             // --reps N: runs in (a) per size and in (c), best taken
+  int64_t spare = -1;       // --spare-mib N: each agent's spare pool
+  bool cancel = false;      // --cancel: every Execute cancelled (a forced failure)
+  int layers = 0;           // --layers N: layers of the GPT state in (c) (default 12)
   std::string tls = "tcp";  // --ucx-tls TLS: UCX_TLS of agents, bare transport and ucx_perftest
   std::string shm_dir = "/dev/shm";  // --shm-dir DIR: where the agents' shm dirs go
   for (int i = 1; i < argc; ++i) {

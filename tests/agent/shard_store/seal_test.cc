@@ -224,7 +224,8 @@ TEST_F(SealTest, SealWrittenRecordsTheWritersChecksumsAndRefusesWorkerOrSealedBu
     RankBuffer& b = *(*created)[0];
     Fill(b, 0, 3);
     Fill(b, 2, 9);
-    for (const ItemSlot& slot : b.items()) want.push_back(Checksum(b.data() + slot.offset, slot.bytes));
+    for (const ItemSlot& slot : b.items())
+      want.push_back(Checksum(b.data() + slot.offset, slot.bytes));
     EXPECT_EQ(store->SealWritten(Key(0, 2), {1, 2}).status().code(),
               absl::StatusCode::kInvalidArgument);
     auto sums = store->SealWritten(Key(0, 2), want);
