@@ -14,7 +14,10 @@ uint32_t OperationTagKey(const std::string& operation_id) {
     h *= 16777619u;
   }
   // XOR-fold to kTagKeyBits so every input bit still counts.
-  return (h >> kTagKeyBits) ^ (h & ((uint32_t{1} << kTagKeyBits) - 1));
+  const uint32_t key = (h >> kTagKeyBits) ^ (h & ((uint32_t{1} << kTagKeyBits) - 1));
+  // All ones could make the transports' reserved tag (kReservedTag).
+  constexpr uint32_t kAllOnes = (uint32_t{1} << kTagKeyBits) - 1;
+  return key == kAllOnes ? kAllOnes - 1 : key;
 }
 
 absl::StatusOr<uint64_t> TransferTag(uint32_t key, int64_t step_index, int64_t chunk) {

@@ -18,6 +18,9 @@ namespace reshard::agent {
 /// Called once when a transfer finished (its buffer may be reused) or failed.
 using TransferDone = std::function<void(absl::Status)>;
 
+/// A tag transports keep for their own messages; no transfer may use it.
+inline constexpr uint64_t kReservedTag = ~uint64_t{0};
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -34,7 +37,8 @@ class Transport {
   /// Receives message `tag` (from any peer) of exactly `bytes` into `data`.
   virtual void Receive(uint64_t tag, void* data, size_t bytes, TransferDone done) = 0;
   /// Fails with Cancelled every pending transfer whose tag agrees with `tag`
-  /// on the bits of `mask` (e.g. one operation's transfers).
+  /// on the bits of `mask` (e.g. one operation's transfers). Messages under
+  /// that tag and mask that peers send us later are dropped.
   virtual void CancelTags(uint64_t tag, uint64_t mask) = 0;
   /// Stops; pending transfers fail with Cancelled. Idempotent.
   virtual void Shutdown() = 0;

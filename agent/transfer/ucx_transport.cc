@@ -10,11 +10,13 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transfer/ucx_discard.h"
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -49,9 +51,16 @@ constexpr uint64_t kFullMask = ~uint64_t{0};
 
 using Clock = std::chrono::steady_clock;
 
-// After CancelTags, how long a retired endpoint waits for the sends on it that
-// were not cancelled (another operation's) before it is closed under them.
+// After CancelTags, how long cancelled sends get to be drained by their
+// receiver (ucx_discard.h) before their endpoint is retired and force-closed
+// as a last resort (which also breaks the peer's transfers to us: UCX pairs
+// the two sides' endpoints into one connection).
+constexpr auto kCancelFallback = std::chrono::seconds(8);
+// A retired endpoint with sends still wanted on it (another operation's)
+// waits this long for them before it is closed under them.
 constexpr auto kRetireGrace = std::chrono::seconds(2);
+// The tag of a discard notice: "drop what I sent you under (tag, mask)".
+constexpr uint64_t kDiscardNoticeTag = kReservedTag;
 // At shutdown, how long force-closed endpoints get to fail their sends.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
 // Idle progress calls before the progress thread sleeps in epoll. Each call
@@ -80,9 +89,10 @@ struct Request {
   uint64_t tag = 0;
   size_t bytes = 0;
   bool is_send = false;
-  std::string peer;        // sends only
-  Endpoint* ep = nullptr;  // sends only: the endpoint it went out on
-  bool cancelled = false;  // matched a CancelTags
+  std::string peer;             // sends only
+  Endpoint* ep = nullptr;       // sends only: the endpoint it went out on
+  bool cancelled = false;       // matched a CancelTags
+  uint64_t notice[2] = {0, 0};  // a discard notice's payload (tag, mask)
   void* ucx = nullptr;
   TransferDone done;
   bool abandoned = false;  // failed at shutdown; UCX may still call back
@@ -109,6 +119,8 @@ struct Endpoint {
   size_t live_sends = 0;  // of which not cancelled
   bool retired = false;   // no longer a peer's current endpoint
   Clock::time_point close_by;
+  // Set while cancelled sends are pending on it: when they must be gone.
+  std::optional<Clock::time_point> cancelled_by;
 };
 
 struct Peer {
@@ -151,6 +163,8 @@ class UcxTransportImpl final : public UcxTransport {
     ev.events = EPOLLIN;
     ev.data.fd = efd_;
     epoll_ctl(epfd_, EPOLL_CTL_ADD, efd_, &ev);
+    discards_ = std::make_unique<UcxDiscards>(worker_);
+    PostNoticeReceive();  // before the thread: no other UCX call yet
     thread_ = std::thread([this] { Loop(); });
     return absl::OkStatus();
   }
@@ -173,6 +187,10 @@ class UcxTransportImpl final : public UcxTransport {
 
   void Send(const std::string& peer_id, uint64_t tag, const void* data, size_t bytes,
             TransferDone done) override {
+    if (tag == kReservedTag) {
+      if (done) done(absl::InvalidArgumentError("send: tag ~0 is reserved by the transport"));
+      return;
+    }
     auto* r = NewRequest(tag, bytes, std::move(done));
     r->is_send = true;
     r->peer = peer_id;
@@ -181,6 +199,10 @@ class UcxTransportImpl final : public UcxTransport {
   }
 
   void Receive(uint64_t tag, void* data, size_t bytes, TransferDone done) override {
+    if (tag == kReservedTag) {
+      if (done) done(absl::InvalidArgumentError("receive: tag ~0 is reserved by the transport"));
+      return;
+    }
     auto* r = NewRequest(tag, bytes, std::move(done));
     if (!Post([this, r, data] { DoReceive(r, data); }))
       Fail(r, absl::CancelledError("UCX transport shut down"));
@@ -188,24 +210,30 @@ class UcxTransportImpl final : public UcxTransport {
 
   void CancelTags(uint64_t tag, uint64_t mask) override {
     Post([this, tag, mask] {
+      const auto now = Clock::now();
+      // Peers may still send us this operation's messages: drop them.
+      discards_->Add(tag, mask, now);
       std::vector<Request*> victims;
       for (Request* r : pending_) {
         if ((r->tag & mask) == (tag & mask)) victims.push_back(r);
       }
-      const auto close_by = Clock::now() + kRetireGrace;
+      std::unordered_set<Endpoint*> notify;
       for (Request* r : victims) {
         if (!r->is_send) {
           ucp_request_cancel(worker_, r->ucx);
           continue;
         }
-        // ucp_request_cancel ignores sends: retire the endpoint instead.
+        // ucp_request_cancel ignores sends: the receiver drops them instead
+        // (told by a discard notice), which completes them.
         if (!r->cancelled) {
           r->cancelled = true;
           --r->ep->live_sends;
         }
-        Retire(r->ep, close_by);
+        if (!r->ep->cancelled_by) r->ep->cancelled_by = now + kCancelFallback;
+        cancel_watch_ = true;
+        notify.insert(r->ep);
       }
-      CloseRetired();
+      for (Endpoint* e : notify) SendDiscardNotice(e, tag & mask, mask);
     });
   }
 
@@ -223,6 +251,7 @@ class UcxTransportImpl final : public UcxTransport {
     epfd_ = -1;
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     worker_ = nullptr;
+    discards_.reset();  // its scratch buffers, now that UCX is done with them
     for (Request* r : abandoned_) delete r;
     abandoned_.clear();
     if (context_ != nullptr) ucp_cleanup(context_);
@@ -381,6 +410,78 @@ class UcxTransportImpl final : public UcxTransport {
     }
   }
 
+  // Tells the peer of `e` to drop what we sent it under (tag, mask).
+  void SendDiscardNotice(Endpoint* e, uint64_t tag, uint64_t mask) {
+    if (e->ep == nullptr || e->failed) return;
+    auto* r = NewRequest(kDiscardNoticeTag, sizeof(Request::notice), nullptr);
+    r->is_send = true;
+    r->peer = e->peer;
+    r->ep = e;
+    r->notice[0] = tag;
+    r->notice[1] = mask;
+    ucp_request_param_t p{};
+    p.op_attr_mask = UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA;
+    p.cb.send = &OnSend;
+    p.user_data = r;
+    r->submitting = true;
+    Track(r, ucp_tag_send_nbx(e->ep, r->notice, sizeof(r->notice), r->tag, &p));
+  }
+
+  // One receive of discard notices is always posted.
+  void PostNoticeReceive() {
+    ucp_request_param_t p{};
+    p.op_attr_mask =
+        UCP_OP_ATTR_FIELD_CALLBACK | UCP_OP_ATTR_FIELD_USER_DATA | UCP_OP_ATTR_FLAG_NO_IMM_CMPL;
+    p.cb.recv = &OnNotice;
+    p.user_data = this;
+    notice_done_ = false;
+    void* req =
+        ucp_tag_recv_nbx(worker_, notice_in_, sizeof(notice_in_), kDiscardNoticeTag, kFullMask, &p);
+    notice_req_ = UCS_PTR_IS_PTR(req) ? req : nullptr;
+  }
+
+  static void OnNotice(void* /*req*/, ucs_status_t status, const ucp_tag_recv_info_t* info,
+                       void* user_data) {
+    auto* t = static_cast<UcxTransportImpl*>(user_data);
+    t->notice_done_ = true;
+    t->notice_ok_ = status == UCS_OK && info->length == sizeof(t->notice_in_);
+  }
+
+  // A notice arrived: start draining, and listen for the next one.
+  void TakeNotice() {
+    if (notice_ok_) discards_->Add(notice_in_[0], notice_in_[1], Clock::now());
+    ucp_request_free(notice_req_);
+    notice_req_ = nullptr;
+    PostNoticeReceive();
+  }
+
+  // Last resort for cancelled sends their receiver has not drained in time
+  // (it is stuck, or runs without discard notices): force-close the
+  // endpoint, which fails them.
+  void CheckCancelled() {
+    const auto now = Clock::now();
+    cancel_watch_ = false;
+    for (auto& [e, owned] : endpoints_) {
+      if (!e->cancelled_by) continue;
+      if (e->sends == e->live_sends) {  // all drained
+        e->cancelled_by.reset();
+        continue;
+      }
+      if (now < *e->cancelled_by || e->retired) {
+        cancel_watch_ = true;
+        continue;
+      }
+      RESHARD_LOG(WARNING)
+          << "UCX: " << e->sends - e->live_sends << " cancelled sends to \"" << e->peer
+          << "\" were not drained by the peer within "
+          << std::chrono::duration_cast<std::chrono::seconds>(kCancelFallback).count()
+          << " s; closing the endpoint";
+      Retire(e, now);
+      cancel_watch_ = true;  // until freed
+    }
+    CloseRetired();
+  }
+
   void FailReceives(const std::string& why) {
     std::vector<Request*> victims;
     for (Request* r : pending_) {
@@ -479,6 +580,9 @@ class UcxTransportImpl final : public UcxTransport {
         if (!r->cancelled) --r->ep->live_sends;
       }
     }
+    if (r->cancelled && s.ok()) {
+      s = absl::CancelledError(absl::StrCat(Describe(r), ": cancelled; the receiver dropped it"));
+    }
     auto err = receive_error_.find(r);
     if (err != receive_error_.end()) {
       if (!s.ok()) s = absl::UnavailableError(absl::StrCat(Describe(r), ": ", err->second));
@@ -516,7 +620,14 @@ class UcxTransportImpl final : public UcxTransport {
       for (auto& fn : work) fn();
       if (stop) break;
       if (retired_left_) CloseRetired();
-      if (ucp_worker_progress(worker_) != 0 || !work.empty()) {
+      if (cancel_watch_) CheckCancelled();
+      bool busy = ucp_worker_progress(worker_) != 0;
+      if (notice_done_) {
+        TakeNotice();
+        busy = true;
+      }
+      if (discards_->active() && discards_->Progress(Clock::now())) busy = true;
+      if (busy || !work.empty()) {
         idle = 0;
         continue;
       }
@@ -536,6 +647,7 @@ class UcxTransportImpl final : public UcxTransport {
     for (Request* r : victims) {
       if (!r->is_send) ucp_request_cancel(worker_, r->ucx);
     }
+    if (notice_req_ != nullptr) ucp_request_cancel(worker_, notice_req_);
     for (auto& [e, owned] : endpoints_) ForceClose(e);
     peers_.clear();
     const auto deadline = Clock::now() + kShutdownGrace;
@@ -572,6 +684,12 @@ class UcxTransportImpl final : public UcxTransport {
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
   std::unordered_map<Endpoint*, std::unique_ptr<Endpoint>> endpoints_;
   bool retired_left_ = false;  // some endpoint is retired but not yet freed
+  bool cancel_watch_ = false;  // some endpoint has cancelled sends pending
+  std::unique_ptr<UcxDiscards> discards_;
+  uint64_t notice_in_[2] = {0, 0};  // the discard notice being received
+  void* notice_req_ = nullptr;
+  bool notice_done_ = false;
+  bool notice_ok_ = false;
   std::unordered_set<Request*> pending_;
   std::unordered_map<Request*, std::string> receive_error_;
   std::unordered_set<Request*> abandoned_;

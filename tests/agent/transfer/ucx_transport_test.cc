@@ -281,6 +281,40 @@ TEST_F(UcxTransportTest, CancelTagsFailsSendsThePeerNeverReceives) {
   EXPECT_EQ(a_->pending(), 0u);
 }
 
+// UCX pairs the endpoints two workers create to each other into one
+// connection, so the endpoint a cancel retires may be the one the peer's
+// sends arrive on. Retiring it must not fail the peer's transfers to us: not
+// one in flight at the cancel, nor later ones (seen in the fault soak as
+// receives "canceled" and peers' sends timing out, attempt after attempt).
+TEST_F(UcxTransportTest, CancelTagsDoesNotBreakThePeersTransfersToUs) {
+  RoundTrip(16, uint64_t{22} << 32);
+  std::vector<uint8_t> src(kUnmatchedBytes, 7), dst(kUnmatchedBytes, 0);
+  std::vector<uint8_t> big(size_t{64} << 20, 9), big_dst(big.size(), 0);
+  Outcomes cancelled, inflight, after;
+  StopAtExit stop{a_.get(), b_.get()};
+  for (int i = 0; i < kUnmatchedSends; ++i) {
+    a_->Send("b", uint64_t{23} << 32 | i, src.data(), src.size(), cancelled.Callback());
+  }
+  // b -> a, in flight while a cancels its own sends to b.
+  a_->Receive(uint64_t{24} << 32, big_dst.data(), big_dst.size(), inflight.Callback());
+  b_->Send("a", uint64_t{24} << 32, big.data(), big.size(), inflight.Callback());
+  a_->CancelTags(uint64_t{23} << 32, kOpMask);
+  ASSERT_TRUE(cancelled.WaitAll(kUnmatchedSends, seconds(8)));
+  EXPECT_EQ(cancelled.ok(), 0);
+  ASSERT_TRUE(inflight.WaitAll(2, seconds(30)));
+  EXPECT_TRUE(inflight.first_error().ok()) << inflight.first_error();
+  EXPECT_TRUE(big == big_dst) << "payload differs";
+  // And b -> a later, after the retired endpoint is closed.
+  for (int i = 0; i < 4; ++i) {
+    a_->Receive(uint64_t{25} << 32 | i, dst.data(), dst.size(), after.Callback());
+    b_->Send("a", uint64_t{25} << 32 | i, src.data(), src.size(), after.Callback());
+    ASSERT_TRUE(after.WaitAll(2 * (i + 1), seconds(30)));
+  }
+  EXPECT_TRUE(after.first_error().ok()) << after.first_error();
+  EXPECT_EQ(a_->pending(), 0u);
+  EXPECT_EQ(b_->pending(), 0u);
+}
+
 TEST_F(UcxTransportTest, ShutdownFailsSendsThePeerNeverReceives) {
   RoundTrip(16, uint64_t{19} << 32);
   std::vector<uint8_t> src(kUnmatchedBytes, 6);
