@@ -6,6 +6,8 @@
   of its host and loads a new generation's shards.
 - reshard.layout: layouts and the reference "global tensors -> one rank's
   shard" function of docs/partitioning.md.
+- reshard.data: the dataset state of docs/data.md: sample order, per-rank
+  shares without divisibility requirements, an elastic sampler.
 - reshard.megatron: PTC specs from Megatron-style state dicts; a synthetic GPT.
 
 The generated messages live in reshard.v1 (ptc_pb2, coordinator_pb2, ...).
@@ -28,7 +30,7 @@ from reshard.v1 import agent_pb2, coordinator_pb2, plan_pb2, ptc_pb2  # noqa: F4
 from reshard.client import (  # noqa: F401
     Client, TERMINAL_STATES, is_terminal, tls_credentials)
 from reshard.worker import Worker, checksum  # noqa: F401
-from reshard import layout, megatron  # noqa: F401
+from reshard import data, layout, megatron  # noqa: F401
 
 # Enum wrappers, e.g. reshard.OperationState.Name(op.state), reshard.DType.Value("DTYPE_BFLOAT16").
 OperationState = coordinator_pb2.OperationState
@@ -40,7 +42,7 @@ DType = ptc_pb2.DType
 __version__ = "0.1.0"
 
 __all__ = [
-    "Client", "tls_credentials", "Worker", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
+    "Client", "tls_credentials", "Worker", "data", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
     "as_message", "to_dict", "agent_pb2", "coordinator_pb2", "plan_pb2", "ptc_pb2",
     "OperationState", "OperationKind", "JobState", "HostState", "DType",
     "ReshardError", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
