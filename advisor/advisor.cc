@@ -255,4 +255,20 @@ absl::StatusOr<Advice> Advise(const AdviceRequest& r) {
   return advice;
 }
 
+int BestForHorizon(const Advice& advice, double horizon_seconds, bool priced) {
+  int best = -1;
+  double best_steps = 0;
+  for (int i = 0; i < static_cast<int>(advice.pareto.size()); ++i) {
+    const Candidate& c = advice.pareto[i];
+    if (priced && !c.reconfig.computed) continue;
+    const double move = priced ? c.reconfig.transfer_seconds : 0;
+    const double steps = (horizon_seconds - move) / c.time.total;
+    if (steps >= 1 && steps > best_steps) {
+      best = i;
+      best_steps = steps;
+    }
+  }
+  return best;
+}
+
 }  // namespace reshard::advisor

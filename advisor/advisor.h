@@ -25,6 +25,14 @@ namespace reshard::advisor {
                                                      const ClusterOffer& cluster,
                                                      const v1::Layout* current);
 
+/// The Pareto point that completes the most steps in the next
+/// `horizon_seconds`, counting the reconfiguration time first:
+/// argmax (horizon - reconfig.transfer_seconds) / time.total. Points whose
+/// move was not priced (reconfig.computed false while `priced` is true) are
+/// skipped; with `priced` false every move counts as free (no current job).
+/// -1 when no point finishes a step within the horizon.
+int BestForHorizon(const Advice& advice, double horizon_seconds, bool priced);
+
 /// The planner's cost of moving `ptc` from `from` to `to` (MakePlan, no lost
 /// ranks); transfer time = busiest host's max(bytes in, bytes out) /
 /// `inter_host_bytes_per_s`. computed = false with the planner's message

@@ -309,5 +309,24 @@ TEST(Reconfig, PlannerPricesEveryParetoPointFromTheCurrentLayout) {
   EXPECT_FALSE(bad.error.empty());
 }
 
+TEST(Advise, BestForHorizonWeighsTheMoveAgainstTheSteps) {
+  Advice a;
+  Candidate fast, slow;
+  fast.time.total = 1.0;
+  fast.reconfig.computed = true;
+  fast.reconfig.transfer_seconds = 50;
+  slow.time.total = 1.5;
+  slow.reconfig.computed = true;
+  slow.reconfig.transfer_seconds = 0;
+  a.pareto = {fast, slow};
+  EXPECT_EQ(BestForHorizon(a, 100, true), 1);   // 50 steps < 66.7 steps
+  EXPECT_EQ(BestForHorizon(a, 1000, true), 0);  // 950 steps > 666.7 steps
+  EXPECT_EQ(BestForHorizon(a, 100, false), 0);  // moves count as free
+  EXPECT_EQ(BestForHorizon(a, 1, true), -1);    // no step fits in 1 s after moving
+  a.pareto[1].reconfig.computed = false;        // unpriced: skipped
+  EXPECT_EQ(BestForHorizon(a, 100, true), 0);
+  EXPECT_EQ(BestForHorizon(Advice{}, 100, true), -1);
+}
+
 }  // namespace
 }  // namespace reshard::advisor
