@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <map>
+#include <limits>
 #include <tuple>
 #include <unordered_set>
 
@@ -45,8 +45,9 @@ absl::Status ValidateModel(const ModelSpec& m) {
 }
 
 absl::Status ValidateTraining(const TrainingSpec& t) {
-  if (t.global_batch <= 0) {
-    return Invalid("training.global_batch", absl::StrCat(t.global_batch), "must be > 0");
+  if (t.global_batch <= 0 || t.global_batch > std::numeric_limits<int>::max()) {
+    return Invalid("training.global_batch", absl::StrCat(t.global_batch),
+                   "must be in [1, 2^31 - 1]");
   }
   if (!(t.dp_overlap >= 0 && t.dp_overlap <= 1)) {
     return Invalid("training.dp_overlap", absl::StrCat(t.dp_overlap), "must be in [0, 1]");
@@ -127,11 +128,16 @@ absl::StatusOr<GpuType> ValidateCluster(const ClusterOffer& c) {
   return weakest;
 }
 
+// Divisors of n up to limit, ascending; O(sqrt n), so a batch of millions of
+// sequences costs nothing.
 std::vector<int> Divisors(int64_t n, int64_t limit) {
   std::vector<int> out;
-  for (int64_t d = 1; d <= n && d <= limit; ++d) {
-    if (n % d == 0) out.push_back(static_cast<int>(d));
+  for (int64_t d = 1; d * d <= n; ++d) {
+    if (n % d != 0) continue;
+    if (d <= limit) out.push_back(static_cast<int>(d));
+    if (n / d != d && n / d <= limit) out.push_back(static_cast<int>(n / d));
   }
+  std::sort(out.begin(), out.end());
   return out;
 }
 

@@ -155,6 +155,8 @@ TEST(Advise, MalformedRequestsNameTheField) {
   with("model.layers 0", [](auto& r) { r.model.layers = 0; });
   with("model.kv_heads 5", [](auto& r) { r.model.kv_heads = 5; });
   with("training.global_batch -1", [](auto& r) { r.training.global_batch = -1; });
+  with("training.global_batch 4294967296",
+       [](auto& r) { r.training.global_batch = int64_t{1} << 32; });
   with("training.dp_overlap 2", [](auto& r) { r.training.dp_overlap = 2; });
   with("cluster.hosts []", [](auto& r) { r.cluster.hosts.clear(); });
   with("cluster.hosts[].name \"host0\": offered twice",
