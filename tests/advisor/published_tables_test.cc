@@ -112,6 +112,33 @@ TEST(PublishedTables, NarayananTable1Throughput) {
   std::printf("worst validation-row error: %.1f%%\n", worst_validation * 100);
 }
 
+// Every published configuration ran on 80 GB A100s, so the predicted peak
+// memory of each must fit in 80 GB (the advisor would otherwise never
+// propose what Megatron's authors ran). Printed for reference.
+TEST(PublishedTables, PublishedConfigurationsFitTheirGpus) {
+  std::printf("\nPredicted peak memory of the published configurations (GiB, A100 80 GB)\n");
+  for (const auto& r : kNarayananTable1) {
+    TrainingSpec t;
+    t.global_batch = r.batch;
+    t.sequence_parallel = false;
+    const ParallelChoice c{
+        r.tp, r.pp, r.gpus / (r.tp * r.pp), r.micro_batch, Recompute::kFull, r.virtual_stages};
+    const Memory mem = EstimateMemory(Gpt(r.layers, r.hidden, r.heads), t, c);
+    std::printf("Table 1 %7.1fB: state %5.1f + activations %5.1f = %5.1f\n", r.params_billion,
+                mem.state / (1 << 30), mem.activations / (1 << 30), mem.total / (1 << 30));
+    EXPECT_LE(mem.total, 80e9) << r.params_billion << "B";
+  }
+  for (const auto& r : kKorthikantiModels) {
+    TrainingSpec t;
+    t.global_batch = r.batch;
+    const ParallelChoice c{r.tp, r.pp, 1, r.micro_batch, Recompute::kSelective, 1};
+    const Memory mem = EstimateMemory(Gpt(r.layers, r.hidden, r.heads), t, c);
+    std::printf("Korthikanti %5s: state %5.1f + activations %5.1f = %5.1f\n", r.name,
+                mem.state / (1 << 30), mem.activations / (1 << 30), mem.total / (1 << 30));
+    EXPECT_LE(mem.total, 80e9) << r.name;
+  }
+}
+
 // Different code (2022: sequence parallelism, selective recomputation), no
 // row of it used in the fit.
 TEST(PublishedTables, KorthikantiHardwareFlopsUtilization) {
