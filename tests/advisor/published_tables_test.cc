@@ -9,6 +9,8 @@
 #include <cstdio>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+#include "advisor/advisor.h"
 #include "advisor/estimate.h"
 #include "gtest/gtest.h"
 
@@ -137,6 +139,39 @@ TEST(PublishedTables, PublishedConfigurationsFitTheirGpus) {
                 mem.state / (1 << 30), mem.activations / (1 << 30), mem.total / (1 << 30));
     EXPECT_LE(mem.total, 80e9) << r.name;
   }
+}
+
+// The search at Table 1's largest scale: offered the 3,072 GPUs of the 1T
+// run, the advisor finds the published configuration feasible, so its
+// fastest point is predicted no slower than it.
+TEST(PublishedTables, AdviseAt3072GpusBeatsOrMatchesThePublishedLayout) {
+  const auto& r = kNarayananTable1[9];
+  AdviceRequest req;
+  req.model = Gpt(r.layers, r.hidden, r.heads);
+  req.training.global_batch = r.batch;
+  req.training.sequence_parallel = false;
+  req.training.dp_overlap = 0;
+  for (int h = 0; h < r.gpus / 8; ++h) {
+    req.cluster.hosts.push_back({absl::StrCat("node", h), 8, KnownGpu("A100")});
+  }
+  req.cluster.intra_host_bytes_per_s = SeleneLinks().intra_host_bytes_per_s;
+  req.cluster.inter_host_bytes_per_s = SeleneLinks().inter_host_bytes_per_s;
+  absl::StatusOr<Advice> a = Advise(req);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_FALSE(a->pareto.empty());
+  const ParallelChoice published{
+      r.tp, r.pp, r.gpus / (r.tp * r.pp), r.micro_batch, Recompute::kFull, 1};
+  const double published_time =
+      EstimateStepTime(req.model, req.training, published, KnownGpu("A100"), SeleneLinks()).total;
+  const Candidate& fastest = a->pareto.front();
+  std::printf(
+      "\n1T on 3072 A100s: published t8 p64 d6 b1 full %.1f s/step; advisor's fastest "
+      "t%d p%d d%d b%d %s %.1f s/step, %.1f GiB (%lld tuples, %lld feasible)\n",
+      published_time, fastest.choice.tp, fastest.choice.pp, fastest.choice.dp,
+      fastest.choice.micro_batch, RecomputeName(fastest.choice.recompute), fastest.time.total,
+      fastest.memory.total / (1 << 30), static_cast<long long>(a->considered),
+      static_cast<long long>(a->feasible));
+  EXPECT_LE(fastest.time.total, published_time);
 }
 
 // Different code (2022: sequence parallelism, selective recomputation), no
