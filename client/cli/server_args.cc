@@ -110,8 +110,8 @@ const std::vector<CommandSpec>& Specs() {
            "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--no-wait]\n"
            "\nRebuilds a job's state from the survivors after hosts or ranks were lost.\n"
            "  --lost LIST    comma-separated hosts or old ranks (rank:N is always a rank)\n"
-           "  --to FILE      the new layout; default: the current config with data\n"
-           "                 parallelism shrunk to the surviving devices\n",
+           "  --to FILE      the new layout; default: the coordinator keeps the current\n"
+           "                 config and shrinks data parallelism to the surviving devices\n",
            kWaitHelp)},
       {"preview",
        {"JOB"},
@@ -393,32 +393,6 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     }
   }
   return inv;
-}
-
-absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
-                                          const std::vector<std::string>& lost_hosts,
-                                          const std::vector<int>& lost_ranks) {
-  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(current.placement());
-  const absl::flat_hash_set<std::string> hosts(lost_hosts.begin(), lost_hosts.end());
-  const absl::flat_hash_set<int> ranks(lost_ranks.begin(), lost_ranks.end());
-  std::vector<v1::DeviceSlot> alive;
-  for (size_t r = 0; r < slots.size(); ++r) {
-    if (hosts.contains(slots[r].host()) || ranks.contains(static_cast<int>(r))) continue;
-    alive.push_back(slots[r]);
-  }
-  const v1::ParallelConfig& c = current.config();
-  const int64_t model = int64_t{c.tp()} * c.pp();
-  const int64_t dp = model > 0 ? static_cast<int64_t>(alive.size()) / model : 0;
-  if (dp < 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(alive.size(), " surviving devices cannot hold tp ", c.tp(), " x pp ", c.pp(),
-                     " = ", model, " ranks; give a target layout with --to"));
-  }
-  v1::Layout out;
-  *out.mutable_config() = c;
-  out.mutable_config()->set_dp(static_cast<int32_t>(dp));
-  for (int64_t r = 0; r < dp * model; ++r) *out.mutable_placement()->add_ranks() = alive[r];
-  return out;
 }
 
 }  // namespace reshard::cli

@@ -203,11 +203,7 @@ class Runner {
       }
       if (!req.target().has_config())
         *req.mutable_target()->mutable_config() = job.layout().config();
-    } else {
-      absl::StatusOr<v1::Layout> target = SurvivorLayout(job.layout(), lost->hosts, lost->ranks);
-      if (!target.ok()) return LocalError(target.status());
-      *req.mutable_target() = *std::move(target);
-    }
+    }  // else the coordinator picks the survivors (planner/survivor.h)
     req.set_idempotency_key(Flag("idempotency-key"));
     return Started(client_.RecoverFromFailure(std::move(req)));
   }

@@ -70,15 +70,6 @@ using GetEnv = std::function<const char*(const char*)>;
 /// or an RFC 3339 time; unix milliseconds. InvalidArgument naming the text.
 [[nodiscard]] absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms);
 
-/// The default target of `recover` without --to: the job's parallel config
-/// with data parallelism reduced to what the surviving device slots of its
-/// placement hold (every rank on a lost host and every lost rank removed),
-/// placed rank by rank on the surviving slots in their old order.
-/// FailedPrecondition when not even dp 1 fits.
-[[nodiscard]] absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
-                                                        const std::vector<std::string>& lost_hosts,
-                                                        const std::vector<int>& lost_ranks);
-
 /// What the commands need from outside: the terminal and the clock.
 struct CommandEnv {
   bool stderr_is_tty = false;

@@ -178,24 +178,6 @@ v1::Layout TwoHostsOfTwo() {
   return l;
 }
 
-TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
-  auto l = SurvivorLayout(TwoHostsOfTwo(), {"a"}, {});
-  ASSERT_TRUE(l.ok()) << l.status();
-  EXPECT_EQ(l->config().tp(), 2);
-  EXPECT_EQ(l->config().dp(), 1);
-  ASSERT_EQ(l->placement().ranks_size(), 2);
-  EXPECT_EQ(l->placement().ranks(0).host(), "b");
-  EXPECT_EQ(l->placement().ranks(1).device(), 1);
-  // A lost rank takes its slot away: 3 slots hold one tp 2 replica.
-  auto r = SurvivorLayout(TwoHostsOfTwo(), {}, {0});
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->config().dp(), 1);
-  EXPECT_EQ(r->placement().ranks(0).host(), "a");
-  EXPECT_EQ(r->placement().ranks(0).device(), 1);
-  EXPECT_EQ(SurvivorLayout(TwoHostsOfTwo(), {"a", "b"}, {}).status().code(),
-            absl::StatusCode::kFailedPrecondition);
-}
-
 TEST(ServerFormatTest, JsonUsesOriginalFieldNames) {
   v1::Operation op;
   op.set_id("op-1");

@@ -360,10 +360,14 @@ def test_recover_after_killed_agent(cluster, client, job_name):
     degraded = client.get_job(job.id)
     assert degraded.state == OP.JOB_STATE_DEGRADED and list(degraded.lost_hosts) == [lost]
     assert {h.host_id: h.state for h in client.list_hosts()}[lost] == agent_pb2.HOST_STATE_LOST
-    op = client.recover(job.id, [lost])  # default target: survivor_layout
+    op = client.recover(job.id, [lost])  # no target: the coordinator's survivor policy
     final = client.wait(op.id, timeout=120, raise_on_failure=True)
     assert final.kind == OP.OPERATION_KIND_RECOVER
-    assert final.target_layout == layout.survivor_layout(lay, [lost])
+    # tp 2 x pp 2 of the 6 surviving slots: dp 1 on the first four, in rank order
+    h = cluster.host_ids
+    assert (final.target_layout.config.tp, final.target_layout.config.pp,
+            final.target_layout.config.dp) == (2, 2, 1)
+    assert layout.slots(final.target_layout) == [(h[0], 0), (h[0], 1), (h[1], 0), (h[1], 1)]
     after = client.get_job(job.id)
     assert after.state == OP.JOB_STATE_ACTIVE and after.generation == 2
 

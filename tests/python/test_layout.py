@@ -194,16 +194,3 @@ def test_make_layout_placements():
     # dict form in, message out
     d = {"config": {"tp": 2, "pp": 1, "dp": 1}, "placement": {"hosts": ["a"], "devicesPerHost": 2}}
     assert layout.world_size(d) == 2 and layout.slots(d) == [("a", 0), ("a", 1)]
-
-
-def test_survivor_layout_shrinks_dp():
-    lay = layout.make_layout(2, 2, 2, ["a", "b", "c", "d"], 2, stage_starts=[0, 3])
-    s = layout.survivor_layout(lay, ["c"])
-    assert (s.config.tp, s.config.pp, s.config.dp) == (2, 2, 1)
-    assert list(s.placement.hosts) == ["a", "b"]  # dp 1 fills two whole hosts
-    assert list(s.config.stage_starts) == [0, 3]
-    lay = layout.make_layout(1, 1, 4, ["a", "b", "c", "d"], 1)
-    s = layout.survivor_layout(lay, "b")
-    assert s.config.dp == 3 and list(s.placement.hosts) == ["a", "c", "d"]
-    with pytest.raises(ValueError, match="cannot hold"):
-        layout.survivor_layout(layout.make_layout(4, 2, 1, ["a", "b"], 4), ["a"])

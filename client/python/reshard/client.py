@@ -17,7 +17,6 @@ import uuid
 import grpc
 
 from reshard import errors
-from reshard import layout as layout_mod
 from reshard._proto import as_message, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2
 
 _pb = coordinator_pb2
@@ -233,25 +232,21 @@ class Client:
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
                 expected_generation=None, idempotency_key=None, timeout=None):
         """Recovers from lost hosts/ranks onto `layout`. Without a layout the
-        target keeps tp, pp and devices per host on the surviving hosts of
-        the current (compact) placement and shrinks dp to fit
-        (reshard.layout.survivor_layout). FailedPrecondition from the planner
-        (via the Operation's error) when some state has no surviving holder."""
+        coordinator chooses (its one survivor policy, docs/coordinator.md):
+        the current parallel config with dp shrunk to the surviving device
+        slots, ranks on those slots in their old order; FailedPrecondition when
+        not even dp 1 fits. FailedPrecondition from the planner (via the
+        Operation's error) when some state has no surviving holder."""
         key = idempotency_key or new_idempotency_key()
         if isinstance(lost_hosts, str):
             lost_hosts = [lost_hosts]
-        job = None
-        if layout is None or expected_generation is None:
-            job = self.get_job(job_id, timeout=timeout)
         if expected_generation is None:
-            expected_generation = job.generation
-        if layout is None:
-            target = layout_mod.survivor_layout(job.layout, lost_hosts)
-        else:
-            target = as_message(layout, ptc_pb2.Layout, "layout")
+            expected_generation = self.get_job(job_id, timeout=timeout).generation
         req = _pb.RecoverFromFailureRequest(
             job_id=job_id, expected_generation=expected_generation, lost_hosts=list(lost_hosts),
-            lost_ranks=list(lost_ranks), target=target, idempotency_key=key)
+            lost_ranks=list(lost_ranks), idempotency_key=key)
+        if layout is not None:
+            req.target.CopyFrom(as_message(layout, ptc_pb2.Layout, "layout"))
         return self._call("RecoverFromFailure", req, timeout, key)
 
     def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):

@@ -5,7 +5,7 @@ rank holds, by the rules of docs/partitioning.md and nothing else (it shares
 no code with the C++ planner), so comparing the bytes a real reshard produced
 with `shard(...)` of the new layout checks the planner against the docs.
 
-Placement and layout helpers (make_layout, survivor_layout, ranks_on_host, ...)
+Placement and layout helpers (make_layout, ranks_on_host, ...)
 build the Layout messages a scheduler or test sends. Functions accept the
 reshard.v1 messages or their proto-JSON dicts.
 """
@@ -171,29 +171,6 @@ def stages_holding(config, num_layers, pipeline):
     if mode == ptc_pb2.PIPELINE_EVERY_STAGE:
         return list(range(pp))
     raise ValueError(f"pipeline mode {mode} is unspecified")
-
-
-def survivor_layout(layout, lost_hosts):
-    """The current compact layout without `lost_hosts`: same tp, pp, devices
-    per host, order and stage starts, on the surviving hosts (in their order),
-    with the largest dp whose world fills whole hosts; hosts beyond that stay
-    unused. ValueError when not even dp 1 fits."""
-    lay = as_message(layout, ptc_pb2.Layout, "layout")
-    lost = set([lost_hosts] if isinstance(lost_hosts, str) else lost_hosts)
-    p, c = lay.placement, lay.config
-    if len(p.ranks):
-        raise ValueError("survivor_layout needs a compact placement (hosts x devices_per_host); "
-                         "pass the target layout explicitly")
-    hosts = [h for h in p.hosts if h not in lost]
-    per_replica, n = c.tp * c.pp, p.devices_per_host
-    dp = (len(hosts) * n) // per_replica
-    while dp > 0 and (dp * per_replica) % n:
-        dp -= 1
-    if dp == 0:
-        raise ValueError(f"{len(hosts)} surviving hosts x {n} devices cannot hold tp {c.tp} x "
-                         f"pp {c.pp} on whole hosts")
-    return make_layout(c.tp, c.pp, dp, hosts[:dp * per_replica // n], n, order=c.order,
-                       stage_starts=list(c.stage_starts))
 
 
 # ------------------------------------------------------------------ shards

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "planner/planner.h"
+#include "planner/survivor.h"
 #include "planner/validate.h"
 #include "services/coordinator/logic/capacity.h"
 #include "services/coordinator/logic/error_text.h"
@@ -186,25 +187,47 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
                          MakeIdempotency(request.idempotency_key(), "Migrate", request)));
 }
 
+// The request's target, or without one the survivors of the current
+// generation (planner/survivor.h, the one survivor policy).
+absl::StatusOr<v1::Layout> SchedulerApi::RecoveryTarget(
+    const v1::RecoverFromFailureRequest& request, const v1::Job& job) {
+  if (request.has_target()) return request.target();
+  if (job.generation() != request.expected_generation()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job.id(), "\": expected_generation ", request.expected_generation(),
+        " is not the current generation ", job.generation(),
+        "; without a target the coordinator recovers the current generation's survivors"));
+  }
+  absl::StatusOr<v1::Layout> target = planner::SurvivorLayout(
+      job.layout(), {request.lost_hosts().begin(), request.lost_hosts().end()},
+      {request.lost_ranks().begin(), request.lost_ranks().end()});
+  if (!target.ok()) {
+    return absl::Status(target.status().code(),
+                        absl::StrCat("job \"", job.id(), "\": ", target.status().message()));
+  }
+  return target;
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
     const v1::RecoverFromFailureRequest& request) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckLostFields(request.lost_hosts(), request.lost_ranks()); !s.ok()) {
     return s;
   }
-  if (!request.has_target()) return absl::InvalidArgumentError("target is required");
   if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
   if (!job.ok()) return job.status();
 
-  if (absl::Status s = CheckTarget(job->ptc(), request.target()); !s.ok()) return s;
+  absl::StatusOr<v1::Layout> target = RecoveryTarget(request, *job);
+  if (!target.ok()) return target.status();
+  if (absl::Status s = CheckTarget(job->ptc(), *target); !s.ok()) return s;
   // Lost ranks and hosts are of the generation the request names; whether
   // the survivors still hold everything is the planner's call (the
   // operation FAILS, naming the tensors, when they do not).
   if (job->generation() == request.expected_generation()) {
-    if (absl::Status s = CheckLostAgainst(job->layout(), request.target(), request.lost_hosts(),
-                                          request.lost_ranks());
+    if (absl::Status s =
+            CheckLostAgainst(job->layout(), *target, request.lost_hosts(), request.lost_ranks());
         !s.ok()) {
       return s;
     }
@@ -213,7 +236,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   op.kind = v1::OPERATION_KIND_RECOVER;
   op.job_id = request.job_id();
   op.expected_generation = request.expected_generation();
-  op.target_layout = request.target();
+  op.target_layout = *std::move(target);
   op.lost_hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
   op.lost_ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
   op.idempotency = MakeIdempotency(request.idempotency_key(), "RecoverFromFailure", request);

@@ -67,6 +67,8 @@ class SchedulerApi {
   /// Mints the id and asks the store (which checks existence, idempotency,
   /// generation and the active operation atomically).
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
+  [[nodiscard]] static absl::StatusOr<v1::Layout> RecoveryTarget(
+      const v1::RecoverFromFailureRequest& request, const v1::Job& job);
 
   StorePtr store_;
   const Clock* clock_;

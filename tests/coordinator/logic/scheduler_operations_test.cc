@@ -204,9 +204,14 @@ TEST_F(SchedulerOperationsTest, RecoverFromFailureChecksTheLostSet) {
   EXPECT_THAT(api_->RecoverFromFailure(r).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "lost_ranks: rank 4 is out of range"));
   r = good;
-  r.clear_target();
+  r.clear_target();  // the coordinator picks: 2 surviving devices, tp 2 x pp 2 does not fit
   EXPECT_THAT(api_->RecoverFromFailure(r).status(),
-              StatusIs(absl::StatusCode::kInvalidArgument, "target is required"));
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "2 surviving devices cannot hold tp 2 x pp 2 = 4 ranks"));
+  r.set_expected_generation(2);
+  EXPECT_THAT(api_->RecoverFromFailure(r).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition,
+                       "expected_generation 2 is not the current generation 1"));
   r = good;
   r.mutable_target()->mutable_config()->set_pp(0);
   EXPECT_THAT(api_->RecoverFromFailure(r).status(),
@@ -217,6 +222,27 @@ TEST_F(SchedulerOperationsTest, RecoverFromFailureChecksTheLostSet) {
   ASSERT_TRUE(op.ok()) << op.status();
   EXPECT_EQ(op->kind(), v1::OPERATION_KIND_RECOVER);
   EXPECT_EQ(op->state(), v1::OPERATION_STATE_PENDING);
+}
+
+// Without a target the coordinator applies the one survivor policy
+// (planner/survivor.h): same config, dp shrunk to the surviving slots.
+TEST_F(SchedulerOperationsTest, RecoverWithoutATargetKeepsTheConfigOnTheSurvivors) {
+  v1::JobSpec spec = SmallJob("recover-default");
+  *spec.mutable_layout() = MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
+  const v1::Job job = Register(spec);
+  v1::RecoverFromFailureRequest r;
+  r.set_job_id(job.id());
+  r.set_expected_generation(1);
+  r.add_lost_hosts("h1");
+  absl::StatusOr<v1::Operation> op = api_->RecoverFromFailure(r);
+  ASSERT_TRUE(op.ok()) << op.status();
+  const v1::Layout& t = op->target_layout();
+  EXPECT_EQ(t.config().tp(), 2);
+  EXPECT_EQ(t.config().pp(), 2);
+  EXPECT_EQ(t.config().dp(), 1);
+  ASSERT_EQ(t.placement().ranks_size(), 4);
+  const char* hosts[] = {"h0", "h0", "h2", "h2"};
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(t.placement().ranks(i).host(), hosts[i]) << i;
 }
 
 TEST_F(SchedulerOperationsTest, PreviewPlanReturnsThePlannersStatsAndStoresNothing) {
