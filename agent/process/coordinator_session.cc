@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/executor/published_task.h"
 #include "agent/transfer/backend.h"
 #include "common/log.h"
 
@@ -304,6 +305,18 @@ absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bo
   }
 }
 
+int64_t CoordinatorSession::AcceptsPublish(const std::string& job_id, int64_t generation,
+                                           int rank) const {
+  std::lock_guard<std::mutex> l(mu_);
+  for (const auto& [id, op] : ops_) {
+    if (op->job_id == job_id && op->to_generation == generation && !op->finished.load() &&
+        !op->cancel.load() && op->published_ranks.count(rank) != 0) {
+      return op->from_generation;
+    }
+  }
+  return 0;
+}
+
 void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp* op) {
   const std::string& host = options_.host_id;
   v1::HostTask task;
@@ -324,10 +337,19 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     op->finished.store(true);
     return;
   }
+  std::set<int> published;
+  if (task.publish_by_workers()) {
+    // Known before the task reports anything, so that the workers' publish
+    // is accepted as soon as the operation shows TRANSFERRING.
+    absl::StatusOr<std::set<int>> ranks = PublishedRanks(store_, host, task);
+    if (ranks.ok()) published = *std::move(ranks);
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     op->job_id = task.job_id();
     op->to_generation = task.to_generation();
+    op->published_ranks = std::move(published);
+    op->from_generation = task.from_generation();
   }
   RESHARD_LOG(INFO) << "operation " << operation_id << " job " << task.job_id() << ": generation "
                     << task.from_generation() << " -> " << task.to_generation() << ", "
@@ -355,6 +377,23 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
       absl::UnknownError("operation did not run");
   std::thread worker([&] {
     absl::Status connect = absl::OkStatus();
+    if (task.publish_by_workers()) {
+      result = AwaitPublished(
+          store_, host, task,
+          [&](int64_t d, int64_t t) {
+            const int64_t prev_done = done.exchange(d);
+            const int64_t prev_total = total.exchange(t);
+            if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
+          },
+          [&] { return op->cancel.load() || stopping_.load(); },
+          [&](const std::string& what) {
+            std::lock_guard<std::mutex> l(waiting_mu);
+            waiting_on = what;
+          });
+      exec_finished.store(true);
+      cv_.notify_all();
+      return;
+    }
     if (transport_ != nullptr) {
       for (const v1::PeerHost& p : task.peers()) {
         if (p.host_id() == host || p.ucx_address().empty()) continue;

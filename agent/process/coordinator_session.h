@@ -65,10 +65,18 @@ class CoordinatorSession {
 
   int64_t epoch() const { return epoch_.load(); }
 
+  /// When a running checkpoint task here waits for the workers to publish
+  /// `rank` of `generation` of `job_id`: its from_generation (whose layout
+  /// the new one keeps; WorkerService accepts that publish although the
+  /// generation is not the job's current one). Else 0.
+  int64_t AcceptsPublish(const std::string& job_id, int64_t generation, int rank) const;
+
  private:
   struct RunningOp {
     std::string job_id;
     int64_t to_generation = 0;
+    std::set<int> published_ranks;  // a checkpoint's ranks the workers write here
+    int64_t from_generation = 0;
     std::atomic<bool> cancel{false};
     std::atomic<bool> finished{false};
     std::thread thread;
@@ -101,7 +109,7 @@ class CoordinatorSession {
   std::atomic<int64_t> epoch_{0};
   std::atomic<int64_t> lease_ms_{3000};
   std::atomic<bool> stopping_{false};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<RunningOp>> ops_;  // by operation id
   std::set<std::string> finished_;                         // operations already run

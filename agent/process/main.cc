@@ -111,7 +111,17 @@ int main(int argc, char** argv) {
   if (!coordinator_channel.ok()) return Fail(std::string(coordinator_channel.status().message()));
   std::shared_ptr<grpc::Channel> channel = *coordinator_channel;
 
+  CoordinatorSession::Options session_options;
+  session_options.host_id = config->host_id;
+  session_options.address = config->address;
+  session_options.memory_limit_bytes = config->memory_limit_bytes;
+  session_options.heartbeat_ms = config->heartbeat_ms;
+  session_options.metrics = &metrics;
+  CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   WorkerServiceImpl worker_service(store->get(), channel, &metrics);
+  worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
+    return session.AcceptsPublish(job, generation, rank);
+  });
   unlink(config->worker_socket.c_str());  // a stale socket of an earlier run
   grpc::ServerBuilder builder;
   builder.AddListeningPort("unix:" + config->worker_socket, grpc::InsecureServerCredentials());
@@ -130,13 +140,6 @@ int main(int argc, char** argv) {
     return Fail("cannot set the mode of " + config->worker_socket + ": " + std::strerror(errno));
   }
 
-  CoordinatorSession::Options session_options;
-  session_options.host_id = config->host_id;
-  session_options.address = config->address;
-  session_options.memory_limit_bytes = config->memory_limit_bytes;
-  session_options.heartbeat_ms = config->heartbeat_ms;
-  session_options.metrics = &metrics;
-  CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   session.Start();
 
   std::cout << "reshard-agent " << config->host_id << " ready worker-socket "

@@ -99,6 +99,16 @@ absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerSe
   return std::shared_ptr<const JobGeneration>(jg);
 }
 
+bool WorkerServiceImpl::CheckpointOpening(const std::string& job_id, int64_t generation) {
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  if (!stub_->GetJob(&ctx, req, &job).ok()) return false;
+  return generation > job.generation() && !job.active_operation_id().empty();
+}
+
 void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
                                       google::protobuf::RepeatedPtrField<v1::WorkerItem>* items) {
   const std::vector<ItemSlot>& slots = buffer.items();
@@ -135,8 +145,20 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
                                                v1::PublishShardResponse* resp) {
   absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
   if (!s.ok()) return ToGrpc(s);
+  // A checkpoint's workers publish the generation after the current one, on
+  // the same layout (HostTask.publish_by_workers).
+  const int64_t from =
+      publish_gate_ ? publish_gate_(req->job_id(), req->generation(), req->rank()) : 0;
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
-      Lookup(req->job_id(), req->generation(), /*require_current=*/true);
+      Lookup(req->job_id(), from > 0 ? from : req->generation(), /*require_current=*/true);
+  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) &&
+      CheckpointOpening(req->job_id(), req->generation())) {
+    // The checkpoint exists but this agent has not fetched its task yet.
+    return ToGrpc(absl::UnavailableError(absl::StrCat(
+        "job \"", req->job_id(), "\" generation ", req->generation(),
+        " is being opened for publishing by a checkpoint that has not reached this agent yet; "
+        "retry")));
+  }
   if (!jg.ok()) return ToGrpc(jg.status());
   const int world = WorldSize((*jg)->layout);
   if (req->rank() >= world) {

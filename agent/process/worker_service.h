@@ -5,6 +5,7 @@
 // layout (RankItemBytes), fetched from the coordinator's GetJob. Thread-safe.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -28,6 +29,12 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator,
                     AgentMetrics* metrics = nullptr);
 
+  /// The generation a running checkpoint task copies the layout of when it
+  /// waits for a publish of (job, generation, rank), else 0
+  /// (CoordinatorSession::AcceptsPublish). Set before the server serves.
+  using PublishGate = std::function<int64_t(const std::string&, int64_t, int)>;
+  void SetPublishGate(PublishGate gate) { publish_gate_ = std::move(gate); }
+
   grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
                             v1::PublishShardResponse* resp) override;
   grpc::Status SealShard(grpc::ServerContext* ctx, const v1::SealShardRequest* req,
@@ -50,6 +57,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   absl::StatusOr<std::shared_ptr<const JobGeneration>> Lookup(const std::string& job_id,
                                                               int64_t generation,
                                                               bool require_current);
+  /// Whether `generation` is after the current one of `job_id` and an
+  /// operation (a checkpoint whose task has not arrived here yet) runs.
+  bool CheckpointOpening(const std::string& job_id, int64_t generation);
   /// Fills names and local shapes of `buffer`'s items (when `jg` is known),
   /// offsets and sizes always.
   static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
@@ -57,6 +67,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
 
   ShardStore* store_;
   AgentMetrics* metrics_;
+  PublishGate publish_gate_;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;

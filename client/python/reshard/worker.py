@@ -9,6 +9,7 @@ ranks; publish/load of the same rank must not race.
 
 import mmap
 import os
+import time
 
 import grpc
 import numpy as np
@@ -106,6 +107,20 @@ class Worker:
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
 
+    def _call_retrying_unavailable(self, method, request):
+        """_call, retried with backoff while the agent answers UNAVAILABLE (a
+        checkpoint's generation not yet open here), up to self.timeout."""
+        deadline = time.monotonic() + self.timeout
+        delay = 0.02
+        while True:
+            try:
+                return self._call(method, request)
+            except errors.Unavailable:
+                if time.monotonic() + delay > deadline:
+                    raise
+                time.sleep(delay)
+                delay = min(delay * 2, 0.5)
+
     # ----------------------------------------------------------------- publish
 
     def publish(self, rank, generation, state_dict, verify=True):
@@ -124,7 +139,7 @@ class Worker:
         (DataLoss) bytes that differ from what it reads back (needs xxhash).
         Returns {item name: checksum} as the agent recorded them.
         """
-        resp = self._call("PublishShard", worker_pb2.PublishShardRequest(
+        resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
             job_id=self.job_id, generation=generation, rank=rank))
         names = [it.name for it in resp.items]
         unknown = sorted(set(state_dict) - set(names))

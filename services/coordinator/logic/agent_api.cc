@@ -277,6 +277,7 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   task.set_to_generation(op.to_generation());
   *task.mutable_ptc() = *std::move(ptc);
   *task.mutable_plan() = SliceForHost(*record->plan, host_id);
+  task.set_publish_by_workers(op.kind() == v1::OPERATION_KIND_CHECKPOINT);
   for (const HostProgress& row : *rows) {
     if (row.host_id == host_id) continue;
     v1::PeerHost* peer = task.add_peers();

@@ -243,6 +243,26 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   return CreateOperation(std::move(op));
 }
 
+absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = store_->GetJob(request.job_id(), /*include_ptc=*/false);
+  if (!job.ok()) return NameNotFound(job.status(), JobNotFound(request.job_id()));
+  if (job->state() == v1::JOB_STATE_DEGRADED || job->state() == v1::JOB_STATE_FAILED) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job->id(), "\" is ", v1::JobState_Name(job->state()),
+                     ": a checkpoint needs every rank of the current generation; recover first"));
+  }
+  NewOperation op;
+  op.kind = v1::OPERATION_KIND_CHECKPOINT;
+  op.job_id = request.job_id();
+  op.expected_generation = request.expected_generation();
+  op.target_layout = job->layout();
+  op.idempotency = MakeIdempotency(request.idempotency_key(), "Checkpoint", request);
+  return CreateOperation(std::move(op));
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
   op.operation_id = NewId();
   const std::string minted = op.operation_id;

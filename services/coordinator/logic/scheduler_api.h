@@ -38,6 +38,9 @@ class SchedulerApi {
   [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(const v1::MigrateRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> RecoverFromFailure(
       const v1::RecoverFromFailureRequest& request);
+  /// A CHECKPOINT operation: generation current + 1 on the current layout,
+  /// written by the workers. FailedPrecondition unless the job is ACTIVE.
+  [[nodiscard]] absl::StatusOr<v1::Operation> Checkpoint(const v1::CheckpointRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const v1::GetOperationRequest& request);

@@ -177,8 +177,8 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
   }
   // Every (kind, final result) series from the start, at 0, so that
   // increase() and alerts see an operation's first failure.
-  for (v1::OperationKind kind :
-       {v1::OPERATION_KIND_RESIZE, v1::OPERATION_KIND_MIGRATE, v1::OPERATION_KIND_RECOVER}) {
+  for (v1::OperationKind kind : {v1::OPERATION_KIND_RESIZE, v1::OPERATION_KIND_MIGRATE,
+                                 v1::OPERATION_KIND_RECOVER, v1::OPERATION_KIND_CHECKPOINT}) {
     for (v1::OperationState result :
          {v1::OPERATION_STATE_COMMITTED, v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED}) {
       impl_->operations.Add({{"kind", KindLabel(kind)}, {"result", OperationStateLabel(result)}});

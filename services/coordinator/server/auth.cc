@@ -43,6 +43,7 @@ const std::vector<MethodRule>& Rules() {
       {"Resize", {Role::kScheduler}, false, kAll},
       {"Migrate", {Role::kScheduler}, false, kAll},
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
+      {"Checkpoint", {Role::kScheduler}, false, kAll},
       {"CancelOperation", {Role::kScheduler}, false, kAll},
       // AgentService.
       {"RegisterAgent", {Role::kAgent}, true, kAll},

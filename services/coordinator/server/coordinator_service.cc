@@ -104,6 +104,16 @@ grpc::Status CoordinatorServiceImpl::Resize(grpc::ServerContext* context,
                      });
 }
 
+grpc::Status CoordinatorServiceImpl::Checkpoint(grpc::ServerContext* context,
+                                                const v1::CheckpointRequest* request,
+                                                v1::Operation* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "Checkpoint", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "Checkpoint", request->job_id()); !s.ok()) return s;
+        return Unwrap(api_->Checkpoint(*request), reply);
+      });
+}
+
 grpc::Status CoordinatorServiceImpl::Migrate(grpc::ServerContext* context,
                                              const v1::MigrateRequest* request,
                                              v1::Operation* reply) {

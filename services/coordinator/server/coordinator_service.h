@@ -40,6 +40,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   grpc::Status RecoverFromFailure(grpc::ServerContext* context,
                                   const v1::RecoverFromFailureRequest* request,
                                   v1::Operation* reply) override;
+  grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
+                          v1::Operation* reply) override;
   grpc::Status PreviewPlan(grpc::ServerContext* context, const v1::PreviewPlanRequest* request,
                            v1::PreviewPlanResponse* reply) override;
   grpc::Status GetOperation(grpc::ServerContext* context, const v1::GetOperationRequest* request,

@@ -75,7 +75,7 @@ TEST(MetricsTest, FamiliesAndLabels) {
 
   const auto& ops = *families["reshard_coordinator_operations_total"];
   // Every kind x final result exists from the start (at 0), so alerts see a first failure.
-  ASSERT_EQ(ops.metric.size(), 9u);
+  ASSERT_EQ(ops.metric.size(), 12u);  // 4 kinds x 3 results
   for (const auto& m : ops.metric) {
     const auto labels = Labels(m);
     double want = 0;
