@@ -44,6 +44,9 @@ const std::vector<MethodRule>& Rules() {
       {"Migrate", {Role::kScheduler}, false, kAll},
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
       {"CancelOperation", {Role::kScheduler}, false, kAll},
+      // The training loop's step commits (docs/data.md): with the job's
+      // scheduler credentials, like the operations it steers.
+      {"CommitStep", {Role::kScheduler}, false, kAll},
       // AgentService.
       {"RegisterAgent", {Role::kAgent}, true, kAll},
       {"Heartbeat", {Role::kAgent}, true, kRefused},
