@@ -10,7 +10,8 @@ from docs/data.md (the exact definitions and worked examples live there):
   data-parallel rank reads for the next step, cut at epoch boundaries and into
   micro-batches; no divisibility requirements (sizes differ by at most one);
 - DatasetState: descriptor, order, global batch, cursor and layout fingerprint,
-  to/from dict and the reshard.v1.DatasetState message;
+  to/from dict and the reshard.v1.DatasetState message; resume() checks a
+  committed state against the run's configuration;
 - ElasticSampler / ElasticBatchSampler: iterables of sample ids for one rank,
   usable without torch; TorchElasticSampler / TorchElasticBatchSampler are the
   torch.utils.data subclasses (torch is imported only when they are used).
@@ -418,6 +419,24 @@ class DatasetState:
     def from_proto(cls, message):
         from reshard._proto import to_dict
         return cls.from_dict(to_dict(message))
+
+
+def resume(committed, configured):
+    """The state a (re)started or resized training run continues from: the
+    job's `committed` state (Client.dataset_state(job_id)), after checking it
+    against the run's `configured` one (its cursor and step are ignored).
+    committed None (nothing committed yet): `configured`. Raises
+    reshard.FailedPrecondition when the layout fingerprints differ: another
+    dataset, order or global batch would silently skip or repeat samples."""
+    if committed is None:
+        return configured
+    if committed.layout_fingerprint != configured.layout_fingerprint:
+        from reshard.errors import FailedPrecondition
+        raise FailedPrecondition(
+            f"layout_fingerprint {configured.layout_fingerprint!r} of this run does not match the "
+            f"committed {committed.layout_fingerprint!r} (dataset {committed.descriptor.id!r}, "
+            f"global_batch {committed.global_batch}): refusing to resume", method="resume")
+    return committed
 
 
 _SHUFFLE_ENUM = {"none": "SHUFFLE_NONE", "full": "SHUFFLE_FULL", "block": "SHUFFLE_BLOCK"}
