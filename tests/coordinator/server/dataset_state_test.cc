@@ -2,11 +2,13 @@
 // PostgreSQL (issue 12; docs/data.md): RegisterJob stores it, GetJob returns
 // it, CommitStep commits the cursor with the current generation and refuses
 // stale generations, other layouts, backward or skipping cursors and bad
-// values; a resize and a migrate carry it to the new generation; every
-// CommitStep is audited.
+// values; a resize, a migrate and a recover carry it to the new generation
+// (the last step committed while the transfer ran included); every
+// CommitStep is audited; the C++ client's CommitStep.
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/coordinator_client.h"
 #include "client/cpp/data_share.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
@@ -39,9 +41,10 @@ class DatasetStateTest : public ServerTest {
     stub_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
   }
 
-  v1::Job RegisterWithData(const std::string& name, const v1::DatasetState& dataset) {
+  v1::Job RegisterWithData(const std::string& name, const v1::DatasetState& dataset,
+                           v1::JobSpec spec = {}) {
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJobSpec(name, "team-a");
+    *r.mutable_spec() = spec.name().empty() ? SmallJobSpec(name, "team-a") : std::move(spec);
     *r.mutable_dataset_state() = dataset;
     v1::RegisterJobResponse reply;
     const grpc::Status s = stub_->RegisterJob(Ctx().get(), r, &reply);
@@ -247,6 +250,53 @@ TEST_F(DatasetStateTest, ResizeAndMigrateCarryTheCommittedState) {
   EXPECT_EQ(migrated.dataset_state().cursor(), 4 * kBatch);
   EXPECT_EQ(migrated.dataset_state().step(), 4);
   EXPECT_EQ(migrated.dataset_state().committed_generation(), 2);
+}
+
+TEST_F(DatasetStateTest, RecoverCarriesTheStepCommittedDuringTheTransfer) {
+  StartAgents({"h0", "h1", "h2", "h3"}, coordinator_->address());
+  const v1::Job job =
+      RegisterWithData("survivor", Dataset(), ReplicatedJobSpec("survivor", "team-a"));
+  const std::string fp = ExpectedFingerprint();
+  // The C++ client library's CommitStep.
+  client::CoordinatorClient::Options options;
+  client::CoordinatorClient cpp(TestChannel(coordinator_->address(), kAdminIdentity), options);
+  v1::CommitStepRequest commit;
+  commit.set_job_id(job.id());
+  commit.set_generation(1);
+  commit.set_step(1);
+  commit.set_cursor(kBatch);
+  commit.set_layout_fingerprint(fp);
+  absl::StatusOr<v1::DatasetState> committed = cpp.CommitStep(commit);
+  ASSERT_TRUE(committed.ok()) << committed.status();
+  EXPECT_EQ(committed->cursor(), kBatch);
+  commit.set_generation(7);
+  EXPECT_EQ(cpp.CommitStep(commit).status().code(), absl::StatusCode::kFailedPrecondition);
+
+  // The agents hold the recovery in TRANSFERRING; the old generation is
+  // still current and keeps committing (a stop-free loop would).
+  HoldAgents(true);
+  v1::RecoverFromFailureRequest recover;
+  recover.set_job_id(job.id());
+  recover.set_expected_generation(1);
+  recover.add_lost_hosts("h1");
+  *recover.mutable_target() = MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
+  v1::Operation op;
+  grpc::Status s = stub_->RecoverFromFailure(Ctx().get(), recover, &op);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_TRUE(WaitState(stub_.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
+  v1::DatasetState state;
+  s = Commit(job.id(), 1, 2, 2 * kBatch, fp, &state);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  HoldAgents(false);
+  absl::StatusOr<v1::Operation> done = WaitFinal(stub_.get(), op.id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  ASSERT_EQ(done->state(), v1::OPERATION_STATE_COMMITTED) << done->error();
+
+  const v1::Job recovered = GetJob(stub_.get(), job.id());
+  EXPECT_EQ(recovered.generation(), 2);
+  EXPECT_EQ(recovered.dataset_state().cursor(), 2 * kBatch);
+  EXPECT_EQ(recovered.dataset_state().step(), 2);
+  EXPECT_EQ(recovered.dataset_state().committed_generation(), 1);
 }
 
 }  // namespace
