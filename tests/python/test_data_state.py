@@ -84,7 +84,8 @@ def test_training_loop_commits_and_a_resize_carries_the_cursor(cluster, client, 
 
     # A backward cursor and another layout are refused, naming the values.
     with pytest.raises(reshard.FailedPrecondition, match="would move backwards"):
-        client.commit_step(job.id, 2, step=9, cursor=14, layout_fingerprint=state.layout_fingerprint)
+        client.commit_step(job.id, 2, step=9, cursor=14,
+                           layout_fingerprint=state.layout_fingerprint)
     with pytest.raises(reshard.FailedPrecondition, match="does not match"):
         client.commit_step(job.id, 2, state=configured(global_batch=8).advanced(9))
     with pytest.raises(reshard.InvalidArgument, match="step: 0"):

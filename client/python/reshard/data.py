@@ -123,7 +123,8 @@ class Order:
         if not 0 <= self.seed <= MASK64:
             raise ValueError(f"order.seed: {self.seed} out of range [0, 2**64)")
         if self.shuffle == "block" and not 1 <= self.block_size <= _MAX_INT63:
-            raise ValueError(f"order.block_size: {self.block_size} must be >= 1 for shuffle \"block\"")
+            raise ValueError(f"order.block_size: {self.block_size} must be >= 1 for shuffle "
+                             f"\"block\"")
         if self.shuffle != "block" and self.block_size != 0:
             raise ValueError(f"order.block_size: {self.block_size} is only meaningful for shuffle "
                              f"\"block\" (shuffle is {self.shuffle!r}); leave it 0")
@@ -401,9 +402,11 @@ class DatasetState:
         shuffle = order.get("shuffle", "none")
         shuffle = _SHUFFLE_NAME.get(shuffle, shuffle)
         return cls(
-            descriptor=DatasetDescriptor(desc.get("id", ""), int(get(desc, "numSamples", "num_samples", 0)),
+            descriptor=DatasetDescriptor(desc.get("id", ""),
+                                         int(get(desc, "numSamples", "num_samples", 0)),
                                          desc.get("fingerprint", "")),
-            order=Order(int(order.get("seed", 0)), shuffle, int(get(order, "blockSize", "block_size", 0))),
+            order=Order(int(order.get("seed", 0)), shuffle,
+                        int(get(order, "blockSize", "block_size", 0))),
             global_batch=int(get(d, "globalBatch", "global_batch", 0)),
             cursor=int(d.get("cursor", 0)), step=int(d.get("step", 0)),
             layout_fingerprint=get(d, "layoutFingerprint", "layout_fingerprint", ""),
