@@ -131,7 +131,8 @@ class Order:
 
 
 class EpochOrder:
-    """The order of one epoch: position -> sample id, O(1) per call."""
+    """The order of one epoch: position -> sample id, O(1) per call. Not
+    thread-safe: it keeps the permutation of the last block it used."""
 
     def __init__(self, num_samples, order, epoch):
         _check_num_samples(num_samples)
@@ -151,6 +152,7 @@ class EpochOrder:
             # Position (in block order) of the last source block, the only one
             # that may be shorter than block_size.
             self._tail_pos = self._block_perm.inverse(self._blocks - 1)
+            self._inner = None  # (block, its Permutation) of the last sample() call
 
     def sample(self, position):
         n = self.num_samples
@@ -170,9 +172,12 @@ class EpochOrder:
             p, o = divmod(position - q * s - tail, s)
             p += q + 1
         block = self._block_perm.forward(p)
-        size = tail if block == self._blocks - 1 else s
-        inner = Permutation(size, splitmix64((self._key + (block + 1) * GOLDEN64) & MASK64))
-        return block * s + inner.forward(o)
+        if self._inner is None or self._inner[0] != block:
+            # Consecutive positions mostly share a block: keep its permutation.
+            size = tail if block == self._blocks - 1 else s
+            self._inner = (block, Permutation(
+                size, splitmix64((self._key + (block + 1) * GOLDEN64) & MASK64)))
+        return block * s + self._inner[1].forward(o)
 
 
 def sample_at(num_samples, order, stream_index):
