@@ -272,6 +272,16 @@ absl::StatusOr<v1::ListAuditResponse> CoordinatorClient::ListAudit(
   return response;
 }
 
+absl::StatusOr<v1::DatasetState> CoordinatorClient::CommitStep(
+    const v1::CommitStepRequest& request) {
+  v1::DatasetState response;
+  absl::Status s = Call("CommitStep", [&](grpc::ClientContext* c) {
+    return stub_->CommitStep(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
     const v1::CreateTokenRequest& request) {
   v1::CreateTokenResponse response;

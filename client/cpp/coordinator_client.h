@@ -106,6 +106,11 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::ListAuditResponse> ListAudit(
       const v1::ListAuditRequest& request);
 
+  /// Commits a step boundary's dataset cursor with the job's current
+  /// generation (docs/data.md). A retried commit of the same step is a
+  /// no-op, so UNAVAILABLE is retried like every call.
+  [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
+
   /// Streams the operation to `on_update` every time it changes, until it is
   /// final, and returns the final state. When the stream breaks with
   /// UNAVAILABLE (coordinator restarted, failover) it re-reads the operation

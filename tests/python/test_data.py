@@ -222,7 +222,8 @@ def test_layout_fingerprint_covers_what_fixes_the_stream():
     assert state(cursor=0, step=0).layout_fingerprint == fp  # progress is not in it
     assert state(global_batch=47).layout_fingerprint != fp
     assert state(order=data.Order(1, "block", 64)).layout_fingerprint != fp
-    assert state(descriptor=data.DatasetDescriptor("wiki", 1001, "sha1:abc")).layout_fingerprint != fp
+    other = data.DatasetDescriptor("wiki", 1001, "sha1:abc")
+    assert state(descriptor=other).layout_fingerprint != fp
 
 
 def test_bad_state_names_the_field():

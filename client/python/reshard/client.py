@@ -164,13 +164,17 @@ class Client:
 
     # ------------------------------------------------------------------ jobs
 
-    def register_job(self, spec, idempotency_key=None, timeout=None):
+    def register_job(self, spec, idempotency_key=None, timeout=None, dataset_state=None):
         """Registers a job (JobSpec or dict: name, tenant, ptc, layout) at
         generation 1. Returns the Job. AlreadyExists when (tenant, name) is
-        taken by another request; InvalidArgument for a bad spec."""
+        taken by another request; InvalidArgument for a bad spec.
+        dataset_state: optional (reshard.data.DatasetState, a
+        reshard.v1.DatasetState or its dict; docs/data.md)."""
         key = idempotency_key or new_idempotency_key()
         req = _pb.RegisterJobRequest(spec=as_message(spec, ptc_pb2.JobSpec, "spec"),
                                      idempotency_key=key)
+        if dataset_state is not None:
+            req.dataset_state.CopyFrom(_dataset_message(dataset_state))
         return self._call("RegisterJob", req, timeout, key).job
 
     def get_job(self, job_id, include_ptc=False, timeout=None):
@@ -392,6 +396,48 @@ class Client:
             if len(out) == limit:
                 break
         return out
+
+    # ---- dataset state (docs/data.md) ----
+
+    def commit_step(self, job_id, generation, step=None, cursor=None, layout_fingerprint=None,
+                    state=None, timeout=None):
+        """Commits a step boundary: `cursor` (samples consumed after `step`)
+        with the job's current `generation`. Or pass `state`, a
+        reshard.data.DatasetState after the step (its step, cursor and
+        layout fingerprint are sent). Returns the committed
+        reshard.data.DatasetState. A retried commit of the same step is a
+        no-op (so UNAVAILABLE is retried). FailedPrecondition: the generation
+        is not current (a reconfiguration committed: reload), another layout
+        fingerprint, a cursor that moves backwards or skips samples, a job
+        without dataset state; InvalidArgument names a bad field."""
+        if state is not None:
+            step = state.step if step is None else step
+            cursor = state.cursor if cursor is None else cursor
+            layout_fingerprint = layout_fingerprint or state.layout_fingerprint
+        if step is None or cursor is None or not layout_fingerprint:
+            raise ValueError("commit_step needs step, cursor and layout_fingerprint (or state=)")
+        req = _pb.CommitStepRequest(job_id=job_id, generation=generation, step=step,
+                                    cursor=cursor, layout_fingerprint=layout_fingerprint)
+        from reshard import data
+        return data.DatasetState.from_proto(self._call("CommitStep", req, timeout))
+
+    def dataset_state(self, job_id, timeout=None):
+        """The job's committed reshard.data.DatasetState (of its current
+        generation), or None when it has none. Build the sampler of a resumed
+        or resized job from it."""
+        job = self.get_job(job_id, timeout=timeout)
+        if not job.HasField("dataset_state"):
+            return None
+        from reshard import data
+        return data.DatasetState.from_proto(job.dataset_state)
+
+
+def _dataset_message(value):
+    """A reshard.v1.DatasetState from a reshard.data.DatasetState, the
+    message or its dict."""
+    if hasattr(value, "to_proto"):
+        return value.to_proto()
+    return as_message(value, ptc_pb2.DatasetState, "dataset_state")
 
 
 def _split_layout(value):

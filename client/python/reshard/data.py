@@ -10,7 +10,8 @@ from docs/data.md (the exact definitions and worked examples live there):
   data-parallel rank reads for the next step, cut at epoch boundaries and into
   micro-batches; no divisibility requirements (sizes differ by at most one);
 - DatasetState: descriptor, order, global batch, cursor and layout fingerprint,
-  to/from dict and the reshard.v1.DatasetState message;
+  to/from dict and the reshard.v1.DatasetState message; resume() checks a
+  committed state against the run's configuration;
 - ElasticSampler / ElasticBatchSampler: iterables of sample ids for one rank,
   usable without torch; TorchElasticSampler / TorchElasticBatchSampler are the
   torch.utils.data subclasses (torch is imported only when they are used).
@@ -122,14 +123,16 @@ class Order:
         if not 0 <= self.seed <= MASK64:
             raise ValueError(f"order.seed: {self.seed} out of range [0, 2**64)")
         if self.shuffle == "block" and not 1 <= self.block_size <= _MAX_INT63:
-            raise ValueError(f"order.block_size: {self.block_size} must be >= 1 for shuffle \"block\"")
+            raise ValueError(f"order.block_size: {self.block_size} must be >= 1 for shuffle "
+                             f"\"block\"")
         if self.shuffle != "block" and self.block_size != 0:
             raise ValueError(f"order.block_size: {self.block_size} is only meaningful for shuffle "
                              f"\"block\" (shuffle is {self.shuffle!r}); leave it 0")
 
 
 class EpochOrder:
-    """The order of one epoch: position -> sample id, O(1) per call."""
+    """The order of one epoch: position -> sample id, O(1) per call. Not
+    thread-safe: it keeps the permutation of the last block it used."""
 
     def __init__(self, num_samples, order, epoch):
         _check_num_samples(num_samples)
@@ -149,6 +152,7 @@ class EpochOrder:
             # Position (in block order) of the last source block, the only one
             # that may be shorter than block_size.
             self._tail_pos = self._block_perm.inverse(self._blocks - 1)
+            self._inner = None  # (block, its Permutation) of the last sample() call
 
     def sample(self, position):
         n = self.num_samples
@@ -168,9 +172,12 @@ class EpochOrder:
             p, o = divmod(position - q * s - tail, s)
             p += q + 1
         block = self._block_perm.forward(p)
-        size = tail if block == self._blocks - 1 else s
-        inner = Permutation(size, splitmix64((self._key + (block + 1) * GOLDEN64) & MASK64))
-        return block * s + inner.forward(o)
+        if self._inner is None or self._inner[0] != block:
+            # Consecutive positions mostly share a block: keep its permutation.
+            size = tail if block == self._blocks - 1 else s
+            self._inner = (block, Permutation(
+                size, splitmix64((self._key + (block + 1) * GOLDEN64) & MASK64)))
+        return block * s + self._inner[1].forward(o)
 
 
 def sample_at(num_samples, order, stream_index):
@@ -400,9 +407,11 @@ class DatasetState:
         shuffle = order.get("shuffle", "none")
         shuffle = _SHUFFLE_NAME.get(shuffle, shuffle)
         return cls(
-            descriptor=DatasetDescriptor(desc.get("id", ""), int(get(desc, "numSamples", "num_samples", 0)),
+            descriptor=DatasetDescriptor(desc.get("id", ""),
+                                         int(get(desc, "numSamples", "num_samples", 0)),
                                          desc.get("fingerprint", "")),
-            order=Order(int(order.get("seed", 0)), shuffle, int(get(order, "blockSize", "block_size", 0))),
+            order=Order(int(order.get("seed", 0)), shuffle,
+                        int(get(order, "blockSize", "block_size", 0))),
             global_batch=int(get(d, "globalBatch", "global_batch", 0)),
             cursor=int(d.get("cursor", 0)), step=int(d.get("step", 0)),
             layout_fingerprint=get(d, "layoutFingerprint", "layout_fingerprint", ""),
@@ -418,6 +427,24 @@ class DatasetState:
     def from_proto(cls, message):
         from reshard._proto import to_dict
         return cls.from_dict(to_dict(message))
+
+
+def resume(committed, configured):
+    """The state a (re)started or resized training run continues from: the
+    job's `committed` state (Client.dataset_state(job_id)), after checking it
+    against the run's `configured` one (its cursor and step are ignored).
+    committed None (nothing committed yet): `configured`. Raises
+    reshard.FailedPrecondition when the layout fingerprints differ: another
+    dataset, order or global batch would silently skip or repeat samples."""
+    if committed is None:
+        return configured
+    if committed.layout_fingerprint != configured.layout_fingerprint:
+        from reshard.errors import FailedPrecondition
+        raise FailedPrecondition(
+            f"layout_fingerprint {configured.layout_fingerprint!r} of this run does not match the "
+            f"committed {committed.layout_fingerprint!r} (dataset {committed.descriptor.id!r}, "
+            f"global_batch {committed.global_batch}): refusing to resume", method="resume")
+    return committed
 
 
 _SHUFFLE_ENUM = {"none": "SHUFFLE_NONE", "full": "SHUFFLE_FULL", "block": "SHUFFLE_BLOCK"}

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -11,6 +12,7 @@
 #include "planner/survivor.h"
 #include "planner/validate.h"
 #include "services/coordinator/logic/capacity.h"
+#include "services/coordinator/logic/dataset_state.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
@@ -58,6 +60,11 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
   if (!request.has_spec()) return absl::InvalidArgumentError("spec is required");
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = planner::ValidateJobSpec(request.spec()); !s.ok()) return s;
+  std::optional<v1::DatasetState> dataset_state;
+  if (request.has_dataset_state()) {
+    dataset_state = request.dataset_state();
+    if (absl::Status s = NormalizeDatasetState(&*dataset_state); !s.ok()) return s;
+  }
   if (absl::Status s =
           CheckFitsHosts(*store_, request.spec().ptc(), request.spec().layout(), "layout");
       !s.ok()) {
@@ -66,7 +73,8 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
 
   const std::string job_id = NewId();
   absl::StatusOr<v1::Job> job = store_->CreateJob(
-      job_id, request.spec(), MakeIdempotency(request.idempotency_key(), "RegisterJob", request));
+      job_id, request.spec(), MakeIdempotency(request.idempotency_key(), "RegisterJob", request),
+      dataset_state.has_value() ? &*dataset_state : nullptr);
   if (!job.ok()) return job.status();
   job->clear_ptc();  // the caller sent it; do not echo megabytes back
   RESHARD_LOG(INFO) << "job=" << job->id() << " registered tenant=\"" << job->tenant()
@@ -383,6 +391,13 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
     if (IsFinal(op.state())) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
   }
+}
+
+absl::StatusOr<v1::DatasetState> SchedulerApi::CommitStep(const v1::CommitStepRequest& request) {
+  if (absl::Status s = CheckCommitStepRequest(request); !s.ok()) return s;
+  absl::StatusOr<v1::DatasetState> state = store_->CommitStep(ToStepCommit(request));
+  if (!state.ok()) return NameNotFound(state.status(), JobNotFound(request.job_id()));
+  return state;
 }
 
 }  // namespace reshard::coordinator

@@ -48,6 +48,9 @@ class SchedulerApi {
       const v1::CancelOperationRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts(
       const v1::ListHostsRequest& request);
+  /// Commits a step boundary's dataset cursor with the current generation
+  /// (docs/data.md; rules: store/dataset_commit.h).
+  [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
 
   /// Sends the operation now and each time it changes (state or bytes done)
   /// until it reaches a final state (then returns OK), `send` returns false

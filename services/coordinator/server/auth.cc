@@ -45,6 +45,9 @@ const std::vector<MethodRule>& Rules() {
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
       {"Checkpoint", {Role::kScheduler}, false, kAll},
       {"CancelOperation", {Role::kScheduler}, false, kAll},
+      // The training loop's step commits (docs/data.md): with the job's
+      // scheduler credentials, like the operations it steers.
+      {"CommitStep", {Role::kScheduler}, false, kAll},
       // AgentService.
       {"RegisterAgent", {Role::kAgent}, true, kAll},
       {"Heartbeat", {Role::kAgent}, true, kRefused},

@@ -218,4 +218,14 @@ grpc::Status CoordinatorServiceImpl::ListAudit(grpc::ServerContext* context,
       });
 }
 
+grpc::Status CoordinatorServiceImpl::CommitStep(grpc::ServerContext* context,
+                                                const v1::CommitStepRequest* request,
+                                                v1::DatasetState* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "CommitStep", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "CommitStep", request->job_id()); !s.ok()) return s;
+        return Unwrap(api_->CommitStep(*request), reply);
+      });
+}
+
 }  // namespace reshard::coordinator

@@ -56,6 +56,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          v1::ListHostsResponse* reply) override;
   grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
                          v1::ListAuditResponse* reply) override;
+  grpc::Status CommitStep(grpc::ServerContext* context, const v1::CommitStepRequest* request,
+                          v1::DatasetState* reply) override;
 
  private:
   SchedulerApi* api_;

@@ -2,6 +2,7 @@
 #include "absl/strings/str_cat.h"
 #include "planner/validate.h"
 #include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -63,7 +64,8 @@ absl::StatusOr<v1::Job> ReplayedJob(pg::PgTx& tx, const std::string& job_id) {
 }  // namespace
 
 absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::JobSpec& spec,
-                                           const Idempotency& idem) {
+                                           const Idempotency& idem,
+                                           const v1::DatasetState* dataset_state) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
   for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"job id", &job_id},
                                     {"tenant", &spec.tenant()},
@@ -107,6 +109,7 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         }
         pg::InsertGeneration(tx, job_id, 1, layout_bytes, *generation, GenerationState::kCurrent,
                              "");
+        if (dataset_state != nullptr) pg::InsertDatasetState(tx, job_id, 1, *dataset_state);
         if (!idem.key.empty()) {
           if (absl::Status s = pg::ClaimIdempotencyKey(tx, idem, job_id, job_id); !s.ok()) return s;
         }

@@ -1,6 +1,7 @@
 #include "services/coordinator/store/pg_statements.h"
 
 #include "services/coordinator/store/pg_audit_statements.h"
+#include "services/coordinator/store/pg_dataset_statements.h"
 
 namespace reshard::coordinator::pg {
 
@@ -77,6 +78,12 @@ const std::vector<Statement>& AllStatements() {
       kInsertAudit,
       kListAudit,
       kPruneAudit,
+      // Dataset state (issue 12).
+      kInsertDatasetState,
+      kSelectDatasetState,
+      kLockDatasetState,
+      kCommitDatasetStep,
+      kCarryDatasetState,
   };
   return *kAll;
 }

@@ -10,6 +10,7 @@
 #include "planner/layout.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -69,7 +70,11 @@ std::string TruncateError(const std::string& text) {
 absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id) {
   const pqxx::result r = tx.Exec(kSelectJob, job_id);
   if (r.empty()) return JobNotFound(job_id);
-  return JobFromRow(r[0]);
+  absl::StatusOr<v1::Job> job = JobFromRow(r[0]);
+  if (!job.ok()) return job;
+  std::optional<v1::DatasetState> dataset = ReadDatasetState(tx, job_id, job->generation());
+  if (dataset.has_value()) *job->mutable_dataset_state() = *std::move(dataset);
+  return job;
 }
 
 absl::StatusOr<v1::Ptc> ReadPtc(PgTx& tx, const std::string& job_id) {

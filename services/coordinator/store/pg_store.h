@@ -75,9 +75,11 @@ class PgStore : public Store {
   static std::vector<std::string> StatementNames();
 
   // ---- Jobs ----------------------------------------------------------------
-  [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(const std::string& job_id,
-                                                  const v1::JobSpec& spec,
-                                                  const Idempotency& idem) override;
+  [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(
+      const std::string& job_id, const v1::JobSpec& spec, const Idempotency& idem,
+      const v1::DatasetState* dataset_state = nullptr) override;
+  // pg_dataset_state.cc
+  [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) override;
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                                bool include_ptc) override;
   [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;

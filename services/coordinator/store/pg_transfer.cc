@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -167,7 +168,8 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
       return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
                    absl::StatusCode::kAborted);
     }
-    if (tx.Exec(pg::kLockJob, op->job_id).empty()) return pg::JobNotFound(op->job_id);
+    const pqxx::result job = tx.Exec(pg::kLockJob, op->job_id);
+    if (job.empty()) return pg::JobNotFound(op->job_id);
     tx.Exec(pg::kRetireCurrentGeneration, op->job_id);
     if (tx.Exec(pg::kPromotePendingGeneration, op->job_id, op->to_generation).empty()) {
       return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"",
@@ -176,6 +178,8 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
     }
     tx.Exec(pg::kClearJobLostHosts, op->job_id);
     tx.Exec(pg::kAdvanceJob, op->job_id, op->to_generation);
+    // The dataset state travels with the model state (docs/data.md).
+    pg::CarryDatasetState(tx, op->job_id, job[0][0].as<int64_t>(), op->to_generation);
     tx.Exec(pg::kFinishCommittedOperation, operation_id);
     return absl::OkStatus();
   });

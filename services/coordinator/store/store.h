@@ -28,6 +28,7 @@
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
 #include "services/coordinator/store/audit.h"
+#include "services/coordinator/store/dataset_commit.h"
 
 namespace reshard::coordinator {
 
@@ -164,9 +165,11 @@ class Store {
   /// Creates job `job_id` with generation 1 = spec.layout (state ACTIVE) and
   /// its PTC. With a key seen before for the same request: returns that job.
   /// AlreadyExists when (tenant, name) is taken.
-  [[nodiscard]] virtual absl::StatusOr<v1::Job> CreateJob(const std::string& job_id,
-                                                          const v1::JobSpec& spec,
-                                                          const Idempotency& idem) = 0;
+  /// With `dataset_state` (may be null): generation 1's dataset state, in
+  /// the same transaction (docs/data.md).
+  [[nodiscard]] virtual absl::StatusOr<v1::Job> CreateJob(
+      const std::string& job_id, const v1::JobSpec& spec, const Idempotency& idem,
+      const v1::DatasetState* dataset_state = nullptr) = 0;
   /// The job with its current layout, lost hosts (hosts of the current
   /// generation whose state is LOST) and active operation; the PTC only when
   /// `include_ptc`.
@@ -183,6 +186,11 @@ class Store {
                                                const Idempotency& idem = {}) = 0;
   /// Sets a job's state (e.g. DEGRADED when its hosts are lost).
   [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id, v1::JobState state) = 0;
+  /// Commits a step boundary's cursor with the job's current generation
+  /// (CheckStepCommit's rules, dataset_commit.h, under the job's row lock)
+  /// and returns the dataset state. NotFound for a missing job;
+  /// FailedPrecondition when the job has no dataset state or a rule refuses.
+  [[nodiscard]] virtual absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) = 0;
   /// Counts of jobs by state, for metrics.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>>
   CountJobsByState() = 0;

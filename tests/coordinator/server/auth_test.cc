@@ -89,7 +89,8 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
                                         "GetOperation", "WatchOperation", "ListHosts",
                                         "ListAudit"};
   const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
-                                         "Migrate",     "RecoverFromFailure", "CancelOperation"};
+                                         "Migrate",     "RecoverFromFailure", "CancelOperation",
+                                         "CommitStep"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
@@ -210,6 +211,17 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          v1::Operation reply;
          return CoordinatorClient(address, c.identity)
              ->CancelOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"CommitStep",
+       [&](const Caller& c) {
+         v1::CommitStepRequest r;
+         r.set_job_id(job.id());
+         r.set_generation(99);  // past authorization: refused by the logic
+         r.set_step(1);
+         r.set_cursor(8);
+         r.set_layout_fingerprint("sha256:matrix");
+         v1::DatasetState reply;
+         return CoordinatorClient(address, c.identity)->CommitStep(CallCtx(c).get(), r, &reply);
        }},
       {"ListHosts",
        [&](const Caller& c) {
