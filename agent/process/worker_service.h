@@ -2,7 +2,14 @@
 // workers of this host use on the agent's unix socket to publish their
 // rank's shards (written in place into shared memory, then sealed) and to
 // open the shards of a generation. Item sizes come from the job's PTC and
-// layout (RankItemBytes), fetched from the coordinator's GetJob. Thread-safe.
+// layout (RankItemBytes), fetched from the coordinator's GetJob.
+//
+// Every call must carry the worker token of the job it names
+// (`authorization: Bearer wt-JOB.MAC`, docs/security.md "Worker tokens"):
+// the agent compares its SHA-256, in constant time, with the one the
+// coordinator's GetJob gives agents for jobs placed on their host. No token:
+// UNAUTHENTICATED; another job's token or a wrong one: PERMISSION_DENIED
+// naming the job (never the token). Thread-safe.
 #pragma once
 
 #include <map>
@@ -36,6 +43,11 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                               v1::OpenGenerationResponse* resp) override;
 
  private:
+  /// Whether the call's worker token is job `job_id`'s (see above).
+  absl::Status Admit(const grpc::ServerContext& ctx, const char* method, const std::string& job_id);
+  /// The SHA-256 of job `job_id`'s worker token (cached: it never changes).
+  absl::StatusOr<std::string> TokenSha256(const std::string& job_id);
+
   grpc::Status DoPublishShard(const v1::PublishShardRequest* req, v1::PublishShardResponse* resp);
   grpc::Status DoSealShard(const v1::SealShardRequest* req, v1::SealShardResponse* resp);
   grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
@@ -60,6 +72,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;
+  std::map<std::string, std::string> token_sha256_;  // job id -> SHA-256 of its worker token
 };
 
 }  // namespace reshard::agent
