@@ -64,7 +64,13 @@ grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext* ctx, const v1::Se
   return Timed(metrics_, "SealShard", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "SealShard", req->job_id());
-    return s.ok() ? DoSealShard(req, resp) : ToGrpc(s);
+    if (!s.ok()) return ToGrpc(s);
+    grpc::Status sealed = DoSealShard(req, resp);
+    if (sealed.ok()) {
+      RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
+                        << " rank " << req->rank() << " sealed by worker " << Caller(*ctx);
+    }
+    return sealed;
   });
 }
 
@@ -106,6 +112,10 @@ absl::StatusOr<std::string> WorkerServiceImpl::TokenSha256(const std::string& jo
   return job.worker_token_sha256();
 }
 
+std::string WorkerServiceImpl::Caller(const grpc::ServerContext& ctx) const {
+  return socket_ != nullptr ? socket_->Describe(ctx.peer()) : ctx.peer();
+}
+
 absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char* method,
                                       const std::string& job_id) {
   const auto& metadata = ctx.client_metadata();
@@ -113,16 +123,24 @@ absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char
   constexpr absl::string_view kBearer = "Bearer ";
   if (header == metadata.end() ||
       !absl::StartsWith(absl::string_view(header->second.data(), header->second.size()), kBearer)) {
-    RESHARD_LOG(WARNING) << "worker " << ctx.peer() << ": " << method << " of job " << job_id
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
                          << " refused: no worker token";
     return absl::UnauthenticatedError(absl::StrCat(
         method, " of job \"", job_id,
         "\": no worker token (send `authorization: Bearer <the job's worker token>`, from "
-        "RegisterJob or `reshardctl jobs worker-token JOB`; Python: Worker(token=...) or "
+        "RegisterJob or `reshardctl jobs worker-token JOB`; Python: Worker(worker_token=...) or "
         "RESHARD_WORKER_TOKEN)"));
   }
   const std::string token(header->second.data() + kBearer.size(),
                           header->second.size() - kBearer.size());
+  if (!absl::StartsWith(token, "wt-")) {
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+                         << " refused: not a worker token";
+    return absl::UnauthenticatedError(absl::StrCat(
+        method, " of job \"", job_id,
+        "\": the bearer token is not a worker token (expected wt-JOB.MAC, from RegisterJob or "
+        "`reshardctl jobs worker-token JOB`)"));
+  }
   absl::StatusOr<std::string> expected = TokenSha256(job_id);
   if (!expected.ok()) {
     return absl::Status(
@@ -130,7 +148,7 @@ absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char
         absl::StrCat(method, " of job \"", job_id, "\" refused: ", expected.status().message()));
   }
   if (!ConstantTimeEqual(Sha256Of(token), *expected)) {
-    RESHARD_LOG(WARNING) << "worker " << ctx.peer() << ": " << method << " of job " << job_id
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
                          << " refused: not the job's worker token";
     return absl::PermissionDeniedError(absl::StrCat(
         method, " of job \"", job_id, "\" refused: the worker token presented is not job \"",

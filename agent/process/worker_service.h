@@ -20,6 +20,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/process/metrics.h"
+#include "agent/process/worker_socket.h"
 #include "agent/shard_store/shard_store.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
@@ -34,6 +35,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// reshard_agent_worker_rpc_duration_seconds{method, code}.
   WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator,
                     AgentMetrics* metrics = nullptr);
+
+  /// The socket the calls come from (not owned; may stay unset): log lines
+  /// then name the caller's pid, uid and gid (SO_PEERCRED).
+  void SetSocket(const WorkerSocket* socket) { socket_ = socket; }
 
   grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
                             v1::PublishShardResponse* resp) override;
@@ -67,8 +72,12 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
                             google::protobuf::RepeatedPtrField<v1::WorkerItem>* items);
 
+  /// Who called: "pid P uid U gid G" when the socket knows, else the peer.
+  std::string Caller(const grpc::ServerContext& ctx) const;
+
   ShardStore* store_;
   AgentMetrics* metrics_;
+  const WorkerSocket* socket_ = nullptr;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;

@@ -181,7 +181,7 @@ def test_load_errors_and_corruption(cluster, client, job_name):
             try:
                 stub.SealShard(worker_pb2.SealShardRequest(
                     job_id=j.id, generation=1, rank=0,
-                    expected_checksums=[1] * len(resp.items)))
+                    expected_checksums=[1] * len(resp.items)), metadata=w._metadata)
             except grpc.RpcError as e:
                 raise reshard.errors.from_rpc_error(e, "SealShard")
         w.publish(0, 1, layout.shard(ptc, lay, 0, g))
