@@ -141,3 +141,16 @@ def test_scheduler_of_another_tenant_cannot_fetch_the_token(cluster, client, job
     with cluster.client(identity="viewer:v@pytest") as c:
         with pytest.raises(reshard.PermissionDenied):
             c.worker_token(job.id)
+
+
+def test_reshardctl_jobs_worker_token(cluster, client, job_name):
+    import subprocess
+    job, token, _, _ = new_job(client, cluster, job_name)
+    base = [cluster.reshardctl] + cluster.ctl_args() + ["--coordinator", cluster.coordinator]
+    r = subprocess.run(base + ["jobs", "worker-token", job.id], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == token
+    r = subprocess.run(base + ["jobs", "worker-token", "0" * 32], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0 and "0" * 32 in r.stderr, (r.returncode, r.stderr)
