@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
+#include "agent/executor/peer_proof.h"
 #include "agent/executor/transfer_lanes.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
@@ -270,7 +271,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   std::vector<RankBufferPtr> new_bufs = std::move(*created);
   Prefaulter prefaulter(new_bufs);
 
-  const uint32_t tag_key = OperationTagKey(task.operation_id());
+  // Tags derive from the operation's transfer secret: outsiders cannot
+  // guess them (docs/security.md, "Agent-to-agent transfers").
+  const uint32_t tag_key = TransferTagKey(task.transfer_secret(), task.operation_id());
   const uint64_t tag_base = TransferTag(tag_key, 0, 0).value();
   auto completions = std::make_shared<Completions>();
   std::unordered_map<uint64_t, InFlight> inflight;  // by sequence number
@@ -298,6 +301,21 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   };
   for (const auto& [peer, address] : hs.send_peers) {
     if (absl::Status s = transport_->Connect(peer, address); !s.ok()) return fail(s);
+  }
+  // Every sender proves to every receiver that it belongs to the operation
+  // before any receive of its data is posted.
+  if (!task.transfer_secret().empty() && !hs.remotes.empty()) {
+    std::set<std::string> send_to, receive_from;
+    for (const RemoteStep& r : hs.remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
+    if (waiting) {
+      waiting(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
+                           send_to.size(), " to send)"));
+    }
+    absl::Status proven =
+        ExchangePeerProofs(transport_, task.transfer_secret(), task.operation_id(), host_id,
+                           TransferTag(tag_key, kProofStepIndex, 0).value(), send_to, receive_from,
+                           cancelled, std::chrono::milliseconds(options_.proof_timeout_ms));
+    if (!proven.ok()) return fail(proven);
   }
 
   auto element_bytes = [&](int item) { return plan.items(item).element_bytes(); };

@@ -38,6 +38,9 @@ class TaskExecutor {
     /// Local steps are copied in pieces of about this many bytes, so that
     /// completions (unpacks, new transfers) are handled between them.
     int64_t local_chunk_bytes = int64_t{64} << 20;
+    /// How long a receiver waits for the transfer proofs of its senders
+    /// (peer_proof.h) before it fails the task (UNAUTHENTICATED naming them).
+    int64_t proof_timeout_ms = 60000;
   };
 
   /// `transport` may be null when every step of every task is local. The

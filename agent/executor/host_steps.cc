@@ -155,10 +155,10 @@ absl::StatusOr<HostSteps> PrepareHostSteps(ShardStore* store, const std::string&
       out.locals.push_back(&step);
       continue;
     }
-    if (step.index() < 0 || step.index() >= kMaxTaggedSteps) {
+    if (step.index() < 0 || step.index() >= kProofStepIndex) {
       return absl::InvalidArgumentError(
           absl::StrCat("operation ", task.operation_id(), ": cross-host step index ", step.index(),
-                       " does not fit a transfer tag (at most ", kMaxTaggedSteps - 1, ")"));
+                       " does not fit a transfer tag (at most ", kProofStepIndex - 1, ")"));
     }
     out.remotes.push_back(RemoteStep{&step, src_here, src_here ? *dst_host : *src_host});
   }

@@ -19,6 +19,8 @@ inline constexpr int kTagChunkBits = 16;
 /// Steps and chunks per step a tag can name.
 inline constexpr int64_t kMaxTaggedSteps = int64_t{1} << kTagStepBits;
 inline constexpr int64_t kMaxChunksPerStep = int64_t{1} << kTagChunkBits;
+/// The step index of the peer proofs (peer_proof.h), never a plan step's.
+inline constexpr int64_t kProofStepIndex = kMaxTaggedSteps - 1;
 /// The mask selecting the operation key of a tag.
 inline constexpr uint64_t kTagKeyMask = ((uint64_t{1} << kTagKeyBits) - 1)
                                         << (kTagStepBits + kTagChunkBits);

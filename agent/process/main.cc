@@ -15,11 +15,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/executor/executor.h"
 #include "agent/process/config.h"
 #include "agent/process/coordinator_session.h"
 #include "agent/process/metrics.h"
 #include "agent/process/worker_service.h"
+#include "agent/process/worker_socket.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
@@ -118,27 +120,28 @@ int main(int argc, char** argv) {
   session_options.heartbeat_ms = config->heartbeat_ms;
   session_options.metrics = &metrics;
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
+  // Connecting to a unix socket needs write permission on it: the group and
+  // mode say which training processes may (docs/security.md, "Workers").
+  // The agent accepts the connections itself to learn each caller's
+  // SO_PEERCRED (worker_socket.h).
+  absl::StatusOr<std::unique_ptr<WorkerSocket>> worker_socket =
+      WorkerSocket::Listen(config->worker_socket, config->worker_gid, config->worker_socket_mode);
+  if (!worker_socket.ok()) {
+    return Fail(absl::StrCat(worker_socket.status().message(),
+                             config->worker_gid >= 0
+                                 ? absl::StrCat(" (--worker-group \"", config->worker_group, "\")")
+                                 : ""));
+  }
   WorkerServiceImpl worker_service(store->get(), channel, &metrics);
+  worker_service.SetSocket(worker_socket->get());
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);
   });
-  unlink(config->worker_socket.c_str());  // a stale socket of an earlier run
   grpc::ServerBuilder builder;
-  builder.AddListeningPort("unix:" + config->worker_socket, grpc::InsecureServerCredentials());
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  if (server == nullptr) return Fail("cannot listen on unix:" + config->worker_socket);
-  // Connecting to a unix socket needs write permission on it: the group and
-  // mode say which training processes may (docs/security.md, "Workers").
-  if (config->worker_gid >= 0 && ::chown(config->worker_socket.c_str(), static_cast<uid_t>(-1),
-                                         static_cast<gid_t>(config->worker_gid)) != 0) {
-    return Fail("--worker-group \"" + config->worker_group + "\": cannot give " +
-                config->worker_socket + " that group: " + std::strerror(errno));
-  }
-  if (::chmod(config->worker_socket.c_str(), static_cast<mode_t>(config->worker_socket_mode)) !=
-      0) {
-    return Fail("cannot set the mode of " + config->worker_socket + ": " + std::strerror(errno));
-  }
+  if (server == nullptr) return Fail("cannot start the worker service on " + config->worker_socket);
+  (*worker_socket)->Serve(server.get());
 
   session.Start();
 
@@ -148,6 +151,7 @@ int main(int argc, char** argv) {
   const int sig = reshard::WaitForTerminationSignal();
   RESHARD_LOG(INFO) << "signal " << sig << ": shutting down";
   session.Stop();
+  (*worker_socket)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*transport)->Shutdown();
   exposer.reset();

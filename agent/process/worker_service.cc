@@ -3,8 +3,11 @@
 #include <chrono>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/executor/peer_proof.h"
 #include "agent/process/coordinator_session.h"
+#include "common/log.h"
 #include "planner/layout.h"
 #include "planner/shard.h"
 
@@ -46,21 +49,112 @@ WorkerServiceImpl::WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Ch
                                      AgentMetrics* metrics)
     : store_(store), metrics_(metrics), stub_(v1::CoordinatorService::NewStub(coordinator)) {}
 
-grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext* ctx,
                                              const v1::PublishShardRequest* req,
                                              v1::PublishShardResponse* resp) {
-  return Timed(metrics_, "PublishShard", [&] { return DoPublishShard(req, resp); });
+  return Timed(metrics_, "PublishShard", [&] {
+    absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+    if (s.ok()) s = Admit(*ctx, "PublishShard", req->job_id());
+    return s.ok() ? DoPublishShard(req, resp) : ToGrpc(s);
+  });
 }
 
-grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext*, const v1::SealShardRequest* req,
+grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext* ctx, const v1::SealShardRequest* req,
                                           v1::SealShardResponse* resp) {
-  return Timed(metrics_, "SealShard", [&] { return DoSealShard(req, resp); });
+  return Timed(metrics_, "SealShard", [&] {
+    absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+    if (s.ok()) s = Admit(*ctx, "SealShard", req->job_id());
+    if (!s.ok()) return ToGrpc(s);
+    grpc::Status sealed = DoSealShard(req, resp);
+    if (sealed.ok()) {
+      RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
+                        << " rank " << req->rank() << " sealed by worker " << Caller(*ctx);
+    }
+    return sealed;
+  });
 }
 
-grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext*,
+grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext* ctx,
                                                const v1::OpenGenerationRequest* req,
                                                v1::OpenGenerationResponse* resp) {
-  return Timed(metrics_, "OpenGeneration", [&] { return DoOpenGeneration(req, resp); });
+  return Timed(metrics_, "OpenGeneration", [&] {
+    absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+    if (s.ok()) s = Admit(*ctx, "OpenGeneration", req->job_id());
+    return s.ok() ? DoOpenGeneration(req, resp) : ToGrpc(s);
+  });
+}
+
+absl::StatusOr<std::string> WorkerServiceImpl::TokenSha256(const std::string& job_id) {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = token_sha256_.find(job_id);
+    if (it != token_sha256_.end()) return it->second;
+  }
+  v1::GetJobRequest req;
+  req.set_job_id(job_id);
+  v1::Job job;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    // As in Lookup: the job is not (or no longer) placed on this host.
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (!s.ok())
+    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
+  if (job.worker_token_sha256().size() != 32) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the coordinator gave no worker token hash for job \"", job_id,
+                     "\" (a coordinator without worker tokens): refusing every worker of the job"));
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  token_sha256_[job_id] = job.worker_token_sha256();
+  return job.worker_token_sha256();
+}
+
+std::string WorkerServiceImpl::Caller(const grpc::ServerContext& ctx) const {
+  return socket_ != nullptr ? socket_->Describe(ctx.peer()) : ctx.peer();
+}
+
+absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char* method,
+                                      const std::string& job_id) {
+  const auto& metadata = ctx.client_metadata();
+  const auto header = metadata.find("authorization");
+  constexpr absl::string_view kBearer = "Bearer ";
+  if (header == metadata.end() ||
+      !absl::StartsWith(absl::string_view(header->second.data(), header->second.size()), kBearer)) {
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+                         << " refused: no worker token";
+    return absl::UnauthenticatedError(absl::StrCat(
+        method, " of job \"", job_id,
+        "\": no worker token (send `authorization: Bearer <the job's worker token>`, from "
+        "RegisterJob or `reshardctl jobs worker-token JOB`; Python: Worker(worker_token=...) or "
+        "RESHARD_WORKER_TOKEN)"));
+  }
+  const std::string token(header->second.data() + kBearer.size(),
+                          header->second.size() - kBearer.size());
+  if (!absl::StartsWith(token, "wt-")) {
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+                         << " refused: not a worker token";
+    return absl::UnauthenticatedError(absl::StrCat(
+        method, " of job \"", job_id,
+        "\": the bearer token is not a worker token (expected wt-JOB.MAC, from RegisterJob or "
+        "`reshardctl jobs worker-token JOB`)"));
+  }
+  absl::StatusOr<std::string> expected = TokenSha256(job_id);
+  if (!expected.ok()) {
+    return absl::Status(
+        expected.status().code(),
+        absl::StrCat(method, " of job \"", job_id, "\" refused: ", expected.status().message()));
+  }
+  if (!ConstantTimeEqual(Sha256Of(token), *expected)) {
+    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+                         << " refused: not the job's worker token";
+    return absl::PermissionDeniedError(absl::StrCat(
+        method, " of job \"", job_id, "\" refused: the worker token presented is not job \"",
+        job_id, "\"'s (a worker may use only the job whose token it holds)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerServiceImpl::Lookup(
@@ -143,8 +237,6 @@ void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuf
 
 grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* req,
                                                v1::PublishShardResponse* resp) {
-  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
-  if (!s.ok()) return ToGrpc(s);
   // A checkpoint's workers publish the generation after the current one, on
   // the same layout (HostTask.publish_by_workers).
   const int64_t from =
@@ -203,8 +295,6 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
 
 grpc::Status WorkerServiceImpl::DoSealShard(const v1::SealShardRequest* req,
                                             v1::SealShardResponse* resp) {
-  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
-  if (!s.ok()) return ToGrpc(s);
   std::vector<uint64_t> expected(req->expected_checksums().begin(),
                                  req->expected_checksums().end());
   absl::StatusOr<std::vector<uint64_t>> sums =
@@ -216,8 +306,6 @@ grpc::Status WorkerServiceImpl::DoSealShard(const v1::SealShardRequest* req,
 
 grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest* req,
                                                  v1::OpenGenerationResponse* resp) {
-  absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
-  if (!s.ok()) return ToGrpc(s);
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
   if (!buf.ok()) return ToGrpc(buf.status());

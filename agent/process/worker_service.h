@@ -2,7 +2,14 @@
 // workers of this host use on the agent's unix socket to publish their
 // rank's shards (written in place into shared memory, then sealed) and to
 // open the shards of a generation. Item sizes come from the job's PTC and
-// layout (RankItemBytes), fetched from the coordinator's GetJob. Thread-safe.
+// layout (RankItemBytes), fetched from the coordinator's GetJob.
+//
+// Every call must carry the worker token of the job it names
+// (`authorization: Bearer wt-JOB.MAC`, docs/security.md "Worker tokens"):
+// the agent compares its SHA-256, in constant time, with the one the
+// coordinator's GetJob gives agents for jobs placed on their host. No token:
+// UNAUTHENTICATED; another job's token or a wrong one: PERMISSION_DENIED
+// naming the job (never the token). Thread-safe.
 #pragma once
 
 #include <functional>
@@ -14,6 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/process/metrics.h"
+#include "agent/process/worker_socket.h"
 #include "agent/shard_store/shard_store.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
@@ -34,6 +42,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// (CoordinatorSession::AcceptsPublish). Set before the server serves.
   using PublishGate = std::function<int64_t(const std::string&, int64_t, int)>;
   void SetPublishGate(PublishGate gate) { publish_gate_ = std::move(gate); }
+  /// The socket the calls come from (not owned; may stay unset): log lines
+  /// then name the caller's pid, uid and gid (SO_PEERCRED).
+  void SetSocket(const WorkerSocket* socket) { socket_ = socket; }
 
   grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
                             v1::PublishShardResponse* resp) override;
@@ -43,6 +54,11 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                               v1::OpenGenerationResponse* resp) override;
 
  private:
+  /// Whether the call's worker token is job `job_id`'s (see above).
+  absl::Status Admit(const grpc::ServerContext& ctx, const char* method, const std::string& job_id);
+  /// The SHA-256 of job `job_id`'s worker token (cached: it never changes).
+  absl::StatusOr<std::string> TokenSha256(const std::string& job_id);
+
   grpc::Status DoPublishShard(const v1::PublishShardRequest* req, v1::PublishShardResponse* resp);
   grpc::Status DoSealShard(const v1::SealShardRequest* req, v1::SealShardResponse* resp);
   grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
@@ -65,12 +81,17 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
                             google::protobuf::RepeatedPtrField<v1::WorkerItem>* items);
 
+  /// Who called: "pid P uid U gid G" when the socket knows, else the peer.
+  std::string Caller(const grpc::ServerContext& ctx) const;
+
   ShardStore* store_;
   AgentMetrics* metrics_;
   PublishGate publish_gate_;
+  const WorkerSocket* socket_ = nullptr;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::mutex mu_;
   std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;
+  std::map<std::string, std::string> token_sha256_;  // job id -> SHA-256 of its worker token
 };
 
 }  // namespace reshard::agent

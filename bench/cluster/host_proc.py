@@ -96,14 +96,16 @@ class Host:
     # ----------------------------------------------------------- reshard
     def publish(self, c):
         def one(r):
-            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600) as w:
+            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600,
+                                worker_token=c["worker_token"]) as w:
                 w.publish(r, c["generation"], self.shards[r])
         _parallel(one, sorted(self.shards))
         return {"bytes": sum(_nbytes(d) for d in self.shards.values())}
 
     def load(self, c):
         def one(r):
-            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600) as w:
+            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600,
+                                worker_token=c["worker_token"]) as w:
                 return w.load(r, c["generation"])
         ranks = sorted(self.new_views)
         self.loaded = dict(zip(ranks, _parallel(one, ranks)))

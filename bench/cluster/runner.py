@@ -154,11 +154,11 @@ class Bench:
     def _rep(self, case, number, rep, old, new, static):
         spec = ptc_pb2.JobSpec(name=f"bench-{number}-{rep}-{os.getpid()}", tenant="bench",
                                ptc=self.ptc, layout=old)
-        job = self.client.register_job(spec)
+        job, token = self.client.register_job(spec, with_token=True)
         times = {}
         try:
             self.hosts.all("generate")
-            times["publish_s"], r = self._timed("publish", job_id=job.id,
+            times["publish_s"], r = self._timed("publish", job_id=job.id, worker_token=token,
                                                 generation=job.generation)
             times["publish_bytes"] = sum(x["bytes"] for x in r.values())
             if self.args.unshaped:
@@ -172,7 +172,7 @@ class Bench:
             if rep == 0:
                 static.update(self._preview(job.id, new))
             final = self._resize(job.id, new, times)
-            times["load_s"], r = self._timed("load", job_id=job.id,
+            times["load_s"], r = self._timed("load", job_id=job.id, worker_token=token,
                                              generation=final.to_generation)
             times["load_bytes"] = sum(x["bytes"] for x in r.values())
             if self.args.unshaped:

@@ -20,6 +20,7 @@ constexpr char kUsage[] =
     "  jobs show JOB                  show a job: state, generation, layout, lost hosts\n"
     "  jobs register --spec JOB.json  register a job\n"
     "  jobs delete JOB                delete a job\n"
+    "  jobs worker-token JOB          the token the job's workers give their agent\n"
     "  resize JOB --to LAYOUT.json    move a job to a new layout (waits, with progress)\n"
     "  migrate JOB --to LAYOUT.json   move a job's ranks to other devices, same config\n"
     "  recover JOB --lost HOSTS [--to LAYOUT.json]\n"

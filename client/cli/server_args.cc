@@ -83,6 +83,15 @@ const std::vector<CommandSpec>& Specs() {
        {},
        {},
        "usage: reshardctl jobs delete JOB\n\nDeletes a job.\n"},
+      {"jobs worker-token",
+       {"JOB"},
+       {},
+       {},
+       {},
+       "usage: reshardctl jobs worker-token JOB\n"
+       "\nPrints the job's worker token (admin, or a scheduler of the job's tenant). Hand\n"
+       "it to the job's training workers (RESHARD_WORKER_TOKEN, Worker(worker_token=...)):\n"
+       "their agent serves them only with it. Every call is audited.\n"},
       {"resize",
        {"JOB"},
        {"to", "expected-generation", "idempotency-key", "wait-timeout"},

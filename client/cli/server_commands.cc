@@ -50,6 +50,7 @@ class Runner {
     if (c == "jobs show") return JobsShow();
     if (c == "jobs register") return JobsRegister();
     if (c == "jobs delete") return JobsDelete();
+    if (c == "jobs worker-token") return JobsWorkerToken();
     if (c == "resize") return Resize();
     if (c == "migrate") return Migrate();
     if (c == "recover") return Recover();
@@ -143,6 +144,15 @@ class Runner {
     req.set_idempotency_key(Flag("idempotency-key"));
     if (absl::Status s = client_.DeleteJob(std::move(req)); !s.ok()) return Fail(s);
     return Print(v1::DeleteJobResponse(), absl::StrCat("deleted job ", inv_.positional[0], "\n"));
+  }
+
+  int JobsWorkerToken() {
+    absl::StatusOr<std::string> token = client_.GetWorkerToken(inv_.positional[0]);
+    if (!token.ok()) return Fail(token.status());
+    v1::GetWorkerTokenResponse reply;
+    reply.set_job_id(inv_.positional[0]);
+    reply.set_worker_token(*token);
+    return Print(reply, *token + "\n");
   }
 
   absl::Status ReadLayout(v1::Layout* layout) {

@@ -153,6 +153,17 @@ absl::StatusOr<v1::Job> CoordinatorClient::GetJob(const std::string& job_id, boo
   return GetJob(request);
 }
 
+absl::StatusOr<std::string> CoordinatorClient::GetWorkerToken(const std::string& job_id) {
+  v1::GetWorkerTokenRequest request;
+  request.set_job_id(job_id);
+  v1::GetWorkerTokenResponse response;
+  absl::Status s = Call("GetWorkerToken", [&](grpc::ClientContext* c) {
+    return stub_->GetWorkerToken(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response.worker_token();
+}
+
 absl::StatusOr<v1::ListJobsResponse> CoordinatorClient::ListJobs(
     const v1::ListJobsRequest& request) {
   v1::ListJobsResponse response;

@@ -72,6 +72,10 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::Job> RegisterJob(v1::RegisterJobRequest request);
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id, bool include_ptc = false);
+  /// The job's worker token (admin, or a scheduler of its tenant): give it
+  /// to the job's workers (WorkerClient::Options::token). RegisterJob's
+  /// reply carries the same token.
+  [[nodiscard]] absl::StatusOr<std::string> GetWorkerToken(const std::string& job_id);
   /// One page; see ListAllJobs for every page.
   [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   /// Follows next_page_token to the end; the jobs of every page.

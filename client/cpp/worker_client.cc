@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
@@ -15,10 +16,12 @@
 namespace reshard::client {
 namespace {
 
-void SetTimeout(grpc::ClientContext* context, absl::Duration timeout) {
+// The deadline and the worker token (when there is one) of a call.
+void Prepare(grpc::ClientContext* context, absl::Duration timeout, const std::string& token) {
   if (timeout != absl::InfiniteDuration()) {
     context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   }
+  if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
 }
 
 absl::Status WithContext(const absl::Status& status, absl::string_view what) {
@@ -120,7 +123,7 @@ absl::StatusOr<std::vector<uint64_t>> ShardWriter::Seal(const std::vector<uint64
   for (uint64_t c : expected) request.add_expected_checksums(c);
   v1::SealShardResponse response;
   grpc::ClientContext context;
-  SetTimeout(&context, timeout_);
+  Prepare(&context, timeout_, token_);
   absl::Status s = FromGrpcStatus(stub_->SealShard(&context, request, &response));
   if (!s.ok()) {
     return WithContext(s, absl::StrCat("sealing ", Describe(job_id_, generation_, rank_)));
@@ -143,7 +146,12 @@ absl::StatusOr<absl::Span<const uint8_t>> LoadedShard::item_data(absl::string_vi
 WorkerClient::WorkerClient(const std::string& socket_path, Options options)
     : options_(options),
       stub_(v1::WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("unix:", socket_path),
-                                                           grpc::InsecureChannelCredentials()))) {}
+                                                           grpc::InsecureChannelCredentials()))) {
+  if (options_.token.empty()) {
+    const char* env = std::getenv("RESHARD_WORKER_TOKEN");
+    if (env != nullptr) options_.token = env;
+  }
+}
 
 absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id,
                                                        int64_t generation, int rank) {
@@ -153,7 +161,7 @@ absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id
   request.set_rank(rank);
   v1::PublishShardResponse response;
   grpc::ClientContext context;
-  SetTimeout(&context, options_.call_timeout);
+  Prepare(&context, options_.call_timeout, options_.token);
   absl::Status s = FromGrpcStatus(stub_->PublishShard(&context, request, &response));
   if (!s.ok()) {
     return WithContext(s, absl::StrCat("publishing ", Describe(job_id, generation, rank)));
@@ -166,6 +174,7 @@ absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id
   ShardWriter writer;
   writer.stub_ = stub_;
   writer.timeout_ = options_.call_timeout;
+  writer.token_ = options_.token;
   writer.job_id_ = job_id;
   writer.generation_ = generation;
   writer.rank_ = rank;
@@ -222,7 +231,7 @@ absl::StatusOr<LoadedShard> WorkerClient::Load(const std::string& job_id, int64_
   request.set_rank(rank);
   v1::OpenGenerationResponse response;
   grpc::ClientContext context;
-  SetTimeout(&context, options_.call_timeout);
+  Prepare(&context, options_.call_timeout, options_.token);
   absl::Status s = FromGrpcStatus(stub_->OpenGeneration(&context, request, &response));
   if (!s.ok()) return WithContext(s, absl::StrCat("loading ", Describe(job_id, generation, rank)));
   absl::StatusOr<std::vector<ShardItem>> items =

@@ -78,6 +78,7 @@ class ShardWriter {
 
   std::shared_ptr<v1::WorkerService::Stub> stub_;
   absl::Duration timeout_;
+  std::string token_;
   std::string job_id_;
   int64_t generation_ = 0;
   int rank_ = 0;
@@ -105,6 +106,11 @@ class WorkerClient {
  public:
   struct Options {
     absl::Duration call_timeout = absl::Seconds(30);
+    /// The job's worker token (RegisterJob's `worker_token`, or
+    /// `reshardctl jobs worker-token JOB`), sent as `authorization: Bearer
+    /// <token>` on every call; empty: $RESHARD_WORKER_TOKEN. The agent
+    /// serves only the job the token is for (docs/security.md).
+    std::string token;
   };
 
   /// `socket_path`: the agent's --worker-socket (without "unix:").

@@ -365,6 +365,22 @@ class LocalCluster:
         import reshard
         return reshard.Client(self.coordinator, **self.client_kwargs(identity), **kwargs)
 
+    def worker_token(self, job_id):
+        """The worker token of `job_id` (fetched as the admin, then cached):
+        what the job's workers present to their agent (docs/security.md)."""
+        tokens = self.__dict__.setdefault("_worker_tokens", {})
+        if job_id not in tokens:
+            with self.client() as c:
+                tokens[job_id] = c.worker_token(job_id)
+        return tokens[job_id]
+
+    def worker(self, host_id, job_id, **kwargs):
+        """A reshard.Worker of `job_id` on `host_id`'s agent, with the job's
+        worker token."""
+        import reshard
+        kwargs.setdefault("worker_token", self.worker_token(job_id))
+        return reshard.Worker(self.agents[host_id].worker_socket, job_id, **kwargs)
+
     def ctl_args(self, identity=ADMIN):
         """reshardctl's global flags for `identity`."""
         if not self.tls:

@@ -88,7 +88,8 @@ class TrainingJob:
                                    devices_per_host=self.cluster.devices_per_host)
 
     def worker(self, host):
-        return reshard.Worker(self.cluster.agents[host].worker_socket, self.job_id, ptc=self.ptc)
+        return reshard.Worker(self.cluster.agents[host].worker_socket, self.job_id, ptc=self.ptc,
+                              worker_token=self.worker_token)
 
     def host_of(self, lay, rank):
         return lay.placement.hosts[rank // lay.placement.devices_per_host]
@@ -190,7 +191,8 @@ class TrainingJob:
         self.current = self.layout(2, 2, 1, h[0:2])
         spec = megatron.build_spec(self.state, name="gpt-local", layout=self.current)
         self.ptc = spec.ptc
-        job = self.client.register_job(spec)
+        # The worker token goes to the job's workers (self.worker).
+        job, self.worker_token = self.client.register_job(spec, with_token=True)
         self.job_id = job.id
         self.log(f"\n== registered job {job.id}: {len(self.ptc.tensors)} tensors and "
                  f"{len(self.ptc.blobs)} blobs, {config_text(self.current)}")

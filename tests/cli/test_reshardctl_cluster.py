@@ -140,8 +140,9 @@ def publish(cluster, job_id, spec, seed):
     written = {}
     for rank, host in enumerate(rank_hosts(lay)):
         stub = worker_stub(cluster, host)
+        token = (("authorization", "Bearer " + cluster.worker_token(job_id)),)
         resp = stub.PublishShard(worker_pb2.PublishShardRequest(
-            job_id=job_id, generation=1, rank=rank), timeout=30)
+            job_id=job_id, generation=1, rank=rank), timeout=30, metadata=token)
         items = {}
         with open(resp.path, "r+b") as f, mmap.mmap(f.fileno(), resp.size) as m:
             for item in resp.items:
@@ -149,14 +150,15 @@ def publish(cluster, job_id, spec, seed):
                 m[item.offset:item.offset + item.bytes] = data
                 items[item.name] = data
         stub.SealShard(worker_pb2.SealShardRequest(job_id=job_id, generation=1, rank=rank),
-                       timeout=30)
+                       timeout=30, metadata=token)
         written[rank] = items
     return written
 
 
 def load(cluster, host, job_id, generation, rank):
     resp = worker_stub(cluster, host).OpenGeneration(worker_pb2.OpenGenerationRequest(
-        job_id=job_id, generation=generation, rank=rank), timeout=30)
+        job_id=job_id, generation=generation, rank=rank), timeout=30,
+        metadata=(("authorization", "Bearer " + cluster.worker_token(job_id)),))
     with open(resp.path, "rb") as f, mmap.mmap(f.fileno(), resp.size, prot=mmap.PROT_READ) as m:
         return {item.name: bytes(m[item.offset:item.offset + item.bytes]) for item in resp.items}
 

@@ -271,6 +271,9 @@ class ClientTest : public ::testing::Test {
     absl::StatusOr<v1::Job> job = client_->RegisterJob(req);
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
+    absl::StatusOr<std::string> token = client_->GetWorkerToken(job_id_);
+    ASSERT_TRUE(token.ok()) << token.status();
+    worker_options_.token = *token;
     ptc_ = spec.ptc();
     auto c = agent::testing::RandomContents(ptc_, spec.layout(), 7);
     ASSERT_TRUE(c.ok()) << c.status();
@@ -278,7 +281,7 @@ class ClientTest : public ::testing::Test {
     const std::vector<std::string> names = ItemNames(ptc_);
     const std::vector<std::string> hosts = agent::testing::RankHosts(spec.layout());
     for (size_t r = 0; r < contents_.ranks.size(); ++r) {
-      WorkerClient worker(sockets_.at(hosts[r]));
+      WorkerClient worker(sockets_.at(hosts[r]), worker_options_);
       if (r % 2 == 0) {
         std::vector<std::pair<std::string, absl::Span<const uint8_t>>> items;
         for (size_t i = 0; i < names.size(); ++i) {
@@ -312,7 +315,7 @@ class ClientTest : public ::testing::Test {
     const std::vector<std::string> names = ItemNames(ptc_);
     const std::vector<std::string> hosts = agent::testing::RankHosts(expected.layout);
     for (size_t r = 0; r < expected.ranks.size(); ++r) {
-      WorkerClient worker(sockets_.at(hosts[r]));
+      WorkerClient worker(sockets_.at(hosts[r]), worker_options_);
       absl::StatusOr<LoadedShard> shard = worker.Load(job_id_, generation, r);
       ASSERT_TRUE(shard.ok()) << shard.status();
       ASSERT_EQ(shard->items().size(), names.size());
@@ -349,6 +352,7 @@ class ClientTest : public ::testing::Test {
   std::mutex mu_;
   std::vector<Attempt> attempts_;
   std::string job_id_;
+  WorkerClient::Options worker_options_;  // with job_id_'s worker token
   v1::Ptc ptc_;
   Contents contents_;
 };
@@ -554,7 +558,11 @@ TEST_F(ClientTest, WorkerRejectsWrongSizesAndUnsealedLoads) {
   *reg.mutable_spec() = coordinator::testing::SmallJobSpec("gpt", "worker", {"h0", "h1"});
   absl::StatusOr<v1::Job> job = client_->RegisterJob(reg);
   ASSERT_TRUE(job.ok()) << job.status();
-  WorkerClient worker(sockets_["h0"]);
+  WorkerClient::Options worker_options;
+  absl::StatusOr<std::string> token = client_->GetWorkerToken(job->id());
+  ASSERT_TRUE(token.ok()) << token.status();
+  worker_options.token = *token;
+  WorkerClient worker(sockets_["h0"], worker_options);
   const std::vector<uint8_t> small(3, 1);
   absl::StatusOr<std::vector<uint64_t>> wrong = worker.Publish(
       job->id(), 1, 0, {{reg.spec().ptc().tensors(0).name(), absl::MakeConstSpan(small)}});

@@ -63,12 +63,16 @@ def run(coordinator, worker_sockets, host_ids):
     spec.layout.config.pp = 1
     spec.layout.config.dp = 1
     spec.layout.placement.CopyFrom(_placement(host_ids[:1]))
-    job = stub.RegisterJob(coordinator_pb2.RegisterJobRequest(spec=spec), timeout=10).job
+    registered = stub.RegisterJob(coordinator_pb2.RegisterJobRequest(spec=spec), timeout=10)
+    job = registered.job
+    # The job's workers present its worker token to their agent.
+    token_md = (("authorization", "Bearer " + registered.worker_token),)
 
     with grpc.insecure_channel("unix:" + worker_sockets[0]) as wch:
         worker = worker_pb2_grpc.WorkerServiceStub(wch)
         pub = worker.PublishShard(
-            worker_pb2.PublishShardRequest(job_id=job.id, generation=1, rank=0), timeout=10)
+            worker_pb2.PublishShardRequest(job_id=job.id, generation=1, rank=0), timeout=10,
+            metadata=token_md)
         fd = os.open(pub.path, os.O_RDWR)
         try:
             with mmap.mmap(fd, pub.size) as m:
@@ -78,7 +82,7 @@ def run(coordinator, worker_sockets, host_ids):
         finally:
             os.close(fd)
         worker.SealShard(worker_pb2.SealShardRequest(job_id=job.id, generation=1, rank=0),
-                         timeout=10)
+                         timeout=10, metadata=token_md)
 
     grow = coordinator_pb2.ResizeRequest(job_id=job.id, expected_generation=1,
                                          placement=_placement(host_ids[:2]))

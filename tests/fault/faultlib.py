@@ -92,7 +92,7 @@ class Job:
         self.id = self.client.register_job(spec).id
         self.layout = lay
         for host in rlayout.hosts_of(lay):
-            with reshard.Worker(self.cluster.agents[host].worker_socket, self.id) as w:
+            with self.cluster.worker(host, self.id) as w:
                 for rank, _ in rlayout.ranks_on_host(lay, host):
                     w.publish(rank, 1, rlayout.shard(self.ptc, lay, rank, self.state))
         self.verify(lay, 1)
@@ -104,8 +104,7 @@ class Job:
         FaultCheckError naming the first difference. Returns bytes compared."""
         compared = 0
         for host in rlayout.hosts_of(lay):
-            with reshard.Worker(self.cluster.agents[host].worker_socket, self.id,
-                                ptc=self.ptc) as w:
+            with self.cluster.worker(host, self.id, ptc=self.ptc) as w:
                 for rank, _ in rlayout.ranks_on_host(lay, host):
                     got = w.load(rank, generation)
                     want = rlayout.shard(self.ptc, lay, rank, self.state)

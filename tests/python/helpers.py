@@ -1,6 +1,9 @@
 """Shared test helpers: small PTCs covering every partition kind, publishing a
 layout's shards, and comparing loaded shards with reshard.layout.shard."""
 
+import os
+
+import grpc
 import numpy as np
 
 import reshard
@@ -76,6 +79,26 @@ def random_globals(ptc, world, seed=0):
     return out
 
 
+class WorkerTokenInterceptor(grpc.UnaryUnaryClientInterceptor):
+    """Adds the worker token of each request's job_id (cluster.worker_token)
+    to raw WorkerService stubs, as reshard.Worker does."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+
+    def intercept_unary_unary(self, continuation, details, request):
+        metadata = list(details.metadata or [])
+        metadata.append(("authorization", "Bearer " + self.cluster.worker_token(request.job_id)))
+        details = details._replace(metadata=metadata)
+        return continuation(details, request)
+
+
+def worker_channel(cluster, host):
+    """A channel to `host`'s worker socket whose calls carry their job's token."""
+    channel = grpc.insecure_channel("unix:" + os.path.abspath(cluster.agents[host].worker_socket))
+    return grpc.intercept_channel(channel, WorkerTokenInterceptor(cluster))
+
+
 def register(client, cluster, name, ptc, lay):
     spec = ptc_pb2.JobSpec(name=name, tenant="pytest", ptc=ptc, layout=lay)
     return client.register_job(spec)
@@ -84,7 +107,7 @@ def register(client, cluster, name, ptc, lay):
 def publish_all(cluster, job_id, ptc, lay, globals_, generation=1):
     """Publishes every rank of `lay` through the Worker of its host."""
     for host in layout.hosts_of(lay):
-        with reshard.Worker(cluster.agents[host].worker_socket, job_id) as w:
+        with cluster.worker(host, job_id) as w:
             for rank, _ in layout.ranks_on_host(lay, host):
                 w.publish(rank, generation, layout.shard(ptc, lay, rank, globals_))
 
@@ -94,7 +117,7 @@ def check_generation(cluster, job_id, ptc, lay, globals_, generation):
     returns a list of mismatch descriptions (empty when all bytes agree)."""
     problems = []
     for host in layout.hosts_of(lay):
-        with reshard.Worker(cluster.agents[host].worker_socket, job_id, ptc=ptc) as w:
+        with cluster.worker(host, job_id, ptc=ptc) as w:
             for rank, _ in layout.ranks_on_host(lay, host):
                 got = w.load(rank, generation)
                 want = layout.shard(ptc, lay, rank, globals_)

@@ -10,7 +10,7 @@ import grpc
 import numpy as np
 import pytest
 
-from helpers import register, tensor
+from helpers import register, tensor, worker_channel
 import reshard
 from reshard import layout
 from reshard.v1 import coordinator_pb2 as OP, ptc_pb2, worker_pb2, worker_pb2_grpc
@@ -25,7 +25,7 @@ def big_ptc():
 
 
 def stub(cluster, host):
-    channel = grpc.insecure_channel("unix:" + os.path.abspath(cluster.agents[host].worker_socket))
+    channel = worker_channel(cluster, host)
     return channel, worker_pb2_grpc.WorkerServiceStub(channel)
 
 
@@ -98,7 +98,7 @@ def test_writes_through_a_mapping_held_across_seal_and_resize_never_tear(
     assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
     assert refused and set(refused) == {grpc.StatusCode.FAILED_PRECONDITION}
     for host, rank in (("host-1", 0), ("host-2", 1)):
-        with reshard.Worker(cluster.agents[host].worker_socket, job.id, ptc=big_ptc()) as wk:
+        with cluster.worker(host, job.id, ptc=big_ptc()) as wk:
             got = wk.load(rank, 2)["w"]
             assert np.all(got == 1.0), f"rank {rank}: {np.unique(got)[:5]}"
 
@@ -125,7 +125,7 @@ def test_truncating_a_sealed_file_then_resizing_fails_the_operation_not_the_agen
     job = one_rank_job(client, cluster, job_name)
     g = {"w": np.full((ROWS, COLS), 3.0, dtype=np.float32)}
     lay = layout.make_layout(1, 1, 1, ["host-0"], 1)
-    with reshard.Worker(cluster.agents["host-0"].worker_socket, job.id) as wk:
+    with cluster.worker("host-0", job.id) as wk:
         wk.publish(0, 1, layout.shard(big_ptc(), lay, 0, g))
         path = wk._call("OpenGeneration", worker_pb2.OpenGenerationRequest(**key(job.id))).path
     os.truncate(path, 4096)  # root ignores the file's 0440 mode

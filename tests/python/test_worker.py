@@ -23,7 +23,7 @@ def job(cluster, client):
 
 
 def worker(cluster, job_id, host="host-0", **kw):
-    return reshard.Worker(cluster.agents[host].worker_socket, job_id, **kw)
+    return cluster.worker(host, job_id, **kw)
 
 
 def test_numpy_round_trip(cluster, job):
@@ -172,7 +172,8 @@ def test_load_errors_and_corruption(cluster, client, job_name):
             w.load(0, 1)  # nothing published yet
         # a buffer created but not sealed
         stub = worker_pb2_grpc.WorkerServiceStub(w._channel)
-        resp = stub.PublishShard(worker_pb2.PublishShardRequest(job_id=j.id, generation=1, rank=0))
+        resp = stub.PublishShard(worker_pb2.PublishShardRequest(job_id=j.id, generation=1, rank=0),
+                                 metadata=w._metadata)
         with pytest.raises(reshard.FailedPrecondition, match="not sealed"):
             w.load(0, 1)
         # the agent refuses a seal whose expected checksums differ
@@ -180,7 +181,7 @@ def test_load_errors_and_corruption(cluster, client, job_name):
             try:
                 stub.SealShard(worker_pb2.SealShardRequest(
                     job_id=j.id, generation=1, rank=0,
-                    expected_checksums=[1] * len(resp.items)))
+                    expected_checksums=[1] * len(resp.items)), metadata=w._metadata)
             except grpc.RpcError as e:
                 raise reshard.errors.from_rpc_error(e, "SealShard")
         w.publish(0, 1, layout.shard(ptc, lay, 0, g))

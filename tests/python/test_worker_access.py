@@ -67,7 +67,7 @@ def run_as(cluster, groups, job_id, mode):
     setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}"]
     setpriv += [f"--groups={','.join(map(str, groups))}"] if groups else ["--clear-groups"]
     here = os.path.dirname(os.path.abspath(__file__))
-    env = dict(os.environ, HOME="/tmp")
+    env = dict(os.environ, HOME="/tmp", RESHARD_WORKER_TOKEN=cluster.worker_token(job_id))
     return subprocess.run(
         setpriv + [sys.executable, "-c", _WORKER, here, cluster.agents["host-0"].worker_socket,
                    job_id, mode], capture_output=True, text=True, timeout=120, env=env)

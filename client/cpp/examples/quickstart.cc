@@ -118,11 +118,16 @@ int main(int argc, char** argv) {
   absl::StatusOr<v1::Job> job = client.RegisterJob(reg);
   if (!job.ok()) return Fail(job.status());
   std::cout << "registered job " << job->id() << " (" << job->name() << ")\n";
+  // The job's workers present its worker token to their agent.
+  absl::StatusOr<std::string> token = client.GetWorkerToken(job->id());
+  if (!token.ok()) return Fail(token.status());
+  WorkerClient::Options worker_options;
+  worker_options.token = *token;
 
   // The workers: every rank publishes its tensors to its host's agent.
   const v1::Layout& old_layout = reg.spec().layout();
   for (int rank = 0; rank < 4; ++rank) {
-    WorkerClient worker(sockets[old_layout.placement().hosts(rank / 2)]);
+    WorkerClient worker(sockets[old_layout.placement().hosts(rank / 2)], worker_options);
     absl::StatusOr<reshard::client::ShardWriter> shard = worker.BeginPublish(job->id(), 1, rank);
     if (!shard.ok()) return Fail(shard.status());
     for (size_t i = 0; i < shard->items().size(); ++i) {  // written in place
@@ -160,7 +165,7 @@ int main(int argc, char** argv) {
   }
 
   // The workers of the new layout load generation 2 and check every byte.
-  WorkerClient worker(sockets[hosts[2]]);
+  WorkerClient worker(sockets[hosts[2]], worker_options);
   for (int rank = 0; rank < 2; ++rank) {
     absl::StatusOr<reshard::client::LoadedShard> shard =
         worker.Load(job->id(), done->to_generation(), rank);

@@ -164,18 +164,28 @@ class Client:
 
     # ------------------------------------------------------------------ jobs
 
-    def register_job(self, spec, idempotency_key=None, timeout=None, dataset_state=None):
+    def register_job(self, spec, idempotency_key=None, timeout=None, dataset_state=None,
+                     with_token=False):
         """Registers a job (JobSpec or dict: name, tenant, ptc, layout) at
-        generation 1. Returns the Job. AlreadyExists when (tenant, name) is
-        taken by another request; InvalidArgument for a bad spec.
-        dataset_state: optional (reshard.data.DatasetState, a
+        generation 1. Returns the Job, or (Job, worker token) with
+        with_token=True: hand the token to the job's workers
+        (Worker(worker_token=...) or RESHARD_WORKER_TOKEN). AlreadyExists when
+        (tenant, name) is taken by another request; InvalidArgument for a bad
+        spec. dataset_state: optional (reshard.data.DatasetState, a
         reshard.v1.DatasetState or its dict; docs/data.md)."""
         key = idempotency_key or new_idempotency_key()
         req = _pb.RegisterJobRequest(spec=as_message(spec, ptc_pb2.JobSpec, "spec"),
                                      idempotency_key=key)
         if dataset_state is not None:
             req.dataset_state.CopyFrom(_dataset_message(dataset_state))
-        return self._call("RegisterJob", req, timeout, key).job
+        resp = self._call("RegisterJob", req, timeout, key)
+        return (resp.job, resp.worker_token) if with_token else resp.job
+
+    def worker_token(self, job_id, timeout=None):
+        """The job's worker token (admin, or a scheduler of its tenant): what
+        the job's workers present to their agent. NotFound if unknown."""
+        return self._call("GetWorkerToken", _pb.GetWorkerTokenRequest(job_id=job_id),
+                          timeout).worker_token
 
     def get_job(self, job_id, include_ptc=False, timeout=None):
         """The Job (with its PTC when include_ptc). NotFound if unknown."""

@@ -59,6 +59,15 @@ class Worker:
         coordinator, dialled with `client_kwargs` (reshard.Client's
         credentials=, token= or insecure=True; one of them is required).
       timeout: deadline of each call, seconds.
+      worker_token: the job's worker token (Client.register_job(...,
+        with_token=True), Client.worker_token(job_id) or `reshardctl jobs
+        worker-token JOB`); default $RESHARD_WORKER_TOKEN. The agent serves
+        a call only with the token of the job it names: none is
+        Unauthenticated, another job's is PermissionDenied. With
+        coordinator="host:port" and no other credentials it is also the
+        bearer token for the coordinator unless token= is given (role
+        `worker`: GetJob of this job only; still needs credentials= with the
+        CA, or insecure=True).
 
     Dtypes on load: from `ptc`, else from the coordinator, else the dtypes
     last published under each name by a Worker of this process for this job;
@@ -66,16 +75,25 @@ class Worker:
     """
 
     def __init__(self, socket_path, job_id, ptc=None, coordinator=None, timeout=30.0,
-                 **client_kwargs):
+                 worker_token=None, **client_kwargs):
         self.socket_path = socket_path
         self.job_id = job_id
         self.timeout = timeout
+        # The job's worker token (RegisterJob, Client.worker_token, `reshardctl
+        # jobs worker-token JOB`): the agent serves only the job it is for.
+        if worker_token is None:
+            worker_token = os.environ.get("RESHARD_WORKER_TOKEN") or None
+        self._metadata = (("authorization", "Bearer " + worker_token),) if worker_token else ()
         target = socket_path if socket_path.startswith("unix:") else (
             "unix:" + os.path.abspath(socket_path))
         self._channel = grpc.insecure_channel(target)
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         if isinstance(coordinator, str):
             from reshard.client import Client
+            if worker_token:
+                # The worker token is also a coordinator credential: the
+                # `worker` role, which may read only this job (GetJob).
+                client_kwargs.setdefault("token", worker_token)
             coordinator = Client(coordinator, timeout=timeout, **client_kwargs)
             self._own_client = coordinator
         elif client_kwargs:
@@ -103,7 +121,8 @@ class Worker:
 
     def _call(self, method, request):
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout)
+            return getattr(self._stub, method)(request, timeout=self.timeout,
+                                               metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
 

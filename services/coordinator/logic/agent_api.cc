@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "planner/layout.h"
+#include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/request_checks.h"
@@ -278,6 +279,12 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   *task.mutable_ptc() = *std::move(ptc);
   *task.mutable_plan() = SliceForHost(*record->plan, host_id);
   task.set_publish_by_workers(op.kind() == v1::OPERATION_KIND_CHECKPOINT);
+  if (options_.secrets != nullptr) {
+    // Only hosts with a task in the operation get here (checked above).
+    absl::StatusOr<std::string> secret = options_.secrets->TransferSecret(op_id);
+    if (!secret.ok()) return secret.status();
+    task.set_transfer_secret(*std::move(secret));
+  }
   for (const HostProgress& row : *rows) {
     if (row.host_id == host_id) continue;
     v1::PeerHost* peer = task.add_peers();

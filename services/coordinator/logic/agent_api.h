@@ -10,10 +10,15 @@
 
 namespace reshard::coordinator {
 
+class ClusterSecrets;
+
 class AgentApi {
  public:
   struct Options {
     int64_t lease_ms = 10000;
+    /// Derives each task's transfer secret (not owned); null: tasks carry
+    /// none and agents send no proofs (unit tests).
+    ClusterSecrets* secrets = nullptr;
   };
 
   /// `metrics` may be null.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_split.h"
 #include "common/tls.h"
 #include "grpcpp/server_context.h"
+#include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/tokens.h"
 
 namespace reshard::coordinator {
@@ -30,7 +31,7 @@ const std::vector<MethodRule>& Rules() {
   constexpr AuditLevel kRefused = AuditLevel::kRefusals;
   static const auto* const kRules = new std::vector<MethodRule>{
       // CoordinatorService: reads.
-      {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent}, false, kNo},
+      {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent, Role::kWorker}, false, kNo},
       {"ListJobs", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"GetOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
@@ -48,6 +49,8 @@ const std::vector<MethodRule>& Rules() {
       // The training loop's step commits (docs/data.md): with the job's
       // scheduler credentials, like the operations it steers.
       {"CommitStep", {Role::kScheduler}, false, kAll},
+      // Hands out a secret: every call recorded.
+      {"GetWorkerToken", {Role::kScheduler}, false, kAll},
       // AgentService.
       {"RegisterAgent", {Role::kAgent}, true, kAll},
       {"Heartbeat", {Role::kAgent}, true, kRefused},
@@ -156,6 +159,22 @@ absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& co
       return absl::UnauthenticatedError(
           absl::StrCat(method, ": the authorization header is not `Bearer <token>`"));
     }
+    if (ClusterSecrets::IsWorkerToken(value.substr(7))) {
+      if (secrets_ == nullptr) {
+        return absl::UnauthenticatedError(
+            absl::StrCat(method, ": worker tokens are not accepted here"));
+      }
+      absl::StatusOr<std::string> job = secrets_->VerifyWorkerToken(value.substr(7));
+      if (!job.ok()) {
+        return absl::Status(job.status().code(),
+                            absl::StrCat(method, ": ", job.status().message()));
+      }
+      Principal p;
+      p.name = absl::StrCat("worker:", *job);
+      p.role = Role::kWorker;
+      p.job_id = *job;
+      return p;
+    }
     absl::StatusOr<TokenRecord> token = tokens_->Verify(value.substr(7));
     if (!token.ok()) {
       return absl::Status(token.status().code(),
@@ -232,8 +251,10 @@ absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* me
         if (t == tenant) return absl::OkStatus();
       }
       return refuse(absl::StrCat("its tenants are ", absl::StrJoin(principal.tenants, ",")));
-    case Role::kAgent:
     case Role::kWorker:
+      if (principal.job_id == job_id) return absl::OkStatus();
+      return refuse(absl::StrCat("its worker token is for job \"", principal.job_id, "\""));
+    case Role::kAgent:
       if (principal.any_host) return absl::OkStatus();
       for (const std::string& h : hosts) {
         if (h == principal.host_id) return absl::OkStatus();

@@ -11,6 +11,9 @@
 //    `viewer:<name>@<tenants>`;
 //  - a bearer token (`authorization: Bearer tok-ID.SECRET`, TokenApi) when
 //    no certificate was presented: its role and tenants;
+//  - a job's worker token (`authorization: Bearer wt-JOB.MAC`,
+//    ClusterSecrets): the role `worker`, which may only read that job
+//    (GetJob), e.g. a Python Worker given `coordinator=`;
 //  - with --insecure (plaintext), every caller is the admin `insecure` and an
 //    agent may speak for any host: an explicit, logged choice for tests and
 //    single-user machines.
@@ -54,6 +57,8 @@ struct Principal {
   std::string host_id;
   /// --insecure: an agent principal that may speak for any host.
   bool any_host = false;
+  /// worker: the one job its worker token is for.
+  std::string job_id;
 };
 
 /// Parses a certificate common name `<role>:<name>[@tenant,...]` into a
@@ -62,14 +67,16 @@ struct Principal {
 
 class TokenApi;
 class AuditApi;
+class ClusterSecrets;
 
 class Authorizer {
  public:
   /// `insecure`: plaintext mode (see above). `tokens` (may be null: no
-  /// bearer tokens) and `audit` (may be null: no audit trail) must outlive
-  /// this.
-  Authorizer(bool insecure, const TokenApi* tokens, AuditApi* audit = nullptr)
-      : insecure_(insecure), tokens_(tokens), audit_(audit) {}
+  /// bearer tokens), `audit` (may be null: no audit trail) and `secrets`
+  /// (may be null: no worker tokens) must outlive this.
+  Authorizer(bool insecure, const TokenApi* tokens, AuditApi* audit = nullptr,
+             ClusterSecrets* secrets = nullptr)
+      : insecure_(insecure), tokens_(tokens), audit_(audit), secrets_(secrets) {}
 
   /// What the audit trail records of `method` (the method table).
   static AuditLevel AuditOf(const char* method);
@@ -103,7 +110,8 @@ class Authorizer {
   /// Whether `principal` may see or act on job `job_id` of `tenant`, placed
   /// on `hosts` (its current placement): admin always; scheduler and viewer
   /// within their tenants; an agent for jobs placed on its host (its worker
-  /// service reads their PTC). PERMISSION_DENIED naming the job and tenant.
+  /// service reads their PTC); a worker for the job of its token.
+  /// PERMISSION_DENIED naming the job and tenant.
   [[nodiscard]] absl::Status AuthorizeJob(const Principal& principal, const char* method,
                                           const std::string& job_id, const std::string& tenant,
                                           const std::vector<std::string>& hosts) const;
@@ -112,6 +120,7 @@ class Authorizer {
   const bool insecure_;
   const TokenApi* tokens_;
   AuditApi* const audit_;
+  ClusterSecrets* const secrets_;
 };
 
 }  // namespace reshard::coordinator

@@ -39,7 +39,12 @@ grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
             !s.ok()) {
           return s;
         }
-        return Unwrap(api_->RegisterJob(*request), reply);
+        if (absl::Status s = Unwrap(api_->RegisterJob(*request), reply); !s.ok()) return s;
+        if (secrets_ == nullptr) return absl::OkStatus();
+        absl::StatusOr<std::string> token = secrets_->WorkerToken(reply->job().id());
+        if (!token.ok()) return token.status();
+        reply->set_worker_token(*std::move(token));
+        return absl::OkStatus();
       });
 }
 
@@ -54,8 +59,17 @@ grpc::Status CoordinatorServiceImpl::GetJob(grpc::ServerContext* context,
         }
         absl::Status allowed =
             authorizer_->AuthorizeJob(p, "GetJob", reply->id(), reply->tenant(), hosts);
-        if (!allowed.ok()) reply->Clear();
-        return allowed;
+        if (!allowed.ok()) {
+          reply->Clear();
+          return allowed;
+        }
+        // Agents check workers' tokens against it (docs/security.md).
+        if (secrets_ != nullptr && (p.role == Role::kAgent || p.role == Role::kAdmin)) {
+          absl::StatusOr<std::string> sha = secrets_->WorkerTokenSha256(reply->id());
+          if (!sha.ok()) return sha.status();
+          reply->set_worker_token_sha256(*std::move(sha));
+        }
+        return absl::OkStatus();
       });
 }
 
@@ -225,6 +239,33 @@ grpc::Status CoordinatorServiceImpl::CommitStep(grpc::ServerContext* context,
       authorizer_, context, metrics_, "CommitStep", *request, "", [&](const Principal& p) {
         if (absl::Status s = InJobTenant(p, "CommitStep", request->job_id()); !s.ok()) return s;
         return Unwrap(api_->CommitStep(*request), reply);
+      });
+}
+
+grpc::Status CoordinatorServiceImpl::GetWorkerToken(grpc::ServerContext* context,
+                                                    const v1::GetWorkerTokenRequest* request,
+                                                    v1::GetWorkerTokenResponse* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "GetWorkerToken", *request, "",
+      [&](const Principal& p) -> absl::Status {
+        if (secrets_ == nullptr) {
+          return absl::UnimplementedError("GetWorkerToken: this coordinator has no worker tokens");
+        }
+        if (request->job_id().empty()) return absl::InvalidArgumentError("job_id is empty");
+        v1::GetJobRequest get;
+        get.set_job_id(request->job_id());
+        absl::StatusOr<v1::Job> job = api_->GetJob(get);
+        if (!job.ok()) return job.status();
+        if (absl::Status s =
+                authorizer_->AuthorizeJob(p, "GetWorkerToken", job->id(), job->tenant(), {});
+            !s.ok()) {
+          return s;
+        }
+        absl::StatusOr<std::string> token = secrets_->WorkerToken(job->id());
+        if (!token.ok()) return token.status();
+        reply->set_job_id(job->id());
+        reply->set_worker_token(*std::move(token));
+        return absl::OkStatus();
       });
 }
 

@@ -8,6 +8,7 @@
 #include <atomic>
 
 #include "reshard/v1/coordinator.grpc.pb.h"
+#include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/auth.h"
@@ -16,10 +17,12 @@ namespace reshard::coordinator {
 
 class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
-  /// `api` and `authorizer` must outlive this; `metrics` may be null.
+  /// `api` and `authorizer` must outlive this; `metrics` may be null;
+  /// `secrets` (may be null: no worker tokens, GetWorkerToken is
+  /// UNIMPLEMENTED) derives worker tokens.
   CoordinatorServiceImpl(SchedulerApi* api, const Authorizer* authorizer,
-                         CoordinatorMetrics* metrics)
-      : api_(api), authorizer_(authorizer), metrics_(metrics) {}
+                         CoordinatorMetrics* metrics, ClusterSecrets* secrets = nullptr)
+      : api_(api), authorizer_(authorizer), metrics_(metrics), secrets_(secrets) {}
 
   /// Ends open WatchOperation streams (they return CANCELLED) so that the
   /// server can stop without waiting for operations to finish.
@@ -58,6 +61,9 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          v1::ListAuditResponse* reply) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::CommitStepRequest* request,
                           v1::DatasetState* reply) override;
+  grpc::Status GetWorkerToken(grpc::ServerContext* context,
+                              const v1::GetWorkerTokenRequest* request,
+                              v1::GetWorkerTokenResponse* reply) override;
 
  private:
   SchedulerApi* api_;
@@ -70,6 +76,7 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
 
   const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
+  ClusterSecrets* secrets_;
   std::atomic<bool> stopping_{false};
 };
 

@@ -14,6 +14,7 @@
 #include "prometheus/registry.h"
 #include "services/coordinator/logic/agent_api.h"
 #include "services/coordinator/logic/audit_api.h"
+#include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
@@ -71,8 +72,10 @@ absl::Status CoordinatorServer::Start() {
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
   scheduler_api_ =
       std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
+  secrets_ = std::make_unique<ClusterSecrets>(store_);
   AgentApi::Options agent_options;
   agent_options.lease_ms = config_.lease_ms;
+  agent_options.secrets = secrets_.get();
   agent_api_ = std::make_unique<AgentApi>(store_, &clock_, metrics_.get(), agent_options);
   OperationDriver::Options driver_options;
   driver_options.transfer_timeout_ms = config_.transfer_timeout_ms;
@@ -95,12 +98,12 @@ absl::Status CoordinatorServer::Start() {
   }
   token_api_ = std::make_unique<TokenApi>(store_, &clock_);
   audit_api_ = std::make_unique<AuditApi>(store_, AuditApi::Options{});
-  authorizer_ =
-      std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get(), audit_api_.get());
+  authorizer_ = std::make_unique<Authorizer>(config_.tls.insecure, token_api_.get(),
+                                             audit_api_.get(), secrets_.get());
   auth_service_ =
       std::make_unique<AuthServiceImpl>(token_api_.get(), authorizer_.get(), metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
-      scheduler_api_.get(), authorizer_.get(), metrics_.get());
+      scheduler_api_.get(), authorizer_.get(), metrics_.get(), secrets_.get());
   agent_service_ =
       std::make_unique<AgentServiceImpl>(agent_api_.get(), authorizer_.get(), metrics_.get());
   grpc::ServerBuilder builder;

@@ -32,6 +32,7 @@ class AgentServiceImpl;
 class AuditApi;
 class Authorizer;
 class AuthServiceImpl;
+class ClusterSecrets;
 class TokenApi;
 class CoordinatorMetrics;
 class CoordinatorServiceImpl;
@@ -92,6 +93,7 @@ class CoordinatorServer {
   std::unique_ptr<OperationDriver> driver_;
   std::unique_ptr<LeaderLoop> leader_;
   std::unique_ptr<TokenApi> token_api_;
+  std::unique_ptr<ClusterSecrets> secrets_;
   std::unique_ptr<AuditApi> audit_api_;
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<AuthServiceImpl> auth_service_;

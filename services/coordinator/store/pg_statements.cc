@@ -74,6 +74,9 @@ const std::vector<Statement>& AllStatements() {
       kSelectTokenByHash,
       kRevokeToken,
       kListTokens,
+      // Cluster secrets (issue 11).
+      kInsertClusterSecret,
+      kSelectClusterSecret,
       // Audit (issue 11).
       kInsertAudit,
       kListAudit,

@@ -316,6 +316,14 @@ inline constexpr Statement kRevokeToken{
 inline constexpr Statement kListTokens{
     "list_tokens", "SELECT " RESHARD_PG_TOKEN_COLUMNS "FROM auth_tokens ORDER BY id"};
 
+// ---- Cluster secrets (migrations/0006) ---------------------------------------
+
+inline constexpr Statement kInsertClusterSecret{
+    "insert_cluster_secret",
+    "INSERT INTO cluster_secrets (name, secret) VALUES ($1, $2) ON CONFLICT (name) DO NOTHING"};
+inline constexpr Statement kSelectClusterSecret{
+    "select_cluster_secret", "SELECT secret FROM cluster_secrets WHERE name = $1"};
+
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
 

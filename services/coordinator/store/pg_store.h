@@ -127,6 +127,8 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<TokenRecord> RevokeToken(const std::string& id,
                                                         int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
+  [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
+      const std::string& name, const std::string& candidate) override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(

@@ -71,4 +71,17 @@ absl::StatusOr<std::vector<TokenRecord>> PgStore::ListTokens() {
   });
 }
 
+absl::StatusOr<std::string> PgStore::GetOrCreateClusterSecret(const std::string& name,
+                                                              const std::string& candidate) {
+  return pg::TransactFor<std::string>(
+      *pool_, "GetOrCreateClusterSecret", [&](pg::PgTx& tx) -> absl::StatusOr<std::string> {
+        tx.Exec(pg::kInsertClusterSecret, name, pg::Bytea(candidate));
+        const pqxx::result r = tx.Exec(pg::kSelectClusterSecret, name);
+        if (r.empty())
+          return absl::InternalError(absl::StrCat("cluster secret \"", name, "\" missing"));
+        const pqxx::binarystring bytes(r[0][0]);
+        return std::string(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+      });
+}
+
 }  // namespace reshard::coordinator

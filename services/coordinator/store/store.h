@@ -272,6 +272,10 @@ class Store {
                                                                 int64_t now_unix_ms) = 0;
   /// Every token, by id.
   [[nodiscard]] virtual absl::StatusOr<std::vector<TokenRecord>> ListTokens() = 0;
+  /// The cluster's secret `name` (32 bytes): `candidate` is stored if none
+  /// is yet (the first replica to ask wins), then the stored one returned.
+  [[nodiscard]] virtual absl::StatusOr<std::string> GetOrCreateClusterSecret(
+      const std::string& name, const std::string& candidate) = 0;
   [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
   /// Marks ALIVE hosts whose lease ended before `now_unix_ms` LOST and
   /// returns their ids.

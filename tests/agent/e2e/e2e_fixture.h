@@ -146,6 +146,7 @@ class AgentE2eTest : public ::testing::Test {
     grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
     job_id_ = resp.job().id();
+    SetWorkerToken(job_id_, resp.worker_token());
     ptc_ = spec.ptc();
     generation_ = 1;
     auto c = RandomContents(ptc_, spec.layout(), 42);

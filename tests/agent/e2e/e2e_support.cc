@@ -40,6 +40,15 @@ void Deadline(grpc::ClientContext* ctx) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
 }
 
+std::mutex& TokensMu() {
+  static auto* mu = new std::mutex;
+  return *mu;
+}
+std::map<std::string, std::string>& Tokens() {
+  static auto* tokens = new std::map<std::string, std::string>;
+  return *tokens;
+}
+
 // Maps `path` (read-write when `write`).
 class Mapping {
  public:
@@ -68,6 +77,17 @@ class Mapping {
 };
 
 }  // namespace
+
+void SetWorkerToken(const std::string& job_id, const std::string& token) {
+  std::lock_guard<std::mutex> l(TokensMu());
+  Tokens()[job_id] = token;
+}
+
+void AddWorkerToken(grpc::ClientContext* ctx, const std::string& job_id) {
+  std::lock_guard<std::mutex> l(TokensMu());
+  auto it = Tokens().find(job_id);
+  if (it != Tokens().end()) ctx->AddMetadata("authorization", "Bearer " + it->second);
+}
 
 std::string AgentBinary() {
   // Another build of the agent may be tested with the same test binary.
@@ -263,6 +283,7 @@ absl::Status Publish(const std::map<std::string, std::string>& sockets, const st
     v1::PublishShardResponse resp;
     grpc::ClientContext ctx;
     Deadline(&ctx);
+    AddWorkerToken(&ctx, job_id);
     absl::Status s = FromGrpc(stub->PublishShard(&ctx, req, &resp),
                               absl::StrCat("PublishShard rank ", r, " on ", hosts[r]));
     if (!s.ok()) return s;
@@ -288,6 +309,7 @@ absl::Status Publish(const std::map<std::string, std::string>& sockets, const st
     v1::SealShardResponse sealed;
     grpc::ClientContext ctx2;
     Deadline(&ctx2);
+    AddWorkerToken(&ctx2, job_id);
     s = FromGrpc(stub->SealShard(&ctx2, seal, &sealed), absl::StrCat("SealShard rank ", r));
     if (!s.ok()) return s;
   }
@@ -308,6 +330,7 @@ absl::Status Verify(const std::map<std::string, std::string>& sockets, const std
     v1::OpenGenerationResponse resp;
     grpc::ClientContext ctx;
     Deadline(&ctx);
+    AddWorkerToken(&ctx, job_id);
     const std::string where =
         absl::StrCat("generation ", generation, " rank ", r, " on ", hosts[r]);
     absl::Status s = FromGrpc(stub->OpenGeneration(&ctx, req, &resp), "OpenGeneration " + where);

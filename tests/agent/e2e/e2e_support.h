@@ -21,6 +21,10 @@
 #include "reshard/v1/ptc.pb.h"
 #include "reshard/v1/worker.grpc.pb.h"
 
+namespace grpc {
+class ClientContext;
+}
+
 namespace reshard::agent::testing {
 
 /// The binary under test (from CMake).
@@ -73,6 +77,13 @@ absl::StatusOr<Contents> Reshard(const v1::Ptc& ptc, const Contents& from, const
 
 /// The host of every rank of `layout`.
 std::vector<std::string> RankHosts(const v1::Layout& layout);
+
+/// Remembers the worker token of `job_id` (RegisterJob's `worker_token`):
+/// Publish and Verify send it (docs/security.md, "Worker tokens").
+/// Thread-safe.
+void SetWorkerToken(const std::string& job_id, const std::string& token);
+/// Adds `authorization: Bearer <token of job_id>` when one is remembered.
+void AddWorkerToken(grpc::ClientContext* ctx, const std::string& job_id);
 
 /// Publishes and seals every rank of `c` (ranks on `skip_hosts` excepted)
 /// through the WorkerService of its host (`sockets`: host -> socket path).

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/agent/e2e/e2e_fixture.h"
@@ -102,6 +103,7 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
   v1::RegisterJobResponse job;
   grpc::ClientContext rctx;
   ASSERT_TRUE(stub_->RegisterJob(&rctx, rj, &job).ok());
+  SetWorkerToken(job.job().id(), job.worker_token());
   auto worker = v1::WorkerService::NewStub(
       grpc::CreateChannel("unix:" + sockets_["h0"], grpc::InsecureChannelCredentials()));
   auto publish = [&](int64_t generation, int rank) {
@@ -111,6 +113,7 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
     req.set_rank(rank);
     v1::PublishShardResponse resp;
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     return worker->PublishShard(&ctx, req, &resp).error_code();
   };
   EXPECT_EQ(publish(2, 0), grpc::StatusCode::FAILED_PRECONDITION);  // not the current one
@@ -121,6 +124,7 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
     req.set_generation(1);
     v1::PublishShardResponse resp;
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());  // the token of another job, which does not exist
     EXPECT_EQ(worker->PublishShard(&ctx, req, &resp).error_code(), grpc::StatusCode::NOT_FOUND);
   }
   ASSERT_EQ(publish(1, 0), grpc::StatusCode::OK);
@@ -132,12 +136,14 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
   v1::OpenGenerationResponse opened;
   {
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     EXPECT_EQ(worker->OpenGeneration(&ctx, open, &opened).error_code(),
               grpc::StatusCode::FAILED_PRECONDITION);  // not sealed yet
   }
   open.set_rank(1);
   {
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     EXPECT_EQ(worker->OpenGeneration(&ctx, open, &opened).error_code(),
               grpc::StatusCode::NOT_FOUND);  // never published
   }
@@ -149,6 +155,7 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
   v1::SealShardResponse sealed;
   {
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     ASSERT_TRUE(worker->SealShard(&ctx, seal, &sealed).ok());
   }
   // Sealing again with a wrong expected checksum for the first item.
@@ -158,16 +165,56 @@ TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
   v1::SealShardResponse resealed;
   {
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     EXPECT_EQ(worker->SealShard(&ctx, seal, &resealed).error_code(), grpc::StatusCode::DATA_LOSS);
   }
   open.set_rank(0);
   {
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job.job().id());
     ASSERT_TRUE(worker->OpenGeneration(&ctx, open, &opened).ok());
     EXPECT_EQ(opened.checksums_size(), sealed.checksums_size());
     ASSERT_GT(opened.items_size(), 0);
     EXPECT_EQ(opened.items(0).name(), spec.ptc().tensors(0).name());
   }
+}
+
+// docs/security.md, "Worker tokens": the agent serves a worker-socket call
+// only with the worker token of the job it names.
+TEST_F(AgentE2eTest, WorkerSocketNeedsTheJobsWorkerToken) {
+  std::vector<v1::RegisterJobResponse> jobs(2);
+  for (int i = 0; i < 2; ++i) {
+    v1::RegisterJobRequest rj;
+    *rj.mutable_spec() =
+        coordinator::testing::SmallJobSpec(absl::StrCat("tok", i), "e2e", {"h0", "h1"});
+    grpc::ClientContext rctx;
+    ASSERT_TRUE(stub_->RegisterJob(&rctx, rj, &jobs[i]).ok());
+    ASSERT_FALSE(jobs[i].worker_token().empty());
+  }
+  auto worker = v1::WorkerService::NewStub(
+      grpc::CreateChannel("unix:" + sockets_["h0"], grpc::InsecureChannelCredentials()));
+  auto publish = [&](const std::string& job_id, const std::string* token, std::string* message) {
+    v1::PublishShardRequest req;
+    req.set_job_id(job_id);
+    req.set_generation(1);
+    req.set_rank(0);
+    v1::PublishShardResponse resp;
+    grpc::ClientContext ctx;
+    if (token != nullptr) ctx.AddMetadata("authorization", "Bearer " + *token);
+    grpc::Status s = worker->PublishShard(&ctx, req, &resp);
+    if (message != nullptr) *message = s.error_message();
+    return s.error_code();
+  };
+  const std::string& job0 = jobs[0].job().id();
+  std::string message;
+  EXPECT_EQ(publish(job0, nullptr, &message), grpc::StatusCode::UNAUTHENTICATED);
+  EXPECT_TRUE(absl::StrContains(message, job0)) << message;
+  EXPECT_EQ(publish(job0, &jobs[1].worker_token(), &message), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_TRUE(absl::StrContains(message, absl::StrCat("job \"", job0, "\""))) << message;
+  EXPECT_FALSE(absl::StrContains(message, jobs[1].worker_token())) << message;
+  const std::string forged = "wt-" + job0 + ".AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+  EXPECT_EQ(publish(job0, &forged, nullptr), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_EQ(publish(job0, &jobs[0].worker_token(), &message), grpc::StatusCode::OK) << message;
 }
 
 TEST_F(AgentE2eTest, SigtermStopsAgentCleanly) {

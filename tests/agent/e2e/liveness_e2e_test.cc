@@ -75,6 +75,7 @@ class LivenessE2eTest : public AgentE2eTest {
     open.set_rank(rank);
     v1::OpenGenerationResponse opened;
     grpc::ClientContext ctx;
+    AddWorkerToken(&ctx, job_id_);
     return worker->OpenGeneration(&ctx, open, &opened).error_code();
   }
 

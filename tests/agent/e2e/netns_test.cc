@@ -157,6 +157,7 @@ TEST_F(NetnsTest, LinkCutMidTransferAbortsAndOldGenerationSurvives) {
   grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
   ASSERT_TRUE(s.ok()) << s.error_message();
   const std::string job = resp.job().id();
+  SetWorkerToken(job, resp.worker_token());
   auto contents = RandomContents(spec.ptc(), spec.layout(), 7);
   ASSERT_TRUE(contents.ok()) << contents.status();
   absl::Status p = Publish(sockets_, job, 1, *contents);

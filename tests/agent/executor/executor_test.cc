@@ -213,6 +213,7 @@ class ExecutorTest : public ::testing::Test {
       eo.max_inflight_bytes = 64 << 10;  // several windows' worth of traffic
       eo.chunk_bytes = chunk_bytes;
       eo.local_chunk_bytes = chunk_bytes;
+      eo.proof_timeout_ms = proof_timeout_ms_;
       h.executor = std::make_unique<TaskExecutor>(h.store.get(), h.transport.get(), eo);
       hosts_.push_back(std::move(h));
     }
@@ -302,6 +303,7 @@ class ExecutorTest : public ::testing::Test {
   v1::Ptc ptc_;
   v1::Layout from_, to_;
   std::vector<Host> hosts_;
+  int64_t proof_timeout_ms_ = 60000;
 };
 
 TEST_F(ExecutorTest, TwoHostsReshardTp2To4AndDp3To2) {
@@ -311,6 +313,57 @@ TEST_F(ExecutorTest, TwoHostsReshardTp2To4AndDp3To2) {
   ASSERT_GT(whole.plan().stats().bytes_cross_host(), 0);
   ASSERT_GT(whole.plan().zero_fills_size(), 0);
   ExpectResharded(whole, 6);
+}
+
+// With the operation's transfer secret (as the coordinator sends it), every
+// sender proves itself to every receiver first, and tags derive from it.
+TEST_F(ExecutorTest, HostsWithTheTransferSecretProveThemselvesAndReshard) {
+  MakeHosts();
+  FillOld();
+  v1::HostTask whole = WholeTask();
+  whole.set_transfer_secret(std::string(32, 'k'));
+  ExpectResharded(whole, 6);
+}
+
+// A host whose task carries another secret (not a peer of the operation)
+// gets no data from, and gives none to, the others: each side fails naming
+// the peer whose proof never came, drops its new buffers, and keeps the old
+// generation.
+TEST_F(ExecutorTest, AHostWithAnotherSecretIsRefusedAndNothingIsCommitted) {
+  proof_timeout_ms_ = 1500;
+  MakeHosts();
+  FillOld();
+  v1::HostTask whole = WholeTask();
+  ASSERT_GT(whole.plan().stats().bytes_cross_host(), 0);
+  const auto addrs = Addresses();
+  // h1 receives from h0: it must fail on its own. Then the operation is
+  // aborted (cancelled() turns true), as the coordinator does on a failure.
+  std::atomic<bool> aborted{false};
+  std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
+  for (auto& h : hosts_) {
+    v1::HostTask task = Slice(whole, h.id, addrs);
+    task.set_transfer_secret(std::string(32, h.id == "h0" ? 'f' : 'k'));
+    runs.push_back(std::async(std::launch::async, [&h, task, &aborted] {
+      return h.executor->Execute(h.id, task, nullptr, [&] { return aborted.load(); });
+    }));
+  }
+  auto h1 = runs[1].get();
+  aborted = true;
+  EXPECT_EQ(h1.status().code(), absl::StatusCode::kUnauthenticated) << h1.status();
+  EXPECT_THAT(std::string(h1.status().message()), ::testing::HasSubstr("\"h0\""));
+  auto h0 = runs[0].get();
+  EXPECT_FALSE(h0.ok());
+  for (const Host& h : hosts_) EXPECT_EQ(NewBuffers(h), 0) << h.id;
+  // The old generation is intact.
+  const auto slots = planner::ExpandPlacement(from_.placement());
+  for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
+    Host& h = hosts_[slots[r].host() == "h0" ? 0 : 1];
+    auto got = h.store->Get({kJob, 1, r});
+    ASSERT_TRUE(got.ok()) << got.status();
+    VectorBuffer want((*got)->items(), (*got)->size());
+    RenderRank(ptc_, from_, r, 6, &want);
+    EXPECT_EQ(0, std::memcmp(want.data(), (*got)->data(), want.size())) << "rank " << r;
+  }
 }
 
 // Cross-host steps larger than the chunk size, strided at both ends and

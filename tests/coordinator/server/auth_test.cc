@@ -83,14 +83,28 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
     ASSERT_TRUE(admin_auth_->RevokeToken(Ctx().get(), r, &reply).ok());
   }
   const std::string expiring = Token("scheduler", {"team-a"}, 1);
+  // Worker tokens (role worker): the job's, another job's, a forged one.
+  auto worker_token = [&](const std::string& job_id) {
+    v1::GetWorkerTokenRequest r;
+    r.set_job_id(job_id);
+    v1::GetWorkerTokenResponse reply;
+    const grpc::Status s = admin_->GetWorkerToken(Ctx().get(), r, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return reply.worker_token();
+  };
+  const std::string job_worker = worker_token(job.id());
+  const std::string other_worker =
+      worker_token(Register(admin_.get(), SmallJobSpec("matrix-other", "team-a")).id());
+  const std::string forged_worker =
+      "wt-" + job.id() + ".AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 
   // identity -> the calls it may make (every other call must be refused).
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
                                         "GetOperation", "WatchOperation", "ListHosts",
                                         "ListAudit"};
-  const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
-                                         "Migrate",     "RecoverFromFailure", "CancelOperation",
-                                         "CommitStep"};
+  const std::set<std::string> kWrites = {"RegisterJob",    "DeleteJob",          "Resize",
+                                         "Migrate",        "RecoverFromFailure", "CancelOperation",
+                                         "CommitStep",     "GetWorkerToken",     "Checkpoint"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
@@ -113,6 +127,9 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       {{kAnonymousIdentity, ""}, {}},
       {{kAnonymousIdentity, revoked}, {}},
       {{kAnonymousIdentity, "tok-0123456789abcdef.not-a-secret"}, {}},
+      {{kAnonymousIdentity, job_worker}, {"GetJob"}},
+      {{kAnonymousIdentity, other_worker}, {}},
+      {{kAnonymousIdentity, forged_worker}, {}},
   };
 
   int serial = 0;
@@ -228,6 +245,13 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          v1::ListHostsResponse reply;
          return CoordinatorClient(address, c.identity)
              ->ListHosts(CallCtx(c).get(), v1::ListHostsRequest(), &reply);
+       }},
+      {"GetWorkerToken",
+       [&](const Caller& c) {
+         v1::GetWorkerTokenRequest r;
+         r.set_job_id(job.id());
+         v1::GetWorkerTokenResponse reply;
+         return CoordinatorClient(address, c.identity)->GetWorkerToken(CallCtx(c).get(), r, &reply);
        }},
       {"ListAudit",
        [&](const Caller& c) {
