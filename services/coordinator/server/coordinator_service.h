@@ -54,6 +54,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                          v1::ListHostsResponse* reply) override;
   grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
                          v1::ListAuditResponse* reply) override;
+  grpc::Status Advise(grpc::ServerContext* context, const v1::AdviseRequest* request,
+                      v1::AdviseResponse* reply) override;
 
  private:
   SchedulerApi* api_;
