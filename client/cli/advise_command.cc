@@ -22,8 +22,9 @@ absl::Status BadFlag(const std::string& flag, const std::string& value, const ch
       absl::StrCat("--", flag, " \"", value, "\": expected ", expected));
 }
 
-// Step times are milliseconds to seconds: three significant digits.
+// Step and move times span microseconds to hours: three significant digits.
 std::string FormatStep(double seconds) {
+  if (seconds < 1e-3) return absl::StrFormat("%.3g us", seconds * 1e6);
   if (seconds < 1) return absl::StrFormat("%.3g ms", seconds * 1e3);
   return absl::StrFormat("%.3g s", seconds);
 }
@@ -133,14 +134,14 @@ std::string FormatAdviceTable(const v1::AdviseResponse& advice) {
                                  ")\n", advice.considered(), " layouts considered, ",
                                  advice.feasible(), " fit; Pareto set (fastest first), horizon ",
                                  FormatSeconds(advice.horizon_s()), ":\n\n");
-  absl::StrAppend(&out, absl::StrFormat("  %4s %4s %4s %4s %-10s %10s %12s %12s %9s %14s\n", "TP",
+  absl::StrAppend(&out, absl::StrFormat("  %4s %4s %4s %4s %-10s %10s %11s %11s %10s %14s\n", "TP",
                                         "PP", "DP", "MB", "RECOMPUTE", "STEP", "MEMORY/DEV",
                                         "CROSS-HOST", "MOVE", "STEPS/HORIZON"));
   for (int i = 0; i < advice.candidates_size(); ++i) {
     const v1::AdviseCandidate& c = advice.candidates(i);
     const bool priced = c.reconfig_priced();
     absl::StrAppend(&out,
-                    absl::StrFormat("%s %4d %4d %4d %4d %-10s %10s %12s %12s %9s %14s\n",
+                    absl::StrFormat("%s %4d %4d %4d %4d %-10s %10s %11s %11s %10s %14s\n",
                                     i == advice.best() ? "*" : " ", c.tp(), c.pp(), c.dp(),
                                     c.micro_batch(), c.recompute(), FormatStep(c.step_seconds()),
                                     FormatBytes(static_cast<int64_t>(c.memory_bytes())),

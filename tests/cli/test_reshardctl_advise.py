@@ -105,6 +105,7 @@ def test_advise_errors(ctl, job):
 def test_resize_choose_commits_the_best_layout(ctl, job):
     advice = ctl.json("advise", job, "--gpus", "8", *MODEL)
     best = advice["candidates"][advice["best"]]
+    assert int(best["cross_host_bytes"]) > 0  # a real move, onto host-2 and host-3
     rc, out, err = ctl("resize", job, "--choose", "--gpus", "8", *MODEL, "--output", "json")
     assert rc == OK, err
     op = json.loads(out)

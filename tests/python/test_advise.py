@@ -17,10 +17,10 @@ MODEL = {"heads": 4, "seq_length": 8, "global_batch": 16}
 
 @pytest.fixture
 def job(cluster, client, job_name):
-    """A published tp 2 x pp 2 x dp 2 job on the 4 hosts x 2, and its data."""
-    sd = megatron.synthetic_gpt(2, 32, 4, 64, 8, "float16", world=8, seed=11)
+    """A published tp 2 x pp 1 x dp 2 job on the first 2 hosts x 2, and its data."""
+    sd = megatron.synthetic_gpt(2, 32, 4, 64, 8, "float16", world=4, seed=11)
     ptc = megatron.build_ptc(sd, megatron.synthetic_config(2, 4))
-    lay = layout.make_layout(2, 2, 2, cluster.host_ids, 2)
+    lay = layout.make_layout(2, 1, 2, cluster.host_ids[:2], 2)
     spec = {"name": job_name, "tenant": "pytest", "ptc": reshard.to_dict(ptc),
             "layout": reshard.to_dict(lay)}
     created = client.register_job(spec)
@@ -85,6 +85,7 @@ def test_resize_choose_commits_the_best_layout(cluster, client, job):
     created, ptc, sd = job
     advice = client.advise(created.id, gpus=8, **MODEL)
     best = advice.candidates[advice.best]
+    assert best.cross_host_bytes > 0  # a real move: onto the two other hosts
     op = client.resize(created.id, choose=True, gpus=8, model=MODEL)
     assert op.target_layout == best.layout
     final = client.wait(op.id, timeout=120, raise_on_failure=True)
