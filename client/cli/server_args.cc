@@ -398,6 +398,13 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     if (choose && !inv.flags.contains("gpus")) {
       return absl::InvalidArgumentError("missing --gpus (resize --choose)");
     }
+    for (const std::vector<std::string>* names : {&AdviseValueFlags(), &AdviseBoolFlags()}) {
+      for (const std::string& name : *names) {
+        if (!choose && inv.flags.contains(name)) {
+          return absl::InvalidArgumentError(absl::StrCat("--", name, ": only with --choose"));
+        }
+      }
+    }
   }
   if (inv.command == "advise" || inv.flags.contains("choose")) {
     absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv.flags, "");

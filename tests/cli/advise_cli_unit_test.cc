@@ -59,6 +59,9 @@ TEST(AdviseArgsTest, UsageErrorsNameTheFlag) {
               HasSubstr("either --to"));
   EXPECT_THAT(ParseServerArgs("resize", {"j", "--choose"}, "").status().message(),
               HasSubstr("missing --gpus"));
+  EXPECT_THAT(
+      ParseServerArgs("resize", {"j", "--to", "t.json", "--heads", "4"}, "").status().message(),
+      HasSubstr("--heads: only with --choose"));
   EXPECT_TRUE(ParseServerArgs("resize", {"j", "--choose", "--gpus", "8"}, "").ok());
 }
 

@@ -47,6 +47,13 @@ def job(cluster, ctl):
     return created["id"]
 
 
+def test_help_lists_advise(ctl):
+    rc, out, _ = ctl("--help", coordinator=False)
+    assert rc == OK and "advise JOB --gpus N" in out and "--choose" in out
+    rc, out, _ = ctl("advise", "--help", coordinator=False)
+    assert rc == OK and "--horizon" in out and "--heads" in out and "--inter-bw" in out
+
+
 def test_advise_table_and_json_agree(ctl, job):
     advice = ctl.json("advise", job, "--gpus", "8", *MODEL)
     assert advice["hosts"] == ["host-0", "host-1", "host-2", "host-3"]
