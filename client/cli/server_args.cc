@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "absl/time/time.h"
+#include "client/cli/advise_command.h"
 #include "client/cli/args.h"
 #include "client/cli/server_commands.h"
 #include "planner/layout.h"
@@ -53,6 +54,11 @@ struct CommandSpec {
   std::string usage;
 };
 
+std::vector<std::string> Joined(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
 const std::vector<CommandSpec>& Specs() {
   static const auto* specs = new std::vector<CommandSpec>{
       {"jobs list",
@@ -94,13 +100,26 @@ const std::vector<CommandSpec>& Specs() {
        "their agent serves them only with it. Every call is audited.\n"},
       {"resize",
        {"JOB"},
-       {"to", "expected-generation", "idempotency-key", "wait-timeout"},
-       {"no-wait"},
-       {"to"},
+       Joined({"to", "expected-generation", "idempotency-key", "wait-timeout"}, AdviseValueFlags()),
+       Joined({"no-wait", "choose"}, AdviseBoolFlags()),
+       {},
        absl::StrCat("usage: reshardctl resize JOB --to LAYOUT.json [--no-wait]\n"
+                    "       reshardctl resize JOB --choose --gpus N [advise flags] [--no-wait]\n"
                     "\nMoves a job to a new layout: a reshard.v1.Layout in JSON (a missing\n"
-                    "config keeps the current one).\n\n",
+                    "config keeps the current one), or with --choose the one the coordinator's\n"
+                    "advisor finds best for --horizon (see reshardctl advise --help).\n\n",
                     kWaitHelp)},
+      {"advise",
+       {"JOB"},
+       AdviseValueFlags(),
+       Joined({"json"}, AdviseBoolFlags()),
+       {"gpus"},
+       absl::StrCat("usage: reshardctl advise JOB --gpus N [--hosts H1,H2] [--horizon 1h]\n"
+                    "         [model and device flags] [--output json]\n"
+                    "\nAsks the coordinator which layouts suit JOB on N devices: the Pareto set\n"
+                    "of predicted step time and memory per device, each with the cost of the\n"
+                    "move from the current layout; * marks the best for the horizon.\n",
+                    AdviseFlagsHelp())},
       {"migrate",
        {"JOB"},
        {"to", "expected-generation", "idempotency-key", "wait-timeout"},
@@ -379,6 +398,26 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     if (!inv.flags.contains(r) || inv.flags.at(r).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("missing --", r));
     }
+  }
+  if (inv.command == "resize") {
+    const bool choose = inv.flags.contains("choose");
+    if (choose == inv.flags.contains("to")) {
+      return absl::InvalidArgumentError("resize: give either --to LAYOUT.json or --choose");
+    }
+    if (choose && !inv.flags.contains("gpus")) {
+      return absl::InvalidArgumentError("missing --gpus (resize --choose)");
+    }
+    for (const std::vector<std::string>* names : {&AdviseValueFlags(), &AdviseBoolFlags()}) {
+      for (const std::string& name : *names) {
+        if (!choose && inv.flags.contains(name)) {
+          return absl::InvalidArgumentError(absl::StrCat("--", name, ": only with --choose"));
+        }
+      }
+    }
+  }
+  if (inv.command == "advise" || inv.flags.contains("choose")) {
+    absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv.flags, "");
+    if (!advise.ok()) return advise.status();
   }
   if (auto it = inv.flags.find("wait-timeout"); it != inv.flags.end()) {
     absl::StatusOr<absl::Duration> d = ParseTimeout(it->second);

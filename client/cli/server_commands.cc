@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "client/cli/advise_command.h"
 #include "client/cli/exit_codes.h"
 #include "client/cli/json_file.h"
 #include "client/cli/lost_set.h"
@@ -63,6 +64,7 @@ class Runner {
     if (c == "auth revoke") return AuthRevoke();
     if (c == "auth list") return AuthList();
     if (c == "audit") return Audit();
+    if (c == "advise") return Advise();
     return LocalError(absl::InvalidArgumentError(absl::StrCat("unknown command \"", c, "\"")),
                       kExitUsage);
   }
@@ -170,6 +172,7 @@ class Runner {
   }
 
   int Resize() {
+    if (Has("choose")) return ResizeChosen();
     v1::Layout target;
     if (absl::Status s = ReadLayout(&target); !s.ok()) return LocalError(s);
     v1::ResizeRequest req;
@@ -181,6 +184,28 @@ class Runner {
     if (target.has_config()) *req.mutable_config() = target.config();
     req.set_idempotency_key(Flag("idempotency-key"));
     return Started(client_.Resize(std::move(req)));
+  }
+
+  // resize --choose: the coordinator resizes to its advisor's best layout.
+  int ResizeChosen() {
+    v1::ResizeRequest req;
+    req.set_job_id(inv_.positional[0]);
+    absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv_.flags, "");
+    if (!advise.ok()) return LocalError(advise.status(), kExitUsage);
+    *req.mutable_choose() = *std::move(advise);
+    absl::StatusOr<int64_t> gen = ExpectedGeneration(req.job_id(), nullptr);
+    if (!gen.ok()) return Fail(gen.status());
+    req.set_expected_generation(*gen);
+    req.set_idempotency_key(Flag("idempotency-key"));
+    return Started(client_.Resize(std::move(req)));
+  }
+
+  int Advise() {
+    absl::StatusOr<v1::AdviseRequest> req = AdviseRequestFromFlags(inv_.flags, inv_.positional[0]);
+    if (!req.ok()) return LocalError(req.status(), kExitUsage);
+    absl::StatusOr<v1::AdviseResponse> advice = client_.Advise(*req);
+    if (!advice.ok()) return Fail(advice.status());
+    return Print(*advice, FormatAdviceTable(*advice));
   }
 
   int Migrate() {

@@ -238,6 +238,14 @@ absl::StatusOr<v1::PreviewPlanResponse> CoordinatorClient::PreviewPlan(
   return response;
 }
 
+absl::StatusOr<v1::AdviseResponse> CoordinatorClient::Advise(const v1::AdviseRequest& request) {
+  v1::AdviseResponse response;
+  absl::Status s =
+      Call("Advise", [&](grpc::ClientContext* c) { return stub_->Advise(c, request, &response); });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::Operation> CoordinatorClient::GetOperation(const std::string& operation_id) {
   v1::GetOperationRequest request;
   request.set_operation_id(operation_id);

@@ -92,6 +92,8 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const std::string& operation_id);
+  /// The advisor's Pareto set for a job (docs/advisor.md); a read, retried.
+  [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
 
   // Bearer tokens (AuthService; admin only). CreateToken's reply carries
   // the token itself, which nothing shows again.

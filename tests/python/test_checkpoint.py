@@ -53,7 +53,7 @@ def test_aborted_checkpoint_keeps_the_previous_generation(cluster, client, job_n
     op = client.checkpoint(job.id)
     # The workers of one host publish; the other host's never do (they died).
     host = cluster.host_ids[0]
-    with reshard.Worker(cluster.agents[host].worker_socket, job.id) as w:
+    with cluster.worker(host, job.id) as w:
         for rank, _ in layout.ranks_on_host(lay, host):
             w.publish(rank, 2, layout.shard(ptc, lay, rank, step5))
     client.cancel_operation(op.id)

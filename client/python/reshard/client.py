@@ -217,19 +217,29 @@ class Client:
 
     # ------------------------------------------------------------ operations
 
-    def resize(self, job_id, layout, expected_generation=None, idempotency_key=None,
-               timeout=None):
+    def resize(self, job_id, layout=None, expected_generation=None, idempotency_key=None,
+               timeout=None, choose=False, gpus=None, hosts=None, horizon_s=None, devices=None,
+               model=None):
         """Starts a resize to `layout` (Layout: config + placement; a Layout
         without config, or a bare Placement, keeps the current config).
-        expected_generation defaults to the job's current one (read first).
-        Returns the new Operation (PENDING); see wait()."""
+        With choose=True and no layout the coordinator picks it: the advisor's
+        best candidate for `horizon_s` on `gpus` devices (arguments as
+        advise(); `model` a dict of AdviseModel fields). expected_generation
+        defaults to the job's current one (read first). Returns the new
+        Operation (PENDING; its target_layout is the choice); see wait()."""
+        if choose == (layout is not None):
+            raise ValueError("resize: give a layout, or choose=True with gpus")
         key = idempotency_key or new_idempotency_key()
-        config, placement = _split_layout(layout)
-        req = _pb.ResizeRequest(job_id=job_id, placement=placement, idempotency_key=key,
+        req = _pb.ResizeRequest(job_id=job_id, idempotency_key=key,
                                 expected_generation=self._current_generation(
                                     job_id, expected_generation, timeout))
-        if config is not None:
-            req.config.CopyFrom(config)
+        if choose:
+            req.choose.CopyFrom(_advise_request("", gpus, hosts, horizon_s, devices, model or {}))
+        else:
+            config, placement = _split_layout(layout)
+            req.placement.CopyFrom(placement)
+            if config is not None:
+                req.config.CopyFrom(config)
         return self._call("Resize", req, timeout, key)
 
     def checkpoint(self, job_id, expected_generation=None, idempotency_key=None, timeout=None):
@@ -285,6 +295,24 @@ class Client:
                                      target=as_message(layout, ptc_pb2.Layout, "layout"),
                                      lost_hosts=list(lost_hosts), lost_ranks=list(lost_ranks))
         return self._call("PreviewPlan", req, timeout).stats
+
+    def advise(self, job_id, gpus, hosts=None, horizon_s=None, devices=None, timeout=None,
+               **model):
+        """Which layouts suit the job on `gpus` devices (docs/advisor.md): the
+        AdviseResponse, whose `candidates` are the Pareto set of predicted
+        step time and memory per device (fastest first), each with its
+        layout and the cost of moving there (cross_host_bytes, busiest_host,
+        transfer_seconds); `best` indexes the one completing the most steps
+        in `horizon_s` (default 3600) after its move, -1 if none.
+        `hosts`: host ids to take the devices from (default: the live hosts,
+        the job's first). `devices`: a dict of AdviseDevices fields
+        (gpu_type, memory_bytes, intra/inter_host_bytes_per_s, ...).
+        `model`: AdviseModel fields (heads, seq_length, global_batch are
+        required; layers, hidden, vocab default from the PTC).
+        InvalidArgument names a bad field; FailedPrecondition when the hosts
+        lack the devices or nothing fits."""
+        return self._call("Advise", _advise_request(job_id, gpus, hosts, horizon_s, devices,
+                                                    model), timeout)
 
     def get_operation(self, operation_id, timeout=None):
         """The Operation as it is now. NotFound if unknown."""
@@ -448,6 +476,18 @@ def _dataset_message(value):
     if hasattr(value, "to_proto"):
         return value.to_proto()
     return as_message(value, ptc_pb2.DatasetState, "dataset_state")
+
+
+def _advise_request(job_id, gpus, hosts, horizon_s, devices, model):
+    if gpus is None:
+        raise ValueError("gpus is required: the devices offered in all")
+    if isinstance(hosts, str):
+        hosts = [hosts]
+    req = _pb.AdviseRequest(job_id=job_id, gpus=gpus, hosts=list(hosts or ()),
+                            horizon_s=horizon_s or 0)
+    req.model.CopyFrom(as_message(model, _pb.AdviseModel, "model"))
+    req.devices.CopyFrom(as_message(devices or {}, _pb.AdviseDevices, "devices"))
+    return req
 
 
 def _split_layout(value):

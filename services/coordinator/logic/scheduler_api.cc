@@ -46,7 +46,11 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
 
 SchedulerApi::SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics,
                            Options options)
-    : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(options) {}
+    : store_(std::move(store)),
+      advise_(store_),
+      clock_(clock),
+      metrics_(metrics),
+      options_(options) {}
 
 absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
     const v1::RegisterJobRequest& request) {
@@ -157,6 +161,7 @@ absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& tar
 
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  if (request.has_choose()) return ResizeChosen(request);
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -170,6 +175,35 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   // the first result, so do not judge it against another generation.
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
+  }
+  return CreateOperation(
+      PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
+                         MakeIdempotency(request.idempotency_key(), "Resize", request)));
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (request.has_placement() || request.has_config()) {
+    return absl::InvalidArgumentError(
+        "choose: placement and config must be unset (the coordinator picks the layout)");
+  }
+  if (!request.choose().job_id().empty() && request.choose().job_id() != request.job_id()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("choose.job_id \"", TruncateError(request.choose().job_id(), 64),
+                     "\": must be empty or equal job_id \"", request.job_id(), "\""));
+  }
+  if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
+  absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
+  if (!job.ok()) return job.status();
+  // The advice is about the current generation; a stale request (or the
+  // retry of one that committed) gets the store's answer, Aborted or the
+  // first result, whatever target it carries.
+  v1::Layout target = job->layout();
+  if (job->generation() == request.expected_generation()) {
+    absl::StatusOr<v1::Layout> chosen = advise_.Choose(request.choose(), *job);
+    if (!chosen.ok()) return chosen.status();
+    if (absl::Status s = CheckTarget(job->ptc(), *chosen); !s.ok()) return s;
+    target = *std::move(chosen);
   }
   return CreateOperation(
       PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
@@ -364,6 +398,10 @@ absl::StatusOr<v1::ListHostsResponse> SchedulerApi::ListHosts(const v1::ListHost
   v1::ListHostsResponse response;
   for (v1::Host& host : *hosts) *response.add_hosts() = std::move(host);
   return response;
+}
+
+absl::StatusOr<v1::AdviseResponse> SchedulerApi::Advise(const v1::AdviseRequest& request) {
+  return advise_.Advise(request);
 }
 
 absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& request,

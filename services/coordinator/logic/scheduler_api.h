@@ -11,6 +11,7 @@
 #include "absl/status/statusor.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/clock.h"
+#include "services/coordinator/logic/advise_api.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
 
@@ -51,6 +52,8 @@ class SchedulerApi {
   /// Commits a step boundary's dataset cursor with the current generation
   /// (docs/data.md; rules: store/dataset_commit.h).
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
+  /// The advisor's Pareto set for a job (AdviseApi::Advise).
+  [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
 
   /// Sends the operation now and each time it changes (state or bytes done)
   /// until it reaches a final state (then returns OK), `send` returns false
@@ -76,7 +79,11 @@ class SchedulerApi {
   [[nodiscard]] static absl::StatusOr<v1::Layout> RecoveryTarget(
       const v1::RecoverFromFailureRequest& request, const v1::Job& job);
 
+  /// Resize with `choose`: the advisor's best layout for the horizon.
+  [[nodiscard]] absl::StatusOr<v1::Operation> ResizeChosen(const v1::ResizeRequest& request);
+
   StorePtr store_;
+  AdviseApi advise_;
   const Clock* clock_;
   CoordinatorMetrics* metrics_;
   Options options_;

@@ -38,6 +38,7 @@ const std::vector<MethodRule>& Rules() {
       {"WatchOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"ListHosts", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"ListAudit", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"Advise", {Role::kScheduler, Role::kViewer}, false, kNo},
       // CoordinatorService: changes.
       {"RegisterJob", {Role::kScheduler}, false, kAll},
       {"DeleteJob", {Role::kScheduler}, false, kAll},

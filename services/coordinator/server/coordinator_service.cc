@@ -269,4 +269,15 @@ grpc::Status CoordinatorServiceImpl::GetWorkerToken(grpc::ServerContext* context
       });
 }
 
+grpc::Status CoordinatorServiceImpl::Advise(grpc::ServerContext* context,
+                                            const v1::AdviseRequest* request,
+                                            v1::AdviseResponse* reply) {
+  return RunAdmitted(authorizer_, context, metrics_, "Advise", *request, "",
+                     [&](const Principal& p) {
+                       if (absl::Status s = InJobTenant(p, "Advise", request->job_id()); !s.ok())
+                         return s;
+                       return Unwrap(api_->Advise(*request), reply);
+                     });
+}
+
 }  // namespace reshard::coordinator

@@ -64,6 +64,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   grpc::Status GetWorkerToken(grpc::ServerContext* context,
                               const v1::GetWorkerTokenRequest* request,
                               v1::GetWorkerTokenResponse* reply) override;
+  grpc::Status Advise(grpc::ServerContext* context, const v1::AdviseRequest* request,
+                      v1::AdviseResponse* reply) override;
 
  private:
   SchedulerApi* api_;

@@ -101,7 +101,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   // identity -> the calls it may make (every other call must be refused).
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
                                         "GetOperation", "WatchOperation", "ListHosts",
-                                        "ListAudit"};
+                                        "ListAudit",    "Advise"};
   const std::set<std::string> kWrites = {"RegisterJob",    "DeleteJob",          "Resize",
                                          "Migrate",        "RecoverFromFailure", "CancelOperation",
                                          "CommitStep",     "GetWorkerToken",     "Checkpoint"};
@@ -259,6 +259,19 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          r.set_tenant("team-a");
          v1::ListAuditResponse reply;
          return CoordinatorClient(address, c.identity)->ListAudit(CallCtx(c).get(), r, &reply);
+       }},
+      {"Advise",
+       [&](const Caller& c) {
+         v1::AdviseRequest r;
+         r.set_job_id(job.id());
+         r.set_gpus(4);
+         r.mutable_model()->set_hidden(8);
+         r.mutable_model()->set_heads(2);
+         r.mutable_model()->set_vocab(32);
+         r.mutable_model()->set_seq_length(64);
+         r.mutable_model()->set_global_batch(16);
+         v1::AdviseResponse reply;
+         return CoordinatorClient(address, c.identity)->Advise(CallCtx(c).get(), r, &reply);
        }},
       {"RegisterAgent",
        [&](const Caller& c) {
