@@ -4,6 +4,8 @@ layout, which commits once every rank is sealed; the previous generation
 stays current until then, so an aborted checkpoint loses nothing; a resize
 after a checkpoint moves the checkpointed state."""
 
+import dataclasses
+
 import pytest
 
 from helpers import check_generation, every_kind_ptc, publish_all, random_globals, register
@@ -82,3 +84,46 @@ def test_checkpoint_refusals(cluster, client, job_name):
         client.checkpoint("no-such-job", expected_generation=1)
     with pytest.raises(reshard.Aborted, match="expected 7"):
         client.checkpoint(job.id, expected_generation=7)
+
+
+def _data_state():
+    from reshard import data
+    return data.DatasetState(data.DatasetDescriptor("ckpt-corpus", 40, "sha1:42"),
+                             data.Order(seed=7, shuffle="full"), global_batch=6)
+
+
+def test_checkpoint_commits_the_step_with_the_model_state(cluster, client, job_name):
+    """The model state of step k and the cursor after step k commit in one
+    transaction: before the commit the job shows step 0, after it step 3;
+    an aborted checkpoint leaves the cursor where it was."""
+    from reshard import data
+    ptc, lay = every_kind_ptc(), _lay(cluster)
+    step0, step3 = random_globals(ptc, 4, seed=5), random_globals(ptc, 4, seed=6)
+    job = client.register_job({"name": job_name, "tenant": "pytest", "ptc": reshard.to_dict(ptc),
+                               "layout": reshard.to_dict(lay)}, dataset_state=_data_state())
+    publish_all(cluster, job.id, ptc, lay, step0)
+    state = data.resume(client.dataset_state(job.id), _data_state())
+    after3 = state.advanced(3)
+
+    # Aborted: nothing of step 3 lands.
+    op = client.checkpoint(job.id, dataset_state=after3)
+    client.cancel_operation(op.id)
+    assert client.wait(op.id, timeout=60).state == OP.OPERATION_STATE_ABORTED
+    assert (client.dataset_state(job.id).step, client.dataset_state(job.id).cursor) == (0, 0)
+
+    op = client.checkpoint(job.id, dataset_state=after3)
+    assert (client.dataset_state(job.id).step, client.dataset_state(job.id).cursor) == (0, 0)
+    publish_all(cluster, job.id, ptc, lay, step3, generation=op.to_generation)
+    client.wait(op.id, timeout=60, raise_on_failure=True)
+    committed = client.dataset_state(job.id)
+    assert (committed.step, committed.cursor, committed.committed_generation) == \
+        (3, 18, op.to_generation)
+    assert check_generation(cluster, job.id, ptc, lay, step3, op.to_generation) == []
+
+    # A step that does not follow the committed one is refused up front.
+    with pytest.raises(reshard.FailedPrecondition):
+        client.checkpoint(job.id, dataset_state=after3)  # step 3 again
+    skipping = data.resume(committed, _data_state()).advanced(2)
+    skipping = dataclasses.replace(skipping, cursor=skipping.cursor + 1)
+    with pytest.raises(reshard.FailedPrecondition):
+        client.checkpoint(job.id, dataset_state=skipping)

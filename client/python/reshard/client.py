@@ -242,16 +242,26 @@ class Client:
                 req.config.CopyFrom(config)
         return self._call("Resize", req, timeout, key)
 
-    def checkpoint(self, job_id, expected_generation=None, idempotency_key=None, timeout=None):
+    def checkpoint(self, job_id, dataset_state=None, expected_generation=None,
+                   idempotency_key=None, timeout=None):
         """Opens generation current + 1 on the current layout for the job's
         workers to publish at a step boundary (Worker.publish(rank,
         op.to_generation, state)); the Operation commits once every rank is
         sealed, and the previous generation stays current until then.
-        FailedPrecondition unless the job is ACTIVE. Returns the Operation."""
+        dataset_state: the reshard.data.DatasetState after that step (its
+        step, cursor and layout fingerprint); the commit then makes it the new
+        generation's dataset state in the same transaction (checked like
+        commit_step when the checkpoint is created). FailedPrecondition unless
+        the job is ACTIVE. Returns the Operation."""
         key = idempotency_key or new_idempotency_key()
         req = _pb.CheckpointRequest(job_id=job_id, idempotency_key=key,
                                     expected_generation=self._current_generation(
                                         job_id, expected_generation, timeout))
+        if dataset_state is not None:
+            req.with_step = True
+            req.step = dataset_state.step
+            req.cursor = dataset_state.cursor
+            req.layout_fingerprint = dataset_state.layout_fingerprint
         return self._call("Checkpoint", req, timeout, key)
 
     def migrate(self, job_id, layout, expected_generation=None, idempotency_key=None,

@@ -302,6 +302,21 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   op.expected_generation = request.expected_generation();
   op.target_layout = job->layout();
   op.idempotency = MakeIdempotency(request.idempotency_key(), "Checkpoint", request);
+  if (request.with_step()) {
+    if (request.step() < 1 || request.cursor() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("step ", request.step(), ", cursor ", request.cursor(),
+                       ": with_step needs step >= 1 and cursor >= 0"));
+    }
+    if (request.layout_fingerprint().empty()) {
+      return absl::InvalidArgumentError("layout_fingerprint is required with with_step");
+    }
+    op.step = StepCommit{request.job_id(), request.expected_generation(), request.step(),
+                         request.cursor(), request.layout_fingerprint()};
+  } else if (request.step() != 0 || request.cursor() != 0 ||
+             !request.layout_fingerprint().empty()) {
+    return absl::InvalidArgumentError("step, cursor and layout_fingerprint need with_step");
+  }
   return CreateOperation(std::move(op));
 }
 

@@ -47,4 +47,18 @@ inline constexpr Statement kCarryDatasetState{
     "step, layout_fingerprint, committed_generation, committed_at FROM dataset_states WHERE "
     "job_id = $1 AND generation = $2 ON CONFLICT (job_id, generation) DO NOTHING"};
 
+// $1 operation, $2 step, $3 cursor: a checkpoint's step boundary.
+inline constexpr Statement kSetOperationStep{
+    "set_operation_step", "UPDATE operations SET step = $2, step_cursor = $3 WHERE id = $1"};
+
+// At the commit of operation $1 (after kCarryDatasetState): its step
+// boundary, if it has one and it is after the carried one, becomes the new
+// generation's dataset state.
+inline constexpr Statement kApplyOperationStep{
+    "apply_operation_step",
+    "UPDATE dataset_states d SET sample_cursor = o.step_cursor, step = o.step, "
+    "committed_generation = o.to_generation, committed_at = now() FROM operations o "
+    "WHERE o.id = $1 AND o.step IS NOT NULL AND d.job_id = o.job_id "
+    "AND d.generation = o.to_generation AND o.step > d.step"};
+
 }  // namespace reshard::coordinator::pg

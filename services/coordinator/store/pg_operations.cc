@@ -1,12 +1,40 @@
 // PgStore: creating operations and moving them through their states.
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_dataset_state.h"
+#include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
 
 namespace reshard::coordinator {
 namespace {
+
+// A checkpoint's step boundary must follow the current generation's dataset
+// state as a CommitStep would (store/dataset_commit.h).
+absl::Status CheckCheckpointStep(pg::PgTx& tx, const NewOperation& op, int64_t generation) {
+  std::optional<v1::DatasetState> committed =
+      pg::ReadDatasetState(tx, op.job_id, generation, /*for_update=*/false);
+  if (!committed.has_value()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", op.job_id,
+                     "\" has no dataset state: a checkpoint with a step needs one "
+                     "(RegisterJobRequest.dataset_state)"));
+  }
+  StepCommit commit = *op.step;
+  commit.job_id = op.job_id;
+  commit.generation = generation;
+  StepCommitVerdict verdict;
+  if (absl::Status s = CheckStepCommit(*committed, generation, commit, &verdict); !s.ok()) {
+    return s;
+  }
+  if (verdict == StepCommitVerdict::kRetry) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", op.job_id, "\": step ", commit.step,
+                     " is committed already; a checkpoint carries a later step"));
+  }
+  return absl::OkStatus();
+}
 
 bool IsActive(v1::OperationState s) {
   return s == v1::OPERATION_STATE_PENDING || s == v1::OPERATION_STATE_PLANNED ||
@@ -74,6 +102,9 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
               "job \"", op.job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
               pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
         }
+        if (op.step.has_value()) {
+          if (absl::Status s = CheckCheckpointStep(tx, op, generation); !s.ok()) return s;
+        }
         // Generation numbers are never reused (a DISCARDED one keeps its).
         const int64_t to_generation =
             tx.Exec(pg::kMaxGeneration, op.job_id)[0][0].as<int64_t>() + 1;
@@ -86,6 +117,9 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
               !s.ok()) {
             return s;
           }
+        }
+        if (op.step.has_value()) {
+          tx.Exec(pg::kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
         }
         tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
         pg::WriteAudit(tx, op.job_id, op.operation_id);

@@ -87,6 +87,8 @@ const std::vector<Statement>& AllStatements() {
       kLockDatasetState,
       kCommitDatasetStep,
       kCarryDatasetState,
+      kSetOperationStep,
+      kApplyOperationStep,
   };
   return *kAll;
 }

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
+#include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -180,6 +181,7 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
     tx.Exec(pg::kAdvanceJob, op->job_id, op->to_generation);
     // The dataset state travels with the model state (docs/data.md).
     pg::CarryDatasetState(tx, op->job_id, job[0][0].as<int64_t>(), op->to_generation);
+    tx.Exec(pg::kApplyOperationStep, operation_id);
     tx.Exec(pg::kFinishCommittedOperation, operation_id);
     return absl::OkStatus();
   });

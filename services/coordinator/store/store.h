@@ -82,6 +82,10 @@ struct NewOperation {
   std::vector<std::string> lost_hosts;
   std::vector<int> lost_ranks;
   Idempotency idempotency;
+  /// A checkpoint's step boundary (CheckpointRequest.with_step): checked
+  /// against the current dataset state (CheckStepCommit) in the creating
+  /// transaction, applied to the new generation's in the committing one.
+  std::optional<StepCommit> step;
 };
 
 /// An operation with what only the coordinator needs.
