@@ -150,9 +150,10 @@ struct Point {
 }  // namespace
 
 ReconfigCost PriceReconfig(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                           double inter_host_bytes_per_s) {
+                           double inter_host_bytes_per_s, const planner::LostSet* lost) {
   ReconfigCost cost;
-  absl::StatusOr<planner::Plan> plan = planner::MakePlan(ptc, from, to, planner::LostSet{});
+  absl::StatusOr<planner::Plan> plan =
+      planner::MakePlan(ptc, from, to, lost != nullptr ? *lost : planner::LostSet{});
   if (!plan.ok()) {
     cost.error = std::string(plan.status().message());
     return cost;
@@ -252,7 +253,7 @@ absl::StatusOr<Advice> Advise(const AdviceRequest& r) {
     for (int i = 0; i < n; ++i) {
       advice.pareto[i].reconfig =
           PriceReconfig(*r.current.ptc, *r.current.layout, advice.pareto[i].layout,
-                        r.cluster.inter_host_bytes_per_s);
+                        r.cluster.inter_host_bytes_per_s, r.current.lost);
     }
     for (int i = n; i < static_cast<int>(advice.pareto.size()); ++i) {
       advice.pareto[i].reconfig.error = "not planned (max_reconfig_plans)";

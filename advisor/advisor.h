@@ -33,12 +33,12 @@ namespace reshard::advisor {
 /// -1 when no point finishes a step within the horizon.
 int BestForHorizon(const Advice& advice, double horizon_seconds, bool priced);
 
-/// The planner's cost of moving `ptc` from `from` to `to` (MakePlan, no lost
-/// ranks); transfer time = busiest host's max(bytes in, bytes out) /
-/// `inter_host_bytes_per_s`. computed = false with the planner's message
+/// The planner's cost of moving `ptc` from `from` to `to` (MakePlan; `lost`:
+/// the hosts and ranks of `from` that are gone, none when null); transfer time = busiest host's
+/// max(bytes in, bytes out) / `inter_host_bytes_per_s`. computed = false with the planner's message
 /// when it cannot plan.
 ReconfigCost PriceReconfig(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                           double inter_host_bytes_per_s);
+                           double inter_host_bytes_per_s, const planner::LostSet* lost = nullptr);
 
 /// Bytes of job state (PTC tensors and blobs) on the most loaded rank of a
 /// tp x pp x dp layout of `ptc`; shards of uneven splits rounded up.

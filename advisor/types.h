@@ -9,6 +9,10 @@
 
 #include "reshard/v1/ptc.pb.h"
 
+namespace reshard::planner {
+struct LostSet;  // planner/planner.h
+}  // namespace reshard::planner
+
 namespace reshard::advisor {
 
 /// A GPT-style decoder: `layers` blocks of attention + MLP, tied or untied
@@ -136,6 +140,9 @@ struct Candidate {
 struct CurrentJob {
   const v1::Ptc* ptc = nullptr;
   const v1::Layout* layout = nullptr;
+  /// Hosts and ranks of `layout` that are lost: moves are priced as a
+  /// recovery from the survivors (null: nothing lost).
+  const planner::LostSet* lost = nullptr;
 };
 
 struct AdviceRequest {

@@ -131,15 +131,19 @@ const std::vector<CommandSpec>& Specs() {
                     kWaitHelp)},
       {"recover",
        {"JOB"},
-       {"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
-       {"no-wait"},
+       Joined({"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
+              AdviseValueFlags()),
+       Joined({"no-wait", "choose"}, AdviseBoolFlags()),
        {"lost"},
        absl::StrCat(
            "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--no-wait]\n"
+           "       reshardctl recover JOB --lost HOSTS --choose --gpus N [advise flags]\n"
            "\nRebuilds a job's state from the survivors after hosts or ranks were lost.\n"
            "  --lost LIST    comma-separated hosts or old ranks (rank:N is always a rank)\n"
            "  --to FILE      the new layout; default: the coordinator keeps the current\n"
-           "                 config and shrinks data parallelism to the surviving devices\n",
+           "                 config and shrinks data parallelism to the surviving devices\n"
+           "  --choose       the coordinator's advisor picks the layout on the surviving\n"
+           "                 hosts instead (see reshardctl advise --help)\n",
            kWaitHelp)},
       {"preview",
        {"JOB"},
@@ -399,13 +403,17 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
       return absl::InvalidArgumentError(absl::StrCat("missing --", r));
     }
   }
-  if (inv.command == "resize") {
+  if (inv.command == "resize" || inv.command == "recover") {
     const bool choose = inv.flags.contains("choose");
-    if (choose == inv.flags.contains("to")) {
+    if (inv.command == "resize" && choose == inv.flags.contains("to")) {
       return absl::InvalidArgumentError("resize: give either --to LAYOUT.json or --choose");
     }
+    if (choose && inv.flags.contains("to")) {
+      return absl::InvalidArgumentError("recover: give either --to LAYOUT.json or --choose");
+    }
     if (choose && !inv.flags.contains("gpus")) {
-      return absl::InvalidArgumentError("missing --gpus (resize --choose)");
+      return absl::InvalidArgumentError(
+          absl::StrCat("missing --gpus (", inv.command, " --choose)"));
     }
     for (const std::vector<std::string>* names : {&AdviseValueFlags(), &AdviseBoolFlags()}) {
       for (const std::string& name : *names) {

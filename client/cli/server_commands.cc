@@ -238,6 +238,10 @@ class Runner {
       }
       if (!req.target().has_config())
         *req.mutable_target()->mutable_config() = job.layout().config();
+    } else if (Has("choose")) {  // the coordinator's advisor, on the survivors
+      absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv_.flags, "");
+      if (!advise.ok()) return LocalError(advise.status(), kExitUsage);
+      *req.mutable_choose() = *std::move(advise);
     }  // else the coordinator picks the survivors (planner/survivor.h)
     req.set_idempotency_key(Flag("idempotency-key"));
     return Started(client_.RecoverFromFailure(std::move(req)));

@@ -93,3 +93,26 @@ def test_resize_choose_commits_the_best_layout(cluster, client, job):
     after = client.get_job(created.id)
     assert after.generation == 2 and after.layout == best.layout
     assert check_generation(cluster, created.id, ptc, best.layout, sd, 2) == []
+
+
+def test_recover_choose_picks_on_the_survivors(cluster, client, job_name):
+    """recover(choose=True): the advisor's best layout on the hosts that
+    survive (the lost one is not offered), each move priced as a recovery;
+    it commits with every byte from the surviving replica. (No per-rank
+    rng_state here: a per-rank blob of a lost host cannot be recovered.)"""
+    sd = megatron.synthetic_gpt(2, 32, 4, 64, 8, "float16", seed=12)
+    ptc = megatron.build_ptc(sd, megatron.synthetic_config(2, 4))
+    lay = layout.make_layout(2, 1, 2, cluster.host_ids[:2], 2)
+    created = client.register_job({"name": job_name, "tenant": "pytest",
+                                   "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)})
+    publish_all(cluster, created.id, ptc, lay, sd)
+    lost = cluster.host_ids[1]  # holds one of the two data-parallel replicas
+    op = client.recover(created.id, [lost], choose=True, gpus=6, model=MODEL)
+    target = op.target_layout
+    assert lost not in layout.hosts_of(target)
+    assert len(layout.slots(target)) <= 6
+    final = client.wait(op.id, timeout=120, raise_on_failure=True)
+    assert final.kind == coordinator_pb2.OPERATION_KIND_RECOVER
+    assert check_generation(cluster, created.id, ptc, target, sd, 2) == []
+    with pytest.raises(ValueError, match="not both"):
+        client.recover(created.id, [lost], layout=target, choose=True, gpus=6, model=MODEL)

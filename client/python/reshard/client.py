@@ -276,13 +276,18 @@ class Client:
         return self._call("Migrate", req, timeout, key)
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
-                expected_generation=None, idempotency_key=None, timeout=None):
+                expected_generation=None, idempotency_key=None, timeout=None, choose=False,
+                gpus=None, hosts=None, horizon_s=None, devices=None, model=None):
         """Recovers from lost hosts/ranks onto `layout`. Without a layout the
         coordinator chooses (its one survivor policy, docs/coordinator.md):
         the current parallel config with dp shrunk to the surviving device
         slots, ranks on those slots in their old order; FailedPrecondition when
-        not even dp 1 fits. FailedPrecondition from the planner (via the
-        Operation's error) when some state has no surviving holder."""
+        not even dp 1 fits. With choose=True (and no layout) the advisor picks
+        instead, on the surviving hosts (arguments as resize(choose=True)),
+        pricing each move as a recovery. FailedPrecondition from the planner
+        (via the Operation's error) when some state has no surviving holder."""
+        if choose and layout is not None:
+            raise ValueError("recover: give a layout or choose=True, not both")
         key = idempotency_key or new_idempotency_key()
         if isinstance(lost_hosts, str):
             lost_hosts = [lost_hosts]
@@ -293,6 +298,8 @@ class Client:
             lost_ranks=list(lost_ranks), idempotency_key=key)
         if layout is not None:
             req.target.CopyFrom(as_message(layout, ptc_pb2.Layout, "layout"))
+        if choose:
+            req.choose.CopyFrom(_advise_request("", gpus, hosts, horizon_s, devices, model or {}))
         return self._call("RecoverFromFailure", req, timeout, key)
 
     def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):

@@ -13,6 +13,7 @@
 #include "absl/strings/string_view.h"
 #include "advisor/advisor.h"
 #include "planner/layout.h"
+#include "planner/planner.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/request_checks.h"
 
@@ -128,7 +129,12 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::Advise(const v1::AdviseRequest& re
 }
 
 absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest& request,
-                                                        const v1::Job& job) {
+                                                        const v1::Job& job,
+                                                        const planner::LostSet* lost) {
+  auto is_lost = [&](const std::string& host) {
+    return lost != nullptr &&
+           std::find(lost->hosts.begin(), lost->hosts.end(), host) != lost->hosts.end();
+  };
   if (absl::Status s = CheckNumbers(request); !s.ok()) return s;
   const v1::AdviseDevices& d = request.devices();
   advisor::AdviceRequest in;
@@ -175,7 +181,7 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
       if (it == by_id.end()) {
         return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered host"));
       }
-      if (it->second->state() != v1::HOST_STATE_ALIVE) {
+      if (it->second->state() != v1::HOST_STATE_ALIVE || is_lost(id)) {
         return absl::FailedPreconditionError(absl::StrCat(field, ": host is lost"));
       }
       offered.push_back(it->second);
@@ -183,13 +189,14 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
   } else {
     for (const std::string& id : current_hosts) {
       auto it = by_id.find(id);
-      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE) {
+      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE && !is_lost(id)) {
         offered.push_back(it->second);
       }
     }
     for (const v1::Host& h : *registered) {
-      if (h.state() == v1::HOST_STATE_ALIVE && std::find(current_hosts.begin(), current_hosts.end(),
-                                                         h.host_id()) == current_hosts.end()) {
+      if (h.state() == v1::HOST_STATE_ALIVE && !is_lost(h.host_id()) &&
+          std::find(current_hosts.begin(), current_hosts.end(), h.host_id()) ==
+              current_hosts.end()) {
         offered.push_back(&h);
       }
     }
@@ -213,7 +220,7 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
                      have.empty() ? "none" : absl::StrJoin(have, ", "), ")"));
   }
 
-  in.current = {&job.ptc(), &job.layout()};
+  in.current = {&job.ptc(), &job.layout(), lost};
   absl::StatusOr<advisor::Advice> advice = advisor::Advise(in);
   if (!advice.ok()) return advice.status();
   const double memory =
@@ -264,8 +271,9 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
   return response;
 }
 
-absl::StatusOr<v1::Layout> AdviseApi::Choose(const v1::AdviseRequest& request, const v1::Job& job) {
-  absl::StatusOr<v1::AdviseResponse> advice = AdviseJob(request, job);
+absl::StatusOr<v1::Layout> AdviseApi::Choose(const v1::AdviseRequest& request, const v1::Job& job,
+                                             const planner::LostSet* lost) {
+  absl::StatusOr<v1::AdviseResponse> advice = AdviseJob(request, job, lost);
   if (!advice.ok()) return advice.status();
   if (advice->best() >= 0) return advice->candidates(advice->best()).layout();
   for (const v1::AdviseCandidate& c : advice->candidates()) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "planner/planner.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/store/store.h"
 
@@ -36,8 +37,10 @@ class AdviseApi {
   [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
 
   /// Advise for `job` (loaded with its PTC), whatever request.job_id says.
-  [[nodiscard]] absl::StatusOr<v1::AdviseResponse> AdviseJob(const v1::AdviseRequest& request,
-                                                             const v1::Job& job);
+  /// With `lost` (may be null) the hosts it names are not offered and every
+  /// move is priced as a recovery from the survivors.
+  [[nodiscard]] absl::StatusOr<v1::AdviseResponse> AdviseJob(
+      const v1::AdviseRequest& request, const v1::Job& job, const planner::LostSet* lost = nullptr);
 
   /// The layout "let the coordinator choose" moves `job` to: the best
   /// candidate for the horizon (most steps completed after its move).
@@ -45,7 +48,8 @@ class AdviseApi {
   /// planned from the current layout or none completes a step within the
   /// horizon (the message says which).
   [[nodiscard]] absl::StatusOr<v1::Layout> Choose(const v1::AdviseRequest& request,
-                                                  const v1::Job& job);
+                                                  const v1::Job& job,
+                                                  const planner::LostSet* lost = nullptr);
 
  private:
   StorePtr store_;

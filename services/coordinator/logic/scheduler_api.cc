@@ -233,12 +233,26 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
 // generation (planner/survivor.h, the one survivor policy).
 absl::StatusOr<v1::Layout> SchedulerApi::RecoveryTarget(
     const v1::RecoverFromFailureRequest& request, const v1::Job& job) {
+  if (request.has_target() && request.has_choose()) {
+    return absl::InvalidArgumentError("target and choose: give one of them, or neither");
+  }
   if (request.has_target()) return request.target();
   if (job.generation() != request.expected_generation()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "job \"", job.id(), "\": expected_generation ", request.expected_generation(),
         " is not the current generation ", job.generation(),
         "; without a target the coordinator recovers the current generation's survivors"));
+  }
+  if (request.has_choose()) {
+    planner::LostSet lost;
+    lost.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
+    lost.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+    for (const std::string& h : job.lost_hosts()) {
+      if (std::find(lost.hosts.begin(), lost.hosts.end(), h) == lost.hosts.end()) {
+        lost.hosts.push_back(h);
+      }
+    }
+    return advise_.Choose(request.choose(), job, &lost);
   }
   absl::StatusOr<v1::Layout> target = planner::SurvivorLayout(
       job.layout(), {request.lost_hosts().begin(), request.lost_hosts().end()},

@@ -76,7 +76,7 @@ class SchedulerApi {
   /// Mints the id and asks the store (which checks existence, idempotency,
   /// generation and the active operation atomically).
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
-  [[nodiscard]] static absl::StatusOr<v1::Layout> RecoveryTarget(
+  [[nodiscard]] absl::StatusOr<v1::Layout> RecoveryTarget(
       const v1::RecoverFromFailureRequest& request, const v1::Job& job);
 
   /// Resize with `choose`: the advisor's best layout for the horizon.
