@@ -67,15 +67,16 @@ constexpr auto kShutdownGrace = std::chrono::seconds(5);
 // is a syscall (UCX's TCP progress polls its sockets); spinning 1000 of them
 // kept the thread busy through a whole transfer on a shaped link, where a
 // socket takes a little more every few microseconds, and made the agents
-// CPU-bound (about 5 CPU-s per GB written at 1 Gbit/s); 8 halved that. But
-// with 8 the fault soak (agents SIGKILLed and restarted under load) failed:
-// UCX endpoints to restarted peers timed out and retries were cancelled. The
-// default stays 1000 until that is understood; RESHARD_UCX_IDLE_SPINS
-// overrides it (docs/agent.md).
+// CPU-bound (about 5 CPU-s per GB written at 1 Gbit/s); 8 halved that. With
+// 8 the fault soak used to fail (receives "canceled", endpoints timing out
+// after agent restarts); the cause was force-closing endpoints that UCX
+// shares with the peer's transfers to us, now gone (ucx_discard.h), and the
+// soak and the fault suite pass with 8. RESHARD_UCX_IDLE_SPINS overrides it
+// (docs/agent.md).
 int IdleSpins() {
   static const int spins = [] {
     const char* v = std::getenv("RESHARD_UCX_IDLE_SPINS");
-    return v != nullptr && std::atoi(v) >= 0 ? std::atoi(v) : 1000;
+    return v != nullptr && std::atoi(v) >= 0 ? std::atoi(v) : 8;
   }();
   return spins;
 }
