@@ -375,21 +375,20 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   std::atomic<bool> exec_finished{false};
   absl::StatusOr<std::vector<v1::ShardChecksum>> result =
       absl::UnknownError("operation did not run");
+  auto progress = [&](int64_t d, int64_t t) {
+    const int64_t prev_done = done.exchange(d);
+    const int64_t prev_total = total.exchange(t);
+    if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
+  };
+  auto cancelled = [&] { return op->cancel.load() || stopping_.load(); };
+  auto waiting = [&](const std::string& what) {
+    std::lock_guard<std::mutex> l(waiting_mu);
+    waiting_on = what;
+  };
   std::thread worker([&] {
     absl::Status connect = absl::OkStatus();
     if (task.publish_by_workers()) {
-      result = AwaitPublished(
-          store_, host, task,
-          [&](int64_t d, int64_t t) {
-            const int64_t prev_done = done.exchange(d);
-            const int64_t prev_total = total.exchange(t);
-            if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
-          },
-          [&] { return op->cancel.load() || stopping_.load(); },
-          [&](const std::string& what) {
-            std::lock_guard<std::mutex> l(waiting_mu);
-            waiting_on = what;
-          });
+      result = AwaitPublished(store_, host, task, progress, cancelled, waiting);
       exec_finished.store(true);
       cv_.notify_all();
       return;
@@ -415,18 +414,7 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     if (!connect.ok()) {
       result = connect;
     } else {
-      result = executor_->Execute(
-          host, task,
-          [&](int64_t d, int64_t t) {
-            const int64_t prev_done = done.exchange(d);
-            const int64_t prev_total = total.exchange(t);
-            if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
-          },
-          [&] { return op->cancel.load() || stopping_.load(); },
-          [&](const std::string& what) {
-            std::lock_guard<std::mutex> l(waiting_mu);
-            waiting_on = what;
-          });
+      result = executor_->Execute(host, task, progress, cancelled, waiting);
     }
     exec_finished.store(true);
     cv_.notify_all();

@@ -90,18 +90,9 @@ absl::StatusOr<std::string> WorkerServiceImpl::TokenSha256(const std::string& jo
     auto it = token_sha256_.find(job_id);
     if (it != token_sha256_.end()) return it->second;
   }
-  v1::GetJobRequest req;
-  req.set_job_id(job_id);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
-  if (s.code() == absl::StatusCode::kPermissionDenied) {
-    // As in Lookup: the job is not (or no longer) placed on this host.
-    return absl::FailedPreconditionError(s.message());
-  }
-  if (!s.ok())
-    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
+  absl::StatusOr<v1::Job> fetched = FetchJob(job_id, /*include_ptc=*/false);
+  if (!fetched.ok()) return fetched.status();
+  const v1::Job& job = *fetched;
   if (job.worker_token_sha256().size() != 32) {
     return absl::FailedPreconditionError(
         absl::StrCat("the coordinator gave no worker token hash for job \"", job_id,
@@ -164,21 +155,9 @@ absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerSe
     auto it = cache_.find({job_id, generation});
     if (it != cache_.end() && !require_current) return it->second;
   }
-  v1::GetJobRequest req;
-  req.set_job_id(job_id);
-  req.set_include_ptc(true);
-  v1::Job job;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
-  if (s.code() == absl::StatusCode::kPermissionDenied) {
-    // An agent may read only the jobs placed on its host (docs/security.md):
-    // for the worker, the job is not (or no longer) here, a precondition.
-    return absl::FailedPreconditionError(s.message());
-  }
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
-  }
+  absl::StatusOr<v1::Job> fetched = FetchJob(job_id, /*include_ptc=*/true);
+  if (!fetched.ok()) return fetched.status();
+  const v1::Job& job = *fetched;
   auto jg = std::make_shared<JobGeneration>();
   jg->ptc = job.ptc();
   jg->layout = job.layout();
@@ -194,13 +173,27 @@ absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>> WorkerSe
 }
 
 bool WorkerServiceImpl::CheckpointOpening(const std::string& job_id, int64_t generation) {
+  absl::StatusOr<v1::Job> job = FetchJob(job_id, /*include_ptc=*/false);
+  return job.ok() && generation > job->generation() && !job->active_operation_id().empty();
+}
+
+absl::StatusOr<v1::Job> WorkerServiceImpl::FetchJob(const std::string& job_id, bool include_ptc) {
   v1::GetJobRequest req;
   req.set_job_id(job_id);
+  req.set_include_ptc(include_ptc);
   v1::Job job;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-  if (!stub_->GetJob(&ctx, req, &job).ok()) return false;
-  return generation > job.generation() && !job.active_operation_id().empty();
+  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
+  if (s.code() == absl::StatusCode::kPermissionDenied) {
+    // An agent may read only the jobs placed on its host (docs/security.md):
+    // for the worker, the job is not (or no longer) here, a precondition.
+    return absl::FailedPreconditionError(s.message());
+  }
+  if (!s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
+  }
+  return job;
 }
 
 void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,

@@ -76,6 +76,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// Whether `generation` is after the current one of `job_id` and an
   /// operation (a checkpoint whose task has not arrived here yet) runs.
   bool CheckpointOpening(const std::string& job_id, int64_t generation);
+  /// GetJob at the coordinator (10 s deadline); PERMISSION_DENIED (the job
+  /// is not placed here) becomes FailedPrecondition.
+  absl::StatusOr<v1::Job> FetchJob(const std::string& job_id, bool include_ptc);
   /// Fills names and local shapes of `buffer`'s items (when `jg` is known),
   /// offsets and sizes always.
   static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
