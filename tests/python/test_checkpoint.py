@@ -127,3 +127,27 @@ def test_checkpoint_commits_the_step_with_the_model_state(cluster, client, job_n
     skipping = dataclasses.replace(skipping, cursor=skipping.cursor + 1)
     with pytest.raises(reshard.FailedPrecondition):
         client.checkpoint(job.id, dataset_state=skipping)
+
+
+def test_watch_job_shows_a_pending_reconfiguration(cluster, client, job_name):
+    """WatchJob streams the job when an operation starts and when it
+    commits: the training loop's signal, with no polling of the scheduler."""
+    ptc, lay = every_kind_ptc(), _lay(cluster)
+    job = register(client, cluster, job_name, ptc, lay)
+    publish_all(cluster, job.id, ptc, lay, random_globals(ptc, 4, seed=8))
+    updates = client.watch_job(job.id, timeout=60)
+    first = next(updates)
+    assert (first.generation, first.active_operation_id) == (1, "")
+    op = client.checkpoint(job.id)
+    pending = next(updates)
+    assert pending.active_operation_id == op.id and pending.generation == 1
+    publish_all(cluster, job.id, ptc, lay, random_globals(ptc, 4, seed=9),
+                generation=op.to_generation)
+    while True:
+        update = next(updates)
+        if update.generation == op.to_generation:
+            break
+    assert update.active_operation_id == ""
+    updates.close()
+    with pytest.raises(reshard.NotFound):
+        next(client.watch_job("no-such-job", timeout=10))

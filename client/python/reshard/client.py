@@ -405,6 +405,23 @@ class Client:
                 self.on_retry("WatchOperation", failures, None, delay, None)
             time.sleep(delay)
 
+    def watch_job(self, job_id, timeout=None):
+        """Iterates over the job (a Job message, without its PTC) now and on
+        every change of state, generation, active operation or committed
+        dataset step, until the caller stops iterating, `timeout` seconds
+        pass (DeadlineExceeded) or the job is deleted (NotFound). How a
+        training loop learns that a reconfiguration is pending
+        (job.active_operation_id) without polling the scheduler."""
+        stream = self._stub.WatchJob(_pb.WatchJobRequest(job_id=job_id), timeout=timeout,
+                                     metadata=self._metadata)
+        try:
+            for job in stream:
+                yield job
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, "WatchJob") from None
+        finally:
+            stream.cancel()
+
     def wait(self, operation_id, timeout=None, raise_on_failure=False):
         """Blocks until the operation is final and returns it. With
         raise_on_failure an ABORTED / FAILED end raises OperationFailed.

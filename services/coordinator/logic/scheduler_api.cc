@@ -4,6 +4,7 @@
 #include <chrono>
 #include <optional>
 #include <thread>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -456,6 +457,29 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
       last_bytes_done = op.bytes_done();
     }
     if (IsFinal(op.state())) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
+  }
+}
+
+absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
+                                    const std::function<bool(const v1::Job&)>& send,
+                                    const std::function<bool()>& cancelled) {
+  const std::string& id = request.job_id();
+  if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
+  std::optional<std::tuple<int, int64_t, std::string, int64_t>> last;
+  for (;;) {
+    if (cancelled())
+      return absl::CancelledError(absl::StrCat("watch of job \"", id, "\" cancelled"));
+    absl::StatusOr<v1::Job> job = store_->GetJob(id, /*include_ptc=*/false);
+    if (!job.ok()) return NameNotFound(job.status(), JobNotFound(id));
+    auto now = std::make_tuple(static_cast<int>(job->state()), job->generation(),
+                               job->active_operation_id(), job->dataset_state().step());
+    if (!last.has_value() || *last != now) {
+      if (!send(*job)) {
+        return absl::CancelledError(absl::StrCat("watch of job \"", id, "\": stream closed"));
+      }
+      last = std::move(now);
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
   }
 }

@@ -23,7 +23,7 @@ class SchedulerApi {
     int64_t max_spec_bytes = 64 << 20;  // larger specs: InvalidArgument
     int max_page_size = 1000;
     int default_page_size = 100;
-    int watch_poll_ms = 100;  // WatchOperation's store polling period
+    int watch_poll_ms = 100;  // WatchOperation's and WatchJob's store polling period
   };
 
   /// `metrics` may be null.
@@ -61,6 +61,12 @@ class SchedulerApi {
   [[nodiscard]] absl::Status WatchOperation(const v1::WatchOperationRequest& request,
                                             const std::function<bool(const v1::Operation&)>& send,
                                             const std::function<bool()>& cancelled);
+  /// Sends the job now and on every change of state, generation, active
+  /// operation or dataset step (store polled every watch_poll_ms) until
+  /// `cancelled` or `send` fails (Cancelled) or the job is gone (NotFound).
+  [[nodiscard]] absl::Status WatchJob(const v1::WatchJobRequest& request,
+                                      const std::function<bool(const v1::Job&)>& send,
+                                      const std::function<bool()>& cancelled);
 
  private:
   /// The job with its PTC; NotFound names the job.

@@ -36,6 +36,7 @@ const std::vector<MethodRule>& Rules() {
       {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"GetOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"WatchOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"WatchJob", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"ListHosts", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"ListAudit", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"Advise", {Role::kScheduler, Role::kViewer}, false, kNo},

@@ -189,6 +189,19 @@ grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context
       });
 }
 
+grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* context,
+                                              const v1::WatchJobRequest* request,
+                                              grpc::ServerWriter<v1::Job>* writer) {
+  return RunAdmitted(authorizer_, context, metrics_, "WatchJob", *request, "",
+                     [&](const Principal& p) {
+                       if (absl::Status s = InJobTenant(p, "WatchJob", request->job_id()); !s.ok())
+                         return s;
+                       return api_->WatchJob(
+                           *request, [writer](const v1::Job& job) { return writer->Write(job); },
+                           [this, context] { return stopping_.load() || context->IsCancelled(); });
+                     });
+}
+
 grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext* context,
                                                      const v1::CancelOperationRequest* request,
                                                      v1::Operation* reply) {

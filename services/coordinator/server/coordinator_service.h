@@ -52,6 +52,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   grpc::Status WatchOperation(grpc::ServerContext* context,
                               const v1::WatchOperationRequest* request,
                               grpc::ServerWriter<v1::Operation>* writer) override;
+  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::Job>* writer) override;
   grpc::Status CancelOperation(grpc::ServerContext* context,
                                const v1::CancelOperationRequest* request,
                                v1::Operation* reply) override;

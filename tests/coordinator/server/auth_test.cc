@@ -101,10 +101,10 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   // identity -> the calls it may make (every other call must be refused).
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
                                         "GetOperation", "WatchOperation", "ListHosts",
-                                        "ListAudit",    "Advise"};
-  const std::set<std::string> kWrites = {"RegisterJob",    "DeleteJob",          "Resize",
-                                         "Migrate",        "RecoverFromFailure", "CancelOperation",
-                                         "CommitStep",     "GetWorkerToken",     "Checkpoint"};
+                                        "ListAudit",    "Advise",         "WatchJob"};
+  const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
+                                         "Migrate",     "RecoverFromFailure", "CancelOperation",
+                                         "CommitStep",  "GetWorkerToken",     "Checkpoint"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
@@ -220,6 +220,32 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          while (reader->Read(&update)) {
          }
          return reader->Finish();
+       }},
+      {"WatchJob",
+       [&](const Caller& c) {
+         v1::WatchJobRequest r;
+         r.set_job_id(job.id());
+         auto ctx = CallCtx(c);
+         auto stub = CoordinatorClient(address, c.identity);
+         auto reader = stub->WatchJob(ctx.get(), r);
+         v1::Job update;
+         if (reader->Read(&update)) {
+           // Allowed: the first update came; the watch never ends by itself.
+           ctx->TryCancel();
+           while (reader->Read(&update)) {
+           }
+           reader->Finish();
+           return grpc::Status::OK;
+         }
+         return reader->Finish();
+       }},
+      {"Checkpoint",
+       [&](const Caller& c) {
+         v1::CheckpointRequest r;
+         r.set_job_id(job.id());
+         r.set_expected_generation(99);  // past authorization: refused by the logic
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)->Checkpoint(CallCtx(c).get(), r, &reply);
        }},
       {"CancelOperation",
        [&](const Caller& c) {
