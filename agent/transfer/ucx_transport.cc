@@ -56,9 +56,6 @@ using Clock = std::chrono::steady_clock;
 // as a last resort (which also breaks the peer's transfers to us: UCX pairs
 // the two sides' endpoints into one connection).
 constexpr auto kCancelFallback = std::chrono::seconds(8);
-// A retired endpoint with sends still wanted on it (another operation's)
-// waits this long for them before it is closed under them.
-constexpr auto kRetireGrace = std::chrono::seconds(2);
 // The tag of a discard notice: "drop what I sent you under (tag, mask)".
 constexpr uint64_t kDiscardNoticeTag = kReservedTag;
 // At shutdown, how long force-closed endpoints get to fail their sends.
@@ -108,8 +105,9 @@ struct Request {
 // rendezvous send completes only when the receiver matches it, or when its
 // endpoint fails or is force-closed (UCX then completes every request on it
 // with an error, after its transport endpoints are discarded, so the buffer
-// is no longer read). So cancelling sends means retiring the endpoint they
-// went out on (new sends to the peer get a fresh one) and force-closing it.
+// is no longer read). Cancelled sends are drained by the receiver
+// (ucx_discard.h); only those still pending after kCancelFallback get their
+// endpoint retired (new sends to the peer get a fresh one) and force-closed.
 struct Endpoint {
   UcxTransportImpl* owner = nullptr;
   std::string peer;
@@ -119,7 +117,6 @@ struct Endpoint {
   size_t sends = 0;       // pending sends on it
   size_t live_sends = 0;  // of which not cancelled
   bool retired = false;   // no longer a peer's current endpoint
-  Clock::time_point close_by;
   // Set while cancelled sends are pending on it: when they must be gone.
   std::optional<Clock::time_point> cancelled_by;
 };
@@ -297,7 +294,7 @@ class UcxTransportImpl final : public UcxTransport {
       }
       // A new incarnation (or a failed endpoint): what is pending on the old
       // endpoint can never complete normally.
-      if (current != nullptr) Retire(current, Clock::now());
+      if (current != nullptr) Retire(current);
       peers_.erase(it);
       CloseRetired();
     }
@@ -348,17 +345,13 @@ class UcxTransportImpl final : public UcxTransport {
     e->owner->FailReceives(absl::StrCat("peer connection failed: ", e->error));
   }
 
-  // Takes `e` from its peer (new sends get a new endpoint); it is force-closed
-  // once no send on it is still wanted, or at `close_by`.
-  void Retire(Endpoint* e, Clock::time_point close_by) {
-    if (!e->retired) {
-      e->retired = true;
-      e->close_by = close_by;
-      auto it = peers_.find(e->peer);
-      if (it != peers_.end() && it->second->current == e) it->second->current = nullptr;
-    } else if (close_by < e->close_by) {
-      e->close_by = close_by;
-    }
+  // Takes `e` from its peer (new sends get a new endpoint); CloseRetired
+  // force-closes it.
+  void Retire(Endpoint* e) {
+    if (e->retired) return;
+    e->retired = true;
+    auto it = peers_.find(e->peer);
+    if (it != peers_.end() && it->second->current == e) it->second->current = nullptr;
   }
 
   // Force-closes every retired endpoint of `peer_id` at once and progresses
@@ -376,17 +369,14 @@ class UcxTransportImpl final : public UcxTransport {
     return any;
   }
 
-  // Force-closes the retired endpoints that are due; frees closed ones that
-  // have nothing pending. UCX completes their sends (UCS_ERR_CANCELED) as the
-  // worker progresses.
+  // Force-closes the retired endpoints; frees closed ones that have nothing
+  // pending. UCX completes their sends (UCS_ERR_CANCELED) as the worker
+  // progresses.
   void CloseRetired() {
-    const auto now = Clock::now();
     retired_left_ = false;
     for (auto it = endpoints_.begin(); it != endpoints_.end();) {
       Endpoint* e = it->first;
-      if (e->retired && e->ep != nullptr && (e->live_sends == 0 || now >= e->close_by)) {
-        ForceClose(e);
-      }
+      if (e->retired && e->ep != nullptr) ForceClose(e);
       if (e->retired && e->ep == nullptr && e->sends == 0) {
         it = endpoints_.erase(it);
         continue;
@@ -477,7 +467,7 @@ class UcxTransportImpl final : public UcxTransport {
           << "\" were not drained by the peer within "
           << std::chrono::duration_cast<std::chrono::seconds>(kCancelFallback).count()
           << " s; closing the endpoint";
-      Retire(e, now);
+      Retire(e);
       cancel_watch_ = true;  // until freed
     }
     CloseRetired();
