@@ -304,6 +304,21 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  // The step is checked field by field as a CommitStep of it would be.
+  std::optional<StepCommit> step;
+  if (request.with_step()) {
+    v1::CommitStepRequest as_commit;
+    as_commit.set_job_id(request.job_id());
+    as_commit.set_generation(request.expected_generation());
+    as_commit.set_step(request.step());
+    as_commit.set_cursor(request.cursor());
+    as_commit.set_layout_fingerprint(request.layout_fingerprint());
+    if (absl::Status s = CheckCommitStepRequest(as_commit); !s.ok()) return s;
+    step = ToStepCommit(as_commit);
+  } else if (request.step() != 0 || request.cursor() != 0 ||
+             !request.layout_fingerprint().empty()) {
+    return absl::InvalidArgumentError("step, cursor and layout_fingerprint need with_step");
+  }
   absl::StatusOr<v1::Job> job = store_->GetJob(request.job_id(), /*include_ptc=*/false);
   if (!job.ok()) return NameNotFound(job.status(), JobNotFound(request.job_id()));
   if (job->state() == v1::JOB_STATE_DEGRADED || job->state() == v1::JOB_STATE_FAILED) {
@@ -317,21 +332,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   op.expected_generation = request.expected_generation();
   op.target_layout = job->layout();
   op.idempotency = MakeIdempotency(request.idempotency_key(), "Checkpoint", request);
-  if (request.with_step()) {
-    if (request.step() < 1 || request.cursor() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("step ", request.step(), ", cursor ", request.cursor(),
-                       ": with_step needs step >= 1 and cursor >= 0"));
-    }
-    if (request.layout_fingerprint().empty()) {
-      return absl::InvalidArgumentError("layout_fingerprint is required with with_step");
-    }
-    op.step = StepCommit{request.job_id(), request.expected_generation(), request.step(),
-                         request.cursor(), request.layout_fingerprint()};
-  } else if (request.step() != 0 || request.cursor() != 0 ||
-             !request.layout_fingerprint().empty()) {
-    return absl::InvalidArgumentError("step, cursor and layout_fingerprint need with_step");
-  }
+  op.step = std::move(step);
   return CreateOperation(std::move(op));
 }
 
