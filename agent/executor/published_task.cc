@@ -4,7 +4,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/host_steps.h"
 
 namespace reshard::agent {
 namespace {
@@ -25,25 +24,16 @@ absl::Status CheckSizes(const RankBuffer& buf, const std::vector<int64_t>& want,
 
 }  // namespace
 
-absl::StatusOr<std::set<int>> PublishedRanks(ShardStore* store, const std::string& host_id,
-                                             const v1::HostTask& task) {
-  absl::StatusOr<HostSteps> hs = PrepareHostSteps(store, host_id, task);
-  if (!hs.ok()) return hs.status();
-  return std::set<int>(hs->new_ranks.begin(), hs->new_ranks.end());
-}
-
 absl::StatusOr<std::vector<v1::ShardChecksum>> AwaitPublished(
-    ShardStore* store, const std::string& host_id, const v1::HostTask& task,
+    ShardStore* store, const v1::HostTask& task, const HostSteps& hs,
     const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting) {
-  absl::StatusOr<HostSteps> hs = PrepareHostSteps(store, host_id, task);
-  if (!hs.ok()) return hs.status();
-  const std::vector<int>& ranks = hs->new_ranks;
+  const std::vector<int>& ranks = hs.new_ranks;
   std::vector<int64_t> rank_bytes(ranks.size(), 0);
   int64_t total = 0;
   for (size_t k = 0; k < ranks.size(); ++k) {
-    for (int64_t b : hs->new_item_bytes[k]) rank_bytes[k] += b;
+    for (int64_t b : hs.new_item_bytes[k]) rank_bytes[k] += b;
     total += rank_bytes[k];
   }
   auto drop_all = [&] {
@@ -59,7 +49,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> AwaitPublished(
         absl::StatusOr<RankBufferPtr> b =
             store->Get(RankBufferKey{task.job_id(), task.to_generation(), ranks[k]});
         if (b.ok() && (*b)->sealed()) {
-          if (absl::Status s = CheckSizes(**b, hs->new_item_bytes[k], ranks[k], task); !s.ok()) {
+          if (absl::Status s = CheckSizes(**b, hs.new_item_bytes[k], ranks[k], task); !s.ok()) {
             drop_all();
             return s;
           }

@@ -7,28 +7,25 @@
 #pragma once
 
 #include <functional>
-#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/host_steps.h"
 #include "agent/shard_store/shard_store.h"
 #include "reshard/v1/agent.pb.h"
 
 namespace reshard::agent {
 
-/// The new ranks of `task` that live on `host_id` (what its workers publish).
-[[nodiscard]] absl::StatusOr<std::set<int>> PublishedRanks(ShardStore* store,
-                                                           const std::string& host_id,
-                                                           const v1::HostTask& task);
-
-/// Waits until the workers sealed every new rank of `task` on `host_id`:
+/// Waits until the workers sealed every new rank of `task` on this host
+/// (`hs`, PrepareHostSteps of the task for this host: its new ranks and their
+/// item sizes):
 /// progress(sealed bytes, total bytes) as ranks are sealed, waiting("...")
 /// naming the first rank still open, polls `cancelled` (Cancelled when it
 /// says so). FailedPrecondition when a sealed buffer's item sizes differ from
 /// the layout's. On any failure the new buffers of this host are dropped.
 [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> AwaitPublished(
-    ShardStore* store, const std::string& host_id, const v1::HostTask& task,
+    ShardStore* store, const v1::HostTask& task, const HostSteps& hs,
     const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting);

@@ -337,12 +337,16 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     op->finished.store(true);
     return;
   }
+  // A checkpoint's ranks here are known before the task reports anything,
+  // so that the workers' publish is accepted as soon as the operation shows
+  // TRANSFERRING.
   std::set<int> published;
+  absl::StatusOr<HostSteps> publish_steps = absl::UnknownError("not a checkpoint");
   if (task.publish_by_workers()) {
-    // Known before the task reports anything, so that the workers' publish
-    // is accepted as soon as the operation shows TRANSFERRING.
-    absl::StatusOr<std::set<int>> ranks = PublishedRanks(store_, host, task);
-    if (ranks.ok()) published = *std::move(ranks);
+    publish_steps = PrepareHostSteps(store_, host, task);
+    if (publish_steps.ok()) {
+      published.insert(publish_steps->new_ranks.begin(), publish_steps->new_ranks.end());
+    }
   }
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -388,7 +392,11 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   std::thread worker([&] {
     absl::Status connect = absl::OkStatus();
     if (task.publish_by_workers()) {
-      result = AwaitPublished(store_, host, task, progress, cancelled, waiting);
+      if (publish_steps.ok()) {
+        result = AwaitPublished(store_, task, *publish_steps, progress, cancelled, waiting);
+      } else {
+        result = publish_steps.status();
+      }
       exec_finished.store(true);
       cv_.notify_all();
       return;
