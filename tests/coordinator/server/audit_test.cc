@@ -18,16 +18,8 @@
 namespace reshard::coordinator::testing {
 namespace {
 
-class AuditTest : public ServerTest {
+class AuditTest : public AdminServerTest {
  protected:
-  void SetUp() override {
-    ServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    coordinator_ = StartCoordinator();
-    ASSERT_NE(coordinator_, nullptr);
-    admin_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
-  }
-
   std::unique_ptr<CoordinatorStub> As(const std::string& identity) {
     return CoordinatorClient(coordinator_->address(), identity);
   }
@@ -61,9 +53,6 @@ class AuditTest : public ServerTest {
     }
     return out;
   }
-
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<CoordinatorStub> admin_;
 };
 
 TEST_F(AuditTest, SuccessfulMutationsWriteOneRowEach) {

@@ -36,14 +36,11 @@ bool Refused(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
 }
 
-class AuthTest : public ServerTest {
+class AuthTest : public AdminServerTest {
  protected:
   void SetUp() override {
-    ServerTest::SetUp();
+    AdminServerTest::SetUp();
     if (HasFatalFailure()) return;
-    coordinator_ = StartCoordinator();
-    ASSERT_NE(coordinator_, nullptr);
-    admin_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
     admin_auth_ = v1::AuthService::NewStub(TestChannel(coordinator_->address(), kAdminIdentity));
   }
 
@@ -62,8 +59,6 @@ class AuthTest : public ServerTest {
     return reply.bearer_token();
   }
 
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<CoordinatorStub> admin_;
   std::unique_ptr<AuthStub> admin_auth_;
 };
 

@@ -31,23 +31,15 @@ v1::DatasetState Dataset() {
   return d;
 }
 
-class DatasetStateTest : public ServerTest {
+class DatasetStateTest : public AdminServerTest {
  protected:
-  void SetUp() override {
-    ServerTest::SetUp();
-    if (HasFatalFailure()) return;
-    coordinator_ = StartCoordinator();
-    ASSERT_NE(coordinator_, nullptr);
-    stub_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
-  }
-
   v1::Job RegisterWithData(const std::string& name, const v1::DatasetState& dataset,
                            v1::JobSpec spec = {}) {
     v1::RegisterJobRequest r;
     *r.mutable_spec() = spec.name().empty() ? SmallJobSpec(name, "team-a") : std::move(spec);
     *r.mutable_dataset_state() = dataset;
     v1::RegisterJobResponse reply;
-    const grpc::Status s = stub_->RegisterJob(Ctx().get(), r, &reply);
+    const grpc::Status s = admin_->RegisterJob(Ctx().get(), r, &reply);
     EXPECT_TRUE(s.ok()) << s.error_message();
     return reply.job();
   }
@@ -60,7 +52,7 @@ class DatasetStateTest : public ServerTest {
     r.set_step(step);
     r.set_cursor(cursor);
     r.set_layout_fingerprint(fingerprint);
-    return stub_->CommitStep(Ctx().get(), r, reply);
+    return admin_->CommitStep(Ctx().get(), r, reply);
   }
 
   static std::string ExpectedFingerprint() {
@@ -69,9 +61,6 @@ class DatasetStateTest : public ServerTest {
                                    d.dataset().fingerprint(),
                                    {d.order().seed(), data::Shuffle::kBlock, 64}, kBatch);
   }
-
-  std::unique_ptr<CoordinatorProcess> coordinator_;
-  std::unique_ptr<CoordinatorStub> stub_;
 };
 
 TEST_F(DatasetStateTest, RegisterStoresItAndCommitStepAdvancesTheCursor) {
@@ -80,7 +69,7 @@ TEST_F(DatasetStateTest, RegisterStoresItAndCommitStepAdvancesTheCursor) {
   const std::string fp = ExpectedFingerprint();
   EXPECT_EQ(registered.dataset_state().layout_fingerprint(), fp);  // filled in
 
-  v1::Job job = GetJob(stub_.get(), registered.id());
+  v1::Job job = GetJob(admin_.get(), registered.id());
   ASSERT_TRUE(job.has_dataset_state());
   EXPECT_EQ(job.dataset_state().order().seed(), 0xFFFFFFFFFFFFFFFFULL);
   EXPECT_EQ(job.dataset_state().order().shuffle(), v1::SHUFFLE_BLOCK);
@@ -102,13 +91,13 @@ TEST_F(DatasetStateTest, RegisterStoresItAndCommitStepAdvancesTheCursor) {
   // Committing every few steps is fine when the cursor matches.
   s = Commit(job.id(), 1, 4, 4 * kBatch, fp, &state);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  EXPECT_EQ(GetJob(stub_.get(), job.id()).dataset_state().cursor(), 4 * kBatch);
+  EXPECT_EQ(GetJob(admin_.get(), job.id()).dataset_state().cursor(), 4 * kBatch);
 
   // Every commit is in the audit trail, naming the job.
   v1::ListAuditRequest audit;
   audit.set_job_id(job.id());
   v1::ListAuditResponse rows;
-  ASSERT_TRUE(stub_->ListAudit(Ctx().get(), audit, &rows).ok());
+  ASSERT_TRUE(admin_->ListAudit(Ctx().get(), audit, &rows).ok());
   int commits = 0;
   for (const v1::AuditEntry& e : rows.entries()) {
     if (e.method() == "CommitStep") {
@@ -159,13 +148,13 @@ TEST_F(DatasetStateTest, CommitStepRefusals) {
         << c.what << ": " << s.error_message();
   }
   // Nothing moved.
-  EXPECT_EQ(GetJob(stub_.get(), job.id()).dataset_state().cursor(), 2 * kBatch);
-  EXPECT_EQ(GetJob(stub_.get(), job.id()).dataset_state().step(), 2);
+  EXPECT_EQ(GetJob(admin_.get(), job.id()).dataset_state().cursor(), 2 * kBatch);
+  EXPECT_EQ(GetJob(admin_.get(), job.id()).dataset_state().step(), 2);
 
   EXPECT_EQ(Commit("no-such-job", 1, 1, kBatch, fp, &state).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  const v1::Job plain = Register(stub_.get(), SmallJobSpec("no-data", "team-a"));
-  EXPECT_FALSE(GetJob(stub_.get(), plain.id()).has_dataset_state());
+  const v1::Job plain = Register(admin_.get(), SmallJobSpec("no-data", "team-a"));
+  EXPECT_FALSE(GetJob(admin_.get(), plain.id()).has_dataset_state());
   const grpc::Status s = Commit(plain.id(), 1, 1, kBatch, fp, &state);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("has no dataset state"), std::string::npos);
@@ -197,14 +186,14 @@ TEST_F(DatasetStateTest, RegisterRefusesABadDatasetStateNamingTheField) {
     *r.mutable_spec() = SmallJobSpec(absl::StrCat("bad-", ++serial), "team-a");
     *r.mutable_dataset_state() = d;
     v1::RegisterJobResponse reply;
-    const grpc::Status s = stub_->RegisterJob(Ctx().get(), r, &reply);
+    const grpc::Status s = admin_->RegisterJob(Ctx().get(), r, &reply);
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.field;
     EXPECT_NE(s.error_message().find(c.field), std::string::npos) << s.error_message();
   }
   v1::ListJobsRequest list;
   list.set_tenant("team-a");
   v1::ListJobsResponse jobs;
-  ASSERT_TRUE(stub_->ListJobs(Ctx().get(), list, &jobs).ok());
+  ASSERT_TRUE(admin_->ListJobs(Ctx().get(), list, &jobs).ok());
   EXPECT_EQ(jobs.jobs_size(), 0);  // nothing half-registered
 }
 
@@ -215,12 +204,12 @@ TEST_F(DatasetStateTest, ResizeAndMigrateCarryTheCommittedState) {
   v1::DatasetState state;
   ASSERT_TRUE(Commit(job.id(), 1, 3, 3 * kBatch, fp, &state).ok());
 
-  const v1::Operation resize = Resize(stub_.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
-  absl::StatusOr<v1::Operation> done = WaitFinal(stub_.get(), resize.id());
+  const v1::Operation resize = Resize(admin_.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
+  absl::StatusOr<v1::Operation> done = WaitFinal(admin_.get(), resize.id());
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::OPERATION_STATE_COMMITTED) << done->error();
 
-  v1::Job resized = GetJob(stub_.get(), job.id());
+  v1::Job resized = GetJob(admin_.get(), job.id());
   ASSERT_EQ(resized.generation(), 2);
   ASSERT_TRUE(resized.dataset_state().has_dataset());
   EXPECT_EQ(resized.dataset_state().cursor(), 3 * kBatch);
@@ -240,12 +229,12 @@ TEST_F(DatasetStateTest, ResizeAndMigrateCarryTheCommittedState) {
   migrate.set_expected_generation(2);
   *migrate.mutable_placement() = MakeLayout(2, 2, 1, {"h2"}, 4).placement();
   v1::Operation op;
-  s = stub_->Migrate(Ctx().get(), migrate, &op);
+  s = admin_->Migrate(Ctx().get(), migrate, &op);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  done = WaitFinal(stub_.get(), op.id());
+  done = WaitFinal(admin_.get(), op.id());
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::OPERATION_STATE_COMMITTED) << done->error();
-  const v1::Job migrated = GetJob(stub_.get(), job.id());
+  const v1::Job migrated = GetJob(admin_.get(), job.id());
   EXPECT_EQ(migrated.generation(), 3);
   EXPECT_EQ(migrated.dataset_state().cursor(), 4 * kBatch);
   EXPECT_EQ(migrated.dataset_state().step(), 4);
@@ -281,18 +270,18 @@ TEST_F(DatasetStateTest, RecoverCarriesTheStepCommittedDuringTheTransfer) {
   recover.add_lost_hosts("h1");
   *recover.mutable_target() = MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
   v1::Operation op;
-  grpc::Status s = stub_->RecoverFromFailure(Ctx().get(), recover, &op);
+  grpc::Status s = admin_->RecoverFromFailure(Ctx().get(), recover, &op);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  ASSERT_TRUE(WaitState(stub_.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
+  ASSERT_TRUE(WaitState(admin_.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
   v1::DatasetState state;
   s = Commit(job.id(), 1, 2, 2 * kBatch, fp, &state);
   ASSERT_TRUE(s.ok()) << s.error_message();
   HoldAgents(false);
-  absl::StatusOr<v1::Operation> done = WaitFinal(stub_.get(), op.id());
+  absl::StatusOr<v1::Operation> done = WaitFinal(admin_.get(), op.id());
   ASSERT_TRUE(done.ok()) << done.status();
   ASSERT_EQ(done->state(), v1::OPERATION_STATE_COMMITTED) << done->error();
 
-  const v1::Job recovered = GetJob(stub_.get(), job.id());
+  const v1::Job recovered = GetJob(admin_.get(), job.id());
   EXPECT_EQ(recovered.generation(), 2);
   EXPECT_EQ(recovered.dataset_state().cursor(), 2 * kBatch);
   EXPECT_EQ(recovered.dataset_state().step(), 2);

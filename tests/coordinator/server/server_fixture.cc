@@ -195,4 +195,12 @@ v1::Job ServerTest::Register(CoordinatorStub* stub, const v1::JobSpec& spec) {
   return reply.job();
 }
 
+void AdminServerTest::SetUp() {
+  ServerTest::SetUp();
+  if (HasFatalFailure()) return;
+  coordinator_ = StartCoordinator();
+  ASSERT_NE(coordinator_, nullptr);
+  admin_ = CoordinatorClient(coordinator_->address(), kAdminIdentity);
+}
+
 }  // namespace reshard::coordinator::testing

@@ -92,4 +92,14 @@ class ServerTest : public ::testing::Test {
   std::vector<std::unique_ptr<FakeAgent>> agents_;
 };
 
+/// A ServerTest with one coordinator started (mutual TLS) and an admin
+/// client of it.
+class AdminServerTest : public ServerTest {
+ protected:
+  void SetUp() override;
+
+  std::unique_ptr<CoordinatorProcess> coordinator_;
+  std::unique_ptr<CoordinatorStub> admin_;
+};
+
 }  // namespace reshard::coordinator::testing
