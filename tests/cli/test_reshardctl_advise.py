@@ -19,22 +19,13 @@ import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from test_reshardctl_cluster import (  # noqa: E402
-    BUILD, CONFLICT, ERROR, OK, USAGE, Ctl, LocalCluster, job_spec, publish, write_json)
+# The cluster and ctl fixtures are the cluster suite's (one module-scoped
+# cluster per module that uses them).
+from test_reshardctl_cluster import (  # noqa: E402,F401
+    CONFLICT, ERROR, OK, USAGE, cluster, ctl, job_spec, publish, write_json)
 
 # The model behind job_spec: 2 layers, hidden 32, vocabulary 64.
 MODEL = ["--heads", "4", "--hidden", "32", "--vocab", "64", "--seq", "16", "--batch", "8"]
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    with LocalCluster(build_dir=BUILD, hosts=4, devices_per_host=2) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def ctl(cluster):
-    return Ctl(cluster)
 
 
 @pytest.fixture(scope="module")
