@@ -184,6 +184,10 @@ absl::StatusOr<v1::Job> WorkerServiceImpl::FetchJob(const std::string& job_id, b
   v1::Job job;
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+  // A restarted coordinator leaves the channel in reconnect backoff for a
+  // while; wait for it (within the deadline) instead of failing the worker's
+  // call at once with "connection refused".
+  ctx.set_wait_for_ready(true);
   absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
   if (s.code() == absl::StatusCode::kPermissionDenied) {
     // An agent may read only the jobs placed on its host (docs/security.md):
