@@ -85,6 +85,23 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
   if (!record.plan.has_value()) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
   }
+  // Stop-free: planned and prepared while the old layout trains; the
+  // transfer starts once the cut-over checkpoint (the state of the step
+  // boundary, this operation's source generation) has committed.
+  if (op.stop_free()) {
+    const std::string& cut_id = op.cutover_operation_id();
+    if (cut_id.empty()) return false;
+    absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
+    if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
+    if (cut.ok() && !IsFinal(cut->op.state())) return false;
+    if (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED) {
+      return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
+                          cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
+                                                  StateName(cut->op.state()), ": ", cut->op.error())
+                                   : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
+                          now));
+    }
+  }
   const std::map<std::string, int64_t> bytes = BytesWrittenByHost(*record.plan);
   std::vector<HostProgress> rows;
   for (const auto& [host_id, host_bytes] : bytes) {
