@@ -19,7 +19,8 @@ inline constexpr Statement kLockStopFreeOperation{
 // new source), $3 the checkpoint.
 inline constexpr Statement kCutOverOperation{
     "cut_over_operation",
-    "UPDATE operations SET from_generation = $2, to_generation = $2 + 1, cutover_at = now(), "
+    "UPDATE operations SET from_generation = $2::bigint, to_generation = $2::bigint + 1, "
+    "cutover_at = now(), "
     "cutover_operation_id = $3, updated_at = now() WHERE id = $1"};
 
 // A repeat keeps the first time.
