@@ -40,6 +40,18 @@ import elastic  # noqa: E402
 import tiny_gpt  # noqa: E402
 
 
+@pytest.fixture(scope="module")
+def cluster():
+    """The suite's cluster (conftest.py), with agents that heartbeat, and so
+    pick up their tasks, every 200 ms: the pauses measured are the
+    reconfiguration's, not the heartbeat period's."""
+    from cluster import LocalCluster
+    from conftest import build_dir
+    with LocalCluster(build_dir=build_dir(), hosts=4, devices_per_host=2,
+                      heartbeat_ms=200) as c:
+        yield c
+
+
 def test_training_continues_across_reconfigurations(cluster, client, job_name, tmp_path):
     out = elastic.run(cluster, client, job_name, str(tmp_path), log=print)
     losses, want = out["losses"], out["want_losses"]

@@ -204,6 +204,7 @@ def run(cluster, client, name, work_dir, hosts=None, log=lambda *a: None):
                 new.pump(lambda ph: ph.losses)
                 out["pauses"].append(_pause(how, cur, new, final, t_request))
             _collect(out, cur)
+            out["pauses"][-1]["after_step"] = len(out["losses"])
             out["committed"].append({"generation": final.to_generation, "layout": lay,
                                      "operation": final})
             log(f"training: phase {i} ({how}): tp {lay.config.tp} dp {lay.config.dp} on "
