@@ -150,33 +150,72 @@ class Phase:
                 p.wait()
 
 
-def run(cluster, client, name, work_dir, hosts=None, log=lambda *a: None):
-    """Registers a job and trains it through scenario(hosts) (default: the
-    cluster's first four hosts, all alive); returns a dict with losses,
-    reference losses and final state, sample ids, the job, its PTC, the
-    last layout and generation, the operations, and per reconfiguration
-    its pause."""
+def random_scenario(hosts, seed, changes=2):
+    """The property test's scenario: tp 1 and a random dp on random hosts
+    (one rank each), then `changes` stop-free resizes to another random dp
+    and, at a random point where dp >= 2, a host that fails while the job
+    trains (its agent SIGKILLed, the ranks killed)."""
+    import random
+
+    from reshard import layout
+    rng = random.Random(seed)
+    alive = list(hosts)
+    fail_before = rng.randrange(changes)  # the failure comes before this change
+
+    def pick(dp):
+        return layout.make_layout(1, 1, dp, rng.sample(alive, dp), 1)
+
+    def next_dp(prev, at_least):
+        return rng.choice([d for d in range(at_least, len(alive) + 1) if d != prev])
+
+    dp = next_dp(0, 2 if fail_before == 0 else 1)
+    phases = [("register", pick(dp))]
+    for k in range(changes):
+        if k == fail_before:
+            lost = rng.choice(layout.hosts_of(phases[-1][1]))
+            alive.remove(lost)
+            phases.append(("fail " + lost, None))
+            dp -= 1  # one rank per host: the survivors
+        dp = next_dp(dp, 2 if k + 1 == fail_before else 1)
+        phases.append(("stop-free resize", pick(dp)))
+    return phases
+
+
+def _end_of(phases, i):
+    """How phase i ends: cut over by a stop-free resize, killed by a
+    failure, or its step budget and a checkpoint."""
+    nxt = phases[i + 1][0] if i + 1 < len(phases) else ""
+    return "cut" if nxt == "stop-free resize" or nxt.startswith("fail ") else "finish"
+
+
+def run(cluster, client, name, work_dir, hosts=None, log=lambda *a: None, phases=None):
+    """Registers a job and trains it through `phases` (default:
+    scenario(hosts), hosts default the cluster's first four, all alive);
+    returns a dict with losses, reference losses and final state, sample
+    ids, the job, its PTC, the last layout and generation, the operations,
+    and per reconfiguration its pause."""
     import reshard
     from reshard import layout
     ptc = job_ptc()
-    phases = scenario(hosts or cluster.host_ids)
+    phases = phases or scenario(hosts or cluster.host_ids)
     job = client.register_job({"name": name, "tenant": "training", "ptc": reshard.to_dict(ptc),
                                "layout": reshard.to_dict(phases[0][1])},
                               dataset_state=dataset_state())
     out = {"job": job, "ptc": ptc, "losses": [], "ids": [], "pauses": [], "committed": []}
     lay = phases[0][1]
-    cur = Phase(cluster, job, ptc, phases[0][1], work_dir, "phase0", "seed", "cut")
+    cur = Phase(cluster, job, ptc, lay, work_dir, "phase0", "seed", _end_of(phases, 0))
     live = [cur]
     try:
-        log(f"training: phase 0 (register): tp 2 dp 2 on "
-            f"{', '.join(layout.hosts_of(phases[0][1]))}")
+        log(f"training: phase 0 (register): tp {lay.config.tp} dp {lay.config.dp} on "
+            f"{', '.join(layout.hosts_of(lay))}")
         for i, (how, lay) in enumerate(phases[1:], 1):
+            end = _end_of(phases, i)
             if how == "stop-free resize":
                 cur.pump(lambda ph: len(ph.losses) >= STEPS)
                 t_request = time.monotonic()
                 op = client.resize(job.id, lay, stop_free=True)
                 op = _wait_state(client, op.id, reshard.coordinator_pb2.OPERATION_STATE_PLANNED)
-                new = Phase(cluster, job, ptc, lay, work_dir, f"phase{i}", "join", "finish",
+                new = Phase(cluster, job, ptc, lay, work_dir, f"phase{i}", "join", end,
                             operation_id=op.id)
                 live.append(new)
                 # The old layout trains on while the new ranks warm up; it
@@ -186,24 +225,42 @@ def run(cluster, client, name, work_dir, hosts=None, log=lambda *a: None):
                 final = client.get_operation(op.id)
                 out["pauses"].append(_pause(how, cur, new, final, t_request))
             else:
-                cur.pump(lambda ph: ph.finished())
-                client.wait(cur.cut["checkpoint"], timeout=120, raise_on_failure=True)
                 t_request = time.monotonic()
-                if how.startswith("lose "):
+                if how.startswith("fail "):
+                    # A host fails while the job trains: the ranks there die
+                    # with it and the rest stop (a peer is gone); the job
+                    # resumes from its last commit, replaying the steps read
+                    # since (they were never committed).
+                    cur.pump(lambda ph: len(ph.losses) >= STEPS)
                     lost = how.split()[1]
-                    cluster.lose_host(lost)  # agent SIGKILLed, its shared memory gone
+                    cluster.lose_host(lost)
+                    cur.kill()
+                    t_request = time.monotonic()
+                    cur.losses, cur.ids = [], {}
+                else:
+                    cur.pump(lambda ph: ph.finished())
+                    client.wait(cur.cut["checkpoint"], timeout=120, raise_on_failure=True)
+                    t_request = time.monotonic()
+                if how.startswith("lose ") or how.startswith("fail "):
+                    lost = how.split()[1]
+                    if how.startswith("lose "):
+                        cluster.lose_host(lost)  # agent SIGKILLed, its shared memory gone
                     final = client.wait(client.recover(job.id, [lost]).id, timeout=120,
                                         raise_on_failure=True)
                     lay = final.target_layout  # the coordinator's survivor policy
                 else:
                     final = client.wait(client.resize(job.id, lay).id, timeout=120,
                                         raise_on_failure=True)
-                new = Phase(cluster, job, ptc, lay, work_dir, f"phase{i}", "load", "finish",
+                new = Phase(cluster, job, ptc, lay, work_dir, f"phase{i}", "load", end,
                             generation=final.to_generation)
                 live.append(new)
                 new.pump(lambda ph: ph.losses)
                 out["pauses"].append(_pause(how, cur, new, final, t_request))
             _collect(out, cur)
+            committed = client.dataset_state(job.id).step
+            if committed != len(out["losses"]):
+                raise RuntimeError(f"phase {i}: committed step {committed}, trained "
+                                   f"{len(out['losses'])}")
             out["pauses"][-1]["after_step"] = len(out["losses"])
             out["committed"].append({"generation": final.to_generation, "layout": lay,
                                      "operation": final})
