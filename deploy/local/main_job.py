@@ -59,6 +59,7 @@ def train_elastic(cluster, plot_path):
     sys.path.insert(0, os.path.join(HERE, "training"))
     import elastic
     import reshard
+    elastic.STEPS = 8  # steps per phase after the first: a longer curve than the test's
     with cluster.client() as c:
         alive_ids = {h.host_id for h in c.list_hosts()
                      if h.state == reshard.agent_pb2.HOST_STATE_ALIVE}
@@ -116,8 +117,8 @@ def plot(out, path):
     ax.plot(steps, out["losses"], color="C0", linewidth=1.2, label="elastic (reshard)")
     for p in out["pauses"]:
         ax.axvline(p["after_step"] + 0.5, color="C3" if p["stop_free"] else "C1", linestyle="--")
-        ax.annotate(f"{p['how']}\npause {p['pause_s']:.2f} s", (p["after_step"] + 0.7,
-                    max(out["losses"])), fontsize=8, va="top")
+        ax.text(p["after_step"] + 0.9, max(out["losses"]), f"{p['how']}: pause {p['pause_s']:.2f} s",
+                rotation=90, fontsize=8, va="top", ha="left")
     ax.set_xlabel("step")
     ax.set_ylabel("loss")
     ax.set_title("tiny GPT across reconfigurations: elastic run vs uninterrupted reference")
