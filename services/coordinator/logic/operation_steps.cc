@@ -181,7 +181,11 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
                   absl::StrCat("host \"", row.host_id, "\" made no progress for ", now - since,
                                " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what));
   }
-  const int64_t age_ms = now - op.created_unix_ms();
+  // A stop-free operation waited for its cut-over as long as the scheduler
+  // chose: its transfer is timed from the cut-over.
+  const int64_t started_ms =
+      op.stop_free() && op.cutover_unix_ms() > 0 ? op.cutover_unix_ms() : op.created_unix_ms();
+  const int64_t age_ms = now - started_ms;
   if (age_ms > options_.transfer_timeout_ms) {
     return finish(v1::OPERATION_STATE_ABORTED,
                   absl::StrCat("timed out: the operation is ", age_ms,
