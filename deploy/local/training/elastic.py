@@ -18,6 +18,10 @@ reshard.elastic) trains the tiny GPT of tiny_gpt.py. The scenario, one job:
      plain Resize, as before stop-free existed) to tp 2 x dp 1 on one host;
      cold-started ranks load and train `STEPS` steps.
 
+random_scenario(hosts, seed) is the property test's: random dps, stop-free
+resizes, and a host that fails while the job trains (recovered from the last
+commit, the steps read since replayed).
+
 The pause of each reconfiguration is measured from the end of the last step
 on the old layout to the start of the first step on the new one (both
 stamped by rank 0 with time.monotonic, one clock on one machine).
