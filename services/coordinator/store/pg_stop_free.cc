@@ -12,11 +12,17 @@ namespace pg {
 
 absl::Status CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active) {
   const std::string& target = op.cut_over_operation_id;
-  if (active.size() != 1 || target != active[0][0].c_str()) {
+  // Active operations in creation order: the stop-free one comes first.
+  if (active.empty() || target != active[0][0].c_str()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cut_over_operation_id \"", target, "\": not the active operation of job \"", op.job_id,
         "\"",
         active.empty() ? " (it has none)" : absl::StrCat(" (\"", active[0][0].c_str(), "\" is)")));
+  }
+  if (active.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target,
+                                                      "\": it was cut over already (checkpoint \"",
+                                                      active[1][0].c_str(), "\" is running)"));
   }
   const pqxx::result r = tx.Exec(kLockStopFreeOperation, target, op.job_id);
   if (r.empty()) return OperationNotFound(target);

@@ -114,7 +114,7 @@ TEST_F(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   EXPECT_GT(op.cutover_unix_ms(), 0);
   EXPECT_EQ(Job(job.id()).active_operation_id(), op.id());
   EXPECT_THAT(CheckpointAt(job, 4, op.id()).status(),
-              StatusIs(absl::StatusCode::kFailedPrecondition, "cut_over_operation_id"));
+              StatusIs(absl::StatusCode::kFailedPrecondition, "cut over already"));
 
   // The old workers publish (the checkpoint's tasks); the transfer waits.
   Tick();
