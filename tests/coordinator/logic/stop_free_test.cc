@@ -167,6 +167,37 @@ TEST_F(StopFreeTest, RefusalsNameTheOperationAndWhy) {
               StatusIs(absl::StatusCode::kInvalidArgument, "needs with_step"));
 }
 
+TEST_F(StopFreeTest, AStopFreeMigrateWaitsForItsCutOverToo) {
+  const v1::Job job = RegisterWithData("migrate");
+  RegisterAgents({"h0", "h1", "h2", "h3"});
+  v1::MigrateRequest r;
+  r.set_job_id(job.id());
+  r.set_expected_generation(1);
+  *r.mutable_placement() = MakeLayout(2, 2, 1, {"h2", "h3"}, 2).placement();
+  r.set_stop_free(true);
+  absl::StatusOr<v1::Operation> op = api_->Migrate(r);
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_TRUE(op->stop_free());
+  Tick();
+  Tick();
+  EXPECT_EQ(Op(op->id()).state(), v1::OPERATION_STATE_PLANNED);
+  EXPECT_TRUE(Participants(op->id()).empty());
+  ASSERT_TRUE(MarkPrepared(op->id()).ok());
+  absl::StatusOr<v1::Operation> cut = CheckpointAt(job, 2, op->id());
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  Tick();
+  CompleteAll(cut->id());
+  Tick();
+  Tick();
+  ASSERT_EQ(Op(op->id()).state(), v1::OPERATION_STATE_TRANSFERRING) << Op(op->id()).error();
+  CompleteAll(op->id());
+  Tick();
+  EXPECT_EQ(Op(op->id()).state(), v1::OPERATION_STATE_COMMITTED);
+  const v1::Job done = Job(job.id());
+  EXPECT_EQ(done.generation(), 3);
+  EXPECT_EQ(done.dataset_state().step(), 2);
+}
+
 TEST_F(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
   const v1::Job job = RegisterWithData("aborted-cut");
   RegisterAgents({"h0", "h1", "h2"});
