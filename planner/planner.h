@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "planner/balance.h"
 #include "planner/geometry.h"
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
@@ -68,6 +69,8 @@ struct Plan {
   int64_t bytes_zero_filled = 0;
   int64_t cross_host_steps = 0;
   std::vector<HostStats> hosts;
+  // Every cross-host send, its candidate hosts and the one chosen (rule 5).
+  RemoteSends remote_sends;
 };
 
 /// Plans `from` -> `to` for `ptc`. Validates its inputs (InvalidArgument);
