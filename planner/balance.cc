@@ -45,6 +45,26 @@ int64_t Room(int64_t cap, int64_t load, int64_t unit) {
   return cap > load ? (cap - load) / unit * unit : 0;
 }
 
+// The smallest cap under which `count` sends of at least `size` bytes each
+// fit on `hosts` (already at `load`): a host takes one per `size` of room.
+int64_t CountBound(const std::vector<int64_t>& load, const std::vector<int32_t>& hosts,
+                   int64_t count, int64_t size) {
+  int64_t lo = 0, hi = 0;
+  for (int h : hosts) hi = std::max(hi, load[h]);
+  hi += count * size;  // fits on any one host
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo) / 2;
+    int64_t fit = 0;
+    for (int h : hosts) fit += mid > load[h] ? (mid - load[h]) / size : 0;
+    if (fit >= count) {
+      hi = mid;
+    } else {
+      lo = mid + 1;
+    }
+  }
+  return lo;
+}
+
 int64_t MaxOf(const std::vector<int64_t>& v) {
   return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
 }
@@ -298,8 +318,19 @@ class GroupSearch {
       if (inserted) {
         class_hosts_.push_back(it->first);
         class_left_.push_back(0);
+        class_count_.push_back(0);
+        class_min_.push_back(s_.bytes[i]);
       }
       class_left_[it->second] += s_.bytes[i];
+      class_count_[it->second] += 1;
+      class_min_[it->second] = std::min(class_min_[it->second], s_.bytes[i]);
+    }
+    // However the bytes split, each class's sends are whole.
+    for (size_t c = 0; c < class_hosts_.size(); ++c) {
+      if (class_min_[c] > 0) {
+        lower_ =
+            std::max(lower_, CountBound(load_, class_hosts_[c], class_count_[c], class_min_[c]));
+      }
     }
   }
 
@@ -332,9 +363,14 @@ class GroupSearch {
     if (room < remaining_[k]) return true;
     for (size_t c = 0; c < class_hosts_.size(); ++c) {
       if (class_left_[c] == 0) continue;
-      int64_t class_room = 0;
-      for (int h : class_hosts_[c]) class_room += Room(best_ - 1, load_[h], unit_);
+      int64_t class_room = 0, class_fit = 0;
+      for (int h : class_hosts_[c]) {
+        const int64_t room = Room(best_ - 1, load_[h], unit_);
+        class_room += room;
+        if (class_min_[c] > 0) class_fit += room / class_min_[c];
+      }
       if (class_room < class_left_[c]) return true;
+      if (class_min_[c] > 0 && class_fit < class_count_[c]) return true;
     }
     const int64_t i = sends_[k];
     const int64_t b = s_.bytes[i];
@@ -353,10 +389,12 @@ class GroupSearch {
       if (load_[h] + b >= best_) continue;
       load_[h] += b;
       class_left_[class_of_[k]] -= b;
+      class_count_[class_of_[k]] -= 1;
       chosen_[i] = h;
       choice_pos_[k] = order[t];
       const bool ok = Search(k + 1, std::max(top, load_[h]));
       class_left_[class_of_[k]] += b;
+      class_count_[class_of_[k]] += 1;
       load_[h] -= b;
       if (!ok) return false;
       if (best_ <= lower_) return true;
@@ -382,7 +420,9 @@ class GroupSearch {
   std::vector<std::vector<int>> order_;  // candidate order at each depth
   std::vector<int> class_of_;            // per position in sends_
   std::vector<std::vector<int32_t>> class_hosts_;
-  std::vector<int64_t> class_left_;  // bytes of the class not yet placed
+  std::vector<int64_t> class_left_;   // bytes of the class not yet placed
+  std::vector<int64_t> class_count_;  // sends of the class not yet placed
+  std::vector<int64_t> class_min_;    // its smallest send
   std::vector<int64_t> remaining_;
   int64_t best_ = 0, lower_ = 0;
   int64_t unit_ = 0;  // gcd of the group's sends
@@ -486,7 +526,10 @@ int64_t BusiestSenderLowerBound(const RemoteSends& sends) {
   const std::vector<int64_t> fixed = FixedLoads(sends);
   int64_t lower = MaxOf(fixed);
   // Sends with the same candidates form one class of the flow.
-  std::map<std::vector<int32_t>, int64_t> classes;
+  struct Class {
+    int64_t bytes = 0, count = 0, min = std::numeric_limits<int64_t>::max();
+  };
+  std::map<std::vector<int32_t>, Class> classes;
   int64_t flexible = 0, unit = 0;
   for (int64_t i = 0; i < sends.size(); ++i) {
     if (!Flexible(sends, i)) continue;
@@ -496,21 +539,27 @@ int64_t BusiestSenderLowerBound(const RemoteSends& sends) {
     lower = std::max(lower, cheapest + sends.bytes[i]);
     std::vector<int32_t> key(c, c + sends.Candidates(i));
     std::sort(key.begin(), key.end());
-    classes[std::move(key)] += sends.bytes[i];
+    Class& cl = classes[std::move(key)];
+    cl.bytes += sends.bytes[i];
+    cl.count += 1;
+    cl.min = std::min(cl.min, sends.bytes[i]);
     flexible += sends.bytes[i];
     unit = std::gcd(unit, sends.bytes[i]);
   }
   if (flexible == 0) return lower;
   if (unit == 0) unit = 1;
+  for (const auto& [hosts, cl] : classes) {
+    if (cl.min > 0) lower = std::max(lower, CountBound(fixed, hosts, cl.count, cl.min));
+  }
   // Smallest cap under which the split sends fit: binary search, max flow.
   const int n_classes = static_cast<int>(classes.size());
   auto fits = [&](int64_t cap) {
     const int src = 0, dst = 1 + n_classes + sends.num_hosts;
     Flow flow(dst + 1);
     int c = 1;
-    for (const auto& [hosts, bytes] : classes) {
-      flow.Edge(src, c, bytes);
-      for (int h : hosts) flow.Edge(c, 1 + n_classes + h, bytes);
+    for (const auto& [hosts, cl] : classes) {
+      flow.Edge(src, c, cl.bytes);
+      for (int h : hosts) flow.Edge(c, 1 + n_classes + h, cl.bytes);
       ++c;
     }
     for (int h = 0; h < sends.num_hosts; ++h) {
