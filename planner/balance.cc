@@ -472,13 +472,17 @@ void BalanceSenders(RemoteSends* sends) {
   // one, and go on while the busiest sender moves to another group.
   std::vector<std::vector<int64_t>> groups = Groups(*sends);
   std::vector<std::vector<int32_t>> group_hosts(groups.size());
+  std::vector<int32_t> group_of_host(sends->num_hosts, -1);
   for (size_t g = 0; g < groups.size(); ++g) {
-    std::vector<int32_t>& hosts = group_hosts[g];
-    for (int64_t i : groups[g])
-      hosts.insert(hosts.end(), sends->CandidatesBegin(i),
-                   sends->CandidatesBegin(i) + sends->Candidates(i));
-    std::sort(hosts.begin(), hosts.end());
-    hosts.erase(std::unique(hosts.begin(), hosts.end()), hosts.end());
+    for (int64_t i : groups[g]) {
+      const int32_t* c = sends->CandidatesBegin(i);
+      for (int k = 0; k < sends->Candidates(i); ++k) {
+        if (group_of_host[c[k]] < 0) {
+          group_of_host[c[k]] = static_cast<int32_t>(g);
+          group_hosts[g].push_back(c[k]);
+        }
+      }
+    }
   }
   auto group_top = [&](size_t g) {
     int64_t top = 0;

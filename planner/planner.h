@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/arena.h"
 #include "planner/balance.h"
 #include "planner/geometry.h"
 #include "reshard/v1/plan.pb.h"
@@ -80,6 +81,11 @@ struct Plan {
                                             const v1::Layout& to, const LostSet& lost);
 
 v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to);
+
+/// The same message allocated on `arena` (owned by it): several times fewer
+/// heap allocations for a large plan, and freed with the arena at once.
+v1::TransferPlan* ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
+                          google::protobuf::Arena* arena);
 
 /// MakePlan + ToProto.
 [[nodiscard]] absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc,
