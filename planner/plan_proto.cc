@@ -1,47 +1,71 @@
+// Plan -> TransferPlan. Every step costs a handful of allocations (the step,
+// its source region, its destinations and their regions, four repeated
+// fields): sizes are reserved up front so that nothing grows twice, and the
+// arena overload lets a caller allocate all of it from one arena (and free it
+// at once).
+#include <google/protobuf/arena.h>
+
 #include "planner/planner.h"
 
 namespace reshard::planner {
+namespace {
 
-v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to) {
-  v1::TransferPlan out;
-  *out.mutable_source_layout() = from;
-  *out.mutable_target_layout() = to;
+void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
+               v1::TransferPlan* out) {
+  *out->mutable_source_layout() = from;
+  *out->mutable_target_layout() = to;
+  out->mutable_items()->Reserve(static_cast<int>(plan.items.size()));
   for (const Plan::Item& it : plan.items) {
-    v1::PlanItem* pi = out.add_items();
+    v1::PlanItem* pi = out->add_items();
     pi->set_name(it.name);
     pi->set_is_blob(it.is_blob);
     pi->set_element_bytes(it.element_bytes);
   }
-  out.mutable_steps()->Reserve(static_cast<int>(plan.steps.size()));
+  auto* steps = out->mutable_steps();
+  steps->Reserve(static_cast<int>(plan.steps.size()));
+  int64_t index = 0;
   for (const Plan::Step& s : plan.steps) {
-    v1::CopyStep* cs = out.add_steps();
+    v1::CopyStep* cs = steps->Add();
     cs->set_item(s.item);
     cs->set_src_rank(s.src_rank);
-    cs->mutable_src()->set_offset(s.src.offset);
+    v1::StridedRegion* src = cs->mutable_src();
+    src->set_offset(s.src.offset);
+    auto* shape = cs->mutable_shape();
+    auto* src_strides = src->mutable_strides();
+    shape->Reserve(s.ndim);
+    src_strides->Reserve(s.ndim);
     for (int d = 0; d < s.ndim; ++d) {
-      cs->add_shape(s.shape[d]);
-      cs->mutable_src()->add_strides(s.src.strides[d]);
+      shape->AddAlreadyReserved(s.shape[d]);
+      src_strides->AddAlreadyReserved(s.src.strides[d]);
     }
+    auto* dsts = cs->mutable_dsts();
+    dsts->Reserve(s.dst_end - s.dst_begin);
     for (int i = s.dst_begin; i < s.dst_end; ++i) {
-      v1::Destination* dst = cs->add_dsts();
-      dst->set_rank(plan.dsts[i].rank);
-      dst->mutable_region()->set_offset(plan.dsts[i].view.offset);
-      for (int d = 0; d < s.ndim; ++d)
-        dst->mutable_region()->add_strides(plan.dsts[i].view.strides[d]);
+      const Plan::Dst& pd = plan.dsts[i];
+      v1::Destination* dst = dsts->Add();
+      dst->set_rank(pd.rank);
+      v1::StridedRegion* region = dst->mutable_region();
+      region->set_offset(pd.view.offset);
+      auto* strides = region->mutable_strides();
+      strides->Reserve(s.ndim);
+      for (int d = 0; d < s.ndim; ++d) strides->AddAlreadyReserved(pd.view.strides[d]);
     }
     cs->set_bytes(s.bytes);
     cs->set_cross_host(s.cross_host);
-    cs->set_index(out.steps_size() - 1);
+    cs->set_index(index++);
   }
+  auto* fills = out->mutable_zero_fills();
+  fills->Reserve(static_cast<int>(plan.fills.size()));
   for (const Plan::Fill& f : plan.fills) {
-    v1::ZeroFill* z = out.add_zero_fills();
+    v1::ZeroFill* z = fills->Add();
     z->set_item(f.item);
     z->set_rank(f.rank);
     z->set_offset(f.offset);
     z->set_count(f.count);
   }
-  for (int r : plan.lost_ranks) out.add_lost_ranks(r);
-  v1::PlanStats* st = out.mutable_stats();
+  out->mutable_lost_ranks()->Reserve(static_cast<int>(plan.lost_ranks.size()));
+  for (int r : plan.lost_ranks) out->add_lost_ranks(r);
+  v1::PlanStats* st = out->mutable_stats();
   st->set_bytes_local(plan.bytes_local);
   st->set_bytes_cross_host(plan.bytes_cross_host);
   st->set_lower_bound_cross_host(plan.lower_bound_cross_host);
@@ -56,6 +80,20 @@ v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Lay
     ht->set_bytes_out(h.bytes_out);
     ht->set_bytes_local(h.bytes_local);
   }
+}
+
+}  // namespace
+
+v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to) {
+  v1::TransferPlan out;
+  FillProto(plan, from, to, &out);
+  return out;
+}
+
+v1::TransferPlan* ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
+                          google::protobuf::Arena* arena) {
+  v1::TransferPlan* out = google::protobuf::Arena::CreateMessage<v1::TransferPlan>(arena);
+  FillProto(plan, from, to, out);
   return out;
 }
 

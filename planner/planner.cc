@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "planner/balance.h"
 #include "planner/layout.h"
 #include "planner/overlap.h"
 #include "planner/shard.h"
@@ -41,6 +42,7 @@ class PlanBuilder {
     out_.assign(num_hosts, 0);
     in_.assign(num_hosts, 0);
     local_.assign(num_hosts, 0);
+    plan_->remote_sends.num_hosts = num_hosts;
   }
 
   // Plans one region of item `item`: `needers` (new ranks) need it and
@@ -67,6 +69,7 @@ class PlanBuilder {
   }
 
   void Finish(const HostTable& hosts) {
+    ChooseRemoteSources();
     plan_->hosts.resize(hosts.size());
     for (int h = 0; h < hosts.size(); ++h) {
       plan_->hosts[h].host = hosts.Name(h);
@@ -106,17 +109,52 @@ class PlanBuilder {
       }
       return;
     }
-    // Rules 3-5: the region crosses to this host once, from the least-loaded
-    // host among the holders.
+    // Rules 3-4: the region crosses to this host once. Rule 5 (which host
+    // sends it) is decided in Finish, once every remote send is known.
     plan_->lower_bound_cross_host += bytes;
-    const Endpoint* best = nullptr;
+    AddRemoteSend(item, ndim, shape, bytes, holders, first, last);
+  }
+
+  // The first holder on each holding host are the candidates; the step is
+  // emitted now from the first, and its source set by ChooseRemoteSources.
+  void AddRemoteSend(int item, int ndim, const int64_t* shape, int64_t bytes,
+                     const std::vector<Endpoint>& holders, const Endpoint* first,
+                     const Endpoint* last) {
+    candidate_hosts_.clear();
+    const size_t begin = candidates_.size();
     for (const Endpoint& h : holders) {
-      if (best == nullptr || out_[h.host] < out_[best->host] ||
-          (out_[h.host] == out_[best->host] && h.host < best->host)) {
-        best = &h;
+      if (std::find(candidate_hosts_.begin(), candidate_hosts_.end(), h.host) !=
+          candidate_hosts_.end()) {
+        continue;
       }
+      candidate_hosts_.push_back(h.host);
+      candidates_.push_back(h);
     }
-    EmitStep(item, ndim, shape, bytes, *best, first, last, /*cross=*/true);
+    RemoteSends& sends = plan_->remote_sends;
+    sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
+    const bool choice = candidate_hosts_.size() > 1;
+    if (!choice) candidates_.resize(begin);  // only one host can send it
+    EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
+             /*may_merge=*/!choice);
+    if (choice) {
+      pending_.push_back(PendingSend{sends.size() - 1, plan_->steps.size() - 1, begin});
+    }
+  }
+
+  void ChooseRemoteSources() {
+    RemoteSends& sends = plan_->remote_sends;
+    BalanceSenders(&sends);
+    for (const PendingSend& p : pending_) {
+      const int chosen = sends.chosen[p.send];
+      const int32_t* c = sends.CandidatesBegin(p.send);
+      const int k = static_cast<int>(std::find(c, c + sends.Candidates(p.send), chosen) - c);
+      const Endpoint& src = candidates_[p.candidates + k];
+      Plan::Step& step = plan_->steps[p.step];
+      out_[candidates_[p.candidates].host] -= step.bytes;
+      out_[src.host] += step.bytes;
+      step.src_rank = src.rank;
+      step.src = src.view;
+    }
   }
 
   // True when the region covers one contiguous run of its buffer.
@@ -135,6 +173,8 @@ class PlanBuilder {
   bool MergeWithPrevious(int item, int ndim, const int64_t* shape, int64_t bytes,
                          const Endpoint& src, const Endpoint& dst, bool cross) {
     if (plan_->steps.empty()) return false;
+    // A step whose source is still to be chosen takes nothing else in.
+    if (!pending_.empty() && pending_.back().step + 1 == plan_->steps.size()) return false;
     Plan::Step& p = plan_->steps.back();
     if (p.item != item || p.src_rank != src.rank || p.cross_host != cross ||
         p.dst_end - p.dst_begin != 1 || plan_->dsts[p.dst_begin].rank != dst.rank) {
@@ -160,9 +200,9 @@ class PlanBuilder {
   }
 
   void EmitStep(int item, int ndim, const int64_t* shape, int64_t bytes, const Endpoint& src,
-                const Endpoint* first, const Endpoint* last, bool cross) {
+                const Endpoint* first, const Endpoint* last, bool cross, bool may_merge = true) {
     const int64_t ndst = last - first;
-    if (ndst == 1 && MergeWithPrevious(item, ndim, shape, bytes, src, *first, cross)) {
+    if (may_merge && ndst == 1 && MergeWithPrevious(item, ndim, shape, bytes, src, *first, cross)) {
       Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
       return;
     }
@@ -197,8 +237,20 @@ class PlanBuilder {
     }
   }
 
+  // A remote send with a choice of host: its index in plan_->remote_sends,
+  // its step, and where its candidates (one holder per host, in the order of
+  // its candidate hosts) begin in candidates_.
+  struct PendingSend {
+    int64_t send;
+    size_t step;
+    size_t candidates;
+  };
+
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
+  std::vector<PendingSend> pending_;
+  std::vector<Endpoint> candidates_;
+  std::vector<int32_t> candidate_hosts_;
 };
 
 absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,

@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/arena.h"
+#include "planner/balance.h"
 #include "planner/geometry.h"
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
@@ -68,6 +70,8 @@ struct Plan {
   int64_t bytes_zero_filled = 0;
   int64_t cross_host_steps = 0;
   std::vector<HostStats> hosts;
+  // Every cross-host send, its candidate hosts and the one chosen (rule 5).
+  RemoteSends remote_sends;
 };
 
 /// Plans `from` -> `to` for `ptc`. Validates its inputs (InvalidArgument);
@@ -77,6 +81,11 @@ struct Plan {
                                             const v1::Layout& to, const LostSet& lost);
 
 v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to);
+
+/// The same message allocated on `arena` (owned by it): several times fewer
+/// heap allocations for a large plan, and freed with the arena at once.
+v1::TransferPlan* ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
+                          google::protobuf::Arena* arena);
 
 /// MakePlan + ToProto.
 [[nodiscard]] absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc,

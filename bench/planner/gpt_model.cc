@@ -35,7 +35,7 @@ int64_t PaddedVocab(int64_t vocab, int tp) {
   return (vocab + multiple - 1) / multiple * multiple;
 }
 
-v1::Ptc BuildGptPtc(const GptShape& s, int tp) {
+v1::Ptc BuildGptPtc(const GptShape& s, int tp, bool distributed_optimizer) {
   RESHARD_CHECK(tp > 0) << "tp " << tp;
   v1::Ptc ptc;
   ptc.set_num_layers(s.layers);
@@ -73,7 +73,7 @@ v1::Ptc BuildGptPtc(const GptShape& s, int tp) {
       v1::TensorSpec t = ptc.tensors(i);
       t.set_name(absl::StrCat("optimizer.", kind, ".", t.name()));
       t.set_dtype(v1::DTYPE_FLOAT32);
-      t.mutable_partition()->mutable_dp()->set_mode(v1::DP_FLAT);
+      if (distributed_optimizer) t.mutable_partition()->mutable_dp()->set_mode(v1::DP_FLAT);
       *ptc.add_tensors() = std::move(t);
     }
   }

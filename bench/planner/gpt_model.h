@@ -19,6 +19,8 @@ struct GptShape {
 
 inline constexpr GptShape kGpt3Xl{24, 2048, 2048, 50257};
 inline constexpr GptShape kGpt3_175b{96, 12288, 2048, 50257};
+/// A 70B GPT (Llama-2-70B's depth, width, context and vocabulary; GPT blocks).
+inline constexpr GptShape kGpt70b{80, 8192, 4096, 32000};
 
 /// Megatron pads the vocabulary to a multiple of 128 * tp.
 int64_t PaddedVocab(int64_t vocab, int tp);
@@ -30,8 +32,10 @@ int64_t PaddedVocab(int64_t vocab, int tp);
 /// the first stage and `output_layer.weight` on the last, vocabulary padded
 /// for `tp`. Every weight gets fp32 `optimizer.master.`, `optimizer.exp_avg.`
 /// and `optimizer.exp_avg_sq.` tensors, DP_FLAT (distributed optimizer).
-/// Blobs: `step` (8 bytes, replicated) and `rng_state` (per rank).
-v1::Ptc BuildGptPtc(const GptShape& shape, int tp);
+/// Blobs: `step` (8 bytes, replicated) and `rng_state` (per rank). Without
+/// `distributed_optimizer` the optimizer tensors are DP_REPLICATED like the
+/// weights.
+v1::Ptc BuildGptPtc(const GptShape& shape, int tp, bool distributed_optimizer = true);
 
 /// tp x pp x dp on hosts `<prefix><first>` .. `<prefix><first + n - 1>`, each
 /// with `devices_per_host` devices (the compact placement).

@@ -1,9 +1,13 @@
-// planner_bench: how fast and how lean reshard::planner::MakePlan is on
-// GPT-3 175B-shaped jobs (1024 GPUs -> 768 and -> 1536) and on GPT-3 XL.
-// Single thread. Exits non-zero only when a plan fails or its cross-host bytes
-// differ from the lower bound; time and memory targets are printed, not
-// enforced.
+// planner_bench: how fast and how lean reshard::planner::MakePlan and
+// ToProto (the TransferPlan message) are on GPT-3 175B-shaped jobs (1024 GPUs
+// -> 768 and -> 1536), a 70B GPT at 1024 GPUs and GPT-3 XL; and how well rule
+// 5 balances the busiest sending host, before (the previous online policy) and
+// after (planner/balance.h), over the property-test population and a 70B
+// dp 4 -> 5 grow. Single thread. Exits non-zero when a plan fails, its
+// cross-host bytes differ from the lower bound, or the balance misses 1.05x;
+// time and memory targets are printed, not enforced.
 #include <sys/resource.h>
+#include <time.h>
 
 #include <algorithm>
 #include <chrono>
@@ -16,8 +20,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "bench/planner/balance_report.h"
 #include "bench/planner/gpt_model.h"
 #include "bench/planner/heap_counter.h"
+#include "bench/planner/random_jobs.h"
 #include "client/cli/plan_summary.h"
 #include "planner/planner.h"
 
@@ -38,19 +44,33 @@ struct Case {
 
 struct Result {
   std::string error;  // empty when every run planned
-  std::vector<double> ms;
-  int64_t peak_heap = 0;  // max over runs
+  // CPU time of this thread (one core) for MakePlan, ToProto by value (heap)
+  // and ToProto on an arena; wall time of MakePlan + ToProto by value.
+  std::vector<double> plan_ms, heap_ms, arena_ms, wall_ms;
+  // Highest heap above the level before MakePlan, with each message.
+  int64_t peak_heap = 0, peak_arena = 0;  // max over runs
   int64_t plan_bytes = 0;
   int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0;
   int64_t local = 0, cross = 0, lower = 0;
 
-  double Median() const {
-    std::vector<double> v = ms;
+  static double Median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
   }
-  double Min() const { return *std::min_element(ms.begin(), ms.end()); }
+  static std::vector<double> Sum(const std::vector<double>& a, const std::vector<double>& b) {
+    std::vector<double> v(a.size());
+    for (size_t i = 0; i < a.size(); ++i) v[i] = a[i] + b[i];
+    return v;
+  }
+  double HeapTotal() const { return Median(Sum(plan_ms, heap_ms)); }
+  double ArenaTotal() const { return Median(Sum(plan_ms, arena_ms)); }
 };
+
+double ThreadCpuMs() {
+  timespec t;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return t.tv_sec * 1e3 + t.tv_nsec / 1e6;
+}
 
 int64_t World(const v1::Layout& l) {
   return int64_t{l.config().tp()} * l.config().pp() * l.config().dp();
@@ -62,14 +82,37 @@ Result RunCase(const Case& c) {
     ResetHeapPeak();
     const int64_t base = HeapInUse();
     const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ThreadCpuMs();
     absl::StatusOr<planner::Plan> plan = planner::MakePlan(*c.ptc, c.from, c.to, {});
-    const auto end = std::chrono::steady_clock::now();
-    r.peak_heap = std::max(r.peak_heap, HeapPeak() - base);
+    const double cpu_planned = ThreadCpuMs();
     if (!plan.ok()) {
       r.error = std::string(plan.status().ToString());
       return r;
     }
-    r.ms.push_back(std::chrono::duration<double, std::milli>(end - start).count());
+    const int want_steps = static_cast<int>(plan->steps.size());
+    {
+      const v1::TransferPlan proto = planner::ToProto(*plan, c.from, c.to);
+      r.heap_ms.push_back(ThreadCpuMs() - cpu_planned);
+      r.wall_ms.push_back(
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
+              .count());
+      r.peak_heap = std::max(r.peak_heap, HeapPeak() - base);
+      if (proto.steps_size() != want_steps) r.error = "ToProto lost steps";
+    }
+    ResetHeapPeak();
+    {
+      google::protobuf::ArenaOptions options;
+      options.start_block_size = 64 << 10;
+      options.max_block_size = 4 << 20;
+      google::protobuf::Arena arena(options);
+      const double arena_start = ThreadCpuMs();
+      const v1::TransferPlan* proto = planner::ToProto(*plan, c.from, c.to, &arena);
+      r.arena_ms.push_back(ThreadCpuMs() - arena_start);
+      r.peak_arena = std::max(r.peak_arena, HeapPeak() - base);
+      if (proto->steps_size() != want_steps) r.error = "ToProto on an arena lost steps";
+    }
+    if (!r.error.empty()) return r;
+    r.plan_ms.push_back(cpu_planned - cpu_start);
     if (i == 0) {
       r.steps = static_cast<int64_t>(plan->steps.size());
       r.dsts = static_cast<int64_t>(plan->dsts.size());
@@ -86,27 +129,34 @@ Result RunCase(const Case& c) {
   return r;
 }
 
-std::string Verdict(const Case& c, const Result& r) {
+std::string Verdict(const Case& c, double ms, int64_t peak) {
   if (!c.has_target) return "-";
   std::vector<std::string> missed;
-  if (r.Median() > kTargetMs) missed.push_back("time");
-  if (r.peak_heap > kTargetBytes) missed.push_back("memory");
+  if (ms > kTargetMs) missed.push_back("time");
+  if (peak > kTargetBytes) missed.push_back("memory");
   if (missed.empty()) return "PASS";
   return absl::StrCat("MISS (", absl::StrJoin(missed, ", "), ")");
 }
 
 int Main(int argc, char** argv) {
-  bool quick = false;
+  bool quick = false, balance_only = false;
+  std::string only;  // run the timing cases whose name contains this
   int reps_override = 0;
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "--quick") == 0) {
       quick = true;
+    } else if (std::strcmp(argv[i], "--balance-only") == 0) {
+      balance_only = true;
+    } else if (std::strncmp(argv[i], "--case=", 7) == 0) {
+      only = argv[i] + 7;
     } else if (std::strncmp(argv[i], "--reps=", 7) == 0 && std::atoi(argv[i] + 7) > 0) {
       reps_override = std::atoi(argv[i] + 7);
     } else {
       std::fprintf(argv[i] == std::string("--help") ? stdout : stderr,
-                   "usage: planner_bench [--quick] [--reps=N]\n"
+                   "usage: planner_bench [--quick] [--balance-only] [--reps=N]\n"
                    "  --quick   one run per 175B case (CI smoke)\n"
+                   "  --balance-only  rule 5's balance report alone\n"
+                   "  --case=TEXT     time only the cases whose name contains TEXT, no balance\n"
                    "  --reps=N  runs per case (default 7 for 175B, 30 for GPT-3 XL)\n");
       return argv[i] == std::string("--help") ? 0 : 2;
     }
@@ -116,42 +166,55 @@ int Main(int argc, char** argv) {
 
   const v1::Ptc gpt175b = BuildGptPtc(kGpt3_175b, 8);
   const v1::Ptc gpt_xl = BuildGptPtc(kGpt3Xl, 2);
+  const v1::Ptc gpt70b = BuildGptPtc(kGpt70b, 8);
   const v1::Layout from175 = MakeLayout(8, 16, 8, "host-", 0, 8);
-  const std::vector<Case> cases = {
+  const v1::Layout from70 = MakeLayout(8, 8, 16, "host-", 0, 8);
+  std::vector<Case> cases = {
       {"gpt3-175b dp 8->6, 96 of 128 hosts", &gpt175b, from175, MakeLayout(8, 16, 6, "host-", 0, 8),
        true, big_reps},
       {"gpt3-175b dp 8->12, +64 new hosts", &gpt175b, from175, MakeLayout(8, 16, 12, "host-", 0, 8),
        true, big_reps},
+      {"70b dp 16->12, 96 of 128 hosts", &gpt70b, from70, MakeLayout(8, 8, 12, "host-", 0, 8), true,
+       big_reps},
+      {"70b dp 16->20, +32 new hosts", &gpt70b, from70, MakeLayout(8, 8, 20, "host-", 0, 8), true,
+       big_reps},
       {"gpt3-xl dp 4->2, 2 hosts->1", &gpt_xl, MakeLayout(2, 2, 4, "host-", 0, 8),
        MakeLayout(2, 2, 2, "host-", 0, 8), false, small_reps},
   };
 
+  if (!only.empty()) {
+    cases.erase(
+        std::remove_if(cases.begin(), cases.end(),
+                       [&](const Case& c) { return c.name.find(only) == std::string::npos; }),
+        cases.end());
+  }
   std::printf(
-      "planner_bench: reshard::planner::MakePlan, single thread; %d run(s) per 175B case,"
-      " %d per GPT-3 XL case.\n",
+      "planner_bench: reshard::planner::MakePlan + ToProto, single thread; %d run(s) per"
+      " 175B/70B case, %d per GPT-3 XL case.\n",
       big_reps, small_reps);
   std::printf(
       "GPT-3 175B: %d tensors (fp16 weights; fp32 master + 2 Adam moments, DP_FLAT),"
       " vocab padded to %lld.\n",
       gpt175b.tensors_size(), static_cast<long long>(PaddedVocab(kGpt3_175b.vocab, 8)));
   std::printf(
-      "peak heap = highest C++ heap in use during MakePlan above the level before it\n"
-      "(counted exactly by a replaced operator new/delete, malloc_usable_size), the\n"
-      "returned Plan included; plan size = steps*sizeof(Step) + dsts*sizeof(Dst) +"
-      " fills*sizeof(Fill).\n"
-      "targets (175B cases): median plan time <= %.0f ms, peak heap <= 1 GiB.\n\n",
+      "heap counted exactly by a replaced operator new/delete (malloc_usable_size), the\n"
+      "returned Plan and TransferPlan included; plan size = steps*sizeof(Step) +\n"
+      "dsts*sizeof(Dst) + fills*sizeof(Fill).\n"
+      "targets (175B and 70B cases): median CPU time of MakePlan + building the\n"
+      "TransferPlan <= %.0f ms, peak heap <= 1 GiB.\n\n",
       kTargetMs);
 
   std::vector<Result> results;
   for (const Case& c : cases) {
+    if (balance_only) break;
     std::fprintf(stderr, "planning %s ...\n", c.name.c_str());
     results.push_back(RunCase(c));
   }
 
   int failures = 0;
-  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s\n", "case", "ranks", "steps", "cross steps",
-              "local", "cross-host", "lower bound", "cross/lb");
-  for (size_t i = 0; i < cases.size(); ++i) {
+  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s %10s\n", "case", "ranks", "steps",
+              "cross steps", "local", "cross-host", "lower bound", "cross/lb", "plan size");
+  for (size_t i = 0; i < results.size(); ++i) {
     const Case& c = cases[i];
     const Result& r = results[i];
     const std::string ranks = absl::StrCat(World(c.from), " -> ", World(c.to));
@@ -160,22 +223,33 @@ int Main(int argc, char** argv) {
       ++failures;
       continue;
     }
-    std::printf("%-36s %-13s %9lld %11lld %10s %10s %11s %8s\n", c.name.c_str(), ranks.c_str(),
+    std::printf("%-36s %-13s %9lld %11lld %10s %10s %11s %8s %10s\n", c.name.c_str(), ranks.c_str(),
                 static_cast<long long>(r.steps), static_cast<long long>(r.cross_steps),
                 cli::FormatBytes(r.local).c_str(), cli::FormatBytes(r.cross).c_str(),
-                cli::FormatBytes(r.lower).c_str(), cli::FormatRatio(r.cross, r.lower).c_str());
+                cli::FormatBytes(r.lower).c_str(), cli::FormatRatio(r.cross, r.lower).c_str(),
+                cli::FormatBytes(r.plan_bytes).c_str());
   }
-  std::printf("\n%-36s %11s %11s %10s %10s %s\n", "case", "median", "min", "peak heap", "plan size",
-              "vs target");
-  for (size_t i = 0; i < cases.size(); ++i) {
+  std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %9s %9s %-9s %-9s\n", "case", "MakePlan", "ToProto",
+              "arena", "total", "+arena", "wall", "peak", "+arena", "vs target", "+arena");
+  for (size_t i = 0; i < results.size(); ++i) {
     const Case& c = cases[i];
     const Result& r = results[i];
     if (!r.error.empty()) continue;
-    std::printf("%-36s %8.1f ms %8.1f ms %10s %10s %s\n", c.name.c_str(), r.Median(), r.Min(),
-                cli::FormatBytes(r.peak_heap).c_str(), cli::FormatBytes(r.plan_bytes).c_str(),
-                Verdict(c, r).c_str());
+    std::printf("%-34s %6.1f ms %6.1f ms %6.1f ms %6.1f ms %6.1f ms %6.0f ms %9s %9s %-9s %-9s\n",
+                c.name.c_str(), Result::Median(r.plan_ms), Result::Median(r.heap_ms),
+                Result::Median(r.arena_ms), r.HeapTotal(), r.ArenaTotal(),
+                Result::Median(r.wall_ms), cli::FormatBytes(r.peak_heap).c_str(),
+                cli::FormatBytes(r.peak_arena).c_str(),
+                Verdict(c, r.HeapTotal(), r.peak_heap).c_str(),
+                Verdict(c, r.ArenaTotal(), r.peak_arena).c_str());
   }
-  for (size_t i = 0; i < cases.size(); ++i) {
+  std::printf(
+      "(medians over the runs. MakePlan, ToProto (by value, on the heap) and arena\n"
+      " (ToProto(plan, from, to, arena)) are CPU time of the planning thread, one core;\n"
+      " total = MakePlan + ToProto, +arena = MakePlan + arena; wall = elapsed MakePlan +\n"
+      " ToProto, longer on a shared machine; peak = highest heap above the level before\n"
+      " MakePlan with the heap message, +arena with the arena's.)\n");
+  for (size_t i = 0; i < results.size(); ++i) {
     const Result& r = results[i];
     if (r.error.empty() && r.cross != r.lower) {
       std::printf("FAIL: %s: bytes_cross_host %lld != lower bound %lld\n", cases[i].name.c_str(),
@@ -183,6 +257,22 @@ int Main(int argc, char** argv) {
       ++failures;
     }
   }
+
+  // The 70B dp 4 -> 5 grow (tp 8, one stage: 4 -> 5 hosts), where the
+  // previous policy measured 1.21x; then the same with 4 stages, and with
+  // the optimizer replicated over dp (every send has a choice).
+  const v1::Ptc gpt70b_replicated = BuildGptPtc(kGpt70b, 8, /*distributed_optimizer=*/false);
+  std::vector<BalanceCase> big = {
+      {"70b dp 4->5 grow, tp 8, 32 -> 40", &gpt70b, MakeLayout(8, 1, 4, "host-", 0, 8),
+       MakeLayout(8, 1, 5, "host-", 0, 8)},
+      {"70b dp 4->5 grow, tp 8 pp 4", &gpt70b, MakeLayout(8, 4, 4, "host-", 0, 8),
+       MakeLayout(8, 4, 5, "host-", 0, 8)},
+      {"70b dp 4->5, replicated optimizer", &gpt70b_replicated, MakeLayout(8, 4, 4, "host-", 0, 8),
+       MakeLayout(8, 4, 5, "host-", 0, 8)},
+  };
+  for (const Case& c : cases) big.push_back({c.name, c.ptc, c.from, c.to});
+  if (only.empty()) failures += ReportBalance(quick ? 60 : 300, big);
+
   rusage usage;
   getrusage(RUSAGE_SELF, &usage);
   std::printf("\nprocess max RSS (getrusage, whole run): %s\n",
