@@ -105,20 +105,21 @@ absl::Status CheckHeader(const Model& m, const v1::Layout& from, const v1::Layou
 
 // Rule 2 for one element copied from `src` to new rank `dst`.
 absl::Status CheckSourceChoice(const Model& m, const ModelItem& item, int64_t id, int src, int dst,
-                               const std::string& where) {
+                               int64_t pos, const std::string& where) {
   const int same_device = m.same_device_old[dst];
   if (same_device >= 0 && HolderIs(item, id, same_device)) {
     if (src == same_device) return absl::OkStatus();
     return Violation(absl::StrFormat(
-        "%s: new rank %d gets %s from old rank %d, but old rank %d on its own device holds it",
-        where, dst, DescribeElement(item, id), src, same_device));
+        "%s: new rank %d gets %s (position %d) from old rank %d, but old rank %d on its own "
+        "device holds it",
+        where, dst, DescribeElement(item, id), pos, src, same_device));
   }
   const int host = m.to.host[dst];
   if (m.from.host[src] != host && HeldOnHost(m, item, id, host)) {
     return Violation(absl::StrFormat(
-        "%s: new rank %d gets %s across hosts from old rank %d, but a surviving old rank on "
-        "its host \"%s\" holds it",
-        where, dst, DescribeElement(item, id), src, m.hosts[host]));
+        "%s: new rank %d gets %s (position %d) across hosts from old rank %d, but a surviving "
+        "old rank on its host \"%s\" holds it",
+        where, dst, DescribeElement(item, id), pos, src, m.hosts[host]));
   }
   return absl::OkStatus();
 }
@@ -225,7 +226,8 @@ absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buff
               where, DescribeElement(item, id), m.hosts[dst_host], dst.rank(), dp, it->second));
         }
       }
-      if (absl::Status st2 = CheckSourceChoice(m, item, id, src, dst.rank(), where); !st2.ok()) {
+      if (absl::Status st2 = CheckSourceChoice(m, item, id, src, dst.rank(), dp, where);
+          !st2.ok()) {
         return st2;
       }
     }
