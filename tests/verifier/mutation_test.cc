@@ -300,8 +300,9 @@ TEST(MutationTest, GqaReplicaFromTheWrongTpRank) {
   ASSERT_TRUE(same.Verify(same.plan).ok()) << same.Verify(same.plan);
   bad = same.plan;
   Redirect(&bad, 0, 1, 2, 0, 2);
-  ExpectCaught(same.Verify(bad), {"item 0 (tensor \"qkv\")", "new rank 1", "element [8] (position 2)",
-                                  "old rank 1 on its own device holds it"});
+  ExpectCaught(same.Verify(bad),
+               {"item 0 (tensor \"qkv\")", "new rank 1", "element [8] (position 2)",
+                "old rank 1 on its own device holds it"});
 }
 
 TEST(MutationTest, ExpertSlabFromTheWrongEpRank) {
