@@ -123,8 +123,14 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
           sp += idx[d] * s.src.strides[d];
           dp += idx[d] * dst.view.strides[d];
         }
-        const int64_t want = new_buf[s.item][dst.rank].at(dp);
-        const int64_t got = old_buf[s.item][s.src_rank].at(sp);
+        const std::vector<int64_t>& nb = new_buf[s.item][dst.rank];
+        const std::vector<int64_t>& ob = old_buf[s.item][s.src_rank];
+        if (dp < 0 || dp >= static_cast<int64_t>(nb.size()) || sp < 0 ||
+            sp >= static_cast<int64_t>(ob.size())) {
+          return ::testing::AssertionFailure() << "step " << si << " leaves a buffer";
+        }
+        const int64_t want = nb[dp];
+        const int64_t got = ob[sp];
         if (want < 0 || got != want) {
           return ::testing::AssertionFailure()
                  << "step " << si << " item " << plan.items[s.item].name << " writes " << got
@@ -147,6 +153,9 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
   }
   for (const Plan::Fill& f : plan.fills) {
     const bool regen = regenerated.count({f.rank, f.item}) > 0;
+    if (f.offset < 0 || f.offset + f.count > static_cast<int64_t>(new_buf[f.item][f.rank].size())) {
+      return ::testing::AssertionFailure() << "a fill leaves the buffer of rank " << f.rank;
+    }
     for (int64_t p = f.offset; p < f.offset + f.count; ++p) {
       if (!regen && new_buf[f.item][f.rank].at(p) >= 0) {
         return ::testing::AssertionFailure()
