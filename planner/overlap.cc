@@ -1,11 +1,14 @@
 #include "planner/overlap.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <tuple>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/hash/hash.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/types/span.h"
 #include "planner/bucket.h"
 #include "planner/shard.h"
 
@@ -28,16 +31,17 @@ std::string TemplateKey(const v1::TensorSpec& t, int tensor_index) {
 
 namespace {
 
-std::string BoxKey(const Box& b) {
-  std::string key(reinterpret_cast<const char*>(b.offset), sizeof(int64_t) * b.ndim);
-  key.append(reinterpret_cast<const char*>(b.size), sizeof(int64_t) * b.ndim);
-  return key;
-}
+struct BoxHash {
+  size_t operator()(const Box& b) const {
+    return absl::HashOf(absl::MakeConstSpan(b.offset, b.ndim), absl::MakeConstSpan(b.size, b.ndim));
+  }
+};
+using BoxIndex = absl::flat_hash_map<Box, int, BoxHash>;
 
-void AddCoordShard(const CoordShard& cs, int position, int stage,
-                   absl::flat_hash_map<std::string, int>* by_box, std::vector<Group>* groups) {
+void AddCoordShard(const CoordShard& cs, int position, int stage, BoxIndex* by_box,
+                   std::vector<Group>* groups) {
   for (const Piece& piece : cs.pieces) {
-    auto [it, inserted] = by_box->emplace(BoxKey(piece.global), static_cast<int>(groups->size()));
+    auto [it, inserted] = by_box->emplace(piece.global, static_cast<int>(groups->size()));
     if (inserted) groups->push_back(Group{piece.global, {}});
     (*groups)[it->second].members.push_back(Member{position, stage, piece.local});
   }
@@ -51,21 +55,37 @@ void BuildSide(const v1::Ptc& ptc, int tensor, const ResolvedLayout& rl, const B
   const v1::DpMode mode = t.partition().dp().mode();
   std::vector<int> stages{-1};
   if (mode == v1::DP_BUCKET) rl.StagesHolding(t.partition().pipeline(), &stages);
-  absl::flat_hash_map<std::string, int> by_box;
-  // Shards of equal coordinates are equal: derive each once.
-  absl::flat_hash_map<std::tuple<int, int, int>, CoordShard> derived;
+  BoxIndex by_box;
+  // The local tensor of each tensor-parallel (and expert) index.
+  std::vector<TpPiece> pieces;
+  std::vector<int> piece_of;
+  // Shards of equal coordinates are equal: derive each once. Index
+  // tp_i + tp * (ep_i + ep * g) is below the stage size (tp * G for a dense
+  // tensor, expert_tp * ep * edp for an expert one).
+  std::vector<int> slot(rl.stage_size());
+  std::vector<CoordShard> derived;
   for (int stage : stages) {
+    std::fill(slot.begin(), slot.end(), -1);
     derived.clear();
     for (int l = 0; l < rl.stage_size(); ++l) {
       ShardCoord c = CoordOfRank(t, rl, rl.CoordAt(l, stage < 0 ? 0 : stage));
       if (mode == v1::DP_BUCKET) buckets.Range(tensor, stage, &c);
       const bool by_dp = mode != v1::DP_REPLICATED && c.dp > 1;
-      auto [it, inserted] =
-          derived.try_emplace(std::make_tuple(c.tp_index, c.ep_index, by_dp ? c.dp_index : 0));
-      if (inserted) it->second = DeriveCoordShard(t, c);
-      AddCoordShard(it->second, l, stage, &by_box, groups);
+      int& k = slot[c.tp_index + c.tp * (c.ep_index + c.ep * (by_dp ? c.dp_index : 0))];
+      if (k < 0) {
+        const int tpi = c.tp_index + c.tp * c.ep_index;
+        if (tpi >= static_cast<int>(piece_of.size())) piece_of.resize(tpi + 1, -1);
+        if (piece_of[tpi] < 0) {
+          piece_of[tpi] = static_cast<int>(pieces.size());
+          pieces.push_back(DeriveTpPiece(t, c));
+        }
+        k = static_cast<int>(derived.size());
+        derived.push_back(DeriveCoordShard(t, c, pieces[piece_of[tpi]]));
+      }
+      const CoordShard& cs = derived[k];
+      AddCoordShard(cs, l, stage, &by_box, groups);
       if (padding != nullptr) {
-        for (const auto& [offset, count] : it->second.padding) {
+        for (const auto& [offset, count] : cs.padding) {
           padding->push_back(PadRun{l, stage, offset, count});
         }
       }
@@ -158,10 +178,21 @@ Template BuildTemplate(const v1::Ptc& ptc, int tensor, const ResolvedLayout& fro
   std::sort(order.begin(), order.end(), [&](int a, int b) {
     return tpl.old_groups[a].box.offset[0] < tpl.old_groups[b].box.offset[0];
   });
+  // reach[k]: the furthest end on dimension 0 of the first k + 1 old groups
+  // in that order; a new group starts scanning at the first that reaches it.
+  std::vector<int64_t> reach(order.size());
+  int64_t furthest = INT64_MIN;
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Box& ob = tpl.old_groups[order[k]].box;
+    furthest = std::max(furthest, ob.offset[0] + ob.size[0]);
+    reach[k] = furthest;
+  }
   for (size_t n = 0; n < tpl.new_groups.size(); ++n) {
     const Box& nb = tpl.new_groups[n].box;
     const int64_t n_end = nb.offset[0] + nb.size[0];
-    for (int o : order) {
+    const size_t first = std::upper_bound(reach.begin(), reach.end(), nb.offset[0]) - reach.begin();
+    for (size_t k = first; k < order.size(); ++k) {
+      const int o = order[k];
       const Box& ob = tpl.old_groups[o].box;
       if (ob.offset[0] >= n_end) break;
       Overlap ov{o, static_cast<int>(n), {}};

@@ -244,8 +244,11 @@ void AppendRuns(const Box& b, const View& v, std::vector<std::pair<int64_t, int6
 }
 
 CoordShard DeriveCoordShard(const v1::TensorSpec& t, const ShardCoord& c) {
+  return DeriveCoordShard(t, c, DeriveTpPiece(t, c));
+}
+
+CoordShard DeriveCoordShard(const v1::TensorSpec& t, const ShardCoord& c, const TpPiece& tpp) {
   CoordShard shard;
-  const TpPiece tpp = DeriveTpPiece(t, c);
   const int ndim = t.shape_size();
   const std::vector<int64_t>& tshape = tpp.local_shape;
   const v1::DataParallel& dpspec = t.partition().dp();

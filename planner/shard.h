@@ -81,6 +81,10 @@ TpPiece DeriveTpPiece(const v1::TensorSpec& t, const ShardCoord& c);
 
 /// The shard of coordinates `c`.
 CoordShard DeriveCoordShard(const v1::TensorSpec& t, const ShardCoord& c);
+/// The same with `tpp` = DeriveTpPiece(t, c) given (it depends only on the
+/// tensor-parallel and expert indices: callers deriving many data-parallel
+/// indices compute it once).
+CoordShard DeriveCoordShard(const v1::TensorSpec& t, const ShardCoord& c, const TpPiece& tpp);
 
 /// The shard rank `rank` holds of tensor `tensor` of `ptc` (nothing when its
 /// stage does not hold the tensor). `buckets` is for DP_BUCKET tensors: built
