@@ -42,7 +42,7 @@ grpc::Status Timed(AgentMetrics* metrics, const char* method, Body&& body) {
 
 int WorldSize(const v1::Layout& layout) {
   const v1::ParallelConfig& c = layout.config();
-  return c.tp() * c.pp() * c.dp();
+  return c.tp() * c.pp() * c.dp() * planner::CpOf(c);
 }
 
 }  // namespace
