@@ -38,8 +38,9 @@ int64_t BufferLengthBound(const v1::TensorSpec& t, const RankGrid& g, int r);
 /// empty when its stage does not hold the tensor. Inputs must be validated.
 std::vector<int64_t> TensorBuffer(const v1::Ptc& ptc, int index, const RankGrid& g, int r);
 
-/// Whether rank `r`'s buffer must hold an element (allow_empty unset, not a
-/// bucket member, its stage holds the tensor).
+/// Whether rank `r`'s buffer must hold an element: allow_empty unset, its
+/// stage holds the tensor, and it is not a bucket member (unless its expert
+/// slab is empty).
 bool MustHoldSomething(const v1::TensorSpec& t, const RankGrid& g, int r);
 
 }  // namespace reshard::verifier

@@ -176,6 +176,22 @@ TEST(ModelTest, ExpertSlabsWithExpertTpAndExpertDataParallel) {
             (Ids{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
 }
 
+TEST(ModelTest, EmptyExpertSlabNeedsAllowEmptyEvenInABucket) {
+  // One expert over ep 2: expert rank 1 holds nothing.
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  AddGroup(&ptc, "g", 1, 0, 1);
+  v1::TensorSpec* e = AddTensor(&ptc, "experts", {1, 2});
+  SetExpert(e, 0);
+  SetBucket(e, "g");
+  const v1::Layout l = With(Layout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
+  const absl::Status s = BuildModel(ptc, l, l, {}, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 1 holds no element"), std::string::npos) << s;
+  e->mutable_partition()->set_allow_empty(true);
+  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));  // edp 1: expert rank 0 holds the bucket
+}
+
 TEST(ModelTest, DataParallelChunkHasTorchChunkSizes) {
   // 5 rows over 4 ranks: chunks of ceil(5 / 4) = 2: [0,2) [2,4) [4,5) [5,5).
   v1::Ptc ptc;

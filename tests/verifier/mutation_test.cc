@@ -4,6 +4,7 @@
 // must reject each with a message naming the item, the rank and the position.
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -206,6 +207,59 @@ TEST(MutationTest, ReferencePlansOfEveryNewKindVerify) {
     EXPECT_TRUE(c.Verify(c.plan).ok()) << c.name << ": " << c.Verify(c.plan);
     EXPECT_GT(c.plan.steps_size(), 0) << c.name;
   }
+}
+
+TEST(MutationTest, HandWrittenPaddedVocabularyPlan) {
+  // emb [5, 2] fp32 padded to a multiple of 2 x tp: 6 rows on tp 1 (a:0),
+  // 8 on tp 2 (a:0, a:1). Rank 0 gets rows 0..3 from its own device, rank 1
+  // row 4 from a:0 and zeros for its 3 padding rows.
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  v1::TensorSpec* emb = AddTensor(&ptc, "emb", {5, 2});
+  SetTpSplit(emb, 0);
+  SetPadding(emb, 0, 2, true);
+  const v1::Layout from = Layout(1, 1, 1, {"a"}, 2);
+  const v1::Layout to = Layout(2, 1, 1, {"a"}, 2);
+  v1::TransferPlan plan;
+  *plan.mutable_source_layout() = from;
+  *plan.mutable_target_layout() = to;
+  v1::PlanItem* item = plan.add_items();
+  item->set_name("emb");
+  item->set_element_bytes(4);
+  for (auto [src_offset, count, dst] : {std::tuple<int64_t, int64_t, int>{0, 8, 0}, {8, 2, 1}}) {
+    v1::CopyStep* s = plan.add_steps();
+    s->set_src_rank(0);
+    s->mutable_src()->set_offset(src_offset);
+    s->mutable_src()->add_strides(1);
+    s->add_shape(count);
+    v1::Destination* d = s->add_dsts();
+    d->set_rank(dst);
+    d->mutable_region()->add_strides(1);
+    s->set_bytes(count * 4);
+  }
+  v1::ZeroFill* z = plan.add_zero_fills();
+  z->set_rank(1);
+  z->set_offset(2);
+  z->set_count(6);
+  v1::PlanStats* st = plan.mutable_stats();
+  st->set_bytes_local(40);
+  st->set_bytes_zero_filled(24);
+  st->set_steps(2);
+  st->set_zero_fills(1);
+  v1::HostTraffic* a = st->add_hosts();
+  a->set_host("a");
+  a->set_bytes_local(40);
+  EXPECT_TRUE(VerifyPlan(ptc, from, to, {}, {}, plan).ok())
+      << VerifyPlan(ptc, from, to, {}, {}, plan);
+
+  v1::TransferPlan bad = plan;
+  bad.mutable_steps(1)->mutable_src()->set_offset(10);  // row 5: padding at tp 1
+  ExpectCaught(VerifyPlan(ptc, from, to, {}, {}, bad),
+               {"item 0 (tensor \"emb\")", "reads padding at position 10 of old rank 0"});
+  bad = plan;
+  bad.mutable_zero_fills(0)->set_offset(1);  // over row 4's second element
+  ExpectCaught(VerifyPlan(ptc, from, to, {}, {}, bad),
+               {"item 0 (tensor \"emb\")", "writes position 1 of new rank 1 a second time"});
 }
 
 TEST(MutationTest, CopyMovedToTheWrongElement) {
