@@ -135,7 +135,7 @@ inline v1::Ptc RandomPtc(Rng& rng) {
 inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& prefix,
                                const std::string& avoid) {
   const int tp = 1 << Pick(rng, 0, 2), cp = Pick(rng, 1, 2), dp = Pick(rng, 1, 3);
-  const int vpp = Pick(rng, 1, 2);
+  const int vpp = Pick(rng, 1, std::min(2, num_layers));  // every chunk owns a layer
   const int pp = Pick(rng, 1, std::max(1, std::min(3, num_layers / vpp)));
   const int etp = 1 << Pick(rng, 0, tp == 1 ? 0 : (tp == 2 ? 1 : 2));
   std::vector<int> eps;
@@ -173,8 +173,12 @@ inline RandomJob RandomRealJob(uint64_t seed) {
   RandomJob job;
   job.ptc = internal::RandomPtc(rng);
   job.from = internal::RandomLayout(rng, job.ptc.num_layers(), "h", "");
-  if (internal::Coin(rng, 0.3)) {
-    job.lost_hosts.push_back(absl::StrCat("h", internal::Pick(rng, 0, 1)));
+  const int old_world = static_cast<int>(job.from.placement().ranks_size() > 0
+                                             ? job.from.placement().ranks_size()
+                                             : job.from.placement().hosts_size() *
+                                                   job.from.placement().devices_per_host());
+  if (internal::Coin(rng, 0.3)) {  // one of the hosts the old layout uses
+    job.lost_hosts.push_back(SlotOf(job.from, internal::Pick(rng, 0, old_world - 1)).first);
   }
   job.to = internal::RandomLayout(rng, job.ptc.num_layers(), internal::Coin(rng, 0.2) ? "n" : "h",
                                   job.lost_hosts.empty() ? "" : job.lost_hosts[0]);
