@@ -2,6 +2,7 @@
 // docs/partitioning.md (built by the naive reference planner of
 // reference_plan.h) are verified, then broken one way at a time; the verifier
 // must reject each with a message naming the item, the rank and the position.
+// The planner's own plans of the same cases are verified and broken too.
 #include <functional>
 #include <string>
 #include <tuple>
@@ -9,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "planner/planner.h"
 #include "tests/verifier/jobs.h"
 #include "tests/verifier/reference_plan.h"
 #include "verifier/verifier.h"
@@ -405,6 +407,52 @@ TEST(MutationTest, CrossHostStepAboveTheLowerBound) {
                {"item " + std::to_string(s.item()), "crosses to host \"c\"",
                 "new rank " + std::to_string(rank) + ", position " + std::to_string(pos),
                 "a second time", "lower bound"});
+}
+
+// The real planner's plans of the same cases (strided multi-element steps)
+// verify, and the same kinds of break in them are caught.
+TEST(MutationTest, PlannerPlansOfEveryNewKindAndTheirMutations) {
+  for (const Case& c : AllCases()) {
+    SCOPED_TRACE(c.name);
+    planner::LostSet lost;
+    lost.hosts = c.lost_hosts;
+    absl::StatusOr<v1::TransferPlan> planned = planner::PlanTransfer(c.ptc, c.from, c.to, lost);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    const v1::TransferPlan& plan = *planned;
+    EXPECT_TRUE(c.Verify(plan).ok()) << c.Verify(plan);
+    for (int i = 0; i < plan.steps_size(); ++i) {
+      const v1::CopyStep& s = plan.steps(i);
+      const std::string item = "item " + std::to_string(s.item());
+      // A copy moved by one element.
+      v1::TransferPlan bad = plan;
+      auto* d = bad.mutable_steps(i)->mutable_dsts(0)->mutable_region();
+      d->set_offset(d->offset() + 1);
+      ExpectCaught(c.Verify(bad), {item, "rank", "position"});
+      // One destination of a cross-host step sent again on its own.
+      if (s.cross_host() && s.dsts_size() > 1) {
+        bad = plan;
+        v1::CopyStep again = s;
+        again.clear_dsts();
+        *again.add_dsts() = s.dsts(1);
+        bad.mutable_steps(i)->mutable_dsts()->DeleteSubrange(1, 1);
+        *bad.add_steps() = again;
+        ExpectCaught(c.Verify(bad), {item, "new rank " + std::to_string(s.dsts(1).rank()),
+                                     "position", "a second time"});
+      }
+    }
+    for (int f = 0; f < plan.zero_fills_size(); ++f) {  // axis padding, bucket gaps, regenerated
+      v1::TransferPlan bad = plan;
+      bad.mutable_zero_fills()->DeleteSubrange(f, 1);
+      ExpectCaught(c.Verify(bad),
+                   {"item " + std::to_string(plan.zero_fills(f).item()),
+                    "new rank " + std::to_string(plan.zero_fills(f).rank()), "never written"});
+    }
+    if (plan.regenerate_size() > 0) {
+      v1::TransferPlan bad = plan;
+      bad.clear_regenerate();
+      ExpectCaught(c.Verify(bad), {"regenerate", "new rank", "positions"});
+    }
+  }
 }
 
 }  // namespace
