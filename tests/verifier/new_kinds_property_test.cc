@@ -39,7 +39,8 @@ std::vector<uint64_t> Seeds(uint64_t base, int cases) {
 std::string Describe(uint64_t seed, const testing::RandomJob& job) {
   return absl::StrCat("seed ", seed, "\nptc { ", job.ptc.ShortDebugString(), " }\nfrom { ",
                       job.from.ShortDebugString(), " }\nto { ", job.to.ShortDebugString(),
-                      " }\nlost hosts ", job.lost_hosts.empty() ? "" : job.lost_hosts[0]);
+                      " }\nlost hosts [", absl::StrJoin(job.lost_hosts, ", "), "] ranks [",
+                      absl::StrJoin(job.lost_ranks, ", "), "]");
 }
 
 // Pipeline stage of rank r, straight from "Ranks" in docs/partitioning.md.
@@ -117,7 +118,7 @@ TEST(NewKindsPropertyTest, ModelInvariantsReferencePlansAndMutations) {
   for (uint64_t seed : Seeds(7000, 400)) {
     const testing::RandomJob job = testing::RandomRealJob(seed);
     SCOPED_TRACE(Describe(seed, job));
-    absl::StatusOr<Model> m = BuildModel(job.ptc, job.from, job.to, job.lost_hosts, {});
+    absl::StatusOr<Model> m = BuildModel(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks);
     if (!m.ok()) {
       EXPECT_EQ(m.status().code(), absl::StatusCode::kInvalidArgument) << m.status();
       ++invalid;
@@ -129,22 +130,23 @@ TEST(NewKindsPropertyTest, ModelInvariantsReferencePlansAndMutations) {
       CheckInvariants(item.new_buffers, job.to, item, "new");
     }
     absl::StatusOr<v1::TransferPlan> plan =
-        testing::ReferencePlan(job.ptc, job.from, job.to, job.lost_hosts, {});
+        testing::ReferencePlan(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks);
     if (!plan.ok()) {
       EXPECT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition) << plan.status();
       absl::StatusOr<std::vector<std::string>> names =
-          UnrecoverableItems(job.ptc, job.from, job.to, job.lost_hosts, {});
+          UnrecoverableItems(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks);
       EXPECT_TRUE(names.ok() && !names->empty());
       ++lost;
       continue;
     }
-    const absl::Status ok = VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, {}, *plan);
+    const absl::Status ok =
+        VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks, *plan);
     EXPECT_TRUE(ok.ok()) << ok;
     ++verified;
     std::mt19937_64 rng(seed);
     v1::TransferPlan bad = *plan;
     if (!Mutate(rng, *m, &bad)) continue;
-    EXPECT_EQ(VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, {}, bad).code(),
+    EXPECT_EQ(VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks, bad).code(),
               absl::StatusCode::kFailedPrecondition);
     ++mutated;
   }
@@ -168,8 +170,9 @@ TEST(NewKindsPropertyTest, PlannerPlansVerify) {
     const int parts_before = result->total_part_count();
     planner::LostSet lost_set;
     lost_set.hosts = job.lost_hosts;
+    lost_set.ranks = job.lost_ranks;
     absl::StatusOr<std::vector<std::string>> lost_items =
-        UnrecoverableItems(job.ptc, job.from, job.to, job.lost_hosts, {});
+        UnrecoverableItems(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks);
     absl::StatusOr<v1::TransferPlan> plan =
         planner::PlanTransfer(job.ptc, job.from, job.to, lost_set);
     if (!lost_items.ok()) {
@@ -187,7 +190,8 @@ TEST(NewKindsPropertyTest, PlannerPlansVerify) {
       ++lost;
     } else {
       EXPECT_TRUE(lost_items->empty()) << "planned although some item has no survivor";
-      const absl::Status ok = VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, {}, *plan);
+      const absl::Status ok =
+          VerifyPlan(job.ptc, job.from, job.to, job.lost_hosts, job.lost_ranks, *plan);
       EXPECT_TRUE(ok.ok()) << ok;
       ++verified;
     }

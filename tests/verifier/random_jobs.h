@@ -20,6 +20,7 @@ struct RandomJob {
   v1::Ptc ptc;
   v1::Layout from, to;
   std::vector<std::string> lost_hosts;
+  std::vector<int> lost_ranks;  // only when the target is on new hosts
 };
 
 namespace internal {
@@ -148,7 +149,17 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
   for (int h = 0; static_cast<int>(hosts.size()) * per_host < world; ++h) {
     if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
   }
-  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, {},
+  std::vector<int> starts;  // pp * vpp chunk starts, or none (an even split)
+  if (pp * vpp > 1 && Coin(rng, 0.4)) {
+    std::vector<int> cuts;
+    for (int layer = 1; layer < num_layers; ++layer) cuts.push_back(layer);
+    std::shuffle(cuts.begin(), cuts.end(), rng);
+    cuts.resize(pp * vpp - 1);
+    cuts.push_back(0);
+    std::sort(cuts.begin(), cuts.end());
+    starts = cuts;
+  }
+  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, starts,
                         Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
   l = With(l,
            Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
@@ -180,7 +191,11 @@ inline RandomJob RandomRealJob(uint64_t seed) {
   if (internal::Coin(rng, 0.3)) {  // one of the hosts the old layout uses
     job.lost_hosts.push_back(SlotOf(job.from, internal::Pick(rng, 0, old_world - 1)).first);
   }
-  job.to = internal::RandomLayout(rng, job.ptc.num_layers(), internal::Coin(rng, 0.2) ? "n" : "h",
+  const bool new_hosts = internal::Coin(rng, 0.2);
+  if (new_hosts && internal::Coin(rng, 0.5)) {
+    job.lost_ranks.push_back(internal::Pick(rng, 0, old_world - 1));
+  }
+  job.to = internal::RandomLayout(rng, job.ptc.num_layers(), new_hosts ? "n" : "h",
                                   job.lost_hosts.empty() ? "" : job.lost_hosts[0]);
   return job;
 }
