@@ -22,8 +22,12 @@ inline constexpr int64_t kCap = int64_t{1} << 50;
 int DTypeBytes(int dtype);
 
 /// Validates the tensors and bucket groups of `ptc` where no layout is
-/// involved (InvalidArgument naming the tensor, field and value).
+/// involved (InvalidArgument naming the tensor, field and value). In
+/// validate.cc.
 absl::Status CheckPtcTensors(const v1::Ptc& ptc);
+
+/// The bucket group called `name`, or null.
+const v1::BucketGroup* FindGroup(const v1::Ptc& ptc, const std::string& name);
 
 /// Validates the rules that depend on a layout (a block with fewer units
 /// than tensor-parallel ranks must divide them). `what` names the layout.
