@@ -310,8 +310,8 @@ absl::Status CheckUnits(const v1::TensorSpec& t, const v1::ParallelConfig& c,
 // A holding rank left without elements, when the tensor forbids it.
 absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig& c,
                               absl::string_view what) {
-  if (t.partition().allow_empty()) return absl::OkStatus();
   const v1::DataParallel& dp = t.partition().dp();
+  if (t.partition().allow_empty() || dp.mode() == v1::DP_BUCKET) return absl::OkStatus();
   const bool expert = t.partition().has_expert();
   ShardCoord sc;
   sc.tp = expert ? ExpertTpOf(c) : c.tp();
@@ -527,11 +527,6 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
   }
   const int layers = ptc.num_layers();
   const int64_t chunks = int64_t{c.pp()} * VppOf(c);
-  if (VppOf(c) > 1 && chunks > layers) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".config: pp*vpp = ", c.pp(), "*",
-                                                   VppOf(c), " exceeds num_layers ", layers,
-                                                   ": some chunk would own no layer"));
-  }
   if (c.stage_starts_size() > 0) {
     if (c.stage_starts_size() != chunks) {
       return absl::InvalidArgumentError(
