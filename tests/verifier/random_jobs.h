@@ -136,8 +136,8 @@ inline v1::Ptc RandomPtc(Rng& rng) {
 inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& prefix,
                                const std::string& avoid) {
   const int tp = 1 << Pick(rng, 0, 2), cp = Pick(rng, 1, 2), dp = Pick(rng, 1, 3);
-  const int vpp = Pick(rng, 1, std::min(2, num_layers));  // every chunk owns a layer
-  const int pp = Pick(rng, 1, std::max(1, std::min(3, num_layers / vpp)));
+  const int vpp = Pick(rng, 1, 2);  // chunks may own no layer, stages always own one
+  const int pp = Pick(rng, 1, std::min(3, num_layers));
   const int etp = 1 << Pick(rng, 0, tp == 1 ? 0 : (tp == 2 ? 1 : 2));
   std::vector<int> eps;
   for (int e = 1; e <= tp * cp * dp / etp; ++e) {
@@ -150,7 +150,7 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
     if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
   }
   std::vector<int> starts;  // pp * vpp chunk starts, or none (an even split)
-  if (pp * vpp > 1 && Coin(rng, 0.4)) {
+  if (pp * vpp > 1 && pp * vpp <= num_layers && Coin(rng, 0.4)) {
     std::vector<int> cuts;
     for (int layer = 1; layer < num_layers; ++layer) cuts.push_back(layer);
     std::shuffle(cuts.begin(), cuts.end(), rng);
