@@ -253,13 +253,9 @@ std::vector<int64_t> TensorBuffer(const v1::Ptc& ptc, int index, const RankGrid&
 }
 
 bool MustHoldSomething(const v1::TensorSpec& t, const RankGrid& g, int r) {
-  const Coords c = CoordsOf(g, r);
-  if (t.partition().allow_empty() || !StageHolds(t, g, c.pp_i)) return false;
-  // An empty expert slab needs allow_empty in every dp mode, DP_BUCKET too.
-  if (IsExpert(t) && PartSize(t.shape(t.partition().expert().axis()), g.ep, c.ep_i) == 0) {
-    return true;
-  }
-  return t.partition().dp().mode() != v1::DP_BUCKET;
+  // An empty expert slab too: DP_BUCKET members never need allow_empty.
+  return !t.partition().allow_empty() && t.partition().dp().mode() != v1::DP_BUCKET &&
+         StageHolds(t, g, CoordsOf(g, r).pp_i);
 }
 
 }  // namespace reshard::verifier

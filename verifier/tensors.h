@@ -43,8 +43,7 @@ int64_t BufferLengthBound(const v1::TensorSpec& t, const RankGrid& g, int r);
 std::vector<int64_t> TensorBuffer(const v1::Ptc& ptc, int index, const RankGrid& g, int r);
 
 /// Whether rank `r`'s buffer must hold an element: allow_empty unset, its
-/// stage holds the tensor, and it is not a bucket member (unless its expert
-/// slab is empty).
+/// stage holds the tensor, and it is not a bucket member.
 bool MustHoldSomething(const v1::TensorSpec& t, const RankGrid& g, int r);
 
 }  // namespace reshard::verifier

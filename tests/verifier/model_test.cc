@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "planner/planner.h"
 #include "tests/verifier/jobs.h"
 #include "verifier/verifier.h"
 
@@ -204,20 +205,27 @@ TEST(ModelTest, ExpertSlabsWithExpertTpAndExpertDataParallel) {
             (Ids{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
 }
 
-TEST(ModelTest, EmptyExpertSlabNeedsAllowEmptyEvenInABucket) {
-  // One expert over ep 2: expert rank 1 holds nothing.
+TEST(ModelTest, EmptyExpertSlabNeedsAllowEmptyExceptInABucket) {
+  // One expert over ep 2 (tp 1, dp 2, edp 1): expert rank 1 holds nothing.
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   AddGroup(&ptc, "g", 1, 0, 1);
   v1::TensorSpec* e = AddTensor(&ptc, "experts", {1, 2});
   SetExpert(e, 0);
-  SetBucket(e, "g");
+  SetDp(e, v1::DP_FLAT);
   const v1::Layout l = With(Layout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
   const absl::Status s = BuildModel(ptc, l, l, {}, {}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("rank 1 holds no element"), std::string::npos) << s;
+  EXPECT_EQ(planner::PlanTransfer(ptc, l, l, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the planner agrees
   e->mutable_partition()->set_allow_empty(true);
-  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));  // edp 1: expert rank 0 holds the bucket
+  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));
+  // A bucket member needs no allow_empty; expert rank 0 holds all (edp 1).
+  e->mutable_partition()->set_allow_empty(false);
+  SetBucket(e, "g");
+  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));
+  EXPECT_TRUE(planner::PlanTransfer(ptc, l, l, {}).ok());
 }
 
 TEST(ModelTest, DataParallelChunkHasTorchChunkSizes) {

@@ -113,7 +113,7 @@ inline v1::Ptc RandomPtc(Rng& rng) {
         if (ndim < 2) break;
         expert = true;
         SetExpert(t, 0);
-        t->mutable_partition()->set_allow_empty(true);
+        t->mutable_partition()->set_allow_empty(Coin(rng, 0.7));  // few experts: empty slabs
         if (Coin(rng, 0.6)) RandomTensorParallel(rng, t, Pick(rng, 1, ndim - 1));
         break;
       case 2:
