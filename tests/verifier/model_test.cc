@@ -445,6 +445,9 @@ TEST(ModelTest, InvalidInputsOfTheNewKinds) {
         << "wanted \"" << b.needle << "\" in: " << s.message();
     EXPECT_EQ(VerifyPlan(ptc, l, l, {}, {}, {}).code(), absl::StatusCode::kInvalidArgument)
         << b.needle;
+    EXPECT_EQ(planner::PlanTransfer(ptc, l, l, {}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "the planner accepts what the verifier refuses: " << b.needle;
   }
 }
 
