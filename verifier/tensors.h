@@ -22,8 +22,12 @@ inline constexpr int64_t kCap = int64_t{1} << 50;
 int DTypeBytes(int dtype);
 
 /// Validates the tensors and bucket groups of `ptc` where no layout is
-/// involved (InvalidArgument naming the tensor, field and value).
+/// involved (InvalidArgument naming the tensor, field and value). In
+/// validate.cc.
 absl::Status CheckPtcTensors(const v1::Ptc& ptc);
+
+/// The bucket group called `name`, or null.
+const v1::BucketGroup* FindGroup(const v1::Ptc& ptc, const std::string& name);
 
 /// Validates the rules that depend on a layout (a block with fewer units
 /// than tensor-parallel ranks must divide them). `what` names the layout.
@@ -38,8 +42,8 @@ int64_t BufferLengthBound(const v1::TensorSpec& t, const RankGrid& g, int r);
 /// empty when its stage does not hold the tensor. Inputs must be validated.
 std::vector<int64_t> TensorBuffer(const v1::Ptc& ptc, int index, const RankGrid& g, int r);
 
-/// Whether rank `r`'s buffer must hold an element (allow_empty unset, not a
-/// bucket member, its stage holds the tensor).
+/// Whether rank `r`'s buffer must hold an element: allow_empty unset, its
+/// stage holds the tensor, and it is not a bucket member.
 bool MustHoldSomething(const v1::TensorSpec& t, const RankGrid& g, int r);
 
 }  // namespace reshard::verifier

@@ -2,12 +2,14 @@
 // rank holds, worked out by hand from docs/partitioning.md in each test.
 #include "verifier/model.h"
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "planner/planner.h"
 #include "tests/verifier/jobs.h"
 #include "verifier/verifier.h"
 
@@ -124,6 +126,33 @@ TEST(ModelTest, VocabularyPaddingDependsOnTp) {
   EXPECT_EQ(Held(ptc, Layout(1, 1, 2, {"a"}, 2))[0], (Ids{{0, 1, 2, 3, 4, 5}, {6, 7, 8, 9, P, P}}));
 }
 
+TEST(ModelTest, MegatronVocabularyExampleOfTheSpec) {
+  // 50257 rows, make-vocab-size-divisible-by 128: held 50304 rows at tp 1,
+  // 50432 at tp 2, 50688 at tp 4 (12672 per rank; the last holds 12241 real
+  // rows and 431 padding rows).
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  v1::TensorSpec* emb = AddTensor(&ptc, "word_embeddings", {50257, 1});
+  SetTpSplit(emb, 0);
+  SetPadding(emb, 0, 128, true);
+  for (auto [tp, held] : {std::pair<int, int64_t>{1, 50304}, {2, 50432}, {4, 50688}}) {
+    const Ids h = Held(ptc, Layout(tp, 1, 1, {"a"}, tp))[0];
+    ASSERT_EQ(h.size(), static_cast<size_t>(tp));
+    int64_t total = 0, padding = 0;
+    for (const auto& buf : h) {
+      EXPECT_EQ(static_cast<int64_t>(buf.size()), held / tp);
+      total += static_cast<int64_t>(buf.size());
+      padding += std::count(buf.begin(), buf.end(), P);
+    }
+    EXPECT_EQ(total, held) << "tp " << tp;
+    EXPECT_EQ(padding, held - 50257) << "tp " << tp;
+  }
+  const Ids tp4 = Held(ptc, Layout(4, 1, 1, {"a"}, 4))[0];
+  EXPECT_EQ(tp4[3][12240], 50256);  // the last real row
+  EXPECT_EQ(tp4[3][12241], P);
+  EXPECT_EQ(std::count(tp4[3].begin(), tp4[3].end(), P), 431);
+}
+
 TEST(ModelTest, UnitsAndReplicationForGroupedQueryAttention) {
   // Fused QKV of 12 rows, heads of 2 rows: q 4 heads, k and v 1 head each.
   v1::Ptc ptc;
@@ -176,6 +205,29 @@ TEST(ModelTest, ExpertSlabsWithExpertTpAndExpertDataParallel) {
             (Ids{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
 }
 
+TEST(ModelTest, EmptyExpertSlabNeedsAllowEmptyExceptInABucket) {
+  // One expert over ep 2 (tp 1, dp 2, edp 1): expert rank 1 holds nothing.
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  AddGroup(&ptc, "g", 1, 0, 1);
+  v1::TensorSpec* e = AddTensor(&ptc, "experts", {1, 2});
+  SetExpert(e, 0);
+  SetDp(e, v1::DP_FLAT);
+  const v1::Layout l = With(Layout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
+  const absl::Status s = BuildModel(ptc, l, l, {}, {}).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(std::string(s.message()).find("rank 1 holds no element"), std::string::npos) << s;
+  EXPECT_EQ(planner::PlanTransfer(ptc, l, l, {}).status().code(),
+            absl::StatusCode::kInvalidArgument);  // the planner agrees
+  e->mutable_partition()->set_allow_empty(true);
+  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));
+  // A bucket member needs no allow_empty; expert rank 0 holds all (edp 1).
+  e->mutable_partition()->set_allow_empty(false);
+  SetBucket(e, "g");
+  EXPECT_EQ(Held(ptc, l)[0], (Ids{{0, 1}, {}}));
+  EXPECT_TRUE(planner::PlanTransfer(ptc, l, l, {}).ok());
+}
+
 TEST(ModelTest, DataParallelChunkHasTorchChunkSizes) {
   // 5 rows over 4 ranks: chunks of ceil(5 / 4) = 2: [0,2) [2,4) [4,5) [5,5).
   v1::Ptc ptc;
@@ -219,6 +271,34 @@ TEST(ModelTest, BucketLayoutWithAlignmentBucketSizeAndPadding) {
   EXPECT_EQ(h[0], (Ids{{0, 1, 2}, {}}));
   EXPECT_EQ(h[1], (Ids{{0, 1}, {}}));
   EXPECT_EQ(h[2], (Ids{{}, {0, 1, 2, 3, 4}}));
+}
+
+TEST(ModelTest, MegatronAndFsdpBucketSettingsOfTheSpec) {
+  // Megatron: reverse order, align 64, pad 128, dp 2 (q = 128). w2 [30] at 0,
+  // w1 [100] at 64 -> 164 -> one bucket of 256: g0 [0, 128), g1 [128, 256).
+  v1::Ptc mega;
+  mega.set_num_layers(1);
+  AddGroup(&mega, "main_params", 64, 0, 128, /*reverse_order=*/true);
+  SetBucket(AddTensor(&mega, "w1", {100}), "main_params");
+  SetBucket(AddTensor(&mega, "w2", {30}), "main_params");
+  std::vector<Ids> h = Held(mega, Layout(1, 1, 2, {"a"}, 2));
+  ASSERT_EQ(h.size(), 2u);
+  EXPECT_EQ(h[0][0].size(), 64u);  // w1 positions 64..127
+  EXPECT_EQ(h[0][0].front(), 0);
+  EXPECT_EQ(h[0][1].size(), 36u);  // w1 positions 128..163
+  EXPECT_EQ(h[0][1].front(), 64);
+  EXPECT_EQ(h[1][0].size(), 30u);  // w2 whole on g0
+  EXPECT_TRUE(h[1][1].empty());
+  // FSDP flat parameter: PTC order, align 1, pad 1, dp 4 (q = 4): a [5] at 0,
+  // b [4] at 5 -> 9 -> 12; shards of 3.
+  v1::Ptc fsdp;
+  fsdp.set_num_layers(1);
+  AddGroup(&fsdp, "unit0", 1, 0, 1);
+  SetBucket(AddTensor(&fsdp, "a", {5}), "unit0");
+  SetBucket(AddTensor(&fsdp, "b", {4}), "unit0");
+  h = Held(fsdp, Layout(1, 1, 4, {"a"}, 4));
+  EXPECT_EQ(h[0], (Ids{{0, 1, 2}, {3, 4}, {}, {}}));
+  EXPECT_EQ(h[1], (Ids{{}, {0}, {1, 2, 3}, {}}));
 }
 
 TEST(ModelTest, BucketMembersOfEachChunkAreLaidOutSeparately) {
@@ -365,6 +445,9 @@ TEST(ModelTest, InvalidInputsOfTheNewKinds) {
         << "wanted \"" << b.needle << "\" in: " << s.message();
     EXPECT_EQ(VerifyPlan(ptc, l, l, {}, {}, {}).code(), absl::StatusCode::kInvalidArgument)
         << b.needle;
+    EXPECT_EQ(planner::PlanTransfer(ptc, l, l, {}).status().code(),
+              absl::StatusCode::kInvalidArgument)
+        << "the planner accepts what the verifier refuses: " << b.needle;
   }
 }
 

@@ -2,12 +2,15 @@
 // docs/partitioning.md (built by the naive reference planner of
 // reference_plan.h) are verified, then broken one way at a time; the verifier
 // must reject each with a message naming the item, the rank and the position.
+// The planner's own plans of the same cases are verified and broken too.
 #include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
+#include "planner/planner.h"
 #include "tests/verifier/jobs.h"
 #include "tests/verifier/reference_plan.h"
 #include "verifier/verifier.h"
@@ -208,6 +211,59 @@ TEST(MutationTest, ReferencePlansOfEveryNewKindVerify) {
   }
 }
 
+TEST(MutationTest, HandWrittenPaddedVocabularyPlan) {
+  // emb [5, 2] fp32 padded to a multiple of 2 x tp: 6 rows on tp 1 (a:0),
+  // 8 on tp 2 (a:0, a:1). Rank 0 gets rows 0..3 from its own device, rank 1
+  // row 4 from a:0 and zeros for its 3 padding rows.
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  v1::TensorSpec* emb = AddTensor(&ptc, "emb", {5, 2});
+  SetTpSplit(emb, 0);
+  SetPadding(emb, 0, 2, true);
+  const v1::Layout from = Layout(1, 1, 1, {"a"}, 2);
+  const v1::Layout to = Layout(2, 1, 1, {"a"}, 2);
+  v1::TransferPlan plan;
+  *plan.mutable_source_layout() = from;
+  *plan.mutable_target_layout() = to;
+  v1::PlanItem* item = plan.add_items();
+  item->set_name("emb");
+  item->set_element_bytes(4);
+  for (auto [src_offset, count, dst] : {std::tuple<int64_t, int64_t, int>{0, 8, 0}, {8, 2, 1}}) {
+    v1::CopyStep* s = plan.add_steps();
+    s->set_src_rank(0);
+    s->mutable_src()->set_offset(src_offset);
+    s->mutable_src()->add_strides(1);
+    s->add_shape(count);
+    v1::Destination* d = s->add_dsts();
+    d->set_rank(dst);
+    d->mutable_region()->add_strides(1);
+    s->set_bytes(count * 4);
+  }
+  v1::ZeroFill* z = plan.add_zero_fills();
+  z->set_rank(1);
+  z->set_offset(2);
+  z->set_count(6);
+  v1::PlanStats* st = plan.mutable_stats();
+  st->set_bytes_local(40);
+  st->set_bytes_zero_filled(24);
+  st->set_steps(2);
+  st->set_zero_fills(1);
+  v1::HostTraffic* a = st->add_hosts();
+  a->set_host("a");
+  a->set_bytes_local(40);
+  EXPECT_TRUE(VerifyPlan(ptc, from, to, {}, {}, plan).ok())
+      << VerifyPlan(ptc, from, to, {}, {}, plan);
+
+  v1::TransferPlan bad = plan;
+  bad.mutable_steps(1)->mutable_src()->set_offset(10);  // row 5: padding at tp 1
+  ExpectCaught(VerifyPlan(ptc, from, to, {}, {}, bad),
+               {"item 0 (tensor \"emb\")", "reads padding at position 10 of old rank 0"});
+  bad = plan;
+  bad.mutable_zero_fills(0)->set_offset(1);  // over row 4's second element
+  ExpectCaught(VerifyPlan(ptc, from, to, {}, {}, bad),
+               {"item 0 (tensor \"emb\")", "writes position 1 of new rank 1 a second time"});
+}
+
 TEST(MutationTest, CopyMovedToTheWrongElement) {
   // In every case: two single-destination copies of one item into one new
   // rank trade places.
@@ -351,6 +407,52 @@ TEST(MutationTest, CrossHostStepAboveTheLowerBound) {
                {"item " + std::to_string(s.item()), "crosses to host \"c\"",
                 "new rank " + std::to_string(rank) + ", position " + std::to_string(pos),
                 "a second time", "lower bound"});
+}
+
+// The real planner's plans of the same cases (strided multi-element steps)
+// verify, and the same kinds of break in them are caught.
+TEST(MutationTest, PlannerPlansOfEveryNewKindAndTheirMutations) {
+  for (const Case& c : AllCases()) {
+    SCOPED_TRACE(c.name);
+    planner::LostSet lost;
+    lost.hosts = c.lost_hosts;
+    absl::StatusOr<v1::TransferPlan> planned = planner::PlanTransfer(c.ptc, c.from, c.to, lost);
+    ASSERT_TRUE(planned.ok()) << planned.status();
+    const v1::TransferPlan& plan = *planned;
+    EXPECT_TRUE(c.Verify(plan).ok()) << c.Verify(plan);
+    for (int i = 0; i < plan.steps_size(); ++i) {
+      const v1::CopyStep& s = plan.steps(i);
+      const std::string item = "item " + std::to_string(s.item());
+      // A copy moved by one element.
+      v1::TransferPlan bad = plan;
+      auto* d = bad.mutable_steps(i)->mutable_dsts(0)->mutable_region();
+      d->set_offset(d->offset() + 1);
+      ExpectCaught(c.Verify(bad), {item, "rank", "position"});
+      // One destination of a cross-host step sent again on its own.
+      if (s.cross_host() && s.dsts_size() > 1) {
+        bad = plan;
+        v1::CopyStep again = s;
+        again.clear_dsts();
+        *again.add_dsts() = s.dsts(1);
+        bad.mutable_steps(i)->mutable_dsts()->DeleteSubrange(1, 1);
+        *bad.add_steps() = again;
+        ExpectCaught(c.Verify(bad), {item, "new rank " + std::to_string(s.dsts(1).rank()),
+                                     "position", "a second time"});
+      }
+    }
+    for (int f = 0; f < plan.zero_fills_size(); ++f) {  // axis padding, bucket gaps, regenerated
+      v1::TransferPlan bad = plan;
+      bad.mutable_zero_fills()->DeleteSubrange(f, 1);
+      ExpectCaught(c.Verify(bad),
+                   {"item " + std::to_string(plan.zero_fills(f).item()),
+                    "new rank " + std::to_string(plan.zero_fills(f).rank()), "never written"});
+    }
+    if (plan.regenerate_size() > 0) {
+      v1::TransferPlan bad = plan;
+      bad.clear_regenerate();
+      ExpectCaught(c.Verify(bad), {"regenerate", "new rank", "positions"});
+    }
+  }
 }
 
 }  // namespace

@@ -20,6 +20,7 @@ struct RandomJob {
   v1::Ptc ptc;
   v1::Layout from, to;
   std::vector<std::string> lost_hosts;
+  std::vector<int> lost_ranks;  // only when the target is on new hosts
 };
 
 namespace internal {
@@ -112,7 +113,7 @@ inline v1::Ptc RandomPtc(Rng& rng) {
         if (ndim < 2) break;
         expert = true;
         SetExpert(t, 0);
-        t->mutable_partition()->set_allow_empty(true);
+        t->mutable_partition()->set_allow_empty(Coin(rng, 0.7));  // few experts: empty slabs
         if (Coin(rng, 0.6)) RandomTensorParallel(rng, t, Pick(rng, 1, ndim - 1));
         break;
       case 2:
@@ -135,8 +136,8 @@ inline v1::Ptc RandomPtc(Rng& rng) {
 inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& prefix,
                                const std::string& avoid) {
   const int tp = 1 << Pick(rng, 0, 2), cp = Pick(rng, 1, 2), dp = Pick(rng, 1, 3);
-  const int vpp = Pick(rng, 1, 2);
-  const int pp = Pick(rng, 1, std::max(1, std::min(3, num_layers / vpp)));
+  const int vpp = Pick(rng, 1, 2);  // chunks may own no layer, stages always own one
+  const int pp = Pick(rng, 1, std::min(3, num_layers));
   const int etp = 1 << Pick(rng, 0, tp == 1 ? 0 : (tp == 2 ? 1 : 2));
   std::vector<int> eps;
   for (int e = 1; e <= tp * cp * dp / etp; ++e) {
@@ -148,7 +149,17 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
   for (int h = 0; static_cast<int>(hosts.size()) * per_host < world; ++h) {
     if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
   }
-  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, {},
+  std::vector<int> starts;  // pp * vpp chunk starts, or none (an even split)
+  if (pp * vpp > 1 && pp * vpp <= num_layers && Coin(rng, 0.4)) {
+    std::vector<int> cuts;
+    for (int layer = 1; layer < num_layers; ++layer) cuts.push_back(layer);
+    std::shuffle(cuts.begin(), cuts.end(), rng);
+    cuts.resize(pp * vpp - 1);
+    cuts.push_back(0);
+    std::sort(cuts.begin(), cuts.end());
+    starts = cuts;
+  }
+  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, starts,
                         Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
   l = With(l,
            Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
@@ -173,10 +184,18 @@ inline RandomJob RandomRealJob(uint64_t seed) {
   RandomJob job;
   job.ptc = internal::RandomPtc(rng);
   job.from = internal::RandomLayout(rng, job.ptc.num_layers(), "h", "");
-  if (internal::Coin(rng, 0.3)) {
-    job.lost_hosts.push_back(absl::StrCat("h", internal::Pick(rng, 0, 1)));
+  const int old_world = static_cast<int>(job.from.placement().ranks_size() > 0
+                                             ? job.from.placement().ranks_size()
+                                             : job.from.placement().hosts_size() *
+                                                   job.from.placement().devices_per_host());
+  if (internal::Coin(rng, 0.3)) {  // one of the hosts the old layout uses
+    job.lost_hosts.push_back(SlotOf(job.from, internal::Pick(rng, 0, old_world - 1)).first);
   }
-  job.to = internal::RandomLayout(rng, job.ptc.num_layers(), internal::Coin(rng, 0.2) ? "n" : "h",
+  const bool new_hosts = internal::Coin(rng, 0.2);
+  if (new_hosts && internal::Coin(rng, 0.5)) {
+    job.lost_ranks.push_back(internal::Pick(rng, 0, old_world - 1));
+  }
+  job.to = internal::RandomLayout(rng, job.ptc.num_layers(), new_hosts ? "n" : "h",
                                   job.lost_hosts.empty() ? "" : job.lost_hosts[0]);
   return job;
 }
