@@ -65,6 +65,11 @@ void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
   }
   out->mutable_lost_ranks()->Reserve(static_cast<int>(plan.lost_ranks.size()));
   for (int r : plan.lost_ranks) out->add_lost_ranks(r);
+  for (const auto& [rank, item] : plan.regenerate) {
+    v1::Regenerate* g = out->add_regenerate();
+    g->set_rank(rank);
+    g->set_item(item);
+  }
   v1::PlanStats* st = out->mutable_stats();
   st->set_bytes_local(plan.bytes_local);
   st->set_bytes_cross_host(plan.bytes_cross_host);

@@ -20,12 +20,20 @@ absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
     alive.push_back(slots[r]);
   }
   const v1::ParallelConfig& c = current.config();
-  const int64_t model = int64_t{c.tp()} * c.pp();
-  const int64_t dp = model > 0 ? static_cast<int64_t>(alive.size()) / model : 0;
+  const int64_t model = int64_t{c.tp()} * CpOf(c) * c.pp();
+  const int64_t fits = model > 0 ? static_cast<int64_t>(alive.size()) / model : 0;
+  // Experts need tp * cp * dp to stay a multiple of expert_tp * ep.
+  const int64_t experts = int64_t{ExpertTpOf(c)} * EpOf(c);
+  int64_t dp = fits;
+  while (dp >= 1 && (int64_t{c.tp()} * CpOf(c) * dp) % experts != 0) --dp;
   if (dp < 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(alive.size(), " surviving devices cannot hold tp ", c.tp(), " x pp ", c.pp(),
-                     " = ", model, " ranks; name a target layout"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        alive.size(), " surviving devices cannot hold tp ", c.tp(),
+        CpOf(c) > 1 ? absl::StrCat(" x cp ", CpOf(c)) : "", " x pp ", c.pp(), " = ", model,
+        " ranks",
+        fits >= 1 ? absl::StrCat(" with tp * cp * dp a multiple of expert_tp * ep = ", experts)
+                  : "",
+        "; name a target layout"));
   }
   v1::Layout out;
   *out.mutable_config() = c;

@@ -15,7 +15,8 @@ namespace reshard::planner {
 /// The job's parallel config (tp, pp, order, stage starts) with data
 /// parallelism reduced to what the surviving device slots of `current`'s
 /// placement hold: every rank on a lost host and every lost rank is removed,
-/// dp = surviving slots / (tp x pp) rounded down, and the new ranks take the
+/// dp = surviving slots / (tp x cp x pp) rounded down (and further down
+/// until tp x cp x dp is a multiple of expert_tp x ep), and the new ranks take the
 /// surviving slots in their old rank order (so ranks that survive mostly keep
 /// their devices and their bytes stay local). FailedPrecondition when not
 /// even dp 1 fits.

@@ -22,10 +22,13 @@ namespace reshard::verifier {
 /// - every copy reads real elements (not padding) of a surviving old rank
 ///   inside its buffer, and its destinations are on one new host;
 /// - every position of every new buffer is written exactly once, and ends
-///   up holding exactly the element the target layout puts there (padding
-///   zero-filled);
+///   up holding exactly the element the target layout puts there (padding,
+///   including axis padding, bucket gaps and regenerated blobs, zero-filled);
 /// - sources are chosen same device first, then same host (rule 2);
-/// - the cross-host bytes of each host equal the lower bound (rule 4);
+/// - no element crosses to one host twice (rule 3) and the cross-host bytes
+///   of each host equal the lower bound (rule 4);
+/// - `regenerate` lists exactly the regenerable blobs of new ranks whose
+///   value has no surviving holder, ascending by rank then item;
 /// - each step's `bytes` and `cross_host`, `items`, `lost_ranks`, the
 ///   layouts echoed in the plan and every field of `stats` are right.
 /// Returns InvalidArgument when the inputs themselves are invalid or too
@@ -39,7 +42,8 @@ namespace reshard::verifier {
 
 /// Names of the items (tensors, then blobs, in PTC order) of which some
 /// element that `to` needs has no surviving holder in `from`: exactly the
-/// items a planner must report as lost. InvalidArgument on invalid inputs.
+/// items a planner must report as lost (regenerable blobs never are). InvalidArgument on invalid
+/// inputs.
 [[nodiscard]] absl::StatusOr<std::vector<std::string>> UnrecoverableItems(
     const reshard::v1::Ptc& ptc, const reshard::v1::Layout& from, const reshard::v1::Layout& to,
     const std::vector<std::string>& lost_hosts, const std::vector<int>& lost_ranks);

@@ -27,5 +27,33 @@ TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(SurvivorLayoutTest, KeepsContextParallelAndExpertGroups) {
+  // tp 2 x cp 2 x dp 3 = 12 ranks, 4 per host on h0..h2, ep 4, expert_tp 1.
+  v1::Layout l = testing::MakeLayout(2, 1, 3, 4);
+  l.mutable_config()->set_cp(2);
+  l.mutable_config()->set_ep(4);
+  l.mutable_config()->set_expert_tp(1);
+  testing::Place(l, 4);
+  // Losing h2 leaves 8 slots: dp 2 (tp 2 x cp 2 x dp 2 = 8, a multiple of 4).
+  auto two = SurvivorLayout(l, {"h2"}, {});
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->config().dp(), 2);
+  EXPECT_EQ(two->config().cp(), 2);
+  EXPECT_EQ(two->placement().ranks_size(), 8);
+  // Losing a rank too leaves 7 slots: dp 1 gives 4 ranks, a multiple of 4.
+  auto one = SurvivorLayout(l, {"h2"}, {0});
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->config().dp(), 1);
+  // ep 8: 8 ranks per stage at least; 7 slots cannot.
+  l.mutable_config()->set_ep(8);
+  l.mutable_config()->set_dp(4);
+  testing::Place(l, 4);
+  EXPECT_EQ(SurvivorLayout(l, {"h2", "h3"}, {0}).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  auto eight = SurvivorLayout(l, {"h3"}, {});
+  ASSERT_TRUE(eight.ok()) << eight.status();
+  EXPECT_EQ(eight->config().dp(), 2);  // 12 slots: dp 3 is 12 ranks, not a multiple of 8
+}
+
 }  // namespace
 }  // namespace reshard::planner
