@@ -44,9 +44,13 @@ def _layout():
     return layout
 
 
+def _ptc(value):
+    return value if isinstance(value, ptc_pb2.Ptc) else as_message(value, ptc_pb2.Ptc, "ptc")
+
+
 def group_specs(ptc, name):
     """The BucketGroup named `name` and its member TensorSpecs, PTC order."""
-    ptc = as_message(ptc, ptc_pb2.Ptc, "ptc")
+    ptc = _ptc(ptc)
     group = next((b for b in ptc.buckets if b.name == name), None)
     if group is None:
         raise KeyError(f"no bucket group \"{name}\" in the PTC")
@@ -113,7 +117,7 @@ def _rank_buffers(ptc_bytes, config_bytes, rank):
 def rank_buffers(ptc, config, rank):
     """Every ChunkBuffer of `rank` (bucket groups in PTC order, chunks
     ascending); groups with no member on the rank's stage are absent."""
-    ptc = as_message(ptc, ptc_pb2.Ptc, "ptc")
+    ptc = _ptc(ptc)
     c = _layout()._config(config)
     return list(_rank_buffers(ptc.SerializeToString(deterministic=True),
                               c.SerializeToString(deterministic=True), rank))
@@ -144,15 +148,16 @@ def _bucket_of(buf, name):
     return next(b for b in buf.buckets if name in b.members)
 
 
-def member_range(ptc, config, rank, name):
+def member_range(ptc, config, rank, name, buffers=None):
     """(lo, hi): the elements of tensor `name`'s T (row-major) that `rank`'s
-    DP_BUCKET buffer holds (lo == hi: none)."""
-    ptc = as_message(ptc, ptc_pb2.Ptc, "ptc")
+    DP_BUCKET buffer holds (lo == hi: none). buffers: rank_buffers(...) of
+    the rank, when already at hand."""
+    ptc = _ptc(ptc)
     t = next((t for t in ptc.tensors if t.name == name), None)
     if t is None:
         raise KeyError(f"no tensor \"{name}\" in the PTC")
     group = t.partition.dp.bucket
-    for buf in rank_buffers(ptc, config, rank):
+    for buf in buffers if buffers is not None else rank_buffers(ptc, config, rank):
         if buf.group != group:
             continue
         for m in buf.members:

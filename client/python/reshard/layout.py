@@ -364,13 +364,12 @@ def _dp_range(mode, n, group, index):
     return split(n, group, index)
 
 
-def _local_numel_range(tensor, config, rank, pc, ptc):
+def _local_numel_range(tensor, config, rank, ptc, buffers=None):
     """(lo, hi): T's row-major elements in the rank's DP_BUCKET buffer."""
-    del pc  # the range depends on the other members too
     if ptc is None:
         raise ValueError(f"tensor \"{tensor.name}\": DP_BUCKET needs the PTC (its bucket group)")
     from reshard import buckets
-    return buckets.member_range(ptc, config, rank, tensor.name)
+    return buckets.member_range(ptc, config, rank, tensor.name, buffers)
 
 
 def local_shape_of(tensor, config, rank, ptc=None):
@@ -383,7 +382,7 @@ def local_shape_of(tensor, config, rank, ptc=None):
         n = int(np.prod(pc.shape, dtype=np.int64))
         return [-(-n // pc.group)]
     if d.mode == ptc_pb2.DP_BUCKET:
-        lo, hi = _local_numel_range(tensor, config, rank, pc, ptc)
+        lo, hi = _local_numel_range(tensor, config, rank, ptc)
         return [hi - lo]
     if d.mode in (ptc_pb2.DP_SPLIT, ptc_pb2.DP_CHUNK):
         out = list(pc.shape)
@@ -392,10 +391,11 @@ def local_shape_of(tensor, config, rank, ptc=None):
     return list(pc.shape)
 
 
-def local_tensor(tensor, config, rank, global_array, ptc=None):
+def local_tensor(tensor, config, rank, global_array, ptc=None, buffers=None):
     """The local buffer of `rank` for one tensor (an array of local_shape_of),
     cut from its global array of the logical shape: padding positions are
-    zero. Does not check pipeline ownership. DP_BUCKET needs the PTC."""
+    zero. Does not check pipeline ownership. DP_BUCKET needs the PTC (and
+    takes the rank's buckets.rank_buffers when given)."""
     arr = _check_global(tensor, global_array)
     pc = piece(tensor, config, rank)
     if pc.held != list(arr.shape):
@@ -416,7 +416,7 @@ def local_tensor(tensor, config, rank, global_array, ptc=None):
         out[:end - begin] = flat[begin:end]
         return out
     if d.mode == ptc_pb2.DP_BUCKET:
-        lo, hi = _local_numel_range(tensor, config, rank, pc, ptc)
+        lo, hi = _local_numel_range(tensor, config, rank, ptc, buffers)
         return np.ascontiguousarray(arr).reshape(-1)[lo:hi].copy()
     if d.mode in (ptc_pb2.DP_SPLIT, ptc_pb2.DP_CHUNK):
         start, size = _dp_range(d.mode, arr.shape[d.axis], pc.group, pc.index)
@@ -518,12 +518,16 @@ def shard(ptc, layout, rank, global_tensors):
     lay = as_message(layout, ptc_pb2.Layout, "layout")
     pp_i = rank_coords(lay.config, rank).pp
     out = {}
+    buffers = None
+    if len(ptc.buckets):
+        from reshard import buckets
+        buffers = buckets.rank_buffers(ptc, lay.config, rank)
     for t in ptc.tensors:
         if pp_i not in stages_holding(lay.config, ptc.num_layers, t.partition.pipeline):
             continue
         if t.name not in global_tensors:
             raise KeyError(f"tensor \"{t.name}\" missing from the global tensors")
-        local = local_tensor(t, lay.config, rank, global_tensors[t.name], ptc)
+        local = local_tensor(t, lay.config, rank, global_tensors[t.name], ptc, buffers)
         if local.size:
             out[t.name] = local
     for b in ptc.blobs:
