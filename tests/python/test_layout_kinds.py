@@ -143,6 +143,11 @@ def test_units_and_replication():
     # 5 units of 2 over 2 ranks: 3 and 2 units, never half a unit
     u = spec(shape=[10, 1], tp={"mode": "TP_SPLIT", "axis": 0, "granularity": 2})
     assert cut(u, cfg(tp=2), 0).ravel().tolist() == list(range(6))
+    # granularity 0 (unset): element-wise as before units, never replicated
+    e = spec(shape=[3, 1], tp={"mode": "TP_SPLIT", "axis": 0}, allowEmpty=True)
+    assert [cut(e, cfg(tp=4), i).ravel().tolist() for i in range(4)] == [[0], [1], [2], []]
+    one = spec(shape=[2, 1], tp={"mode": "TP_SPLIT", "axis": 0, "granularity": 1})
+    assert [cut(one, cfg(tp=4), i).ravel().tolist() for i in range(4)] == [[0], [0], [1], [1]]
     with pytest.raises(ValueError, match="cannot be replicated"):
         cut(m, cfg(tp=3), 0)
     with pytest.raises(ValueError, match="not a multiple of granularity"):

@@ -300,7 +300,8 @@ def held_shape(tensor, config):
 def tp_ranges(tensor, held, t, i):
     """[(start, size)] that tp index i of t takes on the tp axis, in block
     order, or None for TP_REPLICATED (docs: "Tensor parallel piece", with
-    unit granularity and replication of blocks of fewer units than t)."""
+    unit granularity and replication of blocks of fewer units than t; with
+    granularity 0 the element-wise split, parts possibly empty)."""
     tpm = tensor.partition.tp
     if tpm.mode != ptc_pb2.TP_SPLIT:
         return None
@@ -312,7 +313,7 @@ def tp_ranges(tensor, held, t, i):
             raise ValueError(f"tensor \"{tensor.name}\": block {b} is not a multiple of "
                              f"granularity {u}")
         n = b // u
-        if n >= t:
+        if n >= t or tpm.granularity == 0:  # granularity 0: element-wise, never replicated
             q_start, q_size = split(n, t, i)
             out.append((start + u * q_start, u * q_size))
         elif t % n:
