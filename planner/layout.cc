@@ -32,11 +32,17 @@ std::vector<v1::DeviceSlot> ExpandPlacement(const v1::Placement& p) {
   return out;
 }
 
+int CpOf(const v1::ParallelConfig& c) { return c.cp() > 0 ? c.cp() : 1; }
+int VppOf(const v1::ParallelConfig& c) { return c.vpp() > 0 ? c.vpp() : 1; }
+int EpOf(const v1::ParallelConfig& c) { return c.ep() > 0 ? c.ep() : 1; }
+int ExpertTpOf(const v1::ParallelConfig& c) { return c.expert_tp() > 0 ? c.expert_tp() : c.tp(); }
+
 std::vector<int> StageStarts(const v1::ParallelConfig& c, int num_layers) {
   if (c.stage_starts_size() > 0) return {c.stage_starts().begin(), c.stage_starts().end()};
-  std::vector<int> starts(c.pp());
-  for (int s = 0; s < c.pp(); ++s) {
-    starts[s] = static_cast<int>(SplitPart(num_layers, c.pp(), s).start);
+  const int chunks = c.pp() * VppOf(c);
+  std::vector<int> starts(chunks);
+  for (int s = 0; s < chunks; ++s) {
+    starts[s] = static_cast<int>(SplitPart(num_layers, chunks, s).start);
   }
   return starts;
 }
@@ -47,12 +53,17 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
   r.tp_ = c.tp();
   r.pp_ = c.pp();
   r.dp_ = c.dp();
+  r.cp_ = CpOf(c);
+  r.vpp_ = VppOf(c);
+  r.ep_ = EpOf(c);
+  r.expert_tp_ = ExpertTpOf(c);
   r.order_ = c.order();
   const std::vector<int> starts = StageStarts(c, num_layers);
-  r.stage_of_layer_.assign(num_layers, 0);
-  for (int s = 0; s < r.pp_; ++s) {
-    const int end = s + 1 < r.pp_ ? starts[s + 1] : num_layers;
-    for (int l = starts[s]; l < end; ++l) r.stage_of_layer_[l] = s;
+  const int chunks = r.num_chunks();
+  r.chunk_of_layer_.assign(num_layers, 0);
+  for (int k = 0; k < chunks; ++k) {
+    const int end = k + 1 < chunks ? starts[k + 1] : num_layers;
+    for (int l = starts[k]; l < end; ++l) r.chunk_of_layer_[l] = k;
   }
   const std::vector<v1::DeviceSlot> slots = ExpandPlacement(layout.placement());
   RESHARD_CHECK(static_cast<int>(slots.size()) == r.world())
@@ -67,14 +78,17 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
 }
 
 int ResolvedLayout::Rank(RankCoord c) const {
-  if (order_ == v1::RANK_ORDER_TP_PP_DP) return c.tp + tp_ * (c.pp + pp_ * c.dp);
-  return c.tp + tp_ * (c.dp + dp_ * c.pp);
+  const int inner = c.tp + tp_ * c.cp;  // tp_i + tp * cp_i
+  const int tc = tp_ * cp_;
+  if (order_ == v1::RANK_ORDER_TP_PP_DP) return inner + tc * (c.pp + pp_ * c.dp);
+  return inner + tc * (c.dp + dp_ * c.pp);
 }
 
 RankCoord ResolvedLayout::Coord(int rank) const {
   RankCoord c;
   c.tp = rank % tp_;
-  const int rest = rank / tp_;
+  c.cp = (rank / tp_) % cp_;
+  const int rest = rank / (tp_ * cp_);
   if (order_ == v1::RANK_ORDER_TP_PP_DP) {
     c.pp = rest % pp_;
     c.dp = rest / pp_;
@@ -85,7 +99,21 @@ RankCoord ResolvedLayout::Coord(int rank) const {
   return c;
 }
 
-int ResolvedLayout::StageOfLayer(int layer) const { return stage_of_layer_[layer]; }
+RankCoord ResolvedLayout::CoordAt(int position, int stage) const {
+  RankCoord c;
+  c.tp = position % tp_;
+  c.cp = (position / tp_) % cp_;
+  c.dp = position / (tp_ * cp_);
+  c.pp = stage;
+  return c;
+}
+
+ExpertCoord ResolvedLayout::Expert(RankCoord c) const {
+  const int l = PositionInStage(c);
+  return ExpertCoord{l % expert_tp_, (l / expert_tp_) % ep_, l / (expert_tp_ * ep_)};
+}
+
+int ResolvedLayout::StageOfLayer(int layer) const { return chunk_of_layer_[layer] % pp_; }
 
 void ResolvedLayout::StagesHolding(const v1::Pipeline& p, std::vector<int>* stages) const {
   stages->clear();
@@ -99,10 +127,46 @@ void ResolvedLayout::StagesHolding(const v1::Pipeline& p, std::vector<int>* stag
     case v1::PIPELINE_LAST_STAGE:
       stages->push_back(pp_ - 1);
       break;
+    case v1::PIPELINE_FIRST_AND_LAST_STAGE:
+      stages->push_back(0);
+      if (pp_ > 1) stages->push_back(pp_ - 1);
+      break;
+    case v1::PIPELINE_LAYERS: {
+      std::vector<char> holds(pp_, 0);
+      for (int layer : p.layers()) holds[StageOfLayer(layer)] = 1;
+      for (int s = 0; s < pp_; ++s) {
+        if (holds[s]) stages->push_back(s);
+      }
+      break;
+    }
     default:
       for (int s = 0; s < pp_; ++s) stages->push_back(s);
       break;
   }
+}
+
+int ResolvedLayout::ChunkOf(const v1::Pipeline& p, int stage) const {
+  switch (p.mode()) {
+    case v1::PIPELINE_LAYER:
+      return ChunkOfLayer(p.layer());
+    case v1::PIPELINE_FIRST_STAGE:
+      return 0;
+    case v1::PIPELINE_LAST_STAGE:
+      return num_chunks() - 1;
+    default:
+      break;
+  }
+  if (p.mode() == v1::PIPELINE_LAYERS) {
+    int best = -1;
+    for (int layer : p.layers()) {
+      const int k = ChunkOfLayer(layer);
+      if (k % pp_ == stage && (best < 0 || k < best)) best = k;
+    }
+    if (best >= 0) return best;
+  }
+  if (stage == 0) return 0;
+  if (stage == pp_ - 1) return num_chunks() - 1;
+  return stage;
 }
 
 }  // namespace reshard::planner

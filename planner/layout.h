@@ -1,6 +1,8 @@
-// A parallel layout resolved for planning: rank <-> (tp, dp, pp) coordinates,
-// rank -> (host, device), layer -> stage. Immutable after Resolve();
-// thread-compatible. Inputs must have passed validation (validate.h).
+// A parallel layout resolved for planning: rank <-> (tp, cp, dp, pp)
+// coordinates, expert coordinates, rank -> (host, device), layer -> chunk ->
+// stage (docs/partitioning.md, "Ranks" and "Stages"). Immutable after
+// Resolve(); thread-compatible. Inputs must have passed validation
+// (validate.h).
 #pragma once
 
 #include <string>
@@ -26,10 +28,20 @@ class HostTable {
   std::vector<std::string> names_;
 };
 
+/// A rank's coordinates. `cp` is last so that {tp, dp, pp} still reads as
+/// before for layouts without context parallelism.
 struct RankCoord {
   int tp = 0;
   int dp = 0;
   int pp = 0;
+  int cp = 0;
+};
+
+/// A rank's mixture-of-experts coordinates inside its stage.
+struct ExpertCoord {
+  int etp = 0;
+  int ep = 0;
+  int edp = 0;
 };
 
 class ResolvedLayout {
@@ -40,20 +52,41 @@ class ResolvedLayout {
   int tp() const { return tp_; }
   int pp() const { return pp_; }
   int dp() const { return dp_; }
-  int world() const { return tp_ * pp_ * dp_; }
+  int cp() const { return cp_; }
+  int vpp() const { return vpp_; }
+  int ep() const { return ep_; }
+  int expert_tp() const { return expert_tp_; }
+  /// Expert-data-parallel size: tp * cp * dp / (expert_tp * ep).
+  int edp() const { return stage_size() / (expert_tp_ * ep_); }
+  /// Ranks per stage: tp * cp * dp.
+  int stage_size() const { return tp_ * cp_ * dp_; }
+  int world() const { return stage_size() * pp_; }
   int Rank(RankCoord c) const;
   RankCoord Coord(int rank) const;
+  /// Position of a rank inside its stage: tp_i + tp * (cp_i + cp * dp_i).
+  int PositionInStage(RankCoord c) const { return c.tp + tp_ * (c.cp + cp_ * c.dp); }
+  /// The coordinates of the rank at `position` (PositionInStage) of `stage`.
+  RankCoord CoordAt(int position, int stage) const;
+  int RankAt(int position, int stage) const { return Rank(CoordAt(position, stage)); }
+  /// Data-parallel group index g = cp_i + cp * dp_i (group size dp * cp).
+  int GroupIndex(RankCoord c) const { return c.cp + cp_ * c.dp; }
+  ExpertCoord Expert(RankCoord c) const;
   int host(int rank) const { return host_[rank]; }
   int device(int rank) const { return device_[rank]; }
   /// The stage that owns `layer`.
   int StageOfLayer(int layer) const;
+  /// The chunk (0 .. pp * vpp - 1) that owns `layer`.
+  int ChunkOfLayer(int layer) const { return chunk_of_layer_[layer]; }
+  int num_chunks() const { return pp_ * vpp_; }
   /// Stages holding a tensor with this pipeline rule, ascending.
   void StagesHolding(const v1::Pipeline& p, std::vector<int>* stages) const;
+  /// The chunk of a tensor with rule `p` on `stage` (which must hold it).
+  int ChunkOf(const v1::Pipeline& p, int stage) const;
 
  private:
-  int tp_ = 1, pp_ = 1, dp_ = 1;
+  int tp_ = 1, pp_ = 1, dp_ = 1, cp_ = 1, vpp_ = 1, ep_ = 1, expert_tp_ = 1;
   v1::RankOrder order_ = v1::RANK_ORDER_TP_DP_PP;
-  std::vector<int> stage_of_layer_;
+  std::vector<int> chunk_of_layer_;
   std::vector<int> host_;
   std::vector<int> device_;
 };
@@ -61,7 +94,14 @@ class ResolvedLayout {
 /// Expands a Placement (either form) to one slot per rank.
 std::vector<v1::DeviceSlot> ExpandPlacement(const v1::Placement& p);
 
-/// First layer of each stage: `stage_starts` or the even split.
+/// First layer of each chunk (pp * vpp of them; one per stage when vpp is 1):
+/// `stage_starts` or the even split.
 std::vector<int> StageStarts(const v1::ParallelConfig& c, int num_layers);
+
+/// `cp`, `vpp`, `ep` with 0 read as 1; `expert_tp` with 0 read as `tp`.
+int CpOf(const v1::ParallelConfig& c);
+int VppOf(const v1::ParallelConfig& c);
+int EpOf(const v1::ParallelConfig& c);
+int ExpertTpOf(const v1::ParallelConfig& c);
 
 }  // namespace reshard::planner

@@ -1,57 +1,156 @@
 #include "planner/overlap.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/bucket.h"
 #include "planner/shard.h"
 
 namespace reshard::planner {
 
-std::string TemplateKey(const v1::TensorSpec& t) {
+std::string TemplateKey(const v1::TensorSpec& t, int tensor_index) {
   const v1::PartitionSpec& p = t.partition();
+  if (p.dp().mode() == v1::DP_BUCKET) return absl::StrCat("bucket#", tensor_index);
   std::string key =
       absl::StrCat(absl::StrJoin(t.shape(), ","), "|", p.tp().mode(), ":", p.tp().axis(), ":",
                    absl::StrJoin(p.tp().blocks(), ","), "|", p.dp().mode(), ":", p.dp().axis());
+  if (p.tp().granularity() > 1) absl::StrAppend(&key, "|u", p.tp().granularity());
+  if (p.has_padding()) {
+    absl::StrAppend(&key, "|pad", p.padding().axis(), ":", p.padding().multiple(), ":",
+                    p.padding().times_tp());
+  }
+  if (p.has_expert()) absl::StrAppend(&key, "|e", p.expert().axis());
   return key;
 }
 
 namespace {
 
-void AddCoordShard(const CoordShard& cs, int tp_index, int dp_index,
+std::string BoxKey(const Box& b) {
+  std::string key(reinterpret_cast<const char*>(b.offset), sizeof(int64_t) * b.ndim);
+  key.append(reinterpret_cast<const char*>(b.size), sizeof(int64_t) * b.ndim);
+  return key;
+}
+
+void AddCoordShard(const CoordShard& cs, int position, int stage,
                    absl::flat_hash_map<std::string, int>* by_box, std::vector<Group>* groups) {
   for (const Piece& piece : cs.pieces) {
-    std::string key(reinterpret_cast<const char*>(piece.global.offset),
-                    sizeof(int64_t) * piece.global.ndim);
-    key.append(reinterpret_cast<const char*>(piece.global.size),
-               sizeof(int64_t) * piece.global.ndim);
-    auto [it, inserted] = by_box->emplace(std::move(key), static_cast<int>(groups->size()));
+    auto [it, inserted] = by_box->emplace(BoxKey(piece.global), static_cast<int>(groups->size()));
     if (inserted) groups->push_back(Group{piece.global, {}});
-    (*groups)[it->second].members.push_back(Member{tp_index, dp_index, piece.local});
+    (*groups)[it->second].members.push_back(Member{position, stage, piece.local});
   }
 }
+
+// Groups and padding of one side: every position of every stage that holds
+// the tensor (one pass with stage -1 unless the shards depend on the stage).
+void BuildSide(const v1::Ptc& ptc, int tensor, const ResolvedLayout& rl, const Buckets& buckets,
+               std::vector<Group>* groups, std::vector<PadRun>* padding) {
+  const v1::TensorSpec& t = ptc.tensors(tensor);
+  const v1::DpMode mode = t.partition().dp().mode();
+  std::vector<int> stages{-1};
+  if (mode == v1::DP_BUCKET) rl.StagesHolding(t.partition().pipeline(), &stages);
+  absl::flat_hash_map<std::string, int> by_box;
+  // Shards of equal coordinates are equal: derive each once.
+  absl::flat_hash_map<std::tuple<int, int, int>, CoordShard> derived;
+  for (int stage : stages) {
+    derived.clear();
+    for (int l = 0; l < rl.stage_size(); ++l) {
+      ShardCoord c = CoordOfRank(t, rl, rl.CoordAt(l, stage < 0 ? 0 : stage));
+      if (mode == v1::DP_BUCKET) buckets.Range(tensor, stage, &c);
+      const bool by_dp = mode != v1::DP_REPLICATED && c.dp > 1;
+      auto [it, inserted] =
+          derived.try_emplace(std::make_tuple(c.tp_index, c.ep_index, by_dp ? c.dp_index : 0));
+      if (inserted) it->second = DeriveCoordShard(t, c);
+      AddCoordShard(it->second, l, stage, &by_box, groups);
+      if (padding != nullptr) {
+        for (const auto& [offset, count] : it->second.padding) {
+          padding->push_back(PadRun{l, stage, offset, count});
+        }
+      }
+    }
+  }
+  MakeDisjoint(groups);
+}
+
+// Recursive grid refinement of the boxes `active` (indices into `in`) on
+// dimensions d.. inside `prefix`.
+void Refine(const std::vector<Group>& in, const std::vector<int>& active, int d, Box prefix,
+            std::vector<Group>* out) {
+  if (d == prefix.ndim) {
+    Group g{prefix, {}};
+    for (int i : active) {
+      for (const Member& m : in[i].members) {
+        g.members.push_back(Member{m.position, m.stage, SubView(in[i].box, m.view, prefix)});
+      }
+    }
+    out->push_back(std::move(g));
+    return;
+  }
+  std::vector<int64_t> cuts;
+  for (int i : active) {
+    cuts.push_back(in[i].box.offset[d]);
+    cuts.push_back(in[i].box.offset[d] + in[i].box.size[d]);
+  }
+  std::sort(cuts.begin(), cuts.end());
+  cuts.erase(std::unique(cuts.begin(), cuts.end()), cuts.end());
+  std::vector<int> inner;
+  for (size_t k = 0; k + 1 < cuts.size(); ++k) {
+    inner.clear();
+    for (int i : active) {
+      const Box& b = in[i].box;
+      if (b.offset[d] <= cuts[k] && cuts[k + 1] <= b.offset[d] + b.size[d]) inner.push_back(i);
+    }
+    if (inner.empty()) continue;
+    prefix.offset[d] = cuts[k];
+    prefix.size[d] = cuts[k + 1] - cuts[k];
+    Refine(in, inner, d + 1, prefix, out);
+  }
+}
+
 }  // namespace
 
-Template BuildTemplate(const v1::TensorSpec& t, const ResolvedLayout& from,
-                       const ResolvedLayout& to) {
+void MakeDisjoint(std::vector<Group>* groups) {
+  const int n = static_cast<int>(groups->size());
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(),
+            [&](int a, int b) { return (*groups)[a].box.offset[0] < (*groups)[b].box.offset[0]; });
+  std::vector<char> meets(n, 0);
+  bool any = false;
+  for (int a = 0; a < n; ++a) {
+    const Box& ba = (*groups)[order[a]].box;
+    const int64_t end = ba.offset[0] + ba.size[0];
+    for (int b = a + 1; b < n; ++b) {
+      const Box& bb = (*groups)[order[b]].box;
+      if (bb.offset[0] >= end) break;
+      Box x;
+      if (Intersect(ba, bb, &x)) meets[order[a]] = meets[order[b]] = any = true;
+    }
+  }
+  if (!any) return;
+  std::vector<Group> out;
+  std::vector<int> active;
+  for (int i = 0; i < n; ++i) {
+    if (meets[i]) {
+      active.push_back(i);
+    } else {
+      out.push_back(std::move((*groups)[i]));
+    }
+  }
+  Box prefix;
+  prefix.ndim = (*groups)[active[0]].box.ndim;
+  Refine(*groups, active, 0, prefix, &out);
+  *groups = std::move(out);
+}
+
+Template BuildTemplate(const v1::Ptc& ptc, int tensor, const ResolvedLayout& from,
+                       const Buckets& from_buckets, const ResolvedLayout& to,
+                       const Buckets& to_buckets) {
   Template tpl;
-  absl::flat_hash_map<std::string, int> by_box;
-  for (int d = 0; d < from.dp(); ++d) {
-    for (int i = 0; i < from.tp(); ++i) {
-      AddCoordShard(DeriveCoordShard(t, from.tp(), from.dp(), i, d), i, d, &by_box,
-                    &tpl.old_groups);
-    }
-  }
-  by_box.clear();
-  tpl.new_padding.resize(static_cast<size_t>(to.tp()) * to.dp());
-  for (int d = 0; d < to.dp(); ++d) {
-    for (int i = 0; i < to.tp(); ++i) {
-      const CoordShard cs = DeriveCoordShard(t, to.tp(), to.dp(), i, d);
-      tpl.new_padding[i + to.tp() * d] = {cs.padding_offset, cs.local_elements - cs.padding_offset};
-      AddCoordShard(cs, i, d, &by_box, &tpl.new_groups);
-    }
-  }
+  BuildSide(ptc, tensor, from, from_buckets, &tpl.old_groups, nullptr);
+  BuildSide(ptc, tensor, to, to_buckets, &tpl.new_groups, &tpl.new_padding);
   // Old groups sorted by their start on dimension 0 let each new group scan
   // only the old groups that can meet it there.
   std::vector<int> order(tpl.old_groups.size());

@@ -1,6 +1,7 @@
 // Which old boxes of a tensor meet which new boxes: the stage-independent
 // part of planning one tensor, shared by every tensor with the same shape and
-// tp/dp rule. Pure; thread-compatible.
+// partition rule (DP_BUCKET tensors: one per tensor, with stages). Pure;
+// thread-compatible.
 #pragma once
 
 #include <string>
@@ -13,14 +14,18 @@
 
 namespace reshard::planner {
 
-// Ranks of one generation that share a (tp, dp) coordinate hold the same
-// shard; a Group is one box of the global tensor with every coordinate that
-// holds it (data-parallel replicas) and where each keeps it.
+class Buckets;
+
+// A rank position inside a stage (ResolvedLayout::PositionInStage) that holds
+// a box, and where it keeps it. `stage` -1: the same on every holding stage;
+// otherwise only on that stage (DP_BUCKET, whose shards differ per stage).
 struct Member {
-  int tp_index;
-  int dp_index;
+  int position;
+  int stage;
   View view;
 };
+// One box of the global tensor with every member that holds it. The groups
+// of one side of a template are pairwise disjoint.
 struct Group {
   Box box;
   std::vector<Member> members;
@@ -30,22 +35,34 @@ struct Overlap {
   int new_group;
   Box region;
 };
+// Local positions of a new member's buffer that are padding.
+struct PadRun {
+  int position;
+  int stage;  // as in Member
+  int64_t offset;
+  int64_t count;
+};
 
-// The stage-independent part of planning one tensor: which old boxes meet
-// which new boxes. Shared by every tensor with the same shape and tp/dp rule.
 struct Template {
   std::vector<Group> old_groups;
   std::vector<Group> new_groups;
   std::vector<Overlap> overlaps;
-  // Padding of each new coordinate's buffer, index tp_index + tp * dp_index.
-  std::vector<std::pair<int64_t, int64_t>> new_padding;  // (offset, count)
+  std::vector<PadRun> new_padding;
 };
 
-/// Key of the template cache: shape and the tp/dp rule.
-std::string TemplateKey(const v1::TensorSpec& t);
+/// Key of the template cache: shape and the partition rule (a DP_BUCKET
+/// tensor's own index: its shards depend on the other members).
+std::string TemplateKey(const v1::TensorSpec& t, int tensor_index);
 
-/// The template of `t` for the transition `from` -> `to`.
-Template BuildTemplate(const v1::TensorSpec& t, const ResolvedLayout& from,
-                       const ResolvedLayout& to);
+/// The template of tensor `tensor` of `ptc` for the transition `from` -> `to`
+/// (`*_buckets` built from the same ptc and layouts).
+Template BuildTemplate(const v1::Ptc& ptc, int tensor, const ResolvedLayout& from,
+                       const Buckets& from_buckets, const ResolvedLayout& to,
+                       const Buckets& to_buckets);
+
+/// Cuts groups whose boxes intersect into disjoint boxes, each held by every
+/// member of every group that contained it. Groups meeting no other group
+/// are kept as they are.
+void MakeDisjoint(std::vector<Group>* groups);
 
 }  // namespace reshard::planner

@@ -41,6 +41,11 @@ v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Lay
     z->set_count(f.count);
   }
   for (int r : plan.lost_ranks) out.add_lost_ranks(r);
+  for (const auto& [rank, item] : plan.regenerate) {
+    v1::Regenerate* g = out.add_regenerate();
+    g->set_rank(rank);
+    g->set_item(item);
+  }
   v1::PlanStats* st = out.mutable_stats();
   st->set_bytes_local(plan.bytes_local);
   st->set_bytes_cross_host(plan.bytes_cross_host);

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/log.h"
+#include "planner/bucket.h"
 #include "planner/layout.h"
 #include "planner/overlap.h"
 #include "planner/shard.h"
@@ -234,6 +235,16 @@ absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const Reso
   return absl::OkStatus();
 }
 
+// A regenerable blob value without a surviving holder: zeros for every new
+// rank that needs it, and the worker regenerates it.
+void Regenerate(int item, int64_t bytes, const std::vector<Endpoint>& needers, PlanBuilder* builder,
+                Plan* plan) {
+  for (const Endpoint& n : needers) {
+    builder->AddFill(item, n.rank, 0, bytes, 1);
+    plan->regenerate.emplace_back(n.rank, item);
+  }
+}
+
 absl::Status CheckTargetAvoidsLost(const LostSet& lost, const std::vector<int>& lost_ranks,
                                    const std::vector<v1::DeviceSlot>& old_slots,
                                    const std::vector<v1::DeviceSlot>& new_slots) {
@@ -281,10 +292,13 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
     return s;
   }
 
+  const Buckets old_buckets(ptc, old_layout);
+  const Buckets new_buckets(ptc, new_layout);
   PlanBuilder builder(hosts.size(), &plan);
   std::unordered_map<std::string, Template> templates;  // stable addresses
   std::vector<std::string> missing;                     // one line per tensor with lost regions
   std::vector<int> old_stages, new_stages;
+  const std::vector<int> kNoStages;
   std::vector<Endpoint> needers, holders;
 
   // First pass: templates, and the exact number of destinations (one per
@@ -293,15 +307,17 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   size_t total_dsts = 0;
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     const v1::TensorSpec& t = ptc.tensors(item);
-    auto [it, inserted] = templates.try_emplace(TemplateKey(t));
-    if (inserted) it->second = BuildTemplate(t, old_layout, new_layout);
+    auto [it, inserted] = templates.try_emplace(TemplateKey(t, item));
+    if (inserted) {
+      it->second = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
+    }
     tensor_templates[item] = &it->second;
     new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
-    size_t needers_per_stage = 0;
     for (const Overlap& ov : it->second.overlaps) {
-      needers_per_stage += it->second.new_groups[ov.new_group].members.size();
+      for (const Member& m : it->second.new_groups[ov.new_group].members) {
+        total_dsts += m.stage < 0 ? new_stages.size() : 1;
+      }
     }
-    total_dsts += needers_per_stage * new_stages.size();
   }
   // Blobs: at most one destination per new rank each.
   total_dsts += static_cast<size_t>(ptc.blobs_size()) * new_layout.world();
@@ -325,18 +341,21 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       holders.clear();
       for (const Member& m : ng.members) {
         const View v = SubView(ng.box, m.view, ov.region);
-        for (int p : new_stages) {
-          const int r = new_layout.Rank({m.tp_index, m.dp_index, p});
+        const auto need = [&](int p) {
+          const int r = new_layout.RankAt(m.position, p);
           needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), v});
-        }
+        };
+        if (m.stage >= 0) need(m.stage);
+        for (int p : m.stage < 0 ? new_stages : kNoStages) need(p);
       }
       for (const Member& m : og.members) {
         const View v = SubView(og.box, m.view, ov.region);
-        for (int p : old_stages) {
-          const int r = old_layout.Rank({m.tp_index, m.dp_index, p});
-          if (!alive[r]) continue;
-          holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), v});
-        }
+        const auto hold = [&](int p) {
+          const int r = old_layout.RankAt(m.position, p);
+          if (alive[r]) holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), v});
+        };
+        if (m.stage >= 0) hold(m.stage);
+        for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
       }
       const int64_t bytes = ov.region.Elements() * ebytes;
       if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, bytes, needers, holders)) {
@@ -352,12 +371,14 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
           absl::StrCat("tensor \"", t.name(), "\" regions ", absl::StrJoin(lost_regions, " ")));
       continue;
     }
-    for (int p : new_stages) {
-      for (int d = 0; d < new_layout.dp(); ++d) {
-        for (int i = 0; i < new_layout.tp(); ++i) {
-          const auto& [offset, count] = tpl.new_padding[i + new_layout.tp() * d];
-          if (count > 0) builder.AddFill(item, new_layout.Rank({i, d, p}), offset, count, ebytes);
-        }
+    for (const PadRun& run : tpl.new_padding) {
+      if (run.stage >= 0) {
+        builder.AddFill(item, new_layout.RankAt(run.position, run.stage), run.offset, run.count,
+                        ebytes);
+        continue;
+      }
+      for (int p : new_stages) {
+        builder.AddFill(item, new_layout.RankAt(run.position, p), run.offset, run.count, ebytes);
       }
     }
   }
@@ -381,7 +402,11 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
         }
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
-        missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
+        if (blob.regenerable()) {
+          Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
+        } else {
+          missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
+        }
       }
       continue;
     }
@@ -396,7 +421,11 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
         holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), whole});
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
-        lost_values.push_back(k);
+        if (blob.regenerable()) {
+          Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
+        } else {
+          lost_values.push_back(k);
+        }
       }
     }
     if (!lost_values.empty()) {
@@ -410,6 +439,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
         missing.size(), " items have regions that no surviving rank holds (lost ranks ",
         absl::StrJoin(plan.lost_ranks, ","), "): ", absl::StrJoin(missing, "; ")));
   }
+  std::sort(plan.regenerate.begin(), plan.regenerate.end());
   builder.Finish(hosts);
   return plan;
 }

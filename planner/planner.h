@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,6 +62,9 @@ struct Plan {
   std::vector<Dst> dsts;
   std::vector<Fill> fills;
   std::vector<int> lost_ranks;
+  // (new rank, item) of regenerable blobs without a surviving holder,
+  // ascending: zero-filled, the worker regenerates them.
+  std::vector<std::pair<int32_t, int32_t>> regenerate;
 
   int64_t bytes_local = 0;
   int64_t bytes_cross_host = 0;

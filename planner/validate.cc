@@ -4,14 +4,17 @@
 #include <cstdint>
 #include <set>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "planner/bucket.h"
 #include "planner/geometry.h"
 #include "planner/layout.h"
+#include "planner/overlap.h"
 #include "planner/shard.h"
 
 namespace reshard::planner {
@@ -29,7 +32,10 @@ std::string ShapeString(const v1::TensorSpec& t) {
   return absl::StrCat("[", absl::StrJoin(t.shape(), ", "), "]");
 }
 
-absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
+absl::Status ValidateNewFields(const v1::TensorSpec& t, const v1::Ptc& ptc);
+
+absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
+  const int num_layers = ptc.num_layers();
   int64_t elements = 1;
   if (ElementBytes(t.dtype()) == 0) {
     return TensorError(
@@ -111,11 +117,24 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
     case v1::PIPELINE_FIRST_STAGE:
     case v1::PIPELINE_LAST_STAGE:
     case v1::PIPELINE_EVERY_STAGE:
+    case v1::PIPELINE_FIRST_AND_LAST_STAGE:
+      break;
+    case v1::PIPELINE_LAYERS:
+      if (pl.layers_size() == 0) {
+        return TensorError(t, "partition.pipeline.layers is empty; PIPELINE_LAYERS needs a layer");
+      }
+      for (int j = 0; j < pl.layers_size(); ++j) {
+        if (pl.layers(j) < 0 || pl.layers(j) >= num_layers) {
+          return TensorError(t, absl::StrCat("partition.pipeline.layers[", j, "] ", pl.layers(j),
+                                             " is outside [0, ", num_layers, ")"));
+        }
+      }
       break;
     case v1::PIPELINE_UNSPECIFIED:
       return TensorError(t,
                          "partition.pipeline.mode is unspecified (PIPELINE_LAYER, "
-                         "PIPELINE_FIRST_STAGE, PIPELINE_LAST_STAGE or PIPELINE_EVERY_STAGE)");
+                         "PIPELINE_FIRST_STAGE, PIPELINE_LAST_STAGE, PIPELINE_EVERY_STAGE, "
+                         "PIPELINE_FIRST_AND_LAST_STAGE or PIPELINE_LAYERS)");
     default:
       return TensorError(t, absl::StrCat("partition.pipeline.mode ", static_cast<int>(pl.mode()),
                                          " is not a known PipelineMode"));
@@ -126,14 +145,164 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
     case v1::DP_FLAT:
       break;
     case v1::DP_SPLIT:
+    case v1::DP_CHUNK:
       if (dp.axis() < 0 || dp.axis() >= ndim) {
         return TensorError(t, absl::StrCat("partition.dp.axis ", dp.axis(),
                                            " out of range for a rank-", ndim, " tensor"));
       }
       break;
+    case v1::DP_BUCKET:
+      break;
     default:
       return TensorError(t, absl::StrCat("partition.dp.mode ", static_cast<int>(dp.mode()),
                                          " is not a known DpMode"));
+  }
+  return ValidateNewFields(t, ptc);
+}
+
+// Granularity, padding, experts and buckets (docs/partitioning.md).
+absl::Status ValidateNewFields(const v1::TensorSpec& t, const v1::Ptc& ptc) {
+  const int ndim = t.shape_size();
+  const v1::PartitionSpec& ps = t.partition();
+  const v1::TensorParallel& tp = ps.tp();
+  if (tp.granularity() < 0) {
+    return TensorError(
+        t, absl::StrCat("partition.tp.granularity ", tp.granularity(), " must be >= 0"));
+  }
+  if (tp.mode() == v1::TP_SPLIT && tp.granularity() > 1) {
+    const int64_t u = tp.granularity();
+    if (tp.blocks_size() == 0 && t.shape(tp.axis()) % u != 0) {
+      return TensorError(t, absl::StrCat("shape[", tp.axis(), "] ", t.shape(tp.axis()),
+                                         " is not a multiple of partition.tp.granularity ", u));
+    }
+    for (int j = 0; j < tp.blocks_size(); ++j) {
+      if (tp.blocks(j) % u != 0) {
+        return TensorError(t, absl::StrCat("partition.tp.blocks[", j, "] ", tp.blocks(j),
+                                           " is not a multiple of partition.tp.granularity ", u));
+      }
+    }
+  }
+  if (ps.has_padding()) {
+    const v1::AxisPadding& p = ps.padding();
+    if (p.axis() < 0 || p.axis() >= ndim) {
+      return TensorError(t, absl::StrCat("partition.padding.axis ", p.axis(),
+                                         " out of range for a rank-", ndim, " tensor"));
+    }
+    if (p.multiple() < 1) {
+      return TensorError(
+          t, absl::StrCat("partition.padding.multiple ", p.multiple(), " must be >= 1"));
+    }
+    if (p.multiple() > kMaxTensorElements) {
+      return TensorError(t, absl::StrCat("partition.padding.multiple ", p.multiple(),
+                                         " exceeds the limit of ", kMaxTensorElements));
+    }
+    if (tp.blocks_size() > 0) {
+      return TensorError(
+          t, absl::StrCat("partition.padding is set with partition.tp.blocks [",
+                          absl::StrJoin(tp.blocks(), ", "), "]; padding needs empty blocks"));
+    }
+    if (tp.granularity() > 1) {
+      return TensorError(t, absl::StrCat("partition.padding is set with partition.tp.granularity ",
+                                         tp.granularity(), "; padding needs granularity <= 1"));
+    }
+  }
+  if (ps.has_expert()) {
+    const int axis = ps.expert().axis();
+    if (axis < 0 || axis >= ndim) {
+      return TensorError(t, absl::StrCat("partition.expert.axis ", axis,
+                                         " out of range for a rank-", ndim, " tensor"));
+    }
+    if (ps.has_padding() && ps.padding().axis() == axis) {
+      return TensorError(t, absl::StrCat("partition.padding.axis ", axis,
+                                         " equals partition.expert.axis; an expert tensor pads "
+                                         "another axis"));
+    }
+    if (tp.mode() == v1::TP_SPLIT && tp.axis() == axis) {
+      return TensorError(t, absl::StrCat("partition.expert.axis ", axis,
+                                         " equals partition.tp.axis; experts and tensor-parallel "
+                                         "pieces must be cut on different axes"));
+    }
+  }
+  if (ps.dp().mode() == v1::DP_BUCKET) {
+    const std::string& name = ps.dp().bucket();
+    const v1::BucketGroup* group = nullptr;
+    for (const v1::BucketGroup& g : ptc.buckets()) {
+      if (g.name() == name) group = &g;
+    }
+    if (group == nullptr) {
+      return TensorError(
+          t, absl::StrCat("partition.dp.bucket \"", name, "\" names no group of ptc.buckets"));
+    }
+  } else if (!ps.dp().bucket().empty()) {
+    return TensorError(t, absl::StrCat("partition.dp.bucket \"", ps.dp().bucket(),
+                                       "\" given but partition.dp.mode is not DP_BUCKET"));
+  }
+  return absl::OkStatus();
+}
+
+// Bucket groups: names, sizes, and members all dense or all expert.
+absl::Status ValidateBuckets(const v1::Ptc& ptc) {
+  absl::flat_hash_map<std::string, int> expert_member;  // group -> first member (-1: none)
+  for (int i = 0; i < ptc.buckets_size(); ++i) {
+    const v1::BucketGroup& g = ptc.buckets(i);
+    const std::string field = absl::StrCat("ptc.buckets[", i, "]");
+    if (g.name().empty()) return absl::InvalidArgumentError(field + ": name is empty");
+    if (absl::Status s = CheckLength(field + ".name", g.name(), kMaxItemNameBytes); !s.ok()) {
+      return s;
+    }
+    if (!expert_member.emplace(g.name(), -1).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, " \"", g.name(), "\": duplicate bucket group name"));
+    }
+    for (auto [name, value] : {std::pair<const char*, int64_t>{"param_align", g.param_align()},
+                               {"bucket_elements", g.bucket_elements()},
+                               {"pad_multiple", g.pad_multiple()}}) {
+      if (value < 0 || value > kMaxTensorElements) {
+        return absl::InvalidArgumentError(absl::StrCat(field, " \"", g.name(), "\": ", name, " ",
+                                                       value, " must be in [0, ",
+                                                       kMaxTensorElements, "]"));
+      }
+    }
+  }
+  for (int i = 0; i < ptc.tensors_size(); ++i) {
+    const v1::TensorSpec& t = ptc.tensors(i);
+    if (t.partition().dp().mode() != v1::DP_BUCKET) continue;
+    int& first = expert_member.at(t.partition().dp().bucket());
+    if (first < 0) {
+      first = i;
+      continue;
+    }
+    const v1::TensorSpec& f = ptc.tensors(first);
+    if (f.partition().has_expert() != t.partition().has_expert()) {
+      return TensorError(
+          t, absl::StrCat("partition.expert is ", t.partition().has_expert() ? "set" : "unset",
+                          " but bucket group \"", t.partition().dp().bucket(), "\" already has ",
+                          f.partition().has_expert() ? "expert" : "dense", " member \"", f.name(),
+                          "\"; members are all dense or all expert"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// A block of fewer units than tp ranks must divide them (units and
+// replication).
+absl::Status CheckUnits(const v1::TensorSpec& t, const v1::ParallelConfig& c,
+                        absl::string_view what) {
+  const v1::TensorParallel& tp = t.partition().tp();
+  if (tp.mode() != v1::TP_SPLIT || tp.granularity() == 0) return absl::OkStatus();
+  const bool expert = t.partition().has_expert();
+  const int size = expert ? ExpertTpOf(c) : c.tp();
+  const int64_t u = std::max<int64_t>(tp.granularity(), 1);
+  std::vector<int64_t> blocks(tp.blocks().begin(), tp.blocks().end());
+  if (blocks.empty()) blocks.push_back(HeldShape(t, size)[tp.axis()]);
+  for (size_t j = 0; j < blocks.size(); ++j) {
+    const int64_t n = blocks[j] / u;
+    if (n < size && size % n != 0) {
+      return TensorError(
+          t, absl::StrCat("partition.tp.blocks[", j, "] has ", n, " units of ", u, ", fewer than ",
+                          what, expert ? ".config.expert_tp " : ".config.tp ", size,
+                          " and not dividing it (t % n_j must be 0 to replicate units)"));
+    }
   }
   return absl::OkStatus();
 }
@@ -142,30 +311,61 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, int num_layers) {
 absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig& c,
                               absl::string_view what) {
   if (t.partition().allow_empty()) return absl::OkStatus();
-  for (int i = 0; i < c.tp(); ++i) {
-    const TpPiece piece = DeriveTpPiece(t, c.tp(), i);
-    int64_t n = 1;
-    for (int64_t x : piece.local_shape) n *= x;
-    if (n == 0) {
-      return TensorError(t, absl::StrCat(what, ".config.tp ", c.tp(), " leaves tp rank ", i,
-                                         " without elements of shape ", ShapeString(t),
-                                         " (set partition.allow_empty to permit)"));
-    }
-    const v1::DataParallel& dp = t.partition().dp();
-    if (c.dp() == 1) continue;
-    if (dp.mode() == v1::DP_SPLIT && piece.local_shape[dp.axis()] < c.dp()) {
-      return TensorError(
-          t, absl::StrCat(what, ".config.dp ", c.dp(), " exceeds the ",
-                          piece.local_shape[dp.axis()], " elements on partition.dp.axis ",
-                          dp.axis(), " of tp rank ", i, "'s piece, leaving a dp rank empty",
-                          " (set partition.allow_empty to permit)"));
-    }
-    if (dp.mode() == v1::DP_FLAT) {
-      const int64_t chunk = (n + c.dp() - 1) / c.dp();
-      if (chunk * (c.dp() - 1) >= n) {
-        return TensorError(t, absl::StrCat(what, ".config.dp ", c.dp(), " leaves a dp rank ",
-                                           "without elements of tp rank ", i, "'s ", n,
-                                           "-element piece (set partition.allow_empty to permit)"));
+  const v1::DataParallel& dp = t.partition().dp();
+  const bool expert = t.partition().has_expert();
+  ShardCoord sc;
+  sc.tp = expert ? ExpertTpOf(c) : c.tp();
+  sc.ep = expert ? EpOf(c) : 1;
+  const int64_t stage = int64_t{c.tp()} * CpOf(c) * c.dp();
+  sc.dp = static_cast<int>(expert ? stage / (int64_t{ExpertTpOf(c)} * EpOf(c)) : stage / c.tp());
+  const char* dp_name = expert ? "the expert data-parallel size " : "dp * cp ";
+  for (sc.ep_index = 0; sc.ep_index < sc.ep; ++sc.ep_index) {
+    for (sc.tp_index = 0; sc.tp_index < sc.tp; ++sc.tp_index) {
+      const int i = sc.tp_index;
+      const TpPiece piece = DeriveTpPiece(t, sc);
+      int64_t n = 1;
+      for (int64_t x : piece.local_shape) n *= x;
+      if (n == 0 || piece.slabs.empty()) {
+        if (expert) {
+          return TensorError(t, absl::StrCat(what, ".config.ep ", sc.ep, " x expert_tp ", sc.tp,
+                                             " leaves expert rank ", sc.ep_index, " tp rank ", i,
+                                             " without elements of shape ", ShapeString(t),
+                                             " (set partition.allow_empty to permit)"));
+        }
+        return TensorError(t, absl::StrCat(what, ".config.tp ", c.tp(), " leaves tp rank ", i,
+                                           " without elements of shape ", ShapeString(t),
+                                           " (set partition.allow_empty to permit)"));
+      }
+      if (sc.dp == 1 || dp.mode() == v1::DP_REPLICATED || dp.mode() == v1::DP_BUCKET) continue;
+      if (t.partition().has_padding()) {
+        // Exact: a data-parallel shard may hold padding only.
+        for (sc.dp_index = 0; sc.dp_index < sc.dp; ++sc.dp_index) {
+          if (DeriveCoordShard(t, sc).pieces.empty()) {
+            return TensorError(t, absl::StrCat(what, ": ", dp_name, sc.dp, " leaves dp rank ",
+                                               sc.dp_index, " of tp rank ", i,
+                                               " with padding only (set partition.allow_empty "
+                                               "to permit)"));
+          }
+        }
+        sc.dp_index = 0;
+        continue;
+      }
+      if (dp.mode() == v1::DP_SPLIT && piece.local_shape[dp.axis()] < sc.dp) {
+        return TensorError(
+            t, absl::StrCat(what, ".config.dp ", sc.dp, " exceeds the ",
+                            piece.local_shape[dp.axis()], " elements on partition.dp.axis ",
+                            dp.axis(), " of tp rank ", i, "'s piece, leaving a dp rank empty",
+                            " (set partition.allow_empty to permit)"));
+      }
+      const int64_t extent = dp.mode() == v1::DP_CHUNK ? piece.local_shape[dp.axis()] : n;
+      if (dp.mode() == v1::DP_FLAT || dp.mode() == v1::DP_CHUNK) {
+        const int64_t chunk = (extent + sc.dp - 1) / sc.dp;
+        if (chunk * (sc.dp - 1) >= extent) {
+          return TensorError(t, absl::StrCat(what, ".config.dp ", sc.dp, " leaves a dp rank ",
+                                             "without elements of tp rank ", i, "'s ", extent,
+                                             dp.mode() == v1::DP_CHUNK ? "-long axis" : "-element",
+                                             " piece (set partition.allow_empty to permit)"));
+        }
       }
     }
   }
@@ -224,6 +424,10 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
     return absl::InvalidArgumentError(
         absl::StrCat("ptc has ", ptc.blobs_size(), " blobs; the limit is ", kMaxBlobs));
   }
+  if (ptc.buckets_size() > kMaxTensors) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ptc has ", ptc.buckets_size(), " buckets; the limit is ", kMaxTensors));
+  }
   absl::flat_hash_set<std::string> names;
   int64_t total = 0;
   for (int i = 0; i < ptc.tensors_size(); ++i) {
@@ -240,7 +444,7 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
       return absl::InvalidArgumentError(
           absl::StrCat("tensor \"", t.name(), "\": duplicate name (ptc.tensors[", i, "])"));
     }
-    if (absl::Status s = ValidateTensor(t, ptc.num_layers()); !s.ok()) return s;
+    if (absl::Status s = ValidateTensor(t, ptc); !s.ok()) return s;
     int64_t bytes = ElementBytes(t.dtype());
     for (int64_t d : t.shape()) bytes *= d;  // checked above
     total += bytes;                          // both at most 2^50 here
@@ -284,7 +488,7 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
                                                      " is not a known BlobScope"));
     }
   }
-  return absl::OkStatus();
+  return ValidateBuckets(ptc);
 }
 
 absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::string_view what) {
@@ -296,27 +500,53 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
           absl::StrCat(what, ".config.", name, " is ", value, "; it must be >= 1"));
     }
   }
-  const int64_t world = int64_t{c.tp()} * c.pp() * c.dp();
+  for (auto [name, value] : {std::pair<const char*, int>{"cp", c.cp()},
+                             {"vpp", c.vpp()},
+                             {"ep", c.ep()},
+                             {"expert_tp", c.expert_tp()}}) {
+    if (value < 0 || value > kMaxWorld) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ".config.", name, " is ", value,
+                                                     "; it must be >= 0 (0 means the default)"));
+    }
+  }
+  const int64_t world = int64_t{c.tp()} * c.pp() * c.dp() * CpOf(c);
   if (world > kMaxWorld) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".config: tp*pp*dp = ", world,
+    return absl::InvalidArgumentError(absl::StrCat(what, ".config: tp*cp*dp*pp = ", world,
                                                    " exceeds the limit of ", kMaxWorld, " ranks"));
+  }
+  const int64_t stage_size = int64_t{c.tp()} * CpOf(c) * c.dp();
+  const int64_t expert_size = int64_t{ExpertTpOf(c)} * EpOf(c);
+  if (stage_size % expert_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ".config: tp*cp*dp = ", stage_size,
+        " is not a multiple of expert_tp*ep = ", ExpertTpOf(c), "*", EpOf(c), " = ", expert_size));
   }
   if (c.order() != v1::RANK_ORDER_TP_DP_PP && c.order() != v1::RANK_ORDER_TP_PP_DP) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, ".config.order ", static_cast<int>(c.order()), " is not a known RankOrder"));
   }
   const int layers = ptc.num_layers();
+  const int64_t chunks = int64_t{c.pp()} * VppOf(c);
+  if (VppOf(c) > 1 && chunks > layers) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ".config: pp*vpp = ", c.pp(), "*",
+                                                   VppOf(c), " exceeds num_layers ", layers,
+                                                   ": some chunk would own no layer"));
+  }
   if (c.stage_starts_size() > 0) {
-    if (c.stage_starts_size() != c.pp()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ".config.stage_starts has ", c.stage_starts_size(), " entries but pp is ", c.pp()));
+    if (c.stage_starts_size() != chunks) {
+      return absl::InvalidArgumentError(
+          VppOf(c) > 1
+              ? absl::StrCat(what, ".config.stage_starts has ", c.stage_starts_size(),
+                             " entries but pp*vpp is ", c.pp(), "*", VppOf(c), " = ", chunks)
+              : absl::StrCat(what, ".config.stage_starts has ", c.stage_starts_size(),
+                             " entries but pp is ", c.pp()));
     }
     if (c.stage_starts(0) != 0) {
       return absl::InvalidArgumentError(absl::StrCat(what, ".config.stage_starts[0] is ",
                                                      c.stage_starts(0),
                                                      "; the first stage must start at layer 0"));
     }
-    for (int s = 1; s < c.pp(); ++s) {
+    for (int s = 1; s < chunks; ++s) {
       if (c.stage_starts(s) <= c.stage_starts(s - 1) || c.stage_starts(s) >= layers) {
         return absl::InvalidArgumentError(
             absl::StrCat(what, ".config.stage_starts[", s, "] is ", c.stage_starts(s),
@@ -341,14 +571,17 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
                                                      "; it must be >= 1 (or give ranks)"));
     }
     if (int64_t{p.hosts_size()} * p.devices_per_host() != world) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          what, ".placement has ", p.hosts_size(), " hosts x ", p.devices_per_host(), " devices = ",
-          int64_t{p.hosts_size()} * p.devices_per_host(), " slots but tp*pp*dp = ", world));
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ".placement has ", p.hosts_size(), " hosts x ", p.devices_per_host(),
+                       " devices = ", int64_t{p.hosts_size()} * p.devices_per_host(), " slots but ",
+                       CpOf(c) > 1 ? "tp*cp*dp*pp" : "tp*pp*dp", " = ", world));
     }
   } else if (p.ranks_size() != world) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".placement has ", p.ranks_size(),
-                                                   " ranks but tp*pp*dp = ", c.tp(), "*", c.pp(),
-                                                   "*", c.dp(), " = ", world));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ".placement has ", p.ranks_size(), " ranks but ",
+        CpOf(c) > 1 ? absl::StrCat("tp*cp*dp*pp = ", c.tp(), "*", CpOf(c), "*", c.dp(), "*", c.pp())
+                    : absl::StrCat("tp*pp*dp = ", c.tp(), "*", c.pp(), "*", c.dp()),
+        " = ", world));
   }
   const std::vector<v1::DeviceSlot> slots = ExpandPlacement(p);
   absl::flat_hash_map<std::pair<std::string, int>, int> seen;
@@ -374,7 +607,13 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
                                                      "\" device ", slots[r].device()));
     }
   }
-  for (const v1::TensorSpec& t : ptc.tensors()) {
+  absl::flat_hash_set<std::string> checked;  // tensors of one rule are checked once
+  for (int i = 0; i < ptc.tensors_size(); ++i) {
+    const v1::TensorSpec& t = ptc.tensors(i);
+    if (!checked.insert(absl::StrCat(TemplateKey(t, i), "|", t.partition().allow_empty())).second) {
+      continue;
+    }
+    if (absl::Status s = CheckUnits(t, c, what); !s.ok()) return s;
     if (absl::Status s = CheckNoEmptyRank(t, c, what); !s.ok()) return s;
   }
   return absl::OkStatus();
@@ -396,28 +635,41 @@ absl::StatusOr<std::vector<HostBytes>> BytesPerHost(const v1::Ptc& ptc, const v1
   const auto add = [&](int rank, int64_t bytes) -> bool {
     return !__builtin_add_overflow(per_rank[rank], bytes, &per_rank[rank]);
   };
+  const Buckets buckets(ptc, rl);
   std::vector<int> stages;
-  std::vector<int64_t> coord_bytes;  // [tp * dp]
-  for (const v1::TensorSpec& t : ptc.tensors()) {
+  std::vector<int64_t> position_bytes;  // [stage_size]: the same on every stage
+  absl::flat_hash_map<std::tuple<int, int, int>, int64_t> derived;
+  for (int ti = 0; ti < ptc.tensors_size(); ++ti) {
+    const v1::TensorSpec& t = ptc.tensors(ti);
     rl.StagesHolding(t.partition().pipeline(), &stages);
-    const bool replicated_dp = t.partition().dp().mode() == v1::DP_REPLICATED;
-    coord_bytes.assign(int64_t{rl.tp()} * rl.dp(), 0);
-    for (int i = 0; i < rl.tp(); ++i) {
-      for (int j = 0; j < rl.dp(); ++j) {
-        coord_bytes[int64_t{i} * rl.dp() + j] =
-            replicated_dp && j > 0 ? coord_bytes[int64_t{i} * rl.dp()]
-                                   : DeriveCoordShard(t, rl.tp(), rl.dp(), i, j).local_elements *
-                                         ElementBytes(t.dtype());
+    const v1::DpMode mode = t.partition().dp().mode();
+    const int64_t ebytes = ElementBytes(t.dtype());
+    if (mode != v1::DP_BUCKET) {
+      derived.clear();
+      position_bytes.assign(rl.stage_size(), 0);
+      for (int l = 0; l < rl.stage_size(); ++l) {
+        const ShardCoord c = CoordOfRank(t, rl, rl.CoordAt(l, 0));
+        const bool by_dp = mode != v1::DP_REPLICATED && c.dp > 1;
+        auto [it, inserted] =
+            derived.try_emplace(std::make_tuple(c.tp_index, c.ep_index, by_dp ? c.dp_index : 0));
+        if (inserted) it->second = DeriveCoordShard(t, c).local_elements * ebytes;
+        position_bytes[l] = it->second;
       }
     }
     for (int stage : stages) {
-      for (int i = 0; i < rl.tp(); ++i) {
-        for (int j = 0; j < rl.dp(); ++j) {
-          const int rank = rl.Rank(RankCoord{i, j, stage});
-          if (!add(rank, coord_bytes[int64_t{i} * rl.dp() + j])) {
-            return absl::InvalidArgumentError(absl::StrCat(
-                "rank ", rank, "'s bytes overflow 64 bits at tensor \"", t.name(), "\""));
-          }
+      for (int l = 0; l < rl.stage_size(); ++l) {
+        int64_t bytes = 0;
+        if (mode == v1::DP_BUCKET) {
+          ShardCoord c = CoordOfRank(t, rl, rl.CoordAt(l, stage));
+          buckets.Range(ti, stage, &c);
+          bytes = (c.flat_end - c.flat_begin) * ebytes;
+        } else {
+          bytes = position_bytes[l];
+        }
+        const int rank = rl.RankAt(l, stage);
+        if (!add(rank, bytes)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "rank ", rank, "'s bytes overflow 64 bits at tensor \"", t.name(), "\""));
         }
       }
     }

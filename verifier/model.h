@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -23,10 +24,14 @@ inline constexpr int64_t kMaxModelElements = 50'000'000;
 /// One layout: its parallel config and where each rank sits.
 struct RankGrid {
   int tp = 1, pp = 1, dp = 1, world = 1;
+  int cp = 1, vpp = 1, ep = 1, expert_tp = 1;  // 0 in the config already resolved
+  int edp = 1;                                 // tp * cp * dp / (expert_tp * ep)
   v1::RankOrder order = v1::RANK_ORDER_TP_DP_PP;
-  std::vector<int64_t> stage_begin;  // pp + 1 entries; stage s owns [begin[s], begin[s+1])
-  std::vector<int> host;             // per rank: index into Model::hosts
-  std::vector<int> device;           // per rank
+  /// pp * vpp + 1 entries; chunk c owns layers [chunk_begin[c], chunk_begin[c+1])
+  /// and is held by stage c % pp.
+  std::vector<int64_t> chunk_begin;
+  std::vector<int> host;    // per rank: index into Model::hosts
+  std::vector<int> device;  // per rank
 };
 
 /// One item (tensor or blob) of the plan.
@@ -34,6 +39,7 @@ struct ModelItem {
   std::string name;
   bool is_blob = false;
   bool per_rank_blob = false;
+  bool regenerable = false;  // blobs only
   int element_bytes = 1;
   std::vector<int64_t> shape;  // tensors: global shape; blobs: {size_bytes}
   int64_t num_ids = 0;         // element ids are 0 .. num_ids - 1
@@ -56,6 +62,10 @@ struct Model {
   /// Per new rank: the surviving old rank on the same (host, device), or -1.
   std::vector<int> same_device_old;
   std::vector<ModelItem> items;  // tensors in order, then blobs in order
+  /// (new rank, item) of every regenerable blob whose value has no surviving
+  /// holder, ascending by rank then item: TransferPlan.regenerate. Their new
+  /// buffers are all padding (zero-filled).
+  std::vector<std::pair<int, int>> regenerate;
 };
 
 /// Validates the inputs (InvalidArgument naming the field and value) and

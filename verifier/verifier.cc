@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -33,9 +34,40 @@ std::string ItemLabel(const Model& m, int item) {
 struct Tally {
   int64_t bytes_local = 0, bytes_cross_host = 0, bytes_zero_filled = 0, cross_host_steps = 0;
   std::vector<int64_t> in, out, local;  // per host index
+  /// Per item: host * num_ids + element id -> the step that brought the
+  /// element across to that host (rule 3: once per host).
+  std::vector<std::unordered_map<int64_t, int>> crossed;
 };
 
 using Buffers = std::vector<std::vector<std::vector<int64_t>>>;  // [item][new rank][pos]
+
+// TransferPlan.regenerate lists exactly the model's (rank, item) pairs, in order.
+absl::Status CheckRegenerate(const Model& m, const v1::TransferPlan& plan) {
+  const int n = plan.regenerate_size(), want = static_cast<int>(m.regenerate.size());
+  for (int k = 0; k < std::max(n, want); ++k) {
+    if (k < n && k < want && plan.regenerate(k).rank() == m.regenerate[k].first &&
+        plan.regenerate(k).item() == m.regenerate[k].second) {
+      continue;
+    }
+    if (k < want) {
+      const auto [rank, item] = m.regenerate[k];
+      return Violation(absl::StrFormat(
+          "%s: new rank %d, positions [0, %d), has no surviving holder of its value and must be "
+          "entry %d of regenerate (ascending by rank, then item)%s",
+          ItemLabel(m, item), rank, m.items[item].new_buffers[rank].size(), k,
+          k < n ? absl::StrFormat("; the plan lists (rank %d, item %d) there",
+                                  plan.regenerate(k).rank(), plan.regenerate(k).item())
+                : ""));
+    }
+    const int rank = plan.regenerate(k).rank(), item = plan.regenerate(k).item();
+    const bool known = item >= 0 && item < static_cast<int>(m.items.size());
+    return Violation(absl::StrFormat(
+        "regenerate entry %d names new rank %d, %s, which is not a regenerable blob without a "
+        "surviving holder",
+        k, rank, known ? ItemLabel(m, item) : absl::StrCat("item ", item)));
+  }
+  return absl::OkStatus();
+}
 
 absl::Status CheckHeader(const Model& m, const v1::Layout& from, const v1::Layout& to,
                          const v1::TransferPlan& plan) {
@@ -68,25 +100,26 @@ absl::Status CheckHeader(const Model& m, const v1::Layout& from, const v1::Layou
     return Violation(absl::StrCat("lost_ranks [", absl::StrJoin(plan.lost_ranks(), ", "),
                                   "], expected [", absl::StrJoin(m.lost_ranks, ", "), "]"));
   }
-  return absl::OkStatus();
+  return CheckRegenerate(m, plan);
 }
 
 // Rule 2 for one element copied from `src` to new rank `dst`.
 absl::Status CheckSourceChoice(const Model& m, const ModelItem& item, int64_t id, int src, int dst,
-                               const std::string& where) {
+                               int64_t pos, const std::string& where) {
   const int same_device = m.same_device_old[dst];
   if (same_device >= 0 && HolderIs(item, id, same_device)) {
     if (src == same_device) return absl::OkStatus();
     return Violation(absl::StrFormat(
-        "%s: new rank %d gets %s from old rank %d, but old rank %d on its own device holds it",
-        where, dst, DescribeElement(item, id), src, same_device));
+        "%s: new rank %d gets %s (position %d) from old rank %d, but old rank %d on its own "
+        "device holds it",
+        where, dst, DescribeElement(item, id), pos, src, same_device));
   }
   const int host = m.to.host[dst];
   if (m.from.host[src] != host && HeldOnHost(m, item, id, host)) {
     return Violation(absl::StrFormat(
-        "%s: new rank %d gets %s across hosts from old rank %d, but a surviving old rank on "
-        "its host \"%s\" holds it",
-        where, dst, DescribeElement(item, id), src, m.hosts[host]));
+        "%s: new rank %d gets %s (position %d) across hosts from old rank %d, but a surviving "
+        "old rank on its host \"%s\" holds it",
+        where, dst, DescribeElement(item, id), pos, src, m.hosts[host]));
   }
   return absl::OkStatus();
 }
@@ -183,7 +216,18 @@ absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buff
                                          where, dp, dst.rank()));
       }
       buf[dp] = id;
-      if (absl::Status st2 = CheckSourceChoice(m, item, id, src, dst.rank(), where); !st2.ok()) {
+      if (cross) {
+        const auto [it, fresh] =
+            tally->crossed[st.item()].emplace(int64_t{dst_host} * item.num_ids + id, s);
+        if (!fresh && it->second != s) {
+          return Violation(absl::StrFormat(
+              "%s: %s crosses to host \"%s\" (new rank %d, position %d) a second time, after "
+              "step %d: above the cross-host lower bound (rules 3 and 4)",
+              where, DescribeElement(item, id), m.hosts[dst_host], dst.rank(), dp, it->second));
+        }
+      }
+      if (absl::Status st2 = CheckSourceChoice(m, item, id, src, dst.rank(), dp, where);
+          !st2.ok()) {
         return st2;
       }
     }
@@ -351,6 +395,7 @@ absl::Status VerifyPlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::La
   tally.in.assign(m.hosts.size(), 0);
   tally.out.assign(m.hosts.size(), 0);
   tally.local.assign(m.hosts.size(), 0);
+  tally.crossed.resize(m.items.size());
   for (int s = 0; s < plan.steps_size(); ++s) {
     if (absl::Status st = ApplyStep(m, plan, s, &bufs, &tally); !st.ok()) return st;
   }

@@ -1,6 +1,7 @@
 #include "agent/process/worker_service.h"
 
 #include <chrono>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/match.h"
@@ -8,6 +9,7 @@
 #include "agent/executor/peer_proof.h"
 #include "agent/process/coordinator_session.h"
 #include "common/log.h"
+#include "planner/bucket.h"
 #include "planner/layout.h"
 #include "planner/shard.h"
 
@@ -203,14 +205,12 @@ absl::StatusOr<v1::Job> WorkerServiceImpl::FetchJob(const std::string& job_id, b
 void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
                                       google::protobuf::RepeatedPtrField<v1::WorkerItem>* items) {
   const std::vector<ItemSlot>& slots = buffer.items();
-  planner::RankCoord coord;
-  bool have_coord = false;
+  std::optional<planner::ResolvedLayout> rl;
+  std::optional<planner::Buckets> buckets;
   if (jg != nullptr && rank < WorldSize(jg->layout)) {
     planner::HostTable hosts;
-    planner::ResolvedLayout rl =
-        planner::ResolvedLayout::Resolve(jg->layout, jg->ptc.num_layers(), &hosts);
-    coord = rl.Coord(rank);
-    have_coord = true;
+    rl = planner::ResolvedLayout::Resolve(jg->layout, jg->ptc.num_layers(), &hosts);
+    buckets.emplace(jg->ptc, *rl);
   }
   for (size_t i = 0; i < slots.size(); ++i) {
     v1::WorkerItem* it = items->Add();
@@ -221,9 +221,9 @@ void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuf
     if (static_cast<int>(i) < ntensors) {
       const v1::TensorSpec& t = jg->ptc.tensors(static_cast<int>(i));
       it->set_name(t.name());
-      if (have_coord && slots[i].bytes > 0) {
-        const v1::ParallelConfig& c = jg->layout.config();
-        planner::CoordShard cs = planner::DeriveCoordShard(t, c.tp(), c.dp(), coord.tp, coord.dp);
+      if (rl.has_value() && slots[i].bytes > 0) {
+        const planner::CoordShard cs =
+            planner::DeriveRankShard(jg->ptc, static_cast<int>(i), *rl, *buckets, rank);
         for (int64_t d : cs.local_shape) it->add_local_shape(d);
       }
     } else if (static_cast<int>(i) - ntensors < jg->ptc.blobs_size()) {

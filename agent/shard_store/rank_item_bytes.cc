@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/shard_store/shard_store.h"
+#include "planner/bucket.h"
 #include "planner/layout.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
@@ -13,19 +14,12 @@ namespace reshard::agent {
 namespace {
 
 std::vector<int64_t> ItemBytesOfRank(const v1::Ptc& ptc, const planner::ResolvedLayout& rl,
-                                     int rank) {
+                                     const planner::Buckets& buckets, int rank) {
   std::vector<int64_t> out;
   out.reserve(ptc.tensors_size() + ptc.blobs_size());
-  const planner::RankCoord c = rl.Coord(rank);
-  std::vector<int> stages;
-  for (const v1::TensorSpec& t : ptc.tensors()) {
-    rl.StagesHolding(t.partition().pipeline(), &stages);
-    if (std::find(stages.begin(), stages.end(), c.pp) == stages.end()) {
-      out.push_back(0);
-      continue;
-    }
-    const planner::CoordShard cs = planner::DeriveCoordShard(t, rl.tp(), rl.dp(), c.tp, c.dp);
-    out.push_back(cs.local_elements * planner::ElementBytes(t.dtype()));
+  for (int i = 0; i < ptc.tensors_size(); ++i) {
+    const planner::CoordShard cs = planner::DeriveRankShard(ptc, i, rl, buckets, rank);
+    out.push_back(cs.local_elements * planner::ElementBytes(ptc.tensors(i).dtype()));
   }
   for (const v1::BlobSpec& b : ptc.blobs()) out.push_back(b.size_bytes());
   return out;
@@ -39,16 +33,20 @@ std::vector<int64_t> RankItemBytes(const v1::Ptc& ptc, const v1::Layout& layout,
   planner::HostTable hosts;
   const planner::ResolvedLayout rl =
       planner::ResolvedLayout::Resolve(layout, ptc.num_layers(), &hosts);
-  return ItemBytesOfRank(ptc, rl, rank);
+  const planner::Buckets buckets(ptc, rl);
+  return ItemBytesOfRank(ptc, rl, buckets, rank);
 }
 
 std::vector<std::vector<int64_t>> AllRankItemBytes(const v1::Ptc& ptc, const v1::Layout& layout) {
   planner::HostTable hosts;
   const planner::ResolvedLayout rl =
       planner::ResolvedLayout::Resolve(layout, ptc.num_layers(), &hosts);
+  const planner::Buckets buckets(ptc, rl);
   std::vector<std::vector<int64_t>> out;
   out.reserve(rl.world());
-  for (int rank = 0; rank < rl.world(); ++rank) out.push_back(ItemBytesOfRank(ptc, rl, rank));
+  for (int rank = 0; rank < rl.world(); ++rank) {
+    out.push_back(ItemBytesOfRank(ptc, rl, buckets, rank));
+  }
   return out;
 }
 

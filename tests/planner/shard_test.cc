@@ -37,10 +37,13 @@ std::vector<int64_t> LocalContent(const v1::TensorSpec& t, const CoordShard& s) 
       }
     }
   }
-  for (int64_t i = s.padding_offset; i < s.local_elements; ++i) {
-    EXPECT_EQ(out[i], -2);
-    out[i] = -1;
+  for (const auto& [offset, count] : s.padding) {
+    for (int64_t i = offset; i < offset + count; ++i) {
+      EXPECT_EQ(out.at(i), -2) << "local position " << i << " is a piece and padding";
+      out.at(i) = -1;
+    }
   }
+  for (int64_t i = 0; i < s.local_elements; ++i) EXPECT_NE(out[i], -2) << "position " << i;
   return out;
 }
 
@@ -48,30 +51,35 @@ TEST(DeriveCoordShardTest, UnevenTpSplitOnRows) {
   v1::TensorSpec t = Tensor("w", {5, 2});
   TpSplit(t, 0);
   // rows split 2, 2, 1 over tp 3
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 3, 1, 0, 0)), ElementsAre(0, 1, 2, 3));
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 3, 1, 2, 0)), ElementsAre(8, 9));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(3, 1, 0, 0))),
+              ElementsAre(0, 1, 2, 3));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(3, 1, 2, 0))), ElementsAre(8, 9));
 }
 
 TEST(DeriveCoordShardTest, ColumnSplitIsStrided) {
   v1::TensorSpec t = Tensor("w", {2, 4});
   TpSplit(t, 1);
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 1, 1, 0)), ElementsAre(2, 3, 6, 7));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 1, 0))),
+              ElementsAre(2, 3, 6, 7));
 }
 
 TEST(DeriveCoordShardTest, FusedQkvWithGqaBlocks) {
   // Q has 4 rows, K and V 2 each: tp 2 gives each rank 2 Q rows, 1 K, 1 V.
   v1::TensorSpec t = Tensor("qkv", {8, 1});
   TpSplit(t, 0, {4, 2, 2});
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 1, 0, 0)), ElementsAre(0, 1, 4, 6));
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 1, 1, 0)), ElementsAre(2, 3, 5, 7));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 0, 0))),
+              ElementsAre(0, 1, 4, 6));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 1, 0))),
+              ElementsAre(2, 3, 5, 7));
 }
 
 TEST(DeriveCoordShardTest, GluGateUpBlocksUneven) {
   v1::TensorSpec t = Tensor("fc1", {6, 1});
   TpSplit(t, 0, {3, 3});
   // each block of 3 rows split 2 + 1
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 1, 0, 0)), ElementsAre(0, 1, 3, 4));
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 1, 1, 0)), ElementsAre(2, 5));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 0, 0))),
+              ElementsAre(0, 1, 3, 4));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 1, 0))), ElementsAre(2, 5));
 }
 
 TEST(DeriveCoordShardTest, DpSplitAcrossTpBlocks) {
@@ -79,8 +87,8 @@ TEST(DeriveCoordShardTest, DpSplitAcrossTpBlocks) {
   TpSplit(t, 0, {4, 2, 2});
   Dp(t, v1::DP_SPLIT, 0);
   // tp rank 0 holds rows 0,1,4,6; dp 2 splits that local tensor in halves
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 2, 0, 0)), ElementsAre(0, 1));
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 2, 0, 1)), ElementsAre(4, 6));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 2, 0, 0))), ElementsAre(0, 1));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 2, 0, 1))), ElementsAre(4, 6));
 }
 
 TEST(DeriveCoordShardTest, FlatSplitWithPadding) {
@@ -89,22 +97,24 @@ TEST(DeriveCoordShardTest, FlatSplitWithPadding) {
   Dp(t, v1::DP_FLAT);
   // tp rank 0 holds columns 0..2 (local 2x3 = 6 elements): 0 1 2 5 6 7
   // dp 4: chunk 2 -> [0 1] [2 5] [6 7] [pad pad]
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 4, 0, 1)), ElementsAre(2, 5));
-  const CoordShard last = DeriveCoordShard(t, 2, 4, 0, 3);
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 4, 0, 1))), ElementsAre(2, 5));
+  const CoordShard last = DeriveCoordShard(t, DenseCoord(2, 4, 0, 3));
   EXPECT_EQ(last.local_elements, 2);
   EXPECT_EQ(last.padding_offset, 0);
   EXPECT_THAT(LocalContent(t, last), ElementsAre(-1, -1));
   // tp rank 1: columns 3..4 -> 3 4 8 9; dp 3: chunk 2 -> [3 4] [8 9] []
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 2, 3, 1, 1)), ElementsAre(8, 9));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 3, 1, 1))), ElementsAre(8, 9));
 }
 
 TEST(DeriveCoordShardTest, FlatChunkCrossingRowsInThreeDims) {
   v1::TensorSpec t = Tensor("x", {2, 3, 4});
   Dp(t, v1::DP_FLAT);
   // 24 elements, dp 5 -> chunk 5; rank 2 holds 10..14
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 1, 5, 0, 2)), ElementsAre(10, 11, 12, 13, 14));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 5, 0, 2))),
+              ElementsAre(10, 11, 12, 13, 14));
   // rank 4 holds 20..23 and one padding element
-  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, 1, 5, 0, 4)), ElementsAre(20, 21, 22, 23, -1));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 5, 0, 4))),
+              ElementsAre(20, 21, 22, 23, -1));
 }
 
 TEST(DeriveShardsTest, PipelineHoldsOnlyOwningStage) {

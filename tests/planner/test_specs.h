@@ -61,4 +61,17 @@ inline v1::Layout MakeLayout(int tp, int pp, int dp, int per_host, int first_hos
   return l;
 }
 
+/// Replaces the placement of `l` by ranks on hosts h<first_host>.. with
+/// `per_host` devices each, for its whole world (cp included).
+inline void Place(v1::Layout& l, int per_host, int first_host = 0) {
+  const v1::ParallelConfig& c = l.config();
+  const int world = c.tp() * c.pp() * c.dp() * (c.cp() > 0 ? c.cp() : 1);
+  l.clear_placement();
+  for (int r = 0; r < world; ++r) {
+    v1::DeviceSlot* s = l.mutable_placement()->add_ranks();
+    s->set_host("h" + std::to_string(first_host + r / per_host));
+    s->set_device(r % per_host);
+  }
+}
+
 }  // namespace reshard::planner::testing

@@ -75,4 +75,62 @@ inline int64_t CopiedBytes(const v1::TransferPlan& plan) {
   return n;
 }
 
+// ---- The kinds of issue 13 (docs/partitioning.md) ----
+
+/// Unit granularity of a tp split (heads, query groups).
+inline void SetGranularity(v1::TensorSpec* t, int64_t unit) {
+  t->mutable_partition()->mutable_tp()->set_granularity(unit);
+}
+
+/// Axis padding: held extent rounded up to multiple (x tp when times_tp).
+inline void SetPadding(v1::TensorSpec* t, int axis, int64_t multiple, bool times_tp) {
+  auto* p = t->mutable_partition()->mutable_padding();
+  p->set_axis(axis);
+  p->set_multiple(multiple);
+  p->set_times_tp(times_tp);
+}
+
+/// An expert tensor, experts stacked on `axis`.
+inline void SetExpert(v1::TensorSpec* t, int axis) {
+  t->mutable_partition()->mutable_expert()->set_axis(axis);
+}
+
+/// PIPELINE_LAYERS with `layers`.
+inline void SetLayers(v1::TensorSpec* t, std::vector<int> layers) {
+  auto* p = t->mutable_partition()->mutable_pipeline();
+  p->set_mode(v1::PIPELINE_LAYERS);
+  for (int l : layers) p->add_layers(l);
+}
+
+/// DP_BUCKET in the group `bucket`.
+inline void SetBucket(v1::TensorSpec* t, const std::string& bucket) {
+  t->mutable_partition()->mutable_dp()->set_mode(v1::DP_BUCKET);
+  t->mutable_partition()->mutable_dp()->set_bucket(bucket);
+}
+
+inline v1::BucketGroup* AddGroup(v1::Ptc* ptc, const std::string& name, int64_t param_align,
+                                 int64_t bucket_elements, int64_t pad_multiple,
+                                 bool reverse_order = false) {
+  v1::BucketGroup* g = ptc->add_buckets();
+  g->set_name(name);
+  g->set_param_align(param_align);
+  g->set_bucket_elements(bucket_elements);
+  g->set_pad_multiple(pad_multiple);
+  g->set_reverse_order(reverse_order);
+  return g;
+}
+
+/// The new parallel sizes of a layout (0 keeps the default).
+struct Extra {
+  int cp = 0, vpp = 0, ep = 0, expert_tp = 0;
+};
+
+inline v1::Layout With(v1::Layout l, Extra e) {
+  l.mutable_config()->set_cp(e.cp);
+  l.mutable_config()->set_vpp(e.vpp);
+  l.mutable_config()->set_ep(e.ep);
+  l.mutable_config()->set_expert_tp(e.expert_tp);
+  return l;
+}
+
 }  // namespace reshard::verifier::testing

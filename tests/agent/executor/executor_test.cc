@@ -85,7 +85,7 @@ void RenderRank(const v1::Ptc& ptc, const v1::Layout& layout, int rank, int old_
     const v1::TensorSpec& t = ptc.tensors(i);
     if (buf->items()[i].bytes == 0) continue;
     const int eb = planner::ElementBytes(t.dtype());
-    const planner::CoordShard cs = planner::DeriveCoordShard(t, rl.tp(), rl.dp(), c.tp, c.dp);
+    const planner::CoordShard cs = planner::DeriveCoordShard(t, planner::CoordOfRank(t, rl, c));
     uint8_t* base = buf->item_data(i);
     std::memset(base, 0, buf->items()[i].bytes);
     const int nd = t.shape_size();

@@ -101,7 +101,8 @@ TEST(RankItemBytesTest, DpFlatPaddingIsCounted) {
   const SmallJob j = MakeSmallJob();
   // Rank 5 is (tp 1, dp 0, pp 1), rank 6 is (tp 0, dp 1, pp 1): the second
   // flat range holds 4 elements and 1 of padding.
-  const planner::CoordShard last = planner::DeriveCoordShard(j.ptc.tensors(1), 2, 2, 0, 1);
+  const planner::CoordShard last =
+      planner::DeriveCoordShard(j.ptc.tensors(1), planner::DenseCoord(2, 2, 0, 1));
   EXPECT_EQ(last.local_elements, 5);
   EXPECT_EQ(last.padding_offset, 4);
   EXPECT_EQ(RankItemBytes(j.ptc, j.layout, 6)[1], 10);

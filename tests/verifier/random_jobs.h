@@ -1,0 +1,184 @@
+// Random jobs that use the kinds of issue 13 (cp, vpp, ep, expert_tp, axis
+// padding, unit granularity with replication, expert slabs, DP_CHUNK,
+// DP_BUCKET groups, first-and-last and layer-set pipelines, regenerable
+// blobs), for property tests of the verifier and, through it, of a planner.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "reshard/v1/ptc.pb.h"
+#include "tests/verifier/jobs.h"
+
+namespace reshard::verifier::testing {
+
+struct RandomJob {
+  v1::Ptc ptc;
+  v1::Layout from, to;
+  std::vector<std::string> lost_hosts;
+};
+
+namespace internal {
+
+using Rng = std::mt19937_64;
+inline int Pick(Rng& rng, int lo, int hi) {
+  return std::uniform_int_distribution<int>(lo, hi)(rng);
+}
+inline bool Coin(Rng& rng, double p) { return std::bernoulli_distribution(p)(rng); }
+
+// Unit counts and tp sizes are powers of two, so a block with fewer units
+// than tp ranks always divides them.
+inline void RandomTensorParallel(Rng& rng, v1::TensorSpec* t, int axis) {
+  const int64_t unit = Pick(rng, 1, 2);
+  std::vector<int64_t> blocks;
+  int64_t sum = 0;
+  for (int b = Pick(rng, 1, 3); b > 0; --b) {
+    blocks.push_back(unit * (int64_t{1} << Pick(rng, 0, 3)));
+    sum += blocks.back();
+  }
+  t->set_shape(axis, sum);
+  SetTpSplit(t, axis, blocks.size() > 1 || Coin(rng, 0.5) ? blocks : std::vector<int64_t>{});
+  SetGranularity(t, Coin(rng, 0.8) ? unit : 0);
+  if (t->partition().tp().granularity() == 0) t->mutable_partition()->set_allow_empty(true);
+}
+
+inline void RandomPipeline(Rng& rng, int num_layers, v1::TensorSpec* t) {
+  switch (Pick(rng, 0, 5)) {
+    case 0:
+      SetPipeline(t, v1::PIPELINE_LAYER, Pick(rng, 0, num_layers - 1));
+      break;
+    case 1:
+      SetPipeline(t, v1::PIPELINE_FIRST_STAGE);
+      break;
+    case 2:
+      SetPipeline(t, v1::PIPELINE_LAST_STAGE);
+      break;
+    case 3:
+      SetPipeline(t, v1::PIPELINE_FIRST_AND_LAST_STAGE);
+      break;
+    case 4:
+      SetLayers(t, {Pick(rng, 0, num_layers - 1), Pick(rng, 0, num_layers - 1)});
+      break;
+    default:
+      break;  // every stage
+  }
+}
+
+inline void RandomDataParallel(Rng& rng, v1::TensorSpec* t, bool expert) {
+  const int ndim = t->shape_size();
+  switch (Pick(rng, 0, 4)) {
+    case 1:
+      SetDp(t, v1::DP_SPLIT, Pick(rng, 0, ndim - 1));
+      break;
+    case 2:
+      SetDp(t, v1::DP_CHUNK, Pick(rng, 0, ndim - 1));
+      break;
+    case 3:
+      SetDp(t, v1::DP_FLAT);
+      break;
+    case 4:
+      SetBucket(t, expert ? "experts" : (Coin(rng, 0.5) ? "params" : "grads"));
+      break;
+    default:
+      break;
+  }
+}
+
+inline v1::Ptc RandomPtc(Rng& rng) {
+  v1::Ptc ptc;
+  ptc.set_num_layers(Pick(rng, 1, 6));
+  AddGroup(&ptc, "params", Pick(rng, 0, 4), Pick(rng, 0, 1) * Pick(rng, 1, 12), Pick(rng, 0, 4),
+           Coin(rng, 0.5));
+  AddGroup(&ptc, "grads", 1, 0, 1);
+  AddGroup(&ptc, "experts", Pick(rng, 0, 3), Pick(rng, 0, 8), Pick(rng, 0, 3), Coin(rng, 0.5));
+  for (int i = Pick(rng, 1, 6); i > 0; --i) {
+    std::vector<int64_t> shape(Pick(rng, 1, 3));
+    for (auto& d : shape) d = Pick(rng, 1, 7);
+    v1::TensorSpec* t = AddTensor(&ptc, absl::StrCat("t", ptc.tensors_size()), shape,
+                                  Coin(rng, 0.5) ? v1::DTYPE_FLOAT32 : v1::DTYPE_BFLOAT16);
+    t->mutable_partition()->set_allow_empty(Coin(rng, 0.8));
+    const int ndim = static_cast<int>(shape.size());
+    bool expert = false;
+    switch (Pick(rng, 0, 3)) {
+      case 0:  // vocabulary padding, maybe tp-split on the padded axis
+        SetPadding(t, 0, Pick(rng, 1, 3), Coin(rng, 0.7));
+        if (Coin(rng, 0.6)) SetTpSplit(t, 0);
+        break;
+      case 1:  // experts on axis 0
+        if (ndim < 2) break;
+        expert = true;
+        SetExpert(t, 0);
+        t->mutable_partition()->set_allow_empty(true);
+        if (Coin(rng, 0.6)) RandomTensorParallel(rng, t, Pick(rng, 1, ndim - 1));
+        break;
+      case 2:
+        RandomTensorParallel(rng, t, Pick(rng, 0, ndim - 1));
+        break;
+      default:
+        break;  // tp-replicated
+    }
+    RandomPipeline(rng, ptc.num_layers(), t);
+    RandomDataParallel(rng, t, expert);
+  }
+  for (int i = Pick(rng, 0, 2); i > 0; --i) {
+    AddBlob(&ptc, absl::StrCat("blob", ptc.blobs_size()), Pick(rng, 1, 6),
+            Coin(rng, 0.6) ? v1::BLOB_PER_RANK : v1::BLOB_REPLICATED);
+    ptc.mutable_blobs(ptc.blobs_size() - 1)->set_regenerable(Coin(rng, 0.6));
+  }
+  return ptc;
+}
+
+inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& prefix,
+                               const std::string& avoid) {
+  const int tp = 1 << Pick(rng, 0, 2), cp = Pick(rng, 1, 2), dp = Pick(rng, 1, 3);
+  const int vpp = Pick(rng, 1, 2);
+  const int pp = Pick(rng, 1, std::max(1, std::min(3, num_layers / vpp)));
+  const int etp = 1 << Pick(rng, 0, tp == 1 ? 0 : (tp == 2 ? 1 : 2));
+  std::vector<int> eps;
+  for (int e = 1; e <= tp * cp * dp / etp; ++e) {
+    if ((tp * cp * dp / etp) % e == 0) eps.push_back(e);
+  }
+  const int world = tp * cp * dp * pp;
+  const int per_host = 1 << Pick(rng, 0, 2);
+  std::vector<std::string> hosts;
+  for (int h = 0; static_cast<int>(hosts.size()) * per_host < world; ++h) {
+    if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
+  }
+  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, {},
+                        Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
+  l = With(l,
+           Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
+  if (world % per_host != 0) {  // a partly used last host: one slot per rank
+    l.mutable_placement()->clear_hosts();
+    l.mutable_placement()->clear_devices_per_host();
+    for (int r = 0; r < world; ++r) {
+      v1::DeviceSlot* s = l.mutable_placement()->add_ranks();
+      s->set_host(hosts[r / per_host]);
+      s->set_device(r % per_host);
+    }
+  }
+  return l;
+}
+
+}  // namespace internal
+
+/// A random job of small shapes, a random target layout on the same or new
+/// hosts, and sometimes a lost old host (never used by the target).
+inline RandomJob RandomRealJob(uint64_t seed) {
+  internal::Rng rng(seed);
+  RandomJob job;
+  job.ptc = internal::RandomPtc(rng);
+  job.from = internal::RandomLayout(rng, job.ptc.num_layers(), "h", "");
+  if (internal::Coin(rng, 0.3)) {
+    job.lost_hosts.push_back(absl::StrCat("h", internal::Pick(rng, 0, 1)));
+  }
+  job.to = internal::RandomLayout(rng, job.ptc.num_layers(), internal::Coin(rng, 0.2) ? "n" : "h",
+                                  job.lost_hosts.empty() ? "" : job.lost_hosts[0]);
+  return job;
+}
+
+}  // namespace reshard::verifier::testing
