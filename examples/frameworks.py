@@ -5,14 +5,16 @@
   at tp 2, 1152 at tp 1), the distributed optimizer (bucketed fp32 main params
   and Adam moments, the tied embedding in buckets of its own), interleaved
   stages (vpp 2) and context parallelism (cp 2), grouped-query attention and
-  SwiGLU: tp 2, cp 2, pp 2 -> tp 1, cp 2, dp 2, pp 2.
+  SwiGLU: tp 2, cp 2, pp 2 -> tp 1, cp 2, dp 2, pp 2 (uneven chunks) -> tp 4,
+  pp 2 (no cp, no vpp).
 - mixtral-moe: a Mixtral-like MoE (4 experts, SwiGLU experts, router
-  replicated) with ep 2 < dp 4 and expert tp 1 -> tp 2, dp 2, ep 2, expert tp 2.
+  replicated) with ep 2 < dp 4 and expert tp 1 -> tp 2, dp 2, ep 2, expert tp 2
+  -> dp 4, ep 4.
 - t5: a T5-like encoder-decoder (3 + 3 layers) whose word embeddings are tied
   on the stages of the first encoder and the first decoder layer: tp 2, pp 2,
-  dp 2 -> tp 1, pp 3, dp 2.
+  dp 2 -> tp 1, pp 3, dp 2 -> tp 2, pp 3, vpp 2 (both tied layers on stage 0).
 - fsdp: a torch 1.13 FSDP job (flat parameters of two wrapped units, Adam
-  state): world 4 -> 6.
+  state): world 4 -> 6 -> 3.
 
 `EXAMPLES[name]()` returns (ptc, starting layout, [target layouts]) for hosts
 h0, h1, ... with 2 devices each. Run this file with --write to (re)write the
@@ -37,7 +39,8 @@ def megatron_gpt(hosts=HOSTS):
     old = layout.make_layout(2, 2, 1, hosts[:4], 2, cp=2, vpp=2)
     new = layout.make_layout(1, 2, 2, hosts[:4], 2, cp=2, vpp=2,
                              stage_starts=[0, 3, 5, 6])  # uneven chunks
-    return megatron.gpt_ptc(m), old, [new]
+    tp4 = layout.make_layout(4, 2, 1, hosts[:4], 2)  # 1536 vocabulary rows, no cp, no vpp
+    return megatron.gpt_ptc(m), old, [new, tp4]
 
 
 def mixtral_moe(hosts=HOSTS):
@@ -45,14 +48,16 @@ def mixtral_moe(hosts=HOSTS):
                           moe_ffn_hidden=24, tied_embeddings=False, bucket_size=4000)
     old = layout.make_layout(2, 1, 4, hosts[:4], 2, ep=2, expert_tp=1)  # edp 4
     new = layout.make_layout(2, 1, 2, hosts[1:3], 2, ep=2, expert_tp=2)  # edp 1
-    return megatron.gpt_ptc(m), old, [new]
+    ep4 = layout.make_layout(1, 1, 4, hosts[2:4], 2, ep=4, expert_tp=1)  # one expert a rank
+    return megatron.gpt_ptc(m), old, [new, ep4]
 
 
 def t5(hosts=HOSTS):
     m = megatron.GptModel(6, 32, 4, 700, pp=2, bucket_size=2000)
     old = layout.make_layout(2, 2, 2, hosts[:4], 2)
     new = layout.make_layout(1, 3, 2, hosts[:3], 2)
-    return megatron.t5_ptc(m, encoder_layers=3), old, [new]
+    vpp = layout.make_layout(2, 3, 1, hosts[1:4], 2, vpp=2)  # chunks 0 and 3 on stage 0
+    return megatron.t5_ptc(m, encoder_layers=3), old, [new, vpp]
 
 
 def fsdp_units():
@@ -68,7 +73,8 @@ def fsdp_units():
 def fsdp_job(hosts=HOSTS):
     old = layout.make_layout(1, 1, 4, hosts[:2], 2)
     new = layout.make_layout(1, 1, 6, hosts[1:4], 2)
-    return fsdp.flat_param_ptc(fsdp_units()), old, [new]
+    back = layout.make_layout(1, 1, 3, ranks=[(hosts[0], 1), (hosts[3], 0), (hosts[3], 1)])
+    return fsdp.flat_param_ptc(fsdp_units()), old, [new, back]
 
 
 EXAMPLES = {"megatron-gpt": megatron_gpt, "mixtral-moe": mixtral_moe, "t5": t5,

@@ -77,3 +77,27 @@ def test_torch_fsdp_flat_params_through_the_cluster(cluster, client, job_name):
               for r, items in loaded.items()}
     new = tf.run_sharded(9, 3, by_name, loaded, ptc, new_lay, step=False)
     tf.compare(new, ref, full_opt)
+
+
+def test_regenerable_rng_state_after_a_lost_host(cluster, client, job_name):
+    """Last in this module: kills an agent. A Megatron GPT without the
+    distributed optimizer (every tensor has a data-parallel replica) at tp 2,
+    dp 2 on hosts 0 and 1 loses host 1: new ranks 2 and 3 (on host 2) need
+    the rng_state of old ranks 2 and 3, which nobody holds any more. The
+    blob is regenerable, so the recovery commits with those two values
+    zero-filled (TransferPlan.regenerate) and everything else exact."""
+    hosts = cluster.host_ids
+    m = megatron.GptModel(2, 16, 2, 300, distributed_optimizer=False, max_position_embeddings=8)
+    ptc = megatron.gpt_ptc(m)
+    old = layout.make_layout(2, 1, 2, hosts[:2], 2)
+    g = megatron.synthetic_state(ptc, 4, seed=11)
+    job = register(client, cluster, job_name, ptc, old)
+    publish_all(cluster, job.id, ptc, old, g)
+    cluster.kill_agent(hosts[1])
+    new = layout.make_layout(2, 1, 2, [hosts[0], hosts[2]], 2)
+    op = client.recover(job.id, [hosts[1]], new)
+    final = client.wait(op.id, timeout=180)
+    assert final.state == COMMITTED, final.error
+    g = layout.after_reshard(ptc, new, g, regenerate=[(2, "rng_state"), (3, "rng_state")])
+    assert g["rng_state"][2] == bytes(m.rng_state_bytes)
+    assert check_generation(cluster, job.id, ptc, new, g, 2) == []

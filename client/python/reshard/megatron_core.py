@@ -106,6 +106,9 @@ def _part(tp_axis=None, blocks=(), granularity=0, pipeline=ptc_pb2.PIPELINE_LAYE
     p.pipeline.layers.extend(layers)
     if padding:
         p.padding.axis, p.padding.multiple, p.padding.times_tp = 0, padding, True
+        # A small vocabulary at a large tp can leave a rank nothing but
+        # padding rows; Megatron runs that, so it is allowed here.
+        p.allow_empty = True
     if expert_axis is not None:
         p.expert.axis = expert_axis
     return p
