@@ -2,6 +2,7 @@
 
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_ptc_statements.h"
 
 namespace reshard::coordinator::pg {
 
@@ -21,6 +22,10 @@ const std::vector<Statement>& AllStatements() {
       kInsertPtcBlobs,
       kSelectPtcTensors,
       kSelectPtcBlobs,
+      kInsertPtcBuckets,
+      kSelectPtcBuckets,
+      kSetPtcBlobsRegenerable,
+      kSelectRegenerableBlobs,
       kInsertGeneration,
       kInsertGenerationRanks,
       kMaxGeneration,
