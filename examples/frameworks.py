@@ -18,7 +18,7 @@
 
 `EXAMPLES[name]()` returns (ptc, starting layout, [target layouts]) for hosts
 h0, h1, ... with 2 devices each. Run this file with --write to (re)write the
-JobSpec and target Layout JSON files under examples/frameworks/.
+JobSpec and target Layout JSON files under examples/framework-jobs/.
 """
 
 import json
@@ -91,15 +91,15 @@ def files():
     for name, make in EXAMPLES.items():
         ptc, old, targets = make()
         spec = ptc_pb2.JobSpec(name=name, tenant="examples", ptc=ptc, layout=old)
-        out[f"frameworks/{name}/job.json"] = as_json(spec)
+        out[f"framework-jobs/{name}/job.json"] = as_json(spec)
         for i, target in enumerate(targets):
-            out[f"frameworks/{name}/to-{i + 1}.json"] = as_json(target)
+            out[f"framework-jobs/{name}/to-{i + 1}.json"] = as_json(target)
     return out
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
-        sys.exit("usage: frameworks.py --write   (rewrites examples/frameworks/*)")
+        sys.exit("usage: frameworks.py --write   (rewrites examples/framework-jobs/*)")
     here = os.path.dirname(os.path.abspath(__file__))
     for rel, text in files().items():
         path = os.path.join(here, rel)

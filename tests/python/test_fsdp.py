@@ -35,7 +35,8 @@ def _import_flat_param():
                 d = v.default if isinstance(v, dataclasses.Field) else v
                 if dataclasses.is_dataclass(d) and not isinstance(d, type) and \
                         type(d).__hash__ is None:
-                    setattr(c, name, dataclasses.field(default_factory=lambda d=d: copy.deepcopy(d)))
+                    setattr(c, name,
+                            dataclasses.field(default_factory=lambda d=d: copy.deepcopy(d)))
             return original(c, **kw)
         return wrap if cls is None else wrap(cls)
 

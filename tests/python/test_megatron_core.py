@@ -87,7 +87,8 @@ def check_against_megatron(m, ptc, lay, expert):
                 continue
             chunk = layout.chunk_holding(c, ptc.num_layers, t.partition.pipeline, stage)
             pc = layout.piece(t, c, rank)
-            shared = (m.tied_embeddings and m.pp > 1 and t.name == "embedding.word_embeddings.weight")
+            shared = (m.tied_embeddings and m.pp > 1
+                      and t.name == "embedding.word_embeddings.weight")
             chunks.setdefault(chunk, []).append((t.name, int(np.prod(pc.shape)), shared))
             size, index = pc.group, pc.index
         for chunk, params in chunks.items():
@@ -121,7 +122,8 @@ def test_vocab_padding_embeddings_and_tied_stages():
 
 
 def test_gqa_interleaved_groups_and_blocks():
-    m = megatron.GptModel(1, 32, 8, 64, num_query_groups=2, dtype="float32")  # head dim 4, 4 q heads a group
+    # head dim 4, 4 q heads a group
+    m = megatron.GptModel(1, 32, 8, 64, num_query_groups=2, dtype="float32")
     qkv = part(megatron.gpt_ptc(m), "decoder.layers.0.self_attention.linear_qkv.weight")
     assert (qkv.tp.axis, list(qkv.tp.blocks), qkv.tp.granularity) == (0, [], (4 + 2) * 4)
     # tp 2: one group (24 rows: q 16, k 4, v 4) a rank

@@ -110,3 +110,10 @@ def test_planner_plan_reproduces_the_reference(name):
         assert tp.stats.bytes_cross_host == tp.stats.lower_bound_cross_host
         assert execute(tp, ptc, old, new, g) == []
         g, old = layout.after_reshard(ptc, new, g), new
+
+
+def test_committed_json_files_are_generated():
+    """examples/framework-jobs/* is what `frameworks.py --write` writes."""
+    for rel, text in frameworks.files().items():
+        with open(os.path.join(REPO, "examples", rel)) as f:
+            assert f.read() == text, f"{rel}: run /usr/bin/python3 examples/frameworks.py --write"

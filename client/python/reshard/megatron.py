@@ -44,8 +44,8 @@ import numpy as np
 
 from reshard import _dtypes
 from reshard._proto import as_message, ptc_pb2
-from reshard.megatron_core import (GptModel, gpt_params, gpt_ptc, synthetic_state,  # noqa: F401
-                                   t5_params, t5_ptc)
+from reshard.megatron_core import (  # noqa: F401  (re-exported)
+    GptModel, gpt_params, gpt_ptc, synthetic_state, t5_params, t5_ptc)
 
 TensorMeta = collections.namedtuple("TensorMeta", ["shape", "dtype"])
 TensorMeta.__doc__ = "Shape and dtype of a tensor that is not materialised."

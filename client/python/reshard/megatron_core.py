@@ -146,7 +146,8 @@ def _mlp(m, prefix, layer):
     h = m.hidden
     if not m.num_experts:
         f = m.ffn_hidden
-        return [Param(prefix + "mlp.linear_fc1.layer_norm_weight", [h], _part(layer=layer), "dense"),
+        return [Param(prefix + "mlp.linear_fc1.layer_norm_weight", [h], _part(layer=layer),
+                      "dense"),
                 Param(prefix + "mlp.linear_fc1.weight", [(2 if m.glu else 1) * f, h],
                       _part(0, blocks=_fc1_blocks(m, f), layer=layer), "dense"),
                 Param(prefix + "mlp.linear_fc2.weight", [h, f], _part(1, layer=layer), "dense")]
