@@ -15,6 +15,8 @@
   dp 2 -> tp 1, pp 3, dp 2 -> tp 2, pp 3, vpp 2 (both tied layers on stage 0).
 - fsdp: a torch 1.13 FSDP job (flat parameters of two wrapped units, Adam
   state): world 4 -> 6 -> 3.
+- fsdp2-dtensor: the same model sharded per parameter on dim 0 (DTensor
+  Shard(0), FSDP2: torch.chunk sizes, trailing ranks short or empty): 4 -> 6.
 
 `EXAMPLES[name]()` returns (ptc, starting layout, [target layouts]) for hosts
 h0, h1, ... with 2 devices each. Run this file with --write to (re)write the
@@ -77,8 +79,16 @@ def fsdp_job(hosts=HOSTS):
     return fsdp.flat_param_ptc(fsdp_units()), old, [new, back]
 
 
+def fsdp2_job(hosts=HOSTS):
+    """The same model sharded per parameter (DTensor Shard(0), FSDP2)."""
+    params = {n: v for _, ps in fsdp_units() for n, v in ps}
+    old = layout.make_layout(1, 1, 4, hosts[:2], 2)
+    new = layout.make_layout(1, 1, 6, hosts[1:4], 2)
+    return fsdp.dtensor_ptc(params), old, [new]
+
+
 EXAMPLES = {"megatron-gpt": megatron_gpt, "mixtral-moe": mixtral_moe, "t5": t5,
-            "fsdp": fsdp_job}
+            "fsdp": fsdp_job, "fsdp2-dtensor": fsdp2_job}
 
 
 def as_json(message):
