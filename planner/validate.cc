@@ -254,13 +254,15 @@ absl::Status ValidateBuckets(const v1::Ptc& ptc) {
       return absl::InvalidArgumentError(
           absl::StrCat(field, " \"", g.name(), "\": duplicate bucket group name"));
     }
-    for (auto [name, value] : {std::pair<const char*, int64_t>{"param_align", g.param_align()},
-                               {"bucket_elements", g.bucket_elements()},
-                               {"pad_multiple", g.pad_multiple()}}) {
-      if (value < 0 || value > kMaxTensorElements) {
+    // With these bounds no bucket position can overflow: at most 2^20
+    // buckets padded to lcm(group size, pad_multiple) <= 2^40 each.
+    for (auto [name, value, limit] :
+         {std::tuple<const char*, int64_t, int64_t>{"param_align", g.param_align(), kMaxWorld},
+          {"bucket_elements", g.bucket_elements(), kMaxTensorElements},
+          {"pad_multiple", g.pad_multiple(), kMaxWorld}}) {
+      if (value < 0 || value > limit) {
         return absl::InvalidArgumentError(absl::StrCat(field, " \"", g.name(), "\": ", name, " ",
-                                                       value, " must be in [0, ",
-                                                       kMaxTensorElements, "]"));
+                                                       value, " must be in [0, ", limit, "]"));
       }
     }
   }
@@ -307,11 +309,36 @@ absl::Status CheckUnits(const v1::TensorSpec& t, const v1::ParallelConfig& c,
   return absl::OkStatus();
 }
 
+// The held shape of a padded tensor stays within the element limit.
+absl::Status CheckHeldShape(const v1::TensorSpec& t, const v1::ParallelConfig& c,
+                            absl::string_view what) {
+  if (!t.partition().has_padding()) return absl::OkStatus();
+  const int size = t.partition().has_expert() ? ExpertTpOf(c) : c.tp();
+  const v1::AxisPadding& p = t.partition().padding();
+  const int64_t m = p.multiple() * (p.times_tp() ? size : 1);  // <= 2^60
+  int64_t held = t.shape(p.axis());
+  int64_t elements = 1;
+  const bool overflow = __builtin_add_overflow(held, m - 1, &held);
+  held = overflow ? INT64_MAX : held / m * m;
+  for (int d = 0; d < t.shape_size(); ++d) {
+    if (__builtin_mul_overflow(elements, d == p.axis() ? held : t.shape(d), &elements)) {
+      elements = INT64_MAX;
+      break;
+    }
+  }
+  if (overflow || elements > kMaxTensorElements) {
+    return TensorError(t, absl::StrCat("partition.padding.multiple ", p.multiple(), " at ", what,
+                                       ".config.tp ", size, " pads shape ", ShapeString(t),
+                                       " beyond the limit of ", kMaxTensorElements, " elements"));
+  }
+  return absl::OkStatus();
+}
+
 // A holding rank left without elements, when the tensor forbids it.
 absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig& c,
                               absl::string_view what) {
-  if (t.partition().allow_empty()) return absl::OkStatus();
   const v1::DataParallel& dp = t.partition().dp();
+  if (t.partition().allow_empty() || dp.mode() == v1::DP_BUCKET) return absl::OkStatus();
   const bool expert = t.partition().has_expert();
   ShardCoord sc;
   sc.tp = expert ? ExpertTpOf(c) : c.tp();
@@ -527,11 +554,6 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
   }
   const int layers = ptc.num_layers();
   const int64_t chunks = int64_t{c.pp()} * VppOf(c);
-  if (VppOf(c) > 1 && chunks > layers) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ".config: pp*vpp = ", c.pp(), "*",
-                                                   VppOf(c), " exceeds num_layers ", layers,
-                                                   ": some chunk would own no layer"));
-  }
   if (c.stage_starts_size() > 0) {
     if (c.stage_starts_size() != chunks) {
       return absl::InvalidArgumentError(
@@ -613,6 +635,7 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
     if (!checked.insert(absl::StrCat(TemplateKey(t, i), "|", t.partition().allow_empty())).second) {
       continue;
     }
+    if (absl::Status s = CheckHeldShape(t, c, what); !s.ok()) return s;
     if (absl::Status s = CheckUnits(t, c, what); !s.ok()) return s;
     if (absl::Status s = CheckNoEmptyRank(t, c, what); !s.ok()) return s;
   }
