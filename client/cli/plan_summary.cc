@@ -46,7 +46,7 @@ class Table {
 };
 
 int64_t World(const v1::ParallelConfig& c) {
-  return static_cast<int64_t>(c.tp()) * c.pp() * c.dp();
+  return static_cast<int64_t>(c.tp()) * c.pp() * c.dp() * std::max(c.cp(), 1);
 }
 
 // Layers per stage, e.g. "12,12" or "5,6,7,6".
