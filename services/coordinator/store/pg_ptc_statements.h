@@ -1,4 +1,4 @@
-// The SQL of the PTC parts that issue 13 added (migrations/0009_ptc_buckets.sql):
+// The SQL of the PTC parts that issue 13 added (migrations/0010_ptc_buckets.sql):
 // bucket groups and regenerable blobs. Listed in AllStatements
 // (pg_statements.cc) like every other statement.
 #pragma once

@@ -50,7 +50,7 @@ TEST_F(JobsTest, CreateThenGetReturnsTheJobAtGenerationOne) {
 }
 
 // Issue 13: bucket groups, regenerable blobs and a cp layout survive the
-// store (migrations/0009_ptc_buckets.sql); bucket rows go with the job.
+// store (migrations/0010_ptc_buckets.sql); bucket rows go with the job.
 TEST_F(JobsTest, BucketGroupsRegenerableBlobsAndContextParallelRoundTrip) {
   v1::JobSpec spec = SmallSpec("fsdp");
   v1::BucketGroup* g = spec.mutable_ptc()->add_buckets();
