@@ -9,7 +9,7 @@ PACKAGES=(
   libabsl-dev libucx-dev ucx-utils libpqxx-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
   openssl postgresql python3-grpcio python3-protobuf python3-numpy python3-pytest
-  python3-yaml python3-xxhash python3-torch prometheus nginx-light
+  python3-yaml python3-xxhash python3-torch prometheus nginx-light python3-matplotlib
 )
 
 missing=()

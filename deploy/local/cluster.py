@@ -197,7 +197,7 @@ class LocalCluster:
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
                  memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
-                 tls=True, coordinator_host="127.0.0.1", worker_group=None):
+                 tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None):
         self.build_dir = os.path.abspath(build_dir)
         # reshard-agent --worker-group (a name or gid): its members, not only
         # root, may use the worker sockets and shard files; the cluster's
@@ -215,6 +215,10 @@ class LocalCluster:
         # --spare-bytes); off by default so that test clusters stay small.
         self.spare_bytes = spare_bytes
         self.lease_ms = lease_ms
+        # How often an agent heartbeats, which is also how soon it picks up a
+        # new task (default: a third of the lease). A training job that
+        # reconfigures while it trains wants it short (deploy/local/training).
+        self.heartbeat_ms = heartbeat_ms or max(100, lease_ms // 3)
         self.tick_ms = tick_ms
         self._log = log or (lambda msg: None)
         self._requested_work_dir = work_dir
@@ -579,7 +583,7 @@ class LocalCluster:
                 "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
                 "--memory-limit-bytes", str(self.memory_limit_bytes),
                 "--spare-bytes", str(self.spare_bytes), "--ucx-net-devices", "lo",
-                "--ucx-tls", "tcp", "--heartbeat-ms", str(max(100, self.lease_ms // 3))]
+                "--ucx-tls", "tcp", "--heartbeat-ms", str(self.heartbeat_ms)]
         if agent.metrics:
             argv += ["--metrics-listen", agent.metrics]
         if self.worker_group is not None:

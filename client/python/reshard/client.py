@@ -219,14 +219,16 @@ class Client:
 
     def resize(self, job_id, layout=None, expected_generation=None, idempotency_key=None,
                timeout=None, choose=False, gpus=None, hosts=None, horizon_s=None, devices=None,
-               model=None):
+               model=None, stop_free=False):
         """Starts a resize to `layout` (Layout: config + placement; a Layout
         without config, or a bare Placement, keeps the current config).
         With choose=True and no layout the coordinator picks it: the advisor's
         best candidate for `horizon_s` on `gpus` devices (arguments as
         advise(); `model` a dict of AdviseModel fields). expected_generation
         defaults to the job's current one (read first). Returns the new
-        Operation (PENDING; its target_layout is the choice); see wait()."""
+        Operation (PENDING; its target_layout is the choice); see wait().
+        stop_free=True: two-phase (docs/coordinator.md, "Stop-free
+        reconfiguration"; reshard.elastic drives it from the training loop)."""
         if choose == (layout is not None):
             raise ValueError("resize: give a layout, or choose=True with gpus")
         key = idempotency_key or new_idempotency_key()
@@ -240,10 +242,11 @@ class Client:
             req.placement.CopyFrom(placement)
             if config is not None:
                 req.config.CopyFrom(config)
+        req.stop_free = stop_free
         return self._call("Resize", req, timeout, key)
 
     def checkpoint(self, job_id, dataset_state=None, expected_generation=None,
-                   idempotency_key=None, timeout=None):
+                   idempotency_key=None, timeout=None, cut_over_operation_id=None):
         """Opens generation current + 1 on the current layout for the job's
         workers to publish at a step boundary (Worker.publish(rank,
         op.to_generation, state)); the Operation commits once every rank is
@@ -252,7 +255,9 @@ class Client:
         step, cursor and layout fingerprint); the commit then makes it the new
         generation's dataset state in the same transaction (checked like
         commit_step when the checkpoint is created). FailedPrecondition unless
-        the job is ACTIVE. Returns the Operation."""
+        the job is ACTIVE. cut_over_operation_id: this checkpoint cuts over
+        that prepared stop-free operation (needs dataset_state); its
+        generation becomes the operation's source. Returns the Operation."""
         key = idempotency_key or new_idempotency_key()
         req = _pb.CheckpointRequest(job_id=job_id, idempotency_key=key,
                                     expected_generation=self._current_generation(
@@ -262,17 +267,31 @@ class Client:
             req.step = dataset_state.step
             req.cursor = dataset_state.cursor
             req.layout_fingerprint = dataset_state.layout_fingerprint
+        if cut_over_operation_id:
+            req.cut_over_operation_id = cut_over_operation_id
         return self._call("Checkpoint", req, timeout, key)
 
+    def mark_prepared(self, operation_id, timeout=None):
+        """A stop-free operation's new workers are warm: the old layout may
+        cut over at its next step boundary. FailedPrecondition unless the
+        operation is stop-free and PLANNED; a repeat is harmless. Returns the
+        Operation (prepared_unix_ms, prepare_seconds)."""
+        if hasattr(operation_id, "id"):  # an Operation
+            operation_id = operation_id.id
+        return self._call("MarkPrepared", _pb.MarkPreparedRequest(operation_id=operation_id),
+                          timeout)
+
     def migrate(self, job_id, layout, expected_generation=None, idempotency_key=None,
-                timeout=None):
+                timeout=None, stop_free=False):
         """Moves the job to another placement (Layout or Placement) with the
-        same config and world size. Returns the new Operation."""
+        same config and world size (stop_free as in resize). Returns the new
+        Operation."""
         key = idempotency_key or new_idempotency_key()
         _, placement = _split_layout(layout)
         req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key,
                                  expected_generation=self._current_generation(
                                      job_id, expected_generation, timeout))
+        req.stop_free = stop_free
         return self._call("Migrate", req, timeout, key)
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),

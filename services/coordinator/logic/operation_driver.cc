@@ -159,6 +159,20 @@ absl::Status OperationDriver::Finish(const v1::Operation& op, v1::OperationState
   if (metrics_ != nullptr) {
     metrics_->OperationFinished(op.kind(), to, SecondsSince(op.created_unix_ms(), now));
   }
+  if (to == v1::OPERATION_STATE_COMMITTED && op.stop_free()) {
+    // As GetOperation reports them (the store's clock): the preparation
+    // while the old layout trained, and the pause from the cut-over.
+    absl::StatusOr<OperationRecord> done = store_->GetOperation(op.id(), /*include_plan=*/false);
+    if (done.ok()) {
+      RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
+                        << " stop-free: prepared in " << done->op.prepare_seconds()
+                        << " s while the old layout trained; paused " << done->op.pause_seconds()
+                        << " s from the cut-over to the commit";
+      if (metrics_ != nullptr) {
+        metrics_->StopFreeCommitted(done->op.prepare_seconds(), done->op.pause_seconds());
+      }
+    }
+  }
   return absl::OkStatus();
 }
 

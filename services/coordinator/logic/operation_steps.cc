@@ -85,6 +85,23 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
   if (!record.plan.has_value()) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
   }
+  // Stop-free: planned and prepared while the old layout trains; the
+  // transfer starts once the cut-over checkpoint (the state of the step
+  // boundary, this operation's source generation) has committed.
+  if (op.stop_free()) {
+    const std::string& cut_id = op.cutover_operation_id();
+    if (cut_id.empty()) return false;
+    absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
+    if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
+    if (cut.ok() && !IsFinal(cut->op.state())) return false;
+    if (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED) {
+      return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
+                          cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
+                                                  StateName(cut->op.state()), ": ", cut->op.error())
+                                   : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
+                          now));
+    }
+  }
   const std::map<std::string, int64_t> bytes = BytesWrittenByHost(*record.plan);
   std::vector<HostProgress> rows;
   for (const auto& [host_id, host_bytes] : bytes) {
@@ -164,7 +181,11 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
                   absl::StrCat("host \"", row.host_id, "\" made no progress for ", now - since,
                                " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what));
   }
-  const int64_t age_ms = now - op.created_unix_ms();
+  // A stop-free operation waited for its cut-over as long as the scheduler
+  // chose: its transfer is timed from the cut-over.
+  const int64_t started_ms =
+      op.stop_free() && op.cutover_unix_ms() > 0 ? op.cutover_unix_ms() : op.created_unix_ms();
+  const int64_t age_ms = now - started_ms;
   if (age_ms > options_.transfer_timeout_ms) {
     return finish(v1::OPERATION_STATE_ABORTED,
                   absl::StrCat("timed out: the operation is ", age_ms,

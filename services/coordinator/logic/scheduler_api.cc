@@ -40,6 +40,7 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
   op.expected_generation = request.expected_generation();
   op.target_layout = std::move(target);
   op.idempotency = std::move(idempotency);
+  op.stop_free = request.stop_free();
   return op;
 }
 
@@ -319,6 +320,11 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
              !request.layout_fingerprint().empty()) {
     return absl::InvalidArgumentError("step, cursor and layout_fingerprint need with_step");
   }
+  if (!request.cut_over_operation_id().empty() && !request.with_step()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cut_over_operation_id \"", TruncateError(request.cut_over_operation_id(), 64),
+                     "\" needs with_step: a cut-over publishes the state of a step boundary"));
+  }
   absl::StatusOr<v1::Job> job = store_->GetJob(request.job_id(), /*include_ptc=*/false);
   if (!job.ok()) return NameNotFound(job.status(), JobNotFound(request.job_id()));
   if (job->state() == v1::JOB_STATE_DEGRADED || job->state() == v1::JOB_STATE_FAILED) {
@@ -333,7 +339,18 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   op.target_layout = job->layout();
   op.idempotency = MakeIdempotency(request.idempotency_key(), "Checkpoint", request);
   op.step = std::move(step);
+  op.cut_over_operation_id = request.cut_over_operation_id();
   return CreateOperation(std::move(op));
+}
+
+absl::StatusOr<v1::Operation> SchedulerApi::MarkPrepared(const v1::MarkPreparedRequest& request) {
+  if (absl::Status s = RequireNonEmpty("operation_id", request.operation_id()); !s.ok()) return s;
+  absl::StatusOr<v1::Operation> op = store_->MarkPrepared(request.operation_id());
+  if (!op.ok()) return NameNotFound(op.status(), OperationNotFound(request.operation_id()));
+  RESHARD_LOG(INFO) << "job=" << op->job_id() << " operation=" << op->id()
+                    << " prepared: the new workers are warm after " << op->prepare_seconds()
+                    << " s; waiting for the cut-over";
+  return op;
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
@@ -443,19 +460,23 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
   bool sent_any = false;
   v1::OperationState last_state = v1::OPERATION_STATE_UNSPECIFIED;
   int64_t last_bytes_done = -1;
+  int64_t last_prepared_ms = 0, last_cutover_ms = 0;
   for (;;) {
     if (cancelled())
       return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\" cancelled"));
     absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
     if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
     const v1::Operation& op = record->op;
-    if (!sent_any || op.state() != last_state || op.bytes_done() != last_bytes_done) {
+    if (!sent_any || op.state() != last_state || op.bytes_done() != last_bytes_done ||
+        op.prepared_unix_ms() != last_prepared_ms || op.cutover_unix_ms() != last_cutover_ms) {
       if (!send(op)) {
         return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\": stream closed"));
       }
       sent_any = true;
       last_state = op.state();
       last_bytes_done = op.bytes_done();
+      last_prepared_ms = op.prepared_unix_ms();
+      last_cutover_ms = op.cutover_unix_ms();
     }
     if (IsFinal(op.state())) return absl::OkStatus();
     std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));

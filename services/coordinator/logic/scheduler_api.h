@@ -42,6 +42,8 @@ class SchedulerApi {
   /// A CHECKPOINT operation: generation current + 1 on the current layout,
   /// written by the workers. FailedPrecondition unless the job is ACTIVE.
   [[nodiscard]] absl::StatusOr<v1::Operation> Checkpoint(const v1::CheckpointRequest& request);
+  /// A stop-free operation's new workers are warm (Store::MarkPrepared).
+  [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(const v1::MarkPreparedRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const v1::GetOperationRequest& request);

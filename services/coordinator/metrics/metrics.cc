@@ -137,6 +137,13 @@ struct CoordinatorMetrics::Impl {
                              .Name("reshard_coordinator_retention_pruned_rows_total")
                              .Help("Rows deleted by the retention policy, by table.")
                              .Register(*registry)),
+        stop_free_family(
+            prometheus::BuildHistogram()
+                .Name("reshard_coordinator_stop_free_seconds")
+                .Help("Committed stop-free operations: phase=\"prepare\" from creation to "
+                      "prepared (new workers warm, the old layout training on), "
+                      "phase=\"pause\" from the cut-over to the commit.")
+                .Register(*registry)),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -158,6 +165,7 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& oldest_active_family;
   prometheus::Family<prometheus::Gauge>& leader_family;
   prometheus::Family<prometheus::Counter>& retention_pruned;
+  prometheus::Family<prometheus::Histogram>& stop_free_family;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -197,6 +205,13 @@ void CoordinatorMetrics::OperationFinished(v1::OperationKind kind, v1::Operation
       .Increment();
   impl_->operation_duration.Add({{"kind", kind_label}}, OperationBuckets())
       .Observe(seconds < 0 ? 0 : seconds);
+}
+
+void CoordinatorMetrics::StopFreeCommitted(double prepare_seconds, double pause_seconds) {
+  impl_->stop_free_family.Add({{"phase", "prepare"}}, OperationBuckets())
+      .Observe(prepare_seconds < 0 ? 0 : prepare_seconds);
+  impl_->stop_free_family.Add({{"phase", "pause"}}, OperationBuckets())
+      .Observe(pause_seconds < 0 ? 0 : pause_seconds);
 }
 
 void CoordinatorMetrics::RetentionPruned(const std::string& table, int64_t rows) {

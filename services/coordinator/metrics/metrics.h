@@ -23,6 +23,10 @@ class CoordinatorMetrics {
   /// reshard_coordinator_operations_total{kind, result} and
   /// reshard_coordinator_operation_duration_seconds{kind} (histogram).
   void OperationFinished(v1::OperationKind kind, v1::OperationState result, double seconds);
+  /// reshard_coordinator_stop_free_seconds{phase="prepare"|"pause"}
+  /// (histogram), at a stop-free operation's commit (Operation's
+  /// prepare_seconds and pause_seconds).
+  void StopFreeCommitted(double prepare_seconds, double pause_seconds);
   /// reshard_coordinator_planned_bytes_total{locality="local"|"cross_host"}.
   void PlannedBytes(int64_t local, int64_t cross_host);
   /// reshard_coordinator_jobs{state} (gauge).

@@ -47,6 +47,7 @@ const std::vector<MethodRule>& Rules() {
       {"Migrate", {Role::kScheduler}, false, kAll},
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
       {"Checkpoint", {Role::kScheduler}, false, kAll},
+      {"MarkPrepared", {Role::kScheduler}, false, kAll},
       {"CancelOperation", {Role::kScheduler}, false, kAll},
       // The training loop's step commits (docs/data.md): with the job's
       // scheduler credentials, like the operations it steers.

@@ -151,6 +151,19 @@ grpc::Status CoordinatorServiceImpl::RecoverFromFailure(
       });
 }
 
+grpc::Status CoordinatorServiceImpl::MarkPrepared(grpc::ServerContext* context,
+                                                  const v1::MarkPreparedRequest* request,
+                                                  v1::Operation* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "MarkPrepared", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InOperationTenant(p, "MarkPrepared", request->operation_id());
+            !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->MarkPrepared(*request), reply);
+      });
+}
+
 grpc::Status CoordinatorServiceImpl::PreviewPlan(grpc::ServerContext* context,
                                                  const v1::PreviewPlanRequest* request,
                                                  v1::PreviewPlanResponse* reply) {

@@ -45,6 +45,8 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                                   v1::Operation* reply) override;
   grpc::Status Checkpoint(grpc::ServerContext* context, const v1::CheckpointRequest* request,
                           v1::Operation* reply) override;
+  grpc::Status MarkPrepared(grpc::ServerContext* context, const v1::MarkPreparedRequest* request,
+                            v1::Operation* reply) override;
   grpc::Status PreviewPlan(grpc::ServerContext* context, const v1::PreviewPlanRequest* request,
                            v1::PreviewPlanResponse* reply) override;
   grpc::Status GetOperation(grpc::ServerContext* context, const v1::GetOperationRequest* request,

@@ -1,5 +1,6 @@
 #include "services/coordinator/store/pg_codec.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/escaping.h"
@@ -162,6 +163,19 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   if (lost_ranks != nullptr) {
     lost_ranks->clear();
     for (int64_t r : ParseIntArray(row[15])) lost_ranks->push_back(static_cast<int>(r));
+  }
+  // Stop-free (migrations/0009): the preparation and the pause apart.
+  op.set_stop_free(row[16].as<bool>());
+  if (!row[17].is_null()) op.set_prepared_unix_ms(row[17].as<int64_t>());
+  if (!row[18].is_null()) op.set_cutover_unix_ms(row[18].as<int64_t>());
+  if (!row[19].is_null()) op.set_cutover_operation_id(row[19].c_str());
+  if (op.prepared_unix_ms() > 0) {
+    op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
+                           1000.0);
+  }
+  if (op.cutover_unix_ms() > 0 && op.state() == v1::OPERATION_STATE_COMMITTED) {
+    op.set_pause_seconds(std::max<int64_t>(0, op.updated_unix_ms() - op.cutover_unix_ms()) /
+                         1000.0);
   }
   return op;
 }

@@ -4,6 +4,7 @@
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_stop_free_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
 
@@ -97,7 +98,9 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
                                                  op.expected_generation));
         }
         const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, op.job_id);
-        if (!active.empty()) {
+        if (!op.cut_over_operation_id.empty()) {
+          if (absl::Status s = pg::CheckCutOver(tx, op, active); !s.ok()) return s;
+        } else if (!active.empty()) {
           return absl::FailedPreconditionError(absl::StrCat(
               "job \"", op.job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
               pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
@@ -121,6 +124,8 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
         if (op.step.has_value()) {
           tx.Exec(pg::kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
         }
+        if (op.stop_free) tx.Exec(pg::kSetOperationStopFree, op.operation_id);
+        if (!op.cut_over_operation_id.empty()) pg::CutOver(tx, op, to_generation);
         tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
         pg::WriteAudit(tx, op.job_id, op.operation_id);
         absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, op.operation_id, false);

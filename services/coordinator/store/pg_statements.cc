@@ -3,6 +3,7 @@
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
+#include "services/coordinator/store/pg_stop_free_statements.h"
 
 namespace reshard::coordinator::pg {
 
@@ -94,6 +95,12 @@ const std::vector<Statement>& AllStatements() {
       kCarryDatasetState,
       kSetOperationStep,
       kApplyOperationStep,
+      // Stop-free reconfiguration (issue 12).
+      kSetOperationStopFree,
+      kLockStopFreeOperation,
+      kCutOverOperation,
+      kMarkPrepared,
+      kKeepReconfiguring,
   };
   return *kAll;
 }

@@ -22,7 +22,8 @@ namespace reshard::coordinator::pg {
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
-  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state IN (1, 2, 3)), "        \
+  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state IN (1, 2, 3) "          \
+  "ORDER BY o.seq LIMIT 1), "                                                               \
   "ARRAY(SELECT l.host_id FROM job_lost_hosts l WHERE l.job_id = j.id UNION "               \
   "SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "                   \
   "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
@@ -176,7 +177,9 @@ inline constexpr Statement kClaimIdempotencyKey{
 #define RESHARD_PG_OPERATION_COLUMNS                                                        \
   "o.id, o.job_id, o.kind, o.state, o.from_generation, o.to_generation, o.error, o.stats, " \
   "o.bytes_done, o.bytes_total, o.idempotency_key, reshard_unix_ms(o.created_at), "         \
-  "reshard_unix_ms(o.updated_at), o.target_layout, o.lost_hosts, o.lost_ranks "
+  "reshard_unix_ms(o.updated_at), o.target_layout, o.lost_hosts, o.lost_ranks, "            \
+  "o.stop_free, reshard_unix_ms(o.prepared_at), reshard_unix_ms(o.cutover_at), "            \
+  "o.cutover_operation_id "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
@@ -194,7 +197,7 @@ inline constexpr Statement kListActiveOperations{
 
 inline constexpr Statement kActiveOperationOfJob{
     "active_operation_of_job",
-    "SELECT id, state FROM operations WHERE job_id = $1 AND state IN (1, 2, 3)"};
+    "SELECT id, state FROM operations WHERE job_id = $1 AND state IN (1, 2, 3) ORDER BY seq"};
 
 inline constexpr Statement kInsertOperation{
     "insert_operation",

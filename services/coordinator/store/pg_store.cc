@@ -122,10 +122,11 @@ absl::StatusOr<OperationRecord> ReadOperation(PgTx& tx, const std::string& opera
   absl::StatusOr<v1::Operation> op = OperationFromRow(r[0], &record.lost_hosts, &record.lost_ranks);
   if (!op.ok()) return op.status();
   record.op = *std::move(op);
-  if (include_plan && !r[0][16].is_null()) {
+  if (include_plan && !r[0][kOperationColumns].is_null()) {
     v1::TransferPlan plan;
     if (absl::Status s =
-            ParseBytea(r[0][16], absl::StrCat("plan of operation \"", operation_id, "\""), &plan);
+            ParseBytea(r[0][kOperationColumns],
+                       absl::StrCat("plan of operation \"", operation_id, "\""), &plan);
         !s.ok()) {
       return s;
     }

@@ -92,6 +92,9 @@ class PgStore : public Store {
 
   // ---- Operations ----------------------------------------------------------
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) override;
+  // pg_stop_free.cc
+  [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(
+      const std::string& operation_id) override;
   [[nodiscard]] absl::StatusOr<OperationRecord> GetOperation(const std::string& operation_id,
                                                              bool include_plan) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListActiveOperations() override;

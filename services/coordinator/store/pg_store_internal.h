@@ -77,4 +77,12 @@ void InsertGeneration(PgTx& tx, const std::string& job_id, int64_t generation,
                       const std::string& layout_bytes, const GenerationRows& rows,
                       GenerationState state, const std::string& operation_id);
 
+/// A checkpoint naming a stop-free operation (NewOperation::
+/// cut_over_operation_id): FailedPrecondition unless that one is the job's
+/// only active operation (`active`, kActiveOperationOfJob), stop-free,
+/// PLANNED, prepared and not cut over yet. Locks its row (pg_stop_free.cc).
+absl::Status CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active);
+/// Makes the checkpoint's generation the stop-free operation's source.
+void CutOver(PgTx& tx, const NewOperation& op, int64_t checkpoint_generation);
+
 }  // namespace reshard::coordinator::pg

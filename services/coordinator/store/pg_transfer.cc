@@ -8,6 +8,7 @@
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_stop_free_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
 
@@ -183,6 +184,8 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
     pg::CarryDatasetState(tx, op->job_id, job[0][0].as<int64_t>(), op->to_generation);
     tx.Exec(pg::kApplyOperationStep, operation_id);
     tx.Exec(pg::kFinishCommittedOperation, operation_id);
+    // A stop-free operation whose cut-over this was goes on (pg_stop_free.cc).
+    tx.Exec(pg::kKeepReconfiguring, op->job_id);
     return absl::OkStatus();
   });
 }

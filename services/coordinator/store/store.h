@@ -86,6 +86,12 @@ struct NewOperation {
   /// against the current dataset state (CheckStepCommit) in the creating
   /// transaction, applied to the new generation's in the committing one.
   std::optional<StepCommit> step;
+  /// Resize / migrate: two-phase (ResizeRequest.stop_free).
+  bool stop_free = false;
+  /// A checkpoint that cuts over this stop-free operation
+  /// (CheckpointRequest.cut_over_operation_id; checked in the creating
+  /// transaction, see PgStore's CheckCutOver).
+  std::string cut_over_operation_id;
 };
 
 /// An operation with what only the coordinator needs.
@@ -206,6 +212,11 @@ class Store {
   /// (FailedPrecondition naming it). With a key seen before for the same
   /// request, returns that operation (whatever its state now).
   [[nodiscard]] virtual absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) = 0;
+  /// A stop-free operation's new workers are warm (MarkPrepared):
+  /// FailedPrecondition unless it is stop-free and PLANNED; a repeat keeps
+  /// the first time. NotFound when it does not exist.
+  [[nodiscard]] virtual absl::StatusOr<v1::Operation> MarkPrepared(
+      const std::string& operation_id) = 0;
   [[nodiscard]] virtual absl::StatusOr<OperationRecord> GetOperation(
       const std::string& operation_id, bool include_plan) = 0;
   /// Ids of operations in PENDING, PLANNED or TRANSFERRING, oldest first.

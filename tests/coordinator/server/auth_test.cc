@@ -97,9 +97,9 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
                                         "GetOperation", "WatchOperation", "ListHosts",
                                         "ListAudit",    "Advise",         "WatchJob"};
-  const std::set<std::string> kWrites = {"RegisterJob", "DeleteJob",          "Resize",
-                                         "Migrate",     "RecoverFromFailure", "CancelOperation",
-                                         "CommitStep",  "GetWorkerToken",     "Checkpoint"};
+  const std::set<std::string> kWrites = {
+      "RegisterJob",     "DeleteJob",  "Resize",         "Migrate",    "RecoverFromFailure",
+      "CancelOperation", "CommitStep", "GetWorkerToken", "Checkpoint", "MarkPrepared"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
@@ -241,6 +241,13 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          r.set_expected_generation(99);  // past authorization: refused by the logic
          v1::Operation reply;
          return CoordinatorClient(address, c.identity)->Checkpoint(CallCtx(c).get(), r, &reply);
+       }},
+      {"MarkPrepared",
+       [&](const Caller& c) {
+         v1::MarkPreparedRequest r;
+         r.set_operation_id(op.id());  // COMMITTED, not stop-free: refused by the logic
+         v1::Operation reply;
+         return CoordinatorClient(address, c.identity)->MarkPrepared(CallCtx(c).get(), r, &reply);
        }},
       {"CancelOperation",
        [&](const Caller& c) {
