@@ -33,6 +33,10 @@ std::vector<v1::DeviceSlot> ExpandPlacement(const v1::Placement& p) {
 }
 
 int CpOf(const v1::ParallelConfig& c) { return c.cp() > 0 ? c.cp() : 1; }
+
+int64_t WorldSize(const v1::ParallelConfig& c) {
+  return int64_t{c.tp()} * CpOf(c) * c.dp() * c.pp();
+}
 int VppOf(const v1::ParallelConfig& c) { return c.vpp() > 0 ? c.vpp() : 1; }
 int EpOf(const v1::ParallelConfig& c) { return c.ep() > 0 ? c.ep() : 1; }
 int ExpertTpOf(const v1::ParallelConfig& c) { return c.expert_tp() > 0 ? c.expert_tp() : c.tp(); }

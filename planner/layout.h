@@ -5,6 +5,7 @@
 // (validate.h).
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -103,5 +104,9 @@ int CpOf(const v1::ParallelConfig& c);
 int VppOf(const v1::ParallelConfig& c);
 int EpOf(const v1::ParallelConfig& c);
 int ExpertTpOf(const v1::ParallelConfig& c);
+
+/// tp * cp * dp * pp: the number of ranks (docs/partitioning.md, "Ranks").
+/// The one world-size rule; the coordinator, the agent and the CLI use it.
+int64_t WorldSize(const v1::ParallelConfig& c);
 
 }  // namespace reshard::planner

@@ -1,5 +1,6 @@
 #include "agent/process/worker_service.h"
 
+#include <algorithm>
 #include <chrono>
 #include <optional>
 #include <vector>
@@ -42,7 +43,7 @@ grpc::Status Timed(AgentMetrics* metrics, const char* method, Body&& body) {
 
 int WorldSize(const v1::Layout& layout) {
   const v1::ParallelConfig& c = layout.config();
-  return c.tp() * c.pp() * c.dp() * planner::CpOf(c);
+  return static_cast<int>(planner::WorldSize(c));
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "planner/layout.h"
 
 namespace reshard::cli {
 namespace {
@@ -41,8 +42,7 @@ absl::StatusOr<planner::LostSet> ParseLostSet(absl::string_view text, const v1::
   if (absl::StripAsciiWhitespace(text).empty()) return lost;
   const std::vector<std::string> hosts = PlacementHosts(layout.placement());
   const absl::flat_hash_set<std::string> host_set(hosts.begin(), hosts.end());
-  const int64_t world =
-      static_cast<int64_t>(layout.config().tp()) * layout.config().pp() * layout.config().dp();
+  const int64_t world = planner::WorldSize(layout.config());
   absl::flat_hash_set<std::string> seen_hosts;
   absl::flat_hash_set<int> seen_ranks;
   for (absl::string_view raw : absl::StrSplit(text, ',')) {

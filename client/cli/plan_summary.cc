@@ -10,6 +10,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "client/cli/lost_set.h"
+#include "planner/layout.h"
 
 namespace reshard::cli {
 namespace {
@@ -45,9 +46,7 @@ class Table {
   std::vector<std::vector<std::string>> rows_;
 };
 
-int64_t World(const v1::ParallelConfig& c) {
-  return static_cast<int64_t>(c.tp()) * c.pp() * c.dp();
-}
+int64_t World(const v1::ParallelConfig& c) { return planner::WorldSize(c); }
 
 // Layers per stage, e.g. "12,12" or "5,6,7,6".
 std::string LayersPerStage(const v1::ParallelConfig& c, int num_layers) {

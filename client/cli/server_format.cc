@@ -50,7 +50,7 @@ std::string OpKind(v1::OperationKind k) {
 }
 std::string HostState(v1::HostState s) { return Short(v1::HostState_Name(s), "HOST_STATE_"); }
 
-int64_t World(const v1::ParallelConfig& c) { return int64_t{c.tp()} * c.pp() * c.dp(); }
+int64_t World(const v1::ParallelConfig& c) { return planner::WorldSize(c); }
 
 void Field(std::string* out, absl::string_view name, absl::string_view value) {
   absl::StrAppendFormat(out, "%-19s %s\n", absl::StrCat(name, ":"), value);

@@ -90,6 +90,16 @@ TEST(ParseLostSetTest, ErrorsNameTheToken) {
   EXPECT_THAT(ParseLostSet("1,,2", layout).status().message(), HasSubstr("empty entry"));
 }
 
+TEST(ParseLostSetTest, ContextParallelRanksCount) {
+  v1::Layout layout = FourHostsOfFour();  // 16 slots: tp 2 x pp 2 x dp 2 x cp 2
+  layout.mutable_config()->set_dp(2);
+  layout.mutable_config()->set_cp(2);
+  auto lost = ParseLostSet("15", layout);
+  ASSERT_TRUE(lost.ok()) << lost.status();
+  EXPECT_THAT(lost->ranks, ElementsAre(15));
+  EXPECT_THAT(ParseLostSet("16", layout).status().message(), HasSubstr("rank 16"));
+}
+
 TEST(PlacementHostsTest, BothFormsInRankOrderOnce) {
   v1::Placement p;
   for (const char* h : {"b", "a", "b"}) {

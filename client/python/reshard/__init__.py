@@ -8,7 +8,10 @@
   shard" function of docs/partitioning.md.
 - reshard.data: the dataset state of docs/data.md: sample order, per-rank
   shares without divisibility requirements, an elastic sampler.
-- reshard.megatron: PTC specs from Megatron-style state dicts; a synthetic GPT.
+- reshard.megatron: PTC specs from Megatron-style state dicts; a synthetic GPT;
+  gpt_ptc / t5_ptc: a Megatron-core model as Megatron holds it.
+- reshard.fsdp: PTCs of PyTorch FSDP jobs (flat parameters, DTensor Shard(0)).
+- reshard.buckets: the DP_BUCKET bucket layout of a rank's buffers.
 
 The generated messages live in reshard.v1 (ptc_pb2, coordinator_pb2, ...).
 """
@@ -31,6 +34,7 @@ from reshard.client import (  # noqa: F401
     Client, TERMINAL_STATES, is_terminal, tls_credentials)
 from reshard.worker import Worker, checksum  # noqa: F401
 from reshard import data, layout, megatron  # noqa: F401
+from reshard import buckets, fsdp  # noqa: F401
 
 # Enum wrappers, e.g. reshard.OperationState.Name(op.state), reshard.DType.Value("DTYPE_BFLOAT16").
 OperationState = coordinator_pb2.OperationState
@@ -43,7 +47,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Client", "tls_credentials", "Worker", "data", "layout", "megatron", "checksum", "is_terminal", "TERMINAL_STATES",
-    "as_message", "to_dict", "agent_pb2", "coordinator_pb2", "plan_pb2", "ptc_pb2",
+    "buckets", "fsdp", "as_message", "to_dict", "agent_pb2", "coordinator_pb2", "plan_pb2", "ptc_pb2",
     "OperationState", "OperationKind", "JobState", "HostState", "DType",
     "ReshardError", "InvalidArgument", "NotFound", "AlreadyExists", "FailedPrecondition",
     "Aborted", "Unavailable", "DeadlineExceeded", "DataLoss", "ResourceExhausted", "Cancelled",

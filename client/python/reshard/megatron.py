@@ -28,6 +28,13 @@ picks each tensor's partition:
 
 Values may be numpy arrays, torch tensors or TensorMeta(shape, dtype), so a
 spec for a large model needs no memory.
+
+gpt_ptc(GptModel(...)) / t5_ptc(...) (reshard.megatron_core) build the PTC of
+a Megatron-core model exactly as Megatron holds it in memory: vocabulary
+padding that depends on tp, the distributed optimizer's bucketed buffers,
+interleaved stages, context and expert parallelism, tied embeddings on the
+first and last stage (or a layer set), grouped-query attention, and a
+regenerable per-rank rng_state.
 """
 
 import collections
@@ -37,6 +44,8 @@ import numpy as np
 
 from reshard import _dtypes
 from reshard._proto import as_message, ptc_pb2
+from reshard.megatron_core import (  # noqa: F401  (re-exported)
+    GptModel, gpt_params, gpt_ptc, synthetic_state, t5_params, t5_ptc)
 
 TensorMeta = collections.namedtuple("TensorMeta", ["shape", "dtype"])
 TensorMeta.__doc__ = "Shape and dtype of a tensor that is not materialised."

@@ -1,5 +1,6 @@
 #include "services/coordinator/logic/request_checks.h"
 
+#include <algorithm>
 #include <set>
 #include <utility>
 #include <vector>
@@ -60,7 +61,7 @@ absl::Status CheckExpectedGeneration(int64_t expected_generation) {
 }
 
 absl::Status CheckMigrateWorld(const v1::ParallelConfig& config, const v1::Placement& placement) {
-  const int64_t world = int64_t{config.tp()} * config.pp() * config.dp();
+  const int64_t world = planner::WorldSize(config);
   const int64_t slots = placement.ranks_size() > 0
                             ? placement.ranks_size()
                             : int64_t{placement.hosts_size()} * placement.devices_per_host();

@@ -3,6 +3,7 @@
 #include "planner/validate.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
+#include "services/coordinator/store/pg_ptc_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -14,6 +15,8 @@ namespace {
 struct PtcRows {
   std::string tensor_names, tensor_dtypes, tensor_shapes, tensor_specs;
   std::string blob_names, blob_sizes, blob_scopes;
+  std::string bucket_specs;       // empty: the PTC has no bucket groups
+  std::string regenerable_blobs;  // empty: no regenerable blob
   int64_t total_bytes = 0;
 };
 
@@ -51,6 +54,14 @@ absl::StatusOr<PtcRows> ToPtcRows(const v1::Ptc& ptc) {
   rows.blob_names = pg::TextArray(blob_names);
   rows.blob_sizes = pg::IntArray(blob_sizes);
   rows.blob_scopes = pg::IntArray(blob_scopes);
+  std::vector<int64_t> regenerable;
+  for (int i = 0; i < ptc.blobs_size(); ++i) {
+    if (ptc.blobs(i).regenerable()) regenerable.push_back(i);
+  }
+  if (!regenerable.empty()) rows.regenerable_blobs = pg::IntArray(regenerable);
+  std::vector<std::string> buckets;
+  for (const v1::BucketGroup& g : ptc.buckets()) buckets.push_back(pg::Hex(g.SerializeAsString()));
+  if (!buckets.empty()) rows.bucket_specs = pg::TextArray(buckets);
   return rows;
 }
 
@@ -107,6 +118,10 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         if (spec.ptc().blobs_size() > 0) {
           tx.Exec(pg::kInsertPtcBlobs, job_id, ptc->blob_names, ptc->blob_sizes, ptc->blob_scopes);
         }
+        if (!ptc->regenerable_blobs.empty()) {
+          tx.Exec(pg::kSetPtcBlobsRegenerable, job_id, ptc->regenerable_blobs);
+        }
+        if (!ptc->bucket_specs.empty()) tx.Exec(pg::kInsertPtcBuckets, job_id, ptc->bucket_specs);
         pg::InsertGeneration(tx, job_id, 1, layout_bytes, *generation, GenerationState::kCurrent,
                              "");
         if (dataset_state != nullptr) pg::InsertDatasetState(tx, job_id, 1, *dataset_state);

@@ -2,6 +2,7 @@
 
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_ptc_statements.h"
 #include "services/coordinator/store/pg_stop_free_statements.h"
 
 namespace reshard::coordinator::pg {
@@ -22,6 +23,10 @@ const std::vector<Statement>& AllStatements() {
       kInsertPtcBlobs,
       kSelectPtcTensors,
       kSelectPtcBlobs,
+      kInsertPtcBuckets,
+      kSelectPtcBuckets,
+      kSetPtcBlobsRegenerable,
+      kSelectRegenerableBlobs,
       kInsertGeneration,
       kInsertGenerationRanks,
       kMaxGeneration,

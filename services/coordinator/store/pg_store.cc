@@ -2,6 +2,7 @@
 // methods live in pg_jobs.cc, pg_operations.cc, pg_transfer.cc, pg_hosts.cc.
 #include "services/coordinator/store/pg_store.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/escaping.h"
@@ -12,6 +13,7 @@
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_pool.h"
+#include "services/coordinator/store/pg_ptc_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store_internal.h"
 
@@ -101,6 +103,13 @@ absl::StatusOr<v1::Ptc> ReadPtc(PgTx& tx, const std::string& job_id) {
     b->set_size_bytes(row[1].as<int64_t>());
     b->set_scope(static_cast<v1::BlobScope>(row[2].as<int>()));
   }
+  for (const pqxx::row& row : tx.Exec(kSelectRegenerableBlobs, job_id)) {
+    const int idx = row[0].as<int>();
+    if (idx >= 0 && idx < ptc.blobs_size()) ptc.mutable_blobs(idx)->set_regenerable(true);
+  }
+  for (const pqxx::row& row : tx.Exec(kSelectPtcBuckets, job_id)) {
+    if (absl::Status s = ParseBytea(row[0], "bucket group", ptc.add_buckets()); !s.ok()) return s;
+  }
   return ptc;
 }
 
@@ -156,12 +165,12 @@ absl::StatusOr<GenerationRows> ToGenerationRows(const v1::Layout& layout, absl::
   rows.tp = layout.config().tp();
   rows.pp = layout.config().pp();
   rows.dp = layout.config().dp();
-  rows.world = rows.tp * rows.pp * rows.dp;
+  rows.world = rows.tp * rows.pp * rows.dp * std::max(layout.config().cp(), 1);
   const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(layout.placement());
   if (rows.world <= 0 || static_cast<int64_t>(slots.size()) != rows.world) {
-    return absl::InvalidArgumentError(absl::StrCat(what, ": placement has ", slots.size(),
-                                                   " ranks but tp x pp x dp is ", rows.tp, " x ",
-                                                   rows.pp, " x ", rows.dp));
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": placement has ", slots.size(), " ranks but tp x pp x dp x cp is ", rows.tp, " x ",
+        rows.pp, " x ", rows.dp, " x ", std::max(layout.config().cp(), 1)));
   }
   std::vector<std::string> hosts;
   std::vector<int64_t> devices;

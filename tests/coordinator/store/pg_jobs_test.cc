@@ -49,6 +49,31 @@ TEST_F(JobsTest, CreateThenGetReturnsTheJobAtGenerationOne) {
   EXPECT_TRUE(MessageDifferencer::Equals(*ptc, spec.ptc()));
 }
 
+// Issue 13: bucket groups, regenerable blobs and a cp layout survive the
+// store (migrations/0010_ptc_buckets.sql); bucket rows go with the job.
+TEST_F(JobsTest, BucketGroupsRegenerableBlobsAndContextParallelRoundTrip) {
+  v1::JobSpec spec = SmallSpec("fsdp");
+  v1::BucketGroup* g = spec.mutable_ptc()->add_buckets();
+  g->set_name("dense.master");
+  g->set_reverse_order(true);
+  g->set_param_align(64);
+  g->set_bucket_elements(1000);
+  g->set_pad_multiple(128);
+  spec.mutable_ptc()->add_buckets()->set_name("fsdp.root");
+  spec.mutable_ptc()->mutable_blobs(spec.ptc().blobs_size() - 1)->set_regenerable(true);
+  spec.mutable_layout()->mutable_config()->set_tp(1);  // tp 1 x pp 2 x dp 1 x cp 2 = 4 ranks
+  spec.mutable_layout()->mutable_config()->set_cp(2);
+  ASSERT_TRUE(store_->CreateJob("job-1", spec, {}).ok());
+  absl::StatusOr<v1::Ptc> ptc = store_->GetPtc("job-1");
+  ASSERT_TRUE(ptc.ok()) << ptc.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(*ptc, spec.ptc())) << ptc->DebugString();
+  absl::StatusOr<v1::Job> job = store_->GetJob("job-1", false);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->layout().config().cp(), 2);
+  ASSERT_TRUE(store_->DeleteJob("job-1").ok());
+  EXPECT_EQ(CountRows("SELECT count(*) FROM ptc_buckets WHERE job_id = $1", "job-1"), 0);
+}
+
 TEST_F(JobsTest, MissingJobIsNotFound) {
   const absl::Status s = store_->GetJob("nope", false).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound);
