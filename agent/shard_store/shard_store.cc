@@ -592,15 +592,17 @@ class ShmShardStore final : public ShardStore {
     // the file: a changed --worker-group takes the old group's access away.
     // A file that cannot be regrouped is kept (its bytes may be the only
     // copy) and said loudly.
-    absl::StatusOr<bool> regrouped =
-        Regroup(fd, path, st, options_.file_gid,
-                sidecar->sealed ? kSealedMode : static_cast<mode_t>(options_.file_mode));
+    const mode_t mode = sidecar->sealed ? kSealedMode : static_cast<mode_t>(options_.file_mode);
+    absl::StatusOr<bool> regrouped = Regroup(fd, path, st, options_.file_gid, mode);
     if (!regrouped.ok()) {
       RESHARD_LOG(WARNING) << "shard store: " << Describe(sidecar->key)
                            << " keeps its old group or mode: " << regrouped.status();
     } else if (*regrouped) {
-      RESHARD_LOG(INFO) << "shard store: gave " << Describe(sidecar->key)
-                        << " the configured group and mode";
+      RESHARD_LOG(INFO) << "shard store: " << Describe(sidecar->key) << " regrouped: group "
+                        << st.st_gid << " mode " << absl::StrFormat("%04o", st.st_mode & 07777)
+                        << " -> group "
+                        << (options_.file_gid >= 0 ? options_.file_gid : int64_t{::getegid()})
+                        << " mode " << absl::StrFormat("%04o", mode);
     }
     const FileId id{st.st_dev, st.st_ino};
     // Sealed and published buffers alike: the agent never writes them.
