@@ -403,14 +403,17 @@ int BenchSecret(bool quick, int64_t only_size, int reps, int64_t spare, int laye
   std::printf(
       "\n(d) the transfer secret's cost: proofs first, then every cross-host chunk MACed "
       "(Poly1305) at both\n    ends and every step sealed (docs/security.md). The same "
-      "runs as (a) (pool) and (c) (pool),\n    without and with a secret, alternating; best "
-      "of %d each; CPU: all agents' CPU seconds of that run.\n",
+      "runs as (a) (pool) and (c) (pool),\n    without and with a secret, alternating (which "
+      "first, too); best of %d each; CPU: all agents' CPU seconds of that run.\n",
       reps);
   int failures = 0;
   auto pair = [&](const char* what, double bytes, const std::function<double(bool, double*)>& run) {
     double best[2] = {-1, -1}, cpu[2] = {0, 0};
     for (int rep = 0; rep < reps; ++rep) {
-      for (int with = 0; with < 2; ++with) {
+      // Which goes first alternates: a run right after another's teardown
+      // is not like one after an idle machine (kSettleSeconds).
+      for (int k = 0; k < 2; ++k) {
+        const int with = (rep + k) % 2;
         double c = 0;
         const double s = run(with == 1, &c);
         if (s < 0) ++failures;

@@ -134,6 +134,29 @@ TEST_F(TransferIntegrityTest, AnUntouchedTransferWithTheSecretPasses) {
   ExpectResharded(SecretTask(), 6);
 }
 
+// Many chunks per step (1000 bytes against rows of 1024, 96 and 16),
+// strided at both ends (packed and unpacked through staging) and fanned out
+// to two ranks: the tags of both ends agree chunk by chunk.
+TEST_F(TransferIntegrityTest, ChunkedStridedAndFanOutStepsWithTheSecretPass) {
+  ptc_ = MakePtc(256);
+  v1::TensorSpec c = Tensor("c", {64, 96});
+  TpSplit(c, 1);
+  *ptc_.add_tensors() = c;
+  from_ = MakeLayout(3, 1, 1, 3);
+  to_ = MakeLayout(2, 1, 4, 4);
+  MakeHosts(int64_t{1} << 30, 1000);
+  FillOld();
+  v1::HostTask whole = SecretTask();
+  int64_t most_chunks = 0;
+  for (const v1::CopyStep* s : StepsToH1(whole)) {
+    const std::vector<int64_t> shape(s->shape().begin(), s->shape().end());
+    const auto& item = whole.plan().items(s->item());
+    most_chunks = std::max(most_chunks, StepChunks(shape, item.element_bytes(), 1000).count());
+  }
+  ASSERT_GT(most_chunks, 10);
+  ExpectResharded(whole, 3);
+}
+
 TEST_F(TransferIntegrityTest, BytesAlteredInFlightAreDataLossAndNothingIsCommitted) {
   wrap_transport_ = [this](const std::string& host, Transport* own) -> std::unique_ptr<Transport> {
     if (host != "h1") return nullptr;
