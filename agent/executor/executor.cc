@@ -18,6 +18,7 @@
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
 #include "agent/executor/peer_proof.h"
+#include "agent/executor/step_seal.h"
 #include "agent/executor/transfer_lanes.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
@@ -108,6 +109,7 @@ struct InFlight {
   int64_t bytes = 0;
   std::vector<int64_t> start, shape;  // the chunk within its step
   StagingPtr staging;                 // null when the transfer is in place
+  const uint8_t* data = nullptr;      // the bytes sent or received
 };
 
 // Runs fn(0) ... fn(n - 1) on up to `threads` threads (this one included),
@@ -277,8 +279,13 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   const uint64_t tag_base = TransferTag(tag_key, 0, 0).value();
   auto completions = std::make_shared<Completions>();
   std::unordered_map<uint64_t, InFlight> inflight;  // by sequence number
+  // With a transfer secret: every cross-host step's bytes are sealed by its
+  // sender and checked by its receiver (step_seal.h).
+  std::unique_ptr<StepSeals> seals;
   auto fail = [&](absl::Status s) -> absl::Status {
     prefaulter.Stop();
+    // Seal receives may be pending (their buffers are the seals' own).
+    if (seals != nullptr) transport_->CancelTags(tag_base, kTagKeyMask);
     if (transport_ != nullptr && !inflight.empty()) {
       transport_->CancelTags(tag_base, kTagKeyMask);
       const auto deadline = Clock::now() + kCancelGrace;
@@ -368,6 +375,19 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   }
   TransferLanes lanes(lane_steps, options_.peer_window_bytes, options_.max_inflight_bytes);
   const int64_t remote_chunk_total = lanes.chunk_count();
+  if (!task.transfer_secret().empty() && !hs.remotes.empty()) {
+    std::vector<StepSeals::Step> seal_steps;
+    for (size_t i = 0; i < hs.remotes.size(); ++i) {
+      const RemoteStep& r = hs.remotes[i];
+      const int item = r.step->item();
+      seal_steps.push_back(
+          StepSeals::Step{r.step->index(), r.is_send, r.peer, remote_chunks[i].count(),
+                          absl::StrCat("item ", item, " (\"", plan.items(item).name(), "\")")});
+    }
+    seals = std::make_unique<StepSeals>(transport_, task.transfer_secret(), task.operation_id(),
+                                        job, host_id, tag_key, std::move(seal_steps));
+    seals->PostReceives();
+  }
 
   // Each item is checked as soon as its last access is over, while other
   // transfers go on: a source item against its sealed checksum once every
@@ -451,9 +471,13 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       state->cv.notify_one();
     };
     const int64_t bytes = f.bytes;
+    f.data = static_cast<const uint8_t*>(data);
     inflight.emplace(seq, std::move(f));
     if (r.is_send) {
       transport_->Send(r.peer, tag, data, bytes, std::move(cb));
+      // While the transport moves them: the bytes stay as they are until the
+      // completion (a sealed source, or staging the callback holds).
+      if (seals) seals->AddChunk(c.step, c.chunk, data, static_cast<size_t>(bytes));
     } else {
       transport_->Receive(tag, data, bytes, std::move(cb));
     }
@@ -508,6 +532,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       }
       if (!first_error.ok()) continue;
       if (!r.is_send) {
+        // The bytes exactly as they arrived, before they are unpacked.
+        if (seals) seals->AddChunk(f.remote, f.lane_chunk.chunk, f.data, f.bytes);
         if (f.staging) {
           copier_->Unpack(f.staging->bytes.get(), dst_views(*r.step, f.start), f.shape,
                           element_bytes(r.step->item()));
@@ -551,6 +577,17 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
   checks.Finish();
   if (!source_errors.empty()) return fail(source_errors.begin()->second);
+  // Every source read is verified: seal what was sent, and check what was
+  // received against its senders' seals before anything is reported DONE.
+  if (seals) {
+    if (waiting) waiting(waiting_on = "step seals");
+    seals->SendSeals();
+    if (absl::Status s =
+            seals->Finish(cancelled, std::chrono::milliseconds(options_.seal_timeout_ms));
+        !s.ok()) {
+      return fail(s);
+    }
+  }
 
   // 4. The checksums of the bytes written, recorded durably; ranks in parallel.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys.size(),

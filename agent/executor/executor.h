@@ -41,6 +41,10 @@ class TaskExecutor {
     /// How long a receiver waits for the transfer proofs of its senders
     /// (peer_proof.h) before it fails the task (UNAUTHENTICATED naming them).
     int64_t proof_timeout_ms = 60000;
+    /// How long a receiver waits, once every chunk has landed, for the seals
+    /// of its steps (step_seal.h) before it fails the task (UNAVAILABLE
+    /// naming the step and source host).
+    int64_t seal_timeout_ms = 60000;
   };
 
   /// `transport` may be null when every step of every task is local. The
@@ -53,7 +57,9 @@ class TaskExecutor {
   /// stops the task (Cancelled). On any failure the new buffers are dropped,
   /// the old generation is untouched, and the status says why (NotFound for a
   /// missing old shard, ResourceExhausted before any byte moved when the new
-  /// buffers do not fit, Unavailable for an unreachable peer...). On success
+  /// buffers do not fit, Unavailable for an unreachable peer, DataLoss for a
+  /// source that no longer matches its sealed checksum or, with a transfer
+  /// secret, bytes received that differ from the bytes sent...). On success
   /// returns one checksum per (item, new rank on this host) with its bytes.
   /// `waiting(what)`, if set, is called with each progress report when what
   /// the task waits on changes: the earliest unfinished cross-host step

@@ -18,20 +18,13 @@ namespace {
 
 constexpr size_t kMacBytes = 32;
 
-// Length-prefixed fields, so that ("ab", "c") and ("a", "bc") differ.
-void Append(std::string& out, const std::string& field) {
-  const uint32_t n = static_cast<uint32_t>(field.size());
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
-  out += field;
-}
-
 std::string ProofMac(const std::string& secret, const std::string& operation_id,
                      const std::string& sender, const std::string& receiver) {
   std::string data;
-  Append(data, "reshard-peer-proof-v1");
-  Append(data, operation_id);
-  Append(data, sender);
-  Append(data, receiver);
+  AppendMacField(data, "reshard-peer-proof-v1");
+  AppendMacField(data, operation_id);
+  AppendMacField(data, sender);
+  AppendMacField(data, receiver);
   return HmacSha256Of(secret, data);
 }
 
@@ -51,6 +44,12 @@ std::string HmacSha256Of(const std::string& key, const std::string& data) {
   return std::string(reinterpret_cast<const char*>(out), len);
 }
 
+void AppendMacField(std::string& out, const std::string& field) {
+  const uint32_t n = static_cast<uint32_t>(field.size());
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<char>((n >> (8 * i)) & 0xff));
+  out += field;
+}
+
 bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
 }
@@ -58,8 +57,8 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b) {
 uint32_t TransferTagKey(const std::string& secret, const std::string& operation_id) {
   if (secret.empty()) return OperationTagKey(operation_id);
   std::string data;
-  Append(data, "reshard-tag-key-v1");
-  Append(data, operation_id);
+  AppendMacField(data, "reshard-tag-key-v1");
+  AppendMacField(data, operation_id);
   const std::string mac = HmacSha256Of(secret, data);
   uint32_t key = 0;
   for (int i = 0; i < 4; ++i) key = key << 8 | static_cast<uint8_t>(mac[i]);
@@ -78,7 +77,7 @@ absl::StatusOr<std::string> MakePeerProof(const std::string& secret,
                                                    " bytes: it does not fit a peer proof"));
   }
   std::string out;
-  Append(out, sender);
+  AppendMacField(out, sender);
   out += ProofMac(secret, operation_id, sender, receiver);
   out.resize(kPeerProofBytes, '\0');
   return out;

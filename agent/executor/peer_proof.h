@@ -28,6 +28,9 @@ std::string Sha256Of(const std::string& data);
 std::string HmacSha256Of(const std::string& key, const std::string& data);
 /// Equal length and bytes, in time independent of where they differ.
 bool ConstantTimeEqual(const std::string& a, const std::string& b);
+/// Appends `field` length-prefixed (4 bytes, little endian) to `out`: the
+/// encoding of every MAC input, so that ("ab", "c") and ("a", "bc") differ.
+void AppendMacField(std::string& out, const std::string& field);
 
 /// The transfer tag key (kTagKeyBits wide, step_chunks.h) of an operation
 /// with transfer secret `secret`; without a secret (empty), the key of the

@@ -67,13 +67,13 @@ StepChunks::StepChunks(const std::vector<int64_t>& shape, int element_bytes, int
     bool fits = true;
     for (int j = 0; j < k && fits; ++j) {
       outer *= shape[j];
-      fits = outer <= kMaxChunksPerStep;
+      fits = outer <= kMaxDataChunksPerStep;
     }
     if (!fits) continue;
     // Pieces of ~chunk_bytes; slab * shape <= the step's bytes, no overflow.
     int64_t pieces = (slab[k] * shape[k] + chunk_bytes - 1) / chunk_bytes;
     pieces = std::clamp<int64_t>(pieces, 1, shape[k]);
-    pieces = std::min(pieces, kMaxChunksPerStep / outer);
+    pieces = std::min(pieces, kMaxDataChunksPerStep / outer);
     cut_ = k;
     outer_ = outer;
     pieces_ = pieces;

@@ -21,6 +21,10 @@ inline constexpr int64_t kMaxTaggedSteps = int64_t{1} << kTagStepBits;
 inline constexpr int64_t kMaxChunksPerStep = int64_t{1} << kTagChunkBits;
 /// The step index of the peer proofs (peer_proof.h), never a plan step's.
 inline constexpr int64_t kProofStepIndex = kMaxTaggedSteps - 1;
+/// The chunk of a step's seal (step_seal.h), never a data chunk's: a step
+/// has at most kMaxDataChunksPerStep data chunks.
+inline constexpr int64_t kSealChunk = kMaxChunksPerStep - 1;
+inline constexpr int64_t kMaxDataChunksPerStep = kMaxChunksPerStep - 1;
 /// The mask selecting the operation key of a tag.
 inline constexpr uint64_t kTagKeyMask = ((uint64_t{1} << kTagKeyBits) - 1)
                                         << (kTagStepBits + kTagChunkBits);
@@ -40,7 +44,7 @@ uint32_t OperationTagKey(const std::string& operation_id);
 /// innermost), the dimensions outside it taken one index at a time. Pieces of
 /// the cut dimension are numpy array_split parts, so chunks are balanced and
 /// need not align with rows. When that would make more than
-/// kMaxChunksPerStep chunks the cut moves outward and chunks grow.
+/// kMaxDataChunksPerStep chunks the cut moves outward and chunks grow.
 class StepChunks {
  public:
   StepChunks(const std::vector<int64_t>& shape, int element_bytes, int64_t chunk_bytes);

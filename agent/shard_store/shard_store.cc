@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "agent/shard_store/rank_buffer_file.h"
+#include "agent/shard_store/regroup.h"
 #include "agent/shard_store/seal.h"
 #include "agent/shard_store/sidecar.h"
 #include "agent/shard_store/spare_pool.h"
@@ -45,6 +46,7 @@ using store_internal::kSealingSuffix;
 using store_internal::MapAndClose;
 using store_internal::MappedRankBuffer;
 using store_internal::Populate;
+using store_internal::Regroup;
 using store_internal::RemapReadOnly;
 using store_internal::SealedAgain;
 using store_internal::SealPublished;
@@ -585,6 +587,22 @@ class ShmShardStore final : public ShardStore {
     if (!whole) {
       return absl::InvalidArgumentError(
           absl::StrCat("\"", path, "\" has ", st.st_size, " bytes, the sidecar says ", size));
+    }
+    // The group and mode configured now, not those of the agent that made
+    // the file: a changed --worker-group takes the old group's access away.
+    // A file that cannot be regrouped is kept (its bytes may be the only
+    // copy) and said loudly.
+    const mode_t mode = sidecar->sealed ? kSealedMode : static_cast<mode_t>(options_.file_mode);
+    absl::StatusOr<bool> regrouped = Regroup(fd, path, st, options_.file_gid, mode);
+    if (!regrouped.ok()) {
+      RESHARD_LOG(WARNING) << "shard store: " << Describe(sidecar->key)
+                           << " keeps its old group or mode: " << regrouped.status();
+    } else if (*regrouped) {
+      RESHARD_LOG(INFO) << "shard store: " << Describe(sidecar->key) << " regrouped: group "
+                        << st.st_gid << " mode " << absl::StrFormat("%04o", st.st_mode & 07777)
+                        << " -> group "
+                        << (options_.file_gid >= 0 ? options_.file_gid : int64_t{::getegid()})
+                        << " mode " << absl::StrFormat("%04o", mode);
     }
     const FileId id{st.st_dev, st.st_ino};
     // Sealed and published buffers alike: the agent never writes them.

@@ -141,8 +141,9 @@ bool FillRanks(std::vector<Agent>* agents, const std::string& job, const v1::Ptc
 }
 
 v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, const v1::Ptc& ptc,
-                      const v1::TransferPlan& plan) {
+                      const v1::TransferPlan& plan, const std::string& transfer_secret) {
   v1::HostTask task;
+  task.set_transfer_secret(transfer_secret);
   task.set_operation_id(job + "-op");
   task.set_job_id(job);
   task.set_from_generation(1);

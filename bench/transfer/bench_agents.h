@@ -54,9 +54,11 @@ void DropAgents(std::vector<Agent>* agents);
 bool FillRanks(std::vector<Agent>* agents, const std::string& job, const v1::Ptc& ptc,
                const v1::Layout& layout, int64_t generation);
 
-/// A task for `plan` with every agent as a peer.
+/// A task for `plan` with every agent as a peer; with `transfer_secret`
+/// (as the coordinator always sends one) the agents prove themselves to each
+/// other and seal every cross-host step (docs/security.md).
 v1::HostTask MakeTask(const std::vector<Agent>& agents, const std::string& job, const v1::Ptc& ptc,
-                      const v1::TransferPlan& plan);
+                      const v1::TransferPlan& plan, const std::string& transfer_secret = "");
 
 /// Where one agent's Execute spent its time (seconds from the common start).
 struct AgentTimes {

@@ -5,13 +5,17 @@
 //  (b) LocalCopier against memcpy with the same number of threads;
 //  (c) a full reconfiguration of a GPT-style state (~2 GiB; tp2 pp2 dp1 on 2
 //      hosts -> tp2 pp1 dp2 on 4 hosts) by four agents at once, against the
-//      lower bound: cross-host bytes / the measured pairwise bandwidth.
+//      lower bound: cross-host bytes / the measured pairwise bandwidth;
+//  (d) what the operation's transfer secret costs (proofs, step seals: a
+//      Poly1305 pass over every cross-host byte at each end): (a) and (c)
+//      with and without one, alternating in the same run.
+// (a)-(c) run without a transfer secret, as before the seals.
 // (a) and (c) run with a spare pool per agent (--spare-mib, default 2048; 128
 // with --quick) and without one (cold).
 // Any failed run (plan, fill, an agent's Execute, the bare transport) is
 // printed to stderr and makes the exit status 1; --cancel cancels every
 // agent's Execute, to show that (the CTest transfer_bench_cancel_fails).
-// Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c]
+// Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c|d]
 //                       [--layers N] [--ucx-tls TLS] [--shm-dir DIR] [--cancel]
 #include <stdlib.h>
 
@@ -69,8 +73,10 @@ void MakeMigration(int64_t bytes, int ranks, v1::Ptc* ptc, v1::Layout* from, v1:
 // Seconds for both executors to finish the migration (negative on failure,
 // printed) and the receiver's times; the agents get a spare pool of `spare`
 // bytes (0: none), filled before the timed run starts. `cancel`: every
-// Execute is cancelled.
-double RunMigration(int64_t bytes, int64_t spare, bool cancel, AgentTimes* receiver) {
+// Execute is cancelled. `secret`: the task's transfer secret; `cpu`, if set,
+// receives the CPU seconds of the run.
+double RunMigration(int64_t bytes, int64_t spare, bool cancel, AgentTimes* receiver,
+                    const std::string& secret = "", double* cpu = nullptr) {
   v1::Ptc ptc;
   v1::Layout from, to;
   MakeMigration(bytes, 8, &ptc, &from, &to);
@@ -81,7 +87,7 @@ double RunMigration(int64_t bytes, int64_t spare, bool cancel, AgentTimes* recei
   if (plan.ok() && FillRanks(&agents, "bench", ptc, from, 1)) {
     if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
     std::vector<AgentTimes> times;
-    secs = RunTask(&agents, MakeTask(agents, "bench", ptc, *plan), &times, cancel);
+    secs = RunTask(&agents, MakeTask(agents, "bench", ptc, *plan, secret), &times, cancel, cpu);
     *receiver = times[1];
   }
   DropAgents(&agents);
@@ -287,12 +293,13 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
 // bytes (filled before the timed run); seconds (negative on failure,
 // printed). `cancel`: every Execute is cancelled.
 double RunReconfigure(const v1::Ptc& ptc, const v1::Layout& from, const v1::TransferPlan& plan,
-                      int64_t spare, bool cancel, std::vector<AgentTimes>* times, double* cpu) {
+                      int64_t spare, bool cancel, std::vector<AgentTimes>* times, double* cpu,
+                      const std::string& secret = "") {
   std::vector<Agent> agents = MakeAgents(4, (int64_t{16} << 30) + spare, spare);
   double s = -1;
   if (FillRanks(&agents, "gpt", ptc, from, 1)) {
     if (!WaitForSpares(&agents)) std::fprintf(stderr, "spare pools not filled in a minute\n");
-    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan), times, cancel, cpu);
+    s = RunTask(&agents, MakeTask(agents, "gpt", ptc, plan, secret), times, cancel, cpu);
   }
   DropAgents(&agents);
   return s;
@@ -388,6 +395,69 @@ int BenchReconfigure(bool quick, int reps, int64_t spare, bool cancel, int layer
   return failures;
 }
 
+// ---- (d) the cost of the transfer secret ----
+
+// Returns the number of failed runs.
+int BenchSecret(bool quick, int64_t only_size, int reps, int64_t spare, int layers) {
+  const std::string secret(32, 's');
+  std::printf(
+      "\n(d) the transfer secret's cost: proofs first, then every cross-host chunk MACed "
+      "(Poly1305) at both\n    ends and every step sealed (docs/security.md). The same "
+      "runs as (a) (pool) and (c) (pool),\n    without and with a secret, alternating (which "
+      "first, too); best of %d each; CPU: all agents' CPU seconds of that run.\n",
+      reps);
+  int failures = 0;
+  auto pair = [&](const char* what, double bytes, const std::function<double(bool, double*)>& run) {
+    double best[2] = {-1, -1}, cpu[2] = {0, 0};
+    for (int rep = 0; rep < reps; ++rep) {
+      // Which goes first alternates: a run right after another's teardown
+      // is not like one after an idle machine (kSettleSeconds).
+      for (int k = 0; k < 2; ++k) {
+        const int with = (rep + k) % 2;
+        double c = 0;
+        const double s = run(with == 1, &c);
+        if (s < 0) ++failures;
+        if (s > 0 && (best[with] < 0 || s < best[with])) best[with] = s, cpu[with] = c;
+      }
+    }
+    if (best[0] < 0 || best[1] < 0) {
+      std::printf("  %-28s failed (see stderr)\n", what);
+      return;
+    }
+    std::printf(
+        "  %-28s none %.3f s (%.0f MiB/s, CPU %.2f s)  secret %.3f s (%.0f MiB/s, CPU %.2f s)  "
+        "time %+.1f%%, CPU %+.1f%%\n",
+        what, best[0], bytes / kMiB / best[0], cpu[0], best[1], bytes / kMiB / best[1], cpu[1],
+        100 * (best[1] / best[0] - 1), 100 * (cpu[1] / cpu[0] - 1));
+    std::fflush(stdout);
+  };
+  const int64_t size = only_size > 0 ? only_size : quick ? int64_t{64} << 20 : int64_t{1} << 30;
+  char label[64];
+  std::snprintf(label, sizeof label, "(a) %lld MiB h0 -> h1", static_cast<long long>(size >> 20));
+  AgentTimes warm;
+  if (RunMigration(int64_t{16} << 20, 0, false, &warm, secret) < 0) ++failures;  // warm-up
+  pair(label, static_cast<double>(size), [&](bool with, double* cpu) {
+    AgentTimes t;
+    return RunMigration(size, spare, false, &t, with ? secret : "", cpu);
+  });
+  const v1::Ptc ptc =
+      quick ? MakeGpt(2, 128, 1024, 128) : MakeGpt(layers > 0 ? layers : 12, 1024, 8192, 1024);
+  const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
+  const v1::Layout to = MakeLayout(2, 1, 2, {"h0", "h1", "h2", "h3"}, 1);
+  auto plan = planner::PlanTransfer(ptc, from, to, {});
+  if (!plan.ok()) {
+    std::fprintf(stderr, "planner: %s\n", plan.status().ToString().c_str());
+    return failures + 1;
+  }
+  std::snprintf(label, sizeof label, "(c) GPT %d layers, 4 agents", ptc.num_layers());
+  pair(label, static_cast<double>(plan->stats().bytes_cross_host()), [&](bool with, double* cpu) {
+    std::vector<AgentTimes> times;
+    return RunReconfigure(ptc, from, *plan, spare, false, &times, cpu, with ? secret : "");
+  });
+  std::printf("  (c)'s MiB/s are cross-host bytes over the whole time.\n");
+  return failures;
+}
+
 }  // namespace
 }  // namespace reshard::agent::bench
 
@@ -432,6 +502,9 @@ int main(int argc, char** argv) {
   if (only.empty() || only == "a") failures += BenchStack(quick, only_size, reps, spare, cancel);
   if (only.empty() || only == "b") BenchLocal(quick);
   if (only.empty() || only == "c") failures += BenchReconfigure(quick, reps, spare, cancel, layers);
+  if ((only.empty() && !cancel) || only == "d") {
+    failures += BenchSecret(quick, only_size, reps, spare, layers);
+  }
   if (failures > 0) {
     std::fprintf(stderr, "transfer_bench: %d run(s) failed\n", failures);
     return 1;

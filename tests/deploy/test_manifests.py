@@ -217,7 +217,7 @@ def test_tls_files_come_from_secrets():
                                ("DaemonSet", "reshard-agent", "reshard-agent-tls")):
         d = _one(kind, name)
         spec = d["spec"]["template"]["spec"]
-        (c,) = _containers(d)
+        (c,) = [c for c in _containers(d) if c["command"][0] == name]
         secrets = {v["name"]: v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
         mounts = {m["mountPath"]: m["name"] for m in c["volumeMounts"]}
         for var in ("RESHARD_TLS_CERT", "RESHARD_TLS_KEY", "RESHARD_TLS_CA"):
@@ -226,6 +226,36 @@ def test_tls_files_come_from_secrets():
             assert secrets.get(mounts.get(os.path.dirname(path))) == secret, (name, var, path)
         assert "--insecure" not in c.get("args", []) + c["command"]
         assert _env_value(c, "RESHARD_INSECURE") in (None, "", "false", "0")
+
+
+def test_non_root_training_pods_can_use_the_agent():
+    """The agent gives its socket and shard files a worker group (a number:
+    images need not share /etc/group) with group read and write, and an init
+    container hands both hostPath directories to that group (0750), so that a
+    pod running as any user with the group as a supplemental group can
+    connect and map (docs/security.md, "Workers")."""
+    ds = _one("DaemonSet", "reshard-agent")
+    spec = ds["spec"]["template"]["spec"]
+    (agent,) = spec["containers"]
+    gid = _env_value(agent, "RESHARD_WORKER_GROUP")
+    assert gid and gid.isdigit() and int(gid) > 0, gid
+    for var in ("RESHARD_WORKER_SOCKET_MODE", "RESHARD_SHARD_FILE_MODE"):
+        mode = int(_env_value(agent, var), 8)
+        assert mode & 0o060 == 0o060, f"{var} {mode:o} does not let the group read and write"
+        assert mode & 0o007 == 0, f"{var} {mode:o} lets every user in"
+    socket_dir = os.path.dirname(_env_value(agent, "RESHARD_WORKER_SOCKET"))
+    shm = _env_value(agent, "RESHARD_SHM_DIR")
+    agent_mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}
+    (init,) = [c for c in spec.get("initContainers", []) if c["name"] == "worker-dirs"]
+    script = " ".join(init["command"])
+    init_mounts = {m["mountPath"]: m["name"] for m in init["volumeMounts"]}
+    for path in (socket_dir, shm):
+        assert init_mounts.get(path) == agent_mounts[path], f"{path}: not the agent's volume"
+        assert re.search(r"chgrp \S+ .*" + re.escape(path), script), f"{path} is not regrouped"
+        assert re.search(r"chmod 0750 .*" + re.escape(path), script), f"{path} is not 0750"
+    ref = _env(init)["WORKER_GID"]["valueFrom"]["configMapKeyRef"]
+    assert _config_maps()[ref["name"]][ref["key"]] == gid
+    assert "$WORKER_GID" in script
 
 
 def _help_variables(binary):

@@ -1,0 +1,320 @@
+// The executor tests' fixture: two "hosts" in one process (two shard stores
+// in temp dirs, two UCX transports over loopback) execute their slices of a
+// real plan; every new byte is checked against the global tensors. Shared by
+// executor_test.cc and transfer_integrity_test.cc.
+#pragma once
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <thread>
+
+#include "agent/executor/executor.h"
+#include "agent/transfer/local_copy.h"
+#include "agent/transfer/ucx_transport.h"
+#include "planner/layout.h"
+#include "planner/planner.h"
+#include "planner/shard.h"
+#include "planner/validate.h"
+#include "tests/planner/test_specs.h"
+
+namespace reshard::agent::executor_testing {
+
+namespace fs = std::filesystem;
+using planner::testing::Dp;
+using planner::testing::MakeLayout;
+using planner::testing::Tensor;
+using planner::testing::TpSplit;
+
+inline constexpr char kJob[] = "job-x";
+
+inline uint64_t Mix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Byte j of global element g of item i (never all zero, so padding shows).
+inline uint8_t Pattern(int item, int64_t g, int j) {
+  return static_cast<uint8_t>(Mix((uint64_t(item) << 48) ^ (uint64_t(g) << 4) ^ j) | 1);
+}
+
+inline v1::Ptc MakePtc(int64_t rows) {
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  v1::TensorSpec w = Tensor("w", {rows, 256});
+  TpSplit(w, 0);
+  *ptc.add_tensors() = w;
+  v1::TensorSpec qkv = Tensor("qkv", {12, 8}, v1::DTYPE_BFLOAT16);
+  TpSplit(qkv, 0, {4, 4, 4});
+  *ptc.add_tensors() = qkv;
+  v1::TensorSpec m = Tensor("m", {5, 5});
+  Dp(m, v1::DP_FLAT);
+  *ptc.add_tensors() = m;
+  v1::TensorSpec o = Tensor("o", {rows, 16}, v1::DTYPE_INT8);
+  TpSplit(o, 1);
+  Dp(o, v1::DP_FLAT);
+  *ptc.add_tensors() = o;
+  auto* step = ptc.add_blobs();
+  step->set_name("step");
+  step->set_size_bytes(8);
+  auto* rng = ptc.add_blobs();
+  rng->set_name("rng");
+  rng->set_size_bytes(16);
+  rng->set_scope(v1::BLOB_PER_RANK);
+  return ptc;
+}
+
+// Fills (or, with `expected`, computes) rank `rank`'s buffer under `layout`
+// from the global tensors: pieces get the pattern, padding stays zero.
+inline void RenderRank(const v1::Ptc& ptc, const v1::Layout& layout, int rank, int old_world,
+                       RankBuffer* buf) {
+  planner::HostTable hosts;
+  const auto rl = planner::ResolvedLayout::Resolve(layout, ptc.num_layers(), &hosts);
+  const planner::RankCoord c = rl.Coord(rank);
+  for (int i = 0; i < ptc.tensors_size(); ++i) {
+    const v1::TensorSpec& t = ptc.tensors(i);
+    if (buf->items()[i].bytes == 0) continue;
+    const int eb = planner::ElementBytes(t.dtype());
+    const planner::CoordShard cs = planner::DeriveCoordShard(t, planner::CoordOfRank(t, rl, c));
+    uint8_t* base = buf->item_data(i);
+    std::memset(base, 0, buf->items()[i].bytes);
+    const int nd = t.shape_size();
+    for (const planner::Piece& p : cs.pieces) {
+      std::vector<int64_t> idx(nd, 0);
+      if (p.global.Empty()) continue;
+      for (;;) {
+        int64_t g = 0, l = p.local.offset;
+        for (int d = 0; d < nd; ++d) {
+          g = g * t.shape(d) + p.global.offset[d] + idx[d];
+          l += idx[d] * p.local.strides[d];
+        }
+        for (int j = 0; j < eb; ++j) base[l * eb + j] = Pattern(i, g, j);
+        int d = nd - 1;
+        while (d >= 0 && ++idx[d] == p.global.size[d]) idx[d--] = 0;
+        if (d < 0) break;
+      }
+    }
+  }
+  for (int b = 0; b < ptc.blobs_size(); ++b) {
+    const int item = ptc.tensors_size() + b;
+    const int64_t who = ptc.blobs(b).scope() == v1::BLOB_PER_RANK ? rank % old_world : -1;
+    for (int64_t j = 0; j < ptc.blobs(b).size_bytes(); ++j) {
+      buf->item_data(item)[j] = Pattern(item, who, static_cast<int>(j));
+    }
+  }
+}
+
+// What an in-memory buffer of known items looks like to RenderRank.
+class VectorBuffer : public RankBuffer {
+ public:
+  VectorBuffer(const std::vector<ItemSlot>& items, int64_t size) : items_(items), bytes_(size) {}
+  const RankBufferKey& key() const override { return key_; }
+  const std::string& path() const override { return path_; }
+  uint8_t* data() override { return bytes_.data(); }
+  int64_t size() const override { return static_cast<int64_t>(bytes_.size()); }
+  const std::vector<ItemSlot>& items() const override { return items_; }
+  bool sealed() const override { return false; }
+  std::vector<uint64_t> checksums() const override { return {}; }
+  bool published() const override { return false; }
+  absl::Status CheckFile() const override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
+    return absl::UnimplementedError("a test buffer has no file");
+  }
+
+ private:
+  RankBufferKey key_;
+  std::string path_;
+  std::vector<ItemSlot> items_;
+  std::vector<uint8_t> bytes_;
+};
+
+inline v1::HostTask Slice(const v1::HostTask& whole, const std::string& host,
+                          const std::map<std::string, std::string>& ucx_addresses) {
+  v1::HostTask t = whole;
+  const auto old_slots = planner::ExpandPlacement(whole.plan().source_layout().placement());
+  const auto new_slots = planner::ExpandPlacement(whole.plan().target_layout().placement());
+  t.mutable_plan()->clear_steps();
+  t.mutable_plan()->clear_zero_fills();
+  for (const auto& s : whole.plan().steps()) {
+    if (old_slots[s.src_rank()].host() == host || new_slots[s.dsts(0).rank()].host() == host) {
+      *t.mutable_plan()->add_steps() = s;
+    }
+  }
+  for (const auto& f : whole.plan().zero_fills()) {
+    if (new_slots[f.rank()].host() == host) *t.mutable_plan()->add_zero_fills() = f;
+  }
+  for (const auto& [id, addr] : ucx_addresses) {
+    if (id == host) continue;
+    auto* p = t.add_peers();
+    p->set_host_id(id);
+    p->set_ucx_address(addr);
+  }
+  return t;
+}
+
+struct Host {
+  std::string id;
+  fs::path dir;
+  std::unique_ptr<ShardStore> store;
+  std::unique_ptr<UcxTransport> transport;
+  std::unique_ptr<Transport> wrapper;  // what the executor uses, when set
+  std::unique_ptr<TaskExecutor> executor;
+};
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    setenv("UCX_NET_DEVICES", "lo", 1);
+    setenv("UCX_TLS", "tcp,self", 1);
+    ptc_ = MakePtc(64);
+    from_ = MakeLayout(2, 1, 3, 3);  // h0: ranks 0-2, h1: ranks 3-5
+    to_ = MakeLayout(4, 1, 2, 4);    // h0: ranks 0-3, h1: ranks 4-7
+  }
+  void TearDown() override {
+    for (auto& h : hosts_) {
+      if (h.transport) h.transport->Shutdown();
+      h.executor.reset();
+      h.wrapper.reset();
+      h.store.reset();
+      std::error_code ec;
+      fs::remove_all(h.dir, ec);
+    }
+  }
+
+  void MakeHosts(int64_t memory_limit = int64_t{1} << 30,
+                 int64_t chunk_bytes = TaskExecutor::Options().chunk_bytes) {
+    for (int i = 0; i < 2; ++i) {
+      Host h;
+      h.id = "h" + std::to_string(i);
+      h.dir = fs::temp_directory_path() /
+              ("reshard-exec-test-" + std::to_string(getpid()) + "-" + h.id);
+      fs::create_directories(h.dir);
+      ShardStore::Options so;
+      so.shm_dir = h.dir.string();
+      so.host_id = h.id;
+      so.memory_limit_bytes = memory_limit;
+      auto store = ShardStore::Open(so);
+      ASSERT_TRUE(store.ok()) << store.status();
+      h.store = std::move(*store);
+      UcxOptions uo{"lo", "tcp,self"};
+      auto t = MakeUcxTransportImpl(uo);
+      ASSERT_TRUE(t.ok()) << t.status();
+      h.transport = std::move(*t);
+      TaskExecutor::Options eo;
+      eo.copy_threads = 2;
+      eo.max_inflight_bytes = 64 << 10;  // several windows' worth of traffic
+      eo.chunk_bytes = chunk_bytes;
+      eo.local_chunk_bytes = chunk_bytes;
+      eo.proof_timeout_ms = proof_timeout_ms_;
+      eo.seal_timeout_ms = seal_timeout_ms_;
+      Transport* used = h.transport.get();
+      if (wrap_transport_ && (h.wrapper = wrap_transport_(h.id, used))) used = h.wrapper.get();
+      h.executor = std::make_unique<TaskExecutor>(h.store.get(), used, eo);
+      hosts_.push_back(std::move(h));
+    }
+  }
+
+  // Creates and fills the old generation's buffers (skipping `skip_rank`).
+  void FillOld(int skip_rank = -1) {
+    const auto slots = planner::ExpandPlacement(from_.placement());
+    for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
+      if (r == skip_rank) continue;
+      Host& h = hosts_[slots[r].host() == "h0" ? 0 : 1];
+      auto bufs = h.store->CreateAll({RankBufferKey{kJob, 1, r}}, {RankItemBytes(ptc_, from_, r)});
+      ASSERT_TRUE(bufs.ok()) << bufs.status();
+      RenderRank(ptc_, from_, r, 6, (*bufs)[0].get());
+      ASSERT_TRUE(h.store->Seal({kJob, 1, r}, {}).ok());
+    }
+  }
+
+  v1::HostTask WholeTask() {
+    absl::StatusOr<v1::TransferPlan> plan = planner::PlanTransfer(ptc_, from_, to_, {});
+    EXPECT_TRUE(plan.ok()) << plan.status();
+    v1::HostTask t;
+    t.set_operation_id("op-1");
+    t.set_job_id(kJob);
+    t.set_from_generation(1);
+    t.set_to_generation(2);
+    *t.mutable_ptc() = ptc_;
+    *t.mutable_plan() = *plan;
+    return t;
+  }
+
+  std::map<std::string, std::string> Addresses() {
+    std::map<std::string, std::string> a;
+    for (auto& h : hosts_) a[h.id] = h.transport->LocalAddress();
+    return a;
+  }
+
+  int NewBuffers(const Host& h) {
+    int n = 0;
+    for (const auto& k : h.store->List()) n += k.generation == 2;
+    return n;
+  }
+
+  // Runs both hosts' slices of `whole` at once and checks every new rank's
+  // bytes against the global tensors, and its checksums.
+  void ExpectResharded(const v1::HostTask& whole, int old_world) {
+    const auto addrs = Addresses();
+    std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
+    std::atomic<int> reports{0};
+    for (auto& h : hosts_) {
+      v1::HostTask task = Slice(whole, h.id, addrs);
+      runs.push_back(std::async(std::launch::async, [&h, task, &reports] {
+        return h.executor->Execute(
+            h.id, task, [&](int64_t done, int64_t total) { reports += done <= total; },
+            [] { return false; });
+      }));
+    }
+    const auto new_slots = planner::ExpandPlacement(to_.placement());
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      auto result = runs[i].get();
+      ASSERT_TRUE(result.ok()) << hosts_[i].id << ": " << result.status();
+      // Every new rank of the host, byte for byte, and its checksums.
+      std::map<std::pair<int, int>, v1::ShardChecksum> sums;
+      for (const auto& c : *result) sums[{c.rank(), c.item()}] = c;
+      for (int r = 0; r < static_cast<int>(new_slots.size()); ++r) {
+        if (new_slots[r].host() != hosts_[i].id) continue;
+        auto got = hosts_[i].store->Get({kJob, 2, r});
+        ASSERT_TRUE(got.ok()) << got.status();
+        VectorBuffer want((*got)->items(), (*got)->size());
+        RenderRank(ptc_, to_, r, old_world, &want);
+        for (size_t item = 0; item < want.items().size(); ++item) {
+          const int64_t n = want.items()[item].bytes;
+          ASSERT_EQ(0, std::memcmp(want.item_data(item), (*got)->item_data(item), n))
+              << "rank " << r << " item " << item;
+          if (n == 0) continue;
+          auto it = sums.find({r, static_cast<int>(item)});
+          ASSERT_NE(it, sums.end()) << "no checksum for rank " << r << " item " << item;
+          EXPECT_EQ(it->second.checksum(), Checksum(want.item_data(item), n));
+          EXPECT_EQ(it->second.bytes(), n);
+        }
+        EXPECT_TRUE((*got)->sealed());
+      }
+    }
+    EXPECT_GT(reports.load(), 0);
+  }
+
+  v1::Ptc ptc_;
+  v1::Layout from_, to_;
+  std::vector<Host> hosts_;
+  int64_t proof_timeout_ms_ = 60000;
+  int64_t seal_timeout_ms_ = 60000;
+  // If set, the transport each host's executor uses: a wrapper of the host's
+  // own (a fault in flight); null keeps the host's own.
+  std::function<std::unique_ptr<Transport>(const std::string& host, Transport* own)>
+      wrap_transport_;
+};
+
+}  // namespace reshard::agent::executor_testing
