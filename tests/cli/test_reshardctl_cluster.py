@@ -522,15 +522,16 @@ def test_python_client_audit_matches_reshardctl(ctl, cluster, files):
 
 
 def test_stop_free_migrate_prepares_then_cuts_over(ctl, cluster, files):
-    # A job with a dataset state, so that its old layout can cut over at a step.
+    # A job with a dataset state, so that its old layout can cut over at a
+    # step; on hosts whose agents the other tests leave running (not host-1).
     import types
-    spec = job_spec("gpt-stop-free", "cli", ["host-0", "host-1"])
+    spec = job_spec("gpt-stop-free", "cli", ["host-2", "host-3"])
     data = {"dataset": {"id": "tokens", "num_samples": 1000, "fingerprint": "sha1:abc"},
             "order": {"seed": 7, "shuffle": "SHUFFLE_FULL"}, "global_batch": 8}
     with cluster.client() as client:
         job_id = client.register_job(spec, dataset_state=data).id
         publish(cluster, job_id, spec, seed=3)
-        target = write_json(files, "stop-free.json", layout(2, 1, 2, ["host-2", "host-3"], 2))
+        target = write_json(files, "stop-free.json", layout(2, 1, 2, ["host-0", "host-2"], 2))
         rc, out, err = ctl("migrate", job_id, "--to", target, "--stop-free", "--no-wait")
         assert rc == OK, err
         op_id = out.strip()
@@ -571,7 +572,7 @@ def test_stop_free_migrate_prepares_then_cuts_over(ctl, cluster, files):
     assert re.search(rf"^cut over:\s+.* by checkpoint {cut.id}$", out, re.MULTILINE), out
     assert re.search(r"^pause:\s+\d+\.\d{3}s \(cut-over -> commit\)$", out, re.MULTILINE), out
     # Same config: each new rank holds what the old rank published at step 3.
-    for rank, host in enumerate(rank_hosts(layout(2, 1, 2, ["host-2", "host-3"], 2))):
+    for rank, host in enumerate(rank_hosts(layout(2, 1, 2, ["host-0", "host-2"], 2))):
         assert load(cluster, host, job_id, 3, rank) == written[rank], rank
     assert int(ctl.json("jobs", "show", job_id)["dataset_state"]["step"]) == 3
 
