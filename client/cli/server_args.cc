@@ -45,6 +45,14 @@ const char kWaitHelp[] =
     "Waits for the operation with a progress bar on stderr (plain lines when stderr is\n"
     "not a terminal) and prints the final operation; exit 3 when it ends ABORTED or FAILED.\n";
 
+const char kStopFreeHelp[] =
+    "  --stop-free               two-phase: planned now, the job trains on in its old\n"
+    "                            layout until the new workers call mark-prepared and the\n"
+    "                            old ones cut over at a step (a checkpoint naming the\n"
+    "                            operation); only that cut-over pauses the job. Waiting\n"
+    "                            follows the operation to its commit; the table shows its\n"
+    "                            prepare and pause seconds (docs/coordinator.md)\n";
+
 struct CommandSpec {
   const char* name;
   std::vector<std::string> args;  // positional argument names
@@ -101,14 +109,14 @@ const std::vector<CommandSpec>& Specs() {
       {"resize",
        {"JOB"},
        Joined({"to", "expected-generation", "idempotency-key", "wait-timeout"}, AdviseValueFlags()),
-       Joined({"no-wait", "choose"}, AdviseBoolFlags()),
+       Joined({"no-wait", "choose", "stop-free"}, AdviseBoolFlags()),
        {},
-       absl::StrCat("usage: reshardctl resize JOB --to LAYOUT.json [--no-wait]\n"
+       absl::StrCat("usage: reshardctl resize JOB --to LAYOUT.json [--stop-free] [--no-wait]\n"
                     "       reshardctl resize JOB --choose --gpus N [advise flags] [--no-wait]\n"
                     "\nMoves a job to a new layout: a reshard.v1.Layout in JSON (a missing\n"
                     "config keeps the current one), or with --choose the one the coordinator's\n"
                     "advisor finds best for --horizon (see reshardctl advise --help).\n\n",
-                    kWaitHelp)},
+                    kStopFreeHelp, kWaitHelp)},
       {"advise",
        {"JOB"},
        AdviseValueFlags(),
@@ -123,12 +131,12 @@ const std::vector<CommandSpec>& Specs() {
       {"migrate",
        {"JOB"},
        {"to", "expected-generation", "idempotency-key", "wait-timeout"},
-       {"no-wait"},
+       {"no-wait", "stop-free"},
        {"to"},
-       absl::StrCat("usage: reshardctl migrate JOB --to LAYOUT.json [--no-wait]\n"
+       absl::StrCat("usage: reshardctl migrate JOB --to LAYOUT.json [--stop-free] [--no-wait]\n"
                     "\nMoves a job's ranks to other devices, same config (the layout file's\n"
                     "placement is used; its world size must match).\n\n",
-                    kWaitHelp)},
+                    kStopFreeHelp, kWaitHelp)},
       {"recover",
        {"JOB"},
        Joined({"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
@@ -204,6 +212,16 @@ const std::vector<CommandSpec>& Specs() {
        "  --since WHEN   a duration back from now (1h, 30m) or an RFC 3339 time\n"
        "  --limit N      at most N entries (default 100)\n"
        "  --json         the same as --output json\n"},
+      {"ops mark-prepared",
+       {"OP"},
+       {},
+       {},
+       {},
+       "usage: reshardctl ops mark-prepared OP\n"
+       "\nSays that a stop-free operation's new workers are warm (scheduler of the job's\n"
+       "tenant; audited): its job's old workers may now cut over at a step boundary.\n"
+       "The operation must be stop-free and PLANNED (else exit 5); a repeat keeps the\n"
+       "first time. Prints the operation.\n"},
       {"ops cancel",
        {"OP"},
        {"idempotency-key"},

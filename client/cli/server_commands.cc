@@ -60,6 +60,7 @@ class Runner {
     if (c == "ops show") return OpsShow();
     if (c == "ops watch") return Watch(inv_.positional[0]);
     if (c == "ops cancel") return OpsCancel();
+    if (c == "ops mark-prepared") return OpsMarkPrepared();
     if (c == "auth create") return AuthCreate();
     if (c == "auth revoke") return AuthRevoke();
     if (c == "auth list") return AuthList();
@@ -183,6 +184,7 @@ class Runner {
     *req.mutable_placement() = target.placement();
     if (target.has_config()) *req.mutable_config() = target.config();
     req.set_idempotency_key(Flag("idempotency-key"));
+    req.set_stop_free(Has("stop-free"));
     return Started(client_.Resize(std::move(req)));
   }
 
@@ -197,6 +199,7 @@ class Runner {
     if (!gen.ok()) return Fail(gen.status());
     req.set_expected_generation(*gen);
     req.set_idempotency_key(Flag("idempotency-key"));
+    req.set_stop_free(Has("stop-free"));
     return Started(client_.Resize(std::move(req)));
   }
 
@@ -218,6 +221,7 @@ class Runner {
     req.set_expected_generation(*gen);
     *req.mutable_placement() = target.placement();
     req.set_idempotency_key(Flag("idempotency-key"));
+    req.set_stop_free(Has("stop-free"));
     return Started(client_.Migrate(std::move(req)));
   }
 
@@ -359,12 +363,24 @@ class Runner {
     return Print(*op, FormatOperation(*op, Now()));
   }
 
+  int OpsMarkPrepared() {
+    absl::StatusOr<v1::Operation> op = client_.MarkPrepared(inv_.positional[0]);
+    if (!op.ok()) return Fail(op.status());
+    return Print(*op, FormatOperation(*op, Now()));
+  }
+
   // An operation was requested: print its id (--no-wait) or wait for it.
   int Started(const absl::StatusOr<v1::Operation>& op) {
     if (!op.ok()) return Fail(op.status());
     if (Has("no-wait")) return Print(*op, absl::StrCat(op->id(), "\n"));
     if (!json() && !env_.stderr_is_tty) {
       err_ << "operation " << op->id() << " started\n";
+    }
+    if (op->stop_free()) {
+      // Otherwise the wait below would look stuck in PLANNED.
+      err_ << "operation " << op->id()
+           << " is stop-free: it waits in PLANNED until \"reshardctl ops mark-prepared " << op->id()
+           << "\" and the job's cut-over checkpoint\n";
     }
     return Watch(op->id());
   }

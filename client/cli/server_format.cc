@@ -204,6 +204,25 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
           absl::StrCat(FormatBytes(op.stats().bytes_cross_host()), " (lower bound ",
                        FormatBytes(op.stats().lower_bound_cross_host()), ")"));
   }
+  if (op.stop_free()) {
+    // The two phases (docs/coordinator.md, "Stop-free reconfiguration").
+    Field(&out, "stop-free", "yes");
+    const bool prepared = op.prepared_unix_ms() > 0;
+    Field(&out, "prepared",
+          prepared ? FormatRelativeTime(op.prepared_unix_ms(), now_unix_ms)
+                   : "- (waiting for mark-prepared)");
+    Field(&out, "prepare",
+          prepared ? absl::StrFormat("%.3fs (created -> prepared)", op.prepare_seconds()) : "-");
+    Field(&out, "cut over",
+          op.cutover_unix_ms() > 0
+              ? absl::StrCat(FormatRelativeTime(op.cutover_unix_ms(), now_unix_ms),
+                             " by checkpoint ", op.cutover_operation_id())
+              : "- (waiting for the job's cut-over checkpoint)");
+    Field(&out, "pause",
+          op.state() == v1::OPERATION_STATE_COMMITTED
+              ? absl::StrFormat("%.3fs (cut-over -> commit)", op.pause_seconds())
+              : "-");
+  }
   if (!op.error().empty()) Field(&out, "error", op.error());
   Field(&out, "created", FormatRelativeTime(op.created_unix_ms(), now_unix_ms));
   Field(&out, "updated", FormatRelativeTime(op.updated_unix_ms(), now_unix_ms));

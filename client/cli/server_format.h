@@ -35,7 +35,8 @@ std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_uni
 /// OPERATION, TARGET, CODE, MESSAGE (cut to 80 characters).
 std::string FormatAuditTable(const v1::ListAuditResponse& audit);
 
-/// An operation's fields, one per line.
+/// An operation's fields, one per line; a stop-free one's also when it was
+/// prepared (prepare seconds), cut over (by which checkpoint) and its pause.
 std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms);
 
 /// PlanStats: totals, then traffic per host.

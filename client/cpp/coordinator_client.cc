@@ -46,9 +46,12 @@ void EnsureKey(Request* request) {
   if (request->idempotency_key().empty()) request->set_idempotency_key(NewIdempotencyKey());
 }
 
+// What a watcher acts on: the state, the bytes, and a stop-free operation's
+// phases (prepared, cut over: the coordinator streams those in PLANNED).
 bool SameProgress(const v1::Operation& a, const v1::Operation& b) {
   return a.state() == b.state() && a.bytes_done() == b.bytes_done() &&
-         a.bytes_total() == b.bytes_total();
+         a.bytes_total() == b.bytes_total() && a.prepared_unix_ms() == b.prepared_unix_ms() &&
+         a.cutover_unix_ms() == b.cutover_unix_ms();
 }
 
 }  // namespace
@@ -224,6 +227,25 @@ absl::StatusOr<v1::Operation> CoordinatorClient::RecoverFromFailure(
   absl::Status s = Call("RecoverFromFailure", [&](grpc::ClientContext* c) {
     return stub_->RecoverFromFailure(c, request, &op);
   });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::Checkpoint(v1::CheckpointRequest request) {
+  EnsureKey(&request);
+  v1::Operation op;
+  absl::Status s = Call("Checkpoint",
+                        [&](grpc::ClientContext* c) { return stub_->Checkpoint(c, request, &op); });
+  if (!s.ok()) return s;
+  return op;
+}
+
+absl::StatusOr<v1::Operation> CoordinatorClient::MarkPrepared(const std::string& operation_id) {
+  v1::MarkPreparedRequest request;
+  request.set_operation_id(operation_id);
+  v1::Operation op;
+  absl::Status s = Call(
+      "MarkPrepared", [&](grpc::ClientContext* c) { return stub_->MarkPrepared(c, request, &op); });
   if (!s.ok()) return s;
   return op;
 }

@@ -88,6 +88,17 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(v1::MigrateRequest request);
   [[nodiscard]] absl::StatusOr<v1::Operation> RecoverFromFailure(
       v1::RecoverFromFailureRequest request);
+  /// Opens generation current + 1 on the current layout for the job's
+  /// workers to publish a step into (docs/coordinator.md, "Checkpoints").
+  /// With `cut_over_operation_id` it is the cut-over of that prepared
+  /// stop-free operation (needs `with_step`): its generation becomes the
+  /// operation's source.
+  [[nodiscard]] absl::StatusOr<v1::Operation> Checkpoint(v1::CheckpointRequest request);
+  /// A stop-free operation (ResizeRequest/MigrateRequest.stop_free) is
+  /// prepared: its new workers are warm, the old ones may cut over.
+  /// FailedPrecondition unless it is stop-free and PLANNED; a repeat keeps
+  /// the first time, so UNAVAILABLE is retried like every call.
+  [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(const std::string& operation_id);
   /// Plans against the current generation; nothing is stored.
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
@@ -117,8 +128,9 @@ class CoordinatorClient {
   /// no-op, so UNAVAILABLE is retried like every call.
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
 
-  /// Streams the operation to `on_update` every time it changes, until it is
-  /// final, and returns the final state. When the stream breaks with
+  /// Streams the operation to `on_update` every time it changes (state,
+  /// bytes, or a stop-free operation's prepared / cut-over time), until it
+  /// is final, and returns the final state. When the stream breaks with
   /// UNAVAILABLE (coordinator restarted, failover) it re-reads the operation
   /// with GetOperation and watches again, so no final state is missed; the
   /// callback may see an unchanged operation twice around a reconnect.

@@ -4,12 +4,14 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/cpp/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -160,9 +162,20 @@ absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id
   request.set_generation(generation);
   request.set_rank(rank);
   v1::PublishShardResponse response;
-  grpc::ClientContext context;
-  Prepare(&context, options_.call_timeout, options_.token);
-  absl::Status s = FromGrpcStatus(stub_->PublishShard(&context, request, &response));
+  // UNAVAILABLE: a checkpoint's generation is not open on this agent yet
+  // (its task arrives with the next heartbeat); retried with backoff within
+  // call_timeout, as the Python Worker does.
+  const absl::Time deadline = absl::Now() + options_.call_timeout;
+  absl::Duration delay = absl::Milliseconds(20);
+  absl::Status s;
+  while (true) {
+    grpc::ClientContext context;
+    Prepare(&context, options_.call_timeout, options_.token);
+    s = FromGrpcStatus(stub_->PublishShard(&context, request, &response));
+    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + delay > deadline) break;
+    absl::SleepFor(delay);
+    delay = std::min(delay * 2, absl::Milliseconds(500));
+  }
   if (!s.ok()) {
     return WithContext(s, absl::StrCat("publishing ", Describe(job_id, generation, rank)));
   }

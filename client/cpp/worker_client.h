@@ -118,7 +118,9 @@ class WorkerClient {
   WorkerClient(const std::string& socket_path, Options options);
 
   /// Zero-copy publishing: creates (or reopens) the rank buffer of
-  /// (job, generation, rank) and maps it for writing in place.
+  /// (job, generation, rank) and maps it for writing in place. While the
+  /// agent answers UNAVAILABLE (a checkpoint's generation not open there
+  /// yet) it retries with backoff within Options::call_timeout.
   [[nodiscard]] absl::StatusOr<ShardWriter> BeginPublish(const std::string& job_id,
                                                          int64_t generation, int rank);
 

@@ -90,6 +90,28 @@ TEST(ParseServerArgsTest, UsageErrorsNameTheProblem) {
   EXPECT_TRUE(ParseServerArgs("jobs", {"list", "--state", "DEGRADED"}, "").ok());
 }
 
+TEST(ParseServerArgsTest, StopFreeResizeMigrateAndMarkPrepared) {
+  auto resize = ParseServerArgs("resize", {"j", "--to", "t.json", "--stop-free"}, "");
+  ASSERT_TRUE(resize.ok()) << resize.status();
+  EXPECT_TRUE(resize->flags.contains("stop-free"));
+  auto migrate = ParseServerArgs("migrate", {"j", "--stop-free", "--to", "t.json"}, "");
+  ASSERT_TRUE(migrate.ok()) << migrate.status();
+  EXPECT_TRUE(migrate->flags.contains("stop-free"));
+  auto mark = ParseServerArgs("ops", {"mark-prepared", "op-1"}, "");
+  ASSERT_TRUE(mark.ok()) << mark.status();
+  EXPECT_EQ(mark->command, "ops mark-prepared");
+  EXPECT_THAT(mark->positional, ElementsAre("op-1"));
+  EXPECT_THAT(ParseServerArgs("ops", {"mark-prepared"}, "").status().message(), HasSubstr("OP"));
+  EXPECT_THAT(
+      ParseServerArgs("resize", {"j", "--to", "t", "--stop-free=yes"}, "").status().message(),
+      HasSubstr("takes no value"));
+  EXPECT_THAT(
+      ParseServerArgs("recover", {"j", "--lost", "h", "--stop-free"}, "").status().message(),
+      HasSubstr("--stop-free"));
+  EXPECT_THAT(ServerUsage("resize"), HasSubstr("--stop-free"));
+  EXPECT_THAT(ServerUsage("ops"), HasSubstr("mark-prepared OP"));
+}
+
 TEST(ParsePlanArgsOutputTest, OutputIsAnAliasOfFormat) {
   auto json = ParsePlanArgs({"--spec", "j", "--to", "t", "--output", "json"});
   ASSERT_TRUE(json.ok()) << json.status();
@@ -222,6 +244,39 @@ TEST(ServerFormatTest, TablesShowTheFields) {
   EXPECT_THAT(host_table, HasSubstr("LOST"));
   EXPECT_THAT(host_table, HasSubstr("10s ago"));
   EXPECT_THAT(host_table, HasSubstr("expired 7.0s ago"));
+}
+
+TEST(ServerFormatTest, StopFreeOperationShowsItsPhases) {
+  v1::Operation op;
+  op.set_id("op-1");
+  op.set_state(v1::OPERATION_STATE_PLANNED);
+  const std::string plain = FormatOperation(op, 20'000);
+  EXPECT_THAT(plain, Not(HasSubstr("stop-free")));
+  EXPECT_THAT(plain, Not(HasSubstr("pause")));
+
+  op.set_stop_free(true);
+  std::string waiting = FormatOperation(op, 20'000);
+  EXPECT_THAT(waiting, HasSubstr("stop-free:          yes"));
+  EXPECT_THAT(waiting, HasSubstr("prepared:           - (waiting for mark-prepared)"));
+  EXPECT_THAT(waiting, HasSubstr("cut over:           - (waiting"));
+  EXPECT_THAT(waiting, HasSubstr("pause:              -\n"));
+
+  op.set_prepared_unix_ms(15'000);
+  op.set_prepare_seconds(4.25);
+  op.set_cutover_unix_ms(18'000);
+  op.set_cutover_operation_id("ckpt-9");
+  op.set_state(v1::OPERATION_STATE_COMMITTED);
+  op.set_pause_seconds(0.07);
+  const std::string done = FormatOperation(op, 20'000);
+  EXPECT_THAT(done, HasSubstr("prepared:           5.0s ago"));
+  EXPECT_THAT(done, HasSubstr("prepare:            4.250s (created -> prepared)"));
+  EXPECT_THAT(done, HasSubstr("cut over:           2.0s ago by checkpoint ckpt-9"));
+  EXPECT_THAT(done, HasSubstr("pause:              0.070s (cut-over -> commit)"));
+  auto json = ToJson(op);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_THAT(*json, HasSubstr("\"prepare_seconds\": 4.25"));
+  EXPECT_THAT(*json, HasSubstr("\"pause_seconds\": 0.07"));
+  EXPECT_THAT(*json, HasSubstr("\"cutover_operation_id\": \"ckpt-9\""));
 }
 
 TEST(ServerFormatTest, ProgressShowsBytesRateAndTimeLeft) {

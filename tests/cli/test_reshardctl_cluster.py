@@ -117,8 +117,8 @@ def worker_stub(cluster, host):
     return worker_pb2_grpc.WorkerServiceStub(channel)
 
 
-def publish(cluster, job_id, spec, seed):
-    """Publishes generation 1 of every rank; returns {rank: {item name: bytes}}.
+def publish(cluster, job_id, spec, seed, generation=1):
+    """Publishes `generation` of every rank; returns {rank: {item name: bytes}}.
     Every element is data-parallel replicated and pp is 1, so an item's bytes
     depend only on the rank's tensor-parallel index (for split tensors): the
     replicas agree, as a real job's do."""
@@ -141,15 +141,25 @@ def publish(cluster, job_id, spec, seed):
     for rank, host in enumerate(rank_hosts(lay)):
         stub = worker_stub(cluster, host)
         token = (("authorization", "Bearer " + cluster.worker_token(job_id)),)
-        resp = stub.PublishShard(worker_pb2.PublishShardRequest(
-            job_id=job_id, generation=1, rank=rank), timeout=30, metadata=token)
+        request = worker_pb2.PublishShardRequest(job_id=job_id, generation=generation, rank=rank)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                resp = stub.PublishShard(request, timeout=30, metadata=token)
+                break
+            except grpc.RpcError as e:
+                # A checkpoint's generation opens on the agent with its task
+                # (next heartbeat): UNAVAILABLE until then, as the Worker retries.
+                if e.code() != grpc.StatusCode.UNAVAILABLE or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
         items = {}
         with open(resp.path, "r+b") as f, mmap.mmap(f.fileno(), resp.size) as m:
             for item in resp.items:
                 data = content(item.name, rank, item.bytes)
                 m[item.offset:item.offset + item.bytes] = data
                 items[item.name] = data
-        stub.SealShard(worker_pb2.SealShardRequest(job_id=job_id, generation=1, rank=rank),
+        stub.SealShard(worker_pb2.SealShardRequest(job_id=job_id, generation=generation, rank=rank),
                        timeout=30, metadata=token)
         written[rank] = items
     return written
@@ -509,3 +519,64 @@ def test_python_client_audit_matches_reshardctl(ctl, cluster, files):
             client.audit(limit=0)
     listed = ctl.json("audit", "--job", job_id)["entries"]
     assert [int(e["id"]) for e in listed] == [e.id for e in entries]  # int64: JSON strings
+
+
+def test_stop_free_migrate_prepares_then_cuts_over(ctl, cluster, files):
+    # A job with a dataset state, so that its old layout can cut over at a
+    # step; on hosts whose agents the other tests leave running (not host-1).
+    import types
+    spec = job_spec("gpt-stop-free", "cli", ["host-2", "host-3"])
+    data = {"dataset": {"id": "tokens", "num_samples": 1000, "fingerprint": "sha1:abc"},
+            "order": {"seed": 7, "shuffle": "SHUFFLE_FULL"}, "global_batch": 8}
+    with cluster.client() as client:
+        job_id = client.register_job(spec, dataset_state=data).id
+        publish(cluster, job_id, spec, seed=3)
+        target = write_json(files, "stop-free.json", layout(2, 1, 2, ["host-0", "host-2"], 2))
+        rc, out, err = ctl("migrate", job_id, "--to", target, "--stop-free", "--no-wait")
+        assert rc == OK, err
+        op_id = out.strip()
+
+        # Planned, then it waits (the job trains on); the table says for what.
+        deadline = time.monotonic() + 30
+        while ctl.json("ops", "show", op_id)["state"] != "OPERATION_STATE_PLANNED":
+            assert time.monotonic() < deadline, ctl.json("ops", "show", op_id)
+            time.sleep(0.1)
+        rc, out, err = ctl("ops", "show", op_id)
+        assert rc == OK, err
+        assert re.search(r"^stop-free:\s+yes$", out, re.MULTILINE), out
+        assert re.search(r"^prepared:\s+- \(waiting for mark-prepared\)$", out, re.MULTILINE), out
+        assert re.search(r"^pause:\s+-$", out, re.MULTILINE), out
+
+        rc, out, err = ctl("ops", "mark-prepared", op_id)
+        assert rc == OK, err
+        assert re.search(r"^prepare:\s+\d+\.\d{3}s \(created -> prepared\)$", out,
+                         re.MULTILINE), out
+        assert re.search(r"^cut over:\s+- \(waiting", out, re.MULTILINE), out
+
+        # The old layout cuts over at step 3: a checkpoint naming the
+        # operation, which its ranks publish (other bytes than generation 1's).
+        fingerprint = client.get_job(job_id).dataset_state.layout_fingerprint
+        step = types.SimpleNamespace(step=3, cursor=3 * 8, layout_fingerprint=fingerprint)
+        cut = client.checkpoint(job_id, dataset_state=step, cut_over_operation_id=op_id)
+        written = publish(cluster, job_id, spec, seed=4, generation=cut.to_generation)
+
+    rc, out, err = ctl("ops", "watch", op_id, "--output", "json")
+    assert rc == OK, err
+    op = json.loads(out)
+    assert op["state"] == "OPERATION_STATE_COMMITTED", op
+    assert op["stop_free"] is True and op["cutover_operation_id"] == cut.id, op
+    assert (int(op["from_generation"]), int(op["to_generation"])) == (2, 3), op
+    assert op["prepare_seconds"] > 0 and op["pause_seconds"] > 0, op
+    rc, out, err = ctl("ops", "show", op_id)
+    assert rc == OK, err
+    assert re.search(rf"^cut over:\s+.* by checkpoint {cut.id}$", out, re.MULTILINE), out
+    assert re.search(r"^pause:\s+\d+\.\d{3}s \(cut-over -> commit\)$", out, re.MULTILINE), out
+    # Same config: each new rank holds what the old rank published at step 3.
+    for rank, host in enumerate(rank_hosts(layout(2, 1, 2, ["host-0", "host-2"], 2))):
+        assert load(cluster, host, job_id, 3, rank) == written[rank], rank
+    assert int(ctl.json("jobs", "show", job_id)["dataset_state"]["step"]) == 3
+
+    # Only a stop-free operation in PLANNED can be marked prepared.
+    rc, out, err = ctl("ops", "mark-prepared", op_id)
+    assert rc == CONFLICT and out == "", err
+    assert err.startswith("FAILED_PRECONDITION: ") and op_id in err, err

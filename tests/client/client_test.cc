@@ -13,10 +13,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -265,9 +268,11 @@ class ClientTest : public ::testing::Test {
 
   // Registers `spec` and publishes random contents for generation 1 with
   // WorkerClient: even ranks by copy (Publish), odd ranks in place.
-  void RegisterAndPublish(const v1::JobSpec& spec) {
+  // `data`: the job's dataset state, when given.
+  void RegisterAndPublish(const v1::JobSpec& spec, const v1::DatasetState* data = nullptr) {
     v1::RegisterJobRequest req;
     *req.mutable_spec() = spec;
+    if (data != nullptr) *req.mutable_dataset_state() = *data;
     absl::StatusOr<v1::Job> job = client_->RegisterJob(req);
     ASSERT_TRUE(job.ok()) << job.status();
     job_id_ = job->id();
@@ -278,30 +283,36 @@ class ClientTest : public ::testing::Test {
     auto c = agent::testing::RandomContents(ptc_, spec.layout(), 7);
     ASSERT_TRUE(c.ok()) << c.status();
     contents_ = std::move(*c);
+    ASSERT_NO_FATAL_FAILURE(PublishAll(1, contents_));
+  }
+
+  // Publishes every rank of `generation` (`contents`' layout) with
+  // WorkerClient: even ranks by copy (Publish), odd ranks in place.
+  void PublishAll(int64_t generation, const Contents& contents) {
     const std::vector<std::string> names = ItemNames(ptc_);
-    const std::vector<std::string> hosts = agent::testing::RankHosts(spec.layout());
-    for (size_t r = 0; r < contents_.ranks.size(); ++r) {
+    const std::vector<std::string> hosts = agent::testing::RankHosts(contents.layout);
+    for (size_t r = 0; r < contents.ranks.size(); ++r) {
       WorkerClient worker(sockets_.at(hosts[r]), worker_options_);
       if (r % 2 == 0) {
         std::vector<std::pair<std::string, absl::Span<const uint8_t>>> items;
         for (size_t i = 0; i < names.size(); ++i) {
-          const std::string& bytes = contents_.ranks[r][i];
+          const std::string& bytes = contents.ranks[r][i];
           items.emplace_back(
               names[i], absl::Span<const uint8_t>(reinterpret_cast<const uint8_t*>(bytes.data()),
                                                   bytes.size()));
         }
-        absl::StatusOr<std::vector<uint64_t>> sums = worker.Publish(job_id_, 1, r, items);
+        absl::StatusOr<std::vector<uint64_t>> sums = worker.Publish(job_id_, generation, r, items);
         ASSERT_TRUE(sums.ok()) << sums.status();
         EXPECT_EQ(sums->size(), names.size());
       } else {
-        absl::StatusOr<ShardWriter> writer = worker.BeginPublish(job_id_, 1, r);
+        absl::StatusOr<ShardWriter> writer = worker.BeginPublish(job_id_, generation, r);
         ASSERT_TRUE(writer.ok()) << writer.status();
         ASSERT_EQ(writer->items().size(), names.size());
         for (size_t i = 0; i < names.size(); ++i) {
           ASSERT_EQ(writer->items()[i].name, names[i]);
           absl::Span<uint8_t> dst = writer->item_data(i);
-          ASSERT_EQ(dst.size(), contents_.ranks[r][i].size()) << names[i];
-          std::copy(contents_.ranks[r][i].begin(), contents_.ranks[r][i].end(), dst.begin());
+          ASSERT_EQ(dst.size(), contents.ranks[r][i].size()) << names[i];
+          std::copy(contents.ranks[r][i].begin(), contents.ranks[r][i].end(), dst.begin());
         }
         absl::StatusOr<std::vector<uint64_t>> sums = writer->Seal();
         ASSERT_TRUE(sums.ok()) << sums.status();
@@ -550,6 +561,128 @@ TEST_F(ClientTest, WatchSeesProgressAndWorkerLoadsResizedState) {
   auto migrated = agent::testing::Reshard(ptc_, *expected, moved, {});
   ASSERT_TRUE(migrated.ok()) << migrated.status();
   ASSERT_NO_FATAL_FAILURE(ExpectLoaded(3, *migrated));
+}
+
+// A stop-free resize (ResizeRequest.stop_free) waits in PLANNED while the
+// old layout trains; MarkPrepared and a Checkpoint naming it
+// (cut_over_operation_id) cut it over, and it moves the checkpoint's state,
+// not generation 1's. The watch sees the prepared and cut-over updates.
+TEST_F(ClientTest, StopFreeResizePreparesThenCutsOverAtACheckpoint) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}));
+  constexpr int64_t kBatch = 8;
+  v1::DatasetState data;
+  data.mutable_dataset()->set_id("tokens");
+  data.mutable_dataset()->set_num_samples(1000);
+  data.mutable_dataset()->set_fingerprint("sha1:abc");
+  data.mutable_order()->set_seed(7);
+  data.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
+  data.set_global_batch(kBatch);
+  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "stop-free", {"h0", "h1"});
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &data));
+  absl::StatusOr<v1::Job> job = client_->GetJob(job_id_);
+  ASSERT_TRUE(job.ok()) << job.status();
+
+  const v1::Layout target = MakeLayout(4, 1, 2, {"h1", "h0"}, 4);
+  v1::ResizeRequest resize = ResizeTo(target, 1);
+  resize.set_stop_free(true);
+  absl::StatusOr<v1::Operation> op = client_->Resize(resize);
+  ASSERT_TRUE(op.ok()) << op.status();
+  EXPECT_TRUE(op->stop_free());
+
+  std::mutex mu;
+  std::condition_variable seen_cv;
+  std::vector<v1::Operation> updates;
+  absl::StatusOr<v1::Operation> watched = absl::UnknownError("not watched");
+  std::thread watcher([&] {
+    watched = client_->WatchOperation(
+        op->id(),
+        [&](const v1::Operation& o) {
+          std::lock_guard<std::mutex> lock(mu);
+          updates.push_back(o);
+          seen_cv.notify_all();
+        },
+        absl::Seconds(120));
+  });
+  // On a failed assertion: end the operation, so the watch returns.
+  struct JoinOnExit {
+    std::thread& thread;
+    std::function<void()> end;
+    ~JoinOnExit() {
+      if (thread.joinable()) {
+        end();
+        thread.join();
+      }
+    }
+  } join_watcher{watcher, [&] { (void)client_->CancelOperation(op->id()); }};
+  // Waits (20 s at most) until the watch delivered an operation matching `pred`.
+  auto wait_for_update = [&](const std::function<bool(const v1::Operation&)>& pred) {
+    std::unique_lock<std::mutex> lock(mu);
+    return seen_cv.wait_for(lock, std::chrono::seconds(20),
+                            [&] { return std::any_of(updates.begin(), updates.end(), pred); });
+  };
+  EXPECT_TRUE(wait_for_update(
+      [](const v1::Operation& o) { return o.state() == v1::OPERATION_STATE_PLANNED; }));
+
+  v1::CheckpointRequest cut;
+  cut.set_job_id(job_id_);
+  cut.set_expected_generation(1);
+  cut.set_with_step(true);
+  cut.set_step(3);
+  cut.set_cursor(3 * kBatch);
+  cut.set_layout_fingerprint(job->dataset_state().layout_fingerprint());
+  cut.set_cut_over_operation_id(op->id());
+  // No cut-over before the new workers are warm; the code passes through.
+  absl::StatusOr<v1::Operation> early = client_->Checkpoint(cut);
+  EXPECT_EQ(early.status().code(), absl::StatusCode::kFailedPrecondition) << early.status();
+  EXPECT_NE(early.status().message().find("not prepared"), absl::string_view::npos)
+      << early.status();
+
+  absl::StatusOr<v1::Operation> prepared = client_->MarkPrepared(op->id());
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
+  EXPECT_GT(prepared->prepared_unix_ms(), 0);
+  absl::StatusOr<v1::Operation> again = client_->MarkPrepared(op->id());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->prepared_unix_ms(), prepared->prepared_unix_ms());
+  // The watch streams the prepared operation although its state and bytes
+  // did not change.
+  EXPECT_TRUE(wait_for_update([](const v1::Operation& o) {
+    return o.state() == v1::OPERATION_STATE_PLANNED && o.prepared_unix_ms() > 0;
+  }));
+
+  absl::StatusOr<v1::Operation> checkpoint = client_->Checkpoint(cut);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  EXPECT_EQ(checkpoint->kind(), v1::OPERATION_KIND_CHECKPOINT);
+  EXPECT_EQ(checkpoint->to_generation(), 2);
+  // The old layout publishes step 3's state (other bytes than generation
+  // 1's) into the checkpoint; the agents may not have its task yet, which
+  // BeginPublish retries.
+  auto step3 = agent::testing::RandomContents(ptc_, spec.layout(), 8);
+  ASSERT_TRUE(step3.ok()) << step3.status();
+  ASSERT_NO_FATAL_FAILURE(PublishAll(2, *step3));
+  absl::StatusOr<v1::Operation> checkpointed =
+      client_->WaitForOperation(checkpoint->id(), absl::Seconds(60));
+  ASSERT_TRUE(checkpointed.ok()) << checkpointed.status();
+  EXPECT_EQ(checkpointed->state(), v1::OPERATION_STATE_COMMITTED) << checkpointed->error();
+
+  watcher.join();
+  ASSERT_TRUE(watched.ok()) << watched.status();
+  ASSERT_EQ(watched->state(), v1::OPERATION_STATE_COMMITTED) << watched->error();
+  EXPECT_EQ(watched->from_generation(), 2);
+  EXPECT_EQ(watched->to_generation(), 3);
+  EXPECT_EQ(watched->cutover_operation_id(), checkpoint->id());
+  EXPECT_GT(watched->prepare_seconds(), 0);
+  EXPECT_GT(watched->pause_seconds(), 0);
+  EXPECT_TRUE(std::any_of(updates.begin(), updates.end(), [](const v1::Operation& o) {
+    return o.state() == v1::OPERATION_STATE_PLANNED && o.cutover_unix_ms() > 0;
+  })) << "the cut-over was not streamed";
+
+  absl::StatusOr<v1::Job> after = client_->GetJob(job_id_);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->generation(), 3);
+  EXPECT_EQ(after->dataset_state().step(), 3);
+  auto expected = agent::testing::Reshard(ptc_, *step3, target, {});
+  ASSERT_TRUE(expected.ok()) << expected.status();
+  ASSERT_NO_FATAL_FAILURE(ExpectLoaded(3, *expected));
 }
 
 TEST_F(ClientTest, WorkerRejectsWrongSizesAndUnsealedLoads) {
