@@ -14,8 +14,8 @@ namespace {
 // The planner's exhaustive search per group of sends sharing hosts: at most
 // this many nodes, and this much work (nodes x hosts and class entries
 // looked at in each), so a large group costs a few milliseconds.
-constexpr int64_t kPlannerNodeBudget = 200000;
-constexpr int64_t kPlannerSearchWork = int64_t{4} << 20;
+constexpr int64_t kPlannerNodeBudget = 2000000;
+constexpr int64_t kPlannerSearchWork = int64_t{64} << 20;
 // Larger groups keep the greedy and local search: many sends of similar size
 // already meet the lower bound there, and the search would not finish.
 constexpr size_t kPlannerSearchSends = 2000;

@@ -60,6 +60,7 @@ std::string Mib(int64_t bytes) { return absl::StrFormat("%.1f MiB", bytes / 1048
 int ReportBalance(int per_mix, const std::vector<BalanceCase>& cases) {
   int failures = 0;
   std::vector<double> before, after;
+  std::vector<double> unproven;  // after / a lower bound: the optimum was not found
   int plans = 0, exact = 0;
   for (const Transition& t : PropertyPopulation(per_mix)) {
     absl::StatusOr<planner::Plan> plan = planner::MakePlan(t.ptc, t.from, t.to, t.lost);
@@ -71,6 +72,10 @@ int ReportBalance(int per_mix, const std::vector<BalanceCase>& cases) {
     exact += s.exact;
     before.push_back(s.OnlineRatio());
     after.push_back(s.BalancedRatio());
+    if (!s.exact) unproven.push_back(s.BalancedRatio());
+    // The target is against the optimum; against a mere lower bound a ratio
+    // above it proves nothing, so those are printed, not counted.
+    if (s.exact && s.BalancedRatio() > kTarget) ++failures;
   }
   std::printf(
       "\nrule 5: busiest sending host (bytes out) / the optimum at the lower bound of\n"
@@ -85,7 +90,10 @@ int ReportBalance(int per_mix, const std::vector<BalanceCase>& cases) {
       plans, per_mix, after.size(), exact);
   std::printf("  before  %s\n  after   %s\n", Distribution(before).c_str(),
               Distribution(after).c_str());
-  for (double r : after) failures += r > kTarget;
+  if (!unproven.empty()) {
+    std::printf("  (of these, %zu against a lower bound only: after / bound %s)\n", unproven.size(),
+                Distribution(unproven).c_str());
+  }
 
   std::printf("\n%-36s %8s %8s %11s %11s %11s %7s %7s %10s\n", "case", "sends", "choices", "before",
               "after", "optimum", "before", "after", "balance");
