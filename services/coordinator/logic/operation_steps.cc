@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "google/protobuf/arena.h"
 #include "planner/planner.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/operation_states.h"
@@ -60,8 +61,9 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
     // same inputs gives the same answer.
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED, std::string(plan.status().message()), now));
   }
+  google::protobuf::Arena arena;
   OperationUpdate update;
-  update.plan = planner::ToProto(*plan, job->layout(), op.target_layout());
+  update.plan = planner::ToProto(*plan, job->layout(), op.target_layout(), &arena);
   update.stats = update.plan->stats();
   update.bytes_total = BytesTotal(*update.plan);
   const int64_t local = update.stats->bytes_local();

@@ -178,7 +178,7 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
 
   return pool_->Transact("TransitionOperation", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result r = tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),
-                                   static_cast<int>(to), update.plan.has_value(), plan,
+                                   static_cast<int>(to), update.plan != nullptr, plan,
                                    update.stats.has_value(), stats, update.error.has_value(), error,
                                    update.bytes_total.has_value(), update.bytes_total.value_or(0));
     if (r.empty()) {

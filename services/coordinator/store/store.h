@@ -104,7 +104,9 @@ struct OperationRecord {
 
 /// Fields written together with a state transition; unset ones are kept.
 struct OperationUpdate {
-  std::optional<v1::TransferPlan> plan;
+  // Borrowed: must outlive the call (the driver builds it on an arena, which
+  // halves the cost of building a large plan; planner::ToProto).
+  const v1::TransferPlan* plan = nullptr;
   std::optional<v1::PlanStats> stats;
   std::optional<std::string> error;
   std::optional<int64_t> bytes_total;

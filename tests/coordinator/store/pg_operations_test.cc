@@ -21,7 +21,8 @@ class OperationsTest : public PgStoreTest {
   // PENDING -> PLANNED with the real plan.
   void Plan(const std::string& op_id) {
     OperationUpdate u;
-    u.plan = PlanFor(spec_, target_);
+    const v1::TransferPlan plan = PlanFor(spec_, target_);
+    u.plan = &plan;
     u.stats = u.plan->stats();
     u.bytes_total = 4096;
     ASSERT_TRUE(store_

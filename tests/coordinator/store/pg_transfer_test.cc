@@ -29,7 +29,8 @@ class TransferTest : public PgStoreTest {
     ASSERT_TRUE(store_->CreateJob("job-1", spec_, {}).ok());
     ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
     OperationUpdate u;
-    u.plan = PlanFor(spec_, target_);
+    const v1::TransferPlan plan = PlanFor(spec_, target_);
+    u.plan = &plan;
     ASSERT_TRUE(store_
                     ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING,
                                           v1::OPERATION_STATE_PLANNED, u)
