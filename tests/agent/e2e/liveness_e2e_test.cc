@@ -183,7 +183,10 @@ TEST_F(LivenessE2eTest, HostStoppedPastItsLeaseGivesTheJobBackWhenItContinues) {
   ASSERT_NO_FATAL_FAILURE(ReplicatedJobAtGeneration2());
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
   ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
-  EXPECT_EQ(GetJob().state(), v1::JOB_STATE_DEGRADED);
+  // The driver marks the host LOST, then degrades its jobs in a later step:
+  // wait for that, not just for the host.
+  EXPECT_TRUE(WaitFor([&] { return GetJob().state() == v1::JOB_STATE_DEGRADED; }))
+      << GetJob().ShortDebugString();
   EXPECT_TRUE(WaitFor([&] {
     return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
            std::optional<double>(1);
