@@ -9,6 +9,7 @@
 #include "planner/layout.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
+#include "tests/planner/shard_content.h"
 #include "tests/planner/test_specs.h"
 
 namespace reshard::planner {
@@ -16,43 +17,10 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
+using testing::LocalContent;
 using testing::MakeLayout;
 using testing::Tensor;
 using testing::TpSplit;
-
-// The global (logical) flat index held at each local position, -1 for
-// padding; fails on a position written twice or covered by nothing.
-std::vector<int64_t> Content(const v1::TensorSpec& t, const CoordShard& s) {
-  std::vector<int64_t> out(s.local_elements, -2);
-  std::vector<int64_t> gstrides(t.shape_size());
-  RowMajorStrides(t.shape_size(), t.shape().data(), gstrides.data());
-  for (const Piece& p : s.pieces) {
-    const int nd = p.global.ndim;
-    std::vector<int64_t> idx(nd, 0);
-    for (int64_t n = 0; n < p.global.Elements(); ++n) {
-      int64_t g = 0, l = p.local.offset;
-      for (int d = 0; d < nd; ++d) {
-        EXPECT_LT(p.global.offset[d] + idx[d], t.shape(d)) << "a piece covers padding";
-        g += (p.global.offset[d] + idx[d]) * gstrides[d];
-        l += idx[d] * p.local.strides[d];
-      }
-      EXPECT_EQ(out.at(l), -2) << "local position " << l << " written twice";
-      out.at(l) = g;
-      for (int d = nd - 1; d >= 0; --d) {
-        if (++idx[d] < p.global.size[d]) break;
-        idx[d] = 0;
-      }
-    }
-  }
-  for (const auto& [offset, count] : s.padding) {
-    for (int64_t i = offset; i < offset + count; ++i) {
-      EXPECT_EQ(out.at(i), -2) << "position " << i << " is both a piece and padding";
-      out.at(i) = -1;
-    }
-  }
-  for (int64_t i = 0; i < s.local_elements; ++i) EXPECT_NE(out[i], -2) << "position " << i;
-  return out;
-}
 
 std::vector<int64_t> Range(int64_t begin, int64_t end) {
   std::vector<int64_t> v;
@@ -95,12 +63,12 @@ TEST(HeldShapeTest, PaddingOnAnInnerAxisLeavesGapsInEveryRow) {
   // column is padding.
   v1::TensorSpec t = Tensor("t", {2, 3});
   Pad(t, 1, 4, false);
-  EXPECT_THAT(Content(t, DeriveCoordShard(t, DenseCoord(1, 1, 0, 0))),
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 1, 0, 0))),
               ElementsAre(0, 1, 2, -1, 3, 4, 5, -1));
   // DP_FLAT over 3 ranks of the 8 held positions: chunk 3.
   testing::Dp(t, v1::DP_FLAT);
-  EXPECT_THAT(Content(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 1))), ElementsAre(-1, 3, 4));
-  EXPECT_THAT(Content(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 2))), ElementsAre(5, -1, -1));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 1))), ElementsAre(-1, 3, 4));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 2))), ElementsAre(5, -1, -1));
 }
 
 TEST(UnitsTest, GroupedQueryAttentionWithFewerKvHeadsThanTp) {
@@ -109,20 +77,21 @@ TEST(UnitsTest, GroupedQueryAttentionWithFewerKvHeadsThanTp) {
   v1::TensorSpec qkv = Tensor("qkv", {24, 1});
   TpSplit(qkv, 0, {16, 4, 4});
   qkv.mutable_partition()->mutable_tp()->set_granularity(2);
-  EXPECT_THAT(Content(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 0, 0))),
+  EXPECT_THAT(LocalContent(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 0, 0))),
               ElementsAre(0, 1, 2, 3, 16, 17, 20, 21));
-  EXPECT_THAT(Content(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 1, 0))),
+  EXPECT_THAT(LocalContent(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 1, 0))),
               ElementsAre(4, 5, 6, 7, 16, 17, 20, 21));
-  EXPECT_THAT(Content(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 3, 0))),
+  EXPECT_THAT(LocalContent(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 3, 0))),
               ElementsAre(12, 13, 14, 15, 18, 19, 22, 23));
   // At tp 2 the kv heads are split, one each.
-  EXPECT_THAT(Content(qkv, DeriveCoordShard(qkv, DenseCoord(2, 1, 1, 0))),
+  EXPECT_THAT(LocalContent(qkv, DeriveCoordShard(qkv, DenseCoord(2, 1, 1, 0))),
               ElementsAre(8, 9, 10, 11, 12, 13, 14, 15, 18, 19, 22, 23));
   // Granularity 0 keeps the element-wise split: 4 kv rows at tp 8 leave
   // ranks without kv rows instead of replicating.
   v1::TensorSpec old = qkv;
   old.mutable_partition()->mutable_tp()->set_granularity(0);
-  EXPECT_THAT(Content(old, DeriveCoordShard(old, DenseCoord(8, 1, 7, 0))), ElementsAre(14, 15));
+  EXPECT_THAT(LocalContent(old, DeriveCoordShard(old, DenseCoord(8, 1, 7, 0))),
+              ElementsAre(14, 15));
 }
 
 TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
@@ -151,7 +120,8 @@ TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   v1::TensorSpec t = Tensor("w", {8, 2});
   TpSplit(t, 0);
   testing::Dp(t, v1::DP_FLAT);
-  EXPECT_THAT(Content(t, DeriveCoordShard(t, CoordOfRank(t, rl, rl.Coord(6)))), ElementsAre(6, 7));
+  EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, CoordOfRank(t, rl, rl.Coord(6)))),
+              ElementsAre(6, 7));
 }
 
 TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
@@ -174,7 +144,7 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
   TpSplit(w, 1);
   w.mutable_partition()->mutable_expert()->set_axis(0);
   testing::Dp(w, v1::DP_FLAT);
-  EXPECT_THAT(Content(w, DeriveCoordShard(w, CoordOfRank(w, rl, rl.Coord(5)))),
+  EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl, rl.Coord(5)))),
               ElementsAreArray(Range(36, 42)));
   // expert_tp 2, ep 2 on tp 2 x dp 2: etp = tp_i, ep_i = dp_i, edp 1.
   v1::Layout l2 = MakeLayout(2, 1, 2, 4);
@@ -182,7 +152,7 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
   const ResolvedLayout rl2 = ResolvedLayout::Resolve(l2, 1, &hosts);
   testing::Dp(w, v1::DP_REPLICATED);
   // Rank 3: experts 2..3, columns 3..5 of each.
-  EXPECT_THAT(Content(w, DeriveCoordShard(w, CoordOfRank(w, rl2, rl2.Coord(3)))),
+  EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl2, rl2.Coord(3)))),
               ElementsAre(30, 31, 32, 33, 34, 35, 42, 43, 44, 45, 46, 47));
 }
 
