@@ -284,10 +284,12 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   std::unique_ptr<StepSeals> seals;
   auto fail = [&](absl::Status s) -> absl::Status {
     prefaulter.Stop();
-    // Seal receives may be pending (their buffers are the seals' own).
-    if (seals != nullptr) transport_->CancelTags(tag_base, kTagKeyMask);
-    if (transport_ != nullptr && !inflight.empty()) {
+    // Cancel once: in-flight chunks, and seal receives that may be pending
+    // (their buffers are the seals' own).
+    if (transport_ != nullptr && (seals != nullptr || !inflight.empty())) {
       transport_->CancelTags(tag_base, kTagKeyMask);
+    }
+    if (transport_ != nullptr && !inflight.empty()) {
       const auto deadline = Clock::now() + kCancelGrace;
       std::unique_lock<std::mutex> l(completions->mu);
       while (!inflight.empty()) {
