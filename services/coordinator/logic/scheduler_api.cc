@@ -5,6 +5,7 @@
 #include <optional>
 #include <thread>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +30,30 @@ namespace {
 constexpr int kCancelAttempts = 8;
 
 constexpr char kCancelledByClient[] = "cancelled by client";
+
+// The watch loop of WatchOperation and WatchJob: reads the message every
+// poll, sends it first and whenever `key` of it changes, and ends when it is
+// final, the read fails, the stream closes or the client cancels.
+template <typename Msg, typename Read, typename Key, typename Final>
+absl::Status Follow(const std::string& what, const Read& read, const Key& key, const Final& final,
+                    const std::function<bool(const Msg&)>& send,
+                    const std::function<bool()>& cancelled, int poll_ms) {
+  std::optional<std::invoke_result_t<Key, const Msg&>> last;
+  for (;;) {
+    if (cancelled()) return absl::CancelledError(absl::StrCat("watch of ", what, " cancelled"));
+    absl::StatusOr<Msg> msg = read();
+    if (!msg.ok()) return msg.status();
+    auto now = key(*msg);
+    if (!last.has_value() || *last != now) {
+      if (!send(*msg)) {
+        return absl::CancelledError(absl::StrCat("watch of ", what, ": stream closed"));
+      }
+      last = std::move(now);
+    }
+    if (final(*msg)) return absl::OkStatus();
+    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
+  }
+}
 
 // The operation of a Resize or Migrate request (they share these fields).
 template <typename Request>
@@ -457,30 +482,19 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
                                           const std::function<bool()>& cancelled) {
   const std::string& id = request.operation_id();
   if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
-  bool sent_any = false;
-  v1::OperationState last_state = v1::OPERATION_STATE_UNSPECIFIED;
-  int64_t last_bytes_done = -1;
-  int64_t last_prepared_ms = 0, last_cutover_ms = 0;
-  for (;;) {
-    if (cancelled())
-      return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\" cancelled"));
-    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
-    if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
-    const v1::Operation& op = record->op;
-    if (!sent_any || op.state() != last_state || op.bytes_done() != last_bytes_done ||
-        op.prepared_unix_ms() != last_prepared_ms || op.cutover_unix_ms() != last_cutover_ms) {
-      if (!send(op)) {
-        return absl::CancelledError(absl::StrCat("watch of operation \"", id, "\": stream closed"));
-      }
-      sent_any = true;
-      last_state = op.state();
-      last_bytes_done = op.bytes_done();
-      last_prepared_ms = op.prepared_unix_ms();
-      last_cutover_ms = op.cutover_unix_ms();
-    }
-    if (IsFinal(op.state())) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
-  }
+  return Follow<v1::Operation>(
+      absl::StrCat("operation \"", id, "\""),
+      [&]() -> absl::StatusOr<v1::Operation> {
+        absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+        if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
+        return std::move(record->op);
+      },
+      [](const v1::Operation& op) {
+        return std::make_tuple(static_cast<int>(op.state()), op.bytes_done(), op.prepared_unix_ms(),
+                               op.cutover_unix_ms());
+      },
+      [](const v1::Operation& op) { return IsFinal(op.state()); }, send, cancelled,
+      options_.watch_poll_ms);
 }
 
 absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
@@ -488,22 +502,18 @@ absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
                                     const std::function<bool()>& cancelled) {
   const std::string& id = request.job_id();
   if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
-  std::optional<std::tuple<int, int64_t, std::string, int64_t>> last;
-  for (;;) {
-    if (cancelled())
-      return absl::CancelledError(absl::StrCat("watch of job \"", id, "\" cancelled"));
-    absl::StatusOr<v1::Job> job = store_->GetJob(id, /*include_ptc=*/false);
-    if (!job.ok()) return NameNotFound(job.status(), JobNotFound(id));
-    auto now = std::make_tuple(static_cast<int>(job->state()), job->generation(),
-                               job->active_operation_id(), job->dataset_state().step());
-    if (!last.has_value() || *last != now) {
-      if (!send(*job)) {
-        return absl::CancelledError(absl::StrCat("watch of job \"", id, "\": stream closed"));
-      }
-      last = std::move(now);
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(options_.watch_poll_ms));
-  }
+  return Follow<v1::Job>(
+      absl::StrCat("job \"", id, "\""),
+      [&]() -> absl::StatusOr<v1::Job> {
+        absl::StatusOr<v1::Job> job = store_->GetJob(id, /*include_ptc=*/false);
+        if (!job.ok()) return NameNotFound(job.status(), JobNotFound(id));
+        return job;
+      },
+      [](const v1::Job& job) {
+        return std::make_tuple(static_cast<int>(job.state()), job.generation(),
+                               job.active_operation_id(), job.dataset_state().step());
+      },
+      [](const v1::Job&) { return false; }, send, cancelled, options_.watch_poll_ms);
 }
 
 absl::StatusOr<v1::DatasetState> SchedulerApi::CommitStep(const v1::CommitStepRequest& request) {
