@@ -308,6 +308,10 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
                          << host_id << " failed: " << s;
     return s;
   };
+  // Items zero-filled for their workers to regenerate: recorded with the buffers.
+  if (absl::Status s = MarkRegenerated(*store_, new_keys, plan.regenerate()); !s.ok()) {
+    return fail(s);
+  }
   for (const auto& [peer, address] : hs.send_peers) {
     if (absl::Status s = transport_->Connect(peer, address); !s.ok()) return fail(s);
   }

@@ -107,6 +107,10 @@ class MappedRankBuffer final : public RankBuffer {
     return checksums_;
   }
   bool published() const override { return published_; }
+  std::vector<int32_t> regenerated() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return regenerated_;
+  }
 
   /// OK when `st` (a stat of the buffer's path) is the file the agent
   /// mapped, at its size; DataLoss naming the buffer otherwise.
@@ -168,6 +172,10 @@ class MappedRankBuffer final : public RankBuffer {
     sealed_ = true;
     checksums_ = std::move(checksums);
   }
+  void SetRegenerated(std::vector<int32_t> items) {
+    std::lock_guard<std::mutex> lock(mu_);
+    regenerated_ = std::move(items);
+  }
   std::vector<int64_t> item_bytes() const {
     std::vector<int64_t> out;
     for (const ItemSlot& s : items_) out.push_back(s.bytes);
@@ -186,6 +194,7 @@ class MappedRankBuffer final : public RankBuffer {
   mutable std::mutex mu_;
   bool sealed_ = false;
   std::vector<uint64_t> checksums_;
+  std::vector<int32_t> regenerated_;  // ascending item indices
 };
 
 // The identity of the open file `fd`.

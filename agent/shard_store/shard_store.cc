@@ -338,6 +338,37 @@ class ShmShardStore final : public ShardStore {
     return Record(key, b, b, "", std::move(sums));
   }
 
+  absl::Status MarkRegenerated(const RankBufferKey& key, std::vector<int32_t> items) override {
+    if (items.empty()) return absl::OkStatus();
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = buffers_.find(key);
+    if (it == buffers_.end()) return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
+    const std::shared_ptr<MappedRankBuffer>& b = it->second;
+    if (b->published()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(Describe(key), " was written by a worker: it has no items to regenerate"));
+    }
+    if (b->sealed() || sealing_.count(key) != 0) {
+      return absl::FailedPreconditionError(absl::StrCat(Describe(key), " is sealed already"));
+    }
+    const int32_t count = static_cast<int32_t>(b->items().size());
+    for (int32_t item : items) {
+      if (item < 0 || item >= count) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            Describe(key), " has ", count, " items: item ", item, " cannot be regenerated"));
+      }
+    }
+    std::vector<int32_t> all = b->regenerated();
+    all.insert(all.end(), items.begin(), items.end());
+    std::sort(all.begin(), all.end());
+    all.erase(std::unique(all.begin(), all.end()), all.end());
+    Sidecar sidecar = MakeSidecar(key, b->item_bytes(), /*published=*/false);
+    sidecar.regenerated = all;
+    if (absl::Status s = WriteSidecar(b->path() + kMetaSuffix, sidecar); !s.ok()) return s;
+    b->SetRegenerated(std::move(all));
+    return absl::OkStatus();
+  }
+
  private:
   // Seal's last part: `sealed` (`b`, or the private copy at `copy_path`)
   // becomes the buffer of `key`, read-only, with `sums` recorded.
@@ -378,8 +409,10 @@ class ShmShardStore final : public ShardStore {
     Sidecar sidecar = MakeSidecar(key, b->item_bytes(), b->published());
     sidecar.sealed = true;
     sidecar.checksums = sums;
+    sidecar.regenerated = b->regenerated();
     if (s.ok()) s = WriteSidecar(b->path() + kMetaSuffix, sidecar);
     if (!s.ok()) return s;
+    if (sealed != b) sealed->SetRegenerated(sidecar.regenerated);
     sealed->SetSealed(sums);
     return sums;
   }
@@ -612,6 +645,7 @@ class ShmShardStore final : public ShardStore {
     auto b = std::make_shared<MappedRankBuffer>(sidecar->key, path, *data, size, std::move(slots),
                                                 accounting_, sidecar->published, id);
     if (sidecar->sealed) b->SetSealed(sidecar->checksums);
+    b->SetRegenerated(sidecar->regenerated);
     std::lock_guard<std::mutex> lock(mu_);
     buffers_[sidecar->key] = std::move(b);
     return absl::OkStatus();
@@ -658,6 +692,18 @@ absl::Status PrefaultPages(uint8_t* data, int64_t bytes) {
   (void)bytes;
   return absl::UnimplementedError("MADV_POPULATE_READ not supported");
 #endif
+}
+
+absl::Status MarkRegenerated(ShardStore& store, const std::vector<RankBufferKey>& keys,
+                             const google::protobuf::RepeatedPtrField<v1::Regenerate>& regenerate) {
+  for (const RankBufferKey& key : keys) {
+    std::vector<int32_t> items;
+    for (const v1::Regenerate& g : regenerate) {
+      if (g.rank() == key.rank) items.push_back(g.item());
+    }
+    if (absl::Status s = store.MarkRegenerated(key, std::move(items)); !s.ok()) return s;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<ShardStore>> ShardStore::Open(const Options& options) {

@@ -10,6 +10,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
 
 namespace reshard::agent {
@@ -91,6 +92,9 @@ class RankBuffer {
   virtual std::vector<uint64_t> checksums() const = 0;
   /// Made for a worker to write (ShardStore::Writer::kWorker).
   virtual bool published() const = 0;
+  /// Items (ascending) that hold zeros for their worker to regenerate
+  /// (ShardStore::MarkRegenerated): no surviving rank held their value.
+  virtual std::vector<int32_t> regenerated() const { return {}; }
   /// OK while the buffer's file is still the one the agent mapped, at its
   /// size; DataLoss naming the buffer when a process truncated, grew or
   /// replaced it (reading the mapping then could kill the agent with SIGBUS).
@@ -185,6 +189,16 @@ class ShardStore {
   /// a sealed or worker-written buffer, InvalidArgument for a wrong count.
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> SealWritten(
       const RankBufferKey& key, std::vector<uint64_t> sums) = 0;
+  /// Records that items `items` of the unsealed buffer `key`, made by the
+  /// agent (Writer::kAgent), hold zeros their worker must regenerate
+  /// (TransferPlan.regenerate: no surviving rank held the value), adding to
+  /// those recorded before: durably (in its sidecar, so an agent restart
+  /// keeps it), kept by SealWritten, reported by RankBuffer::regenerated().
+  /// Nothing to do for no items. NotFound when absent, FailedPrecondition
+  /// for a sealed (or sealing) or worker-written buffer, InvalidArgument for
+  /// an item out of range.
+  [[nodiscard]] virtual absl::Status MarkRegenerated(const RankBufferKey& key,
+                                                     std::vector<int32_t> items) = 0;
   /// Removes every buffer of (job, generation); memory is returned when the
   /// last user drops its RankBufferPtr. Idempotent.
   virtual void DropGeneration(const std::string& job_id, int64_t generation) = 0;
@@ -205,5 +219,13 @@ class ShardStore {
   /// and has room for; whether it got there. True without a pool.
   virtual bool WaitForSpares(double timeout_s) = 0;
 };
+
+/// ShardStore::MarkRegenerated for each buffer of `keys` (one job
+/// generation's new ranks on this host) with the items `regenerate` (a
+/// TransferPlan's) lists for its rank; entries of other ranks belong to other
+/// hosts.
+[[nodiscard]] absl::Status MarkRegenerated(
+    ShardStore& store, const std::vector<RankBufferKey>& keys,
+    const google::protobuf::RepeatedPtrField<v1::Regenerate>& regenerate);
 
 }  // namespace reshard::agent

@@ -12,6 +12,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 
 namespace reshard::agent {
@@ -41,6 +42,9 @@ std::string SerializeSidecar(const Sidecar& s) {
   absl::StrAppend(&out, "rank ", s.key.rank, "\n");
   absl::StrAppend(&out, "sealed ", s.sealed ? 1 : 0, "\n");
   absl::StrAppend(&out, "published ", s.published ? 1 : 0, "\n");
+  if (!s.regenerated.empty()) {
+    absl::StrAppend(&out, "regenerated ", absl::StrJoin(s.regenerated, " "), "\n");
+  }
   absl::StrAppend(&out, "items ", s.item_bytes.size(), "\n");
   for (size_t i = 0; i < s.item_bytes.size(); ++i) {
     absl::StrAppend(
@@ -85,6 +89,17 @@ absl::StatusOr<Sidecar> ParseSidecar(const std::string& text) {
     }
   }
   s.published = published == 1;
+  if (next < lines.size() && Field(lines[next], "regenerated", &v)) {
+    ++next;
+    for (absl::string_view part : absl::StrSplit(v, ' ')) {
+      int32_t item = 0;
+      if (!absl::SimpleAtoi(part, &item) || item < 0 ||
+          (!s.regenerated.empty() && item <= s.regenerated.back())) {
+        return bad("bad regenerated items (ascending item indices)");
+      }
+      s.regenerated.push_back(item);
+    }
+  }
   int64_t count = 0;
   if (!Field(line(), "items", &v) || !absl::SimpleAtoi(v, &count) || count < 0 ||
       count > int64_t{1} << 24) {
@@ -105,6 +120,9 @@ absl::StatusOr<Sidecar> ParseSidecar(const std::string& text) {
     uint64_t sum = 0;
     if (parts[1].size() != 16 || !absl::SimpleHexAtoi(parts[1], &sum)) return bad("bad checksum");
     s.checksums.push_back(sum);
+  }
+  if (!s.regenerated.empty() && s.regenerated.back() >= count) {
+    return bad(absl::StrCat("regenerated item ", s.regenerated.back(), " of ", count, " items"));
   }
   if (line() != "end") return bad("missing end");
   return s;

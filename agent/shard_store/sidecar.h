@@ -9,6 +9,8 @@
 //   rank <n>
 //   sealed <0 or 1>
 //   published <0 or 1>   (optional, 0 when absent: written since version 2)
+//   regenerated <item> ...  (optional, none when absent: written only when
+//                            some item is, so other sidecars read as before)
 //   items <count>
 //   item <bytes> <checksum as 16 hex digits, or "-" while unsealed>  (count lines)
 //   end
@@ -34,6 +36,10 @@ struct Sidecar {
   /// writing); an unsealed executor buffer is a dead task's leftover.
   bool published = false;
   std::vector<uint64_t> checksums;  // one per item when sealed, else empty
+  /// Items (ascending) whose bytes the executor zero-filled because no
+  /// surviving rank held their value (TransferPlan.regenerate): the worker
+  /// regenerates them. Always empty for a published buffer.
+  std::vector<int32_t> regenerated;
 };
 
 std::string SerializeSidecar(const Sidecar& sidecar);
