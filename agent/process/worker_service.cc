@@ -319,6 +319,9 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
   DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), **buf, resp->mutable_items());
+  for (int32_t item : (*buf)->regenerated()) {
+    if (item < resp->items_size()) resp->mutable_items(item)->set_regenerated(true);
+  }
   for (uint64_t c : (*buf)->checksums()) resp->add_checksums(c);
   return grpc::Status::OK;
 }

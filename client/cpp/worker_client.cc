@@ -53,6 +53,7 @@ absl::StatusOr<std::vector<ShardItem>> ToItems(
     s.offset = item.offset();
     s.bytes = item.bytes();
     s.local_shape.assign(item.local_shape().begin(), item.local_shape().end());
+    s.regenerated = item.regenerated();
     out.push_back(std::move(s));
   }
   return out;
@@ -137,6 +138,14 @@ absl::Span<const uint8_t> LoadedShard::item_data(size_t index) const {
   const ShardItem& item = items_.at(index);
   if (item.bytes == 0) return {};
   return absl::Span<const uint8_t>(mapping_.data() + item.offset, static_cast<size_t>(item.bytes));
+}
+
+std::vector<std::string> LoadedShard::regenerated() const {
+  std::vector<std::string> out;
+  for (const ShardItem& item : items_) {
+    if (item.regenerated) out.push_back(item.name);
+  }
+  return out;
 }
 
 absl::StatusOr<absl::Span<const uint8_t>> LoadedShard::item_data(absl::string_view name) const {

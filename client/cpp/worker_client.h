@@ -54,6 +54,10 @@ struct ShardItem {
   int64_t bytes = 0;   // 0: the rank does not hold this item
   std::vector<int64_t> local_shape;
   uint64_t checksum = 0;  // XXH3-64 of the bytes; set for loaded (sealed) buffers
+  /// Loaded buffers only: the bytes are zeros, not the job's state. No
+  /// surviving rank held this item's value after a loss (a regenerable blob,
+  /// e.g. an RNG state), so the worker must regenerate it before use.
+  bool regenerated = false;
 };
 
 /// A rank buffer being published: write each item in place, then Seal().
@@ -94,6 +98,9 @@ class LoadedShard {
   absl::Span<const uint8_t> item_data(size_t index) const;
   [[nodiscard]] absl::StatusOr<absl::Span<const uint8_t>> item_data(absl::string_view name) const;
   const std::string& path() const { return path_; }
+  /// Names of the items the worker must regenerate (ShardItem::regenerated),
+  /// in item order; empty when every item is the job's state.
+  std::vector<std::string> regenerated() const;
 
  private:
   friend class WorkerClient;

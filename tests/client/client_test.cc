@@ -342,6 +342,8 @@ class ClientTest : public ::testing::Test {
       ASSERT_TRUE(by_name.ok()) << by_name.status();
       EXPECT_EQ(by_name->size(), expected.ranks[r][0].size());
       EXPECT_EQ(shard->item_data("no.such.item").status().code(), absl::StatusCode::kNotFound);
+      // These jobs have no regenerable blob: every item is the job's state.
+      EXPECT_TRUE(shard->regenerated().empty()) << "rank " << r;
     }
   }
 
