@@ -112,14 +112,21 @@ def publish_all(cluster, job_id, ptc, lay, globals_, generation=1):
                 w.publish(rank, generation, layout.shard(ptc, lay, rank, globals_))
 
 
-def check_generation(cluster, job_id, ptc, lay, globals_, generation):
+def check_generation(cluster, job_id, ptc, lay, globals_, generation, regenerated=()):
     """Loads every rank of `generation` and compares it with shard(...):
-    returns a list of mismatch descriptions (empty when all bytes agree)."""
+    returns a list of mismatch descriptions (empty when all bytes agree and
+    the agents report exactly the (rank, item name)s of `regenerated` as
+    regenerated)."""
     problems = []
+    regenerated = {(int(r), str(n)) for r, n in regenerated}
     for host in layout.hosts_of(lay):
         with cluster.worker(host, job_id, ptc=ptc) as w:
             for rank, _ in layout.ranks_on_host(lay, host):
                 got = w.load(rank, generation)
+                want_regenerated = {n for r, n in regenerated if r == rank}
+                if got.regenerated != want_regenerated:
+                    problems.append(f"rank {rank}: regenerated {sorted(got.regenerated)}, "
+                                    f"expected {sorted(want_regenerated)}")
                 want = layout.shard(ptc, lay, rank, globals_)
                 want = {k: v for k, v in want.items() if isinstance(v, bytes) or v.size}
                 if set(got) != set(want):

@@ -85,7 +85,8 @@ def test_regenerable_rng_state_after_a_lost_host(cluster, client, job_name):
     dp 2 on hosts 0 and 1 loses host 1: new ranks 2 and 3 (on host 2) need
     the rng_state of old ranks 2 and 3, which nobody holds any more. The
     blob is regenerable, so the recovery commits with those two values
-    zero-filled (TransferPlan.regenerate) and everything else exact."""
+    zero-filled (TransferPlan.regenerate) and everything else exact; the
+    agents report those two, and only those, as regenerated on load."""
     hosts = cluster.host_ids
     m = megatron.GptModel(2, 16, 2, 300, distributed_optimizer=False, max_position_embeddings=8)
     ptc = megatron.gpt_ptc(m)
@@ -98,6 +99,13 @@ def test_regenerable_rng_state_after_a_lost_host(cluster, client, job_name):
     op = client.recover(job.id, [hosts[1]], new)
     final = client.wait(op.id, timeout=180)
     assert final.state == COMMITTED, final.error
-    g = layout.after_reshard(ptc, new, g, regenerate=[(2, "rng_state"), (3, "rng_state")])
+    regenerated = [(2, "rng_state"), (3, "rng_state")]
+    g = layout.after_reshard(ptc, new, g, regenerate=regenerated)
     assert g["rng_state"][2] == bytes(m.rng_state_bytes)
-    assert check_generation(cluster, job.id, ptc, new, g, 2) == []
+    # The agents tell the workers of ranks 2 and 3 to regenerate rng_state,
+    # and nobody anything else.
+    assert check_generation(cluster, job.id, ptc, new, g, 2, regenerated=regenerated) == []
+    with cluster.worker(hosts[2], job.id, ptc=ptc) as w:
+        assert w.load(2, 2).regenerated == {"rng_state"}
+    with cluster.worker(hosts[0], job.id, ptc=ptc) as w:
+        assert w.load(0, 2).regenerated == frozenset()

@@ -48,6 +48,7 @@ def test_numpy_round_trip(cluster, job):
                 want = layout.shard(ptc, lay, rank, g)
                 want = {k: v for k, v in want.items() if isinstance(v, bytes) or v.size}
                 assert set(got) == set(want)
+                assert got.regenerated == frozenset()  # published by workers: all state
                 for name, value in got.items():
                     if isinstance(value, bytes):
                         assert value == want[name]
@@ -55,6 +56,15 @@ def test_numpy_round_trip(cluster, job):
                     assert value.dtype == dtypes[name] and value.shape == want[name].shape
                     assert layout.same_bytes(value, want[name]), name
                     assert value.flags.writeable and value.flags.owndata  # copy=True
+
+
+def test_elastic_results_carry_the_regenerated_names():
+    from reshard import elastic
+    from reshard.worker import LoadedShard
+    shard = LoadedShard(rng_state=bytes(8), step=b"1")
+    shard.regenerated = frozenset({"rng_state"})
+    assert elastic.Joined(shard, None, 2, None).regenerated == {"rng_state"}
+    assert elastic.Joined({"step": b"1"}, None, 2, None).regenerated == frozenset()
 
 
 def test_load_without_copy_is_private(cluster, job):

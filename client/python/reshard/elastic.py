@@ -162,10 +162,13 @@ class Loop:
 class Joined:
     """What a rank of the new layout continues from: its shard (as
     Worker.load returns it), the dataset state (the sampler's), the
-    generation and the operation that made it."""
+    generation and the operation that made it. `regenerated`: the names of
+    the shard's items that hold zeros for this rank to regenerate before it
+    restores them (an RNG state no surviving rank held; empty as a rule)."""
 
     def __init__(self, shard, state, generation, operation):
         self.shard, self.state, self.generation, self.operation = shard, state, generation, operation
+        self.regenerated = frozenset(getattr(shard, "regenerated", ()))
 
 
 def join(client, job_id, operation_id, rank, worker, configured, group=None, warm_up=None,

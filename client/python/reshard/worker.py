@@ -47,6 +47,14 @@ def _is_torch(value):
     return type(value).__module__.startswith("torch")
 
 
+class LoadedShard(dict):
+    """What Worker.load returns: {item name: value}, and `regenerated`, the
+    frozenset of item names the worker must regenerate (their bytes are
+    zeros: no surviving rank held their value after a loss)."""
+
+    regenerated = frozenset()
+
+
 class Worker:
     """Publishes and loads one job's rank buffers through the agent of this host.
 
@@ -245,6 +253,13 @@ class Worker:
         {name: bytes} for every blob. Tensors with no bytes in the rank's
         buffer (other pipeline stages, or an empty share) are left out.
 
+        The result is a dict (LoadedShard) whose `regenerated` attribute is
+        the frozenset of item names whose bytes are zeros, not the job's
+        state: no surviving rank held their value after a loss (a
+        regenerable blob such as an RNG state, TransferPlan.regenerate), so
+        the worker must regenerate them (re-seed its RNG) before use. Empty
+        unless a recovery made this generation without them.
+
         copy=True: the arrays own their memory (one copy out of shared memory).
         copy=False: zero-copy, copy-on-write views of a private mapping of the
         file: writable, and writes never reach the agent's buffer; the mapping
@@ -258,7 +273,9 @@ class Worker:
         torch = _torch() if as_torch else None
         if as_torch and torch is None:
             raise ImportError("as_torch=True needs torch")
-        out = {}
+        out = LoadedShard()
+        out.regenerated = frozenset(kinds[i][-1] for i, it in enumerate(resp.items)
+                                    if it.regenerated)
         mm = _open_map(resp.path, resp.size, private=not copy)
         try:
             for i, it in enumerate(resp.items):
