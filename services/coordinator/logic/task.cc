@@ -62,6 +62,9 @@ v1::TransferPlan SliceForHost(const v1::TransferPlan& plan, const std::string& h
   for (const v1::ZeroFill& fill : plan.zero_fills()) {
     if (new_host(fill.rank()) == host) *out.add_zero_fills() = fill;
   }
+  for (const v1::Regenerate& g : plan.regenerate()) {
+    if (new_host(g.rank()) == host) *out.add_regenerate() = g;
+  }
   return out;
 }
 

@@ -104,6 +104,30 @@ TEST(SliceForHost, KeepsExactlyTheHostsStepsAndFills) {
   EXPECT_EQ(SliceForHost(plan, "elsewhere").steps_size(), 0);
 }
 
+// TransferPlan.regenerate entries go to the host of their new rank (its
+// agent records them with the rank's buffer for the worker).
+TEST(SliceForHost, KeepsTheHostsRegenerateEntries) {
+  v1::TransferPlan plan = SamplePlan();
+  const std::vector<std::string> new_hosts = NewHosts(plan);
+  const int item = plan.items_size() - 1;
+  for (int rank = 0; rank < static_cast<int>(new_hosts.size()); ++rank) {
+    v1::Regenerate* g = plan.add_regenerate();
+    g->set_rank(rank);
+    g->set_item(item);
+  }
+  int entries = 0;
+  for (const std::string& host : HostsTakingPart(plan)) {
+    const v1::TransferPlan slice = SliceForHost(plan, host);
+    for (const v1::Regenerate& g : slice.regenerate()) {
+      EXPECT_EQ(new_hosts[g.rank()], host) << g.ShortDebugString();
+      EXPECT_EQ(g.item(), item);
+    }
+    entries += slice.regenerate_size();
+  }
+  EXPECT_EQ(entries, plan.regenerate_size());
+  EXPECT_EQ(SliceForHost(plan, "h0").regenerate_size(), 0);  // a source only
+}
+
 TEST(BytesWrittenByHost, EveryDestinationAndFill) {
   const v1::TransferPlan plan = SamplePlan();
   const std::vector<std::string> new_hosts = NewHosts(plan);
