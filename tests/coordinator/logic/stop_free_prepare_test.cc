@@ -312,6 +312,42 @@ TEST_F(StopFreePrepareTest, AHostLostDuringThePrepareAbortsIt) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "not the active operation"));
 }
 
+TEST_F(StopFreePrepareTest, AStalledOrRestartedHostAbortsThePrepare) {
+  v1::Job job;
+  const v1::Operation op = Preparing("stalled", &job);
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_PLANNED) << op.error();
+  PrepareHost("h0", op.id());
+  PrepareHost("h1", op.id());
+  // Leases kept, but h2 never fetches its task: PREPARED hosts do not stall.
+  for (int i = 0; i < 2; ++i) {
+    clock_.Advance(10000 + i);
+    for (const char* host : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(host).ok());
+  }
+  Tick();
+  v1::Operation ended = Op(op.id());
+  EXPECT_EQ(ended.state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_EQ(ended.error(),
+            "host \"h2\" made no progress in its prepare for 20001 ms (stall_timeout_ms 20000): "
+            "its task was never fetched");
+  EXPECT_EQ(Job(job.id()).generation(), 1);
+  EXPECT_THAT(Discarded("h2"), ElementsAre(3));
+
+  // A PREPARED host whose agent restarts lost its buffers: the prepare fails.
+  absl::StatusOr<v1::Operation> again =
+      StopFreeResize(Job(job.id()), MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->to_generation(), 5);  // 3 was used (discarded): never reused
+  Tick();
+  PrepareAll(again->id());
+  RegisterAgents({"h1"});  // a new incarnation
+  Tick();
+  ended = Op(again->id());
+  EXPECT_EQ(ended.state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_THAT(ended.error(), HasSubstr("host \"h1\": the agent restarted"));
+  EXPECT_THAT(ended.error(), HasSubstr("HOST_TASK_STATE_PREPARED"));
+  EXPECT_THAT(Discarded("h2"), ElementsAre(3, 5));
+}
+
 TEST_F(StopFreePrepareTest, WaitForTasksAnswersANewOperationAtOnceAndOtherwiseAfterWaitMs) {
   const v1::Job job = RegisterWithData("wait");
   RegisterAgents({"h0", "h1", "h2"});
