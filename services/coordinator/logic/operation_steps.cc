@@ -160,10 +160,6 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
   return false;
 }
 
-}  // namespace reshard::coordinator
-
-namespace reshard::coordinator {
-
 std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostProgress>& rows,
                                                         const HostMap& hosts, int64_t now,
                                                         bool preparing) const {
@@ -207,10 +203,6 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
   }
   return std::nullopt;
 }
-
-}  // namespace reshard::coordinator
-
-namespace reshard::coordinator {
 
 std::vector<HostProgress> OperationDriver::AssignedRows(const std::map<std::string, int64_t>& bytes,
                                                         const HostMap& hosts, int64_t now,
