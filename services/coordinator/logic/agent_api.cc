@@ -343,8 +343,12 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
     return absl::NotFoundError(
         absl::StrCat("operation \"", op_id, "\" has no task for host \"", host_id, "\""));
   }
-  // In the prepare phase PREPARED is the host's final report.
-  if (IsHostFinal(row->state) || row->state == v1::HOST_TASK_STATE_PREPARED) {
+  // In the prepare phase PREPARED is the host's final report, unless it
+  // fails later (it lost the buffers it prepared).
+  const bool prepared_then_failed =
+      row->state == v1::HOST_TASK_STATE_PREPARED && state == v1::HOST_TASK_STATE_FAILED;
+  if ((IsHostFinal(row->state) || row->state == v1::HOST_TASK_STATE_PREPARED) &&
+      !prepared_then_failed) {
     // A resent final report (the reply was lost) is fine; a change of mind is not.
     if (row->state == state) return response;
     return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",

@@ -291,6 +291,28 @@ TEST_F(StopFreePrepareTest, AHostThatFailsItsPrepareAbortsAndTheNewGenerationIsD
   EXPECT_TRUE(late->abort());
 }
 
+TEST_F(StopFreePrepareTest, APreparedHostThatFailsLaterAbortsIt) {
+  v1::Job job;
+  const v1::Operation op = Preparing("failed-later", &job);
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_PLANNED) << op.error();
+  PrepareAll(op.id());
+  v1::ReportProgressRequest running;
+  running.set_host_id("h1");
+  running.set_operation_id(op.id());
+  running.set_state(v1::HOST_TASK_STATE_RUNNING);
+  EXPECT_THAT(agents_->ReportProgress(running).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "already reported"));
+  v1::ReportProgressRequest failed = running;
+  failed.set_state(v1::HOST_TASK_STATE_FAILED);
+  failed.set_error("prepared buffers evicted");
+  ASSERT_TRUE(agents_->ReportProgress(failed).ok());
+  Tick();
+  const v1::Operation ended = Op(op.id());
+  EXPECT_EQ(ended.state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_EQ(ended.error(), "host \"h1\": prepared buffers evicted");
+  EXPECT_THAT(Discarded("h2"), ElementsAre(3));
+}
+
 TEST_F(StopFreePrepareTest, AHostLostDuringThePrepareAbortsIt) {
   v1::Job job;
   const v1::Operation op = Preparing("lost", &job);
