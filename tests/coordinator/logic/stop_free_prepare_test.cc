@@ -8,11 +8,16 @@
 // change at the cut-over; a host that fails or is lost during the prepare
 // aborts it and its pending generation is discarded; WaitForTasks answers
 // a new operation at once; a final report wakes the leader's driver.
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -113,6 +118,41 @@ TEST_F(StopFreePrepareTest, EveryPlanHostGetsAPrepareTaskIntoTheFinalGeneration)
       agents_->ReportProgress(PreparedReport("h1", op.id()));
   ASSERT_TRUE(resent.ok()) << resent.status();
   EXPECT_EQ(Op(op.id()).bytes_precopied(), BytesTotal(plan));
+}
+
+TEST_F(StopFreePrepareTest, WatchOperationStreamsEachAgentsPrepare) {
+  const v1::Operation op = Preparing("watched");
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_PLANNED) << op.error();
+  std::mutex mu;
+  std::vector<v1::Operation> seen;
+  std::atomic<bool> stop{false};
+  std::thread watcher([&] {
+    v1::WatchOperationRequest r;
+    r.set_operation_id(op.id());
+    (void)api_->WatchOperation(
+        r,
+        [&](const v1::Operation& o) {
+          std::lock_guard<std::mutex> lock(mu);
+          seen.push_back(o);
+          return true;
+        },
+        [&] { return stop.load(); });
+  });
+  auto saw = [&](const std::function<bool(const v1::Operation&)>& pred) {
+    return Eventually(
+        [&] {
+          std::lock_guard<std::mutex> lock(mu);
+          return std::any_of(seen.begin(), seen.end(), pred);
+        },
+        absl::Seconds(20), absl::Milliseconds(5));
+  };
+  EXPECT_TRUE(saw([](const v1::Operation& o) { return o.bytes_precopied() == 0; }));
+  PrepareHost("h1", op.id());  // one agent: neither prepared nor cut over
+  EXPECT_TRUE(saw([](const v1::Operation& o) {
+    return o.bytes_precopied() > 0 && o.agents_prepared_unix_ms() == 0;
+  }));
+  stop = true;
+  watcher.join();
 }
 
 TEST_F(StopFreePrepareTest, PreparedReportsAreChecked) {
