@@ -22,6 +22,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "pqxx/pqxx"
 #include "services/coordinator/logic/leader.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/stop_free_fixture.h"
@@ -446,6 +447,55 @@ TEST_F(StopFreePrepareTest, WaitForTasksAnswersANewOperationAtOnceAndOtherwiseAf
   bad = idle;
   bad.set_host_id("h9");
   EXPECT_THAT(agents_->WaitForTasks(bad).status(), StatusIs(absl::StatusCode::kNotFound, "h9"));
+}
+
+// A stop-free operation created before migration 0011 reserved no
+// generation number and its agents never prepare: the migration counts them
+// prepared, the cut-over takes the next number and moves the operation past
+// it, and the transfer moves the whole plan.
+TEST_F(StopFreePrepareTest, AnOperationFromBeforeMigration0011IsNotPreparedByAgents) {
+  const v1::Job job = RegisterWithData("legacy");
+  RegisterAgents({"h0", "h1", "h2"});
+  absl::StatusOr<v1::Operation> op = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(op.ok()) << op.status();
+  {
+    // As 0010 created it (to_generation = current + 1), then 0011's update.
+    pqxx::connection conn(dsn_);
+    pqxx::nontransaction sql(conn);
+    sql.exec_params("UPDATE operations SET to_generation = from_generation + 1 WHERE id = $1",
+                    op->id());
+    sql.exec(
+        "UPDATE operations SET agents_prepared_at = now() WHERE stop_free AND state IN (1, 2)");
+  }
+  Tick();
+  Tick();
+  v1::Operation planned = Op(op->id());
+  ASSERT_EQ(planned.state(), v1::OPERATION_STATE_PLANNED) << planned.error();
+  EXPECT_EQ(planned.prepared_from_generation(), 0);
+  EXPECT_THAT(Participants(op->id()), IsEmpty());
+  absl::StatusOr<v1::Operation> marked = MarkPrepared(op->id());
+  ASSERT_TRUE(marked.ok()) << marked.status();
+  EXPECT_GT(marked->prepared_unix_ms(), 0);
+  absl::StatusOr<v1::Operation> cut = CheckpointAt(job, 3, op->id());
+  ASSERT_TRUE(cut.ok()) << cut.status();
+  EXPECT_EQ(cut->to_generation(), 2);
+  EXPECT_EQ(Op(op->id()).to_generation(), 3);
+  Tick();
+  CompleteAll(cut->id());
+  Tick();
+  Tick();
+  const v1::Operation moving = Op(op->id());
+  ASSERT_EQ(moving.state(), v1::OPERATION_STATE_TRANSFERRING) << moving.error();
+  EXPECT_EQ(moving.bytes_total(), BytesTotal(PlanOf(op->id())));
+  EXPECT_EQ(moving.bytes_skipped_unchanged(), 0);
+  absl::StatusOr<v1::HostTask> task = GetTask("h2", op->id());
+  ASSERT_TRUE(task.ok()) << task.status();
+  EXPECT_FALSE(task->prepare());
+  EXPECT_FALSE(task->prepared());
+  CompleteAll(op->id());
+  Tick();
+  EXPECT_EQ(Op(op->id()).state(), v1::OPERATION_STATE_COMMITTED) << Op(op->id()).error();
+  EXPECT_EQ(Job(job.id()).generation(), 3);
 }
 
 /// A lock always held: this replica leads.
