@@ -23,6 +23,7 @@
 #include "bench/planner/balance_report.h"
 #include "bench/planner/gpt_model.h"
 #include "bench/planner/heap_counter.h"
+#include "bench/planner/plan_fingerprint.h"
 #include "bench/planner/random_jobs.h"
 #include "client/cli/plan_summary.h"
 #include "planner/planner.h"
@@ -52,6 +53,7 @@ struct Result {
   int64_t plan_bytes = 0;
   int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0;
   int64_t local = 0, cross = 0, lower = 0;
+  uint64_t fingerprint = 0;  // PlanFingerprint of the first run
 
   static double Median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -124,6 +126,7 @@ Result RunCase(const Case& c) {
       r.local = plan->bytes_local;
       r.cross = plan->bytes_cross_host;
       r.lower = plan->lower_bound_cross_host;
+      r.fingerprint = PlanFingerprint(*plan);
     }
   }
   return r;
@@ -212,8 +215,9 @@ int Main(int argc, char** argv) {
   }
 
   int failures = 0;
-  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s %10s\n", "case", "ranks", "steps",
-              "cross steps", "local", "cross-host", "lower bound", "cross/lb", "plan size");
+  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s %10s %16s\n", "case", "ranks", "steps",
+              "cross steps", "local", "cross-host", "lower bound", "cross/lb", "plan size",
+              "fingerprint");
   for (size_t i = 0; i < results.size(); ++i) {
     const Case& c = cases[i];
     const Result& r = results[i];
@@ -223,11 +227,12 @@ int Main(int argc, char** argv) {
       ++failures;
       continue;
     }
-    std::printf("%-36s %-13s %9lld %11lld %10s %10s %11s %8s %10s\n", c.name.c_str(), ranks.c_str(),
-                static_cast<long long>(r.steps), static_cast<long long>(r.cross_steps),
-                cli::FormatBytes(r.local).c_str(), cli::FormatBytes(r.cross).c_str(),
-                cli::FormatBytes(r.lower).c_str(), cli::FormatRatio(r.cross, r.lower).c_str(),
-                cli::FormatBytes(r.plan_bytes).c_str());
+    std::printf("%-36s %-13s %9lld %11lld %10s %10s %11s %8s %10s %016llx\n", c.name.c_str(),
+                ranks.c_str(), static_cast<long long>(r.steps),
+                static_cast<long long>(r.cross_steps), cli::FormatBytes(r.local).c_str(),
+                cli::FormatBytes(r.cross).c_str(), cli::FormatBytes(r.lower).c_str(),
+                cli::FormatRatio(r.cross, r.lower).c_str(), cli::FormatBytes(r.plan_bytes).c_str(),
+                static_cast<unsigned long long>(r.fingerprint));
   }
   std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %9s %9s %-9s %-9s\n", "case", "MakePlan", "ToProto",
               "arena", "total", "+arena", "wall", "peak", "+arena", "vs target", "+arena");
