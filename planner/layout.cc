@@ -81,13 +81,6 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
   return r;
 }
 
-int ResolvedLayout::Rank(RankCoord c) const {
-  const int inner = c.tp + tp_ * c.cp;  // tp_i + tp * cp_i
-  const int tc = tp_ * cp_;
-  if (order_ == v1::RANK_ORDER_TP_PP_DP) return inner + tc * (c.pp + pp_ * c.dp);
-  return inner + tc * (c.dp + dp_ * c.pp);
-}
-
 RankCoord ResolvedLayout::Coord(int rank) const {
   RankCoord c;
   c.tp = rank % tp_;
@@ -100,15 +93,6 @@ RankCoord ResolvedLayout::Coord(int rank) const {
     c.dp = rest % dp_;
     c.pp = rest / dp_;
   }
-  return c;
-}
-
-RankCoord ResolvedLayout::CoordAt(int position, int stage) const {
-  RankCoord c;
-  c.tp = position % tp_;
-  c.cp = (position / tp_) % cp_;
-  c.dp = position / (tp_ * cp_);
-  c.pp = stage;
   return c;
 }
 

@@ -62,12 +62,24 @@ class ResolvedLayout {
   /// Ranks per stage: tp * cp * dp.
   int stage_size() const { return tp_ * cp_ * dp_; }
   int world() const { return stage_size() * pp_; }
-  int Rank(RankCoord c) const;
+  int Rank(RankCoord c) const {
+    const int inner = c.tp + tp_ * c.cp;  // tp_i + tp * cp_i
+    const int tc = tp_ * cp_;
+    if (order_ == v1::RANK_ORDER_TP_PP_DP) return inner + tc * (c.pp + pp_ * c.dp);
+    return inner + tc * (c.dp + dp_ * c.pp);
+  }
   RankCoord Coord(int rank) const;
   /// Position of a rank inside its stage: tp_i + tp * (cp_i + cp * dp_i).
   int PositionInStage(RankCoord c) const { return c.tp + tp_ * (c.cp + cp_ * c.dp); }
   /// The coordinates of the rank at `position` (PositionInStage) of `stage`.
-  RankCoord CoordAt(int position, int stage) const;
+  RankCoord CoordAt(int position, int stage) const {
+    RankCoord c;
+    c.tp = position % tp_;
+    c.cp = (position / tp_) % cp_;
+    c.dp = position / (tp_ * cp_);
+    c.pp = stage;
+    return c;
+  }
   int RankAt(int position, int stage) const { return Rank(CoordAt(position, stage)); }
   /// Data-parallel group index g = cp_i + cp * dp_i (group size dp * cp).
   int GroupIndex(RankCoord c) const { return c.cp + cp_ * c.dp; }

@@ -29,13 +29,31 @@ std::string BoxString(const Box& b) {
   return s + "]";
 }
 
-// One rank that needs (or holds) a region, with where it keeps it.
+// One rank that needs (or holds) a region, with where it keeps it: at
+// `offset` in a buffer with `strides` (kMaxDims of them, owned by the
+// template or the caller and alive while the region is placed). Small, so
+// that the many endpoints of a plan cost little to gather and sort.
 struct Endpoint {
   int rank;
   int host;
   int device;
-  View view;
+  int64_t offset;
+  const int64_t* strides;
+
+  View view() const {
+    View v;
+    v.offset = offset;
+    std::copy(strides, strides + kMaxDims, v.strides);
+    return v;
+  }
 };
+
+// The endpoint of `rank` whose region `sub` lies in a box `box` kept at `v`.
+Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, const View& v,
+                    const Box& sub) {
+  return Endpoint{rank, layout.host(rank), layout.device(rank), SubView(box, v, sub).offset,
+                  v.strides};
+}
 
 class PlanBuilder {
  public:
@@ -43,6 +61,7 @@ class PlanBuilder {
     out_.assign(num_hosts, 0);
     in_.assign(num_hosts, 0);
     local_.assign(num_hosts, 0);
+    send_of_host_.assign(num_hosts, -1);
     plan_->remote_sends.num_hosts = num_hosts;
   }
 
@@ -123,18 +142,25 @@ class PlanBuilder {
                      const Endpoint* last) {
     candidate_hosts_.clear();
     const size_t begin = candidates_.size();
+    const size_t views_begin = views_.size();
+    const int64_t send = plan_->remote_sends.size();
     for (const Endpoint& h : holders) {
-      if (std::find(candidate_hosts_.begin(), candidate_hosts_.end(), h.host) !=
-          candidate_hosts_.end()) {
-        continue;
-      }
+      if (send_of_host_[h.host] == send) continue;  // not the first holder on its host
+      send_of_host_[h.host] = send;
       candidate_hosts_.push_back(h.host);
-      candidates_.push_back(h);
+      // Replicas mostly keep the region at the same place: one view for them.
+      if (views_.size() == views_begin || !SameView(views_.back(), h)) {
+        views_.push_back(h.view());
+      }
+      candidates_.push_back(Candidate{h.rank, static_cast<int32_t>(views_.size() - 1)});
     }
     RemoteSends& sends = plan_->remote_sends;
     sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
     const bool choice = candidate_hosts_.size() > 1;
-    if (!choice) candidates_.resize(begin);  // only one host can send it
+    if (!choice) {  // only one host can send it
+      candidates_.resize(begin);
+      views_.resize(views_begin);
+    }
     EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
              /*may_merge=*/!choice);
     if (choice) {
@@ -149,21 +175,25 @@ class PlanBuilder {
       const int chosen = sends.chosen[p.send];
       const int32_t* c = sends.CandidatesBegin(p.send);
       const int k = static_cast<int>(std::find(c, c + sends.Candidates(p.send), chosen) - c);
-      const Endpoint& src = candidates_[p.candidates + k];
+      const Candidate& src = candidates_[p.candidates + k];
       Plan::Step& step = plan_->steps[p.step];
-      out_[candidates_[p.candidates].host] -= step.bytes;
-      out_[src.host] += step.bytes;
+      out_[c[0]] -= step.bytes;  // the step was emitted from the first candidate
+      out_[chosen] += step.bytes;
       step.src_rank = src.rank;
-      step.src = src.view;
+      step.src = views_[src.view];
     }
   }
 
+  static bool SameView(const View& a, const Endpoint& b) {
+    return a.offset == b.offset && std::equal(a.strides, a.strides + kMaxDims, b.strides);
+  }
+
   // True when the region covers one contiguous run of its buffer.
-  static bool Contiguous(int ndim, const int64_t* shape, const View& v) {
+  static bool Contiguous(int ndim, const int64_t* shape, const int64_t* strides) {
     int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (shape[d] == 1) continue;
-      if (v.strides[d] != expected) return false;
+      if (strides[d] != expected) return false;
       expected *= shape[d];
     }
     return true;
@@ -182,13 +212,14 @@ class PlanBuilder {
       return false;
     }
     Plan::Dst& pd = plan_->dsts[p.dst_begin];
-    if (!Contiguous(p.ndim, p.shape, p.src) || !Contiguous(p.ndim, p.shape, pd.view) ||
-        !Contiguous(ndim, shape, src.view) || !Contiguous(ndim, shape, dst.view)) {
+    if (!Contiguous(p.ndim, p.shape, p.src.strides) ||
+        !Contiguous(p.ndim, p.shape, pd.view.strides) || !Contiguous(ndim, shape, src.strides) ||
+        !Contiguous(ndim, shape, dst.strides)) {
       return false;
     }
     int64_t n = 1;
     for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
-    if (p.src.offset + n != src.view.offset || pd.view.offset + n != dst.view.offset) return false;
+    if (p.src.offset + n != src.offset || pd.view.offset + n != dst.offset) return false;
     int64_t m = 1;
     for (int d = 0; d < ndim; ++d) m *= shape[d];
     p.ndim = 1;
@@ -207,7 +238,8 @@ class PlanBuilder {
       Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
       return;
     }
-    Plan::Step s;
+    // Written in place: the plan's arrays are the bulk of its memory traffic.
+    Plan::Step& s = plan_->steps.emplace_back();
     s.item = item;
     s.src_rank = src.rank;
     s.ndim = static_cast<int8_t>(ndim);
@@ -215,13 +247,16 @@ class PlanBuilder {
     s.bytes = bytes;
     std::copy(shape, shape + ndim, s.shape);
     std::fill(s.shape + ndim, s.shape + kMaxDims, 0);
-    s.src = src.view;
+    s.src.offset = src.offset;
+    std::copy(src.strides, src.strides + kMaxDims, s.src.strides);
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
     for (const Endpoint* d = first; d != last; ++d) {
-      plan_->dsts.push_back(Plan::Dst{d->rank, d->view});
+      Plan::Dst& dst = plan_->dsts.emplace_back();
+      dst.rank = d->rank;
+      dst.view.offset = d->offset;
+      std::copy(d->strides, d->strides + kMaxDims, dst.view.strides);
     }
     s.dst_end = static_cast<int32_t>(plan_->dsts.size());
-    plan_->steps.push_back(s);
     Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
   }
 
@@ -247,11 +282,20 @@ class PlanBuilder {
     size_t candidates;
   };
 
+  // A candidate source of a pending send: its rank and its view (in views_).
+  struct Candidate {
+    int32_t rank;
+    int32_t view;
+  };
+
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
   std::vector<PendingSend> pending_;
-  std::vector<Endpoint> candidates_;
+  std::vector<Candidate> candidates_;
+  std::vector<View> views_;
   std::vector<int32_t> candidate_hosts_;
+  // The last remote send that took a candidate on each host.
+  std::vector<int64_t> send_of_host_;
 };
 
 absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,
@@ -347,8 +391,14 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   const Buckets old_buckets(ptc, old_layout);
   const Buckets new_buckets(ptc, new_layout);
   PlanBuilder builder(hosts.size(), &plan);
-  std::unordered_map<std::string, Template> templates;  // stable addresses
-  std::vector<std::string> missing;                     // one line per tensor with lost regions
+  // Templates with the destinations of their overlaps: `every_stage` per
+  // stage holding the tensor, plus `one_stage`. Stable addresses.
+  struct CachedTemplate {
+    Template tpl;
+    size_t every_stage = 0, one_stage = 0;
+  };
+  std::unordered_map<std::string, CachedTemplate> templates;
+  std::vector<std::string> missing;  // one line per tensor with lost regions
   std::vector<int> old_stages, new_stages;
   const std::vector<int> kNoStages;
   std::vector<Endpoint> needers, holders;
@@ -360,16 +410,18 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     const v1::TensorSpec& t = ptc.tensors(item);
     auto [it, inserted] = templates.try_emplace(TemplateKey(t, item));
+    CachedTemplate& cached = it->second;
     if (inserted) {
-      it->second = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
-    }
-    tensor_templates[item] = &it->second;
-    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
-    for (const Overlap& ov : it->second.overlaps) {
-      for (const Member& m : it->second.new_groups[ov.new_group].members) {
-        total_dsts += m.stage < 0 ? new_stages.size() : 1;
+      cached.tpl = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
+      for (const Overlap& ov : cached.tpl.overlaps) {
+        for (const Member& m : cached.tpl.new_groups[ov.new_group].members) {
+          ++(m.stage < 0 ? cached.every_stage : cached.one_stage);
+        }
       }
     }
+    tensor_templates[item] = &cached.tpl;
+    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
+    total_dsts += cached.every_stage * new_stages.size() + cached.one_stage;
   }
   // Blobs: at most one destination per new rank each.
   total_dsts += static_cast<size_t>(ptc.blobs_size()) * new_layout.world();
@@ -392,19 +444,17 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (const Member& m : ng.members) {
-        const View v = SubView(ng.box, m.view, ov.region);
         const auto need = [&](int p) {
-          const int r = new_layout.RankAt(m.position, p);
-          needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), v});
+          needers.push_back(
+              EndpointOf(new_layout, new_layout.RankAt(m.position, p), ng.box, m.view, ov.region));
         };
         if (m.stage >= 0) need(m.stage);
         for (int p : m.stage < 0 ? new_stages : kNoStages) need(p);
       }
       for (const Member& m : og.members) {
-        const View v = SubView(og.box, m.view, ov.region);
         const auto hold = [&](int p) {
           const int r = old_layout.RankAt(m.position, p);
-          if (alive[r]) holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), v});
+          if (alive[r]) holders.push_back(EndpointOf(old_layout, r, og.box, m.view, ov.region));
         };
         if (m.stage >= 0) hold(m.stage);
         for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
@@ -446,11 +496,12 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (int r = 0; r < new_layout.world(); ++r) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), 0, whole.strides});
       }
       for (int r = 0; r < old_layout.world(); ++r) {
         if (alive[r]) {
-          holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), whole});
+          holders.push_back(
+              Endpoint{r, old_layout.host(r), old_layout.device(r), 0, whole.strides});
         }
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
@@ -467,10 +518,10 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (int r = k; r < new_layout.world(); r += old_layout.world()) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), 0, whole.strides});
       }
       if (alive[k]) {
-        holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), whole});
+        holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), 0, whole.strides});
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
         if (blob.regenerable()) {
