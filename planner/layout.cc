@@ -72,6 +72,12 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
   const std::vector<v1::DeviceSlot> slots = ExpandPlacement(layout.placement());
   RESHARD_CHECK(static_cast<int>(slots.size()) == r.world())
       << "placement of " << slots.size() << " ranks for world " << r.world();
+  r.rank_at_.resize(r.world());
+  for (int stage = 0; stage < r.pp_; ++stage) {
+    for (int position = 0; position < r.stage_size(); ++position) {
+      r.rank_at_[stage * r.stage_size() + position] = r.Rank(r.CoordAt(position, stage));
+    }
+  }
   r.host_.resize(slots.size());
   r.device_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {

@@ -80,7 +80,9 @@ class ResolvedLayout {
     c.pp = stage;
     return c;
   }
-  int RankAt(int position, int stage) const { return Rank(CoordAt(position, stage)); }
+  /// Rank(CoordAt(position, stage)), from a table (planning asks it for
+  /// every endpoint of every region).
+  int RankAt(int position, int stage) const { return rank_at_[stage * stage_size() + position]; }
   /// Data-parallel group index g = cp_i + cp * dp_i (group size dp * cp).
   int GroupIndex(RankCoord c) const { return c.cp + cp_ * c.dp; }
   ExpertCoord Expert(RankCoord c) const;
@@ -102,6 +104,7 @@ class ResolvedLayout {
   std::vector<int> chunk_of_layer_;
   std::vector<int> host_;
   std::vector<int> device_;
+  std::vector<int> rank_at_;  // stage * stage_size() + position -> rank
 };
 
 /// Expands a Placement (either form) to one slot per rank.
