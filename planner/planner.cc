@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -30,29 +31,22 @@ std::string BoxString(const Box& b) {
 }
 
 // One rank that needs (or holds) a region, with where it keeps it: at
-// `offset` in a buffer with `strides` (kMaxDims of them, owned by the
-// template or the caller and alive while the region is placed). Small, so
-// that the many endpoints of a plan cost little to gather and sort.
+// `offset` with the plan's strides number `strides`. Small, so that the many
+// endpoints of a plan cost little to gather and sort.
 struct Endpoint {
   int rank;
   int host;
   int device;
+  int32_t strides;
   int64_t offset;
-  const int64_t* strides;
-
-  View view() const {
-    View v;
-    v.offset = offset;
-    std::copy(strides, strides + kMaxDims, v.strides);
-    return v;
-  }
 };
 
-// The endpoint of `rank` whose region `sub` lies in a box `box` kept at `v`.
-Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, const View& v,
+// The endpoint of `rank` whose region `sub` lies in the box `box` that member
+// `m` keeps.
+Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, const Member& m,
                     const Box& sub) {
-  return Endpoint{rank, layout.host(rank), layout.device(rank), SubView(box, v, sub).offset,
-                  v.strides};
+  return Endpoint{rank, layout.host(rank), layout.device(rank), m.strides,
+                  SubView(box, m.view, sub).offset};
 }
 
 class PlanBuilder {
@@ -63,7 +57,26 @@ class PlanBuilder {
     local_.assign(num_hosts, 0);
     send_of_host_.assign(num_hosts, -1);
     plan_->remote_sends.num_hosts = num_hosts;
+    Plan::Strides flat;
+    flat.v[0] = 1;
+    contiguous_ = InternStrides(flat.v);
   }
+
+  // The plan's index of `strides` (kMaxDims of them), added when new.
+  int32_t InternStrides(const int64_t* strides) {
+    std::array<int64_t, kMaxDims> key;
+    std::copy(strides, strides + kMaxDims, key.begin());
+    auto [it, inserted] =
+        strides_index_.try_emplace(key, static_cast<int32_t>(plan_->strides.size()));
+    if (inserted) {
+      Plan::Strides& st = plan_->strides.emplace_back();
+      std::copy(strides, strides + kMaxDims, st.v);
+    }
+    return it->second;
+  }
+
+  // Strides {1, 0, ...}: a whole blob, or merged steps.
+  int32_t contiguous() const { return contiguous_; }
 
   // Plans one region of item `item`: `needers` (new ranks) need it and
   // `holders` (surviving old ranks) hold it. Returns false when no holder.
@@ -142,25 +155,17 @@ class PlanBuilder {
                      const Endpoint* last) {
     candidate_hosts_.clear();
     const size_t begin = candidates_.size();
-    const size_t views_begin = views_.size();
     const int64_t send = plan_->remote_sends.size();
     for (const Endpoint& h : holders) {
       if (send_of_host_[h.host] == send) continue;  // not the first holder on its host
       send_of_host_[h.host] = send;
       candidate_hosts_.push_back(h.host);
-      // Replicas mostly keep the region at the same place: one view for them.
-      if (views_.size() == views_begin || !SameView(views_.back(), h)) {
-        views_.push_back(h.view());
-      }
-      candidates_.push_back(Candidate{h.rank, static_cast<int32_t>(views_.size() - 1)});
+      candidates_.push_back(Candidate{h.rank, h.strides, h.offset});
     }
     RemoteSends& sends = plan_->remote_sends;
     sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
     const bool choice = candidate_hosts_.size() > 1;
-    if (!choice) {  // only one host can send it
-      candidates_.resize(begin);
-      views_.resize(views_begin);
-    }
+    if (!choice) candidates_.resize(begin);  // only one host can send it
     EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
              /*may_merge=*/!choice);
     if (choice) {
@@ -180,16 +185,14 @@ class PlanBuilder {
       out_[c[0]] -= step.bytes;  // the step was emitted from the first candidate
       out_[chosen] += step.bytes;
       step.src_rank = src.rank;
-      step.src = views_[src.view];
+      step.src_strides = src.strides;
+      step.src_offset = src.offset;
     }
   }
 
-  static bool SameView(const View& a, const Endpoint& b) {
-    return a.offset == b.offset && std::equal(a.strides, a.strides + kMaxDims, b.strides);
-  }
-
   // True when the region covers one contiguous run of its buffer.
-  static bool Contiguous(int ndim, const int64_t* shape, const int64_t* strides) {
+  bool Contiguous(int ndim, const int64_t* shape, int32_t strides_index) const {
+    const int64_t* strides = plan_->StridesOf(strides_index);
     int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (shape[d] == 1) continue;
@@ -212,21 +215,19 @@ class PlanBuilder {
       return false;
     }
     Plan::Dst& pd = plan_->dsts[p.dst_begin];
-    if (!Contiguous(p.ndim, p.shape, p.src.strides) ||
-        !Contiguous(p.ndim, p.shape, pd.view.strides) || !Contiguous(ndim, shape, src.strides) ||
-        !Contiguous(ndim, shape, dst.strides)) {
+    if (!Contiguous(p.ndim, p.shape, p.src_strides) || !Contiguous(p.ndim, p.shape, pd.strides) ||
+        !Contiguous(ndim, shape, src.strides) || !Contiguous(ndim, shape, dst.strides)) {
       return false;
     }
     int64_t n = 1;
     for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
-    if (p.src.offset + n != src.offset || pd.view.offset + n != dst.offset) return false;
+    if (p.src_offset + n != src.offset || pd.offset + n != dst.offset) return false;
     int64_t m = 1;
     for (int d = 0; d < ndim; ++d) m *= shape[d];
     p.ndim = 1;
     p.shape[0] = n + m;
-    p.src.strides[0] = 1;
-    pd.view.strides[0] = 1;
-    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = p.src.strides[d] = pd.view.strides[d] = 0;
+    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = 0;
+    p.src_strides = pd.strides = contiguous_;
     p.bytes += bytes;
     return true;
   }
@@ -247,14 +248,11 @@ class PlanBuilder {
     s.bytes = bytes;
     std::copy(shape, shape + ndim, s.shape);
     std::fill(s.shape + ndim, s.shape + kMaxDims, 0);
-    s.src.offset = src.offset;
-    std::copy(src.strides, src.strides + kMaxDims, s.src.strides);
+    s.src_strides = src.strides;
+    s.src_offset = src.offset;
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
     for (const Endpoint* d = first; d != last; ++d) {
-      Plan::Dst& dst = plan_->dsts.emplace_back();
-      dst.rank = d->rank;
-      dst.view.offset = d->offset;
-      std::copy(d->strides, d->strides + kMaxDims, dst.view.strides);
+      plan_->dsts.push_back(Plan::Dst{d->rank, d->strides, d->offset});
     }
     s.dst_end = static_cast<int32_t>(plan_->dsts.size());
     Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
@@ -282,17 +280,19 @@ class PlanBuilder {
     size_t candidates;
   };
 
-  // A candidate source of a pending send: its rank and its view (in views_).
+  // A candidate source of a pending send: its rank and region.
   struct Candidate {
     int32_t rank;
-    int32_t view;
+    int32_t strides;
+    int64_t offset;
   };
 
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
   std::vector<PendingSend> pending_;
   std::vector<Candidate> candidates_;
-  std::vector<View> views_;
+  absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
+  int32_t contiguous_ = 0;
   std::vector<int32_t> candidate_hosts_;
   // The last remote send that took a candidate on each host.
   std::vector<int64_t> send_of_host_;
@@ -413,6 +413,11 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
     CachedTemplate& cached = it->second;
     if (inserted) {
       cached.tpl = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
+      for (std::vector<Group>* side : {&cached.tpl.old_groups, &cached.tpl.new_groups}) {
+        for (Group& g : *side) {
+          for (Member& m : g.members) m.strides = builder.InternStrides(m.view.strides);
+        }
+      }
       for (const Overlap& ov : cached.tpl.overlaps) {
         for (const Member& m : cached.tpl.new_groups[ov.new_group].members) {
           ++(m.stage < 0 ? cached.every_stage : cached.one_stage);
@@ -446,7 +451,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       for (const Member& m : ng.members) {
         const auto need = [&](int p) {
           needers.push_back(
-              EndpointOf(new_layout, new_layout.RankAt(m.position, p), ng.box, m.view, ov.region));
+              EndpointOf(new_layout, new_layout.RankAt(m.position, p), ng.box, m, ov.region));
         };
         if (m.stage >= 0) need(m.stage);
         for (int p : m.stage < 0 ? new_stages : kNoStages) need(p);
@@ -454,7 +459,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       for (const Member& m : og.members) {
         const auto hold = [&](int p) {
           const int r = old_layout.RankAt(m.position, p);
-          if (alive[r]) holders.push_back(EndpointOf(old_layout, r, og.box, m.view, ov.region));
+          if (alive[r]) holders.push_back(EndpointOf(old_layout, r, og.box, m, ov.region));
         };
         if (m.stage >= 0) hold(m.stage);
         for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
@@ -489,19 +494,18 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
     const v1::BlobSpec& blob = ptc.blobs(b);
     const int item = ptc.tensors_size() + b;
     plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
-    View whole;
-    whole.strides[0] = 1;
     const int64_t shape[1] = {blob.size_bytes()};
     if (blob.scope() == v1::BLOB_REPLICATED) {
       needers.clear();
       holders.clear();
       for (int r = 0; r < new_layout.world(); ++r) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), 0, whole.strides});
+        needers.push_back(
+            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
       }
       for (int r = 0; r < old_layout.world(); ++r) {
         if (alive[r]) {
           holders.push_back(
-              Endpoint{r, old_layout.host(r), old_layout.device(r), 0, whole.strides});
+              Endpoint{r, old_layout.host(r), old_layout.device(r), builder.contiguous(), 0});
         }
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
@@ -518,10 +522,12 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (int r = k; r < new_layout.world(); r += old_layout.world()) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), 0, whole.strides});
+        needers.push_back(
+            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
       }
       if (alive[k]) {
-        holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), 0, whole.strides});
+        holders.push_back(
+            Endpoint{k, old_layout.host(k), old_layout.device(k), builder.contiguous(), 0});
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
         if (blob.regenerable()) {

@@ -14,9 +14,10 @@ class Fnv {
     Add(static_cast<int64_t>(s.size()));
     for (char c : s) Byte(static_cast<uint8_t>(c));
   }
-  void Add(const planner::View& v, int ndim) {
-    Add(v.offset);
-    for (int d = 0; d < ndim; ++d) Add(v.strides[d]);
+  // A region: its offset, then its first `ndim` strides.
+  void Add(int64_t offset, const int64_t* strides, int ndim) {
+    Add(offset);
+    for (int d = 0; d < ndim; ++d) Add(strides[d]);
   }
   uint64_t value() const { return h_; }
 
@@ -47,11 +48,11 @@ uint64_t PlanFingerprint(const planner::Plan& plan) {
     f.Add(s.ndim);
     f.Add(s.bytes);
     for (int d = 0; d < s.ndim; ++d) f.Add(s.shape[d]);
-    f.Add(s.src, s.ndim);
+    f.Add(s.src_offset, plan.StridesOf(s.src_strides), s.ndim);
     f.Add(s.dst_end - s.dst_begin);
     for (int32_t i = s.dst_begin; i < s.dst_end; ++i) {
       f.Add(plan.dsts[i].rank);
-      f.Add(plan.dsts[i].view, s.ndim);
+      f.Add(plan.dsts[i].offset, plan.StridesOf(plan.dsts[i].strides), s.ndim);
     }
   }
   f.Add(static_cast<int64_t>(plan.fills.size()));
