@@ -31,7 +31,7 @@ std::string BoxString(const Box& b) {
 }
 
 // One rank that needs (or holds) a region, with where it keeps it: at
-// `offset` with the plan's strides number `strides`. Small, so that the many
+// `offset`, with strides Plan::strides[strides]. Small, so that the many
 // endpoints of a plan cost little to gather and sort.
 struct Endpoint {
   int rank;
