@@ -237,7 +237,11 @@ std::vector<int64_t> Heuristic(RemoteSends* s) {
 void RemoteSends::Add(int64_t n, const int32_t* begin, const int32_t* end) {
   RESHARD_CHECK(end > begin) << "a remote send needs a candidate host";
   bytes.push_back(n);
-  hosts.insert(hosts.end(), begin, end);
+  if (end - begin == 1) {
+    hosts.push_back(*begin);  // most sends: one holding host, and cheaper than insert
+  } else {
+    hosts.insert(hosts.end(), begin, end);
+  }
   first.push_back(static_cast<int32_t>(hosts.size()));
 }
 

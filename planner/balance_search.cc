@@ -222,16 +222,27 @@ std::vector<std::vector<int64_t>> SendGroups(const RemoteSends& s) {
     while (parent[h] != h) h = parent[h] = parent[parent[h]];
     return h;
   };
+  int64_t previous = -1;  // the last flexible send joined
   for (int64_t i = 0; i < s.size(); ++i) {
+    if (!Flexible(s, i)) continue;
     const int32_t* c = s.CandidatesBegin(i);
+    // Sends of a region replicated on many hosts come in runs with the same
+    // candidates: joining them again changes no root.
+    if (previous >= 0 && s.Candidates(previous) == s.Candidates(i) &&
+        std::equal(c, c + s.Candidates(i), s.CandidatesBegin(previous))) {
+      continue;
+    }
+    previous = i;
     for (int k = 1; k < s.Candidates(i); ++k) parent[find(c[k])] = find(c[0]);
   }
-  std::map<int, std::vector<int64_t>> groups;
+  std::vector<std::vector<int64_t>> by_root(s.num_hosts);
   for (int64_t i = 0; i < s.size(); ++i) {
-    if (Flexible(s, i)) groups[find(s.hosts[s.first[i]])].push_back(i);
+    if (Flexible(s, i)) by_root[find(s.hosts[s.first[i]])].push_back(i);
   }
-  std::vector<std::vector<int64_t>> out;
-  for (auto& [root, sends] : groups) out.push_back(std::move(sends));
+  std::vector<std::vector<int64_t>> out;  // in the order of their root host
+  for (std::vector<int64_t>& sends : by_root) {
+    if (!sends.empty()) out.push_back(std::move(sends));
+  }
   return out;
 }
 
