@@ -246,8 +246,7 @@ class PlanBuilder {
     s.ndim = static_cast<int8_t>(ndim);
     s.cross_host = cross;
     s.bytes = bytes;
-    std::copy(shape, shape + ndim, s.shape);
-    std::fill(s.shape + ndim, s.shape + kMaxDims, 0);
+    for (int d = 0; d < kMaxDims; ++d) s.shape[d] = d < ndim ? shape[d] : 0;
     s.src_strides = src.strides;
     s.src_offset = src.offset;
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
