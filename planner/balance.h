@@ -7,9 +7,10 @@
 // remote send has a size and a set of candidate hosts. BalanceSenders() runs
 // largest-first greedy, then moves and swaps off the busiest host, then, on
 // small groups of sends, an exact branch and bound with a fixed node budget
-// (so the result never depends on a clock). A proven lower bound on the
-// optimum (fractional assignment by max flow, and the largest send's cheapest
-// host) lets callers report how far a choice is from the best achievable.
+// (so the result never depends on a clock; planner/balance_search.h). A
+// proven lower bound on the optimum (fractional assignment by max flow, and
+// the largest send's cheapest host) lets callers report how far a choice is
+// from the best achievable.
 //
 // Pure: no I/O, no clock, no threads. Not thread-safe per object; distinct
 // objects are independent.

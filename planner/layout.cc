@@ -72,6 +72,12 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
   const std::vector<v1::DeviceSlot> slots = ExpandPlacement(layout.placement());
   RESHARD_CHECK(static_cast<int>(slots.size()) == r.world())
       << "placement of " << slots.size() << " ranks for world " << r.world();
+  r.rank_at_.resize(r.world());
+  for (int stage = 0; stage < r.pp_; ++stage) {
+    for (int position = 0; position < r.stage_size(); ++position) {
+      r.rank_at_[stage * r.stage_size() + position] = r.Rank(r.CoordAt(position, stage));
+    }
+  }
   r.host_.resize(slots.size());
   r.device_.resize(slots.size());
   for (size_t i = 0; i < slots.size(); ++i) {
@@ -79,13 +85,6 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
     r.device_[i] = slots[i].device();
   }
   return r;
-}
-
-int ResolvedLayout::Rank(RankCoord c) const {
-  const int inner = c.tp + tp_ * c.cp;  // tp_i + tp * cp_i
-  const int tc = tp_ * cp_;
-  if (order_ == v1::RANK_ORDER_TP_PP_DP) return inner + tc * (c.pp + pp_ * c.dp);
-  return inner + tc * (c.dp + dp_ * c.pp);
 }
 
 RankCoord ResolvedLayout::Coord(int rank) const {
@@ -100,15 +99,6 @@ RankCoord ResolvedLayout::Coord(int rank) const {
     c.dp = rest % dp_;
     c.pp = rest / dp_;
   }
-  return c;
-}
-
-RankCoord ResolvedLayout::CoordAt(int position, int stage) const {
-  RankCoord c;
-  c.tp = position % tp_;
-  c.cp = (position / tp_) % cp_;
-  c.dp = position / (tp_ * cp_);
-  c.pp = stage;
   return c;
 }
 

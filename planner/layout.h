@@ -62,13 +62,27 @@ class ResolvedLayout {
   /// Ranks per stage: tp * cp * dp.
   int stage_size() const { return tp_ * cp_ * dp_; }
   int world() const { return stage_size() * pp_; }
-  int Rank(RankCoord c) const;
+  int Rank(RankCoord c) const {
+    const int inner = c.tp + tp_ * c.cp;  // tp_i + tp * cp_i
+    const int tc = tp_ * cp_;
+    if (order_ == v1::RANK_ORDER_TP_PP_DP) return inner + tc * (c.pp + pp_ * c.dp);
+    return inner + tc * (c.dp + dp_ * c.pp);
+  }
   RankCoord Coord(int rank) const;
   /// Position of a rank inside its stage: tp_i + tp * (cp_i + cp * dp_i).
   int PositionInStage(RankCoord c) const { return c.tp + tp_ * (c.cp + cp_ * c.dp); }
   /// The coordinates of the rank at `position` (PositionInStage) of `stage`.
-  RankCoord CoordAt(int position, int stage) const;
-  int RankAt(int position, int stage) const { return Rank(CoordAt(position, stage)); }
+  RankCoord CoordAt(int position, int stage) const {
+    RankCoord c;
+    c.tp = position % tp_;
+    c.cp = (position / tp_) % cp_;
+    c.dp = position / (tp_ * cp_);
+    c.pp = stage;
+    return c;
+  }
+  /// Rank(CoordAt(position, stage)), from a table (planning asks it for
+  /// every endpoint of every region).
+  int RankAt(int position, int stage) const { return rank_at_[stage * stage_size() + position]; }
   /// Data-parallel group index g = cp_i + cp * dp_i (group size dp * cp).
   int GroupIndex(RankCoord c) const { return c.cp + cp_ * c.dp; }
   ExpertCoord Expert(RankCoord c) const;
@@ -90,6 +104,7 @@ class ResolvedLayout {
   std::vector<int> chunk_of_layer_;
   std::vector<int> host_;
   std::vector<int> device_;
+  std::vector<int> rank_at_;  // stage * stage_size() + position -> rank
 };
 
 /// Expands a Placement (either form) to one slot per rank.

@@ -4,6 +4,7 @@
 // thread-compatible.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,6 +24,7 @@ struct Member {
   int position;
   int stage;
   View view;
+  int32_t strides = -1;  // index of view.strides in the plan's table (set by MakePlan)
 };
 // One box of the global tensor with every member that holds it. The groups
 // of one side of a template are pairwise disjoint.

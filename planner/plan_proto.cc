@@ -29,14 +29,15 @@ void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
     cs->set_item(s.item);
     cs->set_src_rank(s.src_rank);
     v1::StridedRegion* src = cs->mutable_src();
-    src->set_offset(s.src.offset);
+    src->set_offset(s.src_offset);
+    const int64_t* src_stride = plan.StridesOf(s.src_strides);
     auto* shape = cs->mutable_shape();
     auto* src_strides = src->mutable_strides();
     shape->Reserve(s.ndim);
     src_strides->Reserve(s.ndim);
     for (int d = 0; d < s.ndim; ++d) {
       shape->AddAlreadyReserved(s.shape[d]);
-      src_strides->AddAlreadyReserved(s.src.strides[d]);
+      src_strides->AddAlreadyReserved(src_stride[d]);
     }
     auto* dsts = cs->mutable_dsts();
     dsts->Reserve(s.dst_end - s.dst_begin);
@@ -45,10 +46,11 @@ void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
       v1::Destination* dst = dsts->Add();
       dst->set_rank(pd.rank);
       v1::StridedRegion* region = dst->mutable_region();
-      region->set_offset(pd.view.offset);
+      region->set_offset(pd.offset);
+      const int64_t* dst_stride = plan.StridesOf(pd.strides);
       auto* strides = region->mutable_strides();
       strides->Reserve(s.ndim);
-      for (int d = 0; d < s.ndim; ++d) strides->AddAlreadyReserved(pd.view.strides[d]);
+      for (int d = 0; d < s.ndim; ++d) strides->AddAlreadyReserved(dst_stride[d]);
     }
     cs->set_bytes(s.bytes);
     cs->set_cross_host(s.cross_host);

@@ -1,6 +1,7 @@
 #include "planner/planner.h"
 
 #include <algorithm>
+#include <array>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -29,13 +30,24 @@ std::string BoxString(const Box& b) {
   return s + "]";
 }
 
-// One rank that needs (or holds) a region, with where it keeps it.
+// One rank that needs (or holds) a region, with where it keeps it: at
+// `offset`, with strides Plan::strides[strides]. Small, so that the many
+// endpoints of a plan cost little to gather and sort.
 struct Endpoint {
   int rank;
   int host;
   int device;
-  View view;
+  int32_t strides;
+  int64_t offset;
 };
+
+// The endpoint of `rank` whose region `sub` lies in the box `box` that member
+// `m` keeps.
+Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, const Member& m,
+                    const Box& sub) {
+  return Endpoint{rank, layout.host(rank), layout.device(rank), m.strides,
+                  SubView(box, m.view, sub).offset};
+}
 
 class PlanBuilder {
  public:
@@ -43,8 +55,28 @@ class PlanBuilder {
     out_.assign(num_hosts, 0);
     in_.assign(num_hosts, 0);
     local_.assign(num_hosts, 0);
+    send_of_host_.assign(num_hosts, -1);
     plan_->remote_sends.num_hosts = num_hosts;
+    Plan::Strides flat;
+    flat.v[0] = 1;
+    contiguous_ = InternStrides(flat.v);
   }
+
+  // The plan's index of `strides` (kMaxDims of them), added when new.
+  int32_t InternStrides(const int64_t* strides) {
+    std::array<int64_t, kMaxDims> key;
+    std::copy(strides, strides + kMaxDims, key.begin());
+    auto [it, inserted] =
+        strides_index_.try_emplace(key, static_cast<int32_t>(plan_->strides.size()));
+    if (inserted) {
+      Plan::Strides& st = plan_->strides.emplace_back();
+      std::copy(strides, strides + kMaxDims, st.v);
+    }
+    return it->second;
+  }
+
+  // Strides {1, 0, ...}: a whole blob, or merged steps.
+  int32_t contiguous() const { return contiguous_; }
 
   // Plans one region of item `item`: `needers` (new ranks) need it and
   // `holders` (surviving old ranks) hold it. Returns false when no holder.
@@ -123,13 +155,12 @@ class PlanBuilder {
                      const Endpoint* last) {
     candidate_hosts_.clear();
     const size_t begin = candidates_.size();
+    const int64_t send = plan_->remote_sends.size();
     for (const Endpoint& h : holders) {
-      if (std::find(candidate_hosts_.begin(), candidate_hosts_.end(), h.host) !=
-          candidate_hosts_.end()) {
-        continue;
-      }
+      if (send_of_host_[h.host] == send) continue;  // not the first holder on its host
+      send_of_host_[h.host] = send;
       candidate_hosts_.push_back(h.host);
-      candidates_.push_back(h);
+      candidates_.push_back(Candidate{h.rank, h.strides, h.offset});
     }
     RemoteSends& sends = plan_->remote_sends;
     sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
@@ -149,21 +180,23 @@ class PlanBuilder {
       const int chosen = sends.chosen[p.send];
       const int32_t* c = sends.CandidatesBegin(p.send);
       const int k = static_cast<int>(std::find(c, c + sends.Candidates(p.send), chosen) - c);
-      const Endpoint& src = candidates_[p.candidates + k];
+      const Candidate& src = candidates_[p.candidates + k];
       Plan::Step& step = plan_->steps[p.step];
-      out_[candidates_[p.candidates].host] -= step.bytes;
-      out_[src.host] += step.bytes;
+      out_[c[0]] -= step.bytes;  // the step was emitted from the first candidate
+      out_[chosen] += step.bytes;
       step.src_rank = src.rank;
-      step.src = src.view;
+      step.src_strides = src.strides;
+      step.src_offset = src.offset;
     }
   }
 
   // True when the region covers one contiguous run of its buffer.
-  static bool Contiguous(int ndim, const int64_t* shape, const View& v) {
+  bool Contiguous(int ndim, const int64_t* shape, int32_t strides_index) const {
+    const int64_t* strides = plan_->StridesOf(strides_index);
     int64_t expected = 1;
     for (int d = ndim - 1; d >= 0; --d) {
       if (shape[d] == 1) continue;
-      if (v.strides[d] != expected) return false;
+      if (strides[d] != expected) return false;
       expected *= shape[d];
     }
     return true;
@@ -182,20 +215,19 @@ class PlanBuilder {
       return false;
     }
     Plan::Dst& pd = plan_->dsts[p.dst_begin];
-    if (!Contiguous(p.ndim, p.shape, p.src) || !Contiguous(p.ndim, p.shape, pd.view) ||
-        !Contiguous(ndim, shape, src.view) || !Contiguous(ndim, shape, dst.view)) {
+    if (!Contiguous(p.ndim, p.shape, p.src_strides) || !Contiguous(p.ndim, p.shape, pd.strides) ||
+        !Contiguous(ndim, shape, src.strides) || !Contiguous(ndim, shape, dst.strides)) {
       return false;
     }
     int64_t n = 1;
     for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
-    if (p.src.offset + n != src.view.offset || pd.view.offset + n != dst.view.offset) return false;
+    if (p.src_offset + n != src.offset || pd.offset + n != dst.offset) return false;
     int64_t m = 1;
     for (int d = 0; d < ndim; ++d) m *= shape[d];
     p.ndim = 1;
     p.shape[0] = n + m;
-    p.src.strides[0] = 1;
-    pd.view.strides[0] = 1;
-    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = p.src.strides[d] = pd.view.strides[d] = 0;
+    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = 0;
+    p.src_strides = pd.strides = contiguous_;
     p.bytes += bytes;
     return true;
   }
@@ -207,21 +239,21 @@ class PlanBuilder {
       Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
       return;
     }
-    Plan::Step s;
+    // Written in place: the plan's arrays are the bulk of its memory traffic.
+    Plan::Step& s = plan_->steps.emplace_back();
     s.item = item;
     s.src_rank = src.rank;
     s.ndim = static_cast<int8_t>(ndim);
     s.cross_host = cross;
     s.bytes = bytes;
-    std::copy(shape, shape + ndim, s.shape);
-    std::fill(s.shape + ndim, s.shape + kMaxDims, 0);
-    s.src = src.view;
+    for (int d = 0; d < kMaxDims; ++d) s.shape[d] = d < ndim ? shape[d] : 0;
+    s.src_strides = src.strides;
+    s.src_offset = src.offset;
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
     for (const Endpoint* d = first; d != last; ++d) {
-      plan_->dsts.push_back(Plan::Dst{d->rank, d->view});
+      plan_->dsts.push_back(Plan::Dst{d->rank, d->strides, d->offset});
     }
     s.dst_end = static_cast<int32_t>(plan_->dsts.size());
-    plan_->steps.push_back(s);
     Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
   }
 
@@ -247,11 +279,22 @@ class PlanBuilder {
     size_t candidates;
   };
 
+  // A candidate source of a pending send: its rank and region.
+  struct Candidate {
+    int32_t rank;
+    int32_t strides;
+    int64_t offset;
+  };
+
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
   std::vector<PendingSend> pending_;
-  std::vector<Endpoint> candidates_;
+  std::vector<Candidate> candidates_;
+  absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
+  int32_t contiguous_ = 0;
   std::vector<int32_t> candidate_hosts_;
+  // The last remote send that took a candidate on each host.
+  std::vector<int64_t> send_of_host_;
 };
 
 absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,
@@ -347,8 +390,14 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   const Buckets old_buckets(ptc, old_layout);
   const Buckets new_buckets(ptc, new_layout);
   PlanBuilder builder(hosts.size(), &plan);
-  std::unordered_map<std::string, Template> templates;  // stable addresses
-  std::vector<std::string> missing;                     // one line per tensor with lost regions
+  // Templates with the destinations of their overlaps: `every_stage` per
+  // stage holding the tensor, plus `one_stage`. Stable addresses.
+  struct CachedTemplate {
+    Template tpl;
+    size_t every_stage = 0, one_stage = 0;
+  };
+  std::unordered_map<std::string, CachedTemplate> templates;
+  std::vector<std::string> missing;  // one line per tensor with lost regions
   std::vector<int> old_stages, new_stages;
   const std::vector<int> kNoStages;
   std::vector<Endpoint> needers, holders;
@@ -360,16 +409,23 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     const v1::TensorSpec& t = ptc.tensors(item);
     auto [it, inserted] = templates.try_emplace(TemplateKey(t, item));
+    CachedTemplate& cached = it->second;
     if (inserted) {
-      it->second = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
-    }
-    tensor_templates[item] = &it->second;
-    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
-    for (const Overlap& ov : it->second.overlaps) {
-      for (const Member& m : it->second.new_groups[ov.new_group].members) {
-        total_dsts += m.stage < 0 ? new_stages.size() : 1;
+      cached.tpl = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
+      for (std::vector<Group>* side : {&cached.tpl.old_groups, &cached.tpl.new_groups}) {
+        for (Group& g : *side) {
+          for (Member& m : g.members) m.strides = builder.InternStrides(m.view.strides);
+        }
+      }
+      for (const Overlap& ov : cached.tpl.overlaps) {
+        for (const Member& m : cached.tpl.new_groups[ov.new_group].members) {
+          ++(m.stage < 0 ? cached.every_stage : cached.one_stage);
+        }
       }
     }
+    tensor_templates[item] = &cached.tpl;
+    new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
+    total_dsts += cached.every_stage * new_stages.size() + cached.one_stage;
   }
   // Blobs: at most one destination per new rank each.
   total_dsts += static_cast<size_t>(ptc.blobs_size()) * new_layout.world();
@@ -392,19 +448,17 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (const Member& m : ng.members) {
-        const View v = SubView(ng.box, m.view, ov.region);
         const auto need = [&](int p) {
-          const int r = new_layout.RankAt(m.position, p);
-          needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), v});
+          needers.push_back(
+              EndpointOf(new_layout, new_layout.RankAt(m.position, p), ng.box, m, ov.region));
         };
         if (m.stage >= 0) need(m.stage);
         for (int p : m.stage < 0 ? new_stages : kNoStages) need(p);
       }
       for (const Member& m : og.members) {
-        const View v = SubView(og.box, m.view, ov.region);
         const auto hold = [&](int p) {
           const int r = old_layout.RankAt(m.position, p);
-          if (alive[r]) holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), v});
+          if (alive[r]) holders.push_back(EndpointOf(old_layout, r, og.box, m, ov.region));
         };
         if (m.stage >= 0) hold(m.stage);
         for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
@@ -439,18 +493,18 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
     const v1::BlobSpec& blob = ptc.blobs(b);
     const int item = ptc.tensors_size() + b;
     plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
-    View whole;
-    whole.strides[0] = 1;
     const int64_t shape[1] = {blob.size_bytes()};
     if (blob.scope() == v1::BLOB_REPLICATED) {
       needers.clear();
       holders.clear();
       for (int r = 0; r < new_layout.world(); ++r) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+        needers.push_back(
+            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
       }
       for (int r = 0; r < old_layout.world(); ++r) {
         if (alive[r]) {
-          holders.push_back(Endpoint{r, old_layout.host(r), old_layout.device(r), whole});
+          holders.push_back(
+              Endpoint{r, old_layout.host(r), old_layout.device(r), builder.contiguous(), 0});
         }
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
@@ -467,10 +521,12 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       needers.clear();
       holders.clear();
       for (int r = k; r < new_layout.world(); r += old_layout.world()) {
-        needers.push_back(Endpoint{r, new_layout.host(r), new_layout.device(r), whole});
+        needers.push_back(
+            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
       }
       if (alive[k]) {
-        holders.push_back(Endpoint{k, old_layout.host(k), old_layout.device(k), whole});
+        holders.push_back(
+            Endpoint{k, old_layout.host(k), old_layout.device(k), builder.contiguous(), 0});
       }
       if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
         if (blob.regenerable()) {

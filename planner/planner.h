@@ -33,9 +33,18 @@ struct Plan {
     int element_bytes = 1;
     int ndim = 1;
   };
+  /// The strides of a region in a rank's buffer. A plan has millions of
+  /// regions and few distinct strides: steps and destinations name theirs by
+  /// index into `strides` (each distinct set once), which keeps them small.
+  struct Strides {
+    int64_t v[kMaxDims] = {};
+  };
+  /// The region of destination rank `rank`: at `offset` with strides
+  /// `strides[this->strides]` (View{offset, strides}).
   struct Dst {
     int32_t rank;
-    View view;
+    int32_t strides;
+    int64_t offset;
   };
   struct Step {
     int32_t item;
@@ -43,10 +52,11 @@ struct Plan {
     int32_t dst_begin;  // [dst_begin, dst_end) in `dsts`
     int32_t dst_end;
     bool cross_host;
-    int8_t ndim;    // dimensions of the region (may be fewer than the item's)
-    int64_t bytes;  // of one destination's copy
+    int8_t ndim;          // dimensions of the region (may be fewer than the item's)
+    int32_t src_strides;  // the source region: at src_offset with strides[src_strides]
+    int64_t bytes;        // of one destination's copy
+    int64_t src_offset;
     int64_t shape[kMaxDims];
-    View src;
   };
   struct Fill {
     int32_t item;
@@ -62,6 +72,8 @@ struct Plan {
   std::vector<Item> items;
   std::vector<Step> steps;
   std::vector<Dst> dsts;
+  std::vector<Strides> strides;  // distinct
+  const int64_t* StridesOf(int32_t index) const { return strides[index].v; }
   std::vector<Fill> fills;
   std::vector<int> lost_ranks;
   // (new rank, item) of regenerable blobs without a surviving holder,

@@ -207,12 +207,12 @@ TEST(NewKindsPlanTest, PlanCheckCatchesABrokenPlan) {
   dropped.steps.pop_back();
   EXPECT_FALSE(testing::CheckPlan(ptc, from, to, {}, dropped));
   Plan shifted = *plan;
-  shifted.dsts[0].view.offset += 1;
+  shifted.dsts[0].offset += 1;
   EXPECT_FALSE(testing::CheckPlan(ptc, from, to, {}, shifted));
   Plan extra = *plan;
   const Plan::Step& first = plan->steps[0];
   extra.fills.push_back(Plan::Fill{first.item, plan->dsts[first.dst_begin].rank,
-                                   plan->dsts[first.dst_begin].view.offset, 1});
+                                   plan->dsts[first.dst_begin].offset, 1});
   EXPECT_FALSE(testing::CheckPlan(ptc, from, to, {}, extra));
 }
 

@@ -118,10 +118,10 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
       const bool same_device = same_host && nl.device(dst.rank) == ol.device(s.src_rank);
       std::vector<int64_t> idx(s.ndim, 0);
       for (int64_t k = 0; k < n; ++k) {
-        int64_t sp = s.src.offset, dp = dst.view.offset;
+        int64_t sp = s.src_offset, dp = dst.offset;
         for (int d = 0; d < s.ndim; ++d) {
-          sp += idx[d] * s.src.strides[d];
-          dp += idx[d] * dst.view.strides[d];
+          sp += idx[d] * plan.StridesOf(s.src_strides)[d];
+          dp += idx[d] * plan.StridesOf(dst.strides)[d];
         }
         const std::vector<int64_t>& nb = new_buf[s.item][dst.rank];
         const std::vector<int64_t>& ob = old_buf[s.item][s.src_rank];
