@@ -29,6 +29,10 @@ namespace {
 constexpr int kReportPeriodMs = 500;
 constexpr int kMaxBackoffMs = 2000;
 constexpr int kRpcDeadlineMs = 5000;
+// WaitForTasks: how long the coordinator may hold one call, and the least
+// time between two calls that started nothing.
+constexpr int kPollWaitMs = 10000;
+constexpr int kPollMinIntervalMs = 50;
 
 void SetDeadline(grpc::ClientContext* ctx, int ms = kRpcDeadlineMs) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
@@ -65,6 +69,7 @@ void CoordinatorSession::Start() {
   if (started_) return;
   started_ = true;
   loop_ = std::thread([this] { Loop(); });
+  poll_ = std::thread([this] { PollLoop(); });
 }
 
 void CoordinatorSession::Stop() {
@@ -72,9 +77,11 @@ void CoordinatorSession::Stop() {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_.exchange(true)) return;
     for (auto& [id, op] : ops_) op->cancel.store(true);
+    if (poll_ctx_ != nullptr) poll_ctx_->TryCancel();
   }
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  if (poll_.joinable()) poll_.join();
   std::map<std::string, std::unique_ptr<RunningOp>> ops;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -170,6 +177,11 @@ void CoordinatorSession::Loop() {
       registered = true;
       backoff_ms = 100;
     }
+    uint64_t listed_at = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      listed_at = list_clock_;
+    }
     v1::HeartbeatRequest req;
     req.set_host_id(options_.host_id);
     req.set_epoch(epoch_.load());
@@ -186,7 +198,7 @@ void CoordinatorSession::Loop() {
     if (s.ok()) {
       backoff_ms = 100;
       if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
-      Apply(resp);
+      Apply(resp, listed_at);
     } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
       RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
                            << "; registering again";
@@ -209,7 +221,9 @@ void CoordinatorSession::ReapFinished() {
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = ops_.begin(); it != ops_.end();) {
       if (it->second->finished.load()) {
-        finished_.insert(it->first);
+        // A prepared operation is held in prepared_ (RunOperation put it
+        // there) until its transfer phase is assigned.
+        if (!it->second->prepared.load()) finished_.insert(it->first);
         done.push_back(std::move(it->second));
         it = ops_.erase(it);
       } else {
@@ -237,6 +251,7 @@ void CoordinatorSession::DropDeletedJobs(
     for (auto& [id, op] : ops_) {
       if (deleted.count(op->job_id) != 0) op->cancel.store(true);
     }
+    for (const std::string& job : deleted) ForgetPreparedLocked(job, 0);
   }
   int dropped = 0;
   for (const RankBufferKey& key : store_->List()) {
@@ -259,7 +274,21 @@ void CoordinatorSession::Release(
   }
 }
 
-void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
+void CoordinatorSession::ForgetPreparedLocked(const std::string& job_id, int64_t generation) {
+  for (auto it = prepared_.begin(); it != prepared_.end();) {
+    if (it->second.job_id != job_id ||
+        (generation != 0 && it->second.to_generation != generation)) {
+      ++it;
+      continue;
+    }
+    RESHARD_LOG(INFO) << "operation " << it->first << " job " << job_id << ": prepared generation "
+                      << it->second.to_generation << " is discarded; the operation is over here";
+    finished_.insert(it->first);
+    it = prepared_.erase(it);
+  }
+}
+
+void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_at) {
   DropDeletedJobs(r.deleted_jobs());
   for (const v1::GenerationRef& g : r.discard()) {
     {
@@ -269,19 +298,92 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
           op->cancel.store(true);
         }
       }
+      // An operation aborted after its prepare: its buffers go below.
+      ForgetPreparedLocked(g.job_id(), g.generation());
     }
     RESHARD_LOG(INFO) << "job " << g.job_id() << ": discarding generation " << g.generation();
     store_->DropGeneration(g.job_id(), g.generation());
   }
   Release(r.release());
+  StartAssigned(r.assigned_operations(), listed_at);
+}
+
+int CoordinatorSession::StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids,
+                                      uint64_t listed_at) {
+  ReapFinished();
   std::lock_guard<std::mutex> l(mu_);
-  if (stopping_.load()) return;
-  for (const std::string& id : r.assigned_operations()) {
+  if (stopping_.load()) return 0;
+  last_assigned_ = std::set<std::string>(ids.begin(), ids.end());
+  int started = 0;
+  for (const std::string& id : ids) {
     if (ops_.count(id) != 0 || finished_.count(id) != 0) continue;
+    auto held = prepared_.find(id);
+    if (held != prepared_.end()) {
+      // A list fetched before the coordinator took the PREPARED report still
+      // shows the prepare's row; only a later one means the transfer phase.
+      if (listed_at < held->second.acked_at) continue;
+      RESHARD_LOG(INFO) << "operation " << id << ": assigned again after its prepare";
+      prepared_.erase(held);
+    }
     auto op = std::make_unique<RunningOp>();
     RunningOp* raw = op.get();
     ops_[id] = std::move(op);
     raw->thread = std::thread([this, id, raw] { RunOperation(id, raw); });
+    ++started;
+  }
+  return started;
+}
+
+void CoordinatorSession::PollLoop() {
+  const std::string& host = options_.host_id;
+  int backoff_ms = 100;
+  for (;;) {
+    v1::WaitForTasksRequest req;
+    v1::WaitForTasksResponse resp;
+    grpc::ClientContext ctx;
+    uint64_t listed_at = 0;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l,
+               [this] { return stopping_.load() || (!prepared_.empty() && !poll_unimplemented_); });
+      if (stopping_.load()) return;
+      req.set_host_id(host);
+      req.set_wait_ms(kPollWaitMs);
+      // What runs here, and what ran and is still listed: the coordinator
+      // answers at once when anything else is assigned.
+      for (const auto& [id, op] : ops_) req.add_known_operations(id);
+      for (const std::string& id : last_assigned_) {
+        if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
+      }
+      listed_at = list_clock_;
+      SetDeadline(&ctx, kPollWaitMs + kRpcDeadlineMs);
+      poll_ctx_ = &ctx;
+    }
+    const auto sent = std::chrono::steady_clock::now();
+    const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      poll_ctx_ = nullptr;
+    }
+    if (stopping_.load()) return;
+    if (s.ok()) {
+      backoff_ms = 100;
+      const int started = StartAssigned(resp.assigned_operations(), listed_at);
+      if (started == 0 &&
+          std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(kPollMinIntervalMs)) {
+        if (!Sleep(kPollMinIntervalMs)) return;
+      }
+    } else if (absl::IsUnimplemented(s)) {
+      RESHARD_LOG(WARNING) << "host " << host << ": the coordinator has no WaitForTasks (" << s
+                           << "); prepared operations wait for heartbeats";
+      std::lock_guard<std::mutex> l(mu_);
+      poll_unimplemented_ = true;
+    } else {
+      RESHARD_LOG(WARNING) << "host " << host << ": WaitForTasks: " << s << "; retrying in "
+                           << backoff_ms << " ms";
+      if (!Sleep(backoff_ms)) return;
+      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+    }
   }
 }
 
@@ -470,7 +572,15 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   req.set_operation_id(operation_id);
   req.set_bytes_done(done.load());
   req.set_bytes_total(total.load());
-  if (result.ok()) {
+  const bool prepare = task.prepare();
+  if (result.ok() && prepare) {
+    // The buffers stay; the coordinator learns what the pre-copy read.
+    req.set_state(v1::HOST_TASK_STATE_PREPARED);
+    req.set_bytes_done(std::max(done.load(), total.load()));
+    for (const v1::ShardChecksum& c : *result) *req.add_source_checksums() = c;
+    RESHARD_LOG(INFO) << "operation " << operation_id << ": prepared, " << result->size()
+                      << " source shards read here";
+  } else if (result.ok()) {
     req.set_state(v1::HOST_TASK_STATE_DONE);
     req.set_bytes_done(std::max(done.load(), total.load()));
     for (const v1::ShardChecksum& c : *result) *req.add_checksums() = c;
@@ -488,6 +598,15 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   if (abort && result.ok()) {
     // Committed nowhere: the coordinator discards the generation too.
     store_->DropGeneration(task.job_id(), task.to_generation());
+  }
+  if (result.ok() && prepare && !abort) {
+    // Held until the transfer phase is assigned (StartAssigned). Also when
+    // the report was lost: a coordinator that still lists the prepare then
+    // gets it run again.
+    std::lock_guard<std::mutex> l(mu_);
+    prepared_[operation_id] = PreparedOp{task.job_id(), task.to_generation(), ++list_clock_};
+    op->prepared.store(true);
+    cv_.notify_all();
   }
   finish_metrics(!result.ok() ? TaskResult::kFailed
                  : abort      ? TaskResult::kAborted
