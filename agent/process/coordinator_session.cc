@@ -29,10 +29,6 @@ namespace {
 constexpr int kReportPeriodMs = 500;
 constexpr int kMaxBackoffMs = 2000;
 constexpr int kRpcDeadlineMs = 5000;
-// WaitForTasks: how long the coordinator may hold one call, and the least
-// time between two calls that started nothing.
-constexpr int kPollWaitMs = 10000;
-constexpr int kPollMinIntervalMs = 50;
 
 void SetDeadline(grpc::ClientContext* ctx, int ms = kRpcDeadlineMs) {
   ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
@@ -274,20 +270,6 @@ void CoordinatorSession::Release(
   }
 }
 
-void CoordinatorSession::ForgetPreparedLocked(const std::string& job_id, int64_t generation) {
-  for (auto it = prepared_.begin(); it != prepared_.end();) {
-    if (it->second.job_id != job_id ||
-        (generation != 0 && it->second.to_generation != generation)) {
-      ++it;
-      continue;
-    }
-    RESHARD_LOG(INFO) << "operation " << it->first << " job " << job_id << ": prepared generation "
-                      << it->second.to_generation << " is discarded; the operation is over here";
-    finished_.insert(it->first);
-    it = prepared_.erase(it);
-  }
-}
-
 void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_at) {
   DropDeletedJobs(r.deleted_jobs());
   for (const v1::GenerationRef& g : r.discard()) {
@@ -306,85 +288,6 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_a
   }
   Release(r.release());
   StartAssigned(r.assigned_operations(), listed_at);
-}
-
-int CoordinatorSession::StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids,
-                                      uint64_t listed_at) {
-  ReapFinished();
-  std::lock_guard<std::mutex> l(mu_);
-  if (stopping_.load()) return 0;
-  last_assigned_ = std::set<std::string>(ids.begin(), ids.end());
-  int started = 0;
-  for (const std::string& id : ids) {
-    if (ops_.count(id) != 0 || finished_.count(id) != 0) continue;
-    auto held = prepared_.find(id);
-    if (held != prepared_.end()) {
-      // A list fetched before the coordinator took the PREPARED report still
-      // shows the prepare's row; only a later one means the transfer phase.
-      if (listed_at < held->second.acked_at) continue;
-      RESHARD_LOG(INFO) << "operation " << id << ": assigned again after its prepare";
-      prepared_.erase(held);
-    }
-    auto op = std::make_unique<RunningOp>();
-    RunningOp* raw = op.get();
-    ops_[id] = std::move(op);
-    raw->thread = std::thread([this, id, raw] { RunOperation(id, raw); });
-    ++started;
-  }
-  return started;
-}
-
-void CoordinatorSession::PollLoop() {
-  const std::string& host = options_.host_id;
-  int backoff_ms = 100;
-  for (;;) {
-    v1::WaitForTasksRequest req;
-    v1::WaitForTasksResponse resp;
-    grpc::ClientContext ctx;
-    uint64_t listed_at = 0;
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l,
-               [this] { return stopping_.load() || (!prepared_.empty() && !poll_unimplemented_); });
-      if (stopping_.load()) return;
-      req.set_host_id(host);
-      req.set_wait_ms(kPollWaitMs);
-      // What runs here, and what ran and is still listed: the coordinator
-      // answers at once when anything else is assigned.
-      for (const auto& [id, op] : ops_) req.add_known_operations(id);
-      for (const std::string& id : last_assigned_) {
-        if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
-      }
-      listed_at = list_clock_;
-      SetDeadline(&ctx, kPollWaitMs + kRpcDeadlineMs);
-      poll_ctx_ = &ctx;
-    }
-    const auto sent = std::chrono::steady_clock::now();
-    const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      poll_ctx_ = nullptr;
-    }
-    if (stopping_.load()) return;
-    if (s.ok()) {
-      backoff_ms = 100;
-      const int started = StartAssigned(resp.assigned_operations(), listed_at);
-      if (started == 0 &&
-          std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(kPollMinIntervalMs)) {
-        if (!Sleep(kPollMinIntervalMs)) return;
-      }
-    } else if (absl::IsUnimplemented(s)) {
-      RESHARD_LOG(WARNING) << "host " << host << ": the coordinator has no WaitForTasks (" << s
-                           << "); prepared operations wait for heartbeats";
-      std::lock_guard<std::mutex> l(mu_);
-      poll_unimplemented_ = true;
-    } else {
-      RESHARD_LOG(WARNING) << "host " << host << ": WaitForTasks: " << s << "; retrying in "
-                           << backoff_ms << " ms";
-      if (!Sleep(backoff_ms)) return;
-      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
-    }
-  }
 }
 
 absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bool retry,
