@@ -19,6 +19,7 @@
 #include "agent/executor/item_checks.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/step_seal.h"
+#include "agent/executor/task_phase.h"
 #include "agent/executor/transfer_lanes.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
@@ -204,6 +205,28 @@ absl::Status CheckSource(RankBuffer& b, const std::vector<uint64_t>& sealed, int
           : std::string("none")));
 }
 
+// The new buffers of this host's new ranks, all or none. Executing a task
+// is idempotent: buffers of an earlier attempt of this generation (an agent
+// that died, or a task run again) are discarded first. Pages are reserved
+// now (a full shm_dir fails here; those of spare files exist already) and
+// mapped by a background thread while the first transfers run: fresh pages
+// cost about as much as moving the bytes over loopback, so overlapping the
+// two saves most of it.
+absl::StatusOr<std::vector<RankBufferPtr>> CreateNewBuffers(ShardStore* store,
+                                                            const std::vector<RankBufferKey>& keys,
+                                                            const HostSteps& hs,
+                                                            const v1::HostTask& task) {
+  for (const RankBufferKey& k : keys) {
+    if (store->Get(k).ok()) {
+      RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << task.job_id()
+                        << ": discarding generation " << k.generation << " rank " << k.rank
+                        << " left by an earlier attempt";
+      store->Drop(k);
+    }
+  }
+  return store->CreateAll(keys, hs.new_item_bytes, ShardStore::Backing::kReserved);
+}
+
 }  // namespace
 
 TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options options)
@@ -231,6 +254,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   const std::string& job = task.job_id();
   if (cancelled && cancelled()) return absl::CancelledError("task cancelled before it started");
   // 1. Check the task and sort out this host's part before anything is made.
+  absl::StatusOr<TaskPhase> phase_or = PhaseOf(task);
+  if (!phase_or.ok()) return phase_or.status();
+  const TaskPhase phase = *phase_or;
   absl::StatusOr<HostSteps> prepared = PrepareHostSteps(store_, host_id, task);
   if (!prepared.ok()) {
     RESHARD_LOG(WARNING) << "operation " << task.operation_id() << " job " << job << " host "
@@ -238,6 +264,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     return prepared.status();
   }
   HostSteps& hs = *prepared;
+  if (phase == TaskPhase::kPrepared) LeaveFillsToThePrepare(plan, &hs);
   if (!hs.remotes.empty() && transport_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("operation ", task.operation_id(), " has cross-host steps and no transport"));
@@ -253,29 +280,19 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   const std::shared_ptr<void> refill_pause = store_->PauseSpareRefill();
   std::vector<RankBufferKey> new_keys;
   for (int r : hs.new_ranks) new_keys.push_back(RankBufferKey{job, task.to_generation(), r});
-  // Executing a task is idempotent: buffers of an earlier attempt of this
-  // generation (an agent that died, or a task run again) are discarded.
-  for (const RankBufferKey& k : new_keys) {
-    if (store_->Get(k).ok()) {
-      RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job
-                        << ": discarding generation " << k.generation << " rank " << k.rank
-                        << " left by an earlier attempt";
-      store_->Drop(k);
-    }
-  }
-  // Pages reserved now (a full shm_dir fails here; those of spare files exist
-  // already), mapped by a background thread while the first transfers run:
-  // fresh pages cost about as much as moving the bytes over loopback, so
-  // overlapping the two saves most of it.
+  // The prepared phase writes into what its prepare left (task_phase.h).
   absl::StatusOr<std::vector<RankBufferPtr>> created =
-      store_->CreateAll(new_keys, hs.new_item_bytes, ShardStore::Backing::kReserved);
+      phase == TaskPhase::kPrepared ? OpenPreparedBuffers(store_, task, hs)
+                                    : CreateNewBuffers(store_, new_keys, hs, task);
   if (!created.ok()) return created.status();
   std::vector<RankBufferPtr> new_bufs = std::move(*created);
-  Prefaulter prefaulter(new_bufs);
+  Prefaulter prefaulter(phase == TaskPhase::kPrepared ? std::vector<RankBufferPtr>() : new_bufs);
 
   // Tags derive from the operation's transfer secret: outsiders cannot
-  // guess them (docs/security.md, "Agent-to-agent transfers").
-  const uint32_t tag_key = TransferTagKey(task.transfer_secret(), task.operation_id());
+  // guess them (docs/security.md, "Agent-to-agent transfers"). Tags, proofs
+  // and seals of a prepare derive from a context of its own (task_phase.h).
+  const uint32_t tag_key = TaskTagKey(task);
+  const std::string context = TransferContext(task);
   const uint64_t tag_base = TransferTag(tag_key, 0, 0).value();
   auto completions = std::make_shared<Completions>();
   std::unordered_map<uint64_t, InFlight> inflight;  // by sequence number
@@ -325,7 +342,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
                            send_to.size(), " to send)"));
     }
     absl::Status proven =
-        ExchangePeerProofs(transport_, task.transfer_secret(), task.operation_id(), host_id,
+        ExchangePeerProofs(transport_, task.transfer_secret(), context, host_id,
                            TransferTag(tag_key, kProofStepIndex, 0).value(), send_to, receive_from,
                            cancelled, std::chrono::milliseconds(options_.proof_timeout_ms));
     if (!proven.ok()) return fail(proven);
@@ -390,8 +407,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
           StepSeals::Step{r.step->index(), r.is_send, r.peer, remote_chunks[i].count(),
                           absl::StrCat("item ", item, " (\"", plan.items(item).name(), "\")")});
     }
-    seals = std::make_unique<StepSeals>(transport_, task.transfer_secret(), task.operation_id(),
-                                        job, host_id, tag_key, std::move(seal_steps));
+    seals = std::make_unique<StepSeals>(transport_, task.transfer_secret(), context, job, host_id,
+                                        tag_key, std::move(seal_steps));
     seals->PostReceives();
   }
 
@@ -408,6 +425,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   ItemChecks checks(CountAccesses(hs, remote_chunks), [&](const ItemChecks::Key& key) {
     const auto [kind, rank, item] = key;
     if (kind == kNewItem) {
+      if (phase == TaskPhase::kPrepare) return;  // checksummed by the transfer phase
       const size_t k = hs.new_index.at(rank);
       const ItemSlot& slot = new_bufs[k]->items()[item];
       new_sums[k][item] =
@@ -595,6 +613,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     }
   }
 
+  // A prepare leaves its buffers unsealed for the transfer phase and reports
+  // what it read instead.
+  if (phase == TaskPhase::kPrepare) {
+    RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
+                      << host_id << ": prepared " << new_keys.size()
+                      << " rank buffers of generation " << task.to_generation() << " (" << done
+                      << " bytes)";
+    return SourceChecksums(hs);
+  }
   // 4. The checksums of the bytes written, recorded durably; ranks in parallel.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys.size(),
                                                           absl::UnknownError("not sealed"));

@@ -61,6 +61,13 @@ class TaskExecutor {
   /// source that no longer matches its sealed checksum or, with a transfer
   /// secret, bytes received that differ from the bytes sent...). On success
   /// returns one checksum per (item, new rank on this host) with its bytes.
+  /// Two-phase operations (task_phase.h): a task with `prepare` leaves its
+  /// new buffers unsealed in the store and returns instead the sealed
+  /// checksum of every old shard (item, rank of from_generation) it read,
+  /// with its bytes; a task with `prepared` opens those buffers
+  /// (FailedPrecondition naming job, generation and rank when one is
+  /// missing, sealed or of other sizes; nothing is changed then), applies
+  /// only its steps (no zero fills) and seals them like a plain task.
   /// `waiting(what)`, if set, is called with each progress report when what
   /// the task waits on changes: the earliest unfinished cross-host step
   /// ("step 17 (receive from host \"h1\")"), "local copies", or "" (checksums).

@@ -65,6 +65,7 @@ void CoordinatorSession::Start() {
   if (started_) return;
   started_ = true;
   loop_ = std::thread([this] { Loop(); });
+  poll_ = std::thread([this] { PollLoop(); });
 }
 
 void CoordinatorSession::Stop() {
@@ -72,9 +73,11 @@ void CoordinatorSession::Stop() {
     std::lock_guard<std::mutex> l(mu_);
     if (stopping_.exchange(true)) return;
     for (auto& [id, op] : ops_) op->cancel.store(true);
+    if (poll_ctx_ != nullptr) poll_ctx_->TryCancel();
   }
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();
+  if (poll_.joinable()) poll_.join();
   std::map<std::string, std::unique_ptr<RunningOp>> ops;
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -170,6 +173,11 @@ void CoordinatorSession::Loop() {
       registered = true;
       backoff_ms = 100;
     }
+    uint64_t listed_at = 0;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      listed_at = list_clock_;
+    }
     v1::HeartbeatRequest req;
     req.set_host_id(options_.host_id);
     req.set_epoch(epoch_.load());
@@ -186,7 +194,7 @@ void CoordinatorSession::Loop() {
     if (s.ok()) {
       backoff_ms = 100;
       if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
-      Apply(resp);
+      Apply(resp, listed_at);
     } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
       RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
                            << "; registering again";
@@ -209,7 +217,9 @@ void CoordinatorSession::ReapFinished() {
     std::lock_guard<std::mutex> l(mu_);
     for (auto it = ops_.begin(); it != ops_.end();) {
       if (it->second->finished.load()) {
-        finished_.insert(it->first);
+        // A prepared operation is held in prepared_ (RunOperation put it
+        // there) until its transfer phase is assigned.
+        if (!it->second->prepared.load()) finished_.insert(it->first);
         done.push_back(std::move(it->second));
         it = ops_.erase(it);
       } else {
@@ -237,6 +247,7 @@ void CoordinatorSession::DropDeletedJobs(
     for (auto& [id, op] : ops_) {
       if (deleted.count(op->job_id) != 0) op->cancel.store(true);
     }
+    for (const std::string& job : deleted) ForgetPreparedLocked(job, 0);
   }
   int dropped = 0;
   for (const RankBufferKey& key : store_->List()) {
@@ -259,7 +270,7 @@ void CoordinatorSession::Release(
   }
 }
 
-void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
+void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_at) {
   DropDeletedJobs(r.deleted_jobs());
   for (const v1::GenerationRef& g : r.discard()) {
     {
@@ -269,20 +280,14 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r) {
           op->cancel.store(true);
         }
       }
+      // An operation aborted after its prepare: its buffers go below.
+      ForgetPreparedLocked(g.job_id(), g.generation());
     }
     RESHARD_LOG(INFO) << "job " << g.job_id() << ": discarding generation " << g.generation();
     store_->DropGeneration(g.job_id(), g.generation());
   }
   Release(r.release());
-  std::lock_guard<std::mutex> l(mu_);
-  if (stopping_.load()) return;
-  for (const std::string& id : r.assigned_operations()) {
-    if (ops_.count(id) != 0 || finished_.count(id) != 0) continue;
-    auto op = std::make_unique<RunningOp>();
-    RunningOp* raw = op.get();
-    ops_[id] = std::move(op);
-    raw->thread = std::thread([this, id, raw] { RunOperation(id, raw); });
-  }
+  StartAssigned(r.assigned_operations(), listed_at);
 }
 
 absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bool retry,
@@ -470,7 +475,15 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   req.set_operation_id(operation_id);
   req.set_bytes_done(done.load());
   req.set_bytes_total(total.load());
-  if (result.ok()) {
+  const bool prepare = task.prepare();
+  if (result.ok() && prepare) {
+    // The buffers stay; the coordinator learns what the pre-copy read.
+    req.set_state(v1::HOST_TASK_STATE_PREPARED);
+    req.set_bytes_done(std::max(done.load(), total.load()));
+    for (const v1::ShardChecksum& c : *result) *req.add_source_checksums() = c;
+    RESHARD_LOG(INFO) << "operation " << operation_id << ": prepared, " << result->size()
+                      << " source shards read here";
+  } else if (result.ok()) {
     req.set_state(v1::HOST_TASK_STATE_DONE);
     req.set_bytes_done(std::max(done.load(), total.load()));
     for (const v1::ShardChecksum& c : *result) *req.add_checksums() = c;
@@ -488,6 +501,15 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   if (abort && result.ok()) {
     // Committed nowhere: the coordinator discards the generation too.
     store_->DropGeneration(task.job_id(), task.to_generation());
+  }
+  if (result.ok() && prepare && !abort) {
+    // Held until the transfer phase is assigned (StartAssigned). Also when
+    // the report was lost: a coordinator that still lists the prepare then
+    // gets it run again.
+    std::lock_guard<std::mutex> l(mu_);
+    prepared_[operation_id] = PreparedOp{task.job_id(), task.to_generation(), ++list_clock_};
+    op->prepared.store(true);
+    cv_.notify_all();
   }
   finish_metrics(!result.ok() ? TaskResult::kFailed
                  : abort      ? TaskResult::kAborted

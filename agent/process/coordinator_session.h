@@ -6,6 +6,11 @@
 // unreachable, runs every assigned operation once on its own thread
 // (GetTask -> TaskExecutor::Execute, ReportProgress RUNNING every ~500 ms,
 // then DONE or FAILED), and frees released and discarded generations.
+// Two-phase (stop-free) operations (docs/agent.md, "Two phases"): a task
+// with `prepare` ends PREPARED and the operation is held as prepared (its
+// buffers kept) until it is assigned again, when its transfer phase runs;
+// while one is held a second thread long-polls WaitForTasks, which starts
+// new operations the way a heartbeat does (StartAssigned).
 // Thread-safe; Stop() is idempotent and joins every thread.
 #pragma once
 
@@ -79,12 +84,36 @@ class CoordinatorSession {
     int64_t from_generation = 0;
     std::atomic<bool> cancel{false};
     std::atomic<bool> finished{false};
+    /// The task was a prepare and the coordinator took its PREPARED report:
+    /// the operation is held in prepared_, not finished_.
+    std::atomic<bool> prepared{false};
     std::thread thread;
+  };
+  /// A prepared operation held until its transfer phase is assigned.
+  struct PreparedOp {
+    std::string job_id;
+    int64_t to_generation = 0;
+    /// list_clock_ when the PREPARED report was acknowledged: a list of
+    /// assigned operations fetched before (still showing the prepare's
+    /// ASSIGNED or RUNNING row) does not run it again.
+    uint64_t acked_at = 0;
   };
 
   void Loop();
   [[nodiscard]] absl::Status Register();
-  void Apply(const v1::HeartbeatResponse& r);
+  /// `listed_at`: list_clock_ when the heartbeat was sent.
+  void Apply(const v1::HeartbeatResponse& r, uint64_t listed_at);
+  /// Starts every operation of `ids` (a heartbeat's or WaitForTasks'
+  /// assigned_operations, fetched when list_clock_ was `listed_at`) that
+  /// is not running or finished here: a new one, or a prepared one whose
+  /// transfer phase is assigned. Reaps finished operations first.
+  /// Returns how many it started.
+  int StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids, uint64_t listed_at);
+  /// The long poll (WaitForTasks) while a prepared operation is held.
+  void PollLoop();
+  /// Forgets the prepared operations of `job_id` (of its generation
+  /// `generation` only, when not 0): discarded or deleted. Holds mu_.
+  void ForgetPreparedLocked(const std::string& job_id, int64_t generation);
   /// Ids of the jobs this host holds buffers of.
   std::vector<std::string> HeldJobs() const;
   /// Frees generations the coordinator says are neither current nor pending
@@ -113,7 +142,13 @@ class CoordinatorSession {
   std::condition_variable cv_;
   std::map<std::string, std::unique_ptr<RunningOp>> ops_;  // by operation id
   std::set<std::string> finished_;                         // operations already run
+  std::map<std::string, PreparedOp> prepared_;             // by operation id
+  uint64_t list_clock_ = 0;                                // + 1 at each PREPARED acknowledged
+  std::set<std::string> last_assigned_;                    // the latest assigned_operations
+  grpc::ClientContext* poll_ctx_ = nullptr;                // the WaitForTasks in flight
+  bool poll_unimplemented_ = false;                        // the coordinator has no WaitForTasks
   std::thread loop_;
+  std::thread poll_;
   bool started_ = false;
 };
 

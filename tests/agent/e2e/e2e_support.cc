@@ -273,46 +273,57 @@ absl::StatusOr<Contents> Reshard(const v1::Ptc& ptc, const Contents& from, const
 
 absl::Status Publish(const std::map<std::string, std::string>& sockets, const std::string& job_id,
                      int64_t generation, const Contents& c) {
-  const std::vector<std::string> hosts = RankHosts(c.layout);
   for (size_t r = 0; r < c.ranks.size(); ++r) {
-    auto stub = WorkerStub(sockets.at(hosts[r]));
-    v1::PublishShardRequest req;
-    req.set_job_id(job_id);
-    req.set_generation(generation);
-    req.set_rank(static_cast<int>(r));
-    v1::PublishShardResponse resp;
-    grpc::ClientContext ctx;
-    Deadline(&ctx);
-    AddWorkerToken(&ctx, job_id);
-    absl::Status s = FromGrpc(stub->PublishShard(&ctx, req, &resp),
-                              absl::StrCat("PublishShard rank ", r, " on ", hosts[r]));
-    if (!s.ok()) return s;
-    if (resp.items_size() != static_cast<int>(c.ranks[r].size())) {
-      return absl::InternalError(absl::StrCat("rank ", r, ": ", resp.items_size(),
-                                              " items, expected ", c.ranks[r].size()));
+    if (absl::Status s = PublishRank(sockets, job_id, generation, c, static_cast<int>(r));
+        !s.ok()) {
+      return s;
     }
-    Mapping m;
-    if (s = m.Open(resp.path(), resp.size(), /*write=*/true); !s.ok()) return s;
-    for (int i = 0; i < resp.items_size(); ++i) {
-      const std::string& want = c.ranks[r][i];
-      if (resp.items(i).bytes() != static_cast<int64_t>(want.size())) {
-        return absl::InternalError(absl::StrCat("rank ", r, " item ", resp.items(i).name(), ": ",
-                                                resp.items(i).bytes(), " bytes, reference has ",
-                                                want.size()));
-      }
-      std::memcpy(m.data() + resp.items(i).offset(), want.data(), want.size());
-    }
-    v1::SealShardRequest seal;
-    seal.set_job_id(job_id);
-    seal.set_generation(generation);
-    seal.set_rank(static_cast<int>(r));
-    v1::SealShardResponse sealed;
-    grpc::ClientContext ctx2;
-    Deadline(&ctx2);
-    AddWorkerToken(&ctx2, job_id);
-    s = FromGrpc(stub->SealShard(&ctx2, seal, &sealed), absl::StrCat("SealShard rank ", r));
-    if (!s.ok()) return s;
   }
+  return absl::OkStatus();
+}
+
+absl::Status PublishRank(const std::map<std::string, std::string>& sockets,
+                         const std::string& job_id, int64_t generation, const Contents& c,
+                         int rank) {
+  const std::vector<std::string> hosts = RankHosts(c.layout);
+  const size_t r = static_cast<size_t>(rank);
+  auto stub = WorkerStub(sockets.at(hosts[r]));
+  v1::PublishShardRequest req;
+  req.set_job_id(job_id);
+  req.set_generation(generation);
+  req.set_rank(static_cast<int>(r));
+  v1::PublishShardResponse resp;
+  grpc::ClientContext ctx;
+  Deadline(&ctx);
+  AddWorkerToken(&ctx, job_id);
+  absl::Status s = FromGrpc(stub->PublishShard(&ctx, req, &resp),
+                            absl::StrCat("PublishShard rank ", r, " on ", hosts[r]));
+  if (!s.ok()) return s;
+  if (resp.items_size() != static_cast<int>(c.ranks[r].size())) {
+    return absl::InternalError(
+        absl::StrCat("rank ", r, ": ", resp.items_size(), " items, expected ", c.ranks[r].size()));
+  }
+  Mapping m;
+  if (s = m.Open(resp.path(), resp.size(), /*write=*/true); !s.ok()) return s;
+  for (int i = 0; i < resp.items_size(); ++i) {
+    const std::string& want = c.ranks[r][i];
+    if (resp.items(i).bytes() != static_cast<int64_t>(want.size())) {
+      return absl::InternalError(absl::StrCat("rank ", r, " item ", resp.items(i).name(), ": ",
+                                              resp.items(i).bytes(), " bytes, reference has ",
+                                              want.size()));
+    }
+    std::memcpy(m.data() + resp.items(i).offset(), want.data(), want.size());
+  }
+  v1::SealShardRequest seal;
+  seal.set_job_id(job_id);
+  seal.set_generation(generation);
+  seal.set_rank(static_cast<int>(r));
+  v1::SealShardResponse sealed;
+  grpc::ClientContext ctx2;
+  Deadline(&ctx2);
+  AddWorkerToken(&ctx2, job_id);
+  s = FromGrpc(stub->SealShard(&ctx2, seal, &sealed), absl::StrCat("SealShard rank ", r));
+  if (!s.ok()) return s;
   return absl::OkStatus();
 }
 

@@ -90,6 +90,11 @@ void AddWorkerToken(grpc::ClientContext* ctx, const std::string& job_id);
 absl::Status Publish(const std::map<std::string, std::string>& sockets, const std::string& job_id,
                      int64_t generation, const Contents& c);
 
+/// Publishes and seals rank `rank` of `c` alone (as Publish does each).
+absl::Status PublishRank(const std::map<std::string, std::string>& sockets,
+                         const std::string& job_id, int64_t generation, const Contents& c,
+                         int rank);
+
 /// Opens every rank of `c` (ranks on `skip_hosts` excepted) of
 /// `generation` through its host's WorkerService and compares every byte.
 absl::Status Verify(const std::map<std::string, std::string>& sockets, const std::string& job_id,

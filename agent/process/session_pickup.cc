@@ -1,0 +1,118 @@
+// CoordinatorSession's pick-up of operations (coordinator_session.h): the
+// one path from a list of assigned operations (a heartbeat's or the long
+// poll's) to running them, prepared operations held between their two
+// phases (docs/agent.md, "Two phases"), and the WaitForTasks long poll.
+#include <algorithm>
+#include <chrono>
+
+#include "agent/process/coordinator_session.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+// WaitForTasks: how long the coordinator may hold one call, the deadline's
+// margin beyond it, the least time between two calls that started nothing,
+// and the longest wait after a failed call.
+constexpr int kPollWaitMs = 10000;
+constexpr int kPollDeadlineMarginMs = 5000;
+constexpr int kPollMinIntervalMs = 50;
+constexpr int kPollMaxBackoffMs = 2000;
+
+}  // namespace
+
+void CoordinatorSession::ForgetPreparedLocked(const std::string& job_id, int64_t generation) {
+  for (auto it = prepared_.begin(); it != prepared_.end();) {
+    if (it->second.job_id != job_id ||
+        (generation != 0 && it->second.to_generation != generation)) {
+      ++it;
+      continue;
+    }
+    RESHARD_LOG(INFO) << "operation " << it->first << " job " << job_id << ": prepared generation "
+                      << it->second.to_generation << " is discarded; the operation is over here";
+    finished_.insert(it->first);
+    it = prepared_.erase(it);
+  }
+}
+
+int CoordinatorSession::StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids,
+                                      uint64_t listed_at) {
+  ReapFinished();
+  std::lock_guard<std::mutex> l(mu_);
+  if (stopping_.load()) return 0;
+  last_assigned_ = std::set<std::string>(ids.begin(), ids.end());
+  int started = 0;
+  for (const std::string& id : ids) {
+    if (ops_.count(id) != 0 || finished_.count(id) != 0) continue;
+    auto held = prepared_.find(id);
+    if (held != prepared_.end()) {
+      // A list fetched before the coordinator took the PREPARED report still
+      // shows the prepare's row; only a later one means the transfer phase.
+      if (listed_at < held->second.acked_at) continue;
+      RESHARD_LOG(INFO) << "operation " << id << ": assigned again after its prepare";
+      prepared_.erase(held);
+    }
+    auto op = std::make_unique<RunningOp>();
+    RunningOp* raw = op.get();
+    ops_[id] = std::move(op);
+    raw->thread = std::thread([this, id, raw] { RunOperation(id, raw); });
+    ++started;
+  }
+  return started;
+}
+
+void CoordinatorSession::PollLoop() {
+  const std::string& host = options_.host_id;
+  int backoff_ms = 100;
+  for (;;) {
+    v1::WaitForTasksRequest req;
+    v1::WaitForTasksResponse resp;
+    grpc::ClientContext ctx;
+    uint64_t listed_at = 0;
+    {
+      std::unique_lock<std::mutex> l(mu_);
+      cv_.wait(l,
+               [this] { return stopping_.load() || (!prepared_.empty() && !poll_unimplemented_); });
+      if (stopping_.load()) return;
+      req.set_host_id(host);
+      req.set_wait_ms(kPollWaitMs);
+      // What runs here, and what ran and is still listed: the coordinator
+      // answers at once when anything else is assigned.
+      for (const auto& [id, op] : ops_) req.add_known_operations(id);
+      for (const std::string& id : last_assigned_) {
+        if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
+      }
+      listed_at = list_clock_;
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(kPollWaitMs + kPollDeadlineMarginMs));
+      poll_ctx_ = &ctx;
+    }
+    const auto sent = std::chrono::steady_clock::now();
+    const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      poll_ctx_ = nullptr;
+    }
+    if (stopping_.load()) return;
+    if (s.ok()) {
+      backoff_ms = 100;
+      const int started = StartAssigned(resp.assigned_operations(), listed_at);
+      if (started == 0 &&
+          std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(kPollMinIntervalMs)) {
+        if (!Sleep(kPollMinIntervalMs)) return;
+      }
+    } else if (absl::IsUnimplemented(s)) {
+      RESHARD_LOG(WARNING) << "host " << host << ": the coordinator has no WaitForTasks (" << s
+                           << "); prepared operations wait for heartbeats";
+      std::lock_guard<std::mutex> l(mu_);
+      poll_unimplemented_ = true;
+    } else {
+      RESHARD_LOG(WARNING) << "host " << host << ": WaitForTasks: " << s << "; retrying in "
+                           << backoff_ms << " ms";
+      if (!Sleep(backoff_ms)) return;
+      backoff_ms = std::min(backoff_ms * 2, kPollMaxBackoffMs);
+    }
+  }
+}
+
+}  // namespace reshard::agent
