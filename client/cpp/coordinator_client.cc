@@ -47,11 +47,16 @@ void EnsureKey(Request* request) {
 }
 
 // What a watcher acts on: the state, the bytes, and a stop-free operation's
-// phases (prepared, cut over: the coordinator streams those in PLANNED).
+// phases (workers and agents prepared, the agents' pre-copy, prepared, cut
+// over: the coordinator streams those in PLANNED; scheduler_api.cc's Follow
+// key lists the same fields).
 bool SameProgress(const v1::Operation& a, const v1::Operation& b) {
   return a.state() == b.state() && a.bytes_done() == b.bytes_done() &&
          a.bytes_total() == b.bytes_total() && a.prepared_unix_ms() == b.prepared_unix_ms() &&
-         a.cutover_unix_ms() == b.cutover_unix_ms();
+         a.cutover_unix_ms() == b.cutover_unix_ms() &&
+         a.workers_prepared_unix_ms() == b.workers_prepared_unix_ms() &&
+         a.agents_prepared_unix_ms() == b.agents_prepared_unix_ms() &&
+         a.bytes_precopied() == b.bytes_precopied();
 }
 
 }  // namespace

@@ -117,8 +117,9 @@ def worker_stub(cluster, host):
     return worker_pb2_grpc.WorkerServiceStub(channel)
 
 
-def publish(cluster, job_id, spec, seed, generation=1):
+def publish(cluster, job_id, spec, seed, generation=1, seeds=None):
     """Publishes `generation` of every rank; returns {rank: {item name: bytes}}.
+    `seeds` ({item name: seed}) overrides `seed` for some items.
     Every element is data-parallel replicated and pp is 1, so an item's bytes
     depend only on the rank's tensor-parallel index (for split tensors): the
     replicas agree, as a real job's do."""
@@ -133,7 +134,8 @@ def publish(cluster, job_id, spec, seed, generation=1):
         out = b""
         counter = 0
         while len(out) < size:
-            out += hashlib.sha256(f"{seed}/{name}/{piece}/{counter}".encode()).digest()
+            item_seed = (seeds or {}).get(name, seed)
+            out += hashlib.sha256(f"{item_seed}/{name}/{piece}/{counter}".encode()).digest()
             counter += 1
         return out[:size]
 
@@ -544,9 +546,18 @@ def test_stop_free_migrate_prepares_then_cuts_over(ctl, cluster, files):
         rc, out, err = ctl("ops", "show", op_id)
         assert rc == OK, err
         assert re.search(r"^stop-free:\s+yes$", out, re.MULTILINE), out
-        assert re.search(r"^prepared:\s+- \(waiting for mark-prepared\)$", out, re.MULTILINE), out
+        assert re.search(r"^prepared:\s+- \(waiting for mark-prepared( and the agents)?\)$",
+                         out, re.MULTILINE), out
         assert re.search(r"^pause:\s+-$", out, re.MULTILINE), out
 
+        # The agents prepare on their own (a pre-copy from generation 1);
+        # then the workers' mark-prepared makes the operation prepared.
+        wait_op(ctl, op_id, lambda o: int(o.get("agents_prepared_unix_ms", 0)) > 0,
+                "agents prepared")
+        rc, out, err = ctl("ops", "show", op_id)
+        assert rc == OK, err
+        assert re.search(r"^prepared:\s+- \(waiting for mark-prepared\)$", out, re.MULTILINE), out
+        assert re.search(r"^pre-copied:\s+.* from generation 1$", out, re.MULTILINE), out
         rc, out, err = ctl("ops", "mark-prepared", op_id)
         assert rc == OK, err
         assert re.search(r"^prepare:\s+\d+\.\d{3}s \(created -> prepared\)$", out,
@@ -580,3 +591,134 @@ def test_stop_free_migrate_prepares_then_cuts_over(ctl, cluster, files):
     rc, out, err = ctl("ops", "mark-prepared", op_id)
     assert rc == CONFLICT and out == "", err
     assert err.startswith("FAILED_PRECONDITION: ") and op_id in err, err
+
+
+def wait_op(ctl, op_id, ready, what, timeout=60):
+    deadline = time.monotonic() + timeout
+    while True:
+        op = ctl.json("ops", "show", op_id)
+        if ready(op):
+            return op
+        assert time.monotonic() < deadline, (what, op)
+        time.sleep(0.05)
+
+
+def open_code(cluster, host, job_id, generation, rank):
+    try:
+        load(cluster, host, job_id, generation, rank)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
+
+
+def generation_files(cluster, host, job_id, generation):
+    """The agent's shared-memory rank buffer files of one generation."""
+    prefix = f"reshard-{host}-{job_id}-g{generation}-r"
+    return sorted(f for f in os.listdir(cluster.agents[host].shm_dir)
+                  if f.startswith(prefix) and not f.endswith(".meta"))
+
+
+def test_stop_free_agents_precopy_and_move_only_what_changed(ctl, cluster, files):
+    # The agents prepare a stop-free migrate while the old layout trains: the
+    # new buffers are allocated and pre-copied from generation 1, unsealed.
+    # At the cut-over only the shards the checkpoint changed move again, and
+    # the result is the checkpoint's state exactly (docs/coordinator.md,
+    # "Agents prepare").
+    import types
+    spec = job_spec("gpt-precopy", "cli", ["host-2", "host-3"])
+    data = {"dataset": {"id": "tokens", "num_samples": 1000, "fingerprint": "sha1:abc"},
+            "order": {"seed": 7, "shuffle": "SHUFFLE_FULL"}, "global_batch": 8}
+    target_layout = layout(2, 1, 2, ["host-0", "host-2"], 2)
+    with cluster.client() as client:
+        job_id = client.register_job(spec, dataset_state=data).id
+        publish(cluster, job_id, spec, seed=3)
+        target = write_json(files, "precopy.json", target_layout)
+        rc, out, err = ctl("migrate", job_id, "--to", target, "--stop-free", "--no-wait")
+        assert rc == OK, err
+        op_id = out.strip()
+
+        # Generation 2 is reserved for the cut-over checkpoint: the agents
+        # prepare generation 3 and are done before any worker is.
+        op = wait_op(ctl, op_id, lambda o: int(o.get("agents_prepared_unix_ms", 0)) > 0,
+                     "agents prepared")
+        assert op["state"] == "OPERATION_STATE_PLANNED", op
+        assert int(op["to_generation"]) == 3 and int(op["prepared_from_generation"]) == 1, op
+        assert int(op.get("prepared_unix_ms", 0)) == 0, op  # no MarkPrepared yet
+        # host-0 is new: every byte it holds at generation 3 was pre-copied.
+        spec_path = write_json(files, "precopy-spec.json", spec)
+        rc, out, err = ctl("plan", "--spec", spec_path, "--to", target, "--format", "json")
+        assert rc == OK, err
+        plan = json.loads(out)
+        assert not plan.get("zero_fills"), plan.get("zero_fills")
+        step_bytes = [int(s["bytes"]) * len(s["dsts"]) for s in plan["steps"]]
+        assert int(op["bytes_precopied"]) == sum(step_bytes), op
+        # The prepared buffers exist on the new host, and they are not a
+        # generation a worker may open (unsealed).
+        assert len(generation_files(cluster, "host-0", job_id, 3)) == 2
+        assert open_code(cluster, "host-2", job_id, 3, 2) == grpc.StatusCode.FAILED_PRECONDITION
+
+        # A cut-over before MarkPrepared is refused, naming it.
+        fingerprint = client.get_job(job_id).dataset_state.layout_fingerprint
+        step = types.SimpleNamespace(step=5, cursor=5 * 8, layout_fingerprint=fingerprint)
+        with pytest.raises(Exception) as refused:
+            client.checkpoint(job_id, dataset_state=step, cut_over_operation_id=op_id)
+        assert "MarkPrepared" in str(refused.value), refused.value
+        client.mark_prepared(op_id)
+        op = ctl.json("ops", "show", op_id)
+        assert int(op["prepared_unix_ms"]) >= max(int(op["agents_prepared_unix_ms"]),
+                                                  int(op["workers_prepared_unix_ms"])), op
+
+        # The old layout trained on: at step 5 two tensors changed, the rest
+        # (and the blob) did not.
+        changed = {"layers.0.mlp.weight", "output.weight"}
+        cut = client.checkpoint(job_id, dataset_state=step, cut_over_operation_id=op_id)
+        assert cut.to_generation == 2, cut
+        written = publish(cluster, job_id, spec, seed=3, generation=2,
+                          seeds={name: 4 for name in changed})
+
+    rc, out, err = ctl("ops", "watch", op_id, "--output", "json")
+    assert rc == OK, err
+    op = json.loads(out)
+    assert op["state"] == "OPERATION_STATE_COMMITTED", op
+    assert (int(op["from_generation"]), int(op["to_generation"])) == (2, 3), op
+    names = [item["name"] for item in plan["items"]]
+    unchanged = sum(b for s, b in zip(plan["steps"], step_bytes)
+                    if names[int(s.get("item", 0))] not in changed)
+    assert 0 < unchanged < sum(step_bytes)
+    assert int(op["bytes_skipped_unchanged"]) == unchanged, op
+    assert int(op["bytes_total"]) == sum(step_bytes) - unchanged, op
+    # Every new rank holds the checkpoint's bytes, changed and unchanged alike.
+    for rank, host in enumerate(rank_hosts(target_layout)):
+        assert load(cluster, host, job_id, 3, rank) == written[rank], rank
+
+
+def test_stop_free_cancelled_while_prepared_drops_the_prepared_buffers(ctl, cluster, files):
+    # An operation cancelled after its agents prepared: the pre-copied
+    # generation is discarded on every host and the job stays where it was.
+    spec = job_spec("gpt-precopy-cancel", "cli", ["host-2", "host-3"])
+    data = {"dataset": {"id": "tokens", "num_samples": 1000, "fingerprint": "sha1:abc"},
+            "order": {"seed": 7, "shuffle": "SHUFFLE_FULL"}, "global_batch": 8}
+    with cluster.client() as client:
+        job_id = client.register_job(spec, dataset_state=data).id
+        written = publish(cluster, job_id, spec, seed=5)
+    target = write_json(files, "precopy-cancel.json", layout(2, 1, 2, ["host-0", "host-2"], 2))
+    rc, out, err = ctl("migrate", job_id, "--to", target, "--stop-free", "--no-wait")
+    assert rc == OK, err
+    op_id = out.strip()
+    wait_op(ctl, op_id, lambda o: int(o.get("agents_prepared_unix_ms", 0)) > 0, "agents prepared")
+    assert len(generation_files(cluster, "host-0", job_id, 3)) == 2
+    assert len(generation_files(cluster, "host-2", job_id, 3)) == 2
+    assert open_code(cluster, "host-2", job_id, 3, 2) == grpc.StatusCode.FAILED_PRECONDITION
+    rc, out, err = ctl("ops", "cancel", op_id)
+    assert rc == OK, err
+    op = wait_op(ctl, op_id, lambda o: o["state"] == "OPERATION_STATE_ABORTED", "aborted")
+    # The agents drop the prepared buffers on their next heartbeat.
+    deadline = time.monotonic() + 30
+    for host in ("host-0", "host-2"):
+        while generation_files(cluster, host, job_id, 3):
+            assert time.monotonic() < deadline, (host, generation_files(cluster, host, job_id, 3))
+            time.sleep(0.05)
+    assert open_code(cluster, "host-2", job_id, 3, 2) == grpc.StatusCode.NOT_FOUND
+    assert int(ctl.json("jobs", "show", job_id)["generation"]) == 1
+    for rank, host in enumerate(rank_hosts(spec["layout"])):
+        assert load(cluster, host, job_id, 1, rank) == written[rank], rank

@@ -639,9 +639,16 @@ TEST_F(ClientTest, StopFreeResizePreparesThenCutsOverAtACheckpoint) {
   EXPECT_NE(early.status().message().find("not prepared"), absl::string_view::npos)
       << early.status();
 
+  // The agents prepare (pre-copy generation 1 into generation 3's buffers)
+  // on their own; the operation is prepared once the workers say so too.
+  EXPECT_TRUE(wait_for_update([](const v1::Operation& o) {
+    return o.agents_prepared_unix_ms() > 0 && o.prepared_unix_ms() == 0;
+  }));
   absl::StatusOr<v1::Operation> prepared = client_->MarkPrepared(op->id());
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   EXPECT_GT(prepared->prepared_unix_ms(), 0);
+  EXPECT_GT(prepared->workers_prepared_unix_ms(), 0);
+  EXPECT_GT(prepared->bytes_precopied(), 0);
   absl::StatusOr<v1::Operation> again = client_->MarkPrepared(op->id());
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->prepared_unix_ms(), prepared->prepared_unix_ms());
