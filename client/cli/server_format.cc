@@ -207,10 +207,33 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   if (op.stop_free()) {
     // The two phases (docs/coordinator.md, "Stop-free reconfiguration").
     Field(&out, "stop-free", "yes");
+    // Prepared = the new workers (mark-prepared) and the agents (their
+    // pre-copy; docs/coordinator.md, "Agents prepare").
     const bool prepared = op.prepared_unix_ms() > 0;
+    std::vector<std::string> waiting;
+    if (op.workers_prepared_unix_ms() == 0) waiting.push_back("mark-prepared");
+    if (op.agents_prepared_unix_ms() == 0) waiting.push_back("the agents");
     Field(&out, "prepared",
           prepared ? FormatRelativeTime(op.prepared_unix_ms(), now_unix_ms)
-                   : "- (waiting for mark-prepared)");
+                   : absl::StrCat("- (waiting for ", absl::StrJoin(waiting, " and "), ")"));
+    Field(&out, "workers prepared",
+          op.workers_prepared_unix_ms() > 0
+              ? FormatRelativeTime(op.workers_prepared_unix_ms(), now_unix_ms)
+              : "-");
+    Field(&out, "agents prepared",
+          op.agents_prepared_unix_ms() > 0
+              ? FormatRelativeTime(op.agents_prepared_unix_ms(), now_unix_ms)
+              : "-");
+    if (op.prepared_from_generation() > 0) {
+      Field(&out, "pre-copied",
+            absl::StrCat(FormatBytes(op.bytes_precopied()), " from generation ",
+                         op.prepared_from_generation()));
+      Field(&out, "skipped unchanged",
+            op.cutover_unix_ms() > 0 && op.state() != v1::OPERATION_STATE_PLANNED
+                ? absl::StrCat(FormatBytes(op.bytes_skipped_unchanged()),
+                               " (not moved again at the cut-over)")
+                : "-");
+    }
     Field(&out, "prepare",
           prepared ? absl::StrFormat("%.3fs (created -> prepared)", op.prepare_seconds()) : "-");
     Field(&out, "cut over",

@@ -257,7 +257,21 @@ TEST(ServerFormatTest, StopFreeOperationShowsItsPhases) {
   op.set_stop_free(true);
   std::string waiting = FormatOperation(op, 20'000);
   EXPECT_THAT(waiting, HasSubstr("stop-free:          yes"));
-  EXPECT_THAT(waiting, HasSubstr("prepared:           - (waiting for mark-prepared)"));
+  EXPECT_THAT(waiting,
+              HasSubstr("prepared:           - (waiting for mark-prepared and the agents)"));
+  EXPECT_THAT(waiting, HasSubstr("workers prepared:   -\n"));
+  EXPECT_THAT(waiting, HasSubstr("agents prepared:    -\n"));
+  EXPECT_THAT(waiting, Not(HasSubstr("pre-copied")));
+  op.set_prepared_from_generation(1);
+  op.set_bytes_precopied(int64_t{3} << 20);
+  op.set_workers_prepared_unix_ms(14'000);
+  waiting = FormatOperation(op, 20'000);
+  EXPECT_THAT(waiting, HasSubstr("prepared:           - (waiting for the agents)"));
+  EXPECT_THAT(waiting, HasSubstr("workers prepared:   6.0s ago"));
+  EXPECT_THAT(waiting, HasSubstr("pre-copied:         3.00 MiB from generation 1"));
+  EXPECT_THAT(waiting, HasSubstr("skipped unchanged:  -\n"));
+  op.set_agents_prepared_unix_ms(15'000);
+  op.set_bytes_skipped_unchanged(int64_t{2} << 20);
   EXPECT_THAT(waiting, HasSubstr("cut over:           - (waiting"));
   EXPECT_THAT(waiting, HasSubstr("pause:              -\n"));
 
@@ -272,11 +286,15 @@ TEST(ServerFormatTest, StopFreeOperationShowsItsPhases) {
   EXPECT_THAT(done, HasSubstr("prepare:            4.250s (created -> prepared)"));
   EXPECT_THAT(done, HasSubstr("cut over:           2.0s ago by checkpoint ckpt-9"));
   EXPECT_THAT(done, HasSubstr("pause:              0.070s (cut-over -> commit)"));
+  EXPECT_THAT(done, HasSubstr("agents prepared:    5.0s ago"));
+  EXPECT_THAT(done, HasSubstr("skipped unchanged:  2.00 MiB (not moved again at the cut-over)"));
   auto json = ToJson(op);
   ASSERT_TRUE(json.ok()) << json.status();
   EXPECT_THAT(*json, HasSubstr("\"prepare_seconds\": 4.25"));
   EXPECT_THAT(*json, HasSubstr("\"pause_seconds\": 0.07"));
   EXPECT_THAT(*json, HasSubstr("\"cutover_operation_id\": \"ckpt-9\""));
+  EXPECT_THAT(*json, HasSubstr("\"bytes_skipped_unchanged\": \"2097152\""));
+  EXPECT_THAT(*json, HasSubstr("\"prepared_from_generation\": \"1\""));
 }
 
 TEST(ServerFormatTest, ProgressShowsBytesRateAndTimeLeft) {

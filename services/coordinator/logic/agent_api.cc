@@ -254,9 +254,11 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   absl::StatusOr<OperationRecord> record = store_->GetOperation(op_id, /*include_plan=*/true);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
-  if (op.state() != v1::OPERATION_STATE_TRANSFERRING || !record->plan.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("operation \"", op_id, "\" is ", StateName(op.state()), ", not TRANSFERRING"));
+  if ((op.state() != v1::OPERATION_STATE_TRANSFERRING && !InPreparePhase(op)) ||
+      !record->plan.has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation \"", op_id, "\" is ", StateName(op.state()),
+        ", not TRANSFERRING (nor a stop-free operation in PLANNED whose agents prepare)"));
   }
   absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);
   if (!rows.ok()) return rows.status();
@@ -279,6 +281,7 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   *task.mutable_ptc() = *std::move(ptc);
   *task.mutable_plan() = SliceForHost(*record->plan, host_id);
   task.set_publish_by_workers(op.kind() == v1::OPERATION_KIND_CHECKPOINT);
+  ShapePreparedTask(*record, host_id, &task);
   if (options_.secrets != nullptr) {
     // Only hosts with a task in the operation get here (checked above).
     absl::StatusOr<std::string> secret = options_.secrets->TransferSecret(op_id);
@@ -295,7 +298,11 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
     peer->set_ucx_address(it->second->ucx_address());
   }
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
-                    << " fetched its task: " << task.plan().steps_size() << " steps, "
+                    << " fetched its "
+                    << (task.prepare()    ? "prepare "
+                        : task.prepared() ? "prepared "
+                                          : "")
+                    << "task: " << task.plan().steps_size() << " steps, "
                     << task.plan().zero_fills_size() << " zero fills, " << task.peers_size()
                     << " peers";
   return task;
@@ -309,10 +316,10 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
   if (absl::Status s = RequireNonEmpty("operation_id", op_id); !s.ok()) return s;
   const v1::HostTaskState state = request.state();
   if (state != v1::HOST_TASK_STATE_RUNNING && state != v1::HOST_TASK_STATE_DONE &&
-      state != v1::HOST_TASK_STATE_FAILED) {
+      state != v1::HOST_TASK_STATE_FAILED && state != v1::HOST_TASK_STATE_PREPARED) {
     return absl::InvalidArgumentError(absl::StrCat("state ", v1::HostTaskState_Name(state), " (",
                                                    static_cast<int>(state),
-                                                   ") is not RUNNING, DONE or FAILED"));
+                                                   ") is not RUNNING, PREPARED, DONE or FAILED"));
   }
   if (request.bytes_done() < 0) {
     return absl::InvalidArgumentError(
@@ -321,10 +328,11 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
 
   v1::ReportProgressResponse response;
   absl::StatusOr<OperationRecord> record =
-      store_->GetOperation(op_id, /*include_plan=*/state == v1::HOST_TASK_STATE_DONE);
+      store_->GetOperation(op_id, /*include_plan=*/state == v1::HOST_TASK_STATE_DONE ||
+                                      state == v1::HOST_TASK_STATE_PREPARED);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
-  if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
+  if (op.state() != v1::OPERATION_STATE_TRANSFERRING && !InPreparePhase(op)) {
     response.set_abort(true);  // cancelled, aborted or already committed: stop
     return response;
   }
@@ -335,12 +343,25 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
     return absl::NotFoundError(
         absl::StrCat("operation \"", op_id, "\" has no task for host \"", host_id, "\""));
   }
-  if (IsHostFinal(row->state)) {
+  // In the prepare phase PREPARED is the host's final report, unless it
+  // fails later (it lost the buffers it prepared).
+  const bool prepared_then_failed =
+      row->state == v1::HOST_TASK_STATE_PREPARED && state == v1::HOST_TASK_STATE_FAILED;
+  if ((IsHostFinal(row->state) || row->state == v1::HOST_TASK_STATE_PREPARED) &&
+      !prepared_then_failed) {
     // A resent final report (the reply was lost) is fine; a change of mind is not.
     if (row->state == state) return response;
     return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
                                                       v1::HostTaskState_Name(row->state),
                                                       " for operation \"", op_id, "\""));
+  }
+  if (absl::Status s = CheckReportForPhase(*record, request); !s.ok()) return s;
+  if (state == v1::HOST_TASK_STATE_PREPARED) {
+    absl::StatusOr<bool> left = RecordPrepared(*record, request);
+    if (!left.ok()) return left.status();
+    response.set_abort(*left);
+    if (!*left) FinalReported();
+    return response;
   }
   if (state == v1::HOST_TASK_STATE_DONE) {
     if (!record->plan.has_value()) {
@@ -380,6 +401,7 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
     RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
                       << " reported " << v1::HostTaskState_Name(state)
                       << (progress.error.empty() ? "" : ": ") << progress.error;
+    FinalReported();
   }
   return response;
 }

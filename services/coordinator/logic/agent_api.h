@@ -2,6 +2,8 @@
 // each host's slice of a plan, progress. Thread-safe.
 #pragma once
 
+#include <functional>
+
 #include "absl/status/statusor.h"
 #include "reshard/v1/agent.pb.h"
 #include "services/coordinator/clock.h"
@@ -19,6 +21,12 @@ class AgentApi {
     /// Derives each task's transfer secret (not owned); null: tasks carry
     /// none and agents send no proofs (unit tests).
     ClusterSecrets* secrets = nullptr;
+    /// Called (on the reporting thread) after a final report (PREPARED,
+    /// DONE, FAILED) is recorded, so that the leader's driver acts on it at
+    /// once (LeaderLoop::Kick); may be empty. Must be thread-safe and quick.
+    std::function<void()> on_final_report = nullptr;
+    /// WaitForTasks polls the store this often.
+    int wait_poll_ms = 20;
   };
 
   /// `metrics` may be null.
@@ -39,8 +47,27 @@ class AgentApi {
   [[nodiscard]] absl::StatusOr<v1::HostTask> GetTask(const v1::GetTaskRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
       const v1::ReportProgressRequest& request);
+  /// Long poll (agent_prepare.cc): the host's assigned operations as soon as
+  /// one is not in `known_operations`, or after wait_ms (0 or over 10000:
+  /// 10000) as they are; earlier when `cancelled` (may be empty) says so.
+  [[nodiscard]] absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(
+      const v1::WaitForTasksRequest& request, const std::function<bool()>& cancelled = {});
 
  private:
+  /// A stop-free operation's prepare-phase task and transfer-phase task
+  /// (agent_prepare.cc; docs/coordinator.md, "Agents prepare"): sets
+  /// prepare / prepared, the generations and the plan slice of `task`.
+  static void ShapePreparedTask(const OperationRecord& record, const std::string& host_id,
+                                v1::HostTask* task);
+  /// The states a report may carry in the operation's phase, and for
+  /// PREPARED its source checksums; InvalidArgument naming the field.
+  static absl::Status CheckReportForPhase(const OperationRecord& record,
+                                          const v1::ReportProgressRequest& request);
+  /// Records a PREPARED report; true when the operation left its prepare
+  /// phase meanwhile (the agent must stop).
+  [[nodiscard]] absl::StatusOr<bool> RecordPrepared(const OperationRecord& record,
+                                                    const v1::ReportProgressRequest& request);
+  void FinalReported() const;
   /// FAILs the unfinished tasks of `host_id`'s incarnations before `epoch`.
   [[nodiscard]] absl::Status FailTasksOfEarlierIncarnation(const std::string& host_id,
                                                            int64_t epoch);

@@ -70,6 +70,15 @@ void LeaderLoop::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+void LeaderLoop::Kick() {
+  if (!leader_) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    kicked_ = true;
+  }
+  cv_.notify_all();
+}
+
 void LeaderLoop::Run() {
   // ResumeAll must succeed once per leadership before Tick runs: it is what
   // re-reads every unfinished operation after a failover.
@@ -113,7 +122,12 @@ void LeaderLoop::Run() {
       }
     }
     std::unique_lock<std::mutex> lock(mu_);
-    if (cv_.wait_for(lock, std::chrono::milliseconds(wait_ms), [this] { return stop_; })) break;
+    // A kick while leading ends the wait early (kicked_ is cleared here, so
+    // a kick during the tick above is not lost: it shortens this wait).
+    const bool stopping = cv_.wait_for(lock, std::chrono::milliseconds(wait_ms),
+                                       [this] { return stop_ || (kicked_ && leader_); });
+    kicked_ = false;
+    if (stopping && stop_) break;
   }
   if (leader_) {
     lock_->Release();

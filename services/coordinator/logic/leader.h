@@ -48,6 +48,9 @@ class LeaderLoop {
   void Start();
   void Stop();
   bool IsLeader() const { return leader_.load(); }
+  /// Runs the driver's next tick now instead of at its period (an agent's
+  /// final report arrived). Thread-safe; a no-op unless this replica leads.
+  void Kick();
 
  private:
   void Run();
@@ -62,6 +65,7 @@ class LeaderLoop {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool kicked_ = false;  // guarded by mu_
   std::thread thread_;
   StorePtr retention_store_;  // null: retention off
   Retention retention_;

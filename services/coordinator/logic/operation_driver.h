@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -67,6 +68,25 @@ class OperationDriver {
                                                    const HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> CheckTransfer(const OperationRecord& record,
                                                    const HostMap& hosts, int64_t now);
+  // A stop-free operation's agents prepare (prepare_steps.cc; docs/
+  // coordinator.md, "Agents prepare"): the prepare phase's start and watch,
+  // and the transfer after the cut-over without the unchanged steps.
+  [[nodiscard]] absl::StatusOr<bool> StartPrepare(const OperationRecord& record,
+                                                  const HostMap& hosts, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> CheckPrepare(const OperationRecord& record,
+                                                  const HostMap& hosts, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> StartPreparedTransfer(const OperationRecord& record,
+                                                           const HostMap& hosts, int64_t now);
+  /// Why the hosts' rows of an operation abort it, if they do: a FAILED
+  /// host, a lost one, or an unfinished one (not DONE; not PREPARED when
+  /// `preparing`) without progress for stall_timeout_ms.
+  std::optional<std::string> HostTrouble(const std::vector<HostProgress>& rows,
+                                         const HostMap& hosts, int64_t now, bool preparing) const;
+  /// The hosts of `bytes` as ASSIGNED rows; sets `no_agent` (the abort's
+  /// reason) when one has no live agent.
+  static std::vector<HostProgress> AssignedRows(const std::map<std::string, int64_t>& bytes,
+                                                const HostMap& hosts, int64_t now,
+                                                std::string* no_agent);
   /// Moves the operation from its state to a final one with `error` (empty
   /// for COMMITTED) and records the metrics.
   [[nodiscard]] absl::Status Finish(const v1::Operation& op, v1::OperationState to,

@@ -16,6 +16,19 @@ inline bool IsFinal(v1::OperationState state) {
          state == v1::OPERATION_STATE_FAILED;
 }
 
+/// A stop-free operation whose agents prepare (docs/coordinator.md, "Agents
+/// prepare"): PLANNED with its prepare started, until its transfer starts.
+inline bool InPreparePhase(const v1::Operation& op) {
+  return op.state() == v1::OPERATION_STATE_PLANNED && op.stop_free() &&
+         op.prepared_from_generation() > 0;
+}
+
+/// The transfer of a stop-free operation whose agents prepared it.
+inline bool IsPreparedTransfer(const v1::Operation& op) {
+  return op.state() == v1::OPERATION_STATE_TRANSFERRING && op.stop_free() &&
+         op.prepared_from_generation() > 0;
+}
+
 /// "TRANSFERRING" rather than "OPERATION_STATE_TRANSFERRING", as messages say.
 inline std::string StateName(v1::OperationState state) {
   const std::string& full = v1::OperationState_Name(state);

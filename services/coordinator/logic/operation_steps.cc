@@ -3,6 +3,8 @@
 // persists its transition (compare-and-set) before anything acts on it.
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -87,45 +89,39 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
   if (!record.plan.has_value()) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
   }
-  // Stop-free: planned and prepared while the old layout trains; the
-  // transfer starts once the cut-over checkpoint (the state of the step
-  // boundary, this operation's source generation) has committed.
+  // Stop-free: planned and prepared (workers and agents) while the old
+  // layout trains; the transfer starts once the cut-over checkpoint (the
+  // state of the step boundary, this operation's source generation) has
+  // committed (prepare_steps.cc).
   if (op.stop_free()) {
+    const bool agents_prepare = op.prepared_from_generation() > 0;
+    if (!agents_prepare && op.agents_prepared_unix_ms() == 0 && op.cutover_operation_id().empty()) {
+      return StartPrepare(record, hosts, now);
+    }
     const std::string& cut_id = op.cutover_operation_id();
-    if (cut_id.empty()) return false;
-    absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
-    if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
-    if (cut.ok() && !IsFinal(cut->op.state())) return false;
-    if (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED) {
-      return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
-                          cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
-                                                  StateName(cut->op.state()), ": ", cut->op.error())
-                                   : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
-                          now));
+    bool cut_pending = cut_id.empty();
+    if (!cut_pending) {
+      absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
+      if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
+      cut_pending = cut.ok() && !IsFinal(cut->op.state());
+      if (!cut_pending && (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED)) {
+        return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
+                            cut.ok()
+                                ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
+                                               StateName(cut->op.state()), ": ", cut->op.error())
+                                : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
+                            now));
+      }
     }
+    if (cut_pending) return agents_prepare ? CheckPrepare(record, hosts, now) : false;
+    // An operation created before migration 0011 was not prepared by its
+    // agents: its transfer moves the whole plan, as below.
+    if (agents_prepare) return StartPreparedTransfer(record, hosts, now);
   }
-  const std::map<std::string, int64_t> bytes = BytesWrittenByHost(*record.plan);
-  std::vector<HostProgress> rows;
-  for (const auto& [host_id, host_bytes] : bytes) {
-    auto it = hosts.find(host_id);
-    const char* why = nullptr;
-    if (it == hosts.end()) {
-      why = "never registered";
-    } else if (it->second.state() != v1::HOST_STATE_ALIVE) {
-      why = "LOST";
-    }
-    if (why != nullptr) {
-      return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
-                          absl::StrCat("host \"", host_id, "\" has no live agent (", why, ")"),
-                          now));
-    }
-    HostProgress row;
-    row.host_id = host_id;
-    row.state = v1::HOST_TASK_STATE_ASSIGNED;
-    row.bytes_total = host_bytes;
-    row.progress_unix_ms = now;
-    rows.push_back(std::move(row));
-  }
+  std::string no_agent;
+  const std::vector<HostProgress> rows =
+      AssignedRows(BytesWrittenByHost(*record.plan), hosts, now, &no_agent);
+  if (!no_agent.empty()) return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, no_agent, now));
   if (absl::Status s = store_->StartTransfer(op.id(), rows); !s.ok()) return s;
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
                     << " PLANNED -> TRANSFERRING on " << rows.size() << " hosts";
@@ -140,49 +136,17 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
   auto finish = [&](v1::OperationState to, const std::string& error) -> absl::StatusOr<bool> {
     return Moved(Finish(op, to, error, now));
   };
-  for (const HostProgress& row : *rows) {
-    if (row.state == v1::HOST_TASK_STATE_FAILED) {
-      return finish(v1::OPERATION_STATE_ABORTED,
-                    absl::StrCat("host \"", row.host_id, "\": ", row.error));
-    }
-  }
-  for (const HostProgress& row : *rows) {
-    auto it = hosts.find(row.host_id);
-    if (it == hosts.end() || it->second.state() != v1::HOST_STATE_ALIVE) {
-      return finish(
-          v1::OPERATION_STATE_ABORTED,
-          absl::StrCat("host \"", row.host_id, "\" lost (lease expired) during transfer"));
-    }
+  // A failed or lost host aborts; finished work is committed even when it
+  // finished late (no finished row stalls).
+  if (std::optional<std::string> trouble = HostTrouble(*rows, hosts, now, /*preparing=*/false);
+      trouble.has_value()) {
+    return finish(v1::OPERATION_STATE_ABORTED, *trouble);
   }
   const bool all_done =
       !rows->empty() && std::all_of(rows->begin(), rows->end(), [](const auto& r) {
         return r.state == v1::HOST_TASK_STATE_DONE;
       });
-  // Finished work is committed even when it finished late.
   if (all_done) return finish(v1::OPERATION_STATE_COMMITTED, "");
-  // A host with nothing (left) to write here only sends: its bytes_done stays
-  // put until it is DONE, and its sends are its peers' progress, so it moves
-  // when they do.
-  int64_t latest_progress_ms = 0;
-  for (const HostProgress& row : *rows) {
-    latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
-  }
-  for (const HostProgress& row : *rows) {
-    if (row.state == v1::HOST_TASK_STATE_DONE) continue;
-    int64_t since = std::max(row.progress_unix_ms, resumed_at_ms_);
-    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_done >= row.bytes_total) {
-      since = std::max(since, latest_progress_ms);
-    }
-    if (now - since <= options_.stall_timeout_ms) continue;
-    std::string what =
-        row.state == v1::HOST_TASK_STATE_ASSIGNED
-            ? std::string("its task was never fetched")
-            : absl::StrCat("its task is at ", row.bytes_done, " of ", row.bytes_total, " bytes");
-    if (!row.waiting_on.empty()) absl::StrAppend(&what, ", waiting on ", row.waiting_on);
-    return finish(v1::OPERATION_STATE_ABORTED,
-                  absl::StrCat("host \"", row.host_id, "\" made no progress for ", now - since,
-                               " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what));
-  }
   // A stop-free operation waited for its cut-over as long as the scheduler
   // chose: its transfer is timed from the cut-over.
   const int64_t started_ms =
@@ -194,6 +158,76 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
                                " ms old, over transfer_timeout_ms ", options_.transfer_timeout_ms));
   }
   return false;
+}
+
+std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostProgress>& rows,
+                                                        const HostMap& hosts, int64_t now,
+                                                        bool preparing) const {
+  // A finished row neither stalls nor holds the others back.
+  const v1::HostTaskState finished =
+      preparing ? v1::HOST_TASK_STATE_PREPARED : v1::HOST_TASK_STATE_DONE;
+  for (const HostProgress& row : rows) {
+    if (row.state == v1::HOST_TASK_STATE_FAILED) {
+      return absl::StrCat("host \"", row.host_id, "\": ", row.error);
+    }
+  }
+  for (const HostProgress& row : rows) {
+    auto it = hosts.find(row.host_id);
+    if (it == hosts.end() || it->second.state() != v1::HOST_STATE_ALIVE) {
+      return absl::StrCat("host \"", row.host_id, "\" lost (lease expired) during ",
+                          preparing ? "its prepare" : "transfer");
+    }
+  }
+  // A host with nothing (left) to write here only sends: its bytes_done stays
+  // put until it is finished, and its sends are its peers' progress, so it
+  // moves when they do.
+  int64_t latest_progress_ms = 0;
+  for (const HostProgress& row : rows) {
+    latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
+  }
+  for (const HostProgress& row : rows) {
+    if (row.state == finished) continue;
+    int64_t since = std::max(row.progress_unix_ms, resumed_at_ms_);
+    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_done >= row.bytes_total) {
+      since = std::max(since, latest_progress_ms);
+    }
+    if (now - since <= options_.stall_timeout_ms) continue;
+    std::string what =
+        row.state == v1::HOST_TASK_STATE_ASSIGNED
+            ? std::string("its task was never fetched")
+            : absl::StrCat("its task is at ", row.bytes_done, " of ", row.bytes_total, " bytes");
+    if (!row.waiting_on.empty()) absl::StrAppend(&what, ", waiting on ", row.waiting_on);
+    return absl::StrCat("host \"", row.host_id, "\" made no progress",
+                        preparing ? " in its prepare" : "", " for ", now - since,
+                        " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what);
+  }
+  return std::nullopt;
+}
+
+std::vector<HostProgress> OperationDriver::AssignedRows(const std::map<std::string, int64_t>& bytes,
+                                                        const HostMap& hosts, int64_t now,
+                                                        std::string* no_agent) {
+  std::vector<HostProgress> rows;
+  for (const auto& [host_id, host_bytes] : bytes) {
+    auto it = hosts.find(host_id);
+    const char* why = nullptr;
+    if (it == hosts.end()) {
+      why = "never registered";
+    } else if (it->second.state() != v1::HOST_STATE_ALIVE) {
+      why = "LOST";
+    }
+    if (why != nullptr) {
+      *no_agent = absl::StrCat("host \"", host_id, "\" has no live agent (", why, ")");
+      return {};
+    }
+    HostProgress row;
+    row.host_id = host_id;
+    row.state = v1::HOST_TASK_STATE_ASSIGNED;
+    row.bytes_total = host_bytes;
+    row.progress_unix_ms = now;
+    rows.push_back(std::move(row));
+  }
+  return rows;
 }
 
 }  // namespace reshard::coordinator

@@ -490,8 +490,11 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
         return std::move(record->op);
       },
       [](const v1::Operation& op) {
+        // A stop-free operation's prepare shows too: the workers', each
+        // agent's (bytes_precopied) and the cut-over.
         return std::make_tuple(static_cast<int>(op.state()), op.bytes_done(), op.prepared_unix_ms(),
-                               op.cutover_unix_ms());
+                               op.cutover_unix_ms(), op.workers_prepared_unix_ms(),
+                               op.bytes_precopied(), op.agents_prepared_unix_ms());
       },
       [](const v1::Operation& op) { return IsFinal(op.state()); }, send, cancelled,
       options_.watch_poll_ms);

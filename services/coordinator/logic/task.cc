@@ -100,6 +100,16 @@ std::set<std::pair<int, int>> ShardsWrittenOnHost(const v1::TransferPlan& plan,
   return shards;
 }
 
+std::set<std::pair<int, int>> ShardsReadOnHost(const v1::TransferPlan& plan,
+                                               const std::string& host) {
+  const RankHosts old_host(plan.source_layout());
+  std::set<std::pair<int, int>> shards;
+  for (const v1::CopyStep& step : plan.steps()) {
+    if (old_host(step.src_rank()) == host) shards.emplace(step.item(), step.src_rank());
+  }
+  return shards;
+}
+
 v1::PlanStats StatsOf(const planner::Plan& plan) {
   v1::PlanStats stats;
   stats.set_bytes_local(plan.bytes_local);

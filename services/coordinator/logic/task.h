@@ -38,6 +38,11 @@ int64_t BytesTotal(const v1::TransferPlan& plan);
 std::set<std::pair<int, int>> ShardsWrittenOnHost(const v1::TransferPlan& plan,
                                                   const std::string& host);
 
+/// (item, old rank) of every step's source shard that `host` reads: the
+/// steps whose source rank the old layout places there.
+std::set<std::pair<int, int>> ShardsReadOnHost(const v1::TransferPlan& plan,
+                                               const std::string& host);
+
 /// The PlanStats of a compact plan, equal to ToProto(plan, ...).stats()
 /// without building the whole proto (PreviewPlan returns only the stats).
 v1::PlanStats StatsOf(const planner::Plan& plan);

@@ -1,5 +1,6 @@
 #include "services/coordinator/metrics/metrics.h"
 
+#include <algorithm>
 #include <cctype>
 #include <map>
 #include <mutex>
@@ -144,6 +145,13 @@ struct CoordinatorMetrics::Impl {
                       "prepared (new workers warm, the old layout training on), "
                       "phase=\"pause\" from the cut-over to the commit.")
                 .Register(*registry)),
+        stop_free_bytes(prometheus::BuildCounter()
+                            .Name("reshard_coordinator_stop_free_bytes_total")
+                            .Help("Stop-free operations whose transfer started after their "
+                                  "agents prepared: kind=\"precopied\" bytes the prepare "
+                                  "wrote, kind=\"skipped_unchanged\" plan bytes not moved "
+                                  "again at the cut-over.")
+                            .Register(*registry)),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -166,6 +174,7 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& leader_family;
   prometheus::Family<prometheus::Counter>& retention_pruned;
   prometheus::Family<prometheus::Histogram>& stop_free_family;
+  prometheus::Family<prometheus::Counter>& stop_free_bytes;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -212,6 +221,13 @@ void CoordinatorMetrics::StopFreeCommitted(double prepare_seconds, double pause_
       .Observe(prepare_seconds < 0 ? 0 : prepare_seconds);
   impl_->stop_free_family.Add({{"phase", "pause"}}, OperationBuckets())
       .Observe(pause_seconds < 0 ? 0 : pause_seconds);
+}
+
+void CoordinatorMetrics::PreparedBytes(int64_t precopied, int64_t skipped_unchanged) {
+  impl_->stop_free_bytes.Add({{"kind", "precopied"}})
+      .Increment(static_cast<double>(std::max<int64_t>(0, precopied)));
+  impl_->stop_free_bytes.Add({{"kind", "skipped_unchanged"}})
+      .Increment(static_cast<double>(std::max<int64_t>(0, skipped_unchanged)));
 }
 
 void CoordinatorMetrics::RetentionPruned(const std::string& table, int64_t rows) {

@@ -27,6 +27,9 @@ class CoordinatorMetrics {
   /// (histogram), at a stop-free operation's commit (Operation's
   /// prepare_seconds and pause_seconds).
   void StopFreeCommitted(double prepare_seconds, double pause_seconds);
+  /// reshard_coordinator_stop_free_bytes_total{kind="precopied"|
+  /// "skipped_unchanged"}: a prepared operation's transfer started.
+  void PreparedBytes(int64_t precopied, int64_t skipped_unchanged);
   /// reshard_coordinator_planned_bytes_total{locality="local"|"cross_host"}.
   void PlannedBytes(int64_t local, int64_t cross_host);
   /// reshard_coordinator_jobs{state} (gauge).

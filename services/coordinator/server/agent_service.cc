@@ -37,4 +37,15 @@ grpc::Status AgentServiceImpl::ReportProgress(grpc::ServerContext* context,
       [&](const Principal&) { return Unwrap(api_->ReportProgress(*request), reply); });
 }
 
+grpc::Status AgentServiceImpl::WaitForTasks(grpc::ServerContext* context,
+                                            const v1::WaitForTasksRequest* request,
+                                            v1::WaitForTasksResponse* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "WaitForTasks", *request, request->host_id(),
+      [&](const Principal&) {
+        return Unwrap(api_->WaitForTasks(*request, [context] { return context->IsCancelled(); }),
+                      reply);
+      });
+}
+
 }  // namespace reshard::coordinator

@@ -26,6 +26,10 @@ class AgentServiceImpl final : public v1::AgentService::Service {
   grpc::Status ReportProgress(grpc::ServerContext* context,
                               const v1::ReportProgressRequest* request,
                               v1::ReportProgressResponse* reply) override;
+  /// Long poll (AgentApi::WaitForTasks); ends early when the call is
+  /// cancelled (the client left, or the server shuts down).
+  grpc::Status WaitForTasks(grpc::ServerContext* context, const v1::WaitForTasksRequest* request,
+                            v1::WaitForTasksResponse* reply) override;
 
  private:
   AgentApi* api_;

@@ -59,6 +59,7 @@ const std::vector<MethodRule>& Rules() {
       {"Heartbeat", {Role::kAgent}, true, kRefused},
       {"GetTask", {Role::kAgent}, true, kRefused},
       {"ReportProgress", {Role::kAgent}, true, kRefused},
+      {"WaitForTasks", {Role::kAgent}, true, kRefused},
       // AuthService: admin only.
       {"CreateToken", {}, false, kAll},
       {"RevokeToken", {}, false, kAll},

@@ -76,6 +76,10 @@ absl::Status CoordinatorServer::Start() {
   AgentApi::Options agent_options;
   agent_options.lease_ms = config_.lease_ms;
   agent_options.secrets = secrets_.get();
+  // A final report wakes the leader's driver (a no-op on other replicas).
+  agent_options.on_final_report = [this] {
+    if (LeaderLoop* leader = kick_target_.load(); leader != nullptr) leader->Kick();
+  };
   agent_api_ = std::make_unique<AgentApi>(store_, &clock_, metrics_.get(), agent_options);
   OperationDriver::Options driver_options;
   driver_options.transfer_timeout_ms = config_.transfer_timeout_ms;
@@ -149,6 +153,7 @@ absl::Status CoordinatorServer::Start() {
   retention.interval_ms = static_cast<int>(config_.retention_interval_ms);
   leader_->EnableRetention(store_, retention);
   leader_->Start();
+  kick_target_ = leader_.get();
   RESHARD_LOG(INFO) << "replica=" << config_.replica_id << " serving gRPC on port " << port_
                     << ", /metrics on port " << metrics_port_ << ", schema version "
                     << LatestKnownSchemaVersion();
@@ -171,6 +176,7 @@ void CoordinatorServer::Shutdown() {
   if (shut_down_) return;
   shut_down_ = true;
   // Stop driving first, so that another replica can take over at once.
+  kick_target_ = nullptr;
   if (leader_ != nullptr) leader_->Stop();
   if (coordinator_service_ != nullptr) coordinator_service_->BeginShutdown();
   if (grpc_server_ != nullptr) {

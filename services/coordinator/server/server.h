@@ -9,6 +9,7 @@
 // called from any thread, and the destructor calls it.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -92,6 +93,9 @@ class CoordinatorServer {
   std::unique_ptr<AgentApi> agent_api_;
   std::unique_ptr<OperationDriver> driver_;
   std::unique_ptr<LeaderLoop> leader_;
+  // What AgentApi's final reports kick: leader_ while it runs, else null
+  // (read on gRPC threads).
+  std::atomic<LeaderLoop*> kick_target_{nullptr};
   std::unique_ptr<TokenApi> token_api_;
   std::unique_ptr<ClusterSecrets> secrets_;
   std::unique_ptr<AuditApi> audit_api_;

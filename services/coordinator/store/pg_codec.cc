@@ -169,6 +169,12 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   if (!row[17].is_null()) op.set_prepared_unix_ms(row[17].as<int64_t>());
   if (!row[18].is_null()) op.set_cutover_unix_ms(row[18].as<int64_t>());
   if (!row[19].is_null()) op.set_cutover_operation_id(row[19].c_str());
+  // Agents prepare (migrations/0011).
+  if (!row[20].is_null()) op.set_workers_prepared_unix_ms(row[20].as<int64_t>());
+  if (!row[21].is_null()) op.set_agents_prepared_unix_ms(row[21].as<int64_t>());
+  op.set_prepared_from_generation(row[22].as<int64_t>());
+  op.set_bytes_precopied(row[23].as<int64_t>());
+  op.set_bytes_skipped_unchanged(row[24].as<int64_t>());
   if (op.prepared_unix_ms() > 0) {
     op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
                            1000.0);

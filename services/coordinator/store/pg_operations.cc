@@ -98,8 +98,11 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
                                                  op.expected_generation));
         }
         const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, op.job_id);
+        int64_t reserved_generation = 0;  // a cut-over's, see CheckCutOver
         if (!op.cut_over_operation_id.empty()) {
-          if (absl::Status s = pg::CheckCutOver(tx, op, active); !s.ok()) return s;
+          absl::StatusOr<int64_t> reserved = pg::CheckCutOver(tx, op, active, generation);
+          if (!reserved.ok()) return reserved.status();
+          reserved_generation = *reserved;
         } else if (!active.empty()) {
           return absl::FailedPreconditionError(absl::StrCat(
               "job \"", op.job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
@@ -108,9 +111,14 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
         if (op.step.has_value()) {
           if (absl::Status s = CheckCheckpointStep(tx, op, generation); !s.ok()) return s;
         }
-        // Generation numbers are never reused (a DISCARDED one keeps its).
-        const int64_t to_generation =
+        // Generation numbers are never reused (a DISCARDED one keeps its). A
+        // stop-free operation reserves the number below its own for its
+        // cut-over checkpoint (docs/coordinator.md, "Agents prepare").
+        const int64_t next_generation =
             tx.Exec(pg::kMaxGeneration, op.job_id)[0][0].as<int64_t>() + 1;
+        const int64_t to_generation = reserved_generation > 0 ? reserved_generation
+                                      : op.stop_free          ? next_generation + 1
+                                                              : next_generation;
         tx.Exec(pg::kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
                 generation, to_generation, pg::Bytea(layout_bytes), lost_hosts, lost_ranks,
                 op.idempotency.key);

@@ -2,6 +2,7 @@
 
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
 #include "services/coordinator/store/pg_stop_free_statements.h"
 
@@ -101,6 +102,19 @@ const std::vector<Statement>& AllStatements() {
       kCutOverOperation,
       kMarkPrepared,
       kKeepReconfiguring,
+      // Agents prepare (issue 12).
+      kStartPrepare,
+      kSetAgentsPrepared,
+      kSettlePrepared,
+      kPrepareHost,
+      kHostTaskState,
+      kAddPrecopied,
+      kInsertPreparedSources,
+      kSelectPreparedSources,
+      kHostsNotPrepared,
+      kPendingGenerationExists,
+      kResetHostsForTransfer,
+      kSetPreparedTransferring,
   };
   return *kAll;
 }

@@ -179,14 +179,16 @@ inline constexpr Statement kClaimIdempotencyKey{
   "o.bytes_done, o.bytes_total, o.idempotency_key, reshard_unix_ms(o.created_at), "         \
   "reshard_unix_ms(o.updated_at), o.target_layout, o.lost_hosts, o.lost_ranks, "            \
   "o.stop_free, reshard_unix_ms(o.prepared_at), reshard_unix_ms(o.cutover_at), "            \
-  "o.cutover_operation_id "
+  "o.cutover_operation_id, reshard_unix_ms(o.workers_prepared_at), "                        \
+  "reshard_unix_ms(o.agents_prepared_at), o.prepared_from_generation, o.bytes_precopied, "  \
+  "o.bytes_skipped_unchanged "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
 
-inline constexpr Statement kSelectOperationWithPlan{"select_operation_with_plan",
-                                                    "SELECT " RESHARD_PG_OPERATION_COLUMNS
-                                                    ", o.plan FROM operations o WHERE o.id = $1"};
+inline constexpr Statement kSelectOperationWithPlan{
+    "select_operation_with_plan", "SELECT " RESHARD_PG_OPERATION_COLUMNS
+                                  ", o.plan, o.skipped_steps FROM operations o WHERE o.id = $1"};
 
 inline constexpr Statement kListOperationsForJob{
     "list_operations_for_job", "SELECT " RESHARD_PG_OPERATION_COLUMNS
@@ -254,13 +256,14 @@ inline constexpr Statement kInsertOperationHosts{
     "h.progress FROM unnest($2::text[], $3::smallint[], $4::bigint[], $5::bigint[], $6::text[], "
     "$7::bigint[]) AS h(host_id, state, bytes_done, bytes_total, error, progress)"};
 
-// A host's DONE (3) or FAILED (4) is final: a late RUNNING report keeps it.
+// A host's DONE (3) or FAILED (4) is final, and so is PREPARED (5) in the
+// prepare phase: a late RUNNING report keeps it.
 // A report without a total keeps the one recorded. Progress ($7, the time) is
 // a change of state or of bytes_done; the same report again is none.
 inline constexpr Statement kUpdateHostProgress{
     "update_host_progress",
-    "UPDATE operation_hosts SET state = CASE WHEN state IN (3, 4) AND $3::smallint NOT IN "
-    "(3, 4) THEN state ELSE $3::smallint END, bytes_done = $4, bytes_total = CASE WHEN "
+    "UPDATE operation_hosts SET state = CASE WHEN state IN (3, 4, 5) AND $3::smallint NOT IN "
+    "(3, 4, 5) THEN state ELSE $3::smallint END, bytes_done = $4, bytes_total = CASE WHEN "
     "$5::bigint > 0 THEN $5::bigint ELSE bytes_total END, error = $6, updated_at = now(), "
     "progress_unix_ms = CASE WHEN state <> $3::smallint OR bytes_done <> $4::bigint THEN "
     "$7::bigint ELSE progress_unix_ms END, waiting_on = $8 "
@@ -275,7 +278,8 @@ inline constexpr Statement kSelectHostProgress{
 inline constexpr Statement kAssignedOperations{
     "assigned_operations",
     "SELECT o.id FROM operation_hosts oh JOIN operations o ON o.id = oh.operation_id "
-    "WHERE oh.host_id = $1 AND oh.state NOT IN (3, 4) AND o.state = 3 ORDER BY o.seq"};
+    "WHERE oh.host_id = $1 AND ((o.state = 3 AND oh.state NOT IN (3, 4)) OR "
+    "(o.state = 2 AND oh.state IN (1, 2))) ORDER BY o.seq"};
 
 // ---- Hosts -----------------------------------------------------------------
 

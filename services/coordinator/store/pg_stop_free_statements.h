@@ -12,22 +12,27 @@ inline constexpr Statement kSetOperationStopFree{
 // $1 operation, $2 job: what a cut-over checks, locked.
 inline constexpr Statement kLockStopFreeOperation{
     "lock_stop_free_operation",
-    "SELECT state, stop_free, prepared_at IS NOT NULL, COALESCE(cutover_operation_id, '') "
-    "FROM operations WHERE id = $1 AND job_id = $2 FOR UPDATE"};
+    "SELECT state, stop_free, prepared_at IS NOT NULL, COALESCE(cutover_operation_id, ''), "
+    "workers_prepared_at IS NOT NULL, agents_prepared_at IS NOT NULL, prepared_from_generation, "
+    "to_generation FROM operations WHERE id = $1 AND job_id = $2 FOR UPDATE"};
 
 // $1 the stop-free operation, $2 the cut-over checkpoint's generation (its
-// new source), $3 the checkpoint.
+// new source), $3 the checkpoint. The operation keeps its to_generation
+// (the checkpoint took the number below it); one created before migration
+// 0011 reserved none and moves past the checkpoint's.
 inline constexpr Statement kCutOverOperation{
     "cut_over_operation",
-    "UPDATE operations SET from_generation = $2::bigint, to_generation = $2::bigint + 1, "
+    "UPDATE operations SET from_generation = $2::bigint, "
+    "to_generation = GREATEST(to_generation, $2::bigint + 1), "
     "cutover_at = now(), "
     "cutover_operation_id = $3, updated_at = now() WHERE id = $1"};
 
-// A repeat keeps the first time.
+// The workers' half of prepared (kSettlePrepared sets prepared_at). A
+// repeat keeps the first time.
 inline constexpr Statement kMarkPrepared{
     "mark_prepared",
-    "UPDATE operations SET prepared_at = COALESCE(prepared_at, now()), updated_at = now() "
-    "WHERE id = $1 AND stop_free AND state = 2 RETURNING job_id"};
+    "UPDATE operations SET workers_prepared_at = COALESCE(workers_prepared_at, now()), "
+    "updated_at = now() WHERE id = $1 AND stop_free AND state = 2 RETURNING job_id"};
 
 // After a commit: a job whose stop-free operation is still active (the
 // cut-over checkpoint committed, the transfer is to come) stays

@@ -132,6 +132,7 @@ absl::StatusOr<OperationRecord> ReadOperation(PgTx& tx, const std::string& opera
     }
     record.plan = std::move(plan);
   }
+  if (include_plan) record.skipped_steps = ParseIntArray(r[0][kOperationColumns + 1]);
   return record;
 }
 

@@ -97,6 +97,17 @@ class PgStore : public Store {
       const std::string& operation_id) override;
   [[nodiscard]] absl::StatusOr<OperationRecord> GetOperation(const std::string& operation_id,
                                                              bool include_plan) override;
+  // pg_prepare.cc
+  [[nodiscard]] absl::Status StartPrepare(const std::string& operation_id, int64_t from_generation,
+                                          const std::vector<HostProgress>& hosts) override;
+  [[nodiscard]] absl::Status RecordHostPrepared(
+      const std::string& operation_id, const std::string& host_id, int64_t now_unix_ms,
+      const std::vector<v1::ShardChecksum>& sources) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetPreparedSources(
+      const std::string& operation_id) override;
+  [[nodiscard]] absl::Status StartPreparedTransfer(const std::string& operation_id,
+                                                   const std::vector<HostProgress>& hosts,
+                                                   const SkippedSteps& skipped) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ListActiveOperations() override;
   [[nodiscard]] absl::Status TransitionOperation(const std::string& operation_id,
                                                  v1::OperationState from, v1::OperationState to,

@@ -80,8 +80,12 @@ void InsertGeneration(PgTx& tx, const std::string& job_id, int64_t generation,
 /// A checkpoint naming a stop-free operation (NewOperation::
 /// cut_over_operation_id): FailedPrecondition unless that one is the job's
 /// only active operation (`active`, kActiveOperationOfJob), stop-free,
-/// PLANNED, prepared and not cut over yet. Locks its row (pg_stop_free.cc).
-absl::Status CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active);
+/// PLANNED, prepared (workers and agents; the message names what is
+/// missing) and not cut over yet. Locks its row (pg_stop_free.cc). Returns
+/// the generation the checkpoint takes: the one the operation reserved
+/// below its to_generation, or 0 when it reserved none (the next number).
+absl::StatusOr<int64_t> CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active,
+                                     int64_t current_generation);
 /// Makes the checkpoint's generation the stop-free operation's source.
 void CutOver(PgTx& tx, const NewOperation& op, int64_t checkpoint_generation);
 

@@ -36,6 +36,7 @@ absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
                                          pg::ShortName(state), ", not ", pg::ShortName(expected)));
 }
 
+// PREPARED goes through RecordHostPrepared (pg_prepare.cc).
 bool ValidTaskState(v1::HostTaskState s) {
   return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
 }
@@ -111,7 +112,11 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
   return pool_->Transact("RecordHostProgress", [&](pg::PgTx& tx) -> absl::Status {
     absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
     if (!op.ok()) return op.status();
-    if (op->state != v1::OPERATION_STATE_TRANSFERRING) {
+    // A stop-free operation's prepare rows (PLANNED) take RUNNING and
+    // FAILED reports too; PREPARED goes through RecordHostPrepared.
+    const bool preparing =
+        op->state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
+    if (op->state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
       return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
                    absl::StatusCode::kFailedPrecondition);
     }
@@ -132,7 +137,8 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
                          op->to_generation, " of job \"", op->job_id, "\""));
       }
     }
-    tx.Exec(pg::kUpdateOperationBytesDone, operation_id);
+    // The prepare's bytes are counted in bytes_precopied, not bytes_done.
+    if (!preparing) tx.Exec(pg::kUpdateOperationBytesDone, operation_id);
     return absl::OkStatus();
   });
 }

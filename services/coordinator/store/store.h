@@ -100,6 +100,16 @@ struct OperationRecord {
   std::vector<std::string> lost_hosts;
   std::vector<int> lost_ranks;
   std::optional<v1::TransferPlan> plan;  // only when asked for and planned
+  /// With the plan: the steps a prepared stop-free operation's transfer
+  /// skips (plan step indexes, ascending; StartPreparedTransfer).
+  std::vector<int64_t> skipped_steps;
+};
+
+/// What the transfer of a prepared stop-free operation leaves out
+/// (logic/prepared_steps.h computes it).
+struct SkippedSteps {
+  std::vector<int64_t> step_indexes;  // ascending
+  int64_t bytes = 0;                  // of the plan's bytes_total
 };
 
 /// Fields written together with a state transition; unset ones are kept.
@@ -214,13 +224,46 @@ class Store {
   /// (FailedPrecondition naming it). With a key seen before for the same
   /// request, returns that operation (whatever its state now).
   [[nodiscard]] virtual absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) = 0;
-  /// A stop-free operation's new workers are warm (MarkPrepared):
+  /// A stop-free operation's new workers are warm (MarkPrepared): sets
+  /// workers_prepared_at, and prepared_at when the agents are prepared too.
   /// FailedPrecondition unless it is stop-free and PLANNED; a repeat keeps
   /// the first time. NotFound when it does not exist.
   [[nodiscard]] virtual absl::StatusOr<v1::Operation> MarkPrepared(
       const std::string& operation_id) = 0;
   [[nodiscard]] virtual absl::StatusOr<OperationRecord> GetOperation(
       const std::string& operation_id, bool include_plan) = 0;
+
+  // ---- Agents prepare a stop-free operation (docs/coordinator.md) ----------
+  /// Starts the prepare phase of a PLANNED stop-free operation: records
+  /// `from_generation` as prepared_from_generation, inserts the pending
+  /// generation to_generation (target layout) and one row per host
+  /// (`hosts`, ASSIGNED), in one transaction. With no hosts the agents are
+  /// prepared at once. Aborted unless PLANNED, stop-free, not cut over and
+  /// not started yet.
+  [[nodiscard]] virtual absl::Status StartPrepare(const std::string& operation_id,
+                                                  int64_t from_generation,
+                                                  const std::vector<HostProgress>& hosts) = 0;
+  /// A host's prepare finished: its row becomes PREPARED (bytes_done =
+  /// bytes_total, added to bytes_precopied) and `sources` (the checksums of
+  /// the old shards it read) are stored; when it was the last host,
+  /// agents_prepared_at is set, and prepared_at too when the workers are
+  /// prepared. A repeat changes nothing. FailedPrecondition when the
+  /// operation is not in its prepare phase (PLANNED with rows); NotFound
+  /// when the host has no row.
+  [[nodiscard]] virtual absl::Status RecordHostPrepared(
+      const std::string& operation_id, const std::string& host_id, int64_t now_unix_ms,
+      const std::vector<v1::ShardChecksum>& sources) = 0;
+  /// The stored prepared source checksums, by (item, rank).
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::ShardChecksum>> GetPreparedSources(
+      const std::string& operation_id) = 0;
+  /// PLANNED -> TRANSFERRING for a prepared stop-free operation after its
+  /// cut-over: the pending generation exists already; each host's row goes
+  /// back to ASSIGNED with `hosts`' bytes, the skipped steps and bytes are
+  /// stored and bytes_total becomes the plan's less the skipped. Aborted
+  /// unless PLANNED.
+  [[nodiscard]] virtual absl::Status StartPreparedTransfer(const std::string& operation_id,
+                                                           const std::vector<HostProgress>& hosts,
+                                                           const SkippedSteps& skipped) = 0;
   /// Ids of operations in PENDING, PLANNED or TRANSFERRING, oldest first.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListActiveOperations() = 0;
   /// Moves the operation from `from` to `to` with `update`, only if it is
@@ -248,8 +291,9 @@ class Store {
   /// RETIRED, the job's generation advances and it returns to ACTIVE.
   /// Aborted when the operation is no longer TRANSFERRING.
   [[nodiscard]] virtual absl::Status CommitOperation(const std::string& operation_id) = 0;
-  /// Operations assigned to `host_id` that are TRANSFERRING and whose
-  /// progress row on that host is not DONE or FAILED.
+  /// Operations assigned to `host_id`: TRANSFERRING ones whose progress row
+  /// on that host is not DONE or FAILED, and PLANNED (stop-free, preparing)
+  /// ones whose row is ASSIGNED or RUNNING.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> AssignedOperations(
       const std::string& host_id) = 0;
   /// Generations an agent on `host_id` may free (RETIRED) or must drop

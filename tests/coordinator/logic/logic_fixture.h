@@ -34,6 +34,11 @@ MATCHER_P2(StatusIs, code, substring, "") {
   return false;
 }
 
+/// The checksum CompleteTask reports for shard (item, rank).
+inline uint64_t ShardChecksumOf(int item, int rank) {
+  return 0x9E3779B97F4A7C15ull * static_cast<uint64_t>(item + 1) + static_cast<uint64_t>(rank);
+}
+
 /// A clock the test sets. Thread-safe.
 class FakeClock : public Clock {
  public:
@@ -82,7 +87,9 @@ class LogicTest : public ::testing::Test {
   v1::Operation Op(const std::string& operation_id);
   v1::Job Job(const std::string& job_id);
   /// What a well-behaved agent on `host` does: GetTask, then ReportProgress
-  /// DONE with a checksum for every shard its slice writes.
+  /// DONE with a checksum for every shard its slice writes (the whole
+  /// plan's for a prepared stop-free task). The checksum of (item, rank) is
+  /// ShardChecksumOf(item, rank).
   void CompleteTask(const std::string& host, const std::string& operation_id);
   /// The hosts holding a progress row of the operation.
   std::vector<std::string> Participants(const std::string& operation_id);

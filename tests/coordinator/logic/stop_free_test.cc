@@ -1,7 +1,7 @@
 // Two-phase (stop-free) reconfiguration against a real PostgreSQL, agents
 // played through AgentApi (docs/coordinator.md, "Stop-free
 // reconfiguration"): a stop-free resize waits in PLANNED while the old
-// layout trains, is marked prepared, is cut over by a checkpoint of a step
+// layout trains, is prepared (workers and agents), is cut over by a checkpoint of a step
 // boundary whose generation becomes its source, and commits with that
 // step's dataset state; refusals name the operation and why; a cut-over
 // that does not commit aborts the operation.
@@ -10,66 +10,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
-#include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/coordinator/logic/stop_free_fixture.h"
 
 namespace reshard::coordinator::testing {
 namespace {
-
-constexpr int64_t kBatch = 8;
-
-class StopFreeTest : public LogicTest {
- protected:
-  v1::Job RegisterWithData(const std::string& name) {
-    v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJob(name);
-    v1::DatasetState* d = r.mutable_dataset_state();
-    d->mutable_dataset()->set_id("tokens");
-    d->mutable_dataset()->set_num_samples(1000);
-    d->mutable_dataset()->set_fingerprint("sha1:abc");
-    d->mutable_order()->set_seed(7);
-    d->mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
-    d->set_global_batch(kBatch);
-    absl::StatusOr<v1::RegisterJobResponse> reply = api_->RegisterJob(r);
-    EXPECT_TRUE(reply.ok()) << reply.status();
-    return reply.ok() ? reply->job() : v1::Job();
-  }
-
-  absl::StatusOr<v1::Operation> StopFreeResize(const v1::Job& job, const v1::Layout& target) {
-    v1::ResizeRequest r;
-    r.set_job_id(job.id());
-    r.set_expected_generation(job.generation());
-    *r.mutable_placement() = target.placement();
-    *r.mutable_config() = target.config();
-    r.set_stop_free(true);
-    return api_->Resize(r);
-  }
-
-  absl::StatusOr<v1::Operation> MarkPrepared(const std::string& operation_id) {
-    v1::MarkPreparedRequest r;
-    r.set_operation_id(operation_id);
-    return api_->MarkPrepared(r);
-  }
-
-  /// The old layout's checkpoint of `step` (cursor step x kBatch), cutting
-  /// over `operation_id` when non-empty.
-  absl::StatusOr<v1::Operation> CheckpointAt(const v1::Job& job, int64_t step,
-                                             const std::string& operation_id) {
-    v1::CheckpointRequest r;
-    r.set_job_id(job.id());
-    r.set_expected_generation(Job(job.id()).generation());
-    r.set_with_step(true);
-    r.set_step(step);
-    r.set_cursor(step * kBatch);
-    r.set_layout_fingerprint(job.dataset_state().layout_fingerprint());
-    r.set_cut_over_operation_id(operation_id);
-    return api_->Checkpoint(r);
-  }
-
-  void CompleteAll(const std::string& operation_id) {
-    for (const std::string& host : Participants(operation_id)) CompleteTask(host, operation_id);
-  }
-};
 
 TEST_F(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   const v1::Job job = RegisterWithData("stop-free");
@@ -79,19 +23,21 @@ TEST_F(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_TRUE(created->stop_free());
 
-  // Planned, then it waits: no host task, the old generation stays current.
+  // Planned, then it waits while its agents prepare: the old generation
+  // stays current.
   Tick();
   Tick();
   v1::Operation op = Op(created->id());
   EXPECT_EQ(op.state(), v1::OPERATION_STATE_PLANNED) << op.error();
   EXPECT_EQ(op.prepared_unix_ms(), 0);
-  EXPECT_TRUE(Participants(op.id()).empty());
+  EXPECT_EQ(Participants(op.id()), PlanHosts(op.id()));
   EXPECT_EQ(Job(job.id()).active_operation_id(), op.id());
   EXPECT_EQ(Job(job.id()).generation(), 1);
 
-  // No cut-over before the new workers are warm.
+  // No cut-over before the new workers are warm and the agents prepared.
   EXPECT_THAT(CheckpointAt(job, 3, op.id()).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "not prepared yet"));
+  PrepareAll(op.id());
   absl::StatusOr<v1::Operation> prepared = MarkPrepared(op.id());
   ASSERT_TRUE(prepared.ok()) << prepared.status();
   EXPECT_GT(prepared->prepared_unix_ms(), 0);
@@ -181,7 +127,8 @@ TEST_F(StopFreeTest, AStopFreeMigrateWaitsForItsCutOverToo) {
   Tick();
   Tick();
   EXPECT_EQ(Op(op->id()).state(), v1::OPERATION_STATE_PLANNED);
-  EXPECT_TRUE(Participants(op->id()).empty());
+  EXPECT_EQ(Participants(op->id()), PlanHosts(op->id()));
+  PrepareAll(op->id());
   ASSERT_TRUE(MarkPrepared(op->id()).ok());
   absl::StatusOr<v1::Operation> cut = CheckpointAt(job, 2, op->id());
   ASSERT_TRUE(cut.ok()) << cut.status();
@@ -204,6 +151,7 @@ TEST_F(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
   absl::StatusOr<v1::Operation> op = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
   Tick();
+  PrepareAll(op->id());
   ASSERT_TRUE(MarkPrepared(op->id()).ok());
   absl::StatusOr<v1::Operation> cut = CheckpointAt(job, 3, op->id());
   ASSERT_TRUE(cut.ok()) << cut.status();
@@ -219,6 +167,13 @@ TEST_F(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
   EXPECT_EQ(after.generation(), 1);
   EXPECT_EQ(after.state(), v1::JOB_STATE_ACTIVE);
   EXPECT_TRUE(after.active_operation_id().empty());
+  // Both new generations are dropped on the hosts: the checkpoint's and
+  // the one the agents prepared.
+  absl::StatusOr<v1::HeartbeatResponse> beat = Heartbeat("h1");
+  ASSERT_TRUE(beat.ok()) << beat.status();
+  std::vector<int64_t> discarded;
+  for (const v1::GenerationRef& ref : beat->discard()) discarded.push_back(ref.generation());
+  EXPECT_THAT(discarded, ::testing::ElementsAre(2, 3));
 }
 
 }  // namespace

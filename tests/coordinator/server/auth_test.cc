@@ -100,7 +100,8 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   const std::set<std::string> kWrites = {
       "RegisterJob",     "DeleteJob",  "Resize",         "Migrate",    "RecoverFromFailure",
       "CancelOperation", "CommitStep", "GetWorkerToken", "Checkpoint", "MarkPrepared"};
-  const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress"};
+  const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress",
+                                        "WaitForTasks"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
     a.insert(b.begin(), b.end());
@@ -333,6 +334,14 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          r.set_state(v1::HOST_TASK_STATE_RUNNING);
          v1::ReportProgressResponse reply;
          return AgentClient(address, c.identity)->ReportProgress(CallCtx(c).get(), r, &reply);
+       }},
+      {"WaitForTasks",
+       [&](const Caller& c) {
+         v1::WaitForTasksRequest r;
+         r.set_host_id("h0");
+         r.set_wait_ms(1);  // answered at once whatever h0 is assigned
+         v1::WaitForTasksResponse reply;
+         return AgentClient(address, c.identity)->WaitForTasks(CallCtx(c).get(), r, &reply);
        }},
       {"CreateToken",
        [&](const Caller& c) {

@@ -180,9 +180,29 @@ void FakeAgent::Pass() {
     report.set_host_id(host_id_);
     report.set_operation_id(op_id);
     const bool done = !hold_.load();
+    if (task.prepare()) {
+      // The prepare of a stop-free operation (docs/coordinator.md, "Agents
+      // prepare"): PREPARED without source checksums, so that its transfer
+      // moves every step again; the transfer-phase task is fetched anew.
+      report.set_state(done ? v1::HOST_TASK_STATE_PREPARED : v1::HOST_TASK_STATE_RUNNING);
+      v1::ReportProgressResponse reply;
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      if (!stub()->ReportProgress(&context, report, &reply).ok()) continue;
+      if (done || reply.abort()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        prepared_[op_id] = std::move(task);
+        tasks_.erase(op_id);
+      }
+      continue;
+    }
     report.set_state(done ? v1::HOST_TASK_STATE_DONE : v1::HOST_TASK_STATE_RUNNING);
     if (done) {
-      for (v1::ShardChecksum& sum : ChecksumsFor(task, host_id_)) {
+      // A prepared task's slice leaves out what the prepare wrote already.
+      const v1::HostTask* written = &task;
+      std::lock_guard<std::mutex> lock(mu_);
+      if (task.prepared() && prepared_.count(op_id) > 0) written = &prepared_[op_id];
+      for (v1::ShardChecksum& sum : ChecksumsFor(*written, host_id_)) {
         *report.add_checksums() = std::move(sum);
       }
     }

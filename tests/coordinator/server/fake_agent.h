@@ -58,6 +58,9 @@ class FakeAgent {
   mutable std::mutex mu_;
   std::shared_ptr<v1::AgentService::Stub> stub_;
   std::map<std::string, v1::HostTask> tasks_;  // fetched, not yet DONE
+  // A stop-free operation's prepare task, kept after PREPARED: its slice
+  // names every shard the transfer-phase task (prepared) seals.
+  std::map<std::string, v1::HostTask> prepared_;
   std::set<std::string> fetched_;
   std::set<std::string> done_;
   std::atomic<int64_t> epoch_{0};

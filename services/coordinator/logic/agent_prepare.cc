@@ -1,0 +1,157 @@
+// AgentApi's part in a stop-free operation's prepare (docs/coordinator.md,
+// "Agents prepare"): the two task phases, PREPARED reports with the
+// checksums of the sources read, the driver's wake-up on a final report,
+// and the WaitForTasks long poll.
+#include <algorithm>
+#include <chrono>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/log.h"
+#include "services/coordinator/logic/agent_api.h"
+#include "services/coordinator/logic/error_text.h"
+#include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/prepared_steps.h"
+#include "services/coordinator/logic/request_checks.h"
+#include "services/coordinator/logic/task.h"
+
+namespace reshard::coordinator {
+namespace {
+
+constexpr int kMaxWaitMs = 10000;
+
+std::string StateText(v1::HostTaskState state) {
+  const std::string& full = v1::HostTaskState_Name(state);
+  constexpr char kPrefix[] = "HOST_TASK_STATE_";
+  return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
+}
+
+// A PREPARED host names the sealed checksum of old shards it read: each a
+// source shard the plan reads on that host, once.
+absl::Status CheckSourceChecksums(
+    const v1::TransferPlan& plan, const std::string& host_id,
+    const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums) {
+  const std::set<std::pair<int, int>> read = ShardsReadOnHost(plan, host_id);
+  std::set<std::pair<int, int>> seen;
+  for (int i = 0; i < sums.size(); ++i) {
+    const std::pair<int, int> shard{sums[i].item(), sums[i].rank()};
+    if (read.count(shard) == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source_checksums[", i, "]: item ", shard.first, " rank ", shard.second,
+                       " is not a source shard the plan reads on host \"", host_id, "\" (",
+                       read.size(), " shards)"));
+    }
+    if (!seen.insert(shard).second) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "source_checksums[", i, "]: item ", shard.first, " rank ", shard.second, " given twice"));
+    }
+    if (sums[i].bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("source_checksums[", i, "]: bytes is ", sums[i].bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+void AgentApi::ShapePreparedTask(const OperationRecord& record, const std::string& host_id,
+                                 v1::HostTask* task) {
+  const v1::Operation& op = record.op;
+  if (InPreparePhase(op)) {
+    // The pre-copy: from the generation current when it was planned, the
+    // whole slice, into the buffers of the final generation.
+    task->set_prepare(true);
+    task->set_from_generation(op.prepared_from_generation());
+  } else if (IsPreparedTransfer(op)) {
+    // From the cut-over checkpoint's generation: only what changed since.
+    task->set_prepared(true);
+    const std::set<int64_t> skipped(record.skipped_steps.begin(), record.skipped_steps.end());
+    *task->mutable_plan() = WithoutSkipped(SliceForHost(*record.plan, host_id), skipped);
+  }
+}
+
+absl::Status AgentApi::CheckReportForPhase(const OperationRecord& record,
+                                           const v1::ReportProgressRequest& request) {
+  const v1::HostTaskState state = request.state();
+  const bool preparing = InPreparePhase(record.op);
+  if (preparing && state == v1::HOST_TASK_STATE_DONE) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("state DONE: operation \"", record.op.id(),
+                     "\" is in its prepare phase (HostTask.prepare); report PREPARED"));
+  }
+  if (!preparing && state == v1::HOST_TASK_STATE_PREPARED) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "state PREPARED: operation \"", record.op.id(), "\" is ", StateName(record.op.state()),
+        ", not a stop-free operation in its prepare phase"));
+  }
+  if (state != v1::HOST_TASK_STATE_PREPARED && request.source_checksums_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("source_checksums: ", request.source_checksums_size(), " given with state ",
+                     StateText(state), "; only a PREPARED report carries them"));
+  }
+  if (state != v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();
+  if (!record.plan.has_value()) {
+    return absl::InternalError(
+        absl::StrCat("operation \"", record.op.id(), "\" has no stored plan"));
+  }
+  return CheckSourceChecksums(*record.plan, request.host_id(), request.source_checksums());
+}
+
+absl::StatusOr<bool> AgentApi::RecordPrepared(const OperationRecord& record,
+                                              const v1::ReportProgressRequest& request) {
+  const std::vector<v1::ShardChecksum> sources(request.source_checksums().begin(),
+                                               request.source_checksums().end());
+  absl::Status recorded =
+      store_->RecordHostPrepared(record.op.id(), request.host_id(), clock_->NowUnixMs(), sources);
+  if (absl::IsFailedPrecondition(recorded)) {
+    // It left its prepare phase since we looked, or the host FAILED before.
+    absl::StatusOr<OperationRecord> now = store_->GetOperation(record.op.id(), false);
+    if (now.ok() && !InPreparePhase(now->op)) return true;
+    return recorded;
+  }
+  if (!recorded.ok()) return recorded;
+  RESHARD_LOG(INFO) << "job=" << record.op.job_id() << " operation=" << record.op.id()
+                    << " host=" << request.host_id() << " reported PREPARED with " << sources.size()
+                    << " source checksums";
+  return false;
+}
+
+void AgentApi::FinalReported() const {
+  if (options_.on_final_report) options_.on_final_report();
+}
+
+absl::StatusOr<v1::WaitForTasksResponse> AgentApi::WaitForTasks(
+    const v1::WaitForTasksRequest& request, const std::function<bool()>& cancelled) {
+  const std::string& host_id = request.host_id();
+  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
+  if (request.wait_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("wait_ms is ", request.wait_ms(),
+                                                   "; it must be >= 0 (0: ", kMaxWaitMs, " ms)"));
+  }
+  absl::StatusOr<v1::Host> host = store_->GetHost(host_id);
+  if (!host.ok()) return NameNotFound(host.status(), HostNotFound(host_id));
+  const int wait_ms = request.wait_ms() == 0 ? kMaxWaitMs : std::min(request.wait_ms(), kMaxWaitMs);
+  const std::set<std::string> known(request.known_operations().begin(),
+                                    request.known_operations().end());
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  for (;;) {
+    absl::StatusOr<std::vector<std::string>> assigned = store_->AssignedOperations(host_id);
+    if (!assigned.ok()) return assigned.status();
+    const bool news = std::any_of(assigned->begin(), assigned->end(),
+                                  [&](const std::string& id) { return known.count(id) == 0; });
+    const auto now = std::chrono::steady_clock::now();
+    if (news || now >= deadline || (cancelled && cancelled())) {
+      v1::WaitForTasksResponse response;
+      for (std::string& id : *assigned) response.add_assigned_operations(std::move(id));
+      return response;
+    }
+    // Server-side polling of the store: the answer's latency is one period.
+    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
+        std::chrono::milliseconds(options_.wait_poll_ms), deadline - now));
+  }
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,182 @@
+// PgStore: the agents' prepare of a stop-free operation (docs/coordinator.md,
+// "Agents prepare"): its start, each host's PREPARED report with the
+// checksums of the sources it read, and the transfer that follows the
+// cut-over without the steps whose sources did not change.
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_prepare_statements.h"
+#include "services/coordinator/store/pg_statements.h"
+#include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+absl::Status CheckRows(const std::string& operation_id, const std::vector<HostProgress>& hosts) {
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) return absl::InvalidArgumentError("empty host id");
+    if (absl::Status s = pg::CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Why the operation is not where a prepare step expects it.
+absl::Status NotPreparing(pg::PgTx& tx, const std::string& operation_id, const char* expected) {
+  const pqxx::result now = tx.Exec(pg::kOperationState, operation_id);
+  if (now.empty()) return pg::OperationNotFound(operation_id);
+  return absl::AbortedError(absl::StrCat(
+      "operation \"", operation_id, "\" is ",
+      pg::ShortName(static_cast<v1::OperationState>(now[0][0].as<int>())), ", not ", expected));
+}
+
+}  // namespace
+
+absl::Status PgStore::StartPrepare(const std::string& operation_id, int64_t from_generation,
+                                   const std::vector<HostProgress>& hosts) {
+  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  std::vector<std::string> host_ids, errors;
+  std::vector<int64_t> states, done, total, progress;
+  for (const HostProgress& h : hosts) {
+    host_ids.push_back(h.host_id);
+    states.push_back(v1::HOST_TASK_STATE_ASSIGNED);
+    done.push_back(0);
+    total.push_back(h.bytes_total);
+    progress.push_back(h.progress_unix_ms);
+    errors.emplace_back();
+  }
+  return pool_->Transact("StartPrepare", [&](pg::PgTx& tx) -> absl::Status {
+    const pqxx::result r = tx.Exec(pg::kStartPrepare, operation_id, from_generation);
+    if (r.empty()) {
+      return NotPreparing(tx, operation_id, "a stop-free operation in PLANNED to prepare");
+    }
+    const std::string job_id = r[0][0].c_str();
+    const int64_t to_generation = r[0][1].as<int64_t>();
+    const pqxx::binarystring layout_bytes(r[0][2]);
+    v1::Layout target;
+    if (!target.ParseFromArray(layout_bytes.data(), static_cast<int>(layout_bytes.size()))) {
+      return absl::InternalError(
+          absl::StrCat("stored target layout of operation \"", operation_id, "\" does not parse"));
+    }
+    absl::StatusOr<pg::GenerationRows> rows = pg::ToGenerationRows(target, "target");
+    if (!rows.ok()) return rows.status();
+    // Pending from now on: an abort discards it on every host of its ranks.
+    pg::InsertGeneration(tx, job_id, to_generation, layout_bytes.str(), *rows,
+                         GenerationState::kPending, operation_id);
+    tx.Exec(pg::kInsertOperationHosts, operation_id, pg::TextArray(host_ids), pg::IntArray(states),
+            pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors), pg::IntArray(progress));
+    tx.Exec(pg::kSetAgentsPrepared, operation_id);  // only when there is no host
+    tx.Exec(pg::kSettlePrepared, operation_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::Status PgStore::RecordHostPrepared(const std::string& operation_id,
+                                         const std::string& host_id, int64_t now_unix_ms,
+                                         const std::vector<v1::ShardChecksum>& sources) {
+  std::vector<int64_t> items, ranks, sums, bytes;
+  for (const v1::ShardChecksum& c : sources) {
+    items.push_back(c.item());
+    ranks.push_back(c.rank());
+    sums.push_back(static_cast<int64_t>(c.checksum()));  // bit for bit
+    bytes.push_back(c.bytes());
+  }
+  return pool_->Transact("RecordHostPrepared", [&](pg::PgTx& tx) -> absl::Status {
+    const pqxx::result op = tx.Exec(pg::kLockOperation, operation_id);
+    if (op.empty()) return pg::OperationNotFound(operation_id);
+    const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
+    if (state != v1::OPERATION_STATE_PLANNED) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "operation \"", operation_id, "\" is ", pg::ShortName(state),
+          ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
+    }
+    const pqxx::result r = tx.Exec(pg::kPrepareHost, operation_id, host_id, now_unix_ms);
+    if (r.empty()) {
+      const pqxx::result row = tx.Exec(pg::kHostTaskState, operation_id, host_id);
+      if (row.empty()) {
+        return absl::NotFoundError(absl::StrCat(
+            "host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
+      }
+      const auto was = static_cast<v1::HostTaskState>(row[0][0].as<int>());
+      if (was == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
+      return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
+                                                        v1::HostTaskState_Name(was),
+                                                        " for operation \"", operation_id, "\""));
+    }
+    if (!items.empty()) {
+      tx.Exec(pg::kInsertPreparedSources, operation_id, host_id, pg::IntArray(items),
+              pg::IntArray(ranks), pg::IntArray(sums), pg::IntArray(bytes));
+    }
+    tx.Exec(pg::kAddPrecopied, operation_id, r[0][0].as<int64_t>());
+    tx.Exec(pg::kSetAgentsPrepared, operation_id);
+    tx.Exec(pg::kSettlePrepared, operation_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetPreparedSources(
+    const std::string& operation_id) {
+  using Sums = std::vector<v1::ShardChecksum>;
+  return pg::TransactFor<Sums>(*pool_, "GetPreparedSources", [&](pg::PgTx& tx) {
+    Sums sums;
+    for (const pqxx::row& row : tx.Exec(pg::kSelectPreparedSources, operation_id)) {
+      v1::ShardChecksum c;
+      c.set_item(row[0].as<int>());
+      c.set_rank(row[1].as<int>());
+      c.set_checksum(static_cast<uint64_t>(row[2].as<int64_t>()));
+      c.set_bytes(row[3].as<int64_t>());
+      sums.push_back(std::move(c));
+    }
+    return absl::StatusOr<Sums>(std::move(sums));
+  });
+}
+
+absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
+                                            const std::vector<HostProgress>& hosts,
+                                            const SkippedSteps& skipped) {
+  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  std::vector<std::string> host_ids;
+  std::vector<int64_t> total, progress;
+  int64_t bytes_total = 0;
+  for (const HostProgress& h : hosts) {
+    host_ids.push_back(h.host_id);
+    total.push_back(h.bytes_total);
+    progress.push_back(h.progress_unix_ms);
+    bytes_total += h.bytes_total;
+  }
+  return pool_->Transact("StartPreparedTransfer", [&](pg::PgTx& tx) -> absl::Status {
+    const pqxx::result op = tx.Exec(pg::kLockOperation, operation_id);
+    if (op.empty()) return pg::OperationNotFound(operation_id);
+    const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
+    if (state != v1::OPERATION_STATE_PLANNED) {
+      return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
+                                             pg::ShortName(state), ", not PLANNED"));
+    }
+    const std::string job_id = op[0][0].c_str();
+    const int64_t to_generation = op[0][3].as<int64_t>();
+    if (tx.Exec(pg::kPendingGenerationExists, job_id, to_generation).empty()) {
+      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"", job_id,
+                                              "\" has no pending generation ", to_generation,
+                                              " (its prepare inserts it)"));
+    }
+    const pqxx::result reset =
+        tx.Exec(pg::kResetHostsForTransfer, operation_id, pg::TextArray(host_ids),
+                pg::IntArray(total), pg::IntArray(progress));
+    if (reset.affected_rows() != hosts.size()) {
+      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": ", hosts.size(),
+                                              " hosts to transfer, ", reset.affected_rows(),
+                                              " of them prepared"));
+    }
+    tx.Exec(pg::kSetPreparedTransferring, operation_id, pg::IntArray(skipped.step_indexes),
+            skipped.bytes, bytes_total);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace reshard::coordinator
