@@ -77,8 +77,12 @@ void CoordinatorSession::PollLoop() {
       req.set_host_id(host);
       req.set_wait_ms(kPollWaitMs);
       // What runs here, and what ran and is still listed: the coordinator
-      // answers at once when anything else is assigned.
-      for (const auto& [id, op] : ops_) req.add_known_operations(id);
+      // answers at once when anything else is assigned. Never a held
+      // operation, even while its prepare's thread is not reaped yet: its
+      // transfer phase must wake the poll.
+      for (const auto& [id, op] : ops_) {
+        if (prepared_.count(id) == 0) req.add_known_operations(id);
+      }
       for (const std::string& id : last_assigned_) {
         if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
       }

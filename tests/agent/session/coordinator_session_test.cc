@@ -87,6 +87,15 @@ class FakeCoordinator final : public v1::AgentService::Service {
     cv_.notify_all();
     const std::set<std::string> known(req->known_operations().begin(),
                                       req->known_operations().end());
+    // An operation whose last final report is PREPARED is held by the agent:
+    // naming it known would keep its transfer phase from waking the poll.
+    for (const std::string& id : known) {
+      for (auto r = finals_.rbegin(); r != finals_.rend(); ++r) {
+        if (r->operation_id() != id) continue;
+        if (r->state() == v1::HOST_TASK_STATE_PREPARED) held_named_known_.push_back(id);
+        break;
+      }
+    }
     const uint64_t wake = wakes_;
     cv_.wait_for(l, std::chrono::milliseconds(req->wait_ms() > 0 ? req->wait_ms() : 10000), [&] {
       if (ctx->IsCancelled() || wakes_ != wake) return true;
@@ -157,6 +166,11 @@ class FakeCoordinator final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> l(mu_);
     return polls_;
   }
+  /// Held (PREPARED) operations a poll named in known_operations.
+  std::vector<std::string> held_named_known() {
+    std::lock_guard<std::mutex> l(mu_);
+    return held_named_known_;
+  }
   // Fields the predicates of WaitUntil read (under the lock).
   int heartbeats_ = 0, polls_ = 0, polls_waiting_ = 0;
 
@@ -169,6 +183,7 @@ class FakeCoordinator final : public v1::AgentService::Service {
   std::vector<v1::ReportProgressRequest> finals_;
   bool wait_for_tasks_ = true;
   uint64_t wakes_ = 0;
+  std::vector<std::string> held_named_known_;
 };
 
 class SessionTest : public ::testing::Test {
@@ -347,6 +362,24 @@ TEST_F(SessionTest, PreparedOperationRunsItsTransferPhaseAndThePollStartsOperati
   }
   // Each phase reported once.
   EXPECT_EQ(fake_.Finals("op-sf").size(), 2u);
+  EXPECT_THAT(fake_.held_named_known(), ::testing::IsEmpty());
+}
+
+// The transfer phase assigned right after the prepare wakes the poll that
+// started when the prepare ended: the held operation is never among the
+// poll's known_operations (one heartbeat in all).
+TEST_F(SessionTest, TheTransferPhaseWakesThePollStartedByThePrepare) {
+  v1::HostTask prepare = Task("op-sf", 1, 3);
+  prepare.set_prepare(true);
+  fake_.Assign("op-sf", prepare);
+  StartSession(/*heartbeat_ms=*/3600 * 1000);
+  auto prepared = fake_.Final("op-sf", v1::HOST_TASK_STATE_PREPARED);
+  ASSERT_TRUE(prepared.has_value());
+  ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.polls_waiting_ > 0; }));
+  fake_.Assign("op-sf", TransferPhase(prepare, *prepared, 1));
+  ASSERT_TRUE(fake_.Final("op-sf", v1::HOST_TASK_STATE_DONE).has_value());
+  EXPECT_THAT(fake_.held_named_known(), ::testing::IsEmpty());
+  EXPECT_EQ(fake_.heartbeats(), 1);
 }
 
 // A coordinator without WaitForTasks: the agent asks once, then waits for

@@ -1,0 +1,265 @@
+// End to end, a stop-free resize with agents that prepare (docs/coordinator.md,
+// "Agents prepare"; docs/agent.md, "Two phases"): PostgreSQL, the real
+// reshard-coordinator and four real reshard-agent processes. The test plays
+// the training workers: it publishes generation 1, asks for a stop-free
+// resize, waits for the agents' pre-copy (PREPARED on every host), marks the
+// new workers warm, then cuts over with a checkpoint of a later step in
+// which some tensors changed and the others did not. The committed
+// generation must be that checkpoint's state resharded, byte for byte, and
+// the bytes not moved again must be exactly those of the unchanged shards.
+// An operation cancelled after its prepare leaves no buffer of its pending
+// generation on any agent.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <set>
+#include <string>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "planner/planner.h"
+#include "tests/agent/e2e/e2e_fixture.h"
+
+namespace reshard::agent::testing {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kBatch = 8;
+
+class StopFreeE2eTest : public AgentE2eTest {
+ protected:
+  // Registers `spec` with a dataset (a cut-over checkpoint carries a step)
+  // and publishes generation 1.
+  void RegisterWithData(const v1::JobSpec& spec) {
+    v1::RegisterJobRequest req;
+    *req.mutable_spec() = spec;
+    v1::DatasetState* d = req.mutable_dataset_state();
+    d->mutable_dataset()->set_id("tokens");
+    d->mutable_dataset()->set_num_samples(1000);
+    d->mutable_dataset()->set_fingerprint("sha1:abc");
+    d->mutable_order()->set_seed(7);
+    d->mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
+    d->set_global_batch(kBatch);
+    v1::RegisterJobResponse resp;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    job_id_ = resp.job().id();
+    fingerprint_ = resp.job().dataset_state().layout_fingerprint();
+    SetWorkerToken(job_id_, resp.worker_token());
+    ptc_ = spec.ptc();
+    layout_ = spec.layout();
+    generation_ = 1;
+    auto c = RandomContents(ptc_, spec.layout(), 42);
+    ASSERT_TRUE(c.ok()) << c.status();
+    contents_ = std::move(*c);
+    absl::Status p = Publish(sockets_, job_id_, generation_, contents_);
+    ASSERT_TRUE(p.ok()) << p;
+  }
+
+  v1::Operation Get(const std::string& id) {
+    v1::GetOperationRequest req;
+    req.set_operation_id(id);
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->GetOperation(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // Polls `id` until `done(op)` or the operation ended, for at most 60 s.
+  v1::Operation WaitUntil(const std::string& id,
+                          const std::function<bool(const v1::Operation&)>& done) {
+    const auto deadline = Clock::now() + std::chrono::seconds(60);
+    v1::Operation op = Get(id);
+    while (!done(op) && !Final(op.state()) && Clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      op = Get(id);
+    }
+    return op;
+  }
+
+  v1::Operation StopFreeResize(const v1::Layout& target) {
+    v1::ResizeRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    *req.mutable_placement() = target.placement();
+    *req.mutable_config() = target.config();
+    req.set_stop_free(true);
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Resize(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // Waits for every agent's PREPARED report, then marks the workers warm.
+  v1::Operation Prepare(const v1::Operation& started) {
+    v1::Operation op = WaitUntil(
+        started.id(), [](const v1::Operation& o) { return o.agents_prepared_unix_ms() > 0; });
+    EXPECT_GT(op.agents_prepared_unix_ms(), 0)
+        << v1::OperationState_Name(op.state()) << " " << op.error();
+    v1::MarkPreparedRequest req;
+    req.set_operation_id(started.id());
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->MarkPrepared(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return WaitUntil(started.id(), [](const v1::Operation& o) { return o.prepared_unix_ms() > 0; });
+  }
+
+  // The old layout's checkpoint of `step`, cutting over `operation_id`.
+  v1::Operation CutOver(const std::string& operation_id, int64_t step) {
+    v1::CheckpointRequest req;
+    req.set_job_id(job_id_);
+    req.set_expected_generation(generation_);
+    req.set_with_step(true);
+    req.set_step(step);
+    req.set_cursor(step * kBatch);
+    req.set_layout_fingerprint(fingerprint_);
+    req.set_cut_over_operation_id(operation_id);
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Checkpoint(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // The workers publish `c` into the checkpoint's generation: a rank's
+  // publish is refused (UNAVAILABLE) until the checkpoint's task reached its
+  // agent, so each is tried again until then (30 s at most).
+  absl::Status PublishCheckpoint(int64_t generation, const Contents& c) {
+    for (size_t r = 0; r < c.ranks.size(); ++r) {
+      const auto deadline = Clock::now() + std::chrono::seconds(30);
+      for (;;) {
+        absl::Status s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
+        if (s.ok()) break;
+        if (!absl::IsUnavailable(s) || Clock::now() > deadline) return s;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Rank buffer files of `generation` of the job in `host`'s shm dir.
+  int Files(const std::string& host, int64_t generation) {
+    const std::string prefix = absl::StrCat("reshard-", host, "-", job_id_, "-g", generation, "-r");
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(dir_ + "/shm-" + host, ec)) {
+      const std::string name = e.path().filename().string();
+      n += absl::StartsWith(name, prefix) && !absl::EndsWith(name, ".meta");
+    }
+    return n;
+  }
+  int FilesEverywhere(int64_t generation) {
+    int n = 0;
+    for (const char* h : {"h0", "h1", "h2", "h3"}) n += Files(h, generation);
+    return n;
+  }
+
+  v1::Layout layout_;
+  std::string fingerprint_;
+};
+
+TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  // tp 2 -> 4 onto h0 and h2: local copies on h0, h1 and h0 send to h2.
+  const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
+  const v1::Operation started = StopFreeResize(target);
+  ASSERT_FALSE(started.id().empty());
+  EXPECT_EQ(started.to_generation(), 3);  // 2 is the cut-over checkpoint's
+
+  const v1::Operation prepared = Prepare(started);
+  ASSERT_GT(prepared.prepared_unix_ms(), 0) << prepared.error();
+  ASSERT_EQ(prepared.state(), v1::OPERATION_STATE_PLANNED);
+  EXPECT_EQ(prepared.prepared_from_generation(), 1);
+  EXPECT_GT(prepared.bytes_precopied(), 0);
+  // The pre-copy sits in the new hosts' buffers of generation 3, unsealed.
+  EXPECT_EQ(Files("h0", 3), 4);
+  EXPECT_EQ(Files("h2", 3), 4);
+
+  // Step 1 of the old layout: every tensor of even index changed (the
+  // optimizer's steps, say), the others and the blobs kept their bytes.
+  auto later = RandomContents(ptc_, layout_, 4242);
+  ASSERT_TRUE(later.ok()) << later.status();
+  Contents step1 = contents_;
+  std::set<int> changed;
+  for (int i = 0; i < ptc_.tensors_size(); i += 2) changed.insert(i);
+  for (size_t r = 0; r < step1.ranks.size(); ++r) {
+    for (int i : changed) step1.ranks[r][i] = later->ranks[r][i];
+  }
+  const v1::Operation checkpoint = CutOver(started.id(), 1);
+  ASSERT_FALSE(checkpoint.id().empty());
+  ASSERT_EQ(checkpoint.to_generation(), 2);
+  absl::Status published = PublishCheckpoint(2, step1);
+  ASSERT_TRUE(published.ok()) << published;
+
+  const v1::Operation op = WaitFinal(started.id());
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_COMMITTED) << op.error();
+  EXPECT_EQ(op.from_generation(), 2);
+  EXPECT_EQ(op.to_generation(), 3);
+  // The checkpoint's state, resharded, byte for byte.
+  auto want = Reshard(ptc_, step1, target, {});
+  ASSERT_TRUE(want.ok()) << want.status();
+  absl::Status v = Verify(sockets_, job_id_, 3, *want);
+  EXPECT_TRUE(v.ok()) << v;
+
+  // Not moved again: the steps of the unchanged items, and the zero fills.
+  auto plan = planner::PlanTransfer(ptc_, layout_, target, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  int64_t unchanged = 0, moved = 0;
+  for (const v1::CopyStep& s : plan->steps()) {
+    (changed.count(s.item()) ? moved : unchanged) += s.bytes() * s.dsts_size();
+  }
+  for (const v1::ZeroFill& f : plan->zero_fills()) {
+    unchanged += f.count() * plan->items(f.item()).element_bytes();
+  }
+  ASSERT_GT(unchanged, 0);
+  ASSERT_GT(moved, 0);
+  EXPECT_EQ(op.bytes_skipped_unchanged(), unchanged);
+  EXPECT_EQ(op.bytes_total(), moved);
+}
+
+TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGeneration) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
+  const v1::Operation started = StopFreeResize(target);
+  ASSERT_FALSE(started.id().empty());
+  const v1::Operation prepared = WaitUntil(
+      started.id(), [](const v1::Operation& o) { return o.agents_prepared_unix_ms() > 0; });
+  ASSERT_GT(prepared.agents_prepared_unix_ms(), 0) << prepared.error();
+  const int64_t pending = started.to_generation();
+  ASSERT_EQ(Files("h2", pending) + Files("h3", pending), 8);
+
+  v1::CancelOperationRequest req;
+  req.set_operation_id(started.id());
+  v1::Operation cancelled;
+  grpc::ClientContext ctx;
+  grpc::Status s = stub_->CancelOperation(&ctx, req, &cancelled);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(WaitFinal(started.id()).state(), v1::OPERATION_STATE_ABORTED);
+  // The agents learn of the discard on a heartbeat (a third of the lease).
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (FilesEverywhere(pending) > 0 && Clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_EQ(FilesEverywhere(pending), 0);
+  // The old layout is intact and current.
+  absl::Status v = Verify(sockets_, job_id_, 1, contents_);
+  EXPECT_TRUE(v.ok()) << v;
+  v1::GetJobRequest jr;
+  jr.set_job_id(job_id_);
+  v1::Job job;
+  grpc::ClientContext jctx;
+  ASSERT_TRUE(stub_->GetJob(&jctx, jr, &job).ok());
+  EXPECT_EQ(job.generation(), 1);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+}
+
+}  // namespace
+}  // namespace reshard::agent::testing
