@@ -83,8 +83,10 @@ def train_elastic(cluster, plot_path):
         line = f"    {p['how']:<22} {p['pause_s']:6.2f} s"
         if p["stop_free"]:
             line += (f"  (prepared in {p['prepare_s']:.2f} s while the old layout trained "
-                     f"{p['cut_step'] - elastic.STEPS} more steps; coordinator cut-over -> "
-                     f"commit {p['coordinator_pause_s']:.2f} s)")
+                     f"{p['cut_step'] - elastic.STEPS} more steps; agents pre-copied "
+                     f"{p['precopied_bytes'] / 1024:.1f} KiB, moved "
+                     f"{p['moved_again_bytes'] / 1024:.1f} KiB again at the cut-over; "
+                     f"coordinator cut-over -> commit {p['coordinator_pause_s']:.2f} s)")
         else:
             line += "  (publish, reconfigure, start the new ranks cold, load)"
         print(line)

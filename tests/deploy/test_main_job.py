@@ -106,10 +106,16 @@ def check_part_two(out, plot_path):
     assert {"stop-free resize", "stop-the-world resize"} <= set(found), part_two
     stop_free, detail = found["stop-free resize"]
     m = re.fullmatch(r"\s+\(prepared in (\d+\.\d+) s while the old layout trained (\d+) more "
-                     r"steps; coordinator cut-over -> commit (\d+\.\d+) s\)", detail)
+                     r"steps; agents pre-copied (\d+\.\d) KiB, moved (\d+\.\d) KiB again at the "
+                     r"cut-over; coordinator cut-over -> commit (\d+\.\d+) s\)", detail)
     assert m, detail
     prepare_s, steps_while_preparing, coordinator_pause_s = (
-        float(m.group(1)), int(m.group(2)), float(m.group(3)))
+        float(m.group(1)), int(m.group(2)), float(m.group(5)))
+    # The agents pre-copied the new layout while the old one trained; the
+    # cut-over moved again at most that (training changes every tensor, so
+    # here about all of it).
+    precopied, moved_again = float(m.group(3)), float(m.group(4))
+    assert 0 < moved_again <= precopied, detail
     assert prepare_s > 0 and steps_while_preparing >= 1, detail
     assert 0 < coordinator_pause_s <= stop_free + 0.01, (coordinator_pause_s, stop_free)
     stop_the_world, _ = found["stop-the-world resize"]

@@ -70,6 +70,16 @@ def test_training_continues_across_reconfigurations(cluster, client, job_name, t
     assert stop_free.stop_free and not stop_world.stop_free
     assert stop_free.prepare_seconds > 0 and stop_free.pause_seconds > 0
     assert stop_free.cutover_operation_id
+    # The agents prepared too: they pre-copied the new layout from the
+    # generation current when it was planned, before the workers were warm
+    # or at least before the cut-over; the cut-over moved again only what the
+    # step changed (here every tensor: training updates them all).
+    assert stop_free.agents_prepared_unix_ms > 0 and stop_free.workers_prepared_unix_ms > 0
+    assert stop_free.prepared_unix_ms == max(stop_free.agents_prepared_unix_ms,
+                                             stop_free.workers_prepared_unix_ms)
+    assert stop_free.prepared_from_generation < stop_free.from_generation
+    assert 0 < stop_free.bytes_total <= stop_free.bytes_precopied
+    assert stop_free.bytes_total + stop_free.bytes_skipped_unchanged <= stop_free.bytes_precopied
     pauses = {p["how"]: p for p in out["pauses"]}
     assert pauses["stop-free resize"]["cut_step"] >= elastic.STEPS
     # The cursor travelled with the model; the lost host's phase was

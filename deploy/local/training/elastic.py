@@ -301,5 +301,7 @@ def _pause(how, old, new, op, t_request):
          "reconfigure_s": new.first_t0 - t_request, "stop_free": bool(op.stop_free)}
     if op.stop_free:
         p.update(prepare_s=op.prepare_seconds, coordinator_pause_s=op.pause_seconds,
-                 cut_step=old.cut["step"])
+                 cut_step=old.cut["step"], precopied_bytes=op.bytes_precopied,
+                 moved_again_bytes=op.bytes_total,
+                 skipped_bytes=op.bytes_skipped_unchanged)
     return p
