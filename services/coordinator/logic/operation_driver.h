@@ -19,6 +19,13 @@
 
 namespace reshard::coordinator {
 
+/// What a driver step returns once it ended the operation (Finish): moved
+/// on, or the error finishing it met. Shared by the step files.
+inline absl::StatusOr<bool> Moved(const absl::Status& finished) {
+  if (!finished.ok()) return finished;
+  return true;
+}
+
 class OperationDriver {
  public:
   struct Options {

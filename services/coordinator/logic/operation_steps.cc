@@ -16,16 +16,6 @@
 #include "services/coordinator/logic/task.h"
 
 namespace reshard::coordinator {
-namespace {
-
-// A step that ended the operation has moved it on.
-absl::StatusOr<bool> Moved(const absl::Status& finished) {
-  if (!finished.ok()) return finished;
-  return true;
-}
-
-}  // namespace
-
 absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& record, int64_t now) {
   const v1::Operation& op = record.op;
   absl::StatusOr<v1::Job> job = store_->GetJob(op.job_id(), /*include_ptc=*/false);

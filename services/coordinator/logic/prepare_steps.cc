@@ -13,15 +13,6 @@
 #include "services/coordinator/logic/task.h"
 
 namespace reshard::coordinator {
-namespace {
-
-absl::StatusOr<bool> Moved(const absl::Status& finished) {
-  if (!finished.ok()) return finished;
-  return true;
-}
-
-}  // namespace
-
 absl::StatusOr<bool> OperationDriver::StartPrepare(const OperationRecord& record,
                                                    const HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;

@@ -200,13 +200,15 @@ class AgentE2eTest : public ::testing::Test {
     return op;
   }
 
-  // Starts a resize to `target` (config and placement).
-  v1::Operation StartResize(const v1::Layout& target) {
+  // Starts a resize to `target` (config and placement), two-phase when
+  // `stop_free` (docs/coordinator.md, "Stop-free reconfiguration").
+  v1::Operation StartResize(const v1::Layout& target, bool stop_free = false) {
     v1::ResizeRequest req;
     req.set_job_id(job_id_);
     req.set_expected_generation(generation_);
     *req.mutable_placement() = target.placement();
     *req.mutable_config() = target.config();
+    req.set_stop_free(stop_free);
     v1::Operation op;
     grpc::ClientContext ctx;
     grpc::Status s = stub_->Resize(&ctx, req, &op);

@@ -82,20 +82,6 @@ class StopFreeE2eTest : public AgentE2eTest {
     return op;
   }
 
-  v1::Operation StopFreeResize(const v1::Layout& target) {
-    v1::ResizeRequest req;
-    req.set_job_id(job_id_);
-    req.set_expected_generation(generation_);
-    *req.mutable_placement() = target.placement();
-    *req.mutable_config() = target.config();
-    req.set_stop_free(true);
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->Resize(&ctx, req, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
   // Waits for every agent's PREPARED report, then marks the workers warm.
   v1::Operation Prepare(const v1::Operation& started) {
     v1::Operation op = WaitUntil(
@@ -169,7 +155,7 @@ TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
       RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
   // tp 2 -> 4 onto h0 and h2: local copies on h0, h1 and h0 send to h2.
   const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
-  const v1::Operation started = StopFreeResize(target);
+  const v1::Operation started = StartResize(target, /*stop_free=*/true);
   ASSERT_FALSE(started.id().empty());
   EXPECT_EQ(started.to_generation(), 3);  // 2 is the cut-over checkpoint's
 
@@ -228,7 +214,7 @@ TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGenera
   ASSERT_NO_FATAL_FAILURE(
       RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
-  const v1::Operation started = StopFreeResize(target);
+  const v1::Operation started = StartResize(target, /*stop_free=*/true);
   ASSERT_FALSE(started.id().empty());
   const v1::Operation prepared = WaitUntil(
       started.id(), [](const v1::Operation& o) { return o.agents_prepared_unix_ms() > 0; });

@@ -257,6 +257,33 @@ class ExecutorTest : public ::testing::Test {
     return a;
   }
 
+  using Results = std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>>;
+
+  // Runs every host's slice of `whole` at once and returns each host's
+  // result, in host order; h0's progress goes to `progress0`. With
+  // `abort_on_failure` a failing host cancels the others, as the
+  // coordinator's abort would.
+  Results RunHosts(const v1::HostTask& whole, bool abort_on_failure = true,
+                   const std::function<void(int64_t, int64_t)>& progress0 = nullptr) {
+    const auto addrs = Addresses();
+    std::atomic<bool> aborted{false};
+    std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
+    for (size_t i = 0; i < hosts_.size(); ++i) {
+      Host& h = hosts_[i];
+      const v1::HostTask task = Slice(whole, h.id, addrs);
+      auto progress = i == 0 ? progress0 : nullptr;
+      runs.push_back(
+          std::async(std::launch::async, [&h, task, progress, &aborted, abort_on_failure] {
+            auto r = h.executor->Execute(h.id, task, progress, [&] { return aborted.load(); });
+            if (!r.ok() && abort_on_failure) aborted = true;
+            return r;
+          }));
+    }
+    Results out;
+    for (auto& r : runs) out.push_back(r.get());
+    return out;
+  }
+
   int NewBuffers(const Host& h) {
     int n = 0;
     for (const auto& k : h.store->List()) n += k.generation == 2;

@@ -209,26 +209,6 @@ TEST_F(ExecutorTest, CancelledStopsAndDropsNewBuffers) {
   EXPECT_EQ(NewBuffers(hosts_[0]), 0);
 }
 
-// Runs both hosts' slices of `whole` at once; h0's progress goes to
-// `progress0`. Returns each host's result.
-std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> RunBoth(
-    std::vector<Host>& hosts, const v1::HostTask& whole,
-    const std::map<std::string, std::string>& addrs,
-    const std::function<void(int64_t, int64_t)>& progress0) {
-  std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    Host& h = hosts[i];
-    v1::HostTask task = Slice(whole, h.id, addrs);
-    auto progress = i == 0 ? progress0 : nullptr;
-    runs.push_back(std::async(std::launch::async, [&h, task, progress] {
-      return h.executor->Execute(h.id, task, progress, [] { return false; });
-    }));
-  }
-  std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> out;
-  for (auto& r : runs) out.push_back(r.get());
-  return out;
-}
-
 std::string OldFile(const Host& h, int rank) {
   return (h.dir / RankBufferFileName(h.id, RankBufferKey{kJob, 1, rank})).string();
 }
@@ -245,7 +225,7 @@ TEST_F(ExecutorTest, SourceChangedAfterItsSealIsDataLossAndNothingIsKept) {
     ASSERT_EQ(::pwrite(fd, &b, 1, 3), 1);  // inside item 0 ("w")
     ::close(fd);
   }
-  auto results = RunBoth(hosts_, WholeTask(), Addresses(), nullptr);
+  auto results = RunHosts(WholeTask(), /*abort_on_failure=*/false);
   ASSERT_EQ(results[0].status().code(), absl::StatusCode::kDataLoss) << results[0].status();
   EXPECT_THAT(std::string(results[0].status().message()),
               ::testing::AllOf(::testing::HasSubstr("rank 0"), ::testing::HasSubstr("\"w\"")));
@@ -261,7 +241,7 @@ TEST_F(ExecutorTest, WriterArrivingDuringTheTaskIsDataLoss) {
   const std::string victim = OldFile(hosts_[0], 1);
   int open_errno = 0;
   bool tried = false;
-  auto results = RunBoth(hosts_, WholeTask(), Addresses(), [&](int64_t, int64_t) {
+  auto results = RunHosts(WholeTask(), /*abort_on_failure=*/false, [&](int64_t, int64_t) {
     if (tried) return;
     tried = true;
     // O_NONBLOCK: fails with EWOULDBLOCK at once, and still breaks the lease.

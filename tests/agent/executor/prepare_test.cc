@@ -18,7 +18,6 @@ namespace {
 
 using namespace executor_testing;  // NOLINT: the fixture's helpers
 using ::testing::HasSubstr;
-using Results = std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>>;
 using ShardKey = std::pair<int, int>;  // (rank, item)
 
 constexpr char kOp[] = "op-stop-free";
@@ -38,25 +37,6 @@ class PrepareTest : public ExecutorTest {
     t.set_from_generation(from);
     t.set_to_generation(to);
     return t;
-  }
-
-  // Runs every host's slice of `whole` at once; a failing host cancels the
-  // others, as the coordinator's abort would.
-  Results RunAll(const v1::HostTask& whole) {
-    const auto addrs = Addresses();
-    std::atomic<bool> aborted{false};
-    std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
-    for (auto& h : hosts_) {
-      const v1::HostTask task = Slice(whole, h.id, addrs);
-      runs.push_back(std::async(std::launch::async, [&h, task, &aborted] {
-        auto r = h.executor->Execute(h.id, task, nullptr, [&] { return aborted.load(); });
-        if (!r.ok()) aborted = true;
-        return r;
-      }));
-    }
-    Results out;
-    for (auto& r : runs) out.push_back(r.get());
-    return out;
   }
 
   Host& HostOfOld(int rank) {
@@ -177,7 +157,7 @@ class PrepareTest : public ExecutorTest {
 TEST_F(PrepareTest, PreparedPhaseWithUnchangedStepsPrunedEqualsAPlainTransfer) {
   v1::HostTask prepare = Task(kOp, 1, 3);
   prepare.set_prepare(true);
-  const Results prepared = RunAll(prepare);
+  const Results prepared = RunHosts(prepare);
   const auto addrs = Addresses();
   const auto old_slots = planner::ExpandPlacement(from_.placement());
   for (size_t i = 0; i < hosts_.size(); ++i) {
@@ -218,14 +198,14 @@ TEST_F(PrepareTest, PreparedPhaseWithUnchangedStepsPrunedEqualsAPlainTransfer) {
   ASSERT_GT(transfer.plan().steps_size(), 0);
   ASSERT_FALSE(skipped_.empty());
   ASSERT_TRUE(kept_cross && skipped_cross) << kept_cross << skipped_cross;
-  const Results done = RunAll(transfer);
+  const Results done = RunHosts(transfer);
   for (size_t i = 0; i < hosts_.size(); ++i) {
     ASSERT_TRUE(done[i].ok()) << hosts_[i].id << ": " << done[i].status();
     EXPECT_EQ(Buffers(hosts_[i], 3, /*sealed=*/true), 4) << hosts_[i].id;
   }
 
   // The reference: a plain transfer of generation 2.
-  const Results plain = RunAll(Task("op-plain", 2, 5));
+  const Results plain = RunHosts(Task("op-plain", 2, 5));
   CompareGenerations(3, 5);
   EXPECT_EQ(Sums(done), Sums(plain));
   // And every new shard is checksummed, whether or not a step wrote it now.
@@ -238,7 +218,7 @@ TEST_F(PrepareTest, PreparedPhaseWithUnchangedStepsPrunedEqualsAPlainTransfer) {
 TEST_F(PrepareTest, PruningAChangedStepLeavesTheStalePreCopy) {
   v1::HostTask prepare = Task(kOp, 1, 3);
   prepare.set_prepare(true);
-  const Results prepared = RunAll(prepare);
+  const Results prepared = RunHosts(prepare);
   for (const auto& r : prepared) ASSERT_TRUE(r.ok()) << r.status();
   WriteOldGeneration(2, {{0, 0}, {4, 2}});
   // The first step that reads a changed shard.
@@ -248,9 +228,9 @@ TEST_F(PrepareTest, PruningAChangedStepLeavesTheStalePreCopy) {
   ASSERT_GT(wrongly.bytes(), 0);
   const v1::HostTask wrong = Pruned(prepare, prepared, 2, {wrongly.index()});
   ASSERT_EQ(wrong.plan().steps_size(), right.plan().steps_size() - 1);
-  const Results done = RunAll(wrong);
+  const Results done = RunHosts(wrong);
   for (const auto& r : done) ASSERT_TRUE(r.ok()) << r.status();
-  const Results plain = RunAll(Task("op-plain", 2, 5));
+  const Results plain = RunHosts(Task("op-plain", 2, 5));
   for (const auto& r : plain) ASSERT_TRUE(r.ok()) << r.status();
   std::set<int> want;
   for (const auto& d : wrongly.dsts()) want.insert(d.rank());
@@ -324,7 +304,7 @@ TEST_F(PrepareTest, PreparedPhaseWithoutItsBuffersIsFailedPrecondition) {
 TEST_F(PrepareTest, AMessageUnderThePreparesTagsIsNotTakenByThePreparedPhase) {
   v1::HostTask prepare = Task(kOp, 1, 3);
   prepare.set_prepare(true);
-  for (const auto& r : RunAll(prepare)) ASSERT_TRUE(r.ok()) << r.status();
+  for (const auto& r : RunHosts(prepare)) ASSERT_TRUE(r.ok()) << r.status();
   v1::HostTask prepared = prepare;
   prepared.set_prepare(false);
   prepared.set_prepared(true);
@@ -366,7 +346,7 @@ TEST_F(PrepareTest, AMessageUnderThePreparesTagsIsNotTakenByThePreparedPhase) {
   ASSERT_TRUE(marker_received.get().ok());
   ASSERT_EQ(m->marker_in, 42u);
 
-  const Results done = RunAll(prepared);
+  const Results done = RunHosts(prepared);
   for (size_t i = 0; i < hosts_.size(); ++i) {
     ASSERT_TRUE(done[i].ok()) << hosts_[i].id << ": " << done[i].status();
   }
@@ -389,14 +369,14 @@ TEST_F(PrepareTest, BothPhasesWithTheTransferSecret) {
   v1::HostTask prepare = Task(kOp, 1, 3);
   prepare.set_prepare(true);
   prepare.set_transfer_secret(std::string(32, 's'));
-  const Results prepared = RunAll(prepare);
+  const Results prepared = RunHosts(prepare);
   for (const auto& r : prepared) ASSERT_TRUE(r.ok()) << r.status();
   WriteOldGeneration(2, {{1, 3}, {5, 0}});
-  const Results done = RunAll(Pruned(prepare, prepared, 2));
+  const Results done = RunHosts(Pruned(prepare, prepared, 2));
   for (const auto& r : done) ASSERT_TRUE(r.ok()) << r.status();
   v1::HostTask plain = Task("op-plain", 2, 5);
   plain.set_transfer_secret(std::string(32, 't'));
-  EXPECT_EQ(Sums(done), Sums(RunAll(plain)));
+  EXPECT_EQ(Sums(done), Sums(RunHosts(plain)));
   CompareGenerations(3, 5);
 }
 

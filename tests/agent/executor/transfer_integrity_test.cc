@@ -72,26 +72,6 @@ class TamperingTransport : public Transport {
 
 class TransferIntegrityTest : public ExecutorTest {
  protected:
-  // Both hosts run their slices of `whole` with the secret; returns each
-  // host's result (h0, h1). A host's failure aborts the operation (the
-  // other's cancelled() turns true), as the coordinator does.
-  std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> RunBoth(const v1::HostTask& whole) {
-    const auto addrs = Addresses();
-    std::atomic<bool> aborted{false};
-    std::vector<std::future<absl::StatusOr<std::vector<v1::ShardChecksum>>>> runs;
-    for (auto& h : hosts_) {
-      const v1::HostTask task = Slice(whole, h.id, addrs);
-      runs.push_back(std::async(std::launch::async, [&h, task, &aborted] {
-        auto r = h.executor->Execute(h.id, task, nullptr, [&] { return aborted.load(); });
-        if (!r.ok()) aborted = true;
-        return r;
-      }));
-    }
-    std::vector<absl::StatusOr<std::vector<v1::ShardChecksum>>> out;
-    for (auto& r : runs) out.push_back(r.get());
-    return out;
-  }
-
   v1::HostTask SecretTask() {
     v1::HostTask whole = WholeTask();
     whole.set_transfer_secret(kSecret);
@@ -170,7 +150,7 @@ TEST_F(TransferIntegrityTest, BytesAlteredInFlightAreDataLossAndNothingIsCommitt
   FillOld();
   const v1::HostTask whole = SecretTask();
   ASSERT_FALSE(StepsToH1(whole).empty());
-  auto results = RunBoth(whole);
+  auto results = RunHosts(whole);
   ASSERT_TRUE(tamper_->tampered());
   const absl::Status& h1 = results[1].status();
   ASSERT_EQ(h1.code(), absl::StatusCode::kDataLoss) << h1;
@@ -195,7 +175,7 @@ TEST_F(TransferIntegrityTest, AnAlteredSealIsDataLoss) {
   };
   MakeHosts();
   FillOld();
-  auto results = RunBoth(SecretTask());
+  auto results = RunHosts(SecretTask());
   ASSERT_TRUE(tamper_->tampered());
   const absl::Status& h1 = results[1].status();
   ASSERT_EQ(h1.code(), absl::StatusCode::kDataLoss) << h1;
@@ -234,7 +214,7 @@ TEST_F(TransferIntegrityTest, BytesFromARogueSenderWithTheSecretAreDataLoss) {
   ASSERT_TRUE(f.get().ok());
   // h1 posts no data receive before the proofs: the rogue's message waits
   // there, ahead of h0's.
-  auto results = RunBoth(whole);
+  auto results = RunHosts(whole);
   const absl::Status& h1 = results[1].status();
   ASSERT_EQ(h1.code(), absl::StatusCode::kDataLoss) << h1;
   EXPECT_THAT(std::string(h1.message()),
@@ -258,7 +238,7 @@ TEST_F(TransferIntegrityTest, AMissingSealFailsTheReceiverNamingStepAndSource) {
   };
   MakeHosts();
   FillOld();
-  auto results = RunBoth(SecretTask());
+  auto results = RunHosts(SecretTask());
   const absl::Status& h1 = results[1].status();
   ASSERT_EQ(h1.code(), absl::StatusCode::kUnavailable) << h1;
   EXPECT_THAT(std::string(h1.message()),
