@@ -137,14 +137,18 @@ class AgentE2eTest : public ::testing::Test {
     FAIL() << "agents did not all register";
   }
 
-  // Registers the job and publishes generation 1.
-  void RegisterAndPublish(const v1::JobSpec& spec) {
+  // Registers the job (with `data` as its dataset state when given) and
+  // publishes generation 1; the registered job goes to `registered` if set.
+  void RegisterAndPublish(const v1::JobSpec& spec, const v1::DatasetState* data = nullptr,
+                          v1::Job* registered = nullptr) {
     v1::RegisterJobRequest req;
     *req.mutable_spec() = spec;
+    if (data != nullptr) *req.mutable_dataset_state() = *data;
     v1::RegisterJobResponse resp;
     grpc::ClientContext ctx;
     grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
     ASSERT_TRUE(s.ok()) << s.error_message();
+    if (registered != nullptr) *registered = resp.job();
     job_id_ = resp.job().id();
     SetWorkerToken(job_id_, resp.worker_token());
     ptc_ = spec.ptc();

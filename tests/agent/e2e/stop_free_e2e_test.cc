@@ -34,30 +34,17 @@ class StopFreeE2eTest : public AgentE2eTest {
   // Registers `spec` with a dataset (a cut-over checkpoint carries a step)
   // and publishes generation 1.
   void RegisterWithData(const v1::JobSpec& spec) {
-    v1::RegisterJobRequest req;
-    *req.mutable_spec() = spec;
-    v1::DatasetState* d = req.mutable_dataset_state();
-    d->mutable_dataset()->set_id("tokens");
-    d->mutable_dataset()->set_num_samples(1000);
-    d->mutable_dataset()->set_fingerprint("sha1:abc");
-    d->mutable_order()->set_seed(7);
-    d->mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
-    d->set_global_batch(kBatch);
-    v1::RegisterJobResponse resp;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->RegisterJob(&ctx, req, &resp);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-    job_id_ = resp.job().id();
-    fingerprint_ = resp.job().dataset_state().layout_fingerprint();
-    SetWorkerToken(job_id_, resp.worker_token());
-    ptc_ = spec.ptc();
+    v1::DatasetState d;
+    d.mutable_dataset()->set_id("tokens");
+    d.mutable_dataset()->set_num_samples(1000);
+    d.mutable_dataset()->set_fingerprint("sha1:abc");
+    d.mutable_order()->set_seed(7);
+    d.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
+    d.set_global_batch(kBatch);
+    v1::Job job;
+    ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &d, &job));
+    fingerprint_ = job.dataset_state().layout_fingerprint();
     layout_ = spec.layout();
-    generation_ = 1;
-    auto c = RandomContents(ptc_, spec.layout(), 42);
-    ASSERT_TRUE(c.ok()) << c.status();
-    contents_ = std::move(*c);
-    absl::Status p = Publish(sockets_, job_id_, generation_, contents_);
-    ASSERT_TRUE(p.ok()) << p;
   }
 
   v1::Operation Get(const std::string& id) {

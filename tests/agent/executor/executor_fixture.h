@@ -284,6 +284,20 @@ class ExecutorTest : public ::testing::Test {
     return out;
   }
 
+  // Runs `task` on `h` alone, so that it waits on its peer; checks it is
+  // still running after 200 ms, cancels it, and returns how it ended (it must
+  // end within 30 s).
+  absl::Status CancelWhileWaiting(Host& h, const v1::HostTask& task) {
+    std::atomic<bool> cancel{false};
+    auto run = std::async(std::launch::async, [&] {
+      return h.executor->Execute(h.id, task, nullptr, [&] { return cancel.load(); });
+    });
+    EXPECT_EQ(run.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+    cancel = true;
+    EXPECT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+    return run.get().status();
+  }
+
   int NewBuffers(const Host& h) {
     int n = 0;
     for (const auto& k : h.store->List()) n += k.generation == 2;
