@@ -35,23 +35,14 @@ bool IsHostFinal(v1::HostTaskState state) {
 absl::Status CheckChecksums(const v1::TransferPlan& plan, const std::string& host_id,
                             const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums) {
   const std::set<std::pair<int, int>> expected = ShardsWrittenOnHost(plan, host_id);
-  std::set<std::pair<int, int>> seen;
-  for (int i = 0; i < sums.size(); ++i) {
-    const std::pair<int, int> shard{sums[i].item(), sums[i].rank()};
-    if (expected.count(shard) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checksums[", i, "]: item ", shard.first, " rank ", shard.second,
-                       " is not a shard the plan writes on host \"", host_id, "\""));
-    }
-    if (!seen.insert(shard).second) {
-      return absl::InvalidArgumentError(absl::StrCat("checksums[", i, "]: item ", shard.first,
-                                                     " rank ", shard.second, " given twice"));
-    }
-    if (sums[i].bytes() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("checksums[", i, "]: bytes is ", sums[i].bytes()));
-    }
+  if (absl::Status s = CheckShardChecksums(
+          "checksums", sums, expected,
+          absl::StrCat(" is not a shard the plan writes on host \"", host_id, "\""));
+      !s.ok()) {
+    return s;
   }
+  std::set<std::pair<int, int>> seen;
+  for (const v1::ShardChecksum& c : sums) seen.insert({c.item(), c.rank()});
   for (const auto& [item, rank] : expected) {
     if (seen.count({item, rank}) == 0) {
       const std::string name = item < plan.items_size() ? plan.items(item).name() : "";
@@ -96,6 +87,29 @@ bool HoldsIntact(const v1::Job& job, const std::string& host_id,
 }
 
 }  // namespace
+
+absl::Status CheckShardChecksums(absl::string_view field,
+                                 const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums,
+                                 const std::set<std::pair<int, int>>& expected,
+                                 absl::string_view not_expected) {
+  std::set<std::pair<int, int>> seen;
+  for (int i = 0; i < sums.size(); ++i) {
+    const std::pair<int, int> shard{sums[i].item(), sums[i].rank()};
+    if (expected.count(shard) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: item ", shard.first,
+                                                     " rank ", shard.second, not_expected));
+    }
+    if (!seen.insert(shard).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, "[", i, "]: item ", shard.first,
+                                                     " rank ", shard.second, " given twice"));
+    }
+    if (sums[i].bytes() < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, "[", i, "]: bytes is ", sums[i].bytes()));
+    }
+  }
+  return absl::OkStatus();
+}
 
 AgentApi::AgentApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options)
     : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(options) {}

@@ -3,8 +3,11 @@
 #pragma once
 
 #include <functional>
+#include <set>
+#include <utility>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "reshard/v1/agent.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/metrics/metrics.h"
@@ -13,6 +16,16 @@
 namespace reshard::coordinator {
 
 class ClusterSecrets;
+
+/// Checks a report's list of shard checksums (field `field`): each entry
+/// names a shard of `expected`, at most once, with bytes >= 0; `not_expected`
+/// ends the message for an entry outside it (" is not a shard the plan
+/// writes on host ..."). InvalidArgument naming the entry's index otherwise.
+/// Used for DONE's checksums and PREPARED's source_checksums.
+absl::Status CheckShardChecksums(absl::string_view field,
+                                 const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums,
+                                 const std::set<std::pair<int, int>>& expected,
+                                 absl::string_view not_expected);
 
 class AgentApi {
  public:

@@ -28,33 +28,6 @@ std::string StateText(v1::HostTaskState state) {
   return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
 }
 
-// A PREPARED host names the sealed checksum of old shards it read: each a
-// source shard the plan reads on that host, once.
-absl::Status CheckSourceChecksums(
-    const v1::TransferPlan& plan, const std::string& host_id,
-    const google::protobuf::RepeatedPtrField<v1::ShardChecksum>& sums) {
-  const std::set<std::pair<int, int>> read = ShardsReadOnHost(plan, host_id);
-  std::set<std::pair<int, int>> seen;
-  for (int i = 0; i < sums.size(); ++i) {
-    const std::pair<int, int> shard{sums[i].item(), sums[i].rank()};
-    if (read.count(shard) == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("source_checksums[", i, "]: item ", shard.first, " rank ", shard.second,
-                       " is not a source shard the plan reads on host \"", host_id, "\" (",
-                       read.size(), " shards)"));
-    }
-    if (!seen.insert(shard).second) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "source_checksums[", i, "]: item ", shard.first, " rank ", shard.second, " given twice"));
-    }
-    if (sums[i].bytes() < 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("source_checksums[", i, "]: bytes is ", sums[i].bytes()));
-    }
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 void AgentApi::ShapePreparedTask(const OperationRecord& record, const std::string& host_id,
@@ -97,7 +70,12 @@ absl::Status AgentApi::CheckReportForPhase(const OperationRecord& record,
     return absl::InternalError(
         absl::StrCat("operation \"", record.op.id(), "\" has no stored plan"));
   }
-  return CheckSourceChecksums(*record.plan, request.host_id(), request.source_checksums());
+  // The sealed checksums of old shards it read: each a source shard the plan
+  // reads on that host, once.
+  const std::set<std::pair<int, int>> read = ShardsReadOnHost(*record.plan, request.host_id());
+  return CheckShardChecksums("source_checksums", request.source_checksums(), read,
+                             absl::StrCat(" is not a source shard the plan reads on host \"",
+                                          request.host_id(), "\" (", read.size(), " shards)"));
 }
 
 absl::StatusOr<bool> AgentApi::RecordPrepared(const OperationRecord& record,
