@@ -131,6 +131,7 @@ class UcxTransportImpl final : public UcxTransport {
   ~UcxTransportImpl() override { Shutdown(); }
 
   absl::Status Init(const UcxOptions& options) {
+    WarnOfKnownDefects();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
@@ -259,6 +260,19 @@ class UcxTransportImpl final : public UcxTransport {
   size_t pending() const override { return pending_count_.load(); }
 
  private:
+  // UCX before 1.14 aborts the process when a peer dies while this worker
+  // answers its first connection request (an assertion on the purged reply,
+  // removed by openucx/ucx#8175): the agent then needs a restart policy.
+  static void WarnOfKnownDefects() {
+    unsigned major = 0, minor = 0, release = 0;
+    ucp_get_version(&major, &minor, &release);
+    if (major > 1 || (major == 1 && minor >= 14)) return;
+    RESHARD_LOG(WARNING) << "UCX " << major << "." << minor << "." << release
+                         << " aborts this agent if a peer dies while answering its first "
+                            "connection (fixed in UCX 1.14, openucx/ucx#8175): run agents "
+                            "under a restart policy (docs/agent.md, \"Known UCX defect\")";
+  }
+
   // Queues `fn` for the progress thread; false once stopping.
   bool Post(std::function<void()> fn) {
     {

@@ -327,6 +327,45 @@ def check_processes(cluster, before, timeout=SETTLE_S):
                               f"{seen.get('orphans')}") from None
 
 
+# ------------------------------------------------- a known UCX defect
+
+# UCX 1.13.1 (Debian bookworm's libucx0) aborts a process when a peer dies
+# while the process answers that peer's first connection request: the reply
+# waits on a TCP endpoint whose connection never completes, and purging it
+# trips an assertion (removed upstream by openucx/ucx#8175, UCX 1.14). So an
+# agent SIGKILLed just as it connects to its peers can take a peer down with
+# it. Production runs agents under a restart policy (deploy/k8s); the fault
+# suite does what that policy does, for this exact crash only.
+UCX_WIREUP_ABORT = "Assertion `(req->send.wireup.type == UCP_WIREUP_MSG_EP_REMOVED)"
+
+
+def restart_agents_ucx_aborted(cluster):
+    """Restarts, shm kept, every agent of `cluster` that died of the UCX
+    defect above, waits until each has registered again, and returns their
+    host ids. An agent dead of anything else is a FaultCheckError naming it
+    with its last output."""
+    restarted = []
+    for host in cluster.host_ids:
+        process = cluster.agents[host].process
+        if process is None or process.alive():
+            continue
+        tail = process.tail(400)
+        if UCX_WIREUP_ABORT not in tail:
+            raise FaultCheckError(
+                f"the agent of {host} died (exit status {process.proc.returncode}), and not of "
+                f"a fault the test caused; its last output:\n{process.tail(40)}")
+        print(f"{host}'s agent aborted in UCX 1.13's connection setup (a peer died while it "
+              f"answered; openucx/ucx#8175): restarting it as a restart policy would",
+              flush=True)
+        cluster.restart_agent(host, keep_shm=True)
+        wait_until(f"{host} registers again",
+                   lambda h=host: cluster.metrics_of(h, timeout=2.0).get(
+                       'reshard_agent_registrations_total{result="ok"}', 0) >= 1,
+                   SETTLE_S, interval=0.05)
+        restarted.append(host)
+    return restarted
+
+
 # ------------------------------------------------------- fault timing
 
 

@@ -59,7 +59,8 @@ def main():
     dph = 2
     configs = [(tp, pp, dp) for tp in (1, 2, 4) for pp in (1, 2, 4) for dp in range(1, 11)
                if tp * pp * dp <= args.hosts * dph]
-    counts = dict(committed=0, aborted=0, failed=0, retried=0, stuck=0, kills=0, refused=0)
+    counts = dict(committed=0, aborted=0, failed=0, retried=0, stuck=0, kills=0, refused=0,
+                  ucx_aborts=0)
     problems = []
     started = time.monotonic()
 
@@ -117,6 +118,11 @@ def main():
                 except (reshard.ReshardError, faultlib.FaultCheckError) as e2:
                     raise SystemExit(f"soak: op {i} cannot even be cancelled: {e2}")
                 return None
+            if kill:
+                # A peer the kill took down through UCX 1.13's wireup abort
+                # (faultlib.UCX_WIREUP_ABORT) comes back as under a restart
+                # policy; an agent dead of anything else ends the soak.
+                counts["ucx_aborts"] += len(faultlib.restart_agents_ucx_aborted(cluster))
             job.check_outcome(final, gen, lay, target)
             return final
 
@@ -182,7 +188,8 @@ def main():
         print(f"  operations: {i} run, committed {counts['committed']}, aborted "
               f"{counts['aborted']}, failed {counts['failed']}, retried {counts['retried']}, "
               f"stuck {counts['stuck']}, refused {counts['refused']}; agent kills "
-              f"{counts['kills']}; {elapsed:.1f} s")
+              f"{counts['kills']} (peers restarted after UCX's wireup abort: "
+              f"{counts['ucx_aborts']}); {elapsed:.1f} s")
         print("  RSS (MiB)             before     after")
         for name in sorted(set(before[0]) | set(after[0])):
             (b, bpid), (a, apid) = before[0].get(name, (0, 0)), after[0].get(name, (0, 0))
