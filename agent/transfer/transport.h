@@ -49,6 +49,11 @@ struct UcxOptions {
   std::string net_devices;
   /// UCX_TLS-style transport list; empty: UCX default.
   std::string transports;
+  /// Listen on the network devices' IPv4 address, when they have one, and
+  /// advertise that (ucx_address.h). false: peers connect by worker address,
+  /// which UCX 1.13 makes abort this process when a connecting peer dies
+  /// (docs/agent.md, "Known UCX defect"); for tests that show it.
+  bool listen = true;
 };
 
 /// A UCX context + worker with its own progress thread; tag send/receive.

@@ -1,5 +1,6 @@
 #include "agent/transfer/ucx_transport.h"
 
+#include <arpa/inet.h>
 #include <sys/epoll.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -11,11 +12,13 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <random>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transfer/ucx_address.h"
 #include "agent/transfer/ucx_discard.h"
 #include "common/log.h"
 
@@ -53,8 +56,8 @@ using Clock = std::chrono::steady_clock;
 
 // After CancelTags, how long cancelled sends get to be drained by their
 // receiver (ucx_discard.h) before their endpoint is retired and force-closed
-// as a last resort (which also breaks the peer's transfers to us: UCX pairs
-// the two sides' endpoints into one connection).
+// as a last resort (with worker addresses, that also breaks the peer's
+// transfers to us: UCX pairs the two sides' endpoints into one connection).
 constexpr auto kCancelFallback = std::chrono::seconds(8);
 // The tag of a discard notice: "drop what I sent you under (tag, mask)".
 constexpr uint64_t kDiscardNoticeTag = kReservedTag;
@@ -117,6 +120,9 @@ struct Endpoint {
   size_t sends = 0;       // pending sends on it
   size_t live_sends = 0;  // of which not cancelled
   bool retired = false;   // no longer a peer's current endpoint
+  // Made from a connection request to our listener: the peer's endpoint to
+  // us, over which UCX answers its sends (rendezvous replies). Never sent on.
+  bool accepted = false;
   // Set while cancelled sends are pending on it: when they must be gone.
   std::optional<Clock::time_point> cancelled_by;
 };
@@ -131,7 +137,6 @@ class UcxTransportImpl final : public UcxTransport {
   ~UcxTransportImpl() override { Shutdown(); }
 
   absl::Status Init(const UcxOptions& options) {
-    WarnOfKnownDefects();
     ucp_config_t* config = nullptr;
     ucs_status_t s = ucp_config_read(nullptr, nullptr, &config);
     if (s != UCS_OK) return FromUcs(s, "ucp_config_read");
@@ -149,12 +154,7 @@ class UcxTransportImpl final : public UcxTransport {
     wp.thread_mode = UCS_THREAD_MODE_SINGLE;
     s = ucp_worker_create(context_, &wp, &worker_);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_create");
-    ucp_address_t* addr = nullptr;
-    size_t len = 0;
-    s = ucp_worker_get_address(worker_, &addr, &len);
-    if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
-    address_.assign(reinterpret_cast<const char*>(addr), len);
-    ucp_worker_release_address(worker_, addr);
+    if (absl::Status l = Listen(options); !l.ok()) return l;
     s = ucp_worker_get_efd(worker_, &efd_);
     if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_efd");
     epfd_ = epoll_create1(EPOLL_CLOEXEC);
@@ -260,17 +260,90 @@ class UcxTransportImpl final : public UcxTransport {
   size_t pending() const override { return pending_count_.load(); }
 
  private:
+  // The address peers connect to (ucx_address.h): a listener on the IPv4
+  // address of our network device when there is one, else the worker's
+  // address.
+  absl::Status Listen(const UcxOptions& options) {
+    const std::optional<in_addr> ip =
+        options.listen ? ListenIpFor(options.net_devices) : std::nullopt;
+    if (!ip.has_value()) {
+      ucp_address_t* addr = nullptr;
+      size_t len = 0;
+      ucs_status_t s = ucp_worker_get_address(worker_, &addr, &len);
+      if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
+      address_.assign(reinterpret_cast<const char*>(addr), len);
+      ucp_worker_release_address(worker_, addr);
+      WarnOfWorkerAddressDefect(options.net_devices);
+      return absl::OkStatus();
+    }
+    sockaddr_in at{};
+    at.sin_family = AF_INET;
+    at.sin_addr = *ip;
+    ucp_listener_params_t lp{};
+    lp.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+    lp.sockaddr.addr = reinterpret_cast<const sockaddr*>(&at);
+    lp.sockaddr.addrlen = sizeof(at);
+    lp.conn_handler.cb = &OnConnectionRequest;
+    lp.conn_handler.arg = this;
+    ucs_status_t s = ucp_listener_create(worker_, &lp, &listener_);
+    if (s != UCS_OK) return FromUcs(s, "ucp_listener_create");
+    ucp_listener_attr_t la{};
+    la.field_mask = UCP_LISTENER_ATTR_FIELD_SOCKADDR;
+    s = ucp_listener_query(listener_, &la);
+    if (s != UCS_OK) return FromUcs(s, "ucp_listener_query");
+    at.sin_port = reinterpret_cast<const sockaddr_in*>(&la.sockaddr)->sin_port;
+    address_ = FormatListenerAddress(
+        at, std::random_device{}() * uint64_t{0x100000000} + std::random_device{}());
+    RESHARD_LOG(INFO) << "UCX: peers connect to " << address_;
+    return absl::OkStatus();
+  }
+
   // UCX before 1.14 aborts the process when a peer dies while this worker
-  // answers its first connection request (an assertion on the purged reply,
-  // removed by openucx/ucx#8175): the agent then needs a restart policy.
-  static void WarnOfKnownDefects() {
+  // answers its first worker-address connection request (an assertion on the
+  // purged reply, removed by openucx/ucx#8175). A listener avoids it.
+  static void WarnOfWorkerAddressDefect(const std::string& net_devices) {
     unsigned major = 0, minor = 0, release = 0;
     ucp_get_version(&major, &minor, &release);
     if (major > 1 || (major == 1 && minor >= 14)) return;
-    RESHARD_LOG(WARNING) << "UCX " << major << "." << minor << "." << release
-                         << " aborts this agent if a peer dies while answering its first "
-                            "connection (fixed in UCX 1.14, openucx/ucx#8175): run agents "
-                            "under a restart policy (docs/agent.md, \"Known UCX defect\")";
+    RESHARD_LOG(WARNING) << "UCX: no IPv4 address on the network devices \"" << net_devices
+                         << "\" to listen on, so peers connect by worker address; UCX " << major
+                         << "." << minor << "." << release
+                         << " then aborts this agent if a peer dies while answering its first "
+                            "connection (docs/agent.md, \"Known UCX defect\")";
+  }
+
+  // A peer connects to our listener: its endpoint here answers its sends.
+  static void OnConnectionRequest(ucp_conn_request_h request, void* arg) {
+    static_cast<UcxTransportImpl*>(arg)->Accept(request);
+  }
+
+  void Accept(ucp_conn_request_h request) {
+    auto e = std::make_unique<Endpoint>();
+    e->owner = this;
+    e->accepted = true;
+    e->peer = "a peer's connection";
+    ucp_conn_request_attr_t ca{};
+    ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
+    if (ucp_conn_request_query(request, &ca) == UCS_OK && ca.client_address.ss_family == AF_INET) {
+      const auto* in = reinterpret_cast<const sockaddr_in*>(&ca.client_address);
+      char ip[INET_ADDRSTRLEN] = {0};
+      inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
+      e->peer = absl::StrCat("a connection from ", ip, ":", ntohs(in->sin_port));
+    }
+    ucp_ep_params_t ep{};
+    ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
+                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    ep.conn_request = request;
+    ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
+    ep.err_handler.cb = &OnEpError;
+    ep.err_handler.arg = e.get();
+    ucs_status_t s = ucp_ep_create(worker_, &ep, &e->ep);
+    if (s != UCS_OK) {
+      RESHARD_LOG(WARNING) << "UCX: cannot accept " << e->peer << ": " << ucs_status_string(s);
+      return;
+    }
+    Endpoint* raw = e.get();
+    endpoints_.emplace(raw, std::move(e));
   }
 
   // Queues `fn` for the progress thread; false once stopping.
@@ -334,9 +407,20 @@ class UcxTransportImpl final : public UcxTransport {
     e->owner = this;
     e->peer = peer_id;
     ucp_ep_params_t ep{};
-    ep.field_mask = UCP_EP_PARAM_FIELD_REMOTE_ADDRESS | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |
-                    UCP_EP_PARAM_FIELD_ERR_HANDLER;
-    ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    ep.field_mask = UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE | UCP_EP_PARAM_FIELD_ERR_HANDLER;
+    sockaddr_in at{};
+    if (IsListenerAddress(address)) {
+      absl::StatusOr<sockaddr_in> parsed = ParseListenerAddress(address);
+      if (!parsed.ok()) return parsed.status();
+      at = *parsed;
+      ep.field_mask |= UCP_EP_PARAM_FIELD_FLAGS | UCP_EP_PARAM_FIELD_SOCK_ADDR;
+      ep.flags = UCP_EP_PARAMS_FLAGS_CLIENT_SERVER;
+      ep.sockaddr.addr = reinterpret_cast<const sockaddr*>(&at);
+      ep.sockaddr.addrlen = sizeof(at);
+    } else {
+      ep.field_mask |= UCP_EP_PARAM_FIELD_REMOTE_ADDRESS;
+      ep.address = reinterpret_cast<const ucp_address_t*>(address.data());
+    }
     ep.err_mode = UCP_ERR_HANDLING_MODE_PEER;
     ep.err_handler.cb = &OnEpError;
     ep.err_handler.arg = e.get();
@@ -353,6 +437,15 @@ class UcxTransportImpl final : public UcxTransport {
     // UCX fails the sends on the endpoint itself.
     e->failed = true;
     e->error = ucs_status_string(status);
+    if (e->accepted) {
+      // The peer closed or lost its endpoint to us. Our receives are not
+      // failed: the peer's death fails our own endpoint to it, and a peer
+      // that gave up on one endpoint (CancelTags' last resort) may still be
+      // sending to us over a new one.
+      e->retired = true;
+      e->owner->retired_left_ = true;
+      return;
+    }
     if (e->retired) return;  // its peer has a newer endpoint
     // A receive is not bound to a peer, so fail the receives too: their data
     // may have been coming from this peer, and a task fails as a whole anyway.
@@ -653,6 +746,8 @@ class UcxTransportImpl final : public UcxTransport {
       if (!r->is_send) ucp_request_cancel(worker_, r->ucx);
     }
     if (notice_req_ != nullptr) ucp_request_cancel(worker_, notice_req_);
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
     for (auto& [e, owned] : endpoints_) ForceClose(e);
     peers_.clear();
     const auto deadline = Clock::now() + kShutdownGrace;
@@ -676,6 +771,7 @@ class UcxTransportImpl final : public UcxTransport {
 
   ucp_context_h context_ = nullptr;
   ucp_worker_h worker_ = nullptr;
+  ucp_listener_h listener_ = nullptr;  // null: peers connect by worker address
   int efd_ = -1;
   int epfd_ = -1;
   std::string address_;

@@ -44,6 +44,17 @@ std::string& Transports() {
   return tls;
 }
 
+bool& Listen() {
+  static bool listen = true;
+  return listen;
+}
+
+UcxOptions BenchUcxOptions() {
+  UcxOptions o{"lo", Transports()};
+  o.listen = Listen();
+  return o;
+}
+
 pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
   std::fflush(stdout);  // or the child repeats our buffered output
   pid_t pid = fork();
@@ -65,6 +76,7 @@ pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
 }  // namespace
 
 void SetUcxTransports(const std::string& tls) { Transports() = tls; }
+void SetUcxListen(bool listen) { Listen() = listen; }
 void SetShmRoot(const std::string& dir) { ShmRoot() = dir; }
 
 std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_bytes) {
@@ -85,7 +97,7 @@ std::vector<Agent> MakeAgents(int n, int64_t memory_limit_bytes, int64_t spare_b
       std::exit(1);
     }
     a.store = std::move(*store);
-    auto t = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
+    auto t = MakeUcxTransportImpl(BenchUcxOptions());
     if (!t.ok()) {
       std::fprintf(stderr, "ucx: %s\n", t.status().ToString().c_str());
       std::exit(1);
@@ -237,8 +249,8 @@ double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
 }
 
 double BareTransportMiBps(int64_t total, int64_t message) {
-  auto a = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
-  auto b = MakeUcxTransportImpl(UcxOptions{"lo", Transports()});
+  auto a = MakeUcxTransportImpl(BenchUcxOptions());
+  auto b = MakeUcxTransportImpl(BenchUcxOptions());
   if (!a.ok() || !b.ok()) return -1;
   if (!(*a)->Connect("b", (*b)->LocalAddress()).ok()) return -1;
   std::vector<uint8_t> src(total, 7), dst(total, 0);  // warm: every page touched

@@ -28,6 +28,9 @@ struct Agent {
 /// unless set; "tcp,sm" lets UCX use shared memory between agents on one
 /// machine). Set before any other call.
 void SetUcxTransports(const std::string& tls);
+/// false: the agents' transports connect by worker address, not through a
+/// listener (docs/agent.md, "Known UCX defect"), to compare the two.
+void SetUcxListen(bool listen);
 
 /// Where the agents' shm dirs are made ("/dev/shm" unless set; e.g. a tmpfs
 /// mounted with huge=within_size). Set before any other call.

@@ -17,6 +17,9 @@
 // agent's Execute, to show that (the CTest transfer_bench_cancel_fails).
 // Usage: transfer_bench [--quick] [--size-mib N] [--reps N] [--spare-mib N] [--only a|b|c|d]
 //                       [--layers N] [--ucx-tls TLS] [--shm-dir DIR] [--cancel]
+//                       [--ucx-worker-address]
+// --ucx-worker-address: transports connect by UCX worker address instead of
+// through a listener (docs/agent.md, "Known UCX defect").
 #include <stdlib.h>
 
 #include <algorithm>
@@ -463,17 +466,19 @@ int BenchSecret(bool quick, int64_t only_size, int reps, int64_t spare, int laye
 
 int main(int argc, char** argv) {
   bool quick = false;
-  int64_t only_size = 0;    // --size-mib N: part (a) at one size only
-  std::string only;         // --only a|b|c
-  int reps = 0;             // --reps N: runs in (a) per size and in (c), best taken
-  int64_t spare = -1;       // --spare-mib N: each agent's spare pool
-  bool cancel = false;      // --cancel: every Execute cancelled (a forced failure)
-  int layers = 0;           // --layers N: layers of the GPT state in (c) (default 12)
-  std::string tls = "tcp";  // --ucx-tls TLS: UCX_TLS of agents, bare transport and ucx_perftest
+  int64_t only_size = 0;        // --size-mib N: part (a) at one size only
+  std::string only;             // --only a|b|c
+  int reps = 0;                 // --reps N: runs in (a) per size and in (c), best taken
+  int64_t spare = -1;           // --spare-mib N: each agent's spare pool
+  bool cancel = false;          // --cancel: every Execute cancelled (a forced failure)
+  bool worker_address = false;  // --ucx-worker-address
+  int layers = 0;               // --layers N: layers of the GPT state in (c) (default 12)
+  std::string tls = "tcp";      // --ucx-tls TLS: UCX_TLS of agents, bare transport and ucx_perftest
   std::string shm_dir = "/dev/shm";  // --shm-dir DIR: where the agents' shm dirs go
   for (int i = 1; i < argc; ++i) {
     quick |= std::strcmp(argv[i], "--quick") == 0;
     cancel |= std::strcmp(argv[i], "--cancel") == 0;
+    worker_address |= std::strcmp(argv[i], "--ucx-worker-address") == 0;
     if (std::strcmp(argv[i], "--size-mib") == 0 && i + 1 < argc) {
       only_size = std::atoll(argv[++i]) << 20;
       only = "a";
@@ -495,6 +500,7 @@ int main(int argc, char** argv) {
   setenv("UCX_TLS", tls.c_str(), 1);
   using namespace reshard::agent::bench;
   SetUcxTransports(tls);
+  SetUcxListen(!worker_address);
   SetShmRoot(shm_dir);
   if (reps <= 0) reps = quick ? 1 : 3;
   if (spare < 0) spare = quick ? int64_t{128} << 20 : int64_t{2} << 30;

@@ -119,8 +119,8 @@ def main():
                     raise SystemExit(f"soak: op {i} cannot even be cancelled: {e2}")
                 return None
             if kill:
-                # A peer the kill took down through UCX 1.13's wireup abort
-                # (faultlib.UCX_WIREUP_ABORT) comes back as under a restart
+                # A peer the kill took down through a UCX 1.13 abort
+                # (faultlib.UCX_PEER_DEATH_ABORTS) comes back as under a restart
                 # policy; an agent dead of anything else ends the soak.
                 counts["ucx_aborts"] += len(faultlib.restart_agents_ucx_aborted(cluster))
             job.check_outcome(final, gen, lay, target)
@@ -188,7 +188,7 @@ def main():
         print(f"  operations: {i} run, committed {counts['committed']}, aborted "
               f"{counts['aborted']}, failed {counts['failed']}, retried {counts['retried']}, "
               f"stuck {counts['stuck']}, refused {counts['refused']}; agent kills "
-              f"{counts['kills']} (peers restarted after UCX's wireup abort: "
+              f"{counts['kills']} (peers restarted after a UCX abort: "
               f"{counts['ucx_aborts']}); {elapsed:.1f} s")
         print("  RSS (MiB)             before     after")
         for name in sorted(set(before[0]) | set(after[0])):

@@ -115,15 +115,15 @@ def test_agent_sigkill_mid_transfer_and_restart_keeping_shm(job, cluster, client
 
     op, gen, before, target = _fault_mid_transfer(job, cluster, client, pick, fault)
     final = job.wait_final(op.id)
-    # A peer the kill took down through the UCX 1.13 defect
-    # (faultlib.UCX_WIREUP_ABORT) is restarted, as a restart policy would,
+    # A peer the kill took down through a UCX 1.13 abort
+    # (faultlib.UCX_PEER_DEATH_ABORTS) is restarted, as a restart policy would,
     # before anything is loaded from it.
     faultlib.restart_agents_ucx_aborted(cluster)
     job.check_outcome(final, gen, before, target)
     if final.state != faultlib.COMMITTED:
         # The same resize again must commit: the restarted agent's leftovers
         # of the killed attempt may not get in its way. Retried only while
-        # each abort was that defect's.
+        # each abort was such a crash.
         for retries in range(1, len(cluster.host_ids) + 1):
             retry = client.resize(job.id, target)
             again = job.wait_final(retry.id)

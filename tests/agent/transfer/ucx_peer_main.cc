@@ -6,6 +6,13 @@
 //      buffer (the contents do not matter), then writes one byte;
 //   3. waits for stdin to close, shuts down and exits 0.
 // Usage: transfer_ucx_peer COUNT BYTES TAG_BASE
+//
+// Or, a peer that dies while connecting: transfer_ucx_peer --send-and-stop
+// BYTES TAG PAUSE_US does step 1, then connects to the test's transport,
+// sends BYTES under TAG, waits PAUSE_US, writes one byte and stops itself
+// (SIGSTOP): alive, its sockets still accept, but nothing answers, until the
+// test SIGKILLs it.
+#include <signal.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -41,7 +48,34 @@ bool ReadAll(int fd, void* data, size_t n) {
 
 }  // namespace
 
+int SendAndStop(uint64_t bytes, uint64_t tag, uint64_t pause_us) {
+  reshard::agent::UcxOptions options;
+  options.net_devices = "lo";
+  options.transports = "tcp,self";
+  auto t = reshard::agent::MakeUcxTransportImpl(options);
+  if (!t.ok()) return 3;
+  const std::string mine = (*t)->LocalAddress();
+  const uint64_t len = mine.size();
+  if (!WriteAll(1, &len, sizeof(len)) || !WriteAll(1, mine.data(), mine.size())) return 4;
+  uint64_t theirs_len = 0;
+  if (!ReadAll(0, &theirs_len, sizeof(theirs_len)) || theirs_len > (1 << 20)) return 5;
+  std::string theirs(theirs_len, '\0');
+  if (!ReadAll(0, theirs.data(), theirs.size())) return 5;
+  if (!(*t)->Connect("test", theirs).ok()) return 6;
+  std::vector<uint8_t> buffer(bytes, 7);
+  (*t)->Send("test", tag, buffer.data(), buffer.size(), [](absl::Status) {});
+  if (pause_us > 0) usleep(static_cast<useconds_t>(pause_us));
+  const char sent = 's';
+  if (!WriteAll(1, &sent, 1)) return 4;
+  raise(SIGSTOP);
+  return 0;  // never: the test SIGKILLs it
+}
+
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--send-and-stop") {
+    return SendAndStop(std::strtoull(argv[2], nullptr, 10), std::strtoull(argv[3], nullptr, 10),
+                       std::strtoull(argv[4], nullptr, 10));
+  }
   if (argc != 4) return 2;
   const uint64_t count = std::strtoull(argv[1], nullptr, 10);
   const uint64_t bytes = std::strtoull(argv[2], nullptr, 10);
