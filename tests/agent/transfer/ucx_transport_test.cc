@@ -20,9 +20,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/transfer/ucx_address.h"
-
-extern char** environ;
+#include "tests/agent/transfer/peer_process.h"
 
 namespace reshard::agent {
 namespace {
@@ -334,124 +332,6 @@ TEST_F(UcxTransportTest, ShutdownFailsSendsThePeerNeverReceives) {
   EXPECT_EQ(a_->pending(), 0u);
 }
 
-// A transport in a child process that posts receives and can be SIGKILLed.
-class PeerProcess {
- public:
-  /// Starts a peer that connects to `test_side` and posts `receives` receives
-  /// of `bytes` each, tags `tag_base` + i.
-  static std::unique_ptr<PeerProcess> Start(UcxTransport& test_side, uint64_t receives,
-                                            size_t bytes, uint64_t tag_base) {
-    return StartWith(test_side,
-                     {std::to_string(receives), std::to_string(bytes), std::to_string(tag_base)});
-  }
-
-  /// Starts a peer that connects to `test_side`, sends `bytes` under `tag`,
-  /// waits `pause_us` and stops itself (see WaitStopped).
-  static std::unique_ptr<PeerProcess> StartSendAndStop(UcxTransport& test_side, size_t bytes,
-                                                       uint64_t tag, int pause_us) {
-    return StartWith(test_side, {"--send-and-stop", std::to_string(bytes), std::to_string(tag),
-                                 std::to_string(pause_us)});
-  }
-
-  static std::unique_ptr<PeerProcess> StartWith(UcxTransport& test_side,
-                                                const std::vector<std::string>& args) {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::vector<const char*> argv = {RESHARD_UCX_PEER_PATH};
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    argv.push_back(nullptr);
-    auto p = std::unique_ptr<PeerProcess>(new PeerProcess);
-    const int rc = posix_spawn(&p->pid_, RESHARD_UCX_PEER_PATH, &actions, nullptr,
-                               const_cast<char**>(argv.data()), environ);
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
-    p->in_ = to_child[1];
-    p->out_ = from_child[0];
-    if (rc != 0) {
-      p->pid_ = -1;
-      return nullptr;
-    }
-    uint64_t len = 0;
-    if (!p->Read(&len, sizeof(len)) || len > (1 << 20)) return nullptr;
-    p->address_.resize(len);
-    if (!p->Read(p->address_.data(), len)) return nullptr;
-    const std::string mine = test_side.LocalAddress();
-    const uint64_t mine_len = mine.size();
-    if (!p->Write(&mine_len, sizeof(mine_len)) || !p->Write(mine.data(), mine.size())) {
-      return nullptr;
-    }
-    char ready = 0;
-    if (!p->Read(&ready, 1)) return nullptr;
-    return p;
-  }
-
-  ~PeerProcess() {
-    Kill();
-    if (in_ >= 0) close(in_);
-    if (out_ >= 0) close(out_);
-  }
-
-  const std::string& address() const { return address_; }
-
-  /// Waits until the process has stopped itself (SIGSTOP); false if it did
-  /// not within `timeout` or exited instead.
-  bool WaitStopped(std::chrono::steady_clock::duration timeout) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int status = 0;
-      const pid_t r = waitpid(pid_, &status, WUNTRACED | WNOHANG);
-      if (r == pid_) return WIFSTOPPED(status);
-      if (r < 0 || std::chrono::steady_clock::now() >= deadline) return false;
-      poll(nullptr, 0, 1);
-    }
-  }
-
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
-
- private:
-  PeerProcess() = default;
-
-  // Reads exactly `n` bytes, giving up after 30 s without data.
-  bool Read(void* data, size_t n) {
-    char* p = static_cast<char*>(data);
-    while (n > 0) {
-      pollfd pfd{out_, POLLIN, 0};
-      if (poll(&pfd, 1, 30000) <= 0) return false;
-      const ssize_t k = read(out_, p, n);
-      if (k <= 0) return false;
-      p += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  }
-
-  bool Write(const void* data, size_t n) {
-    const char* p = static_cast<const char*>(data);
-    while (n > 0) {
-      const ssize_t k = write(in_, p, n);
-      if (k <= 0) return false;
-      p += k;
-      n -= static_cast<size_t>(k);
-    }
-    return true;
-  }
-
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
-  std::string address_;
-};
-
 // Many rendezvous-sized sends to a peer process that is SIGKILLed while they
 // move; the peer posted receives for the first half only, so at the kill some
 // sends are mid-transfer and the rest wait for the peer to match them. Every
@@ -523,53 +403,6 @@ TEST_F(UcxDeadPeerTest, SendsToKilledPeerFailWhenItRestartsAtOnce) {
   ASSERT_TRUE(after_restart_.WaitAll(1, seconds(30)));
   EXPECT_TRUE(after_restart_.first_error().ok()) << after_restart_.first_error();
   sender_->Shutdown();
-}
-
-// A peer dies while this transport answers its first connection: the peer
-// connects, sends 1 MiB (a rendezvous), stops itself (its sockets still
-// accept, nothing answers) and is SIGKILLed a moment later, over a sweep of
-// fault timings. With worker addresses UCX 1.13 aborts the answering process
-// in such a trial (an assertion on the purged reply, openucx/ucx#8175;
-// docs/agent.md, "Known UCX defect"): set RESHARD_TEST_UCX_WORKER_ADDRESS=1
-// to see this test die of it. A transport that listens never answers such a
-// request: each trial's transport must still move bytes afterwards and shut
-// down.
-TEST(UcxPeerDiesWhileConnectingTest, TheAnsweringTransportSurvives) {
-  UcxOptions options = LoopbackOptions();
-  const char* worker_address = std::getenv("RESHARD_TEST_UCX_WORKER_ADDRESS");
-  options.listen = worker_address == nullptr || std::string(worker_address) != "1";
-  const int pauses_us[] = {0, 200, 2000};
-  const int kills_after_us[] = {0, 500, 5000, 50000};
-  uint64_t tag = uint64_t{31} << 32;
-  for (int pause_us : pauses_us) {
-    for (int kill_after_us : kills_after_us) {
-      SCOPED_TRACE(::testing::Message() << "peer pauses " << pause_us << " us, killed "
-                                        << kill_after_us << " us after it stopped");
-      auto victim = MakeUcxTransportImpl(options);
-      ASSERT_TRUE(victim.ok()) << victim.status();
-      EXPECT_EQ(IsListenerAddress((*victim)->LocalAddress()), options.listen);
-      auto dying = PeerProcess::StartSendAndStop(**victim, size_t{1} << 20, ++tag, pause_us);
-      ASSERT_NE(dying, nullptr) << "peer process did not start";
-      ASSERT_TRUE(dying->WaitStopped(seconds(30))) << "the peer did not stop itself";
-      // The fault's timing (what is swept), not a wait for an event.
-      std::this_thread::sleep_for(std::chrono::microseconds(kill_after_us));
-      dying->Kill();
-      // Still moving bytes: a round trip to a healthy transport.
-      auto healthy = MakeUcxTransportImpl(LoopbackOptions());
-      ASSERT_TRUE(healthy.ok()) << healthy.status();
-      ASSERT_TRUE((*victim)->Connect("healthy", (*healthy)->LocalAddress()).ok());
-      std::vector<uint8_t> src(size_t{1} << 20, 3), dst(src.size(), 0);
-      Outcomes outcomes;
-      {
-        StopAtExit stop{victim->get(), healthy->get()};
-        (*victim)->Send("healthy", tag, src.data(), src.size(), outcomes.Callback());
-        (*healthy)->Receive(tag, dst.data(), dst.size(), outcomes.Callback());
-        ASSERT_TRUE(outcomes.WaitAll(2, seconds(30))) << "round trip did not finish";
-      }
-      EXPECT_EQ(outcomes.ok(), 2) << outcomes.first_error();
-      EXPECT_TRUE(src == dst);
-    }
-  }
 }
 
 }  // namespace
