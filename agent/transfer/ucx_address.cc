@@ -46,12 +46,16 @@ std::optional<in_addr> ListenIpFor(const std::string& net_devices) {
   return ip;
 }
 
-std::string FormatListenerAddress(const sockaddr_in& at, uint64_t incarnation) {
+std::string IpPort(const sockaddr_in& at) {
   char ip[INET_ADDRSTRLEN] = {0};
   inet_ntop(AF_INET, &at.sin_addr, ip, sizeof(ip));
+  return absl::StrCat(ip, ":", ntohs(at.sin_port));
+}
+
+std::string FormatListenerAddress(const sockaddr_in& at, uint64_t incarnation) {
   char id[17];
   std::snprintf(id, sizeof(id), "%016llx", static_cast<unsigned long long>(incarnation));
-  return absl::StrCat(kUcxListenerPrefix, ip, ":", ntohs(at.sin_port), "/", id);
+  return absl::StrCat(kUcxListenerPrefix, IpPort(at), "/", id);
 }
 
 bool IsListenerAddress(const std::string& address) {

@@ -30,6 +30,9 @@ inline constexpr char kUcxListenerPrefix[] = "ucx-listener:";
 /// nothing qualifies.
 std::optional<in_addr> ListenIpFor(const std::string& net_devices);
 
+/// "IP:PORT" of an IPv4 socket address.
+std::string IpPort(const sockaddr_in& at);
+
 /// "ucx-listener:IP:PORT/INCARNATION". `incarnation` tells a restarted
 /// agent that reuses the port from its predecessor.
 std::string FormatListenerAddress(const sockaddr_in& at, uint64_t incarnation);

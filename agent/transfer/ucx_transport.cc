@@ -1,6 +1,5 @@
 #include "agent/transfer/ucx_transport.h"
 
-#include <arpa/inet.h>
 #include <sys/epoll.h>
 #include <ucp/api/ucp.h>
 #include <unistd.h>
@@ -246,6 +245,10 @@ class UcxTransportImpl final : public UcxTransport {
     }
     if (worker_ != nullptr) ucp_worker_signal(worker_);
     if (thread_.joinable()) thread_.join();
+    // Destroyed by the progress thread as it stops; here only if Init failed
+    // after making it.
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
     if (epfd_ >= 0) close(epfd_);
     epfd_ = -1;
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
@@ -273,7 +276,10 @@ class UcxTransportImpl final : public UcxTransport {
       if (s != UCS_OK) return FromUcs(s, "ucp_worker_get_address");
       address_.assign(reinterpret_cast<const char*>(addr), len);
       ucp_worker_release_address(worker_, addr);
-      WarnOfWorkerAddressDefect(options.net_devices);
+      WarnOfWorkerAddressDefect(options.listen
+                                    ? absl::StrCat("no IPv4 address on the network devices \"",
+                                                   options.net_devices, "\" to listen on")
+                                    : std::string("not listening (UcxOptions::listen is false)"));
       return absl::OkStatus();
     }
     sockaddr_in at{};
@@ -301,12 +307,11 @@ class UcxTransportImpl final : public UcxTransport {
   // UCX before 1.14 aborts the process when a peer dies while this worker
   // answers its first worker-address connection request (an assertion on the
   // purged reply, removed by openucx/ucx#8175). A listener avoids it.
-  static void WarnOfWorkerAddressDefect(const std::string& net_devices) {
+  static void WarnOfWorkerAddressDefect(const std::string& why) {
     unsigned major = 0, minor = 0, release = 0;
     ucp_get_version(&major, &minor, &release);
     if (major > 1 || (major == 1 && minor >= 14)) return;
-    RESHARD_LOG(WARNING) << "UCX: no IPv4 address on the network devices \"" << net_devices
-                         << "\" to listen on, so peers connect by worker address; UCX " << major
+    RESHARD_LOG(WARNING) << "UCX: " << why << ", so peers connect by worker address; UCX " << major
                          << "." << minor << "." << release
                          << " then aborts this agent if a peer dies while answering its first "
                             "connection (docs/agent.md, \"Known UCX defect\")";
@@ -325,10 +330,8 @@ class UcxTransportImpl final : public UcxTransport {
     ucp_conn_request_attr_t ca{};
     ca.field_mask = UCP_CONN_REQUEST_ATTR_FIELD_CLIENT_ADDR;
     if (ucp_conn_request_query(request, &ca) == UCS_OK && ca.client_address.ss_family == AF_INET) {
-      const auto* in = reinterpret_cast<const sockaddr_in*>(&ca.client_address);
-      char ip[INET_ADDRSTRLEN] = {0};
-      inet_ntop(AF_INET, &in->sin_addr, ip, sizeof(ip));
-      e->peer = absl::StrCat("a connection from ", ip, ":", ntohs(in->sin_port));
+      e->peer = absl::StrCat("a connection from ",
+                             IpPort(*reinterpret_cast<const sockaddr_in*>(&ca.client_address)));
     }
     ucp_ep_params_t ep{};
     ep.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST | UCP_EP_PARAM_FIELD_ERR_HANDLING_MODE |

@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <functional>
 #include <future>
+#include <map>
 #include <mutex>
 #include <thread>
 
@@ -161,6 +162,38 @@ inline v1::HostTask Slice(const v1::HostTask& whole, const std::string& host,
     p->set_ucx_address(addr);
   }
   return t;
+}
+
+// What the coordinator does at a stop-free cut-over (docs/coordinator.md,
+// "Agents prepare"), for tests that play it: `prepare` made into its
+// prepared phase from generation `from`, without zero fills and without the
+// steps `skip` returns true for.
+inline v1::HostTask TransferPhaseOf(const v1::HostTask& prepare, int64_t from,
+                                    const std::function<bool(const v1::CopyStep&)>& skip) {
+  v1::HostTask t = prepare;
+  t.set_prepare(false);
+  t.set_prepared(true);
+  t.set_from_generation(from);
+  t.mutable_plan()->clear_steps();
+  t.mutable_plan()->clear_zero_fills();
+  for (const v1::CopyStep& s : prepare.plan().steps()) {
+    if (!skip(s)) *t.mutable_plan()->add_steps() = s;
+  }
+  return t;
+}
+
+// Whether step `s` reads a shard that is, in generation `from` of `store`,
+// what the prepare reported it read: same checksum and bytes. `reported`
+// maps (rank, item) to the prepare's source checksums.
+inline bool SourceUnchanged(ShardStore& store, int64_t from, const v1::CopyStep& s,
+                            const std::map<std::pair<int, int>, v1::ShardChecksum>& reported) {
+  auto it = reported.find({s.src_rank(), s.item()});
+  EXPECT_NE(it, reported.end()) << "no source checksum for step " << s.index();
+  auto now = store.Get({kJob, from, s.src_rank()});
+  EXPECT_TRUE(now.ok()) << now.status();
+  return it != reported.end() && now.ok() &&
+         it->second.checksum() == (*now)->checksums()[s.item()] &&
+         it->second.bytes() == (*now)->items()[s.item()].bytes;
 }
 
 struct Host {

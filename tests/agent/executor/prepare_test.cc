@@ -81,28 +81,13 @@ class PrepareTest : public ExecutorTest {
       if (!r.ok()) continue;
       for (const v1::ShardChecksum& c : *r) reported[{c.rank(), c.item()}] = c;
     }
-    v1::HostTask t = prepare;
-    t.set_prepare(false);
-    t.set_prepared(true);
-    t.set_from_generation(from);
-    t.mutable_plan()->clear_steps();
-    t.mutable_plan()->clear_zero_fills();
     skipped_.clear();
-    for (const v1::CopyStep& s : prepare.plan().steps()) {
-      auto it = reported.find({s.src_rank(), s.item()});
-      EXPECT_NE(it, reported.end()) << "no source checksum for step " << s.index();
-      auto now = HostOfOld(s.src_rank()).store->Get({kJob, from, s.src_rank()});
-      EXPECT_TRUE(now.ok()) << now.status();
-      const bool unchanged = it != reported.end() && now.ok() &&
-                             it->second.checksum() == (*now)->checksums()[s.item()] &&
-                             it->second.bytes() == (*now)->items()[s.item()].bytes;
-      if (unchanged || also_drop.count(s.index()) != 0) {
-        skipped_.push_back(s);
-      } else {
-        *t.mutable_plan()->add_steps() = s;
-      }
-    }
-    return t;
+    return TransferPhaseOf(prepare, from, [&](const v1::CopyStep& s) {
+      const bool skip = SourceUnchanged(*HostOfOld(s.src_rank()).store, from, s, reported) ||
+                        also_drop.count(s.index()) != 0;
+      if (skip) skipped_.push_back(s);
+      return skip;
+    });
   }
 
   // Every new rank of generation `a` equals, byte for byte, generation `b`.

@@ -32,6 +32,8 @@ namespace fs = std::filesystem;
 using executor_testing::kJob;
 using executor_testing::MakePtc;
 using executor_testing::RenderRank;
+using executor_testing::SourceUnchanged;
+using executor_testing::TransferPhaseOf;
 using planner::testing::MakeLayout;
 using Clock = std::chrono::steady_clock;
 
@@ -266,23 +268,11 @@ class SessionTest : public ::testing::Test {
   // steps whose source shard the prepare reported unchanged since.
   v1::HostTask TransferPhase(const v1::HostTask& prepare, const v1::ReportProgressRequest& report,
                              int64_t from) {
-    std::map<std::pair<int, int>, uint64_t> reported;
-    for (const auto& c : report.source_checksums()) reported[{c.rank(), c.item()}] = c.checksum();
-    v1::HostTask t = prepare;
-    t.set_prepare(false);
-    t.set_prepared(true);
-    t.set_from_generation(from);
-    t.mutable_plan()->clear_steps();
-    t.mutable_plan()->clear_zero_fills();
-    for (const v1::CopyStep& s : prepare.plan().steps()) {
-      auto now = store_->Get({kJob, from, s.src_rank()});
-      EXPECT_TRUE(now.ok()) << now.status();
-      auto it = reported.find({s.src_rank(), s.item()});
-      if (it == reported.end() || !now.ok() || (*now)->checksums()[s.item()] != it->second) {
-        *t.mutable_plan()->add_steps() = s;
-      }
-    }
-    return t;
+    std::map<std::pair<int, int>, v1::ShardChecksum> reported;
+    for (const auto& c : report.source_checksums()) reported[{c.rank(), c.item()}] = c;
+    return TransferPhaseOf(prepare, from, [&](const v1::CopyStep& s) {
+      return SourceUnchanged(*store_, from, s, reported);
+    });
   }
 
   int Buffers(int64_t gen) {

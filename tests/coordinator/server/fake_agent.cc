@@ -180,15 +180,18 @@ void FakeAgent::Pass() {
     report.set_host_id(host_id_);
     report.set_operation_id(op_id);
     const bool done = !hold_.load();
+    v1::ReportProgressResponse reply;
+    auto send = [&] {
+      grpc::ClientContext context;
+      SetDeadline(&context);
+      return stub()->ReportProgress(&context, report, &reply).ok();
+    };
     if (task.prepare()) {
       // The prepare of a stop-free operation (docs/coordinator.md, "Agents
       // prepare"): PREPARED without source checksums, so that its transfer
       // moves every step again; the transfer-phase task is fetched anew.
       report.set_state(done ? v1::HOST_TASK_STATE_PREPARED : v1::HOST_TASK_STATE_RUNNING);
-      v1::ReportProgressResponse reply;
-      grpc::ClientContext context;
-      SetDeadline(&context);
-      if (!stub()->ReportProgress(&context, report, &reply).ok()) continue;
+      if (!send()) continue;
       if (done || reply.abort()) {
         std::lock_guard<std::mutex> lock(mu_);
         prepared_[op_id] = std::move(task);
@@ -206,10 +209,7 @@ void FakeAgent::Pass() {
         *report.add_checksums() = std::move(sum);
       }
     }
-    v1::ReportProgressResponse reply;
-    grpc::ClientContext context;
-    SetDeadline(&context);
-    if (!stub()->ReportProgress(&context, report, &reply).ok()) continue;
+    if (!send()) continue;
     if (done || reply.abort()) {
       std::lock_guard<std::mutex> lock(mu_);
       tasks_.erase(op_id);
