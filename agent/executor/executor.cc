@@ -18,6 +18,7 @@
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
 #include "agent/executor/peer_proof.h"
+#include "agent/executor/precopy_check.h"
 #include "agent/executor/step_seal.h"
 #include "agent/executor/task_phase.h"
 #include "agent/executor/transfer_lanes.h"
@@ -233,7 +234,8 @@ TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options opti
     : store_(store),
       transport_(transport),
       options_(options),
-      copier_(std::make_unique<LocalCopier>(options.copy_threads)) {
+      copier_(std::make_unique<LocalCopier>(options.copy_threads)),
+      precopies_(std::make_unique<PrecopyRecords>()) {
   RESHARD_CHECK(options_.chunk_bytes > 0) << "chunk_bytes " << options_.chunk_bytes;
   RESHARD_CHECK(options_.local_chunk_bytes > 0)
       << "local_chunk_bytes " << options_.local_chunk_bytes;
@@ -257,6 +259,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   absl::StatusOr<TaskPhase> phase_or = PhaseOf(task);
   if (!phase_or.ok()) return phase_or.status();
   const TaskPhase phase = *phase_or;
+  // Records of prepares whose buffers are gone (aborted, deleted, sealed).
+  precopies_->Prune(*store_);
   absl::StatusOr<HostSteps> prepared = PrepareHostSteps(store_, host_id, task);
   if (!prepared.ok()) {
     RESHARD_LOG(WARNING) << "operation " << task.operation_id() << " job " << job << " host "
@@ -286,6 +290,19 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
                                     : CreateNewBuffers(store_, new_keys, hs, task);
   if (!created.ok()) return created.status();
   std::vector<RankBufferPtr> new_bufs = std::move(*created);
+  // The prepared phase commits what its prepare wrote for the steps it
+  // skips: only as recorded then (checked below, precopy_check.h).
+  PrecopyRecords::RecordPtr precopy;
+  if (phase == TaskPhase::kPrepared && !new_keys.empty()) {
+    precopy = precopies_->Find(host_id, task.operation_id());
+    if (precopy == nullptr || precopy->job != job ||
+        precopy->generation != task.to_generation() || precopy->ranks != hs.new_ranks) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prepared buffers of job \"", job, "\" generation ", task.to_generation(),
+          ": this agent holds no record of what the prepare of operation ", task.operation_id(),
+          " wrote into them, so the pre-copy cannot be verified"));
+    }
+  }
   Prefaulter prefaulter(phase == TaskPhase::kPrepared ? std::vector<RankBufferPtr>() : new_bufs);
 
   // Tags derive from the operation's transfer secret: outsiders cannot
@@ -613,9 +630,28 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     }
   }
 
+  auto buffer_of = [&](int rank) { return new_buf(rank); };
+  // What the prepare wrote and the cut-over did not write again must read
+  // back as the prepare wrote it (precopy_check.h).
+  if (precopy != nullptr) {
+    if (waiting) waiting(waiting_on = "pre-copy check");
+    std::set<int64_t> rewritten;
+    for (const v1::CopyStep& s : plan.steps()) rewritten.insert(s.index());
+    if (absl::Status s = VerifyPrecopy(precopy->regions, rewritten, buffer_of, plan, job,
+                                       task.to_generation(), options_.copy_threads);
+        !s.ok()) {
+      return fail(s);
+    }
+  }
   // A prepare leaves its buffers unsealed for the transfer phase and reports
-  // what it read instead.
+  // what it read instead, having recorded what it wrote.
   if (phase == TaskPhase::kPrepare) {
+    if (!new_keys.empty()) {
+      PrecopyRecords::Record record{job, task.to_generation(), hs.new_ranks,
+                                    PrecopyRegions(plan, hs)};
+      ChecksumRegions(buffer_of, options_.copy_threads, &record.regions);
+      precopies_->Put(host_id, task.operation_id(), std::move(record));
+    }
     RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
                       << host_id << ": prepared " << new_keys.size()
                       << " rank buffers of generation " << task.to_generation() << " (" << done
@@ -641,6 +677,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       out.push_back(std::move(c));
     }
   }
+  if (precopy != nullptr) precopies_->Erase(host_id, task.operation_id());
   return out;
 }
 

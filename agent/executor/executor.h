@@ -20,6 +20,7 @@
 namespace reshard::agent {
 
 class LocalCopier;
+class PrecopyRecords;
 
 class TaskExecutor {
  public:
@@ -67,7 +68,11 @@ class TaskExecutor {
   /// with its bytes; a task with `prepared` opens those buffers
   /// (FailedPrecondition naming job, generation and rank when one is
   /// missing, sealed or of other sizes; nothing is changed then), applies
-  /// only its steps (no zero fills) and seals them like a plain task.
+  /// only its steps (no zero fills) and seals them like a plain task, once
+  /// every region its prepare wrote and it did not write again reads back as
+  /// the prepare wrote it (precopy_check.h): DataLoss naming job, generation,
+  /// rank, item and step otherwise (FailedPrecondition when this executor
+  /// holds no record of the prepare), and the buffers are dropped.
   /// `waiting(what)`, if set, is called with each progress report when what
   /// the task waits on changes: the earliest unfinished cross-host step
   /// ("step 17 (receive from host \"h1\")"), "local copies", or "" (checksums).
@@ -82,6 +87,8 @@ class TaskExecutor {
   Transport* transport_;
   Options options_;
   std::unique_ptr<LocalCopier> copier_;
+  /// What each prepare wrote, until its transfer phase checked it.
+  std::unique_ptr<PrecopyRecords> precopies_;
 };
 
 }  // namespace reshard::agent

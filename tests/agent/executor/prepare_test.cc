@@ -8,8 +8,10 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <set>
 
+#include "absl/strings/str_cat.h"
 #include "agent/executor/task_phase.h"
 #include "tests/agent/executor/executor_fixture.h"
 
@@ -339,6 +341,60 @@ TEST_F(PrepareTest, AMessageUnderThePreparesTagsIsNotTakenByThePreparedPhase) {
   // its send (at once if it went eagerly).
   hosts_[1].transport->CancelTags(stray_tag, ~uint64_t{0});
   ASSERT_EQ(stray_sent.wait_for(std::chrono::seconds(30)), std::future_status::ready);
+}
+
+// One byte of the pre-copy changes after the prepare (written through the
+// buffer's file, as any process that can open it could), in the destination
+// of a step received from the other host whose source did not change: the
+// prepared phase skips that step, reads its region back, and refuses with
+// DATA_LOSS naming job, generation, rank, item and step; its buffers are
+// dropped, nothing of generation 3 is sealed there. (Before the check the
+// phase sealed and reported the flipped byte.)
+TEST_F(PrepareTest, AByteOfASkippedStepChangedAfterThePrepareIsDataLoss) {
+  v1::HostTask prepare = Task(kOp, 1, 3);
+  prepare.set_prepare(true);
+  const Results prepared = RunHosts(prepare);
+  for (const auto& r : prepared) ASSERT_TRUE(r.ok()) << r.status();
+  WriteOldGeneration(2, {{0, 0}, {4, 2}});
+  const v1::HostTask transfer = Pruned(prepare, prepared, 2);
+  const auto old_slots = planner::ExpandPlacement(from_.placement());
+  const auto new_slots = planner::ExpandPlacement(to_.placement());
+  std::optional<v1::CopyStep> victim;
+  for (const v1::CopyStep& s : skipped_) {
+    if (s.bytes() > 0 && old_slots[s.src_rank()].host() != new_slots[s.dsts(0).rank()].host()) {
+      victim = s;
+      break;
+    }
+  }
+  ASSERT_TRUE(victim.has_value());
+  const int rank = victim->dsts(0).rank();
+  const int item = victim->item();
+  Host& h = HostOfNew(rank);
+  auto buf = h.store->Get({kJob, 3, rank});
+  ASSERT_TRUE(buf.ok()) << buf.status();
+  const int64_t at = (*buf)->items()[item].offset +
+                     victim->dsts(0).region().offset() * prepare.plan().items(item).element_bytes();
+  {
+    const int fd = ::open((*buf)->path().c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << (*buf)->path() << ": " << std::strerror(errno);
+    uint8_t byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+  }
+  buf->reset();
+
+  const Results done = RunHosts(transfer);
+  const size_t i = static_cast<size_t>(&h - hosts_.data());
+  ASSERT_EQ(done[i].status().code(), absl::StatusCode::kDataLoss) << done[i].status();
+  EXPECT_THAT(std::string(done[i].status().message()),
+              ::testing::AllOf(HasSubstr(absl::StrCat("job \"job-x\" generation 3 rank ", rank,
+                                                      " item ", item, " (\"",
+                                                      prepare.plan().items(item).name(), "\")")),
+                               HasSubstr(absl::StrCat("step ", victim->index(), " (received")),
+                               HasSubstr("changed after the prepare")));
+  EXPECT_EQ(Buffers(h, 3, /*sealed=*/false) + Buffers(h, 3, /*sealed=*/true), 0);
 }
 
 // With the transfer secret the two phases also prove themselves and seal
