@@ -48,4 +48,22 @@ absl::Status CheckStepCommit(const v1::DatasetState& committed, int64_t current_
   return absl::OkStatus();
 }
 
+absl::Status CheckNoPendingCheckpoint(const StepCommit& commit, int64_t current_generation,
+                                      const std::optional<PendingCheckpoint>& pending) {
+  if (!pending.has_value()) return absl::OkStatus();
+  const std::string published =
+      pending->step.has_value()
+          ? absl::StrCat("step ", pending->step->step, " (cursor ", pending->step->cursor, ")")
+          : std::string("the dataset state committed when it was created");
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job \"", commit.job_id, "\": checkpoint operation \"", pending->operation_id, "\" (",
+      pending->state, ") publishes ", published, " into generation ", pending->to_generation,
+      "; step ", commit.step, " (cursor ", commit.cursor, ") cannot be committed on generation ",
+      current_generation,
+      " until it ends, since a generation's cursor is the one published with its model state: "
+      "commit it on generation ",
+      pending->to_generation, " once the checkpoint commits (on generation ", current_generation,
+      " if it aborts)"));
+}
+
 }  // namespace reshard::coordinator

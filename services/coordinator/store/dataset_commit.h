@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "absl/status/status.h"
@@ -33,5 +34,30 @@ enum class StepCommitVerdict { kApply, kRetry };
 [[nodiscard]] absl::Status CheckStepCommit(const v1::DatasetState& committed,
                                            int64_t current_generation, const StepCommit& commit,
                                            StepCommitVerdict* verdict);
+
+/// A checkpoint operation of the job that has not ended (PENDING, PLANNED or
+/// TRANSFERRING): its workers publish the model state of one step into
+/// `to_generation`.
+struct PendingCheckpoint {
+  std::string operation_id;
+  std::string state;  // its state's short name, for the message
+  int64_t to_generation = 0;
+  /// CheckpointRequest.with_step's step boundary; nullopt: a plain
+  /// checkpoint, whose generation gets the dataset state committed when it
+  /// was created.
+  std::optional<StepCommit> step;
+};
+
+/// OK without `pending`. Else FailedPrecondition naming the job, the
+/// checkpoint operation, its state and step, and the refused step: the
+/// generation a checkpoint commits takes the cursor published with its
+/// model state (docs/data.md, "One cursor per model state"), so a step that
+/// would move the cursor meanwhile is committed on that generation once the
+/// checkpoint commits (or on the current one, if it aborts). Callers ask
+/// only for a commit that would move the cursor (kApply): a retried commit
+/// of the committed step is not refused.
+[[nodiscard]] absl::Status CheckNoPendingCheckpoint(
+    const StepCommit& commit, int64_t current_generation,
+    const std::optional<PendingCheckpoint>& pending);
 
 }  // namespace reshard::coordinator

@@ -49,6 +49,24 @@ void CarryDatasetState(PgTx& tx, const std::string& job_id, int64_t from, int64_
   tx.Exec(kCarryDatasetState, job_id, from, to);
 }
 
+std::optional<PendingCheckpoint> ReadPendingCheckpoint(PgTx& tx, const std::string& job_id) {
+  const pqxx::result r = tx.Exec(kPendingCheckpointOfJob, job_id);
+  if (r.empty()) return std::nullopt;
+  PendingCheckpoint pending;
+  pending.operation_id = r[0][0].c_str();
+  pending.state = ShortName(static_cast<v1::OperationState>(r[0][1].as<int>()));
+  pending.to_generation = r[0][2].as<int64_t>();
+  if (!r[0][3].is_null()) {
+    StepCommit step;
+    step.job_id = job_id;
+    step.generation = pending.to_generation;
+    step.step = r[0][3].as<int64_t>();
+    step.cursor = r[0][4].as<int64_t>();
+    pending.step = std::move(step);
+  }
+  return pending;
+}
+
 }  // namespace pg
 
 absl::StatusOr<v1::DatasetState> PgStore::CommitStep(const StepCommit& commit) {
@@ -74,6 +92,16 @@ absl::StatusOr<v1::DatasetState> PgStore::CommitStep(const StepCommit& commit) {
         StepCommitVerdict verdict;
         if (absl::Status s = CheckStepCommit(*committed, current, commit, &verdict); !s.ok()) {
           return s;
+        }
+        if (verdict == StepCommitVerdict::kApply) {
+          // A checkpoint created before this commit (the job row lock
+          // orders them) publishes its own step: the cursor must not move
+          // under it (docs/data.md, "One cursor per model state").
+          if (absl::Status s = CheckNoPendingCheckpoint(
+                  commit, current, pg::ReadPendingCheckpoint(tx, commit.job_id));
+              !s.ok()) {
+            return s;
+          }
         }
         pg::WriteAudit(tx, commit.job_id, "", absl::StrCat("step ", commit.step));
         if (verdict == StepCommitVerdict::kRetry) return *committed;

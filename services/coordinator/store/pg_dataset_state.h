@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/dataset_commit.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -27,5 +28,8 @@ std::optional<v1::DatasetState> ReadDatasetState(PgTx& tx, const std::string& jo
 
 /// Copies generation `from`'s row to generation `to` (an operation commits).
 void CarryDatasetState(PgTx& tx, const std::string& job_id, int64_t from, int64_t to);
+
+/// The job's checkpoint that has not ended, if any (kPendingCheckpointOfJob).
+std::optional<PendingCheckpoint> ReadPendingCheckpoint(PgTx& tx, const std::string& job_id);
 
 }  // namespace reshard::coordinator::pg

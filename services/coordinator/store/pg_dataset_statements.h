@@ -52,13 +52,22 @@ inline constexpr Statement kSetOperationStep{
     "set_operation_step", "UPDATE operations SET step = $2, step_cursor = $3 WHERE id = $1"};
 
 // At the commit of operation $1 (after kCarryDatasetState): its step
-// boundary, if it has one and it is after the carried one, becomes the new
-// generation's dataset state.
+// boundary, if it has one, becomes the new generation's dataset state,
+// whatever was carried: the generation holds the model state of that step,
+// so its cursor is that step's (docs/data.md, "One cursor per model state").
 inline constexpr Statement kApplyOperationStep{
     "apply_operation_step",
     "UPDATE dataset_states d SET sample_cursor = o.step_cursor, step = o.step, "
     "committed_generation = o.to_generation, committed_at = now() FROM operations o "
     "WHERE o.id = $1 AND o.step IS NOT NULL AND d.job_id = o.job_id "
-    "AND d.generation = o.to_generation AND o.step > d.step"};
+    "AND d.generation = o.to_generation"};
+
+// $1 job: its checkpoint (OPERATION_KIND_CHECKPOINT = 4) that has not ended
+// (PENDING, PLANNED, TRANSFERRING), with its step boundary (NULLs for a
+// plain checkpoint). CommitStep refuses to move the cursor meanwhile.
+inline constexpr Statement kPendingCheckpointOfJob{
+    "pending_checkpoint_of_job",
+    "SELECT id, state, to_generation, step, step_cursor FROM operations "
+    "WHERE job_id = $1 AND kind = 4 AND state IN (1, 2, 3) ORDER BY seq LIMIT 1"};
 
 }  // namespace reshard::coordinator::pg

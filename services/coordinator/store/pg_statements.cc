@@ -96,6 +96,7 @@ const std::vector<Statement>& AllStatements() {
       kCarryDatasetState,
       kSetOperationStep,
       kApplyOperationStep,
+      kPendingCheckpointOfJob,
       // Stop-free reconfiguration (issue 12).
       kSetOperationStopFree,
       kLockStopFreeOperation,

@@ -72,5 +72,27 @@ TEST(CheckStepCommitTest, HugeStepCountsDoNotOverflow) {
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
 }
 
+TEST(CheckNoPendingCheckpointTest, RefusalNamesTheCheckpointItsStepAndTheRefusedStep) {
+  EXPECT_TRUE(CheckNoPendingCheckpoint(Commit(2, 4, 40), 2, std::nullopt).ok());
+
+  PendingCheckpoint with_step{"op-7", "TRANSFERRING", 3, Commit(3, 4, 40)};
+  absl::Status s = CheckNoPendingCheckpoint(Commit(2, 5, 50), 2, with_step);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(s.message(),
+            "job \"job-1\": checkpoint operation \"op-7\" (TRANSFERRING) publishes step 4 "
+            "(cursor 40) into generation 3; step 5 (cursor 50) cannot be committed on generation "
+            "2 until it ends, since a generation's cursor is the one published with its model "
+            "state: commit it on generation 3 once the checkpoint commits (on generation 2 if it "
+            "aborts)");
+
+  const PendingCheckpoint plain{"op-8", "PLANNED", 3, std::nullopt};
+  s = CheckNoPendingCheckpoint(Commit(2, 4, 40), 2, plain);
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_NE(s.message().find("checkpoint operation \"op-8\" (PLANNED) publishes the dataset "
+                             "state committed when it was created into generation 3"),
+            absl::string_view::npos)
+      << s;
+}
+
 }  // namespace
 }  // namespace reshard::coordinator
