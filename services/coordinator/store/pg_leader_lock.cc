@@ -1,4 +1,8 @@
 // PgLeaderLock: a session-level advisory lock on a dedicated connection.
+// Every query on it has a client-side deadline (pg_watchdog.h): a server
+// that stops answering makes the lock count as lost, as a dropped connection
+// does, instead of blocking the leader's thread until it answers again.
+#include <chrono>
 #include <memory>
 #include <pqxx/pqxx>
 
@@ -6,6 +10,7 @@
 #include "common/log.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_watchdog.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -26,8 +31,10 @@ constexpr char kHoldsLock[] =
 struct PgLeaderLock::Impl {
   std::string dsn;
   int64_t key;
+  PgLeaderLockOptions options;
   std::unique_ptr<pqxx::connection> conn;
   bool held = false;
+  pg::SocketWatchdog watchdog;
 
   void Drop() {
     conn.reset();
@@ -39,6 +46,13 @@ struct PgLeaderLock::Impl {
     conn.reset();
     try {
       conn = std::make_unique<pqxx::connection>(dsn);
+      // A broken connection is dropped, never silently reopened (libpqxx 6
+      // would): a new session holds no lock, and the watched socket stays
+      // the connection's.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+      conn->inhibit_reactivation(true);
+#pragma GCC diagnostic pop
       return absl::OkStatus();
     } catch (...) {
       absl::Status s = pg::StatusFromCurrentException("leader_lock_connect");
@@ -48,20 +62,29 @@ struct PgLeaderLock::Impl {
 
   // Runs a one-value boolean query; Dropped connection on failure.
   absl::StatusOr<bool> QueryBool(const char* name, const char* sql) {
+    const std::chrono::milliseconds timeout(options.statement_timeout_ms);
+    pg::ScopedWatch watch(&watchdog, timeout.count() > 0 ? conn->sock() : -1, timeout);
     try {
       pqxx::nontransaction n(*conn);
       return n.exec_params1(sql, key)[0].as<bool>();
     } catch (...) {
       absl::Status s = pg::StatusFromCurrentException(name);
+      if (watch.Disarm()) {
+        s = absl::UnavailableError(absl::StrCat("PostgreSQL statement \"", name,
+                                                "\": no answer within ", timeout.count(),
+                                                " ms (statement timeout); connection dropped"));
+      }
       Drop();
       return s;
     }
   }
 };
 
-PgLeaderLock::PgLeaderLock(std::string dsn, int64_t key) : impl_(std::make_unique<Impl>()) {
-  impl_->dsn = std::move(dsn);
+PgLeaderLock::PgLeaderLock(std::string dsn, int64_t key, PgLeaderLockOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  impl_->dsn = pg::WithConnectTimeout(dsn, options.connect_timeout_s);
   impl_->key = key;
+  impl_->options = options;
 }
 
 PgLeaderLock::~PgLeaderLock() { Release(); }
@@ -106,8 +129,9 @@ void PgLeaderLock::Release() {
   impl_->held = false;
 }
 
-std::unique_ptr<LeaderLock> MakePgLeaderLock(const std::string& dsn, int64_t key) {
-  return std::make_unique<PgLeaderLock>(dsn, key);
+std::unique_ptr<LeaderLock> MakePgLeaderLock(const std::string& dsn, int64_t key,
+                                             PgLeaderLockOptions options) {
+  return std::make_unique<PgLeaderLock>(dsn, key, options);
 }
 
 }  // namespace reshard::coordinator

@@ -26,7 +26,11 @@ absl::StatusOr<std::shared_ptr<PgStore>> PgStore::Connect(const PgStoreOptions& 
   pg::PgPool::Options pool_options;
   pool_options.dsn = options.dsn;
   pool_options.size = options.pool_size;
+  pool_options.agent_reserve = options.agent_reserve;
   pool_options.acquire_timeout = std::chrono::milliseconds(options.acquire_timeout_ms);
+  pool_options.statement_timeout = std::chrono::milliseconds(options.statement_timeout_ms);
+  pool_options.connect_timeout_s = options.connect_timeout_s;
+  pool_options.outage_after = std::chrono::milliseconds(options.outage_after_ms);
   pool_options.observer = options.observer;
   pool_options.statements = pg::AllStatements();
   absl::StatusOr<std::unique_ptr<pg::PgPool>> pool = pg::PgPool::Create(std::move(pool_options));
@@ -36,6 +40,8 @@ absl::StatusOr<std::shared_ptr<PgStore>> PgStore::Connect(const PgStoreOptions& 
 
 PgStore::PgStore(std::unique_ptr<pg::PgPool> pool) : pool_(std::move(pool)) {}
 PgStore::~PgStore() = default;
+
+StoreHealth PgStore::Health() const { return pool_->Health(); }
 
 std::vector<std::string> PgStore::StatementNames() {
   std::vector<std::string> names;

@@ -11,6 +11,14 @@
 //     and runs its transaction once more, transparently; it fails with
 //     Unavailable only when the server cannot be reached again, or when the
 //     connection broke during the commit itself (outcome unknown).
+//   * A server that does not answer (stopped, frozen disk): a call fails with
+//     Unavailable once it waited acquire_timeout_ms for a connection,
+//     connect_timeout_s for a new one, or statement_timeout_ms for the answer
+//     to one statement; it is not retried (docs/coordinator.md, "When
+//     PostgreSQL does not answer"). Health() says how the server has been
+//     answering, for the leader's lease sweep.
+//   * Agent-class calls (call_class.h) may use `agent_reserve` connections
+//     that client calls never take.
 //   * Generation numbers are never reused within a job: an operation's
 //     to_generation is one above the highest generation ever recorded for
 //     the job (its current one, unless an aborted operation left a DISCARDED
@@ -36,6 +44,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/coordinator/store/store.h"
+#include "services/coordinator/store/store_health.h"
 
 namespace reshard::coordinator {
 
@@ -50,8 +59,22 @@ struct PgStoreOptions {
   std::string dsn;
   /// Connections kept at most; they open on demand.
   int pool_size = 8;
+  /// Connections only agent-class calls (call_class.h) may take; less than
+  /// pool_size.
+  int agent_reserve = 0;
   /// How long a call waits for a free connection before Unavailable.
-  int acquire_timeout_ms = 10000;
+  int acquire_timeout_ms = 5000;
+  /// How long a statement (BEGIN and COMMIT included) or a new connection's
+  /// set-up waits for the server's answer before the connection is dropped
+  /// and the call is Unavailable; also the server-side statement_timeout
+  /// (idle_in_transaction_session_timeout: twice it). 0: no deadline.
+  int statement_timeout_ms = 5000;
+  /// libpq connect_timeout of new connections, seconds (libpq: at least 2);
+  /// a connect_timeout in `dsn` wins. 0: none.
+  int connect_timeout_s = 5;
+  /// The server leaving every call unanswered this long is an outage
+  /// (Health()).
+  int outage_after_ms = 1000;
   /// Connect() fails with FailedPrecondition unless the database schema is
   /// at the version this binary knows (migrator.h CheckSchema).
   bool check_schema = true;
@@ -73,6 +96,9 @@ class PgStore : public Store {
 
   /// Names of every statement PgStore runs (metric labels), plus "commit".
   static std::vector<std::string> StatementNames();
+
+  /// How PostgreSQL has been answering this store's calls; thread-safe.
+  StoreHealth Health() const;
 
   // ---- Jobs ----------------------------------------------------------------
   [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(
@@ -181,11 +207,19 @@ inline constexpr int64_t kLeaderLockKey = 0x7265736861726402;  // "reshard\x02"
 
 /// LeaderLock on a dedicated connection holding the session-level advisory
 /// lock pg_try_advisory_lock(key). The server releases it when the
+/// Deadlines of the leader lock's connection (as PgStoreOptions').
+struct PgLeaderLockOptions {
+  /// A query without an answer this long: the connection is dropped, so the
+  /// lock counts as lost (StillHeld false) or not taken (Unavailable).
+  int statement_timeout_ms = 5000;
+  int connect_timeout_s = 5;
+};
+
 /// connection closes, so a dead holder frees it. Not thread-safe.
 class PgLeaderLock : public LeaderLock {
  public:
   /// Connects lazily, on the first TryAcquire.
-  PgLeaderLock(std::string dsn, int64_t key);
+  PgLeaderLock(std::string dsn, int64_t key, PgLeaderLockOptions options = {});
   ~PgLeaderLock() override;  // releases
 
   /// Unavailable when PostgreSQL cannot be reached.
@@ -201,6 +235,7 @@ class PgLeaderLock : public LeaderLock {
 };
 
 /// The factory the server uses: a PgLeaderLock on `dsn`.
-std::unique_ptr<LeaderLock> MakePgLeaderLock(const std::string& dsn, int64_t key = kLeaderLockKey);
+std::unique_ptr<LeaderLock> MakePgLeaderLock(const std::string& dsn, int64_t key = kLeaderLockKey,
+                                             PgLeaderLockOptions options = {});
 
 }  // namespace reshard::coordinator
