@@ -2,8 +2,10 @@
 
 #include <openssl/evp.h>
 
+#include <algorithm>
 #include <memory>
 
+#include "absl/strings/strip.h"
 #include "common/log.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/io/coded_stream.h"
@@ -46,12 +48,25 @@ std::string RequestHash(const google::protobuf::Message& request) {
   return hex;
 }
 
-Idempotency MakeIdempotency(const std::string& key, const std::string& method,
-                            const google::protobuf::Message& request) {
+std::string RequestMethod(const google::protobuf::Message& request) {
+  const std::string& name = request.GetDescriptor()->name();
+  static constexpr absl::string_view kSuffix = "Request";
+  return std::string(absl::StripSuffix(name, kSuffix));
+}
+
+Idempotency MakeIdempotency(const KeyScope& scope, const google::protobuf::Message& request) {
+  const google::protobuf::FieldDescriptor* field =
+      request.GetDescriptor()->FindFieldByName("idempotency_key");
+  // Every mutating call carries one (proto/reshard/v1/coordinator.proto).
+  RESHARD_CHECK(field != nullptr && field->type() == google::protobuf::FieldDescriptor::TYPE_STRING)
+      << request.GetTypeName() << " has no idempotency_key";
   Idempotency idem;
-  if (key.empty()) return idem;
-  idem.key = key;
-  idem.method = method;
+  idem.key = request.GetReflection()->GetString(request, field);
+  if (idem.key.empty()) return idem;
+  idem.tenants = scope.tenants;
+  std::sort(idem.tenants.begin(), idem.tenants.end());
+  idem.tenants.erase(std::unique(idem.tenants.begin(), idem.tenants.end()), idem.tenants.end());
+  idem.method = RequestMethod(request);
   idem.request_hash = RequestHash(request);
   return idem;
 }

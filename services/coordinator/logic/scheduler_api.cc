@@ -80,7 +80,7 @@ SchedulerApi::SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetric
       options_(options) {}
 
 absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
-    const v1::RegisterJobRequest& request) {
+    const v1::RegisterJobRequest& request, const KeyScope& keys) {
   // Size first: validating or hashing a huge spec is the cost the limit avoids.
   const size_t spec_bytes = request.spec().ByteSizeLong();
   if (static_cast<int64_t>(spec_bytes) > options_.max_spec_bytes) {
@@ -103,9 +103,9 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
   }
 
   const std::string job_id = NewId();
-  absl::StatusOr<v1::Job> job = store_->CreateJob(
-      job_id, request.spec(), MakeIdempotency(request.idempotency_key(), "RegisterJob", request),
-      dataset_state.has_value() ? &*dataset_state : nullptr);
+  absl::StatusOr<v1::Job> job =
+      store_->CreateJob(job_id, request.spec(), MakeIdempotency(keys, request),
+                        dataset_state.has_value() ? &*dataset_state : nullptr);
   if (!job.ok()) return job.status();
   job->clear_ptc();  // the caller sent it; do not echo megabytes back
   RESHARD_LOG(INFO) << "job=" << job->id() << " registered tenant=\"" << job->tenant()
@@ -154,11 +154,11 @@ absl::StatusOr<v1::ListJobsResponse> SchedulerApi::ListJobs(const v1::ListJobsRe
   return response;
 }
 
-absl::StatusOr<v1::DeleteJobResponse> SchedulerApi::DeleteJob(const v1::DeleteJobRequest& request) {
+absl::StatusOr<v1::DeleteJobResponse> SchedulerApi::DeleteJob(const v1::DeleteJobRequest& request,
+                                                              const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
-  if (absl::Status s = store_->DeleteJob(
-          request.job_id(), MakeIdempotency(request.idempotency_key(), "DeleteJob", request));
+  if (absl::Status s = store_->DeleteJob(request.job_id(), MakeIdempotency(keys, request));
       !s.ok()) {
     return NameNotFound(s, JobNotFound(request.job_id()));
   }
@@ -186,9 +186,10 @@ absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& tar
   return CheckFitsHosts(*store_, ptc, target, "target");
 }
 
-absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request) {
+absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request,
+                                                   const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
-  if (request.has_choose()) return ResizeChosen(request);
+  if (request.has_choose()) return ResizeChosen(request, keys);
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -203,12 +204,12 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
-  return CreateOperation(
-      PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
-                         MakeIdempotency(request.idempotency_key(), "Resize", request)));
+  return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
+                                            MakeIdempotency(keys, request)));
 }
 
-absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest& request) {
+absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest& request,
+                                                         const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (request.has_placement() || request.has_config()) {
     return absl::InvalidArgumentError(
@@ -232,12 +233,12 @@ absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest
     if (absl::Status s = CheckTarget(job->ptc(), *chosen); !s.ok()) return s;
     target = *std::move(chosen);
   }
-  return CreateOperation(
-      PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
-                         MakeIdempotency(request.idempotency_key(), "Resize", request)));
+  return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
+                                            MakeIdempotency(keys, request)));
 }
 
-absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request) {
+absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request,
+                                                    const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
@@ -251,9 +252,8 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
-  return CreateOperation(
-      PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
-                         MakeIdempotency(request.idempotency_key(), "Migrate", request)));
+  return CreateOperation(PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
+                                            MakeIdempotency(keys, request)));
 }
 
 // The request's target, or without one the survivors of the current
@@ -292,7 +292,7 @@ absl::StatusOr<v1::Layout> SchedulerApi::RecoveryTarget(
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
-    const v1::RecoverFromFailureRequest& request) {
+    const v1::RecoverFromFailureRequest& request, const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckLostFields(request.lost_hosts(), request.lost_ranks()); !s.ok()) {
     return s;
@@ -322,11 +322,12 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   op.target_layout = *std::move(target);
   op.lost_hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
   op.lost_ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
-  op.idempotency = MakeIdempotency(request.idempotency_key(), "RecoverFromFailure", request);
+  op.idempotency = MakeIdempotency(keys, request);
   return CreateOperation(std::move(op));
 }
 
-absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointRequest& request) {
+absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointRequest& request,
+                                                       const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
@@ -362,7 +363,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   op.job_id = request.job_id();
   op.expected_generation = request.expected_generation();
   op.target_layout = job->layout();
-  op.idempotency = MakeIdempotency(request.idempotency_key(), "Checkpoint", request);
+  op.idempotency = MakeIdempotency(keys, request);
   op.step = std::move(step);
   op.cut_over_operation_id = request.cut_over_operation_id();
   return CreateOperation(std::move(op));
@@ -426,20 +427,27 @@ absl::StatusOr<v1::Operation> SchedulerApi::GetOperation(const v1::GetOperationR
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
-    const v1::CancelOperationRequest& request) {
+    const v1::CancelOperationRequest& request, const KeyScope& keys) {
   const std::string& id = request.operation_id();
   if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  const Idempotency idem = MakeIdempotency(keys, request);
   for (int attempt = 0; attempt < kCancelAttempts; ++attempt) {
+    // The key first, as for every mutating call: a retry gets the operation
+    // it cancelled; a key this scope used for another request moves nothing.
+    if (!idem.key.empty()) {
+      absl::StatusOr<std::optional<std::string>> first = store_->LookupIdempotencyKey(idem);
+      if (!first.ok()) return first.status();
+      if (first->has_value()) {
+        absl::StatusOr<OperationRecord> done = store_->GetOperation(**first, false);
+        if (!done.ok()) return NameNotFound(done.status(), OperationNotFound(**first));
+        return std::move(done->op);
+      }
+    }
     absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
     if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
     const v1::Operation& op = record->op;
     if (IsFinal(op.state())) {
-      // A retried cancel (it carries a key) finds the operation it cancelled.
-      if (!request.idempotency_key().empty() && op.state() == v1::OPERATION_STATE_ABORTED &&
-          op.error() == kCancelledByClient) {
-        return op;
-      }
       return absl::FailedPreconditionError(absl::StrCat("operation \"", id, "\" is already ",
                                                         StateName(op.state()),
                                                         "; only an active operation can be "
@@ -447,9 +455,11 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
     }
     OperationUpdate update;
     update.error = kCancelledByClient;
+    update.idempotency = idem;  // claimed with the move
     absl::Status moved =
         store_->TransitionOperation(id, op.state(), v1::OPERATION_STATE_ABORTED, update);
-    if (absl::IsAborted(moved)) continue;  // the driver moved it first: look again
+    // The driver moved it first, or a concurrent call took the key: look again.
+    if (absl::IsAborted(moved)) continue;
     if (!moved.ok()) return moved;
     RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << id << " "
                       << StateName(op.state()) << " -> ABORTED: " << kCancelledByClient;

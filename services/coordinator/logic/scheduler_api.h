@@ -12,6 +12,7 @@
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/advise_api.h"
+#include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
 
@@ -29,26 +30,36 @@ class SchedulerApi {
   /// `metrics` may be null.
   SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics, Options options);
 
+  // The mutating calls take the caller's KeyScope: their idempotency key is
+  // looked up and claimed only among that scope's keys (idempotency.h).
+
   [[nodiscard]] absl::StatusOr<v1::RegisterJobResponse> RegisterJob(
-      const v1::RegisterJobRequest& request);
+      const v1::RegisterJobRequest& request, const KeyScope& keys = {});
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   [[nodiscard]] absl::StatusOr<v1::DeleteJobResponse> DeleteJob(
-      const v1::DeleteJobRequest& request);
-  [[nodiscard]] absl::StatusOr<v1::Operation> Resize(const v1::ResizeRequest& request);
-  [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(const v1::MigrateRequest& request);
+      const v1::DeleteJobRequest& request, const KeyScope& keys = {});
+  [[nodiscard]] absl::StatusOr<v1::Operation> Resize(const v1::ResizeRequest& request,
+                                                     const KeyScope& keys = {});
+  [[nodiscard]] absl::StatusOr<v1::Operation> Migrate(const v1::MigrateRequest& request,
+                                                      const KeyScope& keys = {});
   [[nodiscard]] absl::StatusOr<v1::Operation> RecoverFromFailure(
-      const v1::RecoverFromFailureRequest& request);
+      const v1::RecoverFromFailureRequest& request, const KeyScope& keys = {});
   /// A CHECKPOINT operation: generation current + 1 on the current layout,
   /// written by the workers. FailedPrecondition unless the job is ACTIVE.
-  [[nodiscard]] absl::StatusOr<v1::Operation> Checkpoint(const v1::CheckpointRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> Checkpoint(const v1::CheckpointRequest& request,
+                                                         const KeyScope& keys = {});
   /// A stop-free operation's new workers are warm (Store::MarkPrepared).
   [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(const v1::MarkPreparedRequest& request);
   [[nodiscard]] absl::StatusOr<v1::PreviewPlanResponse> PreviewPlan(
       const v1::PreviewPlanRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Operation> GetOperation(const v1::GetOperationRequest& request);
+  /// Moves an active operation to ABORTED ("cancelled by client").
+  /// FailedPrecondition when it is final already. With a key, as every
+  /// mutating call: the key is claimed with the move, a retry returns the
+  /// operation it cancelled, another request with it is InvalidArgument.
   [[nodiscard]] absl::StatusOr<v1::Operation> CancelOperation(
-      const v1::CancelOperationRequest& request);
+      const v1::CancelOperationRequest& request, const KeyScope& keys = {});
   [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts(
       const v1::ListHostsRequest& request);
   /// Commits a step boundary's dataset cursor with the current generation
@@ -88,7 +99,8 @@ class SchedulerApi {
       const v1::RecoverFromFailureRequest& request, const v1::Job& job);
 
   /// Resize with `choose`: the advisor's best layout for the horizon.
-  [[nodiscard]] absl::StatusOr<v1::Operation> ResizeChosen(const v1::ResizeRequest& request);
+  [[nodiscard]] absl::StatusOr<v1::Operation> ResizeChosen(const v1::ResizeRequest& request,
+                                                           const KeyScope& keys);
 
   StorePtr store_;
   AdviseApi advise_;

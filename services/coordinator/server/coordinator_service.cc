@@ -5,6 +5,15 @@
 #include "services/coordinator/server/rpc_status.h"
 
 namespace reshard::coordinator {
+namespace {
+
+// Whose idempotency keys a caller's are (logic/idempotency.h): its tenants,
+// or, for a caller scoped to none (an admin), a scope of its own.
+KeyScope KeysOf(const Authorizer& authorizer, const Principal& p) {
+  return authorizer.ScopedToTenants(p) ? KeyScope{p.tenants} : KeyScope{};
+}
+
+}  // namespace
 
 absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char* method,
                                                  const std::string& job_id) const {
@@ -39,7 +48,11 @@ grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
             !s.ok()) {
           return s;
         }
-        if (absl::Status s = Unwrap(api_->RegisterJob(*request), reply); !s.ok()) return s;
+        if (absl::Status s =
+                Unwrap(api_->RegisterJob(*request, KeysOf(*authorizer_, p)), reply);
+            !s.ok()) {
+          return s;
+        }
         if (secrets_ == nullptr) return absl::OkStatus();
         absl::StatusOr<std::string> token = secrets_->WorkerToken(reply->job().id());
         if (!token.ok()) return token.status();
@@ -103,7 +116,7 @@ grpc::Status CoordinatorServiceImpl::DeleteJob(grpc::ServerContext* context,
                      [&](const Principal& p) {
                        if (absl::Status s = InJobTenant(p, "DeleteJob", request->job_id()); !s.ok())
                          return s;
-                       return Unwrap(api_->DeleteJob(*request), reply);
+                       return Unwrap(api_->DeleteJob(*request, KeysOf(*authorizer_, p)), reply);
                      });
 }
 
@@ -114,7 +127,7 @@ grpc::Status CoordinatorServiceImpl::Resize(grpc::ServerContext* context,
                      [&](const Principal& p) {
                        if (absl::Status s = InJobTenant(p, "Resize", request->job_id()); !s.ok())
                          return s;
-                       return Unwrap(api_->Resize(*request), reply);
+                       return Unwrap(api_->Resize(*request, KeysOf(*authorizer_, p)), reply);
                      });
 }
 
@@ -124,7 +137,7 @@ grpc::Status CoordinatorServiceImpl::Checkpoint(grpc::ServerContext* context,
   return RunAdmitted(
       authorizer_, context, metrics_, "Checkpoint", *request, "", [&](const Principal& p) {
         if (absl::Status s = InJobTenant(p, "Checkpoint", request->job_id()); !s.ok()) return s;
-        return Unwrap(api_->Checkpoint(*request), reply);
+        return Unwrap(api_->Checkpoint(*request, KeysOf(*authorizer_, p)), reply);
       });
 }
 
@@ -135,7 +148,7 @@ grpc::Status CoordinatorServiceImpl::Migrate(grpc::ServerContext* context,
                      [&](const Principal& p) {
                        if (absl::Status s = InJobTenant(p, "Migrate", request->job_id()); !s.ok())
                          return s;
-                       return Unwrap(api_->Migrate(*request), reply);
+                       return Unwrap(api_->Migrate(*request, KeysOf(*authorizer_, p)), reply);
                      });
 }
 
@@ -147,7 +160,7 @@ grpc::Status CoordinatorServiceImpl::RecoverFromFailure(
         if (absl::Status s = InJobTenant(p, "RecoverFromFailure", request->job_id()); !s.ok()) {
           return s;
         }
-        return Unwrap(api_->RecoverFromFailure(*request), reply);
+        return Unwrap(api_->RecoverFromFailure(*request, KeysOf(*authorizer_, p)), reply);
       });
 }
 
@@ -224,7 +237,7 @@ grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext* contex
             !s.ok()) {
           return s;
         }
-        return Unwrap(api_->CancelOperation(*request), reply);
+        return Unwrap(api_->CancelOperation(*request, KeysOf(*authorizer_, p)), reply);
       });
 }
 

@@ -183,6 +183,7 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
   const pqxx::binarystring stats =
       update.stats ? pg::Bytea(*update.stats) : pg::Bytea(absl::string_view());
   const std::string error = update.error ? pg::TruncateError(*update.error) : std::string();
+  if (absl::Status s = pg::CheckText("idempotency key", update.idempotency.key); !s.ok()) return s;
 
   return pool_->Transact("TransitionOperation", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result r = tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),
@@ -203,6 +204,14 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
       const std::string job_id = r[0][0].c_str();
       tx.Exec(pg::kDiscardPendingGeneration, job_id, r[0][1].as<int64_t>());
       tx.Exec(pg::kSettleJobState, job_id);
+    }
+    // A cancel's key names the operation it moved, or nothing moves.
+    if (!update.idempotency.key.empty()) {
+      if (absl::Status s =
+              pg::ClaimIdempotencyKey(tx, update.idempotency, operation_id, r[0][0].c_str());
+          !s.ok()) {
+        return s;
+      }
     }
     pg::WriteAudit(tx, r[0][0].c_str(), operation_id);
     return absl::OkStatus();

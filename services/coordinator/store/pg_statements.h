@@ -160,16 +160,19 @@ inline constexpr Statement kGenerationsToDiscard{
     "FROM generation_ranks r WHERE r.host_id = $1 AND r.job_id = g.job_id AND "
     "r.generation = g.generation) ORDER BY g.job_id, g.generation"};
 
-// ---- Idempotency -----------------------------------------------------------
+// ---- Idempotency (pg_idempotency.cc) ---------------------------------------
+// $1 the caller's tenants (the key's scope, migrations/0012), $2 the key.
 
 inline constexpr Statement kSelectIdempotencyKey{
     "select_idempotency_key",
-    "SELECT method, request_hash, resource_id FROM idempotency_keys WHERE key = $1"};
+    "SELECT method, request_hash, resource_id FROM idempotency_keys WHERE tenants = $1::text[] "
+    "AND key = $2"};
 
 inline constexpr Statement kClaimIdempotencyKey{
     "claim_idempotency_key",
-    "INSERT INTO idempotency_keys (key, method, request_hash, resource_id, job_id) "
-    "VALUES ($1, $2, $3, $4, NULLIF($5, '')) ON CONFLICT (key) DO NOTHING RETURNING key"};
+    "INSERT INTO idempotency_keys (tenants, key, method, request_hash, resource_id, job_id) "
+    "VALUES ($1::text[], $2, $3, $4, $5, NULLIF($6, '')) ON CONFLICT (tenants, key) DO NOTHING "
+    "RETURNING key"};
 
 // ---- Operations ------------------------------------------------------------
 

@@ -142,31 +142,6 @@ absl::StatusOr<OperationRecord> ReadOperation(PgTx& tx, const std::string& opera
   return record;
 }
 
-absl::StatusOr<std::optional<std::string>> FindIdempotentResource(PgTx& tx,
-                                                                  const Idempotency& idem) {
-  const pqxx::result r = tx.Exec(kSelectIdempotencyKey, idem.key);
-  if (r.empty()) return std::optional<std::string>();
-  const std::string method = r[0][0].c_str();
-  const pqxx::binarystring hash(r[0][1]);
-  if (method != idem.method || hash.str() != idem.request_hash) {
-    return absl::InvalidArgumentError(absl::StrCat("idempotency key \"", idem.key,
-                                                   "\" was already used for a different ", method,
-                                                   " request; use a new key"));
-  }
-  return std::optional<std::string>(r[0][2].c_str());
-}
-
-absl::Status ClaimIdempotencyKey(PgTx& tx, const Idempotency& idem, const std::string& resource_id,
-                                 const std::string& job_id) {
-  const pqxx::result r = tx.Exec(kClaimIdempotencyKey, idem.key, idem.method,
-                                 Bytea(idem.request_hash), resource_id, job_id);
-  if (r.empty()) {
-    return absl::AbortedError(absl::StrCat("idempotency key \"", idem.key,
-                                           "\" was taken by a concurrent request; retry"));
-  }
-  return absl::OkStatus();
-}
-
 absl::StatusOr<GenerationRows> ToGenerationRows(const v1::Layout& layout, absl::string_view what) {
   GenerationRows rows;
   rows.tp = layout.config().tp();

@@ -35,7 +35,12 @@ namespace reshard::coordinator {
 /// Idempotency of a mutating call: the same `key` for the same `method` and
 /// `request_hash` returns the first call's resource; a different request
 /// with a used key is InvalidArgument. An empty key disables it.
+/// Keys are scoped: a key is looked up and claimed only among the keys of
+/// the same `tenants`, so a key another scope used is simply free.
 struct Idempotency {
+  /// The caller's tenants, sorted and unique (MakeIdempotency); empty for a
+  /// caller scoped to no tenant (an admin), which has a scope of its own.
+  std::vector<std::string> tenants;
   std::string key;
   std::string method;        // e.g. "Resize"
   std::string request_hash;  // hash of the request without the key
@@ -120,6 +125,10 @@ struct OperationUpdate {
   std::optional<v1::PlanStats> stats;
   std::optional<std::string> error;
   std::optional<int64_t> bytes_total;
+  /// A key claimed for the operation in the transition's transaction (a
+  /// CancelOperation's); empty key: none. Aborted when its scope already
+  /// holds the key (nothing moves).
+  Idempotency idempotency;
 };
 
 /// One host's part of an operation.
@@ -274,6 +283,13 @@ class Store {
                                                          v1::OperationState from,
                                                          v1::OperationState to,
                                                          const OperationUpdate& update) = 0;
+  /// The resource a key names in its scope (`idem.tenants`): its id when the
+  /// key was used for the same method and request, nullopt when the scope
+  /// has not used it, InvalidArgument naming the key and the method it was
+  /// used with otherwise. For calls whose key is claimed by another method
+  /// (CancelOperation: TransitionOperation's `update.idempotency`).
+  [[nodiscard]] virtual absl::StatusOr<std::optional<std::string>> LookupIdempotencyKey(
+      const Idempotency& idem) = 0;
   /// PLANNED -> TRANSFERRING: records the pending generation (target layout)
   /// and one progress row per host taking part, in one transaction.
   [[nodiscard]] virtual absl::Status StartTransfer(const std::string& operation_id,

@@ -196,12 +196,40 @@ TEST(RequestHash, IgnoresTheKeyAndNamesTheContent) {
 TEST(MakeIdempotency, EmptyKeyDisablesIt) {
   v1::DeleteJobRequest r;
   r.set_job_id("j");
-  EXPECT_TRUE(MakeIdempotency("", "DeleteJob", r).request_hash.empty());
+  const Idempotency none = MakeIdempotency(KeyScope{{"team-a"}}, r);
+  EXPECT_TRUE(none.key.empty());
+  EXPECT_TRUE(none.request_hash.empty());
+  EXPECT_TRUE(none.tenants.empty());
   r.set_idempotency_key("k");
-  const Idempotency idem = MakeIdempotency("k", "DeleteJob", r);
+  const Idempotency idem = MakeIdempotency(KeyScope{}, r);
   EXPECT_EQ(idem.key, "k");
   EXPECT_EQ(idem.method, "DeleteJob");
   EXPECT_EQ(idem.request_hash, RequestHash(r));
+  EXPECT_TRUE(idem.tenants.empty());  // the admin's own scope
+}
+
+// The scope is the caller's set of tenants, whatever order its certificate
+// or token lists them in.
+TEST(MakeIdempotency, ScopeIsTheSortedSetOfTenants) {
+  v1::ResizeRequest r;
+  r.set_job_id("j");
+  r.set_idempotency_key("k");
+  EXPECT_EQ(MakeIdempotency(KeyScope{{"team-b", "team-a", "team-b"}}, r).tenants,
+            (std::vector<std::string>{"team-a", "team-b"}));
+  EXPECT_EQ(MakeIdempotency(KeyScope{{"team-a"}}, r).tenants,
+            std::vector<std::string>{"team-a"});
+}
+
+// The method stored with a key is the request's own: no call site can pair
+// a request with another method's name.
+TEST(MakeIdempotency, MethodIsTheRequestsRpc) {
+  EXPECT_EQ(RequestMethod(v1::RegisterJobRequest()), "RegisterJob");
+  EXPECT_EQ(RequestMethod(v1::DeleteJobRequest()), "DeleteJob");
+  EXPECT_EQ(RequestMethod(v1::ResizeRequest()), "Resize");
+  EXPECT_EQ(RequestMethod(v1::MigrateRequest()), "Migrate");
+  EXPECT_EQ(RequestMethod(v1::RecoverFromFailureRequest()), "RecoverFromFailure");
+  EXPECT_EQ(RequestMethod(v1::CheckpointRequest()), "Checkpoint");
+  EXPECT_EQ(RequestMethod(v1::CancelOperationRequest()), "CancelOperation");
 }
 
 TEST(NewId, ThirtyTwoHexCharsAndUnique) {
