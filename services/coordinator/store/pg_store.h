@@ -138,11 +138,11 @@ class PgStore : public Store {
   [[nodiscard]] absl::Status TransitionOperation(const std::string& operation_id,
                                                  v1::OperationState from, v1::OperationState to,
                                                  const OperationUpdate& update) override;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> LookupIdempotencyKey(
+      const Idempotency& idem) override;
   [[nodiscard]] absl::Status StartTransfer(const std::string& operation_id,
                                            const std::vector<HostProgress>& hosts) override;
   [[nodiscard]] absl::Status RecordHostProgress(
-  [[nodiscard]] absl::StatusOr<std::optional<std::string>> LookupIdempotencyKey(
-      const Idempotency& idem) override;
       const std::string& operation_id, const HostProgress& progress,
       const std::vector<v1::ShardChecksum>& checksums) override;
   [[nodiscard]] absl::StatusOr<std::vector<HostProgress>> GetHostProgress(
