@@ -7,11 +7,17 @@
 // which some tensors changed and the others did not. The committed
 // generation must be that checkpoint's state resharded, byte for byte, and
 // the bytes not moved again must be exactly those of the unchanged shards.
+// A byte of the pre-copy that changes after the prepare is not committed.
 // An operation cancelled after its prepare leaves no buffer of its pending
 // generation on any agent.
+#include <fcntl.h>
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <set>
@@ -20,6 +26,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "agent/shard_store/shard_store.h"
 #include "planner/planner.h"
 #include "tests/agent/e2e/e2e_fixture.h"
 
@@ -195,6 +202,82 @@ TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
   ASSERT_GT(moved, 0);
   EXPECT_EQ(op.bytes_skipped_unchanged(), unchanged);
   EXPECT_EQ(op.bytes_total(), moved);
+}
+
+// One byte of the pre-copy flipped after the agents reported PREPARED (in
+// h2's pending buffer file, in a tensor the cut-over checkpoint did not
+// change, so every step writing it is skipped): the cut-over must not commit
+// it. h2's transfer phase reads back what its prepare wrote and fails with
+// DATA_LOSS naming job, generation, rank and item; the operation aborts with
+// that error, and the job stays on the checkpoint's generation, intact.
+// (Before the check the operation COMMITTED generation 3 with the byte.)
+TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
+  const v1::Operation started = StartResize(target, /*stop_free=*/true);
+  ASSERT_FALSE(started.id().empty());
+  const v1::Operation prepared = Prepare(started);
+  ASSERT_GT(prepared.prepared_unix_ms(), 0) << prepared.error();
+  ASSERT_EQ(prepared.state(), v1::OPERATION_STATE_PLANNED);
+
+  // The first byte of the first odd (unchanged) tensor a rank on h2 holds.
+  const std::vector<std::string> hosts = RankHosts(target);
+  int rank = -1, item = -1;
+  int64_t at = 0;
+  for (int r = 0; r < static_cast<int>(hosts.size()) && rank < 0; ++r) {
+    if (hosts[r] != "h2") continue;
+    const std::vector<ItemSlot> slots = LayoutItems(RankItemBytes(ptc_, target, r), nullptr);
+    for (int i = 1; i < ptc_.tensors_size(); i += 2) {
+      if (slots[i].bytes == 0) continue;
+      rank = r, item = i, at = slots[i].offset;
+      break;
+    }
+  }
+  ASSERT_GE(rank, 0);
+  const std::string path = absl::StrCat(dir_, "/shm-h2/", RankBufferFileName("h2", RankBufferKey{job_id_, 3, rank}));
+  {
+    const int fd = ::open(path.c_str(), O_RDWR);
+    ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
+    uint8_t byte = 0;
+    ASSERT_EQ(::pread(fd, &byte, 1, at), 1);
+    byte ^= 0x01;
+    ASSERT_EQ(::pwrite(fd, &byte, 1, at), 1);
+    ::close(fd);
+  }
+
+  // The cut-over checkpoint: the even tensors changed, the odd ones did not.
+  auto later = RandomContents(ptc_, layout_, 4242);
+  ASSERT_TRUE(later.ok()) << later.status();
+  Contents step1 = contents_;
+  for (size_t r = 0; r < step1.ranks.size(); ++r) {
+    for (int i = 0; i < ptc_.tensors_size(); i += 2) step1.ranks[r][i] = later->ranks[r][i];
+  }
+  const v1::Operation checkpoint = CutOver(started.id(), 1);
+  ASSERT_EQ(checkpoint.to_generation(), 2);
+  absl::Status published = PublishCheckpoint(2, step1);
+  ASSERT_TRUE(published.ok()) << published;
+
+  const v1::Operation op = WaitFinal(started.id());
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_ABORTED)
+      << v1::OperationState_Name(op.state()) << " " << op.error();
+  EXPECT_THAT(op.error(),
+              ::testing::AllOf(::testing::HasSubstr("host \"h2\": DATA_LOSS"),
+                               ::testing::HasSubstr(absl::StrCat("job \"", job_id_,
+                                                                 "\" generation 3 rank ", rank,
+                                                                 " item ", item, " (\"",
+                                                                 ptc_.tensors(item).name(), "\")")),
+                               ::testing::HasSubstr("changed after the prepare")));
+  // The job goes on from the checkpoint, byte for byte.
+  v1::GetJobRequest jr;
+  jr.set_job_id(job_id_);
+  v1::Job job;
+  grpc::ClientContext jctx;
+  ASSERT_TRUE(stub_->GetJob(&jctx, jr, &job).ok());
+  EXPECT_EQ(job.generation(), 2);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+  absl::Status v = Verify(sockets_, job_id_, 2, step1);
+  EXPECT_TRUE(v.ok()) << v;
 }
 
 TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGeneration) {
