@@ -433,8 +433,13 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   const Idempotency idem = MakeIdempotency(keys, request);
   for (int attempt = 0; attempt < kCancelAttempts; ++attempt) {
-    // The key first, as for every mutating call: a retry gets the operation
-    // it cancelled; a key this scope used for another request moves nothing.
+    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
+    if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
+    const v1::Operation& op = record->op;
+    // The key, as for every mutating call: a retry gets the operation it
+    // cancelled; a key this scope used for another request moves nothing.
+    // Read after the operation: a concurrent retry that moved it first has
+    // committed its key by the time the operation reads final here.
     if (!idem.key.empty()) {
       absl::StatusOr<std::optional<std::string>> first = store_->LookupIdempotencyKey(idem);
       if (!first.ok()) return first.status();
@@ -444,9 +449,6 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
         return std::move(done->op);
       }
     }
-    absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
-    if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
-    const v1::Operation& op = record->op;
     if (IsFinal(op.state())) {
       return absl::FailedPreconditionError(absl::StrCat("operation \"", id, "\" is already ",
                                                         StateName(op.state()),
