@@ -117,12 +117,13 @@ std::string AgentUsage() {
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT]\n"
-         "  [--worker-group GROUP] [--worker-socket-mode MODE] [--shard-file-mode MODE]\n"
+         "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
-         "--worker-group: the group (name or number) of the worker socket and the shard\n"
-         "files, whose members (training processes) may use them; default the agent's.\n"
-         "--worker-socket-mode (default 0660), --shard-file-mode (unsealed files a worker\n"
-         "writes, default 0660; sealed files are 0440): octal.\n"
+         "--worker-group: the group (name or number) of the worker socket (and of its\n"
+         "descriptor socket PATH.fds), whose members (training processes) may use it;\n"
+         "default the agent's. --worker-socket-mode: octal, default 0660. Shard files are\n"
+         "the agent's alone (0600, sealed 0400); workers map descriptors the agent hands\n"
+         "them (--shard-file-mode is retired).\n"
          "--tls-cert/--tls-key: this host's certificate (common name agent:HOST_ID) and\n"
          "key; --tls-ca: the CA of the coordinator's certificate. Re-read when they\n"
          "change. --insecure: plaintext to the coordinator (a warning is logged).\n"
@@ -135,8 +136,7 @@ std::string AgentUsage() {
          "RESHARD_MEMORY_LIMIT_BYTES, RESHARD_SPARE_BYTES, UCX_NET_DEVICES, UCX_TLS,\n"
          "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL,\n"
          "RESHARD_METRICS_LISTEN, RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA,\n"
-         "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE,\n"
-         "RESHARD_SHARD_FILE_MODE); flags win.\n";
+         "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -203,9 +203,13 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     if (!s.ok()) return s;
   }
   if (auto it = values.find("shard-file-mode"); it != values.end()) {
-    absl::Status s =
-        ParseMode(it->first, "RESHARD_SHARD_FILE_MODE", it->second, &c.shard_file_mode);
-    if (!s.ok()) return s;
+    // Issue 19: a worker group that may open shard files lets one job's
+    // workers read or write another's.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shard-file-mode (RESHARD_SHARD_FILE_MODE) \"", it->second,
+        "\" is retired: shard files are the agent's alone (0600, sealed 0400) and workers map "
+        "file descriptors the agent hands them over the worker socket's PATH.fds "
+        "(docs/security.md, \"Workers\"); remove it"));
   }
   int64_t v = 0;
   if (auto it = values.find("memory-limit-bytes"); it != values.end()) {

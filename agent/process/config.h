@@ -35,16 +35,14 @@ struct AgentConfig {
   /// (RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA), all required
   /// unless --insecure (RESHARD_INSECURE): plaintext, logged as a warning.
   TlsFiles tls;
-  /// Who may use the worker socket and the shard files (docs/security.md,
-  /// "Workers"): the group of both (-1: the agent's own), given as a name or
-  /// a number (--worker-group, RESHARD_WORKER_GROUP); the socket's mode
-  /// (--worker-socket-mode, RESHARD_WORKER_SOCKET_MODE, octal); the mode of
-  /// an unsealed shard file a worker writes (--shard-file-mode,
-  /// RESHARD_SHARD_FILE_MODE, octal; sealed files are always 0440).
+  /// Who may use the worker socket and its descriptor socket PATH.fds
+  /// (docs/security.md, "Workers"): their group (-1: the agent's own), given
+  /// as a name or a number (--worker-group, RESHARD_WORKER_GROUP), and mode
+  /// (--worker-socket-mode, RESHARD_WORKER_SOCKET_MODE, octal). Shard files
+  /// are the agent's alone; --shard-file-mode is retired (InvalidArgument).
   int64_t worker_gid = -1;
   std::string worker_group;  // as given
   uint32_t worker_socket_mode = 0660;
-  uint32_t shard_file_mode = 0660;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

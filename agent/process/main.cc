@@ -20,6 +20,7 @@
 #include "agent/process/config.h"
 #include "agent/process/coordinator_session.h"
 #include "agent/process/metrics.h"
+#include "agent/process/worker_fd_socket.h"
 #include "agent/process/worker_service.h"
 #include "agent/process/worker_socket.h"
 #include "agent/shard_store/shard_store.h"
@@ -69,8 +70,6 @@ int main(int argc, char** argv) {
   store_options.host_id = config->host_id;
   store_options.memory_limit_bytes = config->memory_limit_bytes;
   store_options.spare_bytes = config->spare_bytes;
-  store_options.file_gid = config->worker_gid;
-  store_options.file_mode = config->shard_file_mode;
   absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(store_options);
   if (!store.ok()) return Fail("opening the shard store: " + store.status().ToString());
 
@@ -137,6 +136,17 @@ int main(int argc, char** argv) {
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);
   });
+  // Shard files are the agent's alone: workers map descriptors the agent
+  // hands them over `<worker socket>.fds`, admitted like the gRPC calls
+  // (docs/security.md, "Workers").
+  const std::string fd_socket_path = WorkerFdSocket::PathFor(config->worker_socket);
+  absl::StatusOr<std::unique_ptr<WorkerFdSocket>> fd_socket =
+      WorkerFdSocket::Listen(fd_socket_path, config->worker_gid, config->worker_socket_mode);
+  if (!fd_socket.ok()) return Fail(std::string(fd_socket.status().message()));
+  (*fd_socket)->Serve([&worker_service](const reshard::v1::WorkerFdRequest& request,
+                                        const std::string& caller) {
+    return worker_service.OpenForWorker(request, caller);
+  });
   grpc::ServerBuilder builder;
   builder.RegisterService(&worker_service);
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
@@ -152,6 +162,7 @@ int main(int argc, char** argv) {
   RESHARD_LOG(INFO) << "signal " << sig << ": shutting down";
   session.Stop();
   (*worker_socket)->Stop();
+  (*fd_socket)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*transport)->Shutdown();
   exposer.reset();

@@ -1,5 +1,7 @@
 #include "agent/process/worker_service.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -117,7 +119,17 @@ absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char
   constexpr absl::string_view kBearer = "Bearer ";
   if (header == metadata.end() ||
       !absl::StartsWith(absl::string_view(header->second.data(), header->second.size()), kBearer)) {
-    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+    return AdmitToken(nullptr, Caller(ctx), method, job_id);
+  }
+  const std::string token(header->second.data() + kBearer.size(),
+                          header->second.size() - kBearer.size());
+  return AdmitToken(&token, Caller(ctx), method, job_id);
+}
+
+absl::Status WorkerServiceImpl::AdmitToken(const std::string* presented, const std::string& caller,
+                                           const char* method, const std::string& job_id) {
+  if (presented == nullptr || presented->empty()) {
+    RESHARD_LOG(WARNING) << "worker " << caller << ": " << method << " of job " << job_id
                          << " refused: no worker token";
     return absl::UnauthenticatedError(absl::StrCat(
         method, " of job \"", job_id,
@@ -125,10 +137,9 @@ absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char
         "RegisterJob or `reshardctl jobs worker-token JOB`; Python: Worker(worker_token=...) or "
         "RESHARD_WORKER_TOKEN)"));
   }
-  const std::string token(header->second.data() + kBearer.size(),
-                          header->second.size() - kBearer.size());
+  const std::string& token = *presented;
   if (!absl::StartsWith(token, "wt-")) {
-    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+    RESHARD_LOG(WARNING) << "worker " << caller << ": " << method << " of job " << job_id
                          << " refused: not a worker token";
     return absl::UnauthenticatedError(absl::StrCat(
         method, " of job \"", job_id,
@@ -142,7 +153,7 @@ absl::Status WorkerServiceImpl::Admit(const grpc::ServerContext& ctx, const char
         absl::StrCat(method, " of job \"", job_id, "\" refused: ", expected.status().message()));
   }
   if (!ConstantTimeEqual(Sha256Of(token), *expected)) {
-    RESHARD_LOG(WARNING) << "worker " << Caller(ctx) << ": " << method << " of job " << job_id
+    RESHARD_LOG(WARNING) << "worker " << caller << ": " << method << " of job " << job_id
                          << " refused: not the job's worker token";
     return absl::PermissionDeniedError(absl::StrCat(
         method, " of job \"", job_id, "\" refused: the worker token presented is not job \"",
@@ -271,24 +282,79 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
     }
   }
   if (!buf.ok()) return ToGrpc(buf.status());
-  // A sealed generation is immutable: what a transfer reads must be what
-  // was sealed.
-  if ((*buf)->sealed()) {
-    return ToGrpc(absl::FailedPreconditionError(
-        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
-                     req->rank(), " is sealed: a sealed generation cannot be published again")));
-  }
-  // Only a buffer made by PublishShard is the worker's to write (not one a
-  // task is filling).
-  if (!(*buf)->published()) {
-    return ToGrpc(absl::FailedPreconditionError(
-        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
-                     req->rank(), " is being written by a transfer, not by workers")));
-  }
+  if (absl::Status s = CheckPublishable(key, **buf); !s.ok()) return ToGrpc(s);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
   DescribeItems(jg->get(), req->rank(), **buf, resp->mutable_items());
   return grpc::Status::OK;
+}
+
+absl::Status WorkerServiceImpl::CheckPublishable(const RankBufferKey& key,
+                                                 const RankBuffer& buffer) {
+  // A sealed generation is immutable: what a transfer reads must be what
+  // was sealed.
+  if (buffer.sealed()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", key.job_id, "\" generation ", key.generation, " rank ", key.rank,
+                     " is sealed: a sealed generation cannot be published again"));
+  }
+  // Only a buffer made by PublishShard is the worker's to write (not one a
+  // task is filling).
+  if (!buffer.published()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", key.job_id, "\" generation ", key.generation, " rank ", key.rank,
+                     " is being written by a transfer, not by workers"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServiceImpl::CheckLoadable(const RankBufferKey& key, const RankBuffer& buffer) {
+  if (!buffer.sealed()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", key.job_id, "\" generation ", key.generation, " rank ", key.rank, " is not sealed"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<RankBuffer::WorkerFile> WorkerServiceImpl::OpenForWorker(
+    const v1::WorkerFdRequest& req, const std::string& caller) {
+  const bool publish = req.access() == v1::WorkerFdRequest::ACCESS_PUBLISH;
+  const char* method = publish ? "ShardFilePublish" : "ShardFileLoad";
+  absl::StatusOr<RankBuffer::WorkerFile> out = absl::UnknownError("not run");
+  Timed(metrics_, method, [&] {
+    absl::Status s = CheckKey(req.job_id(), req.generation(), req.rank());
+    if (s.ok() && !publish && req.access() != v1::WorkerFdRequest::ACCESS_LOAD) {
+      s = absl::InvalidArgumentError(absl::StrCat("access ", static_cast<int>(req.access()),
+                                                  " is neither ACCESS_PUBLISH nor ACCESS_LOAD"));
+    }
+    if (s.ok()) s = AdmitToken(&req.worker_token(), caller, method, req.job_id());
+    const RankBufferKey key{req.job_id(), req.generation(), req.rank()};
+    absl::StatusOr<RankBufferPtr> buf = absl::UnknownError("not looked up");
+    if (s.ok()) {
+      buf = store_->Get(key);
+      if (absl::IsNotFound(buf.status()) && publish) {
+        s = absl::NotFoundError(absl::StrCat("job \"", key.job_id, "\" generation ",
+                                             key.generation, " rank ", key.rank,
+                                             " has no buffer here: call PublishShard first"));
+      } else {
+        s = buf.status();
+      }
+    }
+    if (s.ok()) s = publish ? CheckPublishable(key, **buf) : CheckLoadable(key, **buf);
+    if (s.ok()) {
+      out = (*buf)->OpenForWorker(/*writable=*/publish);
+      // Sealed meanwhile: the descriptor must not outlive the check.
+      if (out.ok() && publish && (*buf)->sealed()) {
+        ::close(out->fd);
+        out = CheckPublishable(key, **buf);
+      }
+      s = out.status();
+    } else {
+      out = s;
+    }
+    return ToGrpc(s);
+  });
+  return out;
 }
 
 grpc::Status WorkerServiceImpl::DoSealShard(const v1::SealShardRequest* req,
@@ -307,11 +373,7 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
   if (!buf.ok()) return ToGrpc(buf.status());
-  if (!(*buf)->sealed()) {
-    return ToGrpc(absl::FailedPreconditionError(
-        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
-                     req->rank(), " is not sealed")));
-  }
+  if (absl::Status s = CheckLoadable(key, **buf); !s.ok()) return ToGrpc(s);
   // Names and shapes are best effort: a generation that is no longer current
   // and was never published here has only offsets and sizes.
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =

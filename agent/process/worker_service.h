@@ -53,9 +53,26 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status OpenGeneration(grpc::ServerContext* ctx, const v1::OpenGenerationRequest* req,
                               v1::OpenGenerationResponse* resp) override;
 
+  /// A request of the worker socket's companion `<socket>.fds`
+  /// (worker_fd_socket.h) from `caller` ("pid P uid U gid G"): a descriptor
+  /// of the rank buffer it names, admitted as the gRPC calls are (the job's
+  /// worker token) and only for what the buffer's state allows: ACCESS_PUBLISH
+  /// a writable one of a buffer PublishShard made and nobody sealed,
+  /// ACCESS_LOAD a read-only one of a sealed buffer. Errors name job,
+  /// generation and rank; the caller closes the descriptor.
+  absl::StatusOr<RankBuffer::WorkerFile> OpenForWorker(const v1::WorkerFdRequest& req,
+                                                       const std::string& caller);
+
  private:
   /// Whether the call's worker token is job `job_id`'s (see above).
   absl::Status Admit(const grpc::ServerContext& ctx, const char* method, const std::string& job_id);
+  /// Admit for a `token` (null: none presented) from `caller`.
+  absl::Status AdmitToken(const std::string* token, const std::string& caller, const char* method,
+                          const std::string& job_id);
+  /// The buffer states in which a worker may write (PublishShard) or read
+  /// (OpenGeneration) `buffer`: FailedPrecondition naming it otherwise.
+  static absl::Status CheckPublishable(const RankBufferKey& key, const RankBuffer& buffer);
+  static absl::Status CheckLoadable(const RankBufferKey& key, const RankBuffer& buffer);
   /// The SHA-256 of job `job_id`'s worker token (cached: it never changes).
   absl::StatusOr<std::string> TokenSha256(const std::string& job_id);
 

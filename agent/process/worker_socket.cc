@@ -18,8 +18,7 @@
 
 namespace reshard::agent {
 
-absl::StatusOr<std::unique_ptr<WorkerSocket>> WorkerSocket::Listen(const std::string& path, int gid,
-                                                                   int mode) {
+absl::StatusOr<int> ListenUnix(const std::string& path, int gid, int mode) {
   auto fail = [&](const std::string& what) {
     return absl::UnavailableError(
         absl::StrCat("worker socket ", path, ": ", what, ": ", std::strerror(errno)));
@@ -53,7 +52,14 @@ absl::StatusOr<std::unique_ptr<WorkerSocket>> WorkerSocket::Listen(const std::st
     ::unlink(path.c_str());
     return s;
   }
-  return std::unique_ptr<WorkerSocket>(new WorkerSocket(path, fd));
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerSocket>> WorkerSocket::Listen(const std::string& path, int gid,
+                                                                   int mode) {
+  absl::StatusOr<int> fd = ListenUnix(path, gid, mode);
+  if (!fd.ok()) return fd.status();
+  return std::unique_ptr<WorkerSocket>(new WorkerSocket(path, *fd));
 }
 
 WorkerSocket::~WorkerSocket() { Stop(); }

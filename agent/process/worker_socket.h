@@ -33,6 +33,11 @@ struct PeerCredentials {
   gid_t gid = 0;
 };
 
+/// A unix stream socket listening on `path` (a stale socket there is
+/// removed), with group `gid` (< 0: the agent's) and `mode` set before it
+/// listens. Unavailable naming the path. The caller owns the descriptor.
+[[nodiscard]] absl::StatusOr<int> ListenUnix(const std::string& path, int gid, int mode);
+
 class WorkerSocket {
  public:
   /// Binds and listens on `path` (a stale socket there is removed), with

@@ -42,8 +42,12 @@ struct Accounting {
   std::atomic<int64_t> used{0};
 };
 
-// Mode of a sealed buffer's file: nobody but root may write or truncate it.
-inline constexpr mode_t kSealedMode = 0440;
+// Mode of an unsealed buffer's file: the agent's alone (docs/security.md,
+// "Workers"; a worker gets a descriptor, never the path).
+inline constexpr mode_t kUnsealedMode = 0600;
+// Mode of a sealed buffer's file: read-only, the agent's alone; nobody but
+// root may write or truncate it.
+inline constexpr mode_t kSealedMode = 0400;
 
 // Sent instead of SIGIO (whose default action ends the process) when a
 // process breaks one of our read leases; its default action is to ignore it.
@@ -161,6 +165,34 @@ class MappedRankBuffer final : public RankBuffer {
       return s;
     }
     return std::unique_ptr<ReadLease>(new FileReadLease(fd));
+  }
+
+  absl::StatusOr<WorkerFile> OpenForWorker(bool writable) const override {
+    // O_NONBLOCK: a writable open that would break a read lease (a Seal in
+    // progress) fails at once instead of waiting for the lease to go; the
+    // break still tells the Seal to copy (SealPublished).
+    const int fd = ::open(path_.c_str(),
+                          (writable ? O_RDWR | O_NONBLOCK : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) {
+      const int err = errno;
+      if (err == EWOULDBLOCK) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(Describe(key_), " is being sealed: it cannot be written any more"));
+      }
+      if (err == ENOENT) {
+        return absl::NotFoundError(absl::StrCat(Describe(key_), " was released"));
+      }
+      return absl::DataLossError(
+          absl::StrCat(Describe(key_), ": cannot open \"", path_, "\": ", std::strerror(err)));
+    }
+    struct stat st {};
+    absl::Status s = ::fstat(fd, &st) == 0 ? CheckStat(st)
+                                           : ErrnoStatus("cannot stat", path_, errno);
+    if (!s.ok()) {
+      ::close(fd);
+      return s;
+    }
+    return WorkerFile{fd, size_};
   }
 
   absl::Status MakeReadOnly(bool seal_mode) {

@@ -1,9 +1,9 @@
 // What a restarting agent does to the shard files an earlier agent left
-// (issue 11 item 5; docs/security.md, "Workers"): each gets the group and
-// mode the agent is configured with now, so that changing --worker-group or
-// --shard-file-mode and restarting takes access away from the old group as
-// well as giving it to the new one. Not for new files: those get the group
-// and mode when they are made. Thread-compatible (no state).
+// (issue 11 item 5, issue 19; docs/security.md, "Workers"): each gets the
+// agent's own group and the agent-only mode (0600, sealed 0400), so that an
+// agent restarted on files an earlier one gave a worker group (0660, sealed
+// 0440) takes that group's access away. Not for new files: those get the
+// mode when they are made. Thread-compatible (no state).
 #pragma once
 
 #include <sys/stat.h>

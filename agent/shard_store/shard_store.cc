@@ -42,6 +42,7 @@ using store_internal::FileId;
 using store_internal::HumanBytes;
 using store_internal::IdOf;
 using store_internal::kSealedMode;
+using store_internal::kUnsealedMode;
 using store_internal::kSealingSuffix;
 using store_internal::MapAndClose;
 using store_internal::MappedRankBuffer;
@@ -390,13 +391,6 @@ class ShmShardStore final : public ShardStore {
     if (sealed != b) {
       // The copy takes the buffer's name; the worker's mapping keeps the old
       // file, which nothing the agent serves reads any more.
-      if (options_.file_gid >= 0 && ::chown(copy_path.c_str(), static_cast<uid_t>(-1),
-                                            static_cast<gid_t>(options_.file_gid)) != 0) {
-        s = ErrnoStatus(absl::StrCat("cannot give group ", options_.file_gid, " to"), copy_path,
-                        errno);
-        discard_copy();
-        return s;
-      }
       if (::rename(copy_path.c_str(), b->path().c_str()) != 0) {
         s = ErrnoStatus("cannot rename to", b->path(), errno);
         discard_copy();
@@ -505,16 +499,11 @@ class ShmShardStore final : public ShardStore {
     return absl::OkStatus();
   }
 
-  // Gives a new buffer file the configured group and mode (explicitly: the
-  // umask would take the group's write bit).
-  absl::Status SetOwnership(int fd, const std::string& path) const {
-    if (options_.file_gid >= 0 &&
-        ::fchown(fd, static_cast<uid_t>(-1), static_cast<gid_t>(options_.file_gid)) != 0) {
-      return ErrnoStatus(absl::StrCat("cannot give group ", options_.file_gid, " to"), path, errno);
-    }
-    if (::fchmod(fd, static_cast<mode_t>(options_.file_mode)) != 0) {
-      return ErrnoStatus(absl::StrFormat("cannot set mode %04o on", options_.file_mode), path,
-                         errno);
+  // Makes a new buffer file the agent's alone (explicitly: a spare file
+  // renamed to it may have had another mode).
+  static absl::Status SetOwnership(int fd, const std::string& path) {
+    if (::fchmod(fd, kUnsealedMode) != 0) {
+      return ErrnoStatus(absl::StrFormat("cannot set mode %04o on", kUnsealedMode), path, errno);
     }
     return absl::OkStatus();
   }
@@ -528,7 +517,8 @@ class ShmShardStore final : public ShardStore {
                                                               Writer writer, int64_t spare) {
     const std::string path = PathOf(key);
     const int fd = spare > 0 ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
-                             : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+                             : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
+                                      kUnsealedMode);
     if (fd < 0) {
       const int err = errno;
       if (err == EEXIST) {
@@ -621,12 +611,12 @@ class ShmShardStore final : public ShardStore {
       return absl::InvalidArgumentError(
           absl::StrCat("\"", path, "\" has ", st.st_size, " bytes, the sidecar says ", size));
     }
-    // The group and mode configured now, not those of the agent that made
-    // the file: a changed --worker-group takes the old group's access away.
-    // A file that cannot be regrouped is kept (its bytes may be the only
-    // copy) and said loudly.
-    const mode_t mode = sidecar->sealed ? kSealedMode : static_cast<mode_t>(options_.file_mode);
-    absl::StatusOr<bool> regrouped = Regroup(fd, path, st, options_.file_gid, mode);
+    // The agent's own group and mode, whatever an earlier agent gave the
+    // file (a worker group's read and write access before issue 19): no
+    // worker may open a shard file. A file that cannot be regrouped is kept
+    // (its bytes may be the only copy) and said loudly.
+    const mode_t mode = sidecar->sealed ? kSealedMode : kUnsealedMode;
+    absl::StatusOr<bool> regrouped = Regroup(fd, path, st, /*gid=*/-1, mode);
     if (!regrouped.ok()) {
       RESHARD_LOG(WARNING) << "shard store: " << Describe(sidecar->key)
                            << " keeps its old group or mode: " << regrouped.status();
@@ -634,7 +624,7 @@ class ShmShardStore final : public ShardStore {
       RESHARD_LOG(INFO) << "shard store: " << Describe(sidecar->key) << " regrouped: group "
                         << st.st_gid << " mode " << absl::StrFormat("%04o", st.st_mode & 07777)
                         << " -> group "
-                        << (options_.file_gid >= 0 ? options_.file_gid : int64_t{::getegid()})
+                        << ::getegid()
                         << " mode " << absl::StrFormat("%04o", mode);
     }
     const FileId id{st.st_dev, st.st_ino};

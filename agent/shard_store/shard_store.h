@@ -75,8 +75,10 @@ class ReadLease {
 /// Lifecycle (docs/agent.md, "Generation lifecycle"): a buffer is written
 /// (by a worker after PublishShard, or by the executor), then sealed; from
 /// then on it is immutable: the agent's own mapping is read-only, the file is
-/// mode 0440, re-publishing is refused, and readers hold a ReadLease and
-/// check the bytes against the sealed checksums.
+/// mode 0400, re-publishing is refused, and readers hold a ReadLease and
+/// check the bytes against the sealed checksums. Every file is the agent's
+/// alone (0600 until sealed, no group or other access): a worker reaches one
+/// only through a descriptor the agent opened for it (OpenForWorker).
 class RankBuffer {
  public:
   virtual ~RankBuffer() = default;
@@ -102,6 +104,20 @@ class RankBuffer {
   /// A ReadLease on the file (after CheckFile). FailedPrecondition when a
   /// process has the file open for writing (or a writable mapping of it).
   [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const = 0;
+  /// A new descriptor (O_CLOEXEC; the caller closes it) of the buffer's file
+  /// for a worker to map: read-write when `writable`, else read-only, and its
+  /// size. The caller decides whether the worker may have it. DataLoss when
+  /// the file is not the one the agent mapped, at its size (truncated,
+  /// grown, replaced); FailedPrecondition when a writable open would wait
+  /// for a read lease (the buffer is being sealed).
+  struct WorkerFile {
+    int fd = -1;
+    int64_t size = 0;
+  };
+  [[nodiscard]] virtual absl::StatusOr<WorkerFile> OpenForWorker(bool writable) const {
+    (void)writable;
+    return absl::UnimplementedError("this rank buffer has no file for workers");
+  }
 };
 using RankBufferPtr = std::shared_ptr<RankBuffer>;
 
@@ -124,14 +140,11 @@ class ShardStore {
     /// against memory_limit_bytes and are removed first when a CreateAll
     /// needs the room. 0: no spare pool.
     int64_t spare_bytes = 0;
-    /// The group of every rank buffer file (-1: the agent's own), so that
-    /// training processes of that group, not only root, can use them
-    /// (docs/security.md, "Workers").
-    int64_t file_gid = -1;
-    /// The mode of an unsealed buffer file (a worker of `file_gid` writes it
-    /// in place); sealed files are always read-only (0440).
-    uint32_t file_mode = 0660;
   };
+  // Rank buffer files have no configurable group or mode (docs/security.md,
+  // "Workers"): 0600 until sealed, 0400 after, in the agent's own group, so
+  // that no worker of any job can open one by path; Open gives the files an
+  // earlier agent left those too (taking an old worker group's access away).
 
   /// Opens the store, finding the rank buffers (and their sealed checksums)
   /// this host left behind, e.g. before the agent restarted, and removing

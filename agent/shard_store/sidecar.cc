@@ -131,7 +131,7 @@ absl::StatusOr<Sidecar> ParseSidecar(const std::string& text) {
 absl::Status WriteSidecar(const std::string& path, const Sidecar& sidecar) {
   const std::string tmp = path + ".tmp";
   const std::string text = SerializeSidecar(sidecar);
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0660);
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoError("cannot create", tmp, errno);
   size_t done = 0;
   while (done < text.size()) {

@@ -302,7 +302,7 @@ bool SparePool::Fill(int64_t bytes) {
   }
   const std::string path =
       absl::StrCat(options_.shm_dir, "/reshard-", options_.host_id, "-spare-", id);
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0660);
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     RESHARD_LOG(WARNING) << "shard store: cannot create spare \"" << path
                          << "\": " << std::strerror(errno);

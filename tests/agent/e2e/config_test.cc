@@ -58,15 +58,17 @@ TEST(AgentConfigTest, WorkerGroupAndModes) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->worker_gid, -1);  // the agent's own group
   EXPECT_EQ(c->worker_socket_mode, 0660u);
-  EXPECT_EQ(c->shard_file_mode, 0660u);
 
   std::vector<std::string> args = base;
   args.insert(args.end(), {"--worker-group", "4242", "--worker-socket-mode", "0666"});
-  c = Parse(args, {{"RESHARD_SHARD_FILE_MODE", "640"}});
+  c = Parse(args);
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->worker_gid, 4242);
   EXPECT_EQ(c->worker_socket_mode, 0666u);
-  EXPECT_EQ(c->shard_file_mode, 0640u);
+  // Retired (issue 19): shard files are the agent's alone.
+  absl::Status retired = Parse(base, {{"RESHARD_SHARD_FILE_MODE", "640"}}).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(retired)) << retired;
+  EXPECT_NE(retired.message().find("retired"), absl::string_view::npos) << retired;
 
   c = Parse(base, {{"RESHARD_WORKER_GROUP", "root"}});  // a name
   ASSERT_TRUE(c.ok()) << c.status();
@@ -79,7 +81,7 @@ TEST(AgentConfigTest, WorkerGroupAndModes) {
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-group", "no-such-group-xyz"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-socket-mode", "0860"})));
   EXPECT_TRUE(absl::IsInvalidArgument(with({"--worker-socket-mode", "4777"})));
-  EXPECT_TRUE(absl::IsInvalidArgument(with({"--shard-file-mode", "rw"})));
+  EXPECT_TRUE(absl::IsInvalidArgument(with({"--shard-file-mode", "0600"})));
 }
 
 TEST(AgentConfigTest, MetricsListen) {

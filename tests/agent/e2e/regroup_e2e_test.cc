@@ -1,9 +1,10 @@
 // A restarted agent regroups what an earlier agent left (issue 11 item 5):
 // the real reshard-agent holds a published job's sealed shard files; it is
 // killed and started again with another --worker-group and
-// --worker-socket-mode, then once more without a group. Each time its shard
-// files (0440, sealed) and its worker socket have the configured group and
-// mode, and the job's bytes still verify through the socket.
+// --worker-socket-mode, then once more without a group. Each time its worker
+// socket has the configured group and mode, its shard files stay the agent's
+// alone (0400 sealed, the agent's group: issue 19), and the job's bytes still
+// verify through the socket.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,7 +61,7 @@ class RegroupE2eTest : public AgentE2eTest {
 
   static std::vector<std::pair<mode_t, gid_t>> Expected(size_t n, mode_t socket_mode, gid_t gid) {
     std::vector<std::pair<mode_t, gid_t>> out = {{socket_mode, gid}};
-    for (size_t i = 1; i < n; ++i) out.emplace_back(0440, gid);
+    for (size_t i = 1; i < n; ++i) out.emplace_back(0400, ::getegid());
     return out;
   }
 };

@@ -1,8 +1,7 @@
-// A store opened again with another group and mode (an agent restarted with
-// another --worker-group / --shard-file-mode) gives the files an earlier
-// store left the configured ones: sealed files 0440, published unsealed
-// files the file mode; the group in both cases, also back to the agent's
-// own group when none is configured any more (access taken away).
+// A store opened again on files an earlier agent left with a worker group's
+// access (before issue 19: group files 0660, sealed 0440) makes them the
+// agent's alone: sealed 0400, published unsealed 0600, the agent's own group
+// (the old group's access taken away).
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -22,15 +21,12 @@ std::pair<mode_t, gid_t> ModeAndGroup(const std::string& path) {
 
 class RegroupTest : public ShardStoreTest {};
 
-TEST_F(RegroupTest, AReopenedStoreGivesOlderFilesTheConfiguredGroupAndMode) {
+TEST_F(RegroupTest, AReopenedStoreMakesOlderFilesTheAgentsAlone) {
   if (::geteuid() != 0) GTEST_SKIP() << "giving a file another group needs root";
-  constexpr gid_t kOld = 4242, kNew = 4343;
+  constexpr gid_t kOld = 4242;
   std::string sealed, published;
   {
-    ShardStore::Options o = MakeOptions();
-    o.file_gid = kOld;
-    o.file_mode = 0666;  // a careless earlier configuration
-    auto store = ShardStore::Open(o);
+    auto store = ShardStore::Open(MakeOptions());
     ASSERT_TRUE(store.ok()) << store.status();
     auto a = (*store)->CreateAll({Key(0)}, {{4096}});
     ASSERT_TRUE(a.ok()) << a.status();
@@ -43,31 +39,23 @@ TEST_F(RegroupTest, AReopenedStoreGivesOlderFilesTheConfiguredGroupAndMode) {
     ASSERT_TRUE(w.ok()) << w.status();
     published = (*w)[0]->path();
   }
-  // What another agent, or an operator, may also have left.
-  ASSERT_EQ(::chmod(sealed.c_str(), 0444), 0);
-  ASSERT_EQ(ModeAndGroup(sealed), std::make_pair(mode_t{0444}, kOld));
-  ASSERT_EQ(ModeAndGroup(published), std::make_pair(mode_t{0666}, kOld));
+  // What an agent from before issue 19 left (a worker group's files), or an
+  // operator.
+  ASSERT_EQ(::chown(sealed.c_str(), static_cast<uid_t>(-1), kOld), 0);
+  ASSERT_EQ(::chown(published.c_str(), static_cast<uid_t>(-1), kOld), 0);
+  ASSERT_EQ(::chmod(sealed.c_str(), 0440), 0);
+  ASSERT_EQ(::chmod(published.c_str(), 0666), 0);
 
-  ShardStore::Options o = MakeOptions();
-  o.file_gid = kNew;
-  o.file_mode = 0660;
-  auto store = ShardStore::Open(o);
+  auto store = ShardStore::Open(MakeOptions());
   ASSERT_TRUE(store.ok()) << store.status();
-  EXPECT_EQ(ModeAndGroup(sealed), std::make_pair(mode_t{0440}, kNew));
-  EXPECT_EQ(ModeAndGroup(published), std::make_pair(mode_t{0660}, kNew));
+  EXPECT_EQ(ModeAndGroup(sealed), std::make_pair(mode_t{0400}, ::getegid()));
+  EXPECT_EQ(ModeAndGroup(published), std::make_pair(mode_t{0600}, ::getegid()));
   // Both are still the store's, bytes and seal included.
   auto b = (*store)->Get(Key(0));
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_TRUE((*b)->sealed());
   EXPECT_EQ((*b)->data()[100], static_cast<uint8_t>(7 + 100 * 7));
   EXPECT_TRUE((*store)->Get(Key(1)).ok());
-  store->reset();
-
-  // No group configured any more: back to the agent's own.
-  auto own = ShardStore::Open(MakeOptions());
-  ASSERT_TRUE(own.ok()) << own.status();
-  EXPECT_EQ(ModeAndGroup(sealed), std::make_pair(mode_t{0440}, ::getegid()));
-  EXPECT_EQ(ModeAndGroup(published), std::make_pair(mode_t{0660}, ::getegid()));
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ TEST_F(SealTest, WorkerThatUnmappedIsSealedInPlaceAndTheFileBecomesReadOnly) {
   std::vector<uint8_t> want(4096, 'A');
   EXPECT_EQ((*sums)[0], Checksum(want.data(), want.size()));
   EXPECT_EQ(InodeOf(b->path()), inode) << "no copy was needed";
-  EXPECT_EQ(ModeOf(b->path()), 0440u);
+  EXPECT_EQ(ModeOf(b->path()), 0400u);
   // Nobody in the agent can write it, so a reader gets a lease.
   auto got = store->Get(Key(0));
   ASSERT_TRUE(got.ok());
@@ -115,7 +115,7 @@ TEST_F(SealTest, WritesThroughAMappingHeldAcrossTheSealDoNotReachTheSealedBuffer
     EXPECT_EQ((*sums)[i], Checksum(a.data(), a.size()));
   }
   EXPECT_TRUE((*sealed)->CheckFile().ok());
-  EXPECT_EQ(ModeOf(path), 0440u);
+  EXPECT_EQ(ModeOf(path), 0400u);
   // The copy took the room of one more buffer while it was made, and the
   // old one's is returned once its last user (here `b`) lets go.
   b.reset();
@@ -172,7 +172,7 @@ TEST_F(SealTest, TruncatingASealedFileIsCaughtBeforeAnyRead) {
   RankBufferPtr b = Publish(*store, Key(0), {1 << 20});
   ASSERT_NE(b, nullptr);
   ASSERT_TRUE(store->Seal(Key(0), {}).ok());
-  ASSERT_EQ(::truncate(b->path().c_str(), 4096), 0);  // root ignores the 0440 mode
+  ASSERT_EQ(::truncate(b->path().c_str(), 4096), 0);  // root ignores the 0400 mode
   EXPECT_EQ(b->CheckFile().code(), absl::StatusCode::kDataLoss);
   auto lease = b->LeaseForReading();
   EXPECT_EQ(lease.status().code(), absl::StatusCode::kDataLoss) << lease.status();

@@ -142,35 +142,51 @@ TEST_F(ShardStoreTest, BytesAreSharedWithAWorkerMapping) {
   ::munmap(p, b->size());
 }
 
-// With a file group (reshard-agent --worker-group), a worker's unsealed
-// buffer is the group's to write and its sealed copy the group's to read;
-// a buffer the agent writes and seals in place keeps the group, read-only.
-TEST_F(ShardStoreTest, FilesGetTheWorkerGroupAndMode) {
-  if (::geteuid() != 0) GTEST_SKIP() << "giving a file another group needs root";
-  constexpr gid_t kGroup = 4242;
-  ShardStore::Options o = MakeOptions();
-  o.file_gid = kGroup;
-  o.file_mode = 0660;
-  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(o);
-  ASSERT_TRUE(store.ok()) << store.status();
+// Every rank buffer file is the agent's alone (issue 19): no worker of any
+// job may open one by path, unsealed (0600: neither a worker's buffer nor one
+// an operation prepares) or sealed (0400); workers map descriptors the agent
+// opens for them (OpenForWorker), of exactly the file the store mapped.
+TEST_F(ShardStoreTest, FilesAreTheAgentsAlone) {
+  auto store = OpenStore();
   auto mode_and_group = [](const std::string& path) {
     struct stat st {};
     EXPECT_EQ(::stat(path.c_str(), &st), 0) << path << ": " << std::strerror(errno);
     return std::make_pair(st.st_mode & 07777, st.st_gid);
   };
-  auto worker = (*store)->CreateAll({Key(0)}, {{4096}}, ShardStore::Backing::kPrefaulted,
-                                    ShardStore::Writer::kWorker);
+  const gid_t own = ::getegid();
+  auto worker = store->CreateAll({Key(0)}, {{4096}}, ShardStore::Backing::kPrefaulted,
+                                 ShardStore::Writer::kWorker);
   ASSERT_TRUE(worker.ok()) << worker.status();
   const std::string path = (*worker)[0]->path();
-  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0660}, kGroup));
-  ASSERT_TRUE((*store)->Seal(Key(0), {}).ok());
-  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0440}, kGroup));  // the sealed copy
+  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0600}, own));
+  absl::StatusOr<RankBuffer::WorkerFile> w = (*worker)[0]->OpenForWorker(/*writable=*/true);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->size, (*worker)[0]->size());
+  ASSERT_EQ(::pwrite(w->fd, "x", 1, 0), 1);  // the worker writes through it
+  ::close(w->fd);
+  ASSERT_TRUE(store->Seal(Key(0), {}).ok());
+  EXPECT_EQ(mode_and_group(path), std::make_pair(mode_t{0400}, own));
+  absl::StatusOr<RankBuffer::WorkerFile> r =
+      (*store->Get(Key(0)))->OpenForWorker(/*writable=*/false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  char byte = 0;
+  ASSERT_EQ(::pread(r->fd, &byte, 1, 0), 1);
+  EXPECT_EQ(byte, 'x');
+  EXPECT_LT(::write(r->fd, "y", 1), 0);  // read-only
+  ::close(r->fd);
 
-  auto agent = (*store)->CreateAll({Key(1)}, {{4096}});
+  auto agent = store->CreateAll({Key(1)}, {{4096}});
   ASSERT_TRUE(agent.ok()) << agent.status();
-  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0660}, kGroup));
-  ASSERT_TRUE((*store)->Seal(Key(1), {}).ok());
-  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0440}, kGroup));
+  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0600}, own));
+  ASSERT_TRUE(store->Seal(Key(1), {}).ok());
+  EXPECT_EQ(mode_and_group((*agent)[0]->path()), std::make_pair(mode_t{0400}, own));
+
+  // A truncated file is DataLoss naming the buffer, not a descriptor.
+  ASSERT_EQ(::truncate(path.c_str(), 100), 0);
+  absl::StatusOr<RankBuffer::WorkerFile> cut =
+      (*store->Get(Key(0)))->OpenForWorker(/*writable=*/false);
+  ASSERT_EQ(cut.status().code(), absl::StatusCode::kDataLoss) << cut.status();
+  EXPECT_THAT(std::string(cut.status().message()), HasSubstr("generation"));
 }
 
 TEST_F(ShardStoreTest, SealWithWrongChecksumIsDataLossNamingTheItem) {
