@@ -2,6 +2,10 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/time.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -70,11 +74,16 @@ absl::StatusOr<size_t> FindItem(const std::vector<ShardItem>& items, absl::strin
 }  // namespace
 
 absl::StatusOr<Mapping> Mapping::Open(const std::string& path, int64_t size, bool writable) {
-  const int fd = ::open(path.c_str(), writable ? O_RDWR : O_RDONLY | O_CLOEXEC);
+  const int fd = ::open(path.c_str(), (writable ? O_RDWR : O_RDONLY) | O_CLOEXEC);
   if (fd < 0) {
     const int err = errno;
     return absl::ErrnoToStatus(err, absl::StrCat("cannot open \"", path, "\""));
   }
+  return FromFd(fd, size, writable, path);
+}
+
+absl::StatusOr<Mapping> Mapping::FromFd(int fd, int64_t size, bool writable,
+                                        const std::string& path) {
   Mapping m;
   if (size > 0) {
     void* p = ::mmap(nullptr, static_cast<size_t>(size),
@@ -156,12 +165,106 @@ absl::StatusOr<absl::Span<const uint8_t>> LoadedShard::item_data(absl::string_vi
 
 WorkerClient::WorkerClient(const std::string& socket_path, Options options)
     : options_(options),
+      fd_socket_path_(socket_path + ".fds"),
       stub_(v1::WorkerService::NewStub(grpc::CreateChannel(absl::StrCat("unix:", socket_path),
                                                            grpc::InsecureChannelCredentials()))) {
   if (options_.token.empty()) {
     const char* env = std::getenv("RESHARD_WORKER_TOKEN");
     if (env != nullptr) options_.token = env;
   }
+}
+
+absl::StatusOr<int> WorkerClient::ShardFd(const std::string& job_id, int64_t generation, int rank,
+                                          v1::WorkerFdRequest::Access access,
+                                          int64_t size) const {
+  const std::string where = Describe(job_id, generation, rank);
+  v1::WorkerFdRequest request;
+  request.set_worker_token(options_.token);
+  request.set_job_id(job_id);
+  request.set_generation(generation);
+  request.set_rank(rank);
+  request.set_access(access);
+  std::string wire(4, '\0');
+  const std::string body = request.SerializeAsString();
+  for (int i = 0; i < 4; ++i) wire[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
+  wire += body;
+  auto unavailable = [&](const std::string& what) {
+    return absl::UnavailableError(absl::StrCat(where, ": the agent's descriptor socket ",
+                                               fd_socket_path_, ": ", what));
+  };
+  sockaddr_un addr{};
+  if (fd_socket_path_.size() >= sizeof(addr.sun_path)) return unavailable("path too long");
+  addr.sun_family = AF_UNIX;
+  std::memcpy(addr.sun_path, fd_socket_path_.data(), fd_socket_path_.size());
+  const int sock = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (sock < 0) return unavailable(std::strerror(errno));
+  const int64_t ms = options_.call_timeout == absl::InfiniteDuration()
+                         ? 0
+                         : absl::ToInt64Milliseconds(options_.call_timeout);
+  const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>(ms % 1000 * 1000)};
+  (void)::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  (void)::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  int fd = -1;
+  std::string data;
+  absl::Status s;
+  if (::connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::send(sock, wire.data(), wire.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(wire.size())) {
+    s = unavailable(std::strerror(errno));
+  }
+  auto complete = [&] {
+    if (data.size() < 4) return false;
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(data[i])) << (8 * i);
+    return data.size() >= 4 + size_t{n};
+  };
+  while (s.ok() && !complete()) {
+    char buf[4096];
+    iovec iov{buf, sizeof(buf)};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+    msghdr msg{};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    const ssize_t got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) s = unavailable(std::strerror(errno));
+    if (got == 0) s = unavailable("closed before answering");
+    if (got <= 0) break;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
+          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
+        int got_fd = -1;
+        std::memcpy(&got_fd, CMSG_DATA(c), sizeof(int));
+        if (fd >= 0) ::close(fd);
+        fd = got_fd;
+      }
+    }
+    data.append(buf, static_cast<size_t>(got));
+  }
+  ::close(sock);
+  v1::WorkerFdResponse response;
+  if (s.ok() && !response.ParseFromArray(data.data() + 4, static_cast<int>(data.size() - 4))) {
+    s = absl::InternalError(absl::StrCat(where, ": the agent's descriptor socket answered "
+                                         "something that is not a WorkerFdResponse"));
+  }
+  if (s.ok() && response.code() != 0) {
+    s = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
+  }
+  if (s.ok() && fd < 0) {
+    s = absl::InternalError(absl::StrCat(where, ": the agent sent no descriptor"));
+  }
+  struct stat st {};
+  if (s.ok() && ::fstat(fd, &st) != 0) s = absl::ErrnoToStatus(errno, where);
+  if (s.ok() && st.st_size != size) {
+    s = absl::DataLossError(absl::StrCat(where, ": its shard file has ", st.st_size, " bytes, ",
+                                         size, " expected (truncated or replaced)"));
+  }
+  if (!s.ok()) {
+    if (fd >= 0) ::close(fd);
+    return s;
+  }
+  return fd;
 }
 
 absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id,
@@ -191,7 +294,10 @@ absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id
   absl::StatusOr<std::vector<ShardItem>> items =
       ToItems(response.items(), response.size(), response.path());
   if (!items.ok()) return items.status();
-  absl::StatusOr<Mapping> mapping = Mapping::Open(response.path(), response.size(), true);
+  absl::StatusOr<int> fd = ShardFd(job_id, generation, rank, v1::WorkerFdRequest::ACCESS_PUBLISH,
+                                   response.size());
+  if (!fd.ok()) return WithContext(fd.status(), "publishing");
+  absl::StatusOr<Mapping> mapping = Mapping::FromFd(*fd, response.size(), true, response.path());
   if (!mapping.ok()) return mapping.status();
   ShardWriter writer;
   writer.stub_ = stub_;
@@ -265,7 +371,10 @@ absl::StatusOr<LoadedShard> WorkerClient::Load(const std::string& job_id, int64_
                                             items->size(), " items"));
   }
   for (size_t i = 0; i < items->size(); ++i) (*items)[i].checksum = response.checksums(i);
-  absl::StatusOr<Mapping> mapping = Mapping::Open(response.path(), response.size(), false);
+  absl::StatusOr<int> fd =
+      ShardFd(job_id, generation, rank, v1::WorkerFdRequest::ACCESS_LOAD, response.size());
+  if (!fd.ok()) return WithContext(fd.status(), "loading");
+  absl::StatusOr<Mapping> mapping = Mapping::FromFd(*fd, response.size(), false, response.path());
   if (!mapping.ok()) return mapping.status();
   LoadedShard shard;
   shard.path_ = response.path();

@@ -3,7 +3,10 @@
 // publishes its rank's tensors into the shared-memory rank buffer the agent
 // creates (copying them in, or writing in place), seals them so the agent
 // checksums them, and after a reconfiguration loads the new generation's
-// buffer by mapping it read-only. See docs/agent.md, "Worker interface".
+// buffer by mapping it read-only. Shard files are the agent's alone: the
+// client maps file descriptors the agent hands it over the worker socket's
+// companion `<socket>.fds` (reshard.v1.WorkerFdRequest), never a path. See
+// docs/agent.md, "Worker interface", and docs/security.md, "Workers".
 //
 // Thread contract: WorkerClient is thread-safe. ShardWriter and LoadedShard
 // own a mapping and are thread-compatible; they stay valid after the client
@@ -32,6 +35,10 @@ class Mapping {
   /// Maps the whole `size` bytes of `path` (MAP_SHARED).
   [[nodiscard]] static absl::StatusOr<Mapping> Open(const std::string& path, int64_t size,
                                                     bool writable);
+  /// Maps the whole `size` bytes of the open file `fd` (MAP_SHARED); closes
+  /// `fd` either way (`what` names it in errors).
+  [[nodiscard]] static absl::StatusOr<Mapping> FromFd(int fd, int64_t size, bool writable,
+                                                      const std::string& what);
   Mapping() = default;
   Mapping(Mapping&& other) noexcept { *this = std::move(other); }
   Mapping& operator=(Mapping&& other) noexcept;
@@ -145,7 +152,14 @@ class WorkerClient {
                                                  int rank);
 
  private:
+  /// A descriptor of the rank buffer (job, generation, rank) from the
+  /// agent's descriptor socket, checked to hold `size` bytes (DataLoss naming
+  /// job, generation and rank otherwise); the caller closes it.
+  [[nodiscard]] absl::StatusOr<int> ShardFd(const std::string& job_id, int64_t generation, int rank,
+                                            v1::WorkerFdRequest::Access access, int64_t size) const;
+
   Options options_;
+  std::string fd_socket_path_;
   std::shared_ptr<v1::WorkerService::Stub> stub_;
 };
 

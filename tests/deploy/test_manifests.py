@@ -229,20 +229,23 @@ def test_tls_files_come_from_secrets():
 
 
 def test_non_root_training_pods_can_use_the_agent():
-    """The agent gives its socket and shard files a worker group (a number:
-    images need not share /etc/group) with group read and write, and an init
-    container hands both hostPath directories to that group (0750), so that a
-    pod running as any user with the group as a supplemental group can
-    connect and map (docs/security.md, "Workers")."""
+    """The agent gives its sockets a worker group (a number: images need not
+    share /etc/group) with group read and write, and an init container hands
+    both hostPath directories to that group (0750), so that a pod running as
+    any user with the group as a supplemental group can connect and map the
+    descriptors it is handed; shard files are the agent's alone
+    (docs/security.md, "Workers")."""
     ds = _one("DaemonSet", "reshard-agent")
     spec = ds["spec"]["template"]["spec"]
     (agent,) = spec["containers"]
     gid = _env_value(agent, "RESHARD_WORKER_GROUP")
     assert gid and gid.isdigit() and int(gid) > 0, gid
-    for var in ("RESHARD_WORKER_SOCKET_MODE", "RESHARD_SHARD_FILE_MODE"):
+    for var in ("RESHARD_WORKER_SOCKET_MODE",):
         mode = int(_env_value(agent, var), 8)
         assert mode & 0o060 == 0o060, f"{var} {mode:o} does not let the group read and write"
         assert mode & 0o007 == 0, f"{var} {mode:o} lets every user in"
+    # Retired (issue 19): shard files are the agent's alone; the agent refuses it.
+    assert _env_value(agent, "RESHARD_SHARD_FILE_MODE") is None
     socket_dir = os.path.dirname(_env_value(agent, "RESHARD_WORKER_SOCKET"))
     shm = _env_value(agent, "RESHARD_SHM_DIR")
     agent_mounts = {m["mountPath"]: m["name"] for m in agent["volumeMounts"]}

@@ -128,7 +128,7 @@ def test_truncating_a_sealed_file_then_resizing_fails_the_operation_not_the_agen
     with cluster.worker("host-0", job.id) as wk:
         wk.publish(0, 1, layout.shard(big_ptc(), lay, 0, g))
         path = wk._call("OpenGeneration", worker_pb2.OpenGenerationRequest(**key(job.id))).path
-    os.truncate(path, 4096)  # root ignores the file's 0440 mode
+    os.truncate(path, 4096)  # root ignores the file's 0400 mode
     op = client.resize(job.id, layout.make_layout(1, 1, 1, ["host-1"], 1))
     final = client.wait(op.id, timeout=120)
     assert final.state == OP.OPERATION_STATE_ABORTED

@@ -1,6 +1,7 @@
 """Who may use an agent's worker socket (docs/security.md, "Workers"): agents
 started with --worker-group serve non-root training processes of that group,
-which publish and load through group-owned shard files; a process outside
+which publish and load through descriptors the agent hands them (the shard
+files are the agent's alone: test_worker_isolation.py); a process outside
 the group cannot connect. Needs root (to run workers as uid nobody)."""
 
 import os
@@ -89,9 +90,9 @@ def test_member_of_the_group_publishes_and_loads(cluster, client):
              for f in os.listdir(cluster.agents["host-0"].shm_dir) if j.id in f
              and not f.endswith(".meta")]
     assert files
-    for f in files:  # sealed: read-only, readable by the group
+    for f in files:  # sealed: read-only, the agent's alone (workers get descriptors)
         st = os.stat(f)
-        assert st.st_gid == WORKER_GID and stat.S_IMODE(st.st_mode) == 0o440, f
+        assert st.st_gid == os.getegid() and stat.S_IMODE(st.st_mode) == 0o400, f
     r = run_as(cluster, [WORKER_GID], j.id, "load")
     assert r.returncode == 0, r.stderr
     assert all('"bad": []' in line for line in r.stdout.splitlines()), r.stdout

@@ -98,6 +98,19 @@ _BY_CODE = {cls.code: cls for cls in (
     PermissionDenied)}
 
 
+_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def from_code(number, message, method=""):
+    """The ReshardError subclass for a numeric gRPC status code (as the
+    agent's descriptor socket answers it, reshard.v1.WorkerFdResponse)."""
+    code = _BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+    cls = _BY_CODE.get(code, ReshardError)
+    if cls is ReshardError:
+        return ReshardError(message, code=code, method=method)
+    return cls(message, method=method)
+
+
 def from_rpc_error(err, method=""):
     """The ReshardError subclass for a grpc.RpcError (ReshardError for other codes)."""
     code = err.code() if hasattr(err, "code") else grpc.StatusCode.UNKNOWN

@@ -3,12 +3,17 @@
 A worker publishes its rank's local tensors into the rank buffer the agent
 created (a shared-memory file: the worker maps it and writes in place) and
 seals it; after a reshard it loads the rank's buffer of the new generation.
+Shard files are the agent's alone (docs/security.md, "Workers"): the worker
+maps a file descriptor the agent hands it over `<socket>.fds` for exactly
+the buffer its job's token may use, never a path.
 Thread contract: one Worker may be used by several threads for different
 ranks; publish/load of the same rank must not race.
 """
 
 import mmap
 import os
+import socket
+import struct
 import time
 
 import grpc
@@ -91,9 +96,12 @@ class Worker:
         # jobs worker-token JOB`): the agent serves only the job it is for.
         if worker_token is None:
             worker_token = os.environ.get("RESHARD_WORKER_TOKEN") or None
+        self._token = worker_token or ""
         self._metadata = (("authorization", "Bearer " + worker_token),) if worker_token else ()
         target = socket_path if socket_path.startswith("unix:") else (
             "unix:" + os.path.abspath(socket_path))
+        # The descriptor socket beside the worker socket (WorkerFdRequest).
+        self._fd_socket_path = target[len("unix:"):] + ".fds"
         self._channel = grpc.insecure_channel(target)
         self._stub = worker_pb2_grpc.WorkerServiceStub(self._channel)
         if isinstance(coordinator, str):
@@ -133,6 +141,52 @@ class Worker:
                                                metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
+
+    def _shard_fd(self, access, generation, rank, size, method):
+        """A descriptor of the rank buffer (job, generation, rank) from the
+        agent's descriptor socket: writable for ACCESS_PUBLISH, read-only
+        for ACCESS_LOAD, checked to hold `size` bytes. The caller closes it."""
+        where = f"job \"{self.job_id}\" generation {generation} rank {rank}"
+        body = worker_pb2.WorkerFdRequest(
+            worker_token=self._token, job_id=self.job_id, generation=generation, rank=rank,
+            access=access).SerializeToString()
+        data, fds = b"", []
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.settimeout(self.timeout)
+                s.connect(self._fd_socket_path)
+                s.sendall(struct.pack("<I", len(body)) + body)
+                while len(data) < 4 or len(data) < 4 + struct.unpack("<I", data[:4])[0]:
+                    msg, got, _, _ = socket.recv_fds(s, 1 << 16, 1, socket.MSG_CMSG_CLOEXEC)
+                    fds += got
+                    if not msg:
+                        break
+                    data += msg
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            raise errors.Unavailable(f"{where}: the agent's descriptor socket "
+                                     f"{self._fd_socket_path}: {e}", method=method) from None
+        if len(data) < 4 or len(data) < 4 + struct.unpack("<I", data[:4])[0]:
+            for fd in fds:
+                os.close(fd)
+            raise errors.Unavailable(f"{where}: the agent's descriptor socket closed before "
+                                     f"answering", method=method)
+        resp = worker_pb2.WorkerFdResponse.FromString(data[4:])
+        if resp.code != 0 or len(fds) != 1:
+            for fd in fds:
+                os.close(fd)
+            if resp.code == 0:
+                raise errors.Internal(f"{where}: the agent sent {len(fds)} descriptors",
+                                      method=method)
+            raise errors.from_code(resp.code, resp.message, method=method)
+        fd = fds[0]
+        have = os.fstat(fd).st_size
+        if have != size:
+            os.close(fd)
+            raise errors.DataLoss(f"{where}: its shard file has {have} bytes, {size} expected "
+                                  f"(truncated or replaced)", method=method)
+        return fd
 
     def _call_retrying_unavailable(self, method, request):
         """_call, retried with backoff while the agent answers UNAVAILABLE (a
@@ -178,7 +232,9 @@ class Worker:
             plan.append((it, self._source(rank, it, state_dict.get(it.name))))
         expected = []
         hashing = verify and xxhash is not None
-        with _Mapping(resp.path, resp.size, writable=True) as mm:
+        fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
+                            resp.size, "PublishShard")
+        with _Mapping(fd, resp.size, writable=True) as mm:
             for it, src in plan:
                 h = xxhash.xxh3_64() if hashing else None
                 if it.bytes:
@@ -276,7 +332,9 @@ class Worker:
         out = LoadedShard()
         out.regenerated = frozenset(kinds[i][-1] for i, it in enumerate(resp.items)
                                     if it.regenerated)
-        mm = _open_map(resp.path, resp.size, private=not copy)
+        fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_LOAD, generation, rank,
+                            resp.size, "OpenGeneration")
+        mm = _open_map(fd, resp.size, private=not copy)
         try:
             for i, it in enumerate(resp.items):
                 kind = kinds[i]
@@ -410,10 +468,12 @@ def _copy_blocks(dst, src, mm, offset, h, hash_first):
         view.release()
 
 
-def _open_map(path, size, private=False, writable=False):
+def _open_map(fd, size, private=False, writable=False):
+    """Maps `size` bytes of the descriptor `fd` (closing it: the mapping
+    holds its own reference to the file)."""
     if size == 0:
+        os.close(fd)
         return None
-    fd = os.open(path, os.O_RDWR if writable else os.O_RDONLY)
     try:
         if writable:
             return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
@@ -428,8 +488,8 @@ def _open_map(path, size, private=False, writable=False):
 class _Mapping:
     """A shared writable mapping of a rank buffer, closed on exit."""
 
-    def __init__(self, path, size, writable):
-        self._mm = _open_map(path, size, writable=writable)
+    def __init__(self, fd, size, writable):
+        self._mm = _open_map(fd, size, writable=writable)
 
     def __enter__(self):
         return self._mm if self._mm is not None else bytearray()
