@@ -152,6 +152,15 @@ struct CoordinatorMetrics::Impl {
                                   "wrote, kind=\"skipped_unchanged\" plan bytes not moved "
                                   "again at the cut-over.")
                             .Register(*registry)),
+        watch_streams(prometheus::BuildGauge()
+                          .Name("reshard_coordinator_watch_streams")
+                          .Help("Watch streams open now, by method (WatchJob, WatchOperation).")
+                          .Register(*registry)),
+        watch_streams_refused(prometheus::BuildCounter()
+                                  .Name("reshard_coordinator_watch_streams_refused_total")
+                                  .Help("Watch streams refused RESOURCE_EXHAUSTED, by the limit "
+                                        "reached (per_identity, total).")
+                                  .Register(*registry)),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -175,6 +184,8 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Counter>& retention_pruned;
   prometheus::Family<prometheus::Histogram>& stop_free_family;
   prometheus::Family<prometheus::Counter>& stop_free_bytes;
+  prometheus::Family<prometheus::Gauge>& watch_streams;
+  prometheus::Family<prometheus::Counter>& watch_streams_refused;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -200,6 +211,10 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
          {v1::OPERATION_STATE_COMMITTED, v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED}) {
       impl_->operations.Add({{"kind", KindLabel(kind)}, {"result", OperationStateLabel(result)}});
     }
+  }
+  for (const char* method : {"WatchJob", "WatchOperation"}) SetWatchStreams(method, 0);
+  for (const char* limit : {"per_identity", "total"}) {
+    impl_->watch_streams_refused.Add({{"limit", limit}});
   }
 }
 
@@ -234,6 +249,14 @@ void CoordinatorMetrics::RetentionPruned(const std::string& table, int64_t rows)
   // Added even for 0 rows, so that the series exists from the first prune.
   prometheus::Counter& c = impl_->retention_pruned.Add({{"table", table}});
   if (rows > 0) c.Increment(static_cast<double>(rows));
+}
+
+void CoordinatorMetrics::SetWatchStreams(const std::string& method, int64_t count) {
+  impl_->watch_streams.Add({{"method", method}}).Set(static_cast<double>(count));
+}
+
+void CoordinatorMetrics::WatchStreamRefused(const std::string& limit) {
+  impl_->watch_streams_refused.Add({{"limit", limit}}).Increment();
 }
 
 void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {

@@ -53,6 +53,12 @@ class CoordinatorMetrics {
   /// the retention policy deleted from `table`, "generations" or
   /// "operations"; rows deleted with them by ON DELETE CASCADE not counted).
   void RetentionPruned(const std::string& table, int64_t rows);
+  /// reshard_coordinator_watch_streams{method} (gauge: WatchJob and
+  /// WatchOperation streams open now, server/stream_limits.h).
+  void SetWatchStreams(const std::string& method, int64_t count);
+  /// reshard_coordinator_watch_streams_refused_total{limit="per_identity"|
+  /// "total"} (counter: streams refused RESOURCE_EXHAUSTED by that limit).
+  void WatchStreamRefused(const std::string& limit);
 
   std::shared_ptr<prometheus::Registry> registry() const;
 

@@ -115,6 +115,19 @@ const std::vector<Setting>& Settings() {
       IntSetting("max-spec-bytes", "RESHARD_MAX_SPEC_BYTES",
                  "largest serialized JobSpec RegisterJob accepts",
                  &CoordinatorConfig::max_spec_bytes),
+      // Watch streams (issue 19, defect 6).
+      IntSetting("max-watch-streams", "RESHARD_MAX_WATCH_STREAMS",
+                 "WatchJob + WatchOperation streams open at once on this replica",
+                 &CoordinatorConfig::max_watch_streams),
+      IntSetting("max-watch-streams-per-identity", "RESHARD_MAX_WATCH_STREAMS_PER_IDENTITY",
+                 "watch streams open at once for one caller identity",
+                 &CoordinatorConfig::max_watch_streams_per_identity),
+      IntSetting("watch-poll-ms", "RESHARD_WATCH_POLL_MS",
+                 "how often an open watch stream reads its job or operation",
+                 &CoordinatorConfig::watch_poll_ms),
+      IntSetting("max-rpc-threads", "RESHARD_MAX_RPC_THREADS",
+                 "gRPC server threads (0: no cap; else >= 2 x --max-watch-streams)",
+                 &CoordinatorConfig::max_rpc_threads),
       // Retention (issue 9, defect 10).
       IntSetting("retention-keep-retired", "RESHARD_RETENTION_KEEP_RETIRED",
                  "per job, newest RETIRED generations kept whatever their age",
@@ -242,6 +255,11 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
         Range("pool-size", c.pool_size, 1, 256),
         Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30),
+        Range("max-watch-streams", c.max_watch_streams, 1, 100000),
+        Range("max-watch-streams-per-identity", c.max_watch_streams_per_identity, 1,
+              c.max_watch_streams),
+        Range("watch-poll-ms", c.watch_poll_ms, 10, 60000),
+        Range("max-rpc-threads", c.max_rpc_threads, 0, 1000000),
         Range("retention-keep-retired", c.retention_keep_retired, 0, 1000000),
         Range("retention-retired-age-ms", c.retention_retired_age_ms, 3 * c.lease_ms, 365 * kDay),
         Range("retention-discarded-age-ms", c.retention_discarded_age_ms, 3 * c.lease_ms,
@@ -258,6 +276,12 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--tick-ms = %d must be shorter than --lease-ms = %d, or leases expire between ticks",
         c.tick_ms, c.lease_ms));
+  }
+  if (c.max_rpc_threads != 0 && c.max_rpc_threads < 2 * c.max_watch_streams) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--max-rpc-threads = %d must be 0 (no cap) or at least twice --max-watch-streams = %d, "
+        "so that watch streams never hold the threads agents' calls need",
+        c.max_rpc_threads, c.max_watch_streams));
   }
   if (c.tls.reload_seconds < 1 || c.tls.reload_seconds > 86400) {
     return absl::InvalidArgumentError(

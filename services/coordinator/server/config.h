@@ -46,6 +46,17 @@ struct CoordinatorConfig {
   int pool_size = 8;
   /// Largest serialized JobSpec accepted by RegisterJob.
   int64_t max_spec_bytes = 64 << 20;
+  // ---- Watch streams (docs/coordinator.md, "Limits") ----
+  /// WatchJob and WatchOperation streams open at once on this replica, and
+  /// per caller identity; past either: RESOURCE_EXHAUSTED naming the limit.
+  int64_t max_watch_streams = 128;
+  int64_t max_watch_streams_per_identity = 32;
+  /// How often an open watch stream reads its job or operation.
+  int64_t watch_poll_ms = 100;
+  /// gRPC server threads (grpc::ResourceQuota::SetMaxThreads); 0: gRPC's
+  /// own (no cap). When set, at least twice --max-watch-streams, so that
+  /// half the threads stay free for agents' and unary calls.
+  int64_t max_rpc_threads = 0;
   // ---- Retention (docs/coordinator.md, "Retention") ----
   /// Per job, the newest RETIRED generations kept whatever their age.
   int64_t retention_keep_retired = 2;

@@ -38,6 +38,12 @@ absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const
   return InJobTenant(p, method, op->job_id());
 }
 
+absl::StatusOr<WatchSlot> CoordinatorServiceImpl::AcquireWatch(const Principal& p,
+                                                               const char* method) {
+  if (watch_limits_ == nullptr) return WatchSlot();
+  return watch_limits_->Acquire(p.name, method);
+}
+
 grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
                                                  const v1::RegisterJobRequest* request,
                                                  v1::RegisterJobResponse* reply) {
@@ -205,6 +211,10 @@ grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context
                                                     grpc::ServerWriter<v1::Operation>* writer) {
   return RunAdmitted(
       authorizer_, context, metrics_, "WatchOperation", *request, "", [&](const Principal& p) {
+        // The slot first: a refused stream costs no database read. It is
+        // held until this handler returns, however the stream ends.
+        absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchOperation");
+        if (!slot.ok()) return slot.status();
         if (absl::Status s = InOperationTenant(p, "WatchOperation", request->operation_id());
             !s.ok()) {
           return s;
@@ -218,14 +228,15 @@ grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context
 grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* context,
                                               const v1::WatchJobRequest* request,
                                               grpc::ServerWriter<v1::Job>* writer) {
-  return RunAdmitted(authorizer_, context, metrics_, "WatchJob", *request, "",
-                     [&](const Principal& p) {
-                       if (absl::Status s = InJobTenant(p, "WatchJob", request->job_id()); !s.ok())
-                         return s;
-                       return api_->WatchJob(
-                           *request, [writer](const v1::Job& job) { return writer->Write(job); },
-                           [this, context] { return stopping_.load() || context->IsCancelled(); });
-                     });
+  return RunAdmitted(
+      authorizer_, context, metrics_, "WatchJob", *request, "", [&](const Principal& p) {
+        absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchJob");  // as WatchOperation
+        if (!slot.ok()) return slot.status();
+        if (absl::Status s = InJobTenant(p, "WatchJob", request->job_id()); !s.ok()) return s;
+        return api_->WatchJob(
+            *request, [writer](const v1::Job& job) { return writer->Write(job); },
+            [this, context] { return stopping_.load() || context->IsCancelled(); });
+      });
 }
 
 grpc::Status CoordinatorServiceImpl::CancelOperation(grpc::ServerContext* context,

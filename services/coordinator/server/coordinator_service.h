@@ -12,6 +12,7 @@
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/auth.h"
+#include "services/coordinator/server/stream_limits.h"
 
 namespace reshard::coordinator {
 
@@ -19,13 +20,19 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
  public:
   /// `api` and `authorizer` must outlive this; `metrics` may be null;
   /// `secrets` (may be null: no worker tokens, GetWorkerToken is
-  /// UNIMPLEMENTED) derives worker tokens.
+  /// UNIMPLEMENTED) derives worker tokens; `watch_limits` (may be null: no
+  /// limit) bounds the open WatchJob and WatchOperation streams.
   CoordinatorServiceImpl(SchedulerApi* api, const Authorizer* authorizer,
-                         CoordinatorMetrics* metrics, ClusterSecrets* secrets = nullptr)
-      : api_(api), authorizer_(authorizer), metrics_(metrics), secrets_(secrets) {}
+                         CoordinatorMetrics* metrics, ClusterSecrets* secrets = nullptr,
+                         WatchStreamLimits* watch_limits = nullptr)
+      : api_(api),
+        authorizer_(authorizer),
+        metrics_(metrics),
+        secrets_(secrets),
+        watch_limits_(watch_limits) {}
 
-  /// Ends open WatchOperation streams (they return CANCELLED) so that the
-  /// server can stop without waiting for operations to finish.
+  /// Ends open watch streams (they return CANCELLED) so that the server
+  /// can stop without waiting for operations to finish.
   void BeginShutdown() { stopping_.store(true); }
 
   grpc::Status RegisterJob(grpc::ServerContext* context, const v1::RegisterJobRequest* request,
@@ -79,10 +86,14 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
   absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id) const;
   absl::Status InOperationTenant(const Principal& p, const char* method,
                                  const std::string& operation_id) const;
+  /// A slot for one more watch stream of `p` (WatchStreamLimits::Acquire);
+  /// an empty slot when there is no limit.
+  absl::StatusOr<WatchSlot> AcquireWatch(const Principal& p, const char* method);
 
   const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
   ClusterSecrets* secrets_;
+  WatchStreamLimits* watch_limits_;
   std::atomic<bool> stopping_{false};
 };
 

@@ -10,6 +10,7 @@
 #include "common/log.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/resource_quota.h"
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 #include "services/coordinator/logic/agent_api.h"
@@ -24,6 +25,7 @@
 #include "services/coordinator/server/auth.h"
 #include "services/coordinator/server/auth_service.h"
 #include "services/coordinator/server/coordinator_service.h"
+#include "services/coordinator/server/stream_limits.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_store.h"
 
@@ -70,6 +72,7 @@ absl::Status CoordinatorServer::Start() {
 
   SchedulerApi::Options scheduler_options;
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
+  scheduler_options.watch_poll_ms = static_cast<int>(config_.watch_poll_ms);
   scheduler_api_ =
       std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
   secrets_ = std::make_unique<ClusterSecrets>(store_);
@@ -106,13 +109,25 @@ absl::Status CoordinatorServer::Start() {
                                              audit_api_.get(), secrets_.get());
   auth_service_ =
       std::make_unique<AuthServiceImpl>(token_api_.get(), authorizer_.get(), metrics_.get());
+  WatchStreamLimits::Options watch_options;
+  watch_options.max_total = config_.max_watch_streams;
+  watch_options.max_per_identity = config_.max_watch_streams_per_identity;
+  watch_limits_ = std::make_unique<WatchStreamLimits>(watch_options, metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
-      scheduler_api_.get(), authorizer_.get(), metrics_.get(), secrets_.get());
+      scheduler_api_.get(), authorizer_.get(), metrics_.get(), secrets_.get(), watch_limits_.get());
   agent_service_ =
       std::make_unique<AgentServiceImpl>(agent_api_.get(), authorizer_.get(), metrics_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, *credentials, &port_);
   builder.SetMaxReceiveMessageSize(MaxReceiveMessageBytes(config_));
+  // Without a cap gRPC starts a thread per concurrent call; the watch limits
+  // above bound the long-lived client calls, so agents' calls always find a
+  // thread. A cap (validated >= 2 x --max-watch-streams) bounds the rest.
+  if (config_.max_rpc_threads > 0) {
+    grpc::ResourceQuota quota("reshard-coordinator");
+    quota.SetMaxThreads(static_cast<int>(config_.max_rpc_threads));
+    builder.SetResourceQuota(quota);
+  }
   builder.RegisterService(coordinator_service_.get());
   builder.RegisterService(agent_service_.get());
   builder.RegisterService(auth_service_.get());

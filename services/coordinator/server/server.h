@@ -36,6 +36,7 @@ class AuthServiceImpl;
 class ClusterSecrets;
 class TokenApi;
 class CoordinatorMetrics;
+class WatchStreamLimits;
 class CoordinatorServiceImpl;
 class LeaderLoop;
 class OperationDriver;
@@ -101,6 +102,8 @@ class CoordinatorServer {
   std::unique_ptr<AuditApi> audit_api_;
   std::unique_ptr<Authorizer> authorizer_;
   std::unique_ptr<AuthServiceImpl> auth_service_;
+  // Outlives the services and the gRPC server: open streams hold its slots.
+  std::unique_ptr<WatchStreamLimits> watch_limits_;
   std::unique_ptr<CoordinatorServiceImpl> coordinator_service_;
   std::unique_ptr<AgentServiceImpl> agent_service_;
   std::unique_ptr<grpc::Server> grpc_server_;

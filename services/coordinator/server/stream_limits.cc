@@ -1,0 +1,78 @@
+#include "services/coordinator/server/stream_limits.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/metrics/metrics.h"
+
+namespace reshard::coordinator {
+
+WatchSlot& WatchSlot::operator=(WatchSlot&& other) noexcept {
+  if (this != &other) {
+    Release();
+    limits_ = std::exchange(other.limits_, nullptr);
+    identity_ = std::move(other.identity_);
+    method_ = std::move(other.method_);
+  }
+  return *this;
+}
+
+void WatchSlot::Release() {
+  if (limits_ == nullptr) return;
+  std::exchange(limits_, nullptr)->Release(identity_, method_);
+}
+
+WatchStreamLimits::WatchStreamLimits(Options options, CoordinatorMetrics* metrics)
+    : options_(options), metrics_(metrics) {}
+
+absl::StatusOr<WatchSlot> WatchStreamLimits::Acquire(const std::string& identity,
+                                                     const std::string& method) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // The caller's own limit first: a viewer at its limit learns that, not
+  // how busy the replica is.
+  const auto it = per_identity_.find(identity);
+  const int64_t mine = it == per_identity_.end() ? 0 : it->second;
+  if (mine >= options_.max_per_identity) {
+    if (metrics_ != nullptr) metrics_->WatchStreamRefused("per_identity");
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many watch streams for \"", identity, "\": ", mine,
+                     " open, limit --max-watch-streams-per-identity ", options_.max_per_identity,
+                     "; close one (or wait for it to end) and retry"));
+  }
+  if (total_ >= options_.max_total) {
+    if (metrics_ != nullptr) metrics_->WatchStreamRefused("total");
+    return absl::ResourceExhaustedError(
+        absl::StrCat("too many watch streams on this coordinator: ", total_,
+                     " open, limit --max-watch-streams ", options_.max_total, " (\"", identity,
+                     "\" holds ", mine, "); retry later"));
+  }
+  ++total_;
+  ++per_identity_[identity];
+  const int64_t of_method = ++per_method_[method];
+  if (metrics_ != nullptr) metrics_->SetWatchStreams(method, of_method);
+  return WatchSlot(this, identity, method);
+}
+
+void WatchStreamLimits::Release(const std::string& identity, const std::string& method) {
+  std::lock_guard<std::mutex> lock(mu_);
+  --total_;
+  if (auto it = per_identity_.find(identity); it != per_identity_.end() && --it->second <= 0) {
+    per_identity_.erase(it);
+  }
+  const int64_t of_method = --per_method_[method];
+  if (metrics_ != nullptr) metrics_->SetWatchStreams(method, of_method);
+}
+
+int64_t WatchStreamLimits::open() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return total_;
+}
+
+int64_t WatchStreamLimits::open(const std::string& identity) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = per_identity_.find(identity);
+  return it == per_identity_.end() ? 0 : it->second;
+}
+
+}  // namespace reshard::coordinator

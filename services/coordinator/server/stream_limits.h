@@ -1,0 +1,88 @@
+// How many watch streams (WatchJob, WatchOperation) a coordinator replica
+// serves at once: per caller identity and in total. Each open stream holds a
+// gRPC server thread and reads the store every --watch-poll-ms, so without a
+// bound one read-only viewer could take the threads, the database pool and
+// the CPU that agents' heartbeats need (issue 19, defect 6). The agents'
+// long polls (WaitForTasks) are AgentService calls and never take a slot.
+//
+// A stream holds a WatchSlot for as long as its handler runs; the slot is
+// given back by the slot's destructor, whatever ends the stream (final
+// state, error, client cancel or disconnect, shutdown).
+//
+// Thread-safe. A WatchSlot must not outlive the WatchStreamLimits it came
+// from.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace reshard::coordinator {
+
+class CoordinatorMetrics;
+class WatchStreamLimits;
+
+/// One open watch stream's place in the limits; released on destruction.
+/// Move-only; a moved-from slot holds nothing.
+class [[nodiscard]] WatchSlot {
+ public:
+  WatchSlot() = default;
+  ~WatchSlot() { Release(); }
+  WatchSlot(WatchSlot&& other) noexcept { *this = std::move(other); }
+  WatchSlot& operator=(WatchSlot&& other) noexcept;
+  WatchSlot(const WatchSlot&) = delete;
+  WatchSlot& operator=(const WatchSlot&) = delete;
+
+  /// Gives the slot back now (idempotent).
+  void Release();
+
+ private:
+  friend class WatchStreamLimits;
+  WatchSlot(WatchStreamLimits* limits, std::string identity, std::string method)
+      : limits_(limits), identity_(std::move(identity)), method_(std::move(method)) {}
+
+  WatchStreamLimits* limits_ = nullptr;
+  std::string identity_;
+  std::string method_;
+};
+
+class WatchStreamLimits {
+ public:
+  struct Options {
+    /// Streams open at once on this replica, all callers together.
+    int64_t max_total = 128;
+    /// Streams open at once for one identity (Principal::name).
+    int64_t max_per_identity = 32;
+  };
+
+  /// `metrics` may be null; else it gets reshard_coordinator_watch_streams
+  /// and the refusals.
+  WatchStreamLimits(Options options, CoordinatorMetrics* metrics);
+
+  /// A slot for one more `method` stream of `identity`, or
+  /// RESOURCE_EXHAUSTED naming the identity, the count and the limit (its
+  /// flag), e.g. `too many watch streams for "viewer:dash@t": 32 open, limit
+  /// --max-watch-streams-per-identity 32`.
+  [[nodiscard]] absl::StatusOr<WatchSlot> Acquire(const std::string& identity,
+                                                  const std::string& method);
+
+  /// Streams open now, in total and of `identity`.
+  int64_t open() const;
+  int64_t open(const std::string& identity) const;
+
+ private:
+  friend class WatchSlot;
+  void Release(const std::string& identity, const std::string& method);
+
+  const Options options_;
+  CoordinatorMetrics* const metrics_;
+  mutable std::mutex mu_;
+  int64_t total_ = 0;
+  std::map<std::string, int64_t> per_identity_;  // only identities with open streams
+  std::map<std::string, int64_t> per_method_;
+};
+
+}  // namespace reshard::coordinator

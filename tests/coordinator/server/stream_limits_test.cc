@@ -1,0 +1,120 @@
+// WatchStreamLimits (server/stream_limits.h) by itself: the per-identity
+// and total bounds, their RESOURCE_EXHAUSTED messages, slots given back by
+// their destructor, moves; and the flags that configure them.
+#include "services/coordinator/server/stream_limits.h"
+
+#include <optional>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "services/coordinator/server/config.h"
+
+namespace reshard::coordinator {
+namespace {
+
+using ::testing::HasSubstr;
+
+WatchStreamLimits::Options Limits(int64_t total, int64_t per_identity) {
+  WatchStreamLimits::Options o;
+  o.max_total = total;
+  o.max_per_identity = per_identity;
+  return o;
+}
+
+TEST(WatchStreamLimitsTest, PerIdentityLimitNamesTheIdentityAndTheFlag) {
+  WatchStreamLimits limits(Limits(10, 2), nullptr);
+  std::vector<WatchSlot> held;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<WatchSlot> slot = limits.Acquire("viewer:dash@t", "WatchJob");
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  absl::StatusOr<WatchSlot> third = limits.Acquire("viewer:dash@t", "WatchOperation");
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(third.status().message(),
+              HasSubstr("too many watch streams for \"viewer:dash@t\": 2 open, limit "
+                        "--max-watch-streams-per-identity 2"));
+  // Another identity is not affected.
+  EXPECT_TRUE(limits.Acquire("viewer:other@t", "WatchJob").ok());
+  EXPECT_EQ(limits.open("viewer:dash@t"), 2);
+}
+
+TEST(WatchStreamLimitsTest, TotalLimitAcrossIdentities) {
+  WatchStreamLimits limits(Limits(3, 2), nullptr);
+  std::vector<WatchSlot> held;
+  for (const char* who : {"a", "a", "b"}) {
+    absl::StatusOr<WatchSlot> slot = limits.Acquire(who, "WatchJob");
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  absl::StatusOr<WatchSlot> refused = limits.Acquire("c", "WatchJob");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("too many watch streams on this coordinator: 3 open, limit "
+                        "--max-watch-streams 3"));
+  EXPECT_EQ(limits.open(), 3);
+}
+
+TEST(WatchStreamLimitsTest, SlotsComeBackWhenDestroyedMovedOrReleased) {
+  WatchStreamLimits limits(Limits(2, 2), nullptr);
+  {
+    absl::StatusOr<WatchSlot> a = limits.Acquire("x", "WatchJob");
+    ASSERT_TRUE(a.ok());
+    WatchSlot moved = *std::move(a);
+    WatchSlot again = std::move(moved);  // one slot, counted once
+    EXPECT_EQ(limits.open(), 1);
+    absl::StatusOr<WatchSlot> b = limits.Acquire("x", "WatchJob");
+    ASSERT_TRUE(b.ok());
+    EXPECT_FALSE(limits.Acquire("x", "WatchJob").ok());
+    b->Release();
+    b->Release();  // idempotent
+    EXPECT_EQ(limits.open("x"), 1);
+    again = WatchSlot();  // assigning over a held slot gives it back
+    EXPECT_EQ(limits.open(), 0);
+    absl::StatusOr<WatchSlot> c = limits.Acquire("x", "WatchOperation");
+    ASSERT_TRUE(c.ok());
+  }
+  EXPECT_EQ(limits.open(), 0);
+  EXPECT_EQ(limits.open("x"), 0);
+}
+
+std::optional<std::string> NoEnv(const std::string&) { return std::nullopt; }
+
+TEST(WatchStreamLimitsTest, FlagsDefaultsAndValidation) {
+  absl::StatusOr<CommandLine> cl =
+      ParseCommandLine({"migrate", "--dsn", "dbname=x", "--max-watch-streams", "40",
+                        "--max-watch-streams-per-identity", "8", "--watch-poll-ms", "250"},
+                       NoEnv);
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->config.max_watch_streams, 40);
+  EXPECT_EQ(cl->config.max_watch_streams_per_identity, 8);
+  EXPECT_EQ(cl->config.watch_poll_ms, 250);
+  EXPECT_EQ(cl->config.max_rpc_threads, 0);
+
+  const CoordinatorConfig defaults;
+  EXPECT_LE(defaults.max_watch_streams_per_identity, defaults.max_watch_streams);
+
+  // Per identity above the total, a thread cap without headroom, a zero
+  // poll period: each refused naming its flag.
+  for (const auto& [args, flag] : std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--max-watch-streams", "10", "--max-watch-streams-per-identity", "11"},
+            "--max-watch-streams-per-identity"},
+           {{"--max-watch-streams", "0"}, "--max-watch-streams"},
+           {{"--max-watch-streams", "100", "--max-rpc-threads", "150"}, "--max-rpc-threads"},
+           {{"--watch-poll-ms", "0"}, "--watch-poll-ms"}}) {
+    std::vector<std::string> all = {"migrate", "--dsn", "dbname=x"};
+    all.insert(all.end(), args.begin(), args.end());
+    absl::StatusOr<CommandLine> bad = ParseCommandLine(all, NoEnv);
+    ASSERT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << flag;
+    EXPECT_THAT(bad.status().message(), HasSubstr(flag));
+  }
+  EXPECT_TRUE(ParseCommandLine({"migrate", "--dsn", "dbname=x", "--max-watch-streams", "100",
+                                "--max-rpc-threads", "200"},
+                               NoEnv)
+                  .ok());
+  EXPECT_THAT(Usage(), HasSubstr("--max-watch-streams-per-identity"));
+}
+
+}  // namespace
+}  // namespace reshard::coordinator

@@ -1,0 +1,291 @@
+// Watch streams are bounded (issue 19, defect 6): against the real
+// reshard-coordinator binary over mutual TLS, a viewer that opens WatchJob
+// and WatchOperation streams past --max-watch-streams-per-identity, or
+// callers together past --max-watch-streams, get RESOURCE_EXHAUSTED naming
+// the limit; slots come back when streams end (cancel, deadline); agents'
+// calls, the long poll included, are never refused. And the starvation
+// case: a viewer flooding the replica with streams while a resize runs
+// leaves every host's heartbeats on time and the resize commits.
+#include <map>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "services/coordinator/server/config.h"
+#include "tests/coordinator/server/scrape.h"
+#include "tests/coordinator/server/server_fixture.h"
+#include "tests/coordinator/server/test_jobs.h"
+
+namespace reshard::coordinator::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+// Open watch streams, each after its first message arrived (so the server
+// has admitted it and holds its slot).
+class Streams {
+ public:
+  ~Streams() { CloseAll(); }
+
+  /// Opens a WatchJob stream of `job_id`: OK once its first message came,
+  /// else the status the server ended it with.
+  grpc::Status WatchJob(CoordinatorStub* stub, const std::string& job_id,
+                        absl::Duration deadline = absl::Seconds(120)) {
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    auto open = std::make_unique<Open<v1::Job>>();
+    open->context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    open->reader = stub->WatchJob(&open->context, request);
+    return Admit(std::move(open), &jobs_);
+  }
+
+  grpc::Status WatchOperation(CoordinatorStub* stub, const std::string& operation_id) {
+    v1::WatchOperationRequest request;
+    request.set_operation_id(operation_id);
+    auto open = std::make_unique<Open<v1::Operation>>();
+    open->context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
+    open->reader = stub->WatchOperation(&open->context, request);
+    return Admit(std::move(open), &operations_);
+  }
+
+  /// Cancels the oldest open WatchJob stream (the client leaves).
+  void CancelOneJobWatch() {
+    ASSERT_FALSE(jobs_.empty());
+    Close(jobs_.front().get());
+    jobs_.erase(jobs_.begin());
+  }
+
+  void CloseAll() {
+    for (auto& s : jobs_) Close(s.get());
+    for (auto& s : operations_) Close(s.get());
+    jobs_.clear();
+    operations_.clear();
+  }
+
+  size_t size() const { return jobs_.size() + operations_.size(); }
+
+ private:
+  template <typename Msg>
+  struct Open {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<Msg>> reader;
+  };
+
+  template <typename Msg>
+  static grpc::Status Admit(std::unique_ptr<Open<Msg>> open,
+                            std::vector<std::unique_ptr<Open<Msg>>>* into) {
+    Msg first;
+    if (open->reader->Read(&first)) {
+      into->push_back(std::move(open));
+      return grpc::Status::OK;
+    }
+    return open->reader->Finish();
+  }
+
+  template <typename Msg>
+  static void Close(Open<Msg>* s) {
+    s->context.TryCancel();
+    Msg ignored;
+    while (s->reader->Read(&ignored)) {
+    }
+    (void)s->reader->Finish();
+  }
+
+  std::vector<std::unique_ptr<Open<v1::Job>>> jobs_;
+  std::vector<std::unique_ptr<Open<v1::Operation>>> operations_;
+};
+
+std::optional<double> OpenStreamsMetric(int metrics_port) {
+  absl::StatusOr<std::string> body = HttpGet(metrics_port, "/metrics");
+  if (!body.ok()) return std::nullopt;
+  return MetricValue(*body, "reshard_coordinator_watch_streams");
+}
+
+class WatchLimitsTest : public ServerTest {};
+
+TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
+  std::unique_ptr<CoordinatorProcess> c = StartCoordinator(
+      {"--max-watch-streams", "6", "--max-watch-streams-per-identity", "4"});
+  ASSERT_NE(c, nullptr);
+  auto admin = CoordinatorClient(c->address());
+  StartAgents({"h0", "h1"}, c->address());
+  HoldAgents(true);  // the operation stays open, so its watch does too
+  const v1::Job job = Register(admin.get(), SmallJobSpec("watched", "team-a"));
+  const v1::Operation op = Resize(admin.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
+
+  const std::string viewer = "viewer:dash@team-a";
+  auto dash = CoordinatorClient(c->address(), viewer);
+  auto other = CoordinatorClient(c->address(), "viewer:other@team-a");
+  Streams streams;
+  // Both methods count against one identity's limit.
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status s = streams.WatchJob(dash.get(), job.id());
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  ASSERT_TRUE(streams.WatchOperation(dash.get(), op.id()).ok());
+  {
+    const grpc::Status s = streams.WatchJob(dash.get(), job.id());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr(absl::StrCat("too many watch streams for \"", viewer,
+                                       "\": 4 open, limit --max-watch-streams-per-identity 4")));
+    Streams refused_op;
+    const grpc::Status t = refused_op.WatchOperation(dash.get(), op.id());
+    EXPECT_EQ(t.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << t.error_message();
+  }
+  // Another identity: up to the replica's total (6), then refused too.
+  ASSERT_TRUE(streams.WatchJob(other.get(), job.id()).ok());
+  ASSERT_TRUE(streams.WatchJob(other.get(), job.id()).ok());
+  for (CoordinatorStub* stub : {other.get(), admin.get()}) {
+    const grpc::Status s = streams.WatchJob(stub, job.id());
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+    EXPECT_THAT(s.error_message(),
+                HasSubstr("too many watch streams on this coordinator: 6 open, limit "
+                          "--max-watch-streams 6"));
+  }
+  {
+    absl::StatusOr<std::string> body = HttpGet(c->metrics_port(), "/metrics");
+    ASSERT_TRUE(body.ok()) << body.status();
+    EXPECT_EQ(MetricValue(*body, "reshard_coordinator_watch_streams"), 6.0);
+    EXPECT_EQ(MetricValue(*body, "reshard_coordinator_watch_streams_refused_total",
+                          {{"limit", "per_identity"}}),
+              2.0);
+    EXPECT_EQ(MetricValue(*body, "reshard_coordinator_watch_streams_refused_total",
+                          {{"limit", "total"}}),
+              2.0);
+  }
+
+  // Agents are never counted: their heartbeats and their long poll go on
+  // while every slot is taken.
+  {
+    auto agent = AgentClient(c->address(), "agent:h0");
+    v1::WaitForTasksRequest request;
+    request.set_host_id("h0");
+    request.set_wait_ms(200);
+    v1::WaitForTasksResponse reply;
+    const grpc::Status s = agent->WaitForTasks(Ctx().get(), request, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    const int64_t before = this->agent("h1")->heartbeats();
+    EXPECT_TRUE(Eventually([&] { return this->agent("h1")->heartbeats() > before + 2; },
+                           absl::Seconds(10)));
+  }
+
+  // A cancelled stream gives its slot back: the viewer may open one again
+  // (the server notices the cancel at its next poll).
+  streams.CancelOneJobWatch();
+  EXPECT_TRUE(Eventually([&] { return streams.WatchJob(dash.get(), job.id()).ok(); },
+                         absl::Seconds(10), absl::Milliseconds(100)));
+  // So does a stream whose deadline passes.
+  streams.CancelOneJobWatch();
+  {
+    Streams short_lived;
+    ASSERT_TRUE(Eventually(
+        [&] { return short_lived.WatchJob(dash.get(), job.id(), absl::Milliseconds(1500)).ok(); },
+        absl::Seconds(10), absl::Milliseconds(100)));
+    EXPECT_TRUE(Eventually([&] { return streams.WatchJob(dash.get(), job.id()).ok(); },
+                           absl::Seconds(10), absl::Milliseconds(100)));
+  }
+  // The operation's end ends its watch, which frees that slot as well.
+  HoldAgents(false);
+  ASSERT_TRUE(WaitFinal(admin.get(), op.id()).ok());
+  EXPECT_TRUE(Eventually([&] { return streams.WatchJob(dash.get(), job.id()).ok(); },
+                         absl::Seconds(10), absl::Milliseconds(100)));
+
+  streams.CloseAll();
+  EXPECT_TRUE(Eventually([&] { return OpenStreamsMetric(c->metrics_port()) == 0.0; },
+                         absl::Seconds(10)));
+}
+
+// The viewer of issue 19 on this box's scale: five viewer identities try 600
+// WatchJob streams while four hosts heartbeat (every 100 ms) against a 1 s
+// lease, then a resize runs. With the default limits, 128 are admitted and
+// the rest refused; every heartbeat gets through (no host registers again,
+// i.e. none was marked LOST), GetOperation answers within its deadline, and
+// the resize commits. Without limits (before the fix) the streams' polls
+// saturated the store's pool and the CPU while they opened: every host was
+// marked LOST ("lease expired"), the job DEGRADED and the resize FAILED.
+TEST_F(WatchLimitsTest, ViewerFloodDoesNotStarveAgents) {
+  lease_ms_ = 1000;
+  std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
+  ASSERT_NE(c, nullptr);
+  auto admin = CoordinatorClient(c->address());
+  const std::vector<std::string> hosts = {"h0", "h1", "h2", "h3"};
+  StartAgents(hosts, c->address());
+  const v1::Job job = Register(admin.get(), SmallJobSpec("busy", "team-a"));
+  std::map<std::string, int64_t> epochs;
+  for (const std::string& h : hosts) epochs[h] = agent(h)->epoch();
+
+  constexpr int kIdentities = 5;
+  constexpr int kPerIdentity = 120;
+  Streams streams;
+  int admitted = 0, exhausted = 0;
+  std::vector<std::unique_ptr<CoordinatorStub>> viewers;
+  for (int v = 0; v < kIdentities; ++v) {
+    viewers.push_back(CoordinatorClient(c->address(), absl::StrCat("viewer:v", v, "@team-a")));
+    for (int i = 0; i < kPerIdentity; ++i) {
+      const grpc::Status s = streams.WatchJob(viewers.back().get(), job.id());
+      if (s.ok()) {
+        ++admitted;
+      } else if (s.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED) {
+        ++exhausted;
+      } else {
+        ADD_FAILURE() << "viewer " << v << " stream " << i << ": " << s.error_code() << " "
+                      << s.error_message();
+      }
+    }
+  }
+  const CoordinatorConfig defaults;
+  EXPECT_EQ(admitted, defaults.max_watch_streams);
+  EXPECT_EQ(exhausted, kIdentities * kPerIdentity - defaults.max_watch_streams);
+
+  // While the streams stay open: every host heartbeats on through three
+  // leases, reads answer within their deadline, and a resize (moving state
+  // onto h2, h3) commits.
+  std::map<std::string, int64_t> beats;
+  for (const std::string& h : hosts) beats[h] = agent(h)->heartbeats();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        for (const std::string& h : hosts) {
+          if (agent(h)->heartbeats() < beats[h] + 30) return false;
+        }
+        return true;
+      },
+      absl::Seconds(30)));
+  const v1::Operation op = Resize(admin.get(), job.id(), 1, MakeLayout(2, 2, 2, {"h2", "h3"}, 4));
+  int slow_reads = 0;
+  const bool final = Eventually(
+      [&] {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(2)));
+        v1::GetOperationRequest request;
+        request.set_operation_id(op.id());
+        v1::Operation got;
+        const grpc::Status s = admin->GetOperation(&context, request, &got);
+        if (!s.ok()) {
+          ++slow_reads;
+          return false;
+        }
+        return IsFinal(got.state());
+      },
+      absl::Seconds(60), absl::Milliseconds(200));
+  EXPECT_TRUE(final);
+  EXPECT_EQ(slow_reads, 0) << "GetOperation calls that missed their 2 s deadline";
+  absl::StatusOr<v1::Operation> done = WaitFinal(admin.get(), op.id());
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ(done->state(), v1::OPERATION_STATE_COMMITTED) << done->error();
+  for (const std::string& h : hosts) {
+    EXPECT_EQ(agent(h)->epoch(), epochs[h]) << h << " was marked LOST and registered again";
+  }
+  v1::ListHostsResponse listed;
+  ASSERT_TRUE(admin->ListHosts(Ctx().get(), v1::ListHostsRequest(), &listed).ok());
+  for (const v1::Host& h : listed.hosts()) {
+    EXPECT_EQ(h.state(), v1::HOST_STATE_ALIVE) << h.host_id();
+  }
+}
+
+}  // namespace
+}  // namespace reshard::coordinator::testing
