@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "common/log.h"
+#include "services/coordinator/store/call_class.h"
 
 namespace reshard::coordinator {
 
@@ -17,6 +18,42 @@ void LeaderLoop::EnableRetention(StorePtr store, Retention retention) {
   RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::EnableRetention after Start";
   retention_store_ = std::move(store);
   retention_ = retention;
+}
+
+void LeaderLoop::WatchStoreHealth(StoreHealthFn health, std::function<absl::Status()> probe) {
+  RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::WatchStoreHealth after Start";
+  health_ = std::move(health);
+  probe_ = std::move(probe);
+}
+
+bool LeaderLoop::StoreAnswers(bool* resumed) {
+  if (!health_) return true;
+  StoreHealth health = health_();
+  if (!health.answering && probe_) {
+    // Ask, rather than wait for other callers: the answer ends the outage.
+    if (probe_().ok()) health = health_();
+  }
+  if (!health.answering) {
+    // Heartbeats cannot be recorded now: judging leases (or stalls) over
+    // this time would blame the hosts for the database.
+    if (!silent_logged_) {
+      RESHARD_LOG(WARNING) << "PostgreSQL has not answered for " << health.silent_ms
+                           << " ms: operations and leases wait until it does";
+      silent_logged_ = true;
+    }
+    return false;
+  }
+  silent_logged_ = false;
+  if (health.outages != outages_seen_) {
+    outages_seen_ = health.outages;
+    if (*resumed) {
+      RESHARD_LOG(WARNING) << "PostgreSQL answers again after " << health.last_outage_ms
+                           << " ms without an answer: resuming operations, leases enforced "
+                              "again after the grace";
+      *resumed = false;
+    }
+  }
+  return true;
 }
 
 void LeaderLoop::MaybePrune() {
@@ -80,8 +117,12 @@ void LeaderLoop::Kick() {
 }
 
 void LeaderLoop::Run() {
+  // The lease sweep and the operations' steps may use the connections kept
+  // for agents: clients never hold them up.
+  CallClassScope agent_class(CallClass::kAgent);
   // ResumeAll must succeed once per leadership before Tick runs: it is what
-  // re-reads every unfinished operation after a failover.
+  // re-reads every unfinished operation after a failover, and what grants
+  // hosts the lease grace (also after the store's outage: StoreAnswers).
   bool resumed = false;
   auto set_leader = [this](bool leader) {
     leader_ = leader;
@@ -105,8 +146,8 @@ void LeaderLoop::Run() {
       set_leader(false);
       lock_->Release();
     }
-    if (leader_) {
-      wait_ms = options_.tick_ms;
+    if (leader_) wait_ms = options_.tick_ms;
+    if (leader_ && StoreAnswers(&resumed)) {
       if (!resumed) {
         absl::Status s = driver_->ResumeAll();
         if (s.ok()) {

@@ -10,6 +10,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -17,6 +18,7 @@
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
+#include "services/coordinator/store/store_health.h"
 
 namespace reshard::coordinator {
 
@@ -45,6 +47,13 @@ class LeaderLoop {
   /// the loop's thread.
   void EnableRetention(StorePtr store, Retention retention);
 
+  /// Reads the store's health before every driver pass (store_health.h);
+  /// while the store does not answer, calls `probe` (a trivial store call)
+  /// instead of the pass, so that its answer ends the outage even when
+  /// nothing else calls the store. Without it, only a lost leader lock (a
+  /// restarted PostgreSQL) grants hosts the grace.
+  void WatchStoreHealth(StoreHealthFn health, std::function<absl::Status()> probe);
+
   void Start();
   void Stop();
   bool IsLeader() const { return leader_.load(); }
@@ -56,6 +65,9 @@ class LeaderLoop {
   void Run();
   // One pruning round, if due; errors are logged (retried next round).
   void MaybePrune();
+  // Whether the driver may tick now; clears *resumed after an outage ended
+  // (the driver must resume, granting the lease grace).
+  bool StoreAnswers(bool* resumed);
 
   std::unique_ptr<LeaderLock> lock_;
   OperationDriver* driver_;
@@ -70,6 +82,10 @@ class LeaderLoop {
   StorePtr retention_store_;  // null: retention off
   Retention retention_;
   std::chrono::steady_clock::time_point last_prune_{};
+  StoreHealthFn health_;  // empty: not watched
+  std::function<absl::Status()> probe_;
+  uint64_t outages_seen_ = 0;
+  bool silent_logged_ = false;
 };
 
 }  // namespace reshard::coordinator

@@ -112,6 +112,20 @@ const std::vector<Setting>& Settings() {
                  &CoordinatorConfig::leader_retry_ms),
       IntSetting("pool-size", "RESHARD_POOL_SIZE", "PostgreSQL connections",
                  &CoordinatorConfig::pool_size),
+      // PostgreSQL deadlines and the agents' reserve (issue 19, defects 5 and 6).
+      IntSetting("pool-agent-reserve", "RESHARD_POOL_AGENT_RESERVE",
+                 "of --pool-size, connections only agents' calls and the leader may take",
+                 &CoordinatorConfig::pool_agent_reserve),
+      IntSetting("store-acquire-timeout-ms", "RESHARD_STORE_ACQUIRE_TIMEOUT_MS",
+                 "a call waiting this long for a PostgreSQL connection is UNAVAILABLE",
+                 &CoordinatorConfig::store_acquire_timeout_ms),
+      IntSetting("store-statement-timeout-ms", "RESHARD_STORE_STATEMENT_TIMEOUT_MS",
+                 "a statement PostgreSQL does not answer this long: connection dropped, call "
+                 "UNAVAILABLE (also the server's statement_timeout)",
+                 &CoordinatorConfig::store_statement_timeout_ms),
+      IntSetting("store-connect-timeout-s", "RESHARD_STORE_CONNECT_TIMEOUT_S",
+                 "libpq connect_timeout of new PostgreSQL connections, seconds",
+                 &CoordinatorConfig::store_connect_timeout_s),
       IntSetting("max-spec-bytes", "RESHARD_MAX_SPEC_BYTES",
                  "largest serialized JobSpec RegisterJob accepts",
                  &CoordinatorConfig::max_spec_bytes),
@@ -254,6 +268,9 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("tick-ms", c.tick_ms, 1, 60000),
         Range("leader-retry-ms", c.leader_retry_ms, 1, 60000),
         Range("pool-size", c.pool_size, 1, 256),
+        Range("store-acquire-timeout-ms", c.store_acquire_timeout_ms, 1, kDay),
+        Range("store-statement-timeout-ms", c.store_statement_timeout_ms, 100, kDay),
+        Range("store-connect-timeout-s", c.store_connect_timeout_s, 2, 3600),
         Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30),
         Range("max-watch-streams", c.max_watch_streams, 1, 100000),
         Range("max-watch-streams-per-identity", c.max_watch_streams_per_identity, 1,
@@ -271,6 +288,12 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("retention-batches", c.retention_batches, 1, 1000),
         Range("retention-interval-ms", c.retention_interval_ms, 0, kDay)}) {
     if (!s.ok()) return s;
+  }
+  if (c.pool_agent_reserve < 0 || c.pool_agent_reserve >= c.pool_size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "--pool-agent-reserve (RESHARD_POOL_AGENT_RESERVE) = %d: must be at least 0 and less "
+        "than --pool-size = %d, or client calls get no connection",
+        c.pool_agent_reserve, c.pool_size));
   }
   if (c.tick_ms >= c.lease_ms) {
     return absl::InvalidArgumentError(absl::StrFormat(

@@ -44,6 +44,19 @@ struct CoordinatorConfig {
   int leader_retry_ms = 500;
   /// PostgreSQL connections held by the store.
   int pool_size = 8;
+  // ---- PostgreSQL (docs/coordinator.md, "When PostgreSQL does not answer") ----
+  /// Of pool_size, connections only agents' calls and the leader may take:
+  /// client calls never make heartbeats or progress reports wait.
+  int pool_agent_reserve = 2;
+  /// A call waits this long for a free connection, then UNAVAILABLE.
+  int64_t store_acquire_timeout_ms = 5000;
+  /// A statement without the server's answer this long: the connection is
+  /// dropped and the call is UNAVAILABLE (a client-side deadline: a stopped
+  /// server still ACKs TCP). Also the server's statement_timeout, and twice
+  /// it its idle_in_transaction_session_timeout.
+  int64_t store_statement_timeout_ms = 5000;
+  /// libpq connect_timeout of new connections, seconds.
+  int64_t store_connect_timeout_s = 5;
   /// Largest serialized JobSpec accepted by RegisterJob.
   int64_t max_spec_bytes = 64 << 20;
   // ---- Watch streams (docs/coordinator.md, "Limits") ----

@@ -62,12 +62,21 @@ absl::Status CoordinatorServer::Start() {
   PgStoreOptions store_options;
   store_options.dsn = config_.dsn;
   store_options.pool_size = config_.pool_size;
+  store_options.agent_reserve = config_.pool_agent_reserve;
+  store_options.acquire_timeout_ms = static_cast<int>(config_.store_acquire_timeout_ms);
+  store_options.statement_timeout_ms = static_cast<int>(config_.store_statement_timeout_ms);
+  store_options.connect_timeout_s = static_cast<int>(config_.store_connect_timeout_s);
+  // Silence past a quarter lease is an outage: hosts (heartbeating every
+  // third of a lease) are not yet due when it is noticed, and get the lease
+  // grace once PostgreSQL answers again (LeaderLoop::WatchStoreHealth).
+  store_options.outage_after_ms = static_cast<int>(std::max<int64_t>(config_.lease_ms / 4, 1));
   CoordinatorMetrics* metrics = metrics_.get();
   store_options.observer = [metrics](const std::string& statement, double seconds) {
     metrics->StoreStatement(statement, seconds);
   };
   absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(store_options);
   if (!store.ok()) return store.status();
+  PgStore* health_of = store->get();  // lives as long as store_
   store_ = *std::move(store);
 
   SchedulerApi::Options scheduler_options;
@@ -154,8 +163,14 @@ absl::Status CoordinatorServer::Start() {
   LeaderLoop::Options leader_options;
   leader_options.tick_ms = config_.tick_ms;
   leader_options.retry_ms = config_.leader_retry_ms;
-  leader_ = std::make_unique<LeaderLoop>(MakePgLeaderLock(config_.dsn), driver_.get(),
-                                         metrics_.get(), leader_options);
+  PgLeaderLockOptions lock_options;
+  lock_options.statement_timeout_ms = static_cast<int>(config_.store_statement_timeout_ms);
+  lock_options.connect_timeout_s = static_cast<int>(config_.store_connect_timeout_s);
+  leader_ =
+      std::make_unique<LeaderLoop>(MakePgLeaderLock(config_.dsn, kLeaderLockKey, lock_options),
+                                   driver_.get(), metrics_.get(), leader_options);
+  leader_->WatchStoreHealth([health_of] { return health_of->Health(); },
+                            [health_of] { return health_of->Probe(); });
   LeaderLoop::Retention retention;
   retention.policy.keep_retired_generations = static_cast<int>(config_.retention_keep_retired);
   retention.policy.retired_min_age_ms = config_.retention_retired_age_ms;

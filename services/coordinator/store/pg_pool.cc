@@ -110,6 +110,14 @@ void PgTx::Observe(const char* name, SteadyClock::time_point start) const {
   (*observer_)(name, took.count());
 }
 
+pqxx::result PgTx::ExecSql(const char* name, const std::string& sql) {
+  current_ = name;
+  Sending(SteadyClock::now());
+  pqxx::result r = work_->exec(sql);
+  pool_->Answered(in_flight_);
+  return r;
+}
+
 PgPool::PgPool(Options options)
     : options_(std::move(options)),
       dsn_(WithConnectTimeout(options_.dsn, options_.connect_timeout_s)),
@@ -217,6 +225,13 @@ StoreHealth PgPool::Health() const {
   health.outages = outages_;
   health.last_outage_ms = last_outage_.count();
   return health;
+}
+
+absl::Status PgPool::Probe() {
+  return Transact("Probe", [](PgTx& tx) {
+    tx.ExecSql("probe", "SELECT 1");
+    return absl::OkStatus();
+  });
 }
 
 // ---- Connections ---------------------------------------------------------

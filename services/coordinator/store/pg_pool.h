@@ -84,6 +84,10 @@ class PgTx {
     return r;
   }
 
+  /// Runs `sql` unprepared (not observed: no metric label); `name` names it
+  /// in errors.
+  pqxx::result ExecSql(const char* name, const std::string& sql);
+
   /// Before a statement is sent: its deadline starts (statement_timeout).
   void Sending(std::chrono::steady_clock::time_point start);
 
@@ -152,6 +156,9 @@ class PgPool {
 
   /// How the server has been answering (store_health.h).
   StoreHealth Health() const;
+  /// A trivial query through the pool (its deadlines, its health
+  /// bookkeeping): OK once the server answers.
+  [[nodiscard]] absl::Status Probe();
 
   // Health bookkeeping, called by PgTx and the pool itself.
   void Waiting(InFlight* in_flight, std::chrono::steady_clock::time_point since);

@@ -42,6 +42,7 @@ PgStore::PgStore(std::unique_ptr<pg::PgPool> pool) : pool_(std::move(pool)) {}
 PgStore::~PgStore() = default;
 
 StoreHealth PgStore::Health() const { return pool_->Health(); }
+absl::Status PgStore::Probe() { return pool_->Probe(); }
 
 std::vector<std::string> PgStore::StatementNames() {
   std::vector<std::string> names;

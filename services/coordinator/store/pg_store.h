@@ -99,6 +99,9 @@ class PgStore : public Store {
 
   /// How PostgreSQL has been answering this store's calls; thread-safe.
   StoreHealth Health() const;
+  /// A trivial query (SELECT 1) under the store's deadlines: OK once
+  /// PostgreSQL answers; what the leader asks while it waits out an outage.
+  [[nodiscard]] absl::Status Probe();
 
   // ---- Jobs ----------------------------------------------------------------
   [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(
@@ -207,8 +210,6 @@ class PgStore : public Store {
 /// The advisory lock key of the coordinator's leader election.
 inline constexpr int64_t kLeaderLockKey = 0x7265736861726402;  // "reshard\x02"
 
-/// LeaderLock on a dedicated connection holding the session-level advisory
-/// lock pg_try_advisory_lock(key). The server releases it when the
 /// Deadlines of the leader lock's connection (as PgStoreOptions').
 struct PgLeaderLockOptions {
   /// A query without an answer this long: the connection is dropped, so the
@@ -217,6 +218,8 @@ struct PgLeaderLockOptions {
   int connect_timeout_s = 5;
 };
 
+/// LeaderLock on a dedicated connection holding the session-level advisory
+/// lock pg_try_advisory_lock(key). The server releases it when the
 /// connection closes, so a dead holder frees it. Not thread-safe.
 class PgLeaderLock : public LeaderLock {
  public:
