@@ -197,8 +197,12 @@ class LocalCluster:
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
                  memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
-                 tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None):
+                 tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None,
+                 coordinator_args=()):
         self.build_dir = os.path.abspath(build_dir)
+        # Extra reshard-coordinator flags (e.g. ["--store-statement-timeout-ms",
+        # "1000"]), after the cluster's own; kept across restarts.
+        self.coordinator_args = list(coordinator_args)
         # reshard-agent --worker-group (a name or gid): its members, not only
         # root, may use the worker sockets and shard files; the cluster's
         # directories then let that group reach them (docs/security.md).
@@ -343,6 +347,7 @@ class LocalCluster:
                 str(self.tick_ms), "--leader-retry-ms", "200", "--replica-id", "local-0"]
         argv += (self.pki.coordinator_flags("coordinator", ips=[self.coordinator_host])
                  if self.tls else ["--insecure"])
+        argv += self.coordinator_args
         self._coordinator_proc = _Process("reshard-coordinator", argv,
                                           os.path.join(self.work_dir, "coordinator.log"))
         line = self._coordinator_proc.wait_for_line("reshard-coordinator listening on ", timeout)
@@ -575,6 +580,52 @@ class LocalCluster:
         """kill_postgres(sig), then start_postgres() on the same port."""
         self.kill_postgres(sig)
         self.start_postgres(timeout)
+
+    def _postgres_pids(self):
+        """The postmaster's pid, then its children's (backends, checkpointer,
+        ...): each child is a process group of its own, so a signal to the
+        postmaster's group does not reach them."""
+        if not (self._pg and self._pg.alive()):
+            return []
+        parent = self._pg.pid
+        children = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue  # gone meanwhile
+            # "pid (comm) state ppid ...": comm may hold spaces and parentheses.
+            if int(stat[stat.rindex(")") + 2:].split()[1]) == parent:
+                children.append(int(entry))
+        return [parent] + children
+
+    def stop_postgres(self):
+        """Freezes PostgreSQL: SIGSTOP to the postmaster and every process it
+        forked, as a stuck failover or a frozen disk would. Connections stay
+        open and the kernel still ACKs TCP, but nothing answers and no new
+        backend starts. continue_postgres() resumes it."""
+        stopped = set()
+        for _ in range(2):  # the postmaster first: then it forks no more
+            for pid in self._postgres_pids():
+                if pid not in stopped:
+                    try:
+                        os.kill(pid, signal.SIGSTOP)
+                        stopped.add(pid)
+                    except ProcessLookupError:
+                        pass
+        self._log(f"cluster: postgresql frozen (SIGSTOP to {len(stopped)} processes)")
+
+    def continue_postgres(self):
+        """Resumes a PostgreSQL frozen by stop_postgres() (SIGCONT)."""
+        for pid in reversed(self._postgres_pids()):
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        self._log("cluster: postgresql continued (SIGCONT)")
 
     def agent_command(self, host_id):
         """(argv, env) that start the agent of `host_id`."""

@@ -10,11 +10,15 @@ loadable; afterwards no shard file, memory accounting or process is left over
 still accepts after the fault commits and verifies (the cluster is usable).
 """
 
+import os
 import signal
+import time
 
 import pytest
 
 import faultlib
+import reshard
+from cluster import LocalCluster
 from faultlib import FINAL_WITHIN_S
 
 ATTEMPTS = 4  # a fault that lands after the transfer ended is tried again
@@ -181,3 +185,113 @@ def test_agent_sigstop_past_the_lease_then_sigcont(job, cluster, client):
     job.check_outcome(final, gen, job.layout, target)
     faultlib.check_no_leaks(cluster, [job])
     faultlib.check_processes(cluster, census)
+
+
+# Issue 19, defect 5: PostgreSQL frozen (SIGSTOP) mid-transfer for more than
+# three leases (docs/coordinator.md, "When PostgreSQL does not answer"). Two
+# settings of the store's deadlines (statement ms, acquire ms, connect s):
+#  - "short": calls fail fast, and the bound on a call's answer is short; the
+#    leader lock's query gets no answer either, so the leader steps down and
+#    takes the lock again once PostgreSQL answers (resuming with the grace);
+#  - "past_the_freeze": nothing times out; the leader keeps its lock and
+#    must see from the store's health that the database was silent.
+FROZEN_LEASES = 4
+STORE_DEADLINES = {"short": (1000, 1000, 2), "past_the_freeze": (30000, 30000, 30)}
+
+
+@pytest.fixture(params=sorted(STORE_DEADLINES))
+def deadline_cluster(request):
+    statement_ms, acquire_ms, connect_s = STORE_DEADLINES[request.param]
+    with LocalCluster(build_dir=faultlib.BUILD, hosts=4, devices_per_host=2,
+                      work_dir=os.environ.get("RESHARD_FAULT_WORK_DIR"),
+                      coordinator_args=["--store-statement-timeout-ms", str(statement_ms),
+                                        "--store-acquire-timeout-ms", str(acquire_ms),
+                                        "--store-connect-timeout-s", str(connect_s)]) as c:
+        c.store_deadlines = request.param
+        yield c
+
+
+@pytest.fixture
+def deadline_client(deadline_cluster):
+    with deadline_cluster.client(timeout=30.0, max_attempts=50, max_backoff=1.0) as c:
+        yield c
+
+
+@pytest.fixture
+def deadline_job(deadline_cluster, deadline_client):
+    j = faultlib.Job(deadline_cluster, deadline_client, f"pg-frozen-{os.getpid()}", layers=4,
+                     hidden=256, vocab=2048, seq=128)
+    j.register_and_publish(j.make_layout(2, 2, 1, deadline_cluster.host_ids[0:2]))
+    return j
+
+
+def _registrations(cluster):
+    """{host: successful RegisterAgent calls}: an agent registers again only
+    after its host was marked LOST."""
+    def ok(metrics):
+        return sum(v for k, v in metrics.items()
+                   if k.startswith("reshard_agent_registrations_total") and 'result="ok"' in k)
+    return {h: ok(cluster.metrics_of(h)) for h in cluster.host_ids}
+
+
+def test_postgres_sigstop_past_three_leases_mid_transfer(deadline_job, deadline_cluster,
+                                                         deadline_client):
+    """Every PostgreSQL process frozen for FROZEN_LEASES leases while a resize
+    transfers. After SIGCONT no live host was marked LOST (the store's
+    silence never counts against hosts: they get the lease grace a restarted
+    PostgreSQL gives) and the resize commits byte for byte. With short
+    deadlines a GetJob made meanwhile answers UNAVAILABLE within them
+    (acquire + connect + statement), far before its own deadline. Before
+    the fix GetJob hung until its deadline and every host was LOST the moment
+    PostgreSQL answered again, aborting the resize ("host lost (lease
+    expired) during transfer")."""
+    job, cluster, client = deadline_job, deadline_cluster, deadline_client
+    short = cluster.store_deadlines == "short"
+    statement_ms, acquire_ms, connect_s = STORE_DEADLINES[cluster.store_deadlines]
+    census = faultlib.process_census(cluster)
+    registered = _registrations(cluster)
+    frozen_s = FROZEN_LEASES * cluster.lease_ms / 1000
+    bound_s = (acquire_ms + connect_s * 1000 + statement_ms) / 1000 + 2.0
+    get_job_deadline_s = 20.0
+    probe = cluster.client(timeout=get_job_deadline_s, max_attempts=1)
+    seen = {}
+
+    def fault(before, target):
+        frozen_at = time.monotonic()
+        cluster.stop_postgres()
+        try:
+            if short:
+                start = time.monotonic()
+                try:
+                    probe.get_job(job.id)
+                    seen["get_job"] = "answered OK"
+                except reshard.ReshardError as e:
+                    seen["get_job"] = e
+                seen["get_job_s"] = time.monotonic() - start
+            # The fault lasts FROZEN_LEASES leases: PostgreSQL stays frozen.
+            time.sleep(max(0.0, frozen_s - (time.monotonic() - frozen_at)))
+        finally:
+            cluster.continue_postgres()
+
+    try:
+        op, gen, before, target = _fault_mid_transfer(job, cluster, client, _destination, fault)
+        final = job.wait_final(op.id)
+    finally:
+        probe.close()
+    print(f"deadlines {cluster.store_deadlines}: GetJob while frozen: {seen.get('get_job')!r} "
+          f"after {seen.get('get_job_s', 0):.2f} s; operation {faultlib.op_state_name(final)} "
+          f"{final.error}", flush=True)
+    if short:
+        assert isinstance(seen["get_job"], reshard.Unavailable), (
+            f"GetJob while PostgreSQL was frozen: {seen['get_job']!r}, expected UNAVAILABLE")
+        assert seen["get_job_s"] < bound_s, (
+            f"GetJob answered UNAVAILABLE after {seen['get_job_s']:.1f} s; the store's deadlines "
+            f"bound it to {bound_s:.1f} s (its own deadline {get_job_deadline_s:.0f} s)")
+    assert final.state == faultlib.COMMITTED, (
+        f"resize across a {frozen_s:.0f} s PostgreSQL freeze ended "
+        f"{faultlib.op_state_name(final)}: {final.error}")
+    assert _registrations(cluster) == registered, (
+        "an agent registered again, so its live host was marked LOST while PostgreSQL was frozen")
+    _finish(job, cluster, client, census, op, gen, before, target)
+    for host in cluster.host_ids:
+        faultlib.wait_host_state(client, host, "ALIVE", timeout=1)
