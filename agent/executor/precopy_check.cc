@@ -141,7 +141,8 @@ absl::Status VerifyPrecopy(const std::vector<PrecopyRegion>& regions,
       "job \"", job, "\" generation ", generation, " rank ", bad->rank, " item ", bad->item,
       " (\"", plan.items(bad->item).name(), "\"): the ", bad->bytes(), " bytes of ", bad->what,
       " that the prepare wrote and the cut-over skipped (unchanged source) read back as ",
-      absl::Hex(now_sum, absl::kZeroPad16), ", not the ", absl::Hex(bad->checksum, absl::kZeroPad16),
+      absl::Hex(now_sum, absl::kZeroPad16), ", not the ",
+      absl::Hex(bad->checksum, absl::kZeroPad16),
       " written: the pre-copy changed after the prepare; nothing of it is committed"));
 }
 

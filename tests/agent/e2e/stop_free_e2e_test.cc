@@ -235,7 +235,8 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
     }
   }
   ASSERT_GE(rank, 0);
-  const std::string path = absl::StrCat(dir_, "/shm-h2/", RankBufferFileName("h2", RankBufferKey{job_id_, 3, rank}));
+  const std::string path =
+      absl::StrCat(dir_, "/shm-h2/", RankBufferFileName("h2", RankBufferKey{job_id_, 3, rank}));
   {
     const int fd = ::open(path.c_str(), O_RDWR);
     ASSERT_GE(fd, 0) << path << ": " << std::strerror(errno);
@@ -261,13 +262,11 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
   const v1::Operation op = WaitFinal(started.id());
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_ABORTED)
       << v1::OperationState_Name(op.state()) << " " << op.error();
-  EXPECT_THAT(op.error(),
-              ::testing::AllOf(::testing::HasSubstr("host \"h2\": DATA_LOSS"),
-                               ::testing::HasSubstr(absl::StrCat("job \"", job_id_,
-                                                                 "\" generation 3 rank ", rank,
-                                                                 " item ", item, " (\"",
-                                                                 ptc_.tensors(item).name(), "\")")),
-                               ::testing::HasSubstr("changed after the prepare")));
+  const std::string names = absl::StrCat("job \"", job_id_, "\" generation 3 rank ", rank,
+                                         " item ", item, " (\"", ptc_.tensors(item).name(), "\")");
+  EXPECT_THAT(op.error(), ::testing::AllOf(::testing::HasSubstr("host \"h2\": DATA_LOSS"),
+                                           ::testing::HasSubstr(names),
+                                           ::testing::HasSubstr("changed after the prepare")));
   // The job goes on from the checkpoint, byte for byte.
   v1::GetJobRequest jr;
   jr.set_job_id(job_id_);

@@ -127,7 +127,9 @@ class VerifyPrecopyTest : public ::testing::Test {
     hs_.remotes.push_back(RemoteStep{&plan_.steps(1), /*is_send=*/false, "h1"});
     hs_.fills.push_back(&plan_.zero_fills(0));
     // Item 0: 4x4 floats; item 1: 12 bytes.
-    for (int i = 0; i < 2; ++i) bufs_.push_back(std::make_unique<MemoryBuffer>(std::vector<int64_t>{64, 12}));
+    for (int i = 0; i < 2; ++i) {
+      bufs_.push_back(std::make_unique<MemoryBuffer>(std::vector<int64_t>{64, 12}));
+    }
     std::memset(bufs_[0]->item_data(1) + 8, 0, 4);  // the zero fill's bytes
     regions_ = PrecopyRegions(plan_, hs_);
     ChecksumRegions(buffer_, 2, &regions_);
