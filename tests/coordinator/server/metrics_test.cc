@@ -66,7 +66,9 @@ TEST(MetricsTest, FamiliesAndLabels) {
                                           "reshard_coordinator_store_duration_seconds",
                                           "reshard_coordinator_active_operations",
                                           "reshard_coordinator_oldest_active_operation_seconds",
-                                          "reshard_coordinator_leader"};
+                                          "reshard_coordinator_leader",
+                                          "reshard_coordinator_watch_streams",
+                                          "reshard_coordinator_watch_streams_refused_total"};
   std::set<std::string> names;
   for (const auto& f : collected) {
     EXPECT_TRUE(names.insert(f.name).second) << f.name << " registered twice";
