@@ -5,7 +5,10 @@
 //    result is the sealed checksum of every old shard this host read;
 //  - kPrepared (HostTask.prepared): the buffers the prepare left are opened
 //    (not made), only the slice's steps are applied (no zero fills: the
-//    prepare did them), then every new shard is sealed from its bytes;
+//    prepare did them), every region the prepare wrote and the slice does
+//    not write again is read back against the prepare's record
+//    (precopy_check.h: DATA_LOSS when it changed), then every new shard is
+//    sealed from its bytes;
 //  - kTransfer: a plain task.
 // The prepare derives its transfer tags, peer proofs and step seals from a
 // context of its own, so nothing it sends can be taken for the transfer's.
