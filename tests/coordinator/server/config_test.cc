@@ -67,6 +67,29 @@ TEST(ConfigTest, EveryFlagBothSpellings) {
   EXPECT_EQ(c.log_level, LogSeverity::kDebug);
 }
 
+TEST(ConfigTest, StoreDeadlinesAndAgentReserve) {
+  absl::StatusOr<CommandLine> defaults = Parse({"--insecure", "--dsn", "x"});
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(defaults->config.pool_agent_reserve, 2);
+  EXPECT_EQ(defaults->config.store_acquire_timeout_ms, 5000);
+  EXPECT_EQ(defaults->config.store_statement_timeout_ms, 5000);
+  EXPECT_EQ(defaults->config.store_connect_timeout_s, 5);
+  absl::StatusOr<CommandLine> cl =
+      Parse({"--insecure", "--dsn", "x", "--pool-size", "4", "--pool-agent-reserve=3",
+             "--store-statement-timeout-ms", "1000", "--store-connect-timeout-s=2"},
+            {{"RESHARD_STORE_ACQUIRE_TIMEOUT_MS", "750"}});
+  ASSERT_TRUE(cl.ok()) << cl.status();
+  EXPECT_EQ(cl->config.pool_agent_reserve, 3);
+  EXPECT_EQ(cl->config.store_acquire_timeout_ms, 750);
+  EXPECT_EQ(cl->config.store_statement_timeout_ms, 1000);
+  EXPECT_EQ(cl->config.store_connect_timeout_s, 2);
+  for (const char* name :
+       {"--pool-agent-reserve", "--store-acquire-timeout-ms", "--store-statement-timeout-ms",
+        "--store-connect-timeout-s", "RESHARD_STORE_STATEMENT_TIMEOUT_MS"}) {
+    EXPECT_THAT(Usage(), HasSubstr(name));
+  }
+}
+
 TEST(ConfigTest, EnvironmentFillsWhatFlagsLeaveAndFlagsWin) {
   absl::StatusOr<CommandLine> cl =
       Parse({"--lease-ms", "2000"}, {{"RESHARD_DSN", "dbname=env"},
@@ -150,6 +173,21 @@ INSTANTIATE_TEST_SUITE_P(
                 {},
                 "--tick-ms"},
         BadCase{{"--insecure", "--dsn", "x", "--pool-size", "0"}, {}, "--pool-size"},
+        BadCase{{"--insecure", "--dsn", "x", "--pool-size", "2", "--pool-agent-reserve", "2"},
+                {},
+                "--pool-agent-reserve (RESHARD_POOL_AGENT_RESERVE) = 2"},
+        BadCase{{"--insecure", "--dsn", "x", "--pool-agent-reserve", "-1"},
+                {},
+                "--pool-agent-reserve"},
+        BadCase{{"--insecure", "--dsn", "x", "--store-statement-timeout-ms", "10"},
+                {},
+                "--store-statement-timeout-ms"},
+        BadCase{{"--insecure", "--dsn", "x", "--store-connect-timeout-s", "1"},
+                {},
+                "--store-connect-timeout-s"},
+        BadCase{{"--insecure", "--dsn", "x"},
+                {{"RESHARD_STORE_ACQUIRE_TIMEOUT_MS", "0"}},
+                "--store-acquire-timeout-ms"},
         BadCase{{"--insecure", "--dsn", "x", "--max-spec-bytes", "10"}, {}, "--max-spec-bytes"},
         BadCase{{"--insecure", "--dsn", "x", "--transfer-timeout-ms", "99999999999999999999"},
                 {},
