@@ -3,9 +3,12 @@
 // and WatchOperation streams past --max-watch-streams-per-identity, or
 // callers together past --max-watch-streams, get RESOURCE_EXHAUSTED naming
 // the limit; slots come back when streams end (cancel, deadline); agents'
-// calls, the long poll included, are never refused. And the starvation
+// calls, the long poll included, are never refused; a killed client's
+// streams give their slots back too. And the starvation
 // case: a viewer flooding the replica with streams while a resize runs
 // leaves every host's heartbeats on time and the resize commits.
+#include <signal.h>
+
 #include <map>
 #include <memory>
 #include <optional>
@@ -16,6 +19,8 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "services/coordinator/server/config.h"
+#include "tests/coordinator/harness/child_process.h"
+#include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_jobs.h"
@@ -198,6 +203,47 @@ TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
   streams.CloseAll();
   EXPECT_TRUE(Eventually([&] { return OpenStreamsMetric(c->metrics_port()) == 0.0; },
                          absl::Seconds(10)));
+}
+
+// A client that disconnects without cancelling (its process is killed)
+// gives its slots back: the server sees the connection close as a cancel.
+TEST_F(WatchLimitsTest, KilledClientGivesItsSlotsBack) {
+  std::unique_ptr<CoordinatorProcess> c =
+      StartCoordinator({"--max-watch-streams", "10", "--max-watch-streams-per-identity", "3"});
+  ASSERT_NE(c, nullptr);
+  auto admin = CoordinatorClient(c->address());
+  const v1::Job job = Register(admin.get(), SmallJobSpec("watched", "team-a"));
+  const std::string viewer = "viewer:gone@team-a";
+  absl::StatusOr<CertFiles> cert = SharedTestPki().Issue(viewer);
+  ASSERT_TRUE(cert.ok()) << cert.status();
+
+  ChildOptions holder;
+  holder.argv = {WATCH_STREAM_HOLDER_BIN, c->address(), job.id(),      "3",
+                 SharedTestPki().ca(),    cert->cert,   cert->key};
+  holder.log_path = ::testing::TempDir() + "/watch_stream_holder.log";
+  holder.die_with_parent = true;
+  absl::StatusOr<pid_t> pid = SpawnChild(holder);
+  ASSERT_TRUE(pid.ok()) << pid.status();
+  const bool holding =
+      Eventually([&] { return OpenStreamsMetric(c->metrics_port()) == 3.0; }, absl::Seconds(30));
+  int status = 0;
+  if (!holding && ChildExited(*pid, &status)) {
+    FAIL() << "watch_stream_holder exited " << status << ": " << FileTail(holder.log_path);
+  }
+  ASSERT_TRUE(holding);
+  auto same = CoordinatorClient(c->address(), viewer);
+  Streams streams;
+  EXPECT_EQ(streams.WatchJob(same.get(), job.id()).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+
+  ASSERT_EQ(kill(*pid, SIGKILL), 0);
+  EXPECT_EQ(WaitChild(*pid), 128 + SIGKILL);
+  EXPECT_TRUE(
+      Eventually([&] { return OpenStreamsMetric(c->metrics_port()) == 0.0; }, absl::Seconds(10)));
+  for (int i = 0; i < 3; ++i) {
+    const grpc::Status s = streams.WatchJob(same.get(), job.id());
+    EXPECT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
 }
 
 // The viewer of issue 19 on this box's scale: five viewer identities try 600
