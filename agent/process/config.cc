@@ -28,6 +28,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"ucx-tls", "UCX_TLS"},
       {"heartbeat-ms", "RESHARD_HEARTBEAT_MS"},
       {"copy-threads", "RESHARD_COPY_THREADS"},
+      {"worker-cache-bytes", "RESHARD_WORKER_CACHE_BYTES"},
       {"log-level", "RESHARD_LOG_LEVEL"},
       {"metrics-listen", "RESHARD_METRICS_LISTEN"},
       {"tls-cert", "RESHARD_TLS_CERT"},
@@ -116,7 +117,7 @@ std::string AgentUsage() {
   return "usage: reshard-agent --coordinator HOST:PORT --worker-socket PATH [--host-id ID]\n"
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
-         "  [--log-level LEVEL] [--metrics-listen HOST:PORT]\n"
+         "  [--log-level LEVEL] [--metrics-listen HOST:PORT] [--worker-cache-bytes N]\n"
          "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
          "--worker-group: the group (name or number) of the worker socket (and of its\n"
@@ -129,12 +130,15 @@ std::string AgentUsage() {
          "change. --insecure: plaintext to the coordinator (a warning is logged).\n"
          "--spare-bytes keeps that much shared memory allocated and zeroed ahead (within\n"
          "--memory-limit-bytes; tmpfs only) for new buffers; 0: none. Default 1 GiB.\n"
+         "--worker-cache-bytes bounds what the worker service keeps of the jobs' PTCs,\n"
+         "layouts and worker-token hashes (least recently used out first); default 64 MiB.\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
          "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
          "RESHARD_COORDINATOR, RESHARD_WORKER_SOCKET, RESHARD_AGENT_ADDRESS, RESHARD_SHM_DIR,\n"
          "RESHARD_MEMORY_LIMIT_BYTES, RESHARD_SPARE_BYTES, UCX_NET_DEVICES, UCX_TLS,\n"
-         "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_LOG_LEVEL,\n"
+         "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_WORKER_CACHE_BYTES,\n"
+         "RESHARD_LOG_LEVEL,\n"
          "RESHARD_METRICS_LISTEN, RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA,\n"
          "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE); flags win.\n";
 }
@@ -231,6 +235,11 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = ParseInt(it->first, it->second, 1, 256, &v);
     if (!s.ok()) return s;
     c.copy_threads = static_cast<int>(v);
+  }
+  if (auto it = values.find("worker-cache-bytes"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, int64_t{64} << 10, int64_t{1} << 40, &v);
+    if (!s.ok()) return s;
+    c.worker_cache_bytes = v;
   }
 
   if (c.host_id.empty()) {

@@ -25,6 +25,10 @@ struct AgentConfig {
   std::string ucx_tls;                             // --ucx-tls, UCX_TLS
   int heartbeat_ms = 0;                            // --heartbeat-ms; 0: a third of the lease
   int copy_threads = 4;                            // --copy-threads
+  /// Bytes the worker service may keep of the jobs' PTCs, layouts and
+  /// worker-token hashes (docs/agent.md, "Worker service memory").
+  /// --worker-cache-bytes, RESHARD_WORKER_CACHE_BYTES; at least 64 KiB.
+  int64_t worker_cache_bytes = int64_t{64} << 20;
   std::string log_level = "info";                  // --log-level, RESHARD_LOG_LEVEL
   /// Prometheus /metrics address HOST:PORT (port 0: any free port); empty:
   /// no metrics served. --metrics-listen, RESHARD_METRICS_LISTEN.

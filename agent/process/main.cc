@@ -131,7 +131,7 @@ int main(int argc, char** argv) {
                                  ? absl::StrCat(" (--worker-group \"", config->worker_group, "\")")
                                  : ""));
   }
-  WorkerServiceImpl worker_service(store->get(), channel, &metrics);
+  WorkerServiceImpl worker_service(store->get(), channel, &metrics, config->worker_cache_bytes);
   worker_service.SetSocket(worker_socket->get());
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);

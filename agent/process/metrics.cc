@@ -121,6 +121,18 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
                        .Name("reshard_agent_worker_rpc_duration_seconds")
                        .Help("Worker gRPC handler time (unix socket), by method and status code.")
                        .Register(*registry)),
+        worker_cache_bytes_family(
+            prometheus::BuildGauge()
+                .Name("reshard_agent_worker_cache_bytes")
+                .Help("Bytes the worker service's job cache holds (PTCs and layouts of the "
+                      "generations held here, worker-token hashes); at most "
+                      "--worker-cache-bytes.")
+                .Register(*registry)),
+        worker_cache_entries_family(
+            prometheus::BuildGauge()
+                .Name("reshard_agent_worker_cache_entries")
+                .Help("Entries of the worker service's job cache, by kind (generation, token).")
+                .Register(*registry)),
         tasks_started(tasks_started_family.Add({})),
         bytes_written(bytes_written_family.Add({})),
         tasks_running(tasks_running_family.Add({})),
@@ -133,6 +145,9 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
         buffers(buffers_family.Add({})),
         reachable(reachable_family.Add({})),
         heartbeat_failures(heartbeat_failures_family.Add({})),
+        worker_cache_bytes(worker_cache_bytes_family.Add({})),
+        worker_cache_generations(worker_cache_entries_family.Add({{"kind", "generation"}})),
+        worker_cache_tokens(worker_cache_entries_family.Add({{"kind", "token"}})),
         registrations_ok(registrations.Add({{"result", "ok"}})),
         registrations_error(registrations.Add({{"result", "error"}})) {
     // Every result series exists (as 0) from the start, so that rate() and
@@ -177,6 +192,8 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   prometheus::Family<prometheus::Counter>& heartbeat_failures_family;
   prometheus::Family<prometheus::Counter>& registrations;
   prometheus::Family<prometheus::Histogram>& worker_rpc;
+  prometheus::Family<prometheus::Gauge>& worker_cache_bytes_family;
+  prometheus::Family<prometheus::Gauge>& worker_cache_entries_family;
   prometheus::Counter& tasks_started;
   prometheus::Counter& bytes_written;
   prometheus::Gauge& tasks_running;
@@ -189,6 +206,9 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   prometheus::Gauge& buffers;
   prometheus::Gauge& reachable;
   prometheus::Counter& heartbeat_failures;
+  prometheus::Gauge& worker_cache_bytes;
+  prometheus::Gauge& worker_cache_generations;
+  prometheus::Gauge& worker_cache_tokens;
   prometheus::Counter& registrations_ok;
   prometheus::Counter& registrations_error;
 
@@ -236,6 +256,12 @@ void AgentMetrics::SetShardStore(int64_t used_bytes, int64_t limit_bytes, int64_
   impl_->store_limit.Set(static_cast<double>(limit_bytes));
   impl_->generations.Set(static_cast<double>(generations));
   impl_->buffers.Set(static_cast<double>(rank_buffers));
+}
+
+void AgentMetrics::SetWorkerCache(int64_t bytes, int64_t generations, int64_t tokens) {
+  impl_->worker_cache_bytes.Set(static_cast<double>(bytes));
+  impl_->worker_cache_generations.Set(static_cast<double>(generations));
+  impl_->worker_cache_tokens.Set(static_cast<double>(tokens));
 }
 
 void AgentMetrics::HeartbeatDone(bool ok) {

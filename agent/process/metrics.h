@@ -46,6 +46,11 @@ class AgentMetrics {
   void SetShardStore(int64_t used_bytes, int64_t limit_bytes, int64_t generations,
                      int64_t rank_buffers);
 
+  /// reshard_agent_worker_cache_bytes and
+  /// reshard_agent_worker_cache_entries{kind="generation"|"token"} (gauges):
+  /// what the worker service's job cache holds (job_cache.h).
+  void SetWorkerCache(int64_t bytes, int64_t generations, int64_t tokens);
+
   /// reshard_agent_coordinator_reachable (gauge 0/1); a failure also counts
   /// reshard_agent_heartbeat_failures_total.
   void HeartbeatDone(bool ok);

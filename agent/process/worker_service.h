@@ -20,6 +20,7 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "agent/process/job_cache.h"
 #include "agent/process/metrics.h"
 #include "agent/process/worker_socket.h"
 #include "agent/shard_store/shard_store.h"
@@ -31,11 +32,21 @@ namespace reshard::agent {
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
  public:
-  /// `store` and `metrics` (may be null) are not owned; `coordinator`
-  /// reaches CoordinatorService. Every handler is timed into
-  /// reshard_agent_worker_rpc_duration_seconds{method, code}.
+  /// `store` and `metrics` (may be null) are not owned and must outlive the
+  /// service; `coordinator` reaches CoordinatorService. Every handler is
+  /// timed into reshard_agent_worker_rpc_duration_seconds{method, code}.
+  /// What the service fetches of the jobs (PTC and layout per generation,
+  /// token hashes) is cached in at most `cache_bytes` (AgentConfig's
+  /// --worker-cache-bytes) and forgotten when the store drops the generation
+  /// or the job's last buffer (the service is the store's drop listener
+  /// while it lives).
   WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Channel> coordinator,
-                    AgentMetrics* metrics = nullptr);
+                    AgentMetrics* metrics = nullptr, int64_t cache_bytes = kDefaultCacheBytes);
+  ~WorkerServiceImpl() override;
+  WorkerServiceImpl(const WorkerServiceImpl&) = delete;
+  WorkerServiceImpl& operator=(const WorkerServiceImpl&) = delete;
+
+  static constexpr int64_t kDefaultCacheBytes = int64_t{64} << 20;
 
   /// The generation a running checkpoint task copies the layout of when it
   /// waits for a publish of (job, generation, rank), else 0
@@ -81,10 +92,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
                                 v1::OpenGenerationResponse* resp);
 
-  struct JobGeneration {
-    v1::Ptc ptc;
-    v1::Layout layout;
-  };
+  using JobGeneration = JobCache::Generation;
   /// The PTC and layout of (job, generation); FailedPrecondition when
   /// `require_current` and it is not the job's current generation.
   absl::StatusOr<std::shared_ptr<const JobGeneration>> Lookup(const std::string& job_id,
@@ -109,9 +117,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   PublishGate publish_gate_;
   const WorkerSocket* socket_ = nullptr;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
-  std::mutex mu_;
-  std::map<std::pair<std::string, int64_t>, std::shared_ptr<const JobGeneration>> cache_;
-  std::map<std::string, std::string> token_sha256_;  // job id -> SHA-256 of its worker token
+  const std::shared_ptr<JobCache> cache_;  // shared with the store's drop listener
 };
 
 }  // namespace reshard::agent

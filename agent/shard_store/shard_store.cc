@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -260,6 +261,17 @@ class ShmShardStore final : public ShardStore {
 
   absl::StatusOr<std::vector<uint64_t>> Seal(const RankBufferKey& key,
                                              const std::vector<uint64_t>& expected) override {
+    return SealChecked(key, expected, /*for_worker=*/false);
+  }
+
+  absl::StatusOr<std::vector<uint64_t>> SealForWorker(
+      const RankBufferKey& key, const std::vector<uint64_t>& expected) override {
+    return SealChecked(key, expected, /*for_worker=*/true);
+  }
+
+  absl::StatusOr<std::vector<uint64_t>> SealChecked(const RankBufferKey& key,
+                                                    const std::vector<uint64_t>& expected,
+                                                    bool for_worker) {
     std::shared_ptr<MappedRankBuffer> b;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -268,6 +280,11 @@ class ShmShardStore final : public ShardStore {
         return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
       }
       b = it->second;
+      if (for_worker && !b->published()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            Describe(key), " is written by an operation of the agent, not by workers: a worker ",
+            "may seal only a buffer it published"));
+      }
       if (!b->sealed() && !sealing_.insert(key).second) {
         return absl::FailedPreconditionError(
             absl::StrCat(Describe(key), " is being sealed by another call"));
@@ -413,27 +430,47 @@ class ShmShardStore final : public ShardStore {
 
  public:
   void DropGeneration(const std::string& job_id, int64_t generation) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto it = buffers_.begin(); it != buffers_.end();) {
-      if (it->first.job_id == job_id && it->first.generation == generation) {
-        Unlink(it->second->path());
-        it = buffers_.erase(it);
-      } else {
-        ++it;
+    DropListener listener;
+    bool job_held = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = buffers_.begin(); it != buffers_.end();) {
+        if (it->first.job_id == job_id && it->first.generation == generation) {
+          Unlink(it->second->path());
+          it = buffers_.erase(it);
+        } else {
+          ++it;
+        }
       }
+      pool_->Wake();
+      job_held = HoldsJobLocked(job_id);
+      listener = drop_listener_;
     }
-    pool_->Wake();
+    if (listener) listener(job_id, generation, job_held);
   }
 
   void Drop(const RankBufferKey& key) override {
+    DropListener listener;
+    bool job_held = false;
+    bool dropped = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = buffers_.find(key);
-      if (it == buffers_.end()) return;
-      Unlink(it->second->path());
-      buffers_.erase(it);
+      if (it != buffers_.end()) {
+        Unlink(it->second->path());
+        buffers_.erase(it);
+        dropped = true;
+      }
+      job_held = HoldsJobLocked(key.job_id);
+      listener = drop_listener_;
     }
-    pool_->Wake();
+    if (dropped) pool_->Wake();
+    if (listener) listener(key.job_id, key.generation, job_held);
+  }
+
+  void SetDropListener(DropListener listener) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop_listener_ = std::move(listener);
   }
 
   std::vector<RankBufferKey> List() const override {
@@ -456,6 +493,11 @@ class ShmShardStore final : public ShardStore {
  private:
   std::string PathOf(const RankBufferKey& key) const {
     return absl::StrCat(options_.shm_dir, "/", RankBufferFileName(options_.host_id, key));
+  }
+
+  bool HoldsJobLocked(const std::string& job_id) const {
+    auto it = buffers_.lower_bound(RankBufferKey{job_id, std::numeric_limits<int64_t>::min(), 0});
+    return it != buffers_.end() && it->first.job_id == job_id;
   }
 
   static void Unlink(const std::string& path) {
@@ -668,6 +710,7 @@ class ShmShardStore final : public ShardStore {
   std::set<RankBufferKey, KeyLess> sealing_;   // unsealed buffers a Seal call is working on
   std::set<RankBufferKey, KeyLess> creating_;  // keys a CreateAll call is making
   std::unique_ptr<SparePool> pool_;            // set by StartPool; never null after Open
+  DropListener drop_listener_;                 // SetDropListener's
 };
 
 }  // namespace

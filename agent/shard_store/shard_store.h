@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -202,6 +203,13 @@ class ShardStore {
   /// a sealed or worker-written buffer, InvalidArgument for a wrong count.
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> SealWritten(
       const RankBufferKey& key, std::vector<uint64_t> sums) = 0;
+  /// Seal on a worker's behalf (SealShard): FailedPrecondition naming the
+  /// buffer, checked under the store's lock, unless it was made for a worker
+  /// to write (Writer::kWorker). A buffer the agent made belongs to an
+  /// operation that writes it (a transfer, a prepare) or wrote it: sealing
+  /// it would remap it read-only under the operation's writes.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> SealForWorker(
+      const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
   /// Records that items `items` of the unsealed buffer `key`, made by the
   /// agent (Writer::kAgent), hold zeros their worker must regenerate
   /// (TransferPlan.regenerate: no surviving rank held the value), adding to
@@ -217,6 +225,14 @@ class ShardStore {
   virtual void DropGeneration(const std::string& job_id, int64_t generation) = 0;
   /// Removes one buffer. Idempotent.
   virtual void Drop(const RankBufferKey& key) = 0;
+  /// Called after every DropGeneration and Drop, outside the store's lock,
+  /// with the (job, generation) dropped and whether the store still holds a
+  /// buffer of that job, so that what the worker service cached of them
+  /// goes too (docs/agent.md, "Worker service memory"). One listener (null:
+  /// none); it must not be destroyed while a drop may call it.
+  using DropListener =
+      std::function<void(const std::string& job_id, int64_t generation, bool job_held)>;
+  virtual void SetDropListener(DropListener listener) = 0;
   virtual std::vector<RankBufferKey> List() const = 0;
   /// Bytes of rank buffers (spare files not included).
   virtual int64_t used_bytes() const = 0;
