@@ -113,8 +113,11 @@ std::optional<double> OpenStreamsMetric(int metrics_port) {
 class WatchLimitsTest : public ServerTest {};
 
 TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
-  std::unique_ptr<CoordinatorProcess> c = StartCoordinator(
-      {"--max-watch-streams", "6", "--max-watch-streams-per-identity", "4"});
+  // With a gRPC thread cap too (at least twice the watch limit): the
+  // streams at their limit leave agents' calls their threads.
+  std::unique_ptr<CoordinatorProcess> c = StartCoordinator({"--max-watch-streams", "6",
+                                                            "--max-watch-streams-per-identity", "4",
+                                                            "--max-rpc-threads", "24"});
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
   StartAgents({"h0", "h1"}, c->address());
