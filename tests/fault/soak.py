@@ -16,9 +16,24 @@ current and intact, and the same target is retried (at most `--retries`
 times). At the end: shard files and the agents' memory accounting must be
 exactly the current generation's, and the cluster's processes one per part.
 
+The agents' memory (issue 19): each agent's RSS is sampled after every
+operation. Once an agent process has taken part in `--rss-warmup` operations
+(counted from its start: a restarted agent warms up again) its RSS is its
+warm mark; it must stay within `--rss-tolerance-mib` of that mark to the end
+(flat after warm-up), and after the job is deleted at the end it must be back
+within the same tolerance of it, with every agent's worker cache empty
+(reshard_agent_worker_cache_entries 0). The tolerance (16 MiB by default)
+is above what an agent's RSS moves by without a leak on a loaded 2-core box
+(malloc arenas of new task threads, UCX and gRPC buffers: a few MiB) and
+below what the leak the check exists for grew by (the worker service's cache
+of every generation: 30 MB over 1,200 operations, 70 MB over 60 checkpoints
+of a 2,000-tensor PTC). A short run cannot see a slow leak within that
+tolerance: tests/agent/e2e/worker_guard_e2e_test.cc measures the cache's
+growth directly.
+
 Prints operations committed / aborted / retried / stuck, every process's RSS
 and every host's files and accounting before and after. Exit status 0 only
-with 0 stuck operations, 0 mismatches and 0 leaks.
+with 0 stuck operations, 0 mismatches, 0 leaks and no agent RSS growth.
 
     /usr/bin/python3 tests/fault/soak.py --build build --ops 60 --seed 1
 """
@@ -46,6 +61,11 @@ def main():
                     help="seconds an operation may take to become final before it counts as stuck")
     ap.add_argument("--time-limit", type=float, default=0,
                     help="stop starting operations after this many seconds (0: no limit)")
+    ap.add_argument("--rss-warmup", type=int, default=5,
+                    help="operations an agent process takes part in before its RSS is its mark")
+    ap.add_argument("--rss-tolerance-mib", type=float, default=16.0,
+                    help="MiB an agent's RSS may grow past its warm mark (to the end, and "
+                         "after the job is deleted)")
     args = ap.parse_args()
     os.environ["RESHARD_BUILD_DIR"] = os.path.abspath(args.build)
     sys.path.insert(0, HERE)
@@ -89,6 +109,22 @@ def main():
         faultlib.check_no_leaks(cluster, [job])
         census = faultlib.process_census(cluster)
         before = snapshot()
+        # Agent RSS per process: {name: {pid: [operations seen, warm mark, last]}}.
+        agent_rss = {}
+
+        def sample_agent_rss(op_hosts):
+            for name, pid in cluster.processes().items():
+                if not name.startswith("reshard-agent "):
+                    continue
+                rss = cluster.rss_bytes(pid)
+                if rss is None:
+                    continue
+                seen = agent_rss.setdefault(name, {}).setdefault(pid, [0, None, None])
+                if name.split(" ", 1)[1] in op_hosts:
+                    seen[0] += 1
+                if seen[1] is None and seen[0] >= args.rss_warmup:
+                    seen[1] = rss
+                seen[2] = rss
 
         def run_one(i, target, migrate, kill):
             """One attempt; returns the final Operation or None if stuck."""
@@ -141,6 +177,7 @@ def main():
             desc = (f"{'migrate' if migrate else 'resize'} to tp{target.config.tp} "
                     f"pp{target.config.pp} dp{target.config.dp} on "
                     f"{len(rlayout.hosts_of(target))} hosts")
+            op_hosts = set(rlayout.hosts_of(job.layout)) | set(rlayout.hosts_of(target))
             try:
                 for attempt in range(args.retries + 1):
                     if attempt:
@@ -172,6 +209,7 @@ def main():
                     problems.append(f"job {faultlib.job_state_name(j)} lost_hosts="
                                     f"{list(j.lost_hosts)}: stopping")
                     break
+            sample_agent_rss(op_hosts)
             i += 1
 
         leak = None
@@ -184,6 +222,47 @@ def main():
         after = snapshot()
         elapsed = time.monotonic() - started
 
+        # The agents' RSS: flat after warm-up, and back near the warm mark once
+        # the job is deleted (its buffers dropped, the worker cache emptied).
+        tolerance = args.rss_tolerance_mib * 2**20
+        rss_rows = []
+        for name, pids in sorted(agent_rss.items()):
+            pid_now = cluster.processes().get(name)
+            seen = pids.get(pid_now)
+            if seen is None or seen[1] is None:
+                rss_rows.append([name, pid_now, None, None, None])
+                continue
+            rss_rows.append([name, pid_now, seen[1], seen[2], None])
+            if seen[2] - seen[1] > tolerance:
+                problems.append(f"{name} (pid {pid_now}): RSS grew from {seen[1] / 2**20:.1f} "
+                                f"MiB after warm-up to {seen[2] / 2**20:.1f} MiB "
+                                f"(tolerance {args.rss_tolerance_mib:g} MiB)")
+        try:
+            client.delete_job(job.id)
+            faultlib.check_no_leaks(cluster, [])
+
+            def caches_empty():
+                for h in cluster.host_ids:
+                    m = cluster.metrics_of(h)
+                    if m.get('reshard_agent_worker_cache_entries{kind="generation"}', 0) or \
+                            m.get('reshard_agent_worker_cache_entries{kind="token"}', 0) or \
+                            m.get("reshard_agent_worker_cache_bytes", 0):
+                        return False
+                return True
+            faultlib.wait_until("every agent's worker cache is empty after DeleteJob",
+                                caches_empty, faultlib.SETTLE_S)
+        except (reshard.ReshardError, faultlib.FaultCheckError) as e:
+            problems.append(f"after deleting job {job.id}: {e}")
+        for row in rss_rows:
+            name, pid_now, warm = row[0], row[1], row[2]
+            if warm is None:
+                continue
+            row[4] = cluster.rss_bytes(pid_now)
+            if row[4] is not None and row[4] - warm > tolerance:
+                problems.append(f"{name} (pid {pid_now}): RSS {row[4] / 2**20:.1f} MiB after "
+                                f"the job was deleted, {warm / 2**20:.1f} MiB after warm-up "
+                                f"(tolerance {args.rss_tolerance_mib:g} MiB)")
+
         print("\n== soak summary")
         print(f"  operations: {i} run, committed {counts['committed']}, aborted "
               f"{counts['aborted']}, failed {counts['failed']}, retried {counts['retried']}, "
@@ -195,6 +274,13 @@ def main():
             (b, bpid), (a, apid) = before[0].get(name, (0, 0)), after[0].get(name, (0, 0))
             print(f"  {name:<20} {(b or 0) / 2**20:8.1f} {(a or 0) / 2**20:9.1f}"
                   + (f"   (restarted: pid {bpid} -> {apid})" if bpid != apid else ""))
+        print(f"  agent RSS (MiB)       warm-up     end   deleted   (warm-up: after "
+              f"{args.rss_warmup} of its operations)")
+
+        def mib(v):
+            return "n/a" if v is None else f"{v / 2**20:.1f}"
+        for name, pid_now, warm, last, deleted in rss_rows:
+            print(f"  {name:<20} {mib(warm):>8} {mib(last):>7} {mib(deleted):>9}   (pid {pid_now})")
         print("  shard files / accounting (used bytes, buffers, generations)")
         for h in cluster.host_ids:
             bf, af = before[1][h], after[1][h]
