@@ -13,6 +13,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -54,6 +55,20 @@ inline int FreeTcpPort() {
 inline bool Final(v1::OperationState s) {
   return s == v1::OPERATION_STATE_COMMITTED || s == v1::OPERATION_STATE_ABORTED ||
          s == v1::OPERATION_STATE_FAILED;
+}
+
+/// The dataset state the stop-free tests register with (a cut-over
+/// checkpoint carries a step): 1000 samples, fully shuffled with seed 7,
+/// `global_batch` samples a step.
+inline v1::DatasetState TokensDataset(int64_t global_batch) {
+  v1::DatasetState d;
+  d.mutable_dataset()->set_id("tokens");
+  d.mutable_dataset()->set_num_samples(1000);
+  d.mutable_dataset()->set_fingerprint("sha1:abc");
+  d.mutable_order()->set_seed(7);
+  d.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
+  d.set_global_batch(global_batch);
+  return d;
 }
 
 class AgentE2eTest : public ::testing::Test {
@@ -202,6 +217,75 @@ class AgentE2eTest : public ::testing::Test {
     ADD_FAILURE() << "operation " << op_id << " did not end; now "
                   << v1::OperationState_Name(op.state());
     return op;
+  }
+
+  v1::Operation GetOperation(const std::string& id) {
+    v1::GetOperationRequest req;
+    req.set_operation_id(id);
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->GetOperation(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // Polls `id` until `done(op)` or the operation ended, for at most 60 s.
+  v1::Operation WaitUntil(const std::string& id,
+                          const std::function<bool(const v1::Operation&)>& done) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    v1::Operation op = GetOperation(id);
+    while (!done(op) && !Final(op.state()) && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      op = GetOperation(id);
+    }
+    return op;
+  }
+
+  v1::Job GetJob() {
+    v1::GetJobRequest req;
+    req.set_job_id(job_id_);
+    v1::Job job;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->GetJob(&ctx, req, &job);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return job;
+  }
+
+  v1::Operation Checkpoint(const v1::CheckpointRequest& req) {
+    v1::Operation op;
+    grpc::ClientContext ctx;
+    grpc::Status s = stub_->Checkpoint(&ctx, req, &op);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // The workers publish `c` into a checkpoint's generation: a rank's publish
+  // is refused (UNAVAILABLE) until the checkpoint's task reached its agent,
+  // so each is tried again until then (30 s at most).
+  absl::Status PublishCheckpoint(int64_t generation, const Contents& c) {
+    for (size_t r = 0; r < c.ranks.size(); ++r) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      for (;;) {
+        absl::Status s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
+        if (s.ok()) break;
+        if (!absl::IsUnavailable(s) || std::chrono::steady_clock::now() > deadline) return s;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // The job's contents a step later, in its current layout: every tensor of
+  // even index changed (the optimizer's steps, say), the others and the
+  // blobs kept their bytes.
+  absl::StatusOr<Contents> EvenTensorsChanged() {
+    auto later = RandomContents(ptc_, contents_.layout, 4242);
+    if (!later.ok()) return later.status();
+    Contents next = contents_;
+    for (size_t r = 0; r < next.ranks.size(); ++r) {
+      for (int i = 0; i < ptc_.tensors_size(); i += 2) next.ranks[r][i] = later->ranks[r][i];
+    }
+    return next;
   }
 
   // Starts a resize to `target` (config and placement), two-phase when

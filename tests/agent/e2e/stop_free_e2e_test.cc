@@ -19,7 +19,6 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <functional>
 #include <set>
 #include <string>
 #include <thread>
@@ -41,39 +40,11 @@ class StopFreeE2eTest : public AgentE2eTest {
   // Registers `spec` with a dataset (a cut-over checkpoint carries a step)
   // and publishes generation 1.
   void RegisterWithData(const v1::JobSpec& spec) {
-    v1::DatasetState d;
-    d.mutable_dataset()->set_id("tokens");
-    d.mutable_dataset()->set_num_samples(1000);
-    d.mutable_dataset()->set_fingerprint("sha1:abc");
-    d.mutable_order()->set_seed(7);
-    d.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
-    d.set_global_batch(kBatch);
+    const v1::DatasetState d = TokensDataset(kBatch);
     v1::Job job;
     ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &d, &job));
     fingerprint_ = job.dataset_state().layout_fingerprint();
     layout_ = spec.layout();
-  }
-
-  v1::Operation Get(const std::string& id) {
-    v1::GetOperationRequest req;
-    req.set_operation_id(id);
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->GetOperation(&ctx, req, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
-  // Polls `id` until `done(op)` or the operation ended, for at most 60 s.
-  v1::Operation WaitUntil(const std::string& id,
-                          const std::function<bool(const v1::Operation&)>& done) {
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    v1::Operation op = Get(id);
-    while (!done(op) && !Final(op.state()) && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      op = Get(id);
-    }
-    return op;
   }
 
   // Waits for every agent's PREPARED report, then marks the workers warm.
@@ -100,27 +71,7 @@ class StopFreeE2eTest : public AgentE2eTest {
     req.set_cursor(step * kBatch);
     req.set_layout_fingerprint(fingerprint_);
     req.set_cut_over_operation_id(operation_id);
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->Checkpoint(&ctx, req, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
-  // The workers publish `c` into the checkpoint's generation: a rank's
-  // publish is refused (UNAVAILABLE) until the checkpoint's task reached its
-  // agent, so each is tried again until then (30 s at most).
-  absl::Status PublishCheckpoint(int64_t generation, const Contents& c) {
-    for (size_t r = 0; r < c.ranks.size(); ++r) {
-      const auto deadline = Clock::now() + std::chrono::seconds(30);
-      for (;;) {
-        absl::Status s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
-        if (s.ok()) break;
-        if (!absl::IsUnavailable(s) || Clock::now() > deadline) return s;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    return absl::OkStatus();
+    return Checkpoint(req);
   }
 
   // Rank buffer files of `generation` of the job in `host`'s shm dir.
@@ -162,20 +113,16 @@ TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
   EXPECT_EQ(Files("h0", 3), 4);
   EXPECT_EQ(Files("h2", 3), 4);
 
-  // Step 1 of the old layout: every tensor of even index changed (the
-  // optimizer's steps, say), the others and the blobs kept their bytes.
-  auto later = RandomContents(ptc_, layout_, 4242);
-  ASSERT_TRUE(later.ok()) << later.status();
-  Contents step1 = contents_;
+  // Step 1 of the old layout: every tensor of even index changed, the
+  // others and the blobs kept their bytes.
+  auto step1 = EvenTensorsChanged();
+  ASSERT_TRUE(step1.ok()) << step1.status();
   std::set<int> changed;
   for (int i = 0; i < ptc_.tensors_size(); i += 2) changed.insert(i);
-  for (size_t r = 0; r < step1.ranks.size(); ++r) {
-    for (int i : changed) step1.ranks[r][i] = later->ranks[r][i];
-  }
   const v1::Operation checkpoint = CutOver(started.id(), 1);
   ASSERT_FALSE(checkpoint.id().empty());
   ASSERT_EQ(checkpoint.to_generation(), 2);
-  absl::Status published = PublishCheckpoint(2, step1);
+  absl::Status published = PublishCheckpoint(2, *step1);
   ASSERT_TRUE(published.ok()) << published;
 
   const v1::Operation op = WaitFinal(started.id());
@@ -183,7 +130,7 @@ TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
   EXPECT_EQ(op.from_generation(), 2);
   EXPECT_EQ(op.to_generation(), 3);
   // The checkpoint's state, resharded, byte for byte.
-  auto want = Reshard(ptc_, step1, target, {});
+  auto want = Reshard(ptc_, *step1, target, {});
   ASSERT_TRUE(want.ok()) << want.status();
   absl::Status v = Verify(sockets_, job_id_, 3, *want);
   EXPECT_TRUE(v.ok()) << v;
@@ -248,15 +195,11 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
   }
 
   // The cut-over checkpoint: the even tensors changed, the odd ones did not.
-  auto later = RandomContents(ptc_, layout_, 4242);
-  ASSERT_TRUE(later.ok()) << later.status();
-  Contents step1 = contents_;
-  for (size_t r = 0; r < step1.ranks.size(); ++r) {
-    for (int i = 0; i < ptc_.tensors_size(); i += 2) step1.ranks[r][i] = later->ranks[r][i];
-  }
+  auto step1 = EvenTensorsChanged();
+  ASSERT_TRUE(step1.ok()) << step1.status();
   const v1::Operation checkpoint = CutOver(started.id(), 1);
   ASSERT_EQ(checkpoint.to_generation(), 2);
-  absl::Status published = PublishCheckpoint(2, step1);
+  absl::Status published = PublishCheckpoint(2, *step1);
   ASSERT_TRUE(published.ok()) << published;
 
   const v1::Operation op = WaitFinal(started.id());
@@ -268,14 +211,10 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
                                            ::testing::HasSubstr(names),
                                            ::testing::HasSubstr("changed after the prepare")));
   // The job goes on from the checkpoint, byte for byte.
-  v1::GetJobRequest jr;
-  jr.set_job_id(job_id_);
-  v1::Job job;
-  grpc::ClientContext jctx;
-  ASSERT_TRUE(stub_->GetJob(&jctx, jr, &job).ok());
+  const v1::Job job = GetJob();
   EXPECT_EQ(job.generation(), 2);
   EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
-  absl::Status v = Verify(sockets_, job_id_, 2, step1);
+  absl::Status v = Verify(sockets_, job_id_, 2, *step1);
   EXPECT_TRUE(v.ok()) << v;
 }
 
@@ -307,11 +246,7 @@ TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGenera
   // The old layout is intact and current.
   absl::Status v = Verify(sockets_, job_id_, 1, contents_);
   EXPECT_TRUE(v.ok()) << v;
-  v1::GetJobRequest jr;
-  jr.set_job_id(job_id_);
-  v1::Job job;
-  grpc::ClientContext jctx;
-  ASSERT_TRUE(stub_->GetJob(&jctx, jr, &job).ok());
+  const v1::Job job = GetJob();
   EXPECT_EQ(job.generation(), 1);
   EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
 }

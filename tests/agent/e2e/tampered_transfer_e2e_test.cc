@@ -58,12 +58,7 @@ class TamperedTransferE2eTest : public AgentE2eTest {
   // The job is still at generation 1 and every byte of it is intact (the
   // real agent back on the rogue's host).
   void ExpectGenerationOneIntact(const std::string& rogue_host) {
-    v1::GetJobRequest req;
-    req.set_job_id(job_id_);
-    v1::Job job;
-    grpc::ClientContext ctx;
-    ASSERT_TRUE(stub_->GetJob(&ctx, req, &job).ok());
-    EXPECT_EQ(job.generation(), 1);
+    EXPECT_EQ(GetJob().generation(), 1);
     agents_[rogue_host]->Kill();
     ASSERT_NO_FATAL_FAILURE(StartAgent(rogue_host));
     ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());

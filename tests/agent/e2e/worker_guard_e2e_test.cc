@@ -134,51 +134,6 @@ class WorkerGuardE2eTest : public AgentE2eTest {
     }
   }
 
-  v1::Operation Get(const std::string& id) {
-    v1::GetOperationRequest req;
-    req.set_operation_id(id);
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->GetOperation(&ctx, req, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
-  // Polls `id` until `done(op)` or the operation ended, for at most 60 s.
-  v1::Operation WaitUntil(const std::string& id,
-                          const std::function<bool(const v1::Operation&)>& done) {
-    const auto deadline = Clock::now() + std::chrono::seconds(60);
-    v1::Operation op = Get(id);
-    while (!done(op) && !Final(op.state()) && Clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      op = Get(id);
-    }
-    return op;
-  }
-
-  v1::Operation Checkpoint(const v1::CheckpointRequest& req) {
-    v1::Operation op;
-    grpc::ClientContext ctx;
-    grpc::Status s = stub_->Checkpoint(&ctx, req, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-
-  // The workers publish `c` into a checkpoint's generation, each rank tried
-  // again while its agent has not received the checkpoint's task (UNAVAILABLE).
-  absl::Status PublishCheckpoint(int64_t generation, const Contents& c) {
-    for (size_t r = 0; r < c.ranks.size(); ++r) {
-      const auto deadline = Clock::now() + std::chrono::seconds(30);
-      for (;;) {
-        absl::Status s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
-        if (s.ok()) break;
-        if (!absl::IsUnavailable(s) || Clock::now() > deadline) return s;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-    }
-    return absl::OkStatus();
-  }
-
   std::optional<double> AgentMetric(const std::string& host, const std::string& name,
                                     const std::map<std::string, std::string>& labels = {}) {
     absl::StatusOr<std::string> body = HttpGet(metrics_ports_[host], "/metrics");
@@ -203,17 +158,10 @@ class WorkerGuardE2eTest : public AgentE2eTest {
 // SealShard sealed them (remapping them read-only), and the cut-over's writes
 // then killed the agent or failed the operation.
 TEST_F(WorkerGuardE2eTest, AWorkerCannotSealOrPublishAPreparedBuffer) {
-  v1::DatasetState d;
-  d.mutable_dataset()->set_id("tokens");
-  d.mutable_dataset()->set_num_samples(1000);
-  d.mutable_dataset()->set_fingerprint("sha1:abc");
-  d.mutable_order()->set_seed(7);
-  d.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
-  d.set_global_batch(kBatch);
+  const v1::DatasetState d = TokensDataset(kBatch);
   const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"});
   v1::Job job;
   ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &d, &job));
-  const v1::Layout from = spec.layout();
   // tp 2 -> 4 onto h0 and h2 (ranks 0-3 on h0, 4-7 on h2).
   const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
   const v1::Operation started = StartResize(target, /*stop_free=*/true);
@@ -241,12 +189,8 @@ TEST_F(WorkerGuardE2eTest, AWorkerCannotSealOrPublishAPreparedBuffer) {
   v1::Operation marked;
   grpc::ClientContext mctx;
   ASSERT_TRUE(stub_->MarkPrepared(&mctx, mark, &marked).ok());
-  auto later = RandomContents(ptc_, from, 4242);
-  ASSERT_TRUE(later.ok()) << later.status();
-  Contents step1 = contents_;
-  for (size_t r = 0; r < step1.ranks.size(); ++r) {
-    for (int i = 0; i < ptc_.tensors_size(); i += 2) step1.ranks[r][i] = later->ranks[r][i];
-  }
+  auto step1 = EvenTensorsChanged();
+  ASSERT_TRUE(step1.ok()) << step1.status();
   v1::CheckpointRequest cut;
   cut.set_job_id(job_id_);
   cut.set_expected_generation(generation_);
@@ -257,13 +201,13 @@ TEST_F(WorkerGuardE2eTest, AWorkerCannotSealOrPublishAPreparedBuffer) {
   cut.set_cut_over_operation_id(started.id());
   const v1::Operation checkpoint = Checkpoint(cut);
   ASSERT_FALSE(checkpoint.id().empty());
-  absl::Status published = PublishCheckpoint(checkpoint.to_generation(), step1);
+  absl::Status published = PublishCheckpoint(checkpoint.to_generation(), *step1);
   ASSERT_TRUE(published.ok()) << published;
 
   const v1::Operation op = WaitFinal(started.id());
   ExpectAgentsRunning();
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_COMMITTED) << op.error();
-  auto want = Reshard(ptc_, step1, target, {});
+  auto want = Reshard(ptc_, *step1, target, {});
   ASSERT_TRUE(want.ok()) << want.status();
   absl::Status v = Verify(sockets_, job_id_, pending, *want);
   EXPECT_TRUE(v.ok()) << v;
