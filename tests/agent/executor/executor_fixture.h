@@ -26,6 +26,7 @@
 #include "planner/planner.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
+#include "tests/agent/executor/vector_buffer.h"
 #include "tests/planner/test_specs.h"
 
 namespace reshard::agent::executor_testing {
@@ -115,30 +116,6 @@ inline void RenderRank(const v1::Ptc& ptc, const v1::Layout& layout, int rank, i
     }
   }
 }
-
-// What an in-memory buffer of known items looks like to RenderRank.
-class VectorBuffer : public RankBuffer {
- public:
-  VectorBuffer(const std::vector<ItemSlot>& items, int64_t size) : items_(items), bytes_(size) {}
-  const RankBufferKey& key() const override { return key_; }
-  const std::string& path() const override { return path_; }
-  uint8_t* data() override { return bytes_.data(); }
-  int64_t size() const override { return static_cast<int64_t>(bytes_.size()); }
-  const std::vector<ItemSlot>& items() const override { return items_; }
-  bool sealed() const override { return false; }
-  std::vector<uint64_t> checksums() const override { return {}; }
-  bool published() const override { return false; }
-  absl::Status CheckFile() const override { return absl::OkStatus(); }
-  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
-    return absl::UnimplementedError("a test buffer has no file");
-  }
-
- private:
-  RankBufferKey key_;
-  std::string path_;
-  std::vector<ItemSlot> items_;
-  std::vector<uint8_t> bytes_;
-};
 
 inline v1::HostTask Slice(const v1::HostTask& whole, const std::string& host,
                           const std::map<std::string, std::string>& ucx_addresses) {

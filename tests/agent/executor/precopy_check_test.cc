@@ -11,41 +11,23 @@
 #include <filesystem>
 
 #include "agent/transfer/local_copy.h"
+#include "tests/agent/executor/vector_buffer.h"
 
 namespace reshard::agent {
 namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
+using executor_testing::VectorBuffer;
 
-// An in-memory rank buffer of known items.
-class MemoryBuffer : public RankBuffer {
- public:
-  explicit MemoryBuffer(const std::vector<int64_t>& item_bytes) {
-    int64_t total = 0;
-    items_ = LayoutItems(item_bytes, &total);
-    bytes_.resize(static_cast<size_t>(total));
-    for (size_t i = 0; i < bytes_.size(); ++i) bytes_[i] = static_cast<uint8_t>(i * 131 + 7);
-  }
-  const RankBufferKey& key() const override { return key_; }
-  const std::string& path() const override { return path_; }
-  uint8_t* data() override { return bytes_.data(); }
-  int64_t size() const override { return static_cast<int64_t>(bytes_.size()); }
-  const std::vector<ItemSlot>& items() const override { return items_; }
-  bool sealed() const override { return false; }
-  std::vector<uint64_t> checksums() const override { return {}; }
-  bool published() const override { return false; }
-  absl::Status CheckFile() const override { return absl::OkStatus(); }
-  absl::StatusOr<std::unique_ptr<ReadLease>> LeaseForReading() const override {
-    return absl::UnimplementedError("no file");
-  }
-
- private:
-  RankBufferKey key_;
-  std::string path_;
-  std::vector<ItemSlot> items_;
-  std::vector<uint8_t> bytes_;
-};
+// An in-memory rank buffer of items of `item_bytes`, every byte known.
+std::unique_ptr<VectorBuffer> MemoryBuffer(const std::vector<int64_t>& item_bytes) {
+  int64_t total = 0;
+  const std::vector<ItemSlot> items = LayoutItems(item_bytes, &total);
+  auto buf = std::make_unique<VectorBuffer>(items, total);
+  for (int64_t i = 0; i < total; ++i) buf->data()[i] = static_cast<uint8_t>(i * 131 + 7);
+  return buf;
+}
 
 PrecopyRegion Region(int64_t offset, std::vector<int64_t> strides, std::vector<int64_t> shape,
                      int element_bytes) {
@@ -61,7 +43,7 @@ PrecopyRegion Region(int64_t offset, std::vector<int64_t> strides, std::vector<i
 // whatever its strides: contiguous, rows of a box, a column (inner stride
 // not 1), a scalar, empty.
 TEST(PrecopyCheckTest, RegionChecksumIsTheChecksumOfThePackedRegion) {
-  MemoryBuffer b({4 * 6 * 5 * 2});  // one item: a 4x6x5 array of 2-byte elements
+  const auto b = MemoryBuffer({4 * 6 * 5 * 2});  // one item: a 4x6x5 array of 2-byte elements
   LocalCopier copier(1);
   const std::vector<PrecopyRegion> regions = {
       Region(0, {30, 5, 1}, {4, 6, 5}, 2),   // the whole item
@@ -73,9 +55,9 @@ TEST(PrecopyCheckTest, RegionChecksumIsTheChecksumOfThePackedRegion) {
   };
   for (const PrecopyRegion& r : regions) {
     std::vector<uint8_t> packed(static_cast<size_t>(r.bytes()));
-    copier.Pack(StridedView{b.item_data(0), r.offset, r.strides}, r.shape, r.element_bytes,
+    copier.Pack(StridedView{b->item_data(0), r.offset, r.strides}, r.shape, r.element_bytes,
                 packed.data());
-    EXPECT_EQ(RegionChecksum(b.item_data(0), r), Checksum(packed.data(), packed.size()))
+    EXPECT_EQ(RegionChecksum(b->item_data(0), r), Checksum(packed.data(), packed.size()))
         << "offset " << r.offset << " shape " << r.shape.size();
   }
 }
@@ -128,7 +110,7 @@ class VerifyPrecopyTest : public ::testing::Test {
     hs_.fills.push_back(&plan_.zero_fills(0));
     // Item 0: 4x4 floats; item 1: 12 bytes.
     for (int i = 0; i < 2; ++i) {
-      bufs_.push_back(std::make_unique<MemoryBuffer>(std::vector<int64_t>{64, 12}));
+      bufs_.push_back(MemoryBuffer({64, 12}));
     }
     std::memset(bufs_[0]->item_data(1) + 8, 0, 4);  // the zero fill's bytes
     regions_ = PrecopyRegions(plan_, hs_);
@@ -141,7 +123,7 @@ class VerifyPrecopyTest : public ::testing::Test {
 
   v1::TransferPlan plan_;
   HostSteps hs_;
-  std::vector<std::unique_ptr<MemoryBuffer>> bufs_;
+  std::vector<std::unique_ptr<VectorBuffer>> bufs_;
   BufferOfRank buffer_ = [this](int rank) -> RankBuffer* { return bufs_[rank - 4].get(); };
   std::vector<PrecopyRegion> regions_;
 };
