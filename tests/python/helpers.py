@@ -1,7 +1,10 @@
 """Shared test helpers: small PTCs covering every partition kind, publishing a
 layout's shards, and comparing loaded shards with reshard.layout.shard."""
 
+import contextlib
+import json
 import os
+import sys
 
 import grpc
 import numpy as np
@@ -135,3 +138,58 @@ def check_generation(cluster, job_id, ptc, lay, globals_, generation, regenerate
                     if not layout.same_bytes(got[name], want[name]):
                         problems.append(f"rank {rank} item {name}: bytes differ")
     return problems
+
+
+# The worker-access suites (test_worker_access.py, test_worker_isolation.py):
+# one host whose agent serves the workers of group WORKER_GID, and workers
+# run as uid NOBODY.
+WORKER_GID = 4242  # --worker-group takes a gid; it need not exist by name
+NOBODY = 65534
+
+
+@contextlib.contextmanager
+def worker_group_cluster():
+    """A LocalCluster of one host (host-0, two devices) whose agent serves
+    the worker group WORKER_GID."""
+    from conftest import build_dir
+    from cluster import LocalCluster
+    with LocalCluster(build_dir=build_dir(), hosts=1, devices_per_host=2,
+                      worker_group=WORKER_GID) as c:
+        yield c
+
+
+def publish_or_load(worker, op, seed=5):
+    """Generation 1 of every rank of an every_kind_ptc job at tp 2 on host-0
+    (values random_globals(seed)), through `worker`: op "publish" publishes
+    each rank and yields {"sums": its checksums}; op "load" loads each and
+    yields {"bad": [the items whose bytes differ]}."""
+    ptc = every_kind_ptc()
+    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
+    g = random_globals(ptc, world=2, seed=seed)
+    for rank, _ in layout.ranks_on_host(lay, "host-0"):
+        want = layout.shard(ptc, lay, rank, g)
+        if op == "publish":
+            yield {"sums": worker.publish(rank, 1, want)}
+            continue
+        got = worker.load(rank, 1)
+        yield {"bad": [k for k, v in want.items()
+                       if (isinstance(v, bytes) or v.size) and not layout.same_bytes(got[k], v)]}
+
+
+def worker_process(socket, job_id, act):
+    """The body of a worker process these suites run as another user: calls
+    act(w) with a reshard.Worker of job `job_id` (every_kind_ptc) on
+    `socket`; a ReshardError prints its class name and exits with status 3
+    (what the suites assert)."""
+    try:
+        with reshard.Worker(socket, job_id, ptc=every_kind_ptc()) as w:
+            act(w)
+    except reshard.errors.ReshardError as e:
+        print(type(e).__name__)
+        sys.exit(3)
+
+
+def print_publish_or_load(worker, op, seed=5):
+    """publish_or_load, one JSON line per rank on stdout."""
+    for line in publish_or_load(worker, op, seed):
+        print(json.dumps(line))

@@ -11,55 +11,26 @@ import sys
 
 import pytest
 
-from helpers import every_kind_ptc, random_globals, register
+from helpers import NOBODY, WORKER_GID, every_kind_ptc, register, worker_group_cluster
 from reshard import layout
-
-WORKER_GID = 4242  # a group that need not exist by name: --worker-group takes a gid
-NOBODY = 65534
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs workers as another uid")
 
-# Run as the worker: publishes (or loads) every rank of host-0 and prints
-# the checksums it got, one line per rank.
+# Run as the worker: publishes (or loads) every rank of host-0, one line per
+# rank: the checksums it got ({"sums": ...}) or the items that differ
+# ({"bad": [...]}).
 _WORKER = r"""
-import sys, json
-import reshard
-from reshard import layout
+import sys
 sys.path.insert(0, sys.argv[1])
-from helpers import every_kind_ptc, random_globals
+from helpers import print_publish_or_load, worker_process
 socket, job_id, mode = sys.argv[2], sys.argv[3], sys.argv[4]
-ptc = every_kind_ptc()
-lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
-g = random_globals(ptc, world=2, seed=5)
-try:
-    with reshard.Worker(socket, job_id, ptc=ptc) as w:
-        for rank, _ in layout.ranks_on_host(lay, "host-0"):
-            want = layout.shard(ptc, lay, rank, g)
-            if mode == "publish":
-                print(json.dumps(w.publish(rank, 1, want)))
-                continue
-            got = w.load(rank, 1)
-            bad = [k for k, v in want.items()
-                   if (isinstance(v, bytes) or v.size) and not layout.same_bytes(got[k], v)]
-            print(json.dumps({"bad": bad}))
-except reshard.errors.ReshardError as e:
-    print(type(e).__name__)
-    sys.exit(3)
+worker_process(socket, job_id, lambda w: print_publish_or_load(w, mode))
 """
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from conftest import build_dir
-    from cluster import LocalCluster
-    with LocalCluster(build_dir=build_dir(), hosts=1, devices_per_host=2,
-                      worker_group=WORKER_GID) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with cluster.client(timeout=30.0) as c:
+def cluster():  # conftest's client fixture connects to this one
+    with worker_group_cluster() as c:
         yield c
 
 

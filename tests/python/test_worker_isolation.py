@@ -24,12 +24,10 @@ import time
 import pytest
 
 import reshard
-from helpers import every_kind_ptc, random_globals
+from helpers import NOBODY, WORKER_GID, every_kind_ptc, publish_or_load, worker_group_cluster
 from reshard import layout
 from reshard.v1 import coordinator_pb2, ptc_pb2, worker_pb2
 
-WORKER_GID = 4242  # --worker-group takes a gid; it need not exist by name
-NOBODY = 65534
 DATASET = {"dataset": {"id": "tokens", "num_samples": 1000, "fingerprint": "sha1:abc"},
            "order": {"seed": 7, "shuffle": "SHUFFLE_FULL"}, "global_batch": 8}
 
@@ -42,12 +40,10 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="runs workers as anoth
 #    of each (0: it opened);
 #  fd: one raw WorkerFdRequest, printing the error class (or "OK").
 _WORKER = r"""
-import errno, json, os, sys
-import reshard
-from reshard import layout
+import json, os, sys
 from reshard.v1 import worker_pb2
 sys.path.insert(0, sys.argv[1])
-from helpers import every_kind_ptc, random_globals
+from helpers import print_publish_or_load, worker_process
 cmd = json.loads(sys.argv[2])
 if cmd["op"] == "probe":
     out = {}
@@ -62,43 +58,20 @@ if cmd["op"] == "probe":
         out[path] = codes
     print(json.dumps(out))
     sys.exit(0)
-ptc = every_kind_ptc()
-lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
-g = random_globals(ptc, world=2, seed=cmd.get("seed", 5))
-try:
-    with reshard.Worker(cmd["socket"], cmd["job"], ptc=ptc) as w:
-        if cmd["op"] == "fd":
-            access = worker_pb2.WorkerFdRequest.Access.Value(cmd["access"])
-            os.close(w._shard_fd(access, cmd["generation"], cmd["rank"], cmd["size"], "probe"))
-            print("OK")
-            sys.exit(0)
-        for rank, _ in layout.ranks_on_host(lay, "host-0"):
-            want = layout.shard(ptc, lay, rank, g)
-            if cmd["op"] == "publish":
-                print(json.dumps({"sums": w.publish(rank, 1, want)}))
-                continue
-            got = w.load(rank, 1)
-            bad = [k for k, v in want.items()
-                   if (isinstance(v, bytes) or v.size) and not layout.same_bytes(got[k], v)]
-            print(json.dumps({"bad": bad}))
-except reshard.errors.ReshardError as e:
-    print(type(e).__name__)
-    sys.exit(3)
+def act(w):
+    if cmd["op"] != "fd":
+        print_publish_or_load(w, cmd["op"], cmd.get("seed", 5))
+        return
+    access = worker_pb2.WorkerFdRequest.Access.Value(cmd["access"])
+    os.close(w._shard_fd(access, cmd["generation"], cmd["rank"], cmd["size"], "probe"))
+    print("OK")
+worker_process(cmd["socket"], cmd["job"], act)
 """
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    from conftest import build_dir
-    from cluster import LocalCluster
-    with LocalCluster(build_dir=build_dir(), hosts=1, devices_per_host=2,
-                      worker_group=WORKER_GID) as c:
-        yield c
-
-
-@pytest.fixture(scope="module")
-def client(cluster):
-    with cluster.client(timeout=30.0) as c:
+def cluster():  # conftest's client fixture connects to this one
+    with worker_group_cluster() as c:
         yield c
 
 
@@ -125,11 +98,8 @@ def as_worker(cluster, job_id, cmd):
 
 def publish_as_root(cluster, job_id, seed):
     """Publishes every rank of `job_id` on host-0 (the agent's own user)."""
-    ptc, lay = every_kind_ptc(), lay2()
-    g = random_globals(ptc, world=2, seed=seed)
-    with cluster.worker("host-0", job_id, ptc=ptc) as w:
-        for rank, _ in layout.ranks_on_host(lay, "host-0"):
-            w.publish(rank, 1, layout.shard(ptc, lay, rank, g))
+    with cluster.worker("host-0", job_id, ptc=every_kind_ptc()) as w:
+        list(publish_or_load(w, "publish", seed))
 
 
 def files_of(cluster, job_id, generation):
