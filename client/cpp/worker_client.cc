@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "client/cpp/fd_wire.h"
 #include "client/cpp/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
@@ -184,10 +185,7 @@ absl::StatusOr<int> WorkerClient::ShardFd(const std::string& job_id, int64_t gen
   request.set_generation(generation);
   request.set_rank(rank);
   request.set_access(access);
-  std::string wire(4, '\0');
-  const std::string body = request.SerializeAsString();
-  for (int i = 0; i < 4; ++i) wire[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
-  wire += body;
+  const std::string wire = fd_wire::Framed(request.SerializeAsString());
   auto unavailable = [&](const std::string& what) {
     return absl::UnavailableError(absl::StrCat(where, ": the agent's descriptor socket ",
                                                fd_socket_path_, ": ", what));
@@ -204,8 +202,8 @@ absl::StatusOr<int> WorkerClient::ShardFd(const std::string& job_id, int64_t gen
   const timeval tv{static_cast<time_t>(ms / 1000), static_cast<suseconds_t>(ms % 1000 * 1000)};
   (void)::setsockopt(sock, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   (void)::setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
-  int fd = -1;
   std::string data;
+  std::vector<int> fds;
   absl::Status s;
   if (::connect(sock, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
       ::send(sock, wire.data(), wire.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(wire.size())) {
@@ -218,31 +216,16 @@ absl::StatusOr<int> WorkerClient::ShardFd(const std::string& job_id, int64_t gen
     return data.size() >= 4 + size_t{n};
   };
   while (s.ok() && !complete()) {
-    char buf[4096];
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t got = ::recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
-    if (got < 0 && errno == EINTR) continue;
+    const ssize_t got = fd_wire::Receive(sock, &data, &fds);
     if (got < 0) s = unavailable(std::strerror(errno));
     if (got == 0) s = unavailable("closed before answering");
-    if (got <= 0) break;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS &&
-          c->cmsg_len >= CMSG_LEN(sizeof(int))) {
-        int got_fd = -1;
-        std::memcpy(&got_fd, CMSG_DATA(c), sizeof(int));
-        if (fd >= 0) ::close(fd);
-        fd = got_fd;
-      }
-    }
-    data.append(buf, static_cast<size_t>(got));
   }
   ::close(sock);
+  int fd = -1;  // the last descriptor sent; any before it are closed
+  for (int f : fds) {
+    if (fd >= 0) ::close(fd);
+    fd = f;
+  }
   v1::WorkerFdResponse response;
   if (s.ok() && !response.ParseFromArray(data.data() + 4, static_cast<int>(data.size() - 4))) {
     s = absl::InternalError(absl::StrCat(where, ": the agent's descriptor socket answered "

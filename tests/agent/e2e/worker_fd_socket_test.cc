@@ -18,11 +18,16 @@
 #include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/cpp/fd_wire.h"
 
 namespace reshard::agent {
 namespace {
+
+using client::fd_wire::Framed;
+using client::fd_wire::LengthPrefix;
 
 struct Reply {
   v1::WorkerFdResponse response;
@@ -40,37 +45,17 @@ Reply Ask(const std::string& path, const std::string& wire) {
   EXPECT_EQ(::connect(s, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)), 0) << path;
   EXPECT_EQ(::send(s, wire.data(), wire.size(), MSG_NOSIGNAL), static_cast<ssize_t>(wire.size()));
   std::string data;
-  for (;;) {
-    char buf[4096];
-    iovec iov{buf, sizeof(buf)};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-    msghdr msg{};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    const ssize_t n = ::recvmsg(s, &msg, MSG_CMSG_CLOEXEC);
-    if (n <= 0) break;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_type == SCM_RIGHTS) {
-        std::memcpy(&out.fd, CMSG_DATA(c), sizeof(int));
-        ++out.fds;
-      }
-    }
-    data.append(buf, static_cast<size_t>(n));
+  std::vector<int> fds;
+  while (client::fd_wire::Receive(s, &data, &fds) > 0) {
   }
   ::close(s);
+  out.fds = static_cast<int>(fds.size());
+  if (!fds.empty()) out.fd = fds.back();
   EXPECT_GE(data.size(), 4u);
   if (data.size() >= 4) {
     EXPECT_TRUE(out.response.ParseFromString(data.substr(4)));
   }
   return out;
-}
-
-std::string Framed(const std::string& body) {
-  std::string wire(4, '\0');
-  for (int i = 0; i < 4; ++i) wire[i] = static_cast<char>((body.size() >> (8 * i)) & 0xff);
-  return wire + body;
 }
 
 class WorkerFdSocketTest : public ::testing::Test {
@@ -142,10 +127,7 @@ TEST_F(WorkerFdSocketTest, MalformedOrOversizedRequestsNeverReachTheHandler) {
   Reply r = Ask(Path(), Framed("\xff\xff\xff"));
   EXPECT_EQ(r.response.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(r.fds, 0);
-  std::string huge(4, '\0');
-  const uint32_t n = WorkerFdSocket::kMaxRequestBytes + 1;
-  for (int i = 0; i < 4; ++i) huge[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  r = Ask(Path(), huge);
+  r = Ask(Path(), LengthPrefix(WorkerFdSocket::kMaxRequestBytes + 1));
   EXPECT_EQ(r.response.code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
   EXPECT_EQ(r.fds, 0);
   EXPECT_EQ(calls_.load(), 0);
