@@ -193,29 +193,13 @@ TEST_F(DatasetOrderTest, AStopFreeCutOverCommitsTheCursorOfItsStep) {
   std::vector<uint64_t> model_read = ReadStep(0);
   grpc::Status s = Commit(job.id(), 1, 1);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  v1::ResizeRequest resize;
-  resize.set_job_id(job.id());
-  resize.set_expected_generation(1);
   const v1::Layout target = MakeLayout(2, 2, 2, {"h1", "h2"}, 4);
-  *resize.mutable_placement() = target.placement();
-  *resize.mutable_config() = target.config();
-  resize.set_stop_free(true);
-  v1::Operation op;
-  s = admin_->Resize(Ctx().get(), resize, &op);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  const v1::Operation op = Resize(admin_.get(), job.id(), 1, target, /*stop_free=*/true);
+  ASSERT_FALSE(op.id().empty());
   ASSERT_TRUE(Eventually(
-      [&] {
-        v1::GetOperationRequest r;
-        r.set_operation_id(op.id());
-        v1::Operation now;
-        return admin_->GetOperation(Ctx().get(), r, &now).ok() && now.agents_prepared_unix_ms() > 0;
-      },
+      [&] { return GetOperation(admin_.get(), op.id()).agents_prepared_unix_ms() > 0; },
       absl::Seconds(30)));
-  v1::MarkPreparedRequest mark;
-  mark.set_operation_id(op.id());
-  v1::Operation prepared;
-  s = admin_->MarkPrepared(Ctx().get(), mark, &prepared);
-  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_GT(MarkPrepared(admin_.get(), op.id()).prepared_unix_ms(), 0);
   // Before the cut-over the old generation still commits its steps.
   const std::vector<uint64_t> step2 = ReadStep(kBatch);
   model_read.insert(model_read.end(), step2.begin(), step2.end());

@@ -34,15 +34,34 @@ v1::Job GetJob(CoordinatorStub* stub, const std::string& id) {
   return job;
 }
 
+v1::Operation GetOperation(CoordinatorStub* stub, const std::string& id) {
+  v1::GetOperationRequest request;
+  request.set_operation_id(id);
+  v1::Operation op;
+  const grpc::Status s = stub->GetOperation(Ctx().get(), request, &op);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return op;
+}
+
 v1::Operation Resize(CoordinatorStub* stub, const std::string& job_id, int64_t generation,
-                     const v1::Layout& target) {
+                     const v1::Layout& target, bool stop_free) {
   v1::ResizeRequest request;
   request.set_job_id(job_id);
   request.set_expected_generation(generation);
   *request.mutable_placement() = target.placement();
   *request.mutable_config() = target.config();
+  request.set_stop_free(stop_free);
   v1::Operation op;
   const grpc::Status s = stub->Resize(Ctx().get(), request, &op);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  return op;
+}
+
+v1::Operation MarkPrepared(CoordinatorStub* stub, const std::string& operation_id) {
+  v1::MarkPreparedRequest request;
+  request.set_operation_id(operation_id);
+  v1::Operation op;
+  const grpc::Status s = stub->MarkPrepared(Ctx().get(), request, &op);
   EXPECT_TRUE(s.ok()) << s.error_message();
   return op;
 }

@@ -41,11 +41,14 @@ std::unique_ptr<AgentStub> AgentClient(const std::string& address, const std::st
 /// changed.
 std::string JobsSnapshot(CoordinatorStub* stub);
 
-/// GetJob and Resize (to `target`'s placement and config, from `generation`)
-/// that fail the current test when the call fails.
+/// GetJob, GetOperation, Resize (to `target`'s placement and config, from
+/// `generation`; two-phase when `stop_free`) and MarkPrepared that fail the
+/// current test when the call fails.
 v1::Job GetJob(CoordinatorStub* stub, const std::string& id);
+v1::Operation GetOperation(CoordinatorStub* stub, const std::string& id);
 v1::Operation Resize(CoordinatorStub* stub, const std::string& job_id, int64_t generation,
-                     const v1::Layout& target);
+                     const v1::Layout& target, bool stop_free = false);
+v1::Operation MarkPrepared(CoordinatorStub* stub, const std::string& operation_id);
 
 /// Polls GetOperation until the operation is COMMITTED, ABORTED or FAILED.
 absl::StatusOr<v1::Operation> WaitFinal(CoordinatorStub* stub, const std::string& operation_id,

@@ -17,17 +17,7 @@ namespace {
 
 constexpr int64_t kBatch = 8;
 
-class StopFreeServerTest : public ServerTest {
- protected:
-  v1::Operation GetOp(CoordinatorStub* stub, const std::string& id) {
-    v1::GetOperationRequest r;
-    r.set_operation_id(id);
-    v1::Operation op;
-    const grpc::Status s = stub->GetOperation(Ctx().get(), r, &op);
-    EXPECT_TRUE(s.ok()) << s.error_message();
-    return op;
-  }
-};
+using StopFreeServerTest = ServerTest;
 
 TEST_F(StopFreeServerTest, AgentsPrepareThenTheCutOverCommitsTheGenerationTheyPrepared) {
   std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
@@ -62,33 +52,25 @@ TEST_F(StopFreeServerTest, AgentsPrepareThenTheCutOverCommitsTheGenerationTheyPr
     waited_for = std::chrono::steady_clock::now() - start;
   });
 
-  v1::ResizeRequest resize;
-  resize.set_job_id(job.id());
-  resize.set_expected_generation(1);
   const v1::Layout target = MakeLayout(2, 2, 2, {"h1", "h2"}, 4);
-  *resize.mutable_placement() = target.placement();
-  *resize.mutable_config() = target.config();
-  resize.set_stop_free(true);
-  v1::Operation op;
-  const grpc::Status resized = stub->Resize(Ctx().get(), resize, &op);
+  const v1::Operation op = Resize(stub.get(), job.id(), 1, target, /*stop_free=*/true);
   poller.join();  // at once, or after wait_ms when the resize failed
-  ASSERT_TRUE(resized.ok()) << resized.error_message();
+  ASSERT_FALSE(op.id().empty());
   EXPECT_EQ(op.to_generation(), 3);
   ASSERT_TRUE(waited.ok()) << waited.error_message();
   EXPECT_THAT(woken.assigned_operations(), ::testing::ElementsAre(op.id()));
   EXPECT_LT(waited_for, std::chrono::seconds(9)) << "WaitForTasks waited out its wait_ms";
 
   // The simulated agents prepare; then the workers say they are warm.
-  ASSERT_TRUE(Eventually([&] { return GetOp(stub.get(), op.id()).agents_prepared_unix_ms() > 0; },
-                         absl::Seconds(30)));
-  v1::Operation prepared = GetOp(stub.get(), op.id());
+  ASSERT_TRUE(Eventually(
+      [&] { return GetOperation(stub.get(), op.id()).agents_prepared_unix_ms() > 0; },
+      absl::Seconds(30)));
+  v1::Operation prepared = GetOperation(stub.get(), op.id());
   EXPECT_EQ(prepared.state(), v1::OPERATION_STATE_PLANNED);
   EXPECT_EQ(prepared.prepared_from_generation(), 1);
   EXPECT_GT(prepared.bytes_precopied(), 0);
   EXPECT_EQ(prepared.prepared_unix_ms(), 0);
-  v1::MarkPreparedRequest mark;
-  mark.set_operation_id(op.id());
-  ASSERT_TRUE(stub->MarkPrepared(Ctx().get(), mark, &prepared).ok());
+  prepared = MarkPrepared(stub.get(), op.id());
   EXPECT_GT(prepared.prepared_unix_ms(), 0);
 
   v1::CheckpointRequest cut;
