@@ -274,10 +274,26 @@ class LocalCluster:
                     os.path.join(self.work_dir, host, "shm"),
                     f"127.0.0.1:{free_port()}" if self.agent_metrics else None)
                 self.start_agent(host)
+            self._wait_hosts_registered(60)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _wait_hosts_registered(self, timeout):
+        """Waits until the coordinator lists every host: an agent says it is
+        ready before its registration is recorded, and callers of start()
+        expect a cluster whose hosts the coordinator knows."""
+        deadline = time.monotonic() + timeout
+        with self.client(timeout=10.0) as c:
+            while True:
+                listed = {h.host_id for h in c.list_hosts()}
+                if set(self.host_ids) <= listed:
+                    return
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"hosts {sorted(set(self.host_ids) - listed)} not registered "
+                                       f"within {timeout} s")
+                time.sleep(0.05)
 
     def _start_postgres(self):
         bindir = _pg_bindir()
