@@ -124,6 +124,10 @@ def test_hsdp_resizes(cluster, client, hosts, job_name):
     ptc = hsdp_ptc()
     lay = layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2)
     job, ptc, g = start(cluster, client, job_name, hosts, ptc=ptc, lay=lay, seed=11)
+    bad = layout.make_layout(1, 1, 4, hosts, 2, cp=2)
+    bad.config.dp_shard = 3
+    with pytest.raises(reshard.InvalidArgument, match=r"config\.dp_shard is 3; it must divide dp 4"):
+        client.resize(job.id, bad)
     g, op = reshard_and_check(cluster, client, job, ptc, g,
                               layout.make_layout(1, 1, 4, hosts, 2, cp=2), 2)
     assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host
