@@ -298,7 +298,8 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
                                                      "; it must be >= 0 (0 means the default)"));
     }
   }
-  if (c.dp_shard() < 0 || c.dp_shard() > c.dp() || (c.dp_shard() > 0 && c.dp() % c.dp_shard() != 0)) {
+  if (c.dp_shard() < 0 || c.dp_shard() > c.dp() ||
+      (c.dp_shard() > 0 && c.dp() % c.dp_shard() != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ".config.dp_shard is ", c.dp_shard(), "; it must divide dp ", c.dp(),
                      " (0 means dp: no HSDP replicas)"));

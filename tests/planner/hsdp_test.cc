@@ -297,7 +297,8 @@ TEST(HsdpPropertyTest, PlansOfRandomHsdpJobsAreExactAndAtTheLowerBound) {
     hsdp_change += (HasReplicas(job.from) || HasReplicas(job.to)) &&
                    job.from.config().dp_shard() != job.to.config().dp_shard();
     for (const v1::TensorSpec& t : job.ptc.tensors()) {
-      if (t.partition().dp().over() == v1::DP_OVER_DP && t.partition().dp().mode() != v1::DP_REPLICATED &&
+      if (t.partition().dp().over() == v1::DP_OVER_DP &&
+          t.partition().dp().mode() != v1::DP_REPLICATED &&
           (job.from.config().cp() > 1 || job.to.config().cp() > 1)) {
         ++dp_only;
         break;

@@ -54,8 +54,9 @@ inline v1::Layout RandomHsdpLayout(Rng& rng, int num_layers, const std::string& 
 }  // namespace internal
 
 /// A random PTC of random_jobs.h whose dense, non-bucket tensors split over
-/// dp only with probability one half, between two random HSDP layouts (same
-/// or new hosts), sometimes with a lost old host the target does not use.
+/// dp only with probability one half (some with a twin over the other group),
+/// between two random HSDP layouts (same or new hosts), sometimes with a lost
+/// old host the target does not use.
 inline RandomJob RandomHsdpJob(uint64_t seed) {
   internal::Rng rng(seed);
   RandomJob job;
