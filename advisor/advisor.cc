@@ -207,7 +207,10 @@ absl::StatusOr<Advice> Advise(const AdviceRequest& r) {
       for (int dp : Divisors(t.global_batch, capacity / (int64_t{tp} * pp))) {
         const int64_t per_dp = t.global_batch / dp;
         double state = -1;
-        if (r.current.ptc != nullptr) state = PtcStateBytesPerDevice(*r.current.ptc, tp, pp, dp);
+        if (r.current.ptc != nullptr) {
+          state = PtcStateBytesPerDevice(*r.current.ptc, tp, pp, dp,
+                                         KeptDpShard(r.current.layout, dp));
+        }
         const int64_t max_b = r.max_micro_batch > 0 ? r.max_micro_batch : per_dp;
         for (int b : Divisors(per_dp, max_b)) {
           for (Recompute rc : {Recompute::kNone, Recompute::kSelective, Recompute::kFull}) {
@@ -239,7 +242,8 @@ absl::StatusOr<Advice> Advise(const AdviceRequest& r) {
     const double state =
         r.current.ptc == nullptr
             ? -1
-            : PtcStateBytesPerDevice(*r.current.ptc, p.choice.tp, p.choice.pp, p.choice.dp);
+            : PtcStateBytesPerDevice(*r.current.ptc, p.choice.tp, p.choice.pp, p.choice.dp,
+                                     KeptDpShard(r.current.layout, p.choice.dp));
     c.memory = EstimateMemory(m, t, p.choice, state);
     const int world = p.choice.tp * p.choice.pp * p.choice.dp;
     c.tflops_per_gpu = c.time.hardware_flops / (world * c.time.total) / 1e12;

@@ -20,7 +20,9 @@ namespace reshard::advisor {
 /// The layout Advise() gives `c` on `cluster`: Megatron rank order (tp
 /// fastest, then dp, then pp); ranks fill the hosts of `current` first (in
 /// its placement order), then the other offered hosts in offer order, using
-/// on each host a multiple of tp devices. InvalidArgument if they do not fit.
+/// on each host a multiple of tp devices; `current`'s HSDP dp_shard is kept
+/// when it divides the candidate's dp (KeptDpShard). InvalidArgument if they
+/// do not fit.
 [[nodiscard]] absl::StatusOr<v1::Layout> PlaceLayout(const ParallelChoice& c,
                                                      const ClusterOffer& cluster,
                                                      const v1::Layout* current);
@@ -41,7 +43,13 @@ ReconfigCost PriceReconfig(const v1::Ptc& ptc, const v1::Layout& from, const v1:
                            double inter_host_bytes_per_s, const planner::LostSet* lost = nullptr);
 
 /// Bytes of job state (PTC tensors and blobs) on the most loaded rank of a
-/// tp x pp x dp layout of `ptc`; shards of uneven splits rounded up.
-double PtcStateBytesPerDevice(const v1::Ptc& ptc, int tp, int pp, int dp);
+/// tp x pp x dp layout of `ptc`; shards of uneven splits rounded up. With
+/// HSDP (`dp_shard` > 0, dividing dp) dense data-parallel splits run over
+/// dp_shard ranks only (docs/partitioning.md, "Data-parallel groups").
+double PtcStateBytesPerDevice(const v1::Ptc& ptc, int tp, int pp, int dp, int dp_shard = 0);
+
+/// The HSDP shard size Advise() keeps for a candidate of `dp` ranks: the
+/// current layout's dp_shard when it divides dp, else 0 (shard over dp).
+int KeptDpShard(const v1::Layout* current, int dp);
 
 }  // namespace reshard::advisor

@@ -35,6 +35,7 @@ absl::StatusOr<v1::Layout> PlaceLayout(const ParallelChoice& c, const ClusterOff
   config->set_pp(c.pp);
   config->set_dp(c.dp);
   config->set_order(v1::RANK_ORDER_TP_DP_PP);
+  config->set_dp_shard(KeptDpShard(current, c.dp));
   int placed = 0;
   for (int i : order) {
     const HostOffer& host = cluster.hosts[i];
@@ -54,7 +55,13 @@ absl::StatusOr<v1::Layout> PlaceLayout(const ParallelChoice& c, const ClusterOff
   return layout;
 }
 
-double PtcStateBytesPerDevice(const v1::Ptc& ptc, int tp, int pp, int dp) {
+int KeptDpShard(const v1::Layout* current, int dp) {
+  if (current == nullptr) return 0;
+  const int ds = current->config().dp_shard();
+  return ds > 0 && ds < dp && dp % ds == 0 ? ds : 0;
+}
+
+double PtcStateBytesPerDevice(const v1::Ptc& ptc, int tp, int pp, int dp, int dp_shard) {
   v1::ParallelConfig config;
   config.set_tp(tp);
   config.set_pp(pp);
@@ -91,7 +98,9 @@ double PtcStateBytesPerDevice(const v1::Ptc& ptc, int tp, int pp, int dp) {
       const double len = axis < t.shape_size() ? static_cast<double>(t.shape(axis)) : 1;
       if (len > 0) elements = elements / len * std::ceil(len / tp);
     }
-    if (t.partition().dp().mode() != v1::DP_REPLICATED) elements = std::ceil(elements / dp);
+    // Expert tensors ignore dp_shard (their edp group); the advisor has no cp.
+    const int group = dp_shard > 0 && !t.partition().has_expert() ? dp_shard : dp;
+    if (t.partition().dp().mode() != v1::DP_REPLICATED) elements = std::ceil(elements / group);
     add(t.partition().pipeline(), elements * planner::ElementBytes(t.dtype()));
   }
   double blobs = 0;

@@ -61,7 +61,9 @@ Buckets::Buckets(const v1::Ptc& ptc, const ResolvedLayout& rl) {
     ShardCoord c;
     c.tp = expert ? rl.expert_tp() : rl.tp();
     c.ep = expert ? rl.ep() : 1;
-    const int group_size = expert ? rl.edp() : rl.dp() * rl.cp();
+    // Members are all dense or all expert, and dense members split over
+    // dp x cp (validation): the HSDP shard group dp_shard x cp.
+    const int group_size = expert ? rl.edp() : rl.dp_shard() * rl.cp();
     for (c.tp_index = 0; c.tp_index < c.tp; ++c.tp_index) {
       for (c.ep_index = 0; c.ep_index < c.ep; ++c.ep_index) {
         elements.clear();

@@ -40,6 +40,7 @@ int64_t WorldSize(const v1::ParallelConfig& c) {
 int VppOf(const v1::ParallelConfig& c) { return c.vpp() > 0 ? c.vpp() : 1; }
 int EpOf(const v1::ParallelConfig& c) { return c.ep() > 0 ? c.ep() : 1; }
 int ExpertTpOf(const v1::ParallelConfig& c) { return c.expert_tp() > 0 ? c.expert_tp() : c.tp(); }
+int DpShardOf(const v1::ParallelConfig& c) { return c.dp_shard() > 0 ? c.dp_shard() : c.dp(); }
 
 std::vector<int> StageStarts(const v1::ParallelConfig& c, int num_layers) {
   if (c.stage_starts_size() > 0) return {c.stage_starts().begin(), c.stage_starts().end()};
@@ -61,6 +62,7 @@ ResolvedLayout ResolvedLayout::Resolve(const v1::Layout& layout, int num_layers,
   r.vpp_ = VppOf(c);
   r.ep_ = EpOf(c);
   r.expert_tp_ = ExpertTpOf(c);
+  r.dp_shard_ = DpShardOf(c);
   r.order_ = c.order();
   const std::vector<int> starts = StageStarts(c, num_layers);
   const int chunks = r.num_chunks();

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -57,6 +58,8 @@ class ResolvedLayout {
   int vpp() const { return vpp_; }
   int ep() const { return ep_; }
   int expert_tp() const { return expert_tp_; }
+  /// Data-parallel ranks per HSDP shard group (`dp_shard`, or dp when 0).
+  int dp_shard() const { return dp_shard_; }
   /// Expert-data-parallel size: tp * cp * dp / (expert_tp * ep).
   int edp() const { return stage_size() / (expert_tp_ * ep_); }
   /// Ranks per stage: tp * cp * dp.
@@ -85,6 +88,12 @@ class ResolvedLayout {
   int RankAt(int position, int stage) const { return rank_at_[stage * stage_size() + position]; }
   /// Data-parallel group index g = cp_i + cp * dp_i (group size dp * cp).
   int GroupIndex(RankCoord c) const { return c.cp + cp_ * c.dp; }
+  /// The shard group a dense tensor with `over` splits over (size S, the
+  /// rank's index s; docs/partitioning.md, "Data-parallel groups").
+  std::pair<int, int> ShardGroup(v1::DpOver over, RankCoord c) const {
+    if (over == v1::DP_OVER_DP) return {dp_shard_, c.dp % dp_shard_};
+    return {dp_shard_ * cp_, c.cp + cp_ * (c.dp % dp_shard_)};
+  }
   ExpertCoord Expert(RankCoord c) const;
   int host(int rank) const { return host_[rank]; }
   int device(int rank) const { return device_[rank]; }
@@ -99,7 +108,7 @@ class ResolvedLayout {
   int ChunkOf(const v1::Pipeline& p, int stage) const;
 
  private:
-  int tp_ = 1, pp_ = 1, dp_ = 1, cp_ = 1, vpp_ = 1, ep_ = 1, expert_tp_ = 1;
+  int tp_ = 1, pp_ = 1, dp_ = 1, cp_ = 1, vpp_ = 1, ep_ = 1, expert_tp_ = 1, dp_shard_ = 1;
   v1::RankOrder order_ = v1::RANK_ORDER_TP_DP_PP;
   std::vector<int> chunk_of_layer_;
   std::vector<int> host_;
@@ -119,6 +128,8 @@ int CpOf(const v1::ParallelConfig& c);
 int VppOf(const v1::ParallelConfig& c);
 int EpOf(const v1::ParallelConfig& c);
 int ExpertTpOf(const v1::ParallelConfig& c);
+/// `dp_shard` with 0 read as `dp` (HSDP shard group size in dp ranks).
+int DpShardOf(const v1::ParallelConfig& c);
 
 /// tp * cp * dp * pp: the number of ranks (docs/partitioning.md, "Ranks").
 /// The one world-size rule; the coordinator, the agent and the CLI use it.

@@ -26,6 +26,8 @@ std::string TemplateKey(const v1::TensorSpec& t, int tensor_index) {
                     p.padding().times_tp());
   }
   if (p.has_expert()) absl::StrAppend(&key, "|e", p.expert().axis());
+  // Same shape and rules but another data-parallel group: another template.
+  if (p.dp().over() != v1::DP_OVER_DP_CP) absl::StrAppend(&key, "|over", p.dp().over());
   return key;
 }
 

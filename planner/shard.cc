@@ -1,6 +1,7 @@
 #include "planner/shard.h"
 
 #include <algorithm>
+#include <tuple>
 
 #include "common/log.h"
 #include "planner/bucket.h"
@@ -90,8 +91,7 @@ ShardCoord CoordOfRank(const v1::TensorSpec& t, const ResolvedLayout& rl, RankCo
   } else {
     out.tp = rl.tp();
     out.tp_index = c.tp;
-    out.dp = rl.dp() * rl.cp();
-    out.dp_index = rl.GroupIndex(c);
+    std::tie(out.dp, out.dp_index) = rl.ShardGroup(t.partition().dp().over(), c);
   }
   return out;
 }

@@ -24,7 +24,8 @@ struct Piece {
 /// The resolved coordinates a tensor's shard depends on: its tensor-parallel
 /// size and index (tp, tp_i; expert tensors expert_tp, etp_i), its expert
 /// slab (ep, ep_i; 1, 0 for a dense tensor), its data-parallel group size and
-/// index (G, g) and, for DP_BUCKET only, the range [flat_begin, flat_end) of
+/// index (the shard group's S, s of docs/partitioning.md, "Data-parallel
+/// groups"; G, g by default) and, for DP_BUCKET only, the range [flat_begin, flat_end) of
 /// the local tensor's row-major elements the rank holds (Buckets::Range).
 struct ShardCoord {
   int tp = 1, tp_index = 0;

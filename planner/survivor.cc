@@ -38,6 +38,9 @@ absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
   v1::Layout out;
   *out.mutable_config() = c;
   out.mutable_config()->set_dp(static_cast<int32_t>(dp));
+  // HSDP keeps its shard groups when they still tile dp; otherwise the
+  // survivors shard over the whole group (dp_shard 0), never an invalid size.
+  if (c.dp_shard() > 0 && dp % c.dp_shard() != 0) out.mutable_config()->set_dp_shard(0);
   for (int64_t r = 0; r < dp * model; ++r) *out.mutable_placement()->add_ranks() = alive[r];
   return out;
 }

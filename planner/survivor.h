@@ -18,8 +18,9 @@ namespace reshard::planner {
 /// dp = surviving slots / (tp x cp x pp) rounded down (and further down
 /// until tp x cp x dp is a multiple of expert_tp x ep), and the new ranks take the
 /// surviving slots in their old rank order (so ranks that survive mostly keep
-/// their devices and their bytes stay local). FailedPrecondition when not
-/// even dp 1 fits.
+/// their devices and their bytes stay local). An HSDP `dp_shard` is kept when
+/// it divides the new dp, else reset to 0 (shard over the whole group).
+/// FailedPrecondition when not even dp 1 fits.
 [[nodiscard]] absl::StatusOr<v1::Layout> SurvivorLayout(const v1::Layout& current,
                                                         const std::vector<std::string>& lost_hosts,
                                                         const std::vector<int>& lost_ranks);

@@ -148,6 +148,16 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
       return TensorError(t, absl::StrCat("partition.dp.mode ", static_cast<int>(dp.mode()),
                                          " is not a known DpMode"));
   }
+  if (dp.over() != v1::DP_OVER_DP_CP && dp.over() != v1::DP_OVER_DP) {
+    return TensorError(t, absl::StrCat("partition.dp.over ", static_cast<int>(dp.over()),
+                                       " is not a known DpOver"));
+  }
+  if (dp.over() == v1::DP_OVER_DP && (ps.has_expert() || dp.mode() == v1::DP_BUCKET)) {
+    return TensorError(t, absl::StrCat("partition.dp.over DP_OVER_DP is not allowed ",
+                                       ps.has_expert() ? "for an expert tensor"
+                                                       : "for a DP_BUCKET member",
+                                       " (it splits over dp x cp: DP_OVER_DP_CP)"));
+  }
   return internal::ValidateNewFields(t, ptc);
 }
 
@@ -287,6 +297,12 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
       return absl::InvalidArgumentError(absl::StrCat(what, ".config.", name, " is ", value,
                                                      "; it must be >= 0 (0 means the default)"));
     }
+  }
+  if (c.dp_shard() < 0 || c.dp_shard() > c.dp() ||
+      (c.dp_shard() > 0 && c.dp() % c.dp_shard() != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ".config.dp_shard is ", c.dp_shard(), "; it must divide dp ", c.dp(),
+                     " (0 means dp: no HSDP replicas)"));
   }
   const int64_t world = int64_t{c.tp()} * c.pp() * c.dp() * CpOf(c);
   if (world > kMaxWorld) {

@@ -74,8 +74,22 @@ absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig&
   sc.tp = expert ? ExpertTpOf(c) : c.tp();
   sc.ep = expert ? EpOf(c) : 1;
   const int64_t stage = int64_t{c.tp()} * CpOf(c) * c.dp();
-  sc.dp = static_cast<int>(expert ? stage / (int64_t{ExpertTpOf(c)} * EpOf(c)) : stage / c.tp());
-  const char* dp_name = expert ? "the expert data-parallel size " : "dp * cp ";
+  // Dense tensors split over their shard group (docs/partitioning.md,
+  // "Data-parallel groups"): dp_shard (x cp unless DP_OVER_DP).
+  const bool dp_only = dp.over() == v1::DP_OVER_DP;
+  sc.dp = static_cast<int>(expert ? stage / (int64_t{ExpertTpOf(c)} * EpOf(c))
+                                  : int64_t{DpShardOf(c)} * (dp_only ? 1 : CpOf(c)));
+  const bool hsdp = !expert && (dp_only || c.dp_shard() > 0);
+  const std::string dp_name =
+      expert ? "the expert data-parallel size "
+             : (hsdp ? absl::StrCat("the shard group (dp_shard ", DpShardOf(c),
+                                    dp_only ? ", partition.dp.over DP_OVER_DP) of "
+                                            : absl::StrCat(" x cp ", CpOf(c), ") of "))
+                     : std::string("dp * cp "));
+  // Where the size comes from: `what.config.dp N` as before HSDP, else the
+  // shard group.
+  const std::string dp_field =
+      hsdp ? absl::StrCat(what, ": ", dp_name) : absl::StrCat(what, ".config.dp ");
   for (sc.ep_index = 0; sc.ep_index < sc.ep; ++sc.ep_index) {
     for (sc.tp_index = 0; sc.tp_index < sc.tp; ++sc.tp_index) {
       const int i = sc.tp_index;
@@ -109,7 +123,7 @@ absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig&
       }
       if (dp.mode() == v1::DP_SPLIT && piece.local_shape[dp.axis()] < sc.dp) {
         return TensorError(
-            t, absl::StrCat(what, ".config.dp ", sc.dp, " exceeds the ",
+            t, absl::StrCat(dp_field, sc.dp, " exceeds the ",
                             piece.local_shape[dp.axis()], " elements on partition.dp.axis ",
                             dp.axis(), " of tp rank ", i, "'s piece, leaving a dp rank empty",
                             " (set partition.allow_empty to permit)"));
@@ -118,7 +132,7 @@ absl::Status CheckNoEmptyRank(const v1::TensorSpec& t, const v1::ParallelConfig&
       if (dp.mode() == v1::DP_FLAT || dp.mode() == v1::DP_CHUNK) {
         const int64_t chunk = (extent + sc.dp - 1) / sc.dp;
         if (chunk * (sc.dp - 1) >= extent) {
-          return TensorError(t, absl::StrCat(what, ".config.dp ", sc.dp, " leaves a dp rank ",
+          return TensorError(t, absl::StrCat(dp_field, sc.dp, " leaves a dp rank ",
                                              "without elements of tp rank ", i, "'s ", extent,
                                              dp.mode() == v1::DP_CHUNK ? "-long axis" : "-element",
                                              " piece (set partition.allow_empty to permit)"));

@@ -147,6 +147,12 @@ absl::StatusOr<RankGrid> ParseGrid(const v1::Layout& layout, int num_layers,
                         g.tp, g.cp, g.dp, g.expert_tp, g.ep));
   }
   g.edp = stage_ranks / (g.expert_tp * g.ep);
+  // "Data-parallel groups": dp_shard divides dp, 0 meaning dp.
+  if (c.dp_shard() < 0 || c.dp_shard() > g.dp || (c.dp_shard() > 0 && g.dp % c.dp_shard() != 0)) {
+    return absl::InvalidArgumentError(
+        absl::StrFormat("%s: dp_shard %d does not divide dp %d", what, c.dp_shard(), g.dp));
+  }
+  g.dp_shard = c.dp_shard() == 0 ? g.dp : c.dp_shard();
   if (c.order() != v1::RANK_ORDER_TP_DP_PP && c.order() != v1::RANK_ORDER_TP_PP_DP) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": unknown rank order ", c.order()));
   }

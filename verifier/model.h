@@ -26,6 +26,7 @@ struct RankGrid {
   int tp = 1, pp = 1, dp = 1, world = 1;
   int cp = 1, vpp = 1, ep = 1, expert_tp = 1;  // 0 in the config already resolved
   int edp = 1;                                 // tp * cp * dp / (expert_tp * ep)
+  int dp_shard = 1;                            // dp ranks per HSDP shard group (0 resolved: dp)
   v1::RankOrder order = v1::RANK_ORDER_TP_DP_PP;
   /// pp * vpp + 1 entries; chunk c owns layers [chunk_begin[c], chunk_begin[c+1])
   /// and is held by stage c % pp.

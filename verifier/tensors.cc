@@ -52,10 +52,15 @@ std::vector<Piece> Slice(const std::vector<Piece>& axis, int64_t lo, int64_t hi)
 bool IsExpert(const v1::TensorSpec& t) { return t.partition().has_expert(); }
 int TpSize(const v1::TensorSpec& t, const RankGrid& g) { return IsExpert(t) ? g.expert_tp : g.tp; }
 
-// The data-parallel group size and the rank's index in it.
+// The group a data-parallel split runs over and the rank's index in it
+// ("Data-parallel groups"): the shard group (S, s) of the table, read from
+// the group (G, g) the tensor's `over` names as s = g % S.
 std::pair<int, int> DpGroup(const v1::TensorSpec& t, const RankGrid& g, const Coords& c) {
   if (IsExpert(t)) return {g.edp, c.edp_i};
-  return {g.dp * g.cp, c.cp_i + g.cp * c.dp_i};
+  const bool dp_only = t.partition().dp().over() == v1::DP_OVER_DP;
+  const int group_index = dp_only ? c.dp_i : c.cp_i + g.cp * c.dp_i;  // g of (G, g)
+  const int shard = dp_only ? g.dp_shard : g.dp_shard * g.cp;        // S
+  return {shard, group_index % shard};
 }
 
 std::vector<int64_t> HeldShape(const v1::TensorSpec& t, const RankGrid& g) {

@@ -111,6 +111,12 @@ absl::Status CheckPipeline(const v1::TensorSpec& t, int num_layers) {
 
 absl::Status CheckDp(const v1::Ptc& ptc, const v1::TensorSpec& t) {
   const auto& dp = t.partition().dp();
+  if (dp.over() != v1::DP_OVER_DP_CP && dp.over() != v1::DP_OVER_DP) {
+    return Invalid(t, absl::StrCat("unknown dp over ", dp.over()));
+  }
+  if (dp.over() == v1::DP_OVER_DP && (IsExpert(t) || dp.mode() == v1::DP_BUCKET)) {
+    return Invalid(t, "dp over DP_OVER_DP on an expert tensor or a bucket member");
+  }
   switch (dp.mode()) {
     case v1::DP_REPLICATED:
     case v1::DP_FLAT:

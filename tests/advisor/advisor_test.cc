@@ -267,6 +267,28 @@ TEST(PtcState, BytesOfTheMostLoadedRank) {
   EXPECT_DOUBLE_EQ(PtcStateBytesPerDevice(ptc, 1, 1, 1), all + 8);
 }
 
+TEST(PtcState, HsdpSplitsOverTheShardGroupOnly) {
+  const int64_t h = 64;
+  const v1::Ptc ptc = SmallPtc(4, h);
+  // dp 4 with dp_shard 2: the flat optimizer state is split in 2, not 4
+  // (docs/partitioning.md, "Data-parallel groups"); dp_shard 0 is dp.
+  EXPECT_DOUBLE_EQ(PtcStateBytesPerDevice(ptc, 2, 2, 4, 2), PtcStateBytesPerDevice(ptc, 2, 2, 2));
+  EXPECT_DOUBLE_EQ(PtcStateBytesPerDevice(ptc, 2, 2, 4, 0), PtcStateBytesPerDevice(ptc, 2, 2, 4));
+  EXPECT_GT(PtcStateBytesPerDevice(ptc, 2, 2, 4, 2), PtcStateBytesPerDevice(ptc, 2, 2, 4));
+  // The advisor keeps a current layout's dp_shard where it divides dp.
+  v1::Layout current = Compact(1, 1, 4, {"h0", "h1"}, 2);
+  current.mutable_config()->set_dp_shard(2);
+  EXPECT_EQ(KeptDpShard(&current, 8), 2);
+  EXPECT_EQ(KeptDpShard(&current, 3), 0);
+  EXPECT_EQ(KeptDpShard(&current, 2), 0);  // one replica: plain FSDP
+  EXPECT_EQ(KeptDpShard(nullptr, 4), 0);
+  ClusterOffer offer;
+  for (const char* name : {"h0", "h1", "h2", "h3"}) offer.hosts.push_back({name, 2, {"A100"}});
+  absl::StatusOr<v1::Layout> placed = PlaceLayout(ParallelChoice{1, 1, 8}, offer, &current);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(placed->config().dp_shard(), 2);
+}
+
 TEST(Reconfig, PlannerPricesEveryParetoPointFromTheCurrentLayout) {
   const int64_t h = 64;
   const v1::Ptc ptc = SmallPtc(4, h);

@@ -27,6 +27,19 @@ TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST(SurvivorLayoutTest, KeepsHsdpShardGroupsThatStillTileDp) {
+  // tp 1 x dp 4, dp_shard 2 on h0..h3 x 1 device.
+  v1::Layout l = testing::MakeLayout(1, 1, 4, 1);
+  l.mutable_config()->set_dp_shard(2);
+  auto three = SurvivorLayout(l, {"h3"}, {});  // dp 3: 2 does not divide it
+  ASSERT_TRUE(three.ok()) << three.status();
+  EXPECT_EQ(three->config().dp(), 3);
+  EXPECT_EQ(three->config().dp_shard(), 0);
+  auto two = SurvivorLayout(l, {"h2", "h3"}, {});  // dp 2: one replica of 2
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(two->config().dp_shard(), 2);
+}
+
 TEST(SurvivorLayoutTest, KeepsContextParallelAndExpertGroups) {
   // tp 2 x cp 2 x dp 3 = 12 ranks, 4 per host on h0..h2, ep 4, expert_tp 1.
   v1::Layout l = testing::MakeLayout(2, 1, 3, 4);

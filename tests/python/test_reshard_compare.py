@@ -6,8 +6,9 @@ Any disagreement between the two readings of the docs fails here."""
 import pytest
 
 from helpers import check_generation, every_kind_ptc, publish_all, random_globals, register
+import reshard
 from reshard import layout, megatron
-from reshard.v1 import coordinator_pb2
+from reshard.v1 import coordinator_pb2, ptc_pb2
 
 COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
 
@@ -97,6 +98,45 @@ def test_megatron_spec_reshards(cluster, client, hosts, job_name):
     reshard_and_check(cluster, client, job, ptc, sd, layout.make_layout(4, 1, 2, hosts, 2), 2)
 
 
+def hsdp_ptc():
+    """every_kind_ptc plus FSDP2-style Shard(0) tensors split over dp x cp and
+    over dp only, and a flat optimizer state over dp only."""
+    ptc = every_kind_ptc()
+    for name, over in (("fsdp.w", "DP_OVER_DP_CP"), ("fsdp.m", "DP_OVER_DP")):
+        ptc.tensors.append(reshard.as_message(
+            {"name": name, "dtype": "DTYPE_FLOAT32", "shape": [10, 6], "partition": {
+                "tp": {"mode": "TP_SPLIT", "axis": 1},
+                "pipeline": {"mode": "PIPELINE_EVERY_STAGE"},
+                "dp": {"mode": "DP_CHUNK", "axis": 0, "over": over}, "allowEmpty": True}},
+            ptc_pb2.TensorSpec))
+    ptc.tensors.append(reshard.as_message(
+        {"name": "opt.dp", "dtype": "DTYPE_FLOAT64", "shape": [9], "partition": {
+            "pipeline": {"mode": "PIPELINE_LAST_STAGE"},
+            "dp": {"mode": "DP_FLAT", "over": "DP_OVER_DP"}, "allowEmpty": True}},
+        ptc_pb2.TensorSpec))
+    return ptc
+
+
+def test_hsdp_resizes(cluster, client, hosts, job_name):
+    """HSDP (dp_shard) and dp-only splits through HSDP -> FSDP -> HSDP at
+    another tp and cp -> a smaller shard group on fewer hosts, every new rank
+    compared byte for byte with reshard.layout's reading of the page."""
+    ptc = hsdp_ptc()
+    lay = layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2)
+    job, ptc, g = start(cluster, client, job_name, hosts, ptc=ptc, lay=lay, seed=11)
+    bad = layout.make_layout(1, 1, 4, hosts, 2, cp=2)
+    bad.config.dp_shard = 3
+    with pytest.raises(reshard.InvalidArgument, match=r"config\.dp_shard is 3; it must divide dp 4"):
+        client.resize(job.id, bad)
+    g, op = reshard_and_check(cluster, client, job, ptc, g,
+                              layout.make_layout(1, 1, 4, hosts, 2, cp=2), 2)
+    assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host
+    g, _ = reshard_and_check(cluster, client, job, ptc, g,
+                             layout.make_layout(2, 1, 4, hosts, 2, dp_shard=2), 3)
+    reshard_and_check(cluster, client, job, ptc, g,
+                      layout.make_layout(1, 1, 2, hosts[:2], 2, cp=2, dp_shard=1), 4)
+
+
 def test_recover_after_lost_host(cluster, client, hosts, job_name):
     """Last in this module: kills an agent. Every tensor is data-parallel
     replicated, so the survivors hold everything."""
@@ -109,3 +149,17 @@ def test_recover_after_lost_host(cluster, client, hosts, job_name):
     target = layout.make_layout(2, 2, 1, hosts[:2], 2)
     assert layout.hosts_of(target) == hosts[:2]
     reshard_and_check(cluster, client, job, ptc, sd, target, 2, lost_hosts=[hosts[3]])
+
+
+def test_hsdp_replica_recovers_a_lost_host(cluster, client, hosts, job_name):
+    """Last: kills a second agent (hosts[3] is gone already). HSDP dp 6,
+    dp_shard 2 on hosts[:3]: each host holds one replica, so losing hosts[2]
+    loses nothing (under FSDP it would lose a third of every Shard(0) tensor);
+    the survivors re-shard over dp 4 (FSDP) from the replicas on their own hosts."""
+    ptc = hsdp_ptc()
+    lay = layout.make_layout(1, 1, 6, hosts[:3], 2, dp_shard=2)
+    job, ptc, g = start(cluster, client, job_name, hosts[:3], ptc=ptc, lay=lay, seed=12)
+    cluster.kill_agent(hosts[2])
+    _, op = reshard_and_check(cluster, client, job, ptc, g, layout.make_layout(1, 1, 4, hosts[:2], 2),
+                              2, lost_hosts=[hosts[2]])
+    assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host

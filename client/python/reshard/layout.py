@@ -38,7 +38,7 @@ def split(n, k, i):
 
 
 def make_layout(tp, pp, dp, hosts=None, devices_per_host=None, order="tp_dp_pp",
-                stage_starts=None, ranks=None, cp=1, vpp=1, ep=1, expert_tp=0):
+                stage_starts=None, ranks=None, cp=1, vpp=1, ep=1, expert_tp=0, dp_shard=0):
     """A reshard.v1.Layout.
 
     Placement: either `hosts` x `devices_per_host` (compact: rank r on
@@ -48,13 +48,17 @@ def make_layout(tp, pp, dp, hosts=None, devices_per_host=None, order="tp_dp_pp",
     enum). cp, vpp, ep, expert_tp: context parallelism, interleaved stages
     (stage_starts then lists pp*vpp chunk starts), expert parallelism and the
     expert tensor-parallel size (0: tp); they are left unset at their default.
+    dp_shard: HSDP, data-parallel ranks per shard group (a divisor of dp; 0:
+    dp, no replicas; docs/partitioning.md, "Data-parallel groups").
     """
+    if dp_shard and (dp_shard < 0 or dp % dp_shard):
+        raise ValueError(f"dp_shard {dp_shard} does not divide dp {dp}")
     world = tp * pp * dp * max(cp, 1)
     config = ptc_pb2.ParallelConfig(tp=tp, pp=pp, dp=dp,
                                     order=_ORDERS.get(order, order),
                                     stage_starts=list(stage_starts or ()))
     for field, value, default in (("cp", cp, 1), ("vpp", vpp, 1), ("ep", ep, 1),
-                                  ("expert_tp", expert_tp, 0)):
+                                  ("expert_tp", expert_tp, 0), ("dp_shard", dp_shard, 0)):
         if value != default:
             setattr(config, field, value)
     what = f"tp {tp} x cp {max(cp, 1)} x dp {dp} x pp {pp}" if cp > 1 else \
@@ -150,6 +154,38 @@ def dp_group(config, rank):
     d = dims(config)
     rc = rank_coords(config, rank)
     return d.dp * d.cp, rc.cp + d.cp * rc.dp
+
+
+def dp_shard_of(config):
+    """ds of "Data-parallel groups": `dp_shard`, or dp when 0; ValueError
+    unless it divides dp."""
+    c = _config(config)
+    d = _dims(c)
+    ds = c.dp_shard or d.dp
+    if ds < 1 or d.dp % ds:
+        raise ValueError(f"dp_shard {c.dp_shard} does not divide dp {d.dp}")
+    return ds
+
+
+def shard_group(config, rank, over=ptc_pb2.DP_OVER_DP_CP):
+    """(S, s) of a rank for a dense tensor whose `partition.dp.over` is
+    `over`: the shard group its data-parallel split runs over and the rank's
+    index in it (docs/partitioning.md, "Data-parallel groups"). From the group
+    (G, g), dp x cp (dp_group) or dp alone (DP_OVER_DP), S is dp_shard (times
+    cp for DP_OVER_DP_CP) and s = g % S; the replica is g // S."""
+    d = dims(config)
+    ds = dp_shard_of(config)
+    rc = rank_coords(config, rank)
+    if over == ptc_pb2.DP_OVER_DP:
+        group, index = d.dp, rc.dp
+        size = ds
+    elif over == ptc_pb2.DP_OVER_DP_CP:
+        group, index = dp_group(config, rank)
+        size = ds * d.cp
+    else:
+        raise ValueError(f"partition.dp.over {over} is not a known DpOver")
+    assert group % size == 0
+    return size, index % size
 
 
 ExpertCoords = collections.namedtuple("ExpertCoords", "etp ep edp edp_size")
@@ -328,7 +364,8 @@ def tp_ranges(tensor, held, t, i):
 Piece = collections.namedtuple("Piece", "held select shape group index")
 Piece.__doc__ = """A rank's tensor-parallel piece T of a tensor: the held shape, the
 slabs it takes {axis: [(start, size)]} (concatenated in order), T's shape,
-and the data-parallel group size and index that cut T."""
+and the data-parallel group size and index that cut T (for a dense tensor its
+shard group, shard_group; for an expert tensor edp)."""
 
 
 def piece(tensor, config, rank):
@@ -344,7 +381,7 @@ def piece(tensor, config, rank):
         t, i, group, index = d.etp, ec.etp, ec.edp_size, ec.edp
     else:
         t, i = d.tp, rank_coords(config, rank).tp
-        group, index = dp_group(config, rank)
+        group, index = shard_group(config, rank, p.dp.over)
     ranges = tp_ranges(tensor, held, t, i)
     if ranges is not None:
         if p.tp.axis in select:
