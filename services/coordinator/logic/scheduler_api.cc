@@ -451,9 +451,11 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
     }
     if (IsFinal(op.state())) {
       // Cancelling is idempotent in effect: an operation a client cancelled
-      // is what any later cancel asks for, so a cancel with a fresh key
-      // (SDKs make one per call) gets it back rather than an error.
-      if (op.state() == v1::OPERATION_STATE_ABORTED && op.error() == kCancelledByClient) {
+      // is what any later cancel with a key asks for, so a cancel with a
+      // fresh key (SDKs make one per call) gets it back rather than an error;
+      // one without a key learns that it is final.
+      if (!idem.key.empty() && op.state() == v1::OPERATION_STATE_ABORTED &&
+          op.error() == kCancelledByClient) {
         return op;
       }
       return absl::FailedPreconditionError(absl::StrCat("operation \"", id, "\" is already ",
