@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Real framework layouts (issue 13), small enough for a local cluster:
 
 - megatron-gpt: a Megatron-core GPT with vocabulary padding (1100 -> 1280 rows

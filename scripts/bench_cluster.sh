@@ -19,4 +19,4 @@ if [ ! -x "$BUILD_DIR/agent/process/reshard-agent" ] ||
 else
   bash "$ROOT/scripts/bootstrap.sh"
 fi
-exec /usr/bin/python3 "$ROOT/bench/cluster/bench_cluster.py" --build "$BUILD_DIR" "$@"
+exec "$ROOT/.venv/bin/python" "$ROOT/bench/cluster/bench_cluster.py" --build "$BUILD_DIR" "$@"

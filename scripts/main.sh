@@ -10,4 +10,4 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 "$ROOT/scripts/build.sh"
 export UCX_NET_DEVICES=lo UCX_TLS=tcp
-exec /usr/bin/python3 "$ROOT/deploy/local/main_job.py" --build "$ROOT/build" "$@"
+exec "$ROOT/.venv/bin/python" "$ROOT/deploy/local/main_job.py" --build "$ROOT/build" "$@"

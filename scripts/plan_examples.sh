@@ -7,7 +7,7 @@
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-PYTHON=/usr/bin/python3
+PYTHON="$ROOT/.venv/bin/python"  # the project venv (bootstrap.sh, run by build.sh)
 
 "$ROOT/scripts/build.sh"
 

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Emulated-cluster benchmark: reshard against a central-storage baseline.
 
 N hosts are network namespaces joined to a bridge by veth pairs, each link

@@ -17,6 +17,7 @@ small and the storage link, not the client, is what limits.
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -114,7 +115,7 @@ http {{
             if self._proc.poll() is not None:
                 raise StorageError(f"nginx exited with {self._proc.returncode}: {self.error_log()}")
             probe = subprocess.run(self.node.exec_prefix() + [
-                "/usr/bin/python3", "-c",
+                sys.executable, "-c",
                 f"import socket; socket.create_connection(('{self.node.address}', {PORT}), 1)"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             if probe.returncode == 0:

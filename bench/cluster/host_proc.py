@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The workers of one emulated host, run inside that host's namespace.
 
 Reads one JSON command per line on stdin and answers one JSON line on stdout

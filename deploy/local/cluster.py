@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A throwaway reshard cluster on this machine.
 
 LocalCluster starts a private PostgreSQL (initdb in a temporary directory, a
@@ -19,7 +19,7 @@ Used by the main job (deploy/local/main_job.py), the Python and reshardctl
 test suites and the Prometheus test. As a program it starts a cluster and
 waits until interrupted, printing how to reach it:
 
-    /usr/bin/python3 deploy/local/cluster.py --build build --hosts 4
+    .venv/bin/python deploy/local/cluster.py --build build --hosts 4
 """
 
 import argparse

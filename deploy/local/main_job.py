@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The main job: a training-like job on a throwaway local reshard cluster.
 
 Starts PostgreSQL, reshard-coordinator and five reshard-agents ("hosts") on
@@ -18,12 +18,12 @@ compared byte for byte with the shards cut from the global tensors by
 reshard.layout (an implementation of docs/partitioning.md independent of the
 planner). A summary table shows each step's configuration, bytes copied within
 hosts and across hosts, the lower bound on cross-host bytes, and the time.
-Then (part two, with python3-torch) a real tiny GPT trains across
+Then (part two, with torch) a real tiny GPT trains across
 reconfigurations of one job (deploy/local/training/elastic.py): a stop-free
 resize prepared while it trains, a lost host recovered, and a stop-the-world
 resize; it prints the loss next to an uninterrupted reference, the pause of
 each reconfiguration (stop-free next to stop-the-world), and writes a PNG of
-both loss curves (--plot; with python3-matplotlib).
+both loss curves (--plot; with matplotlib).
 Everything started is stopped and removed at the end, on error and on Ctrl-C.
 Exit status 0 only when every step committed and verified.
 """
@@ -54,7 +54,7 @@ def train_elastic(cluster, plot_path):
     try:
         import torch  # noqa: F401
     except ImportError:
-        print("\n== elastic training: skipped (python3-torch is not installed)")
+        print("\n== elastic training: skipped (torch is not installed; scripts/bootstrap.sh puts it in .venv)")
         return True
     sys.path.insert(0, os.path.join(HERE, "training"))
     import elastic
@@ -106,13 +106,13 @@ def train_elastic(cluster, plot_path):
 
 def plot(out, path):
     """Writes the loss curves (and where each reconfiguration happened) to a
-    PNG with Debian's matplotlib; says where, or why not."""
+    PNG with matplotlib; says where, or why not."""
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "plot: skipped (python3-matplotlib is not installed; scripts/bootstrap.sh installs it)"
+        return "plot: skipped (matplotlib is not installed; scripts/bootstrap.sh puts it in .venv)"
     steps = range(1, len(out["losses"]) + 1)
     fig, ax = plt.subplots(figsize=(9, 4.5))
     ax.plot(steps, out["want_losses"], color="0.6", linewidth=4, label="reference (one process)")
@@ -138,7 +138,7 @@ def main():
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--keep-logs", action="store_true", help="print every process's log tail at the end")
     parser.add_argument("--no-training", action="store_true",
-                        help="skip the elastic training part (it needs python3-torch)")
+                        help="skip the elastic training part (it needs torch)")
     parser.add_argument("--plot", default=None,
                         help="PNG of the training loss curves (default: <build>/elastic_training.png)")
     args = parser.parse_args()

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A throwaway certificate authority made with Debian's openssl.
 
 The one place the Python side (deploy/local, the Python test suites) makes

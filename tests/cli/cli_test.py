@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """End-to-end tests of the reshardctl binary (registered with CTest, label "cli").
 
   cli_test.py plan  --reshardctl BIN --examples DIR --job J --target T [--lost L]

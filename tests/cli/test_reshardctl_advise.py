@@ -6,7 +6,7 @@ advise marked best.
 
 Run by CTest (tests/cli/CMakeLists.txt, labels "cli;integration"); by hand:
 
-    RESHARD_BUILD_DIR=build /usr/bin/python3 -m pytest -v tests/cli/test_reshardctl_advise.py
+    RESHARD_BUILD_DIR=build .venv/bin/python -m pytest -v tests/cli/test_reshardctl_advise.py
 """
 
 import json

@@ -9,7 +9,7 @@ and proto JSON) and the bytes the agents hold afterwards.
 Run by CTest (tests/cli/CMakeLists.txt, labels "cli;integration") with
 RESHARD_BUILD_DIR set; by hand:
 
-    RESHARD_BUILD_DIR=build /usr/bin/python3 -m pytest -v tests/cli/test_reshardctl_cluster.py
+    RESHARD_BUILD_DIR=build .venv/bin/python -m pytest -v tests/cli/test_reshardctl_cluster.py
 """
 
 import json

@@ -1,11 +1,11 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """Writes tests/data/share_vectors.json from client/python/reshard/data.py.
 
 The file is checked in; tests/client/data_share_test.cc (C++) and
 tests/python/test_data.py (Python) both recompute every value and compare, so
 the two implementations agree bit for bit. Regenerate only when the
 definitions of docs/data.md change (which changes every job's sample order):
-    /usr/bin/python3 tests/data/gen_share_vectors.py
+    .venv/bin/python tests/data/gen_share_vectors.py
 64-bit values are written as decimal strings (JSON readers may hold numbers as
 doubles); values below 2**53 as numbers.
 """

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """A bounded soak of reshard on a real local cluster (tests/fault).
 
 One small GPT-style job (fp16 weights, fp32 Adam state, a few MiB) on five
@@ -35,7 +35,7 @@ Prints operations committed / aborted / retried / stuck, every process's RSS
 and every host's files and accounting before and after. Exit status 0 only
 with 0 stuck operations, 0 mismatches, 0 leaks and no agent RSS growth.
 
-    /usr/bin/python3 tests/fault/soak.py --build build --ops 60 --seed 1
+    .venv/bin/python tests/fault/soak.py --build build --ops 60 --seed 1
 """
 
 import argparse

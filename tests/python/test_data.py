@@ -259,7 +259,7 @@ def test_torch_is_imported_only_for_the_torch_samplers():
 
 
 def test_torch_samplers_feed_a_dataloader():
-    import torch  # Debian's python3-torch, a test dependency
+    import torch  # in .venv (requirements/python.txt), a test dependency
     import torch.utils.data as tud
     st = state(cursor=990, step=0, order=data.Order(3, "full"), global_batch=16)
     sampler = data.TorchElasticSampler(st, dp=3, rank=2, steps=2)

@@ -1,22 +1,13 @@
-"""reshard.fsdp against torch 1.13's own FSDP code paths on CPU.
+"""reshard.fsdp against torch's own FSDP (FSDP-1, flat parameters) code on CPU.
 
-FullyShardedDataParallel itself does not run here: (1) on Python 3.11,
-`import torch.distributed.fsdp` fails in torch 1.13 with
-"ValueError: mutable default <class '...sharded_tensor.metadata.TensorProperties'>
-for field tensor_properties is not allowed: use default_factory" (a dataclass
-default that Python 3.11 rejects); (2) with that worked around (the shim
-below: such defaults become default_factory, as torch 2.0 fixed it),
-`FullyShardedDataParallel(module)` on a gloo process group fails in
-`_get_compute_device` with "AssertionError: Torch not compiled with CUDA
-enabled": torch 1.13 FSDP always computes on a CUDA device and uses CUDA
-streams. So these tests drive the parts of FSDP that do run on CPU, the
-real `FlatParamHandle` (flattening a unit, `shard()` with torch.chunk and
-padding) and torch.optim.Adam on the local flat shards, and check
-reshard.fsdp's layout and a reshard to another world size against them.
+The tests drive torch's real `FlatParamHandle` (torch.distributed.fsdp._flat_param),
+the part of FullyShardedDataParallel that flattens a wrapped unit and shards it
+(`shard()`: torch.chunk and padding), for several world sizes in one process,
+and torch.optim.Adam on the local flat shards, and check reshard.fsdp's layout
+and a reshard to another world size against them. (Under torch 1.13 on Python
+3.11 `torch.distributed.fsdp` did not even import and FSDP needed CUDA; torch 2
+runs FullyShardedDataParallel on CPU with gloo, device_id=cpu.)
 """
-
-import copy
-import dataclasses
 
 import numpy as np
 import pytest
@@ -25,30 +16,7 @@ from reshard import buckets, fsdp, layout
 
 torch = pytest.importorskip("torch")
 
-
-def _import_flat_param():
-    original = dataclasses.dataclass
-
-    def patched(cls=None, /, **kw):
-        def wrap(c):
-            for name, v in list(vars(c).items()):
-                d = v.default if isinstance(v, dataclasses.Field) else v
-                if dataclasses.is_dataclass(d) and not isinstance(d, type) and \
-                        type(d).__hash__ is None:
-                    setattr(c, name,
-                            dataclasses.field(default_factory=lambda d=d: copy.deepcopy(d)))
-            return original(c, **kw)
-        return wrap if cls is None else wrap(cls)
-
-    dataclasses.dataclass = patched
-    try:
-        from torch.distributed.fsdp import flat_param
-    finally:
-        dataclasses.dataclass = original
-    return flat_param
-
-
-flat_param = _import_flat_param()
+from torch.distributed.fsdp import _flat_param as flat_param  # noqa: E402
 
 
 class Group:
@@ -81,14 +49,15 @@ class Net(torch.nn.Module):
 
 def handles(net, world, rank):
     """torch's FlatParamHandle of every unit of `net`, sharded for rank."""
-    config = flat_param.HandleConfig(flat_param.HandleShardingStrategy.FULL_SHARD, False,
-                                     None, None)
     out = {}
     for unit, params in net.units():
         module = net.get_submodule(unit) if unit else net
-        h = flat_param.FlatParamHandle([p for _, p in params], module, torch.device("cpu"),
-                                       config)
-        h.shard(Group(rank, world))
+        h = flat_param.FlatParamHandle(
+            [p for _, p in params], module, torch.device("cpu"),
+            flat_param.HandleShardingStrategy.FULL_SHARD, offload_params=False,
+            mp_param_dtype=None, mp_reduce_dtype=None, keep_low_precision_grads=False,
+            process_group=Group(rank, world), use_orig_params=False)
+        h.shard()
         out[unit] = h
     return out
 
@@ -101,9 +70,9 @@ def test_units_follow_fsdp_flattening_order():
         ("block", ["block.0.weight", "block.0.bias", "block.2.weight", "block.2.bias"])]
     # torch flattens a unit in the same order (names relative to the unit)
     h = handles(Net(0), 1, 0)
-    assert list(h["block"].flat_param._prefixed_param_names) == \
+    assert list(h["block"].flat_param._fqns) == \
         ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert list(h[""].flat_param._prefixed_param_names) == ["embed.weight", "head.weight",
+    assert list(h[""].flat_param._fqns) == ["embed.weight", "head.weight",
                                                             "head.bias"]
 
 

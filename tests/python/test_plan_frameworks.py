@@ -116,4 +116,4 @@ def test_committed_json_files_are_generated():
     """examples/framework-jobs/* is what `frameworks.py --write` writes."""
     for rel, text in frameworks.files().items():
         with open(os.path.join(REPO, "examples", rel)) as f:
-            assert f.read() == text, f"{rel}: run /usr/bin/python3 examples/frameworks.py --write"
+            assert f.read() == text, f"{rel}: run .venv/bin/python examples/frameworks.py --write"
