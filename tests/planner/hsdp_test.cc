@@ -29,6 +29,7 @@ namespace {
 using ::testing::HasSubstr;
 using testing::Dp;
 using testing::Place;
+using testing::PlanAndCheck;
 using testing::Tensor;
 
 v1::Layout Hsdp(int tp, int cp, int dp, int dp_shard, int per_host, int first_host = 0) {
@@ -159,20 +160,6 @@ TEST(HsdpTest, BadSizesAreInvalidArgumentNamingFieldAndValue) {
                 "tensor \"s\": layout: the shard group (dp_shard 2 x cp 2) of 4 exceeds the 2 "
                 "elements");
   EXPECT_TRUE(ValidateLayout(small, Hsdp(1, 2, 4, 1, 1), "layout").ok());  // S = 2
-}
-
-// Plans `from` -> `to` and checks it exactly, twice: the planner's
-// element-level replay and the independent verifier.
-Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                  const LostSet& lost = {}) {
-  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, lost);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return Plan{};
-  EXPECT_TRUE(testing::CheckPlan(ptc, from, to, lost, *plan));
-  const absl::Status verified =
-      verifier::VerifyPlan(ptc, from, to, lost.hosts, lost.ranks, ToProto(*plan, from, to));
-  EXPECT_TRUE(verified.ok()) << verified;
-  return *std::move(plan);
 }
 
 v1::Ptc ChunkPtc(int64_t rows) {

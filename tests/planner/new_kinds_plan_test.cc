@@ -18,21 +18,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using testing::MakeLayout;
+using testing::PlanAndCheck;
 using testing::Tensor;
 using testing::TpSplit;
-
-// MakePlan + both checks.
-Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                  const LostSet& lost = {}) {
-  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, lost);
-  EXPECT_TRUE(plan.ok()) << plan.status();
-  if (!plan.ok()) return Plan{};
-  EXPECT_TRUE(testing::CheckPlan(ptc, from, to, lost, *plan));
-  const absl::Status verified =
-      verifier::VerifyPlan(ptc, from, to, lost.hosts, lost.ranks, ToProto(*plan, from, to));
-  EXPECT_TRUE(verified.ok()) << verified;
-  return *std::move(plan);
-}
 
 v1::Ptc Vocabulary() {
   v1::Ptc ptc;

@@ -10,6 +10,7 @@
 #include "planner/layout.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
+#include "verifier/verifier.h"
 
 namespace reshard::planner::testing {
 namespace {
@@ -195,6 +196,18 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
            << "), planner's bound " << plan.lower_bound_cross_host << ", lower bound " << lower;
   }
   return ::testing::AssertionSuccess();
+}
+
+Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                  const LostSet& lost) {
+  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, lost);
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  if (!plan.ok()) return Plan{};
+  EXPECT_TRUE(CheckPlan(ptc, from, to, lost, *plan));
+  const absl::Status verified =
+      verifier::VerifyPlan(ptc, from, to, lost.hosts, lost.ranks, ToProto(*plan, from, to));
+  EXPECT_TRUE(verified.ok()) << verified;
+  return *std::move(plan);
 }
 
 }  // namespace reshard::planner::testing

@@ -21,4 +21,10 @@ namespace reshard::planner::testing {
 ::testing::AssertionResult CheckPlan(const v1::Ptc& ptc, const v1::Layout& from,
                                      const v1::Layout& to, const LostSet& lost, const Plan& plan);
 
+/// MakePlan + both checks: CheckPlan above and the independent
+/// verifier::VerifyPlan. Failures are EXPECT failures; an empty Plan when
+/// MakePlan fails.
+Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                  const LostSet& lost = {});
+
 }  // namespace reshard::planner::testing

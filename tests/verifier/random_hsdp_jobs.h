@@ -39,15 +39,7 @@ inline v1::Layout RandomHsdpLayout(Rng& rng, int num_layers, const std::string& 
     if (dp % d == 0) divisors.push_back(d);
   }
   l.mutable_config()->set_dp_shard(divisors[Pick(rng, 0, static_cast<int>(divisors.size()) - 1)]);
-  if (world % per_host != 0) {  // a partly used last host: one slot per rank
-    l.mutable_placement()->clear_hosts();
-    l.mutable_placement()->clear_devices_per_host();
-    for (int r = 0; r < world; ++r) {
-      v1::DeviceSlot* s = l.mutable_placement()->add_ranks();
-      s->set_host(hosts[r / per_host]);
-      s->set_device(r % per_host);
-    }
-  }
+  if (world % per_host != 0) PlaceOneSlotPerRank(world, per_host, hosts, &l);
   return l;
 }
 

@@ -133,6 +133,19 @@ inline v1::Ptc RandomPtc(Rng& rng) {
   return ptc;
 }
 
+/// A partly used last host: the placement lists one slot per rank instead of
+/// hosts x devices_per_host.
+inline void PlaceOneSlotPerRank(int world, int per_host, const std::vector<std::string>& hosts,
+                                v1::Layout* l) {
+  l->mutable_placement()->clear_hosts();
+  l->mutable_placement()->clear_devices_per_host();
+  for (int r = 0; r < world; ++r) {
+    v1::DeviceSlot* s = l->mutable_placement()->add_ranks();
+    s->set_host(hosts[r / per_host]);
+    s->set_device(r % per_host);
+  }
+}
+
 inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& prefix,
                                const std::string& avoid) {
   const int tp = 1 << Pick(rng, 0, 2), cp = Pick(rng, 1, 2), dp = Pick(rng, 1, 3);
@@ -163,15 +176,7 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
                         Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
   l = With(l,
            Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
-  if (world % per_host != 0) {  // a partly used last host: one slot per rank
-    l.mutable_placement()->clear_hosts();
-    l.mutable_placement()->clear_devices_per_host();
-    for (int r = 0; r < world; ++r) {
-      v1::DeviceSlot* s = l.mutable_placement()->add_ranks();
-      s->set_host(hosts[r / per_host]);
-      s->set_device(r % per_host);
-    }
-  }
+  if (world % per_host != 0) PlaceOneSlotPerRank(world, per_host, hosts, &l);
   return l;
 }
 
