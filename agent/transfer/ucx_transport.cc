@@ -62,6 +62,9 @@ constexpr auto kCancelFallback = std::chrono::seconds(8);
 constexpr uint64_t kDiscardNoticeTag = kReservedTag;
 // At shutdown, how long force-closed endpoints get to fail their sends.
 constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// At shutdown, how long no connection request must have come before the
+// listener may go.
+constexpr auto kConnectQuiet = std::chrono::milliseconds(50);
 // Idle progress calls before the progress thread sleeps in epoll. Each call
 // is a syscall (UCX's TCP progress polls its sockets); spinning 1000 of them
 // kept the thread busy through a whole transfer on a shaped link, where a
@@ -245,12 +248,18 @@ class UcxTransportImpl final : public UcxTransport {
     }
     if (worker_ != nullptr) ucp_worker_signal(worker_);
     if (thread_.joinable()) thread_.join();
-    // Destroyed by the progress thread as it stops; here only if Init failed
-    // after making it.
-    if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
     if (epfd_ >= 0) close(epfd_);
     epfd_ = -1;
+    // The listener goes immediately before the worker, whose destruction
+    // closes the connection manager's endpoints. UCX 1.13 (fixed in 1.14,
+    // openucx/ucx#8243) lets a TCP connection the listener accepted but whose
+    // request has not yet arrived outlive the listener: when the request then
+    // arrives, UCX's async thread calls into the freed listener
+    // (ucp_cm_server_conn_request_cb). Destroying the listener here, after
+    // the progress thread's shutdown grace and not before it, leaves that
+    // race a window of microseconds instead of seconds.
+    if (listener_ != nullptr) ucp_listener_destroy(listener_);
+    listener_ = nullptr;
     if (worker_ != nullptr) ucp_worker_destroy(worker_);
     worker_ = nullptr;
     discards_.reset();  // its scratch buffers, now that UCX is done with them
@@ -323,6 +332,16 @@ class UcxTransportImpl final : public UcxTransport {
   }
 
   void Accept(ucp_conn_request_h request) {
+    bool stopping;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      stopping = stopping_;
+    }
+    if (stopping) {
+      last_conn_request_ = Clock::now();
+      ucp_listener_reject(listener_, request);
+      return;
+    }
     auto e = std::make_unique<Endpoint>();
     e->owner = this;
     e->accepted = true;
@@ -749,12 +768,20 @@ class UcxTransportImpl final : public UcxTransport {
       if (!r->is_send) ucp_request_cancel(worker_, r->ucx);
     }
     if (notice_req_ != nullptr) ucp_request_cancel(worker_, notice_req_);
-    if (listener_ != nullptr) ucp_listener_destroy(listener_);
-    listener_ = nullptr;
+    // The listener stays until Shutdown destroys the worker: connection
+    // requests that arrive meanwhile are rejected (Accept).
     for (auto& [e, owned] : endpoints_) ForceClose(e);
     peers_.clear();
+    // Progress until every request has completed and no connection request
+    // has come for kConnectQuiet (each is rejected as it comes): a peer that
+    // connected just before the stop gets its answer now, while the listener
+    // lives (see Shutdown on why that matters with UCX 1.13).
     const auto deadline = Clock::now() + kShutdownGrace;
-    while (!pending_.empty() && Clock::now() < deadline) ucp_worker_progress(worker_);
+    last_conn_request_ = Clock::now();
+    while ((!pending_.empty() || Clock::now() - last_conn_request_ < kConnectQuiet) &&
+           Clock::now() < deadline) {
+      ucp_worker_progress(worker_);
+    }
     if (!pending_.empty()) {
       RESHARD_LOG(WARNING) << "UCX transport: " << pending_.size()
                            << " transfers still pending at shutdown";
@@ -788,6 +815,7 @@ class UcxTransportImpl final : public UcxTransport {
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers_;
   std::unordered_map<Endpoint*, std::unique_ptr<Endpoint>> endpoints_;
   bool retired_left_ = false;  // some endpoint is retired but not yet freed
+  Clock::time_point last_conn_request_{};  // the last one rejected while stopping
   bool cancel_watch_ = false;  // some endpoint has cancelled sends pending
   std::unique_ptr<UcxDiscards> discards_;
   uint64_t notice_in_[2] = {0, 0};  // the discard notice being received
