@@ -1,0 +1,216 @@
+"""The loop API for PyTorch 2 (docs/pytorch.md, "Quickstart" and "The loop"):
+reshard.elastic's Loop around an AppState (reshard.pytorch), for a rank that
+`reshard run` started.
+
+    run = pytorch_loop.start(app, dataset, mesh=mesh, every_steps=10)
+    state = run.state                      # the DatasetState to train from
+    while True:
+        ... one step on state.share(dp, dp_rank) ...
+        state = state.advanced()
+        if run.step_end(state):            # a cut-over or a stop: the loop ends
+            break
+
+start() reads the launcher's environment (reshard.launch.rank_env(): RANK,
+RESHARD_COORDINATOR, RESHARD_JOB_ID, RESHARD_WORKER_TOKEN,
+RESHARD_WORKER_SOCKET, RESHARD_GENERATION, RESHARD_OPERATION_ID, ...),
+describes the AppState (pytorch.describe: collective) and brings it to the
+job's state: a rank started in warm-up of a stop-free operation joins it
+(marks it prepared, waits for its commit, loads the new generation); a rank
+started after a reconfiguration loads RESHARD_GENERATION; a fresh job's
+ranks publish their initial state as its first generation. Then every
+step_end() is the Loop's boundary: periodic asynchronous checkpoints, the
+stop-free cut-over, the stop-the-world stop, every failure raised on every
+rank. It needs only the job's worker token.
+"""
+
+import dataclasses
+import os
+
+from . import data as _data
+from . import elastic as _elastic
+
+
+@dataclasses.dataclass
+class RankEnv:
+    """What `reshard run` gives a rank (contract of reshard.launch.rank_env)."""
+    rank: int
+    world_size: int
+    coordinator: str
+    job_id: str
+    worker_token: str
+    worker_socket: str
+    generation: int = 0
+    operation_id: str = ""
+    tls_ca: str = ""
+
+
+def rank_env(environ=None):
+    """The launcher's environment: reshard.launch.rank_env() where the
+    launcher is installed, else read here (the same variables)."""
+    try:
+        from . import launch
+        got = launch.rank_env() if environ is None else launch.rank_env(environ)
+        return RankEnv(rank=int(got.rank), world_size=int(got.world_size),
+                       coordinator=got.coordinator, job_id=got.job_id,
+                       worker_token=got.worker_token, worker_socket=got.worker_socket,
+                       generation=int(got.generation or 0),
+                       operation_id=got.operation_id or "", tls_ca=got.tls_ca or "")
+    except (ImportError, AttributeError, TypeError):
+        pass
+    env = os.environ if environ is None else environ
+    missing = [k for k in ("RANK", "WORLD_SIZE", "RESHARD_COORDINATOR", "RESHARD_JOB_ID",
+                           "RESHARD_WORKER_TOKEN", "RESHARD_WORKER_SOCKET") if not env.get(k)]
+    if missing:
+        raise ValueError(f"reshard.pytorch_loop: {', '.join(missing)} not set (start the "
+                         f"script with `reshard run`)")
+    return RankEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                   coordinator=env["RESHARD_COORDINATOR"], job_id=env["RESHARD_JOB_ID"],
+                   worker_token=env["RESHARD_WORKER_TOKEN"],
+                   worker_socket=env["RESHARD_WORKER_SOCKET"],
+                   generation=int(env.get("RESHARD_GENERATION") or 0),
+                   operation_id=env.get("RESHARD_OPERATION_ID", ""),
+                   tls_ca=env.get("RESHARD_TLS_CA", ""))
+
+
+def worker_client(env):
+    """A reshard.Client that presents only the job's worker token."""
+    from .client import Client, tls_credentials
+    if env.tls_ca:
+        return Client(env.coordinator, token=env.worker_token,
+                      credentials=tls_credentials(env.tls_ca))
+    return Client(env.coordinator, token=env.worker_token, insecure=True)
+
+
+def layout_of(env=None):
+    """The layout this rank was started in: $RESHARD_LAYOUT (JSON)."""
+    import json
+    from ._proto import as_message, ptc_pb2
+    raw = (os.environ if env is None else env).get("RESHARD_LAYOUT")
+    if not raw:
+        raise ValueError("reshard.pytorch_loop: RESHARD_LAYOUT not set (start the script "
+                         "with `reshard run`)")
+    return as_message(json.loads(raw), ptc_pb2.Layout, "RESHARD_LAYOUT")
+
+
+def device_mesh(device_type="cpu", env=None):
+    """init_device_mesh for the layout this rank was started in (after
+    torch.distributed.init_process_group)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from . import pytorch
+    dims = pytorch.mesh_dims(layout_of(env).config)
+    return init_device_mesh(device_type, tuple(s for _, s in dims),
+                            mesh_dim_names=tuple(n for n, _ in dims))
+
+
+def data_parallel(mesh):
+    """(dp size, this rank's dp index) of a DeviceMesh: dp_replicate x
+    dp_shard row-major (reshard's data-parallel rank, which the dataset's
+    shares follow)."""
+    names = mesh.mesh_dim_names
+    size, index = 1, 0
+    for name in ("dp_replicate", "dp_shard", "dp"):
+        if name in names:
+            n = mesh[name].size()
+            size, index = size * n, index * n + mesh.get_local_rank(name)
+    return size, index
+
+
+class Run:
+    """One rank's run on the current layout: `state` (the DatasetState to
+    train from), `spec` (pytorch.describe's), `started` ("fresh", "loaded"
+    or "joined"), `regenerated` (item names load() left for the rank to
+    regenerate), `loop` (the reshard.elastic.Loop), `cut` once it ended.
+    Not thread-safe: the training thread calls it."""
+
+    def __init__(self, app, spec, env, client, worker, loop, state, started, regenerated):
+        self.app, self.spec, self.env = app, spec, env
+        self.client, self.worker, self.loop = client, worker, loop
+        self.state, self.started, self.regenerated = state, started, regenerated
+        self.cut = None
+
+    @property
+    def rank(self):
+        return self.env.rank
+
+    def _items(self):
+        from . import pytorch
+        return pytorch.local_items(self.app, self.spec, self.env.rank)
+
+    def step_end(self, state):
+        """Call on every rank after every step with the DatasetState after it.
+        Collective. False: train on (a periodic checkpoint may be on its
+        way). True: the loop ends here (self.cut says how: a stop-free
+        cut-over, or a stop-the-world stop)."""
+        self.state = state
+        self.cut = self.loop.boundary(state, self._items)
+        return self.cut is not None
+
+    def finish(self, state=None):
+        """The last step: publishes it with a checkpoint and waits for the
+        commit (collective). Returns the Cut."""
+        state = self.state if state is None else state
+        self.cut = self.loop.finish(state, self._items)
+        return self.cut
+
+    def close(self):
+        """Waits for a checkpoint in flight (collective) and closes the
+        connections."""
+        try:
+            self.loop.wait()
+        finally:
+            self.worker.close()
+            self.client.close()
+
+
+def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=None,
+          env=None, timeout=120.0, layer_pattern=None):
+    """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
+    state (see the module doc); `dataset` is the run's configured
+    reshard.data.DatasetState (checked against the committed one). Collective
+    over `group` (None: every rank). Returns a Run."""
+    from . import pytorch
+    from .worker import Worker
+    env = env or rank_env()
+    client = worker_client(env)
+    kwargs = {} if layer_pattern is None else {"layer_pattern": layer_pattern}
+    spec = pytorch.describe(app, mesh=mesh, group=group, **kwargs)
+    worker = Worker(env.worker_socket, env.job_id, ptc=spec.ptc, worker_token=env.worker_token)
+    rank = env.rank
+    probe = _elastic.Collectives(rank, env.job_id, group)
+    regenerated = frozenset()
+    if env.operation_id:
+        # Warm-up of a stop-free operation: our model is built; tell the
+        # coordinator (rank 0, once every rank got here) and wait for the
+        # old layout's cut-over and the transfer.
+        probe.agree(None)
+        if rank == 0:
+            client.mark_prepared(env.operation_id)
+        op = client.wait(env.operation_id, timeout=max(timeout, 600.0), raise_on_failure=True)
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, op.to_generation)
+        started = "joined"
+    elif env.generation > 0:
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, env.generation)
+        started = "loaded"
+    else:
+        generation = client.get_job(env.job_id).generation
+        error = None
+        try:
+            pytorch.publish(worker, app, spec, rank, generation)
+        except Exception as e:  # noqa: BLE001: agreed on below
+            error = e
+        probe.agree(error)
+        started = "fresh"
+    state = _data.resume(client.dataset_state(env.job_id), dataset)
+    loop = _elastic.Loop(client, env.job_id, rank, worker, group=group, timeout=timeout,
+                         every_steps=every_steps, every_seconds=every_seconds)
+    return Run(app, spec, env, client, worker, loop, state, started, regenerated)
+
+
+def _load(probe, pytorch, worker, app, spec, rank, generation):
+    error, regenerated = None, frozenset()
+    try:
+        regenerated = pytorch.load(worker, app, spec, rank, generation)
+    except Exception as e:  # noqa: BLE001: agreed on below
+        error = e
+    probe.agree(error)
+    return regenerated
