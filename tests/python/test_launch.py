@@ -1,0 +1,395 @@
+"""The launcher `reshard run` (reshard.launch; docs/pytorch.md, "The
+launcher") on a real local cluster (PostgreSQL, coordinator, agents as
+emulated hosts), one launcher per host as a real subprocess (`python -m
+reshard run`), each starting real rank processes (launch_scripts/
+loop_rank.py: numpy state in reshard.elastic's Loop, gloo over env://).
+
+- The launchers start exactly the layout's ranks with torchrun's and
+  reshard's environment (every value asserted); a host outside the layout
+  starts none.
+- A stop-free resize: the target layout's ranks start in warm-up on their
+  hosts (RESHARD_OPERATION_ID, another MASTER_PORT), the old ranks cut over
+  and end by themselves, the launchers retire them, the new ranks load the
+  cut-over step exactly.
+- A stop-the-world resize: the running ranks are stopped, the new layout's
+  ranks start cold at the committed generation and load it exactly.
+- A rank SIGKILLed: its launcher records the failure within seconds (and
+  reports it to the coordinator where the client has ReportRankFailure);
+  the launcher with a short --recovery-timeout exits 1; the other follows
+  the recovery the scheduler makes; SIGTERM to a launcher stops its ranks;
+  deleting the job ends the launchers with 0.
+"""
+
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+import reshard
+from reshard import launch, layout
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPT = os.path.join(HERE, "launch_scripts", "loop_rank.py")
+sys.path.insert(0, os.path.join(HERE, "launch_scripts"))
+import loop_rank  # noqa: E402
+
+pytest.importorskip("torch")
+TENANT = "launch"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from cluster import LocalCluster
+    from conftest import build_dir
+    with LocalCluster(build_dir=build_dir(), hosts=3, devices_per_host=2,
+                      heartbeat_ms=200) as c:
+        yield c
+
+
+def _free_port_range(n=64):
+    """n consecutive ports below the ephemeral range that nobody listens on."""
+    for _ in range(50):
+        lo = random.randrange(20000, 32000 - n)
+        socks = []
+        try:
+            for p in range(lo, lo + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return lo, lo + n - 1
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError("no free port range")
+
+
+def _scheduler_token(cluster):
+    from reshard.v1 import coordinator_pb2, coordinator_pb2_grpc
+    cert, key = cluster.pki.issue(cluster.ADMIN)
+    with grpc.secure_channel(cluster.coordinator,
+                             reshard.tls_credentials(cluster.pki.ca, cert, key)) as channel:
+        return coordinator_pb2_grpc.AuthServiceStub(channel).CreateToken(
+            coordinator_pb2.CreateTokenRequest(name="launch-test", role="scheduler",
+                                               tenants=[TENANT]), timeout=10).bearer_token
+
+
+def _worker_token_follows_jobs(cluster, job_id, token):
+    """Whether the coordinator lets the job's worker token watch the job and
+    read its operations (issue 20, H2a). Until it does the launcher is given
+    a scheduler token (--token-file) and the ranks the worker token."""
+    with reshard.Client(cluster.coordinator, credentials=reshard.tls_credentials(cluster.pki.ca),
+                        token=token, timeout=10.0, max_attempts=1) as c:
+        try:
+            next(iter(c.watch_job(job_id, timeout=10)))
+            c.get_operation("00000000-0000-0000-0000-000000000000")
+        except reshard.NotFound:
+            return True
+        except reshard.PermissionDenied:
+            return False
+    return True
+
+
+class Launchers:
+    """One `python -m reshard run` per host, and what their ranks record."""
+
+    def __init__(self, cluster, client, job, tmp_path, recovery_timeout=None):
+        self.cluster, self.client, self.job = cluster, client, job
+        self.out = tmp_path / "ranks"
+        self.out.mkdir(exist_ok=True)
+        self.tmp = tmp_path
+        self.port_range = _free_port_range()
+        self.worker_token = cluster.worker_token(job.id)
+        self.scheduler_token = _scheduler_token(cluster)
+        self.worker_only = _worker_token_follows_jobs(cluster, job.id, self.worker_token)
+        token_file = tmp_path / "token"
+        token_file.write_text(self.worker_token if self.worker_only else self.scheduler_token)
+        self.token_file = str(token_file)
+        self.procs, self.recovery_timeout = {}, dict(recovery_timeout or {})
+        self.exited = set()
+
+    def start(self, host):
+        package_root = os.path.dirname(os.path.dirname(os.path.abspath(reshard.__file__)))
+        env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", LAUNCH_TEST_OUT=str(self.out),
+                   LAUNCH_TEST_TOKEN=self.scheduler_token, RESHARD_WORKER_TOKEN=self.worker_token,
+                   PYTHONPATH=os.pathsep.join(p for p in (package_root,
+                                                          os.environ.get("PYTHONPATH")) if p))
+        argv = [sys.executable, "-m", "reshard", "run", "--coordinator", self.cluster.coordinator,
+                "--job", self.job.id, "--host", host,
+                "--worker-socket", self.cluster.agents[host].worker_socket,
+                "--token-file", self.token_file, "--tls-ca", self.cluster.pki.ca,
+                "--rdzv-port-range", f"{self.port_range[0]}-{self.port_range[1]}",
+                "--retire-timeout", "30", "--grace", "5",
+                "--recovery-timeout", str(self.recovery_timeout.get(host, 60)),
+                "--events", str(self.tmp / f"events-{host}.jsonl"),
+                "--log-dir", str(self.tmp / f"logs-{host}")]
+        for h in self.cluster.host_ids:
+            argv += ["--rdzv-host", f"{h}={'localhost' if h == 'host-0' else '127.0.0.1'}"]
+        argv += ["--", sys.executable, SCRIPT]
+        self.procs[host] = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+
+    def records(self):
+        out = []
+        for name in os.listdir(self.out):
+            if name.endswith(".json"):
+                with open(self.out / name) as f:
+                    out.append(json.load(f))
+        return out
+
+    def record(self, pid):
+        with open(self.out / f"{pid}.json") as f:
+            return json.load(f)
+
+    def events(self, host):
+        path = self.tmp / f"events-{host}.jsonl"
+        if not path.exists():
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def wait(self, what, pred, timeout=90):
+        """Waits until pred() is true (returns its value); fails when a
+        launcher exits meanwhile (one in `exited` is expected to)."""
+        end = time.monotonic() + timeout
+        while True:
+            value = pred()
+            if value:
+                return value
+            for host, p in self.procs.items():
+                if p.poll() is not None and host not in self.exited:
+                    raise AssertionError(f"launcher {host} exited {p.returncode} waiting for {what}")
+            if time.monotonic() > end:
+                raise AssertionError(f"no {what} within {timeout} s; records "
+                                     f"{[(r['env']['RANK'], r.get('loaded')) for r in self.records()]}")
+            time.sleep(0.1)
+
+    def ranks_of(self, pred, n):
+        """The records of `n` ranks matching pred once they all loaded,
+        by rank."""
+        def ready():
+            rs = [r for r in self.records() if pred(r)]
+            return rs if len(rs) == n and all("loaded" in r for r in rs) else None
+        return {int(r["env"]["RANK"]): r for r in self.wait(f"{n} ranks loaded", ready)}
+
+    def stop(self):
+        for p in self.procs.values():
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in self.procs.values():
+            try:
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def _register(client, name, lay):
+    return client.register_job({"name": name, "tenant": TENANT,
+                                "ptc": reshard.to_dict(loop_rank.job_ptc()),
+                                "layout": reshard.to_dict(lay)},
+                               dataset_state=loop_rank.dataset_state())
+
+
+def _expected_env(L, lay, rank, local, local_world, master_addr, generation, index,
+                  operation_id=None):
+    host, device = layout.slots(lay)[rank]
+    return {"RANK": str(rank), "WORLD_SIZE": str(layout.world_size(lay)),
+            "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(local_world),
+            "MASTER_ADDR": master_addr,
+            "MASTER_PORT": str(launch.rendezvous_port(index, L.port_range)),
+            "RESHARD_COORDINATOR": L.cluster.coordinator, "RESHARD_JOB_ID": L.job.id,
+            "RESHARD_WORKER_TOKEN": L.worker_token,
+            "RESHARD_WORKER_SOCKET": L.cluster.agents[host].worker_socket,
+            "RESHARD_GENERATION": str(generation), "RESHARD_OPERATION_ID": operation_id,
+            "RESHARD_LAYOUT": json.dumps(reshard.to_dict(lay), sort_keys=True),
+            "RESHARD_TLS_CA": L.cluster.pki.ca, "RESHARD_DEVICE": str(device)}
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as f:  # a zombie is gone for our purposes
+        return f.read().split(") ")[1][0] != "Z"
+
+
+def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name, tmp_path):
+    lay1 = layout.make_layout(1, 1, 3, ranks=[("host-0", 0), ("host-0", 1), ("host-1", 0)])
+    job = _register(client, job_name, lay1)
+    L = Launchers(cluster, client, job, tmp_path)
+    try:
+        for h in cluster.host_ids:
+            L.start(h)
+        # 1. The registered layout: ranks 0, 1 on host-0, rank 2 on host-1,
+        # fresh (generation 0: they publish generation 1); host-2 none.
+        first = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == "0", 3)
+        for rank, (local, lw) in {0: (0, 2), 1: (1, 2), 2: (0, 1)}.items():
+            assert first[rank]["env"] == _expected_env(L, lay1, rank, local, lw, "localhost", 0,
+                                                       launch.world_index(generation=1))
+            assert first[rank]["loaded"] == {"step": 0, "w": list(range(8)), "dataset_step": 0}
+        assert [e for e in L.events("host-2") if e["event"] == "world"][0]["ranks"] == []
+
+        # 2. Stop-free resize to dp 2 on host-1 (device 1) and host-2.
+        lay2 = layout.make_layout(1, 1, 2, ranks=[("host-1", 1), ("host-2", 0)])
+        op = client.resize(job.id, lay2, stop_free=True)
+        warm = L.ranks_of(lambda r: r["env"]["RESHARD_OPERATION_ID"] == op.id, 2)
+        planned = client.get_operation(op.id)
+        for rank in (0, 1):
+            assert warm[rank]["env"] == _expected_env(
+                L, lay2, rank, 0, 1, "127.0.0.1", warm[rank]["env"]["RESHARD_GENERATION"],
+                launch.world_index(stop_free_from=planned.prepared_from_generation), op.id)
+        assert warm[0]["env"]["MASTER_PORT"] != first[0]["env"]["MASTER_PORT"]
+        final = client.wait(op.id, timeout=120, raise_on_failure=True)
+        # The old ranks cut over at one step and ended by themselves (exit 0).
+        ended = L.wait("the old ranks' cut", lambda: [
+            d for d in (L.record(r["pid"]) for r in first.values()) if "cut" in d] if all(
+            "cut" in L.record(r["pid"]) for r in first.values()) else None)
+        cut_steps = {d["cut"]["step"] for d in ended}
+        assert len(cut_steps) == 1, cut_steps
+        cut_step = cut_steps.pop()
+        assert {d["cut"]["operation"] for d in ended} == {op.id}
+        for rank in (0, 1):
+            assert warm[rank]["loaded"] == {"step": cut_step,
+                                            "w": [float(i + cut_step) for i in range(8)],
+                                            "dataset_step": cut_step}
+        for host, ranks in (("host-0", {0, 1}), ("host-1", {2})):
+            retired = L.wait(f"{host} retires g1", lambda: [
+                e for e in L.events(host) if e["event"] == "retired" and e["world"] == "g1"])
+            assert retired[0]["status"] == {str(r): 0 for r in ranks}
+            assert not [e for e in L.events(host) if e["event"] in ("failed", "terminate")]
+        assert final.stop_free
+
+        # 3. Stop-the-world resize to dp 2 on host-0 and host-2 (device 1).
+        lay3 = layout.make_layout(1, 1, 2, ranks=[("host-0", 0), ("host-2", 1)])
+        done = client.wait(client.resize(job.id, lay3).id, timeout=120, raise_on_failure=True)
+        gen = done.to_generation
+        cold = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen), 2)
+        for rank in (0, 1):
+            assert cold[rank]["env"] == _expected_env(L, lay3, rank, 0, 1, "localhost", gen,
+                                                      launch.world_index(generation=gen))
+            # Generation `gen` was planned from the stop-free operation's.
+            assert cold[rank]["loaded"] == {"step": cut_step,
+                                            "w": [float(i + cut_step) for i in range(8)],
+                                            "dataset_step": cut_step}
+        for host in ("host-1", "host-2"):  # the stop-free world's ranks were stopped
+            stopped = L.wait(f"{host} stops op world", lambda: [
+                e for e in L.events(host) if e["event"] == "terminate"])
+            assert stopped[0]["world"] == f"op-{op.id}"
+        for r in warm.values():
+            L.wait("stopped rank gone", lambda: not _alive(r["pid"]))
+
+        # 4. The job deleted: every launcher stops its ranks and exits 0.
+        client.delete_job(job.id)
+        for host, p in L.procs.items():
+            assert p.wait(60) == launch.EXIT_OK, host
+        for r in cold.values():
+            assert not _alive(r["pid"])
+    finally:
+        L.stop()
+
+
+def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_path):
+    lay = layout.make_layout(1, 1, 2, ranks=[("host-0", 0), ("host-1", 0)])
+    job = _register(client, job_name, lay)
+    L = Launchers(cluster, client, job, tmp_path,
+                  recovery_timeout={"host-0": 120, "host-1": 3})
+    try:
+        L.start("host-0")
+        L.start("host-1")
+        ranks = L.ranks_of(lambda r: True, 2)
+        victim = ranks[1]["pid"]
+        t_kill = time.time()
+        os.kill(victim, signal.SIGKILL)
+        failed = L.wait("failure event", lambda: [e for e in L.events("host-1")
+                                                  if e["event"] == "failed"], timeout=30)
+        assert (failed[0]["rank"], failed[0]["code"], failed[0]["world"]) == (1, -signal.SIGKILL,
+                                                                               "g1")
+        assert failed[0]["t"] - t_kill < 5.0
+        if hasattr(reshard.Client, "report_rank_failure"):
+            assert failed[0]["reported"] is True
+        else:
+            assert failed[0]["reported"] is False  # no ReportRankFailure in this client yet
+        # host-1 gets no recovery within its 3 s: it exits 1.
+        assert L.procs["host-1"].wait(60) == launch.EXIT_RANK_FAILED
+        L.exited.add("host-1")
+        stop = [e for e in L.events("host-1") if e["event"] == "stop"]
+        assert stop[-1]["code"] == launch.EXIT_RANK_FAILED
+        # The scheduler recovers from the lost rank; host-0's launcher
+        # (rank 0 died with its peer, or still runs) follows it.
+        op = client.wait(client.recover(job.id, lost_ranks=[1]).id, timeout=120,
+                         raise_on_failure=True)
+        target = op.target_layout
+        assert layout.slots(target) == [("host-0", 0)]
+        again = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(op.to_generation), 1)
+        assert again[0]["env"] == _expected_env(L, target, 0, 0, 1, "127.0.0.1", op.to_generation,
+                                                launch.world_index(generation=op.to_generation))
+        assert again[0]["loaded"] == {"step": 0, "w": [float(i) for i in range(8)],
+                                      "dataset_step": 0}
+        assert [e["event"] for e in L.events("host-0")].count("recovered") == 1
+        assert not _alive(ranks[0]["pid"])
+        # SIGTERM to the launcher: forwarded to its rank, exit 128 + 15.
+        L.procs["host-0"].send_signal(signal.SIGTERM)
+        assert L.procs["host-0"].wait(60) == 128 + signal.SIGTERM
+        assert not _alive(again[0]["pid"])
+        term = [e for e in L.events("host-0") if e["event"] == "terminate"]
+        assert term[-1]["ranks"] == [0] and term[-1]["world"] == f"g{op.to_generation}"
+    finally:
+        L.stop()
+        try:
+            client.delete_job(job.id)
+        except reshard.ReshardError:
+            pass
+
+
+def test_rank_env_names_what_is_missing():
+    with pytest.raises(launch.LaunchError, match=r"\$RESHARD_LAYOUT"):
+        launch.rank_env({})
+    lay = layout.make_layout(1, 1, 1, ranks=[("h", 3)])
+    env = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1",
+           "MASTER_ADDR": "a", "MASTER_PORT": "x", "RESHARD_COORDINATOR": "c:1",
+           "RESHARD_JOB_ID": "j", "RESHARD_WORKER_SOCKET": "/s", "RESHARD_GENERATION": "4",
+           "RESHARD_LAYOUT": json.dumps(reshard.to_dict(lay)), "RESHARD_DEVICE": "3"}
+    with pytest.raises(launch.LaunchError, match=r"\$MASTER_PORT 'x'"):
+        launch.rank_env(env)
+    env["MASTER_PORT"] = "29501"
+    e = launch.rank_env(env)
+    assert (e.rank, e.master_port, e.generation, e.device, e.operation_id, e.fresh,
+            e.warm_up) == (0, 29501, 4, 3, "", False, False)
+    assert e.layout == lay
+
+
+def test_world_ports_differ_for_overlapping_worlds():
+    rng = (29500, 30499)
+    # A cold world at G and a stop-free world planned from any P >= G; a
+    # stop-free world planned from P and the next one planned from P' >= P + 1.
+    for g in range(1, 200):
+        for p in range(g, g + 50):
+            assert launch.rendezvous_port(launch.world_index(generation=g), rng) != \
+                launch.rendezvous_port(launch.world_index(stop_free_from=p), rng)
+            assert launch.rendezvous_port(launch.world_index(stop_free_from=g), rng) != \
+                launch.rendezvous_port(launch.world_index(stop_free_from=p + 1), rng)
+    assert launch.rendezvous_port(launch.world_index(generation=7), rng) == 29514
+    assert launch.rendezvous_port(launch.world_index(stop_free_from=7), rng) == 29515
+    with pytest.raises(launch.LaunchError, match="29600-29500"):
+        launch.parse_port_range("29600-29500")
+
+
+def test_cli_refuses_bad_arguments(tmp_path):
+    base = ["run", "--coordinator", "127.0.0.1:1", "--job", "j", "--host", "h",
+            "--worker-socket", "/nonexistent"]
+    assert launch.main(base + ["--insecure"]) == launch.EXIT_USAGE  # no command
+    assert launch.main(base + ["--", "true"]) == launch.EXIT_USAGE  # neither TLS nor --insecure
+    assert launch.main(base + ["--insecure", "--rdzv-host", "nohost", "--", "true"]) == \
+        launch.EXIT_USAGE
+    assert launch.main(base + ["--insecure", "--token-file", str(tmp_path / "none"), "--",
+                               "true"]) == launch.EXIT_USAGE
+    assert launch.main(["walk"]) == launch.EXIT_USAGE
