@@ -1,0 +1,442 @@
+"""reshard.pytorch against real PyTorch 2 state: torch 2 on CPU, gloo, one
+process per rank (torch.multiprocessing spawn), FSDP2 (fully_shard), tensor
+parallel (parallelize_module), HSDP and a two-stage pipeline split by FQN.
+
+1. describe() of every layout: for every rank and item, the reference shard
+   function of docs/partitioning.md (layout.local_tensor of the PTC item, the
+   config, the rank and the full tensor from DTensor.full_tensor(), taken on
+   the test side only) equals that rank's to_local() exactly; the coordinator
+   accepts each PTC and layout and plans from it.
+2. publish -> a real agent -> resize dp 2 x tp 2 -> dp 1 x tp 4 on a real
+   LocalCluster -> a new set of processes at the new mesh builds its model
+   and optimizer, load()s in place, and every parameter and optimizer state
+   equals the old run's full tensors bit for bit; the LR scheduler, a step
+   counter, a per-rank data position and each rank's RNG come back.
+3. refusals: an uneven tensor-parallel split and dp-first nesting raise
+   ValueError naming the FQN, on every rank.
+"""
+
+import os
+import pickle
+import socket
+
+import numpy as np
+import pytest
+
+import reshard
+from reshard import layout, pytorch
+from reshard.v1 import coordinator_pb2, ptc_pb2
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
+
+
+# ------------------------------------------------------------ process helpers
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, out_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{fn.__name__}.{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def spawn(fn, out_dir, *args, world=4):
+    """fn(rank, world, *args) in `world` processes (gloo); their results by rank."""
+    os.makedirs(str(out_dir), exist_ok=True)
+    mp.spawn(_entry, args=(world, free_port(), fn, str(out_dir), args), nprocs=world, join=True)
+    out = []
+    for r in range(world):
+        with open(os.path.join(str(out_dir), f"{fn.__name__}.{r}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out
+
+
+def mlp(seed, sizes=(6, 10, 5)):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.ReLU(),
+                               torch.nn.Linear(sizes[1], sizes[2])).double()
+
+
+def fsdp_tp(mesh, model):
+    """Colwise / rowwise tensor parallel over mesh["tp"], then FSDP2 over mesh["dp"]."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    return model
+
+
+def train(model, opt, steps, d_in, seed=3, sched=None):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        x = torch.randn(4, d_in, generator=g, dtype=torch.float64)
+        model(x).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if sched is not None:
+            sched.step()
+
+
+def flat_tensors(app):
+    """{item name: live tensor} in the item names of reshard.pytorch."""
+    msd, osd = app.model_and_optim()
+    out = {f"model.{k}": v for k, v in msd.items()}
+    if osd is not None:
+        for fqn, states in osd["state"].items():
+            out |= {f"optim.state.{fqn}.{k}": v for k, v in states.items()}
+    return out
+
+
+def local_and_full(app):
+    """{item: (to_local() as numpy, full tensor as numpy)}: full_tensor() is a
+    collective of the tensor's mesh, so every rank of a stage calls it in order."""
+    from torch.distributed.tensor import DTensor
+    out = {}
+    for name, t in flat_tensors(app).items():
+        if isinstance(t, DTensor):
+            out[name] = (t.to_local().detach().numpy().copy(),
+                         t.full_tensor().detach().numpy().copy())
+        else:
+            out[name] = (t.detach().numpy().copy(), t.detach().numpy().copy())
+    return out
+
+
+def spec_result(spec, app):
+    return {"ptc": spec.ptc.SerializeToString(), "config": spec.config.SerializeToString(),
+            "tensors": local_and_full(app),
+            "placements": {n: i.placements for n, i in spec.items.items()}}
+
+
+# --------------------------------------------------------------- describe()
+
+
+class Stage(torch.nn.Module):
+    """Stage `stage` of a two-stage pipeline: the full model's modules are
+    built (same init on every stage), then those of the other stage dropped,
+    as torchtitan splits a model by FQN: stage 0 holds embed, layers.0 and
+    layers.1; stage 1 layers.2 and head."""
+
+    def __init__(self, stage, seed):
+        super().__init__()
+        torch.manual_seed(seed)
+        self.embed = torch.nn.Linear(4, 6).double()
+        self.layers = torch.nn.ModuleDict({str(i): torch.nn.Linear(6, 6).double()
+                                           for i in range(3)})
+        self.head = torch.nn.Linear(6, 3).double()
+        keep = {"0", "1"} if stage == 0 else {"2"}
+        for k in list(self.layers):
+            if k not in keep:
+                del self.layers[k]
+        if stage == 0:
+            del self.head
+        else:
+            del self.embed
+        self.stage = stage
+
+    def forward(self, x):
+        if self.stage == 0:
+            x = self.embed(x)
+        for layer in self.layers.values():
+            x = torch.tanh(layer(x))
+        return x if self.stage == 0 else self.head(x)
+
+
+def describe_all(rank, world):
+    """Every describe() scenario and refusal in one set of 4 processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    out = {}
+    # FSDP2 + TP: dp 2 x tp 2
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    model = fsdp_tp(mesh, mlp(0))
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train(model, opt, 1, 6)
+    app = pytorch.AppState(model, opt, rng=False)
+    out["fsdp_tp"] = spec_result(pytorch.describe(app), app)
+    # HSDP: dp_replicate 2 x dp_shard 2
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_replicate", "dp_shard"))
+    model = mlp(1, (6, 7, 5))
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train(model, opt, 1, 6)
+    app = pytorch.AppState(model, opt, rng=False)
+    out["hsdp"] = spec_result(pytorch.describe(app, mesh=mesh), app)
+    # FSDP2 with uneven torch.chunk rows: 5 and 3 rows over 4 ranks
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+    model = mlp(2, (3, 5, 3))
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train(model, opt, 1, 3)
+    app = pytorch.AppState(model, opt, rng=False)
+    out["uneven"] = spec_result(pytorch.describe(app), app)
+    # two pipeline stages x FSDP2 dp 2
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("pp", "dp"))
+    stage = mesh.get_coordinate()[0]
+    model = Stage(stage, 3)
+    for layer in model.layers.values():
+        fully_shard(layer, mesh=mesh["dp"])
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train(model, opt, 1, 4 if stage == 0 else 6)
+    app = pytorch.AppState(model, opt, rng=False)
+    out["pipeline"] = spec_result(pytorch.describe(app, mesh=mesh), app)
+    # refusals, raised on every rank
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
+    model = mlp(4, (3, 5, 3))
+    parallelize_module(model, mesh, {"0": ColwiseParallel()})
+    try:
+        pytorch.describe(pytorch.AppState(model, rng=False))
+        out["uneven_tp"] = None
+    except ValueError as e:
+        out["uneven_tp"] = str(e)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    holder = torch.nn.Module()
+    holder.qkv = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 3), mesh,
+                                                      [Shard(0), Shard(0)]))
+    try:
+        pytorch.describe(pytorch.AppState(holder, rng=False))
+        out["dp_first"] = None
+    except ValueError as e:
+        out["dp_first"] = str(e)
+    return out
+
+
+@pytest.fixture(scope="module")
+def described(tmp_path_factory):
+    return spawn(describe_all, tmp_path_factory.mktemp("describe"))
+
+
+def check_local_tensors(results):
+    """Per rank: the PTC's local tensor of the full tensor == to_local()."""
+    ptc = ptc_pb2.Ptc.FromString(results[0]["ptc"])
+    config = ptc_pb2.ParallelConfig.FromString(results[0]["config"])
+    by_name = {t.name: t for t in ptc.tensors}
+    spec = pytorch.Spec(ptc, config, {}, {})
+    for rank, res in enumerate(results):
+        assert res["ptc"] == results[0]["ptc"] and res["config"] == results[0]["config"], rank
+        held = {n for n in by_name if spec.holds(rank, n)}
+        assert set(res["tensors"]) == held, rank
+        for name, (local, full) in res["tensors"].items():
+            t = by_name[name]
+            if local.ndim == 0:  # a 0-d tensor (Adam's step) is an item of shape [1]
+                assert list(t.shape) == [1], name
+                full, local = full.reshape(1), local.reshape(1)
+            want = layout.local_tensor(t, config, rank, full)
+            assert want.shape == local.shape, (rank, name, want.shape, local.shape)
+            assert want.tobytes() == local.tobytes(), (rank, name)
+    return ptc, config
+
+
+def modes(t):
+    p = t.partition
+    return (ptc_pb2.TpMode.Name(p.tp.mode), p.tp.axis, ptc_pb2.DpMode.Name(p.dp.mode), p.dp.axis)
+
+
+def test_fsdp2_tp_local_tensors_are_the_ptcs(described):
+    res = [r["fsdp_tp"] for r in described]
+    ptc, config = check_local_tensors(res)
+    assert (config.tp, config.dp, config.pp, config.dp_shard) == (2, 2, 1, 0)
+    t = {t.name: t for t in ptc.tensors}
+    assert modes(t["model.0.weight"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
+    assert modes(t["model.2.weight"]) == ("TP_SPLIT", 1, "DP_CHUNK", 0)
+    assert modes(t["model.2.bias"]) == ("TP_REPLICATED", 0, "DP_CHUNK", 0)
+    assert modes(t["optim.state.0.weight.exp_avg"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
+    assert modes(t["optim.state.0.weight.step"])[::2] == ("TP_REPLICATED", "DP_REPLICATED")
+    assert res[0]["placements"]["model.0.weight"] == (
+        ("dp", "_StridedShard(dim=0, sf=2)"), ("tp", "Shard(0)"))
+    assert [b.name for b in ptc.blobs] == ["optim.param_groups"]
+
+
+def test_hsdp_local_tensors_are_the_ptcs(described):
+    ptc, config = check_local_tensors([r["hsdp"] for r in described])
+    assert (config.tp, config.dp, config.dp_shard) == (1, 4, 2)
+    t = {t.name: t for t in ptc.tensors}
+    assert modes(t["model.0.weight"]) == ("TP_REPLICATED", 0, "DP_CHUNK", 0)
+
+
+def test_uneven_fsdp2_rows_are_the_ptcs(described):
+    res = [r["uneven"] for r in described]
+    ptc, config = check_local_tensors(res)
+    assert (config.tp, config.dp) == (1, 4)
+    # 5 rows over 4 ranks: torch.chunk gives 2, 2, 1, 0
+    assert [r["tensors"]["model.0.weight"][0].shape[0] for r in res] == [2, 2, 1, 0]
+
+
+def test_pipeline_stages_from_fqns(described):
+    ptc, config = check_local_tensors([r["pipeline"] for r in described])
+    assert (config.pp, config.dp, list(config.stage_starts), ptc.num_layers) == (2, 2, [0, 2], 3)
+    pipe = {t.name: (ptc_pb2.PipelineMode.Name(t.partition.pipeline.mode),
+                     t.partition.pipeline.layer) for t in ptc.tensors}
+    assert pipe["model.embed.weight"][0] == "PIPELINE_FIRST_STAGE"
+    assert pipe["model.head.bias"][0] == "PIPELINE_LAST_STAGE"
+    assert pipe["model.layers.1.weight"] == ("PIPELINE_LAYER", 1)
+    assert pipe["optim.state.layers.2.weight.exp_avg_sq"] == ("PIPELINE_LAYER", 2)
+
+
+def test_refusals_name_the_fqn_on_every_rank(described):
+    for r in described:
+        assert r["uneven_tp"] is not None and "model.0.weight" in r["uneven_tp"], r["uneven_tp"]
+        assert "[2, 2, 1, 0]" in r["uneven_tp"] and "[2, 1, 1, 1]" in r["uneven_tp"]
+        assert r["dp_first"] is not None and "model.qkv" in r["dp_first"], r["dp_first"]
+        assert "dp-first" in r["dp_first"]
+
+
+def test_mesh_dims_inverts_the_config():
+    hsdp = ptc_pb2.ParallelConfig(tp=2, pp=2, dp=4, dp_shard=2)
+    assert pytorch.mesh_dims(hsdp) == [("pp", 2), ("dp_replicate", 2), ("dp_shard", 2),
+                                       ("tp", 2)]
+    assert pytorch.mesh_dims(ptc_pb2.ParallelConfig(tp=4, pp=1, dp=1)) == [("dp", 1), ("tp", 4)]
+
+
+def test_blob_over_capacity_names_it():
+    with pytest.raises(ValueError, match=r'blob "sched": \d+ bytes pickled'):
+        pytorch._encode("sched", list(range(1000)), 64)
+    assert pytorch._decode("x", pytorch._encode("x", {"a": 1}, 128)) == {"a": 1}
+
+
+# ------------------------------------------------- publish, resize, load
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from cluster import LocalCluster
+    from conftest import build_dir
+    with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2) as c:
+        yield c
+
+
+class Counter:
+    """A train-step counter (Stateful, replicated)."""
+
+    def __init__(self, n=0):
+        self.n = n
+
+    def state_dict(self):
+        return {"step": self.n}
+
+    def load_state_dict(self, state):
+        self.n = state["step"]
+
+
+class RankPosition(Counter):
+    """A data position that differs per rank (Stateful, per rank)."""
+
+    reshard_per_rank = True
+
+
+SIZES = (8, 12, 5)  # divisible by tp 2 and 4; 5 rows over dp 2: 3 + 2
+
+
+def app_at(rank, dp, tp, seed, lr):
+    from torch.distributed.device_mesh import init_device_mesh
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    model = fsdp_tp(mesh, mlp(seed, SIZES))
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    extras = {"sched": sched, "counter": Counter(), "position": RankPosition(100 * rank)}
+    return pytorch.AppState(model, opt, extras), model, opt
+
+
+def probe_loss(model):
+    x = torch.randn(3, SIZES[0], generator=torch.Generator().manual_seed(11),
+                    dtype=torch.float64)
+    with torch.no_grad():
+        return float(model(x).pow(2).sum())
+
+
+def old_run(rank, world, cfg):
+    app, model, opt = app_at(rank, 2, 2, seed=1, lr=0.05)
+    train(model, opt, 2, SIZES[0], sched=app.stateful["sched"])
+    app.stateful["counter"].n = 2
+    app.stateful["position"].n += 7
+    torch.manual_seed(1000 + rank)  # every rank's RNG differs
+    torch.rand(3)
+    spec = pytorch.describe(app)
+    lay = spec.layout(hosts=cfg["hosts"], devices_per_host=2)
+    ids = [None, None]
+    if rank == 0:
+        with reshard.Client(cfg["coordinator"],
+                            credentials=reshard.tls_credentials(*cfg["tls"])) as c:
+            job, token = c.register_job(ptc_pb2.JobSpec(
+                name=cfg["name"], tenant="pytest", ptc=spec.ptc, layout=lay), with_token=True)
+        ids = [job.id, token]
+    dist.broadcast_object_list(ids, src=0)
+    host = layout.slots(lay)[rank][0]
+    with reshard.Worker(cfg["sockets"][host], ids[0], ptc=spec.ptc, worker_token=ids[1]) as w:
+        pytorch.publish(w, app, spec, rank, 1)
+    return {"job": ids[0], "token": ids[1], "full": local_and_full(app),
+            "extras": {n: o.state_dict() for n, o in app.stateful.items()},
+            "rng": torch.get_rng_state().numpy().tobytes(), "loss": probe_loss(model),
+            "lr": opt.param_groups[0]["lr"]}
+
+
+def new_run(rank, world, cfg):
+    app, model, opt = app_at(rank, 1, 4, seed=7, lr=0.5)
+    torch.manual_seed(5)
+    fresh = pytorch.describe(app)  # the same PTC tensors at the new mesh
+    lay = layout.make_layout(4, 1, 1, cfg["hosts"], 2)
+    ptc = ptc_pb2.Ptc.FromString(cfg["ptc"])
+    spec = pytorch.spec_from_ptc(ptc, lay)
+    live = flat_tensors(app)
+    before = {n: pytorch._local(t).data_ptr() for n, t in live.items()}
+    host = layout.slots(lay)[rank][0]
+    with reshard.Worker(cfg["sockets"][host], cfg["job"], ptc=ptc,
+                        worker_token=cfg["token"]) as w:
+        regenerated = pytorch.load(w, app, spec, rank, 2)
+    after = {n: pytorch._local(t).data_ptr() for n, t in flat_tensors(app).items()}
+    params = {f"model.{n}": pytorch._local(p).data_ptr() for n, p in model.named_parameters()}
+    return {"full": local_and_full(app), "regenerated": regenerated,
+            "extras": {n: o.state_dict() for n, o in app.stateful.items()},
+            "rng": torch.get_rng_state().numpy().tobytes(), "loss": probe_loss(model),
+            "lr": opt.param_groups[0]["lr"], "in_place": before == after and all(
+                before[n] == ptr for n, ptr in params.items()),
+            "fresh_tensors": [t.SerializeToString() for t in fresh.ptc.tensors]}
+
+
+def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
+    hosts = cluster.host_ids[:2]
+    cfg = {"hosts": hosts, "coordinator": cluster.coordinator, "name": job_name,
+           "tls": (cluster.pki.ca, *cluster.pki.issue(cluster.ADMIN)),
+           "sockets": {h: cluster.agents[h].worker_socket for h in hosts}}
+    old = spawn(old_run, tmp_path / "old", cfg)
+    job_id = old[0]["job"]
+    op = client.resize(job_id, layout.make_layout(4, 1, 1, hosts, 2))
+    final = client.wait(op.id, timeout=120)
+    assert final.state == COMMITTED, final.error
+    job = client.get_job(job_id, include_ptc=True)
+    assert job.generation == 2
+    new = spawn(new_run, tmp_path / "new", cfg | {"job": job_id, "token": old[0]["token"],
+                                                 "ptc": job.ptc.SerializeToString()})
+    assert new[0]["fresh_tensors"] == [t.SerializeToString() for t in job.ptc.tensors]
+    names = {t.name for t in job.ptc.tensors}
+    for rank in range(4):
+        got, want = new[rank], old[rank]
+        assert set(got["full"]) == names == set(want["full"])
+        for name in names:
+            assert got["full"][name][1].tobytes() == want["full"][name][1].tobytes(), name
+        assert got["in_place"], rank
+        assert got["regenerated"] == frozenset()
+        assert got["extras"] == want["extras"], rank
+        assert got["extras"]["position"] == {"step": 100 * rank + 7}
+        assert got["rng"] == want["rng"], rank
+        assert got["lr"] == want["lr"] == 0.05 * 0.25
+        # FSDP2 computes from the loaded storage: the same loss at tp 4 (sums in another order)
+        np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-12)
