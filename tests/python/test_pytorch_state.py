@@ -161,7 +161,7 @@ def describe_all(rank, world):
     """Every describe() scenario and refusal in one set of 4 processes."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-    from torch.distributed.tensor import Shard, distribute_tensor
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
     from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
     out = {}
     # FSDP2 + TP: dp 2 x tp 2
@@ -198,6 +198,16 @@ def describe_all(rank, world):
     train(model, opt, 1, 4 if stage == 0 else 6)
     app = pytorch.AppState(model, opt, rng=False)
     out["pipeline"] = spec_result(pytorch.describe(app, mesh=mesh), app)
+    # context parallel: FSDP2 over the flattened dp_shard x cp (torchtitan's
+    # dp_shard_cp) and a tensor sharded over dp_shard, replicated over cp
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp_shard", "cp"))
+    flat = mesh["dp_shard", "cp"]._flatten("dp_shard_cp")
+    model = torch.nn.Module()
+    model.net = fully_shard(mlp(5, (3, 5, 3)), mesh=flat)
+    model.rep = torch.nn.Parameter(distribute_tensor(
+        torch.arange(15, dtype=torch.float64).reshape(5, 3), mesh, [Shard(0), Replicate()]))
+    app = pytorch.AppState(model, rng=False)
+    out["cp"] = spec_result(pytorch.describe(app), app)
     # refusals, raised on every rank
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("tp",))
     model = mlp(4, (3, 5, 3))
@@ -289,6 +299,14 @@ def test_pipeline_stages_from_fqns(described):
     assert pipe["model.head.bias"][0] == "PIPELINE_LAST_STAGE"
     assert pipe["model.layers.1.weight"] == ("PIPELINE_LAYER", 1)
     assert pipe["optim.state.layers.2.weight.exp_avg_sq"] == ("PIPELINE_LAYER", 2)
+
+
+def test_context_parallel_over_dp_cp_and_dp_only(described):
+    ptc, config = check_local_tensors([r["cp"] for r in described])
+    assert (config.tp, config.cp, config.dp, config.dp_shard) == (1, 2, 2, 0)
+    over = {t.name: ptc_pb2.DpOver.Name(t.partition.dp.over) for t in ptc.tensors}
+    assert over["model.net.0.weight"] == "DP_OVER_DP_CP"
+    assert over["model.rep"] == "DP_OVER_DP"
 
 
 def test_refusals_name_the_fqn_on_every_rank(described):
@@ -440,3 +458,25 @@ def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
         assert got["lr"] == want["lr"] == 0.05 * 0.25
         # FSDP2 computes from the loaded storage: the same loss at tp 4 (sums in another order)
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-12)
+
+
+TARGETS = {  # another layout of each described job, on 2 hosts x 2 devices
+    "fsdp_tp": dict(tp=1, pp=1, dp=4), "hsdp": dict(tp=1, pp=1, dp=4, dp_shard=1),
+    "uneven": dict(tp=2, pp=1, dp=2), "pipeline": dict(tp=1, pp=1, dp=4),
+    "cp": dict(tp=1, pp=1, dp=4)}
+
+
+def test_described_ptcs_plan_on_the_coordinator(described, cluster, client, job_name):
+    """The coordinator accepts every described PTC at its layout and plans a
+    reshard of it (PreviewPlan: planner and checks) to another layout."""
+    hosts = cluster.host_ids[:2]
+    for scenario, target in TARGETS.items():
+        ptc = ptc_pb2.Ptc.FromString(described[0][scenario]["ptc"])
+        config = ptc_pb2.ParallelConfig.FromString(described[0][scenario]["config"])
+        lay = pytorch.Spec(ptc, config, {}, {}).layout(hosts=hosts, devices_per_host=2)
+        job = client.register_job(ptc_pb2.JobSpec(name=f"{job_name}-{scenario}", tenant="pytest",
+                                                   ptc=ptc, layout=lay))
+        stats = client.preview_plan(job.id, layout.make_layout(hosts=hosts, devices_per_host=2,
+                                                               **target))
+        assert stats.bytes_local + stats.bytes_cross_host > 0, scenario
+        assert stats.bytes_cross_host == stats.lower_bound_cross_host, scenario
