@@ -66,10 +66,15 @@ def spawn(fn, out_dir, *args, world=4):
     return out
 
 
-def mlp(seed, sizes=(6, 10, 5)):
+def mlp(seed, sizes=(6, 10, 5), norm=False):
+    """Linear, ReLU, Linear (and with norm a LayerNorm that tensor parallel
+    leaves alone: FSDP2 shards it over the dp mesh only)."""
     torch.manual_seed(seed)
-    return torch.nn.Sequential(torch.nn.Linear(sizes[0], sizes[1]), torch.nn.ReLU(),
-                               torch.nn.Linear(sizes[1], sizes[2])).double()
+    layers = [torch.nn.Linear(sizes[0], sizes[1]), torch.nn.ReLU(),
+              torch.nn.Linear(sizes[1], sizes[2])]
+    if norm:
+        layers.append(torch.nn.LayerNorm(sizes[2]))
+    return torch.nn.Sequential(*layers).double()
 
 
 def fsdp_tp(mesh, model):
@@ -166,7 +171,7 @@ def describe_all(rank, world):
     out = {}
     # FSDP2 + TP: dp 2 x tp 2
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    model = fsdp_tp(mesh, mlp(0))
+    model = fsdp_tp(mesh, mlp(0, norm=True))
     opt = torch.optim.AdamW(model.parameters(), lr=0.1)
     train(model, opt, 1, 6)
     app = pytorch.AppState(model, opt, rng=False)
@@ -268,6 +273,8 @@ def test_fsdp2_tp_local_tensors_are_the_ptcs(described):
     assert modes(t["model.0.weight"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
     assert modes(t["model.2.weight"]) == ("TP_SPLIT", 1, "DP_CHUNK", 0)
     assert modes(t["model.2.bias"]) == ("TP_REPLICATED", 0, "DP_CHUNK", 0)
+    assert modes(t["model.3.weight"]) == ("TP_REPLICATED", 0, "DP_CHUNK", 0)
+    assert res[0]["placements"]["model.3.weight"] == (("dp", "Shard(0)"),)
     assert modes(t["optim.state.0.weight.exp_avg"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
     assert modes(t["optim.state.0.weight.step"])[::2] == ("TP_REPLICATED", "DP_REPLICATED")
     assert res[0]["placements"]["model.0.weight"] == (
