@@ -43,41 +43,28 @@ from reshard import layout as rlayout
 from reshard._proto import as_message, ptc_pb2
 
 # ---------------------------------------------------------------- blob codec
-# reshard.pytorch's blob format: an 8-byte little-endian length, the pickle,
-# zeros up to the blob's capacity. Taken from reshard.pytorch when it has it.
+# reshard.pytorch's blob format (its _encode/_decode): an 8-byte little-endian
+# length, the pickle, zeros up to the blob's capacity.
 
 _LEN = struct.Struct("<Q")
 
 
 def encode_blob(name, obj, capacity):
     """The bytes of blob `name` holding obj in `capacity` bytes."""
-    try:
-        from reshard import pytorch as _pt
-        if hasattr(_pt, "encode_blob"):
-            return _pt.encode_blob(name, obj, capacity)
-    except ImportError:
-        pass
-    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = pickle.dumps(obj)
     if _LEN.size + len(data) > capacity:
-        raise ValueError(f"blob \"{name}\": {_LEN.size + len(data)} bytes, its capacity is "
-                         f"{capacity}")
+        raise ValueError(f"blob \"{name}\": {len(data)} bytes pickled (+{_LEN.size} header), "
+                         f"its capacity in the job's PTC is {capacity}")
     return _LEN.pack(len(data)) + data + bytes(capacity - _LEN.size - len(data))
 
 
 def decode_blob(name, data):
-    """The object blob `name`'s bytes hold (None for an all-zero blob)."""
-    try:
-        from reshard import pytorch as _pt
-        if hasattr(_pt, "decode_blob"):
-            return _pt.decode_blob(name, data)
-    except ImportError:
-        pass
+    """The object blob `name`'s bytes hold."""
     data = bytes(data)
     (n,) = _LEN.unpack_from(data)
-    if n == 0:
-        return None
     if _LEN.size + n > len(data):
-        raise ValueError(f"blob \"{name}\": length prefix {n} exceeds its {len(data)} bytes")
+        raise ValueError(f"blob \"{name}\": its header says {n} bytes, the blob holds "
+                         f"{len(data) - _LEN.size}")
     return pickle.loads(data[_LEN.size:_LEN.size + n])
 
 
@@ -246,6 +233,15 @@ def _dist_args(process_group):
     return {"process_group": process_group}
 
 
+def _dcp_call(fn, *args, **kwargs):
+    """dcp.save / dcp.load without their warning that a single process is
+    assumed (that is the point of no_dist here)."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        return fn(*args, **kwargs)
+
+
 # -------------------------------------------------------------------- import
 
 def _load_planner_class():
@@ -316,8 +312,18 @@ def rank_state_from_dcp(path, ptc, lay, rank, metadata=None, process_group=None)
     """{item name: torch tensor (local shape) | bytes}: `rank`'s buffer of the
     job (PTC, layout) read from a DCP checkpoint directory, and the list of
     per-rank blobs the checkpoint lacks (each encoded as None)."""
-    out, missing = _read_ranks(path, ptc, lay, [rank], metadata, process_group)
+    out, missing, _ = _read_ranks(path, ptc, lay, [rank], metadata, process_group)
     return out[rank], missing
+
+
+def _nested_value(flat, paths, bpath):
+    """The object at `bpath` of the nested dict that flat keys (paths from
+    DCP's planner_data) unflatten to."""
+    from torch.distributed.checkpoint._traverse import get_element, set_element
+    root = {}
+    for k in sorted(flat, key=lambda k: tuple(str(x).zfill(12) for x in paths.get(k, (k,)))):
+        set_element(root, tuple(paths.get(k, (k,))), flat[k])
+    return get_element(root, bpath)
 
 
 def _read_ranks(path, ptc, lay, ranks, metadata=None, process_group=None):
@@ -335,7 +341,10 @@ def _read_ranks(path, ptc, lay, ranks, metadata=None, process_group=None):
         m = md[t.name]
         if not isinstance(m, TensorStorageMetadata):
             raise ValueError(f"tensor \"{t.name}\": the checkpoint holds bytes under this key")
-        if list(m.size) != [int(x) for x in t.shape]:
+        # A 0-d tensor (an optimizer's `step`) is an item of shape [1]
+        # (reshard.pytorch): read as the one element it is.
+        scalar = len(m.size) == 0 and [int(x) for x in t.shape] == [1]
+        if list(m.size) != [int(x) for x in t.shape] and not scalar:
             raise ValueError(f"tensor \"{t.name}\": shape {list(m.size)} in the checkpoint, the "
                              f"job's PTC says {list(t.shape)}")
         want = _torch_dtype(t.dtype)
@@ -353,24 +362,53 @@ def _read_ranks(path, ptc, lay, ranks, metadata=None, process_group=None):
             buf = torch.zeros(shape, dtype=want)
             states[r][t.name] = buf
             for reg in regions(t, lay.config, r, ptc):
+                view = local_view(buf, reg)
+                if scalar:
+                    reg, view = Region(None, (), (), ()), view.reshape(())
                 boxes.setdefault(t.name, []).append(
-                    (Chunk(offsets=torch.Size(reg.offsets), sizes=torch.Size(reg.sizes)),
-                     local_view(buf, reg)))
-    blob_keys = []
+                    (Chunk(offsets=torch.Size(reg.offsets), sizes=torch.Size(reg.sizes)), view))
+    # A blob is every checkpoint key under its key path (DCP flattens a
+    # Stateful's dict, the param groups, the RNG dict into several keys;
+    # planner_data maps each key to its path), rebuilt into one object.
+    meta = metadata or read_metadata(path)
+    paths = getattr(meta, "planner_data", None) or {}
+    blob_keys, blob_tensors, members = [], {}, {}
     for b in ptc.blobs:
-        if b.name in md:
-            blob_keys.append(b.name)
-        elif b.scope == ptc_pb2.BLOB_PER_RANK:
-            missing.append(b.name)
-        else:
-            raise ValueError(f"blob \"{b.name}\": not in the DCP checkpoint {os.fspath(path)}")
+        bpath = _key_path(b.name)
+        keys = [k for k in md if tuple(paths.get(k, (k,)))[:len(bpath)] == bpath]
+        if not keys:
+            if b.scope == ptc_pb2.BLOB_PER_RANK:
+                missing.append(b.name)
+                continue
+            raise ValueError(f"blob \"{b.name}\": no key under {list(bpath)} in the DCP "
+                             f"checkpoint {os.fspath(path)}")
+        members[b.name] = keys
+        for k in keys:
+            m = md[k]
+            if isinstance(m, TensorStorageMetadata):
+                full = torch.empty(list(m.size), dtype=m.properties.dtype)
+                boxes.setdefault(k, []).append(
+                    (Chunk(offsets=torch.Size([0] * len(m.size)), sizes=torch.Size(m.size)), full))
+                blob_tensors[k] = full
+            else:
+                blob_keys.append(k)
     planner = Planner(boxes, blob_keys)
-    dcp.load({}, storage_reader=_reader(path), planner=planner, **_dist_args(process_group))
+    _dcp_call(dcp.load, {}, storage_reader=_reader(path), planner=planner, **_dist_args(process_group))
     for b in ptc.blobs:
-        value = planner.loaded.get(b.name)
+        value = None
+        if b.name in members:
+            flat = {k: blob_tensors[k] if k in blob_tensors else planner.loaded[k]
+                    for k in members[b.name]}
+            value = _nested_value(flat, paths, _key_path(b.name))
+            if b.name == "optim.param_groups":
+                # reshard.pytorch keeps the hyperparameters; the parameter
+                # names are the job's own
+                value = [{k: v for k, v in g.items() if k != "params"} for g in value]
+        data = encode_blob(b.name, value, b.size_bytes)
         for r in ranks:
-            states[r][b.name] = encode_blob(b.name, value, b.size_bytes)
-    return states, missing
+            states[r][b.name] = data
+    used = {t.name for t in ptc.tensors} | {k for ks in members.values() for k in ks}
+    return states, missing, sorted(k for k in md if k not in used)
 
 
 def import_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_group=None,
@@ -392,14 +430,12 @@ def import_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
             raise ValueError(f"host \"{h}\": no worker socket given for it")
     metadata = read_metadata(path)
     ranks = [r for h in hosts for r, _ in rlayout.ranks_on_host(lay, h)]
-    states, missing = _read_ranks(path, ptc, lay, ranks, metadata, process_group)
+    states, missing, ignored = _read_ranks(path, ptc, lay, ranks, metadata, process_group)
     for h in hosts:
         with Worker(socks[h], job_id, ptc=ptc, worker_token=worker_token, timeout=timeout) as w:
             for r, _ in rlayout.ranks_on_host(lay, h):
                 w.publish(r, generation, states.pop(r))
-    names = {t.name for t in ptc.tensors} | {b.name for b in ptc.blobs}
-    return ImportResult(ranks, missing, sorted(k for k in metadata.state_dict_metadata
-                                               if k not in names))
+    return ImportResult(ranks, missing, ignored)
 
 
 # -------------------------------------------------------------------- export
@@ -475,15 +511,41 @@ def _save_planner_class():
     return RegionSavePlanner
 
 
+def _with_params(groups, ptc, param_names):
+    if param_names is None:
+        if len(groups) != 1:
+            raise ValueError(f"blob \"optim.param_groups\": {len(groups)} groups; give "
+                             "param_names=[[fqn, ...] per group] (the PTC does not say which "
+                             "parameter is in which group)")
+        fqns = []
+        for t in ptc.tensors:
+            if t.name.startswith("optim.state."):
+                fqn = t.name[len("optim.state."):].rpartition(".")[0]
+                if fqn not in fqns:
+                    fqns.append(fqn)
+        param_names = [fqns]
+    if len(param_names) != len(groups):
+        raise ValueError(f"param_names: {len(param_names)} groups, the blob "
+                         f"\"optim.param_groups\" has {len(groups)}")
+    return [dict(g, params=list(p)) for g, p in zip(groups, param_names)]
+
+
 def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_group=None,
-               worker_token=None, timeout=60.0, per_rank_blobs=False):
+               worker_token=None, timeout=60.0, per_rank_blobs=True, param_names=None,
+               scalars=None):
     """Writes generation `generation` of job `job_id` (PTC, layout) as a DCP
     checkpoint directory at `path`: every rank on `hosts` (default all that
     `sockets` reaches) is loaded through its host's Worker; each distinct
     region is written once (by the lowest rank holding it); replicated blobs
     are written once as DCP bytes entries (the object, torch.save'd as DCP
-    does). Per-rank blobs (the RNG) have no DCP meaning at another world size
-    and are left out unless per_rank_blobs (then rank 0's value). With a
+    does, flattened as DCP flattens them); per-rank blobs (the RNG) as rank
+    0's value, as a DCP save of every rank's value under one key keeps one
+    (per_rank_blobs=False leaves them out). The param groups get back their
+    "params" (parameter FQNs), which reshard.pytorch does not keep: with one
+    group every FQN of the optimizer state in PTC order, else param_names
+    [[fqn, ...] per group]. scalars: the items of shape [1] written as 0-d
+    tensors (default: every optimizer state `step`, 0-d in torch; a 0-d
+    tensor is an item of shape [1] in reshard.pytorch). With a
     process_group (one process per group of hosts), dcp.save gathers the
     plans; each process passes its own hosts. Returns the DCP Metadata."""
     import torch.distributed.checkpoint as dcp
@@ -503,6 +565,9 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
     # Each region is written by the lowest rank that holds it (every process
     # computes the same owner from the PTC and layout alone).
     world = rlayout.world_size(lay)
+    if scalars is None:
+        scalars = {t.name for t in ptc.tensors if list(t.shape) == [1] and
+                   t.name.startswith("optim.state.") and t.name.endswith(".step")}
     chunks, key_paths = {}, {}
     for t in ptc.tensors:
         owner = {}
@@ -513,67 +578,122 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
                 continue
             for reg in regions(t, lay.config, r, ptc):
                 owner.setdefault((reg.offsets, reg.sizes), (r, reg))
+        scalar = t.name in scalars
         boxes = []
         for (offsets, sizes), (r, reg) in sorted(owner.items()):
             if r in loaded:
-                boxes.append((offsets, sizes, local_view(loaded[r][t.name], reg)))
-        chunks[t.name] = ([int(x) for x in t.shape], boxes)
+                view = local_view(loaded[r][t.name], reg)
+                if scalar:
+                    offsets, sizes, view = (), (), view.reshape(())
+                boxes.append((offsets, sizes, view))
+        chunks[t.name] = ([] if scalar else [int(x) for x in t.shape], boxes)
         key_paths[t.name] = _key_path(t.name)
-    objects = {}
-    first = min(loaded) if loaded else None
-    for b in ptc.blobs:
-        if b.scope == ptc_pb2.BLOB_PER_RANK and not per_rank_blobs:
+    # Blobs as DCP flattens them (a dict's keys, a list's indices): the
+    # keys a dcp.load of the same objects asks for. Written once (rank 0's
+    # value; per-rank blobs too, as a DCP save of every rank's RNG keeps one).
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    from torch.distributed.checkpoint._traverse import set_element
+    torch = _torch()
+    nested = {}
+    src = 0 if 0 in loaded else (min(loaded) if loaded and process_group is None else None)
+    for b in ptc.blobs if src is not None else ():
+        if b.name in loaded[src].regenerated or (b.scope == ptc_pb2.BLOB_PER_RANK and
+                                                 not per_rank_blobs):
             continue
-        key_paths[b.name] = _key_path(b.name)
-        if 0 in loaded or (process_group is None and first is not None):
-            objects[b.name] = decode_blob(b.name, loaded[0 if 0 in loaded else first][b.name])
+        value = decode_blob(b.name, loaded[src][b.name])
+        if value is None:
+            continue
+        if b.name == "optim.param_groups":
+            value = _with_params(value, ptc, param_names)
+        set_element(nested, _key_path(b.name), value)
+    flat, mapping = flatten_state_dict(nested)
+    objects = {}
+    for k, v in flat.items():
+        key_paths[k] = tuple(mapping[k])
+        if isinstance(v, torch.Tensor):
+            chunks[k] = (list(v.shape), [((0,) * v.dim(), tuple(v.shape), v)])
+        else:
+            objects[k] = v
     Planner = _save_planner_class()
     os.makedirs(os.fspath(path), exist_ok=True)
-    return dcp.save({}, storage_writer=FileSystemWriter(os.fspath(path)),
+    return _dcp_call(dcp.save, {}, storage_writer=FileSystemWriter(os.fspath(path)),
                     planner=Planner(chunks, objects, key_paths), **_dist_args(process_group))
 
 
 # ----------------------------------------------------------- PTC from DCP
 
-def ptc_from_checkpoint(path, tp_axes=None, blob_headroom=2.0, per_rank=()):
-    """A PTC for the checkpoint at `path` (for a job registered from it):
-    every tensor of rank >= 1 sharded over data parallel on dim 0 with
-    torch.chunk sizes (FSDP2's Shard(0)), split over tp on tp_axes[name]
-    when given, scalars replicated; every bytes entry a blob of capacity
-    headroom x its size (BLOB_PER_RANK for names in per_rank)."""
+def _blob_of(path):
+    """The blob item a non-tensor DCP key path belongs to (None: a tensor item)."""
+    if path[0] == "model" or tuple(path[:2]) == ("optim", "state"):
+        return None
+    if path[0] == "optim" and len(path) > 1:
+        return f"optim.{path[1]}"
+    return str(path[0])
+
+
+def ptc_from_checkpoint(path, tp_axes=None, blob_headroom=2.0, per_rank=("rng",)):
+    """A PTC for the checkpoint at `path` (for a job registered from it, with
+    reshard.pytorch's item names): every model and optimizer-state tensor of
+    rank >= 1 sharded over data parallel on dim 0 with torch.chunk sizes
+    (FSDP2's Shard(0)), split over tp on axis tp_axes[name] when given,
+    scalars replicated; everything else one blob per top-level key
+    (`optim.param_groups`, each Stateful, `rng`), capacity blob_headroom x
+    its pickled size (+256), BLOB_PER_RANK for names in per_rank."""
+    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
     from reshard import _dtypes
+    torch = _torch()
     tp_axes = dict(tp_axes or {})
-    md = read_metadata(path)
+    meta = read_metadata(path)
+    md = meta.state_dict_metadata
+    paths = getattr(meta, "planner_data", None) or {}
     ptc = ptc_pb2.Ptc(num_layers=1)
-    sizes = {}
-    for key, m in sorted(md.state_dict_metadata.items()):
-        if isinstance(m, TensorStorageMetadata):
-            t = ptc.tensors.add(name=key, dtype=_dtypes.dtype_enum(str(m.properties.dtype)
-                                                                  .replace("torch.", "")),
-                                shape=list(m.size))
-            p = t.partition
-            if key in tp_axes:
-                p.tp.mode = ptc_pb2.TP_SPLIT
-                p.tp.axis = tp_axes[key]
-            else:
-                p.tp.SetInParent()
-            p.pipeline.mode = ptc_pb2.PIPELINE_EVERY_STAGE
-            if len(m.size):
-                p.dp.mode = ptc_pb2.DP_CHUNK
-                p.dp.axis = 0
-            p.allow_empty = True
+    blob_members = {}
+    for key in md:
+        kp = tuple(paths.get(key, (key,)))
+        blob = _blob_of(kp)
+        if blob is not None:
+            blob_members.setdefault(blob, []).append(key)
+            continue
+        m = md[key]
+        t = ptc.tensors.add(name=key, dtype=_dtypes.dtype_enum(str(m.properties.dtype)
+                                                              .replace("torch.", "")),
+                            shape=list(m.size) or [1])  # 0-d: [1], as reshard.pytorch
+        p = t.partition
+        if key in tp_axes:
+            p.tp.mode = ptc_pb2.TP_SPLIT
+            p.tp.axis = tp_axes[key]
         else:
-            sizes[key] = None
-    if sizes:
-        planner_cls, _ = _load_planner_class()
-        planner = planner_cls({}, list(sizes))
-        import torch.distributed.checkpoint as dcp
-        dcp.load({}, storage_reader=_reader(path), planner=planner, no_dist=True)
-        for key, value in planner.loaded.items():
-            n = _LEN.size + len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
-            ptc.blobs.add(name=key, size_bytes=max(64, int(n * blob_headroom)),
-                          scope=(ptc_pb2.BLOB_PER_RANK if key in per_rank
+            p.tp.SetInParent()
+        p.pipeline.mode = ptc_pb2.PIPELINE_EVERY_STAGE
+        if len(m.size):
+            p.dp.mode = ptc_pb2.DP_CHUNK
+            p.dp.axis = 0
+        p.allow_empty = True
+    if blob_members:
+        Planner, Chunk = _load_planner_class()
+        boxes, tensors, byte_keys = {}, {}, []
+        for keys in blob_members.values():
+            for k in keys:
+                m = md[k]
+                if isinstance(m, TensorStorageMetadata):
+                    full = torch.empty(list(m.size), dtype=m.properties.dtype)
+                    boxes[k] = [(Chunk(offsets=torch.Size([0] * len(m.size)),
+                                       sizes=torch.Size(m.size)), full)]
+                    tensors[k] = full
+                else:
+                    byte_keys.append(k)
+        planner = Planner(boxes, byte_keys)
+        _dcp_call(dcp.load, {}, storage_reader=_reader(path), planner=planner, no_dist=True)
+        for blob, keys in blob_members.items():
+            flat = {k: tensors[k] if k in tensors else planner.loaded[k] for k in keys}
+            value = _nested_value(flat, paths, _key_path(blob))
+            if blob == "optim.param_groups":
+                value = [{k: v for k, v in g.items() if k != "params"} for g in value]
+            n = _LEN.size + len(pickle.dumps(value))
+            cap = -(-int(n * blob_headroom + 256) // 64) * 64
+            ptc.blobs.add(name=blob, size_bytes=cap,
+                          scope=(ptc_pb2.BLOB_PER_RANK if blob in per_rank
                                  else ptc_pb2.BLOB_REPLICATED))
     return ptc
 

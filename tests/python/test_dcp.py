@@ -1,0 +1,264 @@
+"""reshard.dcp against the real torch.distributed.checkpoint (DCP), torch 2 on
+CPU, gloo, one process per rank, and a real LocalCluster.
+
+1. The regions reshard.dcp reads and writes are the reference shard function
+   (layout.local_tensor) for every partition kind of every_kind_ptc (boxes,
+   fused blocks, padding, DP_FLAT ranges) at several layouts.
+2. A real FSDP2 + tensor-parallel job (mesh dp 2 x tp 2) trains two Adam steps
+   and `dcp.save`s {model, optim, LR scheduler, a Stateful counter}; the
+   checkpoint is imported into a job at layout B (tp 2 x dp 2 on two hosts:
+   every rank's buffer equals the reference shard of the saved full tensors),
+   the job is resized to C (dp 3 on three other hosts, through the agents),
+   generation C is exported, and a fresh FSDP2 job at mesh D (dp 3, another
+   init, another learning rate) `dcp.load`s it: every tensor, the param
+   groups, the scheduler and the counter equal what mesh A saved, exactly.
+3. Refusals: a checkpoint that lacks a tensor of the PTC, or holds it at
+   another shape or dtype, is a ValueError naming the tensor.
+"""
+
+import os
+import pickle
+import socket
+
+import numpy as np
+import pytest
+
+from helpers import every_kind_ptc, random_globals, register
+from reshard import dcp as rdcp
+from reshard import layout
+from reshard.v1 import coordinator_pb2
+
+torch = pytest.importorskip("torch")
+
+import torch.distributed as dist  # noqa: E402
+import torch.distributed.checkpoint as dcp  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+
+COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
+
+
+# ------------------------------------------------------------------ geometry
+
+
+@pytest.mark.parametrize("tp,pp,dp", [(2, 2, 1), (1, 1, 3), (3, 1, 2), (2, 1, 4), (4, 5, 1)])
+def test_regions_are_the_reference_shard(tp, pp, dp):
+    ptc = every_kind_ptc()
+    world = tp * pp * dp
+    lay = layout.make_layout(tp, pp, dp, ["h"], world)
+    g = random_globals(ptc, world, seed=tp * 100 + dp)
+    ints = {1: np.int8, 2: np.int16, 4: np.int32, 8: np.int64}
+    for r in range(world):
+        want = layout.shard(ptc, lay, r, g)
+        for t in ptc.tensors:
+            if t.name not in want:
+                continue
+            full = torch.from_numpy(g[t.name].view(ints[g[t.name].dtype.itemsize]))
+            buf = torch.zeros(layout.local_shape_of(t, lay.config, r, ptc), dtype=full.dtype)
+            for reg in rdcp.regions(t, lay.config, r, ptc):
+                src = full
+                for axis, (o, n) in enumerate(zip(reg.offsets, reg.sizes)):
+                    src = src.narrow(axis, o, n)
+                rdcp.local_view(buf, reg).copy_(src)
+            assert buf.numpy().tobytes() == np.ascontiguousarray(want[t.name]).tobytes(), \
+                (r, t.name)
+
+
+# ------------------------------------------------------------ process helpers
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _entry(rank, world, port, fn, out_dir, args):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, *args)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{fn.__name__}.{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def spawn(fn, out_dir, *args, world):
+    """fn(rank, world, *args) in `world` gloo processes; their results by rank."""
+    mp.spawn(_entry, args=(world, free_port(), fn, str(out_dir), args), nprocs=world, join=True)
+    out = []
+    for r in range(world):
+        with open(os.path.join(str(out_dir), f"{fn.__name__}.{r}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out
+
+
+class Counter:
+    """A Stateful extra: the train step."""
+
+    def __init__(self, step=0):
+        self.step = step
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state):
+        self.step = state["step"]
+
+
+def build(dims, seed, lr):
+    """A two-layer MLP (float64) at a mesh of `dims` [(name, size)]: tensor
+    parallel (colwise, rowwise) over "tp" when present, FSDP2 over "dp";
+    Adam and a StepLR."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    mesh = init_device_mesh("cpu", tuple(s for _, s in dims),
+                            mesh_dim_names=tuple(n for n, _ in dims))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(),
+                                torch.nn.Linear(10, 5)).double()
+    if "tp" in mesh.mesh_dim_names:
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    return model, opt, sched
+
+
+def full_state(model, opt, sched, counter):
+    """What the test compares: every tensor of the flattened DCP state as a
+    full numpy array (full_tensor() is a collective: every rank calls it),
+    the param groups' hyperparameters, the scheduler and the counter."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    from torch.distributed.tensor import DTensor
+    msd, osd = get_state_dict(model, opt)
+    out = {}
+    items = [(f"model.{k}", v) for k, v in msd.items()] + [
+        (f"optim.state.{fqn}.{k}", v) for fqn, st in osd["state"].items() for k, v in st.items()]
+    for name, t in items:
+        t = t.full_tensor() if isinstance(t, DTensor) else t
+        out[name] = t.detach().numpy().copy()
+    groups = [{k: v for k, v in g.items() if k != "params"} for g in osd["param_groups"]]
+    return {"tensors": out, "param_groups": groups, "params": [g["params"] for g in
+                                                                 osd["param_groups"]],
+            "sched": sched.state_dict(), "counter": counter.state_dict()}
+
+
+def save_at(rank, world, dims, ckpt):
+    """Mesh A: two training steps, then a real dcp.save of the DCP-shaped state."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model, opt, sched = build(dims, seed=1, lr=0.01)
+    g = torch.Generator().manual_seed(3)
+    for _ in range(2):
+        model(torch.randn(4, 6, generator=g, dtype=torch.float64)).pow(2).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    counter = Counter(2)
+    msd, osd = get_state_dict(model, opt)
+    dcp.save({"model": msd, "optim": osd, "sched": sched, "counter": counter},
+             checkpoint_id=ckpt)
+    return full_state(model, opt, sched, counter)
+
+
+def load_at(rank, world, dims, ckpt):
+    """Mesh D: another init and learning rate, then a real dcp.load (DCP's own
+    resharding) and set_state_dict."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    model, opt, sched = build(dims, seed=9, lr=0.5)
+    counter = Counter(0)
+    msd, osd = get_state_dict(model, opt)
+    state = {"model": msd, "optim": osd, "sched": sched, "counter": counter}
+    dcp.load(state, checkpoint_id=ckpt)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return full_state(model, opt, sched, counter)
+
+
+# ------------------------------------------------------------- round trip
+
+
+def test_dcp_save_import_resize_export_dcp_load(cluster, client, job_name, tmp_path):
+    ck_a, ck_d = str(tmp_path / "a"), str(tmp_path / "d")
+    saved = spawn(save_at, tmp_path, [("dp", 2), ("tp", 2)], ck_a, world=4)
+    ref = saved[0]
+    assert all(s["tensors"].keys() == ref["tensors"].keys() for s in saved)
+
+    # The job: a PTC from the checkpoint (tp splits of the two weights and
+    # the first bias, FSDP2's dim-0 chunks over dp), layout B tp 2 x dp 2.
+    ptc = rdcp.ptc_from_checkpoint(ck_a, tp_axes={"model.0.weight": 0, "model.0.bias": 0,
+                                                  "model.2.weight": 1,
+                                                  "optim.state.0.weight.exp_avg": 0})
+    assert {b.name for b in ptc.blobs} == {"optim.param_groups", "sched", "counter"}
+    lay_b = layout.make_layout(2, 1, 2, cluster.host_ids[:2], 2)
+    job = register(client, cluster, job_name, ptc, lay_b)
+    token = cluster.worker_token(job.id)
+    socks = {h: cluster.agents[h].worker_socket for h in cluster.host_ids}
+    result = rdcp.import_dcp(ck_a, job.id, ptc, lay_b, 1, socks, worker_token=token)
+    assert sorted(result.ranks) == [0, 1, 2, 3] and result.missing == [] and \
+        result.ignored == []
+
+    # Generation 1 holds the reference shard of what mesh A saved.
+    want = {n: v.reshape(v.shape or (1,)) for n, v in ref["tensors"].items()}  # 0-d: [1]
+    for host in layout.hosts_of(lay_b):
+        with cluster.worker(host, job.id, ptc=ptc, worker_token=token) as w:
+            for rank, _ in layout.ranks_on_host(lay_b, host):
+                got = w.load(rank, 1)
+                for t in ptc.tensors:
+                    local = layout.local_tensor(t, lay_b.config, rank, want[t.name], ptc)
+                    if local.size:
+                        assert layout.same_bytes(got[t.name], local), (rank, t.name)
+                assert rdcp.decode_blob("sched", got["sched"]) == ref["sched"]
+                assert rdcp.decode_blob("counter", got["counter"]) == {"step": 2}
+                assert rdcp.decode_blob("optim.param_groups", got["optim.param_groups"]) == \
+                    ref["param_groups"]
+
+    # Resize to C through the agents, export C, dcp.load at mesh D.
+    lay_c = layout.make_layout(1, 1, 3, cluster.host_ids[1:4], 1)
+    op = client.wait(client.resize(job.id, lay_c).id, timeout=120, raise_on_failure=True)
+    assert op.state == COMMITTED
+    md = rdcp.export_dcp(ck_d, job.id, ptc, lay_c, op.to_generation, socks, worker_token=token)
+    # every region once: dp 3 chunks of a dim-0-sharded tensor, one of a scalar
+    assert len(md.state_dict_metadata["model.0.weight"].chunks) == 3
+    assert len(md.state_dict_metadata["optim.state.0.weight.step"].chunks) == 1
+
+    loaded = spawn(load_at, tmp_path, [("dp", 3)], ck_d, world=3)
+    for got in loaded:
+        assert got["tensors"].keys() == ref["tensors"].keys()
+        for name, value in ref["tensors"].items():
+            assert got["tensors"][name].dtype == value.dtype, name
+            assert got["tensors"][name].tobytes() == value.tobytes(), name
+        assert got["param_groups"] == ref["param_groups"]
+        assert got["params"] == ref["params"]
+        assert got["sched"] == ref["sched"]
+        assert got["counter"] == {"step": 2}
+
+
+# ---------------------------------------------------------------- refusals
+
+
+def save_plain(path, tensors):
+    dcp.save({"model": tensors}, checkpoint_id=str(path), no_dist=True)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_checkpoint_that_does_not_match_the_ptc_is_refused(tmp_path):
+    good = {"w": torch.arange(12, dtype=torch.float32).reshape(3, 4), "b": torch.zeros(3)}
+    save_plain(tmp_path / "good", good)
+    ptc = rdcp.ptc_from_checkpoint(tmp_path / "good")
+    lay = layout.make_layout(1, 1, 2, ["h"], 2)
+    state, missing = rdcp.rank_state_from_dcp(tmp_path / "good", ptc, lay, 1)
+    assert state["model.w"].tolist() == [[8.0, 9.0, 10.0, 11.0]] and missing == []
+
+    save_plain(tmp_path / "short", {"w": good["w"]})
+    with pytest.raises(ValueError, match='tensor "model.b": not in the DCP checkpoint'):
+        rdcp.rank_state_from_dcp(tmp_path / "short", ptc, lay, 0)
+    save_plain(tmp_path / "shape", {"w": torch.zeros(4, 4), "b": good["b"]})
+    with pytest.raises(ValueError, match=r'tensor "model.w": shape \[4, 4\] in the checkpoint, '
+                                         r'the job\'s PTC says \[3, 4\]'):
+        rdcp.rank_state_from_dcp(tmp_path / "shape", ptc, lay, 0)
+    save_plain(tmp_path / "dtype", {"w": good["w"].double(), "b": good["b"]})
+    with pytest.raises(ValueError, match='tensor "model.w": dtype torch.float64 in the '
+                                         'checkpoint, the job\'s PTC says torch.float32'):
+        rdcp.rank_state_from_dcp(tmp_path / "dtype", ptc, lay, 0)
