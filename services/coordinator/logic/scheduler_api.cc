@@ -533,8 +533,14 @@ absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
         return job;
       },
       [](const v1::Job& job) {
+        // A rank failure shows as one more failed rank or a later report.
+        int64_t last_failure_ms = 0;
+        for (const v1::RankFailure& f : job.failed_ranks()) {
+          last_failure_ms = std::max(last_failure_ms, f.reported_unix_ms());
+        }
         return std::make_tuple(static_cast<int>(job.state()), job.generation(),
-                               job.active_operation_id(), job.dataset_state().step());
+                               job.active_operation_id(), job.dataset_state().step(),
+                               job.failed_ranks_size(), last_failure_ms);
       },
       [](const v1::Job&) { return false; }, send, cancelled, options_.watch_poll_ms);
 }

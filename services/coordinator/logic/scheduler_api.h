@@ -65,6 +65,12 @@ class SchedulerApi {
   /// Commits a step boundary's dataset cursor with the current generation
   /// (docs/data.md; rules: store/dataset_commit.h).
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
+  /// Rank `rank` of the job's current generation died (rank_failures.cc):
+  /// recorded with `reported_by` (the caller's identity) and returned;
+  /// GetJob and WatchJob show it in Job.failed_ranks. InvalidArgument naming
+  /// `rank` and its value outside 0..world-1; NotFound for a missing job.
+  [[nodiscard]] absl::StatusOr<v1::RankFailure> ReportRankFailure(
+      const v1::ReportRankFailureRequest& request, const std::string& reported_by);
   /// The advisor's Pareto set for a job (AdviseApi::Advise).
   [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
 
@@ -75,7 +81,7 @@ class SchedulerApi {
                                             const std::function<bool(const v1::Operation&)>& send,
                                             const std::function<bool()>& cancelled);
   /// Sends the job now and on every change of state, generation, active
-  /// operation or dataset step (store polled every watch_poll_ms) until
+  /// operation, dataset step or failed ranks (store polled every watch_poll_ms) until
   /// `cancelled` or `send` fails (Cancelled) or the job is gone (NotFound).
   [[nodiscard]] absl::Status WatchJob(const v1::WatchJobRequest& request,
                                       const std::function<bool(const v1::Job&)>& send,

@@ -31,12 +31,15 @@ const std::vector<MethodRule>& Rules() {
   constexpr AuditLevel kRefused = AuditLevel::kRefusals;
   static const auto* const kRules = new std::vector<MethodRule>{
       // CoordinatorService: reads.
+      // Role kWorker (a job's worker token) is scoped to that one job: the
+      // handlers check the job a request names, or its operation's job
+      // (CoordinatorServiceImpl::InJobTenant, InOperationTenant).
       {"GetJob", {Role::kScheduler, Role::kViewer, Role::kAgent, Role::kWorker}, false, kNo},
       {"ListJobs", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"PreviewPlan", {Role::kScheduler, Role::kViewer}, false, kNo},
-      {"GetOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
-      {"WatchOperation", {Role::kScheduler, Role::kViewer}, false, kNo},
-      {"WatchJob", {Role::kScheduler, Role::kViewer}, false, kNo},
+      {"GetOperation", {Role::kScheduler, Role::kViewer, Role::kWorker}, false, kNo},
+      {"WatchOperation", {Role::kScheduler, Role::kViewer, Role::kWorker}, false, kNo},
+      {"WatchJob", {Role::kScheduler, Role::kViewer, Role::kWorker}, false, kNo},
       {"ListHosts", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"ListAudit", {Role::kScheduler, Role::kViewer}, false, kNo},
       {"Advise", {Role::kScheduler, Role::kViewer}, false, kNo},
@@ -46,12 +49,14 @@ const std::vector<MethodRule>& Rules() {
       {"Resize", {Role::kScheduler}, false, kAll},
       {"Migrate", {Role::kScheduler}, false, kAll},
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
-      {"Checkpoint", {Role::kScheduler}, false, kAll},
-      {"MarkPrepared", {Role::kScheduler}, false, kAll},
+      // A training process's own calls on its job (the loop API,
+      // docs/pytorch.md): the job's worker token suffices.
+      {"Checkpoint", {Role::kScheduler, Role::kWorker}, false, kAll},
+      {"MarkPrepared", {Role::kScheduler, Role::kWorker}, false, kAll},
+      {"ReportRankFailure", {Role::kScheduler, Role::kWorker}, false, kAll},
       {"CancelOperation", {Role::kScheduler}, false, kAll},
-      // The training loop's step commits (docs/data.md): with the job's
-      // scheduler credentials, like the operations it steers.
-      {"CommitStep", {Role::kScheduler}, false, kAll},
+      // The training loop's step commits (docs/data.md).
+      {"CommitStep", {Role::kScheduler, Role::kWorker}, false, kAll},
       // Hands out a secret: every call recorded.
       {"GetWorkerToken", {Role::kScheduler}, false, kAll},
       // AgentService.
@@ -242,9 +247,11 @@ absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* me
                                       const std::string& job_id, const std::string& tenant,
                                       const std::vector<std::string>& hosts) const {
   auto refuse = [&](const std::string& why) {
-    return absl::PermissionDeniedError(
-        absl::StrCat(method, " of job \"", job_id, "\" (tenant \"", tenant, "\") refused to \"",
-                     principal.name, "\" (role ", RoleName(principal.role), "): ", why));
+    // A worker is not told another job's tenant (it passes none).
+    const std::string in_tenant = tenant.empty() ? "" : absl::StrCat(" (tenant \"", tenant, "\")");
+    return absl::PermissionDeniedError(absl::StrCat(method, " of job \"", job_id, "\"", in_tenant,
+                                                    " refused to \"", principal.name, "\" (role ",
+                                                    RoleName(principal.role), "): ", why));
   };
   switch (principal.role) {
     case Role::kAdmin:

@@ -12,8 +12,11 @@
 //  - a bearer token (`authorization: Bearer tok-ID.SECRET`, TokenApi) when
 //    no certificate was presented: its role and tenants;
 //  - a job's worker token (`authorization: Bearer wt-JOB.MAC`,
-//    ClusterSecrets): the role `worker`, which may only read that job
-//    (GetJob), e.g. a Python Worker given `coordinator=`;
+//    ClusterSecrets): the role `worker`, a training process's credential
+//    scoped to that one job: GetJob, WatchJob, GetOperation and
+//    WatchOperation (of the job's operations), Checkpoint, CommitStep,
+//    MarkPrepared and ReportRankFailure on that job; on any other job
+//    PERMISSION_DENIED naming it, and every other method refused;
 //  - with --insecure (plaintext), every caller is the admin `insecure` and an
 //    agent may speak for any host: an explicit, logged choice for tests and
 //    single-user machines.

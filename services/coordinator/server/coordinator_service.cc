@@ -1,5 +1,6 @@
 #include "services/coordinator/server/coordinator_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "planner/layout.h"
 #include "services/coordinator/logic/audit_api.h"
 #include "services/coordinator/server/rpc_status.h"
@@ -8,8 +9,10 @@ namespace reshard::coordinator {
 namespace {
 
 // Whose idempotency keys a caller's are (logic/idempotency.h): its tenants,
-// or, for a caller scoped to none (an admin), a scope of its own.
+// a worker's job (a scope no tenant and no other job reaches: a tenant name
+// has no ':'), or, for a caller scoped to none (an admin), a scope of its own.
 KeyScope KeysOf(const Authorizer& authorizer, const Principal& p) {
+  if (p.role == Role::kWorker) return KeyScope{{absl::StrCat("worker:", p.job_id)}};
   return authorizer.ScopedToTenants(p) ? KeyScope{p.tenants} : KeyScope{};
 }
 
@@ -17,6 +20,8 @@ KeyScope KeysOf(const Authorizer& authorizer, const Principal& p) {
 
 absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char* method,
                                                  const std::string& job_id) const {
+  // A worker token is for one job: no lookup, and nothing told of another job.
+  if (p.role == Role::kWorker) return authorizer_->AuthorizeJob(p, method, job_id, "", {});
   if (!authorizer_->ScopedToTenants(p)) return absl::OkStatus();
   v1::GetJobRequest request;
   request.set_job_id(job_id);
@@ -29,7 +34,7 @@ absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char*
 
 absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const char* method,
                                                        const std::string& operation_id) const {
-  if (!authorizer_->ScopedToTenants(p)) return absl::OkStatus();
+  if (!authorizer_->ScopedToTenants(p) && p.role != Role::kWorker) return absl::OkStatus();
   v1::GetOperationRequest request;
   request.set_operation_id(operation_id);
   absl::StatusOr<v1::Operation> op = api_->GetOperation(request);
@@ -316,6 +321,18 @@ grpc::Status CoordinatorServiceImpl::GetWorkerToken(grpc::ServerContext* context
         reply->set_job_id(job->id());
         reply->set_worker_token(*std::move(token));
         return absl::OkStatus();
+      });
+}
+
+grpc::Status CoordinatorServiceImpl::ReportRankFailure(
+    grpc::ServerContext* context, const v1::ReportRankFailureRequest* request,
+    v1::RankFailure* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "ReportRankFailure", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "ReportRankFailure", request->job_id()); !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->ReportRankFailure(*request, p.name), reply);
       });
 }
 

@@ -77,12 +77,16 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                               v1::GetWorkerTokenResponse* reply) override;
   grpc::Status Advise(grpc::ServerContext* context, const v1::AdviseRequest* request,
                       v1::AdviseResponse* reply) override;
+  grpc::Status ReportRankFailure(grpc::ServerContext* context,
+                                 const v1::ReportRankFailureRequest* request,
+                                 v1::RankFailure* reply) override;
 
  private:
   SchedulerApi* api_;
   /// A scheduler's or viewer's call on job `job_id` / operation
-  /// `operation_id` stays within its tenants (Authorizer::AuthorizeJob);
-  /// others pass. A missing job or operation passes: the call answers it.
+  /// `operation_id` stays within its tenants, a worker's on the job of its
+  /// token (Authorizer::AuthorizeJob); others pass. A missing job or
+  /// operation passes: the call answers it.
   absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id) const;
   absl::Status InOperationTenant(const Principal& p, const char* method,
                                  const std::string& operation_id) const;

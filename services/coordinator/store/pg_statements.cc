@@ -4,6 +4,7 @@
 #include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
+#include "services/coordinator/store/pg_rank_failures.h"
 #include "services/coordinator/store/pg_stop_free_statements.h"
 
 namespace reshard::coordinator::pg {
@@ -88,6 +89,9 @@ const std::vector<Statement>& AllStatements() {
       kInsertAudit,
       kListAudit,
       kPruneAudit,
+      // Rank failures (issue 20).
+      kUpsertRankFailure,
+      kSelectRankFailures,
       // Dataset state (issue 12).
       kInsertDatasetState,
       kSelectDatasetState,

@@ -14,6 +14,7 @@
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
+#include "services/coordinator/store/pg_rank_failures.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store_internal.h"
 
@@ -83,6 +84,7 @@ absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id) {
   if (!job.ok()) return job;
   std::optional<v1::DatasetState> dataset = ReadDatasetState(tx, job_id, job->generation());
   if (dataset.has_value()) *job->mutable_dataset_state() = *std::move(dataset);
+  ReadRankFailures(tx, job_id, job->generation(), &*job);
   return job;
 }
 

@@ -109,6 +109,9 @@ class PgStore : public Store {
       const v1::DatasetState* dataset_state = nullptr) override;
   // pg_dataset_state.cc
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) override;
+  // pg_rank_failures.cc
+  [[nodiscard]] absl::StatusOr<v1::RankFailure> RecordRankFailure(
+      const RankFailureReport& report) override;
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                                bool include_ptc) override;
   [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;

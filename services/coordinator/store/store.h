@@ -188,6 +188,15 @@ struct AuditPage {
   int64_t next_before_id = 0;  // 0 on the last page
 };
 
+/// A rank reported dead (Store::RecordRankFailure).
+struct RankFailureReport {
+  std::string job_id;
+  int64_t generation = 0;
+  int rank = 0;
+  std::string reason;
+  std::string reported_by;  // the caller's identity
+};
+
 class Store {
  public:
   virtual ~Store() = default;
@@ -222,6 +231,14 @@ class Store {
   /// and returns the dataset state. NotFound for a missing job;
   /// FailedPrecondition when the job has no dataset state or a rule refuses.
   [[nodiscard]] virtual absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) = 0;
+  /// Records that rank `report.rank` of the job's generation
+  /// `report.generation` died (a repeated report of the rank replaces its
+  /// reason and time), with the caller's audit row, and returns the record;
+  /// GetJob lists the current generation's in Job.failed_ranks. NotFound
+  /// for a missing job; Aborted when the job's current generation is not
+  /// `report.generation` (re-read it and retry).
+  [[nodiscard]] virtual absl::StatusOr<v1::RankFailure> RecordRankFailure(
+      const RankFailureReport& report) = 0;
   /// Counts of jobs by state, for metrics.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>>
   CountJobsByState() = 0;

@@ -24,6 +24,16 @@ struct Caller {
   std::string token;
 };
 
+// How the coordinator must refuse a caller's calls: nobody it knows
+// (UNAUTHENTICATED), or an identity whose role or scope lacks the call
+// (PERMISSION_DENIED; with `job` set, the job-scoped calls name that job and
+// why: a worker token of another job).
+struct Refusal {
+  grpc::StatusCode code = grpc::StatusCode::PERMISSION_DENIED;
+  std::string job;
+  std::string why;
+};
+
 std::unique_ptr<grpc::ClientContext> CallCtx(const Caller& caller) {
   std::unique_ptr<grpc::ClientContext> c = Ctx();
   c->set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(20));
@@ -98,8 +108,14 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
                                         "GetOperation", "WatchOperation", "ListHosts",
                                         "ListAudit",    "Advise",         "WatchJob"};
   const std::set<std::string> kWrites = {
-      "RegisterJob",     "DeleteJob",  "Resize",         "Migrate",    "RecoverFromFailure",
-      "CancelOperation", "CommitStep", "GetWorkerToken", "Checkpoint", "MarkPrepared"};
+      "RegisterJob",    "DeleteJob",  "Resize",       "Migrate",          "RecoverFromFailure",
+      "CancelOperation", "CommitStep", "GetWorkerToken", "Checkpoint", "MarkPrepared",
+      "ReportRankFailure"};
+  // A job's worker token: what a training process does on its own job
+  // (docs/security.md, "Worker tokens"), and nothing else.
+  const std::set<std::string> kWorkerOwnJob = {
+      "GetJob",     "WatchJob",     "GetOperation", "WatchOperation",
+      "Checkpoint", "MarkPrepared", "CommitStep",   "ReportRankFailure"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress",
                                         "WaitForTasks"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
@@ -123,7 +139,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       {{kAnonymousIdentity, ""}, {}},
       {{kAnonymousIdentity, revoked}, {}},
       {{kAnonymousIdentity, "tok-0123456789abcdef.not-a-secret"}, {}},
-      {{kAnonymousIdentity, job_worker}, {"GetJob"}},
+      {{kAnonymousIdentity, job_worker}, kWorkerOwnJob},
       {{kAnonymousIdentity, other_worker}, {}},
       {{kAnonymousIdentity, forged_worker}, {}},
   };
@@ -258,6 +274,16 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          return CoordinatorClient(address, c.identity)
              ->CancelOperation(CallCtx(c).get(), r, &reply);
        }},
+      {"ReportRankFailure",
+       [&](const Caller& c) {
+         v1::ReportRankFailureRequest r;
+         r.set_job_id(job.id());
+         r.set_rank(99);  // past authorization: outside the world, refused by the logic
+         r.set_reason("matrix");
+         v1::RankFailure reply;
+         return CoordinatorClient(address, c.identity)
+             ->ReportRankFailure(CallCtx(c).get(), r, &reply);
+       }},
       {"CommitStep",
        [&](const Caller& c) {
          v1::CommitStepRequest r;
@@ -369,7 +395,25 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
        }},
   };
 
+  // How each caller that is refused is refused: callers nobody knows are
+  // UNAUTHENTICATED, every other refusal PERMISSION_DENIED; another job's
+  // worker token is told, for each call its role has, which job it named.
+  const std::string other_job = other_worker.substr(3, other_worker.find('.') - 3);
+  auto refusal_of = [&](const Caller& c) {
+    Refusal r;
+    if ((c.identity == kAnonymousIdentity && c.token.empty()) || c.token == revoked ||
+        c.token == forged_worker || c.token == "tok-0123456789abcdef.not-a-secret") {
+      r.code = grpc::StatusCode::UNAUTHENTICATED;
+    }
+    if (c.token == other_worker) {
+      r.job = job.id();
+      r.why = absl::StrCat("its worker token is for job \"", other_job, "\"");
+    }
+    return r;
+  };
+
   for (const auto& [caller, allowed] : callers) {
+    const Refusal refusal = refusal_of(caller);
     for (const auto& [method, call] : calls) {
       const grpc::Status s = call(caller);
       const std::string who = caller.identity + (caller.token.empty() ? "" : " + token");
@@ -377,9 +421,17 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
         EXPECT_FALSE(Refused(s)) << who << " " << method << ": " << s.error_code() << " "
                                  << s.error_message();
       } else {
-        EXPECT_TRUE(Refused(s)) << who << " " << method << " was let through: " << s.error_code()
-                                << " " << s.error_message();
+        EXPECT_EQ(s.error_code(), refusal.code)
+            << who << " " << method << " was not refused as expected: " << s.error_code() << " "
+            << s.error_message();
         EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
+        if (!refusal.job.empty() && kWorkerOwnJob.count(method) > 0) {
+          EXPECT_NE(s.error_message().find(absl::StrCat("job \"", refusal.job, "\"")),
+                    std::string::npos)
+              << who << " " << method << ": " << s.error_message();
+          EXPECT_NE(s.error_message().find(refusal.why), std::string::npos)
+              << who << " " << method << ": " << s.error_message();
+        }
         if (!caller.token.empty()) {
           // A refusal never repeats the secret.
           EXPECT_EQ(s.error_message().find(caller.token.substr(caller.token.find('.') + 1)),
