@@ -219,7 +219,7 @@ class Client:
 
     def resize(self, job_id, layout=None, expected_generation=None, idempotency_key=None,
                timeout=None, choose=False, gpus=None, hosts=None, horizon_s=None, devices=None,
-               model=None, stop_free=False):
+               model=None, stop_free=False, at_step_boundary=False, step_boundary_timeout=None):
         """Starts a resize to `layout` (Layout: config + placement; a Layout
         without config, or a bare Placement, keeps the current config).
         With choose=True and no layout the coordinator picks it: the advisor's
@@ -228,7 +228,14 @@ class Client:
         defaults to the job's current one (read first). Returns the new
         Operation (PENDING; its target_layout is the choice); see wait().
         stop_free=True: two-phase (docs/coordinator.md, "Stop-free
-        reconfiguration"; reshard.elastic drives it from the training loop)."""
+        reconfiguration"; reshard.elastic drives it from the training loop).
+        at_step_boundary=True (stop-the-world): the operation waits for the
+        training loop's checkpoint naming it (Job.step_boundary_operation_id;
+        checkpoint(cut_over_operation_id=op.id)) and moves that state; without
+        one within step_boundary_timeout seconds (None: the coordinator's
+        --step-boundary-timeout-ms) it moves the last committed generation.
+        Requested while a checkpoint is in flight, any resize is queued behind
+        it (docs/coordinator.md, "Checkpoints and operations")."""
         if choose == (layout is not None):
             raise ValueError("resize: give a layout, or choose=True with gpus")
         key = idempotency_key or new_idempotency_key()
@@ -243,6 +250,7 @@ class Client:
             if config is not None:
                 req.config.CopyFrom(config)
         req.stop_free = stop_free
+        _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
         return self._call("Resize", req, timeout, key)
 
     def checkpoint(self, job_id, dataset_state=None, expected_generation=None,
@@ -256,8 +264,13 @@ class Client:
         generation's dataset state in the same transaction (checked like
         commit_step when the checkpoint is created). FailedPrecondition unless
         the job is ACTIVE. cut_over_operation_id: this checkpoint cuts over
-        that prepared stop-free operation (needs dataset_state); its
-        generation becomes the operation's source. Returns the Operation."""
+        that prepared stop-free operation (needs dataset_state), or is the
+        step boundary an at_step_boundary operation waits for; its
+        generation becomes the operation's source. Returns the Operation.
+        While a stop-free or step-boundary operation is active, a checkpoint
+        without cut_over_operation_id is folded into it: the answer is that
+        operation with checkpoint_folded set, nothing is created; publish at
+        its cut-over (docs/coordinator.md, "Checkpoints and operations")."""
         key = idempotency_key or new_idempotency_key()
         req = _pb.CheckpointRequest(job_id=job_id, idempotency_key=key,
                                     expected_generation=self._current_generation(
@@ -282,16 +295,18 @@ class Client:
                           timeout)
 
     def migrate(self, job_id, layout, expected_generation=None, idempotency_key=None,
-                timeout=None, stop_free=False):
+                timeout=None, stop_free=False, at_step_boundary=False,
+                step_boundary_timeout=None):
         """Moves the job to another placement (Layout or Placement) with the
-        same config and world size (stop_free as in resize). Returns the new
-        Operation."""
+        same config and world size (stop_free, at_step_boundary and
+        step_boundary_timeout as in resize). Returns the new Operation."""
         key = idempotency_key or new_idempotency_key()
         _, placement = _split_layout(layout)
         req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key,
                                  expected_generation=self._current_generation(
                                      job_id, expected_generation, timeout))
         req.stop_free = stop_free
+        _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
         return self._call("Migrate", req, timeout, key)
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
@@ -541,6 +556,19 @@ def _advise_request(job_id, gpus, hosts, horizon_s, devices, model):
     req.model.CopyFrom(as_message(model, _pb.AdviseModel, "model"))
     req.devices.CopyFrom(as_message(devices or {}, _pb.AdviseDevices, "devices"))
     return req
+
+
+def _set_step_boundary(req, at_step_boundary, step_boundary_timeout):
+    """ResizeRequest/MigrateRequest.at_step_boundary and its timeout (seconds)."""
+    if step_boundary_timeout is not None:
+        if not at_step_boundary:
+            raise ValueError("step_boundary_timeout needs at_step_boundary=True")
+        ms = int(round(step_boundary_timeout * 1000))
+        if ms <= 0:
+            raise ValueError(f"step_boundary_timeout must be positive seconds, got "
+                             f"{step_boundary_timeout!r}")
+        req.step_boundary_timeout_ms = ms
+    req.at_step_boundary = bool(at_step_boundary)
 
 
 def _split_layout(value):

@@ -18,6 +18,26 @@
 namespace reshard::coordinator {
 absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& record, int64_t now) {
   const v1::Operation& op = record.op;
+  // Waiting for a checkpoint to end, or for the job's step boundary
+  // (docs/coordinator.md, "Checkpoints and operations").
+  if (!op.queued_behind_operation_id().empty()) {
+    absl::StatusOr<bool> released = store_->ReleaseQueuedOperation(op.id(), now);
+    if (!released.ok() || !*released) return released;
+    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
+                      << " released: checkpoint " << op.queued_behind_operation_id() << " ended";
+    return true;
+  }
+  if (op.step_boundary() == v1::STEP_BOUNDARY_WAITING) {
+    if (now < op.step_boundary_deadline_unix_ms()) return false;
+    absl::StatusOr<bool> timed_out = store_->EndStepBoundaryWait(op.id());
+    if (!timed_out.ok()) return timed_out.status();
+    // A checkpoint named it first: look again.
+    if (!*timed_out) return absl::AbortedError("step-boundary checkpoint arrived");
+    RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id()
+                         << " no checkpoint named it by its step-boundary deadline: planned from "
+                         << "generation " << op.from_generation() << ", the last committed";
+    return true;
+  }
   absl::StatusOr<v1::Job> job = store_->GetJob(op.job_id(), /*include_ptc=*/false);
   if (absl::IsNotFound(job.status())) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED,

@@ -55,10 +55,38 @@ absl::Status Follow(const std::string& what, const Read& read, const Key& key, c
   }
 }
 
+// A step-boundary wait is bounded: a training loop that never publishes
+// must not hold the job for more than a day.
+constexpr int64_t kMaxStepBoundaryTimeoutMs = 24LL * 3600 * 1000;
+
+// The at_step_boundary fields of a Resize or Migrate request, checked before
+// anything is read.
+template <typename Request>
+absl::Status CheckStepBoundary(const Request& request) {
+  if (request.step_boundary_timeout_ms() < 0 ||
+      request.step_boundary_timeout_ms() > kMaxStepBoundaryTimeoutMs) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "step_boundary_timeout_ms is ", request.step_boundary_timeout_ms(), "; it must be in [0, ",
+        kMaxStepBoundaryTimeoutMs, "] (0: the coordinator's --step-boundary-timeout-ms)"));
+  }
+  if (request.step_boundary_timeout_ms() != 0 && !request.at_step_boundary()) {
+    return absl::InvalidArgumentError("step_boundary_timeout_ms needs at_step_boundary");
+  }
+  if (request.at_step_boundary() && request.stop_free()) {
+    return absl::InvalidArgumentError(
+        "at_step_boundary and stop_free: a stop-free operation cuts over at a step boundary "
+        "already (cut_over_operation_id); give one of them");
+  }
+  return absl::OkStatus();
+}
+
 // The operation of a Resize or Migrate request (they share these fields).
+// A step-boundary wait runs until `now_ms` + its timeout (the store starts
+// it at the release instead when the operation is queued).
 template <typename Request>
 NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, v1::Layout target,
-                                Idempotency idempotency) {
+                                Idempotency idempotency, int64_t default_boundary_timeout_ms,
+                                int64_t now_ms) {
   NewOperation op;
   op.kind = kind;
   op.job_id = request.job_id();
@@ -66,6 +94,13 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
   op.target_layout = std::move(target);
   op.idempotency = std::move(idempotency);
   op.stop_free = request.stop_free();
+  op.at_step_boundary = request.at_step_boundary();
+  if (op.at_step_boundary) {
+    op.step_boundary_timeout_ms = request.step_boundary_timeout_ms() > 0
+                                      ? request.step_boundary_timeout_ms()
+                                      : default_boundary_timeout_ms;
+    op.step_boundary_deadline_unix_ms = now_ms + op.step_boundary_timeout_ms;
+  }
   return op;
 }
 
@@ -189,6 +224,7 @@ absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& tar
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request,
                                                    const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  if (absl::Status s = CheckStepBoundary(request); !s.ok()) return s;
   if (request.has_choose()) return ResizeChosen(request, keys);
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
@@ -205,7 +241,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
-                                            MakeIdempotency(keys, request)));
+                                            MakeIdempotency(keys, request),
+                                            options_.step_boundary_timeout_ms,
+                                            clock_->NowUnixMs()));
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest& request,
@@ -234,12 +272,15 @@ absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest
     target = *std::move(chosen);
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
-                                            MakeIdempotency(keys, request)));
+                                            MakeIdempotency(keys, request),
+                                            options_.step_boundary_timeout_ms,
+                                            clock_->NowUnixMs()));
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& request,
                                                     const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  if (absl::Status s = CheckStepBoundary(request); !s.ok()) return s;
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -253,7 +294,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
-                                            MakeIdempotency(keys, request)));
+                                            MakeIdempotency(keys, request),
+                                            options_.step_boundary_timeout_ms,
+                                            clock_->NowUnixMs()));
 }
 
 // The request's target, or without one the survivors of the current
@@ -346,7 +389,8 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
              !request.layout_fingerprint().empty()) {
     return absl::InvalidArgumentError("step, cursor and layout_fingerprint need with_step");
   }
-  if (!request.cut_over_operation_id().empty() && !request.with_step()) {
+  if (!request.cut_over_operation_id().empty() && !request.with_step() &&
+      !NamesStepBoundaryOperation(request.cut_over_operation_id())) {
     return absl::InvalidArgumentError(
         absl::StrCat("cut_over_operation_id \"", TruncateError(request.cut_over_operation_id(), 64),
                      "\" needs with_step: a cut-over publishes the state of a step boundary"));
@@ -369,6 +413,14 @@ absl::StatusOr<v1::Operation> SchedulerApi::Checkpoint(const v1::CheckpointReque
   return CreateOperation(std::move(op));
 }
 
+bool SchedulerApi::NamesStepBoundaryOperation(const std::string& operation_id) {
+  // A step boundary need not carry a dataset step (docs/coordinator.md,
+  // "Checkpoints and operations"); a stop-free cut-over must. Whether the
+  // operation still waits is the store's call.
+  absl::StatusOr<OperationRecord> record = store_->GetOperation(operation_id, false);
+  return record.ok() && record->op.step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED;
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::MarkPrepared(const v1::MarkPreparedRequest& request) {
   if (absl::Status s = RequireNonEmpty("operation_id", request.operation_id()); !s.ok()) return s;
   absl::StatusOr<v1::Operation> op = store_->MarkPrepared(request.operation_id());
@@ -388,9 +440,17 @@ absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
                       << " refused: " << created.status();
     return NameNotFound(created.status(), JobNotFound(op.job_id));
   }
+  if (created->checkpoint_folded()) {
+    RESHARD_LOG(INFO) << "job=" << created->job_id() << " checkpoint folded into the cut-over of "
+                      << KindName(created->kind()) << " operation=" << created->id();
+    return created;
+  }
   RESHARD_LOG(INFO) << "job=" << created->job_id() << " operation=" << created->id() << " "
                     << KindName(created->kind())
                     << (created->id() == minted ? " created" : " returned for idempotent retry")
+                    << (created->queued_behind_operation_id().empty()
+                            ? ""
+                            : " queued behind checkpoint " + created->queued_behind_operation_id())
                     << " state=" << StateName(created->state())
                     << " from_generation=" << created->from_generation();
   return created;
@@ -514,7 +574,10 @@ absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& reque
         // agent's (bytes_precopied) and the cut-over.
         return std::make_tuple(static_cast<int>(op.state()), op.bytes_done(), op.prepared_unix_ms(),
                                op.cutover_unix_ms(), op.workers_prepared_unix_ms(),
-                               op.bytes_precopied(), op.agents_prepared_unix_ms());
+                               op.bytes_precopied(), op.agents_prepared_unix_ms(),
+                               // Queued, released, and a step boundary's wait.
+                               op.queued_behind_operation_id(), op.from_generation(),
+                               static_cast<int>(op.step_boundary()));
       },
       [](const v1::Operation& op) { return IsFinal(op.state()); }, send, cancelled,
       options_.watch_poll_ms);
@@ -540,6 +603,7 @@ absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
         }
         return std::make_tuple(static_cast<int>(job.state()), job.generation(),
                                job.active_operation_id(), job.dataset_state().step(),
+                               job.step_boundary_operation_id(),
                                job.failed_ranks_size(), last_failure_ms);
       },
       [](const v1::Job&) { return false; }, send, cancelled, options_.watch_poll_ms);

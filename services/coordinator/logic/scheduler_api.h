@@ -25,6 +25,10 @@ class SchedulerApi {
     int max_page_size = 1000;
     int default_page_size = 100;
     int watch_poll_ms = 100;  // WatchOperation's and WatchJob's store polling period
+    /// A Resize/Migrate at_step_boundary without its own timeout waits this
+    /// long for a checkpoint naming it (docs/coordinator.md, "Checkpoints
+    /// and operations").
+    int64_t step_boundary_timeout_ms = 120000;
   };
 
   /// `metrics` may be null.
@@ -98,6 +102,9 @@ class SchedulerApi {
   /// A Resize, Migrate or Recover target: a valid layout for `ptc`
   /// (InvalidArgument) whose hosts can hold it (ResourceExhausted).
   [[nodiscard]] absl::Status CheckTarget(const v1::Ptc& ptc, const v1::Layout& target);
+  /// Whether `operation_id` is an operation asked to stop at a step
+  /// boundary (its checkpoint needs no with_step).
+  bool NamesStepBoundaryOperation(const std::string& operation_id);
   /// Mints the id and asks the store (which checks existence, idempotency,
   /// generation and the active operation atomically).
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);

@@ -139,6 +139,10 @@ const std::vector<Setting>& Settings() {
       IntSetting("watch-poll-ms", "RESHARD_WATCH_POLL_MS",
                  "how often an open watch stream reads its job or operation",
                  &CoordinatorConfig::watch_poll_ms),
+      IntSetting("step-boundary-timeout-ms", "RESHARD_STEP_BOUNDARY_TIMEOUT_MS",
+                 "how long a resize at_step_boundary waits for a checkpoint naming it (its "
+                 "request's step_boundary_timeout_ms 0) before it plans from the last commit",
+                 &CoordinatorConfig::step_boundary_timeout_ms),
       IntSetting("max-rpc-threads", "RESHARD_MAX_RPC_THREADS",
                  "gRPC server threads (0: no cap; else >= 2 x --max-watch-streams)",
                  &CoordinatorConfig::max_rpc_threads),
@@ -276,6 +280,7 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("max-watch-streams-per-identity", c.max_watch_streams_per_identity, 1,
               c.max_watch_streams),
         Range("watch-poll-ms", c.watch_poll_ms, 10, 60000),
+        Range("step-boundary-timeout-ms", c.step_boundary_timeout_ms, 1, kDay),
         Range("max-rpc-threads", c.max_rpc_threads, 0, 1000000),
         Range("retention-keep-retired", c.retention_keep_retired, 0, 1000000),
         Range("retention-retired-age-ms", c.retention_retired_age_ms, 3 * c.lease_ms, 365 * kDay),

@@ -66,6 +66,10 @@ struct CoordinatorConfig {
   int64_t max_watch_streams_per_identity = 32;
   /// How often an open watch stream reads its job or operation.
   int64_t watch_poll_ms = 100;
+  /// How long a Resize/Migrate with at_step_boundary and no timeout of its
+  /// own waits for a checkpoint naming it (docs/coordinator.md, "Checkpoints
+  /// and operations").
+  int64_t step_boundary_timeout_ms = 120000;
   /// gRPC server threads (grpc::ResourceQuota::SetMaxThreads); 0: gRPC's
   /// own (no cap). When set, at least twice --max-watch-streams, so that
   /// half the threads stay free for agents' and unary calls.

@@ -82,6 +82,7 @@ absl::Status CoordinatorServer::Start() {
   SchedulerApi::Options scheduler_options;
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
   scheduler_options.watch_poll_ms = static_cast<int>(config_.watch_poll_ms);
+  scheduler_options.step_boundary_timeout_ms = config_.step_boundary_timeout_ms;
   scheduler_api_ =
       std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
   secrets_ = std::make_unique<ClusterSecrets>(store_);

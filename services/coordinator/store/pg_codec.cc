@@ -127,6 +127,7 @@ absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row) {
   }
   if (!row[11].is_null()) job.set_active_operation_id(row[11].c_str());
   for (std::string& host : ParseTextArray(row[12])) job.add_lost_hosts(std::move(host));
+  if (!row[13].is_null()) job.set_step_boundary_operation_id(row[13].c_str());
   return job;
 }
 
@@ -175,6 +176,12 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   op.set_prepared_from_generation(row[22].as<int64_t>());
   op.set_bytes_precopied(row[23].as<int64_t>());
   op.set_bytes_skipped_unchanged(row[24].as<int64_t>());
+  // A checkpoint and an operation that meet (migrations/0013); row[29], the
+  // step boundary's timeout, is the store's own.
+  if (!row[25].is_null()) op.set_queued_behind_operation_id(row[25].c_str());
+  op.set_step_boundary(static_cast<v1::StepBoundary>(row[26].as<int>()));
+  op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
+  if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
   if (op.prepared_unix_ms() > 0) {
     op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
                            1000.0);

@@ -3,6 +3,7 @@
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_meeting.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_stop_free_statements.h"
 #include "services/coordinator/store/pg_store.h"
@@ -97,16 +98,28 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
                                                  generation, ", request expected ",
                                                  op.expected_generation));
         }
+        // What meets the job's active operations (docs/coordinator.md,
+        // "Checkpoints and operations"; operation_meeting.h).
         const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, op.job_id);
+        const std::vector<ActiveOperation> actives = pg::ActiveOperations(active);
+        absl::StatusOr<MeetingVerdict> verdict =
+            Meet(op.job_id, op.kind, op.cut_over_operation_id, actives);
+        if (!verdict.ok()) return verdict.status();
         int64_t reserved_generation = 0;  // a cut-over's, see CheckCutOver
-        if (!op.cut_over_operation_id.empty()) {
-          absl::StatusOr<int64_t> reserved = pg::CheckCutOver(tx, op, active, generation);
-          if (!reserved.ok()) return reserved.status();
-          reserved_generation = *reserved;
-        } else if (!active.empty()) {
-          return absl::FailedPreconditionError(absl::StrCat(
-              "job \"", op.job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
-              pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
+        switch (verdict->what) {
+          case Meeting::kFold:
+            return pg::FoldedCheckpoint(tx, op, verdict->other);
+          case Meeting::kCutOver: {
+            absl::StatusOr<int64_t> reserved = pg::CheckCutOver(tx, op, active, generation);
+            if (!reserved.ok()) return reserved.status();
+            reserved_generation = *reserved;
+            break;
+          }
+          case Meeting::kAbortCheckpoint:
+            pg::AbortCheckpointForRecovery(tx, op, actives.front());
+            break;
+          default:
+            break;
         }
         if (op.step.has_value()) {
           if (absl::Status s = CheckCheckpointStep(tx, op, generation); !s.ok()) return s;
@@ -116,12 +129,23 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
         // cut-over checkpoint (docs/coordinator.md, "Agents prepare").
         const int64_t next_generation =
             tx.Exec(pg::kMaxGeneration, op.job_id)[0][0].as<int64_t>() + 1;
-        const int64_t to_generation = reserved_generation > 0 ? reserved_generation
-                                      : op.stop_free          ? next_generation + 1
-                                                              : next_generation;
+        // A queued operation's numbers are fixed when it is released
+        // (ReleaseQueuedOperation), and so is the start of its step-boundary
+        // wait.
+        const std::string queued_behind =
+            verdict->what == Meeting::kQueue ? verdict->other : std::string();
+        const int64_t to_generation = !queued_behind.empty() ? 0
+                                      : reserved_generation > 0 ? reserved_generation
+                                      : op.stop_free            ? next_generation + 1
+                                                                : next_generation;
         tx.Exec(pg::kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
                 generation, to_generation, pg::Bytea(layout_bytes), lost_hosts, lost_ranks,
-                op.idempotency.key);
+                op.idempotency.key, queued_behind,
+                static_cast<int>(op.at_step_boundary ? v1::STEP_BOUNDARY_WAITING
+                                                     : v1::STEP_BOUNDARY_UNSPECIFIED),
+                op.at_step_boundary ? op.step_boundary_timeout_ms : int64_t{0},
+                op.at_step_boundary && queued_behind.empty() ? op.step_boundary_deadline_unix_ms
+                                                             : int64_t{0});
         if (keyed) {
           if (absl::Status s =
                   pg::ClaimIdempotencyKey(tx, op.idempotency, op.operation_id, op.job_id);
@@ -133,7 +157,8 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
           tx.Exec(pg::kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
         }
         if (op.stop_free) tx.Exec(pg::kSetOperationStopFree, op.operation_id);
-        if (!op.cut_over_operation_id.empty()) pg::CutOver(tx, op, to_generation);
+        if (verdict->what == Meeting::kCutOver) pg::CutOver(tx, op, to_generation);
+        if (absl::Status s = pg::ApplyMeeting(tx, op, *verdict); !s.ok()) return s;
         tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
         pg::WriteAudit(tx, op.job_id, op.operation_id);
         absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, op.operation_id, false);
@@ -204,6 +229,9 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
       const std::string job_id = r[0][0].c_str();
       tx.Exec(pg::kDiscardPendingGeneration, job_id, r[0][1].as<int64_t>());
       tx.Exec(pg::kSettleJobState, job_id);
+      // Another operation of the job still active (one queued behind this
+      // checkpoint, the stop-free one this cut over) keeps it RECONFIGURING.
+      tx.Exec(pg::kKeepReconfiguring, job_id);
     }
     // A cancel's key names the operation it moved, or nothing moves.
     if (!update.idempotency.key.empty()) {

@@ -2,6 +2,7 @@
 
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_meeting_statements.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
 #include "services/coordinator/store/pg_rank_failures.h"
@@ -120,6 +121,12 @@ const std::vector<Statement>& AllStatements() {
       kPendingGenerationExists,
       kResetHostsForTransfer,
       kSetPreparedTransferring,
+      // A checkpoint and an operation that meet (issue 20).
+      kNameStepBoundaryCheckpoint,
+      kOperationJob,
+      kLockQueuedOperation,
+      kReleaseQueuedOperation,
+      kStepBoundaryTimedOut,
   };
   return *kAll;
 }

@@ -18,7 +18,8 @@ namespace reshard::coordinator::pg {
 // The columns JobFromRow (pg_codec.h) reads, from `jobs j` joined with its
 // current generation `g`. Lost hosts: those job_lost_hosts names (see
 // migrations/0002) and hosts of the current generation whose state is LOST
-// (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING.
+// (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING; the
+// operation waiting for its step boundary (migrations/0013).
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
@@ -27,7 +28,9 @@ namespace reshard::coordinator::pg {
   "ARRAY(SELECT l.host_id FROM job_lost_hosts l WHERE l.job_id = j.id UNION "               \
   "SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "                   \
   "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
-  "r.generation = j.generation) ORDER BY 1) "                                               \
+  "r.generation = j.generation) ORDER BY 1), "                                              \
+  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state = 1 AND "               \
+  "o.step_boundary = 1 AND o.queued_behind_operation_id IS NULL LIMIT 1) "                  \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
@@ -184,7 +187,9 @@ inline constexpr Statement kClaimIdempotencyKey{
   "o.stop_free, reshard_unix_ms(o.prepared_at), reshard_unix_ms(o.cutover_at), "            \
   "o.cutover_operation_id, reshard_unix_ms(o.workers_prepared_at), "                        \
   "reshard_unix_ms(o.agents_prepared_at), o.prepared_from_generation, o.bytes_precopied, "  \
-  "o.bytes_skipped_unchanged "
+  "o.bytes_skipped_unchanged, o.queued_behind_operation_id, o.step_boundary, "              \
+  "o.step_boundary_deadline_unix_ms, o.step_boundary_checkpoint_id, "                       \
+  "o.step_boundary_timeout_ms "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
@@ -200,15 +205,23 @@ inline constexpr Statement kListOperationsForJob{
 inline constexpr Statement kListActiveOperations{
     "list_active_operations", "SELECT id FROM operations WHERE state IN (1, 2, 3) ORDER BY seq"};
 
+// Columns 2.. are what the meeting rule reads (pg_meeting.cc, ActiveOperation).
 inline constexpr Statement kActiveOperationOfJob{
     "active_operation_of_job",
-    "SELECT id, state FROM operations WHERE job_id = $1 AND state IN (1, 2, 3) ORDER BY seq"};
+    "SELECT id, state, kind, stop_free, step_boundary, COALESCE(queued_behind_operation_id, ''), "
+    "COALESCE(step_boundary_checkpoint_id, ''), to_generation FROM operations "
+    "WHERE job_id = $1 AND state IN (1, 2, 3) ORDER BY seq"};
 
+// $10.. (migrations/0013): the checkpoint it is queued behind ('' none),
+// its step boundary (StepBoundary), that one's timeout and deadline; in the
+// row from the start, as the one-active-operation index reads them.
 inline constexpr Statement kInsertOperation{
     "insert_operation",
     "INSERT INTO operations (id, job_id, kind, state, from_generation, to_generation, "
-    "target_layout, lost_hosts, lost_ranks, idempotency_key) "
-    "VALUES ($1, $2, $3, 1, $4, $5, $6, $7::text[], $8::integer[], $9)"};
+    "target_layout, lost_hosts, lost_ranks, idempotency_key, queued_behind_operation_id, "
+    "step_boundary, step_boundary_timeout_ms, step_boundary_deadline_unix_ms) "
+    "VALUES ($1, $2, $3, 1, $4, $5, $6, $7::text[], $8::integer[], $9, NULLIF($10, ''), "
+    "$11::smallint, $12::bigint, $13::bigint)"};
 
 inline constexpr Statement kLockOperation{
     "lock_operation",

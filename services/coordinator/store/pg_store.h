@@ -124,6 +124,10 @@ class PgStore : public Store {
 
   // ---- Operations ----------------------------------------------------------
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) override;
+  // pg_meeting.cc
+  [[nodiscard]] absl::StatusOr<bool> ReleaseQueuedOperation(const std::string& operation_id,
+                                                            int64_t now_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<bool> EndStepBoundaryWait(const std::string& operation_id) override;
   // pg_stop_free.cc
   [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(
       const std::string& operation_id) override;

@@ -97,6 +97,14 @@ struct NewOperation {
   /// (CheckpointRequest.cut_over_operation_id; checked in the creating
   /// transaction, see PgStore's CheckCutOver).
   std::string cut_over_operation_id;
+  /// Resize / migrate: stop-the-world at the job's next step boundary
+  /// (ResizeRequest.at_step_boundary; docs/coordinator.md, "Checkpoints and
+  /// operations"): waits until the deadline (coordinator clock) for a
+  /// checkpoint naming it. The deadline counts from the release instead
+  /// when the operation is queued.
+  bool at_step_boundary = false;
+  int64_t step_boundary_timeout_ms = 0;
+  int64_t step_boundary_deadline_unix_ms = 0;
 };
 
 /// An operation with what only the coordinator needs.
@@ -250,6 +258,23 @@ class Store {
   /// (FailedPrecondition naming it). With a key seen before for the same
   /// request, returns that operation (whatever its state now).
   [[nodiscard]] virtual absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) = 0;
+  // A checkpoint and an operation that meet (docs/coordinator.md,
+  // "Checkpoints and operations"): CreateOperation queues a reconfiguration
+  // behind an in-flight checkpoint, folds a checkpoint into a stop-free or
+  // step-boundary operation (the answer is that operation with
+  // checkpoint_folded), aborts a checkpoint for a recovery, and takes a
+  // checkpoint naming an operation that waits for its step boundary.
+  /// A queued operation whose checkpoint ended: from_generation becomes the
+  /// job's generation, to_generation the next free number, a step-boundary
+  /// wait starts (deadline now_unix_ms + its timeout) or ends (REACHED /
+  /// CHECKPOINT_ENDED). False while the checkpoint is active; Aborted when
+  /// the operation is not queued (any more).
+  [[nodiscard]] virtual absl::StatusOr<bool> ReleaseQueuedOperation(
+      const std::string& operation_id, int64_t now_unix_ms) = 0;
+  /// A step-boundary wait whose deadline passed: WAITING -> TIMED_OUT. False
+  /// when it no longer waits (a checkpoint named it first).
+  [[nodiscard]] virtual absl::StatusOr<bool> EndStepBoundaryWait(
+      const std::string& operation_id) = 0;
   /// A stop-free operation's new workers are warm (MarkPrepared): sets
   /// workers_prepared_at, and prepared_at when the agents are prepared too.
   /// FailedPrecondition unless it is stop-free and PLANNED; a repeat keeps
