@@ -313,6 +313,11 @@ absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bo
 int64_t CoordinatorSession::AcceptsPublish(const std::string& job_id, int64_t generation,
                                            int rank) const {
   std::lock_guard<std::mutex> l(mu_);
+  return AcceptsPublishLocked(job_id, generation, rank);
+}
+
+int64_t CoordinatorSession::AcceptsPublishLocked(const std::string& job_id, int64_t generation,
+                                                 int rank) const {
   for (const auto& [id, op] : ops_) {
     if (op->job_id == job_id && op->to_generation == generation && !op->finished.load() &&
         !op->cancel.load() && op->published_ranks.count(rank) != 0) {
@@ -340,6 +345,7 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
   if (!s.ok()) {
     RESHARD_LOG(WARNING) << "operation " << operation_id << ": GetTask: " << s;
     op->finished.store(true);
+    cv_.notify_all();  // a publish waiting for this task (AwaitPublishAccepted) stops waiting
     return;
   }
   // A checkpoint's ranks here are known before the task reports anything,
@@ -359,7 +365,9 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     op->to_generation = task.to_generation();
     op->published_ranks = std::move(published);
     op->from_generation = task.from_generation();
+    op->task_fetched = true;
   }
+  cv_.notify_all();  // publishes waiting in AwaitPublishAccepted
   RESHARD_LOG(INFO) << "operation " << operation_id << " job " << task.job_id() << ": generation "
                     << task.from_generation() << " -> " << task.to_generation() << ", "
                     << task.plan().steps_size() << " steps here";

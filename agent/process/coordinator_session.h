@@ -15,6 +15,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <map>
@@ -76,12 +77,24 @@ class CoordinatorSession {
   /// generation is not the job's current one). Else 0.
   int64_t AcceptsPublish(const std::string& job_id, int64_t generation, int rank) const;
 
+  /// A worker publishes `rank` of `generation` of `job_id`, which a
+  /// checkpoint opens but no task here has taken yet: instead of leaving the
+  /// worker to wait for the next heartbeat (a third of the lease), asks the
+  /// coordinator for this host's assigned operations now (WaitForTasks, one
+  /// call at a time however many workers ask: the others wait for its
+  /// answer), starts them, and waits until a checkpoint task accepts the
+  /// publish or `timeout_ms` passes. AcceptsPublish's answer then (0: not in
+  /// time, or stopping). Any thread.
+  int64_t AwaitPublishAccepted(const std::string& job_id, int64_t generation, int rank,
+                               int timeout_ms);
+
  private:
   struct RunningOp {
     std::string job_id;
     int64_t to_generation = 0;
     std::set<int> published_ranks;  // a checkpoint's ranks the workers write here
     int64_t from_generation = 0;
+    bool task_fetched = false;  // GetTask answered (the fields above are set); under mu_
     std::atomic<bool> cancel{false};
     std::atomic<bool> finished{false};
     /// The task was a prepare and the coordinator took its PREPARED report:
@@ -111,6 +124,11 @@ class CoordinatorSession {
   int StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids, uint64_t listed_at);
   /// The long poll (WaitForTasks) while a prepared operation is held.
   void PollLoop();
+  /// AwaitPublishAccepted's one WaitForTasks call (until `deadline` at
+  /// most): starts what it lists. Returns how many operations it started.
+  int PickUpNow(std::chrono::steady_clock::time_point deadline);
+  /// AcceptsPublish with mu_ held.
+  int64_t AcceptsPublishLocked(const std::string& job_id, int64_t generation, int rank) const;
   /// Forgets the prepared operations of `job_id` (of its generation
   /// `generation` only, when not 0): discarded or deleted. Holds mu_.
   void ForgetPreparedLocked(const std::string& job_id, int64_t generation);
@@ -147,6 +165,7 @@ class CoordinatorSession {
   std::set<std::string> last_assigned_;                    // the latest assigned_operations
   grpc::ClientContext* poll_ctx_ = nullptr;                // the WaitForTasks in flight
   bool poll_unimplemented_ = false;                        // the coordinator has no WaitForTasks
+  bool pickup_in_flight_ = false;                          // a PickUpNow call is out
   std::thread loop_;
   std::thread poll_;
   bool started_ = false;

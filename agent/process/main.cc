@@ -136,6 +136,10 @@ int main(int argc, char** argv) {
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);
   });
+  worker_service.SetPublishWait(
+      [&session](const std::string& job, int64_t generation, int rank, int timeout_ms) {
+        return session.AwaitPublishAccepted(job, generation, rank, timeout_ms);
+      });
   // Shard files are the agent's alone: workers map descriptors the agent
   // hands them over `<worker socket>.fds`, admitted like the gRPC calls
   // (docs/security.md, "Workers").

@@ -61,6 +61,77 @@ int CoordinatorSession::StartAssigned(const google::protobuf::RepeatedPtrField<s
   return started;
 }
 
+int64_t CoordinatorSession::AwaitPublishAccepted(const std::string& job_id, int64_t generation,
+                                                 int rank, int timeout_ms) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    if (const int64_t from = AcceptsPublishLocked(job_id, generation, rank); from > 0) return from;
+    if (stopping_.load() || std::chrono::steady_clock::now() >= deadline) return 0;
+    // A task started here whose GetTask has not answered may be the
+    // checkpoint's: wait for it (RunOperation notifies) before asking again.
+    const bool task_pending = std::any_of(ops_.begin(), ops_.end(), [](const auto& entry) {
+      return !entry.second->task_fetched && !entry.second->finished.load();
+    });
+    if (task_pending || pickup_in_flight_ || poll_unimplemented_) {
+      cv_.wait_until(l, deadline);
+      continue;
+    }
+    pickup_in_flight_ = true;
+    l.unlock();
+    const auto sent = std::chrono::steady_clock::now();
+    const int started = PickUpNow(deadline);
+    l.lock();
+    pickup_in_flight_ = false;
+    cv_.notify_all();
+    // Nothing new and answered at once: do not spin on the coordinator.
+    if (started == 0 && std::chrono::steady_clock::now() - sent <
+                            std::chrono::milliseconds(kPollMinIntervalMs)) {
+      cv_.wait_for(l, std::chrono::milliseconds(kPollMinIntervalMs));
+    }
+  }
+}
+
+int CoordinatorSession::PickUpNow(std::chrono::steady_clock::time_point deadline) {
+  v1::WaitForTasksRequest req;
+  v1::WaitForTasksResponse resp;
+  grpc::ClientContext ctx;
+  uint64_t listed_at = 0;
+  const auto now = std::chrono::steady_clock::now();
+  const int wait_ms = static_cast<int>(std::clamp<int64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now).count(), 1,
+      kPollWaitMs));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (stopping_.load()) return 0;
+    req.set_host_id(options_.host_id);
+    req.set_wait_ms(wait_ms);
+    // What runs or is held here, and what ran and is still listed: the
+    // coordinator answers as soon as another operation (the checkpoint) is
+    // assigned here.
+    for (const auto& [id, op] : ops_) req.add_known_operations(id);
+    for (const auto& [id, held] : prepared_) req.add_known_operations(id);
+    for (const std::string& id : last_assigned_) {
+      if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
+    }
+    listed_at = list_clock_;
+  }
+  ctx.set_deadline(std::chrono::system_clock::now() +
+                   std::chrono::milliseconds(wait_ms + kPollDeadlineMarginMs));
+  const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+  if (!s.ok()) {
+    RESHARD_LOG(WARNING) << "host " << options_.host_id
+                         << ": WaitForTasks for a worker's publish: " << s;
+    if (absl::IsUnimplemented(s)) {
+      std::lock_guard<std::mutex> l(mu_);
+      poll_unimplemented_ = true;
+    }
+    return 0;
+  }
+  return StartAssigned(resp.assigned_operations(), listed_at);
+}
+
 void CoordinatorSession::PollLoop() {
   const std::string& host = options_.host_id;
   int backoff_ms = 100;

@@ -24,6 +24,10 @@
 namespace reshard::agent {
 namespace {
 
+// How long a publish waits for a checkpoint's task to reach this agent
+// before it answers UNAVAILABLE (and the worker retries).
+constexpr int kPublishWaitMs = 5000;
+
 absl::Status CheckKey(const std::string& job_id, int64_t generation, int32_t rank) {
   if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
   if (generation <= 0) {
@@ -303,10 +307,17 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   }
   // A checkpoint's workers publish the generation after the current one, on
   // the same layout (HostTask.publish_by_workers).
-  const int64_t from =
+  int64_t from =
       publish_gate_ ? publish_gate_(req->job_id(), req->generation(), req->rank()) : 0;
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
       Lookup(req->job_id(), from > 0 ? from : req->generation(), /*require_current=*/true);
+  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) && publish_wait_ &&
+      CheckpointOpening(req->job_id(), req->generation())) {
+    // The checkpoint exists but its task has not reached this agent: fetch
+    // it now rather than at the next heartbeat (issue 20).
+    from = publish_wait_(req->job_id(), req->generation(), req->rank(), kPublishWaitMs);
+    if (from > 0) jg = Lookup(req->job_id(), from, /*require_current=*/true);
+  }
   if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) &&
       CheckpointOpening(req->job_id(), req->generation())) {
     // The checkpoint exists but this agent has not fetched its task yet.

@@ -53,6 +53,14 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// (CoordinatorSession::AcceptsPublish). Set before the server serves.
   using PublishGate = std::function<int64_t(const std::string&, int64_t, int)>;
   void SetPublishGate(PublishGate gate) { publish_gate_ = std::move(gate); }
+  /// For a publish that a checkpoint opens before its task reached this
+  /// agent: fetch the task now and wait up to the last argument's
+  /// milliseconds for the gate to open (CoordinatorSession::
+  /// AwaitPublishAccepted); returns what the gate then says. Unset: such a
+  /// publish answers UNAVAILABLE at once (the worker retries). Set before
+  /// the server serves.
+  using PublishWait = std::function<int64_t(const std::string&, int64_t, int, int)>;
+  void SetPublishWait(PublishWait wait) { publish_wait_ = std::move(wait); }
   /// The socket the calls come from (not owned; may stay unset): log lines
   /// then name the caller's pid, uid and gid (SO_PEERCRED).
   void SetSocket(const WorkerSocket* socket) { socket_ = socket; }
@@ -115,6 +123,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   ShardStore* store_;
   AgentMetrics* metrics_;
   PublishGate publish_gate_;
+  PublishWait publish_wait_;
   const WorkerSocket* socket_ = nullptr;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   const std::shared_ptr<JobCache> cache_;  // shared with the store's drop listener
