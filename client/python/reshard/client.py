@@ -10,6 +10,7 @@ instead of doing the work twice. Results are the proto messages of
 reshard.v1 (`reshard.to_dict` turns one into a dict).
 """
 
+import os
 import random
 import time
 import uuid
@@ -81,7 +82,12 @@ class Client:
         Required unless `channel` is given or `insecure` is True.
       insecure: plaintext, for a coordinator run with --insecure.
       token: a bearer token, sent as `authorization: Bearer <token>` with
-        every call (people and schedulers without a certificate).
+        every call (people and schedulers without a certificate), or the
+        job's worker token: a training process's credential for everything
+        it does on its own job (get_job, watch_job, get/watch_operation,
+        wait, checkpoint, commit_step, dataset_state, mark_prepared,
+        report_rank_failure), PermissionDenied for anything else.
+        Client.from_env() builds that client from the launcher's environment.
       options: extra gRPC channel options, (key, value) pairs.
       on_retry: optional callable(method, attempt, error, delay_s, idempotency_key)
         called before each retry sleep (for logging and metrics).
@@ -117,6 +123,37 @@ class Client:
         self._channel = channel
         self._stub = coordinator_pb2_grpc.CoordinatorServiceStub(channel)
         self._closed = False
+
+    @classmethod
+    def from_env(cls, env=None, **kwargs):
+        """A training process's Client, from the environment the launcher
+        gives each rank (docs/pytorch.md, "Credentials of a training
+        process"): the coordinator at $RESHARD_COORDINATOR, the job's worker
+        token $RESHARD_WORKER_TOKEN as its only credential, TLS with the CA
+        file $RESHARD_TLS_CA (no client certificate), or plaintext when
+        $RESHARD_TLS_CA is unset or empty (a coordinator run with --insecure).
+        `env`: a mapping to read instead of os.environ; `kwargs` go to
+        Client (timeout=, max_attempts=, ...; credentials=, insecure= or
+        token= override what the environment says). ValueError names a
+        missing variable or an unreadable CA file."""
+        env = os.environ if env is None else env
+        address = env.get("RESHARD_COORDINATOR", "")
+        if not address:
+            raise ValueError("Client.from_env: RESHARD_COORDINATOR is not set "
+                             "(the coordinator's host:port)")
+        if "token" not in kwargs:
+            token = env.get("RESHARD_WORKER_TOKEN", "")
+            if not token:
+                raise ValueError("Client.from_env: RESHARD_WORKER_TOKEN is not set "
+                                 "(the job's worker token)")
+            kwargs["token"] = token
+        if "credentials" not in kwargs and "insecure" not in kwargs and "channel" not in kwargs:
+            ca = env.get("RESHARD_TLS_CA", "")
+            if ca:
+                kwargs["credentials"] = tls_credentials(ca)
+            else:
+                kwargs["insecure"] = True
+        return cls(address, **kwargs)
 
     # ------------------------------------------------------------ lifecycle
 
@@ -526,6 +563,20 @@ class Client:
                                     cursor=cursor, layout_fingerprint=layout_fingerprint)
         from reshard import data
         return data.DatasetState.from_proto(self._call("CommitStep", req, timeout))
+
+    def report_rank_failure(self, job_id, rank, reason="", timeout=None):
+        """Says that `rank` of the job's current generation died (its
+        process exited, a collective saw its peer vanish): recorded in the
+        audit trail and in the job's failed_ranks, which every watch_job
+        stream receives at once, so the scheduler recovers in seconds
+        instead of at the host's lease expiry. Allowed to the job's worker
+        token and to schedulers of its tenant. Returns the RankFailure
+        (rank, reason, generation, reported_unix_ms, reported_by); a
+        repeated report of a rank replaces its reason and time (so
+        UNAVAILABLE is retried). InvalidArgument names `rank` and its value
+        outside 0..world-1."""
+        req = _pb.ReportRankFailureRequest(job_id=job_id, rank=rank, reason=reason or "")
+        return self._call("ReportRankFailure", req, timeout)
 
     def dataset_state(self, job_id, timeout=None):
         """The job's committed reshard.data.DatasetState (of its current
