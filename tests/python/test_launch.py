@@ -29,7 +29,6 @@ import subprocess
 import sys
 import time
 
-import grpc
 import pytest
 
 import reshard
@@ -72,32 +71,6 @@ def _free_port_range(n=64):
     raise RuntimeError("no free port range")
 
 
-def _scheduler_token(cluster):
-    from reshard.v1 import coordinator_pb2, coordinator_pb2_grpc
-    cert, key = cluster.pki.issue(cluster.ADMIN)
-    with grpc.secure_channel(cluster.coordinator,
-                             reshard.tls_credentials(cluster.pki.ca, cert, key)) as channel:
-        return coordinator_pb2_grpc.AuthServiceStub(channel).CreateToken(
-            coordinator_pb2.CreateTokenRequest(name="launch-test", role="scheduler",
-                                               tenants=[TENANT]), timeout=10).bearer_token
-
-
-def _worker_token_follows_jobs(cluster, job_id, token):
-    """Whether the coordinator lets the job's worker token watch the job and
-    read its operations (issue 20, H2a). Until it does the launcher is given
-    a scheduler token (--token-file) and the ranks the worker token."""
-    with reshard.Client(cluster.coordinator, credentials=reshard.tls_credentials(cluster.pki.ca),
-                        token=token, timeout=10.0, max_attempts=1) as c:
-        try:
-            next(iter(c.watch_job(job_id, timeout=10)))
-            c.get_operation("00000000-0000-0000-0000-000000000000")
-        except reshard.NotFound:
-            return True
-        except reshard.PermissionDenied:
-            return False
-    return True
-
-
 class Launchers:
     """One `python -m reshard run` per host, and what their ranks record."""
 
@@ -107,11 +80,10 @@ class Launchers:
         self.out.mkdir(exist_ok=True)
         self.tmp = tmp_path
         self.port_range = _free_port_range()
+        # The launchers and their ranks hold the job's worker token only.
         self.worker_token = cluster.worker_token(job.id)
-        self.scheduler_token = _scheduler_token(cluster)
-        self.worker_only = _worker_token_follows_jobs(cluster, job.id, self.worker_token)
         token_file = tmp_path / "token"
-        token_file.write_text(self.worker_token if self.worker_only else self.scheduler_token)
+        token_file.write_text(self.worker_token)
         self.token_file = str(token_file)
         self.procs, self.recovery_timeout = {}, dict(recovery_timeout or {})
         self.exited = set()
@@ -119,7 +91,6 @@ class Launchers:
     def start(self, host):
         package_root = os.path.dirname(os.path.dirname(os.path.abspath(reshard.__file__)))
         env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", LAUNCH_TEST_OUT=str(self.out),
-                   LAUNCH_TEST_TOKEN=self.scheduler_token, RESHARD_WORKER_TOKEN=self.worker_token,
                    PYTHONPATH=os.pathsep.join(p for p in (package_root,
                                                           os.environ.get("PYTHONPATH")) if p))
         argv = [sys.executable, "-m", "reshard", "run", "--coordinator", self.cluster.coordinator,
@@ -268,22 +239,24 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
             assert not [e for e in L.events(host) if e["event"] in ("failed", "terminate")]
         assert final.stop_free
 
-        # 3. Stop-the-world resize to dp 2 on host-0 and host-2 (device 1).
+        # 3. Stop-the-world resize to dp 2 on host-0 and host-2 (device 1):
+        # the running ranks (past the committed step) are stopped, the new
+        # ones start cold at the committed generation and load it.
         lay3 = layout.make_layout(1, 1, 2, ranks=[("host-0", 0), ("host-2", 1)])
-        done = client.wait(client.resize(job.id, lay3).id, timeout=120, raise_on_failure=True)
-        gen = done.to_generation
-        cold = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen), 2)
+        gen3 = client.wait(client.resize(job.id, lay3).id, timeout=120,
+                           raise_on_failure=True).to_generation
+        cold = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen3), 2)
         for rank in (0, 1):
-            assert cold[rank]["env"] == _expected_env(L, lay3, rank, 0, 1, "localhost", gen,
-                                                      launch.world_index(generation=gen))
-            # Generation `gen` was planned from the stop-free operation's.
+            assert cold[rank]["env"] == _expected_env(L, lay3, rank, 0, 1, "localhost", gen3,
+                                                      launch.world_index(generation=gen3))
+            # Generation gen3 was planned from the stop-free operation's.
             assert cold[rank]["loaded"] == {"step": cut_step,
                                             "w": [float(i + cut_step) for i in range(8)],
                                             "dataset_step": cut_step}
-        for host in ("host-1", "host-2"):  # the stop-free world's ranks were stopped
-            stopped = L.wait(f"{host} stops op world", lambda: [
+        for host, rank in (("host-1", 0), ("host-2", 1)):
+            term = L.wait(f"{host} stops the stop-free world", lambda: [
                 e for e in L.events(host) if e["event"] == "terminate"])
-            assert stopped[0]["world"] == f"op-{op.id}"
+            assert (term[0]["world"], term[0]["ranks"]) == (f"op-{op.id}", [rank])
         for r in warm.values():
             L.wait("stopped rank gone", lambda: not _alive(r["pid"]))
 
@@ -310,14 +283,20 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
         t_kill = time.time()
         os.kill(victim, signal.SIGKILL)
         failed = L.wait("failure event", lambda: [e for e in L.events("host-1")
-                                                  if e["event"] == "failed"], timeout=30)
-        assert (failed[0]["rank"], failed[0]["code"], failed[0]["world"]) == (1, -signal.SIGKILL,
-                                                                               "g1")
+                                                  if e["event"] == "reported"], timeout=30)
+        assert (failed[0]["rank"], failed[0]["world"], failed[0]["reported"]) == (1, "g1", True)
         assert failed[0]["t"] - t_kill < 5.0
-        if hasattr(reshard.Client, "report_rank_failure"):
-            assert failed[0]["reported"] is True
-        else:
-            assert failed[0]["reported"] is False  # no ReportRankFailure in this client yet
+        # Rank 0 died of its peer's death (exit status 1, PeerLost): a
+        # casualty, not reported.
+        casualty = L.wait("casualty", lambda: [e for e in L.events("host-0")
+                                               if e["event"] in ("casualty", "reported")])
+        assert (casualty[0]["event"], casualty[0]["rank"], casualty[0]["of"]) == ("casualty", 0, [1])
+        assert [(e["rank"], e["code"]) for e in L.events("host-0") if e["event"] == "failed"] == \
+            [(0, 1)]
+        # The coordinator's record: rank 1 of generation 1, with the reason.
+        recorded = client.get_job(job.id).failed_ranks
+        assert [(f.rank, f.generation, f.reason) for f in recorded] == [
+            (1, 1, "rank 1 (g1) killed by signal SIGKILL")]
         # host-1 gets no recovery within its 3 s: it exits 1.
         assert L.procs["host-1"].wait(60) == launch.EXIT_RANK_FAILED
         L.exited.add("host-1")
@@ -393,3 +372,15 @@ def test_cli_refuses_bad_arguments(tmp_path):
     assert launch.main(base + ["--insecure", "--token-file", str(tmp_path / "none"), "--",
                                "true"]) == launch.EXIT_USAGE
     assert launch.main(["walk"]) == launch.EXIT_USAGE
+
+
+def test_console_script_and_module_entry_points():
+    import tomllib
+    with open(os.path.join(HERE, "..", "..", "client", "python", "pyproject.toml"), "rb") as f:
+        assert tomllib.load(f)["project"]["scripts"] == {"reshard": "reshard.launch:main"}
+    r = subprocess.run([sys.executable, "-m", "reshard", "run", "--help"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, r.stdout
+    r = subprocess.run([sys.executable, "-m", "reshard", "walk"], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == launch.EXIT_USAGE, r.stdout

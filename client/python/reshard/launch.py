@@ -56,6 +56,8 @@ from reshard._proto import as_message, coordinator_pb2, ptc_pb2, to_dict
 from reshard import layout as _layout
 
 _pb = coordinator_pb2
+_TERMINAL = (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED,
+             _pb.OPERATION_STATE_FAILED)
 
 DEFAULT_PORT_RANGE = (29500, 30499)
 
@@ -291,7 +293,8 @@ class Launcher:
 
     def __init__(self, client, job_id, host, worker_socket, command, coordinator,
                  worker_token="", tls_ca="", addresses=None, port_range=DEFAULT_PORT_RANGE,
-                 retire_timeout=120.0, recovery_timeout=60.0, grace=10.0, events_path=None,
+                 retire_timeout=120.0, recovery_timeout=60.0, grace=10.0, settle=1.0,
+                 events_path=None,
                  log_dir=None, log=None):
         self.client, self.job_id, self.host = client, job_id, host
         self.worker_socket, self.command = worker_socket, list(command)
@@ -300,6 +303,7 @@ class Launcher:
         self.port_range = port_range
         self.retire_timeout, self.recovery_timeout, self.grace = (
             retire_timeout, recovery_timeout, grace)
+        self.settle = settle
         self.log_dir = log_dir
         self._log = log or (lambda msg: print(f"reshard run [{job_id} {host}]: {msg}",
                                               file=sys.stderr, flush=True))
@@ -313,6 +317,7 @@ class Launcher:
         self.ops = {}             # operation id -> last Operation seen
         self.failure = None       # (deadline, what) of a failure awaiting a recovery
         self._started_ops = set()  # stop-free operations whose ranks were started
+        self.pending = []          # (deadline, world, rank, what): reports held for --settle
         self._stop = threading.Event()
 
     # ------------------------------------------------------------- output
@@ -332,8 +337,12 @@ class Launcher:
                     self.queue.put(("job", job))
                     if self._stop.is_set():
                         return
-                self.queue.put(("job_gone", None))  # the stream ends only when it is deleted
-                return
+                # The stream ended without an error: a deleted job, or a
+                # coordinator that went away cleanly (then follow it again).
+                self.client.get_job(self.job_id)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
             except errors.NotFound as e:
                 self.queue.put(("job_gone", e))
                 return
@@ -469,8 +478,7 @@ class Launcher:
         if op_id not in self.ops:
             op = self.client.get_operation(op_id)
             self.ops[op_id] = op
-            if op.state not in (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED,
-                                _pb.OPERATION_STATE_FAILED):
+            if op.state not in _TERMINAL:
                 self._thread(self._watch_operation, op_id, name=f"watch-{op_id}")
         return self.ops[op_id]
 
@@ -479,11 +487,11 @@ class Launcher:
         """A stop-the-world reconfiguration (resize, migrate, recover) still
         running: the layout is about to change."""
         return (op.kind != _pb.OPERATION_KIND_CHECKPOINT and not op.stop_free and
-                op.state not in (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED,
-                                 _pb.OPERATION_STATE_FAILED))
+                op.state not in _TERMINAL)
 
     def on_job(self, job):
         self.job = job
+        self._check_casualties()
         if job.state == _pb.JOB_STATE_FAILED:
             raise _Exit(EXIT_JOB_FAILED, f"job {self.job_id} is FAILED (state lost beyond "
                                          f"recovery)")
@@ -502,7 +510,11 @@ class Launcher:
         # committed: this host's ranks of it start cold.
         if self.warming is not None:
             self._abandon(self.warming, "the job's layout changed without it")
-        self._retire(self.current, 0, f"the job moved to generation {job.generation}")
+        # Ranks still running trained past the state the new layout starts
+        # from, unless the operation stopped them at a step boundary: those
+        # are ending by themselves and get --grace seconds.
+        self._retire(self.current, self.grace if self._stopped_at_boundary(job) else 0,
+                     f"the job moved to generation {job.generation}")
         self.layout = job.layout
         # Generation 1 is the registered layout: nothing to load, its ranks
         # publish it (RESHARD_GENERATION 0).
@@ -514,12 +526,29 @@ class Launcher:
             self.event("recovered", generation=job.generation)
             self.failure = None
 
+    def _stopped_at_boundary(self, job):
+        """Whether the operation that made the job's generation stopped the
+        old ranks at a step boundary (ResizeRequest.at_step_boundary)."""
+        reached = getattr(_pb, "STEP_BOUNDARY_REACHED", None)
+        if reached is None:
+            return False
+        for op_id, op in list(self.ops.items()):
+            if op.stop_free or op.kind == _pb.OPERATION_KIND_CHECKPOINT:
+                continue
+            if op.state not in _TERMINAL:  # its watch may lag the job's
+                try:
+                    op = self.ops[op_id] = self.client.get_operation(op_id)
+                except errors.ReshardError:
+                    continue
+            if op.step_boundary == reached and op.to_generation == job.generation:
+                return True
+        return False
+
     def on_op(self, op):
         self.ops[op.id] = op
         if not op.stop_free:
             return
-        terminal = op.state in (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED,
-                                _pb.OPERATION_STATE_FAILED)
+        terminal = op.state in _TERMINAL
         if (op.state == _pb.OPERATION_STATE_PLANNED and self.warming is None and
                 not op.cutover_operation_id and op.id not in self._started_ops):
             self._started_ops.add(op.id)
@@ -568,15 +597,50 @@ class Launcher:
                            status={str(r): c for r, c in world.status.items()})
             return
         what = f"rank {rank} ({world.name}) {_describe_status(code)}"
-        self._log(f"{what}: reporting it and stopping this host's other ranks of {world.name}")
         world.state = "failed"
-        reported = self._report(rank, what)
-        self.event("failed", world=world.name, rank=rank, code=code, reported=reported)
+        self.event("failed", world=world.name, rank=rank, code=code)
         self._terminate(world, f"rank {rank} of the same world failed")
         if world is self.warming:
+            # Its ranks are numbered in the operation's target layout, not in
+            # the job's current world: nothing to report. The old layout
+            # trains on; the operation cannot be prepared (the scheduler
+            # cancels it).
+            self._log(f"{what} in warm-up: stopped this host's ranks of {world.name}; the "
+                      f"current layout trains on")
             self.warming = None
+            return
+        if code < 0:
+            self._log(f"{what}: reporting it, stopping this host's other ranks of {world.name}")
+            self._send_report(world, rank, what)
+        else:
+            # A non-zero status may be a casualty of another rank's death
+            # (PeerLost, gloo's "Connection closed by peer"): report it
+            # unless another rank of this world is reported within --settle.
+            self._log(f"{what}: stopping this host's other ranks of {world.name}; reporting it "
+                      f"unless another rank is reported within {self.settle:g} s")
+            self.pending.append((time.monotonic() + self.settle, world, rank, what))
+            self._check_casualties()
         if self.failure is None:
             self.failure = (time.monotonic() + self.recovery_timeout, what)
+
+    def _send_report(self, world, rank, what):
+        reported = self._report(rank, what)
+        self.event("reported", world=world.name, rank=rank, reported=reported)
+
+    def _check_casualties(self):
+        """Drops the pending reports of ranks that failed after another rank
+        of the job's current generation was reported dead."""
+        if not self.pending or self.job is None:
+            return
+        reported = {f.rank for f in getattr(self.job, "failed_ranks", ())
+                    if f.generation == self.job.generation}
+        for item in list(self.pending):
+            _, world, rank, what = item
+            others = sorted(reported - {rank})
+            if others:
+                self.pending.remove(item)
+                self._log(f"{what}: not reported, ranks {others} were reported dead first")
+                self.event("casualty", world=world.name, rank=rank, of=others)
 
     def _report(self, rank, reason):
         report = getattr(self.client, "report_rank_failure", None)
@@ -605,6 +669,10 @@ class Launcher:
                     self.event("kill", world=world.name, ranks=world.alive())
                     self._signal(world, signal.SIGKILL)
                     world.deadline = None
+        for item in list(self.pending):
+            if now >= item[0]:
+                self.pending.remove(item)
+                self._send_report(*item[1:])
         if self.failure is not None and now >= self.failure[0]:
             raise _Exit(EXIT_RANK_FAILED, f"{self.failure[1]}; no recovery of job {self.job_id} "
                                           f"within {self.recovery_timeout:g} s")
@@ -613,6 +681,7 @@ class Launcher:
         ds = [w.deadline for w in self.retiring if w.deadline is not None]
         if self.failure is not None:
             ds.append(self.failure[0])
+        ds += [item[0] for item in self.pending]
         return min(ds) if ds else None
 
     # ----------------------------------------------------------------- run
@@ -672,7 +741,12 @@ class Launcher:
                 elif kind == "exit":
                     self.on_exit(*value)
                 elif kind == "op_error":
+                    # Follow it again while the job still names it.
                     self._log(f"WatchOperation {value[0]}: {value[1]}")
+                    self.ops.pop(value[0], None)
+                    if self.job is not None and self.job.active_operation_id == value[0]:
+                        time.sleep(0.5)
+                        self.on_op(self._op(value[0]))
                 elif kind == "job_gone":
                     raise _Exit(EXIT_OK, f"job {self.job_id} deleted")
                 elif kind == "signal":
@@ -742,6 +816,11 @@ def _parser():
                         "exiting 1 (default %(default)s)")
     p.add_argument("--grace", type=float, default=10.0, metavar="S",
                    help="SIGTERM -> SIGKILL of a rank being stopped (default %(default)s)")
+    p.add_argument("--settle", type=float, default=1.0, metavar="S",
+                   help="a rank that exits with a non-zero status is reported unless another "
+                        "rank of its world is reported dead within S seconds (it is then a "
+                        "casualty); one killed by a signal is reported at once (default "
+                        "%(default)s)")
     p.add_argument("--log-dir", help="each rank's output to DIR/<world>-rank<R>.log instead of "
                    "the launcher's")
     p.add_argument("--events", help="append what the launcher does as JSON lines to this file")
@@ -791,7 +870,8 @@ def run(argv):
         tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
         addresses=Addresses(explicit, args.rdzv_host_pattern, client.list_hosts),
         port_range=port_range, retire_timeout=args.retire_timeout,
-        recovery_timeout=args.recovery_timeout, grace=args.grace, events_path=args.events,
+        recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
+        events_path=args.events,
         log_dir=args.log_dir)
     try:
         return launcher.run()

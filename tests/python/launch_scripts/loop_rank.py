@@ -10,10 +10,9 @@ and reshard.elastic.join; RESHARD_GENERATION 0 -> publish generation 1 from
 the start; else reshard.elastic.load of that generation.
 
 Writes $LAUNCH_TEST_OUT/<pid>.json: its environment ("env") when it starts,
-then what it loaded ("loaded": step, w) and how its loop ended ("cut").
-$LAUNCH_TEST_TOKEN: the credential its Loop and join use for the
-coordinator instead of the worker token (until the coordinator accepts the
-worker token for Checkpoint and MarkPrepared, issue 20 H2a).
+then what it loaded ("loaded": step, w) and how its loop ended ("cut": a
+stop-free cut-over or a stop-the-world stop at a step boundary). Its only
+credential is the job's worker token.
 """
 
 import datetime
@@ -75,7 +74,7 @@ def main():
         dist.init_process_group("gloo", init_method="env://", rank=env.rank,
                                 world_size=env.world_size, timeout=datetime.timedelta(seconds=60))
 
-    client = env.client(token=os.environ.get("LAUNCH_TEST_TOKEN") or None)
+    client = env.client()
     worker = env.worker(ptc=job_ptc())
     configured = dataset_state()
     if env.warm_up:
