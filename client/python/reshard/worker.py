@@ -79,8 +79,8 @@ class Worker:
         Unauthenticated, another job's is PermissionDenied. With
         coordinator="host:port" and no other credentials it is also the
         bearer token for the coordinator unless token= is given (role
-        `worker`: GetJob of this job only; still needs credentials= with the
-        CA, or insecure=True).
+        `worker`: this job's calls only, docs/security.md "Worker tokens";
+        still needs credentials= with the CA, or insecure=True).
 
     Dtypes on load: from `ptc`, else from the coordinator, else the dtypes
     last published under each name by a Worker of this process for this job;
@@ -108,7 +108,7 @@ class Worker:
             from reshard.client import Client
             if worker_token:
                 # The worker token is also a coordinator credential: the
-                # `worker` role, which may read only this job (GetJob).
+                # `worker` role, scoped to this job (docs/security.md).
                 client_kwargs.setdefault("token", worker_token)
             coordinator = Client(coordinator, timeout=timeout, **client_kwargs)
             self._own_client = coordinator
