@@ -222,6 +222,15 @@ def describe_all(rank, world):
         out["uneven_tp"] = None
     except ValueError as e:
         out["uneven_tp"] = str(e)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))  # tp outermost
+    holder = torch.nn.Module()
+    holder.w = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 3), mesh,
+                                                    [Replicate(), Shard(0)]))
+    try:
+        pytorch.describe(pytorch.AppState(holder, rng=False))
+        out["order"] = None
+    except ValueError as e:
+        out["order"] = str(e)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     holder = torch.nn.Module()
     holder.qkv = torch.nn.Parameter(distribute_tensor(torch.zeros(8, 3), mesh,
@@ -322,6 +331,26 @@ def test_refusals_name_the_fqn_on_every_rank(described):
         assert "[2, 2, 1, 0]" in r["uneven_tp"] and "[2, 1, 1, 1]" in r["uneven_tp"]
         assert r["dp_first"] is not None and "model.qkv" in r["dp_first"], r["dp_first"]
         assert "dp-first" in r["dp_first"]
+        # a mesh whose dims are not in reshard's rank order
+        assert r["order"] is not None and "('tp', 'dp')" in r["order"], r["order"]
+        assert "rank order" in r["order"]
+
+
+def test_a_fresh_optimizers_state_is_a_fresh_start():
+    """get_state_dict makes a fresh optimizer's state by a zero-gradient step
+    that counts one step; reshard sets it back, so training after describe()
+    or publish() equals training without reshard, bit for bit."""
+    ref, mine = mlp(9), mlp(9)
+    ref_opt = torch.optim.AdamW(ref.parameters(), lr=0.1)
+    opt = torch.optim.AdamW(mine.parameters(), lr=0.1)
+    app = pytorch.AppState(mine, opt, rng=False)
+    flat = flat_tensors(app)
+    assert float(flat["optim.state.0.weight.step"]) == 0.0
+    assert not flat["optim.state.0.weight.exp_avg"].any()
+    train(ref, ref_opt, 2, 6)
+    train(mine, opt, 2, 6)
+    for (name, a), b in zip(ref.state_dict().items(), mine.state_dict().values()):
+        assert a.numpy().tobytes() == b.numpy().tobytes(), name
 
 
 def test_mesh_dims_inverts_the_config():

@@ -89,7 +89,19 @@ class AppState:
         from torch.distributed.checkpoint import state_dict as sd
         if self.optimizer is None:
             return sd.get_model_state_dict(self.model), None
-        return sd.get_state_dict(self.model, self.optimizer)
+        fresh = not self.optimizer.state
+        out = sd.get_state_dict(self.model, self.optimizer)
+        if fresh:
+            # torch made the state by a zero-gradient step at lr 0
+            # (_init_optim_state), which counted one step. Zeros with step 0
+            # are what Adam's and AdamW's first step starts from, so with the
+            # count set back the next real step is a fresh optimizer's.
+            torch = _torch()
+            for states in self.optimizer.state.values():
+                step = states.get("step")
+                if isinstance(step, torch.Tensor):
+                    step.zero_()
+        return out
 
     def state_dict(self):
         msd, osd = self.model_and_optim()
