@@ -184,6 +184,16 @@ def describe_all(rank, world):
     train(model, opt, 1, 6)
     app = pytorch.AppState(model, opt, rng=False)
     out["hsdp"] = spec_result(pytorch.describe(app, mesh=mesh), app)
+    # HSDP + TP: dp_replicate 2 x dp_shard 1 x tp 2 (a 3-D mesh)
+    mesh = init_device_mesh("cpu", (2, 1, 2), mesh_dim_names=("dp_replicate", "dp_shard", "tp"))
+    model = mlp(6)
+    from torch.distributed.tensor.parallel import RowwiseParallel
+    parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+    fully_shard(model, mesh=mesh["dp_replicate", "dp_shard"])
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    train(model, opt, 1, 6)
+    app = pytorch.AppState(model, opt, rng=False)
+    out["hsdp_tp"] = spec_result(pytorch.describe(app, mesh=mesh), app)
     # FSDP2 with uneven torch.chunk rows: 5 and 3 rows over 4 ranks
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
     model = mlp(2, (3, 5, 3))
@@ -296,6 +306,15 @@ def test_hsdp_local_tensors_are_the_ptcs(described):
     assert (config.tp, config.dp, config.dp_shard) == (1, 4, 2)
     t = {t.name: t for t in ptc.tensors}
     assert modes(t["model.0.weight"]) == ("TP_REPLICATED", 0, "DP_CHUNK", 0)
+
+
+def test_hsdp_with_tp_local_tensors_are_the_ptcs(described):
+    res = [r["hsdp_tp"] for r in described]
+    ptc, config = check_local_tensors(res)
+    assert (config.tp, config.dp, config.dp_shard) == (2, 2, 1)
+    t = {t.name: t for t in ptc.tensors}
+    assert modes(t["model.0.weight"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
+    assert res[0]["placements"]["model.0.weight"][0] == ("dp_replicate", "Replicate()")
 
 
 def test_uneven_fsdp2_rows_are_the_ptcs(described):
@@ -498,6 +517,7 @@ def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
 
 TARGETS = {  # another layout of each described job, on 2 hosts x 2 devices
     "fsdp_tp": dict(tp=1, pp=1, dp=4), "hsdp": dict(tp=1, pp=1, dp=4, dp_shard=1),
+    "hsdp_tp": dict(tp=1, pp=1, dp=4, dp_shard=2),
     "uneven": dict(tp=2, pp=1, dp=2), "pipeline": dict(tp=1, pp=1, dp=4),
     "cp": dict(tp=1, pp=1, dp=4)}
 
