@@ -1,0 +1,400 @@
+#!/usr/bin/env python3
+"""The same-run race: reshard's reconfiguration against torch.distributed.checkpoint.
+
+One state (a float32 MLP under FSDP2 + tensor parallel, Adam, an LR scheduler,
+each rank's RNG: reshard.pytorch.AppState) moves from mesh A to mesh B twice in
+one run, side by side:
+
+  reshard: the ranks at A publish (reshard.pytorch.publish), the coordinator
+           resizes the job to B through the agents, the ranks at B load in
+           place (reshard.pytorch.load);
+  DCP:     the ranks at A dcp.save the AppState's state dict to a directory on
+           tmpfs (/dev/shm), the ranks at B dcp.load it (DCP's resharding
+           load) and load_state_dict.
+
+Everything at the product's defaults (a LocalCluster on this machine: real
+PostgreSQL, coordinator, one agent per emulated host over UCX on loopback;
+DCP's FileSystemWriter/Reader). Each phase runs in its own gloo processes, one
+per rank; per rank it records wall seconds, CPU-seconds (user+sys) and peak RSS;
+reshard's agents' and coordinator's CPU-seconds over its three phases are
+counted too. The ranks at B of both sides must hold byte-identical tensors
+(exit 1 otherwise). Prints one table (medians of --reps) and the ratios.
+
+    .venv/bin/python bench/dcp_race/race.py [--hidden 1024] [--layers 8]
+        [--from dp2,tp2] [--to dp1,tp4] [--reps 3] [--quick] [--json FILE]
+
+Exit status: 0 done, 1 failed (an operation did not commit, a byte differs).
+"""
+
+import argparse
+import hashlib
+import json
+import os
+import pickle
+import resource
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--build", default=os.path.join(ROOT, "build"))
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--layers", type=int, default=8, help="Linear layers (even: col/row pairs)")
+    p.add_argument("--from", dest="src", default="dp2,tp2", help="mesh A: dp<N>,tp<N>")
+    p.add_argument("--to", dest="dst", default="dp1,tp4", help="mesh B: dp<N>,tp<N>")
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--tmpfs", default="/dev/shm", help="where DCP writes")
+    p.add_argument("--quick", action="store_true", help="smoke: --hidden 64 --layers 2 --reps 1")
+    p.add_argument("--json", metavar="FILE")
+    a = p.parse_args(argv)
+    if a.quick:  # two ranks on one host: the fewest processes
+        a.hidden, a.layers, a.reps, a.src, a.dst = 64, 2, 1, "dp2,tp1", "dp1,tp2"
+    a.src, a.dst = mesh_arg(p, a.src), mesh_arg(p, a.dst)
+    if a.src[0] * a.src[1] != a.dst[0] * a.dst[1]:
+        p.error(f"--from {a.src} and --to {a.dst}: the same number of ranks")
+    if a.layers % 2 or a.layers < 2:
+        p.error(f"--layers {a.layers}: an even number >= 2")
+    return a
+
+
+def mesh_arg(p, text):
+    dims = dict((d[:2], int(d[2:])) for d in text.split(","))
+    if set(dims) != {"dp", "tp"}:
+        p.error(f"{text!r}: expected dp<N>,tp<N>")
+    return dims["dp"], dims["tp"]
+
+
+# ------------------------------------------------------------------ rank side
+
+
+def build_app(dp, tp, hidden, layers, seed):
+    """The AppState of one rank at mesh (dp, tp): colwise/rowwise pairs over
+    "tp", FSDP2 over "dp", Adam, StepLR."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    from reshard import pytorch
+    mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(hidden, hidden) for _ in range(layers)])
+    parallelize_module(model, mesh["tp"], {str(i): ColwiseParallel() if i % 2 == 0 else
+                                           RowwiseParallel() for i in range(layers)})
+    fully_shard(model, mesh=mesh["dp"])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    return pytorch.AppState(model, opt, {"sched": sched}), model, opt, sched
+
+
+def train_step(model, opt, sched, hidden):
+    import torch
+    x = torch.randn(4, hidden, generator=torch.Generator().manual_seed(3))
+    model(x).pow(2).mean().backward()
+    opt.step()
+    opt.zero_grad()
+    sched.step()
+
+
+def digest(app):
+    """{item: sha256 of the rank's local bytes} of every tensor."""
+    from torch.distributed.tensor import DTensor
+    msd, osd = app.model_and_optim()
+    items = [(f"model.{k}", v) for k, v in msd.items()] + [
+        (f"optim.state.{f}.{k}", v) for f, st in osd["state"].items() for k, v in st.items()]
+    out = {}
+    for name, t in items:
+        t = t.to_local() if isinstance(t, DTensor) else t
+        out[name] = hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()
+    return out
+
+
+class Meter:
+    """Wall, CPU-seconds and peak RSS of this process over one phase, which
+    starts when every rank is ready (a barrier) and ends, for the services'
+    CPU-seconds (the pids in `services`, read by rank 0), when every rank is
+    done."""
+
+    def __init__(self, services=()):
+        self.services = services
+        self.service_cpu = 0.0
+
+    def __enter__(self):
+        import torch.distributed as dist
+        dist.barrier()
+        self.svc = sum(proc_cpu(p) for p in self.services) if dist.get_rank() == 0 else 0.0
+        self.ru = resource.getrusage(resource.RUSAGE_SELF)
+        self.t = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        import torch.distributed as dist
+        self.wall = time.perf_counter() - self.t
+        ru = resource.getrusage(resource.RUSAGE_SELF)
+        self.cpu = (ru.ru_utime - self.ru.ru_utime) + (ru.ru_stime - self.ru.ru_stime)
+        self.peak_mb = ru.ru_maxrss / 1024.0
+        self.grew_mb = (ru.ru_maxrss - self.ru.ru_maxrss) / 1024.0
+        if exc[0] is None:
+            dist.barrier()
+            if dist.get_rank() == 0:
+                self.service_cpu = sum(proc_cpu(p) for p in self.services) - self.svc
+        return False
+
+    def result(self):
+        return {"wall": self.wall, "cpu": self.cpu, "peak_mb": self.peak_mb,
+                "grew_mb": self.grew_mb, "service_cpu": self.service_cpu}
+
+
+def reshard_old(rank, world, cfg):
+    import torch.distributed as dist
+    import reshard
+    from reshard import layout, pytorch
+    from reshard.v1 import ptc_pb2
+    dp, tp = cfg["src"]
+    app, model, opt, sched = build_app(dp, tp, cfg["hidden"], cfg["layers"], seed=1)
+    train_step(model, opt, sched, cfg["hidden"])
+    spec = pytorch.describe(app)
+    lay = spec.layout(hosts=cfg["hosts"], devices_per_host=cfg["dph"])
+    ids = [None, None]
+    if rank == 0:
+        with reshard.Client(cfg["coordinator"],
+                            credentials=reshard.tls_credentials(*cfg["tls"])) as c:
+            job, token = c.register_job(ptc_pb2.JobSpec(
+                name=cfg["name"], tenant="bench", ptc=spec.ptc, layout=lay), with_token=True)
+        ids = [job.id, token]
+    dist.broadcast_object_list(ids, src=0)
+    host = layout.slots(lay)[rank][0]
+    with reshard.Worker(cfg["sockets"][host], ids[0], ptc=spec.ptc, worker_token=ids[1]) as w:
+        with Meter(cfg["services"]) as m:
+            pytorch.publish(w, app, spec, rank, 1)
+    return {"job": ids[0], "token": ids[1], "m": m.result(), "digest": digest(app),
+            "bytes": job_bytes(spec.ptc)}
+
+
+def job_bytes(ptc):
+    from reshard import _dtypes
+    import numpy as np
+    return int(sum(int(np.prod(t.shape)) * _dtypes.element_bytes(t.dtype) for t in ptc.tensors))
+
+
+def reshard_new(rank, world, cfg):
+    import reshard
+    from reshard import layout, pytorch
+    from reshard.v1 import ptc_pb2
+    dp, tp = cfg["dst"]
+    app, model, opt, sched = build_app(dp, tp, cfg["hidden"], cfg["layers"], seed=7)
+    ptc = ptc_pb2.Ptc.FromString(cfg["ptc"])
+    lay = ptc_pb2.Layout.FromString(cfg["layout"])
+    spec = pytorch.spec_from_ptc(ptc, lay)
+    host = layout.slots(lay)[rank][0]
+    with reshard.Worker(cfg["sockets"][host], cfg["job"], ptc=ptc,
+                        worker_token=cfg["token"]) as w:
+        with Meter(cfg["services"]) as m:
+            pytorch.load(w, app, spec, rank, cfg["generation"])
+    return {"m": m.result(), "digest": digest(app)}
+
+
+def dcp_old(rank, world, cfg):
+    import torch.distributed.checkpoint as dcp
+    dp, tp = cfg["src"]
+    app, model, opt, sched = build_app(dp, tp, cfg["hidden"], cfg["layers"], seed=1)
+    train_step(model, opt, sched, cfg["hidden"])
+    with Meter() as m:
+        dcp.save(app.state_dict(), checkpoint_id=cfg["dir"])
+    return {"m": m.result(), "digest": digest(app)}
+
+
+def dcp_new(rank, world, cfg):
+    import torch.distributed.checkpoint as dcp
+    dp, tp = cfg["dst"]
+    app, model, opt, sched = build_app(dp, tp, cfg["hidden"], cfg["layers"], seed=7)
+    with Meter() as m:
+        state = app.state_dict()
+        dcp.load(state, checkpoint_id=cfg["dir"])
+        app.load_state_dict(state)
+    return {"m": m.result(), "digest": digest(app)}
+
+
+def _entry(rank, world, port, fn, out_dir, cfg):
+    import torch.distributed as dist
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(rank, world, cfg)
+    finally:
+        dist.destroy_process_group()
+    with open(os.path.join(out_dir, f"{fn.__name__}.{rank}.pkl"), "wb") as f:
+        pickle.dump(result, f)
+
+
+def spawn(fn, out_dir, cfg, world):
+    import torch.multiprocessing as mp
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(_entry, args=(world, port, fn, out_dir, cfg), nprocs=world, join=True)
+    out = []
+    for r in range(world):
+        with open(os.path.join(out_dir, f"{fn.__name__}.{r}.pkl"), "rb") as f:
+            out.append(pickle.load(f))
+    return out
+
+
+# ---------------------------------------------------------------- driver side
+
+
+def proc_cpu(pid):
+    """CPU-seconds (user+sys) a process has used so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def service_pids(cluster):
+    """The agents' and the coordinator's pids (PostgreSQL's work is not counted)."""
+    pids = [a.pid for a in cluster.agents.values() if a.pid]
+    proc = getattr(cluster, "_coordinator_proc", None)
+    pid = getattr(proc, "pid", None)
+    return pids + ([pid] if pid else [])
+
+
+def phase(results):
+    ms = [r["m"] for r in results]
+    return {"wall": max(m["wall"] for m in ms), "cpu": sum(m["cpu"] for m in ms),
+            "cpu_rank_max": max(m["cpu"] for m in ms), "peak_mb": max(m["peak_mb"] for m in ms),
+            "grew_mb": max(m["grew_mb"] for m in ms),
+            "service_cpu": sum(m["service_cpu"] for m in ms)}
+
+
+def one_rep(a, cluster, client, work, rep):
+    from reshard import layout
+    from reshard.v1 import coordinator_pb2
+    world = a.src[0] * a.src[1]
+    hosts = cluster.host_ids
+    cfg = {"src": a.src, "dst": a.dst, "hidden": a.hidden, "layers": a.layers,
+           "hosts": hosts, "dph": cluster.devices_per_host, "coordinator": cluster.coordinator,
+           "tls": (cluster.pki.ca, *cluster.pki.issue(cluster.ADMIN)),
+           "sockets": {h: cluster.agents[h].worker_socket for h in hosts},
+           "name": f"dcp-race-{os.getpid()}-{rep}"}
+    rep_dir = os.path.join(work, f"rep{rep}")
+    os.makedirs(rep_dir)
+    out = {}
+
+    # reshard: publish at A, resize A -> B, load at B
+    pids = service_pids(cluster)
+    cfg["services"] = pids
+    old = spawn(reshard_old, rep_dir, cfg, world)
+    job_id, token = old[0]["job"], old[0]["token"]
+    target = layout.make_layout(a.dst[1], 1, a.dst[0], hosts, cluster.devices_per_host)
+    cpu1 = sum(proc_cpu(p) for p in pids)
+    t = time.perf_counter()
+    op = client.wait(client.resize(job_id, target).id, timeout=600)
+    resize_s = time.perf_counter() - t
+    if op.state != coordinator_pb2.OPERATION_STATE_COMMITTED:
+        raise SystemExit(f"resize of job {job_id}: {coordinator_pb2.OperationState.Name(op.state)}"
+                         f" {op.error}")
+    cpu2 = sum(proc_cpu(p) for p in pids)
+    job = client.get_job(job_id, include_ptc=True)
+    new = spawn(reshard_new, rep_dir, cfg | {"job": job_id, "token": token,
+                                            "ptc": job.ptc.SerializeToString(),
+                                            "layout": job.layout.SerializeToString(),
+                                            "generation": job.generation}, world)
+    client.delete_job(job_id)
+    out["publish"] = phase(old)
+    out["resize"] = {"wall": resize_s, "cpu": 0.0, "cpu_rank_max": 0.0, "peak_mb": 0.0,
+                     "grew_mb": 0.0, "service_cpu": cpu2 - cpu1}
+    out["load"] = phase(new)
+    out["bytes"] = old[0]["bytes"]
+
+    # DCP: save at A on tmpfs, resharding load at B
+    ck = tempfile.mkdtemp(prefix="dcp-race-", dir=a.tmpfs)
+    try:
+        saved = spawn(dcp_old, rep_dir, cfg | {"dir": ck}, world)
+        loaded = spawn(dcp_new, rep_dir, cfg | {"dir": ck}, world)
+        out["dcp_bytes"] = sum(os.path.getsize(os.path.join(ck, f)) for f in os.listdir(ck))
+    finally:
+        shutil.rmtree(ck, ignore_errors=True)
+    out["save"] = phase(saved)
+    out["dcp_load"] = phase(loaded)
+
+    # the same state at A on both sides, the same state at B on both sides
+    bad = [r for r in range(world) if old[r]["digest"] != saved[r]["digest"]]
+    bad += [r for r in range(world) if new[r]["digest"] != loaded[r]["digest"]]
+    if bad:
+        raise SystemExit(f"ranks {sorted(set(bad))}: reshard and DCP hold different bytes")
+    return out
+
+
+ROWS = [("reshard publish", "publish"), ("reshard resize", "resize"), ("reshard load", "load"),
+        ("DCP save", "save"), ("DCP load", "dcp_load")]
+
+
+def median_reps(reps):
+    out = {}
+    for _, key in ROWS:
+        out[key] = {f: statistics.median(r[key][f] for r in reps) for f in reps[0][key]}
+    out["bytes"], out["dcp_bytes"] = reps[0]["bytes"], reps[0]["dcp_bytes"]
+    return out
+
+
+def report(a, m):
+    world = a.src[0] * a.src[1]
+    print(f"\nDCP race: {m['bytes'] / 2**20:.1f} MiB of tensors (DCP files "
+          f"{m['dcp_bytes'] / 2**20:.1f} MiB), mesh dp{a.src[0]} x tp{a.src[1]} -> "
+          f"dp{a.dst[0]} x tp{a.dst[1]}, {world} ranks, medians of {a.reps}; DCP on {a.tmpfs}\n")
+    print(f"{'phase':<18}{'wall s':>9}{'rank CPU s':>12}{'max/rank':>10}{'svc CPU s':>11}"
+          f"{'peak RSS MiB':>14}{'grew MiB':>10}")
+    for label, key in ROWS:
+        r = m[key]
+        print(f"{label:<18}{r['wall']:>9.3f}{r['cpu']:>12.3f}{r['cpu_rank_max']:>10.3f}"
+              f"{r['service_cpu']:>11.3f}{r['peak_mb']:>14.1f}{r['grew_mb']:>10.1f}")
+    rs = sum(m[k]["wall"] for k in ("publish", "resize", "load"))
+    ds = m["save"]["wall"] + m["dcp_load"]["wall"]
+    rc = sum(m[k]["cpu"] + m[k]["service_cpu"] for k in ("publish", "resize", "load"))
+    dc = m["save"]["cpu"] + m["dcp_load"]["cpu"]
+    print(f"\nend to end: reshard {rs:.3f} s, DCP {ds:.3f} s -> DCP / reshard = {ds / rs:.2f}x")
+    print(f"CPU-seconds (ranks + services): reshard {rc:.3f}, DCP {dc:.3f} -> "
+          f"DCP / reshard = {dc / rc:.2f}x")
+    print(f"save vs publish: {m['save']['wall'] / m['publish']['wall']:.2f}x; "
+          f"DCP load vs resize + load: "
+          f"{m['dcp_load']['wall'] / (m['resize']['wall'] + m['load']['wall']):.2f}x")
+    return {"reshard_s": rs, "dcp_s": ds, "ratio": ds / rs, "reshard_cpu": rc, "dcp_cpu": dc}
+
+
+def main(argv=None):
+    a = parse_args(argv)
+    sys.path.insert(0, os.path.join(ROOT, "deploy", "local"))
+    os.environ.setdefault("UCX_NET_DEVICES", "lo")
+    from cluster import LocalCluster
+    import reshard  # noqa: F401  (build/python on PYTHONPATH)
+    world = a.src[0] * a.src[1]
+    dph = 2
+    hosts = -(-world // dph)
+    work = tempfile.mkdtemp(prefix="dcp-race-work-")
+    try:
+        with LocalCluster(build_dir=a.build, hosts=hosts, devices_per_host=dph,
+                          memory_limit_bytes=max(4 << 30, 8 * a.hidden * a.hidden * a.layers *
+                                                 4)) as cluster:
+            with cluster.client(timeout=60.0) as client:
+                reps = [one_rep(a, cluster, client, work, i) for i in range(a.reps)]
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    m = median_reps(reps)
+    summary = report(a, m)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump({"args": {k: v for k, v in vars(a).items()}, "median": m,
+                       "reps": reps, "summary": summary}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
