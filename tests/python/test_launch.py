@@ -136,10 +136,11 @@ class Launchers:
                 return value
             for host, p in self.procs.items():
                 if p.poll() is not None and host not in self.exited:
-                    raise AssertionError(f"launcher {host} exited {p.returncode} waiting for {what}")
+                    raise AssertionError(f"launcher {host} exited {p.returncode} waiting for "
+                                         f"{what}")
             if time.monotonic() > end:
-                raise AssertionError(f"no {what} within {timeout} s; records "
-                                     f"{[(r['env']['RANK'], r.get('loaded')) for r in self.records()]}")
+                seen = [(r["env"]["RANK"], r.get("loaded")) for r in self.records()]
+                raise AssertionError(f"no {what} within {timeout} s; ranks seen {seen}")
             time.sleep(0.1)
 
     def ranks_of(self, pred, n):
@@ -290,7 +291,8 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
         # casualty, not reported.
         casualty = L.wait("casualty", lambda: [e for e in L.events("host-0")
                                                if e["event"] in ("casualty", "reported")])
-        assert (casualty[0]["event"], casualty[0]["rank"], casualty[0]["of"]) == ("casualty", 0, [1])
+        assert (casualty[0]["event"], casualty[0]["rank"], casualty[0]["of"]) == (
+            "casualty", 0, [1])
         assert [(e["rank"], e["code"]) for e in L.events("host-0") if e["event"] == "failed"] == \
             [(0, 1)]
         # The coordinator's record: rank 1 of generation 1, with the reason.
@@ -384,3 +386,161 @@ def test_console_script_and_module_entry_points():
     r = subprocess.run([sys.executable, "-m", "reshard", "walk"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     assert r.returncode == launch.EXIT_USAGE, r.stdout
+
+
+# ---- the launcher's reactions, driven directly (no cluster): rank processes
+# are real (sh + sleep), the coordinator's answers are given.
+
+class _Given:
+    """The coordinator's answers a Launcher asks for, as given by a test."""
+
+    def __init__(self):
+        self.operations, self.reports = {}, []
+
+    def get_operation(self, op_id):
+        return self.operations[op_id]
+
+    def watch_operation(self, op_id):
+        return iter(())  # the test hands updates to on_op itself
+
+    def report_rank_failure(self, job_id, rank, reason):
+        self.reports.append((rank, reason))
+
+    def list_hosts(self):
+        return [reshard.agent_pb2.Host(host_id="h0", address="10.0.0.5:7001"),
+                reshard.agent_pb2.Host(host_id="h1", address="[fd00::7]:7001")]
+
+
+_pb = reshard.coordinator_pb2
+# Warm-up ranks exit 7 when $FAIL_WARM_UP is set; every other rank sleeps.
+_RANK_CMD = ["sh", "-c", 'if [ -n "$RESHARD_OPERATION_ID" ] && [ -n "$FAIL_WARM_UP" ]; then '
+             'exit 7; fi; exec sleep 120']
+
+
+def _launcher(tmp_path, given):
+    return launch.Launcher(given, "job-1", "h0", "/run/worker.sock", _RANK_CMD, "coord:1",
+                           worker_token="wt-x", grace=1.0, recovery_timeout=30.0,
+                           events_path=str(tmp_path / "events.jsonl"), log=lambda msg: None)
+
+
+def _events(tmp_path):
+    with open(tmp_path / "events.jsonl") as f:
+        return [json.loads(line) for line in f]
+
+
+def _job(generation, lay, active=""):
+    return _pb.Job(id="job-1", state=_pb.JOB_STATE_ACTIVE, generation=generation, layout=lay,
+                   active_operation_id=active)
+
+
+def _pump(L, until, timeout=20.0):
+    end = time.monotonic() + timeout
+    while not until():
+        assert time.monotonic() < end, "timed out"
+        L.step(timeout=0.1)
+
+
+def test_aborted_stop_free_operation_stops_its_warm_up_ranks_only(tmp_path):
+    given, lay1 = _Given(), layout.make_layout(1, 1, 2, ranks=[("h0", 0), ("h0", 1)])
+    L = _launcher(tmp_path, given)
+    try:
+        L.on_job(_job(1, lay1))
+        old = L.current
+        assert sorted(old.procs) == [0, 1] and L.warming is None
+        op = _pb.Operation(id="op-1", job_id="job-1", kind=_pb.OPERATION_KIND_RESIZE,
+                           state=_pb.OPERATION_STATE_PLANNED, stop_free=True, to_generation=2,
+                           prepared_from_generation=1, from_generation=1,
+                           target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
+        given.operations[op.id] = op
+        L.on_job(_job(1, lay1, active=op.id))
+        warm = L.warming
+        assert (warm.name, sorted(warm.procs)) == ("op-op-1", [0])
+        aborted = _pb.Operation()
+        aborted.CopyFrom(op)
+        aborted.state = _pb.OPERATION_STATE_ABORTED
+        L.on_op(aborted)
+        _pump(L, lambda: not warm.alive())
+        assert L.warming is None and L.current is old and old.alive() == [0, 1]
+        kinds = [(e["event"], e.get("world")) for e in _events(tmp_path)]
+        assert ("abandoned", "op-op-1") in kinds and ("terminate", "op-op-1") in kinds
+        assert ("terminate", "g1") not in kinds and given.reports == []
+    finally:
+        L.stop_all()
+
+
+def test_failed_warm_up_rank_is_not_reported_and_the_old_layout_trains_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("FAIL_WARM_UP", "1")
+    given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    L = _launcher(tmp_path, given)
+    try:
+        L.on_job(_job(1, lay1))
+        op = _pb.Operation(id="op-2", job_id="job-1", kind=_pb.OPERATION_KIND_RESIZE,
+                           state=_pb.OPERATION_STATE_PLANNED, stop_free=True, to_generation=2,
+                           prepared_from_generation=1,
+                           target_layout=layout.make_layout(1, 1, 2, ranks=[("h0", 1),
+                                                                            ("h1", 0)]))
+        given.operations[op.id] = op
+        L.on_job(_job(1, lay1, active=op.id))
+        _pump(L, lambda: any(e["event"] == "failed" for e in _events(tmp_path)))
+        failed = [e for e in _events(tmp_path) if e["event"] == "failed"]
+        assert [(e["world"], e["rank"], e["code"]) for e in failed] == [("op-op-2", 0, 7)]
+        # Rank 0 of that world is on h0: MASTER_ADDR from its listed agent address.
+        started = [e for e in _events(tmp_path) if e["event"] == "world"]
+        assert started[-1]["master_addr"] == "10.0.0.5"
+        assert given.reports == [] and L.failure is None and L.warming is None
+        assert L.current.alive() == [0]
+    finally:
+        L.stop_all()
+
+
+@pytest.mark.parametrize("at_boundary", [True, False])
+def test_stop_the_world_commit_stops_the_old_ranks(tmp_path, at_boundary):
+    given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    L = _launcher(tmp_path, given)
+    try:
+        L.on_job(_job(2, lay1))
+        old = L.current
+        assert (old.name, old.generation, old.alive()) == ("g2", 2, [0])
+        op = _pb.Operation(id="op-3", job_id="job-1", kind=_pb.OPERATION_KIND_RESIZE,
+                           state=_pb.OPERATION_STATE_PENDING, to_generation=3,
+                           target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
+        if at_boundary:
+            op.step_boundary = _pb.STEP_BOUNDARY_REACHED
+        given.operations[op.id] = op
+        L.on_job(_job(2, lay1, active=op.id))
+        assert L.current is old
+        done = _pb.Operation()
+        done.CopyFrom(op)
+        done.state = _pb.OPERATION_STATE_COMMITTED
+        given.operations[op.id] = done
+        L.on_job(_job(3, op.target_layout))  # the commit, seen before the operation's update
+        new = L.current
+        assert (new.name, new.generation, new.alive()) == ("g3", 3, [0])
+        assert new.procs[0].pid != old.procs[0].pid
+        terminated = [e["world"] for e in _events(tmp_path) if e["event"] == "terminate"]
+        # Stopped at a step boundary, the old ranks get --grace to end by themselves.
+        assert terminated == ([] if at_boundary else ["g2"])
+        _pump(L, lambda: not old.alive())
+        assert [e["world"] for e in _events(tmp_path) if e["event"] == "terminate"] == ["g2"]
+        assert new.alive() == [0]
+    finally:
+        L.stop_all()
+
+
+def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
+    given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    L = _launcher(tmp_path, given)
+    try:
+        op = _pb.Operation(id="op-4", job_id="job-1", kind=_pb.OPERATION_KIND_RECOVER,
+                           state=_pb.OPERATION_STATE_TRANSFERRING, to_generation=5,
+                           target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
+        given.operations[op.id] = op
+        L.on_job(_job(4, lay1, active=op.id))
+        assert L.current is None and L.layout is None
+        L.on_job(_job(5, op.target_layout))
+        assert (L.current.name, L.current.generation, L.current.alive()) == ("g5", 5, [0])
+        started = [e for e in _events(tmp_path) if e["event"] == "world"]
+        assert [(e["world"], e["ranks"], e["master_port"]) for e in started] == [
+            ("g5", [0], launch.rendezvous_port(launch.world_index(generation=5)))]
+    finally:
+        L.stop_all()

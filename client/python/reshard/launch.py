@@ -711,6 +711,42 @@ class Launcher:
                 for r in w.alive():
                     w.procs[r].wait()
 
+    def step(self, timeout=None):
+        """Handles the next event (a job or operation update, a rank's exit,
+        a signal) or the next deadline, waiting at most `timeout` seconds
+        (None: until one comes). Raises _Exit when the launcher ends."""
+        deadline = self._next_deadline()
+        if timeout is not None:
+            limit = time.monotonic() + timeout
+            deadline = limit if deadline is None else min(deadline, limit)
+        try:
+            kind, value = self.queue.get(
+                timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            self.on_deadlines()
+            return
+        if kind == "job":
+            self.on_job(value)
+        elif kind == "op":
+            self.on_op(value)
+        elif kind == "exit":
+            self.on_exit(*value)
+        elif kind == "op_error":
+            # Follow it again while the job still names it.
+            self._log(f"WatchOperation {value[0]}: {value[1]}")
+            self.ops.pop(value[0], None)
+            if self.job is not None and self.job.active_operation_id == value[0]:
+                time.sleep(0.5)
+                self.on_op(self._op(value[0]))
+        elif kind == "job_gone":
+            raise _Exit(EXIT_OK, f"job {self.job_id} deleted")
+        elif kind == "signal":
+            raise _Exit(128 + value, f"{signal.Signals(value).name}: stopping the ranks",
+                        sig=value)
+        elif kind == "fatal":
+            raise value
+        self.on_deadlines()
+
     def run(self):
         """Follows the job until it is deleted (0), a rank fails without a
         recovery (1), the job FAILED (3) or a signal (128 + signal)."""
@@ -727,34 +763,7 @@ class Launcher:
             self.on_job(self.client.get_job(self.job_id))
             self._thread(self._watch_job, name=f"watch-job-{self.job_id}")
             while True:
-                deadline = self._next_deadline()
-                try:
-                    kind, value = self.queue.get(
-                        timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    self.on_deadlines()
-                    continue
-                if kind == "job":
-                    self.on_job(value)
-                elif kind == "op":
-                    self.on_op(value)
-                elif kind == "exit":
-                    self.on_exit(*value)
-                elif kind == "op_error":
-                    # Follow it again while the job still names it.
-                    self._log(f"WatchOperation {value[0]}: {value[1]}")
-                    self.ops.pop(value[0], None)
-                    if self.job is not None and self.job.active_operation_id == value[0]:
-                        time.sleep(0.5)
-                        self.on_op(self._op(value[0]))
-                elif kind == "job_gone":
-                    raise _Exit(EXIT_OK, f"job {self.job_id} deleted")
-                elif kind == "signal":
-                    raise _Exit(128 + value, f"{signal.Signals(value).name}: stopping the ranks",
-                                sig=value)
-                elif kind == "fatal":
-                    raise value
-                self.on_deadlines()
+                self.step()
         except _Exit as e:
             self._log(e.message)
             self.stop_all(e.sig, e.message)
