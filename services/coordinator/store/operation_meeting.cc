@@ -17,10 +17,20 @@ std::string KindText(v1::OperationKind kind) {
   return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
 }
 
+// Queued behind a checkpoint that is still active (one that ended releases
+// it, whether or not the driver has done so yet).
+bool QueuedNow(const ActiveOperation& op, const std::vector<ActiveOperation>& active) {
+  if (op.queued_behind.empty()) return false;
+  for (const ActiveOperation& other : active) {
+    if (other.id == op.queued_behind) return true;
+  }
+  return false;
+}
+
 // Waiting for a checkpoint naming it, and free to take one now.
-bool WaitsForBoundary(const ActiveOperation& op) {
+bool WaitsForBoundary(const ActiveOperation& op, const std::vector<ActiveOperation>& active) {
   return op.state == v1::OPERATION_STATE_PENDING &&
-         op.step_boundary == v1::STEP_BOUNDARY_WAITING && op.queued_behind.empty();
+         op.step_boundary == v1::STEP_BOUNDARY_WAITING && !QueuedNow(op, active);
 }
 
 // The refusal every rule falls back to, as before this rule existed; `why`
@@ -57,9 +67,11 @@ absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind
     for (const ActiveOperation& op : active) {
       if (op.id != cut_over_operation_id) continue;
       if (op.step_boundary == v1::STEP_BOUNDARY_UNSPECIFIED) break;  // stop-free or not at all
-      if (WaitsForBoundary(op)) return MeetingVerdict{Meeting::kBoundaryCheckpoint, op.id};
+      if (WaitsForBoundary(op, active)) {
+        return MeetingVerdict{Meeting::kBoundaryCheckpoint, op.id};
+      }
       const std::string prefix = absl::StrCat("cut_over_operation_id \"", op.id, "\": ");
-      if (!op.queued_behind.empty() && op.step_boundary == v1::STEP_BOUNDARY_WAITING) {
+      if (QueuedNow(op, active) && op.step_boundary == v1::STEP_BOUNDARY_WAITING) {
         return absl::FailedPreconditionError(absl::StrCat(
             prefix, "it is queued behind checkpoint \"", op.queued_behind,
             "\" and waits for its step boundary once that one ends (Job.step_boundary_operation_id)"));
@@ -78,7 +90,9 @@ absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind
   if (active.empty()) return MeetingVerdict{};
   const ActiveOperation& first = active.front();
   if (kind == v1::OPERATION_KIND_CHECKPOINT) {
-    if (first.stop_free || WaitsForBoundary(first)) return MeetingVerdict{Meeting::kFold, first.id};
+    if (first.stop_free || WaitsForBoundary(first, active)) {
+      return MeetingVerdict{Meeting::kFold, first.id};
+    }
     return Busy(job_id, first, CheckpointBlockedBy(first));
   }
   // A reconfiguration: behind a lone checkpoint (a cut-over or boundary

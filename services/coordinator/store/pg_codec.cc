@@ -180,6 +180,7 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   // step boundary's timeout, is the store's own.
   if (!row[25].is_null()) op.set_queued_behind_operation_id(row[25].c_str());
   op.set_step_boundary(static_cast<v1::StepBoundary>(row[26].as<int>()));
+  op.set_at_step_boundary(op.step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED);
   op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
   if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
   if (op.prepared_unix_ms() > 0) {

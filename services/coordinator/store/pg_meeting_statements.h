@@ -8,13 +8,16 @@
 namespace reshard::coordinator::pg {
 
 // $1 the operation waiting for its step boundary, $2 the checkpoint naming
-// it: CHECKPOINTING (2), queued behind that checkpoint, if it still waits.
+// it: CHECKPOINTING (2), queued behind that checkpoint, which is its cut-over
+// (cutover_operation_id, cutover_at: its pause_seconds run from it), if it
+// still waits (the meeting rule checked that it is not queued behind an
+// active checkpoint, under the job's row lock).
 inline constexpr Statement kNameStepBoundaryCheckpoint{
     "name_step_boundary_checkpoint",
     "UPDATE operations SET step_boundary = 2, step_boundary_checkpoint_id = $2, "
     "queued_behind_operation_id = $2, to_generation = 0, step_boundary_deadline_unix_ms = 0, "
-    "updated_at = now() WHERE id = $1 AND state = 1 AND step_boundary = 1 AND "
-    "queued_behind_operation_id IS NULL RETURNING id"};
+    "cutover_operation_id = $2, cutover_at = now(), updated_at = now() "
+    "WHERE id = $1 AND state = 1 AND step_boundary = 1 RETURNING id"};
 
 inline constexpr Statement kOperationJob{"operation_job",
                                          "SELECT job_id FROM operations WHERE id = $1"};

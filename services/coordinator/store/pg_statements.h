@@ -30,7 +30,8 @@ namespace reshard::coordinator::pg {
   "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
   "r.generation = j.generation) ORDER BY 1), "                                              \
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state = 1 AND "               \
-  "o.step_boundary = 1 AND o.queued_behind_operation_id IS NULL LIMIT 1) "                  \
+  "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
+  "c.id = o.queued_behind_operation_id AND c.state IN (1, 2, 3)) LIMIT 1) "                 \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",

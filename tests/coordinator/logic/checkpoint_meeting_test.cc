@@ -256,9 +256,12 @@ TEST_F(CheckpointMeetingTest, AResizeAtTheStepBoundaryPlansFromTheCheckpointNami
   EXPECT_EQ(cp->kind(), v1::OPERATION_KIND_CHECKPOINT);
   EXPECT_EQ(cp->to_generation(), 2);
   v1::Operation op = Op(r->id());
+  EXPECT_TRUE(op.at_step_boundary());
   EXPECT_EQ(op.step_boundary(), v1::STEP_BOUNDARY_CHECKPOINTING);
   EXPECT_EQ(op.step_boundary_checkpoint_id(), cp->id());
   EXPECT_EQ(op.queued_behind_operation_id(), cp->id());
+  EXPECT_EQ(op.cutover_operation_id(), cp->id());  // its cut-over, as a stop-free one's
+  EXPECT_GT(op.cutover_unix_ms(), 0);
   EXPECT_EQ(Job(job.id()).step_boundary_operation_id(), "");
   EXPECT_THAT(api_->Checkpoint(at).status(),
               StatusIs(absl::StatusCode::kFailedPrecondition, "was created already"));
@@ -274,7 +277,35 @@ TEST_F(CheckpointMeetingTest, AResizeAtTheStepBoundaryPlansFromTheCheckpointNami
   CompleteAll(op.id());
   Tick();
   EXPECT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_COMMITTED);
+  EXPECT_GE(Op(op.id()).pause_seconds(), 0);
   EXPECT_EQ(Job(job.id()).generation(), 3);
+}
+
+TEST_F(CheckpointMeetingTest, TheBoundaryIsOpenAsSoonAsTheCheckpointAheadEnded) {
+  const v1::Job job = RegisterWithData("boundary-after-abort");
+  RegisterAgents({"h0", "h1", "h2"});
+  const v1::Operation cp = CheckpointInFlight(job, 3);
+  absl::StatusOr<v1::Operation> r = BoundaryResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(r.ok()) << r.status();
+  v1::CancelOperationRequest cancel;
+  cancel.set_operation_id(cp.id());
+  ASSERT_TRUE(api_->CancelOperation(cancel).ok());
+  // Not released by the driver yet, but nothing is ahead of it any more.
+  EXPECT_EQ(Op(r->id()).queued_behind_operation_id(), cp.id());
+  EXPECT_EQ(Job(job.id()).step_boundary_operation_id(), r->id());
+  absl::StatusOr<v1::Operation> boundary = CheckpointAt(job, 3, r->id());
+  ASSERT_TRUE(boundary.ok()) << boundary.status();
+  EXPECT_EQ(boundary->to_generation(), 3);  // 2 was the cancelled checkpoint's
+  EXPECT_EQ(Op(r->id()).queued_behind_operation_id(), boundary->id());
+  Tick();
+  CompleteAll(boundary->id());
+  Tick();
+  Tick();
+  const v1::Operation op = Op(r->id());
+  ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING) << op.error();
+  EXPECT_EQ(op.step_boundary(), v1::STEP_BOUNDARY_REACHED);
+  EXPECT_EQ(op.from_generation(), 3);
+  EXPECT_EQ(op.to_generation(), 4);
 }
 
 TEST_F(CheckpointMeetingTest, WithoutACheckpointByTheDeadlineItPlansFromTheLastCommit) {

@@ -95,6 +95,9 @@ TEST(MeetTest, ABoundaryCheckpointNeedsTheOperationToWaitNow) {
   ExpectRefused(MeetWith(kCp, "b", {Checkpoint("c"), op}),
                 "cut_over_operation_id \"b\": it is queued behind checkpoint \"c\" and waits for "
                 "its step boundary once that one ends (Job.step_boundary_operation_id)");
+  // Once "c" has ended (not active), before the driver released it: taken.
+  ExpectVerdict(MeetWith(kCp, "b", {op}), Meeting::kBoundaryCheckpoint, "b");
+  ExpectVerdict(MeetWith(kCp, "", {op}), Meeting::kFold, "b");
   op.step_boundary = v1::STEP_BOUNDARY_CHECKPOINTING;
   op.step_boundary_checkpoint_id = "c";
   ExpectRefused(MeetWith(kCp, "b", {op, Checkpoint("c")}),
