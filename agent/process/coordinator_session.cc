@@ -74,6 +74,7 @@ void CoordinatorSession::Stop() {
     if (stopping_.exchange(true)) return;
     for (auto& [id, op] : ops_) op->cancel.store(true);
     if (poll_ctx_ != nullptr) poll_ctx_->TryCancel();
+    if (pickup_ctx_ != nullptr) pickup_ctx_->TryCancel();
   }
   cv_.notify_all();
   if (loop_.joinable()) loop_.join();

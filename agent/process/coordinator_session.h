@@ -166,6 +166,7 @@ class CoordinatorSession {
   grpc::ClientContext* poll_ctx_ = nullptr;                // the WaitForTasks in flight
   bool poll_unimplemented_ = false;                        // the coordinator has no WaitForTasks
   bool pickup_in_flight_ = false;                          // a PickUpNow call is out
+  grpc::ClientContext* pickup_ctx_ = nullptr;              // its WaitForTasks, while out
   std::thread loop_;
   std::thread poll_;
   bool started_ = false;

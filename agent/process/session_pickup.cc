@@ -116,10 +116,16 @@ int CoordinatorSession::PickUpNow(std::chrono::steady_clock::time_point deadline
       if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
     }
     listed_at = list_clock_;
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::chrono::milliseconds(wait_ms + kPollDeadlineMarginMs));
+    pickup_ctx_ = &ctx;  // Stop() cancels it
   }
-  ctx.set_deadline(std::chrono::system_clock::now() +
-                   std::chrono::milliseconds(wait_ms + kPollDeadlineMarginMs));
   const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    pickup_ctx_ = nullptr;
+  }
+  if (stopping_.load()) return 0;
   if (!s.ok()) {
     RESHARD_LOG(WARNING) << "host " << options_.host_id
                          << ": WaitForTasks for a worker's publish: " << s;
