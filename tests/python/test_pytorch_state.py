@@ -112,13 +112,17 @@ def local_and_full(app):
     """{item: (to_local() as numpy, full tensor as numpy)}: full_tensor() is a
     collective of the tensor's mesh, so every rank of a stage calls it in order."""
     from torch.distributed.tensor import DTensor
+
+    def raw(t):  # numpy has no bfloat16: its bits as int16
+        t = t.detach()
+        return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy().copy()
+
     out = {}
     for name, t in flat_tensors(app).items():
         if isinstance(t, DTensor):
-            out[name] = (t.to_local().detach().numpy().copy(),
-                         t.full_tensor().detach().numpy().copy())
+            out[name] = (raw(t.to_local()), raw(t.full_tensor()))
         else:
-            out[name] = (t.detach().numpy().copy(), t.detach().numpy().copy())
+            out[name] = (raw(t), raw(t))
     return out
 
 
@@ -421,7 +425,9 @@ SIZES = (8, 12, 5)  # divisible by tp 2 and 4; 5 rows over dp 2: 3 + 2
 def app_at(rank, dp, tp, seed, lr):
     from torch.distributed.device_mesh import init_device_mesh
     mesh = init_device_mesh("cpu", (dp, tp), mesh_dim_names=("dp", "tp"))
-    model = fsdp_tp(mesh, mlp(seed, SIZES))
+    model = mlp(seed, SIZES)
+    model.register_buffer("scale", torch.full((6,), 0.5 + seed, dtype=torch.bfloat16))
+    model = fsdp_tp(mesh, model)
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
     extras = {"sched": sched, "counter": Counter(), "position": RankPosition(100 * rank)}
@@ -503,6 +509,7 @@ def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
     for rank in range(4):
         got, want = new[rank], old[rank]
         assert set(got["full"]) == names == set(want["full"])
+        assert "model.scale" in names  # a bfloat16 buffer, replicated
         for name in names:
             assert got["full"][name][1].tobytes() == want["full"][name][1].tobytes(), name
         assert got["in_place"], rank

@@ -461,10 +461,16 @@ def _rank_from(config, v, changed):
 
 
 def _check_rank_order(metas, config):
-    """Each DTensor mesh's global ranks are where reshard's rank order puts them."""
+    """Each DTensor mesh's global ranks are where reshard's rank order puts
+    them. A mesh is shared by its ranks, which agree on the dims it does not
+    span: each distinct mesh is checked once, from one of its ranks."""
+    seen = set()
     for m in metas:
         mine = _coord_values(config, m["rank"])
         for names, flat, shape in m["meshes"]:
+            if (names, flat, shape) in seen:
+                continue
+            seen.add((names, flat, shape))
             table = np.asarray(flat).reshape(shape)
             for idx in np.ndindex(*shape):
                 v = dict(mine)
