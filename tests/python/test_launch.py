@@ -544,3 +544,45 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
             ("g5", [0], launch.rendezvous_port(launch.world_index(generation=5)))]
     finally:
         L.stop_all()
+
+
+_DYING_LAUNCHER = """
+import sys, time
+import reshard
+from reshard import launch, layout
+class Given:
+    def list_hosts(self):
+        return []
+L = launch.Launcher(Given(), "job-1", "h0", "/run/worker.sock", ["sleep", "120"], "coord:1",
+                    log=lambda msg: None)
+L.on_job(reshard.coordinator_pb2.Job(id="job-1", generation=1, state=1,
+                                     layout=layout.make_layout(
+                                         1, 1, 2, ranks=[("h0", 0), ("h0", 1)])))
+print(" ".join(str(p.pid) for p in L.current.procs.values()), flush=True)
+time.sleep(120)
+"""
+
+
+def test_ranks_die_with_a_killed_launcher():
+    p = subprocess.Popen([sys.executable, "-c", _DYING_LAUNCHER], stdout=subprocess.PIPE,
+                         text=True)
+    pids = [int(x) for x in p.stdout.readline().split()]
+    assert len(pids) == 2
+    end = time.monotonic() + 10
+    while not all(_exe_of(pid) == "sleep" for pid in pids):  # the shim exec'd the command
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    p.kill()
+    p.wait()
+    end = time.monotonic() + 10
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < end, [pid for pid in pids if _alive(pid)]
+        time.sleep(0.05)
+
+
+def _exe_of(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return None

@@ -40,11 +40,11 @@ generation P (its prepared_from_generation), is 2P + 1 (rendezvous_port).
 """
 
 import argparse
-import ctypes
 import dataclasses
 import json
 import os
 import queue
+import shutil
 import signal
 import subprocess
 import sys
@@ -247,12 +247,21 @@ def _layout_key(lay):
     return lay.SerializeToString(deterministic=True) if lay is not None else b""
 
 
-def _set_pdeathsig():
-    # The ranks die with the launcher, even when it is SIGKILLed.
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+# Each rank is started through this shim (the launcher's own python): it
+# asks for SIGKILL when the launcher dies (PR_SET_PDEATHSIG, even a SIGKILLed
+# launcher takes its ranks along) and execs the rank's command in place, so
+# the rank keeps the shim's pid. Not a preexec_fn: forking the launcher, whose
+# gRPC threads run, to run Python in the child can abort the child (gRPC's
+# fork handlers); without one, subprocess uses vfork + exec.
+_SHIM = ("import ctypes, os, sys\n"
+         "ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+         "if os.getppid() != int(sys.argv[1]):\n"                    # the launcher is gone already
+         "    os._exit(137)\n"
+         "try:\n"
+         "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+         "except OSError as e:\n"
+         "    sys.stderr.write(f'reshard run: cannot start {sys.argv[2]!r}: {e.strerror}\\n')\n"
+         "    os._exit(127)\n")
 
 
 def _describe_status(code):
@@ -416,9 +425,12 @@ class Launcher:
                 os.makedirs(self.log_dir, exist_ok=True)
                 out = open(os.path.join(self.log_dir, f"{name}-rank{rank}.log"), "ab")
             try:
-                proc = subprocess.Popen(self.command, env=env, stdin=subprocess.DEVNULL,
+                argv = [sys.executable, "-S", "-c", _SHIM, str(os.getpid())] + self.command
+                if not sys.platform.startswith("linux"):
+                    argv = self.command
+                proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                         stdout=out, stderr=subprocess.STDOUT if out else None,
-                                        start_new_session=True, preexec_fn=_set_pdeathsig)
+                                        start_new_session=True)
             except OSError as e:
                 raise LaunchError(f"rank {rank}: cannot start {self.command[0]!r}: "
                                   f"{e.strerror}") from None
@@ -852,6 +864,8 @@ def run(argv):
     try:
         if not command:
             raise LaunchError("no command: reshard run [options] -- python train.py ...")
+        if shutil.which(command[0]) is None:
+            raise LaunchError(f"command {command[0]!r}: not found or not executable")
         if bool(args.tls_ca) == bool(args.insecure):
             raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
         token = _read_token(args.token_file) if args.token_file else os.environ.get(
