@@ -89,8 +89,12 @@ def test_the_worker_token_runs_the_loop_on_its_job(cluster, admin, job_name):
         # A step commits; the next step's state goes into a checkpoint.
         committed = w.commit_step(job.id, 1, state=state.advanced(1))
         assert (committed.cursor, committed.step) == (4, 1)
-        op = w.checkpoint(job.id, dataset_state=state.advanced(2))
+        op = w.checkpoint(job.id, dataset_state=state.advanced(2), idempotency_key="ckpt-2")
         assert (op.kind, op.to_generation) == (OP.OPERATION_KIND_CHECKPOINT, 2)
+        # A retry with the key (another rank's, a lost reply) gets the same
+        # checkpoint; the key is the job's workers', not a scheduler's.
+        again = w.checkpoint(job.id, dataset_state=state.advanced(2), idempotency_key="ckpt-2")
+        assert again.id == op.id
         assert w.get_operation(op.id).job_id == job.id
         _publish_all(cluster, job.id, token, ptc, lay, random_globals(ptc, 2, seed=2), 2)
         final = w.wait(op.id, timeout=60, raise_on_failure=True)

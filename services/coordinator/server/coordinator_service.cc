@@ -9,10 +9,12 @@ namespace reshard::coordinator {
 namespace {
 
 // Whose idempotency keys a caller's are (logic/idempotency.h): its tenants,
-// a worker's job (a scope no tenant and no other job reaches: a tenant name
-// has no ':'), or, for a caller scoped to none (an admin), a scope of its own.
+// a worker's job, or, for a caller scoped to none (an admin), a scope of its
+// own. A worker's scope holds an empty name, which no scheduler's or
+// viewer's tenants hold (certificates and tokens refuse empty tenants), so
+// no tenant and no other job reaches it.
 KeyScope KeysOf(const Authorizer& authorizer, const Principal& p) {
-  if (p.role == Role::kWorker) return KeyScope{{absl::StrCat("worker:", p.job_id)}};
+  if (p.role == Role::kWorker) return KeyScope{{"", absl::StrCat("worker:", p.job_id)}};
   return authorizer.ScopedToTenants(p) ? KeyScope{p.tenants} : KeyScope{};
 }
 
