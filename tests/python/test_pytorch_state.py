@@ -236,6 +236,18 @@ def describe_all(rank, world):
         out["uneven_tp"] = None
     except ValueError as e:
         out["uneven_tp"] = str(e)
+    # an error found on one rank only (rank 0's optimizer holds a state that
+    # is not a tensor) is raised on every rank, after the all-gather
+    model = mlp(8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    train(model, opt, 1, 6)
+    if rank == 0:
+        opt.state[model[0].weight]["note"] = "not a tensor"
+    try:
+        pytorch.describe(pytorch.AppState(model, opt, rng=False))
+        out["one_rank"] = None
+    except ValueError as e:
+        out["one_rank"] = str(e)
     mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("tp", "dp"))  # tp outermost
     holder = torch.nn.Module()
     holder.w = torch.nn.Parameter(distribute_tensor(torch.zeros(4, 3), mesh,
@@ -357,6 +369,8 @@ def test_refusals_name_the_fqn_on_every_rank(described):
         # a mesh whose dims are not in reshard's rank order
         assert r["order"] is not None and "('tp', 'dp')" in r["order"], r["order"]
         assert "rank order" in r["order"]
+        assert r["one_rank"] is not None and "rank 0:" in r["one_rank"], r["one_rank"]
+        assert '"0.weight" key "note"' in r["one_rank"]
 
 
 def test_a_fresh_optimizers_state_is_a_fresh_start():

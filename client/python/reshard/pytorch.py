@@ -321,7 +321,11 @@ def describe(app, mesh=None, group=None, layer_pattern=LAYER_PATTERN, blob_headr
     if world != dist.get_world_size():
         raise ValueError(f"describe: the group has {world} ranks, the job's world "
                          f"{dist.get_world_size()} (the torch global rank is the reshard rank)")
-    mine = _rank_meta(app, mesh, rank)
+    try:
+        mine = _rank_meta(app, mesh, rank)
+    except Exception as e:  # noqa: BLE001: every rank raises it, after the all-gather
+        mine = {"rank": rank, "items": [], "blobs": [], "meshes": [], "mesh_dims": {},
+                "errors": [f"{type(e).__name__}: {e}"]}
     gathered = [None] * world
     dist.all_gather_object(gathered, mine, group=group)
     return _build(sorted(gathered, key=lambda m: m["rank"]), world, layer_pattern, blob_headroom)
