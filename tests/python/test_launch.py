@@ -240,33 +240,55 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
             assert not [e for e in L.events(host) if e["event"] in ("failed", "terminate")]
         assert final.stop_free
 
-        # 3. Stop-the-world resize to dp 2 on host-0 and host-2 (device 1):
-        # the running ranks (past the committed step) are stopped, the new
-        # ones start cold at the committed generation and load it.
+        # 3. Stop-the-world at the next step boundary, to dp 2 on host-0 and
+        # host-2 (device 1): the running ranks publish their last step and
+        # end by themselves; the new ranks start cold at the committed
+        # generation and load that step.
         lay3 = layout.make_layout(1, 1, 2, ranks=[("host-0", 0), ("host-2", 1)])
-        gen3 = client.wait(client.resize(job.id, lay3).id, timeout=120,
+        gen3 = client.wait(client.resize(job.id, lay3, at_step_boundary=True).id, timeout=120,
                            raise_on_failure=True).to_generation
         cold = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen3), 2)
+        stop_steps = {L.record(r["pid"])["cut"]["step"] for r in warm.values()}
+        assert len(stop_steps) == 1, stop_steps
+        stop_step = stop_steps.pop()
+        assert stop_step > cut_step
         for rank in (0, 1):
             assert cold[rank]["env"] == _expected_env(L, lay3, rank, 0, 1, "localhost", gen3,
                                                       launch.world_index(generation=gen3))
-            # Generation gen3 was planned from the stop-free operation's.
-            assert cold[rank]["loaded"] == {"step": cut_step,
-                                            "w": [float(i + cut_step) for i in range(8)],
-                                            "dataset_step": cut_step}
+            assert cold[rank]["loaded"] == {"step": stop_step,
+                                            "w": [float(i + stop_step) for i in range(8)],
+                                            "dataset_step": stop_step}
         for host, rank in (("host-1", 0), ("host-2", 1)):
-            term = L.wait(f"{host} stops the stop-free world", lambda: [
+            retired = L.wait(f"{host} retires the stop-free world", lambda: [
+                e for e in L.events(host) if e["event"] == "retired" and
+                e["world"] == f"op-{op.id}"])
+            assert retired[0]["status"] == {str(rank): 0}
+            assert not [e for e in L.events(host) if e["event"] == "terminate"]
+
+        # 4. A plain stop-the-world resize to dp 1 on host-1: the running
+        # ranks (past the committed step) are stopped, the new one loads
+        # generation gen3's step.
+        lay4 = layout.make_layout(1, 1, 1, ranks=[("host-1", 0)])
+        gen4 = client.wait(client.resize(job.id, lay4).id, timeout=120,
+                           raise_on_failure=True).to_generation
+        last = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen4), 1)
+        assert last[0]["env"] == _expected_env(L, lay4, 0, 0, 1, "127.0.0.1", gen4,
+                                               launch.world_index(generation=gen4))
+        assert last[0]["loaded"] == {"step": stop_step,
+                                     "w": [float(i + stop_step) for i in range(8)],
+                                     "dataset_step": stop_step}
+        for host, rank in (("host-0", 0), ("host-2", 1)):
+            term = L.wait(f"{host} stops g{gen3}", lambda: [
                 e for e in L.events(host) if e["event"] == "terminate"])
-            assert (term[0]["world"], term[0]["ranks"]) == (f"op-{op.id}", [rank])
-        for r in warm.values():
+            assert (term[0]["world"], term[0]["ranks"]) == (f"g{gen3}", [rank])
+        for r in cold.values():
             L.wait("stopped rank gone", lambda: not _alive(r["pid"]))
 
-        # 4. The job deleted: every launcher stops its ranks and exits 0.
+        # 5. The job deleted: every launcher stops its ranks and exits 0.
         client.delete_job(job.id)
         for host, p in L.procs.items():
             assert p.wait(60) == launch.EXIT_OK, host
-        for r in cold.values():
-            assert not _alive(r["pid"])
+        assert not _alive(last[0]["pid"])
     finally:
         L.stop()
 
@@ -586,3 +608,30 @@ def _exe_of(pid):
             return f.read().strip()
     except OSError:
         return None
+
+
+def test_recovery_to_the_same_layout_restarts_and_a_checkpoint_does_not(tmp_path):
+    given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    L = _launcher(tmp_path, given)
+    try:
+        L.on_job(_job(2, lay1))
+        old = L.current
+        op = _pb.Operation(id="op-5", job_id="job-1", kind=_pb.OPERATION_KIND_RECOVER,
+                           state=_pb.OPERATION_STATE_PLANNED, to_generation=3, target_layout=lay1)
+        given.operations[op.id] = op
+        L.on_job(_job(2, lay1, active=op.id))
+        assert L.current is old
+        done = _pb.Operation()
+        done.CopyFrom(op)
+        done.state = _pb.OPERATION_STATE_COMMITTED
+        given.operations[op.id] = done
+        L.on_job(_job(3, lay1))
+        new = L.current
+        assert (new.name, new.generation, new.alive()) == ("g3", 3, [0])
+        _pump(L, lambda: not old.alive())
+        L.on_job(_job(4, lay1))  # a checkpoint: same layout, no reconfiguration
+        assert L.current is new and new.alive() == [0]
+        assert [(e["world"], e["ranks"]) for e in _events(tmp_path) if e["event"] == "terminate"] \
+            == [("g2", [0])]
+    finally:
+        L.stop_all()

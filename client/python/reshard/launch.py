@@ -290,10 +290,16 @@ class World:
         self.state = "running"
         self.deadline = None  # retiring: when to terminate; terminated: when to SIGKILL
         self.terminated = False
+        self.why = ""         # why it retires
 
     def alive(self):
-        # returncode: set by whichever thread reaped the process first.
-        return [r for r, p in self.procs.items() if r not in self.status and p.returncode is None]
+        """Ranks whose exit the launcher has not handled yet."""
+        return [r for r in self.procs if r not in self.status]
+
+    def running(self):
+        """Ranks not reaped yet (returncode is set by whichever thread
+        reaped the process): the ones that may still be signalled."""
+        return [r for r, p in self.procs.items() if p.returncode is None]
 
 
 class Launcher:
@@ -326,6 +332,7 @@ class Launcher:
         self.ops = {}             # operation id -> last Operation seen
         self.failure = None       # (deadline, what) of a failure awaiting a recovery
         self._started_ops = set()  # stop-free operations whose ranks were started
+        self._handled_ops = set()  # stop-the-world operations whose ranks were started
         self.pending = []          # (deadline, world, rank, what): reports held for --settle
         self._stop = threading.Event()
 
@@ -448,7 +455,7 @@ class Launcher:
         return world
 
     def _signal(self, world, sig):
-        for rank in world.alive():
+        for rank in world.running():
             try:
                 os.killpg(world.procs[rank].pid, sig)
             except ProcessLookupError:
@@ -456,7 +463,7 @@ class Launcher:
 
     def _terminate(self, world, why):
         """SIGTERM to the world's live ranks now, SIGKILL after --grace."""
-        alive = world.alive()
+        alive = world.running()
         if alive and not world.terminated:
             self._log(f"terminating {world.name} ranks {alive}: {why}")
             self.event("terminate", world=world.name, ranks=alive, why=why)
@@ -480,6 +487,7 @@ class Launcher:
             return
         if wait > 0:
             world.deadline = time.monotonic() + wait
+            world.why = f"still running {wait:g} s after {why}"
             self.retiring.append(world)
         else:
             self._terminate(world, why)
@@ -514,18 +522,25 @@ class Launcher:
                 self.warming.layout) and job.active_operation_id != self.warming.operation_id:
             self._promote(self.warming.operation_id)
             return
-        if _layout_key(job.layout) == _layout_key(self.layout):
-            return
+        made_by = self._committed_reconfiguration(job)
+        if _layout_key(job.layout) == _layout_key(self.layout) and made_by is None:
+            return  # a checkpoint, or nothing that concerns the ranks
         if active is not None and self._reconfigures(active):
             return  # start when it is over
-        # The first layout, or one a stop-the-world operation or a recovery
-        # committed: this host's ranks of it start cold.
+        # The first layout, or a generation a stop-the-world operation or a
+        # recovery committed (its layout may even be the same): this host's
+        # ranks of it start cold.
+        if made_by is not None:
+            self._handled_ops.add(made_by.id)
         if self.warming is not None:
             self._abandon(self.warming, "the job's layout changed without it")
-        # Ranks still running trained past the state the new layout starts
-        # from, unless the operation stopped them at a step boundary: those
-        # are ending by themselves and get --grace seconds.
-        self._retire(self.current, self.grace if self._stopped_at_boundary(job) else 0,
+        # Ranks still running trained past the state the new generation
+        # starts from, unless the operation stopped them at a step boundary:
+        # those are ending by themselves and get --grace seconds.
+        reached = getattr(_pb, "STEP_BOUNDARY_REACHED", None)
+        at_boundary = made_by is not None and reached is not None and getattr(
+            made_by, "step_boundary", None) == reached
+        self._retire(self.current, self.grace if at_boundary else 0,
                      f"the job moved to generation {job.generation}")
         self.layout = job.layout
         # Generation 1 is the registered layout: nothing to load, its ranks
@@ -538,23 +553,23 @@ class Launcher:
             self.event("recovered", generation=job.generation)
             self.failure = None
 
-    def _stopped_at_boundary(self, job):
-        """Whether the operation that made the job's generation stopped the
-        old ranks at a step boundary (ResizeRequest.at_step_boundary)."""
-        reached = getattr(_pb, "STEP_BOUNDARY_REACHED", None)
-        if reached is None:
-            return False
+    def _committed_reconfiguration(self, job):
+        """The stop-the-world operation (resize, migrate, recover) that
+        committed the job's generation, if the launcher saw it and has not
+        restarted for it yet; None otherwise. Read again when its watch lags
+        the job's."""
         for op_id, op in list(self.ops.items()):
-            if op.stop_free or op.kind == _pb.OPERATION_KIND_CHECKPOINT:
+            if (op.stop_free or op.kind == _pb.OPERATION_KIND_CHECKPOINT or
+                    op_id in self._handled_ops):
                 continue
-            if op.state not in _TERMINAL:  # its watch may lag the job's
+            if op.state not in _TERMINAL and op_id != job.active_operation_id:
                 try:
                     op = self.ops[op_id] = self.client.get_operation(op_id)
                 except errors.ReshardError:
                     continue
-            if op.step_boundary == reached and op.to_generation == job.generation:
-                return True
-        return False
+            if op.state == _pb.OPERATION_STATE_COMMITTED and op.to_generation == job.generation:
+                return op
+        return None
 
     def on_op(self, op):
         self.ops[op.id] = op
@@ -587,8 +602,7 @@ class Launcher:
         self._log(f"operation {op_id} committed: {world.name} trains; waiting up to "
                   f"{self.retire_timeout:g} s for the old ranks to end")
         self.event("committed", operation_id=op_id, world=world.name)
-        self._retire(old, self.retire_timeout, f"operation {op_id} committed "
-                                               f"{self.retire_timeout:g} s ago")
+        self._retire(old, self.retire_timeout, f"operation {op_id} committed")
 
     def _abandon(self, world, why):
         world.state = "abandoned"
@@ -673,13 +687,13 @@ class Launcher:
                 continue
             if world.deadline is not None and now >= world.deadline:
                 if not world.terminated:
-                    self._terminate(world, f"still running {self.retire_timeout:g} s after "
-                                           f"the cut-over")
+                    self._terminate(world, world.why)
                 else:
-                    self._log(f"killing {world.name} ranks {world.alive()}: SIGTERM ignored "
-                              f"for {self.grace:g} s")
-                    self.event("kill", world=world.name, ranks=world.alive())
-                    self._signal(world, signal.SIGKILL)
+                    if world.running():
+                        self._log(f"killing {world.name} ranks {world.running()}: SIGTERM "
+                                  f"ignored for {self.grace:g} s")
+                        self.event("kill", world=world.name, ranks=world.running())
+                        self._signal(world, signal.SIGKILL)
                     world.deadline = None
         for item in list(self.pending):
             if now >= item[0]:
@@ -706,21 +720,21 @@ class Launcher:
         """Signals every live rank, waits up to --grace, then SIGKILLs."""
         worlds = self.worlds()
         for w in worlds:
-            if w.alive():
-                self.event("terminate", world=w.name, ranks=w.alive(), why=why)
+            if w.running():
+                self.event("terminate", world=w.name, ranks=w.running(), why=why)
                 self._signal(w, sig)
         end = time.monotonic() + self.grace
         for w in worlds:
-            for r in w.alive():
+            for r in w.running():
                 try:
                     w.procs[r].wait(max(0.0, end - time.monotonic()))
                 except subprocess.TimeoutExpired:
                     pass
         for w in worlds:
-            if w.alive():
-                self.event("kill", world=w.name, ranks=w.alive())
+            if w.running():
+                self.event("kill", world=w.name, ranks=w.running())
                 self._signal(w, signal.SIGKILL)
-                for r in w.alive():
+                for r in w.running():
                     w.procs[r].wait()
 
     def step(self, timeout=None):
