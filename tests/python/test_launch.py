@@ -635,3 +635,22 @@ def test_recovery_to_the_same_layout_restarts_and_a_checkpoint_does_not(tmp_path
             == [("g2", [0])]
     finally:
         L.stop_all()
+
+
+def test_master_addr_sources_in_order():
+    hosts = [reshard.agent_pb2.Host(host_id="h0", address="10.0.0.5:7001"),
+             reshard.agent_pb2.Host(host_id="h1", address="[fd00::7]:7001")]
+    a = launch.Addresses({"h0": "trainer-0"}, "", lambda: hosts)
+    assert (a.of("h0"), a.of("h1")) == ("trainer-0", "fd00::7")
+    a = launch.Addresses({}, "{host}.trainers.ns.svc", lambda: hosts)
+    assert a.of("h1") == "h1.trainers.ns.svc"
+    with pytest.raises(launch.LaunchError, match=r'host "h2": no address'):
+        launch.Addresses({}, "", lambda: hosts).of("h2")
+
+    def refused():
+        raise reshard.PermissionDenied("ListHosts refused to \"worker:j\" (role worker)",
+                                       method="ListHosts")
+    with pytest.raises(launch.LaunchError,
+                       match=r'host "h0": no --rdzv-host h0=ADDR or --rdzv-host-pattern, and the '
+                             r'coordinator does not list hosts to this credential'):
+        launch.Addresses({}, "", refused).of("h0")
