@@ -158,9 +158,10 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
       });
   if (all_done) return finish(v1::OPERATION_STATE_COMMITTED, "");
   // A stop-free operation waited for its cut-over as long as the scheduler
-  // chose: its transfer is timed from the cut-over.
+  // chose, and a step-boundary one for its boundary checkpoint: the
+  // transfer is timed from the cut-over.
   const int64_t started_ms =
-      op.stop_free() && op.cutover_unix_ms() > 0 ? op.cutover_unix_ms() : op.created_unix_ms();
+      op.cutover_unix_ms() > 0 ? op.cutover_unix_ms() : op.created_unix_ms();
   const int64_t age_ms = now - started_ms;
   if (age_ms > options_.transfer_timeout_ms) {
     return finish(v1::OPERATION_STATE_ABORTED,
