@@ -425,6 +425,9 @@ def _config(metas, world):
     else:
         shard = 1
     dp = rep * shard
+    if "dp_shard_cp" in dims and dims["dp_shard_cp"] != shard * cp:
+        raise ValueError(f"DeviceMesh dim \"dp_shard_cp\" {dims['dp_shard_cp']} != dp_shard "
+                         f"{shard} x cp {cp}")
     if "dp" in dims and dims["dp"] != dp:
         raise ValueError(f"DeviceMesh dim \"dp\" {dims['dp']} != dp_replicate {rep} x "
                          f"dp_shard {shard}")
@@ -496,7 +499,6 @@ def _partition(t, e, names, config):
     where = f"tensor \"{t.name}\" (shape {list(e['shape'])}, placements " \
             f"{tuple(_show(x) for x in e['placements'])} over mesh dims {names})"
     tp_axis, dp = None, None  # dp: (axis, strided split factor or 0, mesh dim, size)
-    sizes = dict(zip(names, (None,) * len(names)))
     for n, pl in zip(names, e["placements"]):
         kind = pl[0]
         if kind == "other":
@@ -513,7 +515,6 @@ def _partition(t, e, names, config):
         else:
             raise ValueError(f"{where}: {_show(pl)} on mesh dim \"{n}\": reshard shards only "
                              f"over tp and dp ({', '.join(_DP_DIMS)})")
-    del sizes
     if tp_axis is not None and d.tp > 1:
         n = e["shape"][tp_axis]
         chunk = -(-n // d.tp)
