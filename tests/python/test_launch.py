@@ -98,7 +98,9 @@ class Launchers:
                 "--worker-socket", self.cluster.agents[host].worker_socket,
                 "--token-file", self.token_file, "--tls-ca", self.cluster.pki.ca,
                 "--rdzv-port-range", f"{self.port_range[0]}-{self.port_range[1]}",
-                "--retire-timeout", "30", "--grace", "5",
+                # --settle 5: room for the report of a killed rank to reach
+                # its peer's launcher on a loaded machine (1 s by default).
+                "--retire-timeout", "30", "--grace", "5", "--settle", "5",
                 "--recovery-timeout", str(self.recovery_timeout.get(host, 60)),
                 "--events", str(self.tmp / f"events-{host}.jsonl"),
                 "--log-dir", str(self.tmp / f"logs-{host}")]
