@@ -5,13 +5,16 @@ is queued, survives a coordinator restart, and moves the checkpointed state
 once the workers' publish commits; a checkpoint while a stop-free operation
 prepares is folded into it; a stop-the-world resize at_step_boundary moves
 the state of the checkpoint that names it, or the last committed state when
-none does by its deadline."""
+none does by its deadline; a recovery aborts the checkpoint that its lost
+host can never finish instead of waiting behind it."""
 
 import pytest
 
-from helpers import check_generation, every_kind_ptc, publish_all, random_globals, register
+from helpers import (check_generation, every_kind_ptc, publish_all, random_globals, register,
+                     tensor)
+import reshard
 from reshard import layout
-from reshard.v1 import coordinator_pb2
+from reshard.v1 import coordinator_pb2, ptc_pb2
 
 OP = coordinator_pb2
 
@@ -107,3 +110,43 @@ def test_without_a_checkpoint_by_its_deadline_it_moves_the_last_committed_state(
     assert check_generation(cluster, job.id, ptc, _target(cluster), step0, 2) == []
     with pytest.raises(ValueError, match="needs at_step_boundary"):
         client.resize(job.id, _target(cluster), step_boundary_timeout=5)
+
+
+def _replicated_ptc():
+    """Every item replicated over dp: a dp-2 job loses nothing with a host."""
+    t = [tensor("emb", "DTYPE_FLOAT32", [9, 4]), tensor("layers.0.w", "DTYPE_FLOAT16", [6, 5])]
+    blobs = [{"name": "step", "sizeBytes": 8, "scope": "BLOB_REPLICATED"}]
+    return reshard.as_message({"numLayers": 1, "tensors": t, "blobs": blobs}, ptc_pb2.Ptc)
+
+
+def test_a_recovery_aborts_the_checkpoint_a_lost_host_can_never_finish(cluster, client,
+                                                                       job_name):
+    """Last in this module: it freezes an agent (thawed at the end)."""
+    ptc = _replicated_ptc()
+    h0, h1 = cluster.host_ids[:2]
+    lay = layout.make_layout(1, 1, 2, [h0, h1], 1)
+    job = register(client, cluster, job_name, ptc, lay)
+    step0, step4 = random_globals(ptc, 2, seed=19), random_globals(ptc, 2, seed=20)
+    publish_all(cluster, job.id, ptc, lay, step0)
+    cp = client.checkpoint(job.id)
+    # Host 0's rank publishes step 4; host 1 is lost before its rank does.
+    with cluster.worker(h0, job.id) as w:
+        for rank, _ in layout.ranks_on_host(lay, h0):
+            w.publish(rank, cp.to_generation, layout.shard(ptc, lay, rank, step4))
+    cluster.stop_agent(h1)
+    try:
+        recovery = client.recover(job.id, lost_hosts=[h1])
+        # Not queued behind a checkpoint that can never finish: it ended it.
+        assert recovery.queued_behind_operation_id == ""
+        aborted = client.get_operation(cp.id)
+        assert aborted.state == OP.OPERATION_STATE_ABORTED
+        assert aborted.error == (f'aborted: recovery "{recovery.id}" replaced it (lost host '
+                                 f'"{h1}"); a checkpoint needs every rank of its generation')
+        done = client.wait(recovery.id, timeout=120, raise_on_failure=True)
+        survivors = client.get_job(job.id).layout
+        assert (list(layout.hosts_of(survivors)), survivors.config.dp) == ([h0], 1)
+        # The last committed state (step 0), never the half-published step 4.
+        assert check_generation(cluster, job.id, ptc, survivors, step0,
+                                done.to_generation) == []
+    finally:
+        cluster.continue_agent(h1)
