@@ -30,6 +30,7 @@ full tensor at the cut on both layouts.
 
 import argparse
 import base64
+import datetime
 import hashlib
 import json
 import os
@@ -96,7 +97,7 @@ def rank_main(args):
     from reshard._proto import ptc_pb2
     import titan
 
-    dist.init_process_group("gloo")
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
     rank, world = dist.get_rank(), dist.get_world_size()
     dims = titan.parallel_dims(args.dp, args.tp, world)
     model, cfg = titan.build(dims, seed=args.seed)
@@ -114,14 +115,17 @@ def rank_main(args):
         if rank == 0:
             print("PTC " + base64.b64encode(spec.ptc.SerializeToString()).decode(), flush=True)
             job = [json.loads(sys.stdin.readline())]
+            os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # the pipe carried only that
         dist.broadcast_object_list(job, src=0)
         job = job[0]
     else:
-        job = json.loads(args.job)
+        with open(args.job) as f:
+            job = json.load(f)  # the job's id, PTC and the ranks' agent sockets
         ptc = ptc_pb2.Ptc.FromString(base64.b64decode(job["ptc"]))
         spec = pytorch.spec_from_ptc(ptc, spec_config(args))
+    # The job's worker token: from the handshake, or $RESHARD_WORKER_TOKEN.
     worker = Worker(job["sockets"][rank], job["job_id"], ptc=spec.ptc,
-                    worker_token=job["token"])
+                    worker_token=job.get("token"))
     if args.generation:
         pytorch.load(worker, app, spec, rank, args.generation)
         out["loaded_digests"] = full_digests(app)
@@ -200,8 +204,15 @@ def start_ranks(world, argv, env, pipe_rank0=False):
 
 
 def wait_all(procs, what, timeout):
+    """Waits for every rank; kills the rest when one fails or time runs out."""
     deadline = time.monotonic() + timeout
-    codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    try:
+        codes = [p.wait(timeout=max(1.0, deadline - time.monotonic())) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     if any(codes):
         raise RuntimeError(f"{what}: rank exit codes {codes}")
 
@@ -231,19 +242,23 @@ def drive(build_dir, work_dir, timeout=600.0):
         procs = start_ranks(2, ["--dp", "1", "--tp", "2", "--steps", str(STEPS),
                                 "--publish-after", str(CUT), "--out", a_out], env,
                             pipe_rank0=True)
-        line = procs[0].stdout.readline()
-        if not line.startswith("PTC "):
+        try:
+            line = procs[0].stdout.readline()
+            if not line.startswith("PTC "):
+                raise RuntimeError(f"rank 0 of layout A: expected its PTC, got {line!r}")
+            ptc_b64 = line[4:].strip()
+            ptc = ptc_pb2.Ptc.FromString(base64.b64decode(ptc_b64))
+            job, token = client.register_job(
+                ptc_pb2.JobSpec(name=f"torchtitan-{os.getpid()}", tenant="demo", ptc=ptc,
+                                layout=lay_a), with_token=True)
+            procs[0].stdin.write(json.dumps({"job_id": job.id, "token": token,
+                                             "sockets": [sockets["host-0"]] * 2}) + "\n")
+            procs[0].stdin.flush()
+        except BaseException:
             for p in procs:
                 p.kill()
-            raise RuntimeError(f"rank 0 of layout A: expected its PTC, got {line!r}")
-        ptc_b64 = line[4:].strip()
-        ptc = ptc_pb2.Ptc.FromString(base64.b64decode(ptc_b64))
-        job, token = client.register_job(
-            ptc_pb2.JobSpec(name=f"torchtitan-{os.getpid()}", tenant="demo", ptc=ptc,
-                            layout=lay_a), with_token=True)
-        procs[0].stdin.write(json.dumps({"job_id": job.id, "token": token,
-                                         "sockets": [sockets["host-0"]] * 2}) + "\n")
-        procs[0].stdin.flush()
+                p.wait()
+            raise
         procs[0].stdout.close()
         wait_all(procs, "layout A", timeout)
         # 2. resize to layout B: dp_shard 2 x tp 1 on host-1.
@@ -251,11 +266,13 @@ def drive(build_dir, work_dir, timeout=600.0):
         op = client.resize(job.id, lay_b)
         done = client.wait(op.id, timeout=timeout, raise_on_failure=True)
         # 3. layout B loads the new generation and trains on.
-        job_arg = json.dumps({"job_id": job.id, "token": token, "ptc": ptc_b64,
-                              "sockets": [sockets["host-1"]] * 2})
+        job_file = os.path.join(work_dir, "job.json")
+        with open(job_file, "w") as f:
+            json.dump({"job_id": job.id, "ptc": ptc_b64, "sockets": [sockets["host-1"]] * 2}, f)
         procs = start_ranks(2, ["--dp", "2", "--tp", "1", "--steps", str(STEPS),
                                 "--generation", str(done.to_generation), "--seed", "99",
-                                "--job", job_arg, "--out", b_out], env)
+                                "--job", job_file, "--out", b_out],
+                            dict(env, RESHARD_WORKER_TOKEN=token))
         wait_all(procs, "layout B", timeout)
     with open(a_out) as f:
         a = json.load(f)
@@ -282,7 +299,7 @@ def main():
     r.add_argument("--publish-after", type=int, default=-1)
     r.add_argument("--generation", type=int, default=0)
     r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--job", default="")
+    r.add_argument("--job", default="", help="the job file of a rank that loads")
     r.add_argument("--out", required=True)
     argv = sys.argv[1:]
     if not argv or argv[0] not in ("drive", "rank", "-h", "--help"):
@@ -296,7 +313,8 @@ def main():
     print("step  uninterrupted (tp 2 x dp 1)   resumed (dp 2 x tp 1 after step "
           f"{run['cut']})")
     for s in range(1, run["steps"] + 1):
-        print(f"{s:4d}  {a['losses'][str(s)]!r:28}  {b['losses'].get(str(s), '')!r}")
+        resumed = repr(b["losses"][str(s)]) if str(s) in b["losses"] else ""
+        print(f"{s:4d}  {a['losses'][str(s)]!r:28}  {resumed}")
 
 
 if __name__ == "__main__":
