@@ -98,9 +98,7 @@ class Launchers:
                 "--worker-socket", self.cluster.agents[host].worker_socket,
                 "--token-file", self.token_file, "--tls-ca", self.cluster.pki.ca,
                 "--rdzv-port-range", f"{self.port_range[0]}-{self.port_range[1]}",
-                # --settle 5: room for the report of a killed rank to reach
-                # its peer's launcher on a loaded machine (1 s by default).
-                "--retire-timeout", "30", "--grace", "5", "--settle", "5",
+                "--retire-timeout", "30", "--grace", "5",
                 "--recovery-timeout", str(self.recovery_timeout.get(host, 60)),
                 "--events", str(self.tmp / f"events-{host}.jsonl"),
                 "--log-dir", str(self.tmp / f"logs-{host}")]
@@ -311,14 +309,14 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
                                                   if e["event"] == "reported"], timeout=30)
         assert (failed[0]["rank"], failed[0]["world"], failed[0]["reported"]) == (1, "g1", True)
         assert failed[0]["t"] - t_kill < 5.0
-        # Rank 0 died of its peer's death (exit status 1, PeerLost): a
-        # casualty, not reported.
+        # Rank 0 died of its peer's death (PeerLost: it exits
+        # EXIT_PEER_LOST): a casualty, not reported.
         casualty = L.wait("casualty", lambda: [e for e in L.events("host-0")
                                                if e["event"] in ("casualty", "reported")])
         assert (casualty[0]["event"], casualty[0]["rank"], casualty[0]["of"]) == (
-            "casualty", 0, [1])
+            "casualty", 0, [])
         assert [(e["rank"], e["code"]) for e in L.events("host-0") if e["event"] == "failed"] == \
-            [(0, 1)]
+            [(0, launch.EXIT_PEER_LOST)]
         # The coordinator's record: rank 1 of generation 1, with the reason.
         recorded = client.get_job(job.id).failed_ranks
         assert [(f.rank, f.generation, f.reason) for f in recorded] == [
@@ -656,3 +654,39 @@ def test_master_addr_sources_in_order():
                        match=r'host "h0": no --rdzv-host h0=ADDR or --rdzv-host-pattern, and the '
                              r'coordinator does not list hosts to this credential'):
         launch.Addresses({}, "", refused).of("h0")
+
+
+@pytest.mark.parametrize("then", ["reported", "another reported", "its host lost"])
+def test_a_rank_exiting_with_a_status_is_reported_unless_it_is_a_casualty(
+        tmp_path, monkeypatch, then):
+    monkeypatch.setenv("FAIL_RANK", "0")
+    given = _Given()
+    lay = layout.make_layout(1, 1, 2, ranks=[("h0", 0), ("h1", 0)])
+    cmd = ["sh", "-c", 'if [ "$RANK" = "$FAIL_RANK" ]; then exit 1; fi; exec sleep 120']
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", cmd, "coord:1",
+                        settle=0.5 if then == "reported" else 30.0, recovery_timeout=60.0,
+                        grace=1.0, events_path=str(tmp_path / "events.jsonl"),
+                        log=lambda msg: None)
+    try:
+        L.on_job(_job(1, lay))
+        _pump(L, lambda: any(e["event"] == "failed" for e in _events(tmp_path)))
+        assert L.pending and given.reports == []  # held for --settle
+        if then == "another reported":
+            job = _job(1, lay)
+            job.failed_ranks.add(rank=1, generation=1, reason="rank 1 (g1) killed by signal "
+                                                              "SIGKILL")
+            L.on_job(job)
+        elif then == "its host lost":
+            job = _job(1, lay)
+            job.lost_hosts.append("h1")
+            L.on_job(job)
+        _pump(L, lambda: not L.pending)
+        done = [(e["event"], e["rank"], e.get("of")) for e in _events(tmp_path)
+                if e["event"] in ("reported", "casualty")]
+        if then == "reported":
+            assert done == [("reported", 0, None)]
+            assert given.reports == [(0, "rank 0 (g1) exit status 1")]
+        else:
+            assert done == [("casualty", 0, [1])] and given.reports == []
+    finally:
+        L.stop_all()

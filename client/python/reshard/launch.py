@@ -67,6 +67,12 @@ EXIT_RANK_FAILED = 1   # a rank failed and no recovery came in time
 EXIT_USAGE = 2         # bad arguments or a credential the coordinator refuses
 EXIT_JOB_FAILED = 3    # the job's state is lost beyond recovery (JOB_STATE_FAILED)
 
+# A rank that exits with this status says it ended because a peer died (a
+# collective failed: reshard.elastic.PeerLost), not by a fault of its own:
+# the launcher stops its world's other ranks on this host but does not report
+# it. (75 is sysexits' EX_TEMPFAIL.)
+EXIT_PEER_LOST = 75
+
 
 class LaunchError(Exception):
     """A launcher that cannot go on: bad arguments, an address it cannot
@@ -635,7 +641,11 @@ class Launcher:
                       f"current layout trains on")
             self.warming = None
             return
-        if code < 0:
+        if code == EXIT_PEER_LOST:
+            self._log(f"{what}: a peer died (PeerLost); stopping this host's other ranks of "
+                      f"{world.name}")
+            self.event("casualty", world=world.name, rank=rank, of=[])
+        elif code < 0:
             self._log(f"{what}: reporting it, stopping this host's other ranks of {world.name}")
             self._send_report(world, rank, what)
         else:
@@ -660,9 +670,12 @@ class Launcher:
             return
         reported = {f.rank for f in getattr(self.job, "failed_ranks", ())
                     if f.generation == self.job.generation}
+        lost = set(self.job.lost_hosts)
         for item in list(self.pending):
             _, world, rank, what = item
-            others = sorted(reported - {rank})
+            # Ranks of a lost host count as reported (their launcher is gone).
+            on_lost = {r for r, (h, _) in enumerate(_layout.slots(world.layout)) if h in lost}
+            others = sorted((reported | on_lost) - {rank})
             if others:
                 self.pending.remove(item)
                 self._log(f"{what}: not reported, ranks {others} were reported dead first")

@@ -9,8 +9,9 @@ environment (reshard.launch.rank_env): RESHARD_OPERATION_ID set -> warm up
 and reshard.elastic.join; RESHARD_GENERATION 0 -> publish generation 1 from
 the start; else reshard.elastic.load of that generation.
 
-Writes $LAUNCH_TEST_OUT/<pid>.json: its environment ("env") when it starts,
-then what it loaded ("loaded": step, w) and how its loop ended ("cut": a
+A collective that fails because a peer died (reshard.elastic.PeerLost)
+ends it with launch.EXIT_PEER_LOST. Writes $LAUNCH_TEST_OUT/<pid>.json: its
+environment ("env") when it starts, then what it loaded ("loaded": step, w) and how its loop ended ("cut": a
 stop-free cut-over or a stop-the-world stop at a step boundary). Its only
 credential is the job's worker token.
 """
@@ -116,4 +117,10 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except elastic.PeerLost:
+        # A peer died: say so to the launcher, which then does not report
+        # this rank (its own death is not the failure).
+        sys.stderr.write("peer lost\n")
+        os._exit(launch.EXIT_PEER_LOST)
