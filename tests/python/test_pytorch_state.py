@@ -557,3 +557,23 @@ def test_described_ptcs_plan_on_the_coordinator(described, cluster, client, job_
                                                                **target))
         assert stats.bytes_local + stats.bytes_cross_host > 0, scenario
         assert stats.bytes_cross_host == stats.lower_bound_cross_host, scenario
+
+
+def test_a_one_rank_job_keeps_its_tp_and_dp_splits(tmp_path):
+    """At dp 1 x tp 1 FSDP2 + TP writes plain (Shard(0), Shard(0)), not
+    _StridedShard: with dims of size 1 the nesting is moot, so it is the
+    PTC's tp split and dp chunk, as at any larger layout (a job may be
+    described in a one-rank world)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                            world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+        model = fsdp_tp(mesh, mlp(10))
+        spec = pytorch.describe(pytorch.AppState(model, rng=False), mesh=mesh)
+    finally:
+        dist.destroy_process_group()
+    t = {t.name: t for t in spec.ptc.tensors}
+    assert spec.items["model.0.weight"].placements == (("dp", "Shard(0)"), ("tp", "Shard(0)"))
+    assert modes(t["model.0.weight"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
+    assert modes(t["model.2.weight"]) == ("TP_SPLIT", 1, "DP_CHUNK", 0)

@@ -538,7 +538,7 @@ def _partition(t, e, names, config):
             raise ValueError(f"{where}: _StridedShard(dim={axis}, sf={sf}) on \"{dim}\" is "
                              f"reshard's tp-first nesting only with Shard({axis}) on a tp dim "
                              f"of size {sf} (tp is {d.tp}, tp shards dim {tp_axis})")
-    elif tp_axis == axis and d.tp > 1:
+    elif tp_axis == axis and d.tp > 1 and _dp_dim_size(config, dim) > 1:
         raise ValueError(f"{where}: Shard({axis}) on \"{dim}\" and Shard({axis}) on \"tp\" "
                          f"nest data parallel outside tensor parallel (dp-first); the PTC "
                          f"splits tp first, then dp inside the tp piece (FSDP2 + TP gives "
@@ -551,6 +551,13 @@ def _partition(t, e, names, config):
     if dim == "dp" and config.dp_shard and config.dp_shard < d.dp:
         raise ValueError(f"{where}: sharded over all of \"dp\" while the job's HSDP mesh "
                          f"shards over dp_shard {config.dp_shard}")
+
+
+def _dp_dim_size(config, dim):
+    """The size of a data-parallel mesh dim under `config`."""
+    d = layout.dims(config)
+    shard = config.dp_shard or d.dp
+    return {"dp": d.dp, "dp_shard": shard, "dp_shard_cp": shard * d.cp}[dim]
 
 
 def _stage_starts(pp, stages, layer_of, num_layers):
