@@ -391,6 +391,10 @@ class Loop(Collectives):
         (rank 0 creates it; collective) and waits for its commit. Returns a
         Cut (operation_id None)."""
         self.wait()
+        if self.checkpoints and self.checkpoints[-1][0] == state.step:
+            # The periodic checkpoint of this very boundary holds it already.
+            step, generation, checkpoint_id = self.checkpoints[-1]
+            return Cut(None, generation, step, checkpoint_id)
         return self._publish(state, shard, None, None, True)
 
     def _publish(self, state, shard, op, what, wait_commit):
@@ -408,8 +412,22 @@ class Loop(Collectives):
         def create():
             ck = self.client.checkpoint(self.job_id, dataset_state=state,
                                         cut_over_operation_id=op_id)
-            return ck.id, ck.to_generation
-        checkpoint_id, generation = self._from_rank0(create)
+            if ck.kind == _pb.OPERATION_KIND_CHECKPOINT:
+                return ck.id, ck.to_generation, op_id, False
+            # finish() while a stop-free operation prepares: the checkpoint
+            # folded into its cut-over, so the last step is published there
+            # once the new layout is warm (the loop ends as a cut-over).
+            prepared = self._watch.wait_for("prepared", self.timeout)
+            if prepared is None or prepared.id != ck.id:
+                raise _errors.FailedPrecondition(
+                    f"job {self.job_id!r}: the final checkpoint folded into operation "
+                    f"\"{ck.id}\", which was not prepared within {self.timeout} s")
+            cut = self.client.checkpoint(self.job_id, dataset_state=state,
+                                         cut_over_operation_id=ck.id)
+            return cut.id, cut.to_generation, ck.id, True
+        checkpoint_id, generation, op_id, folded = self._from_rank0(create)
+        if folded:
+            wait_commit = False  # the operation's new ranks go on from it
         error = None
         try:
             self.worker.publish(self.rank, generation, shard())

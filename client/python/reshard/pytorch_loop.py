@@ -122,8 +122,10 @@ class Run:
     regenerate), `loop` (the reshard.elastic.Loop), `cut` once it ended.
     Not thread-safe: the training thread calls it."""
 
-    def __init__(self, app, spec, env, client, worker, loop, state, started, regenerated):
+    def __init__(self, app, spec, env, client, worker, loop, state, started, regenerated,
+                 generation):
         self.app, self.spec, self.env = app, spec, env
+        self.generation, self.start_step = generation, state.step
         self.client, self.worker, self.loop = client, worker, loop
         self.state, self.started, self.regenerated = state, started, regenerated
         self.cut = None
@@ -147,9 +149,15 @@ class Run:
 
     def finish(self, state=None):
         """The last step: publishes it with a checkpoint and waits for the
-        commit (collective). Returns the Cut."""
+        commit (collective). Returns the Cut. A run that trained no step
+        (it started at the step budget) has nothing to publish: its Cut is
+        the generation it started from."""
         state = self.state if state is None else state
-        self.cut = self.loop.finish(state, self._items)
+        if state.step == self.start_step:
+            self.loop.wait()
+            self.cut = _elastic.Cut(None, self.generation, state.step, None)
+        else:
+            self.cut = self.loop.finish(state, self._items)
         return self.cut
 
     def close(self):
@@ -163,7 +171,7 @@ class Run:
 
 
 def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=None,
-          env=None, timeout=120.0, layer_pattern=None):
+          env=None, timeout=120.0):
     """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
     state (see the module doc); `dataset` is the run's configured
     reshard.data.DatasetState (checked against the committed one). Collective
@@ -172,8 +180,11 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     from .worker import Worker
     env = env or rank_env()
     client = worker_client(env)
-    kwargs = {} if layer_pattern is None else {"layer_pattern": layer_pattern}
-    spec = pytorch.describe(app, mesh=mesh, group=group, **kwargs)
+    # The job's own PTC (registered from pytorch.describe of this model:
+    # its blob capacities and item order), not a fresh describe() of this
+    # rank's objects, whose blob sizes differ from rank to rank and run to run.
+    spec = pytorch.spec_from_ptc(client.get_job(env.job_id, include_ptc=True).ptc,
+                                 layout_of())
     worker = Worker(env.worker_socket, env.job_id, ptc=spec.ptc, worker_token=env.worker_token)
     rank = env.rank
     probe = _elastic.Collectives(rank, env.job_id, group)
@@ -186,10 +197,12 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
         if rank == 0:
             client.mark_prepared(env.operation_id)
         op = client.wait(env.operation_id, timeout=max(timeout, 600.0), raise_on_failure=True)
-        regenerated = _load(probe, pytorch, worker, app, spec, rank, op.to_generation)
+        generation = op.to_generation
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
         started = "joined"
     elif env.generation > 0:
-        regenerated = _load(probe, pytorch, worker, app, spec, rank, env.generation)
+        generation = env.generation
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
         started = "loaded"
     else:
         generation = client.get_job(env.job_id).generation
@@ -203,7 +216,7 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     state = _data.resume(client.dataset_state(env.job_id), dataset)
     loop = _elastic.Loop(client, env.job_id, rank, worker, group=group, timeout=timeout,
                          every_steps=every_steps, every_seconds=every_seconds)
-    return Run(app, spec, env, client, worker, loop, state, started, regenerated)
+    return Run(app, spec, env, client, worker, loop, state, started, regenerated, generation)
 
 
 def _load(probe, pytorch, worker, app, spec, rank, generation):

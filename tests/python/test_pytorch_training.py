@@ -1,0 +1,354 @@
+"""Real PyTorch 2 training through reconfigurations (issue 20, item 4): the
+quickstart of docs/pytorch.md (tests/python/torch2/train.py, a tiny float64
+transformer under FSDP2 + tensor parallel, or HSDP) run by `reshard run`
+launchers, one per emulated host of a real local cluster (PostgreSQL,
+coordinator, agents), one process per rank, gloo on CPU. Every rank holds
+only the job's worker token.
+
+Each test: a stop-free dp change, a tp change stopped at a step boundary
+(stop-the-world), a lost host (its agent SIGKILLed with its shared memory,
+its launcher and ranks SIGKILLed) recovered onto the survivor. Asserted:
+every step's loss (each time it was trained, replays after the loss
+included) equals an uninterrupted one-process run of the same model to a
+relative 1e-9 (float64: only the order of the sums differs, dp
+reduce-scatters and tp partial sums; measured ~1e-15), every sample of each
+epoch read exactly once by the steps that count, the job's committed
+dataset step and the final generation's model and Adam state equal the
+reference's (loaded through the agents).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import reshard
+from reshard import data, layout
+
+torch = pytest.importorskip("torch")
+HERE = os.path.dirname(os.path.abspath(__file__))
+TORCH2 = os.path.join(HERE, "torch2")
+sys.path.insert(0, TORCH2)
+import tiny_transformer as my  # noqa: E402
+
+MIN_STEP_S = 0.3   # the first world's cadence (a real job's pace)
+STEPS = 70         # the job's step budget (train.py's $STEPS)
+
+
+def dataset():
+    """train.py's configured DatasetState."""
+    return data.DatasetState(data.DatasetDescriptor("tokens", my.NUM_SAMPLES, "v1"),
+                             data.Order(seed=5, shuffle="full"), global_batch=my.GLOBAL_BATCH)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from cluster import LocalCluster
+    from conftest import build_dir
+    with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2,
+                      heartbeat_ms=200) as c:
+        yield c
+
+
+@pytest.fixture(scope="module")
+def job_ptc(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("ptc") / "ptc.json")
+    subprocess.run([sys.executable, os.path.join(TORCH2, "describe_job.py"), out], check=True,
+                   env=_env(), cwd=TORCH2, timeout=120)
+    with open(out) as f:
+        return reshard.as_message(json.load(f), reshard.ptc_pb2.Ptc)
+
+
+@pytest.fixture(scope="module")
+def reference():
+    """The uninterrupted run: one process, no parallelism. Per step its loss;
+    its final model and Adam state as {item name: array}."""
+    model = my.build()
+    opt = my.optimizer(model)
+    state, losses = dataset(), []
+    for _ in range(STEPS):
+        sh = state.share(1, 0)
+        losses.append(my.train_step(model, opt, state.samples(sh.begin, sh.end)))
+        state = state.advanced()
+    names = {p: n for n, p in model.named_parameters()}
+    final = {f"model.{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
+    for p, st in opt.state.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            final[f"optim.state.{names[p]}.{key}"] = st[key].detach().numpy().copy()
+    return losses, final
+
+
+def _env(**extra):
+    import reshard as pkg
+    root = os.path.dirname(os.path.dirname(os.path.abspath(pkg.__file__)))
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join(p for p in (root, TORCH2,
+                                                      os.environ.get("PYTHONPATH")) if p))
+    env.update(extra)
+    return env
+
+
+def _free_port_range(n):
+    """A first port of n consecutive ports that are free now, below the
+    kernel's ephemeral range (where the OS's port-0 choices land)."""
+    import random
+    import socket
+    rng = random.Random()
+    for _ in range(200):
+        base = rng.randrange(20000, 32000 - n)
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError(f"no {n} free consecutive ports in 20000-32000")
+
+
+class Job:
+    """A registered job and one `reshard run` launcher per host."""
+
+    def __init__(self, cluster, client, name, ptc, lay, work):
+        self.cluster, self.client, self.work = cluster, client, work
+        self.job = client.register_job({"name": name, "tenant": "training",
+                                        "ptc": reshard.to_dict(ptc),
+                                        "layout": reshard.to_dict(lay)},
+                                       dataset_state=dataset())
+        self.ptc = ptc
+        self.log = os.path.join(work, "train.jsonl")
+        self.launchers = {}
+        base = _free_port_range(50)
+        self.ports = f"{base}-{base + 49}"
+        for host in cluster.host_ids:
+            self.launch(host)
+
+    def launch(self, host):
+        # GRPC_ENABLE_FORK_SUPPORT=0: the launcher forks its ranks while its
+        # gRPC threads run; with gRPC's fork handlers a child sometimes died
+        # before exec (SIGABRT, "epoll_wait error: Bad file descriptor").
+        env = _env(RESHARD_WORKER_TOKEN=self.cluster.worker_token(self.job.id),
+                   GRPC_ENABLE_FORK_SUPPORT="0",
+                   TRAIN_LOG=self.log, STEPS=str(STEPS), CKPT_EVERY="3",
+                   MIN_STEP_S=str(MIN_STEP_S))
+        argv = [sys.executable, "-m", "reshard", "run", "--coordinator", self.cluster.coordinator,
+                "--job", self.job.id, "--host", host,
+                "--worker-socket", self.cluster.agents[host].worker_socket,
+                "--rdzv-port-range", self.ports, "--rdzv-host-pattern", "127.0.0.1",
+                "--log-dir", os.path.join(self.work, "logs"),
+                "--events", os.path.join(self.work, f"events-{host}.jsonl"),
+                "--retire-timeout", "60", "--recovery-timeout", "60"]
+        argv += (["--tls-ca", self.cluster.pki.ca] if self.cluster.tls else ["--insecure"])
+        argv += ["--", sys.executable, os.path.join(TORCH2, "train.py")]
+        self.launchers[host] = subprocess.Popen(argv, env=env, cwd=TORCH2,
+                                                start_new_session=True)
+
+    def records(self):
+        if not os.path.exists(self.log):
+            return []
+        with open(self.log) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def wait(self, what, until, timeout=180):
+        """Waits (deadline `timeout` s) until until(records) holds; a launcher
+        that exits first fails the test with the rank logs' tails."""
+        end = time.monotonic() + timeout
+        while True:
+            recs = self.records()
+            if until(recs):
+                return recs
+            if time.monotonic() > end:
+                raise AssertionError(f"{what}: not after {timeout} s\n{self.tails()}")
+            for host, p in self.launchers.items():
+                if p.poll() not in (None, 0):
+                    raise AssertionError(f"{what}: the launcher of {host} exited "
+                                         f"{p.returncode}\n{self.tails()}")
+            time.sleep(0.05)
+
+    def tails(self):
+        logs = os.path.join(self.work, "logs")
+        out = []
+        for name in sorted(os.listdir(logs)) if os.path.isdir(logs) else []:
+            with open(os.path.join(logs, name), errors="replace") as f:
+                out.append(f"--- {name}\n" + "".join(f.readlines()[-15:]))
+        return "\n".join(out)
+
+    def kill_host(self, host):
+        """The host is gone: its launcher and ranks SIGKILLed, its agent too."""
+        p = self.launchers.pop(host)
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        self.cluster.lose_host(host)
+
+    def stop(self):
+        for p in self.launchers.values():
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGTERM)
+        for p in self.launchers.values():
+            try:
+                p.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+
+
+def _ended(recs, worlds=None):
+    """The end records (one per rank that ended its loop)."""
+    return [r for r in recs if "end" in r]
+
+
+def _trained(recs, step):
+    return any(r.get("step", 0) >= step for r in recs if "loss" in r)
+
+
+def _check(job, reference, final_layout):
+    """Losses, exactly-once samples, the committed step, the final state."""
+    want_losses, want_final = reference
+    recs = job.records()
+    steps = [r for r in recs if "loss" in r]
+    assert max(r["step"] for r in steps) == STEPS
+    worst = 0.0
+    for r in steps:
+        want = want_losses[r["step"] - 1]
+        worst = max(worst, abs(r["loss"] - want) / abs(want))
+        np.testing.assert_allclose(r["loss"], want, rtol=1e-9, atol=0,
+                                   err_msg=f"step {r['step']} (world {r['world_key']})")
+    print(f"{len(steps)} step records, worst relative loss difference {worst:.1e}")
+    # The steps that count: for each step, the world that trained it last.
+    last_world = {}
+    for r in steps:
+        last_world[r["step"]] = r["world_key"]
+    ids = []
+    for s in range(1, STEPS + 1):
+        by_dp = {}
+        for r in steps:
+            if r["step"] == s and r["world_key"] == last_world[s]:
+                by_dp.setdefault(r["dp_rank"], r["ids"])
+        ids += [i for d in sorted(by_dp) for i in by_dp[d]]
+    assert len(ids) == STEPS * my.GLOBAL_BATCH
+    n = my.NUM_SAMPLES
+    for e in range(len(ids) // n):
+        assert sorted(ids[e * n:(e + 1) * n]) == list(range(n)), f"epoch {e}"
+    committed = job.client.dataset_state(job.job.id)
+    assert committed.step == STEPS and committed.cursor == STEPS * my.GLOBAL_BATCH
+    got_job = job.client.get_job(job.job.id)
+    assert (got_job.layout.config.tp, got_job.layout.config.dp) == (
+        final_layout.config.tp, final_layout.config.dp)
+    for host in layout.hosts_of(got_job.layout):
+        with job.cluster.worker(host, job.job.id, ptc=job.ptc) as w:
+            for rank, _ in layout.ranks_on_host(got_job.layout, host):
+                got = w.load(rank, got_job.generation)
+                checked = 0
+                for t in job.ptc.tensors:
+                    if t.name.endswith(".step"):  # Adam's step count, every parameter's
+                        assert float(np.asarray(got[t.name]).reshape(-1)[0]) == STEPS, t.name
+                        continue
+                    want = layout.local_tensor(t, got_job.layout.config, rank,
+                                               want_final[t.name])
+                    if want.size:
+                        np.testing.assert_allclose(got[t.name], want, rtol=1e-9, atol=1e-13,
+                                                   err_msg=f"rank {rank} {t.name}")
+                        checked += 1
+                assert checked
+    return recs
+
+
+def _resize(client, job_id, lay, **kw):
+    """client.resize; Aborted (a periodic checkpoint committed between
+    reading the generation and the request) is retried, as its code says."""
+    import inspect
+    if "at_step_boundary" in kw and "at_step_boundary" not in inspect.signature(
+            client.resize).parameters:
+        kw.pop("at_step_boundary")
+    for attempt in range(10):
+        try:
+            return client.resize(job_id, lay, **kw)
+        except reshard.Aborted:
+            if attempt == 9:
+                raise
+
+
+def _run(cluster, client, name, ptc, tmp_path, first):
+    return Job(cluster, client, name, ptc, first, str(tmp_path))
+
+
+def test_stop_free_dp_change_fsdp2_tp(cluster, client, job_name, job_ptc, reference, tmp_path):
+    """dp 2 x tp 2 on two hosts (FSDP2 + TP) -> stop-free dp 1 x tp 2 on one."""
+    hosts = cluster.host_ids
+    first = layout.make_layout(2, 1, 2, hosts[:2], 2)
+    second = layout.make_layout(2, 1, 1, hosts[:1], 2)
+    job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
+    try:
+        job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
+        op = _resize(client, job.job.id, second, stop_free=True)
+        job.wait("every rank ended", lambda r: len(_ended(r)) == 4 + 2)
+        final = client.wait(op.id, timeout=60, raise_on_failure=True)
+        assert final.stop_free and final.cutover_operation_id
+        recs = _check(job, reference, second)
+    finally:
+        job.stop()
+    ends = _ended(recs)
+    assert sorted(e["started"] for e in ends) == ["fresh"] * 4 + ["joined"] * 2
+    # The old world trained on while the new one warmed up, and cut over at
+    # a step boundary (at the latest its last step: its final checkpoint
+    # then folds into the cut-over).
+    cut = [r for r in recs if "loss" in r and r["world"] == 4]
+    assert 4 < max(r["step"] for r in cut) <= STEPS
+    print(f"stop-free cut-over after step {max(r['step'] for r in cut)}; prepared in "
+          f"{final.prepare_seconds:.1f} s, paused {final.pause_seconds:.2f} s")
+
+
+def test_tp_change_stop_the_world(cluster, client, job_name, job_ptc, reference, tmp_path):
+    """tp 2 x dp 1 on one host -> a stop-the-world resize to tp 1 x dp 2 on
+    two hosts, stopped at the next step boundary."""
+    hosts = cluster.host_ids
+    first = layout.make_layout(2, 1, 1, hosts[:1], 2)
+    second = layout.make_layout(1, 1, 2, hosts[:2], 1)
+    job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
+    try:
+        job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
+        op = _resize(client, job.job.id, second, at_step_boundary=True)
+        client.wait(op.id, timeout=120, raise_on_failure=True)
+        job.wait("the job trained its steps", lambda r: len(
+            [e for e in _ended(r) if e["started"] == "loaded"]) == 2)
+        _check(job, reference, second)
+    finally:
+        job.stop()
+
+
+def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path):
+    """HSDP (dp_replicate 2 x dp_shard 2, a replica per host) -> host 1 lost
+    (agent, launcher and ranks SIGKILLed) -> the coordinator's survivor
+    policy on host 0; the steps since the last commit are trained again."""
+    hosts = cluster.host_ids
+    first = layout.make_layout(1, 1, 4, hosts[:2], 2, dp_shard=2)
+    job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
+    try:
+        job.wait("the first world trains 7 steps", lambda r: _trained(r, 7))
+        job.kill_host(hosts[1])
+        op = client.recover(job.job.id, [hosts[1]])
+        final = client.wait(op.id, timeout=120, raise_on_failure=True)
+        job.wait("the job trained its steps", lambda r: len(
+            [e for e in _ended(r) if e["started"] == "loaded"]) == final.target_layout.config.dp)
+        _check(job, reference, final.target_layout)
+    finally:
+        job.stop()
+
+
+def test_quickstart_is_the_tested_script():
+    """docs/pytorch.md's Quickstart shows train.py byte for byte, and it has
+    at most 40 lines of reshard code."""
+    with open(os.path.join(TORCH2, "train.py")) as f:
+        script = f.read()
+    with open(os.path.join(HERE, "..", "..", "docs", "pytorch.md")) as f:
+        page = f.read()
+    quick = page[page.index("## Quickstart"):page.index("\n## ", page.index("## Quickstart") + 3)]
+    block = quick[quick.index("```python\n") + len("```python\n"):]
+    block = block[:block.index("```")]
+    assert block == script
+    assert len([ln for ln in script.splitlines() if "# reshard" in ln]) <= 40
