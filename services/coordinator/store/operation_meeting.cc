@@ -72,9 +72,10 @@ absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind
       }
       const std::string prefix = absl::StrCat("cut_over_operation_id \"", op.id, "\": ");
       if (QueuedNow(op, active) && op.step_boundary == v1::STEP_BOUNDARY_WAITING) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            prefix, "it is queued behind checkpoint \"", op.queued_behind,
-            "\" and waits for its step boundary once that one ends (Job.step_boundary_operation_id)"));
+        return absl::FailedPreconditionError(
+            absl::StrCat(prefix, "it is queued behind checkpoint \"", op.queued_behind,
+                         "\" and waits for its step boundary once that one ends "
+                         "(Job.step_boundary_operation_id)"));
       }
       if (op.step_boundary == v1::STEP_BOUNDARY_CHECKPOINTING) {
         return absl::FailedPreconditionError(absl::StrCat(

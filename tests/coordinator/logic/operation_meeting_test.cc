@@ -33,7 +33,8 @@ absl::StatusOr<MeetingVerdict> MeetWith(v1::OperationKind kind, const std::strin
   return Meet("j", kind, cut_over, active);
 }
 
-void ExpectVerdict(const absl::StatusOr<MeetingVerdict>& v, Meeting what, const std::string& other) {
+void ExpectVerdict(const absl::StatusOr<MeetingVerdict>& v, Meeting what,
+                   const std::string& other) {
   ASSERT_TRUE(v.ok()) << v.status();
   EXPECT_EQ(v->what, what);
   EXPECT_EQ(v->other, other);
