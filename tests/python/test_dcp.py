@@ -12,7 +12,10 @@ CPU, gloo, one process per rank, and a real LocalCluster.
    generation C is exported, and a fresh FSDP2 job at mesh D (dp 3, another
    init, another learning rate) `dcp.load`s it: every tensor, the param
    groups, the scheduler and the counter equal what mesh A saved, exactly.
-3. Refusals: a checkpoint that lacks a tensor of the PTC, or holds it at
+3. The same checkpoint (saved from reshard.pytorch.AppState, RNG included)
+   imported into a job that reshard.pytorch.describe() registered at dp 1 x
+   tp 4: every rank's pytorch.load() gives back the saved state in place.
+4. Refusals: a checkpoint that lacks a tensor of the PTC, or holds it at
    another shape or dtype, is a ValueError naming the tensor.
 """
 
@@ -117,8 +120,8 @@ def build(dims, seed, lr):
     mesh = init_device_mesh("cpu", tuple(s for _, s in dims),
                             mesh_dim_names=tuple(n for n, _ in dims))
     torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 10), torch.nn.ReLU(),
-                                torch.nn.Linear(10, 5)).double()
+    model = torch.nn.Sequential(torch.nn.Linear(8, 12), torch.nn.ReLU(),  # 12: tp 2, 3, 4
+                                torch.nn.Linear(12, 5)).double()
     if "tp" in mesh.mesh_dim_names:
         parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
     fully_shard(model, mesh=mesh["dp"])
@@ -152,7 +155,7 @@ def save_at(rank, world, dims, ckpt):
     model, opt, sched = build(dims, seed=1, lr=0.01)
     g = torch.Generator().manual_seed(3)
     for _ in range(2):
-        model(torch.randn(4, 6, generator=g, dtype=torch.float64)).pow(2).sum().backward()
+        model(torch.randn(4, 8, generator=g, dtype=torch.float64)).pow(2).sum().backward()
         opt.step()
         opt.zero_grad()
         sched.step()
@@ -233,6 +236,72 @@ def test_dcp_save_import_resize_export_dcp_load(cluster, client, job_name, tmp_p
         assert got["params"] == ref["params"]
         assert got["sched"] == ref["sched"]
         assert got["counter"] == {"step": 2}
+
+
+# ------------------------------------------- into a job that describe() made
+
+
+def save_app_at(rank, world, dims, ckpt):
+    """Mesh A, the state as reshard.pytorch.AppState gives it to DCP (model,
+    optim, sched, counter and each rank's RNG)."""
+    from reshard import pytorch
+    model, opt, sched = build(dims, seed=1, lr=0.01)
+    g = torch.Generator().manual_seed(3)
+    model(torch.randn(4, 8, generator=g, dtype=torch.float64)).pow(2).sum().backward()
+    opt.step()
+    sched.step()
+    counter = Counter(1)
+    app = pytorch.AppState(model, opt, {"sched": sched, "counter": counter})
+    dcp.save(app.state_dict(), checkpoint_id=ckpt)
+    return full_state(model, opt, sched, counter)
+
+
+def import_and_load_at(rank, world, dims, ckpt, cfg):
+    """Mesh B: describe() the job's own state, register it (rank 0), import
+    the checkpoint into generation 1 (rank 0, every host), then every rank
+    reshard.pytorch.load()s in place."""
+    import reshard
+    from reshard import pytorch
+    from reshard.v1 import ptc_pb2
+    model, opt, sched = build(dims, seed=9, lr=0.5)
+    counter = Counter(0)
+    app = pytorch.AppState(model, opt, {"sched": sched, "counter": counter})
+    spec = pytorch.describe(app)
+    lay = spec.layout(hosts=cfg["hosts"], devices_per_host=2)
+    ids = [None, None, None]
+    if rank == 0:
+        with reshard.Client(cfg["coordinator"],
+                            credentials=reshard.tls_credentials(*cfg["tls"])) as c:
+            job, token = c.register_job(ptc_pb2.JobSpec(
+                name=cfg["name"], tenant="pytest", ptc=spec.ptc, layout=lay), with_token=True)
+        result = rdcp.import_dcp(ckpt, job.id, spec.ptc, lay, 1, cfg["sockets"],
+                                 worker_token=token)
+        ids = [job.id, token, (result.missing, result.ignored)]
+    dist.broadcast_object_list(ids, src=0)
+    host = layout.slots(lay)[rank][0]
+    with reshard.Worker(cfg["sockets"][host], ids[0], ptc=spec.ptc, worker_token=ids[1]) as w:
+        regenerated = pytorch.load(w, app, spec, rank, 1)
+    return full_state(model, opt, sched, counter) | {"regenerated": regenerated,
+                                                      "import": ids[2]}
+
+
+def test_import_into_a_described_job_then_load_in_place(cluster, client, job_name, tmp_path):
+    ck = str(tmp_path / "a")
+    ref = spawn(save_app_at, tmp_path, [("dp", 2), ("tp", 2)], ck, world=4)[0]
+    hosts = cluster.host_ids[:2]
+    cfg = {"hosts": hosts, "coordinator": cluster.coordinator, "name": job_name,
+           "tls": (cluster.pki.ca, *cluster.pki.issue(cluster.ADMIN)),
+           "sockets": {h: cluster.agents[h].worker_socket for h in hosts}}
+    got = spawn(import_and_load_at, tmp_path, [("dp", 1), ("tp", 4)], ck, cfg, world=4)
+    assert got[0]["import"] == ([], [])  # the RNG came from the checkpoint; no key unused
+    for g in got:
+        assert g["regenerated"] == frozenset()
+        assert g["tensors"].keys() == ref["tensors"].keys()
+        for name, value in ref["tensors"].items():
+            assert g["tensors"][name].tobytes() == value.tobytes(), name
+        assert g["param_groups"] == ref["param_groups"]
+        assert g["sched"] == ref["sched"]
+        assert g["counter"] == {"step": 1}
 
 
 # ---------------------------------------------------------------- refusals

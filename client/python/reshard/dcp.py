@@ -227,8 +227,10 @@ def read_metadata(path):
 
 
 def _dist_args(process_group):
-    import torch.distributed as dist
-    if process_group is None and not (dist.is_available() and dist.is_initialized()):
+    """One process unless a group is given: a rank of a training job may
+    import or export alone while the others wait (DCP would otherwise run
+    its collectives on the default group)."""
+    if process_group is None:
         return {"no_dist": True}
     return {"process_group": process_group}
 
