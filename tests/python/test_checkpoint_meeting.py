@@ -110,6 +110,14 @@ def test_without_a_checkpoint_by_its_deadline_it_moves_the_last_committed_state(
     assert check_generation(cluster, job.id, ptc, _target(cluster), step0, 2) == []
     with pytest.raises(ValueError, match="needs at_step_boundary"):
         client.resize(job.id, _target(cluster), step_boundary_timeout=5)
+    # Migrate takes the same keywords.
+    back = layout.make_layout(1, 1, 2, cluster.host_ids[:2], 1)
+    moved = client.migrate(job.id, back, at_step_boundary=True, step_boundary_timeout=0.5)
+    assert moved.step_boundary == OP.STEP_BOUNDARY_WAITING
+    done = client.wait(moved.id, timeout=120, raise_on_failure=True)
+    assert (done.step_boundary, done.from_generation, done.to_generation) == \
+        (OP.STEP_BOUNDARY_TIMED_OUT, 2, 3)
+    assert check_generation(cluster, job.id, ptc, back, step0, 3) == []
 
 
 def _replicated_ptc():
