@@ -313,12 +313,20 @@ def test_tp_change_stop_the_world(cluster, client, job_name, job_ptc, reference,
     try:
         job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
         op = _resize(client, job.job.id, second, at_step_boundary=True)
-        client.wait(op.id, timeout=120, raise_on_failure=True)
+        final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
             [e for e in _ended(r) if e["started"] == "loaded"]) == 2)
-        _check(job, reference, second)
+        recs = _check(job, reference, second)
     finally:
         job.stop()
+    # The first world stopped at a step boundary with a final checkpoint
+    # folded into the resize, which moved that step: no step trained twice.
+    assert final.at_step_boundary
+    assert final.step_boundary == reshard.coordinator_pb2.STEP_BOUNDARY_REACHED
+    first_world = [e for e in _ended(recs) if e["started"] == "fresh"]
+    assert len(first_world) == 2 and all("stopped=True" in e["end"] for e in first_world)
+    trained = [(r["rank"], r["world_key"], r["step"]) for r in recs if "loss" in r]
+    assert len(trained) == len(set(trained)) == 2 * STEPS
 
 
 def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path):
@@ -335,9 +343,19 @@ def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path)
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
             [e for e in _ended(r) if e["started"] == "loaded"]) == final.target_layout.config.dp)
-        _check(job, reference, final.target_layout)
+        recs = _check(job, reference, final.target_layout)
     finally:
         job.stop()
+    assert hosts[1] not in layout.hosts_of(final.target_layout)
+    # The survivors' collectives failed: reshard.elastic.PeerLost, which
+    # pytorch_loop turns into exit status 75 (the launcher's EXIT_PEER_LOST).
+    with open(os.path.join(job.work, f"events-{hosts[0]}.jsonl")) as f:
+        exits = [e for e in map(json.loads, f) if e["event"] == "exit" and e["world"] == "g1"]
+    assert sorted((e["rank"], e["code"]) for e in exits) == [(0, 75), (1, 75)], exits
+    replayed = len([r for r in recs if "loss" in r]) - sum(
+        1 for r in recs if "loss" in r and r["world_key"].startswith(f"{final.to_generation}/"))
+    print(f"first world trained {replayed // 4} steps; recovered from generation "
+          f"{final.from_generation}")
 
 
 def test_quickstart_is_the_tested_script():

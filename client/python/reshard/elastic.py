@@ -98,6 +98,13 @@ def _is_terminal(op):
                         _pb.OPERATION_STATE_FAILED)
 
 
+def _folded(op):
+    """Whether a Checkpoint answer is another operation that the checkpoint
+    folded into (docs/coordinator.md, "Checkpoints and operations")."""
+    return bool(getattr(op, "checkpoint_folded", False)) or (
+        op.kind != _pb.OPERATION_KIND_CHECKPOINT)
+
+
 def at_step_boundary(op):
     """Whether an Operation is a stop-the-world one that stops the job at its
     next step boundary (the loop publishes a final checkpoint folded into it)."""
@@ -362,7 +369,7 @@ class Loop(Collectives):
     def _start_checkpoint(self, state, shard):
         def create():
             op = self.client.checkpoint(self.job_id, dataset_state=state)
-            return (op.id, op.to_generation, op.kind == _pb.OPERATION_KIND_CHECKPOINT)
+            return (op.id, op.to_generation, not _folded(op))
         op_id, generation, own = self._from_rank0(create)
         self._steps_since, self._last_t = 0, time.monotonic()
         if not own:
@@ -412,8 +419,14 @@ class Loop(Collectives):
         def create():
             ck = self.client.checkpoint(self.job_id, dataset_state=state,
                                         cut_over_operation_id=op_id)
-            if ck.kind == _pb.OPERATION_KIND_CHECKPOINT:
+            if not _folded(ck):
                 return ck.id, ck.to_generation, op_id, False
+            if at_step_boundary(ck):
+                # finish() while a stop-the-world operation waits for the
+                # step boundary: this one is it.
+                cut = self.client.checkpoint(self.job_id, dataset_state=state,
+                                             cut_over_operation_id=ck.id)
+                return cut.id, cut.to_generation, ck.id, False
             # finish() while a stop-free operation prepares: the checkpoint
             # folded into its cut-over, so the last step is published there
             # once the new layout is warm (the loop ends as a cut-over).

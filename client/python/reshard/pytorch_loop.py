@@ -170,6 +170,25 @@ class Run:
             self.client.close()
 
 
+def _exit_on_peer_lost():
+    """An uncaught reshard.elastic.PeerLost ends the process with status
+    reshard.launch.EXIT_PEER_LOST (75): the launcher then knows this rank
+    did not fail by itself (a peer died) and does not report it."""
+    import sys
+    previous = sys.excepthook
+    if getattr(previous, "_reshard_peer_lost", False):
+        return
+
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        if isinstance(value, _elastic.PeerLost):
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(75)
+    hook._reshard_peer_lost = True
+    sys.excepthook = hook
+
+
 def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=None,
           env=None, timeout=120.0):
     """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
@@ -179,6 +198,7 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     from . import pytorch
     from .worker import Worker
     env = env or rank_env()
+    _exit_on_peer_lost()
     client = worker_client(env)
     # The job's own PTC (registered from pytorch.describe of this model:
     # its blob capacities and item order), not a fresh describe() of this
