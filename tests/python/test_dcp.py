@@ -15,7 +15,8 @@ CPU, gloo, one process per rank, and a real LocalCluster.
 3. The same checkpoint (saved from reshard.pytorch.AppState, RNG included)
    imported into a job that reshard.pytorch.describe() registered at dp 1 x
    tp 4: every rank's pytorch.load() gives back the saved state in place.
-4. Refusals: a checkpoint that lacks a tensor of the PTC, or holds it at
+4. `python -m reshard.dcp import|export` with only the job's worker token.
+5. Refusals: a checkpoint that lacks a tensor of the PTC, or holds it at
    another shape or dtype, is a ValueError naming the tensor.
 """
 
@@ -302,6 +303,38 @@ def test_import_into_a_described_job_then_load_in_place(cluster, client, job_nam
         assert g["param_groups"] == ref["param_groups"]
         assert g["sched"] == ref["sched"]
         assert g["counter"] == {"step": 1}
+
+
+# ------------------------------------------------------------------- CLI
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_cli_imports_and_exports_with_only_the_worker_token(cluster, client, job_name, tmp_path):
+    """`python -m reshard.dcp import|export`: the job's worker token (env),
+    the coordinator's CA, the host's worker socket; nothing else."""
+    import subprocess
+    import sys
+    from reshard.v1 import ptc_pb2
+    state = {"model": {"w": torch.arange(12.0).reshape(3, 4), "b": torch.ones(3)},
+             "counter": {"step": 4}}
+    dcp.save(state, checkpoint_id=str(tmp_path / "a"), no_dist=True)
+    ptc = rdcp.ptc_from_checkpoint(tmp_path / "a")
+    host = cluster.host_ids[0]
+    lay = layout.make_layout(1, 1, 2, [host], 2)
+    job, token = client.register_job(ptc_pb2.JobSpec(name=job_name, tenant="pytest", ptc=ptc,
+                                                      layout=lay), with_token=True)
+    env = dict(os.environ, RESHARD_WORKER_TOKEN=token)
+    common = ["--coordinator", cluster.coordinator, "--ca", cluster.pki.ca, "--job", job.id,
+              "--socket", f"{host}={cluster.agents[host].worker_socket}"]
+    for args in (["import", str(tmp_path / "a")], ["export", str(tmp_path / "b")]):
+        r = subprocess.run([sys.executable, "-m", "reshard.dcp", *args, *common], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+    out = {"model": {"w": torch.zeros(3, 4), "b": torch.zeros(3)}, "counter": {"step": 0}}
+    dcp.load(out, checkpoint_id=str(tmp_path / "b"), no_dist=True)
+    assert out["model"]["w"].tolist() == state["model"]["w"].tolist()
+    assert out["model"]["b"].tolist() == [1.0, 1.0, 1.0]
+    assert out["counter"] == {"step": 4}
 
 
 # ---------------------------------------------------------------- refusals
