@@ -370,3 +370,43 @@ def test_quickstart_is_the_tested_script():
     block = block[:block.index("```")]
     assert block == script
     assert len([ln for ln in script.splitlines() if "# reshard" in ln]) <= 40
+
+
+def test_every_failure_on_every_rank(cluster, client, job_name, tmp_path):
+    """A checkpoint refused on rank 0 (InvalidArgument) and a publish refused on rank 1 raise the
+    same error on both ranks; a dead peer is PeerLost, not gloo's text."""
+    from helpers import tensor
+    ptc = reshard.as_message({"numLayers": 1, "tensors": [
+        tensor("w", "DTYPE_FLOAT64", [4], pipeline="PIPELINE_EVERY_STAGE")]},
+        reshard.ptc_pb2.Ptc)
+    host = cluster.host_ids[0]
+    lay = layout.make_layout(1, 1, 2, [host], 2)
+    job = client.register_job({"name": job_name, "tenant": "training",
+                               "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)},
+                              dataset_state=dataset())
+    cfg = {"store": str(tmp_path / "store"), "coordinator": cluster.coordinator,
+           "token": cluster.worker_token(job.id), "ca": cluster.pki.ca,
+           "socket": cluster.agents[host].worker_socket, "job_id": job.id,
+           "ptc": reshard.to_dict(ptc), "dataset": dataset().to_dict()}
+    with open(tmp_path / "cfg.json", "w") as f:
+        json.dump(cfg, f)
+    outs = [str(tmp_path / f"out{r}.json") for r in range(2)]
+    procs = [subprocess.Popen([sys.executable, os.path.join(TORCH2, "loop_faults.py"), str(r),
+                               str(tmp_path / "cfg.json"), outs[r]], env=_env())
+             for r in range(2)]
+    for p in procs:
+        assert p.wait(timeout=120) == 0
+    got = []
+    for path in outs:
+        with open(path) as f:
+            got.append(json.load(f))
+    for r in range(2):
+        refused, publish = got[r]["refused"], got[r]["publish"]
+        assert refused["type"] == "InvalidArgument", refused
+        assert refused["message"] == "Checkpoint: INVALID_ARGUMENT: rank 0: step: 0 must be >= 1"
+        assert publish["message"].startswith("INTERNAL: rank 1: ValueError: rank 1 item \"w\""), \
+            publish
+    assert got[0]["refused"] == got[1]["refused"] and got[0]["publish"] == got[1]["publish"]
+    peer = got[0]["peer"]
+    assert peer["type"] == "PeerLost" and peer["code"] == "UNAVAILABLE", peer
+    assert peer["message"].startswith("UNAVAILABLE: rank 0 of job ") and "is gone" in peer["message"]

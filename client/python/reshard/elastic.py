@@ -444,11 +444,15 @@ class Loop(Collectives):
         error = None
         try:
             self.worker.publish(self.rank, generation, shard())
-            if wait_commit:
-                self.client.wait(checkpoint_id, timeout=self.timeout, raise_on_failure=True)
         except Exception as e:  # noqa: BLE001: agreed on below
             error = e
-        self._agree(error)
+        self._agree(error)  # a refused publish first: it is why a commit would never come
+        if wait_commit:
+            try:
+                self.client.wait(checkpoint_id, timeout=self.timeout, raise_on_failure=True)
+            except Exception as e:  # noqa: BLE001: agreed on below
+                error = e
+            self._agree(error)
         return Cut(op_id, generation, state.step, checkpoint_id, stopped=what == "stop")
 
 class Joined:

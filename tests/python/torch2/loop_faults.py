@@ -1,0 +1,58 @@
+"""One rank of test_pytorch_training's failure test: reshard.elastic.Loop on
+a two-rank gloo world with a tiny numpy state, holding only the job's
+worker token. argv: rank, config JSON path, out JSON path. Records, per
+scenario, the exception every rank raised:
+  refused   - rank 0's checkpoint is refused (it carries step 0: no step
+              trained): every rank raises InvalidArgument;
+  publish   - rank 1's publish is refused (a wrong local shape): every rank
+              raises it;
+  peer      - rank 1 dies (os._exit) before a step boundary: rank 0 raises
+              reshard.elastic.PeerLost.
+"""
+import json
+import os
+import sys
+
+import numpy as np
+import torch.distributed as dist
+
+import reshard
+from reshard import data, elastic
+
+
+def main():
+    rank, cfg_path, out_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+    cfg = json.load(open(cfg_path))
+    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank,
+                            world_size=2)
+    client = reshard.Client(cfg["coordinator"], token=cfg["token"],
+                            credentials=reshard.tls_credentials(cfg["ca"]))
+    worker = reshard.Worker(cfg["socket"], cfg["job_id"], ptc=cfg["ptc"],
+                            worker_token=cfg["token"])
+    state = data.DatasetState.from_dict(cfg["dataset"])
+    worker.publish(rank, 1, {"w": np.full(4, float(rank == 0))})
+    loop = elastic.Loop(client, cfg["job_id"], rank, worker)
+    out = {}
+
+    def record(name, fn):
+        try:
+            fn()
+            out[name] = None
+        except Exception as e:  # noqa: BLE001: what the test checks
+            out[name] = {"type": type(e).__name__, "message": str(e),
+                         "code": getattr(getattr(e, "code", None), "name", None)}
+        with open(out_path, "w") as f:
+            json.dump(out, f)
+
+    good = lambda: {"w": np.ones(4)}  # noqa: E731
+    record("refused", lambda: loop.finish(state, good))
+    bad = (lambda: {"w": np.ones(3)}) if rank == 1 else good
+    record("publish", lambda: loop.finish(state.advanced(), bad))
+    if rank == 1:
+        os._exit(0)
+    record("peer", lambda: loop.boundary(state.advanced(2), good))
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
