@@ -170,13 +170,13 @@ def _register(client, name, lay):
                                dataset_state=loop_rank.dataset_state())
 
 
-def _expected_env(L, lay, rank, local, local_world, master_addr, generation, index,
+def _expected_env(L, lay, rank, local, local_world, master_addr, generation, epoch,
                   operation_id=None):
     host, device = layout.slots(lay)[rank]
     return {"RANK": str(rank), "WORLD_SIZE": str(layout.world_size(lay)),
             "LOCAL_RANK": str(local), "LOCAL_WORLD_SIZE": str(local_world),
             "MASTER_ADDR": master_addr,
-            "MASTER_PORT": str(launch.rendezvous_port(index, L.port_range)),
+            "MASTER_PORT": str(launch.rendezvous_port(epoch, L.port_range)),
             "RESHARD_COORDINATOR": L.cluster.coordinator, "RESHARD_JOB_ID": L.job.id,
             "RESHARD_WORKER_TOKEN": L.worker_token,
             "RESHARD_WORKER_SOCKET": L.cluster.agents[host].worker_socket,
@@ -206,7 +206,7 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
         first = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == "0", 3)
         for rank, (local, lw) in {0: (0, 2), 1: (1, 2), 2: (0, 1)}.items():
             assert first[rank]["env"] == _expected_env(L, lay1, rank, local, lw, "localhost", 0,
-                                                       launch.world_index(generation=1))
+                                                       0)  # the registered layout: epoch 0
             assert first[rank]["loaded"] == {"step": 0, "w": list(range(8)), "dataset_step": 0}
         assert [e for e in L.events("host-2") if e["event"] == "world"][0]["ranks"] == []
 
@@ -218,7 +218,7 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
         for rank in (0, 1):
             assert warm[rank]["env"] == _expected_env(
                 L, lay2, rank, 0, 1, "127.0.0.1", warm[rank]["env"]["RESHARD_GENERATION"],
-                launch.world_index(stop_free_from=planned.prepared_from_generation), op.id)
+                1, op.id)  # the running world's epoch (0) + 1
         assert warm[0]["env"]["MASTER_PORT"] != first[0]["env"]["MASTER_PORT"]
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         # The old ranks cut over at one step and ended by themselves (exit 0).
@@ -239,6 +239,7 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
             assert retired[0]["status"] == {str(r): 0 for r in ranks}
             assert not [e for e in L.events(host) if e["event"] in ("failed", "terminate")]
         assert final.stop_free
+        assert client.get_job(job.id).layout_epoch == 1
 
         # 3. Stop-the-world at the next step boundary, to dp 2 on host-0 and
         # host-2 (device 1): the running ranks publish their last step and
@@ -254,7 +255,7 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
         assert stop_step > cut_step
         for rank in (0, 1):
             assert cold[rank]["env"] == _expected_env(L, lay3, rank, 0, 1, "localhost", gen3,
-                                                      launch.world_index(generation=gen3))
+                                                      2)
             assert cold[rank]["loaded"] == {"step": stop_step,
                                             "w": [float(i + stop_step) for i in range(8)],
                                             "dataset_step": stop_step}
@@ -273,7 +274,7 @@ def test_launchers_follow_stop_free_and_stop_the_world(cluster, client, job_name
                            raise_on_failure=True).to_generation
         last = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(gen4), 1)
         assert last[0]["env"] == _expected_env(L, lay4, 0, 0, 1, "127.0.0.1", gen4,
-                                               launch.world_index(generation=gen4))
+                                               3)
         assert last[0]["loaded"] == {"step": stop_step,
                                      "w": [float(i + stop_step) for i in range(8)],
                                      "dataset_step": stop_step}
@@ -334,7 +335,7 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
         assert layout.slots(target) == [("host-0", 0)]
         again = L.ranks_of(lambda r: r["env"]["RESHARD_GENERATION"] == str(op.to_generation), 1)
         assert again[0]["env"] == _expected_env(L, target, 0, 0, 1, "127.0.0.1", op.to_generation,
-                                                launch.world_index(generation=op.to_generation))
+                                                1)  # the recovery's epoch
         assert again[0]["loaded"] == {"step": 0, "w": [float(i) for i in range(8)],
                                       "dataset_step": 0}
         assert [e["event"] for e in L.events("host-0")].count("recovered") == 1
@@ -371,17 +372,14 @@ def test_rank_env_names_what_is_missing():
 
 
 def test_world_ports_differ_for_overlapping_worlds():
-    rng = (29500, 30499)
-    # A cold world at G and a stop-free world planned from any P >= G; a
-    # stop-free world planned from P and the next one planned from P' >= P + 1.
-    for g in range(1, 200):
-        for p in range(g, g + 50):
-            assert launch.rendezvous_port(launch.world_index(generation=g), rng) != \
-                launch.rendezvous_port(launch.world_index(stop_free_from=p), rng)
-            assert launch.rendezvous_port(launch.world_index(stop_free_from=g), rng) != \
-                launch.rendezvous_port(launch.world_index(stop_free_from=p + 1), rng)
-    assert launch.rendezvous_port(launch.world_index(generation=7), rng) == 29514
-    assert launch.rendezvous_port(launch.world_index(stop_free_from=7), rng) == 29515
+    # Worlds alive at once have consecutive layout epochs (the running one
+    # and a stop-free operation's new one), however many checkpoints the
+    # running one lived through.
+    for rng in ((29500, 30499), (40000, 40001), (40000, 40002)):
+        for e in range(3000):
+            assert launch.rendezvous_port(e, rng) != launch.rendezvous_port(e + 1, rng)
+    assert launch.rendezvous_port(7, (29500, 30499)) == 29507
+    assert launch.rendezvous_port(1007, (29500, 30499)) == 29507
     with pytest.raises(launch.LaunchError, match="29600-29500"):
         launch.parse_port_range("29600-29500")
 
@@ -417,7 +415,10 @@ class _Given:
     """The coordinator's answers a Launcher asks for, as given by a test."""
 
     def __init__(self):
-        self.operations, self.reports = {}, []
+        self.operations, self.reports, self.epoch = {}, [], 0
+
+    def get_job(self, job_id):
+        return _pb.Job(id=job_id, layout_epoch=self.epoch)
 
     def get_operation(self, op_id):
         return self.operations[op_id]
@@ -450,9 +451,9 @@ def _events(tmp_path):
         return [json.loads(line) for line in f]
 
 
-def _job(generation, lay, active=""):
+def _job(generation, lay, active="", epoch=0):
     return _pb.Job(id="job-1", state=_pb.JOB_STATE_ACTIVE, generation=generation, layout=lay,
-                   active_operation_id=active)
+                   active_operation_id=active, layout_epoch=epoch)
 
 
 def _pump(L, until, timeout=20.0):
@@ -559,11 +560,11 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
         given.operations[op.id] = op
         L.on_job(_job(4, lay1, active=op.id))
         assert L.current is None and L.layout is None
-        L.on_job(_job(5, op.target_layout))
+        L.on_job(_job(5, op.target_layout, epoch=1))
         assert (L.current.name, L.current.generation, L.current.alive()) == ("g5", 5, [0])
         started = [e for e in _events(tmp_path) if e["event"] == "world"]
         assert [(e["world"], e["ranks"], e["master_port"]) for e in started] == [
-            ("g5", [0], launch.rendezvous_port(launch.world_index(generation=5)))]
+            ("g5", [0], launch.rendezvous_port(1))]
     finally:
         L.stop_all()
 

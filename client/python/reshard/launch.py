@@ -36,10 +36,12 @@ MASTER_ADDR, MASTER_PORT) plus reshard's (RESHARD_*; rank_env() reads it):
 Rendezvous (no launcher talks to another): MASTER_ADDR is the address of the
 host of the world's rank 0 (--rdzv-host / --rdzv-host-pattern, else the
 agent address the coordinator lists for it, else 127.0.0.1 when the whole
-world is on this host); MASTER_PORT = lo + index mod (hi - lo + 1) over
---rdzv-port-range lo-hi, where the index of a world started cold at
-generation G is 2G and that of a stop-free operation's world, planned from
-generation P (its prepared_from_generation), is 2P + 1 (rendezvous_port).
+world is on this host); MASTER_PORT = lo + E mod (hi - lo + 1) over
+--rdzv-port-range lo-hi, where E is the world's layout epoch: the job's
+Job.layout_epoch (how many reconfigurations it has committed) for the world
+that trains its current layout, that + 1 for the world a stop-free operation
+warms up meanwhile (rendezvous_port). Only worlds of consecutive epochs are
+ever alive at once, so they never share a port however long either lives.
 """
 
 import argparse
@@ -186,28 +188,13 @@ def parse_port_range(text):
     return lo, hi
 
 
-def world_index(generation=None, stop_free_from=None):
-    """The rendezvous index of a world: 2G for one started cold at
-    generation G, 2P + 1 for a stop-free operation's world planned from
-    generation P. Two worlds alive at once (the running one and a stop-free
-    operation's new one) always get different indexes: the new one is
-    planned from a generation at or after the one the running world
-    started at, and a stop-free world starts training at least two
-    generations after it was planned from (the cut-over checkpoint, then
-    the operation's own)."""
-    if (generation is None) == (stop_free_from is None):
-        raise ValueError("world_index: give generation or stop_free_from")
-    if generation is not None:
-        return 2 * int(generation)
-    return 2 * int(stop_free_from) + 1
-
-
-def rendezvous_port(index, port_range=DEFAULT_PORT_RANGE):
-    """MASTER_PORT of the world with rendezvous index `index`: the same on
-    every host. Worlds whose indexes differ by a multiple of the range's
-    size share a port (a running world that outlived range/2 generations)."""
+def rendezvous_port(epoch, port_range=DEFAULT_PORT_RANGE):
+    """MASTER_PORT of the world of layout epoch `epoch` (Job.layout_epoch for
+    the world of the job's current layout, + 1 for a stop-free operation's
+    new world): the same on every host. Worlds alive at once have
+    consecutive epochs, hence different ports (a range of at least 2)."""
     lo, hi = port_range
-    return lo + index % (hi - lo + 1)
+    return lo + int(epoch) % (hi - lo + 1)
 
 
 def _host_part(address):
@@ -291,9 +278,9 @@ class World:
     failed; the others are being stopped), "abandoned" (the operation that
     started them ended without committing)."""
 
-    def __init__(self, name, lay, generation, operation_id, index):
+    def __init__(self, name, lay, generation, operation_id, epoch):
         self.name, self.layout, self.generation = name, lay, generation
-        self.operation_id, self.index = operation_id, index
+        self.operation_id, self.epoch = operation_id, epoch
         self.procs = {}     # rank -> Popen
         self.status = {}    # rank -> returncode, once it ended
         self.state = "running"
@@ -400,8 +387,8 @@ class Launcher:
 
     # -------------------------------------------------------------- ranks
 
-    def _start_world(self, name, lay, generation, operation_id, index):
-        world = World(name, lay, generation, operation_id, index)
+    def _start_world(self, name, lay, generation, operation_id, epoch):
+        world = World(name, lay, generation, operation_id, epoch)
         mine = _layout.ranks_on_host(lay, self.host)
         if not mine:
             self.event("world", world=name, ranks=[], generation=generation,
@@ -413,7 +400,7 @@ class Launcher:
             addr = "127.0.0.1"  # the whole world is here: no other launcher needs to agree
         else:
             addr = self.addresses.of(rank0_host)
-        port = rendezvous_port(index, self.port_range)
+        port = rendezvous_port(epoch, self.port_range)
         layout_json = json.dumps(to_dict(lay), sort_keys=True)
         for local, (rank, device) in enumerate(mine):
             env = dict(os.environ)
@@ -556,7 +543,7 @@ class Launcher:
         # publish it (RESHARD_GENERATION 0).
         gen = job.generation if job.generation > 1 else 0
         self.current = self._start_world(f"g{job.generation}", job.layout, gen, "",
-                                         world_index(generation=job.generation))
+                                         job.layout_epoch)
         if self.failure is not None:
             self._log(f"following the recovery to generation {job.generation}")
             self.event("recovered", generation=job.generation)
@@ -590,10 +577,12 @@ class Launcher:
             self._started_ops.add(op.id)
             if self.failure is not None:
                 return  # this host's world failed: it cannot cut over
-            planned_from = op.prepared_from_generation or op.from_generation
+            # The operation is not committed (its new world is not even
+            # started), so the job's epoch now is the running world's: read
+            # it afresh rather than from a job update that may lag this one.
+            epoch = self.client.get_job(self.job_id).layout_epoch + 1
             self.warming = self._start_world(
-                f"op-{op.id}", op.target_layout, op.to_generation, op.id,
-                world_index(stop_free_from=planned_from))
+                f"op-{op.id}", op.target_layout, op.to_generation, op.id, epoch)
         elif terminal and self.warming is not None and self.warming.operation_id == op.id:
             if op.state == _pb.OPERATION_STATE_COMMITTED:
                 self._promote(op.id)

@@ -128,6 +128,7 @@ absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row) {
   if (!row[11].is_null()) job.set_active_operation_id(row[11].c_str());
   for (std::string& host : ParseTextArray(row[12])) job.add_lost_hosts(std::move(host));
   if (!row[13].is_null()) job.set_step_boundary_operation_id(row[13].c_str());
+  job.set_layout_epoch(row[14].as<int64_t>());
   return job;
 }
 

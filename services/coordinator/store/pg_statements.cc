@@ -37,6 +37,7 @@ const std::vector<Statement>& AllStatements() {
       kRetireCurrentGeneration,
       kPromotePendingGeneration,
       kAdvanceJob,
+      kBumpLayoutEpoch,
       kStoreRankChecksums,
       kSelectRankChecksums,
       kGenerationsToRelease,

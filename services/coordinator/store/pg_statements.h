@@ -31,7 +31,8 @@ namespace reshard::coordinator::pg {
   "r.generation = j.generation) ORDER BY 1), "                                              \
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state = 1 AND "               \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
-  "c.id = o.queued_behind_operation_id AND c.state IN (1, 2, 3)) LIMIT 1) "                 \
+  "c.id = o.queued_behind_operation_id AND c.state IN (1, 2, 3)) LIMIT 1), "                \
+  "j.layout_epoch "                                                                         \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
@@ -139,6 +140,13 @@ inline constexpr Statement kAdvanceJob{
     "UPDATE jobs j SET generation = $2, state = CASE WHEN EXISTS (SELECT 1 FROM "
     "generation_ranks r JOIN hosts h ON h.id = r.host_id WHERE r.job_id = j.id AND "
     "r.generation = $2 AND h.state = 2) THEN 3 ELSE 1 END, updated_at = now() WHERE j.id = $1"};
+
+// $1 job, $2 the operation being committed: one more layout epoch unless the
+// operation is a checkpoint (kind 4), which keeps the layout and its world.
+inline constexpr Statement kBumpLayoutEpoch{
+    "bump_layout_epoch",
+    "UPDATE jobs SET layout_epoch = layout_epoch + 1 WHERE id = $1 AND EXISTS (SELECT 1 "
+    "FROM operations o WHERE o.id = $2 AND o.kind <> 4)"};
 
 // $3 ranks, $4 packed checksums in hex.
 inline constexpr Statement kStoreRankChecksums{

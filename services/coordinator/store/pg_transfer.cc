@@ -186,6 +186,7 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
     }
     tx.Exec(pg::kClearJobLostHosts, op->job_id);
     tx.Exec(pg::kAdvanceJob, op->job_id, op->to_generation);
+    tx.Exec(pg::kBumpLayoutEpoch, op->job_id, operation_id);
     // The dataset state travels with the model state (docs/data.md).
     pg::CarryDatasetState(tx, op->job_id, job[0][0].as<int64_t>(), op->to_generation);
     tx.Exec(pg::kApplyOperationStep, operation_id);

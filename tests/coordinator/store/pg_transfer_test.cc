@@ -133,11 +133,13 @@ TEST_F(TransferTest, CommitMakesThePendingGenerationCurrentInOneGo) {
           .code(),
       absl::StatusCode::kInvalidArgument);
 
+  EXPECT_EQ(store_->GetJob("job-1", false)->layout_epoch(), 0);
   ASSERT_TRUE(store_->CommitOperation("op-1").ok());
 
   absl::StatusOr<v1::Job> job = store_->GetJob("job-1", false);
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->generation(), 2);
+  EXPECT_EQ(job->layout_epoch(), 1);  // a resize: the layout's world changes
   EXPECT_EQ(job->state(), v1::JOB_STATE_ACTIVE);
   EXPECT_TRUE(job->active_operation_id().empty());
   EXPECT_TRUE(MessageDifferencer::Equals(job->layout(), target_));
