@@ -19,6 +19,7 @@ reference's (loaded through the agents).
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -325,6 +326,9 @@ def test_tp_change_stop_the_world(cluster, client, job_name, job_ptc, reference,
     assert final.step_boundary == reshard.coordinator_pb2.STEP_BOUNDARY_REACHED
     first_world = [e for e in _ended(recs) if e["started"] == "fresh"]
     assert len(first_world) == 2 and all("stopped=True" in e["end"] for e in first_world)
+    # Before the stop it took a periodic asynchronous checkpoint every 3 steps.
+    stop = int(re.search(r"step=(\d+)", first_world[0]["end"]).group(1))
+    assert [c[0] for c in first_world[0]["checkpoints"]] == list(range(3, stop, 3)), stop
     trained = [(r["rank"], r["world_key"], r["step"]) for r in recs if "loss" in r]
     assert len(trained) == len(set(trained)) == 2 * STEPS
 

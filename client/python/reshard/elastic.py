@@ -18,9 +18,10 @@ over the process group) on what happens there:
   - a periodic checkpoint is due (every_steps / every_seconds): rank 0
     creates it with the step's dataset state (so the data position commits
     in the same transaction as the model of that step, docs/data.md), every
-    rank snapshots its state (a copy of its local tensors) and a background
-    thread publishes (copies into the agent's shared memory, seals) and waits
-    for the commit while training goes on. The next checkpoint, cut-over or
+    rank copies its local tensors into the agent's shared-memory buffer of
+    that generation (the snapshot: Worker.publish(seal=False)) and a
+    background thread seals it and waits for the commit while training goes
+    on. The next checkpoint, cut-over or
     finish() first waits for it.
 Loop.finish() publishes the final step the same way and waits for its commit.
 
@@ -227,18 +228,35 @@ def snapshot(state_dict):
 
 
 class _Publish(threading.Thread):
-    """One rank's share of an asynchronous checkpoint: publish the snapshot,
-    then wait for the checkpoint's operation to commit."""
+    """One rank's share of an asynchronous checkpoint. At the boundary (the
+    constructor, on the training thread) the rank's state is written into
+    the agent's shared-memory rank buffer of the checkpoint's generation:
+    that copy is the snapshot. The thread then seals it and waits for the
+    checkpoint's operation to commit. A worker without publish(seal=False)
+    gets a copy in process memory instead, published by the thread."""
 
-    def __init__(self, loop, generation, checkpoint_id, state):
+    def __init__(self, loop, generation, checkpoint_id, shard):
         super().__init__(daemon=True, name=f"reshard-checkpoint-{generation}")
         self.loop, self.generation, self.checkpoint_id = loop, generation, checkpoint_id
-        self.state, self.error = state, None
+        self.error, self._unsealed, self._state = None, None, None
+        import inspect
+        try:
+            if "seal" in inspect.signature(loop.worker.publish).parameters:
+                self._unsealed = loop.worker.publish(loop.rank, generation, shard(), seal=False)
+            else:  # a Worker-like object without seal=
+                self._state = snapshot(shard())
+        except Exception as e:  # noqa: BLE001: agreed on at the next collective point
+            self.error = e
 
     def run(self):
+        if self.error is not None:
+            return
         try:
-            self.loop.worker.publish(self.loop.rank, self.generation, self.state)
-            self.state = None
+            if self._unsealed is not None:
+                self._unsealed.seal()
+            else:
+                self.loop.worker.publish(self.loop.rank, self.generation, self._state)
+                self._state = None
             self.loop.client.wait(self.checkpoint_id, timeout=self.loop.timeout,
                                   raise_on_failure=True)
         except Exception as e:  # noqa: BLE001: agreed on at the next collective point
@@ -377,7 +395,7 @@ class Loop(Collectives):
             # cut-over will publish this layout's state (docs/coordinator.md).
             self.folded.append((state.step, op_id))
             return
-        pub = _Publish(self, generation, op_id, snapshot(shard()))
+        pub = _Publish(self, generation, op_id, shard)
         pub.start()
         self._pending = (pub, state.step)
 

@@ -60,6 +60,22 @@ class LoadedShard(dict):
     regenerated = frozenset()
 
 
+class Unsealed:
+    """A rank buffer written by Worker.publish(..., seal=False), not sealed yet."""
+
+    def __init__(self, worker, rank, generation, names, expected):
+        self.worker, self.rank, self.generation = worker, rank, generation
+        self._names, self._expected = names, expected
+
+    def seal(self):
+        """Seals the buffer (SealShard); returns {item name: checksum}."""
+        w = self.worker
+        sums = w._call("SealShard", worker_pb2.SealShardRequest(
+            job_id=w.job_id, generation=self.generation, rank=self.rank,
+            expected_checksums=self._expected)).checksums
+        return dict(zip(self._names, sums))
+
+
 class Worker:
     """Publishes and loads one job's rank buffers through the agent of this host.
 
@@ -204,7 +220,7 @@ class Worker:
 
     # ----------------------------------------------------------------- publish
 
-    def publish(self, rank, generation, state_dict, verify=True):
+    def publish(self, rank, generation, state_dict, verify=True, seal=True):
         """Writes `rank`'s local tensors and blobs of `generation` (the job's
         current one) into the agent's rank buffer and seals it.
 
@@ -219,6 +235,10 @@ class Worker:
         verify: send XXH3-64 checksums computed here so the agent refuses
         (DataLoss) bytes that differ from what it reads back (needs xxhash).
         Returns {item name: checksum} as the agent recorded them.
+        seal=False: only write; returns an object whose seal() seals later
+        (from any thread) and returns that dict. The bytes are in the rank
+        buffer once publish returns: an asynchronous checkpoint's snapshot
+        (reshard.elastic).
         """
         resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
             job_id=self.job_id, generation=generation, rank=rank))
@@ -245,10 +265,8 @@ class Worker:
                     del dst
                 if hashing:
                     expected.append(h.intdigest())
-        sums = self._call("SealShard", worker_pb2.SealShardRequest(
-            job_id=self.job_id, generation=generation, rank=rank,
-            expected_checksums=expected)).checksums
-        return dict(zip(names, sums))
+        unsealed = Unsealed(self, rank, generation, names, expected)
+        return unsealed.seal() if seal else unsealed
 
     def _source(self, rank, item, value):
         """`value` checked against the item: an array of the local shape

@@ -31,6 +31,7 @@ while state.step < int(os.environ.get("STEPS", "8")):
         break
 else:
     run.finish(state)  # the last step, committed                     # reshard
-my.report(rank=dist.get_rank(), end=repr(run.cut), started=run.started)
+my.report(rank=dist.get_rank(), end=repr(run.cut), started=run.started,
+          checkpoints=run.loop.checkpoints)
 run.close()                                                            # reshard
 dist.destroy_process_group()
