@@ -493,12 +493,13 @@ def join(client, job_id, operation_id, rank, worker, configured, group=None, war
     rank 0 marks the operation prepared; waits (watch_operation) until it
     commits, loads this rank's shard of its new generation and restores the
     dataset state (reshard.data.resume against `configured`, the run's own
-    DatasetState). Raises reshard.OperationFailed when it does not commit."""
-    _, dist = _dist()
+    DatasetState). Raises reshard.OperationFailed when it does not commit;
+    a refused mark_prepared is raised on every rank, a dead peer is
+    PeerLost."""
     warm = warm_up() if warm_up is not None else None
-    dist.barrier(group=group)
-    if rank == 0:
-        client.mark_prepared(operation_id)
+    group_of = Collectives(rank, job_id, group)
+    group_of.agree(None)  # every rank is warm
+    group_of._from_rank0(lambda: client.mark_prepared(operation_id).id)
     op = client.wait(operation_id, timeout=timeout, raise_on_failure=True)
     out = load(client, job_id, rank, worker, configured, generation=op.to_generation)
     out.operation, out.warm = op, warm
