@@ -259,6 +259,15 @@ def _check(job, reference, final_layout):
     return recs
 
 
+def _exits(events_path, world):
+    """The launcher's "exit" events of a world's ranks (its --events file)."""
+    if not os.path.exists(events_path):
+        return []
+    with open(events_path) as f:
+        return [e for e in (json.loads(line) for line in f if line.endswith("\n"))
+                if e["event"] == "exit" and e["world"] == world]
+
+
 def _resize(client, job_id, lay, **kw):
     """client.resize; Aborted (a periodic checkpoint committed between
     reading the generation and the request) is retried, as its code says."""
@@ -343,6 +352,10 @@ def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path)
     try:
         job.wait("the first world trains 7 steps", lambda r: _trained(r, 7))
         job.kill_host(hosts[1])
+        # The survivors learn of it by themselves: their next collective
+        # fails (PeerLost, exit 75), before any recovery is asked for.
+        events = os.path.join(job.work, f"events-{hosts[0]}.jsonl")
+        job.wait("the survivors end", lambda _: len(_exits(events, "g1")) == 2, timeout=60)
         op = client.recover(job.job.id, [hosts[1]])
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
@@ -353,8 +366,7 @@ def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path)
     assert hosts[1] not in layout.hosts_of(final.target_layout)
     # The survivors' collectives failed: reshard.elastic.PeerLost, which
     # pytorch_loop turns into exit status 75 (the launcher's EXIT_PEER_LOST).
-    with open(os.path.join(job.work, f"events-{hosts[0]}.jsonl")) as f:
-        exits = [e for e in map(json.loads, f) if e["event"] == "exit" and e["world"] == "g1"]
+    exits = _exits(os.path.join(job.work, f"events-{hosts[0]}.jsonl"), "g1")
     assert sorted((e["rank"], e["code"]) for e in exits) == [(0, 75), (1, 75)], exits
     replayed = len([r for r in recs if "loss" in r]) - sum(
         1 for r in recs if "loss" in r and r["world_key"].startswith(f"{final.to_generation}/"))
@@ -398,8 +410,7 @@ def test_every_failure_on_every_rank(cluster, client, job_name, tmp_path):
     procs = [subprocess.Popen([sys.executable, os.path.join(TORCH2, "loop_faults.py"), str(r),
                                str(tmp_path / "cfg.json"), outs[r]], env=_env())
              for r in range(2)]
-    for p in procs:
-        assert p.wait(timeout=120) == 0
+    assert [p.wait(timeout=120) for p in procs] == [75, 0]
     got = []
     for path in outs:
         with open(path) as f:

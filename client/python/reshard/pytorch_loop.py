@@ -170,16 +170,40 @@ class Run:
             self.client.close()
 
 
-def _exit_on_peer_lost():
-    """An uncaught reshard.elastic.PeerLost ends the process with status
+def _peer_failure(exc):
+    """Whether an exception is a collective failing because a peer is gone:
+    torch.distributed's network/backend errors, or the RuntimeError gloo
+    raises from its TCP transport ("Connection reset/closed by peer")."""
+    try:
+        import torch.distributed as dist
+        kinds = tuple(k for k in (getattr(dist, "DistNetworkError", None),
+                                  getattr(dist, "DistBackendError", None)) if k)
+    except ImportError:  # pragma: no cover - torch is there when start() ran
+        kinds = ()
+    if kinds and isinstance(exc, kinds):
+        return True
+    return isinstance(exc, RuntimeError) and "gloo/transport/" in str(exc)
+
+
+def _exit_on_peer_lost(rank, job_id):
+    """An uncaught reshard.elastic.PeerLost, or a collective of the user's own
+    step that failed because a peer is gone (raised by FSDP's or the
+    optimizer's collectives, outside the loop), ends the process as
+    PeerLost (the backend's error as its cause) with status
     reshard.launch.EXIT_PEER_LOST (75): the launcher then knows this rank
-    did not fail by itself (a peer died) and does not report it."""
+    did not fail by itself and does not report it."""
     import sys
     previous = sys.excepthook
     if getattr(previous, "_reshard_peer_lost", False):
         return
 
     def hook(kind, value, tb):
+        if not isinstance(value, _elastic.PeerLost) and _peer_failure(value):
+            lost = _elastic.PeerLost(
+                f"rank {rank} of job {job_id!r}: a collective of the training step failed: "
+                f"a rank of the process group is gone ({type(value).__name__})")
+            lost.__cause__ = value
+            kind, value, tb = _elastic.PeerLost, lost, None
         previous(kind, value, tb)
         if isinstance(value, _elastic.PeerLost):
             sys.stderr.flush()
@@ -198,7 +222,7 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     from . import pytorch
     from .worker import Worker
     env = env or rank_env()
-    _exit_on_peer_lost()
+    _exit_on_peer_lost(env.rank, env.job_id)
     client = worker_client(env)
     # The job's own PTC (registered from pytorch.describe of this model:
     # its blob capacities and item order), not a fresh describe() of this

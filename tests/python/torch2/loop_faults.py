@@ -7,7 +7,8 @@ scenario, the exception every rank raised:
   publish   - rank 1's publish is refused (a wrong local shape): every rank
               raises it;
   peer      - rank 1 dies (os._exit) before a step boundary: rank 0 raises
-              reshard.elastic.PeerLost.
+              reshard.elastic.PeerLost; then a bare all_reduce of rank 0,
+              uncaught, ends it with status 75.
 """
 import json
 import os
@@ -51,6 +52,13 @@ def main():
     if rank == 1:
         os._exit(0)
     record("peer", lambda: loop.boundary(state.advanced(2), good))
+    # A collective of the user's own step (here a bare all_reduce) that
+    # fails the same way, uncaught: pytorch_loop's hook ends the process as
+    # PeerLost with status 75 (the launcher's EXIT_PEER_LOST).
+    import torch
+    from reshard import pytorch_loop
+    pytorch_loop._exit_on_peer_lost(rank, cfg["job_id"])
+    dist.all_reduce(torch.zeros(1))
     os._exit(0)
 
 
