@@ -326,8 +326,10 @@ def test_cli_imports_and_exports_with_only_the_worker_token(cluster, client, job
     env = dict(os.environ, RESHARD_WORKER_TOKEN=token)
     common = ["--coordinator", cluster.coordinator, "--ca", cluster.pki.ca, "--job", job.id,
               "--socket", f"{host}={cluster.agents[host].worker_socket}"]
-    for args in (["import", str(tmp_path / "a")], ["export", str(tmp_path / "b")]):
-        r = subprocess.run([sys.executable, "-m", "reshard.dcp", *args, *common], env=env,
+    # Both entry points: the package's `reshard dcp ...` and reshard.dcp's own.
+    for entry, args in ((["reshard", "dcp"], ["import", str(tmp_path / "a")]),
+                        (["reshard.dcp"], ["export", str(tmp_path / "b")])):
+        r = subprocess.run([sys.executable, "-m", *entry, *args, *common], env=env,
                            capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr
     out = {"model": {"w": torch.zeros(3, 4), "b": torch.zeros(3)}, "counter": {"step": 0}}

@@ -399,8 +399,8 @@ def test_mesh_dims_inverts_the_config():
 
 def test_blob_over_capacity_names_it():
     with pytest.raises(ValueError, match=r'blob "sched": \d+ bytes pickled'):
-        pytorch._encode("sched", list(range(1000)), 64)
-    assert pytorch._decode("x", pytorch._encode("x", {"a": 1}, 128)) == {"a": 1}
+        pytorch.encode_blob("sched", list(range(1000)), 64)
+    assert pytorch.decode_blob("x", pytorch.encode_blob("x", {"a": 1}, 128)) == {"a": 1}
 
 
 # ------------------------------------------------- publish, resize, load

@@ -1,4 +1,5 @@
-"""`python -m reshard run ...`: the launcher (reshard.launch)."""
+"""`python -m reshard run ...` (the launcher, reshard.launch) and `python -m
+reshard dcp import|export ...` (reshard.dcp)."""
 
 import sys
 

@@ -34,38 +34,14 @@ import dataclasses
 import io
 import os
 import pickle
-import struct
 import sys
 
 import numpy as np
 
 from reshard import layout as rlayout
 from reshard._proto import as_message, ptc_pb2
-
-# ---------------------------------------------------------------- blob codec
-# reshard.pytorch's blob format (its _encode/_decode): an 8-byte little-endian
-# length, the pickle, zeros up to the blob's capacity.
-
-_LEN = struct.Struct("<Q")
-
-
-def encode_blob(name, obj, capacity):
-    """The bytes of blob `name` holding obj in `capacity` bytes."""
-    data = pickle.dumps(obj)
-    if _LEN.size + len(data) > capacity:
-        raise ValueError(f"blob \"{name}\": {len(data)} bytes pickled (+{_LEN.size} header), "
-                         f"its capacity in the job's PTC is {capacity}")
-    return _LEN.pack(len(data)) + data + bytes(capacity - _LEN.size - len(data))
-
-
-def decode_blob(name, data):
-    """The object blob `name`'s bytes hold."""
-    data = bytes(data)
-    (n,) = _LEN.unpack_from(data)
-    if _LEN.size + n > len(data):
-        raise ValueError(f"blob \"{name}\": its header says {n} bytes, the blob holds "
-                         f"{len(data) - _LEN.size}")
-    return pickle.loads(data[_LEN.size:_LEN.size + n])
+# Blobs in reshard.pytorch's format (an 8-byte length, the pickle, zeros).
+from reshard.pytorch import _BLOB_HEADER as _LEN, decode_blob, encode_blob
 
 
 # ------------------------------------------------------------------ geometry

@@ -922,12 +922,17 @@ def run(argv):
 
 
 def main(argv=None):
-    """The `reshard` console script: `reshard run ...`."""
+    """The `reshard` console script: `reshard run ...`, `reshard dcp
+    import|export ...` (reshard.dcp)."""
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: reshard run [options] -- COMMAND ...   (reshard run --help)")
+        print("usage: reshard run [options] -- COMMAND ...   (reshard run --help)\n"
+              "       reshard dcp import|export DIR ...     (reshard dcp import --help)")
         return 0 if argv else EXIT_USAGE
+    if argv[0] == "dcp":
+        from reshard import dcp  # torch.distributed.checkpoint: only when asked for
+        return dcp.main(argv[1:])
     if argv[0] != "run":
-        print(f"reshard: unknown command {argv[0]!r} (known: run)", file=sys.stderr)
+        print(f"reshard: unknown command {argv[0]!r} (known: run, dcp)", file=sys.stderr)
         return EXIT_USAGE
     return run(argv[1:])

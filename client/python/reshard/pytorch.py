@@ -610,7 +610,10 @@ def _pipeline(pipe, name, stages, layer, pp):
 # ------------------------------------------------------- publish and load
 
 
-def _encode(name, value, capacity):
+def encode_blob(name, value, capacity):
+    """The `capacity` bytes of blob `name` holding `value`: an 8-byte
+    little-endian length, the pickle, zeros (the format of every blob
+    reshard.pytorch and reshard.dcp write). ValueError when it does not fit."""
     data = pickle.dumps(value)
     if _BLOB_HEADER.size + len(data) > capacity:
         raise ValueError(f"blob \"{name}\": {len(data)} bytes pickled (+{_BLOB_HEADER.size} "
@@ -619,7 +622,8 @@ def _encode(name, value, capacity):
     return _BLOB_HEADER.pack(len(data)) + data + bytes(capacity - _BLOB_HEADER.size - len(data))
 
 
-def _decode(name, raw):
+def decode_blob(name, raw):
+    """The object blob `name`'s bytes hold (encode_blob's inverse)."""
     raw = bytes(raw)
     (n,) = _BLOB_HEADER.unpack_from(raw)
     if _BLOB_HEADER.size + n > len(raw):
@@ -652,7 +656,7 @@ def local_items(app, spec, rank):
                              f"the PTC gives {want}")
         out[name] = local
     for name, _, value, _ in blobs:
-        out[name] = _encode(name, value, spec.blob_capacity[name])
+        out[name] = encode_blob(name, value, spec.blob_capacity[name])
     return out
 
 
@@ -672,7 +676,10 @@ def load(worker, app, spec, rank, generation):
     torch = _torch()
     if getattr(worker, "_ptc", None) is None:
         worker._ptc = spec.ptc  # dtypes of the items on load (Worker's ptc= argument)
-    got = worker.load(rank, generation, as_torch=True)
+    # Views of the agent's file (copy=False): each tensor is copied once,
+    # straight from shared memory into the local tensor.
+    got = worker.load(rank, generation, as_torch=True, copy=False)
+    regenerated = set(got.regenerated)
     tensors, blobs = _live_tensors(app)
     with torch.no_grad():
         for name, _, t in tensors:
@@ -694,7 +701,7 @@ def load(worker, app, spec, rank, generation):
     for name, key, _, _ in blobs:
         if name in got.regenerated:
             continue
-        value = _decode(name, got[name])
+        value = decode_blob(name, got[name])
         if name == "optim.param_groups":
             groups = app.optimizer.param_groups
             if len(value) != len(groups):
@@ -703,10 +710,13 @@ def load(worker, app, spec, rank, generation):
             for group, hyper in zip(groups, value):
                 group.update(hyper)
         elif name == "rng":
-            set_rng_state(value)
+            if value is None:  # a checkpoint imported without one (reshard.dcp)
+                regenerated.add(name)
+            else:
+                set_rng_state(value)
         else:
             app.stateful[name].load_state_dict(value)
-    return frozenset(got.regenerated)
+    return frozenset(regenerated)
 
 
 def spec_from_ptc(ptc, config):
