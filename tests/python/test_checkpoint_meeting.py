@@ -6,7 +6,9 @@ once the workers' publish commits; a checkpoint while a stop-free operation
 prepares is folded into it; a stop-the-world resize at_step_boundary moves
 the state of the checkpoint that names it, or the last committed state when
 none does by its deadline; a recovery aborts the checkpoint that its lost
-host can never finish instead of waiting behind it."""
+host can never finish instead of waiting behind it; a resize whose
+generation a checkpoint overtakes before it lands is read again, not
+refused (unless the caller gave the generation)."""
 
 import pytest
 
@@ -158,3 +160,45 @@ def test_a_recovery_aborts_the_checkpoint_a_lost_host_can_never_finish(cluster, 
                                 done.to_generation) == []
     finally:
         cluster.continue_agent(h1)
+
+
+def test_a_checkpoint_that_commits_between_the_read_and_the_resize_is_read_again(
+        cluster, client, job_name):
+    ptc, lay, job, _ = _start(cluster, client, job_name, seed=21)
+    real_get_job = client.get_job
+
+    def checkpoint(job_id, seed):
+        cp = client.checkpoint(job_id, expected_generation=real_get_job(job_id).generation)
+        state = random_globals(ptc, 4, seed=seed)
+        publish_all(cluster, job_id, ptc, lay, state, generation=cp.to_generation)
+        client.wait(cp.id, timeout=60, raise_on_failure=True)
+        return cp.to_generation, state
+
+    # A generation the caller gives is its own precondition: Aborted.
+    assert checkpoint(job.id, seed=22)[0] == 2
+    with pytest.raises(reshard.Aborted, match="is at generation 2, request expected 1"):
+        client.resize(job.id, _target(cluster), expected_generation=1)
+
+    # Without one, the resize reads generation 2; the training loop's
+    # checkpoint commits generation 3 before the call lands: the coordinator
+    # answers Aborted, the client reads 3 and the resize goes through.
+    reads, state3 = [], []
+
+    def get_job_then_checkpoint(job_id, **kw):
+        got = real_get_job(job_id, **kw)
+        reads.append(got.generation)
+        if len(reads) == 1:
+            state3.append(checkpoint(job_id, seed=23))
+        return got
+
+    client.get_job = get_job_then_checkpoint
+    try:
+        op = client.resize(job.id, _target(cluster))
+    finally:
+        client.get_job = real_get_job
+    assert reads == [2, 3, 3]
+    assert state3[0][0] == 3
+    done = client.wait(op.id, timeout=120, raise_on_failure=True)
+    assert (done.from_generation, done.to_generation) == (3, 4)
+    assert check_generation(cluster, job.id, ptc, _target(cluster), state3[0][1],
+                            generation=4) == []

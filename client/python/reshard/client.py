@@ -194,10 +194,29 @@ class Client:
                     self.on_retry(method, attempt, err, delay, idempotency_key)
                 time.sleep(delay)
 
-    def _current_generation(self, job_id, expected_generation, timeout):
+    def _call_at_generation(self, method, req, expected_generation, timeout, key):
+        """Calls `method` with req.expected_generation = expected_generation
+        or, when that is None, the job's generation read just before: the
+        caller means the job as it is when the call lands. A checkpoint that
+        commits between that read and the call makes the coordinator answer
+        Aborted ("is at generation N+1"); then the generation is read again
+        and the call repeated (same idempotency key: an Aborted call claimed
+        nothing), up to max_attempts, while each Aborted comes with a newer
+        generation. A given expected_generation is the caller's own
+        precondition: its Aborted is raised at once."""
         if expected_generation is not None:
-            return expected_generation
-        return self.get_job(job_id, timeout=timeout).generation
+            req.expected_generation = expected_generation
+            return self._call(method, req, timeout, key)
+        attempt = 0
+        while True:
+            attempt += 1
+            req.expected_generation = self.get_job(req.job_id, timeout=timeout).generation
+            try:
+                return self._call(method, req, timeout, key)
+            except errors.Aborted:
+                if (attempt >= self.max_attempts or self.get_job(
+                        req.job_id, timeout=timeout).generation == req.expected_generation):
+                    raise
 
     # ------------------------------------------------------------------ jobs
 
@@ -262,7 +281,8 @@ class Client:
         With choose=True and no layout the coordinator picks it: the advisor's
         best candidate for `horizon_s` on `gpus` devices (arguments as
         advise(); `model` a dict of AdviseModel fields). expected_generation
-        defaults to the job's current one (read first). Returns the new
+        defaults to the job's current one (read first, and read again if a
+        checkpoint commits before the call lands). Returns the new
         Operation (PENDING; its target_layout is the choice); see wait().
         stop_free=True: two-phase (docs/coordinator.md, "Stop-free
         reconfiguration"; reshard.elastic drives it from the training loop).
@@ -276,9 +296,7 @@ class Client:
         if choose == (layout is not None):
             raise ValueError("resize: give a layout, or choose=True with gpus")
         key = idempotency_key or new_idempotency_key()
-        req = _pb.ResizeRequest(job_id=job_id, idempotency_key=key,
-                                expected_generation=self._current_generation(
-                                    job_id, expected_generation, timeout))
+        req = _pb.ResizeRequest(job_id=job_id, idempotency_key=key)
         if choose:
             req.choose.CopyFrom(_advise_request("", gpus, hosts, horizon_s, devices, model or {}))
         else:
@@ -288,7 +306,7 @@ class Client:
                 req.config.CopyFrom(config)
         req.stop_free = stop_free
         _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
-        return self._call("Resize", req, timeout, key)
+        return self._call_at_generation("Resize", req, expected_generation, timeout, key)
 
     def checkpoint(self, job_id, dataset_state=None, expected_generation=None,
                    idempotency_key=None, timeout=None, cut_over_operation_id=None):
@@ -309,9 +327,7 @@ class Client:
         operation with checkpoint_folded set, nothing is created; publish at
         its cut-over (docs/coordinator.md, "Checkpoints and operations")."""
         key = idempotency_key or new_idempotency_key()
-        req = _pb.CheckpointRequest(job_id=job_id, idempotency_key=key,
-                                    expected_generation=self._current_generation(
-                                        job_id, expected_generation, timeout))
+        req = _pb.CheckpointRequest(job_id=job_id, idempotency_key=key)
         if dataset_state is not None:
             req.with_step = True
             req.step = dataset_state.step
@@ -319,7 +335,7 @@ class Client:
             req.layout_fingerprint = dataset_state.layout_fingerprint
         if cut_over_operation_id:
             req.cut_over_operation_id = cut_over_operation_id
-        return self._call("Checkpoint", req, timeout, key)
+        return self._call_at_generation("Checkpoint", req, expected_generation, timeout, key)
 
     def mark_prepared(self, operation_id, timeout=None):
         """A stop-free operation's new workers are warm: the old layout may
@@ -339,12 +355,10 @@ class Client:
         step_boundary_timeout as in resize). Returns the new Operation."""
         key = idempotency_key or new_idempotency_key()
         _, placement = _split_layout(layout)
-        req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key,
-                                 expected_generation=self._current_generation(
-                                     job_id, expected_generation, timeout))
+        req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key)
         req.stop_free = stop_free
         _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
-        return self._call("Migrate", req, timeout, key)
+        return self._call_at_generation("Migrate", req, expected_generation, timeout, key)
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
                 expected_generation=None, idempotency_key=None, timeout=None, choose=False,
@@ -362,16 +376,15 @@ class Client:
         key = idempotency_key or new_idempotency_key()
         if isinstance(lost_hosts, str):
             lost_hosts = [lost_hosts]
-        if expected_generation is None:
-            expected_generation = self.get_job(job_id, timeout=timeout).generation
         req = _pb.RecoverFromFailureRequest(
-            job_id=job_id, expected_generation=expected_generation, lost_hosts=list(lost_hosts),
-            lost_ranks=list(lost_ranks), idempotency_key=key)
+            job_id=job_id, lost_hosts=list(lost_hosts), lost_ranks=list(lost_ranks),
+            idempotency_key=key)
         if layout is not None:
             req.target.CopyFrom(as_message(layout, ptc_pb2.Layout, "layout"))
         if choose:
             req.choose.CopyFrom(_advise_request("", gpus, hosts, horizon_s, devices, model or {}))
-        return self._call("RecoverFromFailure", req, timeout, key)
+        return self._call_at_generation("RecoverFromFailure", req, expected_generation,
+                                        timeout, key)
 
     def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):
         """Plans current generation -> `layout` without running it; returns
