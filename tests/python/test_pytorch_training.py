@@ -130,11 +130,7 @@ class Job:
             self.launch(host)
 
     def launch(self, host):
-        # GRPC_ENABLE_FORK_SUPPORT=0: the launcher forks its ranks while its
-        # gRPC threads run; with gRPC's fork handlers a child sometimes died
-        # before exec (SIGABRT, "epoll_wait error: Bad file descriptor").
         env = _env(RESHARD_WORKER_TOKEN=self.cluster.worker_token(self.job.id),
-                   GRPC_ENABLE_FORK_SUPPORT="0",
                    TRAIN_LOG=self.log, STEPS=str(STEPS), CKPT_EVERY="3",
                    MIN_STEP_S=str(MIN_STEP_S))
         argv = [sys.executable, "-m", "reshard", "run", "--coordinator", self.cluster.coordinator,
@@ -268,21 +264,6 @@ def _exits(events_path, world):
                 if e["event"] == "exit" and e["world"] == world]
 
 
-def _resize(client, job_id, lay, **kw):
-    """client.resize; Aborted (a periodic checkpoint committed between
-    reading the generation and the request) is retried, as its code says."""
-    import inspect
-    if "at_step_boundary" in kw and "at_step_boundary" not in inspect.signature(
-            client.resize).parameters:
-        kw.pop("at_step_boundary")
-    for attempt in range(10):
-        try:
-            return client.resize(job_id, lay, **kw)
-        except reshard.Aborted:
-            if attempt == 9:
-                raise
-
-
 def _run(cluster, client, name, ptc, tmp_path, first):
     return Job(cluster, client, name, ptc, first, str(tmp_path))
 
@@ -295,7 +276,7 @@ def test_stop_free_dp_change_fsdp2_tp(cluster, client, job_name, job_ptc, refere
     job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
     try:
         job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
-        op = _resize(client, job.job.id, second, stop_free=True)
+        op = client.resize(job.job.id, second, stop_free=True)
         job.wait("every rank ended", lambda r: len(_ended(r)) == 4 + 2)
         final = client.wait(op.id, timeout=60, raise_on_failure=True)
         assert final.stop_free and final.cutover_operation_id
@@ -322,7 +303,7 @@ def test_tp_change_stop_the_world(cluster, client, job_name, job_ptc, reference,
     job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
     try:
         job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
-        op = _resize(client, job.job.id, second, at_step_boundary=True)
+        op = client.resize(job.job.id, second, at_step_boundary=True)
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
             [e for e in _ended(r) if e["started"] == "loaded"]) == 2)
