@@ -21,22 +21,19 @@ CPU, gloo, one process per rank, and a real LocalCluster.
 """
 
 import os
-import pickle
-import socket
 
 import numpy as np
 import pytest
 
 from helpers import every_kind_ptc, random_globals, register
+from torch_ranks import spawn
 from reshard import dcp as rdcp
 from reshard import layout
 from reshard.v1 import coordinator_pb2
 
-torch = pytest.importorskip("torch")
-
-import torch.distributed as dist  # noqa: E402
-import torch.distributed.checkpoint as dcp  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
 
 COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
 
@@ -70,31 +67,6 @@ def test_regions_are_the_reference_shard(tp, pp, dp):
 # ------------------------------------------------------------ process helpers
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, world, port, fn, out_dir, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"{fn.__name__}.{rank}.pkl"), "wb") as f:
-        pickle.dump(result, f)
-
-
-def spawn(fn, out_dir, *args, world):
-    """fn(rank, world, *args) in `world` gloo processes; their results by rank."""
-    mp.spawn(_entry, args=(world, free_port(), fn, str(out_dir), args), nprocs=world, join=True)
-    out = []
-    for r in range(world):
-        with open(os.path.join(str(out_dir), f"{fn.__name__}.{r}.pkl"), "rb") as f:
-            out.append(pickle.load(f))
-    return out
 
 
 class Counter:

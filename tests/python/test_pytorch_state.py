@@ -17,8 +17,6 @@ parallel (parallelize_module), HSDP and a two-stage pipeline split by FQN.
 """
 
 import os
-import pickle
-import socket
 
 import numpy as np
 import pytest
@@ -26,11 +24,10 @@ import pytest
 import reshard
 from reshard import layout, pytorch
 from reshard.v1 import coordinator_pb2, ptc_pb2
+import torch_ranks
 
-torch = pytest.importorskip("torch")
-
-import torch.distributed as dist  # noqa: E402
-import torch.multiprocessing as mp  # noqa: E402
+import torch
+import torch.distributed as dist
 
 COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
 
@@ -38,32 +35,9 @@ COMMITTED = coordinator_pb2.OPERATION_STATE_COMMITTED
 # ------------------------------------------------------------ process helpers
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _entry(rank, world, port, fn, out_dir, args):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        result = fn(rank, world, *args)
-    finally:
-        dist.destroy_process_group()
-    with open(os.path.join(out_dir, f"{fn.__name__}.{rank}.pkl"), "wb") as f:
-        pickle.dump(result, f)
-
-
 def spawn(fn, out_dir, *args, world=4):
-    """fn(rank, world, *args) in `world` processes (gloo); their results by rank."""
-    os.makedirs(str(out_dir), exist_ok=True)
-    mp.spawn(_entry, args=(world, free_port(), fn, str(out_dir), args), nprocs=world, join=True)
-    out = []
-    for r in range(world):
-        with open(os.path.join(str(out_dir), f"{fn.__name__}.{r}.pkl"), "rb") as f:
-            out.append(pickle.load(f))
-    return out
+    """fn(rank, world, *args) in `world` gloo processes; their results by rank."""
+    return torch_ranks.spawn(fn, out_dir, *args, world=world)
 
 
 def mlp(seed, sizes=(6, 10, 5), norm=False):
