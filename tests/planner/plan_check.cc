@@ -210,4 +210,37 @@ Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& 
   return *std::move(plan);
 }
 
+PlanOutcome AgreeOnRefusal(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                           const std::vector<std::string>& lost_hosts,
+                           absl::StatusOr<Plan>* plan) {
+  *plan = MakePlan(ptc, from, to, LostSet{lost_hosts, {}});
+  const absl::StatusOr<std::vector<std::string>> missing =
+      verifier::UnrecoverableItems(ptc, from, to, lost_hosts, std::vector<int>{});
+  if (plan->ok()) {
+    if (!missing.ok()) {
+      ADD_FAILURE() << "planned, but the verifier refuses: " << missing.status();
+    } else {
+      EXPECT_TRUE(missing->empty()) << "the verifier finds " << missing->front() << " lost";
+    }
+    return PlanOutcome::kPlanned;
+  }
+  const absl::Status& refused = plan->status();
+  if (absl::IsInvalidArgument(refused)) {
+    EXPECT_TRUE(absl::IsInvalidArgument(missing.status()))
+        << "planner: " << refused << "\nverifier: " << missing.status();
+    return PlanOutcome::kInvalid;
+  }
+  EXPECT_TRUE(absl::IsFailedPrecondition(refused)) << refused;
+  if (!missing.ok()) {
+    ADD_FAILURE() << "planner: " << refused << "\nverifier: " << missing.status();
+    return PlanOutcome::kUnrecoverable;
+  }
+  EXPECT_FALSE(missing->empty()) << refused;
+  for (const std::string& name : *missing) {
+    EXPECT_NE(refused.message().find(absl::StrCat("\"", name, "\"")), std::string::npos)
+        << name << " not named in: " << refused;
+  }
+  return PlanOutcome::kUnrecoverable;
+}
+
 }  // namespace reshard::planner::testing

@@ -27,4 +27,17 @@ namespace reshard::planner::testing {
 Plan PlanAndCheck(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
                   const LostSet& lost = {});
 
+/// What MakePlan made of a job (AgreeOnRefusal).
+enum class PlanOutcome { kInvalid, kUnrecoverable, kPlanned };
+
+/// MakePlan on a job losing `lost_hosts`, and whether the independent
+/// verifier, written from the same page, agrees: invalid inputs are
+/// INVALID_ARGUMENT for both; an unrecoverable job is the planner's
+/// FAILED_PRECONDITION naming every item verifier::UnrecoverableItems finds
+/// lost; a planned job loses nothing for the verifier. Disagreements are
+/// EXPECT failures. `plan` gets MakePlan's result.
+PlanOutcome AgreeOnRefusal(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                           const std::vector<std::string>& lost_hosts,
+                           absl::StatusOr<Plan>* plan);
+
 }  // namespace reshard::planner::testing
