@@ -9,8 +9,10 @@ environment (reshard.launch.rank_env): RESHARD_OPERATION_ID set -> warm up
 and reshard.elastic.join; RESHARD_GENERATION 0 -> publish generation 1 from
 the start; else reshard.elastic.load of that generation.
 
-A collective that fails because a peer died (reshard.elastic.PeerLost)
-ends it with launch.EXIT_PEER_LOST. Writes $LAUNCH_TEST_OUT/<pid>.json: its
+A collective that fails because a peer died ends it with
+launch.EXIT_PEER_LOST: the loop's own (reshard.elastic.PeerLost) or the
+step's all_reduce, classified by reshard.pytorch_loop's rule for a user's
+step (a gloo transport error). Writes $LAUNCH_TEST_OUT/<pid>.json: its
 environment ("env") when it starts, then what it loaded ("loaded": step, w) and how its loop ended ("cut": a
 stop-free cut-over or a stop-the-world stop at a step boundary). Its only
 credential is the job's worker token.
@@ -25,7 +27,7 @@ import time
 import numpy as np
 
 import reshard
-from reshard import data, elastic, launch
+from reshard import data, elastic, launch, pytorch_loop
 
 ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "RESHARD_COORDINATOR", "RESHARD_JOB_ID", "RESHARD_WORKER_TOKEN",
@@ -119,8 +121,12 @@ def main():
 if __name__ == "__main__":
     try:
         main()
-    except elastic.PeerLost:
-        # A peer died: say so to the launcher, which then does not report
-        # this rank (its own death is not the failure).
-        sys.stderr.write("peer lost\n")
+    except Exception as e:  # noqa: BLE001: only a peer's death is handled
+        # A peer died, seen by the loop or by this step's all_reduce
+        # (whichever collective ran when it died): say so to the launcher,
+        # which then does not report this rank (its own death is not the
+        # failure).
+        if not isinstance(e, elastic.PeerLost) and not pytorch_loop._peer_failure(e):
+            raise
+        sys.stderr.write(f"peer lost: {e}\n")
         os._exit(launch.EXIT_PEER_LOST)
