@@ -1,44 +1,43 @@
 #include "agent/transfer/nccl_transport.h"
 
-#include <cuda_runtime_api.h>
-#include <nccl.h>
-
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "agent/transfer/cuda_api.h"
+#include "agent/transfer/cuda_libraries.h"
 
 namespace reshard::agent {
 namespace {
 
 absl::Status FromCuda(cudaError_t e, const char* what) {
   if (e == cudaSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(what, ": ", cudaGetErrorString(e)));
+  return absl::UnavailableError(absl::StrCat(what, ": ", Cudart()->GetErrorString(e)));
 }
 
 absl::Status FromNccl(ncclResult_t r, const char* what) {
   if (r == ncclSuccess) return absl::OkStatus();
-  return absl::UnavailableError(absl::StrCat(what, ": ", ncclGetErrorString(r)));
+  return absl::UnavailableError(absl::StrCat(what, ": ", Nccl()->GetErrorString(r)));
+}
+
+// Unavailable, saying why, when the library a call needs is not loaded.
+absl::Status NotLoaded(const char* what) {
+  return absl::UnavailableError(
+      absl::StrCat(what, ": ", CudaLibraries::Get().state().error));
 }
 
 }  // namespace
 
-int NcclDeviceCount() {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess) {
-    cudaGetLastError();  // clear the sticky error
-    return 0;
-  }
-  return n;
-}
+int NcclDeviceCount() { return CudaLibraries::Get().state().device_count; }
 
 absl::StatusOr<DeviceBuffer> DeviceBuffer::Allocate(int device, size_t bytes) {
   if (device < 0 || device >= NcclDeviceCount()) {
     return absl::UnavailableError(absl::StrCat("no CUDA device ", device));
   }
+  const CudartApi* cuda = Cudart();
   DeviceBuffer b;
-  absl::Status s = FromCuda(cudaSetDevice(device), "cudaSetDevice");
+  absl::Status s = FromCuda(cuda->SetDevice(device), "cudaSetDevice");
   if (!s.ok()) return s;
-  s = FromCuda(cudaMalloc(&b.data_, bytes), "cudaMalloc");
+  s = FromCuda(cuda->Malloc(&b.data_, bytes), "cudaMalloc");
   if (!s.ok()) return s;
   b.device_ = device;
   b.bytes_ = bytes;
@@ -56,23 +55,23 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& o) noexcept {
 
 DeviceBuffer::~DeviceBuffer() {
   if (data_ != nullptr) {
-    cudaSetDevice(device_);
-    cudaFree(data_);
+    Cudart()->SetDevice(device_);
+    Cudart()->Free(data_);
   }
 }
 
 absl::Status DeviceBuffer::CopyFromHost(const void* src, size_t bytes) {
   if (bytes > bytes_) return absl::InvalidArgumentError("copy larger than the device buffer");
-  absl::Status s = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
+  absl::Status s = FromCuda(Cudart()->SetDevice(device_), "cudaSetDevice");
   if (!s.ok()) return s;
-  return FromCuda(cudaMemcpy(data_, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+  return FromCuda(Cudart()->Memcpy(data_, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
 }
 
 absl::Status DeviceBuffer::CopyToHost(void* dst, size_t bytes) const {
   if (bytes > bytes_) return absl::InvalidArgumentError("copy larger than the device buffer");
-  absl::Status s = FromCuda(cudaSetDevice(device_), "cudaSetDevice");
+  absl::Status s = FromCuda(Cudart()->SetDevice(device_), "cudaSetDevice");
   if (!s.ok()) return s;
-  return FromCuda(cudaMemcpy(dst, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
+  return FromCuda(Cudart()->Memcpy(dst, data_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
 }
 
 absl::Status NcclPeerCopy(const DeviceBuffer& src, DeviceBuffer* dst, size_t bytes) {
@@ -83,41 +82,44 @@ absl::Status NcclPeerCopy(const DeviceBuffer& src, DeviceBuffer* dst, size_t byt
     return absl::InvalidArgumentError(
         absl::StrCat("NcclPeerCopy of ", bytes, " bytes exceeds a buffer"));
   }
+  const CudartApi* cuda = Cudart();
   if (src.device() == dst->device()) {
-    absl::Status s = FromCuda(cudaSetDevice(src.device()), "cudaSetDevice");
+    absl::Status s = FromCuda(cuda->SetDevice(src.device()), "cudaSetDevice");
     if (!s.ok()) return s;
-    return FromCuda(cudaMemcpy(dst->data(), src.data(), bytes, cudaMemcpyDeviceToDevice),
+    return FromCuda(cuda->Memcpy(dst->data(), src.data(), bytes, cudaMemcpyDeviceToDevice),
                     "cudaMemcpy");
   }
+  const NcclApi* nccl = Nccl();
+  if (nccl == nullptr) return NotLoaded("NcclPeerCopy");
   int devs[2] = {src.device(), dst->device()};
   ncclComm_t comms[2] = {nullptr, nullptr};
-  absl::Status s = FromNccl(ncclCommInitAll(comms, 2, devs), "ncclCommInitAll");
+  absl::Status s = FromNccl(nccl->CommInitAll(comms, 2, devs), "ncclCommInitAll");
   if (!s.ok()) return s;
   cudaStream_t streams[2] = {nullptr, nullptr};
   for (int i = 0; i < 2 && s.ok(); ++i) {
-    s = FromCuda(cudaSetDevice(devs[i]), "cudaSetDevice");
-    if (s.ok()) s = FromCuda(cudaStreamCreate(&streams[i]), "cudaStreamCreate");
+    s = FromCuda(cuda->SetDevice(devs[i]), "cudaSetDevice");
+    if (s.ok()) s = FromCuda(cuda->StreamCreate(&streams[i]), "cudaStreamCreate");
   }
   if (s.ok()) {
-    s = FromNccl(ncclGroupStart(), "ncclGroupStart");
+    s = FromNccl(nccl->GroupStart(), "ncclGroupStart");
     if (s.ok()) {
       absl::Status a =
-          FromNccl(ncclSend(src.data(), bytes, ncclUint8, 1, comms[0], streams[0]), "ncclSend");
+          FromNccl(nccl->Send(src.data(), bytes, ncclUint8, 1, comms[0], streams[0]), "ncclSend");
       absl::Status b =
-          FromNccl(ncclRecv(dst->data(), bytes, ncclUint8, 0, comms[1], streams[1]), "ncclRecv");
-      absl::Status e = FromNccl(ncclGroupEnd(), "ncclGroupEnd");
+          FromNccl(nccl->Recv(dst->data(), bytes, ncclUint8, 0, comms[1], streams[1]), "ncclRecv");
+      absl::Status e = FromNccl(nccl->GroupEnd(), "ncclGroupEnd");
       s = !a.ok() ? a : !b.ok() ? b : e;
     }
   }
   for (int i = 0; i < 2; ++i) {
     if (streams[i] == nullptr) continue;
-    cudaSetDevice(devs[i]);
-    absl::Status w = FromCuda(cudaStreamSynchronize(streams[i]), "cudaStreamSynchronize");
+    cuda->SetDevice(devs[i]);
+    absl::Status w = FromCuda(cuda->StreamSynchronize(streams[i]), "cudaStreamSynchronize");
     if (s.ok()) s = w;
-    cudaStreamDestroy(streams[i]);
+    cuda->StreamDestroy(streams[i]);
   }
   for (ncclComm_t c : comms) {
-    if (c != nullptr) ncclCommDestroy(c);
+    if (c != nullptr) nccl->CommDestroy(c);
   }
   return s;
 }

@@ -1,7 +1,8 @@
 // The GPU path: NCCL send/receive between device buffers. Compiled only when
 // configured with CUDA (RESHARD_CUDA; library reshard_transfer_nccl, linked
-// only by what uses it); without a CUDA device every call
-// reports Unavailable and NcclDeviceCount() is 0. No execution path uses it
+// only by what uses it). The CUDA runtime and NCCL are loaded at run time
+// (cuda_libraries.h): without them, or without a CUDA device, every call
+// reports Unavailable (naming what is not loaded) and NcclDeviceCount() is 0. No execution path uses it
 // yet, so the agent neither links nor advertises it (backend.h). Backend headers (cuda,
 // nccl) stay in the .cc. Thread-compatible.
 #pragma once

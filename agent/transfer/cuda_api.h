@@ -1,0 +1,63 @@
+// Internal to agent/transfer (only its .cc files include it): the part of the
+// CUDA runtime's and NCCL's C ABI that reshard calls, and the entry points
+// CudaLibraries (cuda_libraries.h) resolved with dlsym. Declared here rather
+// than taken from cuda_runtime_api.h / nccl.h: the wheels torch brings hold
+// the libraries and nccl.h but not the CUDA headers' crt/ part, and nothing
+// else needs a toolkit at build time. Values are those of CUDA 12/13's
+// driver_types.h and NCCL 2.x's nccl.h (stable ABI). A null table means the
+// library is not loaded.
+#pragma once
+
+#include <cstddef>
+
+namespace reshard::agent {
+
+// cuda_runtime_api.h / driver_types.h
+using cudaError_t = int;
+inline constexpr cudaError_t cudaSuccess = 0;
+using cudaStream_t = struct CUstream_st*;
+enum cudaMemcpyKind : int {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+};
+
+// nccl.h
+using ncclResult_t = int;
+inline constexpr ncclResult_t ncclSuccess = 0;
+using ncclComm_t = struct ncclComm*;
+enum ncclDataType_t : int { ncclUint8 = 1 };
+
+struct CudartApi {
+  cudaError_t (*GetDeviceCount)(int*);
+  cudaError_t (*SetDevice)(int);
+  cudaError_t (*Malloc)(void**, size_t);
+  cudaError_t (*Free)(void*);
+  cudaError_t (*Memcpy)(void*, const void*, size_t, cudaMemcpyKind);
+  cudaError_t (*StreamCreate)(cudaStream_t*);
+  cudaError_t (*StreamSynchronize)(cudaStream_t);
+  cudaError_t (*StreamDestroy)(cudaStream_t);
+  const char* (*GetErrorString)(cudaError_t);
+  cudaError_t (*GetLastError)();
+  cudaError_t (*RuntimeGetVersion)(int*);
+  cudaError_t (*DriverGetVersion)(int*);
+};
+
+struct NcclApi {
+  ncclResult_t (*GetVersion)(int*);
+  const char* (*GetErrorString)(ncclResult_t);
+  ncclResult_t (*CommInitAll)(ncclComm_t*, int, const int*);
+  ncclResult_t (*CommDestroy)(ncclComm_t);
+  ncclResult_t (*GroupStart)();
+  ncclResult_t (*GroupEnd)();
+  ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+};
+
+/// The loaded runtime's entry points, or nullptr when libcudart is not loaded.
+const CudartApi* Cudart();
+/// The loaded NCCL's entry points, or nullptr when libnccl is not loaded.
+const NcclApi* Nccl();
+
+}  // namespace reshard::agent
