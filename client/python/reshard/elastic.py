@@ -102,14 +102,13 @@ def _is_terminal(op):
 def _folded(op):
     """Whether a Checkpoint answer is another operation that the checkpoint
     folded into (docs/coordinator.md, "Checkpoints and operations")."""
-    return bool(getattr(op, "checkpoint_folded", False)) or (
-        op.kind != _pb.OPERATION_KIND_CHECKPOINT)
+    return op.checkpoint_folded or op.kind != _pb.OPERATION_KIND_CHECKPOINT
 
 
 def at_step_boundary(op):
     """Whether an Operation is a stop-the-world one that stops the job at its
     next step boundary (the loop publishes a final checkpoint folded into it)."""
-    return bool(getattr(op, "at_step_boundary", False)) and not op.stop_free
+    return op.at_step_boundary and not op.stop_free
 
 
 class _Watch(threading.Thread):
@@ -519,4 +518,4 @@ def load(client, job_id, rank, worker, configured, generation=None):
 
 def is_stop_free(operation):
     """Whether an Operation is a two-phase (stop-free) one."""
-    return bool(getattr(operation, "stop_free", False))
+    return operation.stop_free

@@ -533,9 +533,8 @@ class Launcher:
         # Ranks still running trained past the state the new generation
         # starts from, unless the operation stopped them at a step boundary:
         # those are ending by themselves and get --grace seconds.
-        reached = getattr(_pb, "STEP_BOUNDARY_REACHED", None)
-        at_boundary = made_by is not None and reached is not None and getattr(
-            made_by, "step_boundary", None) == reached
+        at_boundary = (made_by is not None and
+                       made_by.step_boundary == _pb.STEP_BOUNDARY_REACHED)
         self._retire(self.current, self.grace if at_boundary else 0,
                      f"the job moved to generation {job.generation}")
         self.layout = job.layout
@@ -660,7 +659,7 @@ class Launcher:
         of the job's current generation was reported dead."""
         if not self.pending or self.job is None:
             return
-        reported = {f.rank for f in getattr(self.job, "failed_ranks", ())
+        reported = {f.rank for f in self.job.failed_ranks
                     if f.generation == self.job.generation}
         lost = set(self.job.lost_hosts)
         for item in list(self.pending):
@@ -674,11 +673,8 @@ class Launcher:
                 self.event("casualty", world=world.name, rank=rank, of=others)
 
     def _report(self, rank, reason):
-        report = getattr(self.client, "report_rank_failure", None)
-        if report is None:
-            return False
         try:
-            report(self.job_id, rank, reason)
+            self.client.report_rank_failure(self.job_id, rank, reason)
             return True
         except errors.ReshardError as e:
             self._log(f"ReportRankFailure of rank {rank}: {e}")
