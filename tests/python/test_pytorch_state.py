@@ -465,8 +465,9 @@ def new_run(rank, world, cfg):
     live = flat_tensors(app)
     before = {n: pytorch._local(t).data_ptr() for n, t in live.items()}
     host = layout.slots(lay)[rank][0]
-    with reshard.Worker(cfg["sockets"][host], cfg["job"], ptc=ptc,
-                        worker_token=cfg["token"]) as w:
+    # A Worker told no PTC, in a process that published nothing: the dtypes
+    # come from the Spec that pytorch.load passes to Worker.load.
+    with reshard.Worker(cfg["sockets"][host], cfg["job"], worker_token=cfg["token"]) as w:
         regenerated = pytorch.load(w, app, spec, rank, 2)
     after = {n: pytorch._local(t).data_ptr() for n, t in flat_tensors(app).items()}
     params = {f"model.{n}": pytorch._local(p).data_ptr() for n, p in model.named_parameters()}

@@ -674,11 +674,10 @@ def load(worker, app, spec, rank, generation):
     the RNG (unless regenerated). Returns the frozenset of regenerated item
     names (their bytes were zeros: no surviving holder)."""
     torch = _torch()
-    if getattr(worker, "_ptc", None) is None:
-        worker._ptc = spec.ptc  # dtypes of the items on load (Worker's ptc= argument)
     # Views of the agent's file (copy=False): each tensor is copied once,
-    # straight from shared memory into the local tensor.
-    got = worker.load(rank, generation, as_torch=True, copy=False)
+    # straight from shared memory into the local tensor; the dtypes are the
+    # Spec's.
+    got = worker.load(rank, generation, as_torch=True, copy=False, ptc=spec.ptc)
     regenerated = set(got.regenerated)
     tensors, blobs = _live_tensors(app)
     with torch.no_grad():

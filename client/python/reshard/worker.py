@@ -320,7 +320,7 @@ class Worker:
 
     # -------------------------------------------------------------------- load
 
-    def load(self, rank, generation, as_torch=False, copy=True, verify=True):
+    def load(self, rank, generation, as_torch=False, copy=True, verify=True, ptc=None):
         """`rank`'s sealed buffer of `generation`: {name: array} for every
         tensor the rank holds (local shape, the PTC's dtype; bfloat16 as
         uint16 and float8 as uint8 in numpy, torch.bfloat16 in torch) and
@@ -340,10 +340,13 @@ class Worker:
         lives as long as any array of it.
         verify: recompute each item's XXH3-64 and raise DataLoss on a mismatch
         with the agent's recorded checksum (needs xxhash).
+        ptc: the job's PTC (ptc_pb2.Ptc) to take the dtypes from for this
+        load instead of the Worker's own (reshard.pytorch.load passes its
+        Spec's).
         """
         resp = self._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
             job_id=self.job_id, generation=generation, rank=rank))
-        kinds = self._item_kinds(resp.items)
+        kinds = self._item_kinds(resp.items, ptc)
         torch = _torch() if as_torch else None
         if as_torch and torch is None:
             raise ImportError("as_torch=True needs torch")
@@ -405,9 +408,9 @@ class Worker:
                 _close(mm)
         return out
 
-    def _item_kinds(self, items):
+    def _item_kinds(self, items, ptc=None):
         """Per item: ("blob", name) or ("tensor", numpy dtype, DType or None, name)."""
-        ptc = self._ptc
+        ptc = self._ptc if ptc is None else as_message(ptc, ptc_pb2.Ptc, "ptc")
         if ptc is None and self._coordinator and any(
                 it.name not in self._seen_dtypes for it in items):
             ptc = self._fetch_ptc()
