@@ -3,6 +3,7 @@
 // every other statement.
 #pragma once
 
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -68,6 +69,6 @@ inline constexpr Statement kApplyOperationStep{
 inline constexpr Statement kPendingCheckpointOfJob{
     "pending_checkpoint_of_job",
     "SELECT id, state, to_generation, step, step_cursor FROM operations "
-    "WHERE job_id = $1 AND kind = 4 AND state IN (1, 2, 3) ORDER BY seq LIMIT 1"};
+    "WHERE job_id = $1 AND kind = 4 AND " RESHARD_SQL_OP_ACTIVE("") " ORDER BY seq LIMIT 1"};
 
 }  // namespace reshard::coordinator::pg

@@ -200,7 +200,7 @@ absl::Status PgStore::DeleteJob(const std::string& job_id, const Idempotency& id
     if (!active.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job \"", job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
-          pg::ShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
+          StateName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
     }
     tx.Exec(pg::kDeleteJob, job_id);
     // Without a job id: the row must outlive the job it names.

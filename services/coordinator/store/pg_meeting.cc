@@ -13,15 +13,6 @@
 
 namespace reshard::coordinator {
 namespace pg {
-namespace {
-
-bool IsActive(v1::OperationState s) {
-  return s == v1::OPERATION_STATE_PENDING || s == v1::OPERATION_STATE_PLANNED ||
-         s == v1::OPERATION_STATE_TRANSFERRING;
-}
-
-}  // namespace
-
 std::vector<ActiveOperation> ActiveOperations(const pqxx::result& rows) {
   std::vector<ActiveOperation> active;
   active.reserve(rows.size());
@@ -104,7 +95,7 @@ absl::StatusOr<bool> PgStore::ReleaseQueuedOperation(const std::string& operatio
         const auto state = checkpoint.empty()
                                ? v1::OPERATION_STATE_UNSPECIFIED
                                : static_cast<v1::OperationState>(checkpoint[0][0].as<int>());
-        if (pg::IsActive(state)) return false;
+        if (IsActiveState(state)) return false;
         // From the generation current now (the checkpoint's when it
         // committed) to the next number never handed out.
         const int64_t generation = job[0][0].as<int64_t>();

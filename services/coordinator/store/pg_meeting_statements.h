@@ -3,6 +3,7 @@
 // operations"). Listed in AllStatements (pg_statements.cc).
 #pragma once
 
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -17,7 +18,7 @@ inline constexpr Statement kNameStepBoundaryCheckpoint{
     "UPDATE operations SET step_boundary = 2, step_boundary_checkpoint_id = $2, "
     "queued_behind_operation_id = $2, to_generation = 0, step_boundary_deadline_unix_ms = 0, "
     "cutover_operation_id = $2, cutover_at = now(), updated_at = now() "
-    "WHERE id = $1 AND state = 1 AND step_boundary = 1 RETURNING id"};
+    "WHERE id = $1 AND " RESHARD_SQL_OP_IS_PENDING("") " AND step_boundary = 1 RETURNING id"};
 
 inline constexpr Statement kOperationJob{"operation_job",
                                          "SELECT job_id FROM operations WHERE id = $1"};
@@ -27,7 +28,7 @@ inline constexpr Statement kLockQueuedOperation{
     "lock_queued_operation",
     "SELECT stop_free, step_boundary, queued_behind_operation_id, "
     "COALESCE(step_boundary_checkpoint_id, ''), step_boundary_timeout_ms FROM operations "
-    "WHERE id = $1 AND state = 1 AND queued_behind_operation_id IS NOT NULL FOR UPDATE"};
+    "WHERE id = $1 AND " RESHARD_SQL_OP_QUEUED("") " FOR UPDATE"};
 
 // $1 operation, $2 from_generation, $3 to_generation, $4 step_boundary, $5
 // its deadline.
@@ -40,7 +41,7 @@ inline constexpr Statement kReleaseQueuedOperation{
 // WAITING (1) -> TIMED_OUT (4), unless a checkpoint named it first.
 inline constexpr Statement kStepBoundaryTimedOut{
     "step_boundary_timed_out",
-    "UPDATE operations SET step_boundary = 4, updated_at = now() WHERE id = $1 AND state = 1 "
-    "AND step_boundary = 1 AND queued_behind_operation_id IS NULL RETURNING id"};
+    "UPDATE operations SET step_boundary = 4, updated_at = now() WHERE id = $1 AND "
+    RESHARD_SQL_OP_AT_STEP_BOUNDARY("") " RETURNING id"};
 
 }  // namespace reshard::coordinator::pg

@@ -38,11 +38,6 @@ absl::Status CheckCheckpointStep(pg::PgTx& tx, const NewOperation& op, int64_t g
   return absl::OkStatus();
 }
 
-bool IsActive(v1::OperationState s) {
-  return s == v1::OPERATION_STATE_PENDING || s == v1::OPERATION_STATE_PLANNED ||
-         s == v1::OPERATION_STATE_TRANSFERRING;
-}
-
 absl::Status CheckNewOperation(const NewOperation& op) {
   if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
   if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
@@ -189,20 +184,20 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
                                           v1::OperationState to, const OperationUpdate& update) {
   if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
     return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", operation_id, "\": move to ", pg::ShortName(to), " with ",
+        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
                      to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
                      ", not TransitionOperation"));
   }
-  // The moves left to TransitionOperation: PENDING -> PLANNED, and any
-  // active state -> ABORTED / FAILED. Final states are never left.
-  const bool plan_step = from == v1::OPERATION_STATE_PENDING && to == v1::OPERATION_STATE_PLANNED;
-  const bool end_step =
-      IsActive(from) && (to == v1::OPERATION_STATE_ABORTED || to == v1::OPERATION_STATE_FAILED);
-  if (!plan_step && !end_step) {
-    return absl::InvalidArgumentError(absl::StrCat("operation \"", operation_id,
-                                                   "\": no transition from ", pg::ShortName(from),
-                                                   " to ", pg::ShortName(to)));
+  // The moves left to TransitionOperation, as the state machine has them
+  // (operation_machine.h): PENDING -> PLANNED, and any active state ->
+  // ABORTED / FAILED. A phase change within a stored state has its own
+  // method; terminal states are never left.
+  if (from == to || !StoredMoveAllowed(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation \"", operation_id, "\": the operation state machine has no move from ",
+        StateName(from), " to ", StateName(to)));
   }
+  const bool end_step = IsTerminalState(to);
   const pqxx::binarystring plan =
       update.plan ? pg::Bytea(*update.plan) : pg::Bytea(absl::string_view());
   const pqxx::binarystring stats =
@@ -220,8 +215,8 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
       if (now.empty()) return pg::OperationNotFound(operation_id);
       return absl::AbortedError(
           absl::StrCat("operation \"", operation_id, "\" is ",
-                       pg::ShortName(static_cast<v1::OperationState>(now[0][0].as<int>())),
-                       ", not ", pg::ShortName(from)));
+                       StateName(static_cast<v1::OperationState>(now[0][0].as<int>())),
+                       ", not ", StateName(from)));
     }
     if (end_step) {
       // ABORTED / FAILED: the new buffers are dropped, the job is usable

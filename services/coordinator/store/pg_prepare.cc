@@ -33,7 +33,7 @@ absl::Status NotPreparing(pg::PgTx& tx, const std::string& operation_id, const c
   if (now.empty()) return pg::OperationNotFound(operation_id);
   return absl::AbortedError(absl::StrCat(
       "operation \"", operation_id, "\" is ",
-      pg::ShortName(static_cast<v1::OperationState>(now[0][0].as<int>())), ", not ", expected));
+      StateName(static_cast<v1::OperationState>(now[0][0].as<int>())), ", not ", expected));
 }
 
 }  // namespace
@@ -93,7 +93,7 @@ absl::Status PgStore::RecordHostPrepared(const std::string& operation_id,
     const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
     if (state != v1::OPERATION_STATE_PLANNED) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "operation \"", operation_id, "\" is ", pg::ShortName(state),
+          "operation \"", operation_id, "\" is ", StateName(state),
           ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
     }
     const pqxx::result r = tx.Exec(pg::kPrepareHost, operation_id, host_id, now_unix_ms);
@@ -156,7 +156,7 @@ absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
     const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
     if (state != v1::OPERATION_STATE_PLANNED) {
       return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
-                                             pg::ShortName(state), ", not PLANNED"));
+                                             StateName(state), ", not PLANNED"));
     }
     const std::string job_id = op[0][0].c_str();
     const int64_t to_generation = op[0][3].as<int64_t>();

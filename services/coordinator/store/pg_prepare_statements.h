@@ -3,6 +3,7 @@
 // AllStatements (pg_statements.cc).
 #pragma once
 
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -13,9 +14,8 @@ namespace reshard::coordinator::pg {
 inline constexpr Statement kStartPrepare{
     "start_prepare",
     "UPDATE operations SET prepared_from_generation = $2::bigint, updated_at = now() "
-    "WHERE id = $1 AND state = 2 AND stop_free AND prepared_from_generation = 0 AND "
-    "agents_prepared_at IS NULL AND cutover_operation_id IS NULL "
-    "RETURNING job_id, to_generation, target_layout"};
+    "WHERE id = $1 AND " RESHARD_SQL_OP_TO_PREPARE("")
+    " RETURNING job_id, to_generation, target_layout"};
 
 // $1 operation: the agents are prepared (every host row PREPARED, or none).
 inline constexpr Statement kSetAgentsPrepared{
@@ -88,7 +88,7 @@ inline constexpr Statement kResetHostsForTransfer{
 // $1 operation, $2 skipped step indexes, $3 skipped bytes, $4 bytes_total.
 inline constexpr Statement kSetPreparedTransferring{
     "set_prepared_transferring",
-    "UPDATE operations SET state = 3, skipped_steps = $2::integer[], "
+    "UPDATE operations SET state = " RESHARD_SQL_OP_TRANSFERRING ", skipped_steps = $2::integer[], "
     "bytes_skipped_unchanged = $3::bigint, bytes_total = $4::bigint, bytes_done = 0, "
     "updated_at = now() WHERE id = $1"};
 

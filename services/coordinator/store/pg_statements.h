@@ -1,7 +1,8 @@
 // Every SQL statement PgStore runs, as named constants. The name is the
 // prepared statement's name and the metric label. Schema:
 // migrations/0001_init.sql. Enum numbers are the proto numbers (JobState,
-// OperationState, HostState, HostTaskState) and store.h's GenerationState.
+// HostState, HostTaskState) and store.h's GenerationState; operation states
+// and phases only through operation_machine.h's RESHARD_SQL_OP_* fragments.
 //
 // Array parameters are passed as PostgreSQL array literals (pg_codec.h) and
 // expanded with unnest(), so a batch is one round trip.
@@ -9,6 +10,7 @@
 
 #include <vector>
 
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -23,15 +25,16 @@ namespace reshard::coordinator::pg {
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
-  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state IN (1, 2, 3) "          \
+  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND " RESHARD_SQL_OP_ACTIVE("o.") " " \
   "ORDER BY o.seq LIMIT 1), "                                                               \
   "ARRAY(SELECT l.host_id FROM job_lost_hosts l WHERE l.job_id = j.id UNION "               \
   "SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "                   \
   "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
   "r.generation = j.generation) ORDER BY 1), "                                              \
-  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND o.state = 1 AND "               \
+  "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND "                               \
+  RESHARD_SQL_OP_IS_PENDING("o.") " AND "                                                   \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
-  "c.id = o.queued_behind_operation_id AND c.state IN (1, 2, 3)) LIMIT 1), "                \
+  "c.id = o.queued_behind_operation_id AND " RESHARD_SQL_OP_ACTIVE("c.") ") LIMIT 1), "     \
   "j.layout_epoch "                                                                         \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
@@ -212,14 +215,15 @@ inline constexpr Statement kListOperationsForJob{
                                "FROM operations o WHERE o.job_id = $1 ORDER BY o.seq DESC"};
 
 inline constexpr Statement kListActiveOperations{
-    "list_active_operations", "SELECT id FROM operations WHERE state IN (1, 2, 3) ORDER BY seq"};
+    "list_active_operations",
+    "SELECT id FROM operations WHERE " RESHARD_SQL_OP_ACTIVE("") " ORDER BY seq"};
 
 // Columns 2.. are what the meeting rule reads (pg_meeting.cc, ActiveOperation).
 inline constexpr Statement kActiveOperationOfJob{
     "active_operation_of_job",
     "SELECT id, state, kind, stop_free, step_boundary, COALESCE(queued_behind_operation_id, ''), "
     "COALESCE(step_boundary_checkpoint_id, ''), to_generation FROM operations "
-    "WHERE job_id = $1 AND state IN (1, 2, 3) ORDER BY seq"};
+    "WHERE job_id = $1 AND " RESHARD_SQL_OP_ACTIVE("") " ORDER BY seq"};
 
 // $10.. (migrations/0013): the checkpoint it is queued behind ('' none),
 // its step boundary (StepBoundary), that one's timeout and deadline; in the
@@ -229,7 +233,8 @@ inline constexpr Statement kInsertOperation{
     "INSERT INTO operations (id, job_id, kind, state, from_generation, to_generation, "
     "target_layout, lost_hosts, lost_ranks, idempotency_key, queued_behind_operation_id, "
     "step_boundary, step_boundary_timeout_ms, step_boundary_deadline_unix_ms) "
-    "VALUES ($1, $2, $3, 1, $4, $5, $6, $7::text[], $8::integer[], $9, NULLIF($10, ''), "
+    "VALUES ($1, $2, $3, " RESHARD_SQL_OP_PENDING
+    ", $4, $5, $6, $7::text[], $8::integer[], $9, NULLIF($10, ''), "
     "$11::smallint, $12::bigint, $13::bigint)"};
 
 inline constexpr Statement kLockOperation{
@@ -249,16 +254,19 @@ inline constexpr Statement kTransitionOperation{
     "error = CASE WHEN $8::boolean THEN $9::text ELSE error END, "
     "bytes_total = CASE WHEN $10::boolean THEN $11::bigint ELSE bytes_total END, "
     "updated_at = now(), "
-    "finished_at = CASE WHEN $3::smallint IN (4, 5, 6) THEN now() ELSE finished_at END "
+    "finished_at = CASE WHEN $3::smallint IN " RESHARD_SQL_OP_TERMINAL_LIST
+    " THEN now() ELSE finished_at END "
     "WHERE id = $1 AND state = $2::smallint RETURNING job_id, to_generation"};
 
 inline constexpr Statement kSetOperationTransferring{
     "set_operation_transferring",
-    "UPDATE operations SET state = 3, updated_at = now() WHERE id = $1"};
+    "UPDATE operations SET state = " RESHARD_SQL_OP_TRANSFERRING
+    ", updated_at = now() WHERE id = $1"};
 
 inline constexpr Statement kFinishCommittedOperation{
     "finish_committed_operation",
-    "UPDATE operations SET state = 4, updated_at = now(), finished_at = now() WHERE id = $1"};
+    "UPDATE operations SET state = " RESHARD_SQL_OP_COMMITTED
+    ", updated_at = now(), finished_at = now() WHERE id = $1"};
 
 inline constexpr Statement kUpdateOperationBytesDone{
     "update_operation_bytes_done",
@@ -267,7 +275,7 @@ inline constexpr Statement kUpdateOperationBytesDone{
 
 inline constexpr Statement kOperationsOnHosts{
     "operations_on_hosts",
-    "SELECT o.id FROM operations o WHERE o.state IN (1, 2, 3) AND EXISTS (SELECT 1 FROM "
+    "SELECT o.id FROM operations o WHERE " RESHARD_SQL_OP_ACTIVE("o.") " AND EXISTS (SELECT 1 FROM "
     "operation_hosts oh WHERE oh.operation_id = o.id AND oh.host_id = ANY($1::text[])) "
     "ORDER BY o.seq"};
 
@@ -303,8 +311,9 @@ inline constexpr Statement kSelectHostProgress{
 inline constexpr Statement kAssignedOperations{
     "assigned_operations",
     "SELECT o.id FROM operation_hosts oh JOIN operations o ON o.id = oh.operation_id "
-    "WHERE oh.host_id = $1 AND ((o.state = 3 AND oh.state NOT IN (3, 4)) OR "
-    "(o.state = 2 AND oh.state IN (1, 2))) ORDER BY o.seq"};
+    "WHERE oh.host_id = $1 AND ((" RESHARD_SQL_OP_IS_TRANSFERRING("o.")
+    " AND oh.state NOT IN (3, 4)) OR "
+    "(" RESHARD_SQL_OP_IS_PLANNED("o.") " AND oh.state IN (1, 2))) ORDER BY o.seq"};
 
 // ---- Hosts -----------------------------------------------------------------
 
@@ -409,12 +418,13 @@ inline constexpr Statement kPruneDiscardedGenerations{
 // nothing, which is right a week later).
 inline constexpr Statement kPruneOperations{
     "prune_operations",
-    "WITH v AS (SELECT o.id FROM operations o WHERE o.state IN (4, 5, 6) AND o.finished_at < "
+    "WITH v AS (SELECT o.id FROM operations o WHERE " RESHARD_SQL_OP_TERMINAL("o.")
+    " AND o.finished_at < "
     "now() - $2::bigint * interval '1 millisecond' AND o.seq <= (SELECT n.seq FROM operations n "
     "WHERE n.job_id = o.job_id ORDER BY n.seq DESC OFFSET $1::integer LIMIT 1) "
     "ORDER BY o.finished_at LIMIT $3::integer), "
     "k AS (DELETE FROM idempotency_keys i USING v WHERE i.resource_id = v.id AND i.job_id IS NOT "
-    "NULL) DELETE FROM operations d USING v WHERE d.id = v.id AND d.state IN (4, 5, 6)"};
+    "NULL) DELETE FROM operations d USING v WHERE d.id = v.id AND " RESHARD_SQL_OP_TERMINAL("d.")};
 
 // ---- Liveness: deleted jobs, lost hosts of jobs (issue 9) --------------------
 

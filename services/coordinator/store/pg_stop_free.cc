@@ -61,7 +61,7 @@ absl::StatusOr<int64_t> CheckCutOver(PgTx& tx, const NewOperation& op, const pqx
   }
   if (!why.empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cut_over_operation_id \"", target, "\" (", ShortName(state), "): ", why));
+        absl::StrCat("cut_over_operation_id \"", target, "\" (", StateName(state), "): ", why));
   }
   // The checkpoint takes the number the operation reserved below its own;
   // an operation created before migration 0011 reserved none (0: the next).
@@ -84,7 +84,7 @@ absl::StatusOr<v1::Operation> PgStore::MarkPrepared(const std::string& operation
         if (!record.ok()) return record.status();
         if (r.empty()) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "operation \"", operation_id, "\" is ", pg::ShortName(record->op.state()),
+              "operation \"", operation_id, "\" is ", StateName(record->op.state()),
               record->op.stop_free() ? "" : " and not stop-free",
               ": only a stop-free operation in PLANNED can be marked prepared"));
         }

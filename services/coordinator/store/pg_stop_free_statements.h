@@ -2,6 +2,7 @@
 // pg_stop_free.cc). Listed in AllStatements (pg_statements.cc).
 #pragma once
 
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 
 namespace reshard::coordinator::pg {
@@ -32,7 +33,8 @@ inline constexpr Statement kCutOverOperation{
 inline constexpr Statement kMarkPrepared{
     "mark_prepared",
     "UPDATE operations SET workers_prepared_at = COALESCE(workers_prepared_at, now()), "
-    "updated_at = now() WHERE id = $1 AND stop_free AND state = 2 RETURNING job_id"};
+    "updated_at = now() WHERE id = $1 AND " RESHARD_SQL_OP_STOP_FREE_PLANNED("")
+    " RETURNING job_id"};
 
 // After a commit: a job whose stop-free operation is still active (the
 // cut-over checkpoint committed, the transfer is to come) stays
@@ -40,6 +42,6 @@ inline constexpr Statement kMarkPrepared{
 inline constexpr Statement kKeepReconfiguring{
     "keep_reconfiguring",
     "UPDATE jobs SET state = 2, updated_at = now() WHERE id = $1 AND state = 1 AND EXISTS "
-    "(SELECT 1 FROM operations o WHERE o.job_id = $1 AND o.state IN (1, 2, 3))"};
+    "(SELECT 1 FROM operations o WHERE o.job_id = $1 AND " RESHARD_SQL_OP_ACTIVE("o.") ")"};
 
 }  // namespace reshard::coordinator::pg

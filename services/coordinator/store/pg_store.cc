@@ -7,7 +7,6 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 #include "planner/layout.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_codec.h"
@@ -60,12 +59,6 @@ absl::Status JobNotFound(absl::string_view job_id) {
 
 absl::Status OperationNotFound(absl::string_view operation_id) {
   return absl::NotFoundError(absl::StrCat("operation \"", operation_id, "\" not found"));
-}
-
-std::string ShortName(v1::OperationState state) {
-  const std::string& name = v1::OperationState_Name(state);
-  if (name.empty()) return absl::StrCat(static_cast<int>(state));
-  return std::string(absl::StripPrefix(name, "OPERATION_STATE_"));
 }
 
 std::string TruncateError(const std::string& text) {

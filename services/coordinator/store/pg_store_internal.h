@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/store.h"
 
@@ -34,8 +35,6 @@ absl::StatusOr<T> TransactFor(PgPool& pool, absl::string_view what, Body&& body)
 
 absl::Status JobNotFound(absl::string_view job_id);
 absl::Status OperationNotFound(absl::string_view operation_id);
-/// "TRANSFERRING" for OPERATION_STATE_TRANSFERRING.
-std::string ShortName(v1::OperationState state);
 /// `text` cut to at most 4 KiB on a UTF-8 character boundary.
 std::string TruncateError(const std::string& text);
 

@@ -33,7 +33,7 @@ absl::StatusOr<LockedOperation> LockOperation(pg::PgTx& tx, const std::string& o
 absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
                    v1::OperationState expected, absl::StatusCode code) {
   return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
-                                         pg::ShortName(state), ", not ", pg::ShortName(expected)));
+                                         StateName(state), ", not ", StateName(expected)));
 }
 
 // PREPARED goes through RecordHostPrepared (pg_prepare.cc).

@@ -156,17 +156,23 @@ TEST_F(OperationsTest, TransitionIsACompareAndSet) {
   EXPECT_EQ(r->op.error(), "cancelled by client");
   EXPECT_TRUE(r->plan.has_value());
   EXPECT_EQ(r->op.bytes_total(), 4096);
-  // A final state is never left, and only the state machine's moves exist.
-  EXPECT_EQ(
-      store_
-          ->TransitionOperation("op-1", v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED, {})
-          .code(),
-      absl::StatusCode::kInvalidArgument);
+  // A final state is never left, and only the state machine's moves exist
+  // (operation_machine.h): refused before the row is read.
+  const absl::Status from_final = store_->TransitionOperation(
+      "op-1", v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED, {});
+  EXPECT_EQ(from_final.code(), absl::StatusCode::kFailedPrecondition) << from_final;
+  EXPECT_EQ(from_final.message(),
+            "operation \"op-1\": the operation state machine has no move from ABORTED to FAILED");
+  const absl::Status back = store_->TransitionOperation("op-1", v1::OPERATION_STATE_PLANNED,
+                                                        v1::OPERATION_STATE_PENDING, {});
+  EXPECT_EQ(back.code(), absl::StatusCode::kFailedPrecondition) << back;
+  EXPECT_EQ(back.message(),
+            "operation \"op-1\": the operation state machine has no move from PLANNED to PENDING");
   EXPECT_EQ(store_
                 ->TransitionOperation("op-1", v1::OPERATION_STATE_PLANNED,
-                                      v1::OPERATION_STATE_PENDING, {})
+                                      v1::OPERATION_STATE_PLANNED, {})
                 .code(),
-            absl::StatusCode::kInvalidArgument);
+            absl::StatusCode::kFailedPrecondition);
 }
 
 TEST_F(OperationsTest, AbortDuringTransferDiscardsThePendingGeneration) {
