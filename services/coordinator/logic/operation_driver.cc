@@ -8,7 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
-#include "services/coordinator/logic/error_text.h"
+#include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
 
 namespace reshard::coordinator {
@@ -139,41 +139,12 @@ absl::Status OperationDriver::Advance(const std::string& operation_id, const Hos
 
 absl::Status OperationDriver::Finish(const v1::Operation& op, v1::OperationState to,
                                      const std::string& error, int64_t now) {
-  absl::Status moved;
-  if (to == v1::OPERATION_STATE_COMMITTED) {
-    moved = store_->CommitOperation(op.id());
-  } else {
-    OperationUpdate update;
-    update.error = TruncateError(error);
-    moved = store_->TransitionOperation(op.id(), op.state(), to, update);
-  }
-  if (!moved.ok()) return moved;
-  if (to == v1::OPERATION_STATE_COMMITTED) {
-    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " "
-                      << StateName(op.state()) << " -> COMMITTED: generation " << op.to_generation()
-                      << " is current";
-  } else {
-    RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id() << " "
-                         << StateName(op.state()) << " -> " << StateName(to) << ": " << error;
-  }
-  if (metrics_ != nullptr) {
-    metrics_->OperationFinished(op.kind(), to, SecondsSince(op.created_unix_ms(), now));
-  }
-  if (to == v1::OPERATION_STATE_COMMITTED && op.stop_free()) {
-    // As GetOperation reports them (the store's clock): the preparation
-    // while the old layout trained, and the pause from the cut-over.
-    absl::StatusOr<OperationRecord> done = store_->GetOperation(op.id(), /*include_plan=*/false);
-    if (done.ok()) {
-      RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
-                        << " stop-free: prepared in " << done->op.prepare_seconds()
-                        << " s while the old layout trained; paused " << done->op.pause_seconds()
-                        << " s from the cut-over to the commit";
-      if (metrics_ != nullptr) {
-        metrics_->StopFreeCommitted(done->op.prepare_seconds(), done->op.pause_seconds());
-      }
-    }
-  }
-  return absl::OkStatus();
+  OperationEnding ending;
+  ending.event = to == v1::OPERATION_STATE_COMMITTED ? OpEvent::kCommitted
+                 : to == v1::OPERATION_STATE_FAILED  ? OpEvent::kFailed
+                                                     : OpEvent::kAborted;
+  ending.error = error;
+  return FinishOperation(*store_, metrics_, op, ending, now);
 }
 
 absl::Status OperationDriver::DegradeJobsOn(const std::set<std::string>& lost_hosts) {

@@ -18,6 +18,7 @@
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
+#include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/logic/task.h"
@@ -523,20 +524,15 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
                                                         "; only an active operation can be "
                                                         "cancelled"));
     }
-    OperationUpdate update;
-    update.error = kCancelledByClient;
-    update.idempotency = idem;  // claimed with the move
-    absl::Status moved =
-        store_->TransitionOperation(id, op.state(), v1::OPERATION_STATE_ABORTED, update);
+    // The one way to end an operation (operation_finish.h), the driver's too.
+    OperationEnding ending;
+    ending.event = OpEvent::kCancelled;
+    ending.error = kCancelledByClient;
+    ending.idempotency = idem;  // claimed with the move
+    absl::Status moved = FinishOperation(*store_, metrics_, op, ending, clock_->NowUnixMs());
     // The driver moved it first, or a concurrent call took the key: look again.
     if (absl::IsAborted(moved)) continue;
     if (!moved.ok()) return moved;
-    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << id << " "
-                      << StateName(op.state()) << " -> ABORTED: " << kCancelledByClient;
-    if (metrics_ != nullptr) {
-      metrics_->OperationFinished(op.kind(), v1::OPERATION_STATE_ABORTED,
-                                  SecondsSince(op.created_unix_ms(), clock_->NowUnixMs()));
-    }
     absl::StatusOr<OperationRecord> after = store_->GetOperation(id, /*include_plan=*/false);
     if (!after.ok()) return NameNotFound(after.status(), OperationNotFound(id));
     return std::move(after->op);
