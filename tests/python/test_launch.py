@@ -13,8 +13,8 @@ loop_rank.py: numpy state in reshard.elastic's Loop, gloo over env://).
   cut-over step exactly.
 - A stop-the-world resize: the running ranks are stopped, the new layout's
   ranks start cold at the committed generation and load it exactly.
-- A rank SIGKILLed: its launcher records the failure within seconds (and
-  reports it to the coordinator where the client has ReportRankFailure);
+- A rank SIGKILLed: its launcher reports it to the coordinator
+  (ReportRankFailure) within seconds;
   the launcher with a short --recovery-timeout exits 1; the other follows
   the recovery the scheduler makes; SIGTERM to a launcher stops its ranks;
   deleting the job ends the launchers with 0.
@@ -369,6 +369,31 @@ def test_rank_env_names_what_is_missing():
     assert (e.rank, e.master_port, e.generation, e.device, e.operation_id, e.fresh,
             e.warm_up) == (0, 29501, 4, 3, "", False, False)
     assert e.layout == lay
+
+
+def test_rank_env_reads_what_the_launcher_writes():
+    from reshard import _launch_env
+    lay = layout.make_layout(1, 1, 2, ranks=[("h", 3), ("h", 5)])
+    base = {"PATH": "/bin", "RESHARD_OPERATION_ID": "stale", "RESHARD_TLS_CA": "/old.pem"}
+    env = _launch_env.rank_environment(
+        base, rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="10.0.0.5",
+        master_port=29507, coordinator="c:1", job_id="j", worker_token="wt-j.x",
+        worker_socket="/s", generation=0, layout_json=json.dumps(reshard.to_dict(lay)),
+        device=5, operation_id="op-9")
+    assert (env["PATH"], env["OMP_NUM_THREADS"], "RESHARD_TLS_CA" in env) == ("/bin", "1", False)
+    e = launch.rank_env(env)
+    assert e == launch.RankEnv(
+        rank=1, world_size=2, local_rank=1, local_world_size=2, master_addr="10.0.0.5",
+        master_port=29507, coordinator="c:1", job_id="j", worker_token="wt-j.x",
+        worker_socket="/s", generation=0, operation_id="op-9", layout=lay, tls_ca="",
+        device=5)
+    assert (e.warm_up, e.fresh) == (True, False)
+    again = launch.rank_env(_launch_env.rank_environment(
+        base, rank=0, world_size=1, local_rank=0, local_world_size=1, master_addr="a",
+        master_port=1, coordinator="c:1", job_id="j", worker_token="", worker_socket="/s",
+        generation=3, layout_json="{}", device=0, tls_ca="/ca.pem"))
+    assert (again.operation_id, again.tls_ca, again.generation) == ("", "/ca.pem", 3)
+    assert "OMP_NUM_THREADS" not in base
 
 
 def test_world_ports_differ_for_overlapping_worlds():

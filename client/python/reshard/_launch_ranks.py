@@ -1,0 +1,174 @@
+"""This host's rank processes of `reshard run` (docs/pytorch.md, "The
+launcher"): a World is the ranks of one layout that run here; Starter starts
+them with their environment (reshard._launch_env.rank_environment) through
+an exec shim that takes them along when the launcher dies; stop_worlds
+signals them, waits and kills. What to start and stop, and when, is the
+Launcher's (reshard._launch_follow).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from reshard import layout as _layout
+from reshard._launch_env import LaunchError, rank_environment
+from reshard._launch_rdzv import master_addr, rendezvous_port
+from reshard._proto import to_dict
+
+
+# Each rank is started through this shim (the launcher's own python): it
+# asks for SIGKILL when the launcher dies (PR_SET_PDEATHSIG, even a SIGKILLed
+# launcher takes its ranks along) and execs the rank's command in place, so
+# the rank keeps the shim's pid. Not a preexec_fn: forking the launcher, whose
+# gRPC threads run, to run Python in the child can abort the child (gRPC's
+# fork handlers); without one, subprocess uses vfork + exec.
+_SHIM = ("import ctypes, os, sys\n"
+         "ctypes.CDLL(None, use_errno=True).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+         "if os.getppid() != int(sys.argv[1]):\n"                    # the launcher is gone already
+         "    os._exit(137)\n"
+         "try:\n"
+         "    os.execvp(sys.argv[2], sys.argv[2:])\n"
+         "except OSError as e:\n"
+         "    sys.stderr.write(f'reshard run: cannot start {sys.argv[2]!r}: {e.strerror}\\n')\n"
+         "    os._exit(127)\n")
+
+
+def describe_status(code):
+    if code is None:
+        return "running"
+    if code < 0:
+        try:
+            return f"killed by signal {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit status {code}"
+
+
+class World:
+    """The ranks of one layout (a generation started cold, or a stop-free
+    operation's target) that run on this host. state: "running", "retiring"
+    (the launcher stops them or waits for them to end), "failed" (a rank
+    failed; the others are being stopped), "abandoned" (the operation that
+    started them ended without committing)."""
+
+    def __init__(self, name, lay, generation, operation_id, epoch):
+        self.name, self.layout, self.generation = name, lay, generation
+        self.operation_id, self.epoch = operation_id, epoch
+        self.procs = {}     # rank -> Popen
+        self.status = {}    # rank -> returncode, once it ended
+        self.state = "running"
+        self.deadline = None  # retiring: when to terminate; terminated: when to SIGKILL
+        self.terminated = False
+        self.why = ""         # why it retires
+
+    def alive(self):
+        """Ranks whose exit the launcher has not handled yet."""
+        return [r for r in self.procs if r not in self.status]
+
+    def running(self):
+        """Ranks not reaped yet (returncode is set by whichever thread
+        reaped the process): the ones that may still be signalled."""
+        return [r for r, p in self.procs.items() if p.returncode is None]
+
+    def signal(self, sig):
+        """Sends `sig` to the process group of every rank not reaped yet."""
+        for rank in self.running():
+            try:
+                os.killpg(self.procs[rank].pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+class Starter:
+    """Starts this host's ranks of a world: one process per rank of the
+    layout on `host`, each with torchrun's and reshard's environment (`job_env`:
+    rank_environment's arguments that are the same for every rank of the job:
+    coordinator, job_id, worker_token, worker_socket, tls_ca). A thread per
+    rank waits for it and calls on_exit(world, rank, returncode)."""
+
+    def __init__(self, host, command, job_env, addresses, port_range, on_exit, log, event,
+                 log_dir=None):
+        self.host, self.command, self.job_env = host, list(command), dict(job_env)
+        self.addresses, self.port_range = addresses, port_range
+        self.on_exit, self._log, self._event = on_exit, log, event
+        self.log_dir = log_dir
+
+    def start(self, name, lay, generation, operation_id, epoch):
+        """The World `name` of layout `lay` (generation to load, the stop-free
+        operation it warms up for or "", its layout epoch), its ranks on
+        this host started. LaunchError when the command cannot start."""
+        world = World(name, lay, generation, operation_id, epoch)
+        mine = _layout.ranks_on_host(lay, self.host)
+        if not mine:
+            self._event("world", world=name, ranks=[], generation=generation,
+                        operation_id=operation_id)
+            return world
+        world_size = len(_layout.slots(lay))
+        addr = master_addr(lay, self.host, self.addresses)
+        port = rendezvous_port(epoch, self.port_range)
+        layout_json = json.dumps(to_dict(lay), sort_keys=True)
+        for local, (rank, device) in enumerate(mine):
+            env = rank_environment(
+                os.environ, rank=rank, world_size=world_size, local_rank=local,
+                local_world_size=len(mine), master_addr=addr, master_port=port,
+                generation=generation, layout_json=layout_json, device=device,
+                operation_id=operation_id, **self.job_env)
+            world.procs[rank] = self._spawn(name, rank, env)
+            threading.Thread(target=self._reap, args=(world, rank, world.procs[rank]),
+                             daemon=True, name=f"reap-{name}-{rank}").start()
+        self._log(f"started {name}: ranks {[r for r, _ in mine]} of {world_size} "
+                  f"(generation {generation}{', operation ' + operation_id if operation_id else ''}"
+                  f", MASTER_ADDR {addr} MASTER_PORT {port})")
+        self._event("world", world=name, ranks=[r for r, _ in mine], generation=generation,
+                    operation_id=operation_id, master_addr=addr, master_port=port,
+                    pids={str(r): p.pid for r, p in world.procs.items()})
+        return world
+
+    def _spawn(self, name, rank, env):
+        out = None
+        if self.log_dir:
+            os.makedirs(self.log_dir, exist_ok=True)
+            out = open(os.path.join(self.log_dir, f"{name}-rank{rank}.log"), "ab")
+        try:
+            argv = [sys.executable, "-S", "-c", _SHIM, str(os.getpid())] + self.command
+            if not sys.platform.startswith("linux"):
+                argv = self.command
+            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
+                                    stdout=out, stderr=subprocess.STDOUT if out else None,
+                                    start_new_session=True)
+        except OSError as e:
+            raise LaunchError(f"rank {rank}: cannot start {self.command[0]!r}: "
+                              f"{e.strerror}") from None
+        finally:
+            if out is not None:
+                out.close()
+
+    def _reap(self, world, rank, proc):
+        proc.wait()
+        self.on_exit(world, rank, proc.returncode)
+
+
+def stop_worlds(worlds, sig, why, grace, event):
+    """Signals every live rank of `worlds`, waits up to `grace` seconds, then
+    SIGKILLs the ones left and waits for them."""
+    for w in worlds:
+        if w.running():
+            event("terminate", world=w.name, ranks=w.running(), why=why)
+            w.signal(sig)
+    end = time.monotonic() + grace
+    for w in worlds:
+        for r in w.running():
+            try:
+                w.procs[r].wait(max(0.0, end - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+    for w in worlds:
+        if w.running():
+            event("kill", world=w.name, ranks=w.running())
+            w.signal(signal.SIGKILL)
+            for r in w.running():
+                w.procs[r].wait()
