@@ -23,81 +23,20 @@ stop-free cut-over, the stop-the-world stop, every failure raised on every
 rank. It needs only the job's worker token.
 """
 
-import dataclasses
 import os
 
 from . import data as _data
 from . import elastic as _elastic
-
-
-@dataclasses.dataclass
-class RankEnv:
-    """What `reshard run` gives a rank (contract of reshard.launch.rank_env)."""
-    rank: int
-    world_size: int
-    coordinator: str
-    job_id: str
-    worker_token: str
-    worker_socket: str
-    generation: int = 0
-    operation_id: str = ""
-    tls_ca: str = ""
-
-
-def rank_env(environ=None):
-    """The launcher's environment: reshard.launch.rank_env() where the
-    launcher is installed, else read here (the same variables)."""
-    try:
-        from . import launch
-        got = launch.rank_env() if environ is None else launch.rank_env(environ)
-        return RankEnv(rank=int(got.rank), world_size=int(got.world_size),
-                       coordinator=got.coordinator, job_id=got.job_id,
-                       worker_token=got.worker_token, worker_socket=got.worker_socket,
-                       generation=int(got.generation or 0),
-                       operation_id=got.operation_id or "", tls_ca=got.tls_ca or "")
-    except (ImportError, AttributeError, TypeError):
-        pass
-    env = os.environ if environ is None else environ
-    missing = [k for k in ("RANK", "WORLD_SIZE", "RESHARD_COORDINATOR", "RESHARD_JOB_ID",
-                           "RESHARD_WORKER_TOKEN", "RESHARD_WORKER_SOCKET") if not env.get(k)]
-    if missing:
-        raise ValueError(f"reshard.pytorch_loop: {', '.join(missing)} not set (start the "
-                         f"script with `reshard run`)")
-    return RankEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                   coordinator=env["RESHARD_COORDINATOR"], job_id=env["RESHARD_JOB_ID"],
-                   worker_token=env["RESHARD_WORKER_TOKEN"],
-                   worker_socket=env["RESHARD_WORKER_SOCKET"],
-                   generation=int(env.get("RESHARD_GENERATION") or 0),
-                   operation_id=env.get("RESHARD_OPERATION_ID", ""),
-                   tls_ca=env.get("RESHARD_TLS_CA", ""))
-
-
-def worker_client(env):
-    """A reshard.Client that presents only the job's worker token."""
-    from .client import Client, tls_credentials
-    if env.tls_ca:
-        return Client(env.coordinator, token=env.worker_token,
-                      credentials=tls_credentials(env.tls_ca))
-    return Client(env.coordinator, token=env.worker_token, insecure=True)
-
-
-def layout_of(env=None):
-    """The layout this rank was started in: $RESHARD_LAYOUT (JSON)."""
-    import json
-    from ._proto import as_message, ptc_pb2
-    raw = (os.environ if env is None else env).get("RESHARD_LAYOUT")
-    if not raw:
-        raise ValueError("reshard.pytorch_loop: RESHARD_LAYOUT not set (start the script "
-                         "with `reshard run`)")
-    return as_message(json.loads(raw), ptc_pb2.Layout, "RESHARD_LAYOUT")
+from . import launch as _launch
 
 
 def device_mesh(device_type="cpu", env=None):
     """init_device_mesh for the layout this rank was started in (after
-    torch.distributed.init_process_group)."""
+    torch.distributed.init_process_group); `env`: a reshard.launch.RankEnv
+    (None: reshard.launch.rank_env())."""
     from torch.distributed.device_mesh import init_device_mesh
     from . import pytorch
-    dims = pytorch.mesh_dims(layout_of(env).config)
+    dims = pytorch.mesh_dims((env or _launch.rank_env()).layout.config)
     return init_device_mesh(device_type, tuple(s for _, s in dims),
                             mesh_dim_names=tuple(n for n, _ in dims))
 
@@ -208,7 +147,7 @@ def _exit_on_peer_lost(rank, job_id):
         if isinstance(value, _elastic.PeerLost):
             sys.stderr.flush()
             sys.stdout.flush()
-            os._exit(75)
+            os._exit(_launch.EXIT_PEER_LOST)
     hook._reshard_peer_lost = True
     sys.excepthook = hook
 
@@ -218,18 +157,18 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
     state (see the module doc); `dataset` is the run's configured
     reshard.data.DatasetState (checked against the committed one). Collective
-    over `group` (None: every rank). Returns a Run."""
+    over `group` (None: every rank); `env`: a reshard.launch.RankEnv (None:
+    reshard.launch.rank_env()). Returns a Run."""
     from . import pytorch
-    from .worker import Worker
-    env = env or rank_env()
+    env = env or _launch.rank_env()
     _exit_on_peer_lost(env.rank, env.job_id)
-    client = worker_client(env)
+    client = env.client()  # the job's worker token only
     # The job's own PTC (registered from pytorch.describe of this model:
     # its blob capacities and item order), not a fresh describe() of this
     # rank's objects, whose blob sizes differ from rank to rank and run to run.
     spec = pytorch.spec_from_ptc(client.get_job(env.job_id, include_ptc=True).ptc,
-                                 layout_of())
-    worker = Worker(env.worker_socket, env.job_id, ptc=spec.ptc, worker_token=env.worker_token)
+                                 env.layout)
+    worker = env.worker(ptc=spec.ptc)
     rank = env.rank
     probe = _elastic.Collectives(rank, env.job_id, group)
     regenerated = frozenset()
