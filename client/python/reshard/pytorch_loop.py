@@ -113,13 +113,8 @@ def _peer_failure(exc):
     """Whether an exception is a collective failing because a peer is gone:
     torch.distributed's network/backend errors, or the RuntimeError gloo
     raises from its TCP transport ("Connection reset/closed by peer")."""
-    try:
-        import torch.distributed as dist
-        kinds = tuple(k for k in (getattr(dist, "DistNetworkError", None),
-                                  getattr(dist, "DistBackendError", None)) if k)
-    except ImportError:  # pragma: no cover - torch is there when start() ran
-        kinds = ()
-    if kinds and isinstance(exc, kinds):
+    import torch.distributed as dist
+    if isinstance(exc, (dist.DistNetworkError, dist.DistBackendError)):
         return True
     return isinstance(exc, RuntimeError) and "gloo/transport/" in str(exc)
 
