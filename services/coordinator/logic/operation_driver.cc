@@ -1,10 +1,14 @@
-// The driver's loop: leases, resuming, dispatching each operation to its
-// step (operation_steps.cc), final states and gauges.
+// The driver's loop: leases, resuming, dispatching each operation by its
+// phase (store/operation_machine.h) to that phase's step
+// (operation_steps.cc, prepare_steps.cc), final states and gauges.
 #include "services/coordinator/logic/operation_driver.h"
 
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -21,6 +25,22 @@ constexpr int kAdvanceAttempts = 8;
 // Prometheus scrapes every few seconds; counting jobs every tick would only
 // load the database.
 constexpr int64_t kGaugePeriodMs = 1000;
+
+// `to` is `from` or follows it by some path of the table.
+bool Reaches(OpPhase from, OpPhase to) {
+  std::set<OpPhase> seen = {from};
+  std::vector<OpPhase> todo = {from};
+  const std::vector<OpTransition> all = AllTransitions();
+  while (!todo.empty()) {
+    const OpPhase p = todo.back();
+    todo.pop_back();
+    if (p == to) return true;
+    for (const OpTransition& t : all) {
+      if (t.from == p && seen.insert(t.to).second) todo.push_back(t.to);
+    }
+  }
+  return false;
+}
 
 }  // namespace
 
@@ -102,31 +122,67 @@ absl::Status OperationDriver::AdvanceAll(const HostMap& hosts, int64_t now) {
 
 absl::Status OperationDriver::Advance(const std::string& operation_id, const HostMap& hosts,
                                       int64_t now) {
+  std::optional<OpPhase> moved_from;
   for (int attempt = 0; attempt < kAdvanceAttempts; ++attempt) {
     absl::StatusOr<OperationRecord> record =
         store_->GetOperation(operation_id, /*include_plan=*/false);
     if (absl::IsNotFound(record.status())) return absl::OkStatus();  // job deleted
     if (!record.ok()) return record.status();
-    const v1::OperationState state = record->op.state();
+    const OpPhase phase = PhaseOf(record->op);
+    // Whoever moved it since (this driver's step, a cancel, a checkpoint),
+    // it only moves forward along the table.
+    if (moved_from.has_value() && !Reaches(*moved_from, phase)) {
+      return absl::InternalError(absl::StrCat(
+          "operation \"", operation_id, "\" moved from ", PhaseName(*moved_from), " to ",
+          PhaseName(phase), ", which the operation state machine has no path for"));
+    }
+    moved_from = phase;
     absl::StatusOr<bool> moved;
-    switch (state) {
-      case v1::OPERATION_STATE_PENDING:
+    switch (phase) {
+      case OpPhase::kQueued:
+        moved = ReleaseQueued(*record, now);
+        break;
+      case OpPhase::kAtStepBoundary:
+        moved = WaitForStepBoundary(*record, now);
+        break;
+      case OpPhase::kPending:
         moved = PlanOperation(*record, now);
         break;
-      case v1::OPERATION_STATE_PLANNED: {
-        // Only this step needs the (possibly large) plan.
+      case OpPhase::kPlanned:
+      case OpPhase::kToPrepare:
+      case OpPhase::kCuttingOver:
+      case OpPhase::kLegacyCuttingOver: {
+        // Only these steps need the (possibly large) plan.
         absl::StatusOr<OperationRecord> with_plan =
             store_->GetOperation(operation_id, /*include_plan=*/true);
         if (!with_plan.ok()) return with_plan.status();
-        if (with_plan->op.state() != state) continue;
-        moved = StartTransfer(*with_plan, hosts, now);
+        if (PhaseOf(with_plan->op) != phase) continue;
+        if (!with_plan->plan.has_value()) {
+          moved = Moved(Finish(with_plan->op, v1::OPERATION_STATE_FAILED,
+                               "PLANNED without a stored plan", now));
+        } else if (phase == OpPhase::kPlanned) {
+          moved = StartTransfer(*with_plan, hosts, now);
+        } else if (phase == OpPhase::kToPrepare) {
+          moved = StartPrepare(*with_plan, hosts, now);
+        } else {
+          moved = AwaitCutOver(*with_plan, hosts, now);
+        }
         break;
       }
-      case v1::OPERATION_STATE_TRANSFERRING:
+      case OpPhase::kPreparing:
+      case OpPhase::kPrepared:
+        moved = CheckPrepare(*record, hosts, now);
+        break;
+      case OpPhase::kLegacyPrepared:
+        return absl::OkStatus();  // waits for its cut-over checkpoint
+      case OpPhase::kTransferring:
+      case OpPhase::kPreparedTransfer:
         moved = CheckTransfer(*record, hosts, now);
         break;
-      default:
-        return absl::OkStatus();  // final: nothing left to do
+      case OpPhase::kCommitted:
+      case OpPhase::kAborted:
+      case OpPhase::kFailed:
+        return absl::OkStatus();  // terminal: nothing left to do
     }
     if (absl::IsAborted(moved.status())) continue;  // moved under us: look again
     if (!moved.ok()) return moved.status();

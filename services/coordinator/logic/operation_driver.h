@@ -67,12 +67,18 @@ class OperationDriver {
   /// store says it moved under us.
   [[nodiscard]] absl::Status Advance(const std::string& operation_id, const HostMap& hosts,
                                      int64_t now);
-  // One step each (operation_steps.cc): true when the operation moved on,
-  // false when there is nothing to do yet, Aborted when the store says it
-  // moved under us.
+  // One step per active phase (operation_steps.cc; Advance dispatches by
+  // PhaseOf): true when the operation moved on, false when there is nothing
+  // to do yet, Aborted when the store says it moved under us. Steps given
+  // `record` with a plan get it loaded (include_plan).
+  [[nodiscard]] absl::StatusOr<bool> ReleaseQueued(const OperationRecord& record, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> WaitForStepBoundary(const OperationRecord& record,
+                                                         int64_t now);
   [[nodiscard]] absl::StatusOr<bool> PlanOperation(const OperationRecord& record, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> StartTransfer(const OperationRecord& record,
                                                    const HostMap& hosts, int64_t now);
+  [[nodiscard]] absl::StatusOr<bool> AwaitCutOver(const OperationRecord& record,
+                                                  const HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> CheckTransfer(const OperationRecord& record,
                                                    const HostMap& hosts, int64_t now);
   // A stop-free operation's agents prepare (prepare_steps.cc; docs/

@@ -1,6 +1,9 @@
-// The driver's steps, one per non-final state: plan a PENDING operation,
-// start a PLANNED one's transfer, watch a TRANSFERRING one to its end. Each
-// persists its transition (compare-and-set) before anything acts on it.
+// The driver's steps, one per active phase of the state machine
+// (store/operation_machine.h; Advance dispatches): release a QUEUED
+// operation, end an AT_STEP_BOUNDARY wait, plan a PENDING one, start a
+// PLANNED one's transfer, await a stop-free one's cut-over, watch a
+// TRANSFERRING one to its end. Each persists its transition
+// (compare-and-set) before anything acts on it.
 #include <algorithm>
 #include <map>
 #include <optional>
@@ -16,28 +19,35 @@
 #include "services/coordinator/logic/task.h"
 
 namespace reshard::coordinator {
+// QUEUED: waiting for a checkpoint to end (docs/coordinator.md,
+// "Checkpoints and operations").
+absl::StatusOr<bool> OperationDriver::ReleaseQueued(const OperationRecord& record, int64_t now) {
+  const v1::Operation& op = record.op;
+  absl::StatusOr<bool> released = store_->ReleaseQueuedOperation(op.id(), now);
+  if (!released.ok() || !*released) return released;
+  RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
+                    << " released: checkpoint " << op.queued_behind_operation_id() << " ended";
+  return true;
+}
+
+// AT_STEP_BOUNDARY: waiting for a checkpoint that names it, until its deadline.
+absl::StatusOr<bool> OperationDriver::WaitForStepBoundary(const OperationRecord& record,
+                                                          int64_t now) {
+  const v1::Operation& op = record.op;
+  if (now < op.step_boundary_deadline_unix_ms()) return false;
+  absl::StatusOr<bool> timed_out = store_->EndStepBoundaryWait(op.id());
+  if (!timed_out.ok()) return timed_out.status();
+  // A checkpoint named it first: look again.
+  if (!*timed_out) return absl::AbortedError("step-boundary checkpoint arrived");
+  RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id()
+                       << " no checkpoint named it by its step-boundary deadline: planned from "
+                       << "generation " << op.from_generation() << ", the last committed";
+  return true;
+}
+
+// PENDING: plan it.
 absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& record, int64_t now) {
   const v1::Operation& op = record.op;
-  // Waiting for a checkpoint to end, or for the job's step boundary
-  // (docs/coordinator.md, "Checkpoints and operations").
-  if (!op.queued_behind_operation_id().empty()) {
-    absl::StatusOr<bool> released = store_->ReleaseQueuedOperation(op.id(), now);
-    if (!released.ok() || !*released) return released;
-    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
-                      << " released: checkpoint " << op.queued_behind_operation_id() << " ended";
-    return true;
-  }
-  if (op.step_boundary() == v1::STEP_BOUNDARY_WAITING) {
-    if (now < op.step_boundary_deadline_unix_ms()) return false;
-    absl::StatusOr<bool> timed_out = store_->EndStepBoundaryWait(op.id());
-    if (!timed_out.ok()) return timed_out.status();
-    // A checkpoint named it first: look again.
-    if (!*timed_out) return absl::AbortedError("step-boundary checkpoint arrived");
-    RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id()
-                         << " no checkpoint named it by its step-boundary deadline: planned from "
-                         << "generation " << op.from_generation() << ", the last committed";
-    return true;
-  }
   absl::StatusOr<v1::Job> job = store_->GetJob(op.job_id(), /*include_ptc=*/false);
   if (absl::IsNotFound(job.status())) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED,
@@ -93,41 +103,11 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
   return true;
 }
 
+// PLANNED (stop-the-world), and a LEGACY_CUTTING_OVER one whose cut-over
+// committed: the transfer of the whole plan.
 absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& record,
                                                     const HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
-  if (!record.plan.has_value()) {
-    return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
-  }
-  // Stop-free: planned and prepared (workers and agents) while the old
-  // layout trains; the transfer starts once the cut-over checkpoint (the
-  // state of the step boundary, this operation's source generation) has
-  // committed (prepare_steps.cc).
-  if (op.stop_free()) {
-    const bool agents_prepare = op.prepared_from_generation() > 0;
-    if (!agents_prepare && op.agents_prepared_unix_ms() == 0 && op.cutover_operation_id().empty()) {
-      return StartPrepare(record, hosts, now);
-    }
-    const std::string& cut_id = op.cutover_operation_id();
-    bool cut_pending = cut_id.empty();
-    if (!cut_pending) {
-      absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
-      if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
-      cut_pending = cut.ok() && !IsFinal(cut->op.state());
-      if (!cut_pending && (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED)) {
-        return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
-                            cut.ok()
-                                ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
-                                               StateName(cut->op.state()), ": ", cut->op.error())
-                                : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
-                            now));
-      }
-    }
-    if (cut_pending) return agents_prepare ? CheckPrepare(record, hosts, now) : false;
-    // An operation created before migration 0011 was not prepared by its
-    // agents: its transfer moves the whole plan, as below.
-    if (agents_prepare) return StartPreparedTransfer(record, hosts, now);
-  }
   std::string no_agent;
   const std::vector<HostProgress> rows =
       AssignedRows(BytesWrittenByHost(*record.plan), hosts, now, &no_agent);
@@ -136,6 +116,33 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
                     << " PLANNED -> TRANSFERRING on " << rows.size() << " hosts";
   return true;
+}
+
+// CUTTING_OVER / LEGACY_CUTTING_OVER: a stop-free operation was planned and
+// prepared (workers and agents) while the old layout trained; its transfer
+// starts once the cut-over checkpoint (the state of the step boundary, this
+// operation's source generation) has committed (prepare_steps.cc).
+absl::StatusOr<bool> OperationDriver::AwaitCutOver(const OperationRecord& record,
+                                                   const HostMap& hosts, int64_t now) {
+  const v1::Operation& op = record.op;
+  const bool agents_prepare = PhaseOf(op) == OpPhase::kCuttingOver;
+  const std::string& cut_id = op.cutover_operation_id();
+  absl::StatusOr<OperationRecord> cut = store_->GetOperation(cut_id, /*include_plan=*/false);
+  if (!cut.ok() && !absl::IsNotFound(cut.status())) return cut.status();
+  if (cut.ok() && !IsFinal(cut->op.state())) {
+    return agents_prepare ? CheckPrepare(record, hosts, now) : false;
+  }
+  if (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED) {
+    return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
+                        cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
+                                                StateName(cut->op.state()), ": ", cut->op.error())
+                                 : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
+                        now));
+  }
+  // An operation created before migration 0011 was not prepared by its
+  // agents: its transfer moves the whole plan.
+  if (agents_prepare) return StartPreparedTransfer(record, hosts, now);
+  return StartTransfer(record, hosts, now);
 }
 
 absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& record,
