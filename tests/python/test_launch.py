@@ -481,6 +481,29 @@ def _job(generation, lay, active="", epoch=0):
                    active_operation_id=active, layout_epoch=epoch)
 
 
+def _begin(L, given, op, generation, lay):
+    """The coordinator starts `op`: GetOperation answers it and the job at
+    `generation` / `lay` names it active."""
+    given.operations[op.id] = op
+    L.on_job(_job(generation, lay, active=op.id))
+
+
+def _with_state(op, state):
+    """`op`'s update as WatchOperation sends it when it reaches `state`."""
+    out = _pb.Operation()
+    out.CopyFrom(op)
+    out.state = state
+    return out
+
+
+def _commit(L, given, op):
+    """The stop-the-world `op` commits: GetOperation answers it COMMITTED and
+    the job moves to its generation and layout (seen before the operation's
+    own update)."""
+    given.operations[op.id] = _with_state(op, _pb.OPERATION_STATE_COMMITTED)
+    L.on_job(_job(op.to_generation, op.target_layout))
+
+
 def _pump(L, until, timeout=20.0):
     end = time.monotonic() + timeout
     while not until():
@@ -499,14 +522,10 @@ def test_aborted_stop_free_operation_stops_its_warm_up_ranks_only(tmp_path):
                            state=_pb.OPERATION_STATE_PLANNED, stop_free=True, to_generation=2,
                            prepared_from_generation=1, from_generation=1,
                            target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
-        given.operations[op.id] = op
-        L.on_job(_job(1, lay1, active=op.id))
+        _begin(L, given, op, 1, lay1)
         warm = L.warming
         assert (warm.name, sorted(warm.procs)) == ("op-op-1", [0])
-        aborted = _pb.Operation()
-        aborted.CopyFrom(op)
-        aborted.state = _pb.OPERATION_STATE_ABORTED
-        L.on_op(aborted)
+        L.on_op(_with_state(op, _pb.OPERATION_STATE_ABORTED))
         _pump(L, lambda: not warm.alive())
         assert L.warming is None and L.current is old and old.alive() == [0, 1]
         kinds = [(e["event"], e.get("world")) for e in _events(tmp_path)]
@@ -527,8 +546,7 @@ def test_failed_warm_up_rank_is_not_reported_and_the_old_layout_trains_on(tmp_pa
                            prepared_from_generation=1,
                            target_layout=layout.make_layout(1, 1, 2, ranks=[("h0", 1),
                                                                             ("h1", 0)]))
-        given.operations[op.id] = op
-        L.on_job(_job(1, lay1, active=op.id))
+        _begin(L, given, op, 1, lay1)
         _pump(L, lambda: any(e["event"] == "failed" for e in _events(tmp_path)))
         failed = [e for e in _events(tmp_path) if e["event"] == "failed"]
         assert [(e["world"], e["rank"], e["code"]) for e in failed] == [("op-op-2", 0, 7)]
@@ -554,14 +572,9 @@ def test_stop_the_world_commit_stops_the_old_ranks(tmp_path, at_boundary):
                            target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
         if at_boundary:
             op.step_boundary = _pb.STEP_BOUNDARY_REACHED
-        given.operations[op.id] = op
-        L.on_job(_job(2, lay1, active=op.id))
+        _begin(L, given, op, 2, lay1)
         assert L.current is old
-        done = _pb.Operation()
-        done.CopyFrom(op)
-        done.state = _pb.OPERATION_STATE_COMMITTED
-        given.operations[op.id] = done
-        L.on_job(_job(3, op.target_layout))  # the commit, seen before the operation's update
+        _commit(L, given, op)
         new = L.current
         assert (new.name, new.generation, new.alive()) == ("g3", 3, [0])
         assert new.procs[0].pid != old.procs[0].pid
@@ -582,8 +595,7 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
         op = _pb.Operation(id="op-4", job_id="job-1", kind=_pb.OPERATION_KIND_RECOVER,
                            state=_pb.OPERATION_STATE_TRANSFERRING, to_generation=5,
                            target_layout=layout.make_layout(1, 1, 1, ranks=[("h0", 1)]))
-        given.operations[op.id] = op
-        L.on_job(_job(4, lay1, active=op.id))
+        _begin(L, given, op, 4, lay1)
         assert L.current is None and L.layout is None
         L.on_job(_job(5, op.target_layout, epoch=1))
         assert (L.current.name, L.current.generation, L.current.alive()) == ("g5", 5, [0])
@@ -644,14 +656,9 @@ def test_recovery_to_the_same_layout_restarts_and_a_checkpoint_does_not(tmp_path
         old = L.current
         op = _pb.Operation(id="op-5", job_id="job-1", kind=_pb.OPERATION_KIND_RECOVER,
                            state=_pb.OPERATION_STATE_PLANNED, to_generation=3, target_layout=lay1)
-        given.operations[op.id] = op
-        L.on_job(_job(2, lay1, active=op.id))
+        _begin(L, given, op, 2, lay1)
         assert L.current is old
-        done = _pb.Operation()
-        done.CopyFrom(op)
-        done.state = _pb.OPERATION_STATE_COMMITTED
-        given.operations[op.id] = done
-        L.on_job(_job(3, lay1))
+        _commit(L, given, op)
         new = L.current
         assert (new.name, new.generation, new.alive()) == ("g3", 3, [0])
         _pump(L, lambda: not old.alive())
