@@ -354,6 +354,50 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
             pass
 
 
+def test_killed_warm_up_rank_is_not_reported_as_a_rank_of_the_job(cluster, client, job_name,
+                                                                  tmp_path):
+    """A warm-up rank SIGKILLed for real: its number is one of the operation's
+    target layout, not of the job's current world, and ReportRankFailure
+    names ranks of the current generation only, so reporting it would mark
+    a healthy rank dead (here rank 1 of the current world). The launcher
+    does not; the old world trains on and the scheduler cancels the
+    operation."""
+    lay1 = layout.make_layout(1, 1, 2, ranks=[("host-0", 0), ("host-0", 1)])
+    job = _register(client, job_name, lay1)
+    L = Launchers(cluster, client, job, tmp_path)
+    try:
+        L.start("host-0")
+        L.start("host-1")
+        old = L.ranks_of(lambda r: True, 2)
+        # Rank 0 of the target is on host-2, whose launcher is not started:
+        # rank 1 waits in the rendezvous, still warming up, when it is killed.
+        lay2 = layout.make_layout(1, 1, 2, ranks=[("host-2", 0), ("host-1", 0)])
+        op = client.resize(job.id, lay2, stop_free=True)
+        warm = L.wait("the warm-up rank", lambda: [
+            r for r in L.records() if r["env"]["RESHARD_OPERATION_ID"] == op.id])
+        assert (len(warm), warm[0]["env"]["RANK"]) == (1, "1")
+        os.kill(warm[0]["pid"], signal.SIGKILL)
+        failed = L.wait("the failure", lambda: [e for e in L.events("host-1")
+                                                if e["event"] == "failed"])
+        assert [(e["world"], e["rank"], e["code"]) for e in failed] == [
+            (f"op-{op.id}", 1, -signal.SIGKILL)]
+        assert not [e for e in L.events("host-1") if e["event"] in ("reported", "casualty")]
+        assert client.get_job(job.id).failed_ranks == []
+        assert client.cancel_operation(op.id).state == reshard.OperationState.Value(
+            "OPERATION_STATE_ABORTED")
+        job_now = client.get_job(job.id)
+        assert (job_now.generation, job_now.layout, list(job_now.failed_ranks)) == (
+            1, lay1, [])
+        assert all(_alive(r["pid"]) and "cut" not in L.record(r["pid"]) for r in old.values())
+        assert not [e for e in L.events("host-0") if e["event"] in ("terminate", "failed")]
+    finally:
+        L.stop()
+        try:
+            client.delete_job(job.id)
+        except reshard.ReshardError:
+            pass
+
+
 def test_rank_env_names_what_is_missing():
     with pytest.raises(launch.LaunchError, match=r"\$RESHARD_LAYOUT"):
         launch.rank_env({})
