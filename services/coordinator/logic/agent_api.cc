@@ -268,8 +268,7 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   absl::StatusOr<OperationRecord> record = store_->GetOperation(op_id, /*include_plan=*/true);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
-  if ((op.state() != v1::OPERATION_STATE_TRANSFERRING && !InPreparePhase(op)) ||
-      !record->plan.has_value()) {
+  if (!AgentsHaveTasks(op) || !record->plan.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "operation \"", op_id, "\" is ", StateName(op.state()),
         ", not TRANSFERRING (nor a stop-free operation in PLANNED whose agents prepare)"));
@@ -346,7 +345,7 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
                                       state == v1::HOST_TASK_STATE_PREPARED);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
-  if (op.state() != v1::OPERATION_STATE_TRANSFERRING && !InPreparePhase(op)) {
+  if (!AgentsHaveTasks(op)) {
     response.set_abort(true);  // cancelled, aborted or already committed: stop
     return response;
   }

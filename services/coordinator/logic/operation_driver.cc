@@ -264,9 +264,11 @@ void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
     RESHARD_LOG(WARNING) << "operation gauges not refreshed: " << active.status();
     return;
   }
-  std::map<v1::OperationState, int64_t> op_counts = {{v1::OPERATION_STATE_PENDING, 0},
-                                                     {v1::OPERATION_STATE_PLANNED, 0},
-                                                     {v1::OPERATION_STATE_TRANSFERRING, 0}};
+  std::map<v1::OperationState, int64_t> op_counts;
+  for (int s = v1::OperationState_MIN; s <= v1::OperationState_MAX; ++s) {
+    const auto state = static_cast<v1::OperationState>(s);
+    if (IsActiveState(state)) op_counts[state] = 0;
+  }
   int64_t oldest_created_ms = now;
   for (const std::string& id : *active) {
     absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);

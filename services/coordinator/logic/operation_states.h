@@ -24,6 +24,12 @@ inline bool IsPreparedTransfer(const v1::Operation& op) {
   return PhaseOf(op) == OpPhase::kPreparedTransfer;
 }
 
+/// Agents hold a task of it: its prepare (InPreparePhase) or its transfer.
+inline bool AgentsHaveTasks(const v1::Operation& op) {
+  const OpPhase phase = PhaseOf(op);
+  return InAgentsPrepare(phase) || StoredState(phase) == v1::OPERATION_STATE_TRANSFERRING;
+}
+
 /// Seconds from `start_unix_ms` to `now_unix_ms`, never negative (the store's
 /// timestamps and the injected clock may disagree slightly).
 inline double SecondsSince(int64_t start_unix_ms, int64_t now_unix_ms) {

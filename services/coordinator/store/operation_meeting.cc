@@ -1,21 +1,10 @@
 #include "services/coordinator/store/operation_meeting.h"
 
 #include "absl/strings/str_cat.h"
+#include "services/coordinator/store/operation_machine.h"
 
 namespace reshard::coordinator {
 namespace {
-
-std::string StateText(v1::OperationState state) {
-  const std::string& full = v1::OperationState_Name(state);
-  constexpr char kPrefix[] = "OPERATION_STATE_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
-}
-
-std::string KindText(v1::OperationKind kind) {
-  const std::string& full = v1::OperationKind_Name(kind);
-  constexpr char kPrefix[] = "OPERATION_KIND_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
-}
 
 // Queued behind a checkpoint that is still active (one that ended releases
 // it, whether or not the driver has done so yet).
@@ -37,7 +26,7 @@ bool WaitsForBoundary(const ActiveOperation& op, const std::vector<ActiveOperati
 // says what the active operation is doing.
 absl::Status Busy(const std::string& job_id, const ActiveOperation& op, const std::string& why) {
   return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" has active operation \"",
-                                                    op.id, "\" (", StateText(op.state), ")",
+                                                    op.id, "\" (", StateName(op.state), ")",
                                                     why.empty() ? "" : ": ", why));
 }
 
@@ -45,10 +34,10 @@ absl::Status Busy(const std::string& job_id, const ActiveOperation& op, const st
 std::string CheckpointBlockedBy(const ActiveOperation& op) {
   if (op.kind == v1::OPERATION_KIND_CHECKPOINT) return "one checkpoint at a time";
   if (!op.queued_behind.empty()) {
-    return absl::StrCat("a stop-the-world ", KindText(op.kind), " is queued behind checkpoint \"",
+    return absl::StrCat("a stop-the-world ", KindName(op.kind), " is queued behind checkpoint \"",
                         op.queued_behind, "\"");
   }
-  return absl::StrCat("a stop-the-world ", KindText(op.kind),
+  return absl::StrCat("a stop-the-world ", KindName(op.kind),
                       " moves the last committed generation; stop training");
 }
 
@@ -84,7 +73,7 @@ absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind
       }
       return absl::FailedPreconditionError(
           absl::StrCat(prefix, "it no longer waits for a step boundary (",
-                       StepBoundaryName(op.step_boundary), ", ", StateText(op.state), ")"));
+                       StepBoundaryName(op.step_boundary), ", ", StateName(op.state), ")"));
     }
     return MeetingVerdict{Meeting::kCutOver, cut_over_operation_id};
   }
