@@ -52,6 +52,15 @@ def _is_torch(value):
     return type(value).__module__.startswith("torch")
 
 
+def _cuda_module():
+    from reshard import _cuda  # torch and a CUDA device are there: a CUDA tensor is
+    return _cuda
+
+
+def _is_device_source(src):
+    return type(src).__name__ == "DeviceSource"
+
+
 class LoadedShard(dict):
     """What Worker.load returns: {item name: value}, and `regenerated`, the
     frozenset of item names the worker must regenerate (their bytes are
@@ -138,6 +147,9 @@ class Worker:
         # Dtypes published through any Worker of this process, per job: a
         # process that publishes and later loads needs no PTC.
         self._seen_dtypes = _PUBLISHED_DTYPES.setdefault(job_id, {})
+        # How the last publish/load moved CUDA tensors: "pinned" or why not
+        # (reshard._cuda.Pinned.path); None before any did.
+        self.last_device_copy = None
 
     def close(self):
         """Closes the channel (and the coordinator Client it made). Idempotent."""
@@ -231,6 +243,9 @@ class Worker:
         be left out, or given with zero elements. Everything is checked before
         the first byte is written; then each item is copied once, straight
         from the source (strided arrays included) into the shared-memory file.
+        CUDA tensors are copied by ONE device-to-host copy each into the file,
+        registered as pinned memory for the call (reshard._cuda), never
+        through a host copy of the tensor.
 
         verify: send XXH3-64 checksums computed here so the agent refuses
         (DataLoss) bytes that differ from what it reads back (needs xxhash).
@@ -254,17 +269,37 @@ class Worker:
         hashing = verify and xxhash is not None
         fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
                             resp.size, "PublishShard")
-        with _Mapping(fd, resp.size, writable=True) as mm:
-            for it, src in plan:
-                h = xxhash.xxh3_64() if hashing else None
-                if it.bytes:
-                    # One pass from the (possibly strided) source into the file,
-                    # each block hashed while it is still in cache.
-                    dst = np.ndarray(src.shape, dtype=src.dtype, buffer=mm, offset=it.offset)
-                    _copy_blocks(dst, src, mm, it.offset, h, hash_first=False)
-                    del dst
-                if hashing:
-                    expected.append(h.intdigest())
+        device_items = [i for i, (_, src) in enumerate(plan) if _is_device_source(src)]
+        # Registration faults the pages in itself: no MAP_POPULATE then.
+        with _Mapping(fd, resp.size, writable=True, populate=not device_items) as mm:
+            pinned = _cuda_module().Pinned(mm, resp.size, writable=True) if device_items else None
+            try:
+                for i in device_items:  # queued first: the DMA runs while the host copies
+                    pinned.to_host(plan[i][0].offset, plan[i][1].tensor)
+            except BaseException:
+                pinned.close()
+                raise
+            if pinned is not None:
+                self.last_device_copy = pinned.path
+            try:
+                for i, (it, src) in enumerate(plan):
+                    h = xxhash.xxh3_64() if hashing else None
+                    if pinned is not None and i == device_items[0]:
+                        pinned.close()  # the device bytes are in the file from here
+                    if _is_device_source(src):
+                        if hashing:
+                            h.update(memoryview(mm)[it.offset:it.offset + it.bytes])
+                    elif it.bytes:
+                        # One pass from the (possibly strided) source into the file,
+                        # each block hashed while it is still in cache.
+                        dst = np.ndarray(src.shape, dtype=src.dtype, buffer=mm, offset=it.offset)
+                        _copy_blocks(dst, src, mm, it.offset, h, hash_first=False)
+                        del dst
+                    if hashing:
+                        expected.append(h.intdigest())
+            finally:
+                if pinned is not None:
+                    pinned.close()
         unsealed = Unsealed(self, rank, generation, names, expected)
         return unsealed.seal() if seal else unsealed
 
@@ -292,6 +327,8 @@ class Worker:
                                  f"its buffer) but {arr.size} elements were given")
             return None
         if not is_tensor_item:  # blob given as an array: raw bytes
+            if _is_device_source(arr):
+                arr = self._as_array(arr.tensor.cpu())
             raw = np.ascontiguousarray(arr).reshape(-1).view(np.uint8)
             if raw.size != item.bytes:
                 raise ValueError(f"{where}: {raw.size} bytes given, the blob holds {item.bytes}")
@@ -311,6 +348,8 @@ class Worker:
         if _is_torch(value):
             torch = _torch()
             t = value.detach()
+            if t.device.type == "cuda":  # copied once, into the file (publish)
+                return _cuda_module().DeviceSource(t)
             if t.device.type != "cpu":
                 t = t.cpu()
             if t.dtype == torch.bfloat16:
@@ -320,7 +359,8 @@ class Worker:
 
     # -------------------------------------------------------------------- load
 
-    def load(self, rank, generation, as_torch=False, copy=True, verify=True, ptc=None):
+    def load(self, rank, generation, as_torch=False, copy=True, verify=True, ptc=None,
+             device=None):
         """`rank`'s sealed buffer of `generation`: {name: array} for every
         tensor the rank holds (local shape, the PTC's dtype; bfloat16 as
         uint16 and float8 as uint8 in numpy, torch.bfloat16 in torch) and
@@ -343,6 +383,11 @@ class Worker:
         ptc: the job's PTC (ptc_pb2.Ptc) to take the dtypes from for this
         load instead of the Worker's own (reshard.pytorch.load passes its
         Spec's).
+        device: a CUDA device (torch.device, "cuda" or "cuda:N"): tensors come
+        back as torch tensors on it, each made by ONE host-to-device copy
+        straight from the agent's buffer, registered as pinned memory for the
+        call (reshard._cuda; Worker.last_device_copy says "pinned" or why
+        not); as_torch and copy do not apply to them. Blobs stay bytes.
         """
         resp = self._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
             job_id=self.job_id, generation=generation, rank=rank))
@@ -355,14 +400,20 @@ class Worker:
                                     if it.regenerated)
         fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_LOAD, generation, rank,
                             resp.size, "OpenGeneration")
-        mm = _open_map(fd, resp.size, private=not copy)
+        pinned = None
+        if device is not None:
+            copy = True  # device tensors own their memory; the mapping is shared, read-only
+        mm = _open_map(fd, resp.size, private=not copy, populate=device is None)
         try:
+            if device is not None and mm is not None:
+                pinned = _cuda_module().Pinned(mm, resp.size, writable=False, device=device)
+                self.last_device_copy = pinned.path
             for i, it in enumerate(resp.items):
                 kind = kinds[i]
                 np_dtype = kind[1] if kind[0] != "blob" else None
                 hashing = verify and xxhash is not None and i < len(resp.checksums)
                 copied = None
-                if hashing and copy and np_dtype is not None and it.bytes:
+                if hashing and copy and np_dtype is not None and it.bytes and pinned is None:
                     # Hash each block and copy it out while it is in cache.
                     shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
                     copied = np.empty(shape, dtype=np_dtype)
@@ -390,6 +441,10 @@ class Worker:
                 # An old generation this agent never served may come without
                 # local shapes: such a tensor is returned flat.
                 shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
+                if pinned is not None:
+                    out[name] = pinned.to_device(it.offset, shape, _cuda_module().torch_dtype(
+                        np_dtype, enum == ptc_pb2.DTYPE_BFLOAT16))
+                    continue
                 if copied is not None:
                     arr = copied
                 else:
@@ -404,6 +459,8 @@ class Worker:
                         arr = torch.from_numpy(arr)
                 out[name] = arr
         finally:
+            if pinned is not None:
+                pinned.close()  # every device tensor is complete from here
             if copy and mm is not None:
                 _close(mm)
         return out
@@ -489,19 +546,21 @@ def _copy_blocks(dst, src, mm, offset, h, hash_first):
         view.release()
 
 
-def _open_map(fd, size, private=False, writable=False):
+def _open_map(fd, size, private=False, writable=False, populate=True):
     """Maps `size` bytes of the descriptor `fd` (closing it: the mapping
-    holds its own reference to the file)."""
+    holds its own reference to the file). populate=False: no MAP_POPULATE
+    (the caller registers the mapping as pinned memory, which faults it in)."""
     if size == 0:
         os.close(fd)
         return None
+    flags = mmap.MAP_SHARED | (_POPULATE if populate else 0)
     try:
         if writable:
-            return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE,
+            return mmap.mmap(fd, size, flags=flags,
                              prot=mmap.PROT_READ | mmap.PROT_WRITE)
         if private:
             return mmap.mmap(fd, size, access=mmap.ACCESS_COPY)
-        return mmap.mmap(fd, size, flags=mmap.MAP_SHARED | _POPULATE, prot=mmap.PROT_READ)
+        return mmap.mmap(fd, size, flags=flags, prot=mmap.PROT_READ)
     finally:
         os.close(fd)
 
@@ -509,8 +568,8 @@ def _open_map(fd, size, private=False, writable=False):
 class _Mapping:
     """A shared writable mapping of a rank buffer, closed on exit."""
 
-    def __init__(self, fd, size, writable):
-        self._mm = _open_map(fd, size, writable=writable)
+    def __init__(self, fd, size, writable, populate=True):
+        self._mm = _open_map(fd, size, writable=writable, populate=populate)
 
     def __enter__(self):
         return self._mm if self._mm is not None else bytearray()
