@@ -22,7 +22,7 @@ PACKAGES=(
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev protobuf-compiler
   libabsl-dev libucx-dev ucx-utils libpqxx-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
-  openssl postgresql prometheus nginx-light python3 python3-venv
+  openssl postgresql prometheus nginx-light sshfs openssh-sftp-server python3 python3-venv
 )
 
 install_debian_packages() {

@@ -17,9 +17,7 @@ small and the storage link, not the client, is what limits.
 import os
 import shutil
 import subprocess
-import sys
 import tempfile
-import time
 
 import numpy as np
 
@@ -27,6 +25,7 @@ from reshard import _dtypes
 from reshard import layout as rlayout
 from reshard._proto import ptc_pb2
 
+import netns
 import state as bstate
 
 MERGE_GAP = 64 << 10
@@ -108,21 +107,11 @@ http {{
 """
 
     def _wait_ready(self, timeout):
-        """Waits until nginx accepts a connection (it prints nothing when
-        ready); fails at once if it exits."""
-        deadline = time.monotonic() + timeout
-        while True:
-            if self._proc.poll() is not None:
-                raise StorageError(f"nginx exited with {self._proc.returncode}: {self.error_log()}")
-            probe = subprocess.run(self.node.exec_prefix() + [
-                sys.executable, "-c",
-                f"import socket; socket.create_connection(('{self.node.address}', {PORT}), 1)"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            if probe.returncode == 0:
-                return
-            if time.monotonic() > deadline:
-                raise StorageError(f"nginx not accepting within {timeout} s: {self.error_log()}")
-            time.sleep(0.05)  # poll interval of the readiness check, not a synchronisation
+        """Waits until nginx accepts a connection (it prints nothing when ready)."""
+        try:
+            self.node.wait_accepting(PORT, self._proc, timeout, "nginx")
+        except netns.NetnsError as e:
+            raise StorageError(f"{e}: {self.error_log()}") from None
 
     def error_log(self):
         try:

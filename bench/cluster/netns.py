@@ -18,7 +18,9 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
+import time
 
 PREFIX = "rsbc"
 _NAME = re.compile(r"^rsbc(\d+)")
@@ -142,6 +144,24 @@ class Node:
     def exec_prefix(self):
         """argv prefix that runs a command inside this namespace."""
         return ["ip", "netns", "exec", self.netns]
+
+    def wait_accepting(self, port, proc, timeout, what):
+        """Waits until a server (`proc`, printing nothing when ready) accepts
+        connections on this node's address and `port`; NetnsError at once if
+        it exits, or after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        probe = [sys.executable, "-c", "import socket; socket.create_connection("
+                 f"('{self.address}', {port}), 1)"]
+        while True:
+            if proc.poll() is not None:
+                raise NetnsError(f"{what} exited with {proc.returncode}")
+            if subprocess.run(self.exec_prefix() + probe, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL).returncode == 0:
+                return
+            if time.monotonic() > deadline:
+                raise NetnsError(f"{what} not accepting on {self.address}:{port} within "
+                                 f"{timeout} s")
+            time.sleep(0.05)  # poll interval of the readiness check, not a synchronisation
 
 
 class Topology:
