@@ -151,6 +151,14 @@ class Launchers:
             return rs if len(rs) == n and all("loaded" in r for r in rs) else None
         return {int(r["env"]["RANK"]): r for r in self.wait(f"{n} ranks loaded", ready)}
 
+    def close(self):
+        """stop(), then deletes the job unless the test did."""
+        self.stop()
+        try:
+            self.client.delete_job(self.job.id)
+        except reshard.ReshardError:
+            pass
+
     def stop(self):
         for p in self.procs.values():
             if p.poll() is None:
@@ -347,11 +355,7 @@ def test_killed_rank_is_reported_and_recovered(cluster, client, job_name, tmp_pa
         term = [e for e in L.events("host-0") if e["event"] == "terminate"]
         assert term[-1]["ranks"] == [0] and term[-1]["world"] == f"g{op.to_generation}"
     finally:
-        L.stop()
-        try:
-            client.delete_job(job.id)
-        except reshard.ReshardError:
-            pass
+        L.close()
 
 
 def test_killed_warm_up_rank_is_not_reported_as_a_rank_of_the_job(cluster, client, job_name,
@@ -391,11 +395,7 @@ def test_killed_warm_up_rank_is_not_reported_as_a_rank_of_the_job(cluster, clien
         assert all(_alive(r["pid"]) and "cut" not in L.record(r["pid"]) for r in old.values())
         assert not [e for e in L.events("host-0") if e["event"] in ("terminate", "failed")]
     finally:
-        L.stop()
-        try:
-            client.delete_job(job.id)
-        except reshard.ReshardError:
-            pass
+        L.close()
 
 
 def test_rank_env_names_what_is_missing():
