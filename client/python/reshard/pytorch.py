@@ -676,10 +676,12 @@ def load(worker, app, spec, rank, generation):
     torch = _torch()
     # Views of the agent's file (copy=False): each tensor is copied once,
     # straight from shared memory into the local tensor; the dtypes are the
-    # Spec's.
-    got = worker.load(rank, generation, as_torch=True, copy=False, ptc=spec.ptc)
-    regenerated = set(got.regenerated)
+    # Spec's. State on a GPU comes through the pinned mapping (device=: one
+    # host-to-device copy each, then a device-local copy_).
     tensors, blobs = _live_tensors(app)
+    cuda = next((_local(t).device for _, _, t in tensors if _local(t).is_cuda), None)
+    got = worker.load(rank, generation, as_torch=True, copy=False, ptc=spec.ptc, device=cuda)
+    regenerated = set(got.regenerated)
     with torch.no_grad():
         for name, _, t in tensors:
             local = _local(t)
