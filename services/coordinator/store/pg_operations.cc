@@ -1,4 +1,7 @@
 // PgStore: creating operations and moving them through their states.
+#include <algorithm>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
@@ -58,6 +61,40 @@ absl::Status CheckNewOperation(const NewOperation& op) {
 }
 
 }  // namespace
+
+namespace pg {
+
+absl::Status CheckMove(PgTx& tx, const std::string& operation_id, OpPhase to) {
+  const pqxx::result r = tx.Exec(kOperationFacts, operation_id);
+  if (r.empty()) return OperationNotFound(operation_id);
+  OpFacts facts;
+  facts.state = static_cast<v1::OperationState>(r[0][0].as<int>());
+  facts.stop_free = r[0][1].as<bool>();
+  facts.prepare_started = r[0][2].as<bool>();
+  facts.agents_prepared = r[0][3].as<bool>();
+  facts.cut_over = r[0][4].as<bool>();
+  facts.queued = r[0][5].as<bool>();
+  facts.boundary_waiting = r[0][6].as<bool>();
+  const OpPhase from = PhaseOf(facts);
+  std::vector<v1::OperationState> sources;  // stored states `to` is reached from
+  for (const OpTransition& t : AllTransitions()) {
+    if (t.to != to) continue;
+    if (t.from == from) return absl::OkStatus();
+    if (std::find(sources.begin(), sources.end(), StoredState(t.from)) == sources.end()) {
+      sources.push_back(StoredState(t.from));
+    }
+  }
+  if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
+    return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
+                                           StateName(facts.state), ", not ",
+                                           sources.empty() ? "?" : StateName(sources.front())));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("operation \"", operation_id, "\" is ", PhaseName(from),
+                   ": the operation state machine has no move from it to ", PhaseName(to)));
+}
+
+}  // namespace pg
 
 absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
   if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;

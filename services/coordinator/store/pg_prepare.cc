@@ -153,10 +153,9 @@ absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
   return pool_->Transact("StartPreparedTransfer", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result op = tx.Exec(pg::kLockOperation, operation_id);
     if (op.empty()) return pg::OperationNotFound(operation_id);
-    const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
-    if (state != v1::OPERATION_STATE_PLANNED) {
-      return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
-                                             StateName(state), ", not PLANNED"));
+    // CUTTING_OVER -> PREPARED_TRANSFER.
+    if (absl::Status s = pg::CheckMove(tx, operation_id, OpPhase::kPreparedTransfer); !s.ok()) {
+      return s;
     }
     const std::string job_id = op[0][0].c_str();
     const int64_t to_generation = op[0][3].as<int64_t>();

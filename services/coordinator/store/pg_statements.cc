@@ -52,6 +52,7 @@ const std::vector<Statement>& AllStatements() {
       kInsertOperation,
       kLockOperation,
       kOperationState,
+      kOperationFacts,
       kTransitionOperation,
       kSetOperationTransferring,
       kFinishCommittedOperation,

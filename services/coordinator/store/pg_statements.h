@@ -245,6 +245,13 @@ inline constexpr Statement kLockOperation{
 inline constexpr Statement kOperationState{"operation_state",
                                            "SELECT state FROM operations WHERE id = $1"};
 
+// What the operation's phase is read from (OpFacts, in its order).
+inline constexpr Statement kOperationFacts{
+    "operation_facts",
+    "SELECT state, stop_free, prepared_from_generation > 0, agents_prepared_at IS NOT NULL, "
+    "cutover_operation_id IS NOT NULL, queued_behind_operation_id IS NOT NULL, "
+    "step_boundary = 1 FROM operations WHERE id = $1"};
+
 // Compare-and-set: only from state $2. Each optional field has a "set" flag.
 inline constexpr Statement kTransitionOperation{
     "transition_operation",

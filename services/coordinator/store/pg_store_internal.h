@@ -42,6 +42,12 @@ std::string TruncateError(const std::string& text);
 absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id);
 /// The job's PTC or NotFound.
 absl::StatusOr<v1::Ptc> ReadPtc(PgTx& tx, const std::string& job_id);
+/// The phase of operation `operation_id` (operation_machine.h) may move to
+/// `to` by one transition of the table; call with its row locked. NotFound;
+/// Aborted "operation "x" is ABORTED, not PLANNED" when its stored state is
+/// not one `to` is reached from (it moved: a race); FailedPrecondition naming
+/// both phases when the stored state fits but the phase does not.
+absl::Status CheckMove(PgTx& tx, const std::string& operation_id, OpPhase to);
 /// The operation or NotFound.
 absl::StatusOr<OperationRecord> ReadOperation(PgTx& tx, const std::string& operation_id,
                                               bool include_plan);

@@ -70,9 +70,9 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
   return pool_->Transact("StartTransfer", [&](pg::PgTx& tx) -> absl::Status {
     absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
     if (!op.ok()) return op.status();
-    if (op->state != v1::OPERATION_STATE_PLANNED) {
-      return NotIn(operation_id, op->state, v1::OPERATION_STATE_PLANNED,
-                   absl::StatusCode::kAborted);
+    // PLANNED (stop-the-world) or LEGACY_CUTTING_OVER -> TRANSFERRING.
+    if (absl::Status s = pg::CheckMove(tx, operation_id, OpPhase::kTransferring); !s.ok()) {
+      return s;
     }
     v1::Layout target;
     if (!target.ParseFromArray(op->target_layout.data(),
@@ -172,10 +172,8 @@ absl::Status PgStore::CommitOperation(const std::string& operation_id) {
   return pool_->Transact("CommitOperation", [&](pg::PgTx& tx) -> absl::Status {
     absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
     if (!op.ok()) return op.status();
-    if (op->state != v1::OPERATION_STATE_TRANSFERRING) {
-      return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
-                   absl::StatusCode::kAborted);
-    }
+    // TRANSFERRING or PREPARED_TRANSFER -> COMMITTED.
+    if (absl::Status s = pg::CheckMove(tx, operation_id, OpPhase::kCommitted); !s.ok()) return s;
     const pqxx::result job = tx.Exec(pg::kLockJob, op->job_id);
     if (job.empty()) return pg::JobNotFound(op->job_id);
     tx.Exec(pg::kRetireCurrentGeneration, op->job_id);
