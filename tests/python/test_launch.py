@@ -767,3 +767,41 @@ def test_a_rank_exiting_with_a_status_is_reported_unless_it_is_a_casualty(
             assert done == [("casualty", 0, [1])] and given.reports == []
     finally:
         L.stop_all()
+
+
+@pytest.mark.parametrize("sibling", ["loses the peer too", "hangs"])
+def test_the_ranks_beside_a_peer_lost_rank_get_grace_to_end(tmp_path, sibling):
+    """Rank 0 exits EXIT_PEER_LOST: rank 1 on the same host lost the same
+    peer, so it gets --grace to end by itself and keeps its own status (75
+    here, not SIGTERM's -15); one that does not end is terminated after it."""
+    given = _Given()
+    lay = layout.make_layout(1, 1, 3, ranks=[("h0", 0), ("h0", 1), ("h1", 0)])
+    # Rank 1 waits for rank 0's exit (the launcher has seen it), then ends as
+    # PeerLost too or sleeps on.
+    then = "exit 75" if sibling == "loses the peer too" else "exec sleep 120"
+    cmd = ["sh", "-c", f'if [ "$RANK" = 0 ]; then exit {launch.EXIT_PEER_LOST}; fi; '
+                       f'while [ ! -e "{tmp_path}/go" ]; do sleep 0.02; done; {then}']
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", cmd, "coord:1",
+                        grace=5.0 if sibling == "loses the peer too" else 1.0,
+                        recovery_timeout=60.0, events_path=str(tmp_path / "events.jsonl"),
+                        log=lambda msg: None)
+    try:
+        L.on_job(_job(1, lay))
+        world = L.current
+        _pump(L, lambda: any(e["event"] == "failed" for e in _events(tmp_path)))
+        assert world.alive() == [1] and not [e for e in _events(tmp_path)
+                                             if e["event"] == "terminate"]
+        (tmp_path / "go").touch()
+        _pump(L, lambda: not world.alive())
+        exits = [(e["rank"], e["code"]) for e in _events(tmp_path) if e["event"] == "exit"]
+        terminated = [(e["world"], e["ranks"]) for e in _events(tmp_path)
+                      if e["event"] == "terminate"]
+        if sibling == "loses the peer too":
+            assert exits == [(0, launch.EXIT_PEER_LOST), (1, launch.EXIT_PEER_LOST)]
+            assert terminated == []
+        else:
+            assert exits == [(0, launch.EXIT_PEER_LOST), (1, -signal.SIGTERM)]
+            assert terminated == [("g1", [1])]
+        assert given.reports == [] and L.failure is not None
+    finally:
+        L.stop_all()

@@ -283,7 +283,12 @@ class Launcher:
         what = f"rank {rank} ({world.name}) {describe_status(code)}"
         world.state = "failed"
         self.event("failed", world=world.name, rank=rank, code=code)
-        self._terminate(world, f"rank {rank} of the same world failed")
+        if code == EXIT_PEER_LOST and world.alive():
+            # The others lost the same peer: --grace to end by themselves
+            # (with their own status) before they are stopped.
+            self._retire(world, self.grace, f"rank {rank} of the same world lost a peer")
+        else:
+            self._terminate(world, f"rank {rank} of the same world failed")
         if world is self.warming:
             # Its ranks are numbered in the operation's target layout, not in
             # the job's current world: nothing to report. The old layout
@@ -294,8 +299,8 @@ class Launcher:
             self.warming = None
             return
         if code == EXIT_PEER_LOST:
-            self._log(f"{what}: a peer died (PeerLost); stopping this host's other ranks of "
-                      f"{world.name}")
+            self._log(f"{what}: a peer died (PeerLost); this host's other ranks of "
+                      f"{world.name} get {self.grace:g} s to end")
             self.event("casualty", world=world.name, rank=rank, of=[])
         elif code < 0:
             self._log(f"{what}: reporting it, stopping this host's other ranks of {world.name}")

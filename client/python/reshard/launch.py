@@ -23,11 +23,12 @@ MASTER_ADDR, MASTER_PORT) plus reshard's (RESHARD_*; rank_env() reads it):
   not in the new layout (the launcher then waits for a layout that uses it);
 - a rank that exits non-zero or by a signal: this host's other ranks of
   that world are terminated (their collectives would hang or fail with
-  gloo's "Connection closed by peer") and the rank is reported
-  (ReportRankFailure): at once when a signal killed it, never when it exits
-  EXIT_PEER_LOST (a peer died), after --settle seconds for another status
-  unless another rank of its world was reported or its host lost first
-  (a casualty); the launcher exits 1 unless the job gets a recovery within
+  gloo's "Connection closed by peer"; after --grace when it exited
+  EXIT_PEER_LOST, since they lost the same peer and end by themselves) and
+  the rank is reported (ReportRankFailure): at once when a signal killed
+  it, never when it exits EXIT_PEER_LOST (a peer died), after --settle
+  seconds for another status unless another rank of its world was reported
+  or its host lost first (a casualty); the launcher exits 1 unless the job gets a recovery within
   --recovery-timeout (it then follows it);
 - the job deleted: the ranks are stopped and the launcher exits 0; the job
   FAILED (state lost): exit 3; SIGTERM / SIGINT: forwarded to every rank,
