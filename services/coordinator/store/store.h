@@ -318,7 +318,10 @@ class Store {
   /// Ids of operations in PENDING, PLANNED or TRANSFERRING, oldest first.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ListActiveOperations() = 0;
   /// Moves the operation from `from` to `to` with `update`, only if it is
-  /// still in `from` (else Aborted). Moving to ABORTED or FAILED also
+  /// still in `from` (else Aborted). FailedPrecondition, before the row is
+  /// read, for a move the state machine (operation_machine.h) does not make
+  /// between stored states; InvalidArgument for TRANSFERRING / COMMITTED,
+  /// which StartTransfer / CommitOperation make. Moving to ABORTED or FAILED also
   /// returns the job to ACTIVE (or DEGRADED when it has lost hosts) and marks
   /// a pending generation DISCARDED.
   [[nodiscard]] virtual absl::Status TransitionOperation(const std::string& operation_id,
