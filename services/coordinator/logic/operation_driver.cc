@@ -6,9 +6,7 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <set>
 #include <utility>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
@@ -25,22 +23,6 @@ constexpr int kAdvanceAttempts = 8;
 // Prometheus scrapes every few seconds; counting jobs every tick would only
 // load the database.
 constexpr int64_t kGaugePeriodMs = 1000;
-
-// `to` is `from` or follows it by some path of the table.
-bool Reaches(OpPhase from, OpPhase to) {
-  std::set<OpPhase> seen = {from};
-  std::vector<OpPhase> todo = {from};
-  const std::vector<OpTransition> all = AllTransitions();
-  while (!todo.empty()) {
-    const OpPhase p = todo.back();
-    todo.pop_back();
-    if (p == to) return true;
-    for (const OpTransition& t : all) {
-      if (t.from == p && seen.insert(t.to).second) todo.push_back(t.to);
-    }
-  }
-  return false;
-}
 
 }  // namespace
 
@@ -131,7 +113,7 @@ absl::Status OperationDriver::Advance(const std::string& operation_id, const Hos
     const OpPhase phase = PhaseOf(record->op);
     // Whoever moved it since (this driver's step, a cancel, a checkpoint),
     // it only moves forward along the table.
-    if (moved_from.has_value() && !Reaches(*moved_from, phase)) {
+    if (moved_from.has_value() && !PathExists(*moved_from, phase)) {
       return absl::InternalError(absl::StrCat(
           "operation \"", operation_id, "\" moved from ", PhaseName(*moved_from), " to ",
           PhaseName(phase), ", which the operation state machine has no path for"));

@@ -207,6 +207,24 @@ bool NextPhase(OpPhase from, OpEvent event, OpPhase* to) {
   return false;
 }
 
+bool PathExists(OpPhase from, OpPhase to) {
+  const std::vector<OpTransition> all = AllTransitions();
+  std::vector<bool> seen(kOpPhaseCount, false);
+  std::vector<OpPhase> todo = {from};
+  seen[static_cast<int>(from)] = true;
+  while (!todo.empty()) {
+    const OpPhase p = todo.back();
+    todo.pop_back();
+    if (p == to) return true;
+    for (const OpTransition& t : all) {
+      if (t.from != p || seen[static_cast<int>(t.to)]) continue;
+      seen[static_cast<int>(t.to)] = true;
+      todo.push_back(t.to);
+    }
+  }
+  return false;
+}
+
 OpFacts FactsOf(const v1::Operation& op) {
   OpFacts f;
   f.state = op.state();

@@ -237,6 +237,8 @@ std::vector<OpTransition> AllTransitions();
 /// Sets `to` to the phase `from` moves to on `event`; false when the table
 /// has no such move.
 bool NextPhase(OpPhase from, OpEvent event, OpPhase* to);
+/// `to` is `from` or follows it by some path of transitions.
+bool PathExists(OpPhase from, OpPhase to);
 /// No transition leaves it (COMMITTED, ABORTED, FAILED).
 bool IsTerminal(OpPhase p);
 

@@ -152,6 +152,25 @@ TEST(OperationMachineTest, TerminalPhasesHaveNoExitsAndEveryOtherCanEnd) {
                                   StateBit(v1::OPERATION_STATE_FAILED));
 }
 
+TEST(OperationMachineTest, PathsOnlyGoForward) {
+  for (OpPhase p : AllPhases()) {
+    EXPECT_TRUE(PathExists(p, p));
+    if (!IsTerminal(p)) {
+      EXPECT_TRUE(PathExists(p, OpPhase::kAborted)) << PhaseName(p);
+      EXPECT_TRUE(PathExists(p, OpPhase::kCommitted)) << PhaseName(p) << " can never commit";
+    }
+  }
+  EXPECT_TRUE(PathExists(OpPhase::kQueued, OpPhase::kPreparedTransfer));
+  EXPECT_FALSE(PathExists(OpPhase::kTransferring, OpPhase::kPending));
+  EXPECT_FALSE(PathExists(OpPhase::kPrepared, OpPhase::kPreparing));
+  // A prepared operation never falls back to moving the whole plan, and an
+  // unprepared one never skips steps.
+  EXPECT_FALSE(PathExists(OpPhase::kToPrepare, OpPhase::kTransferring));
+  EXPECT_FALSE(PathExists(OpPhase::kLegacyPrepared, OpPhase::kPreparedTransfer));
+  EXPECT_FALSE(PathExists(OpPhase::kPlanned, OpPhase::kPreparing));
+  EXPECT_FALSE(PathExists(OpPhase::kAborted, OpPhase::kCommitted));
+}
+
 TEST(OperationMachineTest, StoredMovesAreTheTables) {
   std::set<std::pair<v1::OperationState, v1::OperationState>> allowed;
   for (v1::OperationState from : kStored) {
