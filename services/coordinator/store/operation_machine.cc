@@ -151,15 +151,23 @@ const char* PhaseName(OpPhase p) {
 }
 
 const char* EventName(OpEvent e) {
+  // In OpEvent order.
   static constexpr const char* kNames[kOpEventCount] = {
-      "released",       "released to its step boundary",
-      "boundary named", "boundary timed out",
-      "planned",        "planned (stop-free)",
+      "released",
+      "released to its step boundary",
+      "boundary named",
+      "boundary timed out",
+      "planned",
+      "planned (stop-free)",
       "planned (stop-free, before migration 0011)",
-      "prepare started", "agents prepared",
-      "cut over",       "cut-over committed",
-      "transfer started", "committed",
-      "aborted",        "cancelled",
+      "prepare started",
+      "agents prepared",
+      "cut over",
+      "cut-over committed",
+      "transfer started",
+      "committed",
+      "aborted",
+      "cancelled",
       "failed",
   };
   const int i = static_cast<int>(e);
