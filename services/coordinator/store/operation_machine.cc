@@ -100,6 +100,8 @@ constexpr SqlText Render(const OpSelector& s, std::string_view alias) {
 constexpr OpSelector kActiveSel = WhereStates(StatesOf(/*terminal=*/false));
 constexpr OpSelector kTerminalSel = WhereStates(StatesOf(/*terminal=*/true));
 constexpr OpSelector kStopFreePlannedSel = Where(v1::OPERATION_STATE_PLANNED).StopFree(Tri::kYes);
+constexpr OpSelector kAgentsPrepareSel =
+    Where(v1::OPERATION_STATE_PLANNED).StopFree(Tri::kYes).PrepareStarted(Tri::kYes);
 
 constexpr bool Same(const SqlText& rendered, std::string_view literal) {
   return rendered.view() == literal;
@@ -124,6 +126,7 @@ static_assert(Same(Render(PhaseDef(OpPhase::kAtStepBoundary).where, "o."),
 static_assert(Same(Render(PhaseDef(OpPhase::kToPrepare).where, "o."),
                    RESHARD_SQL_OP_TO_PREPARE("o.")));
 static_assert(Same(Render(kStopFreePlannedSel, "o."), RESHARD_SQL_OP_STOP_FREE_PLANNED("o.")));
+static_assert(Same(Render(kAgentsPrepareSel, "o."), RESHARD_SQL_OP_AGENTS_PREPARE("o.")));
 
 // The phases are listed in their enum's order.
 constexpr bool PhasesInOrder() {
@@ -278,9 +281,7 @@ std::vector<OpPhaseSet> NamedPhaseSets() {
       {"queued", PhaseDef(OpPhase::kQueued).where, {OpPhase::kQueued}},
       {"at step boundary", PhaseDef(OpPhase::kAtStepBoundary).where, {OpPhase::kAtStepBoundary}},
       {"to prepare", PhaseDef(OpPhase::kToPrepare).where, {OpPhase::kToPrepare}},
-      {"agents prepare",
-       Where(v1::OPERATION_STATE_PLANNED).StopFree(Tri::kYes).PrepareStarted(Tri::kYes),
-       PhasesWhere(InAgentsPrepare)},
+      {"agents prepare", kAgentsPrepareSel, PhasesWhere(InAgentsPrepare)},
   };
 }
 

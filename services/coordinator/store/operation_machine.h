@@ -319,5 +319,9 @@ std::string OpSqlList(uint32_t states);
   a "state = " RESHARD_SQL_OP_PLANNED " AND " a "stop_free AND " a                    \
     "prepared_from_generation = 0 AND " a "agents_prepared_at IS NULL AND " a        \
     "cutover_operation_id IS NULL"
+// PREPARING, PREPARED, CUTTING_OVER: the agents hold the prepare (InAgentsPrepare).
+#define RESHARD_SQL_OP_AGENTS_PREPARE(a)                            \
+  a "state = " RESHARD_SQL_OP_PLANNED " AND " a "stop_free AND " a \
+    "prepared_from_generation > 0"
 #define RESHARD_SQL_OP_STOP_FREE_PLANNED(a) \
   a "state = " RESHARD_SQL_OP_PLANNED " AND " a "stop_free"

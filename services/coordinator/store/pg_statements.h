@@ -320,7 +320,7 @@ inline constexpr Statement kAssignedOperations{
     "SELECT o.id FROM operation_hosts oh JOIN operations o ON o.id = oh.operation_id "
     "WHERE oh.host_id = $1 AND ((" RESHARD_SQL_OP_IS_TRANSFERRING("o.")
     " AND oh.state NOT IN (3, 4)) OR "
-    "(" RESHARD_SQL_OP_IS_PLANNED("o.") " AND oh.state IN (1, 2))) ORDER BY o.seq"};
+    "(" RESHARD_SQL_OP_AGENTS_PREPARE("o.") " AND oh.state IN (1, 2))) ORDER BY o.seq"};
 
 // ---- Hosts -----------------------------------------------------------------
 

@@ -218,6 +218,7 @@ TEST(OperationMachineTest, SqlFragmentsAreTheTablesSets) {
   EXPECT_EQ(OpSql(sets.at("queued")), RESHARD_SQL_OP_QUEUED(""));
   EXPECT_EQ(OpSql(sets.at("at step boundary")), RESHARD_SQL_OP_AT_STEP_BOUNDARY(""));
   EXPECT_EQ(OpSql(sets.at("to prepare")), RESHARD_SQL_OP_TO_PREPARE(""));
+  EXPECT_EQ(OpSql(sets.at("agents prepare"), "o."), RESHARD_SQL_OP_AGENTS_PREPARE("o."));
   EXPECT_EQ(OpSql(sets.at("to prepare")),
             "state = 2 AND stop_free AND prepared_from_generation = 0 AND agents_prepared_at "
             "IS NULL AND cutover_operation_id IS NULL");
