@@ -10,6 +10,7 @@
 #include "absl/strings/string_view.h"
 #include "reshard/v1/agent.pb.h"
 #include "services/coordinator/clock.h"
+#include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
 
@@ -27,6 +28,9 @@ absl::Status CheckShardChecksums(absl::string_view field,
                                  const std::set<std::pair<int, int>>& expected,
                                  absl::string_view not_expected);
 
+/// WaitForTasks' re-read of the store when no notification came.
+inline constexpr int kTaskSafetyRereadMs = 1000;
+
 class AgentApi {
  public:
   struct Options {
@@ -38,8 +42,15 @@ class AgentApi {
     /// DONE, FAILED) is recorded, so that the leader's driver acts on it at
     /// once (LeaderLoop::Kick); may be empty. Must be thread-safe and quick.
     std::function<void()> on_final_report = nullptr;
-    /// WaitForTasks polls the store this often.
+    /// Wakes WaitForTasks when a host's tasks change (not owned; must
+    /// outlive this). Null: WaitForTasks re-reads the store every
+    /// wait_poll_ms instead.
+    TaskNotifier* notifier = nullptr;
+    /// Without a notifier, WaitForTasks polls the store this often.
     int wait_poll_ms = 20;
+    /// With one, it re-reads the store at least this often all the same, so
+    /// that a lost notification costs at most this much.
+    int safety_reread_ms = kTaskSafetyRereadMs;
   };
 
   /// `metrics` may be null.
@@ -62,7 +73,9 @@ class AgentApi {
       const v1::ReportProgressRequest& request);
   /// Long poll (agent_prepare.cc): the host's assigned operations as soon as
   /// one is not in `known_operations`, or after wait_ms (0 or over 10000:
-  /// 10000) as they are; earlier when `cancelled` (may be empty) says so.
+  /// 10000) as they are; earlier when `cancelled` (may be empty) says so
+  /// (asked every 100 ms while it sleeps). With a notifier it sleeps until the
+  /// host's tasks change, re-reading the store every safety_reread_ms.
   [[nodiscard]] absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(
       const v1::WaitForTasksRequest& request, const std::function<bool()>& cancelled = {});
 

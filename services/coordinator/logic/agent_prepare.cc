@@ -21,11 +21,20 @@ namespace reshard::coordinator {
 namespace {
 
 constexpr int kMaxWaitMs = 10000;
+// How often a WaitForTasks sleeping on the notifier asks whether its call
+// was cancelled (the synchronous gRPC API has no cancellation callback).
+constexpr int kCancelCheckMs = 100;
 
 std::string StateText(v1::HostTaskState state) {
   const std::string& full = v1::HostTaskState_Name(state);
   constexpr char kPrefix[] = "HOST_TASK_STATE_";
   return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
+}
+
+v1::WaitForTasksResponse Answer(std::vector<std::string> assigned) {
+  v1::WaitForTasksResponse response;
+  for (std::string& id : assigned) response.add_assigned_operations(std::move(id));
+  return response;
 }
 
 }  // namespace
@@ -114,21 +123,45 @@ absl::StatusOr<v1::WaitForTasksResponse> AgentApi::WaitForTasks(
   const int wait_ms = request.wait_ms() == 0 ? kMaxWaitMs : std::min(request.wait_ms(), kMaxWaitMs);
   const std::set<std::string> known(request.known_operations().begin(),
                                     request.known_operations().end());
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(wait_ms);
+  using Clock = std::chrono::steady_clock;
+  const auto deadline = Clock::now() + std::chrono::milliseconds(wait_ms);
+  TaskNotifier* notifier = options_.notifier;
   for (;;) {
+    // The version before the read: a change committed after it wakes the wait.
+    const uint64_t seen = notifier != nullptr ? notifier->Version(host_id) : 0;
     absl::StatusOr<std::vector<std::string>> assigned = store_->AssignedOperations(host_id);
     if (!assigned.ok()) return assigned.status();
     const bool news = std::any_of(assigned->begin(), assigned->end(),
                                   [&](const std::string& id) { return known.count(id) == 0; });
-    const auto now = std::chrono::steady_clock::now();
+    auto now = Clock::now();
     if (news || now >= deadline || (cancelled && cancelled())) {
-      v1::WaitForTasksResponse response;
-      for (std::string& id : *assigned) response.add_assigned_operations(std::move(id));
-      return response;
+      return Answer(*std::move(assigned));
     }
-    // Server-side polling of the store: the answer's latency is one period.
-    std::this_thread::sleep_for(std::min<std::chrono::steady_clock::duration>(
-        std::chrono::milliseconds(options_.wait_poll_ms), deadline - now));
+    if (notifier == nullptr) {
+      // Server-side polling of the store: the answer's latency is one period.
+      std::this_thread::sleep_for(std::min<Clock::duration>(
+          std::chrono::milliseconds(options_.wait_poll_ms), deadline - now));
+      continue;
+    }
+    // Sleep until the host's tasks change; re-read anyway after
+    // safety_reread_ms (a lost notification) or at the deadline.
+    const auto reread =
+        std::min(deadline, now + std::chrono::milliseconds(options_.safety_reread_ms));
+    bool stop = false;
+    while (now < reread) {
+      const TaskNotifier::Wake wake = notifier->WaitChanged(
+          host_id, seen, std::min(reread, now + std::chrono::milliseconds(kCancelCheckMs)));
+      if (wake == TaskNotifier::Wake::kChanged) break;
+      // Shutting down or cancelled: answer with the list as it is.
+      if (wake == TaskNotifier::Wake::kShutDown || (cancelled && cancelled())) {
+        stop = true;
+        break;
+      }
+      now = Clock::now();
+    }
+    if (stop) {
+      return Answer(*std::move(assigned));
+    }
   }
 }
 

@@ -139,6 +139,12 @@ const std::vector<Setting>& Settings() {
       IntSetting("watch-poll-ms", "RESHARD_WATCH_POLL_MS",
                  "how often an open watch stream reads its job or operation",
                  &CoordinatorConfig::watch_poll_ms),
+      {"notify-tasks", "RESHARD_NOTIFY_TASKS",
+       "NOTIFY other replicas of new tasks and LISTEN for theirs (false: they learn by the 1 s "
+       "safety re-read)",
+       [](const std::string& v, CoordinatorConfig* c) { return ParseBool(v, &c->notify_tasks); },
+       [](const CoordinatorConfig& c) { return std::string(c.notify_tasks ? "true" : "false"); },
+       /*boolean=*/true},
       IntSetting("step-boundary-timeout-ms", "RESHARD_STEP_BOUNDARY_TIMEOUT_MS",
                  "how long a resize at_step_boundary waits for a checkpoint naming it (its "
                  "request's step_boundary_timeout_ms 0) before it plans from the last commit",

@@ -66,6 +66,11 @@ struct CoordinatorConfig {
   int64_t max_watch_streams_per_identity = 32;
   /// How often an open watch stream reads its job or operation.
   int64_t watch_poll_ms = 100;
+  /// Task-creating transactions NOTIFY, and a listener wakes this replica's
+  /// WaitForTasks on other replicas' (docs/coordinator.md, "Agents are
+  /// told"). false: only this replica's own tasks wake them; the rest wait
+  /// for the 1 s safety re-read (tests of a lost notification).
+  bool notify_tasks = true;
   /// How long a Resize/Migrate with at_step_boundary and no timeout of its
   /// own waits for a checkpoint naming it (docs/coordinator.md, "Checkpoints
   /// and operations").

@@ -19,6 +19,7 @@
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/logic/tokens.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/server/agent_service.h"
@@ -28,6 +29,7 @@
 #include "services/coordinator/server/stream_limits.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_store.h"
+#include "services/coordinator/store/pg_task_listener.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -74,8 +76,25 @@ absl::Status CoordinatorServer::Start() {
   store_options.observer = [metrics](const std::string& statement, double seconds) {
     metrics->StoreStatement(statement, seconds);
   };
+  // Tasks this replica creates wake its long polls directly; other
+  // replicas' reach them through NOTIFY (docs/coordinator.md, "Agents are told").
+  task_notifier_ = std::make_unique<TaskNotifier>();
+  TaskNotifier* notifier = task_notifier_.get();
+  store_options.on_tasks_changed = [notifier](const std::vector<std::string>& hosts) {
+    for (const std::string& host : hosts) notifier->Notify(host);
+  };
+  store_options.notify_tasks = config_.notify_tasks;
   absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(store_options);
   if (!store.ok()) return store.status();
+  if (config_.notify_tasks) {
+    PgTaskListenerOptions listener_options;
+    listener_options.dsn = config_.dsn;
+    listener_options.connect_timeout_s = static_cast<int>(config_.store_connect_timeout_s);
+    task_listener_ = std::make_unique<PgTaskListener>(
+        listener_options, [notifier](const std::string& host) { notifier->Notify(host); },
+        [notifier] { notifier->NotifyAll(); });
+    task_listener_->Start();
+  }
   PgStore* health_of = store->get();  // lives as long as store_
   store_ = *std::move(store);
 
@@ -89,6 +108,7 @@ absl::Status CoordinatorServer::Start() {
   AgentApi::Options agent_options;
   agent_options.lease_ms = config_.lease_ms;
   agent_options.secrets = secrets_.get();
+  agent_options.notifier = notifier;
   // A final report wakes the leader's driver (a no-op on other replicas).
   agent_options.on_final_report = [this] {
     if (LeaderLoop* leader = kick_target_.load(); leader != nullptr) leader->Kick();
@@ -210,6 +230,9 @@ void CoordinatorServer::Shutdown() {
   kick_target_ = nullptr;
   if (leader_ != nullptr) leader_->Stop();
   if (coordinator_service_ != nullptr) coordinator_service_->BeginShutdown();
+  // WaitForTasks long polls answer at once.
+  if (task_notifier_ != nullptr) task_notifier_->Shutdown();
+  if (task_listener_ != nullptr) task_listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
     grpc_server_->Wait();

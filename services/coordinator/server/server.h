@@ -42,6 +42,8 @@ class LeaderLoop;
 class OperationDriver;
 class SchedulerApi;
 class Store;
+class TaskNotifier;
+class PgTaskListener;
 
 /// Bytes a RegisterJob request may carry beyond the spec (the request's own
 /// fields): the gRPC receive limit is max_spec_bytes plus this, at least
@@ -89,6 +91,9 @@ class CoordinatorServer {
   SystemClock clock_;
   std::shared_ptr<prometheus::Registry> registry_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
+  // Wakes WaitForTasks (outlives the store, the listener and the services).
+  std::unique_ptr<TaskNotifier> task_notifier_;
+  std::unique_ptr<PgTaskListener> task_listener_;  // other replicas' tasks
   std::shared_ptr<Store> store_;
   std::unique_ptr<SchedulerApi> scheduler_api_;
   std::unique_ptr<AgentApi> agent_api_;

@@ -51,7 +51,7 @@ absl::Status PgStore::StartPrepare(const std::string& operation_id, int64_t from
     progress.push_back(h.progress_unix_ms);
     errors.emplace_back();
   }
-  return pool_->Transact("StartPrepare", [&](pg::PgTx& tx) -> absl::Status {
+  return TasksChanged(pool_->Transact("StartPrepare", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result r = tx.Exec(pg::kStartPrepare, operation_id, from_generation);
     if (r.empty()) {
       return NotPreparing(tx, operation_id, "a stop-free operation in PLANNED to prepare");
@@ -73,8 +73,9 @@ absl::Status PgStore::StartPrepare(const std::string& operation_id, int64_t from
             pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors), pg::IntArray(progress));
     tx.Exec(pg::kSetAgentsPrepared, operation_id);  // only when there is no host
     tx.Exec(pg::kSettlePrepared, operation_id);
+    NotifyTasks(tx, host_ids);
     return absl::OkStatus();
-  });
+  }), host_ids);
 }
 
 absl::Status PgStore::RecordHostPrepared(const std::string& operation_id,
@@ -150,7 +151,7 @@ absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
     progress.push_back(h.progress_unix_ms);
     bytes_total += h.bytes_total;
   }
-  return pool_->Transact("StartPreparedTransfer", [&](pg::PgTx& tx) -> absl::Status {
+  return TasksChanged(pool_->Transact("StartPreparedTransfer", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result op = tx.Exec(pg::kLockOperation, operation_id);
     if (op.empty()) return pg::OperationNotFound(operation_id);
     // CUTTING_OVER -> PREPARED_TRANSFER.
@@ -174,8 +175,9 @@ absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
     }
     tx.Exec(pg::kSetPreparedTransferring, operation_id, pg::IntArray(skipped.step_indexes),
             skipped.bytes, bytes_total);
+    NotifyTasks(tx, host_ids);
     return absl::OkStatus();
-  });
+  }), host_ids);
 }
 
 }  // namespace reshard::coordinator

@@ -62,6 +62,7 @@ const std::vector<Statement>& AllStatements() {
       kUpdateHostProgress,
       kSelectHostProgress,
       kAssignedOperations,
+      kNotifyTasks,
       kUpsertHost,
       kHeartbeatHost,
       kHostEpochState,

@@ -322,6 +322,11 @@ inline constexpr Statement kAssignedOperations{
     " AND oh.state NOT IN (3, 4)) OR "
     "(" RESHARD_SQL_OP_AGENTS_PREPARE("o.") " AND oh.state IN (1, 2))) ORDER BY o.seq"};
 
+// $1 host ids: one notification each, delivered at commit (PgTaskListener).
+inline constexpr Statement kNotifyTasks{
+    "notify_tasks",
+    "SELECT pg_notify('reshard_tasks', h) FROM unnest($1::text[]) AS h"};
+
 // ---- Hosts -----------------------------------------------------------------
 
 inline constexpr Statement kUpsertHost{

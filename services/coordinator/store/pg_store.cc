@@ -35,11 +35,24 @@ absl::StatusOr<std::shared_ptr<PgStore>> PgStore::Connect(const PgStoreOptions& 
   pool_options.statements = pg::AllStatements();
   absl::StatusOr<std::unique_ptr<pg::PgPool>> pool = pg::PgPool::Create(std::move(pool_options));
   if (!pool.ok()) return pool.status();
-  return std::shared_ptr<PgStore>(new PgStore(*std::move(pool)));
+  std::shared_ptr<PgStore> store(new PgStore(*std::move(pool)));
+  store->on_tasks_changed_ = options.on_tasks_changed;
+  store->notify_tasks_ = options.notify_tasks;
+  return store;
 }
 
 PgStore::PgStore(std::unique_ptr<pg::PgPool> pool) : pool_(std::move(pool)) {}
 PgStore::~PgStore() = default;
+
+void PgStore::NotifyTasks(pg::PgTx& tx, const std::vector<std::string>& host_ids) const {
+  if (notify_tasks_ && !host_ids.empty()) tx.Exec(pg::kNotifyTasks, pg::TextArray(host_ids));
+}
+
+absl::Status PgStore::TasksChanged(absl::Status committed,
+                                   const std::vector<std::string>& host_ids) const {
+  if (committed.ok() && on_tasks_changed_ && !host_ids.empty()) on_tasks_changed_(host_ids);
+  return committed;
+}
 
 StoreHealth PgStore::Health() const { return pool_->Health(); }
 absl::Status PgStore::Probe() { return pool_->Probe(); }

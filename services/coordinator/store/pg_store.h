@@ -82,7 +82,20 @@ struct PgStoreOptions {
   /// for commits) and wall time in seconds, from the calling thread. For
   /// metrics; may be empty.
   std::function<void(const std::string& statement, double seconds)> observer;
+  /// Called with the hosts whose tasks a call created or restarted
+  /// (StartTransfer, StartPrepare, StartPreparedTransfer), after its commit,
+  /// from the calling thread: this replica's waiters learn at once. Must be
+  /// quick and thread-safe; may be empty.
+  std::function<void(const std::vector<std::string>& host_ids)> on_tasks_changed;
+  /// Those calls also NOTIFY kTasksChannel with each host id in their
+  /// transaction (other replicas' PgTaskListener). false: a lost
+  /// notification, for tests of the safety re-read.
+  bool notify_tasks = true;
 };
+
+/// The PostgreSQL channel a task-creating transaction notifies, payload the
+/// host id (docs/coordinator.md, "Agents are told").
+inline constexpr char kTasksChannel[] = "reshard_tasks";
 
 class PgStore : public Store {
  public:
@@ -210,8 +223,14 @@ class PgStore : public Store {
 
  private:
   explicit PgStore(std::unique_ptr<pg::PgPool> pool);
+  /// In a task-creating transaction: NOTIFY kTasksChannel per host.
+  void NotifyTasks(pg::PgTx& tx, const std::vector<std::string>& host_ids) const;
+  /// After it: `committed`, and on_tasks_changed when it is OK.
+  absl::Status TasksChanged(absl::Status committed, const std::vector<std::string>& host_ids) const;
 
   std::unique_ptr<pg::PgPool> pool_;
+  std::function<void(const std::vector<std::string>&)> on_tasks_changed_;
+  bool notify_tasks_ = true;
 };
 
 /// The advisory lock key of the coordinator's leader election.

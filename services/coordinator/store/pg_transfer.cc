@@ -67,7 +67,7 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
     errors.push_back(pg::TruncateError(h.error));
   }
 
-  return pool_->Transact("StartTransfer", [&](pg::PgTx& tx) -> absl::Status {
+  return TasksChanged(pool_->Transact("StartTransfer", [&](pg::PgTx& tx) -> absl::Status {
     absl::StatusOr<LockedOperation> op = LockOperation(tx, operation_id);
     if (!op.ok()) return op.status();
     // PLANNED (stop-the-world) or LEGACY_CUTTING_OVER -> TRANSFERRING.
@@ -87,8 +87,9 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
     tx.Exec(pg::kInsertOperationHosts, operation_id, pg::TextArray(host_ids), pg::IntArray(states),
             pg::IntArray(done), pg::IntArray(total), pg::TextArray(errors), pg::IntArray(progress));
     tx.Exec(pg::kSetOperationTransferring, operation_id);
+    NotifyTasks(tx, host_ids);
     return absl::OkStatus();
-  });
+  }), host_ids);
 }
 
 absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
