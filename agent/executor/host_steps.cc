@@ -3,7 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/step_chunks.h"
+#include "agent/executor/transfer_tags.h"
 #include "planner/layout.h"
 #include "planner/validate.h"
 

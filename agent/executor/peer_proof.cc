@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/step_chunks.h"
+#include "agent/executor/transfer_tags.h"
 
 namespace reshard::agent {
 namespace {
@@ -52,20 +52,6 @@ void AppendMacField(std::string& out, const std::string& field) {
 
 bool ConstantTimeEqual(const std::string& a, const std::string& b) {
   return a.size() == b.size() && CRYPTO_memcmp(a.data(), b.data(), a.size()) == 0;
-}
-
-uint32_t TransferTagKey(const std::string& secret, const std::string& operation_id) {
-  if (secret.empty()) return OperationTagKey(operation_id);
-  std::string data;
-  AppendMacField(data, "reshard-tag-key-v1");
-  AppendMacField(data, operation_id);
-  const std::string mac = HmacSha256Of(secret, data);
-  uint32_t key = 0;
-  for (int i = 0; i < 4; ++i) key = key << 8 | static_cast<uint8_t>(mac[i]);
-  key &= (uint32_t{1} << kTagKeyBits) - 1;
-  // All ones could make the transports' reserved tag (kReservedTag).
-  constexpr uint32_t kAllOnes = (uint32_t{1} << kTagKeyBits) - 1;
-  return key == kAllOnes ? kAllOnes - 1 : key;
 }
 
 absl::StatusOr<std::string> MakePeerProof(const std::string& secret,

@@ -32,11 +32,6 @@ bool ConstantTimeEqual(const std::string& a, const std::string& b);
 /// encoding of every MAC input, so that ("ab", "c") and ("a", "bc") differ.
 void AppendMacField(std::string& out, const std::string& field);
 
-/// The transfer tag key (kTagKeyBits wide, step_chunks.h) of an operation
-/// with transfer secret `secret`; without a secret (empty), the key of the
-/// operation id (OperationTagKey).
-uint32_t TransferTagKey(const std::string& secret, const std::string& operation_id);
-
 /// The proof message `sender` sends to `receiver`: fixed kPeerProofBytes,
 /// the sender's host id (length-prefixed, at most kMaxProofHostBytes) and
 /// the MAC. InvalidArgument for a host id that does not fit.

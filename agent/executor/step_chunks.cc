@@ -7,35 +7,6 @@
 
 namespace reshard::agent {
 
-uint32_t OperationTagKey(const std::string& operation_id) {
-  uint32_t h = 2166136261u;
-  for (unsigned char c : operation_id) {
-    h ^= c;
-    h *= 16777619u;
-  }
-  // XOR-fold to kTagKeyBits so every input bit still counts.
-  const uint32_t key = (h >> kTagKeyBits) ^ (h & ((uint32_t{1} << kTagKeyBits) - 1));
-  // All ones could make the transports' reserved tag (kReservedTag).
-  constexpr uint32_t kAllOnes = (uint32_t{1} << kTagKeyBits) - 1;
-  return key == kAllOnes ? kAllOnes - 1 : key;
-}
-
-absl::StatusOr<uint64_t> TransferTag(uint32_t key, int64_t step_index, int64_t chunk) {
-  if (step_index < 0 || step_index >= kMaxTaggedSteps) {
-    return absl::InvalidArgumentError(absl::StrCat("step index ", step_index,
-                                                   " does not fit a transfer tag (at most ",
-                                                   kMaxTaggedSteps - 1, ")"));
-  }
-  if (chunk < 0 || chunk >= kMaxChunksPerStep) {
-    return absl::InvalidArgumentError(absl::StrCat("step ", step_index, ": chunk ", chunk,
-                                                   " does not fit a transfer tag (at most ",
-                                                   kMaxChunksPerStep - 1, ")"));
-  }
-  RESHARD_CHECK(key < (uint32_t{1} << kTagKeyBits));
-  return uint64_t{key} << (kTagStepBits + kTagChunkBits) |
-         static_cast<uint64_t>(step_index) << kTagChunkBits | static_cast<uint64_t>(chunk);
-}
-
 StepChunks::StepChunks(const std::vector<int64_t>& shape, int element_bytes, int64_t chunk_bytes)
     : shape_(shape), element_bytes_(element_bytes) {
   RESHARD_CHECK(element_bytes > 0);

@@ -1,4 +1,4 @@
-// How a copy step is cut into chunks, and the transfer tag of each chunk.
+// How a copy step is cut into chunks (their transfer tags: transfer_tags.h).
 // Sender and receiver derive the same chunks from the step alone (its shape,
 // element size and the chunk size), so they agree without exchanging
 // anything. See docs/agent.md, "Executing a HostTask". Pure; thread-safe.
@@ -8,34 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
+#include "agent/executor/transfer_tags.h"
 
 namespace reshard::agent {
-
-/// Tag layout (64 bits): operation key (24) | step index (24) | chunk (16).
-inline constexpr int kTagKeyBits = 24;
-inline constexpr int kTagStepBits = 24;
-inline constexpr int kTagChunkBits = 16;
-/// Steps and chunks per step a tag can name.
-inline constexpr int64_t kMaxTaggedSteps = int64_t{1} << kTagStepBits;
-inline constexpr int64_t kMaxChunksPerStep = int64_t{1} << kTagChunkBits;
-/// The step index of the peer proofs (peer_proof.h), never a plan step's.
-inline constexpr int64_t kProofStepIndex = kMaxTaggedSteps - 1;
-/// The chunk of a step's seal (step_seal.h), never a data chunk's: a step
-/// has at most kMaxDataChunksPerStep data chunks.
-inline constexpr int64_t kSealChunk = kMaxChunksPerStep - 1;
-inline constexpr int64_t kMaxDataChunksPerStep = kMaxChunksPerStep - 1;
-/// The mask selecting the operation key of a tag.
-inline constexpr uint64_t kTagKeyMask = ((uint64_t{1} << kTagKeyBits) - 1)
-                                        << (kTagStepBits + kTagChunkBits);
-
-/// The operation key of every transfer tag of `operation_id`: FNV-1a (32-bit)
-/// of the id folded to kTagKeyBits. Source and destination compute it alike.
-uint32_t OperationTagKey(const std::string& operation_id);
-
-/// The tag of chunk `chunk` of step `step_index` of the operation with key
-/// `key`; InvalidArgument when the step index or the chunk does not fit.
-[[nodiscard]] absl::StatusOr<uint64_t> TransferTag(uint32_t key, int64_t step_index, int64_t chunk);
 
 /// The chunks of a step of `shape` with elements of `element_bytes`: boxes of
 /// about `chunk_bytes` each (one box when the step fits; at most

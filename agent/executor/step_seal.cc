@@ -10,7 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "agent/executor/peer_proof.h"
-#include "agent/executor/step_chunks.h"
+#include "agent/executor/transfer_tags.h"
 #include "common/log.h"
 
 namespace reshard::agent {
@@ -167,7 +167,7 @@ void StepSeals::PostReceives() {
     if (steps_[s].is_send) continue;
     shared_->received[s].assign(kStepSealBytes, '\0');
     // Checked in PrepareHostSteps: a cross-host step index fits a tag.
-    const uint64_t tag = TransferTag(tag_key_, steps_[s].index, kSealChunk).value();
+    const uint64_t tag = SealTag(tag_key_, steps_[s].index).value();
     transport_->Receive(tag, shared_->received[s].data(), kStepSealBytes,
                         [shared = shared_, s](absl::Status status) {
                           std::lock_guard<std::mutex> l(shared->mu);
@@ -204,7 +204,7 @@ void StepSeals::SendSeals() {
   // `sent` is not resized any more: its strings stay where they are.
   for (size_t k = 0; k < sends.size(); ++k) {
     const Step& step = steps_[sends[k]];
-    const uint64_t tag = TransferTag(tag_key_, step.index, kSealChunk).value();
+    const uint64_t tag = SealTag(tag_key_, step.index).value();
     transport_->Send(step.peer, tag, shared_->sent[k].data(), kStepSealBytes,
                      [shared = shared_, index = step.index, peer = step.peer](absl::Status s) {
                        std::lock_guard<std::mutex> l(shared->mu);

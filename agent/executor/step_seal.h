@@ -10,7 +10,7 @@
 //  - once the sender has sent every chunk and checked every source item
 //    against its sealed checksum, it sends the receiver the step's *seal*:
 //    (step, bytes, digest) and HMAC-SHA256(secret, operation, sender,
-//    receiver, step, bytes, digest), as message (tag key, step, kSealChunk);
+//    receiver, step, bytes, digest), as message SealTag (transfer_tags.h);
 //  - the receiver refuses (DATA_LOSS naming the job, item, step and source
 //    host) before it reports DONE when a seal's MAC is wrong or its bytes or
 //    digest differ from what it received.
@@ -73,7 +73,7 @@ class StepSeals {
     int64_t chunks = 0;  // data chunks (StepChunks::count)
     std::string what;    // the step's item, for messages: `item 3 ("w")`
   };
-  /// `tag_key`: the operation's transfer tag key (TransferTagKey).
+  /// `tag_key`: the task's transfer tag key (TaskTagKey, transfer_tags.h).
   StepSeals(Transport* transport, std::string secret, std::string operation_id, std::string job_id,
             std::string host_id, uint32_t tag_key, std::vector<Step> steps);
   ~StepSeals();

@@ -4,8 +4,6 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/peer_proof.h"
-#include "agent/executor/step_chunks.h"
 
 namespace reshard::agent {
 namespace {
@@ -30,21 +28,6 @@ absl::StatusOr<TaskPhase> PhaseOf(const v1::HostTask& task) {
   if (task.prepare()) return TaskPhase::kPrepare;
   if (task.prepared()) return TaskPhase::kPrepared;
   return TaskPhase::kTransfer;
-}
-
-std::string TransferContext(const v1::HostTask& task) {
-  if (!task.prepare()) return task.operation_id();
-  return absl::StrCat(task.operation_id(), " (prepare)");
-}
-
-uint32_t TaskTagKey(const v1::HostTask& task) {
-  const uint32_t transfer = TransferTagKey(task.transfer_secret(), task.operation_id());
-  if (!task.prepare()) return transfer;
-  const uint32_t key = TransferTagKey(task.transfer_secret(), TransferContext(task));
-  if (key != transfer) return key;
-  // Both keys lie below the all-ones key (reserved); so does the next one.
-  constexpr uint32_t kAllOnes = (uint32_t{1} << kTagKeyBits) - 1;
-  return (key + 1) % kAllOnes;
 }
 
 absl::StatusOr<std::vector<RankBufferPtr>> OpenPreparedBuffers(ShardStore* store,

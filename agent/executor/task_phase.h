@@ -11,7 +11,8 @@
 //    sealed from its bytes;
 //  - kTransfer: a plain task.
 // The prepare derives its transfer tags, peer proofs and step seals from a
-// context of its own, so nothing it sends can be taken for the transfer's.
+// context of its own (TransferContext, TaskTagKey: transfer_tags.h), so
+// nothing it sends can be taken for the transfer's.
 // Pure apart from the shard store reads of OpenPreparedBuffers; thread-safe.
 #pragma once
 
@@ -31,18 +32,6 @@ enum class TaskPhase { kTransfer, kPrepare, kPrepared };
 /// The phase of `task`; InvalidArgument when it sets both `prepare` and
 /// `prepared`, or either with `publish_by_workers`.
 [[nodiscard]] absl::StatusOr<TaskPhase> PhaseOf(const v1::HostTask& task);
-
-/// What the task's transfer tags, peer proofs, chunk keys and step seals
-/// derive from, in place of the operation id: the id itself for a plain task
-/// and the prepared phase (unchanged, so agents of one operation agree), and
-/// "<id> (prepare)" for the prepare. Every MAC input is length-prefixed, so
-/// the two phases' proofs and seals never match each other's.
-std::string TransferContext(const v1::HostTask& task);
-
-/// The transfer tag key of `task` (TransferTagKey of its context), never the
-/// key of the same operation's other phase: a prepare whose key would equal
-/// the transfer's takes the next one (still never the reserved all-ones key).
-uint32_t TaskTagKey(const v1::HostTask& task);
 
 /// The prepared phase: opens the unsealed buffers of `task.to_generation()`
 /// for this host's new ranks (`hs.new_ranks`). FailedPrecondition naming

@@ -14,7 +14,7 @@
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "agent/executor/step_chunks.h"
+#include "agent/executor/transfer_tags.h"
 #include "agent/transfer/ucx_transport.h"
 
 namespace reshard::agent {

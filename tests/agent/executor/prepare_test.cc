@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/task_phase.h"
+#include "agent/executor/transfer_tags.h"
 #include "tests/agent/executor/executor_fixture.h"
 
 namespace reshard::agent {

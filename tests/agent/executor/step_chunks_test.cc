@@ -1,6 +1,7 @@
 // StepChunks and transfer tags: chunks tile a step exactly, stay near the
 // chunk size, and tags are unique per (operation, step, chunk).
 #include "agent/executor/step_chunks.h"
+#include "agent/executor/transfer_tags.h"
 
 #include <gtest/gtest.h>
 
@@ -135,6 +136,24 @@ TEST(TransferTagTest, OutOfRangeIsInvalidArgument) {
   EXPECT_TRUE(absl::IsInvalidArgument(TransferTag(1, -1, 0).status()));
   EXPECT_TRUE(absl::IsInvalidArgument(TransferTag(1, 0, kMaxChunksPerStep).status()));
   EXPECT_TRUE(TransferTag(1, kMaxTaggedSteps - 1, kMaxChunksPerStep - 1).ok());
+}
+
+// Proofs, seals and data chunks of one key never share a tag, and every one
+// of them decodes to its step and chunk and carries the key.
+TEST(TransferTagTest, ProofsSealsAndChunksAreDistinctTagsOfTheKey) {
+  const uint32_t key = 0x123456;
+  EXPECT_EQ(ProofTag(key), 0x123456ffffff0000ull);
+  EXPECT_EQ(SealTag(key, 17).value(), 0x123456000011ffffull);
+  EXPECT_EQ(TagBase(key), 0x1234560000000000ull);
+  EXPECT_TRUE(absl::IsInvalidArgument(SealTag(key, kMaxTaggedSteps).status()));
+  const uint64_t data = TransferTag(key, 17, kMaxDataChunksPerStep - 1).value();
+  EXPECT_EQ(StepOfTag(data), 17);
+  EXPECT_EQ(ChunkOfTag(data), kMaxDataChunksPerStep - 1);
+  EXPECT_EQ(StepOfTag(ProofTag(key)), kProofStepIndex);
+  EXPECT_EQ(ChunkOfTag(SealTag(key, 17).value()), kSealChunk);
+  const std::set<uint64_t> tags{ProofTag(key), SealTag(key, 17).value(), data};
+  EXPECT_EQ(tags.size(), 3u);
+  for (uint64_t t : tags) EXPECT_EQ(t & kTagKeyMask, TagBase(key)) << std::hex << t;
 }
 
 }  // namespace

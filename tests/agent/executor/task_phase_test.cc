@@ -7,8 +7,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/peer_proof.h"
-#include "agent/executor/step_chunks.h"
 #include "agent/executor/step_seal.h"
+#include "agent/executor/transfer_tags.h"
 
 namespace reshard::agent {
 namespace {

@@ -10,6 +10,7 @@
 
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/step_seal.h"
+#include "agent/executor/transfer_tags.h"
 #include "tests/agent/executor/executor_fixture.h"
 
 namespace reshard::agent {
@@ -19,11 +20,6 @@ using namespace executor_testing;  // NOLINT: the fixture's helpers
 using ::testing::HasSubstr;
 
 constexpr char kSecret[] = "0123456789abcdef0123456789abcdef";
-
-int64_t StepOf(uint64_t tag) {
-  return static_cast<int64_t>((tag >> kTagChunkBits) & (kMaxTaggedSteps - 1));
-}
-int64_t ChunkOf(uint64_t tag) { return static_cast<int64_t>(tag & (kMaxChunksPerStep - 1)); }
 
 // Forwards to the host's own transport; flips one byte of the first message
 // received that `pick(tag)` selects, after the transport wrote it and before
@@ -51,7 +47,7 @@ class TamperingTransport : public Transport {
     own_->Receive(tag, data, bytes, [this, tag, data, bytes, done](absl::Status s) {
       if (s.ok() && bytes > 0 && pick_(tag) && !tampered_.exchange(true)) {
         static_cast<uint8_t*>(data)[bytes / 2] ^= 0x5a;
-        tampered_step_ = StepOf(tag);
+        tampered_step_ = StepOfTag(tag);
       }
       done(std::move(s));
     });
@@ -141,7 +137,7 @@ TEST_F(TransferIntegrityTest, BytesAlteredInFlightAreDataLossAndNothingIsCommitt
   wrap_transport_ = [this](const std::string& host, Transport* own) -> std::unique_ptr<Transport> {
     if (host != "h1") return nullptr;
     auto t = std::make_unique<TamperingTransport>(own, [](uint64_t tag) {
-      return StepOf(tag) != kProofStepIndex && ChunkOf(tag) != kSealChunk;  // data
+      return StepOfTag(tag) != kProofStepIndex && ChunkOfTag(tag) != kSealChunk;  // data
     });
     tamper_ = t.get();
     return t;
@@ -169,7 +165,7 @@ TEST_F(TransferIntegrityTest, AnAlteredSealIsDataLoss) {
   wrap_transport_ = [this](const std::string& host, Transport* own) -> std::unique_ptr<Transport> {
     if (host != "h1") return nullptr;
     auto t = std::make_unique<TamperingTransport>(
-        own, [](uint64_t tag) { return ChunkOf(tag) == kSealChunk; });
+        own, [](uint64_t tag) { return ChunkOfTag(tag) == kSealChunk; });
     tamper_ = t.get();
     return t;
   };
@@ -232,7 +228,7 @@ TEST_F(TransferIntegrityTest, AMissingSealFailsTheReceiverNamingStepAndSource) {
   wrap_transport_ = [this](const std::string& host, Transport* own) -> std::unique_ptr<Transport> {
     if (host != "h0") return nullptr;
     auto t = std::make_unique<TamperingTransport>(own, [](uint64_t) { return false; });
-    t->DropSends([](uint64_t tag) { return ChunkOf(tag) == kSealChunk; });
+    t->DropSends([](uint64_t tag) { return ChunkOfTag(tag) == kSealChunk; });
     tamper_ = t.get();
     return t;
   };
