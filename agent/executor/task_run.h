@@ -13,7 +13,8 @@
 //  - Seal: seal every new shard from the bytes written, or, for a prepare,
 //    record what it wrote and report what it read (task_phase.h).
 // A phase that fails drops the new buffers it may have made (Fail) and
-// returns why; the next phase never runs. One object per Execute; not
+// returns why; the next phase never runs. Move and its parts are in
+// task_run_move.cc, the rest in task_run.cc. One object per Execute; not
 // thread-safe (the transport's callbacks touch only `completions_`).
 #pragma once
 

@@ -1,0 +1,304 @@
+// TaskRun's Move phase (task_run.h): zero fills, then the cross-host chunks
+// and the local steps concurrently, each item checked once its last access
+// is over.
+#include <cstring>
+#include <deque>
+
+#include "absl/strings/str_cat.h"
+#include "agent/executor/item_accesses.h"
+#include "agent/executor/task_run.h"
+#include "agent/executor/transfer_tags.h"
+#include "common/log.h"
+
+namespace reshard::agent {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kProgressInterval = std::chrono::milliseconds(100);
+
+std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f) {
+  return std::vector<int64_t>(f.begin(), f.end());
+}
+
+// Checksums item `item` of old rank `rank` and compares it with `sealed`,
+// that rank's sealed checksums; DataLoss naming it when they differ.
+absl::Status CheckSource(RankBuffer& b, const std::vector<uint64_t>& sealed, int rank, int item,
+                         const v1::TransferPlan& plan, const v1::HostTask& task) {
+  const ItemSlot& slot = b.items()[item];
+  const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
+  if (item < static_cast<int>(sealed.size()) && now == sealed[item]) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(
+      DescribeSource(task, rank), " item ", item, " (\"", plan.items(item).name(),
+      "\") no longer matches its sealed checksum: ", absl::Hex(now, absl::kZeroPad16), ", sealed ",
+      item < static_cast<int>(sealed.size())
+          ? absl::StrCat(absl::Hex(sealed[item], absl::kZeroPad16))
+          : std::string("none")));
+}
+
+}  // namespace
+
+absl::Status TaskRun::Move() {
+  last_report_ = Clock::now();
+  Report(true);
+  PlanChunks();
+  StartItemChecks();
+  ApplyZeroFills();
+  pool_.emplace(ex_.options->chunk_bytes);
+  transfer_started_ = true;
+
+  auto last_lease_check = Clock::now();
+  while (LocalsLeft() || finished_ < lanes_->chunk_count()) {
+    if (cancelled_ && cancelled_()) {
+      return Fail(
+          absl::CancelledError(absl::StrCat("operation ", task_.operation_id(), " cancelled")));
+    }
+    if (Clock::now() - last_lease_check >= kProgressInterval) {
+      last_lease_check = Clock::now();
+      if (absl::Status s = CheckLeases(leases_, task_); !s.ok()) return Fail(s);
+    }
+    while (std::optional<TransferLanes::Chunk> c = lanes_->Next()) Issue(*c);
+    // Completions first: they free window space for more transfers.
+    if (absl::Status s = HandleCompletions(); !s.ok()) return Fail(s);
+    if (LocalsLeft()) CopyNextLocalPiece();
+    Report(false);
+  }
+  Report(true);
+  prefaulter_->Stop();
+  return absl::OkStatus();
+}
+
+void TaskRun::PlanChunks() {
+  std::vector<TransferLanes::Step> lane_steps;
+  for (const RemoteStep& r : hs_.remotes) {
+    remote_chunks_.emplace_back(ToVector(r.step->shape()), ElementBytes(r.step->item()),
+                                ex_.options->chunk_bytes);
+    TransferLanes::Step ls{r.peer, r.is_send, {}};
+    for (int64_t c = 0; c < remote_chunks_.back().count(); ++c) {
+      ls.chunk_bytes.push_back(remote_chunks_.back().Bytes(c));
+    }
+    lane_steps.push_back(std::move(ls));
+  }
+  lanes_.emplace(lane_steps, ex_.options->peer_window_bytes, ex_.options->max_inflight_bytes);
+  if (task_.transfer_secret().empty() || hs_.remotes.empty()) return;
+  // With a transfer secret: every cross-host step's bytes are sealed by its
+  // sender and checked by its receiver (step_seal.h).
+  std::vector<StepSeals::Step> seal_steps;
+  for (size_t i = 0; i < hs_.remotes.size(); ++i) {
+    const RemoteStep& r = hs_.remotes[i];
+    const int item = r.step->item();
+    seal_steps.push_back(StepSeals::Step{
+        r.step->index(), r.is_send, r.peer, remote_chunks_[i].count(),
+        absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
+  }
+  seals_ = std::make_unique<StepSeals>(ex_.transport, task_.transfer_secret(), context_,
+                                       task_.job_id(), host_id_, tag_key_, std::move(seal_steps));
+  seals_->PostReceives();
+}
+
+// Each item is checked as soon as its last access is over, while other
+// transfers go on: a source item against its sealed checksum once every
+// read of it finished (so the bytes read are the bytes sealed), a new item
+// checksummed once every write to it landed (nothing writes it afterwards).
+void TaskRun::StartItemChecks() {
+  new_sums_.resize(new_keys_.size());
+  for (size_t k = 0; k < new_keys_.size(); ++k) {
+    new_sums_[k].assign(new_bufs_[k]->items().size(), 0);
+  }
+  for (const auto& [rank, buf] : hs_.old_bufs) sealed_of_[rank] = buf->checksums();
+  checks_.emplace(CountItemAccesses(hs_, remote_chunks_),
+                  [this](const ItemChecks::Key& key) { CheckItem(key); });
+}
+
+void TaskRun::CheckItem(const ItemChecks::Key& key) {
+  const auto [kind, rank, item] = key;
+  if (kind == kNewItem) {
+    if (phase_ == TaskPhase::kPrepare) return;  // checksummed by the transfer phase
+    const size_t k = hs_.new_index.at(rank);
+    const ItemSlot& slot = new_bufs_[k]->items()[item];
+    new_sums_[k][item] =
+        Checksum(new_bufs_[k]->data() + slot.offset, static_cast<size_t>(slot.bytes));
+    return;
+  }
+  absl::Status s =
+      CheckSource(*hs_.old_bufs.at(rank), sealed_of_.at(rank), rank, item, task_.plan(), task_);
+  if (s.ok()) return;
+  std::lock_guard<std::mutex> l(source_mu_);
+  source_errors_.emplace(std::make_pair(rank, item), std::move(s));
+}
+
+void TaskRun::ApplyZeroFills() {
+  for (const v1::ZeroFill* f : hs_.fills) {
+    const int64_t eb = ElementBytes(f->item());
+    std::memset(NewBuf(f->rank())->item_data(f->item()) + f->offset() * eb, 0, f->count() * eb);
+    done_ += f->count() * eb;
+    checks_->Done({kNewItem, f->rank(), f->item()});
+  }
+}
+
+// Hands chunk `c` to the transport.
+void TaskRun::Issue(const TransferLanes::Chunk& c) {
+  const RemoteStep& r = hs_.remotes[c.step];
+  const v1::CopyStep& step = *r.step;
+  const StepChunks& chunks = remote_chunks_[c.step];
+  const int eb = ElementBytes(step.item());
+  InFlight f;
+  f.lane_chunk = c;
+  f.remote = c.step;
+  f.bytes = c.bytes;
+  chunks.Get(c.chunk, &f.start, &f.shape);
+  // Checked in PrepareHostSteps (step index) and by StepChunks (chunk count).
+  const uint64_t tag = TransferTag(tag_key_, step.index(), c.chunk).value();
+  // The callback holds what the transfer touches, so a late callback is safe.
+  std::vector<RankBufferPtr> keep;
+  void* data = nullptr;
+  if (r.is_send) {
+    keep.push_back(hs_.old_bufs[step.src_rank()]);
+    const StridedView src = SrcView(step, f.start);
+    if (IsContiguous(f.shape, src.strides)) {
+      data = const_cast<uint8_t*>(src.base) + src.offset * eb;
+    } else {
+      f.staging = pool_->Take(f.bytes);
+      ex_.copier->Pack(src, f.shape, eb, f.staging->bytes.get());
+    }
+  } else {
+    for (const auto& d : step.dsts()) keep.push_back(new_bufs_[hs_.new_index[d.rank()]]);
+    const auto& d0 = step.dsts(0);
+    std::vector<int64_t> strides = ToVector(d0.region().strides());
+    if (step.dsts_size() == 1 && IsContiguous(f.shape, strides)) {
+      data = NewBuf(d0.rank())->item_data(step.item()) +
+             ChunkOffset(d0.region().offset(), strides, f.start) * eb;
+    } else {
+      f.staging = pool_->Take(f.bytes);
+    }
+  }
+  if (f.staging) data = f.staging->bytes.get();
+  const uint64_t seq = next_seq_++;
+  TransferDone cb = [state = completions_, seq, keep = std::move(keep),
+                     buf = f.staging](absl::Status s) {
+    std::lock_guard<std::mutex> l(state->mu);
+    state->done.emplace_back(seq, std::move(s));
+    state->cv.notify_one();
+  };
+  const int64_t bytes = f.bytes;
+  f.data = static_cast<const uint8_t*>(data);
+  inflight_.emplace(seq, std::move(f));
+  if (r.is_send) {
+    ex_.transport->Send(r.peer, tag, data, bytes, std::move(cb));
+    // While the transport moves them: the bytes stay as they are until the
+    // completion (a sealed source, or staging the callback holds).
+    if (seals_) seals_->AddChunk(c.step, c.chunk, data, static_cast<size_t>(bytes));
+  } else {
+    ex_.transport->Receive(tag, data, bytes, std::move(cb));
+  }
+}
+
+// Waits up to kProgressInterval for completions when no local copy is left
+// to do, then handles every one reported; the first failure names its step.
+absl::Status TaskRun::HandleCompletions() {
+  std::deque<std::pair<uint64_t, absl::Status>> batch;
+  {
+    std::unique_lock<std::mutex> l(completions_->mu);
+    if (completions_->done.empty() && !LocalsLeft()) {
+      completions_->cv.wait_for(l, kProgressInterval);
+    }
+    batch.swap(completions_->done);
+  }
+  absl::Status first_error;
+  for (auto& [seq, status] : batch) {
+    auto it = inflight_.find(seq);
+    RESHARD_CHECK(it != inflight_.end());
+    InFlight f = std::move(it->second);
+    inflight_.erase(it);
+    ++finished_;
+    lanes_->Done(f.lane_chunk);
+    const RemoteStep& r = hs_.remotes[f.remote];
+    if (!status.ok() && first_error.ok()) {
+      first_error = absl::Status(
+          status.code(), absl::StrCat("step ", r.step->index(), " ",
+                                      r.is_send ? "send to \"" + r.peer + "\"" : "receive", ": ",
+                                      status.message()));
+    }
+    if (!first_error.ok()) continue;
+    if (!r.is_send) {
+      // The bytes exactly as they arrived, before they are unpacked.
+      if (seals_) seals_->AddChunk(f.remote, f.lane_chunk.chunk, f.data, f.bytes);
+      if (f.staging) {
+        ex_.copier->Unpack(f.staging->bytes.get(), DstViews(*r.step, f.start), f.shape,
+                           ElementBytes(r.step->item()));
+      }
+      done_ += f.bytes * r.step->dsts_size();
+      for (const auto& d : r.step->dsts()) checks_->Done({kNewItem, d.rank(), r.step->item()});
+    } else {
+      checks_->Done({kSourceItem, r.step->src_rank(), r.step->item()});
+    }
+    pool_->Give(std::move(f.staging));
+  }
+  return first_error;
+}
+
+// One piece (about local_chunk_bytes) of the next local step, so that
+// completions are handled between pieces.
+void TaskRun::CopyNextLocalPiece() {
+  const v1::CopyStep& step = *hs_.locals[next_local_];
+  const int eb = ElementBytes(step.item());
+  if (!local_chunks_) {
+    local_chunks_ =
+        std::make_unique<StepChunks>(ToVector(step.shape()), eb, ex_.options->local_chunk_bytes);
+  }
+  if (local_chunks_->count() > 0) {
+    std::vector<int64_t> start, shape;
+    local_chunks_->Get(next_local_chunk_, &start, &shape);
+    ex_.copier->Copy(SrcView(step, start), DstViews(step, start), shape, eb);
+    done_ += local_chunks_->Bytes(next_local_chunk_) * step.dsts_size();
+  }
+  if (++next_local_chunk_ >= local_chunks_->count()) {
+    checks_->Done({kSourceItem, step.src_rank(), step.item()});
+    for (const auto& d : step.dsts()) checks_->Done({kNewItem, d.rank(), step.item()});
+    ++next_local_;
+    next_local_chunk_ = 0;
+    local_chunks_.reset();
+  }
+}
+
+void TaskRun::Report(bool force) {
+  const auto now = Clock::now();
+  if (!force && now - last_report_ < kProgressInterval) return;
+  last_report_ = now;
+  if (progress_) progress_(done_, hs_.total_bytes);
+  if (waiting_ && transfer_started_) {
+    std::string what = DescribeWait();
+    if (what != waiting_on_) waiting_(waiting_on_ = std::move(what));
+  }
+}
+
+std::string TaskRun::DescribeWait() const {
+  const InFlight* first = nullptr;
+  uint64_t first_seq = 0;
+  for (const auto& [seq, f] : inflight_) {
+    if (first == nullptr || seq < first_seq) first = &f, first_seq = seq;
+  }
+  if (first == nullptr) return LocalsLeft() ? "local copies" : "";
+  const RemoteStep& r = hs_.remotes[first->remote];
+  return absl::StrCat("step ", r.step->index(), " (", r.is_send ? "send to" : "receive from",
+                      " host \"", r.peer, "\")");
+}
+
+std::vector<MutableStridedView> TaskRun::DstViews(const v1::CopyStep& step,
+                                                  const std::vector<int64_t>& start) {
+  std::vector<MutableStridedView> v;
+  for (const auto& d : step.dsts()) {
+    std::vector<int64_t> strides = ToVector(d.region().strides());
+    const int64_t offset = ChunkOffset(d.region().offset(), strides, start);
+    v.push_back(
+        MutableStridedView{NewBuf(d.rank())->item_data(step.item()), offset, std::move(strides)});
+  }
+  return v;
+}
+
+StridedView TaskRun::SrcView(const v1::CopyStep& step, const std::vector<int64_t>& start) {
+  std::vector<int64_t> strides = ToVector(step.src().strides());
+  const int64_t offset = ChunkOffset(step.src().offset(), strides, start);
+  return StridedView{hs_.old_bufs[step.src_rank()]->item_data(step.item()), offset,
+                     std::move(strides)};
+}
+}  // namespace reshard::agent
