@@ -149,7 +149,11 @@ absl::Status CoordinatorSession::Register() {
   absl::Status s = FromGrpc(stub_->RegisterAgent(&ctx, req, &resp));
   if (options_.metrics != nullptr) options_.metrics->RegisterDone(s.ok());
   if (!s.ok()) return s;
-  epoch_.store(resp.epoch());
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    epoch_.store(resp.epoch());
+  }
+  cv_.notify_all();  // PollLoop opens its long poll once registered
   if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
   DropDeletedJobs(resp.deleted_jobs());
   Release(resp.release());
@@ -502,6 +506,16 @@ void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp
     req.set_state(v1::HOST_TASK_STATE_FAILED);
     req.set_error(result.status().ToString());
     RESHARD_LOG(WARNING) << "operation " << operation_id << ": failed: " << result.status();
+  }
+  if (req.state() == v1::HOST_TASK_STATE_PREPARED) {
+    // The poll in flight names this operation known, so its transfer phase
+    // would not wake it: a fresh one without it replaces it.
+    std::lock_guard<std::mutex> l(mu_);
+    op->reporting_prepared.store(true);
+    if (poll_ctx_ != nullptr) {
+      repoll_ = true;
+      poll_ctx_->TryCancel();
+    }
   }
   absl::Status rs = Report(req, /*retry=*/true, &abort);
   if (!rs.ok()) {

@@ -8,9 +8,11 @@
 // then DONE or FAILED), and frees released and discarded generations.
 // Two-phase (stop-free) operations (docs/agent.md, "Two phases"): a task
 // with `prepare` ends PREPARED and the operation is held as prepared (its
-// buffers kept) until it is assigned again, when its transfer phase runs;
-// while one is held a second thread long-polls WaitForTasks, which starts
-// new operations the way a heartbeat does (StartAssigned).
+// buffers kept) until it is assigned again, when its transfer phase runs.
+// From registration on a second thread keeps a WaitForTasks long poll open,
+// which starts new operations as soon as the coordinator creates them, the
+// way a heartbeat does (StartAssigned); heartbeats then only renew the lease
+// (and still start what they list, for coordinators without WaitForTasks).
 // Thread-safe; Stop() is idempotent and joins every thread.
 #pragma once
 
@@ -100,6 +102,9 @@ class CoordinatorSession {
     /// The task was a prepare and the coordinator took its PREPARED report:
     /// the operation is held in prepared_, not finished_.
     std::atomic<bool> prepared{false};
+    /// Its PREPARED report is out (set before it is sent): the long poll no
+    /// longer names it known, so that its transfer phase wakes the poll.
+    std::atomic<bool> reporting_prepared{false};
     std::thread thread;
   };
   /// A prepared operation held until its transfer phase is assigned.
@@ -122,7 +127,7 @@ class CoordinatorSession {
   /// transfer phase is assigned. Reaps finished operations first.
   /// Returns how many it started.
   int StartAssigned(const google::protobuf::RepeatedPtrField<std::string>& ids, uint64_t listed_at);
-  /// The long poll (WaitForTasks) while a prepared operation is held.
+  /// The long poll (WaitForTasks), open from registration on.
   void PollLoop();
   /// AwaitPublishAccepted's one WaitForTasks call (until `deadline` at
   /// most): starts what it lists. Returns how many operations it started.
@@ -164,6 +169,7 @@ class CoordinatorSession {
   uint64_t list_clock_ = 0;                                // + 1 at each PREPARED acknowledged
   std::set<std::string> last_assigned_;                    // the latest assigned_operations
   grpc::ClientContext* poll_ctx_ = nullptr;                // the WaitForTasks in flight
+  bool repoll_ = false;  // poll_ctx_ was cancelled to send a fresh known_operations
   bool poll_unimplemented_ = false;                        // the coordinator has no WaitForTasks
   bool pickup_in_flight_ = false;                          // a PickUpNow call is out
   grpc::ClientContext* pickup_ctx_ = nullptr;              // its WaitForTasks, while out

@@ -1,9 +1,11 @@
 // CoordinatorSession's pick-up of operations (coordinator_session.h): the
 // one path from a list of assigned operations (a heartbeat's or the long
 // poll's) to running them, prepared operations held between their two
-// phases (docs/agent.md, "Two phases"), and the WaitForTasks long poll.
+// phases (docs/agent.md, "Two phases"), and the WaitForTasks long poll,
+// kept open from registration on (docs/agent.md, "Told of tasks").
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 #include "agent/process/coordinator_session.h"
 #include "common/log.h"
@@ -148,17 +150,23 @@ void CoordinatorSession::PollLoop() {
     uint64_t listed_at = 0;
     {
       std::unique_lock<std::mutex> l(mu_);
-      cv_.wait(l,
-               [this] { return stopping_.load() || (!prepared_.empty() && !poll_unimplemented_); });
+      // Open from registration on (docs/agent.md, "Told of tasks"): a new
+      // task starts as soon as the coordinator creates it, not at the next
+      // heartbeat.
+      cv_.wait(l, [this] {
+        return stopping_.load() || (epoch_.load() > 0 && !poll_unimplemented_);
+      });
       if (stopping_.load()) return;
       req.set_host_id(host);
       req.set_wait_ms(kPollWaitMs);
       // What runs here, and what ran and is still listed: the coordinator
       // answers at once when anything else is assigned. Never a held
-      // operation, even while its prepare's thread is not reaped yet: its
-      // transfer phase must wake the poll.
+      // operation, even while its PREPARED report is out or its prepare's
+      // thread is not reaped yet: its transfer phase must wake the poll.
       for (const auto& [id, op] : ops_) {
-        if (prepared_.count(id) == 0) req.add_known_operations(id);
+        if (prepared_.count(id) == 0 && !op->reporting_prepared.load()) {
+          req.add_known_operations(id);
+        }
       }
       for (const std::string& id : last_assigned_) {
         if (finished_.count(id) != 0 && ops_.count(id) == 0) req.add_known_operations(id);
@@ -170,11 +178,14 @@ void CoordinatorSession::PollLoop() {
     }
     const auto sent = std::chrono::steady_clock::now();
     const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+    bool repoll = false;
     {
       std::lock_guard<std::mutex> l(mu_);
       poll_ctx_ = nullptr;
+      repoll = std::exchange(repoll_, false);
     }
     if (stopping_.load()) return;
+    if (!s.ok() && repoll) continue;  // cancelled by RunOperation: ask afresh
     if (s.ok()) {
       backoff_ms = 100;
       const int started = StartAssigned(resp.assigned_operations(), listed_at);
@@ -184,7 +195,7 @@ void CoordinatorSession::PollLoop() {
       }
     } else if (absl::IsUnimplemented(s)) {
       RESHARD_LOG(WARNING) << "host " << host << ": the coordinator has no WaitForTasks (" << s
-                           << "); prepared operations wait for heartbeats";
+                           << "); new operations wait for heartbeats";
       std::lock_guard<std::mutex> l(mu_);
       poll_unimplemented_ = true;
     } else {

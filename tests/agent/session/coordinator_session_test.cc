@@ -5,7 +5,7 @@
 // operation runs again in its transfer phase when it is assigned again, the
 // long poll (WaitForTasks) starts operations without a heartbeat, a
 // coordinator without WaitForTasks leaves the agent on heartbeats, and a
-// discard drops the prepared buffers and ends the polling.
+// discard drops the prepared buffers while the poll stays open.
 #include "agent/process/coordinator_session.h"
 
 #include <gmock/gmock.h>
@@ -63,6 +63,7 @@ class FakeCoordinator final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> l(mu_);
     auto it = tasks_.find(req->operation_id());
     if (it == tasks_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such task");
+    fetched_again_.insert(req->operation_id());
     *resp = it->second;
     return grpc::Status::OK;
   }
@@ -71,6 +72,7 @@ class FakeCoordinator final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> l(mu_);
     if (req->state() != v1::HOST_TASK_STATE_RUNNING) {
       finals_.push_back(*req);
+      fetched_again_.erase(req->operation_id());
       // The row is PREPARED, DONE or FAILED: no longer listed (a stop-free
       // operation waits in PLANNED; the others are over for this test).
       assigned_.erase(req->operation_id());
@@ -89,15 +91,6 @@ class FakeCoordinator final : public v1::AgentService::Service {
     cv_.notify_all();
     const std::set<std::string> known(req->known_operations().begin(),
                                       req->known_operations().end());
-    // An operation whose last final report is PREPARED is held by the agent:
-    // naming it known would keep its transfer phase from waking the poll.
-    for (const std::string& id : known) {
-      for (auto r = finals_.rbegin(); r != finals_.rend(); ++r) {
-        if (r->operation_id() != id) continue;
-        if (r->state() == v1::HOST_TASK_STATE_PREPARED) held_named_known_.push_back(id);
-        break;
-      }
-    }
     const uint64_t wake = wakes_;
     cv_.wait_for(l, std::chrono::milliseconds(req->wait_ms() > 0 ? req->wait_ms() : 10000), [&] {
       if (ctx->IsCancelled() || wakes_ != wake) return true;
@@ -107,6 +100,20 @@ class FakeCoordinator final : public v1::AgentService::Service {
       return false;
     });
     --polls_waiting_;
+    // An operation whose last final report is PREPARED and whose transfer
+    // phase the agent has not fetched (GetTask) is held by the agent: a poll
+    // it did not cancel (the agent replaces the one in flight when it
+    // reports PREPARED) naming it known keeps its transfer phase from waking
+    // the poll.
+    for (const std::string& id : ctx->IsCancelled() ? std::set<std::string>() : known) {
+      for (auto r = finals_.rbegin(); r != finals_.rend(); ++r) {
+        if (r->operation_id() != id) continue;
+        if (r->state() == v1::HOST_TASK_STATE_PREPARED && fetched_again_.count(id) == 0) {
+          held_named_known_.push_back(id);
+        }
+        break;
+      }
+    }
     for (const std::string& id : assigned_) resp->add_assigned_operations(id);
     return grpc::Status::OK;
   }
@@ -186,6 +193,7 @@ class FakeCoordinator final : public v1::AgentService::Service {
   bool wait_for_tasks_ = true;
   uint64_t wakes_ = 0;
   std::vector<std::string> held_named_known_;
+  std::set<std::string> fetched_again_;  // GetTask since the last final report
 };
 
 class SessionTest : public ::testing::Test {
@@ -213,6 +221,7 @@ class SessionTest : public ::testing::Test {
   }
   void TearDown() override {
     if (session_) session_->Stop();
+    fake_.WakePolls();  // a poll the stopped session left open ends now
     if (server_) server_->Shutdown(std::chrono::system_clock::now());
     session_.reset();
     executor_.reset();
@@ -392,8 +401,9 @@ TEST_F(SessionTest, WithoutWaitForTasksTheTransferPhaseComesWithAHeartbeat) {
 }
 
 // An operation aborted after its prepare: the discard drops the prepared
-// buffers, and with no prepared operation held the agent stops polling.
-TEST_F(SessionTest, ADiscardDropsThePreparedBuffersAndEndsThePoll) {
+// buffers and the operation is not run again; the long poll stays open (it
+// is how the agent learns of every task, docs/agent.md "Told of tasks").
+TEST_F(SessionTest, ADiscardDropsThePreparedBuffersAndThePollStaysOpen) {
   v1::HostTask prepare = Task("op-sf", 1, 3);
   prepare.set_prepare(true);
   fake_.Assign("op-sf", prepare);
@@ -406,12 +416,9 @@ TEST_F(SessionTest, ADiscardDropsThePreparedBuffersAndEndsThePoll) {
   ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.heartbeats_ >= hb + 2; }));
   EXPECT_EQ(Buffers(3), 0);
   EXPECT_EQ(Buffers(1), 6);  // the old generation is untouched
-  fake_.WakePolls();
-  ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.polls_waiting_ == 0; }));
   const int polls = fake_.polls();
-  const int hb2 = fake_.heartbeats();
-  ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.heartbeats_ >= hb2 + 3; }));
-  EXPECT_EQ(fake_.polls(), polls);
+  fake_.WakePolls();
+  ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.polls_ > polls && fake_.polls_waiting_ > 0; }));
   // And the operation is not run again.
   EXPECT_EQ(fake_.Finals("op-sf").size(), 1u);
 }
