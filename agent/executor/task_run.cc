@@ -135,8 +135,7 @@ absl::Status TaskRun::SetUp() {
   context_ = TransferContext(task_);
   tag_base_ = TagBase(tag_key_);
   // Items zero-filled for their workers to regenerate: recorded with the buffers.
-  if (absl::Status s = MarkRegenerated(*ex_.store, new_keys_, task_.plan().regenerate());
-      !s.ok()) {
+  if (absl::Status s = MarkRegenerated(*ex_.store, new_keys_, task_.plan().regenerate()); !s.ok()) {
     return Fail(s);
   }
   return absl::OkStatus();
@@ -152,13 +151,12 @@ absl::Status TaskRun::Prove() {
   std::set<std::string> send_to, receive_from;
   for (const RemoteStep& r : hs_.remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
   if (waiting_) {
-    waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
-                          send_to.size(), " to send)"));
+    waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ", send_to.size(),
+                          " to send)"));
   }
-  absl::Status proven =
-      ExchangePeerProofs(ex_.transport, task_.transfer_secret(), context_, host_id_,
-                         ProofTag(tag_key_), send_to, receive_from,
-                         cancelled_, std::chrono::milliseconds(ex_.options->proof_timeout_ms));
+  absl::Status proven = ExchangePeerProofs(
+      ex_.transport, task_.transfer_secret(), context_, host_id_, ProofTag(tag_key_), send_to,
+      receive_from, cancelled_, std::chrono::milliseconds(ex_.options->proof_timeout_ms));
   if (!proven.ok()) return Fail(proven);
   return absl::OkStatus();
 }
@@ -187,10 +185,9 @@ absl::Status TaskRun::Verify() {
     if (waiting_) waiting_(waiting_on_ = "pre-copy check");
     std::set<int64_t> rewritten;
     for (const v1::CopyStep& s : task_.plan().steps()) rewritten.insert(s.index());
-    if (absl::Status s = VerifyPrecopy(precopy_->regions, rewritten,
-                                       [this](int rank) { return NewBuf(rank); }, task_.plan(),
-                                       task_.job_id(), task_.to_generation(),
-                                       ex_.options->copy_threads);
+    if (absl::Status s = VerifyPrecopy(
+            precopy_->regions, rewritten, [this](int rank) { return NewBuf(rank); }, task_.plan(),
+            task_.job_id(), task_.to_generation(), ex_.options->copy_threads);
         !s.ok()) {
       return Fail(s);
     }

@@ -134,8 +134,8 @@ class TaskRun {
   bool transfer_started_ = false;  // DescribeWait has something to describe
   std::vector<StepChunks> remote_chunks_;
   std::optional<TransferLanes> lanes_;
-  std::vector<std::vector<uint64_t>> new_sums_;                  // per new rank, per item
-  std::unordered_map<int, std::vector<uint64_t>> sealed_of_;     // old rank -> sealed checksums
+  std::vector<std::vector<uint64_t>> new_sums_;               // per new rank, per item
+  std::unordered_map<int, std::vector<uint64_t>> sealed_of_;  // old rank -> sealed checksums
   std::mutex source_mu_;
   std::map<std::pair<int, int>, absl::Status> source_errors_;  // (old rank, item) -> DataLoss
   std::optional<ItemChecks> checks_;

@@ -53,10 +53,10 @@ TEST(ItemAccessesTest, ChunksLocalStepsAndFillsEachCountOnce) {
       {{kSourceItem, 5, 1}, 3},  // one per chunk sent
       {{kNewItem, 0, 0}, 1},     // the local step's write
       {{kNewItem, 0, 1}, 2},     // one per chunk received
-      {{kNewItem, 0, 2}, 0},
-      {{kNewItem, 1, 0}, 1},  // the local step's second destination
-      {{kNewItem, 1, 1}, 1},  // the zero fill
-      {{kNewItem, 1, 2}, 0},
+      {{kNewItem, 0, 2}, 0},     // untouched
+      {{kNewItem, 1, 0}, 1},     // the local step's second destination
+      {{kNewItem, 1, 1}, 1},     // the zero fill
+      {{kNewItem, 1, 2}, 0},     // untouched
   };
   EXPECT_EQ(CountItemAccesses(hs, chunks), want);
 }

@@ -1,11 +1,12 @@
 // StepChunks and transfer tags: chunks tile a step exactly, stay near the
 // chunk size, and tags are unique per (operation, step, chunk).
 #include "agent/executor/step_chunks.h"
-#include "agent/executor/transfer_tags.h"
 
 #include <gtest/gtest.h>
 
 #include <set>
+
+#include "agent/executor/transfer_tags.h"
 
 namespace reshard::agent {
 namespace {
