@@ -49,3 +49,22 @@ def test_resizes_commit_without_waiting_for_a_heartbeat(cluster, client, job_nam
         assert done.state == OP.OPERATION_STATE_COMMITTED
         assert client.get_job(job.id).generation == generation
         assert check_generation(cluster, job.id, ptc, target, sd, generation) == []
+
+
+def test_checkpoint_commits_without_waiting_for_a_heartbeat(cluster, client, job_name):
+    hosts = cluster.host_ids
+    step0 = megatron.synthetic_gpt(2, 32, 4, 64, 8, "float16", world=4, seed=1)
+    step5 = megatron.synthetic_gpt(2, 32, 4, 64, 8, "float16", world=4, seed=2)
+    ptc = megatron.build_ptc(step0, megatron.synthetic_config(2, 4))
+    lay = layout.make_layout(2, 2, 1, hosts, 2)
+    job = client.register_job(ptc_pb2.JobSpec(name=job_name, tenant="pytest", ptc=ptc, layout=lay))
+    publish_all(cluster, job.id, ptc, lay, step0)
+    started = time.monotonic()
+    op = client.checkpoint(job.id)
+    publish_all(cluster, job.id, ptc, lay, step5, generation=op.to_generation)
+    done = client.wait(op.id, timeout=COMMIT_DEADLINE_S, raise_on_failure=True)
+    print(f"checkpoint: committed {time.monotonic() - started:.2f} s after the request "
+          f"(heartbeat {HEARTBEAT_MS / 1000:.0f} s)")
+    assert done.state == OP.OPERATION_STATE_COMMITTED
+    assert client.get_job(job.id).generation == op.to_generation == 2
+    assert check_generation(cluster, job.id, ptc, lay, step5, 2) == []
