@@ -364,6 +364,20 @@ TEST_F(SessionTest, PreparedOperationRunsItsTransferPhaseAndThePollStartsOperati
   EXPECT_THAT(fake_.held_named_known(), ::testing::IsEmpty());
 }
 
+// No prepared operation anywhere: the long poll is open from registration
+// on, and a plain operation assigned later starts through it (one heartbeat,
+// at registration; the next is an hour away).
+TEST_F(SessionTest, ANewOperationStartsThroughThePollWithoutAHeartbeat) {
+  StartSession(/*heartbeat_ms=*/3600 * 1000);
+  ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.polls_waiting_ > 0 && fake_.heartbeats_ == 1; }));
+  fake_.Assign("op-new", Task("op-new", 1, 2));
+  auto done = fake_.Final("op-new", v1::HOST_TASK_STATE_DONE);
+  ASSERT_TRUE(done.has_value());
+  EXPECT_GT(done->checksums_size(), 0);
+  EXPECT_EQ(Buffers(2), 8);
+  EXPECT_EQ(fake_.heartbeats(), 1);
+}
+
 // The transfer phase assigned right after the prepare wakes the poll that
 // started when the prepare ended: the held operation is never among the
 // poll's known_operations (one heartbeat in all).
