@@ -36,6 +36,19 @@ void Prefaulter::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
+std::string DescribeWait(const std::unordered_map<uint64_t, InFlight>& inflight,
+                         const std::vector<RemoteStep>& remotes, bool locals_left) {
+  const InFlight* first = nullptr;
+  uint64_t first_seq = 0;
+  for (const auto& [seq, f] : inflight) {
+    if (first == nullptr || seq < first_seq) first = &f, first_seq = seq;
+  }
+  if (first == nullptr) return locals_left ? "local copies" : "";
+  const RemoteStep& r = remotes[first->remote];
+  return absl::StrCat("step ", r.step->index(), " (", r.is_send ? "send to" : "receive from",
+                      " host \"", r.peer, "\")");
+}
+
 std::string DescribeSource(const v1::HostTask& task, int rank) {
   return absl::StrCat("sealed source of job \"", task.job_id(), "\" generation ",
                       task.from_generation(), " rank ", rank);

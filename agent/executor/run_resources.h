@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -79,6 +80,14 @@ struct InFlight {
   StagingPtr staging;                 // null when the transfer is in place
   const uint8_t* data = nullptr;      // the bytes sent or received
 };
+
+/// What a run waits on, as its `waiting` callback reports it: the earliest
+/// chunk still in flight (the lowest sequence number of `inflight`) as
+/// "step 17 (receive from host \"h1\")" or "step 17 (send to host ...)",
+/// `remotes` indexed by InFlight::remote; with nothing in flight "local
+/// copies" while `locals_left`, else "" (checksums).
+std::string DescribeWait(const std::unordered_map<uint64_t, InFlight>& inflight,
+                         const std::vector<RemoteStep>& remotes, bool locals_left);
 
 /// A read lease on one sealed source buffer for the whole task.
 struct SourceLease {

@@ -91,7 +91,6 @@ class TaskRun {
   void CopyNextLocalPiece();
   bool LocalsLeft() const { return next_local_ < hs_.locals.size(); }
   void Report(bool force);
-  std::string DescribeWait() const;
 
   // Views of a step restricted to a chunk at `start`.
   std::vector<MutableStridedView> DstViews(const v1::CopyStep& step,
@@ -131,7 +130,7 @@ class TaskRun {
   int64_t done_ = 0;
   std::chrono::steady_clock::time_point last_report_;
   std::string waiting_on_;
-  bool transfer_started_ = false;  // DescribeWait has something to describe
+  bool transfer_started_ = false;  // Report describes what it waits on
   std::vector<StepChunks> remote_chunks_;
   std::optional<TransferLanes> lanes_;
   std::vector<std::vector<uint64_t>> new_sums_;               // per new rank, per item

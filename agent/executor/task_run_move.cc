@@ -266,21 +266,9 @@ void TaskRun::Report(bool force) {
   last_report_ = now;
   if (progress_) progress_(done_, hs_.total_bytes);
   if (waiting_ && transfer_started_) {
-    std::string what = DescribeWait();
+    std::string what = DescribeWait(inflight_, hs_.remotes, LocalsLeft());
     if (what != waiting_on_) waiting_(waiting_on_ = std::move(what));
   }
-}
-
-std::string TaskRun::DescribeWait() const {
-  const InFlight* first = nullptr;
-  uint64_t first_seq = 0;
-  for (const auto& [seq, f] : inflight_) {
-    if (first == nullptr || seq < first_seq) first = &f, first_seq = seq;
-  }
-  if (first == nullptr) return LocalsLeft() ? "local copies" : "";
-  const RemoteStep& r = hs_.remotes[first->remote];
-  return absl::StrCat("step ", r.step->index(), " (", r.is_send ? "send to" : "receive from",
-                      " host \"", r.peer, "\")");
 }
 
 std::vector<MutableStridedView> TaskRun::DstViews(const v1::CopyStep& step,
@@ -301,4 +289,5 @@ StridedView TaskRun::SrcView(const v1::CopyStep& step, const std::vector<int64_t
   return StridedView{hs_.old_bufs[step.src_rank()]->item_data(step.item()), offset,
                      std::move(strides)};
 }
+
 }  // namespace reshard::agent
