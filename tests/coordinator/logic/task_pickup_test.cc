@@ -1,14 +1,17 @@
 // WaitForTasks woken by the task notifier (docs/coordinator.md, "Agents are
 // told"), against the real PostgreSQL: a task this replica creates wakes it
 // directly, one another replica creates wakes it through NOTIFY and the
-// listener, a lost notification is caught by the safety re-read, and a
-// cancelled call ends. Each safety re-read is set far beyond the deadline
-// the test allows, unless it is the thing tested.
+// listener (also after the listener's connection was killed), a lost
+// notification is caught by the safety re-read, and a cancelled call ends.
+// Each safety re-read is set far beyond the deadline the test allows, unless
+// it is the thing tested.
 #include <chrono>
 #include <future>
 #include <memory>
 #include <string>
 #include <vector>
+
+#include <pqxx/pqxx>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -122,6 +125,39 @@ TEST_F(TaskPickupTest, ATaskAnotherReplicaCreatesArrivesThroughNotify) {
   auto answer = Wait(api_b.get(), "h2");
   ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
   // Replica A (a store that signals nothing in B's process) creates it.
+  const auto created = Clock::now();
+  CreateTasksThrough(StoreSignalling(nullptr, /*notify=*/true));
+  ExpectPickedUp(answer, created, op);
+  listener.Stop();
+}
+
+// The listener's connection is killed (pg_terminate_backend): it connects
+// again, and a task created after that still wakes the other replica's wait.
+TEST_F(TaskPickupTest, TheListenerReconnectsAfterItsConnectionIsKilled) {
+  TaskNotifier notifier_b;
+  std::shared_ptr<PgStore> store_b = StoreSignalling(&notifier_b, /*notify=*/true);
+  PgTaskListenerOptions listener_options;
+  listener_options.dsn = dsn_;
+  listener_options.min_backoff_ms = 10;
+  PgTaskListener listener(
+      listener_options, [&](const std::string& host) { notifier_b.Notify(host); },
+      [&] { notifier_b.NotifyAll(); });
+  listener.Start();
+  ASSERT_TRUE(Eventually([&] { return listener.connections() == 1; }));
+  {
+    pqxx::connection admin(dsn_);
+    pqxx::work tx(admin);
+    const pqxx::result killed = tx.exec(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+        "current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()");
+    tx.commit();
+    ASSERT_EQ(killed.size(), 1u);
+  }
+  ASSERT_TRUE(Eventually([&] { return listener.connections() == 2; }));
+  std::unique_ptr<AgentApi> api_b = AgentsOn(store_b, &notifier_b, kNeverMs);
+  const v1::Operation op = PlannedResize();
+  auto answer = Wait(api_b.get(), "h1");
+  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
   const auto created = Clock::now();
   CreateTasksThrough(StoreSignalling(nullptr, /*notify=*/true));
   ExpectPickedUp(answer, created, op);
