@@ -479,6 +479,37 @@ def new_run(rank, world, cfg):
             "fresh_tensors": [t.SerializeToString() for t in fresh.ptc.tensors]}
 
 
+def fresh_run(rank, world, cfg):
+    """Two apps at the new mesh load the same generation: `fresh` into an
+    optimizer that has no state yet, with torch's zero-gradient step
+    (_init_optim_state) made to fail, so reshard must create the state from
+    the PTC; `made` after describe() made it torch's way. Both then train one
+    step on the same data."""
+    from torch.distributed.checkpoint import state_dict as sd
+    lay = layout.make_layout(4, 1, 1, cfg["hosts"], 2)
+    spec = pytorch.spec_from_ptc(ptc_pb2.Ptc.FromString(cfg["ptc"]), lay)
+    host = layout.slots(lay)[rank][0]
+    made, made_model, made_opt = app_at(rank, 1, 4, seed=7, lr=0.5)
+    pytorch.describe(made)
+    fresh, fresh_model, fresh_opt = app_at(rank, 1, 4, seed=7, lr=0.5)
+    assert not fresh_opt.state
+
+    def refuse(optim):  # torch's function returns at once when the state exists
+        if not optim.state:
+            raise AssertionError("torch's zero-gradient step would run")
+    torch_init, sd._init_optim_state = sd._init_optim_state, refuse
+    with reshard.Worker(cfg["sockets"][host], cfg["job"], worker_token=cfg["token"]) as w:
+        try:
+            pytorch.load(w, fresh, spec, rank, 2)
+        finally:
+            sd._init_optim_state = torch_init
+        pytorch.load(w, made, spec, rank, 2)
+    loaded = local_and_full(fresh)
+    train(made_model, made_opt, 1, SIZES[0], sched=made.stateful["sched"])
+    train(fresh_model, fresh_opt, 1, SIZES[0], sched=fresh.stateful["sched"])
+    return {"loaded": loaded, "trained": local_and_full(fresh), "made": local_and_full(made)}
+
+
 def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
     hosts = cluster.host_ids[:2]
     cfg = {"hosts": hosts, "coordinator": cluster.coordinator, "name": job_name,
@@ -509,6 +540,19 @@ def test_publish_resize_load_in_place(cluster, client, job_name, tmp_path):
         assert got["lr"] == want["lr"] == 0.05 * 0.25
         # FSDP2 computes from the loaded storage: the same loss at tp 4 (sums in another order)
         np.testing.assert_allclose(got["loss"], want["loss"], rtol=1e-12)
+    # A fresh optimizer's state comes from the PTC (torch's zero-gradient step
+    # never runs): the same bytes loaded, and the next step equals that of
+    # the state torch made.
+    fresh = spawn(fresh_run, tmp_path / "fresh", cfg | {"job": job_id, "token": old[0]["token"],
+                                                       "ptc": job.ptc.SerializeToString()})
+    for rank in range(4):
+        for name in names:
+            assert fresh[rank]["loaded"][name][1].tobytes() == \
+                old[rank]["full"][name][1].tobytes(), (rank, name)
+            assert fresh[rank]["trained"][name][1].tobytes() == \
+                fresh[rank]["made"][name][1].tobytes(), (rank, name)
+        assert fresh[rank]["trained"]["optim.state.0.weight.step"][1].tobytes() != \
+            fresh[rank]["loaded"]["optim.state.0.weight.step"][1].tobytes()
 
 
 TARGETS = {  # another layout of each described job, on 2 hosts x 2 devices

@@ -678,6 +678,8 @@ def load(worker, app, spec, rank, generation):
     # straight from shared memory into the local tensor; the dtypes are the
     # Spec's. State on a GPU comes through the pinned mapping (device=: one
     # host-to-device copy each, then a device-local copy_).
+    if app.optimizer is not None and not app.optimizer.state:
+        _fresh_optimizer_state(app, spec)
     tensors, blobs = _live_tensors(app)
     cuda = next((_local(t).device for _, _, t in tensors if _local(t).is_cuda), None)
     got = worker.load(rank, generation, as_torch=True, copy=False, ptc=spec.ptc, device=cuda)
@@ -718,6 +720,63 @@ def load(worker, app, spec, rank, generation):
         else:
             app.stateful[name].load_state_dict(value)
     return frozenset(regenerated)
+
+
+def _fresh_optimizer_state(app, spec):
+    """Gives a fresh optimizer (no state yet) the state the PTC names, as
+    zeros, so that the load copies into it: for each parameter, every
+    `optim.state.<fqn>.<key>` item of the parameter's shape and dtype becomes
+    zeros_like(parameter) (a DTensor of its placements) and every 0-d item (the
+    PTC records it as [1]) a 0-d tensor of the item's dtype (Adam's `step`): what the
+    optimizer's first step would create. Without this, get_state_dict makes
+    the state by a zero-gradient step over the whole model (torch's
+    _init_optim_state), the bulk of a new rank's load. Creates nothing, and
+    leaves it to get_state_dict, when any item fits neither form or the
+    optimizer keeps its state on a device (fused / capturable)."""
+    torch = _torch()
+    opt = app.optimizer
+    if any(g.get("fused") or g.get("capturable") for g in opt.param_groups):
+        return
+    keys = collections.defaultdict(list)   # fqn -> [(key, PTC tensor)]
+    for t in spec.ptc.tensors:
+        if t.name.startswith("optim.state."):
+            fqn, _, key = t.name[len("optim.state."):].rpartition(".")
+            keys[fqn].append((key, t))
+    fqn_of = _parameter_fqns(app.model)
+    if fqn_of is None:
+        return
+    state = {}
+    for group in opt.param_groups:
+        for param in group["params"]:
+            entry = {}
+            for key, t in keys.get(fqn_of.get(id(param)), ()):
+                shape, dtype = list(t.shape), _dtypes.torch_dtype(t.dtype)
+                if list(param.shape) in ([], [1]):
+                    return   # a 0-d item (the PTC writes [1]) and the parameter look alike
+                if shape == list(param.shape) and dtype == param.dtype:
+                    entry[key] = torch.zeros_like(param, memory_format=torch.preserve_format)
+                elif shape in ([], [1]):
+                    entry[key] = torch.zeros((), dtype=dtype)
+                else:
+                    return
+            if entry:
+                state[param] = entry
+    for param, entry in state.items():
+        opt.state[param] = entry
+
+
+def _parameter_fqns(model):
+    """{id(parameter): its FQN as get_state_dict names it}, or None when a
+    parameter has not exactly one (torch's own rule, _get_fqns: without the
+    prefixes of DDP, torch.compile and activation-checkpoint wrappers)."""
+    from torch.distributed.checkpoint import state_dict as sd
+    out = {}
+    for name, param in model.named_parameters():
+        fqns = sd._get_fqns(model, name)
+        if len(fqns) != 1:
+            return None
+        out[id(param)] = next(iter(fqns))
+    return out
 
 
 def spec_from_ptc(ptc, config):
