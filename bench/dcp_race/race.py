@@ -524,13 +524,15 @@ def main(argv=None):
         return EXIT_SKIP
     import netns
     work = tempfile.mkdtemp(prefix=f"{netns.PREFIX}{os.getpid()}-race-", dir="/dev/shm")
-    site = (ClusterSite if a.cluster else LocalSite)(a, work)
+    site = None
     try:
+        site = (ClusterSite if a.cluster else LocalSite)(a, work)
         site.start()
         with site.cluster.client(timeout=120.0) as client:
             reps = [one_rep(a, site, client, work, i) for i in range(a.reps)]
     finally:
-        site.close()
+        if site:
+            site.close()
         shutil.rmtree(work, ignore_errors=True)
     m = median_reps(reps)
     summary = report(a, m, site.fs_label)

@@ -7,6 +7,7 @@ like NFS without Kerberos). Runs until killed.
     sftp_listen.py ADDRESS PORT ROOT
 """
 
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +16,7 @@ SFTP_SERVER = "/usr/lib/openssh/sftp-server"
 
 
 def main(address, port, root):
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # the kernel reaps the servers
     with socket.create_server((address, int(port)), backlog=64) as srv:
         while True:
             conn, _ = srv.accept()

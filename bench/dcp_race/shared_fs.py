@@ -81,6 +81,7 @@ class SftpStorage:
         self._exported = False
         self._server = None
         self._mounts = {}   # host id -> (mount point, sshfs process)
+        self._logs = []     # open log files, closed by close()
 
     def start(self, timeout=30.0):
         try:
@@ -97,7 +98,7 @@ class SftpStorage:
         os.makedirs(self.export)
         _run(["mount", "-t", "tmpfs", "-o", f"size={self.size_bytes}", "tmpfs", self.export])
         self._exported = True
-        self._server_log = open(os.path.join(self.dir, "server.log"), "wb")
+        self._server_log = self._log_file("server.log")
         self._server = subprocess.Popen(
             self.node.exec_prefix() + [sys.executable, os.path.join(HERE, "sftp_listen.py"),
                                        self.node.address, str(self.PORT), self.export],
@@ -121,7 +122,7 @@ class SftpStorage:
         argv = ["nsenter", f"--net=/run/netns/{node.netns}",
             "sshfs", "-f", f"{self.node.address}:{self.export}", point,
             "-o", f"directport={self.PORT}", "-o", "max_conns=4"]
-        log = open(os.path.join(self.dir, f"sshfs-{host_id}.log"), "wb")
+        log = self._log_file(f"sshfs-{host_id}.log")
         proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
         self._mounts[host_id] = (point, proc)
@@ -133,6 +134,11 @@ class SftpStorage:
             if time.monotonic() > deadline:
                 raise SharedFsError(f"sshfs for {host_id}: not mounted within {timeout} s")
             time.sleep(0.05)  # poll interval of the mount check, not a synchronisation
+
+    def _log_file(self, name):
+        f = open(os.path.join(self.dir, name), "wb")
+        self._logs.append(f)
+        return f
 
     def _tail(self, name):
         try:
@@ -176,6 +182,9 @@ class SftpStorage:
             subprocess.run(["umount", "-l", self.export], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
             self._exported = False
+        for f in self._logs:
+            f.close()
+        self._logs = []
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -22,6 +22,7 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 import uuid
 
 
@@ -73,9 +74,11 @@ def _wait_all(procs, timeout):
     done = queue.Queue()
     for rank, p in enumerate(procs):
         threading.Thread(target=lambda r=rank, p=p: done.put((r, p.wait())), daemon=True).start()
+    deadline = None if timeout is None else time.monotonic() + timeout
     for _ in procs:
         try:
-            rank, rc = done.get(timeout=timeout)
+            rank, rc = done.get(timeout=None if deadline is None else
+                                max(0.0, deadline - time.monotonic()))
         except queue.Empty:
             raise RankFailed(f"{len(procs)} ranks: not all done within {timeout} s") from None
         if rc != 0:

@@ -732,7 +732,10 @@ def _fresh_optimizer_state(app, spec):
     the state by a zero-gradient step over the whole model (torch's
     _init_optim_state), the bulk of a new rank's load. Creates nothing, and
     leaves it to get_state_dict, when any item fits neither form or the
-    optimizer keeps its state on a device (fused / capturable)."""
+    optimizer keeps its state on a device (fused / capturable). The new
+    optimizer must keep the keys the job's did (an Adam made with amsgrad at
+    B and without it at A lacks max_exp_avg_sq: its first step raises a
+    KeyError), as with any load of another optimizer's state."""
     torch = _torch()
     opt = app.optimizer
     if any(g.get("fused") or g.get("capturable") for g in opt.param_groups):
