@@ -46,15 +46,6 @@ def missing():
     return None
 
 
-def _proc_cpu(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ProcessLookupError):
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _children(pid):
     out = []
     try:
@@ -156,9 +147,6 @@ class SftpStorage:
             pids.append(pid)
             todo += _children(pid)
         return pids
-
-    def cpu_seconds(self):
-        return sum(_proc_cpu(p) for p in self.service_pids())
 
     def close(self):
         for host_id, (point, proc) in list(self._mounts.items()):
