@@ -145,7 +145,7 @@ absl::StatusOr<Principal> PrincipalFromCertificateName(const std::string& cn) {
   return p;
 }
 
-absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContext& context,
+absl::StatusOr<Principal> Authorizer::Authenticate(const grpc::ServerContextBase& context,
                                                    const char* method) const {
   if (insecure_) {
     Principal p;

@@ -31,7 +31,7 @@
 #include "absl/status/statusor.h"
 
 namespace grpc {
-class ServerContext;
+class ServerContextBase;
 }
 
 namespace reshard::coordinator {
@@ -89,7 +89,7 @@ class Authorizer {
   /// Who calls: from the verified client certificate, else the bearer
   /// token. UNAUTHENTICATED naming the method (and the token's id, never
   /// its secret) when neither identifies the caller.
-  [[nodiscard]] absl::StatusOr<Principal> Authenticate(const grpc::ServerContext& context,
+  [[nodiscard]] absl::StatusOr<Principal> Authenticate(const grpc::ServerContextBase& context,
                                                        const char* method) const;
 
   /// Whether `principal` may call `method` (a CoordinatorService or

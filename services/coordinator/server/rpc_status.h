@@ -68,7 +68,7 @@ grpc::Status RunRpc(CoordinatorMetrics* metrics, const char* method, Body&& body
 /// the audit trail as the method table says (CallAudit).
 /// `host_id`: the host an AgentService request speaks for, else empty.
 template <typename Body>
-grpc::Status RunAdmitted(const Authorizer* authorizer, const grpc::ServerContext* context,
+grpc::Status RunAdmitted(const Authorizer* authorizer, const grpc::ServerContextBase* context,
                          CoordinatorMetrics* metrics, const char* method,
                          const google::protobuf::Message& request, const std::string& host_id,
                          Body&& body) {
