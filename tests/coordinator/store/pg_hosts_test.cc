@@ -8,9 +8,9 @@ namespace reshard::coordinator::store_test {
 namespace {
 
 using google::protobuf::util::MessageDifferencer;
-using HostsTest = PgStoreTest;
+using HostsTest = StoreContractTest;
 
-TEST_F(HostsTest, RegisterReturnsAnIncreasingEpoch) {
+TEST_P(HostsTest, RegisterReturnsAnIncreasingEpoch) {
   EXPECT_EQ(*store_->RegisterHost(MakeHost("h0"), 1000, 11000), 1);
   EXPECT_EQ(*store_->RegisterHost(MakeHost("h0"), 2000, 12000), 2);
   EXPECT_EQ(*store_->RegisterHost(MakeHost("h1"), 2000, 12000), 1);
@@ -31,7 +31,7 @@ TEST_F(HostsTest, RegisterReturnsAnIncreasingEpoch) {
   EXPECT_EQ(store_->GetHost("h9").status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(HostsTest, HeartbeatExtendsTheLeaseOfTheLatestEpochOnly) {
+TEST_P(HostsTest, HeartbeatExtendsTheLeaseOfTheLatestEpochOnly) {
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1500, 11500).ok());  // epoch 2
   ASSERT_TRUE(store_->Heartbeat("h0", 2, 5000, 15000).ok());
@@ -47,7 +47,7 @@ TEST_F(HostsTest, HeartbeatExtendsTheLeaseOfTheLatestEpochOnly) {
   EXPECT_EQ(store_->Heartbeat("h9", 1, 6000, 16000).code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
+TEST_P(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 0, 1000).ok());
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 0, 5000).ok());
   absl::StatusOr<std::vector<std::string>> expired = store_->ExpireLeases(2000);
@@ -66,7 +66,7 @@ TEST_F(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
   EXPECT_TRUE(store_->Heartbeat("h0", 2, 4000, 14000).ok());
 }
 
-TEST_F(HostsTest, LostHostsShowOnTheirJobsAndOperations) {
+TEST_P(HostsTest, LostHostsShowOnTheirJobsAndOperations) {
   // job-1 on h0, h1; job-2 on h2, h3.
   ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("m1"), {}).ok());
   v1::JobSpec other = SmallSpec("m2");
@@ -114,6 +114,8 @@ TEST_F(HostsTest, LostHostsShowOnTheirJobsAndOperations) {
   EXPECT_EQ(store_->GetJob("job-1", false)->state(), v1::JOB_STATE_DEGRADED);
   EXPECT_TRUE(store_->OperationsOnHosts({"h0"})->empty());
 }
+
+RESHARD_STORE_CONTRACT(HostsTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::store_test

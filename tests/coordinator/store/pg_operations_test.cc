@@ -9,10 +9,10 @@ namespace {
 
 using google::protobuf::util::MessageDifferencer;
 
-class OperationsTest : public PgStoreTest {
+class OperationsTest : public StoreContractTest {
  protected:
   void SetUp() override {
-    PgStoreTest::SetUp();
+    StoreContractTest::SetUp();
     spec_ = SmallSpec("llama");
     target_ = Layout(2, 2, 2, {"h2", "h3", "h4", "h5"}, 2);
     ASSERT_TRUE(store_->CreateJob("job-1", spec_, {}).ok());
@@ -35,7 +35,7 @@ class OperationsTest : public PgStoreTest {
   v1::Layout target_;
 };
 
-TEST_F(OperationsTest, CreateMakesAPendingOperationAndMarksTheJob) {
+TEST_P(OperationsTest, CreateMakesAPendingOperationAndMarksTheJob) {
   absl::StatusOr<v1::Operation> op =
       store_->CreateOperation(Resize("op-1", "job-1", 1, target_, Key("k", "Resize", "h")));
   ASSERT_TRUE(op.ok()) << op.status();
@@ -58,7 +58,7 @@ TEST_F(OperationsTest, CreateMakesAPendingOperationAndMarksTheJob) {
   EXPECT_EQ(*active, std::vector<std::string>{"op-1"});
 }
 
-TEST_F(OperationsTest, LostHostsAndRanksAreKept) {
+TEST_P(OperationsTest, LostHostsAndRanksAreKept) {
   NewOperation n = Resize("op-1", "job-1", 1, target_);
   n.kind = v1::OPERATION_KIND_RECOVER;
   n.lost_hosts = {"h1", "host \"quoted\" \\ odd"};
@@ -72,13 +72,13 @@ TEST_F(OperationsTest, LostHostsAndRanksAreKept) {
   EXPECT_EQ(r->op.kind(), v1::OPERATION_KIND_RECOVER);
 }
 
-TEST_F(OperationsTest, MissingJobIsNotFound) {
+TEST_P(OperationsTest, MissingJobIsNotFound) {
   const absl::Status s = store_->CreateOperation(Resize("op-1", "job-x", 1, target_)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
   EXPECT_EQ(s.message(), "job \"job-x\" not found");
 }
 
-TEST_F(OperationsTest, ExpectedGenerationMismatchIsAborted) {
+TEST_P(OperationsTest, ExpectedGenerationMismatchIsAborted) {
   const absl::Status s = store_->CreateOperation(Resize("op-1", "job-1", 2, target_)).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_EQ(s.message(), "job \"job-1\" is at generation 1, request expected 2");
@@ -89,7 +89,7 @@ TEST_F(OperationsTest, ExpectedGenerationMismatchIsAborted) {
   EXPECT_EQ(store_->GetOperation("op-1", false).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(OperationsTest, SecondActiveOperationIsFailedPreconditionNamingTheFirst) {
+TEST_P(OperationsTest, SecondActiveOperationIsFailedPreconditionNamingTheFirst) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   Plan("op-1");
   const absl::Status s = store_->CreateOperation(Resize("op-2", "job-1", 1, target_)).status();
@@ -97,7 +97,7 @@ TEST_F(OperationsTest, SecondActiveOperationIsFailedPreconditionNamingTheFirst) 
   EXPECT_EQ(s.message(), "job \"job-1\" has active operation \"op-1\" (PLANNED)");
 }
 
-TEST_F(OperationsTest, RetryWithTheSameKeyReturnsTheFirstOperationAsItIsNow) {
+TEST_P(OperationsTest, RetryWithTheSameKeyReturnsTheFirstOperationAsItIsNow) {
   const Idempotency key = Key("k1", "Resize", "hash-1");
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_, key)).ok());
   Plan("op-1");
@@ -116,7 +116,7 @@ TEST_F(OperationsTest, RetryWithTheSameKeyReturnsTheFirstOperationAsItIsNow) {
   EXPECT_NE(other.message().find("k1"), absl::string_view::npos);
 }
 
-TEST_F(OperationsTest, TransitionIsACompareAndSet) {
+TEST_P(OperationsTest, TransitionIsACompareAndSet) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   Plan("op-1");
   absl::StatusOr<OperationRecord> r = store_->GetOperation("op-1", true);
@@ -175,7 +175,7 @@ TEST_F(OperationsTest, TransitionIsACompareAndSet) {
             absl::StatusCode::kFailedPrecondition);
 }
 
-TEST_F(OperationsTest, AbortDuringTransferDiscardsThePendingGeneration) {
+TEST_P(OperationsTest, AbortDuringTransferDiscardsThePendingGeneration) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   Plan("op-1");
   ASSERT_TRUE(store_
@@ -210,7 +210,7 @@ TEST_F(OperationsTest, AbortDuringTransferDiscardsThePendingGeneration) {
   EXPECT_EQ(next->to_generation(), 3);
 }
 
-TEST_F(OperationsTest, FailingBeforeTransferReturnsTheJobToActive) {
+TEST_P(OperationsTest, FailingBeforeTransferReturnsTheJobToActive) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   OperationUpdate why;
   why.error = std::string(5000, 'x') + "\xc3\xa9";
@@ -224,7 +224,7 @@ TEST_F(OperationsTest, FailingBeforeTransferReturnsTheJobToActive) {
   EXPECT_EQ(store_->CreateOperation(Resize("op-2", "job-1", 1, target_))->to_generation(), 2);
 }
 
-TEST_F(OperationsTest, ListOperationsForJobIsNewestFirst) {
+TEST_P(OperationsTest, ListOperationsForJobIsNewestFirst) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   ASSERT_TRUE(store_
                   ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING,
@@ -238,6 +238,8 @@ TEST_F(OperationsTest, ListOperationsForJobIsNewestFirst) {
   EXPECT_EQ((*ops)[1].id(), "op-1");
   EXPECT_EQ(store_->ListOperationsForJob("job-x").status().code(), absl::StatusCode::kNotFound);
 }
+
+RESHARD_STORE_CONTRACT(OperationsTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::store_test

@@ -19,10 +19,10 @@ v1::ShardChecksum Sum(int item, int rank, uint64_t checksum, int64_t bytes) {
   return c;
 }
 
-class TransferTest : public PgStoreTest {
+class TransferTest : public StoreContractTest {
  protected:
   void SetUp() override {
-    PgStoreTest::SetUp();
+    StoreContractTest::SetUp();
     spec_ = SmallSpec("llama");
     // dp 1 -> 2: gen 2 puts ranks 0-3 on h0, h1 (as before) and 4-7 on h2, h3.
     target_ = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
@@ -50,7 +50,7 @@ class TransferTest : public PgStoreTest {
   v1::Layout target_;
 };
 
-TEST_F(TransferTest, StartTransferNeedsAPlannedOperation) {
+TEST_P(TransferTest, StartTransferNeedsAPlannedOperation) {
   ASSERT_TRUE(store_
                   ->TransitionOperation("op-1", v1::OPERATION_STATE_PLANNED,
                                         v1::OPERATION_STATE_ABORTED, {})
@@ -67,7 +67,7 @@ TEST_F(TransferTest, StartTransferNeedsAPlannedOperation) {
             absl::StatusCode::kInvalidArgument);
 }
 
-TEST_F(TransferTest, ProgressIsRecordedPerHostAndSummed) {
+TEST_P(TransferTest, ProgressIsRecordedPerHostAndSummed) {
   Start();
   EXPECT_EQ(store_->GetOperation("op-1", false)->op.state(), v1::OPERATION_STATE_TRANSFERRING);
   EXPECT_EQ(*store_->AssignedOperations("h2"), std::vector<std::string>{"op-1"});
@@ -101,7 +101,7 @@ TEST_F(TransferTest, ProgressIsRecordedPerHostAndSummed) {
   EXPECT_EQ(store_->GetHostProgress("op-x").status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(TransferTest, FailedHostKeepsItsError) {
+TEST_P(TransferTest, FailedHostKeepsItsError) {
   Start();
   HostProgress failed = Progress("h1", v1::HOST_TASK_STATE_FAILED, 10, 100);
   failed.error = "ucx: connection reset by peer";
@@ -112,7 +112,7 @@ TEST_F(TransferTest, FailedHostKeepsItsError) {
   EXPECT_EQ((*rows)[1].error, failed.error);
 }
 
-TEST_F(TransferTest, CommitMakesThePendingGenerationCurrentInOneGo) {
+TEST_P(TransferTest, CommitMakesThePendingGenerationCurrentInOneGo) {
   Start();
   const std::vector<v1::ShardChecksum> h2_sums = {Sum(0, 4, 0xdeadbeefcafef00dULL, 512),
                                                   Sum(3, 4, 7, 64), Sum(0, 5, 1, 512)};
@@ -176,12 +176,14 @@ TEST_F(TransferTest, CommitMakesThePendingGenerationCurrentInOneGo) {
             3);
 }
 
-TEST_F(TransferTest, CommitNeedsATransferringOperation) {
+TEST_P(TransferTest, CommitNeedsATransferringOperation) {
   const absl::Status s = store_->CommitOperation("op-1");
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted) << s;
   EXPECT_EQ(store_->GetJob("job-1", false)->generation(), 1);
   EXPECT_EQ(store_->CommitOperation("op-x").code(), absl::StatusCode::kNotFound);
 }
+
+RESHARD_STORE_CONTRACT(TransferTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::store_test

@@ -55,10 +55,45 @@ std::shared_ptr<PgStore> PgStoreTest::Connect(int pool_size) {
   return *store;
 }
 
-int64_t PgStoreTest::CountRows(const std::string& sql_with_job_param, const std::string& job_id) {
-  pqxx::connection conn(dsn_);
+int64_t CountRowsIn(const std::string& dsn, const std::string& sql_with_job_param,
+                    const std::string& job_id) {
+  pqxx::connection conn(dsn);
   pqxx::nontransaction n(conn);
   return n.exec_params1(sql_with_job_param, job_id)[0].as<int64_t>();
+}
+
+int64_t PgStoreTest::CountRows(const std::string& sql_with_job_param, const std::string& job_id) {
+  return CountRowsIn(dsn_, sql_with_job_param, job_id);
+}
+
+void StoreContractTest::SetUp() {
+  if (!IsPostgres()) {
+    store_ = std::make_shared<MemoryStore>();
+    return;
+  }
+  dsn_ = FreshMigratedDatabase();
+  store_ = Connect();
+  ASSERT_NE(store_, nullptr);
+}
+
+StorePtr StoreContractTest::Connect(int pool_size) {
+  if (!IsPostgres()) return store_;
+  PgStoreOptions options;
+  options.dsn = dsn_;
+  options.pool_size = pool_size;
+  absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(options);
+  RESHARD_CHECK(store.ok()) << store.status();
+  return *store;
+}
+
+int64_t StoreContractTest::CountRows(const std::string& sql_with_job_param,
+                                     const std::string& job_id) {
+  RESHARD_CHECK(IsPostgres()) << "CountRows reads PostgreSQL";
+  return CountRowsIn(dsn_, sql_with_job_param, job_id);
+}
+
+std::string StoreParamName(const ::testing::TestParamInfo<std::string>& info) {
+  return info.param;
 }
 
 std::vector<std::string> PgStoreTest::Observed() {

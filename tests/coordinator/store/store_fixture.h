@@ -13,6 +13,7 @@
 #include "reshard/v1/agent.pb.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/pg_store.h"
 #include "tests/coordinator/harness/test_postgres.h"
 
@@ -48,6 +49,45 @@ class PgStoreTest : public ::testing::Test {
   std::mutex observed_mu_;
   std::vector<std::string> observed_;
 };
+
+/// `sql_with_job_param` (one parameter, $1 = `job_id`) run on `dsn`; the
+/// count it selects.
+int64_t CountRowsIn(const std::string& dsn, const std::string& sql_with_job_param,
+                    const std::string& job_id);
+
+// ---- The contract suite (docs/coordinator.md, "The in-memory store and the
+// contract suite") ---------------------------------------------------------------
+// A test of Store SEMANTICS is a TEST_P of a StoreContractTest suite and runs
+// against both stores: RESHARD_STORE_CONTRACT(Suite) instantiates it as
+// Store/Suite.Test/Postgres and Store/Suite.Test/Memory. What only PostgreSQL
+// has (rows read with SQL) is checked under IsPostgres().
+
+inline constexpr char kPostgresStore[] = "Postgres";
+inline constexpr char kMemoryStore[] = "Memory";
+
+class StoreContractTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override;
+
+  bool IsPostgres() const { return GetParam() == kPostgresStore; }
+  /// Another client of this test's store (what a second replica sees): a new
+  /// PgStore on the test's database, or the same MemoryStore.
+  StorePtr Connect(int pool_size = 4);
+  /// As PgStoreTest::CountRows; PostgreSQL only.
+  int64_t CountRows(const std::string& sql_with_job_param, const std::string& job_id);
+
+  std::string dsn_;  // PostgreSQL only
+  StorePtr store_;
+};
+
+std::string StoreParamName(const ::testing::TestParamInfo<std::string>& info);
+
+#define RESHARD_STORE_CONTRACT(suite)                                                    \
+  INSTANTIATE_TEST_SUITE_P(                                                              \
+      Store, suite,                                                                      \
+      ::testing::Values(std::string(::reshard::coordinator::store_test::kPostgresStore), \
+                        std::string(::reshard::coordinator::store_test::kMemoryStore)),  \
+      ::reshard::coordinator::store_test::StoreParamName)
 
 // ---- Builders ----------------------------------------------------------------
 

@@ -1,0 +1,663 @@
+// MemoryStore: creating operations (with the meeting rule of
+// operation_meeting.h), compare-and-set moves through the state machine
+// (operation_machine.h), the transfer and the commit (as pg_operations.cc,
+// pg_meeting.cc, pg_transfer.cc).
+#include <algorithm>
+#include <map>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "services/coordinator/store/memory_store.h"
+#include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/operation_meeting.h"
+
+namespace reshard::coordinator {
+namespace {
+
+absl::Status CheckNewOperation(const NewOperation& op) {
+  if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
+  if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  if (op.kind == v1::OPERATION_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", op.operation_id, "\": kind is unspecified"));
+  }
+  for (const auto& [what, value] :
+       {std::pair<const char*, const std::string*>{"operation id", &op.operation_id},
+        {"job id", &op.job_id},
+        {"idempotency key", &op.idempotency.key}}) {
+    if (absl::Status s = mem::CheckText(what, *value); !s.ok()) return s;
+  }
+  for (const std::string& host : op.lost_hosts) {
+    if (absl::Status s = mem::CheckText("lost host", host); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
+                   v1::OperationState expected, absl::StatusCode code) {
+  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
+                                         StateName(state), ", not ", StateName(expected)));
+}
+
+// PREPARED goes through RecordHostPrepared.
+bool ValidTaskState(v1::HostTaskState s) {
+  return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
+}
+
+bool FinalTaskState(v1::HostTaskState s) {
+  return s == v1::HOST_TASK_STATE_DONE || s == v1::HOST_TASK_STATE_FAILED ||
+         s == v1::HOST_TASK_STATE_PREPARED;
+}
+
+absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
+                           bool check_states) {
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) {
+      return absl::InvalidArgumentError(check_states ? "StartTransfer: empty host id"
+                                                     : "empty host id");
+    }
+    if (absl::Status s = mem::CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+    if (check_states && !ValidTaskState(h.state)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
+  std::vector<std::string> ids;
+  for (const HostProgress& h : hosts) ids.push_back(h.host_id);
+  return ids;
+}
+
+}  // namespace
+
+absl::Status MemoryStore::CheckMove(const Operation& op, OpPhase to) const {
+  const OpFacts facts = FactsOf(op.row);
+  const OpPhase from = PhaseOf(facts);
+  std::vector<v1::OperationState> sources;  // stored states `to` is reached from
+  for (const OpTransition& t : AllTransitions()) {
+    if (t.to != to) continue;
+    if (t.from == from) return absl::OkStatus();
+    if (std::find(sources.begin(), sources.end(), StoredState(t.from)) == sources.end()) {
+      sources.push_back(StoredState(t.from));
+    }
+  }
+  if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
+    return absl::AbortedError(absl::StrCat("operation \"", op.row.id(), "\" is ",
+                                           StateName(facts.state), ", not ",
+                                           sources.empty() ? "?" : StateName(sources.front())));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("operation \"", op.row.id(), "\" is ", PhaseName(from),
+                   ": the operation state machine has no move from it to ", PhaseName(to)));
+}
+
+absl::StatusOr<int64_t> MemoryStore::CheckCutOver(const NewOperation& op,
+                                                  const std::vector<const Operation*>& active,
+                                                  int64_t current_generation) const {
+  const std::string& target = op.cut_over_operation_id;
+  if (active.empty() || target != active[0]->row.id()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cut_over_operation_id \"", target, "\": not the active operation of job \"", op.job_id,
+        "\"",
+        active.empty() ? " (it has none)" : absl::StrCat(" (\"", active[0]->row.id(), "\" is)")));
+  }
+  if (active.size() > 1) {
+    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target,
+                                                      "\": it was cut over already (checkpoint \"",
+                                                      active[1]->row.id(), "\" is running)"));
+  }
+  const Operation& stop_free = *active[0];
+  const v1::Operation& o = stop_free.row;
+  std::string why;
+  if (!o.stop_free()) {
+    why = "it is not stop-free";
+  } else if (o.state() != v1::OPERATION_STATE_PLANNED) {
+    why = "it is not PLANNED";
+  } else if (!o.cutover_operation_id().empty()) {
+    why = "it was cut over already";
+  } else if (o.prepared_unix_ms() == 0) {
+    std::vector<std::string> missing;
+    if (o.workers_prepared_unix_ms() == 0) {
+      missing.push_back("its new workers are not prepared yet (MarkPrepared)");
+    }
+    if (o.agents_prepared_unix_ms() == 0) {
+      if (o.prepared_from_generation() == 0) {
+        missing.push_back("its agents have not started preparing yet");
+      } else {
+        std::vector<std::string> hosts;
+        for (const auto& [host, row] : stop_free.hosts) {
+          if (row.progress.state != v1::HOST_TASK_STATE_PREPARED) {
+            hosts.push_back(absl::StrCat("\"", host, "\""));
+          }
+        }
+        missing.push_back(
+            absl::StrCat("hosts not prepared yet (not PREPARED): ", absl::StrJoin(hosts, ", ")));
+      }
+    }
+    why = absl::StrJoin(missing, "; ");
+  }
+  if (!why.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("cut_over_operation_id \"", target, "\" (", StateName(o.state()), "): ", why));
+  }
+  const int64_t reserved = o.to_generation() - 1;
+  return reserved > current_generation ? reserved : 0;
+}
+
+absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& op) {
+  if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
+  const bool keyed = !op.idempotency.key.empty();
+  std::lock_guard<std::mutex> l(mu_);
+  Tx tx;
+  Job* job = FindJob(op.job_id);
+  if (job == nullptr) return mem::JobNotFound(op.job_id);
+  const int64_t generation = job->row.generation();
+  if (keyed) {
+    absl::StatusOr<std::optional<std::string>> first = FindKey(op.idempotency);
+    if (!first.ok()) return first.status();
+    if (first->has_value()) {
+      const Operation* replayed = FindOperation(**first);
+      if (replayed == nullptr) return mem::OperationNotFound(**first);
+      WriteAudit(tx, op.job_id, **first);
+      Commit(tx);
+      return OperationView(*replayed, false).op;
+    }
+  }
+  if (op.expected_generation <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expected_generation must be positive, got ", op.expected_generation));
+  }
+  if (op.expected_generation != generation) {
+    return absl::AbortedError(absl::StrCat("job \"", op.job_id, "\" is at generation ", generation,
+                                           ", request expected ", op.expected_generation));
+  }
+  const std::vector<const Operation*> active_ops = ActiveOperationsOfJob(op.job_id);
+  std::vector<ActiveOperation> actives;
+  for (const Operation* a : active_ops) {
+    ActiveOperation x;
+    x.id = a->row.id();
+    x.state = a->row.state();
+    x.kind = a->row.kind();
+    x.stop_free = a->row.stop_free();
+    x.step_boundary = a->row.step_boundary();
+    x.queued_behind = a->row.queued_behind_operation_id();
+    x.step_boundary_checkpoint_id = a->row.step_boundary_checkpoint_id();
+    x.to_generation = a->row.to_generation();
+    actives.push_back(std::move(x));
+  }
+  absl::StatusOr<MeetingVerdict> verdict =
+      Meet(op.job_id, op.kind, op.cut_over_operation_id, actives);
+  if (!verdict.ok()) return verdict.status();
+  if (verdict->what == Meeting::kFold) {
+    const Operation* into = FindOperation(verdict->other);
+    WriteAudit(tx, op.job_id, verdict->other);
+    Commit(tx);
+    v1::Operation folded = OperationView(*into, false).op;
+    folded.set_checkpoint_folded(true);
+    return folded;
+  }
+  int64_t reserved_generation = 0;
+  if (verdict->what == Meeting::kCutOver) {
+    absl::StatusOr<int64_t> reserved = CheckCutOver(op, active_ops, generation);
+    if (!reserved.ok()) return reserved.status();
+    reserved_generation = *reserved;
+  }
+  if (op.step.has_value()) {
+    auto committed = job->dataset_states.find(generation);
+    if (committed == job->dataset_states.end()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", op.job_id,
+                       "\" has no dataset state: a checkpoint with a step needs one "
+                       "(RegisterJobRequest.dataset_state)"));
+    }
+    StepCommit commit = *op.step;
+    commit.job_id = op.job_id;
+    commit.generation = generation;
+    StepCommitVerdict step_verdict;
+    if (absl::Status s = CheckStepCommit(committed->second, generation, commit, &step_verdict);
+        !s.ok()) {
+      return s;
+    }
+    if (step_verdict == StepCommitVerdict::kRetry) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("job \"", op.job_id, "\": step ", commit.step,
+                       " is committed already; a checkpoint carries a later step"));
+    }
+  }
+  if (operations_.count(op.operation_id) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("operation \"", op.operation_id, "\" already exists"));
+  }
+  // Checks done: from here on the call changes things.
+  if (verdict->what == Meeting::kAbortCheckpoint) {
+    Operation& checkpoint = operations_.at(verdict->other);
+    std::string lost;
+    for (const std::string& host : op.lost_hosts) {
+      absl::StrAppend(&lost, lost.empty() ? "" : ", ", "host \"", host, "\"");
+    }
+    for (int rank : op.lost_ranks) absl::StrAppend(&lost, lost.empty() ? "" : ", ", "rank ", rank);
+    OperationUpdate update;
+    update.error = absl::StrCat("aborted: recovery \"", op.operation_id, "\" replaced it (lost ",
+                                lost, "); a checkpoint needs every rank of its generation");
+    checkpoint.row.set_state(v1::OPERATION_STATE_ABORTED);
+    checkpoint.row.set_error(mem::TruncateError(*update.error));
+    checkpoint.finished_unix_ms = Now();
+    TouchOperation(checkpoint);
+    DiscardPendingGeneration(*job, checkpoint.row.to_generation());
+  }
+  const int64_t next_generation = MaxGeneration(*job) + 1;
+  const std::string queued_behind =
+      verdict->what == Meeting::kQueue ? verdict->other : std::string();
+  const int64_t to_generation = !queued_behind.empty()    ? 0
+                                : reserved_generation > 0 ? reserved_generation
+                                : op.stop_free            ? next_generation + 1
+                                                          : next_generation;
+  const int64_t now = Now();
+  Operation& created = operations_[op.operation_id];
+  created.seq = ++next_seq_;
+  operation_seq_[created.seq] = op.operation_id;
+  v1::Operation& row = created.row;
+  row.set_id(op.operation_id);
+  row.set_job_id(op.job_id);
+  row.set_kind(op.kind);
+  row.set_state(v1::OPERATION_STATE_PENDING);
+  row.set_from_generation(generation);
+  row.set_to_generation(to_generation);
+  *row.mutable_target_layout() = op.target_layout;
+  row.set_idempotency_key(op.idempotency.key);
+  row.set_created_unix_ms(now);
+  row.set_queued_behind_operation_id(queued_behind);
+  row.set_step_boundary(op.at_step_boundary ? v1::STEP_BOUNDARY_WAITING
+                                            : v1::STEP_BOUNDARY_UNSPECIFIED);
+  row.set_step_boundary_deadline_unix_ms(
+      op.at_step_boundary && queued_behind.empty() ? op.step_boundary_deadline_unix_ms : 0);
+  row.set_stop_free(op.stop_free);
+  created.step_boundary_timeout_ms = op.at_step_boundary ? op.step_boundary_timeout_ms : 0;
+  created.lost_hosts = op.lost_hosts;
+  created.lost_ranks = op.lost_ranks;
+  if (op.step.has_value()) {
+    created.step = op.step->step;
+    created.step_cursor = op.step->cursor;
+  }
+  TouchOperation(created);
+  if (keyed) ClaimKey(op.idempotency, op.operation_id, op.job_id);
+  if (verdict->what == Meeting::kCutOver) {
+    Operation& target = operations_.at(op.cut_over_operation_id);
+    target.row.set_from_generation(to_generation);
+    target.row.set_to_generation(std::max(target.row.to_generation(), to_generation + 1));
+    target.row.set_cutover_unix_ms(now);
+    target.row.set_cutover_operation_id(op.operation_id);
+    TouchOperation(target);
+  }
+  if (verdict->what == Meeting::kBoundaryCheckpoint) {
+    Operation& waiting = operations_.at(verdict->other);
+    waiting.row.set_step_boundary(v1::STEP_BOUNDARY_CHECKPOINTING);
+    waiting.row.set_step_boundary_checkpoint_id(op.operation_id);
+    waiting.row.set_queued_behind_operation_id(op.operation_id);
+    waiting.row.set_to_generation(0);
+    waiting.row.set_step_boundary_deadline_unix_ms(0);
+    waiting.row.set_cutover_operation_id(op.operation_id);
+    waiting.row.set_cutover_unix_ms(now);
+    TouchOperation(waiting);
+  }
+  job->row.set_state(v1::JOB_STATE_RECONFIGURING);
+  TouchJob(*job);
+  WriteAudit(tx, op.job_id, op.operation_id);
+  Commit(tx);
+  return OperationView(created, false).op;
+}
+
+absl::StatusOr<OperationRecord> MemoryStore::GetOperation(const std::string& operation_id,
+                                                          bool include_plan) {
+  std::lock_guard<std::mutex> l(mu_);
+  const Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  return OperationView(*op, include_plan);
+}
+
+absl::StatusOr<bool> MemoryStore::ReleaseQueuedOperation(const std::string& operation_id,
+                                                         int64_t now_unix_ms) {
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  Job* job = FindJob(op->row.job_id());
+  if (job == nullptr) return mem::JobNotFound(op->row.job_id());
+  if (PhaseOf(op->row) != OpPhase::kQueued) {
+    return absl::AbortedError(
+        absl::StrCat("operation \"", operation_id, "\" is not a queued PENDING operation"));
+  }
+  const std::string behind = op->row.queued_behind_operation_id();
+  const Operation* checkpoint = FindOperation(behind);
+  const v1::OperationState state =
+      checkpoint == nullptr ? v1::OPERATION_STATE_UNSPECIFIED : checkpoint->row.state();
+  if (IsActiveState(state)) return false;
+  const int64_t next = MaxGeneration(*job) + 1;
+  v1::StepBoundary boundary = op->row.step_boundary();
+  int64_t deadline = 0;
+  if (boundary == v1::STEP_BOUNDARY_WAITING) {
+    deadline = now_unix_ms + op->step_boundary_timeout_ms;
+  } else if (boundary == v1::STEP_BOUNDARY_CHECKPOINTING &&
+             behind == op->row.step_boundary_checkpoint_id()) {
+    boundary = state == v1::OPERATION_STATE_COMMITTED ? v1::STEP_BOUNDARY_REACHED
+                                                      : v1::STEP_BOUNDARY_CHECKPOINT_ENDED;
+  }
+  op->row.clear_queued_behind_operation_id();
+  op->row.set_from_generation(job->row.generation());
+  op->row.set_to_generation(op->row.stop_free() ? next + 1 : next);
+  op->row.set_step_boundary(boundary);
+  op->row.set_step_boundary_deadline_unix_ms(deadline);
+  TouchOperation(*op);
+  TouchJobOf(*op);
+  return true;
+}
+
+absl::StatusOr<bool> MemoryStore::EndStepBoundaryWait(const std::string& operation_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr || PhaseOf(op->row) != OpPhase::kAtStepBoundary) return false;
+  op->row.set_step_boundary(v1::STEP_BOUNDARY_TIMED_OUT);
+  TouchOperation(*op);
+  TouchJobOf(*op);
+  return true;
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryStore::ListActiveOperations() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [seq, id] : operation_seq_) {
+    if (IsActiveState(operations_.at(id).row.state())) ids.push_back(id);
+  }
+  return ids;
+}
+
+void MemoryStore::EndOperation(Operation& op, v1::OperationState to,
+                               const OperationUpdate& update) {
+  op.row.set_state(to);
+  if (update.plan != nullptr) op.plan = *update.plan;
+  if (update.stats.has_value()) *op.row.mutable_stats() = *update.stats;
+  if (update.error.has_value()) op.row.set_error(mem::TruncateError(*update.error));
+  if (update.bytes_total.has_value()) op.row.set_bytes_total(*update.bytes_total);
+  if (IsTerminalState(to)) op.finished_unix_ms = Now();
+  TouchOperation(op);
+}
+
+absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
+                                              v1::OperationState from, v1::OperationState to,
+                                              const OperationUpdate& update) {
+  if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
+                     to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
+                     ", not TransitionOperation"));
+  }
+  if (from == to || !StoredMoveAllowed(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation \"", operation_id, "\": the operation state machine has no move from ",
+        StateName(from), " to ", StateName(to)));
+  }
+  if (absl::Status s = mem::CheckText("idempotency key", update.idempotency.key); !s.ok()) {
+    return s;
+  }
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  if (op->row.state() != from) {
+    return NotIn(operation_id, op->row.state(), from, absl::StatusCode::kAborted);
+  }
+  const std::string job_id = op->row.job_id();
+  if (!update.idempotency.key.empty() &&
+      keys_.count({update.idempotency.tenants, update.idempotency.key}) > 0) {
+    return absl::AbortedError(absl::StrCat("idempotency key \"", update.idempotency.key,
+                                           "\" was taken by a concurrent request; retry"));
+  }
+  EndOperation(*op, to, update);
+  TouchJobOf(*op);
+  Job* job = FindJob(job_id);
+  if (IsTerminalState(to) && job != nullptr) {
+    DiscardPendingGeneration(*job, op->row.to_generation());
+    SettleJobState(*job);
+    KeepReconfiguring(*job);
+  }
+  if (!update.idempotency.key.empty()) ClaimKey(update.idempotency, operation_id, job_id);
+  Tx tx;
+  WriteAudit(tx, job_id, operation_id);
+  Commit(tx);
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
+                                        const std::vector<HostProgress>& hosts) {
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
+    return s;
+  }
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Operation* op = FindOperation(operation_id);
+    if (op == nullptr) return mem::OperationNotFound(operation_id);
+    // PLANNED (stop-the-world) or LEGACY_CUTTING_OVER -> TRANSFERRING.
+    if (absl::Status s = CheckMove(*op, OpPhase::kTransferring); !s.ok()) return s;
+    Job* job = FindJob(op->row.job_id());
+    if (job == nullptr) return mem::JobNotFound(op->row.job_id());
+    const int64_t to_generation = op->row.to_generation();
+    if (absl::Status s = CheckNewGeneration(*job, to_generation, op->row.target_layout(),
+                                            GenerationState::kPending, "target");
+        !s.ok()) {
+      return s;
+    }
+    InsertGeneration(*job, to_generation, op->row.target_layout(), GenerationState::kPending,
+                     operation_id);
+    for (const HostProgress& h : hosts) {
+      HostRow& row = op->hosts[h.host_id];
+      row.progress = h;
+      row.progress.error = mem::TruncateError(h.error);
+      row.progress.waiting_on.clear();
+    }
+    op->row.set_state(v1::OPERATION_STATE_TRANSFERRING);
+    TouchOperation(*op);
+    TouchJobOf(*op);
+  }
+  TellTasks(HostIds(hosts));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
+                                             const HostProgress& progress,
+                                             const std::vector<v1::ShardChecksum>& checksums) {
+  if (!ValidTaskState(progress.state)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "host \"", progress.host_id, "\": bad task state ", static_cast<int>(progress.state)));
+  }
+  std::map<int, std::vector<v1::ShardChecksum>> by_rank;
+  for (const v1::ShardChecksum& c : checksums) by_rank[c.rank()].push_back(c);
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  const v1::OperationState state = op->row.state();
+  const bool preparing =
+      state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
+  if (state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
+    return NotIn(operation_id, state, v1::OPERATION_STATE_TRANSFERRING,
+                 absl::StatusCode::kFailedPrecondition);
+  }
+  auto row = op->hosts.find(progress.host_id);
+  if (row == op->hosts.end()) {
+    return absl::NotFoundError(absl::StrCat("host \"", progress.host_id,
+                                            "\" takes no part in operation \"", operation_id,
+                                            "\""));
+  }
+  Job* job = FindJob(op->row.job_id());
+  Generation* generation = nullptr;
+  if (job != nullptr) {
+    auto g = job->generations.find(op->row.to_generation());
+    if (g != job->generations.end()) generation = &g->second;
+  }
+  if (!by_rank.empty()) {
+    size_t exist = 0;
+    for (const auto& [rank, list] : by_rank) {
+      if (generation != nullptr && rank >= 0 &&
+          rank < static_cast<int>(generation->rank_hosts.size())) {
+        ++exist;
+      }
+    }
+    if (exist != by_rank.size()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "host \"", progress.host_id, "\" reported checksums for ", by_rank.size(),
+          " ranks, of which only ", exist, " exist in generation ", op->row.to_generation(),
+          " of job \"", op->row.job_id(), "\""));
+    }
+  }
+  HostProgress& p = row->second.progress;
+  const bool moved = p.state != progress.state || p.bytes_done != progress.bytes_done;
+  if (!(FinalTaskState(p.state) && !FinalTaskState(progress.state))) p.state = progress.state;
+  p.bytes_done = progress.bytes_done;
+  if (progress.bytes_total > 0) p.bytes_total = progress.bytes_total;
+  p.error = mem::TruncateError(progress.error);
+  if (moved) p.progress_unix_ms = progress.progress_unix_ms;
+  p.waiting_on = mem::TruncateError(progress.waiting_on);
+  for (auto& [rank, list] : by_rank) generation->checksums[rank] = std::move(list);
+  if (!preparing) {
+    int64_t done = 0;
+    for (const auto& [host, r] : op->hosts) done += r.progress.bytes_done;
+    op->row.set_bytes_done(done);
+    TouchOperation(*op);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<HostProgress>> MemoryStore::GetHostProgress(
+    const std::string& operation_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  const Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  std::vector<HostProgress> rows;
+  for (const auto& [host, row] : op->hosts) rows.push_back(row.progress);
+  return rows;
+}
+
+absl::Status MemoryStore::CommitOperation(const std::string& operation_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  // TRANSFERRING or PREPARED_TRANSFER -> COMMITTED.
+  if (absl::Status s = CheckMove(*op, OpPhase::kCommitted); !s.ok()) return s;
+  Job* job = FindJob(op->row.job_id());
+  if (job == nullptr) return mem::JobNotFound(op->row.job_id());
+  const int64_t to = op->row.to_generation();
+  auto pending = job->generations.find(to);
+  if (pending == job->generations.end() || pending->second.state != GenerationState::kPending) {
+    return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"",
+                                            op->row.job_id(), "\" has no pending generation ",
+                                            to));
+  }
+  const int64_t now = Now();
+  const int64_t from = job->row.generation();
+  for (auto& [n, g] : job->generations) {
+    if (g.state == GenerationState::kCurrent) g.state = GenerationState::kRetired;
+  }
+  pending->second.state = GenerationState::kCurrent;
+  pending->second.committed_unix_ms = now;
+  job->lost_hosts.clear();
+  job->row.set_generation(to);
+  bool lost = false;
+  for (const std::string& h : pending->second.rank_hosts) lost = lost || HostLost(h);
+  job->row.set_state(lost ? v1::JOB_STATE_DEGRADED : v1::JOB_STATE_ACTIVE);
+  if (op->row.kind() != v1::OPERATION_KIND_CHECKPOINT) {
+    job->row.set_layout_epoch(job->row.layout_epoch() + 1);
+  }
+  // The dataset state travels with the model state (docs/data.md).
+  auto carried = job->dataset_states.find(from);
+  if (carried != job->dataset_states.end() && job->dataset_states.count(to) == 0) {
+    job->dataset_states[to] = carried->second;
+  }
+  auto d = job->dataset_states.find(to);
+  if (op->step.has_value() && d != job->dataset_states.end()) {
+    d->second.set_cursor(op->step_cursor.value_or(0));
+    d->second.set_step(*op->step);
+    d->second.set_committed_generation(to);
+    d->second.set_committed_unix_ms(now);
+  }
+  op->row.set_state(v1::OPERATION_STATE_COMMITTED);
+  op->finished_unix_ms = now;
+  TouchOperation(*op);
+  TouchJob(*job);
+  KeepReconfiguring(*job);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryStore::AssignedOperations(
+    const std::string& host_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [seq, id] : operation_seq_) {
+    const Operation& op = operations_.at(id);
+    auto row = op.hosts.find(host_id);
+    if (row == op.hosts.end()) continue;
+    const v1::HostTaskState s = row->second.progress.state;
+    const bool transferring = op.row.state() == v1::OPERATION_STATE_TRANSFERRING &&
+                              s != v1::HOST_TASK_STATE_DONE && s != v1::HOST_TASK_STATE_FAILED;
+    const bool preparing = InAgentsPrepare(PhaseOf(op.row)) &&
+                           (s == v1::HOST_TASK_STATE_ASSIGNED || s == v1::HOST_TASK_STATE_RUNNING);
+    if (transferring || preparing) ids.push_back(id);
+  }
+  return ids;
+}
+
+std::vector<v1::GenerationRef> MemoryStore::GenerationsIn(GenerationState state,
+                                                          const std::string& host_id) const {
+  std::vector<v1::GenerationRef> refs;
+  for (const auto& [job_id, job] : jobs_) {
+    for (const auto& [n, g] : job.generations) {
+      if (g.state != state) continue;
+      if (std::find(g.rank_hosts.begin(), g.rank_hosts.end(), host_id) == g.rank_hosts.end()) {
+        continue;
+      }
+      v1::GenerationRef ref;
+      ref.set_job_id(job_id);
+      ref.set_generation(n);
+      refs.push_back(std::move(ref));
+    }
+  }
+  return refs;
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToRelease(
+    const std::string& host_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  return GenerationsIn(GenerationState::kRetired, host_id);
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToDiscard(
+    const std::string& host_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  return GenerationsIn(GenerationState::kDiscarded, host_id);
+}
+
+absl::StatusOr<std::vector<v1::Operation>> MemoryStore::ListOperationsForJob(
+    const std::string& job_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  if (FindJob(job_id) == nullptr) return mem::JobNotFound(job_id);
+  std::vector<v1::Operation> ops;
+  const std::vector<const Operation*> all = OperationsOfJob(job_id);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    ops.push_back(OperationView(**it, false).op);
+  }
+  return ops;
+}
+
+void MemoryStore::DeleteOperation(const std::string& operation_id) {
+  auto it = operations_.find(operation_id);
+  if (it == operations_.end()) return;
+  operation_seq_.erase(it->second.seq);
+  operations_.erase(it);
+}
+
+}  // namespace reshard::coordinator

@@ -1,0 +1,215 @@
+// MemoryStore: a stop-free operation's prepare (MarkPrepared, the agents'
+// prepare, the transfer after the cut-over), as pg_stop_free.cc and
+// pg_prepare.cc.
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "services/coordinator/store/memory_store.h"
+#include "services/coordinator/store/memory_store_internal.h"
+
+namespace reshard::coordinator {
+namespace {
+
+absl::Status CheckRows(const std::string& operation_id, const std::vector<HostProgress>& hosts) {
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) return absl::InvalidArgumentError("empty host id");
+    if (absl::Status s = mem::CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
+  std::vector<std::string> ids;
+  for (const HostProgress& h : hosts) ids.push_back(h.host_id);
+  return ids;
+}
+
+}  // namespace
+
+void MemoryStore::SetAgentsPrepared(Operation& op) {
+  if (op.row.agents_prepared_unix_ms() > 0) return;
+  for (const auto& [host, row] : op.hosts) {
+    if (row.progress.state != v1::HOST_TASK_STATE_PREPARED) return;
+  }
+  op.row.set_agents_prepared_unix_ms(Now());
+  TouchOperation(op);
+}
+
+void MemoryStore::SettlePrepared(Operation& op) {
+  v1::Operation& o = op.row;
+  if (o.prepared_unix_ms() > 0 || o.workers_prepared_unix_ms() == 0 ||
+      o.agents_prepared_unix_ms() == 0) {
+    return;
+  }
+  o.set_prepared_unix_ms(std::max(o.workers_prepared_unix_ms(), o.agents_prepared_unix_ms()));
+  TouchOperation(op);
+}
+
+absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& operation_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  if (op->row.state() != v1::OPERATION_STATE_PLANNED || !op->row.stop_free()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("operation \"", operation_id, "\" is ", StateName(op->row.state()),
+                     op->row.stop_free() ? "" : " and not stop-free",
+                     ": only a stop-free operation in PLANNED can be marked prepared"));
+  }
+  if (op->row.workers_prepared_unix_ms() == 0) op->row.set_workers_prepared_unix_ms(Now());
+  TouchOperation(*op);
+  SettlePrepared(*op);
+  Tx tx;
+  WriteAudit(tx, op->row.job_id(), operation_id);
+  Commit(tx);
+  return OperationView(*op, false).op;
+}
+
+absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t from_generation,
+                                       const std::vector<HostProgress>& hosts) {
+  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Operation* op = FindOperation(operation_id);
+    if (op == nullptr) return mem::OperationNotFound(operation_id);
+    if (PhaseOf(op->row) != OpPhase::kToPrepare) {
+      return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
+                                             StateName(op->row.state()),
+                                             ", not a stop-free operation in PLANNED to prepare"));
+    }
+    Job* job = FindJob(op->row.job_id());
+    if (job == nullptr) return mem::JobNotFound(op->row.job_id());
+    const int64_t to_generation = op->row.to_generation();
+    if (absl::Status s = CheckNewGeneration(*job, to_generation, op->row.target_layout(),
+                                            GenerationState::kPending, "target");
+        !s.ok()) {
+      return s;
+    }
+    // Pending from now on: an abort discards it on every host of its ranks.
+    InsertGeneration(*job, to_generation, op->row.target_layout(), GenerationState::kPending,
+                     operation_id);
+    for (const HostProgress& h : hosts) {
+      HostRow& row = op->hosts[h.host_id];
+      row.progress.host_id = h.host_id;
+      row.progress.state = v1::HOST_TASK_STATE_ASSIGNED;
+      row.progress.bytes_total = h.bytes_total;
+      row.progress.progress_unix_ms = h.progress_unix_ms;
+    }
+    op->row.set_prepared_from_generation(from_generation);
+    TouchOperation(*op);
+    SetAgentsPrepared(*op);  // only when there is no host
+    SettlePrepared(*op);
+  }
+  TellTasks(HostIds(hosts));
+  return absl::OkStatus();
+}
+
+absl::Status MemoryStore::RecordHostPrepared(const std::string& operation_id,
+                                             const std::string& host_id, int64_t now_unix_ms,
+                                             const std::vector<v1::ShardChecksum>& sources) {
+  std::lock_guard<std::mutex> l(mu_);
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  if (op->row.state() != v1::OPERATION_STATE_PLANNED) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation \"", operation_id, "\" is ", StateName(op->row.state()),
+        ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
+  }
+  auto row = op->hosts.find(host_id);
+  if (row == op->hosts.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
+  }
+  HostProgress& p = row->second.progress;
+  if (p.state != v1::HOST_TASK_STATE_ASSIGNED && p.state != v1::HOST_TASK_STATE_RUNNING) {
+    if (p.state == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
+    return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
+                                                      v1::HostTaskState_Name(p.state),
+                                                      " for operation \"", operation_id, "\""));
+  }
+  p.state = v1::HOST_TASK_STATE_PREPARED;
+  p.bytes_done = p.bytes_total;
+  p.error.clear();
+  p.waiting_on.clear();
+  p.progress_unix_ms = now_unix_ms;
+  row->second.bytes_precopied = p.bytes_total;
+  for (const v1::ShardChecksum& c : sources) {
+    op->prepared_sources[{c.item(), c.rank()}] = {host_id, c};
+  }
+  op->row.set_bytes_precopied(op->row.bytes_precopied() + p.bytes_total);
+  TouchOperation(*op);
+  SetAgentsPrepared(*op);
+  SettlePrepared(*op);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetPreparedSources(
+    const std::string& operation_id) {
+  std::lock_guard<std::mutex> l(mu_);
+  std::vector<v1::ShardChecksum> sums;
+  const Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return sums;
+  for (const auto& [key, source] : op->prepared_sources) sums.push_back(source.second);
+  return sums;
+}
+
+absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
+                                                const std::vector<HostProgress>& hosts,
+                                                const SkippedSteps& skipped) {
+  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    Operation* op = FindOperation(operation_id);
+    if (op == nullptr) return mem::OperationNotFound(operation_id);
+    // CUTTING_OVER -> PREPARED_TRANSFER.
+    if (absl::Status s = CheckMove(*op, OpPhase::kPreparedTransfer); !s.ok()) return s;
+    const std::string& job_id = op->row.job_id();
+    const int64_t to_generation = op->row.to_generation();
+    Job* job = FindJob(job_id);
+    const Generation* pending = nullptr;
+    if (job != nullptr) {
+      auto g = job->generations.find(to_generation);
+      if (g != job->generations.end() && g->second.state == GenerationState::kPending) {
+        pending = &g->second;
+      }
+    }
+    if (pending == nullptr) {
+      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"", job_id,
+                                              "\" has no pending generation ", to_generation,
+                                              " (its prepare inserts it)"));
+    }
+    size_t prepared = 0;
+    for (const HostProgress& h : hosts) prepared += op->hosts.count(h.host_id);
+    if (prepared != hosts.size()) {
+      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": ", hosts.size(),
+                                              " hosts to transfer, ", prepared,
+                                              " of them prepared"));
+    }
+    int64_t bytes_total = 0;
+    for (const HostProgress& h : hosts) {
+      HostProgress& p = op->hosts.at(h.host_id).progress;
+      p.state = v1::HOST_TASK_STATE_ASSIGNED;
+      p.bytes_done = 0;
+      p.bytes_total = h.bytes_total;
+      p.error.clear();
+      p.waiting_on.clear();
+      p.progress_unix_ms = h.progress_unix_ms;
+      bytes_total += h.bytes_total;
+    }
+    op->row.set_state(v1::OPERATION_STATE_TRANSFERRING);
+    op->skipped_steps = skipped.step_indexes;
+    op->row.set_bytes_skipped_unchanged(skipped.bytes);
+    op->row.set_bytes_total(bytes_total);
+    op->row.set_bytes_done(0);
+    TouchOperation(*op);
+    TouchJobOf(*op);
+  }
+  TellTasks(HostIds(hosts));
+  return absl::OkStatus();
+}
+
+}  // namespace reshard::coordinator
