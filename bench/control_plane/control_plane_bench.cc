@@ -98,6 +98,7 @@ struct Row {
   double window_s = 0;
   double xacts_per_s = 0, rows_per_s = 0;
   double cpu_pct = 0;
+  double bench_cpu_pct = 0;  // this process (the simulated agents and watchers)
   int threads = 0;
   int64_t rss_kib = 0;
   double kib_per_stream = -1;
@@ -149,6 +150,14 @@ class GetJobProbe {
   std::thread thread_;
 };
 
+// CPU seconds this process has used (the simulated side's cost, to tell a
+// saturated benchmark from a saturated coordinator).
+double SelfCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return u.ru_utime.tv_sec + u.ru_stime.tv_sec + (u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
 void RaiseFdLimit() {
   rlimit lim{};
   if (getrlimit(RLIMIT_NOFILE, &lim) != 0) return;
@@ -164,19 +173,22 @@ void RaiseFdLimit() {
 void PrintTable(const Options& opt, const std::vector<Row>& rows, double cross_p50,
                 double cross_p99, size_t cross_n) {
   std::printf(
-      "\n| streams | hosts | PG xact/s | PG rows read/s | coord CPU | threads | RSS MiB | "
+      "\n| streams | hosts | PG xact/s | PG rows read/s | coord CPU | bench CPU | threads | "
+      "RSS MiB | "
       "KiB/stream | pickup p50 / p99 ms (n, by heartbeat) | GetJob p99 ms (n) | events/s | "
       "ops committed / created |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     if (!r.measured) {
-      std::printf("| %d | %d | not measured: %s |||||||||| |\n", r.streams, opt.hosts,
+      std::printf("| %d | %d | not measured: %s ||||||||||| |\n", r.streams, opt.hosts,
                   r.note.c_str());
       continue;
     }
-    std::printf("| %d | %d | %.0f | %.0f | %.0f %% | %d | %.1f | %s | %s / %s (%zu, %d) | %s (%zu) | "
+    std::printf("| %d | %d | %.0f | %.0f | %.0f %% | %.0f %% | %d | %.1f | %s | "
+                "%s / %s (%zu, %d) | %s (%zu) | "
                 "%.0f | %d / %d |\n",
-                r.streams, opt.hosts, r.xacts_per_s, r.rows_per_s, r.cpu_pct, r.threads,
+                r.streams, opt.hosts, r.xacts_per_s, r.rows_per_s, r.cpu_pct, r.bench_cpu_pct,
+                r.threads,
                 r.rss_kib / 1024.0,
                 r.kib_per_stream < 0 ? "-" : absl::StrFormat("%.1f", r.kib_per_stream).c_str(),
                 Ms(Percentile(r.ops.pickup_ms, 0.5)).c_str(),
@@ -198,9 +210,22 @@ void PrintTable(const Options& opt, const std::vector<Row>& rows, double cross_p
     if (!r.measured) continue;
     std::printf("  %d streams:", r.streams);
     if (base != nullptr && &r != base) {
-      const bool flat = r.xacts_per_s <= kFlatRatio * base->xacts_per_s + 20;
-      std::printf(" PG xact/s flat (<= %.2fx the %d-stream row's %.0f): %.0f %s;", kFlatRatio,
-                  base->streams, base->xacts_per_s, r.xacts_per_s, verdict(flat));
+      // Flat: transactions and rows read within kFlatRatio of the row with
+      // the fewest streams, at (nearly) the same operation rate; a
+      // coordinator too busy to run the operations reads less, not "flat".
+      const double ops = r.ops.committed / r.window_s;
+      const double base_ops = base->ops.committed / base->window_s;
+      const bool kept_up = ops >= 0.75 * base_ops;
+      const bool flat = kept_up && r.xacts_per_s <= kFlatRatio * base->xacts_per_s + 20 &&
+                        r.rows_per_s <= kFlatRatio * base->rows_per_s + 1000;
+      std::printf(" PG load flat (<= %.2fx the %d-stream row's %.0f xact/s, %.0f rows/s): %.0f, "
+                  "%.0f %s%s;",
+                  kFlatRatio, base->streams, base->xacts_per_s, base->rows_per_s, r.xacts_per_s,
+                  r.rows_per_s, verdict(flat),
+                  kept_up ? ""
+                          : absl::StrFormat(" (saturated: operations/s %.1f, %.1f without streams)",
+                                            ops, base_ops)
+                                .c_str());
     }
     const double pickup = Percentile(r.ops.pickup_ms, 0.99);
     const double getjob = Percentile(r.getjob_ms, 0.99);
@@ -235,8 +260,11 @@ int Run(const Options& opt) {
     std::fprintf(stderr, "control_plane_bench: mkdtemp failed\n");
     return 1;
   }
-  const int max_streams = *std::max_element(opt.streams.begin(), opt.streams.end());
-  const int stream_limit = std::max(128, max_streams + opt.cross_watchers + 16);
+  // The sum over the rows, not the largest: a replica may free the slots of
+  // a row's cancelled streams only after the next row opened its own.
+  int all_streams = 0;
+  for (int n : opt.streams) all_streams += n;
+  const int stream_limit = std::max(128, all_streams + opt.cross_watchers + 16);
   // Every flag beyond `serve --dsn --listen --metrics-listen --insecure
   // --replica-id`: the watch limits, raised so that the rows' streams fit
   // (--max-rpc-threads stays 0, no cap).
@@ -330,6 +358,7 @@ int Run(const Options& opt) {
     absl::StatusOr<PgSample> pg0 = SamplePostgres((*pg)->dsn());
     absl::StatusOr<ProcSample> p0 = SampleProcess((*a)->pid());
     const int64_t events0 = watch.events();
+    const double self0 = SelfCpuSeconds();
     const auto t0 = Clock::now();
     resizer.SetRow(static_cast<int>(r));
     GetJobProbe probe(probe_stub.get(), resizer.job_ids());
@@ -363,10 +392,17 @@ int Run(const Options& opt) {
       row.xacts_per_s = (pg1->transactions - pg0->transactions) / window;
       row.rows_per_s = (pg1->rows_read - pg0->rows_read) / window;
       row.cpu_pct = 100 * (p1->cpu_seconds - p0->cpu_seconds) / window;
+      row.bench_cpu_pct = 100 * (SelfCpuSeconds() - self0) / window;
       row.threads = std::max(peak.threads, p1->threads);
       row.rss_kib = std::max(peak.rss_kib, p1->rss_kib);
-      if (row.streams > 0 && base.ok()) {
-        row.kib_per_stream = static_cast<double>(row.rss_kib - base->rss_kib) / row.streams;
+      // Against the row without streams when there is one (the same
+      // hosts and operations), else the coordinator's RSS before the rows.
+      int64_t reference_kib = base.ok() ? base->rss_kib : -1;
+      for (const Row& earlier : rows) {
+        if (earlier.measured && earlier.streams == 0) reference_kib = earlier.rss_kib;
+      }
+      if (row.streams > 0 && reference_kib >= 0) {
+        row.kib_per_stream = static_cast<double>(row.rss_kib - reference_kib) / row.streams;
       }
       row.events_per_s = (events1 - events0) / window;
     }
@@ -374,7 +410,8 @@ int Run(const Options& opt) {
     row.getjob_errors = probe.errors();
     if (probe.errors() > 0) failures.push_back(probe.first_error());
     if (watch.errors() > 0) {
-      failures.push_back(absl::StrCat(watch.errors(), " WatchJob streams on replica A failed; first: ",
+      failures.push_back(absl::StrCat(watch.errors(),
+                                      " WatchJob streams on replica A failed; first: ",
                                       watch.first_error()));
     }
     watch.Close();
@@ -385,7 +422,8 @@ int Run(const Options& opt) {
   hosts.Stop();
   timer.Stop();
   if (cross.errors() > 0) {
-    failures.push_back(absl::StrCat(cross.errors(), " WatchJob streams on replica B failed; first: ",
+    failures.push_back(absl::StrCat(cross.errors(),
+                                    " WatchJob streams on replica B failed; first: ",
                                     cross.first_error()));
   }
   cross.Close();

@@ -236,7 +236,8 @@ Resizer::RowFigures Resizer::Figures(int row) const {
     }
     auto c = cross_seen_.find(id);
     if (c != cross_seen_.end()) {
-      f.cross_ms.push_back(std::chrono::duration<double, std::milli>(c->second - op.created).count());
+      f.cross_ms.push_back(
+          std::chrono::duration<double, std::milli>(c->second - op.created).count());
     }
   }
   return f;

@@ -40,7 +40,8 @@ class WatchSet::Stream : public grpc::ClientReadReactor<v1::Job> {
       std::lock_guard<std::mutex> l(mu_);
       done_ = true;
     }
-    set_->Ended(status, set_->closing_.load() && status.error_code() == grpc::StatusCode::CANCELLED);
+    set_->Ended(status,
+                set_->closing_.load() && status.error_code() == grpc::StatusCode::CANCELLED);
   }
 
  private:
