@@ -12,6 +12,10 @@ namespace {
 
 using Ids = std::vector<std::string>;
 
+absl::Status HostNotFound(const std::string& host_id) {
+  return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+}
+
 absl::Status CheckIds(const char* what, const Ids& ids) {
   for (const std::string& id : ids) {
     if (absl::Status s = mem::CheckText(what, id); !s.ok()) return s;
@@ -47,7 +51,7 @@ absl::Status MemoryStore::Heartbeat(const std::string& host_id, int64_t epoch, i
                                     int64_t lease_expires_unix_ms) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = hosts_.find(host_id);
-  if (it == hosts_.end()) return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+  if (it == hosts_.end()) return HostNotFound(host_id);
   HostRecord& h = it->second;
   if (h.epoch != epoch) {
     return absl::FailedPreconditionError(
@@ -87,7 +91,7 @@ absl::StatusOr<std::vector<v1::Host>> MemoryStore::ListHosts() {
 absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
   std::lock_guard<std::mutex> l(mu_);
   auto it = hosts_.find(host_id);
-  if (it == hosts_.end()) return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+  if (it == hosts_.end()) return HostNotFound(host_id);
   const HostRecord& h = it->second;
   return HostView(h.info, h.state, h.last_heartbeat_unix_ms, h.lease_expires_unix_ms);
 }

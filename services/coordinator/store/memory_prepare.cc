@@ -85,7 +85,7 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
     if (job == nullptr) return mem::JobNotFound(op->row.job_id());
     const int64_t to_generation = op->row.to_generation();
     if (absl::Status s = CheckNewGeneration(*job, to_generation, op->row.target_layout(),
-                                            GenerationState::kPending, "target");
+                                            GenerationState::kPending, operation_id, "target");
         !s.ok()) {
       return s;
     }

@@ -256,17 +256,19 @@ int64_t MemoryStore::MaxGeneration(const Job& job) const {
 
 absl::Status MemoryStore::CheckNewGeneration(const Job& job, int64_t generation,
                                              const v1::Layout& layout, GenerationState state,
+                                             const std::string& operation_id,
                                              const std::string& what) const {
   absl::StatusOr<std::vector<std::string>> hosts = mem::RankHosts(layout, what);
   if (!hosts.ok()) return hosts.status();
-  // The primary key and the one-current / one-pending indexes of generations.
   if (job.generations.count(generation) > 0) {
     return absl::AlreadyExistsError(absl::StrCat("job \"", job.row.id(), "\" has generation ",
                                                  generation, " already"));
   }
   for (const auto& [n, g] : job.generations) {
-    if (g.state == state && (state == GenerationState::kCurrent ||
-                             state == GenerationState::kPending)) {
+    const bool taken =
+        state == GenerationState::kCurrent ||
+        (state == GenerationState::kPending && g.operation_id == operation_id);
+    if (g.state == state && taken) {
       return absl::AlreadyExistsError(absl::StrCat("job \"", job.row.id(), "\" has a ",
                                                    state == GenerationState::kCurrent
                                                        ? "current"

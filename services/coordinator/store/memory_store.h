@@ -223,8 +223,11 @@ class MemoryStore : public Store {
   void KeepReconfiguring(Job& job);
   void TouchJobsOnHost(const std::string& host_id);
   int64_t MaxGeneration(const Job& job) const;
+  /// The primary key and unique indexes of generations: one CURRENT per job,
+  /// one PENDING per operation (migration 0011).
   absl::Status CheckNewGeneration(const Job& job, int64_t generation, const v1::Layout& layout,
-                                  GenerationState state, const std::string& what) const;
+                                  GenerationState state, const std::string& operation_id,
+                                  const std::string& what) const;
   void InsertGeneration(Job& job, int64_t generation, const v1::Layout& layout,
                         GenerationState state, const std::string& operation_id);
   void DiscardPendingGeneration(Job& job, int64_t generation);

@@ -11,17 +11,23 @@
 namespace reshard::coordinator::testing {
 
 void LogicTest::SetUp() {
-  // One server per test process, one fresh database per test.
-  absl::StatusOr<std::string> dsn = CreateFreshDatabase("logic");
-  ASSERT_TRUE(dsn.ok()) << dsn.status();
-  dsn_ = *dsn;
-  const absl::Status migrated = Migrate(dsn_);
-  ASSERT_TRUE(migrated.ok()) << migrated;
-  // The store stamps rows with the database's clock; start the fake one at
-  // the real time so that ages computed from both agree.
+  const ::testing::TestInfo* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  memory_store_ = info->value_param() != nullptr && GetParam() == "Memory";
+  if (!memory_store_) {
+    // One server per test process, one fresh database per test.
+    absl::StatusOr<std::string> dsn = CreateFreshDatabase("logic");
+    ASSERT_TRUE(dsn.ok()) << dsn.status();
+    dsn_ = *dsn;
+    const absl::Status migrated = Migrate(dsn_);
+    ASSERT_TRUE(migrated.ok()) << migrated;
+  }
+  // The store stamps rows with its own clock (the database's, or the
+  // system's in memory); start the fake one at the real time so that ages
+  // computed from both agree.
   clock_.Set(std::chrono::duration_cast<std::chrono::milliseconds>(
                  std::chrono::system_clock::now().time_since_epoch())
                  .count());
+  if (memory_store_) memory_database_ = std::make_shared<MemoryStore>();
   store_ = ConnectStore();
   ASSERT_NE(store_, nullptr);
   metrics_ = std::make_unique<CoordinatorMetrics>(std::make_shared<prometheus::Registry>());
@@ -41,7 +47,8 @@ void LogicTest::TearDown() {
   store_.reset();
 }
 
-std::shared_ptr<PgStore> LogicTest::ConnectStore() {
+StorePtr LogicTest::ConnectStore() {
+  if (memory_store_) return memory_database_;
   PgStoreOptions options;
   options.dsn = dsn_;
   options.pool_size = 4;

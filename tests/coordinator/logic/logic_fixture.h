@@ -2,6 +2,12 @@
 // the throwaway PostgreSQL server (one server per test process), a PgStore
 // on it, the logic objects wired to a fake clock, and helpers that play the
 // agents' side through AgentApi.
+//
+// A suite whose tests are TEST_P and instantiated with
+// RESHARD_LOGIC_ON_BOTH_STORES runs each test twice: on PostgreSQL
+// (Stores/Suite.Test/Postgres) and on the in-memory store
+// (Stores/Suite.Test/Memory, no database at all: store/memory_store.h). A
+// TEST_F runs on PostgreSQL only.
 #pragma once
 
 #include <atomic>
@@ -23,6 +29,7 @@
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/metrics/metrics.h"
+#include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/pg_store.h"
 
 namespace reshard::coordinator::testing {
@@ -61,15 +68,18 @@ struct DatabaseSnapshot {
   }
 };
 
-class LogicTest : public ::testing::Test {
+class LogicTest : public ::testing::TestWithParam<std::string> {
  protected:
   static constexpr int64_t kLeaseMs = 10000;
 
   void SetUp() override;
   void TearDown() override;
 
-  /// A new store on this test's database (what a restarted replica gets).
-  std::shared_ptr<PgStore> ConnectStore();
+  /// A new store on this test's database (what a restarted replica gets);
+  /// on the in-memory store, that same store.
+  StorePtr ConnectStore();
+  /// The test runs on the in-memory store (its parameter is "Memory").
+  bool OnMemoryStore() const { return memory_store_; }
   /// A driver on `store` with this fixture's clock and metrics.
   std::unique_ptr<OperationDriver> MakeDriver(StorePtr store,
                                               OperationDriver::Options options = {});
@@ -102,7 +112,10 @@ class LogicTest : public ::testing::Test {
 
   std::string dsn_;
   FakeClock clock_{0};
-  std::shared_ptr<PgStore> store_;
+  StorePtr store_;
+  bool memory_store_ = false;
+  /// On the in-memory store: the "database" (outlives store_ being reset).
+  std::shared_ptr<MemoryStore> memory_database_;
   std::unique_ptr<CoordinatorMetrics> metrics_;
   std::unique_ptr<SchedulerApi> api_;
   std::unique_ptr<AgentApi> agents_;
@@ -111,3 +124,9 @@ class LogicTest : public ::testing::Test {
 };
 
 }  // namespace reshard::coordinator::testing
+
+/// Instantiates the TEST_P tests of `suite` (a LogicTest) on both stores.
+#define RESHARD_LOGIC_ON_BOTH_STORES(suite)                                     \
+  INSTANTIATE_TEST_SUITE_P(                                                     \
+      Stores, suite, ::testing::Values(std::string("Postgres"), std::string("Memory")), \
+      [](const ::testing::TestParamInfo<std::string>& info) { return info.param; })

@@ -31,7 +31,7 @@ bool HasRef(const google::protobuf::RepeatedPtrField<v1::GenerationRef>& refs,
 
 class OperationDriverTest : public LogicTest {};
 
-TEST_F(OperationDriverTest, ResizeRunsToCommitted) {
+TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
   const v1::Job job = Register(SmallJob("flow"));
   RegisterAgents({"h0", "h1", "h2", "h9"});
   // tp2 pp2 dp1 on h0,h1 -> tp1 pp2 dp2 on h1,h2: h0 only sends, h2 only
@@ -151,7 +151,7 @@ TEST_F(OperationDriverTest, ResizeRunsToCommitted) {
   EXPECT_EQ(next->from_generation(), 2);
 }
 
-TEST_F(OperationDriverTest, FailedHostAbortsWithItsError) {
+TEST_P(OperationDriverTest, FailedHostAbortsWithItsError) {
   const v1::Job job = Register(SmallJob("host-fails"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -184,7 +184,7 @@ TEST_F(OperationDriverTest, FailedHostAbortsWithItsError) {
             1);
 }
 
-TEST_F(OperationDriverTest, ExpiredLeaseAbortsTheTransferAndDegradesTheJob) {
+TEST_P(OperationDriverTest, ExpiredLeaseAbortsTheTransferAndDegradesTheJob) {
   const v1::Job job = Register(SmallJob("lease"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -214,7 +214,7 @@ TEST_F(OperationDriverTest, ExpiredLeaseAbortsTheTransferAndDegradesTheJob) {
   EXPECT_EQ(MetricValue("reshard_coordinator_jobs", {{"state", "degraded"}}), 1);
 }
 
-TEST_F(OperationDriverTest, ExpiredLeaseDegradesAnIdleJob) {
+TEST_P(OperationDriverTest, ExpiredLeaseDegradesAnIdleJob) {
   const v1::Job job = Register(SmallJob("idle"));
   const v1::Job elsewhere = Register(SmallJob("elsewhere"));
   (void)elsewhere;
@@ -230,7 +230,7 @@ TEST_F(OperationDriverTest, ExpiredLeaseDegradesAnIdleJob) {
   EXPECT_THAT(j.lost_hosts(), ElementsAre("h1"));
 }
 
-TEST_F(OperationDriverTest, RecoverFromALostHostWithReplicasCommits) {
+TEST_P(OperationDriverTest, RecoverFromALostHostWithReplicasCommits) {
   const v1::Job job = Register(ReplicatedJob("replicas"));
   RegisterAgents({"h0", "h1", "h2"});
   clock_.Advance(kLeaseMs / 2);
@@ -261,7 +261,7 @@ TEST_F(OperationDriverTest, RecoverFromALostHostWithReplicasCommits) {
   EXPECT_EQ(j.generation(), 2);
 }
 
-TEST_F(OperationDriverTest, LostDataFailsNamingTheTensors) {
+TEST_P(OperationDriverTest, LostDataFailsNamingTheTensors) {
   // tp2 pp2 dp1: h1 holds the only copy of stage 1 (layer 1, final norm).
   const v1::Job job = Register(SmallJob("no-replica"));
   RegisterAgents({"h0", "h2"});
@@ -288,7 +288,7 @@ TEST_F(OperationDriverTest, LostDataFailsNamingTheTensors) {
             1);
 }
 
-TEST_F(OperationDriverTest, HostWithoutAgentAborts) {
+TEST_P(OperationDriverTest, HostWithoutAgentAborts) {
   const v1::Job job = Register(SmallJob("no-agent"));
   RegisterAgents({"h0", "h1"});  // h3 never registers
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h0", "h3"}, 2));
@@ -300,7 +300,7 @@ TEST_F(OperationDriverTest, HostWithoutAgentAborts) {
   EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_ACTIVE);
 }
 
-TEST_F(OperationDriverTest, TransferTimesOut) {
+TEST_P(OperationDriverTest, TransferTimesOut) {
   OperationDriver::Options options;
   options.transfer_timeout_ms = 60000;
   options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
@@ -318,7 +318,7 @@ TEST_F(OperationDriverTest, TransferTimesOut) {
   EXPECT_THAT(after.error(), HasSubstr("over transfer_timeout_ms 60000"));
 }
 
-TEST_F(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
+TEST_P(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
   OperationDriver::Options options;
   options.transfer_timeout_ms = 60000;
   options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
@@ -349,7 +349,7 @@ TEST_F(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
   EXPECT_EQ(MetricValue("reshard_coordinator_oldest_active_operation_seconds", {}), 0);
 }
 
-TEST_F(OperationDriverTest, NewDriverResumesAfterRestart) {
+TEST_P(OperationDriverTest, NewDriverResumesAfterRestart) {
   const v1::Job job = Register(SmallJob("restart"));
   const v1::Job pending_job = Register(SmallJob("restart-pending"));
   RegisterAgents({"h0", "h1", "h2"});
@@ -379,7 +379,7 @@ TEST_F(OperationDriverTest, NewDriverResumesAfterRestart) {
   EXPECT_EQ(Job(job.id()).generation(), 2);
 }
 
-TEST_F(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
+TEST_P(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
   const v1::Job job = Register(SmallJob("grace"));
   RegisterAgents({"h0", "h1"});
   // No coordinator for longer than a lease: every lease has run out.
@@ -397,7 +397,7 @@ TEST_F(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
   EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_DEGRADED);
 }
 
-TEST_F(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
+TEST_P(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
   constexpr int kJobs = 4;
   RegisterAgents({"h0", "h1", "h2"});
   std::vector<std::string> ops;
@@ -437,6 +437,8 @@ TEST_F(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
                         {{"kind", "resize"}, {"result", "committed"}}),
             kJobs);
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(OperationDriverTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

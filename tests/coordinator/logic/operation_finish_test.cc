@@ -13,7 +13,7 @@ namespace {
 
 class OperationFinishTest : public LogicTest {};
 
-TEST_F(OperationFinishTest, EndsAnActivePhaseAndRefusesATerminalOne) {
+TEST_P(OperationFinishTest, EndsAnActivePhaseAndRefusesATerminalOne) {
   const v1::Job job = Register(SmallJob("finish"));
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();
@@ -48,7 +48,7 @@ TEST_F(OperationFinishTest, EndsAnActivePhaseAndRefusesATerminalOne) {
             0);
 }
 
-TEST_F(OperationFinishTest, AnEventThatDoesNotEndIsRefused) {
+TEST_P(OperationFinishTest, AnEventThatDoesNotEndIsRefused) {
   const v1::Job job = Register(SmallJob("not-an-end"));
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();
@@ -63,7 +63,7 @@ TEST_F(OperationFinishTest, AnEventThatDoesNotEndIsRefused) {
   EXPECT_EQ(Op(created->id()).state(), v1::OPERATION_STATE_PENDING);
 }
 
-TEST_F(OperationFinishTest, AStaleReadLosesToTheDriver) {
+TEST_P(OperationFinishTest, AStaleReadLosesToTheDriver) {
   const v1::Job job = Register(SmallJob("stale"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -86,6 +86,8 @@ TEST_F(OperationFinishTest, AStaleReadLosesToTheDriver) {
   EXPECT_EQ(Op(created->id()).state(), v1::OPERATION_STATE_ABORTED);
   EXPECT_EQ(Op(created->id()).error(), "cancelled by client");
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(OperationFinishTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

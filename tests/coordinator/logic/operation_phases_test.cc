@@ -37,7 +37,7 @@ class OperationPhasesTest : public StopFreeTest {
   std::map<std::string, std::vector<OpPhase>> seen_;
 };
 
-TEST_F(OperationPhasesTest, AStopFreeResizeWalksItsPhases) {
+TEST_P(OperationPhasesTest, AStopFreeResizeWalksItsPhases) {
   const v1::Job job = RegisterWithData("phases");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -75,7 +75,7 @@ TEST_F(OperationPhasesTest, AStopFreeResizeWalksItsPhases) {
             (std::vector<std::string>{"PENDING", "TRANSFERRING", "COMMITTED"}));
 }
 
-TEST_F(OperationPhasesTest, ACancelEndsAPreparingOperationTheOneWay) {
+TEST_P(OperationPhasesTest, ACancelEndsAPreparingOperationTheOneWay) {
   const v1::Job job = RegisterWithData("cancel-phases");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -92,6 +92,8 @@ TEST_F(OperationPhasesTest, ACancelEndsAPreparingOperationTheOneWay) {
   EXPECT_EQ(Saw(op->id()), OpPhase::kAborted);
   EXPECT_EQ(Names(op->id()), (std::vector<std::string>{"PREPARING", "ABORTED"}));
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(OperationPhasesTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

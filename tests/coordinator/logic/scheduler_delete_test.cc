@@ -22,7 +22,7 @@ class SchedulerDeleteTest : public LogicTest {
   }
 };
 
-TEST_F(SchedulerDeleteTest, SameKeySameRequestAnswersOkTwice) {
+TEST_P(SchedulerDeleteTest, SameKeySameRequestAnswersOkTwice) {
   const v1::Job job = Register(SmallJob("doomed"));
   ASSERT_TRUE(Delete(job.id(), "dk").ok());
   EXPECT_FALSE(Exists(job.id()));
@@ -30,7 +30,7 @@ TEST_F(SchedulerDeleteTest, SameKeySameRequestAnswersOkTwice) {
   EXPECT_TRUE(again.ok()) << again;
 }
 
-TEST_F(SchedulerDeleteTest, KeyOfAResizeOfAnotherJobDeletesNothing) {
+TEST_P(SchedulerDeleteTest, KeyOfAResizeOfAnotherJobDeletesNothing) {
   const v1::Job a = Register(SmallJob("a"));
   const v1::Job b = Register(SmallJob("b"));
   ASSERT_TRUE(ResizeTo(a, MakeLayout(2, 2, 1, {"h0", "h2"}, 2), "k").ok());
@@ -41,7 +41,7 @@ TEST_F(SchedulerDeleteTest, KeyOfAResizeOfAnotherJobDeletesNothing) {
   EXPECT_TRUE(Snapshot() == before);
 }
 
-TEST_F(SchedulerDeleteTest, SameKeyForAnotherJobIsInvalid) {
+TEST_P(SchedulerDeleteTest, SameKeyForAnotherJobIsInvalid) {
   const v1::Job a = Register(SmallJob("a"));
   const v1::Job b = Register(SmallJob("b"));
   ASSERT_TRUE(Delete(a.id(), "dk").ok());
@@ -54,6 +54,8 @@ TEST_F(SchedulerDeleteTest, SameKeyForAnotherJobIsInvalid) {
   reg.set_idempotency_key("dk");
   EXPECT_EQ(api_->RegisterJob(reg).status().code(), absl::StatusCode::kInvalidArgument);
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(SchedulerDeleteTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

@@ -42,7 +42,7 @@ void ExpectKeyRefused(const absl::Status& s, const std::string& key, const std::
   EXPECT_NE(s.message().find(method), absl::string_view::npos) << s;
 }
 
-TEST_F(SchedulerIdempotencyTest, CancelKeepsItsKeyInTheCallersScope) {
+TEST_P(SchedulerIdempotencyTest, CancelKeepsItsKeyInTheCallersScope) {
   const v1::Operation op1 = Pending("one");
   const v1::Operation op2 = Pending("two");
   absl::StatusOr<v1::Operation> first = Cancel(op1.id(), "k", kTeamA);
@@ -68,7 +68,7 @@ TEST_F(SchedulerIdempotencyTest, CancelKeepsItsKeyInTheCallersScope) {
   EXPECT_EQ(other->state(), v1::OPERATION_STATE_ABORTED);
 }
 
-TEST_F(SchedulerIdempotencyTest, ConcurrentRetriesOfOneCancelAllGetItsResult) {
+TEST_P(SchedulerIdempotencyTest, ConcurrentRetriesOfOneCancelAllGetItsResult) {
   const v1::Operation op = Pending("raced");
   constexpr int kCallers = 4;
   std::vector<absl::StatusOr<v1::Operation>> results(kCallers, absl::UnknownError("not run"));
@@ -83,6 +83,8 @@ TEST_F(SchedulerIdempotencyTest, ConcurrentRetriesOfOneCancelAllGetItsResult) {
     EXPECT_EQ(r->state(), v1::OPERATION_STATE_ABORTED);
   }
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(SchedulerIdempotencyTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

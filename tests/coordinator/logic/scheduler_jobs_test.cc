@@ -19,7 +19,7 @@ using ::google::protobuf::util::MessageDifferencer;
 
 class SchedulerJobsTest : public LogicTest {};
 
-TEST_F(SchedulerJobsTest, RegisterJobCreatesGenerationOne) {
+TEST_P(SchedulerJobsTest, RegisterJobCreatesGenerationOne) {
   const v1::JobSpec spec = SmallJob("gpt-small");
   const v1::Job job = Register(spec);
   EXPECT_TRUE(LooksLikeId(job.id())) << job.id();
@@ -48,7 +48,7 @@ struct InvalidCase {
   const char* expected;  // substring of the message
 };
 
-TEST_F(SchedulerJobsTest, RegisterJobRefusesEveryInvalidSpecNamingTheField) {
+TEST_P(SchedulerJobsTest, RegisterJobRefusesEveryInvalidSpecNamingTheField) {
   const InvalidCase cases[] = {
       {"no name", [](v1::JobSpec* s) { s->clear_name(); }, "job name is empty"},
       {"no items",
@@ -132,7 +132,7 @@ TEST_F(SchedulerJobsTest, RegisterJobRefusesEveryInvalidSpecNamingTheField) {
   EXPECT_TRUE(Snapshot() == before);
 }
 
-TEST_F(SchedulerJobsTest, RegisterJobRefusesAnOversizedSpec) {
+TEST_P(SchedulerJobsTest, RegisterJobRefusesAnOversizedSpec) {
   SchedulerApi::Options options;
   options.max_spec_bytes = 256;
   SchedulerApi small(store_, &clock_, nullptr, options);
@@ -143,7 +143,7 @@ TEST_F(SchedulerJobsTest, RegisterJobRefusesAnOversizedSpec) {
   EXPECT_TRUE(Snapshot().jobs.empty());
 }
 
-TEST_F(SchedulerJobsTest, RegisterJobDuplicateNameIsAlreadyExists) {
+TEST_P(SchedulerJobsTest, RegisterJobDuplicateNameIsAlreadyExists) {
   Register(SmallJob("dup", "team-a"));
   const DatabaseSnapshot before = Snapshot();
   v1::RegisterJobRequest request;
@@ -153,7 +153,7 @@ TEST_F(SchedulerJobsTest, RegisterJobDuplicateNameIsAlreadyExists) {
   Register(SmallJob("dup", "team-b"));  // names are per tenant
 }
 
-TEST_F(SchedulerJobsTest, RegisterJobRetryWithTheKeyReturnsTheSameJob) {
+TEST_P(SchedulerJobsTest, RegisterJobRetryWithTheKeyReturnsTheSameJob) {
   const v1::Job first = Register(SmallJob("retry"), "key-1");
   const v1::Job again = Register(SmallJob("retry"), "key-1");
   EXPECT_EQ(again.id(), first.id());
@@ -166,7 +166,7 @@ TEST_F(SchedulerJobsTest, RegisterJobRetryWithTheKeyReturnsTheSameJob) {
   EXPECT_TRUE(Snapshot() == before);
 }
 
-TEST_F(SchedulerJobsTest, GetJobChecksItsArgument) {
+TEST_P(SchedulerJobsTest, GetJobChecksItsArgument) {
   v1::GetJobRequest request;
   EXPECT_THAT(api_->GetJob(request).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "job_id is empty"));
@@ -176,7 +176,7 @@ TEST_F(SchedulerJobsTest, GetJobChecksItsArgument) {
       StatusIs(absl::StatusCode::kNotFound, "job \"0123456789abcdef0123456789abcdef\" not found"));
 }
 
-TEST_F(SchedulerJobsTest, ListJobsPagesAndFilters) {
+TEST_P(SchedulerJobsTest, ListJobsPagesAndFilters) {
   std::set<std::string> team_a;
   for (int i = 0; i < 5; ++i) team_a.insert(Register(SmallJob("a" + std::to_string(i))).id());
   const v1::Job b0 = Register(SmallJob("b0", "team-b"));
@@ -228,7 +228,7 @@ TEST_F(SchedulerJobsTest, ListJobsPagesAndFilters) {
               StatusIs(absl::StatusCode::kInvalidArgument, "state 42"));
 }
 
-TEST_F(SchedulerJobsTest, DeleteJob) {
+TEST_P(SchedulerJobsTest, DeleteJob) {
   const v1::Job job = Register(SmallJob("doomed"));
   const v1::Job busy = Register(SmallJob("busy"));
   absl::StatusOr<v1::Operation> op = ResizeTo(busy, MakeLayout(2, 2, 1, {"h0", "h2"}, 2));
@@ -251,7 +251,7 @@ TEST_F(SchedulerJobsTest, DeleteJob) {
   EXPECT_EQ(api_->GetJob(get).status().code(), absl::StatusCode::kNotFound);
 }
 
-TEST_F(SchedulerJobsTest, ListHosts) {
+TEST_P(SchedulerJobsTest, ListHosts) {
   RegisterAgents({"h0", "h1"});
   absl::StatusOr<v1::ListHostsResponse> hosts = api_->ListHosts(v1::ListHostsRequest());
   ASSERT_TRUE(hosts.ok()) << hosts.status();
@@ -261,6 +261,8 @@ TEST_F(SchedulerJobsTest, ListHosts) {
     EXPECT_EQ(h.lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs);
   }
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(SchedulerJobsTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

@@ -38,7 +38,7 @@ class SchedulerLimitsTest : public LogicTest {
   }
 };
 
-TEST_F(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
+TEST_P(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
   const std::string long_name(2700, 'x');
   v1::JobSpec spec = SmallJob("ok");
   spec.set_name(long_name);
@@ -62,7 +62,7 @@ TEST_F(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
   EXPECT_TRUE(ok.ok()) << ok;
 }
 
-TEST_F(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
+TEST_P(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
   const v1::Job job = Register(SmallJob("job"));
   const DatabaseSnapshot before = Snapshot();
   EXPECT_THAT(ResizeTo(job, MakeLayout(2, 2, 1, {"h0", std::string(2700, 'h')}, 2)).status(),
@@ -81,7 +81,7 @@ TEST_F(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
   EXPECT_TRUE(Snapshot() == before);
 }
 
-TEST_F(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
+TEST_P(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
   // The job: a tensor of 2^62 int8 plus a blob of 2^63-1 bytes.
   v1::JobSpec spec = SmallJob("overflow");
   v1::TensorSpec* t = spec.mutable_ptc()->mutable_tensors(0);
@@ -114,7 +114,7 @@ TEST_F(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "the limit is 1125899906842624 per job");
 }
 
-TEST_F(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStored) {
+TEST_P(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStored) {
   // Every host of ReplicatedJob holds every item once: total_bytes each.
   const v1::JobSpec spec = ReplicatedJob("fits");
   const int64_t per_host = Register(spec).total_bytes();
@@ -157,7 +157,7 @@ TEST_F(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStor
   EXPECT_TRUE(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).ok());
 }
 
-TEST_F(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
+TEST_P(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
   const v1::JobSpec spec = ReplicatedJob("big");  // on h0, h1: not registered
   const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
   RegisterWithLimit("h7", per_host);
@@ -170,6 +170,8 @@ TEST_F(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
   RegisterWithLimit("h8", per_host);
   EXPECT_TRUE(RegisterStatus(spec).ok());
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(SchedulerLimitsTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing
