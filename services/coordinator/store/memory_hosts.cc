@@ -32,6 +32,7 @@ absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t 
   if (absl::Status s = mem::CheckText("host address", host.address()); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   HostRecord& h = hosts_[host.host_id()];
+  const bool was_lost = h.state == v1::HOST_STATE_LOST;
   h.info = host;
   h.info.clear_state();
   h.info.clear_last_heartbeat_unix_ms();
@@ -40,7 +41,7 @@ absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t 
   ++h.epoch;
   h.last_heartbeat_unix_ms = now_unix_ms;
   h.lease_expires_unix_ms = lease_expires_unix_ms;
-  TouchJobsOnHost(host.host_id());  // no longer lost on its jobs
+  if (was_lost) TouchJobsOnHost(host.host_id());  // no longer lost on its jobs
   Tx tx;
   WriteAudit(tx, "", "", host.host_id());
   Commit(tx);
