@@ -6,7 +6,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "planner/layout.h"
+#include "tests/coordinator/server/fake_agent.h"
 
 namespace reshard::bench {
 namespace {
@@ -29,39 +29,6 @@ struct Call {
     context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(timeout_ms));
   }
 };
-
-// One checksum per (item, new rank) the task writes on `host`: every step
-// destination and zero fill whose new rank is placed there (the rule
-// AgentApi's CheckChecksums enforces, written from the plan's definition).
-std::vector<v1::ShardChecksum> ChecksumsFor(const v1::HostTask& task, const std::string& host) {
-  const std::vector<v1::DeviceSlot> slots =
-      planner::ExpandPlacement(task.plan().target_layout().placement());
-  auto on_host = [&](int rank) {
-    return rank >= 0 && rank < static_cast<int>(slots.size()) && slots[rank].host() == host;
-  };
-  std::map<std::pair<int, int>, int64_t> bytes;
-  for (const v1::CopyStep& step : task.plan().steps()) {
-    for (const v1::Destination& dst : step.dsts()) {
-      if (on_host(dst.rank())) bytes[{step.item(), dst.rank()}] += step.bytes();
-    }
-  }
-  for (const v1::ZeroFill& fill : task.plan().zero_fills()) {
-    if (!on_host(fill.rank())) continue;
-    const int element_bytes =
-        fill.item() < task.plan().items_size() ? task.plan().items(fill.item()).element_bytes() : 0;
-    bytes[{fill.item(), fill.rank()}] += fill.count() * element_bytes;
-  }
-  std::vector<v1::ShardChecksum> out;
-  for (const auto& [shard, n] : bytes) {
-    v1::ShardChecksum sum;
-    sum.set_item(shard.first);
-    sum.set_rank(shard.second);
-    sum.set_checksum(SimChecksum(task.job_id(), shard.first));
-    sum.set_bytes(n);
-    out.push_back(sum);
-  }
-  return out;
-}
 
 }  // namespace
 
@@ -351,7 +318,9 @@ void SimHosts::Report(Host* host, const v1::HostTask& task) {
   call->request.set_host_id(host->id);
   call->request.set_operation_id(task.operation_id());
   call->request.set_state(v1::HOST_TASK_STATE_DONE);
-  for (v1::ShardChecksum& sum : ChecksumsFor(task, host->id)) {
+  // One per (item, new rank) the slice writes here (the rule AgentApi checks).
+  for (v1::ShardChecksum& sum : coordinator::testing::ShardChecksumsFor(
+           task, host->id, [&task](int item, int) { return SimChecksum(task.job_id(), item); })) {
     *call->request.add_checksums() = std::move(sum);
   }
   Began();

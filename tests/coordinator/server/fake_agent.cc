@@ -17,10 +17,18 @@ void SetDeadline(grpc::ClientContext* context) {
   context->set_deadline(absl::ToChronoTime(absl::Now() + kCallTimeout));
 }
 
-// One checksum per (item, new rank) the task writes on `host`: every step
-// destination and zero fill whose new rank's host is `host`. Written from
-// the plan's definition, not from the coordinator's code.
+// Written from the plan's definition, not from the coordinator's code.
 std::vector<v1::ShardChecksum> ChecksumsFor(const v1::HostTask& task, const std::string& host) {
+  return ShardChecksumsFor(task, host, [&task](int item, int rank) {
+    return std::hash<std::string>()(absl::StrCat(task.operation_id(), "/", item, "/", rank));
+  });
+}
+
+}  // namespace
+
+std::vector<v1::ShardChecksum> ShardChecksumsFor(
+    const v1::HostTask& task, const std::string& host,
+    const std::function<uint64_t(int item, int rank)>& checksum) {
   const std::vector<v1::DeviceSlot> slots =
       planner::ExpandPlacement(task.plan().target_layout().placement());
   auto on_host = [&](int rank) {
@@ -43,15 +51,12 @@ std::vector<v1::ShardChecksum> ChecksumsFor(const v1::HostTask& task, const std:
     v1::ShardChecksum sum;
     sum.set_item(shard.first);
     sum.set_rank(shard.second);
-    sum.set_checksum(std::hash<std::string>()(
-        absl::StrCat(task.operation_id(), "/", shard.first, "/", shard.second)));
+    sum.set_checksum(checksum(shard.first, shard.second));
     sum.set_bytes(n);
     out.push_back(sum);
   }
   return out;
 }
-
-}  // namespace
 
 FakeAgent::FakeAgent(std::string host_id, int devices)
     : host_id_(std::move(host_id)), devices_(devices) {}

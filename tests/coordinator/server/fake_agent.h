@@ -7,18 +7,28 @@
 
 #include <atomic>
 #include <condition_variable>
+#include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "reshard/v1/agent.grpc.pb.h"
 
 namespace reshard::coordinator::testing {
+
+/// What a DONE report of `task` carries: one checksum per (item, new rank)
+/// the task writes on `host` (every step destination and zero fill whose new
+/// rank is placed there), with its bytes; `checksum(item, rank)` gives the value.
+std::vector<v1::ShardChecksum> ShardChecksumsFor(
+    const v1::HostTask& task, const std::string& host,
+    const std::function<uint64_t(int item, int rank)>& checksum);
 
 class FakeAgent {
  public:
