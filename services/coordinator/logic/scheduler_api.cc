@@ -1,11 +1,7 @@
 #include "services/coordinator/logic/scheduler_api.h"
 
 #include <algorithm>
-#include <chrono>
 #include <optional>
-#include <thread>
-#include <tuple>
-#include <type_traits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -31,30 +27,6 @@ namespace {
 constexpr int kCancelAttempts = 8;
 
 constexpr char kCancelledByClient[] = "cancelled by client";
-
-// The watch loop of WatchOperation and WatchJob: reads the message every
-// poll, sends it first and whenever `key` of it changes, and ends when it is
-// final, the read fails, the stream closes or the client cancels.
-template <typename Msg, typename Read, typename Key, typename Final>
-absl::Status Follow(const std::string& what, const Read& read, const Key& key, const Final& final,
-                    const std::function<bool(const Msg&)>& send,
-                    const std::function<bool()>& cancelled, int poll_ms) {
-  std::optional<std::invoke_result_t<Key, const Msg&>> last;
-  for (;;) {
-    if (cancelled()) return absl::CancelledError(absl::StrCat("watch of ", what, " cancelled"));
-    absl::StatusOr<Msg> msg = read();
-    if (!msg.ok()) return msg.status();
-    auto now = key(*msg);
-    if (!last.has_value() || *last != now) {
-      if (!send(*msg)) {
-        return absl::CancelledError(absl::StrCat("watch of ", what, ": stream closed"));
-      }
-      last = std::move(now);
-    }
-    if (final(*msg)) return absl::OkStatus();
-    std::this_thread::sleep_for(std::chrono::milliseconds(poll_ms));
-  }
-}
 
 // A step-boundary wait is bounded: a training loop that never publishes
 // must not hold the job for more than a day.
@@ -551,58 +523,6 @@ absl::StatusOr<v1::ListHostsResponse> SchedulerApi::ListHosts(const v1::ListHost
 
 absl::StatusOr<v1::AdviseResponse> SchedulerApi::Advise(const v1::AdviseRequest& request) {
   return advise_.Advise(request);
-}
-
-absl::Status SchedulerApi::WatchOperation(const v1::WatchOperationRequest& request,
-                                          const std::function<bool(const v1::Operation&)>& send,
-                                          const std::function<bool()>& cancelled) {
-  const std::string& id = request.operation_id();
-  if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
-  return Follow<v1::Operation>(
-      absl::StrCat("operation \"", id, "\""),
-      [&]() -> absl::StatusOr<v1::Operation> {
-        absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
-        if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(id));
-        return std::move(record->op);
-      },
-      [](const v1::Operation& op) {
-        // A stop-free operation's prepare shows too: the workers', each
-        // agent's (bytes_precopied) and the cut-over.
-        return std::make_tuple(static_cast<int>(op.state()), op.bytes_done(), op.prepared_unix_ms(),
-                               op.cutover_unix_ms(), op.workers_prepared_unix_ms(),
-                               op.bytes_precopied(), op.agents_prepared_unix_ms(),
-                               // Queued, released, and a step boundary's wait.
-                               op.queued_behind_operation_id(), op.from_generation(),
-                               static_cast<int>(op.step_boundary()));
-      },
-      [](const v1::Operation& op) { return IsFinal(op.state()); }, send, cancelled,
-      options_.watch_poll_ms);
-}
-
-absl::Status SchedulerApi::WatchJob(const v1::WatchJobRequest& request,
-                                    const std::function<bool(const v1::Job&)>& send,
-                                    const std::function<bool()>& cancelled) {
-  const std::string& id = request.job_id();
-  if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
-  return Follow<v1::Job>(
-      absl::StrCat("job \"", id, "\""),
-      [&]() -> absl::StatusOr<v1::Job> {
-        absl::StatusOr<v1::Job> job = store_->GetJob(id, /*include_ptc=*/false);
-        if (!job.ok()) return NameNotFound(job.status(), JobNotFound(id));
-        return job;
-      },
-      [](const v1::Job& job) {
-        // A rank failure shows as one more failed rank or a later report.
-        int64_t last_failure_ms = 0;
-        for (const v1::RankFailure& f : job.failed_ranks()) {
-          last_failure_ms = std::max(last_failure_ms, f.reported_unix_ms());
-        }
-        return std::make_tuple(static_cast<int>(job.state()), job.generation(),
-                               job.active_operation_id(), job.dataset_state().step(),
-                               job.step_boundary_operation_id(),
-                               job.failed_ranks_size(), last_failure_ms);
-      },
-      [](const v1::Job&) { return false; }, send, cancelled, options_.watch_poll_ms);
 }
 
 absl::StatusOr<v1::DatasetState> SchedulerApi::CommitStep(const v1::CommitStepRequest& request) {

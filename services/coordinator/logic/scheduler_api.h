@@ -24,7 +24,6 @@ class SchedulerApi {
     int64_t max_spec_bytes = 64 << 20;  // larger specs: InvalidArgument
     int max_page_size = 1000;
     int default_page_size = 100;
-    int watch_poll_ms = 100;  // WatchOperation's and WatchJob's store polling period
     /// A Resize/Migrate at_step_boundary without its own timeout waits this
     /// long for a checkpoint naming it (docs/coordinator.md, "Checkpoints
     /// and operations").
@@ -77,19 +76,6 @@ class SchedulerApi {
       const v1::ReportRankFailureRequest& request, const std::string& reported_by);
   /// The advisor's Pareto set for a job (AdviseApi::Advise).
   [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
-
-  /// Sends the operation now and each time it changes (state or bytes done)
-  /// until it reaches a final state (then returns OK), `send` returns false
-  /// or `cancelled` returns true (Cancelled), or an error.
-  [[nodiscard]] absl::Status WatchOperation(const v1::WatchOperationRequest& request,
-                                            const std::function<bool(const v1::Operation&)>& send,
-                                            const std::function<bool()>& cancelled);
-  /// Sends the job now and on every change of state, generation, active
-  /// operation, dataset step or failed ranks (store polled every watch_poll_ms) until
-  /// `cancelled` or `send` fails (Cancelled) or the job is gone (NotFound).
-  [[nodiscard]] absl::Status WatchJob(const v1::WatchJobRequest& request,
-                                      const std::function<bool(const v1::Job&)>& send,
-                                      const std::function<bool()>& cancelled);
 
  private:
   /// The job with its PTC; NotFound names the job.

@@ -136,9 +136,10 @@ const std::vector<Setting>& Settings() {
       IntSetting("max-watch-streams-per-identity", "RESHARD_MAX_WATCH_STREAMS_PER_IDENTITY",
                  "watch streams open at once for one caller identity",
                  &CoordinatorConfig::max_watch_streams_per_identity),
-      IntSetting("watch-poll-ms", "RESHARD_WATCH_POLL_MS",
-                 "how often an open watch stream reads its job or operation",
-                 &CoordinatorConfig::watch_poll_ms),
+      IntSetting("watch-resync-ms", "RESHARD_WATCH_RESYNC_MS",
+                 "the change feed's safety poll: how often the versions of the watched jobs and "
+                 "operations are read, to catch a lost notification",
+                 &CoordinatorConfig::watch_resync_ms),
       {"notify-tasks", "RESHARD_NOTIFY_TASKS",
        "NOTIFY other replicas of new tasks and LISTEN for theirs (false: they learn by the 1 s "
        "safety re-read)",
@@ -150,7 +151,7 @@ const std::vector<Setting>& Settings() {
                  "request's step_boundary_timeout_ms 0) before it plans from the last commit",
                  &CoordinatorConfig::step_boundary_timeout_ms),
       IntSetting("max-rpc-threads", "RESHARD_MAX_RPC_THREADS",
-                 "gRPC server threads (0: no cap; else >= 2 x --max-watch-streams)",
+                 "gRPC server threads for synchronous calls (0: no cap); watch streams hold none",
                  &CoordinatorConfig::max_rpc_threads),
       // Retention (issue 9, defect 10).
       IntSetting("retention-keep-retired", "RESHARD_RETENTION_KEEP_RETIRED",
@@ -285,7 +286,7 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("max-watch-streams", c.max_watch_streams, 1, 100000),
         Range("max-watch-streams-per-identity", c.max_watch_streams_per_identity, 1,
               c.max_watch_streams),
-        Range("watch-poll-ms", c.watch_poll_ms, 10, 60000),
+        Range("watch-resync-ms", c.watch_resync_ms, 50, 600000),
         Range("step-boundary-timeout-ms", c.step_boundary_timeout_ms, 1, kDay),
         Range("max-rpc-threads", c.max_rpc_threads, 0, 1000000),
         Range("retention-keep-retired", c.retention_keep_retired, 0, 1000000),
@@ -310,12 +311,6 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "--tick-ms = %d must be shorter than --lease-ms = %d, or leases expire between ticks",
         c.tick_ms, c.lease_ms));
-  }
-  if (c.max_rpc_threads != 0 && c.max_rpc_threads < 2 * c.max_watch_streams) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "--max-rpc-threads = %d must be 0 (no cap) or at least twice --max-watch-streams = %d, "
-        "so that watch streams never hold the threads agents' calls need",
-        c.max_rpc_threads, c.max_watch_streams));
   }
   if (c.tls.reload_seconds < 1 || c.tls.reload_seconds > 86400) {
     return absl::InvalidArgumentError(

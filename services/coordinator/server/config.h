@@ -62,10 +62,14 @@ struct CoordinatorConfig {
   // ---- Watch streams (docs/coordinator.md, "Limits") ----
   /// WatchJob and WatchOperation streams open at once on this replica, and
   /// per caller identity; past either: RESOURCE_EXHAUSTED naming the limit.
-  int64_t max_watch_streams = 128;
-  int64_t max_watch_streams_per_identity = 32;
-  /// How often an open watch stream reads its job or operation.
-  int64_t watch_poll_ms = 100;
+  /// A stream holds no thread and reads nothing while nothing changes (the
+  /// change feed), so the bound is memory: a few KiB a stream.
+  int64_t max_watch_streams = 32768;
+  int64_t max_watch_streams_per_identity = 4096;
+  /// The change feed's safety poll: how often the versions of every watched
+  /// job and operation are read (one query each), to catch a lost
+  /// notification.
+  int64_t watch_resync_ms = 1000;
   /// Task-creating transactions NOTIFY, and a listener wakes this replica's
   /// WaitForTasks on other replicas' (docs/coordinator.md, "Agents are
   /// told"). false: only this replica's own tasks wake them; the rest wait
@@ -75,9 +79,9 @@ struct CoordinatorConfig {
   /// own waits for a checkpoint naming it (docs/coordinator.md, "Checkpoints
   /// and operations").
   int64_t step_boundary_timeout_ms = 120000;
-  /// gRPC server threads (grpc::ResourceQuota::SetMaxThreads); 0: gRPC's
-  /// own (no cap). When set, at least twice --max-watch-streams, so that
-  /// half the threads stay free for agents' and unary calls.
+  /// gRPC server threads for synchronous calls
+  /// (grpc::ResourceQuota::SetMaxThreads); 0: gRPC's own (no cap). Watch
+  /// streams hold none.
   int64_t max_rpc_threads = 0;
   // ---- Retention (docs/coordinator.md, "Retention") ----
   /// Per job, the newest RETIRED generations kept whatever their age.

@@ -3,7 +3,10 @@
 #include "absl/strings/str_cat.h"
 #include "planner/layout.h"
 #include "services/coordinator/logic/audit_api.h"
+#include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/server/rpc_status.h"
+#include "services/coordinator/server/watch_reactor.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -213,36 +216,64 @@ grpc::Status CoordinatorServiceImpl::GetOperation(grpc::ServerContext* context,
       });
 }
 
-grpc::Status CoordinatorServiceImpl::WatchOperation(grpc::ServerContext* context,
-                                                    const v1::WatchOperationRequest* request,
-                                                    grpc::ServerWriter<v1::Operation>* writer) {
-  return RunAdmitted(
-      authorizer_, context, metrics_, "WatchOperation", *request, "", [&](const Principal& p) {
+namespace {
+
+// The admission of a watch stream (RunAdmitted: authentication, the method
+// table, metrics), then `open` (the slot, the tenant, the subscription),
+// which returns the stream's reactor or a refusal.
+template <typename Msg, typename Open>
+grpc::ServerWriteReactor<Msg>* AdmitWatch(const Authorizer* authorizer,
+                                          grpc::CallbackServerContext* context,
+                                          CoordinatorMetrics* metrics, const char* method,
+                                          const google::protobuf::Message& request, Open&& open) {
+  WatchReactor<Msg>* reactor = nullptr;
+  const grpc::Status admitted =
+      RunAdmitted(authorizer, context, metrics, method, request, "",
+                  [&](const Principal& p) -> absl::Status {
+                    absl::StatusOr<WatchReactor<Msg>*> opened = open(p);
+                    if (!opened.ok()) return opened.status();
+                    reactor = *opened;
+                    return absl::OkStatus();
+                  });
+  if (reactor != nullptr) return reactor;
+  return WatchReactor<Msg>::Refused(
+      absl::Status(static_cast<absl::StatusCode>(admitted.error_code()), admitted.error_message()));
+}
+
+bool OperationIsFinal(const v1::Operation& op) { return IsFinal(op.state()); }
+
+}  // namespace
+
+grpc::ServerWriteReactor<v1::Operation>* CoordinatorServiceImpl::WatchOperation(
+    grpc::CallbackServerContext* context, const v1::WatchOperationRequest* request) {
+  return AdmitWatch<v1::Operation>(
+      authorizer_, context, metrics_, "WatchOperation", *request,
+      [&](const Principal& p) -> absl::StatusOr<WatchReactor<v1::Operation>*> {
+        const std::string& id = request->operation_id();
+        if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
         // The slot first: a refused stream costs no database read. It is
-        // held until this handler returns, however the stream ends.
+        // held until gRPC is done with the stream, however it ends.
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchOperation");
         if (!slot.ok()) return slot.status();
-        if (absl::Status s = InOperationTenant(p, "WatchOperation", request->operation_id());
-            !s.ok()) {
-          return s;
-        }
-        return api_->WatchOperation(
-            *request, [writer](const v1::Operation& op) { return writer->Write(op); },
-            [this, context] { return stopping_.load() || context->IsCancelled(); });
+        if (absl::Status s = InOperationTenant(p, "WatchOperation", id); !s.ok()) return s;
+        return WatchReactor<v1::Operation>::Start(&feed_->operations(), id,
+                                                  request->from_version(), *std::move(slot),
+                                                  &OperationIsFinal);
       });
 }
 
-grpc::Status CoordinatorServiceImpl::WatchJob(grpc::ServerContext* context,
-                                              const v1::WatchJobRequest* request,
-                                              grpc::ServerWriter<v1::Job>* writer) {
-  return RunAdmitted(
-      authorizer_, context, metrics_, "WatchJob", *request, "", [&](const Principal& p) {
+grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(
+    grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
+  return AdmitWatch<v1::Job>(
+      authorizer_, context, metrics_, "WatchJob", *request,
+      [&](const Principal& p) -> absl::StatusOr<WatchReactor<v1::Job>*> {
+        const std::string& id = request->job_id();
+        if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchJob");  // as WatchOperation
         if (!slot.ok()) return slot.status();
-        if (absl::Status s = InJobTenant(p, "WatchJob", request->job_id()); !s.ok()) return s;
-        return api_->WatchJob(
-            *request, [writer](const v1::Job& job) { return writer->Write(job); },
-            [this, context] { return stopping_.load() || context->IsCancelled(); });
+        if (absl::Status s = InJobTenant(p, "WatchJob", id); !s.ok()) return s;
+        return WatchReactor<v1::Job>::Start(&feed_->jobs(), id, request->from_version(),
+                                            *std::move(slot), nullptr);
       });
 }
 

@@ -5,9 +5,8 @@
 // Thread-safe (the API is); BeginShutdown() may be called from any thread.
 #pragma once
 
-#include <atomic>
-
 #include "reshard/v1/coordinator.grpc.pb.h"
+#include "services/coordinator/logic/change_feed.h"
 #include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/metrics/metrics.h"
@@ -16,24 +15,28 @@
 
 namespace reshard::coordinator {
 
-class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
+// WatchJob and WatchOperation run on gRPC's callback API (watch_reactor.h):
+// an open stream holds no thread, only its subscription to the change feed.
+using CoordinatorServiceBase = v1::CoordinatorService::WithCallbackMethod_WatchJob<
+    v1::CoordinatorService::WithCallbackMethod_WatchOperation<v1::CoordinatorService::Service>>;
+
+class CoordinatorServiceImpl final : public CoordinatorServiceBase {
  public:
-  /// `api` and `authorizer` must outlive this; `metrics` may be null;
-  /// `secrets` (may be null: no worker tokens, GetWorkerToken is
+  /// `api`, `authorizer` and `feed` must outlive this; `metrics` may be
+  /// null; `secrets` (may be null: no worker tokens, GetWorkerToken is
   /// UNIMPLEMENTED) derives worker tokens; `watch_limits` (may be null: no
-  /// limit) bounds the open WatchJob and WatchOperation streams.
+  /// limit) bounds the open WatchJob and WatchOperation streams. Shutting
+  /// `feed` down ends the open watch streams (UNAVAILABLE).
   CoordinatorServiceImpl(SchedulerApi* api, const Authorizer* authorizer,
-                         CoordinatorMetrics* metrics, ClusterSecrets* secrets = nullptr,
+                         CoordinatorMetrics* metrics, ChangeFeed* feed,
+                         ClusterSecrets* secrets = nullptr,
                          WatchStreamLimits* watch_limits = nullptr)
       : api_(api),
         authorizer_(authorizer),
         metrics_(metrics),
+        feed_(feed),
         secrets_(secrets),
         watch_limits_(watch_limits) {}
-
-  /// Ends open watch streams (they return CANCELLED) so that the server
-  /// can stop without waiting for operations to finish.
-  void BeginShutdown() { stopping_.store(true); }
 
   grpc::Status RegisterJob(grpc::ServerContext* context, const v1::RegisterJobRequest* request,
                            v1::RegisterJobResponse* reply) override;
@@ -58,11 +61,10 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
                            v1::PreviewPlanResponse* reply) override;
   grpc::Status GetOperation(grpc::ServerContext* context, const v1::GetOperationRequest* request,
                             v1::Operation* reply) override;
-  grpc::Status WatchOperation(grpc::ServerContext* context,
-                              const v1::WatchOperationRequest* request,
-                              grpc::ServerWriter<v1::Operation>* writer) override;
-  grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
-                        grpc::ServerWriter<v1::Job>* writer) override;
+  grpc::ServerWriteReactor<v1::Operation>* WatchOperation(
+      grpc::CallbackServerContext* context, const v1::WatchOperationRequest* request) override;
+  grpc::ServerWriteReactor<v1::Job>* WatchJob(grpc::CallbackServerContext* context,
+                                              const v1::WatchJobRequest* request) override;
   grpc::Status CancelOperation(grpc::ServerContext* context,
                                const v1::CancelOperationRequest* request,
                                v1::Operation* reply) override;
@@ -96,9 +98,9 @@ class CoordinatorServiceImpl final : public v1::CoordinatorService::Service {
 
   const Authorizer* authorizer_;
   CoordinatorMetrics* metrics_;
+  ChangeFeed* feed_;
   ClusterSecrets* secrets_;
   WatchStreamLimits* watch_limits_;
-  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace reshard::coordinator

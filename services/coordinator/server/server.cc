@@ -15,6 +15,7 @@
 #include "prometheus/registry.h"
 #include "services/coordinator/logic/agent_api.h"
 #include "services/coordinator/logic/audit_api.h"
+#include "services/coordinator/logic/change_feed.h"
 #include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
@@ -29,7 +30,7 @@
 #include "services/coordinator/server/stream_limits.h"
 #include "services/coordinator/store/migrator.h"
 #include "services/coordinator/store/pg_store.h"
-#include "services/coordinator/store/pg_task_listener.h"
+#include "services/coordinator/store/pg_listener.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -86,21 +87,36 @@ absl::Status CoordinatorServer::Start() {
   store_options.notify_tasks = config_.notify_tasks;
   absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(store_options);
   if (!store.ok()) return store.status();
-  if (config_.notify_tasks) {
-    PgTaskListenerOptions listener_options;
-    listener_options.dsn = config_.dsn;
-    listener_options.connect_timeout_s = static_cast<int>(config_.store_connect_timeout_s);
-    task_listener_ = std::make_unique<PgTaskListener>(
-        listener_options, [notifier](const std::string& host) { notifier->Notify(host); },
-        [notifier] { notifier->NotifyAll(); });
-    task_listener_->Start();
-  }
   PgStore* health_of = store->get();  // lives as long as store_
   store_ = *std::move(store);
+  // The change feed: what any replica commits reaches this one's watch
+  // streams through one LISTEN connection (docs/coordinator.md, "Change feed").
+  ChangeFeed::Options feed_options;
+  feed_options.resync_ms = static_cast<int>(config_.watch_resync_ms);
+  change_feed_ = std::make_unique<ChangeFeed>(store_, feed_options);
+  ChangeFeed* feed = change_feed_.get();
+  PgListenerOptions listener_options;
+  listener_options.dsn = config_.dsn;
+  listener_options.connect_timeout_s = static_cast<int>(config_.store_connect_timeout_s);
+  listener_options.channels = {kChangesChannel};
+  if (config_.notify_tasks) listener_options.channels.push_back(kTasksChannel);
+  listener_ = std::make_unique<PgListener>(
+      listener_options,
+      [notifier, feed](const std::string& channel, const std::string& payload) {
+        if (channel == kTasksChannel) {
+          notifier->Notify(payload);
+        } else {
+          feed->Announced(payload);
+        }
+      },
+      [notifier, feed] {
+        notifier->NotifyAll();
+        feed->Reconnected();
+      });
+  listener_->Start();
 
   SchedulerApi::Options scheduler_options;
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
-  scheduler_options.watch_poll_ms = static_cast<int>(config_.watch_poll_ms);
   scheduler_options.step_boundary_timeout_ms = config_.step_boundary_timeout_ms;
   scheduler_api_ =
       std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
@@ -144,15 +160,15 @@ absl::Status CoordinatorServer::Start() {
   watch_options.max_per_identity = config_.max_watch_streams_per_identity;
   watch_limits_ = std::make_unique<WatchStreamLimits>(watch_options, metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
-      scheduler_api_.get(), authorizer_.get(), metrics_.get(), secrets_.get(), watch_limits_.get());
+      scheduler_api_.get(), authorizer_.get(), metrics_.get(), change_feed_.get(), secrets_.get(),
+      watch_limits_.get());
   agent_service_ =
       std::make_unique<AgentServiceImpl>(agent_api_.get(), authorizer_.get(), metrics_.get());
   grpc::ServerBuilder builder;
   builder.AddListeningPort(config_.listen, *credentials, &port_);
   builder.SetMaxReceiveMessageSize(MaxReceiveMessageBytes(config_));
-  // Without a cap gRPC starts a thread per concurrent call; the watch limits
-  // above bound the long-lived client calls, so agents' calls always find a
-  // thread. A cap (validated >= 2 x --max-watch-streams) bounds the rest.
+  // Without a cap gRPC starts a thread per concurrent synchronous call;
+  // watch streams (callback API) hold none.
   if (config_.max_rpc_threads > 0) {
     grpc::ResourceQuota quota("reshard-coordinator");
     quota.SetMaxThreads(static_cast<int>(config_.max_rpc_threads));
@@ -229,10 +245,11 @@ void CoordinatorServer::Shutdown() {
   // Stop driving first, so that another replica can take over at once.
   kick_target_ = nullptr;
   if (leader_ != nullptr) leader_->Stop();
-  if (coordinator_service_ != nullptr) coordinator_service_->BeginShutdown();
+  // Watch streams end (UNAVAILABLE: clients resume on another replica) and
   // WaitForTasks long polls answer at once.
+  if (listener_ != nullptr) listener_->Stop();
+  if (change_feed_ != nullptr) change_feed_->Shutdown();
   if (task_notifier_ != nullptr) task_notifier_->Shutdown();
-  if (task_listener_ != nullptr) task_listener_->Stop();
   if (grpc_server_ != nullptr) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + kShutdownGrace);
     grpc_server_->Wait();

@@ -43,7 +43,8 @@ class OperationDriver;
 class SchedulerApi;
 class Store;
 class TaskNotifier;
-class PgTaskListener;
+class PgListener;
+class ChangeFeed;
 
 /// Bytes a RegisterJob request may carry beyond the spec (the request's own
 /// fields): the gRPC receive limit is max_spec_bytes plus this, at least
@@ -93,8 +94,11 @@ class CoordinatorServer {
   std::unique_ptr<CoordinatorMetrics> metrics_;
   // Wakes WaitForTasks (outlives the store, the listener and the services).
   std::unique_ptr<TaskNotifier> task_notifier_;
-  std::unique_ptr<PgTaskListener> task_listener_;  // other replicas' tasks
   std::shared_ptr<Store> store_;
+  // Fans committed changes out to the watch streams (outlives the services).
+  std::unique_ptr<ChangeFeed> change_feed_;
+  // LISTENs for every replica's tasks and changes.
+  std::unique_ptr<PgListener> listener_;
   std::unique_ptr<SchedulerApi> scheduler_api_;
   std::unique_ptr<AgentApi> agent_api_;
   std::unique_ptr<OperationDriver> driver_;

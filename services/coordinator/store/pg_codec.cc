@@ -129,6 +129,7 @@ absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row) {
   for (std::string& host : ParseTextArray(row[12])) job.add_lost_hosts(std::move(host));
   if (!row[13].is_null()) job.set_step_boundary_operation_id(row[13].c_str());
   job.set_layout_epoch(row[14].as<int64_t>());
+  job.set_version(row[15].as<int64_t>());
   return job;
 }
 
@@ -184,6 +185,7 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   op.set_at_step_boundary(op.step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED);
   op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
   if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
+  op.set_version(row[30].as<int64_t>());
   if (op.prepared_unix_ms() > 0) {
     op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
                            1000.0);

@@ -149,6 +149,34 @@ absl::StatusOr<v1::Ptc> PgStore::GetPtc(const std::string& job_id) {
                                   [&](pg::PgTx& tx) { return pg::ReadPtc(tx, job_id); });
 }
 
+namespace {
+
+// `id -> version` of the rows `statement` finds among `ids`.
+absl::StatusOr<std::map<std::string, int64_t>> Versions(pg::PgPool& pool, const char* call,
+                                                        const pg::Statement& statement,
+                                                        const std::vector<std::string>& ids) {
+  using Versions = std::map<std::string, int64_t>;
+  return pg::TransactFor<Versions>(pool, call, [&](pg::PgTx& tx) -> absl::StatusOr<Versions> {
+    Versions versions;
+    for (const pqxx::row& row : tx.Exec(statement, pg::TextArray(ids))) {
+      versions.emplace(row[0].c_str(), row[1].as<int64_t>());
+    }
+    return versions;
+  });
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, int64_t>> PgStore::JobVersions(
+    const std::vector<std::string>& job_ids) {
+  return Versions(*pool_, "JobVersions", pg::kJobVersions, job_ids);
+}
+
+absl::StatusOr<std::map<std::string, int64_t>> PgStore::OperationVersions(
+    const std::vector<std::string>& operation_ids) {
+  return Versions(*pool_, "OperationVersions", pg::kOperationVersions, operation_ids);
+}
+
 absl::StatusOr<JobPage> PgStore::ListJobs(const ListJobsQuery& query) {
   constexpr int kMaxPageSize = 10000;
   const int page_size = query.page_size <= 0

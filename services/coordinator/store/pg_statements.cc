@@ -2,6 +2,7 @@
 
 #include "services/coordinator/store/pg_audit_statements.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
+#include "services/coordinator/store/pg_heartbeat_statements.h"
 #include "services/coordinator/store/pg_meeting_statements.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
@@ -14,6 +15,8 @@ const std::vector<Statement>& AllStatements() {
   static const std::vector<Statement>* const kAll = new std::vector<Statement>{
       kSelectJob,
       kListJobs,
+      kJobVersions,
+      kOperationVersions,
       kInsertJob,
       kLockJob,
       kJobExists,
@@ -81,6 +84,11 @@ const std::vector<Statement>& AllStatements() {
       kClearJobLostHosts,
       kSettleJobLiveness,
       kStaleGenerations,
+      // Heartbeats in batches (pg_heartbeat.cc).
+      kHeartbeatHosts,
+      kHostsEpochState,
+      kAssignedOperationsOfHosts,
+      kGenerationsToDropOfHosts,
       // Bearer tokens (issue 11).
       kInsertToken,
       kSelectTokenByHash,

@@ -35,11 +35,17 @@ namespace reshard::coordinator::pg {
   RESHARD_SQL_OP_IS_PENDING("o.") " AND "                                                   \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
   "c.id = o.queued_behind_operation_id AND " RESHARD_SQL_OP_ACTIVE("c.") ") LIMIT 1), "     \
-  "j.layout_epoch "                                                                         \
+  "j.layout_epoch, j.version "                                                              \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
                                       "SELECT " RESHARD_PG_JOB_COLUMNS "WHERE j.id = $1"};
+
+// The change feed's safety poll (migrations/0016): versions of the given ids.
+inline constexpr Statement kJobVersions{
+    "job_versions", "SELECT id, version FROM jobs WHERE id = ANY($1::text[])"};
+inline constexpr Statement kOperationVersions{
+    "operation_versions", "SELECT id, version FROM operations WHERE id = ANY($1::text[])"};
 
 inline constexpr Statement kListJobs{
     "list_jobs", "SELECT " RESHARD_PG_JOB_COLUMNS
@@ -201,7 +207,7 @@ inline constexpr Statement kClaimIdempotencyKey{
   "reshard_unix_ms(o.agents_prepared_at), o.prepared_from_generation, o.bytes_precopied, "  \
   "o.bytes_skipped_unchanged, o.queued_behind_operation_id, o.step_boundary, "              \
   "o.step_boundary_deadline_unix_ms, o.step_boundary_checkpoint_id, "                       \
-  "o.step_boundary_timeout_ms "
+  "o.step_boundary_timeout_ms, o.version "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
@@ -322,7 +328,7 @@ inline constexpr Statement kAssignedOperations{
     " AND oh.state NOT IN (3, 4)) OR "
     "(" RESHARD_SQL_OP_AGENTS_PREPARE("o.") " AND oh.state IN (1, 2))) ORDER BY o.seq"};
 
-// $1 host ids: one notification each, delivered at commit (PgTaskListener).
+// $1 host ids: one notification each, delivered at commit (PgListener).
 inline constexpr Statement kNotifyTasks{
     "notify_tasks",
     "SELECT pg_notify('reshard_tasks', h) FROM unnest($1::text[]) AS h"};

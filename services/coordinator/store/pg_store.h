@@ -88,7 +88,7 @@ struct PgStoreOptions {
   /// quick and thread-safe; may be empty.
   std::function<void(const std::vector<std::string>& host_ids)> on_tasks_changed;
   /// Those calls also NOTIFY kTasksChannel with each host id in their
-  /// transaction (other replicas' PgTaskListener). false: a lost
+  /// transaction (other replicas' PgListener). false: a lost
   /// notification, for tests of the safety re-read.
   bool notify_tasks = true;
 };
@@ -96,6 +96,10 @@ struct PgStoreOptions {
 /// The PostgreSQL channel a task-creating transaction notifies, payload the
 /// host id (docs/coordinator.md, "Agents are told").
 inline constexpr char kTasksChannel[] = "reshard_tasks";
+/// The channel every committed change to a job or an operation notifies
+/// (migrations/0016: triggers), payload `j:<job id>` or `o:<operation id>`
+/// (docs/coordinator.md, "Change feed").
+inline constexpr char kChangesChannel[] = "reshard_changes";
 
 class PgStore : public Store {
  public:
@@ -128,6 +132,10 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                                bool include_ptc) override;
   [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;
+  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> JobVersions(
+      const std::vector<std::string>& job_ids) override;
+  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> OperationVersions(
+      const std::vector<std::string>& operation_ids) override;
   [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) override;
   [[nodiscard]] absl::Status DeleteJob(const std::string& job_id,
                                        const Idempotency& idem = {}) override;

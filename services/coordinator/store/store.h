@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -224,6 +225,21 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
                                                        bool include_ptc) = 0;
   [[nodiscard]] virtual absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) = 0;
+  /// The change feed's safety poll (logic/change_feed.h): the version
+  /// (Job.version) of each of `job_ids` that exists; a missing job is
+  /// absent from the map. Every change to what GetJob shows takes a larger
+  /// version. The default reads each job; a store answers in one query.
+  [[nodiscard]] virtual absl::StatusOr<std::map<std::string, int64_t>> JobVersions(
+      const std::vector<std::string>& job_ids) {
+    std::map<std::string, int64_t> versions;
+    for (const std::string& id : job_ids) {
+      absl::StatusOr<v1::Job> job = GetJob(id, /*include_ptc=*/false);
+      if (absl::IsNotFound(job.status())) continue;
+      if (!job.ok()) return job.status();
+      versions.emplace(id, job->version());
+    }
+    return versions;
+  }
   [[nodiscard]] virtual absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) = 0;
   /// Deletes the job and everything under it. FailedPrecondition while an
   /// operation is active. With a key: the key is recorded in the same
@@ -283,6 +299,18 @@ class Store {
       const std::string& operation_id) = 0;
   [[nodiscard]] virtual absl::StatusOr<OperationRecord> GetOperation(
       const std::string& operation_id, bool include_plan) = 0;
+  /// As JobVersions, of operations (Operation.version).
+  [[nodiscard]] virtual absl::StatusOr<std::map<std::string, int64_t>> OperationVersions(
+      const std::vector<std::string>& operation_ids) {
+    std::map<std::string, int64_t> versions;
+    for (const std::string& id : operation_ids) {
+      absl::StatusOr<OperationRecord> record = GetOperation(id, /*include_plan=*/false);
+      if (absl::IsNotFound(record.status())) continue;
+      if (!record.ok()) return record.status();
+      versions.emplace(id, record->op.version());
+    }
+    return versions;
+  }
 
   // ---- Agents prepare a stop-free operation (docs/coordinator.md) ----------
   /// Starts the prepare phase of a PLANNED stop-free operation: records

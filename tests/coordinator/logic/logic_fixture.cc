@@ -32,7 +32,6 @@ void LogicTest::SetUp() {
   ASSERT_NE(store_, nullptr);
   metrics_ = std::make_unique<CoordinatorMetrics>(std::make_shared<prometheus::Registry>());
   SchedulerApi::Options api_options;
-  api_options.watch_poll_ms = 5;
   api_ = std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), api_options);
   AgentApi::Options agent_options;
   agent_options.lease_ms = kLeaseMs;

@@ -25,6 +25,7 @@
 #include "pqxx/pqxx"
 #include "services/coordinator/logic/leader.h"
 #include "tests/coordinator/harness/eventually.h"
+#include "tests/coordinator/logic/feed_fixture.h"
 #include "tests/coordinator/logic/stop_free_fixture.h"
 
 namespace reshard::coordinator::testing {
@@ -124,25 +125,15 @@ TEST_F(StopFreePrepareTest, EveryPlanHostGetsAPrepareTaskIntoTheFinalGeneration)
 TEST_F(StopFreePrepareTest, WatchOperationStreamsEachAgentsPrepare) {
   const v1::Operation op = Preparing("watched");
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_PLANNED) << op.error();
-  std::mutex mu;
-  std::vector<v1::Operation> seen;
-  std::atomic<bool> stop{false};
-  std::thread watcher([&] {
-    v1::WatchOperationRequest r;
-    r.set_operation_id(op.id());
-    (void)api_->WatchOperation(
-        r,
-        [&](const v1::Operation& o) {
-          std::lock_guard<std::mutex> lock(mu);
-          seen.push_back(o);
-          return true;
-        },
-        [&] { return stop.load(); });
-  });
+  // Through the change feed, as a WatchOperation stream gets it.
+  TestFeed feed;
+  ASSERT_NO_FATAL_FAILURE(feed.Start(dsn_, store_));
+  Recorder<v1::Operation> watcher;
+  feed.feed->operations().Subscribe(op.id(), 0, &watcher);
   auto saw = [&](const std::function<bool(const v1::Operation&)>& pred) {
     return Eventually(
         [&] {
-          std::lock_guard<std::mutex> lock(mu);
+          const std::vector<v1::Operation> seen = watcher.states();
           return std::any_of(seen.begin(), seen.end(), pred);
         },
         absl::Seconds(20), absl::Milliseconds(5));
@@ -152,8 +143,7 @@ TEST_F(StopFreePrepareTest, WatchOperationStreamsEachAgentsPrepare) {
   EXPECT_TRUE(saw([](const v1::Operation& o) {
     return o.bytes_precopied() > 0 && o.agents_prepared_unix_ms() == 0;
   }));
-  stop = true;
-  watcher.join();
+  feed.feed->operations().Unsubscribe(op.id(), &watcher);
 }
 
 TEST_F(StopFreePrepareTest, PreparedReportsAreChecked) {

@@ -16,7 +16,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/task_notifier.h"
-#include "services/coordinator/store/pg_task_listener.h"
+#include "services/coordinator/store/pg_listener.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
@@ -113,10 +113,12 @@ TEST_F(TaskPickupTest, ATaskAnotherReplicaCreatesArrivesThroughNotify) {
   // Replica B: its own store, notifier and listener; it creates nothing.
   TaskNotifier notifier_b;
   std::shared_ptr<PgStore> store_b = StoreSignalling(&notifier_b, /*notify=*/true);
-  PgTaskListenerOptions listener_options;
+  PgListenerOptions listener_options;
   listener_options.dsn = dsn_;
-  PgTaskListener listener(
-      listener_options, [&](const std::string& host) { notifier_b.Notify(host); },
+  listener_options.channels = {kTasksChannel};
+  PgListener listener(
+      listener_options,
+      [&](const std::string&, const std::string& host) { notifier_b.Notify(host); },
       [&] { notifier_b.NotifyAll(); });
   listener.Start();
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 1; }));
@@ -136,11 +138,13 @@ TEST_F(TaskPickupTest, ATaskAnotherReplicaCreatesArrivesThroughNotify) {
 TEST_F(TaskPickupTest, TheListenerReconnectsAfterItsConnectionIsKilled) {
   TaskNotifier notifier_b;
   std::shared_ptr<PgStore> store_b = StoreSignalling(&notifier_b, /*notify=*/true);
-  PgTaskListenerOptions listener_options;
+  PgListenerOptions listener_options;
   listener_options.dsn = dsn_;
+  listener_options.channels = {kTasksChannel};
   listener_options.min_backoff_ms = 10;
-  PgTaskListener listener(
-      listener_options, [&](const std::string& host) { notifier_b.Notify(host); },
+  PgListener listener(
+      listener_options,
+      [&](const std::string&, const std::string& host) { notifier_b.Notify(host); },
       [&] { notifier_b.NotifyAll(); });
   listener.Start();
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 1; }));

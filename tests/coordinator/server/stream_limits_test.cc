@@ -84,25 +84,24 @@ std::optional<std::string> NoEnv(const std::string&) { return std::nullopt; }
 TEST(WatchStreamLimitsTest, FlagsDefaultsAndValidation) {
   absl::StatusOr<CommandLine> cl =
       ParseCommandLine({"migrate", "--dsn", "dbname=x", "--max-watch-streams", "40",
-                        "--max-watch-streams-per-identity", "8", "--watch-poll-ms", "250"},
+                        "--max-watch-streams-per-identity", "8", "--watch-resync-ms", "250"},
                        NoEnv);
   ASSERT_TRUE(cl.ok()) << cl.status();
   EXPECT_EQ(cl->config.max_watch_streams, 40);
   EXPECT_EQ(cl->config.max_watch_streams_per_identity, 8);
-  EXPECT_EQ(cl->config.watch_poll_ms, 250);
+  EXPECT_EQ(cl->config.watch_resync_ms, 250);
   EXPECT_EQ(cl->config.max_rpc_threads, 0);
 
   const CoordinatorConfig defaults;
   EXPECT_LE(defaults.max_watch_streams_per_identity, defaults.max_watch_streams);
 
-  // Per identity above the total, a thread cap without headroom, a zero
-  // poll period: each refused naming its flag.
+  // Per identity above the total, no streams, a zero safety-poll period:
+  // each refused naming its flag.
   for (const auto& [args, flag] : std::vector<std::pair<std::vector<std::string>, std::string>>{
            {{"--max-watch-streams", "10", "--max-watch-streams-per-identity", "11"},
             "--max-watch-streams-per-identity"},
            {{"--max-watch-streams", "0"}, "--max-watch-streams"},
-           {{"--max-watch-streams", "100", "--max-rpc-threads", "150"}, "--max-rpc-threads"},
-           {{"--watch-poll-ms", "0"}, "--watch-poll-ms"}}) {
+           {{"--watch-resync-ms", "0"}, "--watch-resync-ms"}}) {
     std::vector<std::string> all = {"migrate", "--dsn", "dbname=x"};
     all.insert(all.end(), args.begin(), args.end());
     absl::StatusOr<CommandLine> bad = ParseCommandLine(all, NoEnv);
@@ -110,7 +109,7 @@ TEST(WatchStreamLimitsTest, FlagsDefaultsAndValidation) {
     EXPECT_THAT(bad.status().message(), HasSubstr(flag));
   }
   EXPECT_TRUE(ParseCommandLine({"migrate", "--dsn", "dbname=x", "--max-watch-streams", "100",
-                                "--max-rpc-threads", "200"},
+                                "--max-watch-streams-per-identity", "10", "--max-rpc-threads", "20"},
                                NoEnv)
                   .ok());
   EXPECT_THAT(Usage(), HasSubstr("--max-watch-streams-per-identity"));

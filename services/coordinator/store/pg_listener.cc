@@ -1,4 +1,4 @@
-#include "services/coordinator/store/pg_task_listener.h"
+#include "services/coordinator/store/pg_listener.h"
 
 #include <algorithm>
 #include <chrono>
@@ -7,6 +7,7 @@
 #include <pqxx/pqxx>
 #include <utility>
 
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/pg_store.h"
@@ -16,30 +17,30 @@ namespace {
 
 class Receiver : public pqxx::notification_receiver {
  public:
-  Receiver(pqxx::connection_base& conn, const std::function<void(const std::string&)>& on_host)
-      : pqxx::notification_receiver(conn, kTasksChannel), on_host_(on_host) {}
+  Receiver(pqxx::connection_base& conn, const std::string& channel,
+           const PgListener::OnNotification& on_notification)
+      : pqxx::notification_receiver(conn, channel), on_notification_(on_notification) {}
   void operator()(const std::string& payload, int /*backend_pid*/) override {
-    if (on_host_) on_host_(payload);
+    if (on_notification_) on_notification_(channel(), payload);
   }
 
  private:
-  const std::function<void(const std::string&)>& on_host_;
+  const PgListener::OnNotification& on_notification_;
 };
 
 }  // namespace
 
-PgTaskListener::PgTaskListener(PgTaskListenerOptions options,
-                               std::function<void(const std::string&)> on_host,
-                               std::function<void()> on_connected)
+PgListener::PgListener(PgListenerOptions options, OnNotification on_notification,
+                       std::function<void()> on_connected)
     : options_(std::move(options)),
-      on_host_(std::move(on_host)),
+      on_notification_(std::move(on_notification)),
       on_connected_(std::move(on_connected)) {}
 
-PgTaskListener::~PgTaskListener() { Stop(); }
+PgListener::~PgListener() { Stop(); }
 
-void PgTaskListener::Start() { thread_ = std::thread([this] { Loop(); }); }
+void PgListener::Start() { thread_ = std::thread([this] { Loop(); }); }
 
-void PgTaskListener::Stop() {
+void PgListener::Stop() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
@@ -48,20 +49,23 @@ void PgTaskListener::Stop() {
   if (thread_.joinable()) thread_.join();
 }
 
-bool PgTaskListener::Backoff(int ms) {
+bool PgListener::Backoff(int ms) {
   std::unique_lock<std::mutex> l(mu_);
   return !cv_.wait_for(l, std::chrono::milliseconds(ms), [this] { return stopping_.load(); });
 }
 
-void PgTaskListener::Loop() {
+void PgListener::Loop() {
   const std::string dsn = pg::WithConnectTimeout(options_.dsn, options_.connect_timeout_s);
   int backoff_ms = options_.min_backoff_ms;
   const long stop_check_us = static_cast<long>(options_.stop_check_ms) * 1000;
   while (!stopping_.load()) {
     try {
       pqxx::connection conn(dsn);
-      Receiver receiver(conn, on_host_);  // LISTEN, on the server by now
-      conn.get_notifs();                  // the LISTEN's round trip is done
+      std::vector<std::unique_ptr<Receiver>> receivers;  // LISTEN each, on the server by now
+      for (const std::string& channel : options_.channels) {
+        receivers.push_back(std::make_unique<Receiver>(conn, channel, on_notification_));
+      }
+      conn.get_notifs();  // the LISTENs' round trips are done
       ++connections_;
       if (on_connected_) on_connected_();
       backoff_ms = options_.min_backoff_ms;
@@ -70,7 +74,8 @@ void PgTaskListener::Loop() {
       }
       return;
     } catch (const std::exception& e) {
-      RESHARD_LOG(WARNING) << "task listener on channel " << kTasksChannel << ": " << e.what()
+      RESHARD_LOG(WARNING) << "listener on channels " << absl::StrJoin(options_.channels, ", ")
+                           << ": " << e.what()
                            << "; reconnecting in " << backoff_ms << " ms";
     }
     if (!Backoff(backoff_ms)) return;

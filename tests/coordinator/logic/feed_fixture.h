@@ -1,0 +1,88 @@
+// The change feed in a logic test: a ChangeFeed on the test's store, fed by
+// a real PgListener on its database, and a subscriber that records what a
+// watch stream would have written (change_feed_test, stop-free watches).
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "services/coordinator/logic/change_feed.h"
+#include "services/coordinator/store/pg_listener.h"
+#include "services/coordinator/store/pg_store.h"
+#include "tests/coordinator/harness/eventually.h"
+
+namespace reshard::coordinator::testing {
+
+/// What a watch stream would have written.
+template <typename Msg>
+class Recorder : public FeedSubscriber<Msg> {
+ public:
+  void OnState(std::shared_ptr<const Msg> state) override {
+    std::lock_guard<std::mutex> l(mu_);
+    states_.push_back(*state);
+  }
+  void OnEnd(const absl::Status& status) override {
+    std::lock_guard<std::mutex> l(mu_);
+    end_ = status;
+    ended_ = true;
+  }
+  std::vector<Msg> states() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return states_;
+  }
+  size_t count() const { return states().size(); }
+  /// The newest state handed (a default message before the first).
+  Msg last() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return states_.empty() ? Msg() : states_.back();
+  }
+  bool ended() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return ended_;
+  }
+  absl::Status end() const {
+    std::lock_guard<std::mutex> l(mu_);
+    return end_;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<Msg> states_;
+  absl::Status end_;
+  bool ended_ = false;
+};
+
+/// A feed without its own safety poll (a test calls Resync), fed by a real
+/// listener unless `listen` is false (every notification lost).
+struct TestFeed {
+  void Start(const std::string& dsn, std::shared_ptr<Store> store, bool listen = true) {
+    ChangeFeed::Options options;
+    options.resync_ms = 0;
+    feed = std::make_unique<ChangeFeed>(std::move(store), options);
+    if (!listen) return;
+    PgListenerOptions listener_options;
+    listener_options.dsn = dsn;
+    listener_options.channels = {kChangesChannel};
+    listener_options.min_backoff_ms = 10;
+    ChangeFeed* f = feed.get();
+    listener = std::make_unique<PgListener>(
+        listener_options,
+        [f](const std::string&, const std::string& payload) { f->Announced(payload); },
+        [f] { f->Reconnected(); });
+    listener->Start();
+    ASSERT_TRUE(Eventually([&] { return listener->connections() == 1; }));
+  }
+  void Stop() {
+    if (listener != nullptr) listener->Stop();
+    if (feed != nullptr) feed->Shutdown();
+  }
+  ~TestFeed() { Stop(); }
+
+  std::unique_ptr<ChangeFeed> feed;
+  std::unique_ptr<PgListener> listener;
+};
+
+}  // namespace reshard::coordinator::testing
