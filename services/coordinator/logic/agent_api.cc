@@ -231,33 +231,59 @@ absl::Status AgentApi::RestoreReturnedHost(const v1::RegisterAgentRequest& reque
 }
 
 absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatRequest& request) {
-  const std::string& host_id = request.host_id();
-  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
-  if (request.epoch() < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "epoch is ", request.epoch(), "; use the epoch RegisterAgent returned (>= 1)"));
-  }
+  return std::move(HeartbeatMany({&request}).front());
+}
+
+std::vector<absl::StatusOr<v1::HeartbeatResponse>> AgentApi::HeartbeatMany(
+    const std::vector<const v1::HeartbeatRequest*>& requests) {
+  std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers(requests.size());
+  std::vector<HostHeartbeat> beats;
+  std::vector<size_t> beat_of;  // beats[k] answers requests[beat_of[k]]
   const int64_t now = clock_->NowUnixMs();
-  if (absl::Status s = store_->Heartbeat(host_id, request.epoch(), now, now + options_.lease_ms);
-      !s.ok()) {
-    return NameNotFound(s, HostNotFound(host_id));
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const v1::HeartbeatRequest& request = *requests[i];
+    if (absl::Status s = RequireNonEmpty("host_id", request.host_id()); !s.ok()) {
+      answers[i] = s;
+      continue;
+    }
+    if (request.epoch() < 1) {
+      answers[i] = absl::InvalidArgumentError(absl::StrCat(
+          "epoch is ", request.epoch(), "; use the epoch RegisterAgent returned (>= 1)"));
+      continue;
+    }
+    HostHeartbeat beat;
+    beat.host_id = request.host_id();
+    beat.epoch = request.epoch();
+    beat.now_unix_ms = now;
+    beat.lease_expires_unix_ms = now + options_.lease_ms;
+    beat.held_jobs.assign(request.held_jobs().begin(), request.held_jobs().end());
+    beats.push_back(std::move(beat));
+    beat_of.push_back(i);
   }
-  v1::HeartbeatResponse response;
-  response.set_lease_ms(options_.lease_ms);
-  absl::StatusOr<std::vector<std::string>> assigned = store_->AssignedOperations(host_id);
-  if (!assigned.ok()) return assigned.status();
-  for (std::string& id : *assigned) response.add_assigned_operations(std::move(id));
-  absl::StatusOr<std::vector<v1::GenerationRef>> release = store_->GenerationsToRelease(host_id);
-  if (!release.ok()) return release.status();
-  for (v1::GenerationRef& ref : *release) *response.add_release() = std::move(ref);
-  absl::StatusOr<std::vector<v1::GenerationRef>> discard = store_->GenerationsToDiscard(host_id);
-  if (!discard.ok()) return discard.status();
-  for (v1::GenerationRef& ref : *discard) *response.add_discard() = std::move(ref);
-  if (absl::Status s = AddDeletedJobs(request.held_jobs(), response.mutable_deleted_jobs());
-      !s.ok()) {
-    return s;
+  if (beats.empty()) return answers;
+  absl::StatusOr<std::vector<HostHeartbeatResult>> results = store_->HeartbeatHosts(beats);
+  for (size_t k = 0; k < beats.size(); ++k) {
+    absl::StatusOr<v1::HeartbeatResponse>& answer = answers[beat_of[k]];
+    if (!results.ok()) {
+      answer = results.status();
+      continue;
+    }
+    HostHeartbeatResult& result = (*results)[k];
+    if (!result.status.ok()) {
+      answer = NameNotFound(result.status, HostNotFound(beats[k].host_id));
+      continue;
+    }
+    v1::HeartbeatResponse response;
+    response.set_lease_ms(options_.lease_ms);
+    for (std::string& id : result.assigned_operations) {
+      response.add_assigned_operations(std::move(id));
+    }
+    for (v1::GenerationRef& ref : result.release) *response.add_release() = std::move(ref);
+    for (v1::GenerationRef& ref : result.discard) *response.add_discard() = std::move(ref);
+    for (std::string& id : result.deleted_jobs) response.add_deleted_jobs(std::move(id));
+    answer = std::move(response);
   }
-  return response;
+  return answers;
 }
 
 absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request) {

@@ -4,6 +4,8 @@
 
 #include <functional>
 #include <set>
+#include <string>
+#include <vector>
 #include <utility>
 
 #include "absl/status/statusor.h"
@@ -30,6 +32,8 @@ absl::Status CheckShardChecksums(absl::string_view field,
 
 /// WaitForTasks' re-read of the store when no notification came.
 inline constexpr int kTaskSafetyRereadMs = 1000;
+/// WaitForTasks' longest wait (and its wait for wait_ms 0).
+inline constexpr int kMaxTaskWaitMs = 10000;
 
 class AgentApi {
  public:
@@ -67,6 +71,12 @@ class AgentApi {
   /// it, generations to release and to discard, held jobs deleted.
   [[nodiscard]] absl::StatusOr<v1::HeartbeatResponse> Heartbeat(
       const v1::HeartbeatRequest& request);
+  /// Heartbeat of many hosts with one store call (Store::HeartbeatHosts;
+  /// heartbeat_batcher.h): one answer per request, in order. A request's
+  /// own error (a bad field, an unknown host, a stale epoch) is its answer
+  /// alone; a store failure is every answer's.
+  [[nodiscard]] std::vector<absl::StatusOr<v1::HeartbeatResponse>> HeartbeatMany(
+      const std::vector<const v1::HeartbeatRequest*>& requests);
   /// The host's slice of an operation's plan (see task.h).
   [[nodiscard]] absl::StatusOr<v1::HostTask> GetTask(const v1::GetTaskRequest& request);
   [[nodiscard]] absl::StatusOr<v1::ReportProgressResponse> ReportProgress(
@@ -78,6 +88,15 @@ class AgentApi {
   /// host's tasks change, re-reading the store every safety_reread_ms.
   [[nodiscard]] absl::StatusOr<v1::WaitForTasksResponse> WaitForTasks(
       const v1::WaitForTasksRequest& request, const std::function<bool()>& cancelled = {});
+
+  /// The pieces of WaitForTasks for a poll that holds no thread (task_waits.h):
+  /// checks the request (fields, the host exists) and returns how long it
+  /// waits in ms.
+  [[nodiscard]] absl::StatusOr<int> CheckWaitForTasks(const v1::WaitForTasksRequest& request);
+  /// The operations assigned to `host_id` now (one store read).
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> AssignedOperations(
+      const std::string& host_id);
+  const Options& options() const { return options_; }
 
  private:
   /// A stop-free operation's prepare-phase task and transfer-phase task

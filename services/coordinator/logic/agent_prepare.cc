@@ -20,7 +20,6 @@
 namespace reshard::coordinator {
 namespace {
 
-constexpr int kMaxWaitMs = 10000;
 // How often a WaitForTasks sleeping on the notifier asks whether its call
 // was cancelled (the synchronous gRPC API has no cancellation callback).
 constexpr int kCancelCheckMs = 100;
@@ -113,14 +112,9 @@ void AgentApi::FinalReported() const {
 absl::StatusOr<v1::WaitForTasksResponse> AgentApi::WaitForTasks(
     const v1::WaitForTasksRequest& request, const std::function<bool()>& cancelled) {
   const std::string& host_id = request.host_id();
-  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
-  if (request.wait_ms() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("wait_ms is ", request.wait_ms(),
-                                                   "; it must be >= 0 (0: ", kMaxWaitMs, " ms)"));
-  }
-  absl::StatusOr<v1::Host> host = store_->GetHost(host_id);
-  if (!host.ok()) return NameNotFound(host.status(), HostNotFound(host_id));
-  const int wait_ms = request.wait_ms() == 0 ? kMaxWaitMs : std::min(request.wait_ms(), kMaxWaitMs);
+  absl::StatusOr<int> checked = CheckWaitForTasks(request);
+  if (!checked.ok()) return checked.status();
+  const int wait_ms = *checked;
   const std::set<std::string> known(request.known_operations().begin(),
                                     request.known_operations().end());
   using Clock = std::chrono::steady_clock;
@@ -163,6 +157,22 @@ absl::StatusOr<v1::WaitForTasksResponse> AgentApi::WaitForTasks(
       return Answer(*std::move(assigned));
     }
   }
+}
+
+absl::StatusOr<int> AgentApi::CheckWaitForTasks(const v1::WaitForTasksRequest& request) {
+  const std::string& host_id = request.host_id();
+  if (absl::Status s = RequireNonEmpty("host_id", host_id); !s.ok()) return s;
+  if (request.wait_ms() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "wait_ms is ", request.wait_ms(), "; it must be >= 0 (0: ", kMaxTaskWaitMs, " ms)"));
+  }
+  absl::StatusOr<v1::Host> host = store_->GetHost(host_id);
+  if (!host.ok()) return NameNotFound(host.status(), HostNotFound(host_id));
+  return request.wait_ms() == 0 ? kMaxTaskWaitMs : std::min(request.wait_ms(), kMaxTaskWaitMs);
+}
+
+absl::StatusOr<std::vector<std::string>> AgentApi::AssignedOperations(const std::string& host_id) {
+  return store_->AssignedOperations(host_id);
 }
 
 }  // namespace reshard::coordinator

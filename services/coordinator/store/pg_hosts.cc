@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
+#include "services/coordinator/store/pg_heartbeat_statements.h"
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
@@ -55,15 +56,7 @@ absl::Status PgStore::Heartbeat(const std::string& host_id, int64_t epoch, int64
       return absl::OkStatus();
     }
     const pqxx::result r = tx.Exec(pg::kHostEpochState, host_id);
-    if (r.empty()) return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
-    const int64_t latest = r[0][0].as<int64_t>();
-    if (latest != epoch) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("host \"", host_id, "\": heartbeat for epoch ", epoch,
-                       " but the latest registration is epoch ", latest, "; register again"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("host \"", host_id, "\" was marked LOST (lease expired); register again"));
+    return pg::HeartbeatRefusal(host_id, epoch, !r.empty(), r.empty() ? 0 : r[0][0].as<int64_t>());
   });
 }
 

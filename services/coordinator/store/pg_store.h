@@ -203,6 +203,10 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  /// One transaction: one UPDATE of every leased host, then each list as
+  /// one query over all the batch's hosts (pg_heartbeat.cc).
+  [[nodiscard]] absl::StatusOr<std::vector<HostHeartbeatResult>> HeartbeatHosts(
+      const std::vector<HostHeartbeat>& beats) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
       const std::vector<std::string>& host_ids) override;

@@ -197,6 +197,25 @@ struct AuditPage {
   int64_t next_before_id = 0;  // 0 on the last page
 };
 
+/// One host's heartbeat in a batch (Store::HeartbeatHosts).
+struct HostHeartbeat {
+  std::string host_id;
+  int64_t epoch = 0;
+  int64_t now_unix_ms = 0;
+  int64_t lease_expires_unix_ms = 0;
+  std::vector<std::string> held_jobs;  // job ids the agent holds buffers of
+};
+
+/// What a heartbeat tells its host (Store::HeartbeatHosts): `status` is
+/// Heartbeat's for that host; the lists are filled only when it is OK.
+struct HostHeartbeatResult {
+  absl::Status status;
+  std::vector<std::string> assigned_operations;  // AssignedOperations
+  std::vector<v1::GenerationRef> release;        // GenerationsToRelease
+  std::vector<v1::GenerationRef> discard;        // GenerationsToDiscard
+  std::vector<std::string> deleted_jobs;         // DeletedJobs(held_jobs)
+};
+
 /// A rank reported dead (Store::RecordRankFailure).
 struct RankFailureReport {
   std::string job_id;
@@ -408,6 +427,16 @@ class Store {
                                                int64_t now_unix_ms,
                                                int64_t lease_expires_unix_ms) = 0;
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> ListHosts() = 0;
+  /// Heartbeat, then AssignedOperations, GenerationsToRelease,
+  /// GenerationsToDiscard and DeletedJobs(held_jobs), for many hosts at once
+  /// (heartbeats in batches, logic/heartbeat_batcher.h): one result per
+  /// beat, in order; a host's own refusal (NotFound, FailedPrecondition) is
+  /// its result's status and leaves the others alone; a status of the whole
+  /// call (the database) means no beat is known to have been recorded. The
+  /// default runs the per-host methods one by one (heartbeat_hosts.cc);
+  /// PostgreSQL does it in one transaction of a few statements.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<HostHeartbeatResult>> HeartbeatHosts(
+      const std::vector<HostHeartbeat>& beats);
 
   // ---- Bearer tokens (docs/security.md) ----
   /// Stores a token with the SHA-256 of its secret (raw 32 bytes).

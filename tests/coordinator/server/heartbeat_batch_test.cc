@@ -1,0 +1,204 @@
+// Heartbeats in batches (docs/coordinator.md, "Agent calls: no thread per
+// agent, heartbeats in batches"), against the real PostgreSQL: the
+// PostgreSQL store's one-transaction HeartbeatHosts tells every host what the
+// per-host methods would (assigned operations, generations to release and
+// to discard, deleted jobs); a batch with an unknown host and a stale epoch
+// answers the others; the batcher writes N queued heartbeats with one store
+// call; Heartbeat over gRPC (callback API) renews the lease it answers.
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "reshard/v1/agent.grpc.pb.h"
+#include "services/coordinator/logic/heartbeat_batcher.h"
+#include "services/coordinator/server/agent_service.h"
+#include "services/coordinator/server/auth.h"
+#include "tests/coordinator/harness/eventually.h"
+#include "tests/coordinator/logic/job_builders.h"
+#include "tests/coordinator/logic/logic_fixture.h"
+
+namespace reshard::coordinator::testing {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string Text(const HostHeartbeatResult& r) {
+  std::string s = r.status.ToString() + " assigned:";
+  for (const std::string& id : r.assigned_operations) s += " " + id;
+  s += " release:";
+  for (const v1::GenerationRef& g : r.release) s += " " + g.job_id() + "@" + std::to_string(g.generation());
+  s += " discard:";
+  for (const v1::GenerationRef& g : r.discard) s += " " + g.job_id() + "@" + std::to_string(g.generation());
+  s += " deleted:";
+  for (const std::string& id : r.deleted_jobs) s += " " + id;
+  return s;
+}
+
+class HeartbeatBatchTest : public LogicTest {
+ protected:
+  HostHeartbeat Beat(const std::string& host, std::vector<std::string> held = {}) {
+    HostHeartbeat beat;
+    beat.host_id = host;
+    beat.epoch = epochs_.count(host) != 0 ? epochs_[host] : 1;
+    beat.now_unix_ms = clock_.NowUnixMs();
+    beat.lease_expires_unix_ms = beat.now_unix_ms + kLeaseMs;
+    beat.held_jobs = std::move(held);
+    return beat;
+  }
+
+  v1::HeartbeatRequest Request(const std::string& host, int64_t epoch) {
+    v1::HeartbeatRequest request;
+    request.set_host_id(host);
+    request.set_epoch(epoch);
+    return request;
+  }
+};
+
+// One committed resize (its old generation RETIRED: to release), one in
+// TRANSFERRING (assigned), a deleted job among the held ones: the batch
+// query tells each host exactly what the per-host methods tell it.
+TEST_F(HeartbeatBatchTest, OneTransactionTellsWhatThePerHostCallsTell) {
+  RegisterAgents({"h0", "h1", "h2", "h3"});
+  const v1::Job done_job = Register(SmallJob("committed"));
+  const v1::Operation done_op = StartTransfer(done_job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  for (const std::string& host : Participants(done_op.id())) CompleteTask(host, done_op.id());
+  Tick();
+  ASSERT_EQ(Op(done_op.id()).state(), v1::OPERATION_STATE_COMMITTED);
+  const v1::Job busy_job = Register(SmallJob("busy"));
+  const v1::Operation busy_op = StartTransfer(busy_job, MakeLayout(1, 2, 2, {"h0", "h2"}, 2));
+  const std::vector<HostHeartbeat> beats = {
+      Beat("h0", {done_job.id(), "job-gone"}), Beat("h1"), Beat("h2", {"job-gone"}), Beat("h3")};
+
+  absl::StatusOr<std::vector<HostHeartbeatResult>> batched = store_->HeartbeatHosts(beats);
+  ASSERT_TRUE(batched.ok()) << batched.status();
+  absl::StatusOr<std::vector<HostHeartbeatResult>> one_by_one = store_->Store::HeartbeatHosts(beats);
+  ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
+  ASSERT_EQ(batched->size(), beats.size());
+  ASSERT_EQ(one_by_one->size(), beats.size());
+  for (size_t i = 0; i < beats.size(); ++i) {
+    EXPECT_EQ(Text((*batched)[i]), Text((*one_by_one)[i])) << beats[i].host_id;
+  }
+  // The state is what the test built, so the comparison compared something.
+  EXPECT_THAT((*batched)[2].assigned_operations, ::testing::Contains(busy_op.id()));
+  EXPECT_THAT((*batched)[0].deleted_jobs, ::testing::ElementsAre("job-gone"));
+  EXPECT_EQ((*batched)[3].assigned_operations.size(), 0u);
+  bool released = false;
+  for (const HostHeartbeatResult& r : *batched) {
+    for (const v1::GenerationRef& g : r.release) {
+      released |= g.job_id() == done_job.id() && g.generation() == done_job.generation();
+    }
+  }
+  EXPECT_TRUE(released) << "no host was told to release generation " << done_job.generation()
+                        << " of the committed job";
+}
+
+TEST_F(HeartbeatBatchTest, AnUnknownHostAndAStaleEpochAreRefusedAloneAndTheOthersRenewed) {
+  RegisterAgents({"h0", "h1"});
+  RegisterAgents({"h1"});  // epoch 2: the beat for epoch 1 is stale
+  clock_.Advance(1234);
+  const std::vector<v1::HeartbeatRequest> requests = {
+      Request("h0", epochs_["h0"]), Request("nobody", 1), Request("h1", 1),
+      Request("h1", epochs_["h1"]), Request("", 1)};
+  std::vector<const v1::HeartbeatRequest*> pointers;
+  for (const v1::HeartbeatRequest& r : requests) pointers.push_back(&r);
+  std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers = agents_->HeartbeatMany(pointers);
+  ASSERT_EQ(answers.size(), requests.size());
+  EXPECT_TRUE(answers[0].ok()) << answers[0].status();
+  EXPECT_EQ(answers[1].status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(answers[1].status().message(), HasSubstr("\"nobody\""));
+  EXPECT_EQ(answers[2].status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(answers[2].status().message(), HasSubstr("epoch 1 but the latest registration is epoch 2"));
+  EXPECT_TRUE(answers[3].ok()) << answers[3].status();
+  EXPECT_EQ(answers[4].status().code(), absl::StatusCode::kInvalidArgument);
+  for (const std::string host : {"h0", "h1"}) {
+    absl::StatusOr<v1::Host> h = store_->GetHost(host);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs) << host;
+  }
+}
+
+// Full batches leave at once: N heartbeats queued while the batch waits
+// (max_wait far beyond the test) are written by one store call.
+TEST_F(HeartbeatBatchTest, TheBatcherWritesAFullBatchWithOneStoreCall) {
+  constexpr int kHosts = 40;
+  std::vector<std::string> hosts;
+  for (int i = 0; i < kHosts; ++i) hosts.push_back("h" + std::to_string(i));
+  RegisterAgents(hosts);
+  HeartbeatBatcher::Options options;
+  options.max_wait_ms = 600000;
+  options.max_batch = kHosts + 1;  // the unknown host fills it
+  HeartbeatBatcher batcher(agents_.get(), options);
+  std::mutex mu;
+  std::vector<absl::StatusCode> codes(kHosts + 1, absl::StatusCode::kUnknown);
+  int answered = 0;
+  for (int i = 0; i <= kHosts; ++i) {
+    const v1::HeartbeatRequest request =
+        i < kHosts ? Request(hosts[i], epochs_[hosts[i]]) : Request("nobody", 1);
+    batcher.Submit(request, [&, i](HeartbeatBatcher::Answer answer) {
+      std::lock_guard<std::mutex> l(mu);
+      codes[i] = answer.status().code();
+      if (answer.ok()) {
+        EXPECT_EQ(answer->lease_ms(), kLeaseMs);
+      }
+      ++answered;
+    });
+  }
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return answered == kHosts + 1;
+  }));
+  for (int i = 0; i < kHosts; ++i) EXPECT_EQ(codes[i], absl::StatusCode::kOk) << hosts[i];
+  EXPECT_EQ(codes[kHosts], absl::StatusCode::kNotFound);
+  const HeartbeatBatcher::Stats stats = batcher.stats();
+  EXPECT_EQ(stats.batches, 1u);
+  EXPECT_EQ(stats.heartbeats, static_cast<uint64_t>(kHosts + 1));
+  batcher.Shutdown();
+  // After the shutdown a heartbeat is refused at once, retryably.
+  absl::StatusCode late = absl::StatusCode::kOk;
+  batcher.Submit(Request(hosts[0], epochs_[hosts[0]]),
+                 [&](HeartbeatBatcher::Answer answer) { late = answer.status().code(); });
+  EXPECT_EQ(late, absl::StatusCode::kUnavailable);
+}
+
+// Over gRPC (the callback API): the answer comes after the batch committed,
+// so the lease it names is in the database when the agent reads it.
+TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {
+  RegisterAgents({"h0"});
+  Authorizer authorizer(/*insecure=*/true, nullptr);
+  AgentServiceImpl service(agents_.get(), &authorizer, metrics_.get());
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(
+      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  clock_.Advance(5000);
+  for (const auto& [host, epoch, code] :
+       std::vector<std::tuple<std::string, int64_t, grpc::StatusCode>>{
+           {"h0", epochs_["h0"], grpc::StatusCode::OK},
+           {"nobody", 1, grpc::StatusCode::NOT_FOUND},
+           {"h0", 0, grpc::StatusCode::INVALID_ARGUMENT}}) {
+    grpc::ClientContext context;
+    v1::HeartbeatResponse reply;
+    const grpc::Status status = stub->Heartbeat(&context, Request(host, epoch), &reply);
+    EXPECT_EQ(status.error_code(), code) << host << ": " << status.error_message();
+    if (status.ok()) {
+      EXPECT_EQ(reply.lease_ms(), kLeaseMs);
+    }
+  }
+  absl::StatusOr<v1::Host> h0 = store_->GetHost("h0");
+  ASSERT_TRUE(h0.ok()) << h0.status();
+  EXPECT_EQ(h0->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs);
+  // Each went through the batcher; the bad ones were refused there alone.
+  EXPECT_EQ(service.heartbeat_stats().heartbeats, 3u);
+  server->Shutdown(std::chrono::system_clock::now());
+}
+
+}  // namespace
+}  // namespace reshard::coordinator::testing
