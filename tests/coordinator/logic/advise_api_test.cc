@@ -45,7 +45,7 @@ class AdviseApiTest : public LogicTest {
   v1::Job job_;
 };
 
-TEST_F(AdviseApiTest, ParetoSetOverTheLiveHostsEachMovePricedAsPreviewPlanDoes) {
+TEST_P(AdviseApiTest, ParetoSetOverTheLiveHostsEachMovePricedAsPreviewPlanDoes) {
   absl::StatusOr<v1::AdviseResponse> advice = api_->Advise(Request(8));
   ASSERT_TRUE(advice.ok()) << advice.status();
   // The job's hosts first, then the others; 2 devices each (CPU agents: the
@@ -100,7 +100,7 @@ TEST_F(AdviseApiTest, ParetoSetOverTheLiveHostsEachMovePricedAsPreviewPlanDoes) 
   }
 }
 
-TEST_F(AdviseApiTest, NamedHostsAreOfferedInTheirOrderAndBoundTheLayouts) {
+TEST_P(AdviseApiTest, NamedHostsAreOfferedInTheirOrderAndBoundTheLayouts) {
   v1::AdviseRequest r = Request(4);
   r.add_hosts("h3");
   r.add_hosts("h2");
@@ -116,7 +116,7 @@ TEST_F(AdviseApiTest, NamedHostsAreOfferedInTheirOrderAndBoundTheLayouts) {
   }
 }
 
-TEST_F(AdviseApiTest, ASlowNetworkMakesTheBestOneThatMovesLittle) {
+TEST_P(AdviseApiTest, ASlowNetworkMakesTheBestOneThatMovesLittle) {
   // At 1 kB/s between hosts every cross-host byte costs a millisecond: over
   // a 10 s horizon the best is one whose move is short, not the fastest.
   v1::AdviseRequest r = Request(8);
@@ -135,7 +135,7 @@ TEST_F(AdviseApiTest, ASlowNetworkMakesTheBestOneThatMovesLittle) {
   }
 }
 
-TEST_F(AdviseApiTest, BadInputIsInvalidArgumentNamingTheField) {
+TEST_P(AdviseApiTest, BadInputIsInvalidArgumentNamingTheField) {
   struct Case {
     std::function<void(v1::AdviseRequest&)> change;
     absl::StatusCode code;
@@ -181,7 +181,7 @@ TEST_F(AdviseApiTest, BadInputIsInvalidArgumentNamingTheField) {
   }
 }
 
-TEST_F(AdviseApiTest, ALostHostIsNotOfferedAndNamingItIsFailedPrecondition) {
+TEST_P(AdviseApiTest, ALostHostIsNotOfferedAndNamingItIsFailedPrecondition) {
   clock_.Advance(kLeaseMs / 2);
   for (const std::string h : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(h).ok());
   clock_.Advance(kLeaseMs / 2 + 1);
@@ -197,7 +197,7 @@ TEST_F(AdviseApiTest, ALostHostIsNotOfferedAndNamingItIsFailedPrecondition) {
               StatusIs(absl::StatusCode::kFailedPrecondition, "hosts[0] \"h3\": host is lost"));
 }
 
-TEST_F(AdviseApiTest, ResizeWithChooseTargetsTheBestCandidate) {
+TEST_P(AdviseApiTest, ResizeWithChooseTargetsTheBestCandidate) {
   absl::StatusOr<v1::AdviseResponse> advice = api_->Advise(Request(8));
   ASSERT_TRUE(advice.ok()) << advice.status();
   ASSERT_GE(advice->best(), 0);
@@ -222,7 +222,7 @@ TEST_F(AdviseApiTest, ResizeWithChooseTargetsTheBestCandidate) {
   EXPECT_TRUE(MessageDifferencer::Equals(Job(job_.id()).layout(), op->target_layout()));
 }
 
-TEST_F(AdviseApiTest, ResizeWithChooseRefusalsChangeNothing) {
+TEST_P(AdviseApiTest, ResizeWithChooseRefusalsChangeNothing) {
   const DatabaseSnapshot before = Snapshot();
   auto resize = [&](const std::function<void(v1::ResizeRequest&)>& change) {
     v1::ResizeRequest r;
@@ -244,6 +244,8 @@ TEST_F(AdviseApiTest, ResizeWithChooseRefusalsChangeNothing) {
                        "no candidate completes a step within horizon_s"));
   EXPECT_TRUE(Snapshot() == before);
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(AdviseApiTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

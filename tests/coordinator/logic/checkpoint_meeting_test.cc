@@ -48,7 +48,7 @@ class CheckpointMeetingTest : public StopFreeTest {
   }
 };
 
-TEST_F(CheckpointMeetingTest, AResizeDuringACheckpointIsQueuedAndMovesTheCheckpointedState) {
+TEST_P(CheckpointMeetingTest, AResizeDuringACheckpointIsQueuedAndMovesTheCheckpointedState) {
   const v1::Job job = RegisterWithData("queued");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -96,7 +96,7 @@ TEST_F(CheckpointMeetingTest, AResizeDuringACheckpointIsQueuedAndMovesTheCheckpo
   EXPECT_EQ(done.layout().config().dp(), 2);
 }
 
-TEST_F(CheckpointMeetingTest, AQueuedResizeSurvivesADriverRestart) {
+TEST_P(CheckpointMeetingTest, AQueuedResizeSurvivesADriverRestart) {
   const v1::Job job = RegisterWithData("queued-restart");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -118,7 +118,7 @@ TEST_F(CheckpointMeetingTest, AQueuedResizeSurvivesADriverRestart) {
   EXPECT_EQ(Job(job.id()).generation(), 3);
 }
 
-TEST_F(CheckpointMeetingTest, ACheckpointThatEndsOtherwiseReleasesTheResizeFromTheLastCommit) {
+TEST_P(CheckpointMeetingTest, ACheckpointThatEndsOtherwiseReleasesTheResizeFromTheLastCommit) {
   const v1::Job job = RegisterWithData("queued-abort");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -141,7 +141,7 @@ TEST_F(CheckpointMeetingTest, ACheckpointThatEndsOtherwiseReleasesTheResizeFromT
   EXPECT_EQ(Job(job.id()).dataset_state().step(), 0);
 }
 
-TEST_F(CheckpointMeetingTest, CancellingTheQueuedResizeLeavesTheCheckpointAlone) {
+TEST_P(CheckpointMeetingTest, CancellingTheQueuedResizeLeavesTheCheckpointAlone) {
   const v1::Job job = RegisterWithData("queued-cancel");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -158,7 +158,7 @@ TEST_F(CheckpointMeetingTest, CancellingTheQueuedResizeLeavesTheCheckpointAlone)
   EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_ACTIVE);
 }
 
-TEST_F(CheckpointMeetingTest, ARecoveryAbortsTheCheckpointInsteadOfWaitingBehindIt) {
+TEST_P(CheckpointMeetingTest, ARecoveryAbortsTheCheckpointInsteadOfWaitingBehindIt) {
   // Every item on both hosts: losing h1 loses nothing.
   const v1::Job job = Register(ReplicatedJob("recover"));
   RegisterAgents({"h0", "h1", "h2"});
@@ -197,7 +197,7 @@ TEST_F(CheckpointMeetingTest, ARecoveryAbortsTheCheckpointInsteadOfWaitingBehind
       << Op(recover->id()).error();
 }
 
-TEST_F(CheckpointMeetingTest, ACheckpointDuringAStopFreeOperationIsFoldedIntoItsCutOver) {
+TEST_P(CheckpointMeetingTest, ACheckpointDuringAStopFreeOperationIsFoldedIntoItsCutOver) {
   const v1::Job job = RegisterWithData("folded");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> sf = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -229,7 +229,7 @@ TEST_F(CheckpointMeetingTest, ACheckpointDuringAStopFreeOperationIsFoldedIntoIts
   EXPECT_EQ(late->id(), sf->id());
 }
 
-TEST_F(CheckpointMeetingTest, AResizeAtTheStepBoundaryPlansFromTheCheckpointNamingIt) {
+TEST_P(CheckpointMeetingTest, AResizeAtTheStepBoundaryPlansFromTheCheckpointNamingIt) {
   const v1::Job job = RegisterWithData("boundary");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> r = BoundaryResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -281,7 +281,7 @@ TEST_F(CheckpointMeetingTest, AResizeAtTheStepBoundaryPlansFromTheCheckpointNami
   EXPECT_EQ(Job(job.id()).generation(), 3);
 }
 
-TEST_F(CheckpointMeetingTest, TheBoundaryIsOpenAsSoonAsTheCheckpointAheadEnded) {
+TEST_P(CheckpointMeetingTest, TheBoundaryIsOpenAsSoonAsTheCheckpointAheadEnded) {
   const v1::Job job = RegisterWithData("boundary-after-abort");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -308,7 +308,7 @@ TEST_F(CheckpointMeetingTest, TheBoundaryIsOpenAsSoonAsTheCheckpointAheadEnded) 
   EXPECT_EQ(op.to_generation(), 4);
 }
 
-TEST_F(CheckpointMeetingTest, WithoutACheckpointByTheDeadlineItPlansFromTheLastCommit) {
+TEST_P(CheckpointMeetingTest, WithoutACheckpointByTheDeadlineItPlansFromTheLastCommit) {
   const v1::Job job = RegisterWithData("boundary-timeout");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> r =
@@ -334,7 +334,7 @@ TEST_F(CheckpointMeetingTest, WithoutACheckpointByTheDeadlineItPlansFromTheLastC
                        "it no longer waits for a step boundary (TIMED_OUT, TRANSFERRING)"));
 }
 
-TEST_F(CheckpointMeetingTest, AtStepBoundaryRefusals) {
+TEST_P(CheckpointMeetingTest, AtStepBoundaryRefusals) {
   const v1::Job job = RegisterWithData("boundary-refusals");
   RegisterAgents({"h0", "h1", "h2"});
   v1::ResizeRequest r;
@@ -358,7 +358,7 @@ TEST_F(CheckpointMeetingTest, AtStepBoundaryRefusals) {
   EXPECT_EQ(OperationCount(job.id()), 0u);
 }
 
-TEST_F(CheckpointMeetingTest, AResizeAtTheBoundaryDuringACheckpointWaitsForItThenForItsBoundary) {
+TEST_P(CheckpointMeetingTest, AResizeAtTheBoundaryDuringACheckpointWaitsForItThenForItsBoundary) {
   const v1::Job job = RegisterWithData("boundary-queued");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation cp = CheckpointInFlight(job, 3);
@@ -395,6 +395,8 @@ TEST_F(CheckpointMeetingTest, AResizeAtTheBoundaryDuringACheckpointWaitsForItThe
   EXPECT_EQ(Job(job.id()).generation(), 4);
   EXPECT_EQ(Job(job.id()).dataset_state().step(), 4);
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(CheckpointMeetingTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing

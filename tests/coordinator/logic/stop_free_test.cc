@@ -15,7 +15,7 @@
 namespace reshard::coordinator::testing {
 namespace {
 
-TEST_F(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
+TEST_P(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   const v1::Job job = RegisterWithData("stop-free");
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Layout target = MakeLayout(1, 2, 2, {"h1", "h2"}, 2);
@@ -94,7 +94,7 @@ TEST_F(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   EXPECT_EQ(MetricValue("reshard_coordinator_stop_free_seconds", {{"phase", "prepare"}}), 1);
 }
 
-TEST_F(StopFreeTest, RefusalsNameTheOperationAndWhy) {
+TEST_P(StopFreeTest, RefusalsNameTheOperationAndWhy) {
   const v1::Job job = RegisterWithData("refusals");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> plain = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -113,7 +113,7 @@ TEST_F(StopFreeTest, RefusalsNameTheOperationAndWhy) {
               StatusIs(absl::StatusCode::kInvalidArgument, "needs with_step"));
 }
 
-TEST_F(StopFreeTest, AStopFreeMigrateWaitsForItsCutOverToo) {
+TEST_P(StopFreeTest, AStopFreeMigrateWaitsForItsCutOverToo) {
   const v1::Job job = RegisterWithData("migrate");
   RegisterAgents({"h0", "h1", "h2", "h3"});
   v1::MigrateRequest r;
@@ -145,7 +145,7 @@ TEST_F(StopFreeTest, AStopFreeMigrateWaitsForItsCutOverToo) {
   EXPECT_EQ(done.dataset_state().step(), 2);
 }
 
-TEST_F(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
+TEST_P(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
   const v1::Job job = RegisterWithData("aborted-cut");
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = StopFreeResize(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
@@ -175,6 +175,8 @@ TEST_F(StopFreeTest, ACutOverThatDoesNotCommitAbortsTheOperation) {
   for (const v1::GenerationRef& ref : beat->discard()) discarded.push_back(ref.generation());
   EXPECT_THAT(discarded, ::testing::ElementsAre(2, 3));
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(StopFreeTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing
