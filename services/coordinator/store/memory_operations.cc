@@ -4,7 +4,6 @@
 // pg_meeting.cc, pg_transfer.cc).
 #include <algorithm>
 #include <map>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -48,33 +47,6 @@ bool ValidTaskState(v1::HostTaskState s) {
 bool FinalTaskState(v1::HostTaskState s) {
   return s == v1::HOST_TASK_STATE_DONE || s == v1::HOST_TASK_STATE_FAILED ||
          s == v1::HOST_TASK_STATE_PREPARED;
-}
-
-absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
-                           bool check_states) {
-  std::set<std::string> seen;
-  for (const HostProgress& h : hosts) {
-    if (h.host_id.empty()) {
-      return absl::InvalidArgumentError(check_states ? "StartTransfer: empty host id"
-                                                     : "empty host id");
-    }
-    if (absl::Status s = mem::CheckText("host id", h.host_id); !s.ok()) return s;
-    if (!seen.insert(h.host_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
-    }
-    if (check_states && !ValidTaskState(h.state)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
-  std::vector<std::string> ids;
-  for (const HostProgress& h : hosts) ids.push_back(h.host_id);
-  return ids;
 }
 
 }  // namespace
@@ -436,7 +408,7 @@ absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
 
 absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
                                         const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
+  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
     return s;
   }
   {
@@ -445,16 +417,7 @@ absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
     if (op == nullptr) return mem::OperationNotFound(operation_id);
     // PLANNED (stop-the-world) or LEGACY_CUTTING_OVER -> TRANSFERRING.
     if (absl::Status s = CheckMove(*op, OpPhase::kTransferring); !s.ok()) return s;
-    Job* job = FindJob(op->row.job_id());
-    if (job == nullptr) return mem::JobNotFound(op->row.job_id());
-    const int64_t to_generation = op->row.to_generation();
-    if (absl::Status s = CheckNewGeneration(*job, to_generation, op->row.target_layout(),
-                                            GenerationState::kPending, operation_id, "target");
-        !s.ok()) {
-      return s;
-    }
-    InsertGeneration(*job, to_generation, op->row.target_layout(), GenerationState::kPending,
-                     operation_id);
+    if (absl::Status s = InsertPendingGeneration(*op); !s.ok()) return s;
     for (const HostProgress& h : hosts) {
       HostRow& row = op->hosts[h.host_id];
       row.progress = h;
@@ -465,7 +428,7 @@ absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
     TouchOperation(*op);
     TouchJobOf(*op);
   }
-  TellTasks(HostIds(hosts));
+  TellTasks(mem::HostIds(hosts));
   return absl::OkStatus();
 }
 

@@ -1,35 +1,13 @@
 // MemoryStore: a stop-free operation's prepare (MarkPrepared, the agents'
 // prepare, the transfer after the cut-over), as pg_stop_free.cc and
 // pg_prepare.cc.
-#include <set>
+#include <algorithm>
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
 
 namespace reshard::coordinator {
-namespace {
-
-absl::Status CheckRows(const std::string& operation_id, const std::vector<HostProgress>& hosts) {
-  std::set<std::string> seen;
-  for (const HostProgress& h : hosts) {
-    if (h.host_id.empty()) return absl::InvalidArgumentError("empty host id");
-    if (absl::Status s = mem::CheckText("host id", h.host_id); !s.ok()) return s;
-    if (!seen.insert(h.host_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
-  std::vector<std::string> ids;
-  for (const HostProgress& h : hosts) ids.push_back(h.host_id);
-  return ids;
-}
-
-}  // namespace
 
 void MemoryStore::SetAgentsPrepared(Operation& op) {
   if (op.row.agents_prepared_unix_ms() > 0) return;
@@ -71,7 +49,10 @@ absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& opera
 
 absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t from_generation,
                                        const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
+      !s.ok()) {
+    return s;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     Operation* op = FindOperation(operation_id);
@@ -81,17 +62,8 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
                                              StateName(op->row.state()),
                                              ", not a stop-free operation in PLANNED to prepare"));
     }
-    Job* job = FindJob(op->row.job_id());
-    if (job == nullptr) return mem::JobNotFound(op->row.job_id());
-    const int64_t to_generation = op->row.to_generation();
-    if (absl::Status s = CheckNewGeneration(*job, to_generation, op->row.target_layout(),
-                                            GenerationState::kPending, operation_id, "target");
-        !s.ok()) {
-      return s;
-    }
     // Pending from now on: an abort discards it on every host of its ranks.
-    InsertGeneration(*job, to_generation, op->row.target_layout(), GenerationState::kPending,
-                     operation_id);
+    if (absl::Status s = InsertPendingGeneration(*op); !s.ok()) return s;
     for (const HostProgress& h : hosts) {
       HostRow& row = op->hosts[h.host_id];
       row.progress.host_id = h.host_id;
@@ -104,7 +76,7 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
     SetAgentsPrepared(*op);  // only when there is no host
     SettlePrepared(*op);
   }
-  TellTasks(HostIds(hosts));
+  TellTasks(mem::HostIds(hosts));
   return absl::OkStatus();
 }
 
@@ -160,7 +132,10 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetPreparedSources(
 absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
                                                 const std::vector<HostProgress>& hosts,
                                                 const SkippedSteps& skipped) {
-  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
+      !s.ok()) {
+    return s;
+  }
   {
     std::lock_guard<std::mutex> l(mu_);
     Operation* op = FindOperation(operation_id);
@@ -208,7 +183,7 @@ absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
     TouchOperation(*op);
     TouchJobOf(*op);
   }
-  TellTasks(HostIds(hosts));
+  TellTasks(mem::HostIds(hosts));
   return absl::OkStatus();
 }
 

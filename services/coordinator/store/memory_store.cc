@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "planner/layout.h"
@@ -55,6 +56,34 @@ absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,
     hosts.push_back(slot.host());
   }
   return hosts;
+}
+
+absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
+                           bool check_states) {
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) {
+      return absl::InvalidArgumentError(check_states ? "StartTransfer: empty host id"
+                                                     : "empty host id");
+    }
+    if (absl::Status s = CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+    if (check_states &&
+        (h.state < v1::HOST_TASK_STATE_ASSIGNED || h.state > v1::HOST_TASK_STATE_FAILED)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
+  std::vector<std::string> ids;
+  for (const HostProgress& h : hosts) ids.push_back(h.host_id);
+  return ids;
 }
 
 }  // namespace mem
@@ -287,6 +316,20 @@ void MemoryStore::InsertGeneration(Job& job, int64_t generation, const v1::Layou
   g.operation_id = operation_id;
   g.rank_hosts = *mem::RankHosts(layout, "layout");  // checked by CheckNewGeneration
   g.created_unix_ms = Now();
+}
+
+absl::Status MemoryStore::InsertPendingGeneration(const Operation& op) {
+  Job* job = FindJob(op.row.job_id());
+  if (job == nullptr) return mem::JobNotFound(op.row.job_id());
+  const int64_t generation = op.row.to_generation();
+  if (absl::Status s = CheckNewGeneration(*job, generation, op.row.target_layout(),
+                                          GenerationState::kPending, op.row.id(), "target");
+      !s.ok()) {
+    return s;
+  }
+  InsertGeneration(*job, generation, op.row.target_layout(), GenerationState::kPending,
+                   op.row.id());
+  return absl::OkStatus();
 }
 
 void MemoryStore::DiscardPendingGeneration(Job& job, int64_t generation) {

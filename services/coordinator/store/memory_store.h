@@ -230,6 +230,9 @@ class MemoryStore : public Store {
                                   const std::string& what) const;
   void InsertGeneration(Job& job, int64_t generation, const v1::Layout& layout,
                         GenerationState state, const std::string& operation_id);
+  /// The operation's to_generation as a PENDING generation of its job (its
+  /// target layout); nothing changes on an error.
+  absl::Status InsertPendingGeneration(const Operation& op);
   void DiscardPendingGeneration(Job& job, int64_t generation);
   /// Generations in `state` that place a rank on `host_id`, by job and number.
   std::vector<v1::GenerationRef> GenerationsIn(GenerationState state,

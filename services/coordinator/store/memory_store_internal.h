@@ -10,6 +10,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/string_view.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/store.h"
 
 namespace reshard::coordinator::mem {
 
@@ -25,5 +26,11 @@ std::string TruncateError(const std::string& text);
 /// ToGenerationRows when the placement does not fit the config).
 absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,
                                                    absl::string_view what);
+
+/// The host rows a transfer or a prepare starts with: ids non-empty, storable
+/// and listed once, and (`check_states`) states ASSIGNED..FAILED.
+absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
+                           bool check_states);
+std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts);
 
 }  // namespace reshard::coordinator::mem

@@ -46,13 +46,17 @@ void PgStoreTest::SetUp() {
   store_ = *store;
 }
 
-std::shared_ptr<PgStore> PgStoreTest::Connect(int pool_size) {
+std::shared_ptr<PgStore> ConnectPgStore(const std::string& dsn, int pool_size) {
   PgStoreOptions options;
-  options.dsn = dsn_;
+  options.dsn = dsn;
   options.pool_size = pool_size;
   absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(options);
   RESHARD_CHECK(store.ok()) << store.status();
   return *store;
+}
+
+std::shared_ptr<PgStore> PgStoreTest::Connect(int pool_size) {
+  return ConnectPgStore(dsn_, pool_size);
 }
 
 int64_t CountRowsIn(const std::string& dsn, const std::string& sql_with_job_param,
@@ -78,12 +82,7 @@ void StoreContractTest::SetUp() {
 
 StorePtr StoreContractTest::Connect(int pool_size) {
   if (!IsPostgres()) return store_;
-  PgStoreOptions options;
-  options.dsn = dsn_;
-  options.pool_size = pool_size;
-  absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(options);
-  RESHARD_CHECK(store.ok()) << store.status();
-  return *store;
+  return ConnectPgStore(dsn_, pool_size);
 }
 
 int64_t StoreContractTest::CountRows(const std::string& sql_with_job_param,

@@ -50,6 +50,9 @@ class PgStoreTest : public ::testing::Test {
   std::vector<std::string> observed_;
 };
 
+/// A PgStore on `dsn` (crashes the test binary when it cannot connect).
+std::shared_ptr<PgStore> ConnectPgStore(const std::string& dsn, int pool_size = 4);
+
 /// `sql_with_job_param` (one parameter, $1 = `job_id`) run on `dsn`; the
 /// count it selects.
 int64_t CountRowsIn(const std::string& dsn, const std::string& sql_with_job_param,
