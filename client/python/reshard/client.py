@@ -433,7 +433,8 @@ class Client:
         Without a callback: returns an iterator of Operation updates, the last
         one final. With a callback: calls callback(operation) for each update
         and returns the final Operation. A broken stream (UNAVAILABLE, or a
-        coordinator that ends the stream early) is reopened with backoff;
+        coordinator that ends the stream early) is reopened with backoff
+        from the last version seen (no update comes twice);
         `timeout` (seconds, None: no limit) bounds the whole watch and raises
         DeadlineExceeded."""
         if hasattr(operation_id, "id"):  # an Operation
@@ -450,6 +451,7 @@ class Client:
     def _watch(self, operation_id, timeout):
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
+        version = 0  # the last one yielded: a reopened stream starts after it
         while True:
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -459,10 +461,11 @@ class Client:
             stream = None
             try:
                 stream = self._stub.WatchOperation(
-                    _pb.WatchOperationRequest(operation_id=operation_id), timeout=remaining,
-                    metadata=self._metadata)
+                    _pb.WatchOperationRequest(operation_id=operation_id, from_version=version),
+                    timeout=remaining, metadata=self._metadata)
                 for op in stream:
                     failures = 0
+                    version = max(version, op.version)
                     yield op
                     if is_terminal(op):
                         return
@@ -489,22 +492,46 @@ class Client:
                 self.on_retry("WatchOperation", failures, None, delay, None)
             time.sleep(delay)
 
-    def watch_job(self, job_id, timeout=None):
+    def watch_job(self, job_id, timeout=None, from_version=0):
         """Iterates over the job (a Job message, without its PTC) now and on
-        every change of state, generation, active operation or committed
-        dataset step, until the caller stops iterating, `timeout` seconds
-        pass (DeadlineExceeded) or the job is deleted (NotFound). How a
-        training loop learns that a reconfiguration is pending
-        (job.active_operation_id) without polling the scheduler."""
-        stream = self._stub.WatchJob(_pb.WatchJobRequest(job_id=job_id), timeout=timeout,
-                                     metadata=self._metadata)
-        try:
-            for job in stream:
-                yield job
-        except grpc.RpcError as e:
-            raise errors.from_rpc_error(e, "WatchJob") from None
-        finally:
-            stream.cancel()
+        every committed change (each with a larger job.version), until the
+        caller stops iterating, `timeout` seconds pass (DeadlineExceeded) or
+        the job is deleted (NotFound). How a training loop learns that a
+        reconfiguration is pending (job.active_operation_id) without polling
+        the scheduler.
+
+        A broken stream (UNAVAILABLE: the replica died or is stopping) is
+        reopened with backoff, up to max_attempts times in a row, from the
+        last version seen: a change committed meanwhile arrives, and no
+        state comes twice. `from_version` resumes an earlier watch (the
+        first job is the first state newer than it)."""
+        end = None if timeout is None else time.monotonic() + timeout
+        failures = 0
+        version = from_version
+        while True:
+            remaining = None if end is None else end - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                raise errors.DeadlineExceeded(
+                    f"watch of job \"{job_id}\" ended after {timeout} s", method="WatchJob")
+            stream = self._stub.WatchJob(
+                _pb.WatchJobRequest(job_id=job_id, from_version=version), timeout=remaining,
+                metadata=self._metadata)
+            try:
+                for job in stream:
+                    failures = 0
+                    version = max(version, job.version)
+                    yield job
+                return
+            except grpc.RpcError as e:
+                failures += 1
+                if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
+                    raise errors.from_rpc_error(e, "WatchJob") from None
+            finally:
+                stream.cancel()
+            delay = self._delay(failures)
+            if self.on_retry is not None:
+                self.on_retry("WatchJob", failures, None, delay, None)
+            time.sleep(delay)
 
     def wait(self, operation_id, timeout=None, raise_on_failure=False):
         """Blocks until the operation is final and returns it. With
