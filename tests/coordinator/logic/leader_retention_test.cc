@@ -49,7 +49,7 @@ class LeaderRetentionTest : public LogicTest {
   }
 };
 
-TEST_F(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
+TEST_P(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
   const v1::Job a = Register(SmallJob("a"));
   const v1::Job b = Register(SmallJob("b"));
   CommitResizes(a, 4);
@@ -84,6 +84,8 @@ TEST_F(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
   EXPECT_EQ(pruned("generations"), 4);
   EXPECT_EQ(pruned("operations"), 4);
 }
+
+RESHARD_LOGIC_ON_BOTH_STORES(LeaderRetentionTest);
 
 }  // namespace
 }  // namespace reshard::coordinator::testing
