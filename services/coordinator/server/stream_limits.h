@@ -1,13 +1,13 @@
 // How many watch streams (WatchJob, WatchOperation) a coordinator replica
-// serves at once: per caller identity and in total. Each open stream holds a
-// gRPC server thread and reads the store every --watch-poll-ms, so without a
-// bound one read-only viewer could take the threads, the database pool and
-// the CPU that agents' heartbeats need (issue 19, defect 6). The agents'
-// long polls (WaitForTasks) are AgentService calls and never take a slot.
+// serves at once: per caller identity and in total. A stream holds no thread
+// and reads nothing while nothing changes (the change feed), but it holds
+// memory, so one read-only viewer must not open them without bound (issue
+// 19, defect 6). The agents' long polls (WaitForTasks) are AgentService
+// calls and never take a slot.
 //
-// A stream holds a WatchSlot for as long as its handler runs; the slot is
-// given back by the slot's destructor, whatever ends the stream (final
-// state, error, client cancel or disconnect, shutdown).
+// A stream holds a WatchSlot for as long as gRPC serves it (watch_reactor.h);
+// the slot is given back by the slot's destructor, whatever ends the stream
+// (final state, error, client cancel or disconnect, shutdown).
 //
 // Thread-safe. A WatchSlot must not outlive the WatchStreamLimits it came
 // from.
