@@ -66,6 +66,7 @@ struct Options {
   double settle_s = 3;
   int channels = 64;
   int cross_watchers = 20;
+  int pg_profile = 0;  // >0: print this many statements from pg_stat_statements
   std::string coordinator = RESHARD_COORDINATOR_BIN;
 };
 
@@ -248,8 +249,12 @@ void PrintTable(const Options& opt, const std::vector<Row>& rows, double cross_p
 int Run(const Options& opt) {
   SetMinLogSeverity(LogSeverity::kWarning);
   RaiseFdLimit();
+  coordinator::testing::TestPostgres::Options pg_options;
+  if (opt.pg_profile > 0) {
+    pg_options.settings.push_back("shared_preload_libraries=pg_stat_statements");
+  }
   absl::StatusOr<std::unique_ptr<coordinator::testing::TestPostgres>> pg =
-      coordinator::testing::TestPostgres::Start();
+      coordinator::testing::TestPostgres::Start(pg_options);
   if (!pg.ok()) {
     std::fprintf(stderr, "control_plane_bench: PostgreSQL: %s\n", pg.status().ToString().c_str());
     return absl::IsNotFound(pg.status()) ? 77 : 1;
@@ -386,6 +391,11 @@ int Run(const Options& opt) {
     }
     probe.Stop();
     resizer.SetRow(-1);
+    if (!failures.empty()) {
+      row.note = failures.back();
+      rows.push_back(row);
+      break;
+    }
     const double window = std::chrono::duration<double>(Clock::now() - t0).count();
     absl::StatusOr<PgSample> pg1 = SamplePostgres((*pg)->dsn());
     absl::StatusOr<ProcSample> p1 = SampleProcess((*a)->pid());
@@ -459,6 +469,14 @@ int Run(const Options& opt) {
               static_cast<long long>(hosts.done_reports()),
               static_cast<long long>(resizer.committed()));
   PrintTable(opt, rows, Percentile(cross_ms, 0.5), Percentile(cross_ms, 0.99), cross_ms.size());
+  if (opt.pg_profile > 0) {
+    absl::StatusOr<std::vector<std::string>> top = TopStatements((*pg)->dsn(), opt.pg_profile);
+    std::printf("\nPostgreSQL statements reading the most rows, whole run (pg_stat_statements):\n");
+    if (!top.ok()) std::printf("  %s\n", top.status().ToString().c_str());
+    for (const std::string& line : top.ok() ? *top : std::vector<std::string>()) {
+      std::printf("  %s\n", line.c_str());
+    }
+  }
   if (!failures.empty()) {
     std::printf("\nFAILED (%zu):\n", failures.size());
     for (const std::string& f : failures) std::printf("  %s\n", f.c_str());
@@ -516,6 +534,8 @@ int main(int argc, char** argv) {
     } else if (arg == "--cross-watchers") {
       ok = value(&v) && reshard::bench::ParseInt(v, &opt.cross_watchers) &&
            opt.cross_watchers >= 1;
+    } else if (arg == "--pg-profile") {
+      ok = value(&v) && reshard::bench::ParseInt(v, &opt.pg_profile);
     } else if (arg == "--coordinator") {
       ok = value(&opt.coordinator);
     } else {
@@ -525,7 +545,8 @@ int main(int argc, char** argv) {
       std::fprintf(stderr,
                    "usage: %s [--quick] [--hosts N] [--jobs J] [--streams W1,W2,...] "
                    "[--in-flight K] [--window-s S] [--settle-s S] [--channels C] "
-                   "[--cross-watchers X] [--coordinator PATH]\n(bad or unknown argument \"%s\")\n",
+                   "[--cross-watchers X] [--pg-profile N] [--coordinator PATH]\n"
+                   "(bad or unknown argument \"%s\")\n",
                    argv[0], arg.c_str());
       return 2;
     }

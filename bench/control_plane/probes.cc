@@ -127,4 +127,25 @@ absl::StatusOr<PgSample> SamplePostgres(const std::string& dsn) {
   }
 }
 
+absl::StatusOr<std::vector<std::string>> TopStatements(const std::string& dsn, int top) {
+  try {
+    pqxx::connection c(dsn);
+    pqxx::nontransaction tx(c);
+    tx.exec0("CREATE EXTENSION IF NOT EXISTS pg_stat_statements");
+    std::vector<std::string> out;
+    for (const pqxx::row& r : tx.exec_params(
+             "SELECT calls, rows, total_exec_time, regexp_replace(query, '\\s+', ' ', 'g') "
+             "FROM pg_stat_statements ORDER BY rows DESC LIMIT $1",
+             top)) {
+      std::string query = r[3].as<std::string>();
+      if (query.size() > 160) query = query.substr(0, 157) + "...";
+      out.push_back(absl::StrCat(r[0].as<int64_t>(), " calls, ", r[1].as<int64_t>(), " rows, ",
+                                 static_cast<int64_t>(r[2].as<double>()), " ms: ", query));
+    }
+    return out;
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(absl::StrCat("pg_stat_statements: ", e.what()));
+  }
+}
+
 }  // namespace reshard::bench

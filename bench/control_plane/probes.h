@@ -60,4 +60,10 @@ struct PgSample {
 };
 [[nodiscard]] absl::StatusOr<PgSample> SamplePostgres(const std::string& dsn);
 
+/// The `top` statements that read the most rows since the server started,
+/// from pg_stat_statements (the server must preload it): one line each with
+/// calls, rows and total time. Creates the extension in the dsn's database.
+[[nodiscard]] absl::StatusOr<std::vector<std::string>> TopStatements(const std::string& dsn,
+                                                                     int top);
+
 }  // namespace reshard::bench
