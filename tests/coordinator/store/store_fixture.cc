@@ -1,5 +1,7 @@
 #include "tests/coordinator/store/store_fixture.h"
 
+#include <chrono>
+
 #include <pqxx/pqxx>
 
 #include "common/log.h"
@@ -72,7 +74,14 @@ int64_t PgStoreTest::CountRows(const std::string& sql_with_job_param, const std:
 
 void StoreContractTest::SetUp() {
   if (!IsPostgres()) {
-    store_ = std::make_shared<MemoryStore>();
+    MemoryStoreOptions options;
+    options.now_unix_ms = [this] {
+      return std::chrono::duration_cast<std::chrono::milliseconds>(
+                 std::chrono::system_clock::now().time_since_epoch())
+                 .count() +
+             memory_clock_offset_ms_.load();
+    };
+    store_ = std::make_shared<MemoryStore>(std::move(options));
     return;
   }
   dsn_ = FreshMigratedDatabase();

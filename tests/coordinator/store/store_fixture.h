@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -76,11 +77,16 @@ class StoreContractTest : public ::testing::TestWithParam<std::string> {
   /// Another client of this test's store (what a second replica sees): a new
   /// PgStore on the test's database, or the same MemoryStore.
   StorePtr Connect(int pool_size = 4);
+  /// The in-memory store's clock (the system's plus an offset) moves `ms` on.
+  void AdvanceMemoryClock(int64_t ms) { memory_clock_offset_ms_ += ms; }
   /// As PgStoreTest::CountRows; PostgreSQL only.
   int64_t CountRows(const std::string& sql_with_job_param, const std::string& job_id);
 
   std::string dsn_;  // PostgreSQL only
   StorePtr store_;
+
+ private:
+  std::atomic<int64_t> memory_clock_offset_ms_{0};
 };
 
 std::string StoreParamName(const ::testing::TestParamInfo<std::string>& info);
