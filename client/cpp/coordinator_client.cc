@@ -377,6 +377,8 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
     Prepare(&context, deadline);
     v1::WatchOperationRequest request;
     request.set_operation_id(operation_id);
+    // A reopened stream starts after the last version seen (the change feed).
+    if (have_last) request.set_from_version(last.version());
     std::unique_ptr<grpc::ClientReader<v1::Operation>> reader =
         stub_->WatchOperation(&context, request);
     v1::Operation op;

@@ -7,6 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "services/coordinator/store/operation_machine.h"
 
 namespace reshard::coordinator::pg {
 namespace {
@@ -186,6 +187,7 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
   if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
   op.set_version(row[30].as<int64_t>());
+  op.set_phase(PhaseName(PhaseOf(op)));
   if (op.prepared_unix_ms() > 0) {
     op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
                            1000.0);

@@ -48,6 +48,7 @@ TEST_F(ChangeFeedTest, EveryChangeTakesALargerVersion) {
   absl::StatusOr<v1::Operation> op = ResizeTo(degraded, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
   EXPECT_GT(op->version(), degraded.version());
+  EXPECT_EQ(op->phase(), "PENDING");  // the state machine's name (operation_machine.h)
   const v1::Job reconfiguring = Job(job.id());
   EXPECT_EQ(reconfiguring.active_operation_id(), op->id());
   EXPECT_GT(reconfiguring.version(), op->version());
@@ -56,6 +57,7 @@ TEST_F(ChangeFeedTest, EveryChangeTakesALargerVersion) {
   cancel.set_operation_id(op->id());
   ASSERT_TRUE(api_->CancelOperation(cancel).ok());
   EXPECT_GT(Op(op->id()).version(), op->version());
+  EXPECT_EQ(Op(op->id()).phase(), "ABORTED");
   EXPECT_GT(Job(job.id()).version(), reconfiguring.version());
   EXPECT_EQ(Job(job.id()).active_operation_id(), "");
 }
