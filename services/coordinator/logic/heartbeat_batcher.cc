@@ -66,11 +66,14 @@ void HeartbeatBatcher::FlushLoop() {
     requests.reserve(n);
     for (const Pending& p : batch) requests.push_back(&p.request);
     std::vector<Answer> answers = api_->HeartbeatMany(requests);
+    {  // counted before anyone is answered: an answered caller sees its batch
+      std::lock_guard<std::mutex> counted(mu_);
+      ++stats_.batches;
+      stats_.heartbeats += n;
+      stats_.largest_batch = std::max(stats_.largest_batch, n);
+    }
     for (size_t i = 0; i < n; ++i) batch[i].done(std::move(answers[i]));
     l.lock();
-    ++stats_.batches;
-    stats_.heartbeats += n;
-    stats_.largest_batch = std::max(stats_.largest_batch, n);
   }
 }
 

@@ -19,6 +19,7 @@
 #include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
+#include "tests/coordinator/server/agent_service_on_port.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
@@ -69,29 +70,21 @@ class AgentCallsTest : public LogicTest {
     api_on_grpc_ = std::make_unique<AgentApi>(signalling_store_, &clock_, metrics_.get(),
                                               agent_options);
     authorizer_ = std::make_unique<Authorizer>(/*insecure=*/true, nullptr);
-    service_ = std::make_unique<AgentServiceImpl>(api_on_grpc_.get(), authorizer_.get(),
-                                                  metrics_.get());
-    grpc::ServerBuilder builder;
-    int port = 0;
-    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-    builder.RegisterService(service_.get());
-    server_ = builder.BuildAndStart();
-    ASSERT_NE(server_, nullptr);
-    channel_ = grpc::CreateChannel("127.0.0.1:" + std::to_string(port),
-                                   grpc::InsecureChannelCredentials());
-    stub_ = v1::AgentService::NewStub(channel_);
+    on_port_ = std::make_unique<AgentServiceOnPort>(api_on_grpc_.get(), authorizer_.get(),
+                                                    metrics_.get());
+    ASSERT_NE(on_port_->server, nullptr);
+    service_ = &on_port_->service;
+    stub_ = on_port_->stub.get();
   }
 
   void TearDown() override {
     notifier_.Shutdown();
-    if (server_ != nullptr) server_->Shutdown(std::chrono::system_clock::now());
-    server_.reset();
+    on_port_.reset();
     cq_.Shutdown();
     void* tag = nullptr;
     bool ok = false;
     while (cq_.Next(&tag, &ok)) {
     }
-    service_.reset();
     api_on_grpc_.reset();
     signalling_store_.reset();
     LogicTest::TearDown();
@@ -129,10 +122,9 @@ class AgentCallsTest : public LogicTest {
   std::shared_ptr<PgStore> signalling_store_;
   std::unique_ptr<AgentApi> api_on_grpc_;
   std::unique_ptr<Authorizer> authorizer_;
-  std::unique_ptr<AgentServiceImpl> service_;
-  std::unique_ptr<grpc::Server> server_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::AgentService::Stub> stub_;
+  std::unique_ptr<AgentServiceOnPort> on_port_;
+  AgentServiceImpl* service_ = nullptr;
+  v1::AgentService::Stub* stub_ = nullptr;
   grpc::CompletionQueue cq_;
 };
 
@@ -243,22 +235,14 @@ TEST_F(AgentCallsTest, BadRequestsKeepTheirCodes) {
 // token (and not --insecure) the call is refused before any store read.
 TEST_F(AgentCallsTest, AnUnauthenticatedPollIsRefused) {
   Authorizer strict(/*insecure=*/false, nullptr);
-  AgentServiceImpl service(api_on_grpc_.get(), &strict, metrics_.get());
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  AgentServiceOnPort strict_service(api_on_grpc_.get(), &strict, metrics_.get());
+  ASSERT_NE(strict_service.server, nullptr);
   grpc::ClientContext context;
   v1::WaitForTasksRequest request;
   request.set_host_id("h0");
   v1::WaitForTasksResponse reply;
-  const grpc::Status status = stub->WaitForTasks(&context, request, &reply);
+  const grpc::Status status = strict_service.stub->WaitForTasks(&context, request, &reply);
   EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAUTHENTICATED) << status.error_message();
-  server->Shutdown(std::chrono::system_clock::now());
 }
 
 }  // namespace

@@ -22,6 +22,7 @@
 #include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
+#include "tests/coordinator/server/agent_service_on_port.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -71,15 +72,10 @@ void AgentLoadTest::Run(size_t max_batch) {
   Authorizer authorizer(/*insecure=*/true, nullptr);
   HeartbeatBatcher::Options batching;
   batching.max_batch = max_batch;
-  AgentServiceImpl service(&api, &authorizer, metrics_.get(), batching);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  AgentServiceOnPort on_port(&api, &authorizer, metrics_.get(), batching);
+  ASSERT_NE(on_port.server, nullptr);
+  AgentServiceImpl& service = on_port.service;
+  v1::AgentService::Stub* stub = on_port.stub.get();
 
   const auto register_start = Clock::now();
   std::vector<std::string> hosts;
@@ -168,7 +164,7 @@ void AgentLoadTest::Run(size_t max_batch) {
   }
   ASSERT_TRUE(Eventually([&] { return service.waiting_polls() == 0; }));
   notifier.Shutdown();
-  server->Shutdown(std::chrono::system_clock::now());
+  on_port.server->Shutdown(std::chrono::system_clock::now());
   cq.Shutdown();
   void* tag = nullptr;
   bool ok = false;

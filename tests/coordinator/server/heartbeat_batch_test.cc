@@ -17,6 +17,7 @@
 #include "services/coordinator/logic/heartbeat_batcher.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
+#include "tests/coordinator/server/agent_service_on_port.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
@@ -169,15 +170,8 @@ TEST_F(HeartbeatBatchTest, TheBatcherWritesAFullBatchWithOneStoreCall) {
 TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {
   RegisterAgents({"h0"});
   Authorizer authorizer(/*insecure=*/true, nullptr);
-  AgentServiceImpl service(agents_.get(), &authorizer, metrics_.get());
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-  ASSERT_NE(server, nullptr);
-  auto stub = v1::AgentService::NewStub(grpc::CreateChannel(
-      "127.0.0.1:" + std::to_string(port), grpc::InsecureChannelCredentials()));
+  AgentServiceOnPort on_port(agents_.get(), &authorizer, metrics_.get());
+  ASSERT_NE(on_port.server, nullptr);
   clock_.Advance(5000);
   for (const auto& [host, epoch, code] :
        std::vector<std::tuple<std::string, int64_t, grpc::StatusCode>>{
@@ -186,7 +180,7 @@ TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {
            {"h0", 0, grpc::StatusCode::INVALID_ARGUMENT}}) {
     grpc::ClientContext context;
     v1::HeartbeatResponse reply;
-    const grpc::Status status = stub->Heartbeat(&context, Request(host, epoch), &reply);
+    const grpc::Status status = on_port.stub->Heartbeat(&context, Request(host, epoch), &reply);
     EXPECT_EQ(status.error_code(), code) << host << ": " << status.error_message();
     if (status.ok()) {
       EXPECT_EQ(reply.lease_ms(), kLeaseMs);
@@ -196,8 +190,7 @@ TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {
   ASSERT_TRUE(h0.ok()) << h0.status();
   EXPECT_EQ(h0->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs);
   // Each went through the batcher; the bad ones were refused there alone.
-  EXPECT_EQ(service.heartbeat_stats().heartbeats, 3u);
-  server->Shutdown(std::chrono::system_clock::now());
+  EXPECT_EQ(on_port.service.heartbeat_stats().heartbeats, 3u);
 }
 
 }  // namespace
