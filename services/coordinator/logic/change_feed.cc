@@ -180,6 +180,7 @@ template class KeyFeed<v1::Operation>;
 
 ChangeFeed::ChangeFeed(std::shared_ptr<Store> store, Options options)
     : store_(std::move(store)),
+      on_operation_created_(std::move(options.on_operation_created)),
       workers_(options.workers),
       jobs_(
           [this](const std::string& id) {
@@ -217,6 +218,8 @@ void ChangeFeed::Announced(const std::string& payload) {
     jobs_.Changed(payload.substr(2));
   } else if (absl::StartsWith(payload, "o:")) {
     operations_.Changed(payload.substr(2));
+  } else if (absl::StartsWith(payload, "n:")) {
+    if (on_operation_created_) on_operation_created_(payload.substr(2));
   } else {
     RESHARD_LOG(WARNING) << "change feed: ignoring announcement \"" << payload << "\"";
   }

@@ -127,6 +127,9 @@ class KeyFeed {
 class ChangeFeed {
  public:
   struct Options {
+    /// Called (on the listener's thread; quick) for each new operation
+    /// announced (`n:<id>`, migrations/0017): the leader plans it at once.
+    std::function<void(const std::string& operation_id)> on_operation_created;
     int workers = 2;  // threads reading changed keys
     /// The safety poll's period (Resync on a thread of its own); 0: none
     /// (a caller runs Resync itself).
@@ -139,8 +142,8 @@ class ChangeFeed {
   KeyFeed<v1::Job>& jobs() { return jobs_; }
   KeyFeed<v1::Operation>& operations() { return operations_; }
 
-  /// A notification's payload: `j:<job id>` or `o:<operation id>`; any
-  /// other is ignored (and counted).
+  /// A notification's payload: `j:<job id>`, `o:<operation id>` or
+  /// `n:<operation id>` (a new one); any other is ignored (and logged).
   void Announced(const std::string& payload);
   /// The listener (re)connected: what was announced meanwhile is lost, so
   /// every watched key is re-read.
@@ -158,6 +161,7 @@ class ChangeFeed {
   void ResyncLoop(int period_ms);
 
   std::shared_ptr<Store> store_;
+  const std::function<void(const std::string&)> on_operation_created_;
   FeedWorkers workers_;
   KeyFeed<v1::Job> jobs_;
   KeyFeed<v1::Operation> operations_;

@@ -93,6 +93,11 @@ absl::Status CoordinatorServer::Start() {
   // streams through one LISTEN connection (docs/coordinator.md, "Change feed").
   ChangeFeed::Options feed_options;
   feed_options.resync_ms = static_cast<int>(config_.watch_resync_ms);
+  // A new operation, created through any replica, is planned at once by
+  // the leader (its agents learn of their tasks only once it is planned).
+  feed_options.on_operation_created = [this](const std::string&) {
+    if (LeaderLoop* leader = kick_target_.load(); leader != nullptr) leader->Kick();
+  };
   change_feed_ = std::make_unique<ChangeFeed>(store_, feed_options);
   ChangeFeed* feed = change_feed_.get();
   PgListenerOptions listener_options;

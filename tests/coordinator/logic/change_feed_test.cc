@@ -201,6 +201,30 @@ TEST_F(ChangeFeedTest, AnOperationIsFollowedToItsFinalState) {
   feed_.feed->jobs().Unsubscribe(job.id(), &job_watcher);
 }
 
+// What wakes the leader's driver for a new operation (created through any
+// replica): its announcement, once, and none for its later changes.
+TEST_F(ChangeFeedTest, ANewOperationIsAnnouncedAsNewOnce) {
+  const v1::Job job = Register(SmallJob("created"));
+  ASSERT_NO_FATAL_FAILURE(StartFeed());
+  Recorder<v1::Job> job_watcher;
+  feed_.feed->jobs().Subscribe(job.id(), 0, &job_watcher);
+  ASSERT_TRUE(Eventually([&] { return job_watcher.count() == 1; }));
+  absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
+  ASSERT_TRUE(op.ok()) << op.status();
+  ASSERT_TRUE(Eventually([&] { return !feed_.Created().empty(); }));
+  // The cancel's transaction announces the operation ('o:') and then its
+  // job ('j:'): once the job's watcher sees the cancel, the listener has
+  // handled every announcement of that transaction.
+  v1::CancelOperationRequest cancel;
+  cancel.set_operation_id(op->id());
+  ASSERT_TRUE(api_->CancelOperation(cancel).ok());
+  ASSERT_TRUE(Eventually([&] {
+    return job_watcher.count() >= 2 && job_watcher.last().active_operation_id().empty();
+  }));
+  EXPECT_EQ(feed_.Created(), std::vector<std::string>{op->id()});
+  feed_.feed->jobs().Unsubscribe(job.id(), &job_watcher);
+}
+
 TEST_F(ChangeFeedTest, ShutdownEndsEveryWatchAndRefusesNewOnes) {
   const v1::Job job = Register(SmallJob("shutdown"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());

@@ -61,6 +61,10 @@ struct TestFeed {
   void Start(const std::string& dsn, std::shared_ptr<Store> store, bool listen = true) {
     ChangeFeed::Options options;
     options.resync_ms = 0;
+    options.on_operation_created = [this](const std::string& id) {
+      std::lock_guard<std::mutex> l(mu);
+      created.push_back(id);
+    };
     feed = std::make_unique<ChangeFeed>(std::move(store), options);
     if (!listen) return;
     PgListenerOptions listener_options;
@@ -81,8 +85,16 @@ struct TestFeed {
   }
   ~TestFeed() { Stop(); }
 
+  /// Operations announced as new (on_operation_created), in order.
+  std::vector<std::string> Created() {
+    std::lock_guard<std::mutex> l(mu);
+    return created;
+  }
+
   std::unique_ptr<ChangeFeed> feed;
   std::unique_ptr<PgListener> listener;
+  std::mutex mu;
+  std::vector<std::string> created;
 };
 
 }  // namespace reshard::coordinator::testing
