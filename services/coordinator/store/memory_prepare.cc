@@ -32,7 +32,8 @@ absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& opera
   std::lock_guard<std::mutex> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
-  if (op->row.state() != v1::OPERATION_STATE_PLANNED || !op->row.stop_free()) {
+  // RESHARD_SQL_OP_STOP_FREE_PLANNED, as the table spells it.
+  if (!Matches(Where(v1::OPERATION_STATE_PLANNED).StopFree(Tri::kYes), FactsOf(op->row))) {
     return absl::FailedPreconditionError(
         absl::StrCat("operation \"", operation_id, "\" is ", StateName(op->row.state()),
                      op->row.stop_free() ? "" : " and not stop-free",
