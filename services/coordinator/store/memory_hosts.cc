@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -313,14 +314,7 @@ absl::Status MemoryStore::AppendAudit(const AuditRecord& record) {
 }
 
 absl::StatusOr<AuditPage> MemoryStore::ListAudit(const AuditQuery& query) {
-  constexpr int kMaxPageSize = 10000;
-  if (query.page_size < 1 || query.page_size > kMaxPageSize || query.before_id < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("audit query: page_size ", query.page_size,
-                                                   " must be in [1, ", kMaxPageSize,
-                                                   "] and before_id ", query.before_id, " >= 0"));
-  }
-  if (absl::Status s = CheckIds("tenant", query.tenants); !s.ok()) return s;
-  if (absl::Status s = mem::CheckText("job id", query.job_id); !s.ok()) return s;
+  if (absl::Status s = CheckAuditQuery(query); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   AuditPage page;
   for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
@@ -344,16 +338,7 @@ absl::StatusOr<AuditPage> MemoryStore::ListAudit(const AuditQuery& query) {
 // ---- Retention ------------------------------------------------------------------
 
 absl::StatusOr<PrunedRows> MemoryStore::PruneRetention(const RetentionPolicy& policy) {
-  if (policy.keep_retired_generations < 0 || policy.keep_operations < 0 || policy.batch_rows < 1 ||
-      policy.retired_min_age_ms < 0 || policy.discarded_min_age_ms < 0 ||
-      policy.operation_min_age_ms < 0 || policy.audit_min_age_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "retention policy: keep counts and ages must be >= 0 and batch_rows >= 1 (keep_retired ",
-        policy.keep_retired_generations, ", keep_operations ", policy.keep_operations,
-        ", batch_rows ", policy.batch_rows, ", ages ms: retired ", policy.retired_min_age_ms,
-        ", discarded ", policy.discarded_min_age_ms, ", operation ", policy.operation_min_age_ms,
-        ", audit ", policy.audit_min_age_ms, ")"));
-  }
+  if (absl::Status s = CheckRetentionPolicy(policy); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   const int64_t now = Now();
   PrunedRows pruned;

@@ -7,6 +7,7 @@
 #include "planner/validate.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -61,13 +62,7 @@ absl::StatusOr<int64_t> PtcBytes(const v1::Ptc& ptc) {
 absl::StatusOr<v1::Job> MemoryStore::CreateJob(const std::string& job_id, const v1::JobSpec& spec,
                                                const Idempotency& idem,
                                                const v1::DatasetState* dataset_state) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"job id", &job_id},
-                                    {"tenant", &spec.tenant()},
-                                    {"job name", &spec.name()},
-                                    {"idempotency key", &idem.key}}) {
-    if (absl::Status s = mem::CheckText(what, *value); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckNewJob(job_id, spec, idem); !s.ok()) return s;
   absl::StatusOr<int64_t> total_bytes = PtcBytes(spec.ptc());
   if (!total_bytes.ok()) return total_bytes.status();
   absl::StatusOr<std::vector<std::string>> ranks = mem::RankHosts(spec.layout(), "layout");

@@ -9,29 +9,11 @@
 #include "absl/strings/str_join.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 #include "services/coordinator/store/operation_meeting.h"
 
 namespace reshard::coordinator {
 namespace {
-
-absl::Status CheckNewOperation(const NewOperation& op) {
-  if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
-  if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  if (op.kind == v1::OPERATION_KIND_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", op.operation_id, "\": kind is unspecified"));
-  }
-  for (const auto& [what, value] :
-       {std::pair<const char*, const std::string*>{"operation id", &op.operation_id},
-        {"job id", &op.job_id},
-        {"idempotency key", &op.idempotency.key}}) {
-    if (absl::Status s = mem::CheckText(what, *value); !s.ok()) return s;
-  }
-  for (const std::string& host : op.lost_hosts) {
-    if (absl::Status s = mem::CheckText("lost host", host); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
 
 absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
                    v1::OperationState expected, absl::StatusCode code) {
@@ -52,24 +34,7 @@ bool FinalTaskState(v1::HostTaskState s) {
 }  // namespace
 
 absl::Status MemoryStore::CheckMove(const Operation& op, OpPhase to) const {
-  const OpFacts facts = FactsOf(op.row);
-  const OpPhase from = PhaseOf(facts);
-  std::vector<v1::OperationState> sources;  // stored states `to` is reached from
-  for (const OpTransition& t : AllTransitions()) {
-    if (t.to != to) continue;
-    if (t.from == from) return absl::OkStatus();
-    if (std::find(sources.begin(), sources.end(), StoredState(t.from)) == sources.end()) {
-      sources.push_back(StoredState(t.from));
-    }
-  }
-  if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
-    return absl::AbortedError(absl::StrCat("operation \"", op.row.id(), "\" is ",
-                                           StateName(facts.state), ", not ",
-                                           sources.empty() ? "?" : StateName(sources.front())));
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("operation \"", op.row.id(), "\" is ", PhaseName(from),
-                   ": the operation state machine has no move from it to ", PhaseName(to)));
+  return CheckMoveFrom(op.row.id(), FactsOf(op.row), to);
 }
 
 absl::StatusOr<int64_t> MemoryStore::CheckCutOver(const NewOperation& op,

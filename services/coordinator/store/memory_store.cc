@@ -11,15 +11,10 @@
 #include "absl/strings/str_cat.h"
 #include "planner/layout.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace mem {
-
-absl::Status CheckText(absl::string_view what, absl::string_view value) {
-  if (value.find('\0') == absl::string_view::npos) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " \"", absl::CHexEscape(value), "\" contains a NUL byte"));
-}
 
 absl::Status JobNotFound(absl::string_view job_id) {
   return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
@@ -28,15 +23,6 @@ absl::Status JobNotFound(absl::string_view job_id) {
 absl::Status OperationNotFound(absl::string_view operation_id) {
   return absl::NotFoundError(absl::StrCat("operation \"", operation_id, "\" not found"));
 }
-
-std::string CutUtf8(const std::string& text, size_t max) {
-  if (text.size() <= max) return text;
-  size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return text.substr(0, end);
-}
-
-std::string TruncateError(const std::string& text) { return CutUtf8(text, 4096); }
 
 absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,
                                                    absl::string_view what) {
@@ -87,27 +73,6 @@ std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
 }
 
 }  // namespace mem
-
-namespace {
-
-constexpr size_t kMaxAuditFieldBytes = 256;
-
-// pg_audit.cc's Storable: NUL bytes become "\0", cut at `max_bytes`.
-std::string Storable(const std::string& text, size_t max_bytes) {
-  std::string out;
-  out.reserve(std::min(text.size(), max_bytes));
-  for (char c : text) {
-    if (c == '\0') {
-      out += "\\0";
-    } else {
-      out += c;
-    }
-  }
-  if (out.size() <= max_bytes) return out;
-  return mem::CutUtf8(out, max_bytes) + "...";
-}
-
-}  // namespace
 
 MemoryStore::MemoryStore(MemoryStoreOptions options) : options_(std::move(options)) {}
 MemoryStore::~MemoryStore() = default;
@@ -261,15 +226,7 @@ v1::Job MemoryStore::JobView(const Job& job) const {
 OperationRecord MemoryStore::OperationView(const Operation& op, bool include_plan) const {
   OperationRecord record;
   record.op = op.row;
-  v1::Operation& o = record.op;
-  o.set_at_step_boundary(o.step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED);
-  if (o.prepared_unix_ms() > 0) {
-    o.set_prepare_seconds(std::max<int64_t>(0, o.prepared_unix_ms() - o.created_unix_ms()) /
-                          1000.0);
-  }
-  if (o.cutover_unix_ms() > 0 && o.state() == v1::OPERATION_STATE_COMMITTED) {
-    o.set_pause_seconds(std::max<int64_t>(0, o.updated_unix_ms() - o.cutover_unix_ms()) / 1000.0);
-  }
+  SetDerivedFields(&record.op);
   record.lost_hosts = op.lost_hosts;
   record.lost_ranks = op.lost_ranks;
   if (include_plan) {

@@ -11,17 +11,17 @@
 #include "absl/strings/string_view.h"
 #include "reshard/v1/ptc.pb.h"
 #include "services/coordinator/store/store.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator::mem {
 
-/// InvalidArgument for text with a NUL byte, as PgStore (which cannot store one).
-absl::Status CheckText(absl::string_view what, absl::string_view value);
+// The checks and limits PgStore applies too (store_checks.h).
+using ::reshard::coordinator::CheckText;
+using ::reshard::coordinator::CutUtf8;
+using ::reshard::coordinator::TruncateError;
+
 absl::Status JobNotFound(absl::string_view job_id);
 absl::Status OperationNotFound(absl::string_view operation_id);
-/// `text` cut to at most `max` bytes on a UTF-8 character boundary.
-std::string CutUtf8(const std::string& text, size_t max);
-/// An error as stored (4096 bytes at most).
-std::string TruncateError(const std::string& text);
 /// The host of each rank of `layout` (InvalidArgument as PgStore's
 /// ToGenerationRows when the placement does not fit the config).
 absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,

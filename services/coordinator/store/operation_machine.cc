@@ -2,6 +2,7 @@
 // compile-time proof that the SQL fragments are the table's.
 #include "services/coordinator/store/operation_machine.h"
 
+#include <algorithm>
 #include <string>
 #include <string_view>
 
@@ -256,6 +257,19 @@ OpPhase PhaseOf(const OpFacts& facts) {
 }
 
 OpPhase PhaseOf(const v1::Operation& op) { return PhaseOf(FactsOf(op)); }
+
+void SetDerivedFields(v1::Operation* op) {
+  op->set_at_step_boundary(op->step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED);
+  op->set_phase(PhaseName(PhaseOf(*op)));
+  if (op->prepared_unix_ms() > 0) {
+    op->set_prepare_seconds(std::max<int64_t>(0, op->prepared_unix_ms() - op->created_unix_ms()) /
+                            1000.0);
+  }
+  if (op->cutover_unix_ms() > 0 && op->state() == v1::OPERATION_STATE_COMMITTED) {
+    op->set_pause_seconds(std::max<int64_t>(0, op->updated_unix_ms() - op->cutover_unix_ms()) /
+                          1000.0);
+  }
+}
 
 bool StoredMoveAllowed(v1::OperationState from, v1::OperationState to) {
   for (const OpTransition& t : AllTransitions()) {

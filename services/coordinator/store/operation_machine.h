@@ -257,6 +257,10 @@ OpFacts FactsOf(const v1::Operation& op);
 /// state outside 1..6 reads as kFailed (it cannot be driven).
 OpPhase PhaseOf(const OpFacts& facts);
 OpPhase PhaseOf(const v1::Operation& op);
+/// Fills the fields of `op` that are read off its stored ones rather than
+/// stored: phase (PhaseName of PhaseOf), at_step_boundary, prepare_seconds
+/// and pause_seconds. Every Store calls it on each operation it returns.
+void SetDerivedFields(v1::Operation* op);
 
 /// Whether the store's compare-and-set TransitionOperation may move a row
 /// from stored state `from` to `to`: some transition of the table does.

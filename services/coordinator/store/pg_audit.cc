@@ -4,30 +4,10 @@
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
-
-// Longest identifier kept: ids come from the network and may be anything.
-constexpr size_t kMaxAuditFieldBytes = 256;
-
-// `text` storable and bounded: NUL bytes (which text cannot hold) become
-// "\0", and it is cut at `max_bytes` on a UTF-8 character boundary.
-std::string Storable(const std::string& text, size_t max_bytes) {
-  std::string out;
-  out.reserve(std::min(text.size(), max_bytes));
-  for (char c : text) {
-    if (c == '\0') {
-      out += "\\0";
-    } else {
-      out += c;
-    }
-  }
-  if (out.size() <= max_bytes) return out;
-  size_t end = max_bytes;
-  while (end > 0 && (static_cast<unsigned char>(out[end]) & 0xC0) == 0x80) --end;
-  return out.substr(0, end) + "...";
-}
 
 // Inserts `r` with its result; fills its id, time, tenant and job id.
 void InsertAudit(pg::PgTx& tx, AuditRecord& r) {
@@ -91,16 +71,7 @@ absl::Status PgStore::AppendAudit(const AuditRecord& record) {
 }
 
 absl::StatusOr<AuditPage> PgStore::ListAudit(const AuditQuery& query) {
-  constexpr int kMaxPageSize = 10000;
-  if (query.page_size < 1 || query.page_size > kMaxPageSize || query.before_id < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("audit query: page_size ", query.page_size,
-                                                   " must be in [1, ", kMaxPageSize,
-                                                   "] and before_id ", query.before_id, " >= 0"));
-  }
-  for (const std::string& tenant : query.tenants) {
-    if (absl::Status s = pg::CheckText("tenant", tenant); !s.ok()) return s;
-  }
-  if (absl::Status s = pg::CheckText("job id", query.job_id); !s.ok()) return s;
+  if (absl::Status s = CheckAuditQuery(query); !s.ok()) return s;
   return pg::TransactFor<AuditPage>(
       *pool_, "ListAudit", [&](pg::PgTx& tx) -> absl::StatusOr<AuditPage> {
         // One row more than the page tells whether another page follows.

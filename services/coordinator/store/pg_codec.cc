@@ -63,12 +63,6 @@ pqxx::binarystring Bytea(absl::string_view bytes) {
 
 std::string Hex(absl::string_view bytes) { return absl::BytesToHexString(bytes); }
 
-absl::Status CheckText(absl::string_view what, absl::string_view value) {
-  if (value.find('\0') == absl::string_view::npos) return absl::OkStatus();
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, " \"", absl::CHexEscape(value), "\" contains a NUL byte"));
-}
-
 std::vector<std::string> ParseTextArray(const pqxx::field& field) {
   std::vector<std::string> out;
   if (field.is_null()) return out;
@@ -183,19 +177,10 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   // step boundary's timeout, is the store's own.
   if (!row[25].is_null()) op.set_queued_behind_operation_id(row[25].c_str());
   op.set_step_boundary(static_cast<v1::StepBoundary>(row[26].as<int>()));
-  op.set_at_step_boundary(op.step_boundary() != v1::STEP_BOUNDARY_UNSPECIFIED);
   op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
   if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
   op.set_version(row[30].as<int64_t>());
-  op.set_phase(PhaseName(PhaseOf(op)));
-  if (op.prepared_unix_ms() > 0) {
-    op.set_prepare_seconds(std::max<int64_t>(0, op.prepared_unix_ms() - op.created_unix_ms()) /
-                           1000.0);
-  }
-  if (op.cutover_unix_ms() > 0 && op.state() == v1::OPERATION_STATE_COMMITTED) {
-    op.set_pause_seconds(std::max<int64_t>(0, op.updated_unix_ms() - op.cutover_unix_ms()) /
-                         1000.0);
-  }
+  SetDerivedFields(&op);
   return op;
 }
 

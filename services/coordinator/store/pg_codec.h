@@ -15,6 +15,7 @@
 #include "reshard/v1/agent.pb.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator::pg {
 
@@ -30,9 +31,8 @@ pqxx::binarystring Bytea(absl::string_view bytes);
 /// Lowercase hex, for decode(x, 'hex') inside array parameters.
 std::string Hex(absl::string_view bytes);
 
-/// InvalidArgument when `value` holds a NUL byte, which PostgreSQL text
-/// cannot store: "<what> \"...\" contains a NUL byte".
-[[nodiscard]] absl::Status CheckText(absl::string_view what, absl::string_view value);
+/// InvalidArgument when `value` holds a NUL byte (store_checks.h).
+using ::reshard::coordinator::CheckText;
 
 // ---- Results -----------------------------------------------------------------
 

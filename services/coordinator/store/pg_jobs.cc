@@ -7,6 +7,7 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -77,13 +78,7 @@ absl::StatusOr<v1::Job> ReplayedJob(pg::PgTx& tx, const std::string& job_id) {
 absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::JobSpec& spec,
                                            const Idempotency& idem,
                                            const v1::DatasetState* dataset_state) {
-  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"job id", &job_id},
-                                    {"tenant", &spec.tenant()},
-                                    {"job name", &spec.name()},
-                                    {"idempotency key", &idem.key}}) {
-    if (absl::Status s = pg::CheckText(what, *value); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckNewJob(job_id, spec, idem); !s.ok()) return s;
   // Everything that does not need the database is prepared before the
   // transaction, so that it stays short.
   absl::StatusOr<PtcRows> ptc = ToPtcRows(spec.ptc());

@@ -11,6 +11,7 @@
 #include "services/coordinator/store/pg_stop_free_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -41,25 +42,6 @@ absl::Status CheckCheckpointStep(pg::PgTx& tx, const NewOperation& op, int64_t g
   return absl::OkStatus();
 }
 
-absl::Status CheckNewOperation(const NewOperation& op) {
-  if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
-  if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
-  if (op.kind == v1::OPERATION_KIND_UNSPECIFIED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", op.operation_id, "\": kind is unspecified"));
-  }
-  for (const auto& [what, value] :
-       {std::pair<const char*, const std::string*>{"operation id", &op.operation_id},
-        {"job id", &op.job_id},
-        {"idempotency key", &op.idempotency.key}}) {
-    if (absl::Status s = pg::CheckText(what, *value); !s.ok()) return s;
-  }
-  for (const std::string& host : op.lost_hosts) {
-    if (absl::Status s = pg::CheckText("lost host", host); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
 }  // namespace
 
 namespace pg {
@@ -75,23 +57,7 @@ absl::Status CheckMove(PgTx& tx, const std::string& operation_id, OpPhase to) {
   facts.cut_over = r[0][4].as<bool>();
   facts.queued = r[0][5].as<bool>();
   facts.boundary_waiting = r[0][6].as<bool>();
-  const OpPhase from = PhaseOf(facts);
-  std::vector<v1::OperationState> sources;  // stored states `to` is reached from
-  for (const OpTransition& t : AllTransitions()) {
-    if (t.to != to) continue;
-    if (t.from == from) return absl::OkStatus();
-    if (std::find(sources.begin(), sources.end(), StoredState(t.from)) == sources.end()) {
-      sources.push_back(StoredState(t.from));
-    }
-  }
-  if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
-    return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
-                                           StateName(facts.state), ", not ",
-                                           sources.empty() ? "?" : StateName(sources.front())));
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("operation \"", operation_id, "\" is ", PhaseName(from),
-                   ": the operation state machine has no move from it to ", PhaseName(to)));
+  return CheckMoveFrom(operation_id, facts, to);
 }
 
 }  // namespace pg

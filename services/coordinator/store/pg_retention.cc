@@ -4,20 +4,12 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 
 absl::StatusOr<PrunedRows> PgStore::PruneRetention(const RetentionPolicy& policy) {
-  if (policy.keep_retired_generations < 0 || policy.keep_operations < 0 || policy.batch_rows < 1 ||
-      policy.retired_min_age_ms < 0 || policy.discarded_min_age_ms < 0 ||
-      policy.operation_min_age_ms < 0 || policy.audit_min_age_ms < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "retention policy: keep counts and ages must be >= 0 and batch_rows >= 1 (keep_retired ",
-        policy.keep_retired_generations, ", keep_operations ", policy.keep_operations,
-        ", batch_rows ", policy.batch_rows, ", ages ms: retired ", policy.retired_min_age_ms,
-        ", discarded ", policy.discarded_min_age_ms, ", operation ", policy.operation_min_age_ms,
-        ", audit ", policy.audit_min_age_ms, ")"));
-  }
+  if (absl::Status s = CheckRetentionPolicy(policy); !s.ok()) return s;
   PrunedRows pruned;
   // One short transaction per statement: pruning never holds locks long
   // and a failure loses at most one batch of work.

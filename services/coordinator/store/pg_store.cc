@@ -74,15 +74,6 @@ absl::Status OperationNotFound(absl::string_view operation_id) {
   return absl::NotFoundError(absl::StrCat("operation \"", operation_id, "\" not found"));
 }
 
-std::string TruncateError(const std::string& text) {
-  constexpr size_t kMaxErrorBytes = 4096;
-  if (text.size() <= kMaxErrorBytes) return text;
-  size_t end = kMaxErrorBytes;
-  // Do not cut a UTF-8 sequence: back off over continuation bytes.
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return text.substr(0, end);
-}
-
 absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id) {
   const pqxx::result r = tx.Exec(kSelectJob, job_id);
   if (r.empty()) return JobNotFound(job_id);

@@ -14,6 +14,7 @@
 #include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/store.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator::pg {
 
@@ -35,8 +36,8 @@ absl::StatusOr<T> TransactFor(PgPool& pool, absl::string_view what, Body&& body)
 
 absl::Status JobNotFound(absl::string_view job_id);
 absl::Status OperationNotFound(absl::string_view operation_id);
-/// `text` cut to at most 4 KiB on a UTF-8 character boundary.
-std::string TruncateError(const std::string& text);
+/// An error as stored (store_checks.h).
+using ::reshard::coordinator::TruncateError;
 
 /// The job (RESHARD_PG_JOB_COLUMNS) or NotFound.
 absl::StatusOr<v1::Job> ReadJob(PgTx& tx, const std::string& job_id);

@@ -160,6 +160,35 @@ TEST_P(ContractTest, DatasetStepsRankFailuresAndLostHostsOfAJob) {
             (std::vector<std::string>{"job-9", "job-8"}));
 }
 
+// Operation.phase is derived, not stored: both stores fill it from the row
+// (SetDerivedFields, operation_machine.h) on every read.
+TEST_P(ContractTest, OperationPhaseIsReadOffTheRow) {
+  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  const v1::Layout target = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
+  absl::StatusOr<v1::Operation> created =
+      store_->CreateOperation(Resize("op-1", "job-1", 1, target));
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->phase(), "PENDING");
+  absl::StatusOr<OperationRecord> r = store_->GetOperation("op-1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->op.phase(), "PENDING");
+
+  OperationUpdate cancel;
+  cancel.error = "cancelled by client";
+  ASSERT_TRUE(store_
+                  ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING,
+                                        v1::OPERATION_STATE_ABORTED, cancel)
+                  .ok());
+  r = store_->GetOperation("op-1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->op.state(), v1::OPERATION_STATE_ABORTED);
+  EXPECT_EQ(r->op.phase(), "ABORTED");
+  // ABORTED is final: the state machine has no move out of it.
+  const absl::Status again = store_->TransitionOperation(
+      "op-1", v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED, {});
+  EXPECT_EQ(again.code(), absl::StatusCode::kFailedPrecondition) << again;
+}
+
 RESHARD_STORE_CONTRACT(ContractTest);
 
 }  // namespace

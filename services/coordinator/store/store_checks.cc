@@ -1,0 +1,120 @@
+// The Store's input checks (store_checks.h).
+#include "services/coordinator/store/store_checks.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+namespace reshard::coordinator {
+
+absl::Status CheckText(absl::string_view what, absl::string_view value) {
+  if (value.find('\0') == absl::string_view::npos) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat(what, " \"", absl::CHexEscape(value), "\" contains a NUL byte"));
+}
+
+std::string CutUtf8(const std::string& text, size_t max) {
+  if (text.size() <= max) return text;
+  size_t end = max;
+  // Do not cut a UTF-8 sequence: back off over continuation bytes.
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+
+std::string TruncateError(const std::string& text) { return CutUtf8(text, kMaxErrorBytes); }
+
+std::string Storable(const std::string& text, size_t max_bytes) {
+  std::string out;
+  out.reserve(std::min(text.size(), max_bytes));
+  for (char c : text) {
+    if (c == '\0') {
+      out += "\\0";
+    } else {
+      out += c;
+    }
+  }
+  if (out.size() <= max_bytes) return out;
+  return CutUtf8(out, max_bytes) + "...";
+}
+
+absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
+                         const Idempotency& idem) {
+  if (job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  for (const auto& [what, value] : {std::pair<const char*, const std::string*>{"job id", &job_id},
+                                    {"tenant", &spec.tenant()},
+                                    {"job name", &spec.name()},
+                                    {"idempotency key", &idem.key}}) {
+    if (absl::Status s = CheckText(what, *value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckNewOperation(const NewOperation& op) {
+  if (op.operation_id.empty()) return absl::InvalidArgumentError("operation_id is empty");
+  if (op.job_id.empty()) return absl::InvalidArgumentError("job_id is empty");
+  if (op.kind == v1::OPERATION_KIND_UNSPECIFIED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", op.operation_id, "\": kind is unspecified"));
+  }
+  for (const auto& [what, value] :
+       {std::pair<const char*, const std::string*>{"operation id", &op.operation_id},
+        {"job id", &op.job_id},
+        {"idempotency key", &op.idempotency.key}}) {
+    if (absl::Status s = CheckText(what, *value); !s.ok()) return s;
+  }
+  for (const std::string& host : op.lost_hosts) {
+    if (absl::Status s = CheckText("lost host", host); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckAuditQuery(const AuditQuery& query) {
+  if (query.page_size < 1 || query.page_size > kMaxAuditPageSize || query.before_id < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("audit query: page_size ", query.page_size,
+                                                   " must be in [1, ", kMaxAuditPageSize,
+                                                   "] and before_id ", query.before_id, " >= 0"));
+  }
+  for (const std::string& tenant : query.tenants) {
+    if (absl::Status s = CheckText("tenant", tenant); !s.ok()) return s;
+  }
+  return CheckText("job id", query.job_id);
+}
+
+absl::Status CheckRetentionPolicy(const RetentionPolicy& policy) {
+  if (policy.keep_retired_generations < 0 || policy.keep_operations < 0 || policy.batch_rows < 1 ||
+      policy.retired_min_age_ms < 0 || policy.discarded_min_age_ms < 0 ||
+      policy.operation_min_age_ms < 0 || policy.audit_min_age_ms < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "retention policy: keep counts and ages must be >= 0 and batch_rows >= 1 (keep_retired ",
+        policy.keep_retired_generations, ", keep_operations ", policy.keep_operations,
+        ", batch_rows ", policy.batch_rows, ", ages ms: retired ", policy.retired_min_age_ms,
+        ", discarded ", policy.discarded_min_age_ms, ", operation ", policy.operation_min_age_ms,
+        ", audit ", policy.audit_min_age_ms, ")"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckMoveFrom(absl::string_view operation_id, const OpFacts& facts, OpPhase to) {
+  const OpPhase from = PhaseOf(facts);
+  std::vector<v1::OperationState> sources;  // stored states `to` is reached from
+  for (const OpTransition& t : AllTransitions()) {
+    if (t.to != to) continue;
+    if (t.from == from) return absl::OkStatus();
+    if (std::find(sources.begin(), sources.end(), StoredState(t.from)) == sources.end()) {
+      sources.push_back(StoredState(t.from));
+    }
+  }
+  if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
+    return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
+                                           StateName(facts.state), ", not ",
+                                           sources.empty() ? "?" : StateName(sources.front())));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("operation \"", operation_id, "\" is ", PhaseName(from),
+                   ": the operation state machine has no move from it to ", PhaseName(to)));
+}
+
+}  // namespace reshard::coordinator

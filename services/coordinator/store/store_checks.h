@@ -1,0 +1,58 @@
+// The Store's input checks and storage limits, one copy for both
+// implementations (PgStore and MemoryStore), so that they refuse the same
+// requests with the same codes and texts. Internal to the store component.
+// Pure functions (no database); thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "reshard/v1/coordinator.pb.h"
+#include "services/coordinator/store/operation_machine.h"
+#include "services/coordinator/store/store.h"
+
+namespace reshard::coordinator {
+
+/// Longest error text kept on an operation or a host row.
+inline constexpr size_t kMaxErrorBytes = 4096;
+/// Longest identifier kept in an audit row: ids come from the network and
+/// may be anything (the message's limit is audit.h's kMaxAuditMessageBytes).
+inline constexpr size_t kMaxAuditFieldBytes = 256;
+/// Largest AuditQuery::page_size.
+inline constexpr int kMaxAuditPageSize = 10000;
+
+/// InvalidArgument when `value` holds a NUL byte, which PostgreSQL text
+/// cannot store: "<what> \"...\" contains a NUL byte".
+[[nodiscard]] absl::Status CheckText(absl::string_view what, absl::string_view value);
+/// `text` cut to at most `max` bytes on a UTF-8 character boundary.
+std::string CutUtf8(const std::string& text, size_t max);
+/// An error as stored: cut to kMaxErrorBytes on a UTF-8 character boundary.
+std::string TruncateError(const std::string& text);
+/// `text` storable and bounded: NUL bytes become "\0", and it is cut at
+/// `max_bytes` on a UTF-8 character boundary (then "..." follows).
+std::string Storable(const std::string& text, size_t max_bytes);
+
+/// CreateJob's arguments before any lookup: a non-empty job id and no NUL
+/// byte in the job id, tenant, name or idempotency key.
+[[nodiscard]] absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
+                                       const Idempotency& idem);
+/// CreateOperation's arguments before any lookup: ids non-empty, a kind,
+/// and no NUL byte in the ids, the idempotency key or the lost hosts.
+[[nodiscard]] absl::Status CheckNewOperation(const NewOperation& op);
+/// ListAudit's query: page_size in [1, kMaxAuditPageSize], before_id >= 0,
+/// storable tenants and job id.
+[[nodiscard]] absl::Status CheckAuditQuery(const AuditQuery& query);
+/// PruneRetention's policy: counts and ages >= 0, batch_rows >= 1.
+[[nodiscard]] absl::Status CheckRetentionPolicy(const RetentionPolicy& policy);
+
+/// Whether operation `operation_id`, whose row reads `facts`, may move to
+/// phase `to` by one transition of the state machine (operation_machine.h).
+/// Aborted "operation "x" is ABORTED, not PLANNED" when its stored state is
+/// not one `to` is reached from (it moved: a race); FailedPrecondition naming
+/// both phases when the stored state fits but the phase does not.
+[[nodiscard]] absl::Status CheckMoveFrom(absl::string_view operation_id, const OpFacts& facts,
+                                         OpPhase to);
+
+}  // namespace reshard::coordinator
