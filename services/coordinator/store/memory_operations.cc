@@ -330,20 +330,7 @@ void MemoryStore::EndOperation(Operation& op, v1::OperationState to,
 absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
                                               v1::OperationState from, v1::OperationState to,
                                               const OperationUpdate& update) {
-  if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
-                     to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
-                     ", not TransitionOperation"));
-  }
-  if (from == to || !StoredMoveAllowed(from, to)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "operation \"", operation_id, "\": the operation state machine has no move from ",
-        StateName(from), " to ", StateName(to)));
-  }
-  if (absl::Status s = mem::CheckText("idempotency key", update.idempotency.key); !s.ok()) {
-    return s;
-  }
+  if (absl::Status s = CheckTransitionArgs(operation_id, from, to, update); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);

@@ -300,12 +300,7 @@ void MemoryStore::WriteAudit(Tx& tx, const std::string& job_id, const std::strin
                              const std::string& target) {
   AuditRecord* current = AuditScope::Current();
   if (current == nullptr) return;
-  AuditRecord r = *current;
-  if (r.job_id.empty()) r.job_id = job_id;
-  if (r.operation_id.empty()) r.operation_id = operation_id;
-  if (r.target.empty()) r.target = target;
-  r.code = "OK";
-  r.message.clear();
+  AuditRecord r = SucceededAudit(*current, job_id, operation_id, target);
   // The tenant and job as the row would take them now (a delete removes the job).
   std::string job = r.job_id;
   if (job.empty() && !r.operation_id.empty()) {

@@ -47,12 +47,7 @@ void WriteAudit(PgTx& tx, const std::string& job_id, const std::string& operatio
   AuditRecord* current = AuditScope::Current();
   if (current == nullptr) return;
   // The body may run again (PgPool::Transact): work on a copy each time.
-  AuditRecord r = *current;
-  if (r.job_id.empty()) r.job_id = job_id;
-  if (r.operation_id.empty()) r.operation_id = operation_id;
-  if (r.target.empty()) r.target = target;
-  r.code = "OK";
-  r.message.clear();
+  AuditRecord r = SucceededAudit(*current, job_id, operation_id, target);
   InsertAudit(tx, r);
   tx.OnCommit([current, r] {
     *current = r;

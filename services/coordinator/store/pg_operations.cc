@@ -185,28 +185,13 @@ absl::StatusOr<std::vector<std::string>> PgStore::ListActiveOperations() {
 
 absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::OperationState from,
                                           v1::OperationState to, const OperationUpdate& update) {
-  if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
-                     to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
-                     ", not TransitionOperation"));
-  }
-  // The moves left to TransitionOperation, as the state machine has them
-  // (operation_machine.h): PENDING -> PLANNED, and any active state ->
-  // ABORTED / FAILED. A phase change within a stored state has its own
-  // method; terminal states are never left.
-  if (from == to || !StoredMoveAllowed(from, to)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "operation \"", operation_id, "\": the operation state machine has no move from ",
-        StateName(from), " to ", StateName(to)));
-  }
+  if (absl::Status s = CheckTransitionArgs(operation_id, from, to, update); !s.ok()) return s;
   const bool end_step = IsTerminalState(to);
   const pqxx::binarystring plan =
       update.plan ? pg::Bytea(*update.plan) : pg::Bytea(absl::string_view());
   const pqxx::binarystring stats =
       update.stats ? pg::Bytea(*update.stats) : pg::Bytea(absl::string_view());
   const std::string error = update.error ? pg::TruncateError(*update.error) : std::string();
-  if (absl::Status s = pg::CheckText("idempotency key", update.idempotency.key); !s.ok()) return s;
 
   return pool_->Transact("TransitionOperation", [&](pg::PgTx& tx) -> absl::Status {
     const pqxx::result r = tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),

@@ -97,6 +97,37 @@ absl::Status CheckRetentionPolicy(const RetentionPolicy& policy) {
   return absl::OkStatus();
 }
 
+absl::Status CheckTransitionArgs(const std::string& operation_id, v1::OperationState from,
+                                 v1::OperationState to, const OperationUpdate& update) {
+  if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
+                     to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
+                     ", not TransitionOperation"));
+  }
+  // The moves left to TransitionOperation, as the state machine has them
+  // (operation_machine.h): PENDING -> PLANNED, and any active state ->
+  // ABORTED / FAILED. A phase change within a stored state has its own
+  // method; terminal states are never left.
+  if (from == to || !StoredMoveAllowed(from, to)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation \"", operation_id, "\": the operation state machine has no move from ",
+        StateName(from), " to ", StateName(to)));
+  }
+  return CheckText("idempotency key", update.idempotency.key);
+}
+
+AuditRecord SucceededAudit(const AuditRecord& scope, const std::string& job_id,
+                           const std::string& operation_id, const std::string& target) {
+  AuditRecord r = scope;
+  if (r.job_id.empty()) r.job_id = job_id;
+  if (r.operation_id.empty()) r.operation_id = operation_id;
+  if (r.target.empty()) r.target = target;
+  r.code = "OK";
+  r.message.clear();
+  return r;
+}
+
 absl::Status CheckMoveFrom(absl::string_view operation_id, const OpFacts& facts, OpPhase to) {
   const OpPhase from = PhaseOf(facts);
   std::vector<v1::OperationState> sources;  // stored states `to` is reached from

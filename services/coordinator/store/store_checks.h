@@ -46,6 +46,19 @@ std::string Storable(const std::string& text, size_t max_bytes);
 [[nodiscard]] absl::Status CheckAuditQuery(const AuditQuery& query);
 /// PruneRetention's policy: counts and ages >= 0, batch_rows >= 1.
 [[nodiscard]] absl::Status CheckRetentionPolicy(const RetentionPolicy& policy);
+/// TransitionOperation's arguments before the row is read: InvalidArgument
+/// for a move to TRANSFERRING or COMMITTED (their own methods) or a NUL
+/// byte in the idempotency key; FailedPrecondition when no transition of
+/// the state machine moves stored state `from` to `to`.
+[[nodiscard]] absl::Status CheckTransitionArgs(const std::string& operation_id,
+                                               v1::OperationState from, v1::OperationState to,
+                                               const OperationUpdate& update);
+
+/// The audit row a successful call writes: the thread's `scope` record
+/// (audit.h) with code OK, naming `job_id`, `operation_id` and `target`
+/// where it does not already.
+AuditRecord SucceededAudit(const AuditRecord& scope, const std::string& job_id,
+                           const std::string& operation_id, const std::string& target);
 
 /// Whether operation `operation_id`, whose row reads `facts`, may move to
 /// phase `to` by one transition of the state machine (operation_machine.h).
