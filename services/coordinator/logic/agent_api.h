@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -93,9 +94,10 @@ class AgentApi {
   /// checks the request (fields, the host exists) and returns how long it
   /// waits in ms.
   [[nodiscard]] absl::StatusOr<int> CheckWaitForTasks(const v1::WaitForTasksRequest& request);
-  /// The operations assigned to `host_id` now (one store read).
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> AssignedOperations(
-      const std::string& host_id);
+  /// The operations assigned to each of `host_ids` now (one store read;
+  /// a host with none may be absent).
+  [[nodiscard]] absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+  AssignedOperationsOfHosts(const std::vector<std::string>& host_ids);
   const Options& options() const { return options_; }
 
  private:

@@ -4,6 +4,7 @@
 // and the WaitForTasks long poll.
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -171,8 +172,9 @@ absl::StatusOr<int> AgentApi::CheckWaitForTasks(const v1::WaitForTasksRequest& r
   return request.wait_ms() == 0 ? kMaxTaskWaitMs : std::min(request.wait_ms(), kMaxTaskWaitMs);
 }
 
-absl::StatusOr<std::vector<std::string>> AgentApi::AssignedOperations(const std::string& host_id) {
-  return store_->AssignedOperations(host_id);
+absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+AgentApi::AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) {
+  return store_->AssignedOperationsOfHosts(host_ids);
 }
 
 }  // namespace reshard::coordinator

@@ -8,6 +8,10 @@
 namespace reshard::coordinator {
 namespace {
 
+// Safety re-reads are rounded up to a multiple of this (ReadBatch then reads
+// the hosts of all polls due at once with one query).
+constexpr std::chrono::steady_clock::duration kRereadGrid = std::chrono::milliseconds(100);
+
 v1::WaitForTasksResponse AnswerOf(const std::vector<std::string>& assigned) {
   v1::WaitForTasksResponse response;
   for (const std::string& id : assigned) response.add_assigned_operations(id);
@@ -69,6 +73,11 @@ size_t TaskWaits::waiting() {
   return polls_.size();
 }
 
+uint64_t TaskWaits::store_reads() {
+  std::lock_guard<std::mutex> l(mu_);
+  return store_reads_;
+}
+
 void TaskWaits::Shutdown() {
   std::vector<std::function<void()>> answers;
   {
@@ -108,79 +117,112 @@ void TaskWaits::QueueReadLocked(const PollPtr& poll) {
   poll->reread = Clock::time_point::max();  // its timer entry is stale now
   if (poll->subscription != 0) notifier_->Unsubscribe(poll->subscription);
   poll->subscription = 0;
-  work_.push_back([this, poll] { Read(poll); });
+  reads_.push_back(poll);
+  if (!read_posted_) PostReadLocked();
+}
+
+void TaskWaits::PostReadLocked() {
+  read_posted_ = true;
+  work_.push_back([this] { ReadBatch(); });
   work_cv_.notify_one();
 }
 
-void TaskWaits::Read(const PollPtr& poll) {
+void TaskWaits::ReadBatch() {
   CallClassScope agent_calls(CallClass::kAgent);
+  std::vector<PollPtr> batch;
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (polls_.count(poll->id) == 0) return;  // answered meanwhile
-  }
-  int wait_ms = 0;
-  if (!poll->checked) {  // only this read touches the request (read_queued)
-    absl::StatusOr<int> checked = api_->CheckWaitForTasks(poll->request);
-    std::function<void()> answer;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      if (polls_.count(poll->id) == 0) return;
-      if (!checked.ok()) answer = FinishLocked(poll, checked.status());
+    while (!reads_.empty() && batch.size() < kReadBatch) {
+      if (polls_.count(reads_.front()->id) != 0) batch.push_back(reads_.front());
+      reads_.pop_front();
     }
-    if (answer) return answer();
-    wait_ms = *checked;
+    read_posted_ = false;
+    // The rest on another worker, in parallel with this batch.
+    if (!reads_.empty()) PostReadLocked();
   }
-  // The version before the read: a change committed after it wakes the poll.
-  const uint64_t seen = notifier_ != nullptr ? notifier_->Version(poll->host_id) : 0;
-  absl::StatusOr<std::vector<std::string>> assigned = api_->AssignedOperations(poll->host_id);
-  std::function<void()> answer;
+  // A poll's first read checks its request; only this batch touches a
+  // queued poll's request (read_queued).
+  std::vector<int> wait_ms(batch.size(), 0);
+  std::vector<std::function<void()>> answers;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (batch[i]->checked) continue;
+    absl::StatusOr<int> checked = api_->CheckWaitForTasks(batch[i]->request);
+    if (checked.ok()) {
+      wait_ms[i] = *checked;
+      continue;
+    }
+    std::lock_guard<std::mutex> l(mu_);
+    if (polls_.count(batch[i]->id) != 0) answers.push_back(FinishLocked(batch[i], checked.status()));
+  }
+  for (auto& answer : answers) answer();
+  answers.clear();
+  // The versions before the read: a change committed after it wakes the poll.
+  std::vector<uint64_t> seen(batch.size(), 0);
+  std::vector<std::string> hosts;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    if (notifier_ != nullptr) seen[i] = notifier_->Version(batch[i]->host_id);
+    hosts.push_back(batch[i]->host_id);
+  }
+  // One store read for every host of the batch.
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> assigned =
+      api_->AssignedOperationsOfHosts(hosts);
   {
     std::lock_guard<std::mutex> l(mu_);
-    poll->read_queued = false;
-    if (polls_.count(poll->id) == 0) return;
+    ++store_reads_;
     const auto now = Clock::now();
-    if (!poll->checked) {
-      poll->checked = true;
-      poll->deadline = now + std::chrono::milliseconds(wait_ms);
-      poll->request.Clear();
-    }
-    if (!assigned.ok()) {
-      answer = FinishLocked(poll, assigned.status());
-    } else {
-      poll->last = *std::move(assigned);
-      const bool news = std::any_of(poll->last.begin(), poll->last.end(), [&](const std::string& id) {
-        return poll->known.count(id) == 0;
-      });
-      if (news || now >= poll->deadline) {
-        answer = FinishLocked(poll, AnswerOf(poll->last));
-      } else {
-        const AgentApi::Options& options = api_->options();
-        int period_ms = options.wait_poll_ms;
-        if (notifier_ != nullptr) {
-          period_ms = options.safety_reread_ms;
-          const uint64_t as = next_subscribe_++;
-          poll->subscribed_as = as;
-          const uint64_t id = poll->id;
-          std::optional<TaskNotifier::Wake> at_once = notifier_->Subscribe(
-              poll->host_id, seen, [this, id, as](TaskNotifier::Wake wake) { OnWake(id, as, wake); },
-              &poll->subscription);
-          if (at_once == TaskNotifier::Wake::kShutDown) {
-            answer = FinishLocked(poll, AnswerOf(poll->last));
-          } else if (at_once == TaskNotifier::Wake::kChanged) {
-            QueueReadLocked(poll);
-            return;
-          }
-        }
-        if (!answer) {
-          poll->reread = std::min(poll->deadline, now + std::chrono::milliseconds(period_ms));
-          const bool earliest = timers_.empty() || poll->reread < timers_.begin()->first;
-          timers_.emplace(poll->reread, poll->id);
-          if (earliest) timer_cv_.notify_one();
-        }
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const PollPtr& poll = batch[i];
+      poll->read_queued = false;
+      if (polls_.count(poll->id) == 0) continue;  // answered meanwhile
+      if (!poll->checked) {
+        poll->checked = true;
+        poll->deadline = now + std::chrono::milliseconds(wait_ms[i]);
+        poll->request.Clear();
       }
+      if (!assigned.ok()) {
+        answers.push_back(FinishLocked(poll, assigned.status()));
+        continue;
+      }
+      poll->last = (*assigned)[poll->host_id];
+      std::function<void()> answer = AfterReadLocked(poll, seen[i], now);
+      if (answer) answers.push_back(std::move(answer));
     }
   }
-  if (answer) answer();
+  for (auto& answer : answers) answer();
+}
+
+std::function<void()> TaskWaits::AfterReadLocked(const PollPtr& poll, uint64_t seen,
+                                                 Clock::time_point now) {
+  const bool news = std::any_of(poll->last.begin(), poll->last.end(),
+                                [&](const std::string& id) { return poll->known.count(id) == 0; });
+  if (news || now >= poll->deadline) return FinishLocked(poll, AnswerOf(poll->last));
+  const AgentApi::Options& options = api_->options();
+  int period_ms = options.wait_poll_ms;
+  if (notifier_ != nullptr) {
+    period_ms = options.safety_reread_ms;
+    const uint64_t as = next_subscribe_++;
+    poll->subscribed_as = as;
+    const uint64_t id = poll->id;
+    std::optional<TaskNotifier::Wake> at_once = notifier_->Subscribe(
+        poll->host_id, seen, [this, id, as](TaskNotifier::Wake wake) { OnWake(id, as, wake); },
+        &poll->subscription);
+    if (at_once == TaskNotifier::Wake::kShutDown) return FinishLocked(poll, AnswerOf(poll->last));
+    if (at_once == TaskNotifier::Wake::kChanged) {
+      QueueReadLocked(poll);
+      return nullptr;
+    }
+  }
+  Clock::time_point due = now + std::chrono::milliseconds(period_ms);
+  if (notifier_ != nullptr) {
+    // Safety re-reads come due on a grid, so that they share store reads.
+    const Clock::duration since = due.time_since_epoch() + kRereadGrid - Clock::duration(1);
+    due = Clock::time_point((since / kRereadGrid) * kRereadGrid);
+  }
+  poll->reread = std::min(poll->deadline, due);
+  const bool earliest = timers_.empty() || poll->reread < timers_.begin()->first;
+  timers_.emplace(poll->reread, poll->id);
+  if (earliest) timer_cv_.notify_one();
+  return nullptr;
 }
 
 void TaskWaits::OnWake(uint64_t id, uint64_t subscribed_as, TaskNotifier::Wake wake) {

@@ -53,6 +53,8 @@ class AgentServiceImpl final
 
   /// WaitForTasks polls waiting now.
   size_t waiting_polls() { return waits_.waiting(); }
+  /// Store reads WaitForTasks made (TaskWaits::store_reads).
+  uint64_t poll_store_reads() { return waits_.store_reads(); }
   /// Heartbeat batches written so far.
   HeartbeatBatcher::Stats heartbeat_stats() { return heartbeats_.stats(); }
 

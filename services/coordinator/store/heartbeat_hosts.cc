@@ -1,5 +1,6 @@
-// Store::HeartbeatHosts' default: the per-host methods one by one (a store
-// that has nothing better, such as the in-memory one).
+// Store::HeartbeatHosts' and AssignedOperationsOfHosts' defaults: the per-host
+// methods one by one (a store that has nothing better, such as the in-memory
+// one).
 #include <utility>
 
 #include "services/coordinator/store/store.h"
@@ -30,6 +31,17 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> Store::HeartbeatHosts(
     result.deleted_jobs = *std::move(deleted);
   }
   return results;
+}
+
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> Store::AssignedOperationsOfHosts(
+    const std::vector<std::string>& host_ids) {
+  std::map<std::string, std::vector<std::string>> assigned;
+  for (const std::string& host : host_ids) {
+    absl::StatusOr<std::vector<std::string>> ops = AssignedOperations(host);
+    if (!ops.ok()) return ops.status();
+    assigned[host] = *std::move(ops);
+  }
+  return assigned;
 }
 
 }  // namespace reshard::coordinator

@@ -32,6 +32,30 @@ absl::Status HeartbeatRefusal(const std::string& host_id, int64_t epoch, bool fo
 
 }  // namespace pg
 
+namespace {
+
+// Rows of kAssignedOperationsOfHosts: (host, operation), by host and seq.
+std::map<std::string, std::vector<std::string>> AssignedByHost(const pqxx::result& rows) {
+  std::map<std::string, std::vector<std::string>> assigned;
+  for (const pqxx::row& row : rows) assigned[row[0].c_str()].emplace_back(row[1].c_str());
+  return assigned;
+}
+
+}  // namespace
+
+absl::StatusOr<std::map<std::string, std::vector<std::string>>> PgStore::AssignedOperationsOfHosts(
+    const std::vector<std::string>& host_ids) {
+  using Assigned = std::map<std::string, std::vector<std::string>>;
+  for (const std::string& id : host_ids) {
+    if (absl::Status s = pg::CheckText("host id", id); !s.ok()) return s;
+  }
+  if (host_ids.empty()) return Assigned();
+  const std::string id_array = pg::TextArray(host_ids);
+  return pg::TransactFor<Assigned>(*pool_, "AssignedOperationsOfHosts", [&](pg::PgTx& tx) {
+    return absl::StatusOr<Assigned>(AssignedByHost(tx.Exec(pg::kAssignedOperationsOfHosts, id_array)));
+  });
+}
+
 absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
     const std::vector<HostHeartbeat>& beats) {
   using Results = std::vector<HostHeartbeatResult>;
@@ -83,10 +107,8 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
     }
     if (alive.empty()) return results;
     const std::string alive_array = pg::TextArray({alive.begin(), alive.end()});
-    std::map<std::string, std::vector<std::string>> assigned;
-    for (const pqxx::row& row : tx.Exec(pg::kAssignedOperationsOfHosts, alive_array)) {
-      assigned[row[0].c_str()].emplace_back(row[1].c_str());
-    }
+    std::map<std::string, std::vector<std::string>> assigned =
+        AssignedByHost(tx.Exec(pg::kAssignedOperationsOfHosts, alive_array));
     std::map<std::string, std::vector<v1::GenerationRef>> release, discard;
     for (const pqxx::row& row : tx.Exec(pg::kGenerationsToDropOfHosts, alive_array)) {
       v1::GenerationRef ref;

@@ -207,6 +207,8 @@ class PgStore : public Store {
   /// one query over all the batch's hosts (pg_heartbeat.cc).
   [[nodiscard]] absl::StatusOr<std::vector<HostHeartbeatResult>> HeartbeatHosts(
       const std::vector<HostHeartbeat>& beats) override;
+  [[nodiscard]] absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+  AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
       const std::vector<std::string>& host_ids) override;

@@ -404,6 +404,11 @@ class Store {
   /// ones whose row is ASSIGNED or RUNNING.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> AssignedOperations(
       const std::string& host_id) = 0;
+  /// AssignedOperations of each of `host_ids` at once (a host with none may
+  /// be absent). The default calls AssignedOperations per host
+  /// (heartbeat_hosts.cc); PostgreSQL runs one query.
+  [[nodiscard]] virtual absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+  AssignedOperationsOfHosts(const std::vector<std::string>& host_ids);
   /// Generations an agent on `host_id` may free (RETIRED) or must drop
   /// (DISCARDED), among jobs whose generations placed ranks on that host.
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToRelease(

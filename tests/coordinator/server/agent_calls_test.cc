@@ -2,9 +2,11 @@
 // "Agent calls: no thread per agent, heartbeats in batches"): a real gRPC
 // server on port 0 in this process, the real AgentApi on a real PostgreSQL.
 // 500 polls open at once add no thread per poll (the process's threads are
-// counted); a task created wakes its poll; a cancelled call releases its
-// poll and its notifier subscription; the notifier's shutdown ends every
-// poll; refusals and bad requests keep their codes.
+// counted) and, woken together, share a few store reads; a task created
+// wakes its poll; a cancelled call releases its poll and its notifier
+// subscription; the notifier's shutdown ends every poll; refusals and bad
+// requests keep their codes.
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <iostream>
@@ -128,7 +130,7 @@ class AgentCallsTest : public LogicTest {
   grpc::CompletionQueue cq_;
 };
 
-TEST_F(AgentCallsTest, FiveHundredOpenPollsAddNoThreadPerPollAndCancelReleasesThem) {
+TEST_F(AgentCallsTest, FiveHundredOpenPollsAddNoThreadPerPollReadTogetherAndCancelReleasesThem) {
   constexpr int kPolls = 500;
   std::vector<std::string> hosts;
   for (int i = 0; i < kPolls; ++i) hosts.push_back("h" + std::to_string(i));
@@ -153,6 +155,17 @@ TEST_F(AgentCallsTest, FiveHundredOpenPollsAddNoThreadPerPollAndCancelReleasesTh
   EXPECT_LT(during - before, 30) << before << " threads before, " << during << " with " << kPolls
                                  << " polls open";
   EXPECT_EQ(NextAnswer(std::chrono::milliseconds(0)), nullptr) << "a poll answered early";
+
+  // Every poll woken at once (a listener reconnected): they re-read together,
+  // a few store reads for all 500, and wait again.
+  const uint64_t reads_before = service_->poll_store_reads();
+  notifier_.NotifyAll();
+  ASSERT_TRUE(Eventually([&] { return notifier_.subscribers() == kPolls; }))
+      << notifier_.subscribers() << " polls subscribed again";
+  const uint64_t reads = service_->poll_store_reads() - reads_before;
+  std::cout << kPolls << " polls woken at once re-read with " << reads << " store reads\n";
+  EXPECT_LT(reads, 30u);
+  EXPECT_EQ(NextAnswer(std::chrono::milliseconds(0)), nullptr) << "a poll answered without news";
 
   for (auto& poll : polls) poll->context.TryCancel();
   int cancelled = 0;
@@ -184,6 +197,44 @@ TEST_F(AgentCallsTest, ATaskCreatedWakesItsPoll) {
   EXPECT_THAT(poll->reply.assigned_operations(), Contains(op->id()));
   EXPECT_LT(Clock::now() - created, std::chrono::seconds(3));
   EXPECT_EQ(service_->waiting_polls(), 0u);
+  EXPECT_EQ(notifier_.subscribers(), 0u);
+}
+
+// A task created through a store that signals nothing (a lost
+// notification): the poll's safety re-read (the timer thread) finds it.
+TEST_F(AgentCallsTest, ALostNotificationIsCaughtByTheSafetyReread) {
+  AgentApi::Options options;
+  options.lease_ms = kLeaseMs;
+  options.notifier = &notifier_;
+  options.safety_reread_ms = 200;
+  AgentApi api(signalling_store_, &clock_, metrics_.get(), options);
+  AgentServiceOnPort on_port(&api, authorizer_.get(), metrics_.get());
+  ASSERT_NE(on_port.server, nullptr);
+  const v1::Job job = Register(SmallJob("pickup"));
+  RegisterAgents({"h0", "h1", "h2"});
+  absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(op.ok()) << op.status();
+  grpc::ClientContext context;
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  v1::WaitForTasksRequest request;
+  request.set_host_id("h1");
+  request.set_wait_ms(10000);
+  v1::WaitForTasksResponse reply;
+  grpc::Status status;
+  std::atomic<bool> answered{false};
+  on_port.stub->async()->WaitForTasks(&context, &request, &reply, [&](grpc::Status s) {
+    status = s;
+    answered = true;
+  });
+  ASSERT_TRUE(Eventually([&] { return notifier_.subscribers() == 1; }));
+  const auto created = Clock::now();
+  std::unique_ptr<OperationDriver> driver = MakeDriver(store_);  // signals nothing
+  ASSERT_TRUE(driver->Tick().ok());
+  ASSERT_TRUE(Eventually([&] { return answered.load(); }, absl::Seconds(5)));
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_THAT(reply.assigned_operations(), Contains(op->id()));
+  // One safety period (200 ms) plus the grid (100 ms) and a busy machine.
+  EXPECT_LT(Clock::now() - created, std::chrono::seconds(2));
   EXPECT_EQ(notifier_.subscribers(), 0u);
 }
 

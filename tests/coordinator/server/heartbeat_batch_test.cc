@@ -6,6 +6,7 @@
 // answers the others; the batcher writes N queued heartbeats with one store
 // call; Heartbeat over gRPC (callback API) renews the lease it answers.
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,6 +83,17 @@ TEST_F(HeartbeatBatchTest, OneTransactionTellsWhatThePerHostCallsTell) {
   ASSERT_EQ(one_by_one->size(), beats.size());
   for (size_t i = 0; i < beats.size(); ++i) {
     EXPECT_EQ(Text((*batched)[i]), Text((*one_by_one)[i])) << beats[i].host_id;
+  }
+  // WaitForTasks' read for many hosts at once agrees too.
+  const std::vector<std::string> hosts = {"h0", "h1", "h2", "h3"};
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> of_hosts =
+      store_->AssignedOperationsOfHosts(hosts);
+  ASSERT_TRUE(of_hosts.ok()) << of_hosts.status();
+  for (size_t i = 0; i < hosts.size(); ++i) {
+    auto it = of_hosts->find(hosts[i]);
+    EXPECT_EQ(it == of_hosts->end() ? std::vector<std::string>() : it->second,
+              (*one_by_one)[i].assigned_operations)
+        << hosts[i];
   }
   // The state is what the test built, so the comparison compared something.
   EXPECT_THAT((*batched)[2].assigned_operations, ::testing::Contains(busy_op.id()));
