@@ -150,24 +150,11 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
   }
   if (op.step.has_value()) {
     auto committed = job->dataset_states.find(generation);
-    if (committed == job->dataset_states.end()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job \"", op.job_id,
-                       "\" has no dataset state: a checkpoint with a step needs one "
-                       "(RegisterJobRequest.dataset_state)"));
-    }
-    StepCommit commit = *op.step;
-    commit.job_id = op.job_id;
-    commit.generation = generation;
-    StepCommitVerdict step_verdict;
-    if (absl::Status s = CheckStepCommit(committed->second, generation, commit, &step_verdict);
+    if (absl::Status s = CheckCheckpointStep(
+            op, generation,
+            committed == job->dataset_states.end() ? nullptr : &committed->second);
         !s.ok()) {
       return s;
-    }
-    if (step_verdict == StepCommitVerdict::kRetry) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job \"", op.job_id, "\": step ", commit.step,
-                       " is committed already; a checkpoint carries a later step"));
     }
   }
   if (operations_.count(op.operation_id) > 0) {

@@ -14,36 +14,6 @@
 #include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
-namespace {
-
-// A checkpoint's step boundary must follow the current generation's dataset
-// state as a CommitStep would (store/dataset_commit.h).
-absl::Status CheckCheckpointStep(pg::PgTx& tx, const NewOperation& op, int64_t generation) {
-  std::optional<v1::DatasetState> committed =
-      pg::ReadDatasetState(tx, op.job_id, generation, /*for_update=*/false);
-  if (!committed.has_value()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job \"", op.job_id,
-                     "\" has no dataset state: a checkpoint with a step needs one "
-                     "(RegisterJobRequest.dataset_state)"));
-  }
-  StepCommit commit = *op.step;
-  commit.job_id = op.job_id;
-  commit.generation = generation;
-  StepCommitVerdict verdict;
-  if (absl::Status s = CheckStepCommit(*committed, generation, commit, &verdict); !s.ok()) {
-    return s;
-  }
-  if (verdict == StepCommitVerdict::kRetry) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job \"", op.job_id, "\": step ", commit.step,
-                     " is committed already; a checkpoint carries a later step"));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 namespace pg {
 
 absl::Status CheckMove(PgTx& tx, const std::string& operation_id, OpPhase to) {
@@ -120,7 +90,13 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
             break;
         }
         if (op.step.has_value()) {
-          if (absl::Status s = CheckCheckpointStep(tx, op, generation); !s.ok()) return s;
+          const std::optional<v1::DatasetState> committed =
+              pg::ReadDatasetState(tx, op.job_id, generation, /*for_update=*/false);
+          if (absl::Status s = CheckCheckpointStep(op, generation,
+                                                   committed.has_value() ? &*committed : nullptr);
+              !s.ok()) {
+            return s;
+          }
         }
         // Generation numbers are never reused (a DISCARDED one keeps its). A
         // stop-free operation reserves the number below its own for its

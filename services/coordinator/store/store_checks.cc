@@ -97,6 +97,29 @@ absl::Status CheckRetentionPolicy(const RetentionPolicy& policy) {
   return absl::OkStatus();
 }
 
+absl::Status CheckCheckpointStep(const NewOperation& op, int64_t generation,
+                                 const v1::DatasetState* committed) {
+  if (committed == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", op.job_id,
+                     "\" has no dataset state: a checkpoint with a step needs one "
+                     "(RegisterJobRequest.dataset_state)"));
+  }
+  StepCommit commit = *op.step;
+  commit.job_id = op.job_id;
+  commit.generation = generation;
+  StepCommitVerdict verdict;
+  if (absl::Status s = CheckStepCommit(*committed, generation, commit, &verdict); !s.ok()) {
+    return s;
+  }
+  if (verdict == StepCommitVerdict::kRetry) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", op.job_id, "\": step ", commit.step,
+                     " is committed already; a checkpoint carries a later step"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckTransitionArgs(const std::string& operation_id, v1::OperationState from,
                                  v1::OperationState to, const OperationUpdate& update) {
   if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {

@@ -46,6 +46,12 @@ std::string Storable(const std::string& text, size_t max_bytes);
 [[nodiscard]] absl::Status CheckAuditQuery(const AuditQuery& query);
 /// PruneRetention's policy: counts and ages >= 0, batch_rows >= 1.
 [[nodiscard]] absl::Status CheckRetentionPolicy(const RetentionPolicy& policy);
+/// A checkpoint's step boundary (`op.step`, set) must follow `committed`,
+/// the dataset state of the job's current generation `generation`, as a
+/// CommitStep would (dataset_commit.h): FailedPrecondition when the job has
+/// none (null) or the step is committed already.
+[[nodiscard]] absl::Status CheckCheckpointStep(const NewOperation& op, int64_t generation,
+                                               const v1::DatasetState* committed);
 /// TransitionOperation's arguments before the row is read: InvalidArgument
 /// for a move to TRANSFERRING or COMMITTED (their own methods) or a NUL
 /// byte in the idempotency key; FailedPrecondition when no transition of
