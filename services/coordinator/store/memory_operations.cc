@@ -15,17 +15,6 @@
 namespace reshard::coordinator {
 namespace {
 
-absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
-                   v1::OperationState expected, absl::StatusCode code) {
-  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
-                                         StateName(state), ", not ", StateName(expected)));
-}
-
-// PREPARED goes through RecordHostPrepared.
-bool ValidTaskState(v1::HostTaskState s) {
-  return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
-}
-
 bool FinalTaskState(v1::HostTaskState s) {
   return s == v1::HOST_TASK_STATE_DONE || s == v1::HOST_TASK_STATE_FAILED ||
          s == v1::HOST_TASK_STATE_PREPARED;
@@ -181,10 +170,8 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
   const int64_t next_generation = MaxGeneration(*job) + 1;
   const std::string queued_behind =
       verdict->what == Meeting::kQueue ? verdict->other : std::string();
-  const int64_t to_generation = !queued_behind.empty()    ? 0
-                                : reserved_generation > 0 ? reserved_generation
-                                : op.stop_free            ? next_generation + 1
-                                                          : next_generation;
+  const int64_t to_generation = NewOperationToGeneration(
+      !queued_behind.empty(), reserved_generation, op.stop_free, next_generation);
   const int64_t now = Now();
   Operation& created = operations_[op.operation_id];
   created.seq = ++next_seq_;
@@ -322,7 +309,7 @@ absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   if (op->row.state() != from) {
-    return NotIn(operation_id, op->row.state(), from, absl::StatusCode::kAborted);
+    return OperationNotIn(operation_id, op->row.state(), from, absl::StatusCode::kAborted);
   }
   const std::string job_id = op->row.job_id();
   if (!update.idempotency.key.empty() &&
@@ -387,7 +374,7 @@ absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
   const bool preparing =
       state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
   if (state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
-    return NotIn(operation_id, state, v1::OPERATION_STATE_TRANSFERRING,
+    return OperationNotIn(operation_id, state, v1::OPERATION_STATE_TRANSFERRING,
                  absl::StatusCode::kFailedPrecondition);
   }
   auto row = op->hosts.find(progress.host_id);

@@ -108,10 +108,8 @@ absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
         // wait.
         const std::string queued_behind =
             verdict->what == Meeting::kQueue ? verdict->other : std::string();
-        const int64_t to_generation = !queued_behind.empty() ? 0
-                                      : reserved_generation > 0 ? reserved_generation
-                                      : op.stop_free            ? next_generation + 1
-                                                                : next_generation;
+        const int64_t to_generation = NewOperationToGeneration(
+            !queued_behind.empty(), reserved_generation, op.stop_free, next_generation);
         tx.Exec(pg::kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
                 generation, to_generation, pg::Bytea(layout_bytes), lost_hosts, lost_ranks,
                 op.idempotency.key, queued_behind,

@@ -11,6 +11,7 @@
 #include "services/coordinator/store/pg_stop_free_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -28,17 +29,6 @@ absl::StatusOr<LockedOperation> LockOperation(pg::PgTx& tx, const std::string& o
   if (r.empty()) return pg::OperationNotFound(operation_id);
   return LockedOperation{r[0][0].c_str(), static_cast<v1::OperationState>(r[0][1].as<int>()),
                          r[0][3].as<int64_t>(), pqxx::binarystring(r[0][4])};
-}
-
-absl::Status NotIn(const std::string& operation_id, v1::OperationState state,
-                   v1::OperationState expected, absl::StatusCode code) {
-  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
-                                         StateName(state), ", not ", StateName(expected)));
-}
-
-// PREPARED goes through RecordHostPrepared (pg_prepare.cc).
-bool ValidTaskState(v1::HostTaskState s) {
-  return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
 }
 
 }  // namespace
@@ -118,7 +108,7 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
     const bool preparing =
         op->state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
     if (op->state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
-      return NotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
+      return OperationNotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
                    absl::StatusCode::kFailedPrecondition);
     }
     if (tx.Exec(pg::kUpdateHostProgress, operation_id, progress.host_id,

@@ -140,6 +140,23 @@ absl::Status CheckTransitionArgs(const std::string& operation_id, v1::OperationS
   return CheckText("idempotency key", update.idempotency.key);
 }
 
+absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState state,
+                            v1::OperationState expected, absl::StatusCode code) {
+  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
+                                         StateName(state), ", not ", StateName(expected)));
+}
+
+bool ValidTaskState(v1::HostTaskState s) {
+  return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
+}
+
+int64_t NewOperationToGeneration(bool queued, int64_t reserved_generation, bool stop_free,
+                                 int64_t next_generation) {
+  if (queued) return 0;
+  if (reserved_generation > 0) return reserved_generation;
+  return stop_free ? next_generation + 1 : next_generation;
+}
+
 AuditRecord SucceededAudit(const AuditRecord& scope, const std::string& job_id,
                            const std::string& operation_id, const std::string& target) {
   AuditRecord r = scope;

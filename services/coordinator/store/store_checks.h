@@ -60,6 +60,22 @@ std::string Storable(const std::string& text, size_t max_bytes);
                                                v1::OperationState from, v1::OperationState to,
                                                const OperationUpdate& update);
 
+/// "operation "x" is ABORTED, not TRANSFERRING" with `code`: the operation
+/// is in `state` where the call needs `expected`.
+absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState state,
+                            v1::OperationState expected, absl::StatusCode code);
+/// A task state a transfer's host row may start in or report: ASSIGNED..
+/// FAILED (PREPARED goes through RecordHostPrepared).
+bool ValidTaskState(v1::HostTaskState s);
+
+/// The to_generation a new operation is created with: 0 while it is queued
+/// behind another (its numbers are fixed when it is released), the one a
+/// cut-over reserved, else the next unused number (`next_generation`), one
+/// more for a stop-free operation (which reserves the one below for its
+/// checkpoint).
+int64_t NewOperationToGeneration(bool queued, int64_t reserved_generation, bool stop_free,
+                                 int64_t next_generation);
+
 /// The audit row a successful call writes: the thread's `scope` record
 /// (audit.h) with code OK, naming `job_id`, `operation_id` and `target`
 /// where it does not already.
