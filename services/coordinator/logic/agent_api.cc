@@ -307,7 +307,13 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   }
   absl::StatusOr<v1::Ptc> ptc = store_->GetPtc(op.job_id());
   if (!ptc.ok()) return NameNotFound(ptc.status(), JobNotFound(op.job_id()));
-  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  // Only the task's peers: reading every host per task would cost O(hosts)
+  // rows per agent per operation.
+  std::vector<std::string> peer_ids;
+  for (const HostProgress& row : *rows) {
+    if (row.host_id != host_id) peer_ids.push_back(row.host_id);
+  }
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->GetHosts(peer_ids);
   if (!hosts.ok()) return hosts.status();
   std::map<std::string, const v1::Host*> by_id;
   for (const v1::Host& h : *hosts) by_id[h.host_id()] = &h;

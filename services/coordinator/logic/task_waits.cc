@@ -101,7 +101,7 @@ void TaskWaits::Shutdown() {
   timer_.join();
 }
 
-std::function<void()> TaskWaits::FinishLocked(const PollPtr& poll, Answer answer) {
+std::function<void()> TaskWaits::FinishLocked(PollPtr poll, Answer answer) {
   polls_.erase(poll->id);
   if (poll->subscription != 0) notifier_->Unsubscribe(poll->subscription);
   poll->subscription = 0;
@@ -231,7 +231,7 @@ void TaskWaits::OnWake(uint64_t id, uint64_t subscribed_as, TaskNotifier::Wake w
     std::lock_guard<std::mutex> l(mu_);
     auto it = polls_.find(id);
     if (it == polls_.end()) return;
-    const PollPtr& poll = it->second;
+    const PollPtr poll = it->second;  // a copy: FinishLocked erases the map's
     if (poll->subscribed_as != subscribed_as || poll->subscription == 0) return;  // stale
     poll->subscription = 0;  // the notifier dropped it
     if (wake == TaskNotifier::Wake::kShutDown) {

@@ -95,8 +95,9 @@ class TaskWaits {
   void PostReadLocked();
   void OnWake(uint64_t id, uint64_t subscribed_as, TaskNotifier::Wake wake);
   /// Removes `poll`, drops its subscription, and returns its `done` bound to
-  /// `answer`, for the caller to run after unlocking.
-  std::function<void()> FinishLocked(const PollPtr& poll, Answer answer);
+  /// `answer`, for the caller to run after unlocking. `poll` by value: a
+  /// caller may pass the map's own element, which this erases.
+  std::function<void()> FinishLocked(PollPtr poll, Answer answer);
   void WorkerLoop();
   void TimerLoop();
 

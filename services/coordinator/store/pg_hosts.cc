@@ -60,16 +60,32 @@ absl::Status PgStore::Heartbeat(const std::string& host_id, int64_t epoch, int64
   });
 }
 
+namespace {
+
+// The hosts of a result of RESHARD_PG_HOST_COLUMNS rows.
+absl::StatusOr<std::vector<v1::Host>> HostsOf(const pqxx::result& rows) {
+  std::vector<v1::Host> hosts;
+  hosts.reserve(rows.size());
+  for (const pqxx::row& row : rows) {
+    absl::StatusOr<v1::Host> host = pg::HostFromRow(row);
+    if (!host.ok()) return host.status();
+    hosts.push_back(*std::move(host));
+  }
+  return hosts;
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::Host>> PgStore::ListHosts() {
   using Hosts = std::vector<v1::Host>;
-  return pg::TransactFor<Hosts>(*pool_, "ListHosts", [&](pg::PgTx& tx) -> absl::StatusOr<Hosts> {
-    Hosts hosts;
-    for (const pqxx::row& row : tx.Exec(pg::kListHosts)) {
-      absl::StatusOr<v1::Host> host = pg::HostFromRow(row);
-      if (!host.ok()) return host.status();
-      hosts.push_back(*std::move(host));
-    }
-    return hosts;
+  return pg::TransactFor<Hosts>(*pool_, "ListHosts",
+                                [&](pg::PgTx& tx) { return HostsOf(tx.Exec(pg::kListHosts)); });
+}
+
+absl::StatusOr<std::vector<v1::Host>> PgStore::GetHosts(const std::vector<std::string>& host_ids) {
+  using Hosts = std::vector<v1::Host>;
+  return pg::TransactFor<Hosts>(*pool_, "GetHosts", [&](pg::PgTx& tx) {
+    return HostsOf(tx.Exec(pg::kGetHosts, pg::TextArray(host_ids)));
   });
 }
 

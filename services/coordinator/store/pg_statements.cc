@@ -70,6 +70,7 @@ const std::vector<Statement>& AllStatements() {
       kHeartbeatHost,
       kHostEpochState,
       kListHosts,
+      kGetHosts,
       kSelectHost,
       kExpireLeases,
       kJobsOnHosts,

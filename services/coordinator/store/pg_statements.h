@@ -20,7 +20,9 @@ namespace reshard::coordinator::pg {
 // The columns JobFromRow (pg_codec.h) reads, from `jobs j` joined with its
 // current generation `g`. Lost hosts: those job_lost_hosts names (see
 // migrations/0002) and hosts of the current generation whose state is LOST
-// (HostState 2); active operation: PENDING/PLANNED/TRANSFERRING; the
+// (HostState 2), found from the generation's ranks (its primary key) so
+// that a read costs the job's ranks, not every host (the change feed reads
+// a job at each of its changes); active operation: PENDING/PLANNED/TRANSFERRING; the
 // operation waiting for its step boundary (migrations/0013).
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
@@ -28,9 +30,8 @@ namespace reshard::coordinator::pg {
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND " RESHARD_SQL_OP_ACTIVE("o.") " " \
   "ORDER BY o.seq LIMIT 1), "                                                               \
   "ARRAY(SELECT l.host_id FROM job_lost_hosts l WHERE l.job_id = j.id UNION "               \
-  "SELECT h.id FROM hosts h WHERE h.state = 2 AND EXISTS (SELECT 1 FROM "                   \
-  "generation_ranks r WHERE r.host_id = h.id AND r.job_id = j.id AND "                      \
-  "r.generation = j.generation) ORDER BY 1), "                                              \
+  "SELECT h.id FROM generation_ranks r JOIN hosts h ON h.id = r.host_id WHERE "             \
+  "r.job_id = j.id AND r.generation = j.generation AND h.state = 2 ORDER BY 1), "           \
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND "                               \
   RESHARD_SQL_OP_IS_PENDING("o.") " AND "                                                   \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
@@ -385,6 +386,8 @@ inline constexpr Statement kSelectClusterSecret{
 
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
+inline constexpr Statement kGetHosts{
+    "get_hosts", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = ANY($1::text[]) ORDER BY id"};
 
 inline constexpr Statement kSelectHost{
     "select_host", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = $1"};

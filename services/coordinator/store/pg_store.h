@@ -194,6 +194,8 @@ class PgStore : public Store {
   [[nodiscard]] absl::Status Heartbeat(const std::string& host_id, int64_t epoch,
                                        int64_t now_unix_ms, int64_t lease_expires_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> ListHosts() override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> GetHosts(
+      const std::vector<std::string>& host_ids) override;
   [[nodiscard]] absl::Status CreateToken(const TokenRecord& token,
                                          const std::string& secret_sha256) override;
   [[nodiscard]] absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) override;

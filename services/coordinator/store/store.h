@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -432,6 +433,20 @@ class Store {
                                                int64_t now_unix_ms,
                                                int64_t lease_expires_unix_ms) = 0;
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> ListHosts() = 0;
+  /// The registered hosts among `host_ids`, ordered by id (an unknown id is
+  /// absent): what a task names as its peers, without reading every host.
+  /// The default filters ListHosts; a store answers from its index.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> GetHosts(
+      const std::vector<std::string>& host_ids) {
+    absl::StatusOr<std::vector<v1::Host>> all = ListHosts();
+    if (!all.ok()) return all.status();
+    const std::set<std::string> wanted(host_ids.begin(), host_ids.end());
+    std::vector<v1::Host> hosts;
+    for (v1::Host& h : *all) {
+      if (wanted.count(h.host_id()) > 0) hosts.push_back(std::move(h));
+    }
+    return hosts;
+  }
   /// Heartbeat, then AssignedOperations, GenerationsToRelease,
   /// GenerationsToDiscard and DeletedJobs(held_jobs), for many hosts at once
   /// (heartbeats in batches, logic/heartbeat_batcher.h): one result per
