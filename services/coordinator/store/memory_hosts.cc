@@ -28,9 +28,7 @@ absl::Status CheckIds(const char* what, const Ids& ids) {
 
 absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                                   int64_t lease_expires_unix_ms) {
-  if (host.host_id().empty()) return absl::InvalidArgumentError("host_id is empty");
-  if (absl::Status s = mem::CheckText("host id", host.host_id()); !s.ok()) return s;
-  if (absl::Status s = mem::CheckText("host address", host.address()); !s.ok()) return s;
+  if (absl::Status s = CheckNewHost(host); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   HostRecord& h = hosts_[host.host_id()];
   const bool was_lost = h.state == v1::HOST_STATE_LOST;
@@ -234,14 +232,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetGenerationChecksu
 // ---- Bearer tokens and cluster secrets -----------------------------------------
 
 absl::Status MemoryStore::CreateToken(const TokenRecord& token, const std::string& secret_sha256) {
-  for (const auto& [what, text] :
-       {std::pair{"token id", &token.id}, std::pair{"token name", &token.name},
-        std::pair{"token creator", &token.created_by}}) {
-    if (absl::Status s = mem::CheckText(what, *text); !s.ok()) return s;
-  }
-  for (const std::string& tenant : token.tenants) {
-    if (absl::Status s = mem::CheckText("tenant", tenant); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckNewToken(token); !s.ok()) return s;
   if (token.role != "admin" && token.role != "scheduler" && token.role != "viewer") {
     return absl::InternalError(absl::StrCat("token role \"", token.role,
                                             "\" violates auth_tokens_role_check"));

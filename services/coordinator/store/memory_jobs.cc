@@ -4,7 +4,6 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "planner/validate.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
 #include "services/coordinator/store/store_checks.h"
@@ -35,24 +34,20 @@ v1::Ptc StoredPtc(const v1::Ptc& ptc) {
   return out;
 }
 
+// CheckPtc, then the names' uniqueness (PgStore's primary keys).
 absl::StatusOr<int64_t> PtcBytes(const v1::Ptc& ptc) {
-  int64_t total = 0;
+  absl::StatusOr<int64_t> total = CheckPtc(ptc);
+  if (!total.ok()) return total;
   std::set<std::string> tensors, blobs;
   for (const v1::TensorSpec& t : ptc.tensors()) {
-    if (absl::Status s = mem::CheckText("tensor name", t.name()); !s.ok()) return s;
     if (!tensors.insert(t.name()).second) {
       return absl::AlreadyExistsError(absl::StrCat("tensor \"", t.name(), "\" listed twice"));
     }
-    int64_t elements = 1;
-    for (int64_t d : t.shape()) elements *= d;
-    total += elements * planner::ElementBytes(t.dtype());
   }
   for (const v1::BlobSpec& b : ptc.blobs()) {
-    if (absl::Status s = mem::CheckText("blob name", b.name()); !s.ok()) return s;
     if (!blobs.insert(b.name()).second) {
       return absl::AlreadyExistsError(absl::StrCat("blob \"", b.name(), "\" listed twice"));
     }
-    total += b.size_bytes();
   }
   return total;
 }

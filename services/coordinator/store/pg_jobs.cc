@@ -1,6 +1,5 @@
 // PgStore: jobs and their PTCs.
 #include "absl/strings/str_cat.h"
-#include "planner/validate.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
@@ -29,24 +28,21 @@ absl::StatusOr<PtcRows> ToPtcRows(const v1::Ptc& ptc) {
   specs.reserve(ptc.tensors_size());
   dtypes.reserve(ptc.tensors_size());
   PtcRows rows;
+  absl::StatusOr<int64_t> total_bytes = CheckPtc(ptc);
+  if (!total_bytes.ok()) return total_bytes.status();
+  rows.total_bytes = *total_bytes;
   for (const v1::TensorSpec& t : ptc.tensors()) {
-    if (absl::Status s = pg::CheckText("tensor name", t.name()); !s.ok()) return s;
     names.push_back(t.name());
     dtypes.push_back(t.dtype());
     shapes.push_back(pg::IntArray({t.shape().begin(), t.shape().end()}));
     specs.push_back(pg::Hex(t.partition().SerializeAsString()));
-    int64_t elements = 1;
-    for (int64_t d : t.shape()) elements *= d;
-    rows.total_bytes += elements * planner::ElementBytes(t.dtype());
   }
   std::vector<std::string> blob_names;
   std::vector<int64_t> blob_sizes, blob_scopes;
   for (const v1::BlobSpec& b : ptc.blobs()) {
-    if (absl::Status s = pg::CheckText("blob name", b.name()); !s.ok()) return s;
     blob_names.push_back(b.name());
     blob_sizes.push_back(b.size_bytes());
     blob_scopes.push_back(b.scope());
-    rows.total_bytes += b.size_bytes();
   }
   rows.tensor_names = pg::TextArray(names);
   rows.tensor_dtypes = pg::IntArray(dtypes);

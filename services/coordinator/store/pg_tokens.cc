@@ -5,6 +5,7 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -26,14 +27,7 @@ TokenRecord TokenFromRow(const pqxx::row& row) {
 }  // namespace
 
 absl::Status PgStore::CreateToken(const TokenRecord& token, const std::string& secret_sha256) {
-  for (const auto& [what, text] :
-       {std::pair{"token id", &token.id}, std::pair{"token name", &token.name},
-        std::pair{"token creator", &token.created_by}}) {
-    if (absl::Status s = pg::CheckText(what, *text); !s.ok()) return s;
-  }
-  for (const std::string& tenant : token.tenants) {
-    if (absl::Status s = pg::CheckText("tenant", tenant); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckNewToken(token); !s.ok()) return s;
   return pool_->Transact("CreateToken", [&](pg::PgTx& tx) -> absl::Status {
     tx.Exec(pg::kInsertToken, token.id, pg::Bytea(secret_sha256), token.name, token.role,
             pg::TextArray(token.tenants), token.created_by, token.created_unix_ms,

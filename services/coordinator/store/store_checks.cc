@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "planner/validate.h"
 
 namespace reshard::coordinator {
 
@@ -48,6 +49,39 @@ absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
                                     {"job name", &spec.name()},
                                     {"idempotency key", &idem.key}}) {
     if (absl::Status s = CheckText(what, *value); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> CheckPtc(const v1::Ptc& ptc) {
+  int64_t total = 0;
+  for (const v1::TensorSpec& t : ptc.tensors()) {
+    if (absl::Status s = CheckText("tensor name", t.name()); !s.ok()) return s;
+    int64_t elements = 1;
+    for (int64_t d : t.shape()) elements *= d;
+    total += elements * planner::ElementBytes(t.dtype());
+  }
+  for (const v1::BlobSpec& b : ptc.blobs()) {
+    if (absl::Status s = CheckText("blob name", b.name()); !s.ok()) return s;
+    total += b.size_bytes();
+  }
+  return total;
+}
+
+absl::Status CheckNewHost(const v1::Host& host) {
+  if (host.host_id().empty()) return absl::InvalidArgumentError("host_id is empty");
+  if (absl::Status s = CheckText("host id", host.host_id()); !s.ok()) return s;
+  return CheckText("host address", host.address());
+}
+
+absl::Status CheckNewToken(const TokenRecord& token) {
+  for (const auto& [what, text] :
+       {std::pair{"token id", &token.id}, std::pair{"token name", &token.name},
+        std::pair{"token creator", &token.created_by}}) {
+    if (absl::Status s = CheckText(what, *text); !s.ok()) return s;
+  }
+  for (const std::string& tenant : token.tenants) {
+    if (absl::Status s = CheckText("tenant", tenant); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

@@ -8,8 +8,10 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "reshard/v1/coordinator.pb.h"
+#include "reshard/v1/ptc.pb.h"
 #include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/store.h"
 
@@ -38,6 +40,14 @@ std::string Storable(const std::string& text, size_t max_bytes);
 /// byte in the job id, tenant, name or idempotency key.
 [[nodiscard]] absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
                                        const Idempotency& idem);
+/// A job's PTC storable: InvalidArgument for a NUL byte in a tensor or a
+/// blob name. Its total bytes: the tensors' elements times their element
+/// size, plus the blobs' sizes.
+[[nodiscard]] absl::StatusOr<int64_t> CheckPtc(const v1::Ptc& ptc);
+/// RegisterHost's host: a non-empty id, no NUL byte in the id or address.
+[[nodiscard]] absl::Status CheckNewHost(const v1::Host& host);
+/// CreateToken's token: no NUL byte in its id, name, creator or tenants.
+[[nodiscard]] absl::Status CheckNewToken(const TokenRecord& token);
 /// CreateOperation's arguments before any lookup: ids non-empty, a kind,
 /// and no NUL byte in the ids, the idempotency key or the lost hosts.
 [[nodiscard]] absl::Status CheckNewOperation(const NewOperation& op);
