@@ -31,14 +31,7 @@ OperationDriver::OperationDriver(StorePtr store, const Clock* clock, Coordinator
     : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(std::move(options)) {}
 
 absl::StatusOr<OperationDriver::HostMap> OperationDriver::LoadHosts() {
-  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
-  if (!hosts.ok()) return hosts.status();
-  HostMap by_id;
-  for (v1::Host& h : *hosts) {
-    std::string id = h.host_id();
-    by_id.emplace(std::move(id), std::move(h));
-  }
-  return by_id;
+  return store_->HostStates();
 }
 
 absl::Status OperationDriver::ResumeAll() {
@@ -224,9 +217,9 @@ void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
   std::map<v1::HostState, int64_t> host_counts = {{v1::HOST_STATE_ALIVE, 0},
                                                   {v1::HOST_STATE_LOST, 0}};
   std::vector<std::string> lost;
-  for (const auto& [id, host] : hosts) {
-    ++host_counts[host.state()];
-    if (host.state() == v1::HOST_STATE_LOST) lost.push_back(id);
+  for (const auto& [id, state] : hosts) {
+    ++host_counts[state];
+    if (state == v1::HOST_STATE_LOST) lost.push_back(id);
   }
   for (const auto& [state, count] : host_counts) metrics_->SetHosts(state, count);
   int64_t degraded = 0;

@@ -58,7 +58,7 @@ class OperationDriver {
   [[nodiscard]] absl::Status Tick();
 
  private:
-  using HostMap = std::map<std::string, v1::Host>;
+  using HostMap = std::map<std::string, v1::HostState>;  // every registered host
 
   [[nodiscard]] absl::StatusOr<HostMap> LoadHosts();
   /// Advances every active operation; errors of one do not stop the others.

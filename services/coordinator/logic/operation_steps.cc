@@ -191,7 +191,7 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
   }
   for (const HostProgress& row : rows) {
     auto it = hosts.find(row.host_id);
-    if (it == hosts.end() || it->second.state() != v1::HOST_STATE_ALIVE) {
+    if (it == hosts.end() || it->second != v1::HOST_STATE_ALIVE) {
       return absl::StrCat("host \"", row.host_id, "\" lost (lease expired) during ",
                           preparing ? "its prepare" : "transfer");
     }
@@ -231,7 +231,7 @@ std::vector<HostProgress> OperationDriver::AssignedRows(const std::map<std::stri
     const char* why = nullptr;
     if (it == hosts.end()) {
       why = "never registered";
-    } else if (it->second.state() != v1::HOST_STATE_ALIVE) {
+    } else if (it->second != v1::HOST_STATE_ALIVE) {
       why = "LOST";
     }
     if (why != nullptr) {

@@ -8,6 +8,7 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -32,9 +33,7 @@ absl::Status CheckHostIds(const Ids& host_ids) {
 
 absl::StatusOr<int64_t> PgStore::RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                               int64_t lease_expires_unix_ms) {
-  if (host.host_id().empty()) return absl::InvalidArgumentError("host_id is empty");
-  if (absl::Status s = pg::CheckText("host id", host.host_id()); !s.ok()) return s;
-  if (absl::Status s = pg::CheckText("host address", host.address()); !s.ok()) return s;
+  if (absl::Status s = CheckNewHost(host); !s.ok()) return s;
   // State, heartbeat and lease live in their own columns.
   v1::Host info = host;
   info.clear_state();
@@ -80,6 +79,17 @@ absl::StatusOr<std::vector<v1::Host>> PgStore::ListHosts() {
   using Hosts = std::vector<v1::Host>;
   return pg::TransactFor<Hosts>(*pool_, "ListHosts",
                                 [&](pg::PgTx& tx) { return HostsOf(tx.Exec(pg::kListHosts)); });
+}
+
+absl::StatusOr<std::map<std::string, v1::HostState>> PgStore::HostStates() {
+  using States = std::map<std::string, v1::HostState>;
+  return pg::TransactFor<States>(*pool_, "HostStates", [&](pg::PgTx& tx) -> absl::StatusOr<States> {
+    States states;
+    for (const pqxx::row& row : tx.Exec(pg::kHostStates)) {
+      states.emplace(row[0].c_str(), static_cast<v1::HostState>(row[1].as<int>()));
+    }
+    return states;
+  });
 }
 
 absl::StatusOr<std::vector<v1::Host>> PgStore::GetHosts(const std::vector<std::string>& host_ids) {

@@ -6,18 +6,11 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace pg {
 namespace {
-
-// `text` cut to at most `max` bytes on a UTF-8 character boundary.
-std::string CutUtf8(const std::string& text, size_t max) {
-  if (text.size() <= max) return text;
-  size_t end = max;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return text.substr(0, end);
-}
 
 v1::RankFailure RankFailureFromRow(const pqxx::row& row) {
   v1::RankFailure f;
@@ -55,7 +48,7 @@ absl::StatusOr<v1::RankFailure> PgStore::RecordRankFailure(const RankFailureRepo
                                                  " any more; retry"));
         }
         pg::WriteAudit(tx, report.job_id, "",
-                       absl::StrCat("rank ", report.rank, ": ", pg::CutUtf8(report.reason, 200)));
+                       absl::StrCat("rank ", report.rank, ": ", CutUtf8(report.reason, 200)));
         const pqxx::result r = tx.Exec(pg::kUpsertRankFailure, report.job_id, report.generation,
                                        report.rank, report.reason, report.reported_by);
         return pg::RankFailureFromRow(r[0]);

@@ -71,6 +71,7 @@ const std::vector<Statement>& AllStatements() {
       kHostEpochState,
       kListHosts,
       kGetHosts,
+      kHostStates,
       kSelectHost,
       kExpireLeases,
       kJobsOnHosts,

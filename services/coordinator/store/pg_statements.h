@@ -386,6 +386,7 @@ inline constexpr Statement kSelectClusterSecret{
 
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
+inline constexpr Statement kHostStates{"host_states", "SELECT id, state FROM hosts"};
 inline constexpr Statement kGetHosts{
     "get_hosts", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = ANY($1::text[]) ORDER BY id"};
 

@@ -196,6 +196,7 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> ListHosts() override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> GetHosts(
       const std::vector<std::string>& host_ids) override;
+  [[nodiscard]] absl::StatusOr<std::map<std::string, v1::HostState>> HostStates() override;
   [[nodiscard]] absl::Status CreateToken(const TokenRecord& token,
                                          const std::string& secret_sha256) override;
   [[nodiscard]] absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) override;

@@ -433,6 +433,16 @@ class Store {
                                                int64_t now_unix_ms,
                                                int64_t lease_expires_unix_ms) = 0;
   [[nodiscard]] virtual absl::StatusOr<std::vector<v1::Host>> ListHosts() = 0;
+  /// Every registered host's state, by id: what the operation driver reads
+  /// each tick (not the hosts' addresses). The default reads ListHosts; a
+  /// store reads two columns.
+  [[nodiscard]] virtual absl::StatusOr<std::map<std::string, v1::HostState>> HostStates() {
+    absl::StatusOr<std::vector<v1::Host>> all = ListHosts();
+    if (!all.ok()) return all.status();
+    std::map<std::string, v1::HostState> states;
+    for (const v1::Host& h : *all) states.emplace(h.host_id(), h.state());
+    return states;
+  }
   /// The registered hosts among `host_ids`, ordered by id (an unknown id is
   /// absent): what a task names as its peers, without reading every host.
   /// The default filters ListHosts; a store answers from its index.
