@@ -12,6 +12,7 @@ still accepts after the fault commits and verifies (the cluster is usable).
 
 import os
 import signal
+import subprocess
 import time
 
 import pytest
@@ -100,6 +101,37 @@ def test_postgres_sigkill_and_restart_mid_transfer(job, cluster, client):
 
     op, gen, before, target = _fault_mid_transfer(job, cluster, client, _destination, fault)
     _finish(job, cluster, client, census, op, gen, before, target)
+
+
+def _break_coordinator_connections(cluster, host):
+    """Destroys (ss -K) every TCP connection of `host`'s agent to the
+    coordinator: its task stream (WaitForTasks), heartbeats and progress
+    reports break at once, as a network fault would. Returns how many."""
+    coordinator_port = int(cluster.coordinator.rsplit(":", 1)[1])
+    ports = faultlib._socket_ports(cluster.agents[host].pid)
+    killed = 0
+    for port in sorted(ports):
+        r = subprocess.run(["ss", "-K", "-tn", "dport", "=", str(coordinator_port), "sport", "=",
+                            str(port)], capture_output=True, text=True, check=True)
+        killed += sum(1 for line in r.stdout.splitlines()[1:] if line.strip())
+    return killed
+
+
+def test_agent_task_stream_broken_mid_transfer(job, cluster, client):
+    """The destination agent's connections to the coordinator are destroyed
+    while it runs its task (issue 21, item 6): it reconnects, reopens its
+    task stream, and the operation commits byte for byte."""
+    census = faultlib.process_census(cluster)
+    broken = []
+
+    def fault(before, target):
+        broken.append(_break_coordinator_connections(cluster, _destination(before, target)))
+
+    op, gen, before, target = _fault_mid_transfer(job, cluster, client, _destination, fault)
+    assert broken and broken[0] >= 1, "the agent had no connection to the coordinator to break"
+    final = _finish(job, cluster, client, census, op, gen, before, target)
+    assert final.state == faultlib.COMMITTED, (
+        f"ended {faultlib.op_state_name(final)}: {final.error}")
 
 
 @pytest.mark.parametrize("side", ["source", "destination"])

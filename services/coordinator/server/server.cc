@@ -262,7 +262,9 @@ void CoordinatorServer::Shutdown() {
   exposer_.reset();  // civetweb takes up to ~2 s to stop its listener thread
   leader_.reset();
   driver_.reset();
-  // The services and APIs hold no threads; the store's connections close here.
+  // The agent service's threads (its polls' workers and timer, the heartbeat
+  // batcher) end with it, in the destructor; the store's connections close
+  // once the last user lets go of it.
   store_.reset();
 }
 

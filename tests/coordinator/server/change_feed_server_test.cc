@@ -1,9 +1,7 @@
 // The change feed through the real reshard-coordinator binary (issue 21;
 // docs/coordinator.md, "Change feed"): a thousand WatchJob streams hold no
-// thread of the replica and one committed change reaches all of them; a
-// change committed through one replica reaches a watcher of another; a
-// watcher whose replica is killed resumes on the other from the last version
-// it saw and misses nothing.
+// thread of the replica and one committed change reaches all of them. (A
+// watcher whose replica is killed: tests/fault/feed_replicas_test.cc.)
 #include <signal.h>
 
 #include <fstream>
@@ -17,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/coordinator/server/job_watch.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_jobs.h"
 
@@ -34,46 +33,6 @@ std::optional<int> ThreadsOf(pid_t pid) {
     }
   }
   return std::nullopt;
-}
-
-/// One open WatchJob stream.
-struct JobWatch {
-  JobWatch(CoordinatorStub* stub, const std::string& job_id, int64_t from_version = 0) {
-    v1::WatchJobRequest request;
-    request.set_job_id(job_id);
-    request.set_from_version(from_version);
-    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(120)));
-    reader = stub->WatchJob(&context, request);
-  }
-  ~JobWatch() {
-    context.TryCancel();
-    v1::Job ignored;
-    while (reader->Read(&ignored)) {
-    }
-    (void)reader->Finish();
-  }
-  /// The next message; nullopt (with the stream's status in the test log)
-  /// when the stream ended instead.
-  std::optional<v1::Job> Next() {
-    v1::Job job;
-    if (reader->Read(&job)) return job;
-    const grpc::Status s = reader->Finish();
-    ADD_FAILURE() << "the stream ended: " << s.error_code() << " " << s.error_message();
-    return std::nullopt;
-  }
-  grpc::ClientContext context;
-  std::unique_ptr<grpc::ClientReader<v1::Job>> reader;
-};
-
-/// A change every watcher of the job sees: rank `rank` reported dead.
-void ReportRank(CoordinatorStub* stub, const std::string& job_id, int rank) {
-  v1::ReportRankFailureRequest report;
-  report.set_job_id(job_id);
-  report.set_rank(rank);
-  report.set_reason(absl::StrCat("rank ", rank, " exited"));
-  v1::RankFailure recorded;
-  const grpc::Status s = stub->ReportRankFailure(Ctx().get(), report, &recorded);
-  ASSERT_TRUE(s.ok()) << s.error_code() << " " << s.error_message();
 }
 
 class ChangeFeedServerTest : public ServerTest {};
@@ -109,54 +68,6 @@ TEST_F(ChangeFeedServerTest, AThousandStreamsHoldNoThreadAndOneChangeReachesAll)
     EXPECT_EQ(next->failed_ranks(0).rank(), 3);
     EXPECT_GT(next->version(), job.version());
   }
-}
-
-// Two replicas on one database. A change committed through A reaches a
-// watcher of B. A is killed with a stream open; a change committed while
-// its watcher is away reaches it when it resumes on B from the version it
-// saw; a resume from the newest version gets only what comes after.
-TEST_F(ChangeFeedServerTest, AWatcherResumesOnAnotherReplicaAndMissesNothing) {
-  std::unique_ptr<CoordinatorProcess> a = StartCoordinator();
-  ASSERT_NE(a, nullptr);
-  std::unique_ptr<CoordinatorProcess> b = StartCoordinator();
-  ASSERT_NE(b, nullptr);
-  auto via_a = CoordinatorClient(a->address());
-  auto via_b = CoordinatorClient(b->address());
-  const v1::Job job = Register(via_a.get(), SmallJobSpec("replicas", "team-a"));
-
-  auto on_a = std::make_unique<JobWatch>(via_a.get(), job.id());
-  JobWatch on_b(via_b.get(), job.id());
-  std::optional<v1::Job> seen_a = on_a->Next();
-  ASSERT_TRUE(seen_a.has_value());
-  ASSERT_TRUE(on_b.Next().has_value());
-
-  // Committed through A, seen by B's watcher.
-  ReportRank(via_a.get(), job.id(), 1);
-  std::optional<v1::Job> cross = on_b.Next();
-  ASSERT_TRUE(cross.has_value());
-  EXPECT_EQ(cross->failed_ranks_size(), 1);
-  seen_a = on_a->Next();
-  ASSERT_TRUE(seen_a.has_value());
-  EXPECT_EQ(seen_a->version(), cross->version());
-
-  // A dies; while its watcher is away, a change commits through B.
-  a->Kill();
-  on_a.reset();
-  ReportRank(via_b.get(), job.id(), 2);
-  JobWatch resumed(via_b.get(), job.id(), seen_a->version());
-  std::optional<v1::Job> missed = resumed.Next();
-  ASSERT_TRUE(missed.has_value());
-  EXPECT_EQ(missed->failed_ranks_size(), 2);
-  EXPECT_GT(missed->version(), seen_a->version());
-
-  // From the newest version: the first message is the next change, not the
-  // state already seen.
-  JobWatch caught_up(via_b.get(), job.id(), missed->version());
-  ReportRank(via_b.get(), job.id(), 4);
-  std::optional<v1::Job> next = caught_up.Next();
-  ASSERT_TRUE(next.has_value());
-  EXPECT_EQ(next->failed_ranks_size(), 3);
-  EXPECT_GT(next->version(), missed->version());
 }
 
 }  // namespace
