@@ -9,8 +9,6 @@
 #include <string>
 #include <vector>
 
-#include <pqxx/pqxx>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/coordinator/logic/feed_fixture.h"
@@ -137,15 +135,7 @@ TEST_F(ChangeFeedTest, TheListenerReconnectsAndWhatChangedMeanwhileIsReRead) {
   Recorder<v1::Job> watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &watcher);
   ASSERT_TRUE(Eventually([&] { return watcher.count() == 1; }));
-  {
-    pqxx::connection admin(dsn_);
-    pqxx::work tx(admin);
-    const pqxx::result killed = tx.exec(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-        "WHERE query LIKE 'LISTEN%' AND pid <> pg_backend_pid()");
-    tx.commit();
-    ASSERT_EQ(killed.size(), 1u);
-  }
+  ASSERT_EQ(TerminateListeners(dsn_), 1u);
   // While the listener is away a change commits; the reconnect re-reads.
   ChangeJob(job.id(), v1::JOB_STATE_DEGRADED);
   ASSERT_TRUE(Eventually([&] { return feed_.listener->connections() == 2; }));

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include <pqxx/pqxx>
+
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/change_feed.h"
 #include "services/coordinator/store/pg_listener.h"
@@ -54,6 +56,18 @@ class Recorder : public FeedSubscriber<Msg> {
   absl::Status end_;
   bool ended_ = false;
 };
+
+/// Kills (pg_terminate_backend) every LISTEN connection to this test's
+/// database, as a network fault would; returns how many it killed.
+inline size_t TerminateListeners(const std::string& dsn) {
+  pqxx::connection admin(dsn);
+  pqxx::work tx(admin);
+  const pqxx::result killed = tx.exec(
+      "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
+      "current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()");
+  tx.commit();
+  return killed.size();
+}
 
 /// A feed without its own safety poll (a test calls Resync), fed by a real
 /// listener unless `listen` is false (every notification lost).

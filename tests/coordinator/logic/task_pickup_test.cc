@@ -11,13 +11,12 @@
 #include <string>
 #include <vector>
 
-#include <pqxx/pqxx>
-
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/store/pg_listener.h"
 #include "tests/coordinator/harness/eventually.h"
+#include "tests/coordinator/logic/feed_fixture.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -148,15 +147,7 @@ TEST_F(TaskPickupTest, TheListenerReconnectsAfterItsConnectionIsKilled) {
       [&] { notifier_b.NotifyAll(); });
   listener.Start();
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 1; }));
-  {
-    pqxx::connection admin(dsn_);
-    pqxx::work tx(admin);
-    const pqxx::result killed = tx.exec(
-        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = "
-        "current_database() AND query LIKE 'LISTEN %' AND pid <> pg_backend_pid()");
-    tx.commit();
-    ASSERT_EQ(killed.size(), 1u);
-  }
+  ASSERT_EQ(TerminateListeners(dsn_), 1u);
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 2; }));
   std::unique_ptr<AgentApi> api_b = AgentsOn(store_b, &notifier_b, kNeverMs);
   const v1::Operation op = PlannedResize();
