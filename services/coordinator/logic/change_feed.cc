@@ -17,17 +17,19 @@ FeedWorkers::~FeedWorkers() { Shutdown(); }
 void FeedWorkers::Post(std::function<void()> work) {
   {
     std::lock_guard<std::mutex> l(mu_);
-    if (stopping_) return;
-    queue_.push_back(std::move(work));
+    if (!stopping_) {
+      queue_.push_back(std::move(work));
+      cv_.notify_one();
+      return;
+    }
   }
-  cv_.notify_one();
+  work();
 }
 
 void FeedWorkers::Shutdown() {
   {
     std::lock_guard<std::mutex> l(mu_);
     stopping_ = true;
-    queue_.clear();
   }
   cv_.notify_all();
   for (std::thread& t : threads_) {
@@ -41,7 +43,7 @@ void FeedWorkers::Run() {
     {
       std::unique_lock<std::mutex> l(mu_);
       cv_.wait(l, [this] { return stopping_ || !queue_.empty(); });
-      if (stopping_) return;
+      if (queue_.empty()) return;  // stopping, and everything queued has run
       work = std::move(queue_.front());
       queue_.pop_front();
     }

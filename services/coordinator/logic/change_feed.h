@@ -57,8 +57,9 @@ class FeedSubscriber {
   virtual void OnEnd(const absl::Status& status) = 0;
 };
 
-/// Runs closures on a few threads, in order of arrival. Shutdown() drops
-/// what has not started and joins.
+/// Runs closures on a few threads, in order of arrival. Shutdown() runs
+/// what is queued and joins; a closure posted after it runs at once, on the
+/// caller's thread.
 class FeedWorkers {
  public:
   explicit FeedWorkers(int threads);
@@ -154,6 +155,9 @@ class ChangeFeed {
   /// Ends every stream (Unavailable) and stops the workers and the safety
   /// poll. Idempotent.
   void Shutdown();
+  /// Runs `work` on the feed's workers (a watch stream's admission, which
+  /// may read the store, must not hold one of gRPC's threads).
+  void Post(std::function<void()> work) { workers_.Post(std::move(work)); }
 
   int64_t announcements() const { return announcements_.load(); }
 

@@ -218,26 +218,33 @@ grpc::Status CoordinatorServiceImpl::GetOperation(grpc::ServerContext* context,
 
 namespace {
 
-// The admission of a watch stream (RunAdmitted: authentication, the method
-// table, metrics), then `open` (the slot, the tenant, the subscription),
-// which returns the stream's reactor or a refusal.
-template <typename Msg, typename Open>
-grpc::ServerWriteReactor<Msg>* AdmitWatch(const Authorizer* authorizer,
+// A watch stream's admission on the feed's workers (watch_reactor.h):
+// RunAdmitted (authentication, the method table, metrics), then `admit`
+// (the request's checks, the slot, the tenant), which returns what to watch.
+template <typename Msg, typename Request, typename AdmitFn>
+grpc::ServerWriteReactor<Msg>* StartWatch(ChangeFeed* feed, KeyFeed<Msg>* key_feed,
+                                          typename WatchReactor<Msg>::Final final,
+                                          const Authorizer* authorizer,
                                           grpc::CallbackServerContext* context,
                                           CoordinatorMetrics* metrics, const char* method,
-                                          const google::protobuf::Message& request, Open&& open) {
-  WatchReactor<Msg>* reactor = nullptr;
-  const grpc::Status admitted =
-      RunAdmitted(authorizer, context, metrics, method, request, "",
-                  [&](const Principal& p) -> absl::Status {
-                    absl::StatusOr<WatchReactor<Msg>*> opened = open(p);
-                    if (!opened.ok()) return opened.status();
-                    reactor = *opened;
-                    return absl::OkStatus();
-                  });
-  if (reactor != nullptr) return reactor;
-  return WatchReactor<Msg>::Refused(
-      absl::Status(static_cast<absl::StatusCode>(admitted.error_code()), admitted.error_message()));
+                                          const Request* request, AdmitFn admit) {
+  using Admission = typename WatchReactor<Msg>::Admission;
+  return WatchReactor<Msg>::Start(
+      feed, key_feed, final,
+      [=]() -> absl::StatusOr<Admission> {
+        absl::StatusOr<Admission> admission =
+            absl::InternalError(absl::StrCat(method, ": not admitted"));
+        const grpc::Status admitted = RunAdmitted(
+            authorizer, context, metrics, method, *request, "", [&](const Principal& p) {
+              admission = admit(p);
+              return admission.status();
+            });
+        if (!admitted.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(admitted.error_code()),
+                              admitted.error_message());
+        }
+        return admission;
+      });
 }
 
 bool OperationIsFinal(const v1::Operation& op) { return IsFinal(op.state()); }
@@ -246,34 +253,33 @@ bool OperationIsFinal(const v1::Operation& op) { return IsFinal(op.state()); }
 
 grpc::ServerWriteReactor<v1::Operation>* CoordinatorServiceImpl::WatchOperation(
     grpc::CallbackServerContext* context, const v1::WatchOperationRequest* request) {
-  return AdmitWatch<v1::Operation>(
-      authorizer_, context, metrics_, "WatchOperation", *request,
-      [&](const Principal& p) -> absl::StatusOr<WatchReactor<v1::Operation>*> {
+  using Admission = WatchReactor<v1::Operation>::Admission;
+  return StartWatch<v1::Operation>(
+      feed_, &feed_->operations(), &OperationIsFinal, authorizer_, context, metrics_,
+      "WatchOperation", request, [this, request](const Principal& p) -> absl::StatusOr<Admission> {
         const std::string& id = request->operation_id();
         if (absl::Status s = RequireNonEmpty("operation_id", id); !s.ok()) return s;
         // The slot first: a refused stream costs no database read. It is
-        // held until gRPC is done with the stream, however it ends.
+        // held until the stream's reactor is deleted, however it ends.
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchOperation");
         if (!slot.ok()) return slot.status();
         if (absl::Status s = InOperationTenant(p, "WatchOperation", id); !s.ok()) return s;
-        return WatchReactor<v1::Operation>::Start(&feed_->operations(), id,
-                                                  request->from_version(), *std::move(slot),
-                                                  &OperationIsFinal);
+        return Admission{id, request->from_version(), *std::move(slot)};
       });
 }
 
 grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(
     grpc::CallbackServerContext* context, const v1::WatchJobRequest* request) {
-  return AdmitWatch<v1::Job>(
-      authorizer_, context, metrics_, "WatchJob", *request,
-      [&](const Principal& p) -> absl::StatusOr<WatchReactor<v1::Job>*> {
+  using Admission = WatchReactor<v1::Job>::Admission;
+  return StartWatch<v1::Job>(
+      feed_, &feed_->jobs(), nullptr, authorizer_, context, metrics_, "WatchJob", request,
+      [this, request](const Principal& p) -> absl::StatusOr<Admission> {
         const std::string& id = request->job_id();
         if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchJob");  // as WatchOperation
         if (!slot.ok()) return slot.status();
         if (absl::Status s = InJobTenant(p, "WatchJob", id); !s.ok()) return s;
-        return WatchReactor<v1::Job>::Start(&feed_->jobs(), id, request->from_version(),
-                                            *std::move(slot), nullptr);
+        return Admission{id, request->from_version(), *std::move(slot)};
       });
 }
 

@@ -1,14 +1,24 @@
 // One WatchJob or WatchOperation stream on gRPC's callback API: a
 // subscriber of the change feed (logic/change_feed.h) that holds no thread.
-// The feed hands it states; it writes the latest one as soon as the write
-// before it is done (a slow reader sees fewer, later states, never a stale
-// one after a newer). It ends with OK after writing a final state (`Final`),
-// with the feed's status when the key goes (NotFound) or the replica shuts
-// down, and with CANCELLED when the client goes. Its watch slot
-// (stream_limits.h) is held until gRPC is done with it.
-// Lifetime: created by the handler, deletes itself in OnDone (gRPC's rule).
+//
+// The stream's admission (authentication, the method table, its watch slot,
+// and for a tenant-scoped caller a read of the job's tenant) runs on the
+// feed's workers, never on gRPC's callback threads, which agents' heartbeats
+// and long polls need. Once admitted, the feed hands it states; it writes the
+// latest one as soon as the write before it is done (a slow reader sees
+// fewer, later states, never a stale one after a newer). It ends with OK
+// after writing a final state (`Final`), with the feed's status when the key
+// goes (NotFound) or the replica shuts down, with the admission's refusal,
+// and with CANCELLED when the client goes. Its watch slot (stream_limits.h)
+// is held until it is deleted.
+//
+// Lifetime: two references, gRPC's (released in OnDone) and the
+// admission's (released when it has subscribed or refused); the last one
+// unsubscribes from the feed and deletes the reactor.
 #pragma once
 
+#include <atomic>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,18 +36,21 @@ class WatchReactor final : public grpc::ServerWriteReactor<Msg>, public FeedSubs
  public:
   using Final = bool (*)(const Msg&);
 
-  /// A stream refused before it starts (its status).
-  static WatchReactor* Refused(const absl::Status& status) {
-    auto* reactor = new WatchReactor(nullptr, "", WatchSlot(), nullptr);
-    reactor->Finish(ToGrpcStatus(status));
-    return reactor;
-  }
+  /// What an admitted stream watches.
+  struct Admission {
+    std::string key;
+    int64_t from_version = 0;
+    WatchSlot slot;
+  };
+  /// Admits the stream (on a feed worker): its Admission, or the status
+  /// that refuses it.
+  using Admit = std::function<absl::StatusOr<Admission>()>;
 
-  /// Subscribes to `key` of `feed` from `from_version` on.
-  static WatchReactor* Start(KeyFeed<Msg>* feed, std::string key, int64_t from_version,
-                             WatchSlot slot, Final final) {
-    auto* reactor = new WatchReactor(feed, std::move(key), std::move(slot), final);
-    feed->Subscribe(reactor->key_, from_version, reactor);
+  /// A stream of `feed` whose admission runs on `feed_owner`'s workers.
+  static WatchReactor* Start(ChangeFeed* feed_owner, KeyFeed<Msg>* feed, Final final,
+                             Admit admit) {
+    auto* reactor = new WatchReactor(feed, final);
+    feed_owner->Post([reactor, admit = std::move(admit)] { reactor->RunAdmission(admit); });
     return reactor;
   }
 
@@ -50,7 +63,6 @@ class WatchReactor final : public grpc::ServerWriteReactor<Msg>, public FeedSubs
   }
   void OnEnd(const absl::Status& status) override {
     std::lock_guard<std::mutex> l(mu_);
-    subscribed_ = false;  // the feed dropped us already
     end_ = ToGrpcStatus(status);
     if (!writing_) FinishLocked(end_);
   }
@@ -75,23 +87,56 @@ class WatchReactor final : public grpc::ServerWriteReactor<Msg>, public FeedSubs
   }
   void OnCancel() override {
     std::lock_guard<std::mutex> l(mu_);
-    FinishLocked(grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch"));
+    cancelled_ = true;
+    // Not while the admission runs: it reads the request and the context,
+    // which gRPC frees once the stream is finished and done.
+    if (!admitting_) FinishLocked(Cancelled());
   }
-  void OnDone() override {
-    bool subscribed;
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      subscribed = subscribed_;
-    }
-    // Without our lock: the feed calls us under its own.
-    if (subscribed && feed_ != nullptr) feed_->Unsubscribe(key_, this);
-    delete this;
-  }
+  void OnDone() override { Release(); }
 
  private:
-  WatchReactor(KeyFeed<Msg>* feed, std::string key, WatchSlot slot, Final final)
-      : feed_(feed), key_(std::move(key)), slot_(std::move(slot)), final_(final),
-        subscribed_(feed != nullptr) {}
+  WatchReactor(KeyFeed<Msg>* feed, Final final) : feed_(feed), final_(final) {}
+
+  void RunAdmission(const Admit& admit) {
+    bool cancelled;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      cancelled = cancelled_;
+    }
+    absl::StatusOr<Admission> admitted = cancelled ? absl::CancelledError("") : admit();
+    bool go = false;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      admitting_ = false;
+      if (cancelled_) {
+        FinishLocked(Cancelled());
+      } else if (!admitted.ok()) {
+        FinishLocked(ToGrpcStatus(admitted.status()));
+      } else {
+        go = true;
+      }
+      if (admitted.ok()) {
+        key_ = std::move(admitted->key);
+        from_version_ = admitted->from_version;
+        slot_ = std::move(admitted->slot);
+      }
+    }
+    // Without our lock: the feed calls us under its own (maybe at once).
+    if (go) feed_->Subscribe(key_, from_version_, this);
+    Release();
+  }
+
+  static grpc::Status Cancelled() {
+    return grpc::Status(grpc::StatusCode::CANCELLED, "the client cancelled the watch");
+  }
+
+  void Release() {
+    if (refs_.fetch_sub(1) != 1) return;
+    // The last reference: the admission is over (key_ final) and gRPC is
+    // done. After Unsubscribe the feed calls us no more.
+    if (!key_.empty()) feed_->Unsubscribe(key_, this);
+    delete this;
+  }
 
   void WriteLocked() {
     in_flight_ = std::move(pending_);
@@ -106,11 +151,15 @@ class WatchReactor final : public grpc::ServerWriteReactor<Msg>, public FeedSubs
   }
 
   KeyFeed<Msg>* const feed_;
-  const std::string key_;
-  WatchSlot slot_;
   const Final final_;
+  std::atomic<int> refs_{2};  // gRPC's (OnDone) and the admission's
+  // Set by the admission, before it subscribes; read by the last Release.
+  std::string key_;
+  int64_t from_version_ = 0;
+  WatchSlot slot_;
   std::mutex mu_;
-  bool subscribed_;
+  bool admitting_ = true;  // until RunAdmission is done with the request
+  bool cancelled_ = false;
   bool writing_ = false;
   bool finished_ = false;
   grpc::Status end_ = grpc::Status::OK;  // not OK once the feed ended the key
