@@ -353,6 +353,22 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   return task;
 }
 
+bool AgentApi::RetriedDoneOfCommitted(const v1::Operation& op, const std::string& host_id,
+                                      v1::HostTaskState state) {
+  // The operation committed only once every host's DONE was recorded, this
+  // host's too: a DONE now is a retry whose first attempt the coordinator
+  // took while the agent gave up waiting for the answer (PostgreSQL slow or
+  // frozen). Answering it "abort" would make the agent drop the committed
+  // generation's buffers (tests/fault: a resize across a frozen PostgreSQL).
+  if (state != v1::HOST_TASK_STATE_DONE || op.state() != v1::OPERATION_STATE_COMMITTED) {
+    return false;
+  }
+  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
+  if (!rows.ok()) return false;
+  const HostProgress* row = FindHost(*rows, host_id);
+  return row != nullptr && row->state == v1::HOST_TASK_STATE_DONE;
+}
+
 absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
     const v1::ReportProgressRequest& request) {
   const std::string& host_id = request.host_id();
@@ -378,6 +394,7 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
   if (!AgentsHaveTasks(op)) {
+    if (RetriedDoneOfCommitted(op, host_id, state)) return response;
     response.set_abort(true);  // cancelled, aborted or already committed: stop
     return response;
   }

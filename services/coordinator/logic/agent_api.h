@@ -101,6 +101,11 @@ class AgentApi {
   const Options& options() const { return options_; }
 
  private:
+  /// A DONE report of `host_id` for a COMMITTED operation whose row of the
+  /// host is DONE: a retry of the report that committed it (not an abort).
+  [[nodiscard]] bool RetriedDoneOfCommitted(const v1::Operation& op, const std::string& host_id,
+                                            v1::HostTaskState state);
+
   /// A stop-free operation's prepare-phase task and transfer-phase task
   /// (agent_prepare.cc; docs/coordinator.md, "Agents prepare"): sets
   /// prepare / prepared, the generations and the plan slice of `task`.

@@ -117,6 +117,36 @@ TEST_F(AgentApiTest, GetTaskChecks) {
   EXPECT_EQ(agents_->GetTask(request).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A host's final DONE report timed out at the agent but was recorded, the
+// operation committed, and the agent retries it (PostgreSQL was slow or
+// frozen): the retry is answered as taken, not "abort", which would make the
+// agent drop the committed generation's buffers. A report that is not that
+// retry still aborts.
+TEST_F(AgentApiTest, ARetriedDoneOfACommittedOperationIsNotAnAbort) {
+  const v1::Job job = Register(SmallJob("retried-done"));
+  RegisterAgents({"h0", "h1", "h2"});
+  absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(created.ok()) << created.status();
+  Tick();
+  for (const std::string& host : Participants(created->id())) CompleteTask(host, created->id());
+  Tick();
+  ASSERT_EQ(Op(created->id()).state(), v1::OPERATION_STATE_COMMITTED);
+
+  auto report = [&](const std::string& host, v1::HostTaskState state) {
+    v1::ReportProgressRequest r;
+    r.set_host_id(host);
+    r.set_operation_id(created->id());
+    r.set_state(state);
+    absl::StatusOr<v1::ReportProgressResponse> reply = agents_->ReportProgress(r);
+    EXPECT_TRUE(reply.ok()) << host << ": " << reply.status();
+    return reply.ok() && reply->abort();
+  };
+  EXPECT_FALSE(report("h2", v1::HOST_TASK_STATE_DONE));
+  EXPECT_TRUE(report("h2", v1::HOST_TASK_STATE_RUNNING));
+  EXPECT_TRUE(report("h9", v1::HOST_TASK_STATE_DONE));  // no task of it
+  EXPECT_EQ(Job(job.id()).generation(), 2);
+}
+
 TEST_F(AgentApiTest, ReportProgressChecksStatesAndChecksums) {
   const v1::Job job = Register(SmallJob("reports"));
   RegisterAgents({"h0", "h1", "h2"});
