@@ -384,14 +384,20 @@ absl::Status WorkerServiceImpl::CheckLoadable(const RankBufferKey& key, const Ra
 
 absl::StatusOr<RankBuffer::WorkerFile> WorkerServiceImpl::OpenForWorker(
     const v1::WorkerFdRequest& req, const std::string& caller) {
-  const bool publish = req.access() == v1::WorkerFdRequest::ACCESS_PUBLISH;
-  const char* method = publish ? "ShardFilePublish" : "ShardFileLoad";
+  // ACCESS_PUBLISHED_READ: a read-only descriptor of a worker's unsealed
+  // buffer, under the publish checks (zero-copy publish seals in place).
+  const bool publish_read = req.access() == v1::WorkerFdRequest::ACCESS_PUBLISHED_READ;
+  const bool publish = publish_read || req.access() == v1::WorkerFdRequest::ACCESS_PUBLISH;
+  const char* method = publish_read ? "ShardFilePublishedRead"
+                       : publish    ? "ShardFilePublish"
+                                    : "ShardFileLoad";
   absl::StatusOr<RankBuffer::WorkerFile> out = absl::UnknownError("not run");
   Timed(metrics_, method, [&] {
     absl::Status s = CheckKey(req.job_id(), req.generation(), req.rank());
     if (s.ok() && !publish && req.access() != v1::WorkerFdRequest::ACCESS_LOAD) {
       s = absl::InvalidArgumentError(absl::StrCat("access ", static_cast<int>(req.access()),
-                                                  " is neither ACCESS_PUBLISH nor ACCESS_LOAD"));
+                                                  " is none of ACCESS_PUBLISH, ACCESS_LOAD, "
+                                                  "ACCESS_PUBLISHED_READ"));
     }
     if (s.ok()) s = AdmitToken(&req.worker_token(), caller, method, req.job_id());
     const RankBufferKey key{req.job_id(), req.generation(), req.rank()};
@@ -408,7 +414,7 @@ absl::StatusOr<RankBuffer::WorkerFile> WorkerServiceImpl::OpenForWorker(
     }
     if (s.ok()) s = publish ? CheckPublishable(key, **buf) : CheckLoadable(key, **buf);
     if (s.ok()) {
-      out = (*buf)->OpenForWorker(/*writable=*/publish);
+      out = (*buf)->OpenForWorker(/*writable=*/publish && !publish_read);
       // Sealed meanwhile: the descriptor must not outlive the check.
       if (out.ok() && publish && (*buf)->sealed()) {
         ::close(out->fd);

@@ -77,7 +77,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// of the rank buffer it names, admitted as the gRPC calls are (the job's
   /// worker token) and only for what the buffer's state allows: ACCESS_PUBLISH
   /// a writable one of a buffer PublishShard made and nobody sealed,
-  /// ACCESS_LOAD a read-only one of a sealed buffer. Errors name job,
+  /// ACCESS_LOAD a read-only one of a sealed buffer, ACCESS_PUBLISHED_READ a
+  /// read-only one of a buffer ACCESS_PUBLISH would open (a worker keeps its
+  /// view of it private while it is sealed in place). Errors name job,
   /// generation and rank; the caller closes the descriptor.
   absl::StatusOr<RankBuffer::WorkerFile> OpenForWorker(const v1::WorkerFdRequest& req,
                                                        const std::string& caller);

@@ -19,7 +19,7 @@ import time
 import grpc
 import numpy as np
 
-from reshard import _dtypes, errors
+from reshard import _dtypes, _rank_region, errors
 from reshard._proto import as_message, ptc_pb2
 from reshard._proto import worker_pb2, worker_pb2_grpc
 
@@ -72,16 +72,29 @@ class LoadedShard(dict):
 class Unsealed:
     """A rank buffer written by Worker.publish(..., seal=False), not sealed yet."""
 
-    def __init__(self, worker, rank, generation, names, expected):
+    def __init__(self, worker, rank, generation, names, expected, region=None):
         self.worker, self.rank, self.generation = worker, rank, generation
         self._names, self._expected = names, expected
+        self._region = region  # Worker.buffers' mapping: sealed in place
 
     def seal(self):
-        """Seals the buffer (SealShard); returns {item name: checksum}."""
+        """Seals the buffer (SealShard); returns {item name: checksum}.
+        A buffer of Worker.buffers is first made private to this process
+        (no writable view of the file left), so the agent seals it in place."""
         w = self.worker
-        sums = w._call("SealShard", worker_pb2.SealShardRequest(
-            job_id=w.job_id, generation=self.generation, rank=self.rank,
-            expected_checksums=self._expected)).checksums
+        region = self._region
+        if region is not None:
+            w._make_private(region, "SealShard")
+        try:
+            sums = w._call("SealShard", worker_pb2.SealShardRequest(
+                job_id=w.job_id, generation=self.generation, rank=self.rank,
+                expected_checksums=self._expected)).checksums
+        except errors.ReshardError as e:
+            if region is not None:
+                region.seal_error = e
+            raise
+        if region is not None:
+            region.state = _rank_region.SEALED
         return dict(zip(self._names, sums))
 
 
@@ -255,6 +268,7 @@ class Worker:
         buffer once publish returns: an asynchronous checkpoint's snapshot
         (reshard.elastic).
         """
+        region = self._region_for(rank, generation, state_dict)
         resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
             job_id=self.job_id, generation=generation, rank=rank))
         names = [it.name for it in resp.items]
@@ -265,6 +279,8 @@ class Worker:
         plan = []  # (item, checked source array: local shape, or flat uint8 for blobs)
         for it in resp.items:
             plan.append((it, self._source(rank, it, state_dict.get(it.name))))
+        if region is not None:
+            return self._publish_in_region(region, resp, plan, names, seal)
         expected = []
         hashing = verify and xxhash is not None
         fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
@@ -302,6 +318,140 @@ class Worker:
                     pinned.close()
         unsealed = Unsealed(self, rank, generation, names, expected)
         return unsealed.seal() if seal else unsealed
+
+    # ------------------------------------------------ zero-copy publish
+
+    def buffers(self, rank, generation, as_torch=False, ptc=None):
+        """The agent's rank buffer of `rank` in `generation` (the job's
+        current one), for the worker to keep its state in from the start:
+        {item name: writable array} for every tensor the rank holds (local
+        shape, the PTC's dtype; bfloat16 as uint16 in numpy, torch.bfloat16
+        with as_torch) and {blob name: writable flat uint8 array} for every
+        blob. Items the rank does not hold are left out. The arrays are
+        zeros at first and are views of ONE shared writable mapping of the
+        agent's file (PublishShard, then the descriptor of ACCESS_PUBLISH):
+        what the worker writes there is in the agent's buffer, no copy.
+
+        Publishing is then sealing, not copying: publish(rank, generation,
+        d) given these arrays (recognised by address, whatever dict holds
+        them; an item given as other memory is copied into the buffer
+        first) maps the same file privately over the same addresses from a
+        read-only descriptor, closes every writable one and seals in place:
+        no copy and no worker-side hashing pass (the agent checksums the
+        file under its read lease). The arrays keep their values and stay
+        writable; later writes (training on) go to private copy-on-write
+        pages and never reach the sealed buffer. The mapping goes when the
+        last array (or tensor) of it goes.
+
+        ptc: the job's PTC for the dtypes (as for load); default the
+        Worker's, else the coordinator's, else dtypes this process published.
+        """
+        torch = _torch() if as_torch else None
+        if as_torch and torch is None:
+            raise ImportError("as_torch=True needs torch")
+        resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
+            job_id=self.job_id, generation=generation, rank=rank))
+        kinds = self._item_kinds(resp.items, ptc)
+        fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
+                            resp.size, "PublishShard")
+        try:
+            region = _rank_region.RankRegion(self.job_id, rank, generation, fd, resp.size)
+        except OSError as e:
+            raise errors.Internal(str(e), method="buffers") from None
+        whole = np.asarray(region)  # its base is the region: unmapped with the last view
+        out = {}
+        for it, kind in zip(resp.items, kinds):
+            if it.bytes == 0:
+                continue
+            name = kind[-1]
+            if kind[0] == "blob":
+                out[name] = whole[it.offset:it.offset + it.bytes]
+                continue
+            np_dtype, enum = kind[1], kind[2]
+            shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
+            arr = np.ndarray(shape, dtype=np_dtype, buffer=whole, offset=it.offset)
+            self._seen_dtypes.setdefault(name, (np_dtype, None))
+            if torch is not None:
+                if arr.dtype == np.uint16:  # torch has no uint16: bfloat16 bits
+                    t = torch.from_numpy(arr.view(np.int16))
+                    arr = t.view(torch.bfloat16) if enum == ptc_pb2.DTYPE_BFLOAT16 else t
+                else:
+                    arr = torch.from_numpy(arr)
+            out[name] = arr
+        return out
+
+    def _region_for(self, rank, generation, state_dict):
+        """The RankRegion of (rank, generation) that publish must seal in
+        place, or None (the copy path). Refuses, before anything is written,
+        values that view the buffers of another rank or generation (still
+        unsealed) and a region that is already sealed or being sealed."""
+        own = None
+        for name, value in state_dict.items():
+            addr = _data_address(value)
+            region = _rank_region.find(addr) if addr is not None else None
+            if region is None:
+                continue
+            mine = (region.job_id, region.rank, region.generation) == (
+                self.job_id, rank, generation)
+            if not mine:
+                if region.state == _rank_region.WRITABLE:
+                    raise ValueError(
+                        f"rank {rank} generation {generation} item \"{name}\": its value views "
+                        f"the buffers of {region.describe()} (Worker.buffers), not of this rank "
+                        f"and generation")
+                continue  # sealed elsewhere: private memory now, copied like any other
+            if region.state == _rank_region.SEALED:
+                raise errors.FailedPrecondition(
+                    f"{region.describe()} item \"{name}\": these buffers are sealed already "
+                    f"(publish seals a rank's buffers once)", method="publish")
+            if region.state == _rank_region.PRIVATE:
+                why = (f" (that SealShard failed: {region.seal_error})"
+                       if region.seal_error is not None else "")
+                raise errors.FailedPrecondition(
+                    f"{region.describe()} item \"{name}\": these buffers were handed to "
+                    f"SealShard already{why}; sealing twice is refused", method="publish")
+            own = region
+        if own is None:
+            for region in _rank_region.live():
+                if ((region.job_id, region.rank, region.generation) ==
+                        (self.job_id, rank, generation) and region.state == _rank_region.WRITABLE):
+                    own = region  # buffers handed out, the state given as other memory
+                    break
+        return own
+
+    def _publish_in_region(self, region, resp, plan, names, seal):
+        """publish's zero-copy path: items not already in place are copied
+        into the region; then seal in place, with no expected checksums
+        (the worker holds no other copy of the bytes to hash)."""
+        if resp.size != region.size:
+            raise errors.DataLoss(f"{region.describe()}: the buffer has {resp.size} bytes, "
+                                  f"{region.size} were mapped", method="publish")
+        whole = np.asarray(region)
+        for it, src in plan:
+            if src is None or not it.bytes:
+                continue
+            if _is_device_source(src):
+                src = self._as_array(src.tensor.cpu())
+            elif _data_address(src) == region.addr + it.offset and src.flags.c_contiguous:
+                continue  # the handed-out array: already in the buffer
+            dst = np.ndarray(src.shape, dtype=src.dtype, buffer=whole, offset=it.offset)
+            np.copyto(dst, src, casting="no")  # overlapping views are copied as if via a temp
+            del dst
+        del whole
+        unsealed = Unsealed(self, region.rank, region.generation, names, [], region=region)
+        return unsealed.seal() if seal else unsealed
+
+    def _make_private(self, region, method):
+        if region.state != _rank_region.WRITABLE:
+            raise errors.FailedPrecondition(f"{region.describe()}: these buffers were handed to "
+                                            f"SealShard already; sealing twice is refused",
+                                            method=method)
+        fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISHED_READ, region.generation,
+                            region.rank, region.size, method)
+        try:
+            region.make_private(fd)
+        except OSError as e:
+            raise errors.Internal(str(e), method=method) from None
 
     def _source(self, rank, item, value):
         """`value` checked against the item: an array of the local shape
@@ -506,6 +656,16 @@ class Worker:
     def _fetch_ptc(self):
         self._ptc = self._coordinator.get_job(self.job_id, include_ptc=True).ptc
         return self._ptc
+
+
+def _data_address(value):
+    """The address of the first byte of an array's or tensor's data; None
+    for other values (bytes, None)."""
+    if _is_torch(value):
+        return value.data_ptr() if value.device.type == "cpu" else None
+    if isinstance(value, np.ndarray):
+        return value.__array_interface__["data"][0]
+    return None
 
 
 # Blocks of the copy-and-hash loops: small enough to be hashed from cache
