@@ -8,7 +8,12 @@ The driver (bench_cluster.py) times each phase from its own clock; "seconds"
 here is this host's share, for diagnosis.
 
 Commands: case, generate, publish, save, memcpy, drop_old, load, check_load,
-central_prepare, central_load, check_central, quit.
+generate_in_buffers, drop_buffers, central_prepare, central_load,
+check_central, quit. Zero-copy (--unshaped): generate_in_buffers computes
+the old ranks' state straight into Worker.buffers (untimed), publish with
+"zero_copy" seals those buffers (no copy), load with "zero_copy" is
+load(copy=False) with its default verification; check_load checks the
+loaded arrays of both load modes.
 """
 
 import http.client
@@ -54,6 +59,8 @@ class Host:
         self.new_views = {}
         self.shards = {}
         self.loaded = {}
+        self.loaded_zero_copy = {}
+        self.in_buffers = {}  # rank -> Worker.buffers holding its state
         self.buffers = {}
         self.expected = {}
 
@@ -93,29 +100,69 @@ class Host:
         self.shards = {}
         return {}
 
+    def generate_in_buffers(self, c):
+        """Each old rank's state computed straight into the agent's rank
+        buffer (Worker.buffers of job c["job_id"]), as a worker that keeps
+        its state there from the start; untimed, like generate."""
+        def one(r):
+            with self._worker(c) as w:
+                bufs = w.buffers(r, c["generation"])
+            for name, value in self.old_views[r].generate().items():
+                if isinstance(value, bytes):
+                    bufs[name][...] = np.frombuffer(value, dtype=np.uint8)
+                elif value.size:
+                    np.copyto(bufs[name], value.view(bufs[name].dtype), casting="no")
+            return bufs
+        ranks = sorted(self.old_views)
+        self.in_buffers = dict(zip(ranks, _parallel(one, ranks)))
+        return {"bytes": sum(_nbytes(d) for d in self.in_buffers.values())}
+
+    def drop_buffers(self, c):
+        self.in_buffers = {}  # the last views go: unmapped
+        return {}
+
+    def _worker(self, c):
+        return reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600,
+                              worker_token=c["worker_token"])
+
     # ----------------------------------------------------------- reshard
     def publish(self, c):
+        """Publishes every old rank: the copy path from generate's arrays,
+        or (c["zero_copy"]) the seal of generate_in_buffers' buffers."""
+        src = self.in_buffers if c.get("zero_copy") else self.shards
+
         def one(r):
-            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600,
-                                worker_token=c["worker_token"]) as w:
-                w.publish(r, c["generation"], self.shards[r])
-        _parallel(one, sorted(self.shards))
-        return {"bytes": sum(_nbytes(d) for d in self.shards.values())}
+            with self._worker(c) as w:
+                w.publish(r, c["generation"], src[r])
+        _parallel(one, sorted(src))
+        return {"bytes": sum(_nbytes(d) for d in src.values())}
 
     def load(self, c):
+        """Loads every new rank: copies (load()), or (c["zero_copy"]) views
+        of a private mapping (load(copy=False), default verification)."""
+        zero_copy = bool(c.get("zero_copy"))
+
         def one(r):
-            with reshard.Worker(self.socket, c["job_id"], ptc=self.ptc, timeout=600,
-                                worker_token=c["worker_token"]) as w:
-                return w.load(r, c["generation"])
+            with self._worker(c) as w:
+                return w.load(r, c["generation"], copy=not zero_copy)
         ranks = sorted(self.new_views)
-        self.loaded = dict(zip(ranks, _parallel(one, ranks)))
-        return {"bytes": sum(_nbytes(d) for d in self.loaded.values())}
+        loaded = dict(zip(ranks, _parallel(one, ranks)))
+        if zero_copy:
+            self.loaded_zero_copy = loaded
+        else:
+            self.loaded = loaded
+        return {"bytes": sum(_nbytes(d) for d in loaded.values())}
 
     def check_load(self, c):
+        """Checks every loaded byte of both load modes (whichever ran)."""
         try:
-            return {"bytes": sum(self._check(r, d, "reshard load") for r, d in self.loaded.items())}
+            n = sum(self._check(r, d, "reshard load") for r, d in self.loaded.items())
+            n += sum(self._check(r, d, "reshard load(copy=False)")
+                     for r, d in self.loaded_zero_copy.items())
+            return {"bytes": n}
         finally:
             self.loaded = {}
+            self.loaded_zero_copy = {}
 
     def _check(self, r, items, what):
         want = self.expected[r]

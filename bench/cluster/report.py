@@ -38,6 +38,12 @@ def summarize(case, reps, static, rate_bytes, unshaped):
             out[f"{phase}_gb_s"] = out[f"{phase}_bytes"] / out[f"{phase}_s"] / GB
             out[f"{phase}_memcpy_gb_s"] = out[f"{phase}_bytes"] / out[f"{phase}_memcpy_s"] / GB
             out[f"{phase}_over_memcpy"] = out[f"{phase}_gb_s"] / out[f"{phase}_memcpy_gb_s"]
+            # Zero-copy (Worker.buffers + seal; load(copy=False)): the same
+            # memcpy yardstick of the same bytes.
+            out[f"{phase}_zc_gb_s"] = out[f"{phase}_zc_bytes"] / out[f"{phase}_zc_s"] / GB
+            out[f"{phase}_zc_over_memcpy"] = out[f"{phase}_zc_gb_s"] / out[f"{phase}_memcpy_gb_s"]
+        out["reshard_total_zc_s"] = statistics.median(
+            r["publish_zc_s"] + r["resize_s"] + r["load_zc_s"] for r in reps)
     return out
 
 
@@ -81,6 +87,11 @@ def _rows(unshaped):
             ("load GB/s (memcpy GB/s)",
              lambda r: f"{r['load_gb_s']:.2f} ({r['load_memcpy_gb_s']:.2f})"),
             ("load / memcpy", x("load_over_memcpy")),
+            ("zero-copy publish (seal) GB/s", lambda r: f"{r['publish_zc_gb_s']:.2f}"),
+            ("zero-copy publish / memcpy", x("publish_zc_over_memcpy")),
+            ("zero-copy load GB/s", lambda r: f"{r['load_zc_gb_s']:.2f}"),
+            ("zero-copy load / memcpy", x("load_zc_over_memcpy")),
+            ("reshard total, zero-copy (s)", s("reshard_total_zc_s")),
         ]
     return rows
 

@@ -167,6 +167,8 @@ class Bench:
             if self.storage:
                 times["save_s"], _ = self._timed("save", prefix=prefix)
             self.hosts.all("drop_old")  # before the new generations take memory
+            if self.args.unshaped:
+                self._publish_zero_copy(number, rep, old, times)
             if self.storage:
                 self._central_load(times, prefix)
             if rep == 0:
@@ -177,6 +179,9 @@ class Bench:
             times["load_bytes"] = sum(x["bytes"] for x in r.values())
             if self.args.unshaped:
                 times["load_memcpy_s"] = self._memcpy("new")
+                times["load_zc_s"], r = self._timed("load", job_id=job.id, worker_token=token,
+                                                    generation=final.to_generation, zero_copy=True)
+                times["load_zc_bytes"] = sum(x["bytes"] for x in r.values())
                 times["ucx_tag_bw"] = self.ucx_bw
             checked = sum(x["bytes"] for x in self.hosts.all("check_load").values())
         except parts.HostError as e:
@@ -187,6 +192,24 @@ class Bench:
             f"{k[:-2]} {v:.2f} s" for k, v in times.items() if k.endswith("_s"))
             + f"; verified {checked / 1e9:.2f} GB loaded from reshard")
         return times
+
+    def _publish_zero_copy(self, number, rep, old, times):
+        """Zero-copy publish of the same state under a job of its own (same
+        layout): old ranks compute it straight into Worker.buffers
+        (untimed), the timed publish is the seal. The job is deleted and its
+        memory released before the resize."""
+        spec = ptc_pb2.JobSpec(name=f"bench-{number}-{rep}-zc-{os.getpid()}", tenant="bench",
+                               ptc=self.ptc, layout=old)
+        job, token = self.client.register_job(spec, with_token=True)
+        try:
+            self.hosts.all("generate_in_buffers", job_id=job.id, worker_token=token,
+                           generation=job.generation)
+            times["publish_zc_s"], r = self._timed("publish", job_id=job.id, worker_token=token,
+                                                   generation=job.generation, zero_copy=True)
+            times["publish_zc_bytes"] = sum(x["bytes"] for x in r.values())
+        finally:
+            self.hosts.all("drop_buffers")
+            self._delete(job.id, only_its_files=True)
 
     def _timed(self, op, **kwargs):
         t0 = time.monotonic()
@@ -224,16 +247,21 @@ class Bench:
                                f"{final.error}")
         return final
 
-    def _delete(self, job_id, timeout=120.0):
+    def _delete(self, job_id, timeout=120.0, only_its_files=False):
         """Deletes the job and waits until every agent has released its
-        shared memory (the next repetition needs it)."""
+        shared memory (the next repetition needs it); only_its_files: the
+        files of this job only (another job still holds its own)."""
         try:
             self.client.delete_job(job_id)
         except reshard.ReshardError as e:
             self.log(f"   delete job {job_id}: {e}")
             return
         deadline = time.monotonic() + timeout
-        while any(self.cluster.shm_files(h) for h in self.cluster.host_ids):
+
+        def held(h):
+            files = self.cluster.shm_files(h)
+            return [f for f in files if f"-{job_id}-" in f] if only_its_files else files
+        while any(held(h) for h in self.cluster.host_ids):
             if time.monotonic() > deadline:
                 raise BenchFailure(f"agents still hold {self._shm_bytes() / 1e9:.2f} GB "
                                    f"{timeout} s after deleting job {job_id}")
