@@ -177,9 +177,31 @@ double ProcessCpuSeconds() {
   return secs(u.ru_utime) + secs(u.ru_stime);
 }
 
+// perf's control FIFOs (`perf record --delay=-1 --control fifo:CTL,ACK`) named
+// by $RESHARD_PERF_CONTROL="CTL,ACK": the timed Executes are profiled and
+// nothing else (setup, fills, spare pools); usage in transfer_bench.cc.
+void PerfControl(const char* command) {
+  const char* env = std::getenv("RESHARD_PERF_CONTROL");
+  if (env == nullptr || *env == '\0') return;
+  const std::string both = env;
+  const size_t comma = both.find(',');
+  const std::string ctl = both.substr(0, comma);
+  if (FILE* f = std::fopen(ctl.c_str(), "w")) {
+    std::fprintf(f, "%s\n", command);
+    std::fclose(f);
+  }
+  if (comma == std::string::npos) return;
+  if (FILE* f = std::fopen(both.substr(comma + 1).c_str(), "r")) {
+    char ack[16];
+    (void)std::fgets(ack, sizeof ack, f);  // perf answers "ack" once it is done
+    std::fclose(f);
+  }
+}
+
 double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector<AgentTimes>* times,
                bool cancel, double* cpu_seconds) {
   times->assign(agents->size(), AgentTimes{});
+  PerfControl("enable");
   const double cpu_start = ProcessCpuSeconds();
   const auto start = Clock::now();
   std::vector<std::future<absl::Status>> runs;
@@ -212,6 +234,7 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
   }
   const double secs = Seconds(start, Clock::now());
   if (cpu_seconds != nullptr) *cpu_seconds = ProcessCpuSeconds() - cpu_start;
+  PerfControl("disable");
   return ok ? secs : -1;
 }
 

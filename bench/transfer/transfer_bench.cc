@@ -20,6 +20,13 @@
 //                       [--ucx-worker-address]
 // --ucx-worker-address: transports connect by UCX worker address instead of
 // through a listener (docs/agent.md, "Known UCX defect").
+// Profiling the timed Executes only (issue 22, item 5): with
+// RESHARD_PERF_CONTROL="CTL,ACK" (two FIFOs) every timed run writes "enable"
+// and "disable" to perf's control FIFO around the Executes, so
+//   mkfifo ctl ack
+//   RESHARD_PERF_CONTROL=ctl,ack perf record -g --delay=-1 \
+//       --control fifo:ctl,ack -- transfer_bench --only c
+// samples the reconfigurations and none of the setup (fills, spare pools).
 #include <stdlib.h>
 
 #include <algorithm>
