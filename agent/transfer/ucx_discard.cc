@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "agent/transfer/ucx_worker.h"
+
 namespace reshard::agent {
 
 UcxDiscards::~UcxDiscards() {
@@ -11,7 +13,7 @@ UcxDiscards::~UcxDiscards() {
 
 void UcxDiscards::Add(uint64_t tag, uint64_t mask, Clock::time_point now) {
   for (Filter& f : filters_) {
-    if (f.mask == mask && (f.tag & mask) == (tag & mask)) {
+    if (f.mask == mask && TagsAgree(f.tag, tag, mask)) {
       f.expires = now + kKeep;
       return;
     }
