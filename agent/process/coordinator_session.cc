@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/published_task.h"
+#include "agent/process/session_rpc.h"
 #include "agent/transfer/backend.h"
 #include "common/log.h"
 
@@ -24,21 +24,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
   return grpc::CreateChannel(target, *credentials);
 }
 
-namespace {
-
-constexpr int kReportPeriodMs = 500;
-constexpr int kMaxBackoffMs = 2000;
-constexpr int kRpcDeadlineMs = 5000;
-
-void SetDeadline(grpc::ClientContext* ctx, int ms = kRpcDeadlineMs) {
-  ctx->set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(ms));
-}
-
-bool Retryable(const absl::Status& s) {
-  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
-}
-
-}  // namespace
+using session_rpc::NextBackoffMs;
+using session_rpc::Retryable;
+using session_rpc::SetDeadline;
 
 absl::Status FromGrpc(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
@@ -172,7 +160,7 @@ void CoordinatorSession::Loop() {
         RESHARD_LOG(WARNING) << "host " << options_.host_id << ": RegisterAgent: " << s
                              << "; retrying in " << backoff_ms << " ms";
         if (!Sleep(backoff_ms)) break;
-        backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+        backoff_ms = NextBackoffMs(backoff_ms);
         continue;
       }
       registered = true;
@@ -209,7 +197,7 @@ void CoordinatorSession::Loop() {
       RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
                            << "; retrying in " << backoff_ms << " ms";
       period = std::min(period, backoff_ms);
-      backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+      backoff_ms = NextBackoffMs(backoff_ms);
     }
     ReapFinished();
     if (!Sleep(period)) break;
@@ -311,7 +299,7 @@ absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bo
     // restarting. It aborts the operation itself if the host stays silent.
     if (!retry || !Retryable(s) || attempt >= 30 || stopping_.load()) return s;
     if (!Sleep(backoff_ms)) return s;
-    backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+    backoff_ms = NextBackoffMs(backoff_ms);
   }
 }
 
@@ -330,214 +318,6 @@ int64_t CoordinatorSession::AcceptsPublishLocked(const std::string& job_id, int6
     }
   }
   return 0;
-}
-
-void CoordinatorSession::RunOperation(const std::string& operation_id, RunningOp* op) {
-  const std::string& host = options_.host_id;
-  v1::HostTask task;
-  absl::Status s;
-  int backoff_ms = 100;
-  for (int attempt = 0;; ++attempt) {
-    v1::GetTaskRequest req;
-    req.set_host_id(host);
-    req.set_operation_id(operation_id);
-    grpc::ClientContext ctx;
-    SetDeadline(&ctx, 30000);
-    s = FromGrpc(stub_->GetTask(&ctx, req, &task));
-    if (s.ok() || !Retryable(s) || attempt >= 10 || !Sleep(backoff_ms)) break;
-    backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
-  }
-  if (!s.ok()) {
-    RESHARD_LOG(WARNING) << "operation " << operation_id << ": GetTask: " << s;
-    op->finished.store(true);
-    cv_.notify_all();  // a publish waiting for this task (AwaitPublishAccepted) stops waiting
-    return;
-  }
-  // A checkpoint's ranks here are known before the task reports anything,
-  // so that the workers' publish is accepted as soon as the operation shows
-  // TRANSFERRING.
-  std::set<int> published;
-  absl::StatusOr<HostSteps> publish_steps = absl::UnknownError("not a checkpoint");
-  if (task.publish_by_workers()) {
-    publish_steps = PrepareHostSteps(store_, host, task);
-    if (publish_steps.ok()) {
-      published.insert(publish_steps->new_ranks.begin(), publish_steps->new_ranks.end());
-    }
-  }
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    op->job_id = task.job_id();
-    op->to_generation = task.to_generation();
-    op->published_ranks = std::move(published);
-    op->from_generation = task.from_generation();
-    op->task_fetched = true;
-  }
-  cv_.notify_all();  // publishes waiting in AwaitPublishAccepted
-  RESHARD_LOG(INFO) << "operation " << operation_id << " job " << task.job_id() << ": generation "
-                    << task.from_generation() << " -> " << task.to_generation() << ", "
-                    << task.plan().steps_size() << " steps here";
-
-  AgentMetrics* metrics = options_.metrics;
-  const auto started = std::chrono::steady_clock::now();
-  const int64_t token = metrics != nullptr ? metrics->TaskStarted() : 0;
-  std::atomic<int64_t> done{0}, total{0};
-  std::mutex waiting_mu;
-  std::string waiting_on;  // what the task waits on, for the coordinator's stall message
-  // Ends the task in the metrics: takes its bytes out of the progress gauges
-  // (counting the rest as written when it succeeded) and records the result.
-  auto finish_metrics = [&](TaskResult r) {
-    if (metrics == nullptr) return;
-    const int64_t d = done.load(), t = total.load();
-    if (r == TaskResult::kDone && t > d) metrics->TaskProgress(t - d, 0);
-    const int64_t shown = r == TaskResult::kDone ? std::max(d, t) : d;
-    metrics->TaskProgress(-shown, -t);
-    const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - started;
-    metrics->TaskFinished(token, r, seconds.count());
-  };
-  std::atomic<bool> exec_finished{false};
-  absl::StatusOr<std::vector<v1::ShardChecksum>> result =
-      absl::UnknownError("operation did not run");
-  auto progress = [&](int64_t d, int64_t t) {
-    const int64_t prev_done = done.exchange(d);
-    const int64_t prev_total = total.exchange(t);
-    if (metrics != nullptr) metrics->TaskProgress(d - prev_done, t - prev_total);
-  };
-  auto cancelled = [&] { return op->cancel.load() || stopping_.load(); };
-  auto waiting = [&](const std::string& what) {
-    std::lock_guard<std::mutex> l(waiting_mu);
-    waiting_on = what;
-  };
-  std::thread worker([&] {
-    absl::Status connect = absl::OkStatus();
-    if (task.publish_by_workers()) {
-      if (publish_steps.ok()) {
-        result = AwaitPublished(store_, task, *publish_steps, progress, cancelled, waiting);
-      } else {
-        result = publish_steps.status();
-      }
-      exec_finished.store(true);
-      cv_.notify_all();
-      return;
-    }
-    if (transport_ != nullptr) {
-      for (const v1::PeerHost& p : task.peers()) {
-        if (p.host_id() == host || p.ucx_address().empty()) continue;
-        // An endpoint can fail to come up for a moment (e.g. while one to the
-        // same peer from an aborted attempt is being torn down): a few tries
-        // within about a second before the task fails.
-        for (int attempt = 0; attempt < 4; ++attempt) {
-          if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-          connect = transport_->Connect(p.host_id(), p.ucx_address());
-          if (connect.ok() || !absl::IsUnavailable(connect) || op->cancel.load()) break;
-        }
-        if (!connect.ok()) {
-          connect = absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
-                                                              "\": ", connect.message()));
-          break;
-        }
-      }
-    }
-    if (!connect.ok()) {
-      result = connect;
-    } else {
-      result = executor_->Execute(host, task, progress, cancelled, waiting);
-    }
-    exec_finished.store(true);
-    cv_.notify_all();
-  });
-
-  bool abort = false;
-  while (!exec_finished.load()) {
-    {
-      std::unique_lock<std::mutex> l(mu_);
-      cv_.wait_for(l, std::chrono::milliseconds(kReportPeriodMs),
-                   [&] { return exec_finished.load() || stopping_.load(); });
-    }
-    if (exec_finished.load() || stopping_.load()) break;
-    if (abort) continue;
-    v1::ReportProgressRequest req;
-    req.set_host_id(host);
-    req.set_operation_id(operation_id);
-    req.set_state(v1::HOST_TASK_STATE_RUNNING);
-    req.set_bytes_done(done.load());
-    req.set_bytes_total(total.load());
-    {
-      std::lock_guard<std::mutex> l(waiting_mu);
-      req.set_waiting_on(waiting_on);
-    }
-    absl::Status rs = Report(req, /*retry=*/false, &abort);
-    if (!rs.ok()) {
-      RESHARD_LOG(WARNING) << "operation " << operation_id << ": ReportProgress: " << rs;
-    }
-    if (abort) {
-      RESHARD_LOG(INFO) << "operation " << operation_id << ": aborted by the coordinator";
-      op->cancel.store(true);
-    }
-  }
-  worker.join();
-
-  if (abort || stopping_.load()) {
-    // The executor dropped the new buffers; the coordinator knows already,
-    // or learns it from the lease.
-    finish_metrics(TaskResult::kAborted);
-    op->finished.store(true);
-    return;
-  }
-  v1::ReportProgressRequest req;
-  req.set_host_id(host);
-  req.set_operation_id(operation_id);
-  req.set_bytes_done(done.load());
-  req.set_bytes_total(total.load());
-  const bool prepare = task.prepare();
-  if (result.ok() && prepare) {
-    // The buffers stay; the coordinator learns what the pre-copy read.
-    req.set_state(v1::HOST_TASK_STATE_PREPARED);
-    req.set_bytes_done(std::max(done.load(), total.load()));
-    for (const v1::ShardChecksum& c : *result) *req.add_source_checksums() = c;
-    RESHARD_LOG(INFO) << "operation " << operation_id << ": prepared, " << result->size()
-                      << " source shards read here";
-  } else if (result.ok()) {
-    req.set_state(v1::HOST_TASK_STATE_DONE);
-    req.set_bytes_done(std::max(done.load(), total.load()));
-    for (const v1::ShardChecksum& c : *result) *req.add_checksums() = c;
-    RESHARD_LOG(INFO) << "operation " << operation_id << ": done, " << result->size()
-                      << " shards written here";
-  } else {
-    req.set_state(v1::HOST_TASK_STATE_FAILED);
-    req.set_error(result.status().ToString());
-    RESHARD_LOG(WARNING) << "operation " << operation_id << ": failed: " << result.status();
-  }
-  if (req.state() == v1::HOST_TASK_STATE_PREPARED) {
-    // The poll in flight names this operation known, so its transfer phase
-    // would not wake it: a fresh one without it replaces it.
-    std::lock_guard<std::mutex> l(mu_);
-    op->reporting_prepared.store(true);
-    if (poll_ctx_ != nullptr) {
-      repoll_ = true;
-      poll_ctx_->TryCancel();
-    }
-  }
-  absl::Status rs = Report(req, /*retry=*/true, &abort);
-  if (!rs.ok()) {
-    RESHARD_LOG(WARNING) << "operation " << operation_id << ": final ReportProgress: " << rs;
-  }
-  if (abort && result.ok()) {
-    // Committed nowhere: the coordinator discards the generation too.
-    store_->DropGeneration(task.job_id(), task.to_generation());
-  }
-  if (result.ok() && prepare && !abort) {
-    // Held until the transfer phase is assigned (StartAssigned). Also when
-    // the report was lost: a coordinator that still lists the prepare then
-    // gets it run again.
-    std::lock_guard<std::mutex> l(mu_);
-    prepared_[operation_id] = PreparedOp{task.job_id(), task.to_generation(), ++list_clock_};
-    op->prepared.store(true);
-    cv_.notify_all();
-  }
-  finish_metrics(!result.ok() ? TaskResult::kFailed
-                 : abort      ? TaskResult::kAborted
-                              : TaskResult::kDone);
-  op->finished.store(true);
 }
 
 }  // namespace reshard::agent

@@ -144,7 +144,9 @@ class CoordinatorSession {
   void Release(const google::protobuf::RepeatedPtrField<v1::GenerationRef>& generations);
   /// Cancels the job's running tasks and drops every buffer it has here.
   void DropDeletedJobs(const google::protobuf::RepeatedPtrField<std::string>& job_ids);
+  /// Runs one assigned operation here, phase by phase (operation_run.cc).
   void RunOperation(const std::string& operation_id, RunningOp* op);
+  friend class OperationRun;
   /// Sends one report, retrying while the coordinator is unreachable. Sets
   /// *abort when the coordinator answers abort = true.
   absl::Status Report(const v1::ReportProgressRequest& req, bool retry, bool* abort);
