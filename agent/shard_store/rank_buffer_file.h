@@ -196,7 +196,10 @@ class MappedRankBuffer final : public RankBuffer {
   }
 
   absl::Status MakeReadOnly(bool seal_mode) {
-    return RemapReadOnly(data_, size_, path_, seal_mode);
+    // A published buffer is mapped read-only (from a read-only descriptor)
+    // from the start: only the file's mode changes, and the page tables its
+    // seal's checksum made stay for the tasks that read it.
+    return RemapReadOnly(published_ ? nullptr : data_, size_, path_, seal_mode);
   }
 
   void SetSealed(std::vector<uint64_t> checksums) {
