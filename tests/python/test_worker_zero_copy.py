@@ -7,6 +7,7 @@ The in-place seal is observed through the agent's file: a seal that had to
 take a private copy (the worker still held a writable view of the file)
 renames a new file over the buffer's name, so the inode changes."""
 
+import fcntl
 import os
 import stat
 
@@ -201,3 +202,26 @@ def test_zero_copy_load_verifies_in_its_one_pass(cluster, client, job_name):
 def _path_sealed(w, rank, generation=1):
     return w._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
         job_id=w.job_id, generation=generation, rank=rank)).path
+
+
+def test_the_read_only_descriptor_of_a_published_buffer_is_read_only_and_refused_once_sealed(
+        cluster, client, job_name):
+    ptc = reshard.as_message({"numLayers": 1, "tensors": [tensor("w", "DTYPE_FLOAT32", [64])]},
+                             ptc_pb2.Ptc)
+    j = register(client, cluster, job_name, ptc, layout.make_layout(1, 1, 1, ["host-0"], 1))
+    access = worker_pb2.WorkerFdRequest.ACCESS_PUBLISHED_READ
+    with cluster.worker("host-0", j.id, ptc=ptc) as w:
+        with pytest.raises(reshard.NotFound, match="call PublishShard first"):
+            w._shard_fd(access, 1, 0, 0, "test")
+        bufs = w.buffers(0, 1)
+        size = w._call("PublishShard", worker_pb2.PublishShardRequest(
+            job_id=j.id, generation=1, rank=0)).size
+        fd = w._shard_fd(access, 1, 0, size, "test")
+        try:
+            assert fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        finally:
+            os.close(fd)
+        bufs["w"][...] = np.arange(64, dtype=np.float32)
+        w.publish(0, 1, bufs)
+        with pytest.raises(reshard.FailedPrecondition, match="is sealed"):
+            w._shard_fd(access, 1, 0, size, "test")
