@@ -9,6 +9,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "agent/executor/item_hash.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/transfer_tags.h"
 #include "common/log.h"
@@ -68,15 +69,27 @@ std::string ChunkKey(const std::string& secret, const std::string& operation_id,
 }
 
 ChunkTag ChunkTagOf(const std::string& key, const void* data, size_t bytes) {
+  return ChunkTagOf(key, data, bytes, nullptr);
+}
+
+ChunkTag ChunkTagOf(const std::string& key, const void* data, size_t bytes,
+                    const std::function<void(size_t, const uint8_t*, size_t)>& also) {
   RESHARD_CHECK(key.size() == 32);
   EVP_MAC_CTX* ctx = EVP_MAC_CTX_new(Poly1305());
   RESHARD_CHECK(ctx != nullptr);
   ChunkTag tag{};
   size_t out = 0;
-  const bool ok =
-      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), nullptr) &&
-      EVP_MAC_update(ctx, static_cast<const unsigned char*>(data), bytes) &&
-      EVP_MAC_final(ctx, tag.data(), &out, tag.size());
+  bool ok =
+      EVP_MAC_init(ctx, reinterpret_cast<const unsigned char*>(key.data()), key.size(), nullptr);
+  if (!also) {
+    ok = ok && EVP_MAC_update(ctx, static_cast<const unsigned char*>(data), bytes);
+  } else {
+    ForEachBlock(data, bytes, [&](size_t offset, const uint8_t* block, size_t n) {
+      ok = ok && EVP_MAC_update(ctx, block, n);
+      also(offset, block, n);
+    });
+  }
+  ok = ok && EVP_MAC_final(ctx, tag.data(), &out, tag.size());
   EVP_MAC_CTX_free(ctx);
   RESHARD_CHECK(ok && out == tag.size()) << "Poly1305 failed";
   return tag;
@@ -179,10 +192,16 @@ void StepSeals::PostReceives() {
 }
 
 void StepSeals::AddChunk(size_t s, int64_t chunk, const void* data, size_t bytes) {
+  AddChunk(s, chunk, data, bytes, nullptr);
+}
+
+void StepSeals::AddChunk(
+    size_t s, int64_t chunk, const void* data, size_t bytes,
+    const std::function<void(size_t offset, const uint8_t* block, size_t n)>& also) {
   RESHARD_CHECK(s < steps_.size() && chunk >= 0 && chunk < steps_[s].chunks);
   RESHARD_CHECK(!added_[s][chunk]);
   tags_[s][chunk] =
-      ChunkTagOf(ChunkKey(secret_, operation_id_, steps_[s].index, chunk), data, bytes);
+      ChunkTagOf(ChunkKey(secret_, operation_id_, steps_[s].index, chunk), data, bytes, also);
   added_[s][chunk] = true;
   bytes_[s] += static_cast<int64_t>(bytes);
 }

@@ -40,6 +40,10 @@ std::string ChunkKey(const std::string& secret, const std::string& operation_id,
                      int64_t chunk);
 /// Poly1305 under `key` (32 bytes) of `bytes` bytes at `data`.
 ChunkTag ChunkTagOf(const std::string& key, const void* data, size_t bytes);
+/// The same tag, with `also(offset, block, n)` run on each block of
+/// kFusedBlockBytes (item_hash.h) right after the MAC took it.
+ChunkTag ChunkTagOf(const std::string& key, const void* data, size_t bytes,
+                    const std::function<void(size_t offset, const uint8_t* block, size_t n)>& also);
 /// SHA-256 (32 bytes) of `tags` in order.
 std::string StepDigest(const std::vector<ChunkTag>& tags);
 
@@ -84,6 +88,11 @@ class StepSeals {
   /// Records the tag of chunk `chunk` of steps[s] over the `bytes` bytes at
   /// `data`: the bytes sent (once handed to the transport) or received.
   void AddChunk(size_t s, int64_t chunk, const void* data, size_t bytes);
+  /// AddChunk in one pass with the caller's own: `also(offset, block, n)`
+  /// runs on every block of kFusedBlockBytes (item_hash.h) right after the
+  /// tag took it, while it is in cache.
+  void AddChunk(size_t s, int64_t chunk, const void* data, size_t bytes,
+                const std::function<void(size_t offset, const uint8_t* block, size_t n)>& also);
   /// Sends the seal of every sent step. Call once every chunk of them was
   /// added and sent, and their sources checked against their sealed checksums.
   void SendSeals();

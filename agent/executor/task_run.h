@@ -6,7 +6,8 @@
 //  - Prove: connect to the hosts this one sends to and exchange the transfer
 //    proofs (peer_proof.h) before any receive of a peer's data is posted;
 //  - Move: zero fills, local copies and cross-host chunks (step_chunks.h,
-//    transfer_lanes.h), each item checked once its last access is over
+//    transfer_lanes.h), every item hashed as its bytes pass where they
+//    are contiguous (item_hash.h) and checked once its last access is over
 //    (item_checks.h);
 //  - Verify: the sources still as sealed, the step seals (step_seal.h), the
 //    pre-copy of a prepared phase (precopy_check.h);
@@ -35,6 +36,7 @@
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
+#include "agent/executor/item_hash.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/run_resources.h"
 #include "agent/executor/step_chunks.h"
@@ -85,10 +87,18 @@ class TaskRun {
   void PlanChunks();
   void StartItemChecks();
   void CheckItem(const ItemChecks::Key& key);
+  // The hash cursor of an item (item_hash.h); null for one nobody feeds.
+  ItemHashCursor* CursorOf(int kind, int rank, int item);
+  // Step seals' tag (with a transfer secret) and the item's hash of one
+  // contiguous chunk at `item_offset` of its item, in one pass.
+  void FoldChunk(size_t remote, int64_t chunk, const uint8_t* data, size_t bytes,
+                 ItemHashCursor* cursor, size_t item_offset);
   void ApplyZeroFills();
   void Issue(const TransferLanes::Chunk& c);
   [[nodiscard]] absl::Status HandleCompletions();
   void CopyNextLocalPiece();
+  void CopyAndHash(const v1::CopyStep& step, const StridedView& src,
+                   const std::vector<MutableStridedView>& dsts, const std::vector<int64_t>& shape);
   bool LocalsLeft() const { return next_local_ < hs_.locals.size(); }
   void Report(bool force);
 
@@ -137,6 +147,9 @@ class TaskRun {
   std::unordered_map<int, std::vector<uint64_t>> sealed_of_;  // old rank -> sealed checksums
   std::mutex source_mu_;
   std::map<std::pair<int, int>, absl::Status> source_errors_;  // (old rank, item) -> DataLoss
+  // Every item's hash as its bytes pass (item_hash.h); before checks_,
+  // whose thread finishes them, so that they outlive it.
+  std::map<ItemChecks::Key, std::unique_ptr<ItemHashCursor>> cursors_;
   std::optional<ItemChecks> checks_;
   std::optional<StagingPool> pool_;
   uint64_t next_seq_ = 0;

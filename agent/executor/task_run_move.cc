@@ -20,12 +20,11 @@ std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f)
   return std::vector<int64_t>(f.begin(), f.end());
 }
 
-// Checksums item `item` of old rank `rank` and compares it with `sealed`,
-// that rank's sealed checksums; DataLoss naming it when they differ.
-absl::Status CheckSource(RankBuffer& b, const std::vector<uint64_t>& sealed, int rank, int item,
+// Compares `now`, the checksum of item `item` of old rank `rank` as it was
+// read, with `sealed`, that rank's sealed checksums; DataLoss naming it when
+// they differ.
+absl::Status CheckSource(uint64_t now, const std::vector<uint64_t>& sealed, int rank, int item,
                          const v1::TransferPlan& plan, const v1::HostTask& task) {
-  const ItemSlot& slot = b.items()[item];
-  const uint64_t now = Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
   if (item < static_cast<int>(sealed.size()) && now == sealed[item]) return absl::OkStatus();
   return absl::DataLossError(absl::StrCat(
       DescribeSource(task, rank), " item ", item, " (\"", plan.items(item).name(),
@@ -95,32 +94,51 @@ void TaskRun::PlanChunks() {
   seals_->PostReceives();
 }
 
-// Each item is checked as soon as its last access is over, while other
-// transfers go on: a source item against its sealed checksum once every
-// read of it finished (so the bytes read are the bytes sealed), a new item
-// checksummed once every write to it landed (nothing writes it afterwards).
+// Each item is hashed as its bytes pass (a source's as they are read, a new
+// item's as they land; item_hash.h) and checked as soon as its last access
+// is over, while other transfers go on: a source item against its sealed
+// checksum once every read of it finished (so the bytes read are the bytes
+// sealed), a new item's checksum taken once every write to it landed
+// (nothing writes it afterwards). The check hashes only what did not pass
+// contiguously (staged chunks, strided copies), from the buffer.
 void TaskRun::StartItemChecks() {
   new_sums_.resize(new_keys_.size());
   for (size_t k = 0; k < new_keys_.size(); ++k) {
     new_sums_[k].assign(new_bufs_[k]->items().size(), 0);
   }
   for (const auto& [rank, buf] : hs_.old_bufs) sealed_of_[rank] = buf->checksums();
-  checks_.emplace(CountItemAccesses(hs_, remote_chunks_),
-                  [this](const ItemChecks::Key& key) { CheckItem(key); });
+  std::map<ItemChecks::Key, int64_t> accesses = CountItemAccesses(hs_, remote_chunks_);
+  for (const auto& [key, n] : accesses) {
+    const auto [kind, rank, item] = key;
+    if (n == 0 || (kind == kNewItem && phase_ == TaskPhase::kPrepare)) continue;
+    RankBuffer& b = kind == kNewItem ? *new_bufs_[hs_.new_index.at(rank)] : *hs_.old_bufs.at(rank);
+    const ItemSlot& slot = b.items()[item];
+    cursors_[key] =
+        std::make_unique<ItemHashCursor>(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
+  }
+  checks_.emplace(std::move(accesses), [this](const ItemChecks::Key& key) { CheckItem(key); });
+}
+
+ItemHashCursor* TaskRun::CursorOf(int kind, int rank, int item) {
+  auto it = cursors_.find({kind, rank, item});
+  return it == cursors_.end() ? nullptr : it->second.get();
 }
 
 void TaskRun::CheckItem(const ItemChecks::Key& key) {
   const auto [kind, rank, item] = key;
+  // A prepare's new items are checksummed by the transfer phase.
+  if (kind == kNewItem && phase_ == TaskPhase::kPrepare) return;
+  RankBuffer& b = kind == kNewItem ? *new_bufs_[hs_.new_index.at(rank)] : *hs_.old_bufs.at(rank);
+  const ItemSlot& slot = b.items()[item];
+  auto it = cursors_.find(key);
+  const uint64_t now = it != cursors_.end()
+                           ? it->second->Finish()
+                           : Checksum(b.data() + slot.offset, static_cast<size_t>(slot.bytes));
   if (kind == kNewItem) {
-    if (phase_ == TaskPhase::kPrepare) return;  // checksummed by the transfer phase
-    const size_t k = hs_.new_index.at(rank);
-    const ItemSlot& slot = new_bufs_[k]->items()[item];
-    new_sums_[k][item] =
-        Checksum(new_bufs_[k]->data() + slot.offset, static_cast<size_t>(slot.bytes));
+    new_sums_[hs_.new_index.at(rank)][item] = now;
     return;
   }
-  absl::Status s =
-      CheckSource(*hs_.old_bufs.at(rank), sealed_of_.at(rank), rank, item, task_.plan(), task_);
+  absl::Status s = CheckSource(now, sealed_of_.at(rank), rank, item, task_.plan(), task_);
   if (s.ok()) return;
   std::lock_guard<std::mutex> l(source_mu_);
   source_errors_.emplace(std::make_pair(rank, item), std::move(s));
@@ -129,7 +147,14 @@ void TaskRun::CheckItem(const ItemChecks::Key& key) {
 void TaskRun::ApplyZeroFills() {
   for (const v1::ZeroFill* f : hs_.fills) {
     const int64_t eb = ElementBytes(f->item());
-    std::memset(NewBuf(f->rank())->item_data(f->item()) + f->offset() * eb, 0, f->count() * eb);
+    uint8_t* at = NewBuf(f->rank())->item_data(f->item()) + f->offset() * eb;
+    ItemHashCursor* cursor = CursorOf(kNewItem, f->rank(), f->item());
+    // Block by block, each hashed while it is in cache.
+    ForEachBlock(at, static_cast<size_t>(f->count() * eb),
+                 [&](size_t offset, const uint8_t* block, size_t n) {
+                   std::memset(at + offset, 0, n);
+                   if (cursor != nullptr) cursor->Landed(f->offset() * eb + offset, n, block);
+                 });
     done_ += f->count() * eb;
     checks_->Done({kNewItem, f->rank(), f->item()});
   }
@@ -180,13 +205,22 @@ void TaskRun::Issue(const TransferLanes::Chunk& c) {
     state->cv.notify_one();
   };
   const int64_t bytes = f.bytes;
+  const bool staged = f.staging != nullptr;
   f.data = static_cast<const uint8_t*>(data);
   inflight_.emplace(seq, std::move(f));
   if (r.is_send) {
     ex_.transport->Send(r.peer, tag, data, bytes, std::move(cb));
     // While the transport moves them: the bytes stay as they are until the
-    // completion (a sealed source, or staging the callback holds).
-    if (seals_) seals_->AddChunk(c.step, c.chunk, data, static_cast<size_t>(bytes));
+    // completion (a sealed source, or staging the callback holds). A
+    // contiguous source chunk is hashed into its item's checksum in the same
+    // pass as its tag: the source is checked as it is read (the lease keeps
+    // writers out; with a secret, the receiver's tags cover what the
+    // transport reads after this pass).
+    const uint8_t* item_base = hs_.old_bufs[step.src_rank()]->item_data(step.item());
+    const auto* bytes_at = static_cast<const uint8_t*>(data);
+    FoldChunk(c.step, c.chunk, bytes_at, static_cast<size_t>(bytes),
+              staged ? nullptr : CursorOf(kSourceItem, step.src_rank(), step.item()),
+              staged ? 0 : static_cast<size_t>(bytes_at - item_base));
   } else {
     ex_.transport->Receive(tag, data, bytes, std::move(cb));
   }
@@ -220,8 +254,17 @@ absl::Status TaskRun::HandleCompletions() {
     }
     if (!first_error.ok()) continue;
     if (!r.is_send) {
-      // The bytes exactly as they arrived, before they are unpacked.
-      if (seals_) seals_->AddChunk(f.remote, f.lane_chunk.chunk, f.data, f.bytes);
+      // The bytes exactly as they arrived, before they are unpacked; one
+      // received in place is hashed into its item's checksum in that pass.
+      ItemHashCursor* cursor = nullptr;
+      size_t item_offset = 0;
+      if (!f.staging) {
+        const int dst_rank = r.step->dsts(0).rank();
+        cursor = CursorOf(kNewItem, dst_rank, r.step->item());
+        item_offset = static_cast<size_t>(f.data - NewBuf(dst_rank)->item_data(r.step->item()));
+      }
+      FoldChunk(f.remote, f.lane_chunk.chunk, f.data, static_cast<size_t>(f.bytes), cursor,
+                item_offset);
       if (f.staging) {
         ex_.copier->Unpack(f.staging->bytes.get(), DstViews(*r.step, f.start), f.shape,
                            ElementBytes(r.step->item()));
@@ -248,7 +291,7 @@ void TaskRun::CopyNextLocalPiece() {
   if (local_chunks_->count() > 0) {
     std::vector<int64_t> start, shape;
     local_chunks_->Get(next_local_chunk_, &start, &shape);
-    ex_.copier->Copy(SrcView(step, start), DstViews(step, start), shape, eb);
+    CopyAndHash(step, SrcView(step, start), DstViews(step, start), shape);
     done_ += local_chunks_->Bytes(next_local_chunk_) * step.dsts_size();
   }
   if (++next_local_chunk_ >= local_chunks_->count()) {
@@ -258,6 +301,67 @@ void TaskRun::CopyNextLocalPiece() {
     next_local_chunk_ = 0;
     local_chunks_.reset();
   }
+}
+
+void TaskRun::FoldChunk(size_t remote, int64_t chunk, const uint8_t* data, size_t bytes,
+                        ItemHashCursor* cursor, size_t item_offset) {
+  if (seals_) {
+    std::function<void(size_t, const uint8_t*, size_t)> also;
+    if (cursor != nullptr) {
+      also = [&](size_t offset, const uint8_t* block, size_t n) {
+        cursor->Landed(item_offset + offset, n, block);
+      };
+    }
+    seals_->AddChunk(remote, chunk, data, bytes, also);
+  } else if (cursor != nullptr) {
+    cursor->Landed(item_offset, bytes, data);
+  }
+}
+
+// A piece whose source and destinations are all contiguous is copied block
+// by block, each block hashed into the source's and every destination's
+// checksum while it is in cache; any other piece goes to the copier, and what of it is contiguous
+// is fed afterwards.
+void TaskRun::CopyAndHash(const v1::CopyStep& step, const StridedView& src,
+                          const std::vector<MutableStridedView>& dsts,
+                          const std::vector<int64_t>& shape) {
+  const int eb = ElementBytes(step.item());
+  int64_t elements = 1;
+  for (int64_t n : shape) elements *= n;
+  const size_t bytes = static_cast<size_t>(elements * eb);
+  ItemHashCursor* src_cursor = CursorOf(kSourceItem, step.src_rank(), step.item());
+  std::vector<ItemHashCursor*> dst_cursors;
+  for (const auto& d : step.dsts()) {
+    dst_cursors.push_back(CursorOf(kNewItem, d.rank(), step.item()));
+  }
+  const bool src_contiguous = IsContiguous(shape, src.strides);
+  bool all_contiguous = src_contiguous && bytes > 0 && !dsts.empty();
+  for (const MutableStridedView& d : dsts) all_contiguous &= IsContiguous(shape, d.strides);
+  const uint8_t* from = src.base + src.offset * eb;
+  if (!all_contiguous) {
+    ex_.copier->Copy(src, dsts, shape, eb);
+    if (src_contiguous && src_cursor != nullptr) {
+      src_cursor->Landed(static_cast<size_t>(src.offset * eb), bytes, from);
+    }
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      if (dst_cursors[i] == nullptr || !IsContiguous(shape, dsts[i].strides)) continue;
+      dst_cursors[i]->Landed(static_cast<size_t>(dsts[i].offset * eb), bytes,
+                             dsts[i].base + dsts[i].offset * eb);
+    }
+    return;
+  }
+  ForEachBlock(from, bytes, [&](size_t offset, const uint8_t* block, size_t n) {
+    for (size_t i = 0; i < dsts.size(); ++i) {
+      uint8_t* to = dsts[i].base + dsts[i].offset * eb + offset;
+      std::memcpy(to, block, n);
+      if (dst_cursors[i] != nullptr) {
+        dst_cursors[i]->Landed(static_cast<size_t>(dsts[i].offset * eb) + offset, n, to);
+      }
+    }
+    if (src_cursor != nullptr) {
+      src_cursor->Landed(static_cast<size_t>(src.offset * eb) + offset, n, block);
+    }
+  });
 }
 
 void TaskRun::Report(bool force) {

@@ -34,7 +34,8 @@ std::vector<Range> RandomRanges(std::mt19937_64& rng, size_t n) {
   std::vector<Range> out;
   size_t at = 0;
   while (at < n) {
-    const size_t len = std::min(n - at, 1 + static_cast<size_t>(rng() % std::max<size_t>(1, n / 4)));
+    const size_t most = std::max<size_t>(1, n / 4);
+    const size_t len = std::min(n - at, 1 + static_cast<size_t>(rng() % most));
     const int what = static_cast<int>(rng() % 10);
     if (what == 0) {
       // a gap: left to Finish
