@@ -90,7 +90,10 @@ class RankRegion:
     def make_private(self, read_only_fd):
         """Maps `read_only_fd` (the same file) MAP_PRIVATE|MAP_FIXED over the
         shared mapping and closes it: the one writable view of the file this
-        process had is gone, the arrays keep their addresses and values."""
+        process had is gone, the arrays keep their addresses and values.
+        Each page is copied at its first write from here (copy-on-write).
+        A failed MAP_FIXED (ENOMEM) raises OSError; the kernel may have
+        unmapped the range by then, so the arrays must not be used after it."""
         try:
             if self.addr is not None:
                 _mmap(self.addr, self.size, mmap.MAP_PRIVATE | _MAP_FIXED, read_only_fd,
@@ -111,9 +114,10 @@ def live():
         return list(_LIVE)
 
 
-def find(addr):
-    """The live region whose mapping holds `addr`, or None."""
-    for r in live():
+def find(addr, regions=None):
+    """The region (of `regions`, default every live one) whose mapping holds
+    `addr`, or None."""
+    for r in live() if regions is None else regions:
         if r.contains(addr):
             return r
     return None

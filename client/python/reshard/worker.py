@@ -385,10 +385,13 @@ class Worker:
         place, or None (the copy path). Refuses, before anything is written,
         values that view the buffers of another rank or generation (still
         unsealed) and a region that is already sealed or being sealed."""
+        regions = _rank_region.live()
+        if not regions:
+            return None  # no Worker.buffers alive in this process: the copy path
         own = None
         for name, value in state_dict.items():
             addr = _data_address(value)
-            region = _rank_region.find(addr) if addr is not None else None
+            region = _rank_region.find(addr, regions) if addr is not None else None
             if region is None:
                 continue
             mine = (region.job_id, region.rank, region.generation) == (
@@ -412,7 +415,7 @@ class Worker:
                     f"SealShard already{why}; sealing twice is refused", method="publish")
             own = region
         if own is None:
-            for region in _rank_region.live():
+            for region in regions:
                 if ((region.job_id, region.rank, region.generation) ==
                         (self.job_id, rank, generation) and region.state == _rank_region.WRITABLE):
                     own = region  # buffers handed out, the state given as other memory
@@ -662,7 +665,10 @@ def _data_address(value):
     """The address of the first byte of an array's or tensor's data; None
     for other values (bytes, None)."""
     if _is_torch(value):
-        return value.data_ptr() if value.device.type == "cpu" else None
+        try:  # a tensor without storage of its own (a DTensor, meta) has none
+            return value.data_ptr() if value.device.type == "cpu" else None
+        except (RuntimeError, AttributeError):
+            return None
     if isinstance(value, np.ndarray):
         return value.__array_interface__["data"][0]
     return None
