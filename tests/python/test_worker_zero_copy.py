@@ -48,6 +48,15 @@ def _raw(value):
     return value if isinstance(value, bytes) else value.tobytes()
 
 
+def _every_kind_job(client, cluster, job_name, tp, seed):
+    """every_kind_ptc at tp `tp` on host-0 (one rank per device): (ptc, layout,
+    globals, job)."""
+    ptc = every_kind_ptc()
+    lay = layout.make_layout(tp, 1, 1, ["host-0"], tp)
+    g = random_globals(ptc, world=tp, seed=seed)
+    return ptc, lay, g, register(client, cluster, job_name, ptc, lay)
+
+
 def _scribble(bufs):
     for a in bufs.values():
         a.view(np.uint8)[...] = 0xA5
@@ -55,10 +64,7 @@ def _scribble(bufs):
 
 def test_state_written_in_the_buffers_is_sealed_in_place_and_later_writes_stay_private(
         cluster, client, job_name):
-    ptc = every_kind_ptc()
-    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
-    g = random_globals(ptc, world=2, seed=21)
-    j = register(client, cluster, job_name, ptc, lay)
+    ptc, lay, g, j = _every_kind_job(client, cluster, job_name, 2, 21)
     want = _held(ptc, lay, 0, g)
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         path = _path(w, 0)
@@ -90,10 +96,7 @@ def test_state_written_in_the_buffers_is_sealed_in_place_and_later_writes_stay_p
 
 
 def test_publish_refuses_buffers_of_another_rank_and_a_second_seal(cluster, client, job_name):
-    ptc = every_kind_ptc()
-    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
-    g = random_globals(ptc, world=2, seed=22)
-    j = register(client, cluster, job_name, ptc, lay)
+    ptc, lay, g, j = _every_kind_job(client, cluster, job_name, 2, 22)
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         b0, b1 = w.buffers(0, 1), w.buffers(1, 1)
         _fill(b0, _held(ptc, lay, 0, g))
@@ -123,10 +126,7 @@ def test_publish_refuses_buffers_of_another_rank_and_a_second_seal(cluster, clie
 
 
 def test_a_resize_reads_the_sealed_bytes_not_the_writes_after_publish(cluster, client, job_name):
-    ptc = every_kind_ptc()
-    lay = layout.make_layout(2, 1, 1, ["host-0"], 2)
-    g = random_globals(ptc, world=2, seed=23)
-    j = register(client, cluster, job_name, ptc, lay)
+    ptc, lay, g, j = _every_kind_job(client, cluster, job_name, 2, 23)
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         bufs = {r: w.buffers(r, 1) for r in (0, 1)}
         for r in (0, 1):
@@ -177,10 +177,7 @@ def test_a_torch_parameter_in_the_buffers_trains_after_publish(cluster, client, 
 
 
 def test_zero_copy_load_verifies_in_its_one_pass(cluster, client, job_name):
-    ptc = every_kind_ptc()
-    lay = layout.make_layout(1, 1, 1, ["host-0"], 1)
-    g = random_globals(ptc, world=1, seed=24)
-    j = register(client, cluster, job_name, ptc, lay)
+    ptc, lay, g, j = _every_kind_job(client, cluster, job_name, 1, 24)
     want = _held(ptc, lay, 0, g)
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         w.publish(0, 1, layout.shard(ptc, lay, 0, g))

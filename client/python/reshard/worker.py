@@ -371,13 +371,7 @@ class Worker:
             shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
             arr = np.ndarray(shape, dtype=np_dtype, buffer=whole, offset=it.offset)
             self._seen_dtypes.setdefault(name, (np_dtype, None))
-            if torch is not None:
-                if arr.dtype == np.uint16:  # torch has no uint16: bfloat16 bits
-                    t = torch.from_numpy(arr.view(np.int16))
-                    arr = t.view(torch.bfloat16) if enum == ptc_pb2.DTYPE_BFLOAT16 else t
-                else:
-                    arr = torch.from_numpy(arr)
-            out[name] = arr
+            out[name] = _to_torch(torch, arr, enum) if torch is not None else arr
         return out
 
     def _region_for(self, rank, generation, state_dict):
@@ -604,13 +598,7 @@ class Worker:
                     arr = np.ndarray(shape, dtype=np_dtype, buffer=mm, offset=it.offset)
                     if copy:
                         arr = arr.copy()
-                if torch is not None:
-                    if arr.dtype == np.uint16:  # torch has no uint16: bfloat16 bits
-                        t = torch.from_numpy(arr.view(np.int16))
-                        arr = t.view(torch.bfloat16) if enum == ptc_pb2.DTYPE_BFLOAT16 else t
-                    else:
-                        arr = torch.from_numpy(arr)
-                out[name] = arr
+                out[name] = _to_torch(torch, arr, enum) if torch is not None else arr
         finally:
             if pinned is not None:
                 pinned.close()  # every device tensor is complete from here
@@ -659,6 +647,15 @@ class Worker:
     def _fetch_ptc(self):
         self._ptc = self._coordinator.get_job(self.job_id, include_ptc=True).ptc
         return self._ptc
+
+
+def _to_torch(torch, arr, enum):
+    """A torch tensor sharing `arr`'s memory: uint16 bits as torch.bfloat16
+    when the PTC's dtype `enum` is bfloat16 (torch has no uint16)."""
+    if arr.dtype == np.uint16:
+        t = torch.from_numpy(arr.view(np.int16))
+        return t.view(torch.bfloat16) if enum == ptc_pb2.DTYPE_BFLOAT16 else t
+    return torch.from_numpy(arr)
 
 
 def _data_address(value):
