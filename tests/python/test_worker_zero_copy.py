@@ -93,6 +93,17 @@ def test_state_written_in_the_buffers_is_sealed_in_place_and_later_writes_stay_p
             for name, value in want.items():
                 f.seek(offsets[name].offset)
                 assert f.read(offsets[name].bytes) == _raw(value), name
+        # The mapping lives as long as its arrays, and no longer.
+        view = bufs["emb.pos"][1:]
+        del bufs
+        assert _mapped(path)
+        del view
+        assert not _mapped(path)
+
+
+def _mapped(path):
+    with open("/proc/self/maps") as f:
+        return any(line.rstrip("\n").endswith(" " + path) for line in f)
 
 
 def test_publish_refuses_buffers_of_another_rank_and_a_second_seal(cluster, client, job_name):
