@@ -28,7 +28,8 @@ void WarnOfWorkerAddressDefect(const std::string& why) {
 }  // namespace
 
 absl::StatusOr<std::string> UcxConnections::Listen(const UcxOptions& options) {
-  const std::optional<in_addr> ip = options.listen ? ListenIpFor(options.net_devices) : std::nullopt;
+  const std::optional<in_addr> ip =
+      options.listen ? ListenIpFor(options.net_devices) : std::nullopt;
   if (!ip.has_value()) {
     ucp_address_t* addr = nullptr;
     size_t len = 0;

@@ -7,8 +7,6 @@
 // and writes the callers' host buffers as they are.
 #include "agent/transfer/ucx_transport.h"
 
-#include <ucp/api/ucp.h>
-
 #include <chrono>
 #include <deque>
 #include <functional>
@@ -80,7 +78,7 @@ class UcxTransportImpl final : public UcxTransport {
       if (done) done(absl::InvalidArgumentError("send: tag ~0 is reserved by the transport"));
       return;
     }
-    UcxRequest* r = NewRequest(tag, bytes, std::move(done));
+    UcxRequest* r = requests_->New(tag, bytes, std::move(done));
     r->is_send = true;
     r->peer = peer_id;
     if (!Post([this, r, data] {
@@ -97,7 +95,7 @@ class UcxTransportImpl final : public UcxTransport {
       if (done) done(absl::InvalidArgumentError("receive: tag ~0 is reserved by the transport"));
       return;
     }
-    UcxRequest* r = NewRequest(tag, bytes, std::move(done));
+    UcxRequest* r = requests_->New(tag, bytes, std::move(done));
     if (!Post([this, r, data] { requests_->Receive(r, data); }))
       UcxRequests::Fail(r, absl::CancelledError("UCX transport shut down"));
   }
@@ -152,10 +150,6 @@ class UcxTransportImpl final : public UcxTransport {
       worker_.Signal();  // thread-safe; under mu_ so the worker is alive
     }
     return true;
-  }
-
-  UcxRequest* NewRequest(uint64_t tag, size_t bytes, TransferDone done) {
-    return requests_->New(tag, bytes, std::move(done));
   }
 
   void Loop() {
