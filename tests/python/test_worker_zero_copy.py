@@ -111,11 +111,17 @@ def test_publish_refuses_buffers_of_another_rank_and_a_second_seal(cluster, clie
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         b0, b1 = w.buffers(0, 1), w.buffers(1, 1)
         _fill(b0, _held(ptc, lay, 0, g))
+        again = w.buffers(0, 1)  # the same memory, not a second writable mapping
+        assert again["emb.pos"].ctypes.data == b0["emb.pos"].ctypes.data
+        del again
         with pytest.raises(ValueError, match=r'generation 1 rank 0 \(Worker.buffers\)'):
             w.publish(1, 1, b0)
         with pytest.raises(ValueError, match="generation 2 item"):
             w.publish(0, 2, b0)
+        path0 = _path(w, 0)
+        inode = os.stat(path0).st_ino
         w.publish(0, 1, b0)
+        assert os.stat(path0).st_ino == inode
         with pytest.raises(reshard.FailedPrecondition, match="sealed already"):
             w.publish(0, 1, b0)
         with pytest.raises(reshard.FailedPrecondition, match="sealed"):

@@ -341,7 +341,8 @@ class Worker:
         file under its read lease). The arrays keep their values and stay
         writable; later writes (training on) go to private copy-on-write
         pages and never reach the sealed buffer. The mapping goes when the
-        last array (or tensor) of it goes.
+        last array (or tensor) of it goes. Called again while arrays of
+        an earlier call live, it returns new views of the same mapping.
 
         ptc: the job's PTC for the dtypes (as for load); default the
         Worker's, else the coordinator's, else dtypes this process published.
@@ -352,12 +353,18 @@ class Worker:
         resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
             job_id=self.job_id, generation=generation, rank=rank))
         kinds = self._item_kinds(resp.items, ptc)
-        fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
-                            resp.size, "PublishShard")
-        try:
-            region = _rank_region.RankRegion(self.job_id, rank, generation, fd, resp.size)
-        except OSError as e:
-            raise errors.Internal(str(e), method="buffers") from None
+        # Asked again while arrays of the first call live: views of the same
+        # mapping (a second writable mapping would deny the seal its lease).
+        region = next((r for r in _rank_region.live()
+                       if (r.job_id, r.rank, r.generation) == (self.job_id, rank, generation)
+                       and r.state == _rank_region.WRITABLE and r.size == resp.size), None)
+        if region is None:
+            fd = self._shard_fd(worker_pb2.WorkerFdRequest.ACCESS_PUBLISH, generation, rank,
+                                resp.size, "PublishShard")
+            try:
+                region = _rank_region.RankRegion(self.job_id, rank, generation, fd, resp.size)
+            except OSError as e:
+                raise errors.Internal(str(e), method="buffers") from None
         whole = np.asarray(region)  # its base is the region: unmapped with the last view
         out = {}
         for it, kind in zip(resp.items, kinds):
