@@ -135,7 +135,8 @@ def test_publish_refuses_buffers_of_another_rank_and_a_second_seal(cluster, clie
         b1["emb.pos"][...] = 0
         path = _path(w, 1)
         inode = os.stat(path).st_ino
-        w.publish(1, 1, given)
+        unsealed = w.publish(1, 1, given, seal=False)  # sealed later, as a snapshot is
+        assert unsealed.seal()["emb.pos"] == xxhash.xxh3_64_intdigest(want1["emb.pos"].tobytes())
         assert os.stat(path).st_ino == inode
         got = w.load(1, 1)
         for name, value in want1.items():
