@@ -168,6 +168,14 @@ absl::Status TaskRun::Verify() {
   if (absl::Status s = CheckLeases(leases_, task_); !s.ok()) return Fail(s);
   checks_->Finish();
   if (!source_errors_.empty()) return Fail(source_errors_.begin()->second);
+  size_t hashed = 0, cold = 0;
+  for (const auto& [key, cursor] : cursors_) {
+    hashed += cursor->cursor();
+    cold += cursor->cold_bytes();
+  }
+  RESHARD_LOG(INFO) << "operation " << task_.operation_id() << " host " << host_id_
+                    << ": item checksums took " << (hashed - cold) << " bytes as they passed, "
+                    << cold << " from the buffers";
   // Every source read is verified: seal what was sent, and check what was
   // received against its senders' seals before anything is reported DONE.
   if (seals_) {

@@ -318,50 +318,33 @@ void TaskRun::FoldChunk(size_t remote, int64_t chunk, const uint8_t* data, size_
   }
 }
 
-// A piece whose source and destinations are all contiguous is copied block
-// by block, each block hashed into the source's and every destination's
-// checksum while it is in cache; any other piece goes to the copier, and what of it is contiguous
-// is fed afterwards.
+// A piece small enough for the copier to write through the cache (one
+// thread, ordinary stores) has its contiguous source and destinations fed to
+// their checksums right after the copy, while they are in cache. A larger
+// piece is copied by the copier's threads with streaming stores that bypass
+// the cache: hashing it here would be a cold pass on this thread, which
+// runs the transfers, so it is left to the background check (ItemChecks).
 void TaskRun::CopyAndHash(const v1::CopyStep& step, const StridedView& src,
                           const std::vector<MutableStridedView>& dsts,
                           const std::vector<int64_t>& shape) {
   const int eb = ElementBytes(step.item());
+  ex_.copier->Copy(src, dsts, shape, eb);
   int64_t elements = 1;
   for (int64_t n : shape) elements *= n;
   const size_t bytes = static_cast<size_t>(elements * eb);
-  ItemHashCursor* src_cursor = CursorOf(kSourceItem, step.src_rank(), step.item());
-  std::vector<ItemHashCursor*> dst_cursors;
-  for (const auto& d : step.dsts()) {
-    dst_cursors.push_back(CursorOf(kNewItem, d.rank(), step.item()));
+  if (bytes == 0 || bytes >= static_cast<size_t>(LocalCopier::kNonTemporalThresholdBytes)) return;
+  if (IsContiguous(shape, src.strides)) {
+    if (ItemHashCursor* c = CursorOf(kSourceItem, step.src_rank(), step.item())) {
+      c->Landed(static_cast<size_t>(src.offset * eb), bytes, src.base + src.offset * eb);
+    }
   }
-  const bool src_contiguous = IsContiguous(shape, src.strides);
-  bool all_contiguous = src_contiguous && bytes > 0 && !dsts.empty();
-  for (const MutableStridedView& d : dsts) all_contiguous &= IsContiguous(shape, d.strides);
-  const uint8_t* from = src.base + src.offset * eb;
-  if (!all_contiguous) {
-    ex_.copier->Copy(src, dsts, shape, eb);
-    if (src_contiguous && src_cursor != nullptr) {
-      src_cursor->Landed(static_cast<size_t>(src.offset * eb), bytes, from);
+  for (int i = 0; i < step.dsts_size() && i < static_cast<int>(dsts.size()); ++i) {
+    if (!IsContiguous(shape, dsts[i].strides)) continue;
+    if (ItemHashCursor* c = CursorOf(kNewItem, step.dsts(i).rank(), step.item())) {
+      c->Landed(static_cast<size_t>(dsts[i].offset * eb), bytes,
+                dsts[i].base + dsts[i].offset * eb);
     }
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      if (dst_cursors[i] == nullptr || !IsContiguous(shape, dsts[i].strides)) continue;
-      dst_cursors[i]->Landed(static_cast<size_t>(dsts[i].offset * eb), bytes,
-                             dsts[i].base + dsts[i].offset * eb);
-    }
-    return;
   }
-  ForEachBlock(from, bytes, [&](size_t offset, const uint8_t* block, size_t n) {
-    for (size_t i = 0; i < dsts.size(); ++i) {
-      uint8_t* to = dsts[i].base + dsts[i].offset * eb + offset;
-      std::memcpy(to, block, n);
-      if (dst_cursors[i] != nullptr) {
-        dst_cursors[i]->Landed(static_cast<size_t>(dsts[i].offset * eb) + offset, n, to);
-      }
-    }
-    if (src_cursor != nullptr) {
-      src_cursor->Landed(static_cast<size_t>(src.offset * eb) + offset, n, block);
-    }
-  });
 }
 
 void TaskRun::Report(bool force) {
