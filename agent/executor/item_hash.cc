@@ -5,16 +5,49 @@
 #include <algorithm>
 #include <iterator>
 
+#include "agent/executor/xxh3_avx2.h"
 #include "common/log.h"
 
 namespace reshard::agent {
 
+namespace xxh3_avx2 {
+
+bool Available() {
+  static const bool avx2 = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") != 0;
+  }();
+  return avx2;
+}
+
+}  // namespace xxh3_avx2
+
+// libxxhash's XXH3, or the AVX2 build of it where the CPU has AVX2.
 struct ItemHashCursor::State {
-  State() : xxh(XXH3_createState()) {
-    RESHARD_CHECK(xxh != nullptr && XXH3_64bits_reset(xxh) == XXH_OK);
+  State() {
+    if (xxh3_avx2::Available()) {
+      wide = xxh3_avx2::Create();
+    } else {
+      xxh = XXH3_createState();
+      RESHARD_CHECK(xxh != nullptr && XXH3_64bits_reset(xxh) == XXH_OK);
+    }
   }
-  ~State() { XXH3_freeState(xxh); }
-  XXH3_state_t* xxh;
+  ~State() {
+    if (wide != nullptr) xxh3_avx2::Free(wide);
+    if (xxh != nullptr) XXH3_freeState(xxh);
+  }
+  void Update(const void* data, size_t bytes) {
+    if (wide != nullptr) {
+      xxh3_avx2::Update(wide, data, bytes);
+    } else {
+      RESHARD_CHECK(XXH3_64bits_update(xxh, data, bytes) == XXH_OK);
+    }
+  }
+  uint64_t Digest() const {
+    return wide != nullptr ? xxh3_avx2::Digest(wide) : XXH3_64bits_digest(xxh);
+  }
+  xxh3_avx2::State* wide = nullptr;
+  XXH3_state_t* xxh = nullptr;
 };
 
 ItemHashCursor::ItemHashCursor(const uint8_t* base, size_t bytes)
@@ -23,7 +56,7 @@ ItemHashCursor::ItemHashCursor(const uint8_t* base, size_t bytes)
 ItemHashCursor::~ItemHashCursor() = default;
 
 void ItemHashCursor::Hash(const void* data, size_t bytes) {
-  RESHARD_CHECK(XXH3_64bits_update(state_->xxh, data, bytes) == XXH_OK);
+  state_->Update(data, bytes);
   cursor_ += bytes;
 }
 
@@ -70,7 +103,7 @@ uint64_t ItemHashCursor::Finish() {
     cold_ += bytes_ - cursor_;
     Hash(base_ + cursor_, bytes_ - cursor_);
   }
-  return XXH3_64bits_digest(state_->xxh);
+  return state_->Digest();
 }
 
 void ForEachBlock(const void* data, size_t bytes,
