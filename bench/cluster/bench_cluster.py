@@ -45,12 +45,19 @@ def parse_args(argv=None):
     p.add_argument("--unshaped", action="store_true",
                    help="agents in the root namespace on loopback: CPU and rate yardsticks")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--perf", metavar="DIR", help="profile the agents during each resize with "
+                   "perf (DIR/case<N>-rep<R>.data) and print where their CPU went per GB written")
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.reps = "quick", 1
     a.cases = [int(c) for c in a.cases.split(",")]
     if any(c not in (1, 2, 3, 4) for c in a.cases) or a.reps < 1 or a.rate_gbit <= 0:
         p.error("--cases takes 1..4, --reps >= 1, --rate-gbit > 0")
+    if a.perf:
+        if not shutil.which("perf"):
+            p.error("--perf needs perf (Debian package linux-perf)")
+        os.makedirs(a.perf, exist_ok=True)
+        a.perf = os.path.abspath(a.perf)
     return a
 
 

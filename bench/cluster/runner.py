@@ -20,6 +20,7 @@ from reshard._proto import ptc_pb2
 import central
 import netns
 import parts
+import resize_profile
 import report
 import state as bstate
 import yardsticks
@@ -173,7 +174,13 @@ class Bench:
                 self._central_load(times, prefix)
             if rep == 0:
                 static.update(self._preview(job.id, new))
-            final = self._resize(job.id, new, times)
+            perf_path = (os.path.join(self.args.perf, f"case{number}-rep{rep + 1}.data")
+                         if self.args.perf else None)
+            final = self._resize(job.id, new, times, perf_path)
+            if perf_path:
+                for line in resize_profile.summary(perf_path, times["agent_cpu_s"],
+                                            static["bytes_written"] / 1e9):
+                    self.log(line)
             times["load_s"], r = self._timed("load", job_id=job.id, worker_token=token,
                                              generation=final.to_generation)
             times["load_bytes"] = sum(x["bytes"] for x in r.values())
@@ -234,14 +241,22 @@ class Bench:
                     lower_bound_cross_host=stats.lower_bound_cross_host,
                     bytes_written=stats.bytes_local + stats.bytes_cross_host)
 
-    def _resize(self, job_id, new, times):
+    def _resize(self, job_id, new, times, perf_path=None):
+        """`perf_path`: profile the agents during the resize into it (--perf)."""
         pids = [a.pid for a in self.cluster.agents.values()]
-        cpu0 = sum(yardsticks.cpu_seconds(p) for p in pids)
-        t0 = time.monotonic()
-        op = self.client.resize(job_id, new)
-        final = self.client.wait(op.id, timeout=900)
-        times["resize_s"] = time.monotonic() - t0
-        times["agent_cpu_s"] = sum(yardsticks.cpu_seconds(p) for p in pids) - cpu0
+        perf = resize_profile.ResizeProfile(perf_path, pids, self.log) if perf_path else None
+        try:
+            if perf:
+                perf.enable()
+            cpu0 = sum(yardsticks.cpu_seconds(p) for p in pids)
+            t0 = time.monotonic()
+            op = self.client.resize(job_id, new)
+            final = self.client.wait(op.id, timeout=900)
+            times["resize_s"] = time.monotonic() - t0
+            times["agent_cpu_s"] = sum(yardsticks.cpu_seconds(p) for p in pids) - cpu0
+        finally:
+            if perf:
+                perf.stop()
         if final.state != reshard.OperationState.Value("OPERATION_STATE_COMMITTED"):
             raise BenchFailure(f"resize {op.id} ended {reshard.OperationState.Name(final.state)}: "
                                f"{final.error}")
