@@ -22,6 +22,12 @@ enum cudaMemcpyKind : int {
   cudaMemcpyDeviceToHost = 2,
   cudaMemcpyDeviceToDevice = 3,
 };
+inline constexpr cudaError_t cudaErrorMemoryAllocation = 2;
+/// cudaIpcMemHandle_t: 64 opaque bytes, passed by value.
+struct cudaIpcMemHandle_t {
+  char reserved[64];
+};
+inline constexpr unsigned int cudaIpcMemLazyEnablePeerAccess = 1;
 
 // nccl.h
 using ncclResult_t = int;
@@ -42,6 +48,16 @@ struct CudartApi {
   cudaError_t (*GetLastError)();
   cudaError_t (*RuntimeGetVersion)(int*);
   cudaError_t (*DriverGetVersion)(int*);
+  // The device API (cuda_device.h).
+  cudaError_t (*MemcpyAsync)(void*, const void*, size_t, cudaMemcpyKind, cudaStream_t);
+  cudaError_t (*MemcpyPeerAsync)(void*, int, const void*, int, size_t, cudaStream_t);
+  cudaError_t (*MemsetAsync)(void*, int, size_t, cudaStream_t);
+  cudaError_t (*MemGetInfo)(size_t*, size_t*);
+  cudaError_t (*MallocHost)(void**, size_t);
+  cudaError_t (*FreeHost)(void*);
+  cudaError_t (*IpcGetMemHandle)(cudaIpcMemHandle_t*, void*);
+  cudaError_t (*IpcOpenMemHandle)(void**, cudaIpcMemHandle_t, unsigned int);
+  cudaError_t (*IpcCloseMemHandle)(void*);
 };
 
 struct NcclApi {

@@ -116,7 +116,16 @@ CudaLibraries::CudaLibraries() {
               Resolve(cudart, "cudaGetErrorString", &a.GetErrorString, &cudart_error) &
               Resolve(cudart, "cudaGetLastError", &a.GetLastError, &cudart_error) &
               Resolve(cudart, "cudaRuntimeGetVersion", &a.RuntimeGetVersion, &cudart_error) &
-              Resolve(cudart, "cudaDriverGetVersion", &a.DriverGetVersion, &cudart_error);
+              Resolve(cudart, "cudaDriverGetVersion", &a.DriverGetVersion, &cudart_error) &
+              Resolve(cudart, "cudaMemcpyAsync", &a.MemcpyAsync, &cudart_error) &
+              Resolve(cudart, "cudaMemcpyPeerAsync", &a.MemcpyPeerAsync, &cudart_error) &
+              Resolve(cudart, "cudaMemsetAsync", &a.MemsetAsync, &cudart_error) &
+              Resolve(cudart, "cudaMemGetInfo", &a.MemGetInfo, &cudart_error) &
+              Resolve(cudart, "cudaMallocHost", &a.MallocHost, &cudart_error) &
+              Resolve(cudart, "cudaFreeHost", &a.FreeHost, &cudart_error) &
+              Resolve(cudart, "cudaIpcGetMemHandle", &a.IpcGetMemHandle, &cudart_error) &
+              Resolve(cudart, "cudaIpcOpenMemHandle", &a.IpcOpenMemHandle, &cudart_error) &
+              Resolve(cudart, "cudaIpcCloseMemHandle", &a.IpcCloseMemHandle, &cudart_error);
     if (ok) {
       t.have_cudart = true;
       state_.cudart_loaded = true;
