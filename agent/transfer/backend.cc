@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include "agent/transfer/device_api.h"
 #include "agent/transfer/transport.h"
 
 namespace reshard::agent {
@@ -34,6 +35,20 @@ BackendCapabilities NcclCapabilities() {
   return c;
 }
 
+BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device) {
+  const DeviceApiCapabilities d = device.capabilities();
+  BackendCapabilities c;
+  c.name = d.name;
+  c.memory_kinds = {MemoryKind::kHost, MemoryKind::kCuda};
+  c.local = true;
+  c.remote = false;
+  c.used_by_executor = false;
+  c.devices = d.device_count;
+  c.ipc = d.ipc;
+  c.peer_copy = d.peer_copy;
+  return c;
+}
+
 int CudaDeviceCount() {
   void* lib = nullptr;
   for (const char* soname : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
@@ -56,12 +71,13 @@ std::vector<std::string> CompiledBackends() {
   return names;
 }
 
-std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx) {
+std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx, const DeviceApi* device) {
   std::vector<BackendCapabilities> loaded = {LocalCopyCapabilities()};
   if (ucx != nullptr) loaded.push_back(UcxCapabilities());
 #ifdef RESHARD_HAVE_CUDA
   if (CudaDeviceCount() > 0) loaded.push_back(NcclCapabilities());
 #endif
+  if (device != nullptr) loaded.push_back(DeviceBackendCapabilities(*device));
   return loaded;
 }
 

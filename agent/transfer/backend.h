@@ -12,6 +12,7 @@
 
 namespace reshard::agent {
 
+class DeviceApi;
 class Transport;
 
 /// Memory a backend reads from and writes to.
@@ -28,6 +29,12 @@ struct BackendCapabilities {
   /// An execution path (TaskExecutor) moves bytes with it. Only such backends
   /// are advertised: a peer must not plan on a backend nothing here runs.
   bool used_by_executor = false;
+  /// Device backends (DeviceBackendCapabilities): the devices the device
+  /// API sees, and whether its allocations open in other processes (IPC)
+  /// and copy between devices (peer copies). 0 / false for the others.
+  int devices = 0;
+  bool ipc = false;
+  bool peer_copy = false;
 };
 
 /// The strided copier (local_copy.h): host memory within one host.
@@ -37,6 +44,12 @@ BackendCapabilities UcxCapabilities();
 /// NCCL (nccl_transport.h, library reshard_transfer_nccl, built only with
 /// CUDA): CUDA memory between this host's GPUs. No execution path uses it yet.
 BackendCapabilities NcclCapabilities();
+
+/// A device API (device_api.h: "fake" or "cuda", as its capabilities name
+/// it): host and CUDA memory within this host (H2D, D2H, D2D, peer copies),
+/// not between hosts. No execution path uses it yet (the executor's device
+/// path will), so it is not advertised.
+BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
 
 /// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
 /// libcudart, so that the agent does not link CUDA), 0 when there is no
@@ -50,8 +63,10 @@ std::vector<std::string> CompiledBackends();
 
 /// The backends loaded in this process: the local copier always, UCX when
 /// `ucx` is non-null (its context and worker came up), NCCL when compiled and
-/// CudaDeviceCount() > 0.
-std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx);
+/// CudaDeviceCount() > 0, and the device API when `device` is non-null
+/// (MakeDeviceApi: $RESHARD_DEVICE).
+std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx,
+                                                const DeviceApi* device = nullptr);
 
 /// What the agent advertises in Host.transports: the names of `loaded`
 /// backends that an execution path uses, in order.

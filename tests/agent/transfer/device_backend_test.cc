@@ -1,0 +1,45 @@
+// The backend seam with a device API loaded (backend.h): it says what the
+// device moves (host and CUDA memory, within this host) and is still not
+// advertised, since no execution path uses it yet.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "agent/transfer/backend.h"
+#include "agent/transfer/fake_device.h"
+
+namespace reshard::agent {
+namespace {
+
+using ::testing::ElementsAre;
+
+TEST(DeviceBackendTest, TheFakeDeviceStatesItsCapabilities) {
+  FakeDeviceApi fake(FakeDeviceApi::Options{3, 4096});
+  const BackendCapabilities c = DeviceBackendCapabilities(fake);
+  EXPECT_EQ(c.name, "fake");
+  EXPECT_THAT(c.memory_kinds, ElementsAre(MemoryKind::kHost, MemoryKind::kCuda));
+  EXPECT_TRUE(c.local);
+  EXPECT_FALSE(c.remote);
+  EXPECT_FALSE(c.notifications);
+  EXPECT_FALSE(c.used_by_executor);
+  EXPECT_EQ(c.devices, 3);
+  EXPECT_TRUE(c.ipc);
+  EXPECT_TRUE(c.peer_copy);
+}
+
+TEST(DeviceBackendTest, ALoadedDeviceIsListedButNotAdvertised) {
+  FakeDeviceApi fake(FakeDeviceApi::Options{});
+  const std::vector<BackendCapabilities> loaded = LoadedBackends(nullptr, &fake);
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_EQ(loaded[0].name, "local");
+  EXPECT_EQ(loaded[1].name, "fake");
+  EXPECT_EQ(loaded[1].devices, 1);
+  EXPECT_THAT(AdvertisedTransports(loaded), ElementsAre("local"));
+  // Without a device API nothing device-side is listed.
+  for (const BackendCapabilities& c : LoadedBackends(nullptr)) EXPECT_EQ(c.devices, 0) << c.name;
+}
+
+}  // namespace
+}  // namespace reshard::agent
