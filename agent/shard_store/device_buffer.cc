@@ -127,6 +127,7 @@ absl::StatusOr<std::vector<DeviceRankBufferPtr>> DeviceBufferStore::CreateAll(
                                                    " devices and ", item_bytes.size(),
                                                    " item lists: one each per buffer"));
   }
+  if (keys.empty()) return std::vector<DeviceRankBufferPtr>();
   std::vector<std::vector<ItemSlot>> slots(keys.size());
   std::vector<int64_t> sizes(keys.size());
   std::vector<int64_t> needed(limits_.size(), 0);
@@ -149,7 +150,7 @@ absl::StatusOr<std::vector<DeviceRankBufferPtr>> DeviceBufferStore::CreateAll(
     }
     for (size_t d = 0; d < limits_.size(); ++d) {
       const int64_t free_bytes = limits_[d] - accounting_->used[d];
-      if (needed[d] > free_bytes) {
+      if (needed[d] > 0 && needed[d] > free_bytes) {
         return absl::ResourceExhaustedError(absl::StrCat(
             "device ", d, ": ", keys.size(), " buffer(s) of job \"", keys[0].job_id,
             "\" generation ", keys[0].generation, " need ", HumanBytes(needed[d]), " there, ",

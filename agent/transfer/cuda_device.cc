@@ -48,7 +48,7 @@ DeviceApiCapabilities CudaDeviceApi::capabilities() const {
 
 absl::Status CudaDeviceApi::Check(int rc, const char* call, int device, size_t bytes) const {
   if (rc == cudaSuccess) return absl::OkStatus();
-  Cudart()->GetLastError();  // clear the sticky-free error so the next call starts clean
+  Cudart()->GetLastError();  // reset the last error: a later call must not report this one
   std::string msg = absl::StrCat(call, " (CUDA device ", device, ", ", bytes,
                                  " bytes): ", Cudart()->GetErrorString(rc), " (", rc, ")");
   if (rc == cudaErrorMemoryAllocation) return absl::ResourceExhaustedError(msg);

@@ -173,13 +173,13 @@ absl::StatusOr<void*> FakeDeviceApi::Malloc(int device, size_t bytes) {
   return base;
 }
 
-absl::Status FakeDeviceApi::SynchronizeDevice(int device) {
+absl::Status FakeDeviceApi::SynchronizeAll() {
   std::vector<Stream*> streams;
   {
     std::lock_guard<std::mutex> l(mu_);
-    for (Stream* s : streams_) {
-      if (s->device() == device) streams.push_back(s);
-    }
+    // Every stream, not only the device's: a peer copy on another device's
+    // stream may read or write this device's memory.
+    streams.assign(streams_.begin(), streams_.end());
   }
   for (Stream* s : streams) s->Synchronize();
   return absl::OkStatus();
@@ -188,7 +188,7 @@ absl::Status FakeDeviceApi::SynchronizeDevice(int device) {
 absl::Status FakeDeviceApi::Free(int device, void* ptr) {
   if (absl::Status s = CheckDevice("cudaFree", device); !s.ok()) return s;
   if (ptr == nullptr) return absl::OkStatus();
-  if (absl::Status s = SynchronizeDevice(device); !s.ok()) return s;
+  if (absl::Status s = SynchronizeAll(); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations_.end() || it->second.opened || it->second.device != device) {
@@ -422,7 +422,7 @@ absl::StatusOr<void*> FakeDeviceApi::IpcOpen(int device, const std::string& hand
 
 absl::Status FakeDeviceApi::IpcClose(int device, void* ptr) {
   if (absl::Status s = CheckDevice("cudaIpcCloseMemHandle", device); !s.ok()) return s;
-  if (absl::Status s = SynchronizeDevice(device); !s.ok()) return s;
+  if (absl::Status s = SynchronizeAll(); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
   auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
   if (it == allocations_.end() || !it->second.opened || it->second.device != device) {

@@ -13,7 +13,7 @@
 // - IPC across processes for real: a handle names the exporting process and
 //   the allocation's memfd ("fake-ipc <pid> <fd> <device> <bytes>"), opened
 //   as /proc/<pid>/fd/<fd> (same user) and mapped like an allocation.
-// - Free waits for the device's streams first (cudaFree synchronizes).
+// - Free and IpcClose wait for every stream first (cudaFree synchronizes).
 // Thread-safe.
 #pragma once
 
@@ -90,7 +90,8 @@ class FakeDeviceApi : public DeviceApi {
   // Maps `fd` twice and records it; the device address.
   absl::StatusOr<void*> MapLocked(int device, int fd, size_t bytes, int64_t charged, bool opened);
   void Unmap(void* base, const Allocation& a);
-  absl::Status SynchronizeDevice(int device);
+  // Waits for every stream (before memory is unmapped).
+  absl::Status SynchronizeAll();
 
   const Options options_;
   mutable std::mutex mu_;

@@ -1,6 +1,7 @@
 # cmake -P script: configures SOURCE_DIR into BINARY_DIR with -DRESHARD_CUDA=OFF,
-# builds reshard_transfer, reshard-agent and transfer_backend_test, checks that
-# the agent needs neither libcudart nor libnccl, and runs the registry test.
+# builds reshard_transfer, reshard-agent and the registry's and the fake
+# device's tests, checks that the agent needs neither libcudart nor libnccl,
+# and runs those tests.
 # Any failure is a fatal error (non-zero exit). Uses LAUNCHER (e.g. ccache)
 # when the main build has one, else ccache when it is on PATH, else nothing.
 foreach(var SOURCE_DIR BINARY_DIR GENERATOR CXX_COMPILER)
@@ -34,7 +35,8 @@ if(NOT have_cuda STREQUAL "RESHARD_CUDA:STRING=OFF")
 endif()
 
 run(build ${CMAKE_COMMAND} --build ${BINARY_DIR} -j2
-  --target reshard_transfer reshard-agent transfer_backend_test)
+  --target reshard_transfer reshard-agent transfer_backend_test
+  transfer_fake_device_test shard_store_device_test)
 
 set(agent ${BINARY_DIR}/agent/process/reshard-agent)
 execute_process(COMMAND readelf -d ${agent} OUTPUT_VARIABLE dynamic RESULT_VARIABLE rc)
@@ -48,4 +50,7 @@ endif()
 # Built without CUDA: the registry lists no "nccl" (backend_test checks the
 # build's configuration).
 run("transfer_backend_test" ${BINARY_DIR}/tests/agent/transfer/transfer_backend_test)
+# The device API without CUDA: the fake device only ("cuda" is refused).
+run("transfer_fake_device_test" ${BINARY_DIR}/tests/agent/transfer/transfer_fake_device_test)
+run("shard_store_device_test" ${BINARY_DIR}/tests/agent/shard_store/shard_store_device_test)
 message(STATUS "cuda_off_build: configured and built with RESHARD_CUDA=OFF")
