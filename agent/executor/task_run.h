@@ -89,10 +89,11 @@ class TaskRun {
   void CheckItem(const ItemChecks::Key& key);
   // The hash cursor of an item (item_hash.h); null for one nobody feeds.
   ItemHashCursor* CursorOf(int kind, int rank, int item);
-  // Step seals' tag (with a transfer secret) and the item's hash of one
-  // contiguous chunk at `item_offset` of its item, in one pass.
+  // The step seals' tag of one chunk (with a transfer secret) and the
+  // checksums of the items that hold its bytes contiguously, `feeds`:
+  // (cursor, byte offset in its item), in one pass.
   void FoldChunk(size_t remote, int64_t chunk, const uint8_t* data, size_t bytes,
-                 ItemHashCursor* cursor, size_t item_offset);
+                 const std::vector<std::pair<ItemHashCursor*, size_t>>& feeds);
   void ApplyZeroFills();
   void Issue(const TransferLanes::Chunk& c);
   [[nodiscard]] absl::Status HandleCompletions();

@@ -218,9 +218,12 @@ void TaskRun::Issue(const TransferLanes::Chunk& c) {
     // transport reads after this pass).
     const uint8_t* item_base = hs_.old_bufs[step.src_rank()]->item_data(step.item());
     const auto* bytes_at = static_cast<const uint8_t*>(data);
-    FoldChunk(c.step, c.chunk, bytes_at, static_cast<size_t>(bytes),
-              staged ? nullptr : CursorOf(kSourceItem, step.src_rank(), step.item()),
-              staged ? 0 : static_cast<size_t>(bytes_at - item_base));
+    std::vector<std::pair<ItemHashCursor*, size_t>> feeds;
+    if (!staged) {
+      feeds.emplace_back(CursorOf(kSourceItem, step.src_rank(), step.item()),
+                         static_cast<size_t>(bytes_at - item_base));
+    }
+    FoldChunk(c.step, c.chunk, bytes_at, static_cast<size_t>(bytes), feeds);
   } else {
     ex_.transport->Receive(tag, data, bytes, std::move(cb));
   }
@@ -254,21 +257,27 @@ absl::Status TaskRun::HandleCompletions() {
     }
     if (!first_error.ok()) continue;
     if (!r.is_send) {
-      // The bytes exactly as they arrived, before they are unpacked; one
-      // received in place is hashed into its item's checksum in that pass.
-      ItemHashCursor* cursor = nullptr;
-      size_t item_offset = 0;
+      // The tag of the bytes exactly as they arrived (the unpack only reads
+      // them), in one pass with the checksum of every destination that holds
+      // them contiguously: the chunk's own place when received in place,
+      // else each contiguous destination of the unpack (fan-out), once
+      // written.
+      std::vector<std::pair<ItemHashCursor*, size_t>> feeds;
+      const int item = r.step->item();
       if (!f.staging) {
         const int dst_rank = r.step->dsts(0).rank();
-        cursor = CursorOf(kNewItem, dst_rank, r.step->item());
-        item_offset = static_cast<size_t>(f.data - NewBuf(dst_rank)->item_data(r.step->item()));
+        feeds.emplace_back(CursorOf(kNewItem, dst_rank, item),
+                           static_cast<size_t>(f.data - NewBuf(dst_rank)->item_data(item)));
+      } else {
+        const std::vector<MutableStridedView> dsts = DstViews(*r.step, f.start);
+        ex_.copier->Unpack(f.staging->bytes.get(), dsts, f.shape, ElementBytes(item));
+        for (int i = 0; i < r.step->dsts_size(); ++i) {
+          if (!IsContiguous(f.shape, dsts[i].strides)) continue;
+          feeds.emplace_back(CursorOf(kNewItem, r.step->dsts(i).rank(), item),
+                             static_cast<size_t>(dsts[i].offset * ElementBytes(item)));
+        }
       }
-      FoldChunk(f.remote, f.lane_chunk.chunk, f.data, static_cast<size_t>(f.bytes), cursor,
-                item_offset);
-      if (f.staging) {
-        ex_.copier->Unpack(f.staging->bytes.get(), DstViews(*r.step, f.start), f.shape,
-                           ElementBytes(r.step->item()));
-      }
+      FoldChunk(f.remote, f.lane_chunk.chunk, f.data, static_cast<size_t>(f.bytes), feeds);
       done_ += f.bytes * r.step->dsts_size();
       for (const auto& d : r.step->dsts()) checks_->Done({kNewItem, d.rank(), r.step->item()});
     } else {
@@ -304,17 +313,19 @@ void TaskRun::CopyNextLocalPiece() {
 }
 
 void TaskRun::FoldChunk(size_t remote, int64_t chunk, const uint8_t* data, size_t bytes,
-                        ItemHashCursor* cursor, size_t item_offset) {
-  if (seals_) {
-    std::function<void(size_t, const uint8_t*, size_t)> also;
-    if (cursor != nullptr) {
-      also = [&](size_t offset, const uint8_t* block, size_t n) {
-        cursor->Landed(item_offset + offset, n, block);
-      };
+                        const std::vector<std::pair<ItemHashCursor*, size_t>>& feeds) {
+  const auto feed = [&](size_t offset, const uint8_t* block, size_t n) {
+    for (const auto& [cursor, item_offset] : feeds) {
+      if (cursor != nullptr) cursor->Landed(item_offset + offset, n, block);
     }
-    seals_->AddChunk(remote, chunk, data, bytes, also);
-  } else if (cursor != nullptr) {
-    cursor->Landed(item_offset, bytes, data);
+  };
+  if (seals_) {
+    seals_->AddChunk(remote, chunk, data, bytes,
+                     feeds.empty() ? std::function<void(size_t, const uint8_t*, size_t)>() : feed);
+  } else if (feeds.size() == 1) {
+    feed(0, data, bytes);
+  } else if (!feeds.empty()) {
+    ForEachBlock(data, bytes, feed);  // each block hot for every destination
   }
 }
 
