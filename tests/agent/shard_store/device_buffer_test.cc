@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/transfer/fake_device.h"
@@ -142,6 +143,32 @@ TEST_F(DeviceBufferTest, TheMemoryLimitCountsDeviceBytesPerDevice) {
   EXPECT_EQ(devices->used_bytes(1), 0);
   EXPECT_EQ(api_.used_bytes(0), 0);
   EXPECT_EQ(api_.used_bytes(1), 0);
+}
+
+TEST_F(DeviceBufferTest, ConcurrentCreationsNeverPassTheLimit) {
+  // 8 threads each want 16 KiB of device 0's 64 KiB: exactly 4 get it.
+  std::unique_ptr<DeviceBufferStore> devices = OpenDevices(64 << 10, 1 << 20);
+  ASSERT_NE(devices, nullptr);
+  std::vector<absl::Status> results(8);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&, i] {
+      results[i] = devices->CreateAll({Key(i)}, {0}, {{16 << 10}}).status();
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  int made = 0;
+  for (const absl::Status& s : results) {
+    if (s.ok()) {
+      ++made;
+    } else {
+      EXPECT_TRUE(absl::IsResourceExhausted(s)) << s;
+    }
+  }
+  EXPECT_EQ(made, 4);
+  EXPECT_EQ(devices->List().size(), 4u);
+  EXPECT_EQ(devices->used_bytes(0), 64 << 10);
+  EXPECT_EQ(api_.used_bytes(0), 64 << 10);
 }
 
 TEST_F(DeviceBufferTest, ADeviceThatRunsOutFailsTheWholeCreation) {

@@ -39,9 +39,11 @@ class FakeDeviceTest : public ::testing::Test {
     EXPECT_TRUE(p.ok()) << p.status();
     return p.ok() ? *p : nullptr;
   }
+  // Copies and waits: `host` may be a temporary.
   void ToDevice(void* dev, const std::vector<uint8_t>& host) {
     ASSERT_TRUE(
         api_.MemcpyAsync(dev, host.data(), host.size(), CopyKind::kHostToDevice, stream_).ok());
+    ASSERT_TRUE(api_.StreamSynchronize(stream_).ok());
   }
   std::vector<uint8_t> FromDevice(const void* dev, size_t bytes) {
     std::vector<uint8_t> host(bytes);
@@ -73,10 +75,10 @@ TEST_F(FakeDeviceTest, OneStreamRunsItsCopiesInOrder) {
   void* dev = Alloc(0, 8192);
   std::function<void()> release = api_.HoldStream(stream_);
   const std::vector<uint8_t> first = Pattern(8192, 3), second = Pattern(8192, 90);
-  ToDevice(dev, first);
+  ASSERT_TRUE(api_.MemcpyAsync(dev, first.data(), 8192, CopyKind::kHostToDevice, stream_).ok());
   std::vector<uint8_t> between(8192, 0);
   ASSERT_TRUE(api_.MemcpyAsync(between.data(), dev, 8192, CopyKind::kDeviceToHost, stream_).ok());
-  ToDevice(dev, second);
+  ASSERT_TRUE(api_.MemcpyAsync(dev, second.data(), 8192, CopyKind::kHostToDevice, stream_).ok());
   ASSERT_TRUE(api_.MemsetAsync(static_cast<uint8_t*>(dev) + 100, 0x5A, 10, stream_).ok());
   release();
   ASSERT_TRUE(api_.StreamSynchronize(stream_).ok());
@@ -86,6 +88,28 @@ TEST_F(FakeDeviceTest, OneStreamRunsItsCopiesInOrder) {
   std::vector<uint8_t> expected = second;
   for (int i = 100; i < 110; ++i) expected[i] = 0x5A;
   EXPECT_EQ(FromDevice(dev, 8192), expected);
+}
+
+TEST_F(FakeDeviceTest, StreamsRunIndependently) {
+  // A held stream keeps its own work back, not another stream's.
+  absl::StatusOr<DeviceStream> other = api_.CreateStream(0);
+  ASSERT_TRUE(other.ok()) << other.status();
+  void* dev = Alloc(0, 256);
+  std::function<void()> release = api_.HoldStream(stream_);
+  std::vector<uint8_t> held(256, 0), free_running(256, 0);
+  const std::vector<uint8_t> bytes = Pattern(256, 40);
+  ASSERT_TRUE(api_.MemcpyAsync(dev, bytes.data(), 256, CopyKind::kHostToDevice, *other).ok());
+  ASSERT_TRUE(
+      api_.MemcpyAsync(free_running.data(), dev, 256, CopyKind::kDeviceToHost, *other).ok());
+  ASSERT_TRUE(api_.MemcpyAsync(held.data(), dev, 256, CopyKind::kDeviceToHost, stream_).ok());
+  ASSERT_TRUE(api_.StreamSynchronize(*other).ok());
+  EXPECT_EQ(free_running, bytes);
+  EXPECT_EQ(held, std::vector<uint8_t>(256, 0));
+  release();
+  ASSERT_TRUE(api_.StreamSynchronize(stream_).ok());
+  EXPECT_EQ(held, bytes);
+  ASSERT_TRUE(api_.DestroyStream(*other).ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.StreamSynchronize(*other)));  // destroyed
 }
 
 TEST_F(FakeDeviceTest, DeviceToDeviceAndPeerCopies) {
