@@ -2,8 +2,8 @@
 // without a device every test skips, saying why (CudaLibraries' reason). On
 // a GPU machine (issue 23's device check) it runs the same contract the fake
 // device's tests check: copies in stream order, exact bytes back, capacity
-// errors as ResourceExhausted, IPC handles opened by this process refused
-// (CUDA opens them only in another process).
+// errors as ResourceExhausted, and IPC into a real child process
+// (transfer_device_peer with the "cuda" device API).
 #include "agent/transfer/cuda_device.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "agent/transfer/cuda_libraries.h"
+#include "device_peer.h"
 
 namespace reshard::agent {
 namespace {
@@ -84,6 +85,27 @@ TEST_F(CudaDeviceTest, IpcHandlesHave64Bytes) {
   EXPECT_EQ(h->size(), 64u);
   EXPECT_TRUE(absl::IsInvalidArgument(api_->IpcOpen(0, "short").status()));
   ASSERT_TRUE(api_->Free(0, *p).ok());
+}
+
+TEST_F(CudaDeviceTest, IpcIntoAChildProcess) {
+  constexpr size_t kBytes = (4 << 20) + 5;
+  absl::StatusOr<void*> dev = api_->Malloc(0, kBytes);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  absl::StatusOr<DeviceStream> s = api_->CreateStream(0);
+  ASSERT_TRUE(s.ok()) << s.status();
+  const std::vector<uint8_t> ours = PeerPattern(kBytes, 21);
+  ASSERT_TRUE(api_->MemcpyAsync(*dev, ours.data(), kBytes, CopyKind::kHostToDevice, *s).ok());
+  ASSERT_TRUE(api_->StreamSynchronize(*s).ok());
+  absl::StatusOr<std::string> handle = api_->IpcExport(0, *dev);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  // The child checks our bytes, then writes its own through the handle.
+  ASSERT_EQ(RunDevicePeer("cuda", *handle, kBytes, 21, 77), 0);
+  std::vector<uint8_t> back(kBytes);
+  ASSERT_TRUE(api_->MemcpyAsync(back.data(), *dev, kBytes, CopyKind::kDeviceToHost, *s).ok());
+  ASSERT_TRUE(api_->StreamSynchronize(*s).ok());
+  EXPECT_EQ(back, PeerPattern(kBytes, 77));
+  ASSERT_TRUE(api_->DestroyStream(*s).ok());
+  ASSERT_TRUE(api_->Free(0, *dev).ok());
 }
 
 }  // namespace

@@ -1,10 +1,7 @@
 // The fake device (fake_device.h): stream ordering, capacity, alignment,
 // device memory that the host cannot touch, IPC into a real child process
-// (fake_device_peer), and the factory ($RESHARD_DEVICE).
+// (transfer_device_peer), and the factory ($RESHARD_DEVICE).
 #include "agent/transfer/fake_device.h"
-
-#include <spawn.h>
-#include <sys/wait.h>
 
 #include <gtest/gtest.h>
 
@@ -13,17 +10,12 @@
 #include <vector>
 
 #include "agent/transfer/device_api.h"
-
-extern char** environ;
+#include "device_peer.h"
 
 namespace reshard::agent {
 namespace {
 
-std::vector<uint8_t> Pattern(size_t bytes, int seed) {
-  std::vector<uint8_t> v(bytes);
-  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(seed + 7 * i);
-  return v;
-}
+std::vector<uint8_t> Pattern(size_t bytes, int seed) { return PeerPattern(bytes, seed); }
 
 class FakeDeviceTest : public ::testing::Test {
  protected:
@@ -204,20 +196,6 @@ TEST_F(FakeDeviceTest, IpcOpenInTheSameProcessAliasesTheAllocation) {
       api_.IpcExport(0, static_cast<uint8_t*>(dev) + 256).status()));  // not a base
 }
 
-// Runs fake_device_peer on `handle`; its exit status.
-int RunPeer(const std::string& handle, size_t bytes, int read_seed, int write_seed) {
-  std::vector<std::string> args = {RESHARD_FAKE_DEVICE_PEER_PATH, handle, std::to_string(bytes),
-                                   std::to_string(read_seed), std::to_string(write_seed)};
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  pid_t pid = 0;
-  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
-  int status = 0;
-  if (waitpid(pid, &status, 0) != pid) return -1;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-}
-
 TEST_F(FakeDeviceTest, IpcIntoAChildProcess) {
   constexpr size_t kBytes = (1 << 16) + 123;
   void* dev = Alloc(0, kBytes);
@@ -226,13 +204,13 @@ TEST_F(FakeDeviceTest, IpcIntoAChildProcess) {
   absl::StatusOr<std::string> handle = api_.IpcExport(0, dev);
   ASSERT_TRUE(handle.ok()) << handle.status();
   // The child checks our bytes, then writes its own through the handle.
-  ASSERT_EQ(RunPeer(*handle, kBytes, 21, 77), 0);
+  ASSERT_EQ(RunDevicePeer("fake", *handle, kBytes, 21, 77), 0);
   EXPECT_EQ(FromDevice(dev, kBytes), Pattern(kBytes, 77));
   // A child that expects other bytes than the allocation holds says so.
-  EXPECT_EQ(RunPeer(*handle, kBytes, 21, 1), 2);
+  EXPECT_EQ(RunDevicePeer("fake", *handle, kBytes, 21, 1), 2);
   // After Free, the handle opens nothing.
   ASSERT_TRUE(api_.Free(0, dev).ok());
-  EXPECT_EQ(RunPeer(*handle, kBytes, 1, 2), 1);
+  EXPECT_EQ(RunDevicePeer("fake", *handle, kBytes, 1, 2), 1);
 }
 
 TEST(DeviceApiFactoryTest, SpecsPickTheApi) {

@@ -1,0 +1,43 @@
+// Runs transfer_device_peer (device_peer_main.cc) on an exported device
+// allocation, for the IPC tests of the fake and the CUDA device APIs.
+#pragma once
+
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+
+extern char** environ;
+
+namespace reshard::agent {
+
+/// Byte i of a test pattern: (seed + 7 i) mod 256, as the peer checks.
+inline std::vector<uint8_t> PeerPattern(size_t bytes, int seed) {
+  std::vector<uint8_t> v(bytes);
+  for (size_t i = 0; i < bytes; ++i) v[i] = static_cast<uint8_t>(seed + 7 * i);
+  return v;
+}
+
+/// The peer's exit status: 0 when it read PeerPattern(bytes, read_seed)
+/// through `handle` and wrote PeerPattern(bytes, write_seed), 2 when it read
+/// other bytes, 1 on a device API error; -1 when it did not run.
+inline int RunDevicePeer(const std::string& spec, const std::string& handle, size_t bytes,
+                         int read_seed, int write_seed) {
+  std::vector<std::string> args = {RESHARD_DEVICE_PEER_PATH,   spec,
+                                   absl::BytesToHexString(handle), std::to_string(bytes),
+                                   std::to_string(read_seed),  std::to_string(write_seed)};
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = 0;
+  if (posix_spawn(&pid, argv[0], nullptr, nullptr, argv.data(), environ) != 0) return -1;
+  int status = 0;
+  if (waitpid(pid, &status, 0) != pid) return -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+}  // namespace reshard::agent
