@@ -185,20 +185,29 @@ absl::Status FakeDeviceApi::SynchronizeAll() {
   return absl::OkStatus();
 }
 
+absl::StatusOr<FakeDeviceApi::Allocations::iterator> FakeDeviceApi::FindLocked(const char* call,
+                                                                              int device,
+                                                                              void* ptr,
+                                                                              bool opened) {
+  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
+  if (it == allocations_.end() || it->second.opened != opened || it->second.device != device) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        call, " (fake device ", device, "): ", Addr(ptr), " is not memory that ",
+        opened ? "IpcOpen" : "Malloc", " returned on this device"));
+  }
+  return it;
+}
+
 absl::Status FakeDeviceApi::Free(int device, void* ptr) {
   if (absl::Status s = CheckDevice("cudaFree", device); !s.ok()) return s;
   if (ptr == nullptr) return absl::OkStatus();
   if (absl::Status s = SynchronizeAll(); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == allocations_.end() || it->second.opened || it->second.device != device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cudaFree (fake device ", device, "): ", Addr(ptr),
-                     " is not an allocation that Malloc returned on this device"));
-  }
-  used_[device] -= it->second.charged;
-  Unmap(ptr, it->second);
-  allocations_.erase(it);
+  absl::StatusOr<Allocations::iterator> it = FindLocked("cudaFree", device, ptr, false);
+  if (!it.ok()) return it.status();
+  used_[device] -= (*it)->second.charged;
+  Unmap(ptr, (*it)->second);
+  allocations_.erase(*it);
   return absl::OkStatus();
 }
 
@@ -380,14 +389,10 @@ absl::Status FakeDeviceApi::FreeHost(void* ptr) {
 absl::StatusOr<std::string> FakeDeviceApi::IpcExport(int device, void* ptr) {
   if (absl::Status s = CheckDevice("cudaIpcGetMemHandle", device); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == allocations_.end() || it->second.opened || it->second.device != device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cudaIpcGetMemHandle (fake device ", device, "): ", Addr(ptr),
-                     " is not an allocation that Malloc returned on this device"));
-  }
-  return absl::StrCat(kIpcTag, " ", getpid(), " ", it->second.fd, " ", device, " ",
-                      it->second.bytes);
+  absl::StatusOr<Allocations::iterator> it = FindLocked("cudaIpcGetMemHandle", device, ptr, false);
+  if (!it.ok()) return it.status();
+  return absl::StrCat(kIpcTag, " ", getpid(), " ", (*it)->second.fd, " ", device, " ",
+                      (*it)->second.bytes);
 }
 
 absl::StatusOr<void*> FakeDeviceApi::IpcOpen(int device, const std::string& handle) {
@@ -424,14 +429,10 @@ absl::Status FakeDeviceApi::IpcClose(int device, void* ptr) {
   if (absl::Status s = CheckDevice("cudaIpcCloseMemHandle", device); !s.ok()) return s;
   if (absl::Status s = SynchronizeAll(); !s.ok()) return s;
   std::lock_guard<std::mutex> l(mu_);
-  auto it = allocations_.find(reinterpret_cast<uintptr_t>(ptr));
-  if (it == allocations_.end() || !it->second.opened || it->second.device != device) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("cudaIpcCloseMemHandle (fake device ", device, "): ", Addr(ptr),
-                     " is not memory that IpcOpen returned on this device"));
-  }
-  Unmap(ptr, it->second);
-  allocations_.erase(it);
+  absl::StatusOr<Allocations::iterator> it = FindLocked("cudaIpcCloseMemHandle", device, ptr, true);
+  if (!it.ok()) return it.status();
+  Unmap(ptr, (*it)->second);
+  allocations_.erase(*it);
   return absl::OkStatus();
 }
 

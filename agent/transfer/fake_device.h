@@ -77,6 +77,7 @@ class FakeDeviceApi : public DeviceApi {
     bool opened = false;        // by IpcOpen
   };
   class Stream;
+  using Allocations = std::map<uintptr_t, Allocation>;  // by device address
 
   absl::Status CheckDevice(const char* call, int device) const;
   // The fake's read-write address of [ptr, ptr + bytes) when it lies within
@@ -87,6 +88,11 @@ class FakeDeviceApi : public DeviceApi {
   absl::Status CheckHost(const char* call, const char* what, const void* ptr, size_t bytes,
                          int device) const;
   absl::StatusOr<Stream*> Find(const char* call, DeviceStream stream) const;
+  // The allocation whose device address is `ptr`, on `device`, made by
+  // IpcOpen (`opened`) or Malloc; InvalidArgument naming `call` otherwise.
+  // Holds mu_.
+  absl::StatusOr<Allocations::iterator> FindLocked(const char* call, int device, void* ptr,
+                                                   bool opened);
   // Maps `fd` twice and records it; the device address.
   absl::StatusOr<void*> MapLocked(int device, int fd, size_t bytes, int64_t charged, bool opened);
   void Unmap(void* base, const Allocation& a);
@@ -95,7 +101,7 @@ class FakeDeviceApi : public DeviceApi {
 
   const Options options_;
   mutable std::mutex mu_;
-  std::map<uintptr_t, Allocation> allocations_;  // by device address
+  Allocations allocations_;
   std::vector<int64_t> used_;                    // per device
   std::set<Stream*> streams_;
 };
