@@ -231,16 +231,22 @@ absl::Status DeviceBufferStore::WriteItem(const RankBufferKey& key, int item, in
           "device ", Describe(key), (*b)->sealed_ ? " is sealed" : " is being sealed",
           ": its bytes are immutable"));
     }
+    ++(*b)->writing_;  // Seal waits for no write
   }
-  absl::StatusOr<ScopedStream> s = ScopedStream::Create(api_, (*b)->device());
-  if (!s.ok()) return s.status();
-  uint8_t* dst = static_cast<uint8_t*>((*b)->data()) + (*b)->items()[item].offset + offset;
-  if (absl::Status st = api_->MemcpyAsync(dst, src, static_cast<size_t>(bytes),
-                                          CopyKind::kHostToDevice, s->get());
-      !st.ok()) {
-    return st;
-  }
-  return api_->StreamSynchronize(s->get());
+  absl::Status st = [&] {
+    absl::StatusOr<ScopedStream> s = ScopedStream::Create(api_, (*b)->device());
+    if (!s.ok()) return s.status();
+    uint8_t* dst = static_cast<uint8_t*>((*b)->data()) + (*b)->items()[item].offset + offset;
+    if (absl::Status c = api_->MemcpyAsync(dst, src, static_cast<size_t>(bytes),
+                                           CopyKind::kHostToDevice, s->get());
+        !c.ok()) {
+      return c;
+    }
+    return api_->StreamSynchronize(s->get());
+  }();
+  std::lock_guard<std::mutex> l(accounting_->mu);
+  --(*b)->writing_;
+  return st;
 }
 
 absl::Status DeviceBufferStore::ReadItem(const RankBufferKey& key, int item, int64_t offset,
@@ -334,6 +340,10 @@ absl::StatusOr<std::vector<uint64_t>> DeviceBufferStore::Seal(
     if (b.sealing_) {
       return absl::FailedPreconditionError(
           absl::StrCat("device ", Describe(key), " is being sealed by another call"));
+    }
+    if (b.writing_ > 0) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "device ", Describe(key), " is being written by ", b.writing_, " call(s)"));
     }
     b.sealing_ = true;
   }

@@ -62,6 +62,7 @@ class DeviceRankBuffer {
   // Guarded by accounting_->mu.
   bool sealed_ = false;
   bool sealing_ = false;
+  int writing_ = 0;  // WriteItem calls in flight
   std::vector<uint64_t> checksums_;
 };
 using DeviceRankBufferPtr = std::shared_ptr<DeviceRankBuffer>;
@@ -109,7 +110,8 @@ class DeviceBufferStore {
   /// (one per item, or empty) a mismatch is DataLoss naming the item, and
   /// the buffer stays unsealed. Sealing a sealed buffer returns its
   /// checksums (DataLoss when `expected` differs). FailedPrecondition while
-  /// another call seals it.
+  /// another call seals it or a WriteItem is in flight (the checksums would
+  /// not cover its bytes).
   [[nodiscard]] absl::StatusOr<std::vector<uint64_t>> Seal(const RankBufferKey& key,
                                                            const std::vector<uint64_t>& expected);
 

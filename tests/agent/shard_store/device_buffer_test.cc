@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -184,6 +187,63 @@ TEST_F(DeviceBufferTest, ADeviceThatRunsOutFailsTheWholeCreation) {
   EXPECT_TRUE(devices->List().empty());
   EXPECT_EQ(devices->used_bytes(0), 0);
   EXPECT_EQ(api_.used_bytes(0), 0);
+}
+
+// A fake device whose host-to-device copies wait, once armed, until released.
+class GatedFakeDevice : public FakeDeviceApi {
+ public:
+  GatedFakeDevice() : FakeDeviceApi(Options{}) {}
+  void Arm() { armed_ = true; }
+  void WaitUntilEntered() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return entered_; });
+  }
+  void Release() {
+    std::lock_guard<std::mutex> l(mu_);
+    released_ = true;
+    cv_.notify_all();
+  }
+  absl::Status MemcpyAsync(void* dst, const void* src, size_t bytes, CopyKind kind,
+                           DeviceStream stream) override {
+    if (kind == CopyKind::kHostToDevice && armed_) {
+      std::unique_lock<std::mutex> l(mu_);
+      entered_ = true;
+      cv_.notify_all();
+      cv_.wait(l, [this] { return released_; });
+    }
+    return FakeDeviceApi::MemcpyAsync(dst, src, bytes, kind, stream);
+  }
+
+ private:
+  std::atomic<bool> armed_{false};
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool entered_ = false;
+  bool released_ = false;
+};
+
+TEST_F(DeviceBufferTest, SealRefusesWhileAWriteIsInFlight) {
+  GatedFakeDevice gated;
+  absl::StatusOr<std::unique_ptr<DeviceBufferStore>> devices =
+      DeviceBufferStore::Open(&gated, DeviceBufferStore::Options{});
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  ASSERT_TRUE((*devices)->CreateAll({Key(0)}, {0}, {{4096}}).ok());
+  const std::vector<uint8_t> bytes = Pattern(4096, 3);
+  gated.Arm();
+  absl::Status written;
+  std::thread writer(
+      [&] { written = (*devices)->WriteItem(Key(0), 0, 0, bytes.data(), 4096); });
+  gated.WaitUntilEntered();
+  absl::StatusOr<std::vector<uint64_t>> early = (*devices)->Seal(Key(0), {});
+  EXPECT_TRUE(absl::IsFailedPrecondition(early.status())) << early.status();
+  EXPECT_NE(early.status().message().find("is being written by 1 call(s)"), std::string::npos)
+      << early.status();
+  gated.Release();
+  writer.join();
+  ASSERT_TRUE(written.ok()) << written;
+  absl::StatusOr<std::vector<uint64_t>> sealed = (*devices)->Seal(Key(0), {});
+  ASSERT_TRUE(sealed.ok()) << sealed.status();
+  EXPECT_EQ(*sealed, std::vector<uint64_t>{Checksum(bytes.data(), bytes.size())});
 }
 
 TEST_F(DeviceBufferTest, ASealedBufferIsImmutable) {
