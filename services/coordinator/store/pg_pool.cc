@@ -38,6 +38,23 @@ bool CurrentExceptionBrokeConnection() {
   }
 }
 
+// The server rolled the transaction back to break a deadlock
+// (deadlock_detected) or a serialization conflict (serialization_failure):
+// nothing of it happened, and running it again can succeed.
+bool CurrentExceptionIsRetryableRollback() {
+  try {
+    throw;
+  } catch (const pqxx::deadlock_detected&) {
+    return true;  // libpqxx 6 leaves sqlstate() empty on these two
+  } catch (const pqxx::serialization_failure&) {
+    return true;
+  } catch (const pqxx::sql_error& e) {
+    return e.sqlstate() == "40P01" || e.sqlstate() == "40001";
+  } catch (...) {
+    return false;
+  }
+}
+
 bool CurrentExceptionIsInDoubt() {
   try {
     throw;
@@ -377,8 +394,10 @@ void PgPool::Release(std::unique_ptr<pqxx::connection> conn, bool broken, CallCl
   // Closing happens outside the lock.
 }
 
-absl::Status PgPool::RunOnce(absl::string_view what, const Body& body, bool* broken) {
+absl::Status PgPool::RunOnce(absl::string_view what, const Body& body, bool* broken,
+                             bool* rolled_back) {
   *broken = false;
+  *rolled_back = false;
   const CallClass call_class = CurrentCallClass();
   absl::StatusOr<std::unique_ptr<pqxx::connection>> conn = Acquire(call_class);
   if (!conn.ok()) return conn.status();
@@ -404,6 +423,7 @@ absl::Status PgPool::RunOnce(absl::string_view what, const Body& body, bool* bro
     // Otherwise ~work rolls back.
   } catch (...) {
     *broken = CurrentExceptionBrokeConnection();
+    *rolled_back = CurrentExceptionIsRetryableRollback();
     const bool in_doubt = CurrentExceptionIsInDoubt();
     status = StatusFromCurrentException(tx.current_statement());
     const bool fired = watch.Disarm();
@@ -436,13 +456,25 @@ absl::Status PgPool::RunOnce(absl::string_view what, const Body& body, bool* bro
 }
 
 absl::Status PgPool::Transact(absl::string_view what, const Body& body) {
-  bool broken = false;
-  absl::Status status = RunOnce(what, body, &broken);
-  if (!broken) return status;
-  // The connection broke before the commit: nothing happened, so the whole
-  // transaction can run again, on a new connection.
-  status = RunOnce(what, body, &broken);
-  return status;
+  int broken_retries = 1;
+  int rollback_retries = kRollbackRetries;
+  for (;;) {
+    bool broken = false, rolled_back = false;
+    absl::Status status = RunOnce(what, body, &broken, &rolled_back);
+    // The connection broke before the commit: nothing happened, so the whole
+    // transaction can run again, on a new connection.
+    if (broken && broken_retries-- > 0) continue;
+    // Rolled back by the server to break a deadlock or a serialization
+    // conflict: nothing happened, and the transaction it lost to has its
+    // locks now, so running it again goes through.
+    if (rolled_back && rollback_retries-- > 0) {
+      RESHARD_LOG(INFO) << "PostgreSQL rolled back " << what << " (" << status.message()
+                        << "); running it again";
+      rollbacks_retried_.fetch_add(1);
+      continue;
+    }
+    return status;
+  }
 }
 
 }  // namespace reshard::coordinator::pg

@@ -17,6 +17,7 @@
 // running the transaction body it was passed to.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <functional>
@@ -147,9 +148,17 @@ class PgPool {
   /// back otherwise. When the connection turns out to be broken before the
   /// commit (the server restarted, the backend was terminated), the
   /// connection is replaced and `body` runs once more on a fresh one, so it
-  /// must only touch state it resets. Unavailable when no connection can be
-  /// opened or the commit's outcome is unknown.
+  /// must only touch state it resets. A transaction the server rolled back
+  /// to break a deadlock or a serialization conflict (SQLSTATE 40P01, 40001)
+  /// runs again the same way, up to kRollbackRetries times; after that it is
+  /// Aborted. Unavailable when no connection can be opened or the commit's
+  /// outcome is unknown.
   [[nodiscard]] absl::Status Transact(absl::string_view what, const Body& body);
+  static constexpr int kRollbackRetries = 3;
+
+  /// Transactions run again after the server rolled them back (deadlock,
+  /// serialization conflict); for tests and logs.
+  int64_t rollbacks_retried() const { return rollbacks_retried_.load(); }
 
   /// Connections open now (idle or leased); for tests.
   int open_connections() const;
@@ -176,7 +185,9 @@ class PgPool {
   [[nodiscard]] absl::StatusOr<std::unique_ptr<pqxx::connection>> Connect();
   // One attempt; sets *broken when the connection failed under it (and
   // may be retried: not when its deadline ended it).
-  absl::Status RunOnce(absl::string_view what, const Body& body, bool* broken);
+  absl::Status RunOnce(absl::string_view what, const Body& body, bool* broken,
+                       bool* rolled_back);
+  std::atomic<int64_t> rollbacks_retried_{0};
   std::optional<std::chrono::steady_clock::time_point> SilentSinceLocked() const;
 
   const Options options_;
