@@ -141,10 +141,31 @@ absl::Status TaskRun::SetUp() {
   return absl::OkStatus();
 }
 
-absl::Status TaskRun::Prove() {
-  for (const auto& [peer, address] : hs_.send_peers) {
-    if (absl::Status s = ex_.transport->Connect(peer, address); !s.ok()) return Fail(s);
+// Connects every peer host of the task (the run owns its connections: the
+// session no longer connects them first). An endpoint can fail to come up
+// for a moment (e.g. while one to the same peer from an aborted attempt is
+// being torn down): a few tries within about a second before the task fails.
+absl::Status TaskRun::ConnectPeers() {
+  if (ex_.transport == nullptr) return absl::OkStatus();  // a local plan (SetUp checked)
+  constexpr int kConnectAttempts = 4;
+  for (const v1::PeerHost& p : task_.peers()) {
+    if (p.host_id() == host_id_ || p.ucx_address().empty()) continue;
+    absl::Status connect;
+    for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
+      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+      connect = ex_.transport->Connect(p.host_id(), p.ucx_address());
+      if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled_ && cancelled_())) break;
+    }
+    if (!connect.ok()) {
+      return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
+                                                       "\": ", connect.message()));
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status TaskRun::Prove() {
+  if (absl::Status s = ConnectPeers(); !s.ok()) return Fail(s);
   // Every sender proves to every receiver that it belongs to the operation
   // before any receive of its data is posted.
   if (task_.transfer_secret().empty() || hs_.remotes.empty()) return absl::OkStatus();

@@ -3,8 +3,9 @@
 //  - SetUp: check the task, sort out this host's part (host_steps.h), lease
 //    the sealed sources, make (or, for a prepared phase, open) the new
 //    buffers, derive the transfer tag key and context (transfer_tags.h);
-//  - Prove: connect to the hosts this one sends to and exchange the transfer
-//    proofs (peer_proof.h) before any receive of a peer's data is posted;
+//  - Prove: connect to the task's peer hosts (the run owns its connections)
+//    and exchange the transfer proofs (peer_proof.h) before any receive of a
+//    peer's data is posted;
 //  - Move: zero fills, local copies and cross-host chunks (step_chunks.h,
 //    transfer_lanes.h), every item hashed as its bytes pass where they
 //    are contiguous (item_hash.h) and checked once its last access is over
@@ -79,6 +80,7 @@ class TaskRun {
   // The phases (see the file comment).
   [[nodiscard]] absl::Status SetUp();
   [[nodiscard]] absl::Status Prove();
+  [[nodiscard]] absl::Status ConnectPeers();
   [[nodiscard]] absl::Status Move();
   [[nodiscard]] absl::Status Verify();
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Seal();

@@ -3,8 +3,8 @@
 //   Fetch     GetTask, retried with backoff while the coordinator is unreachable;
 //   Announce  the task's job and generations, and a checkpoint's ranks its
 //             workers publish here, for AcceptsPublish;
-//   Execute   on a thread of its own: connect the peers, then TaskExecutor::
-//             Execute (or, for a checkpoint, wait for the workers' publish),
+//   Execute   on a thread of its own: TaskExecutor::Execute, which connects
+//             the peers itself (or, for a checkpoint, wait for the workers' publish),
 //             while this thread watches: a RUNNING report every kReportPeriodMs,
 //             which may answer abort (the task is cancelled);
 //   Report    the final PREPARED, DONE or FAILED report, and what it implies
@@ -34,10 +34,6 @@ using session_rpc::SetDeadline;
 constexpr int kReportPeriodMs = 500;
 constexpr int kGetTaskDeadlineMs = 30000;
 constexpr int kGetTaskAttempts = 10;
-// An endpoint can fail to come up for a moment (e.g. while one to the same
-// peer from an aborted attempt is being torn down): a few tries within about
-// a second before the task fails.
-constexpr int kConnectAttempts = 4;
 
 }  // namespace
 
@@ -134,26 +130,7 @@ class OperationRun {
       if (!publish_steps_.ok()) return publish_steps_.status();
       return AwaitPublished(s_.store_, task_, *publish_steps_, progress, cancelled, waiting);
     }
-    if (absl::Status connected = ConnectPeers(); !connected.ok()) return connected;
     return s_.executor_->Execute(host_, task_, progress, cancelled, waiting);
-  }
-
-  absl::Status ConnectPeers() {
-    if (s_.transport_ == nullptr) return absl::OkStatus();
-    for (const v1::PeerHost& p : task_.peers()) {
-      if (p.host_id() == host_ || p.ucx_address().empty()) continue;
-      absl::Status connect;
-      for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
-        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-        connect = s_.transport_->Connect(p.host_id(), p.ucx_address());
-        if (connect.ok() || !absl::IsUnavailable(connect) || op_->cancel.load()) break;
-      }
-      if (!connect.ok()) {
-        return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
-                                                         "\": ", connect.message()));
-      }
-    }
-    return absl::OkStatus();
   }
 
   // RUNNING reports until Execute ends; an abort answer cancels the task.
