@@ -4,8 +4,9 @@ perf attaches to the agents' pids before the resize, disabled, and is enabled
 and disabled through its control FIFOs around the resize itself, so the
 profile holds the resize and nothing of the publish, the load or the set-up.
 Each repetition writes DIR/case<N>-rep<R>.data; `summary` splits the samples
-by library (kernel, libxxhash, libcrypto, libc, UCX, the agent) and by the
-kernel's biggest symbols, as CPU-seconds per GB written.
+by library (kernel, libxxhash, libcrypto, libc, UCX, the agent) and by what
+the bytes pay for (groups of symbols: TCP copies, page zeroing, page faults and
+mapping, XXH3, memmove, locks and wake-ups), as CPU-seconds per GB written.
 """
 
 import os
@@ -13,10 +14,20 @@ import shutil
 import signal
 import subprocess
 
-# The kernel symbols worth naming, grouped by what the bytes pay for.
-_KERNEL_GROUPS = (
-    ("TCP copies (send + receive)", ("_copy_from_iter", "_copy_to_iter", "copy_user")),
+# What the bytes pay for, by symbol (the first group a symbol matches counts
+# it); what matches none is "other".
+_GROUPS = (
+    ("TCP copies in the kernel (send + receive)", ("_copy_from_iter", "_copy_to_iter",
+                                                   "copy_user")),
     ("page zeroing", ("clear_page",)),
+    ("page faults, mapping, allocation", ("fault", "folio", "shmem", "pte", "filemap",
+                                          "get_user_pages", "page", "mmap", "lru", "memcg",
+                                          "xas_", "mtree", "vm_", "tlb", "madvise")),
+    ("XXH3 (item checksums)", ("xxh3", "XXH3", "libxxhash")),
+    ("Poly1305, SHA-256 (step seals: libcrypto)", ("libcrypto",)),
+    ("memmove (local copies, UCX buffers)", ("memmove", "memcpy", "LocalCopier")),
+    ("locks, wake-ups, scheduling", ("spin_", "finish_task_switch", "futex", "schedule",
+                                     "wake", "softirq", "rcu_read")),
 )
 
 
@@ -88,8 +99,15 @@ def summary(path, cpu_s, gb_written):
              f"{gb_written:.2f} GB written = {per_gb:.2f} CPU-s/GB"]
     for pct, name in sorted(_report(path, "dso"), reverse=True)[:8]:
         lines.append(f"     {pct:5.1f}%  {per_gb * pct / 100:5.2f} CPU-s/GB  {name}")
-    syms = _report(path, "sym")
-    for label, needles in _KERNEL_GROUPS:
-        pct = sum(p for p, n in syms if n.startswith("[k]") and any(k in n for k in needles))
-        lines.append(f"     {pct:5.1f}%  {per_gb * pct / 100:5.2f} CPU-s/GB  kernel: {label}")
+    syms = _report(path, "dso,sym")
+    counted = [0.0] * (len(_GROUPS) + 1)
+    for pct, name in syms:
+        for i, (_, needles) in enumerate(_GROUPS):
+            if any(k in name for k in needles):
+                counted[i] += pct
+                break
+        else:
+            counted[-1] += pct
+    for (label, _), pct in zip(_GROUPS + (("other", ()),), counted):
+        lines.append(f"     {pct:5.1f}%  {per_gb * pct / 100:5.2f} CPU-s/GB  {label}")
     return lines
