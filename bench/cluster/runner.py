@@ -168,8 +168,7 @@ class Bench:
             if self.storage:
                 times["save_s"], _ = self._timed("save", prefix=prefix)
             self.hosts.all("drop_old")  # before the new generations take memory
-            if self.args.unshaped:
-                self._publish_zero_copy(number, rep, old, times)
+            self._publish_zero_copy(number, rep, old, times)
             if self.storage:
                 self._central_load(times, prefix)
             if rep == 0:
@@ -186,10 +185,10 @@ class Bench:
             times["load_bytes"] = sum(x["bytes"] for x in r.values())
             if self.args.unshaped:
                 times["load_memcpy_s"] = self._memcpy("new")
-                times["load_zc_s"], r = self._timed("load", job_id=job.id, worker_token=token,
-                                                    generation=final.to_generation, zero_copy=True)
-                times["load_zc_bytes"] = sum(x["bytes"] for x in r.values())
                 times["ucx_tag_bw"] = self.ucx_bw
+            times["load_zc_s"], r = self._timed("load", job_id=job.id, worker_token=token,
+                                                generation=final.to_generation, zero_copy=True)
+            times["load_zc_bytes"] = sum(x["bytes"] for x in r.values())
             checked = sum(x["bytes"] for x in self.hosts.all("check_load").values())
         except parts.HostError as e:
             raise BenchFailure(str(e)) from None
