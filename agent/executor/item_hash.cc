@@ -13,11 +13,15 @@ namespace reshard::agent {
 namespace xxh3_avx2 {
 
 bool Available() {
+#if defined(__x86_64__)
   static const bool avx2 = [] {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") != 0;
   }();
   return avx2;
+#else
+  return false;
+#endif
 }
 
 }  // namespace xxh3_avx2
