@@ -13,7 +13,7 @@ namespace on loopback and reports CPU cost and rates against ucx_perftest and
 memcpy instead of the central baseline.
 
     scripts/bench_cluster.sh [--hosts 4] [--rate-gbit 2] [--cases 1,2,3,4] [--reps 3]
-                             [--size full|quick] [--quick] [--unshaped] [--json FILE]
+                             [--size full|half|quick] [--quick] [--unshaped] [--json FILE]
 
 Exit status: 0 done, 1 failed (a transfer failed or a byte differs),
 77 skipped (namespaces, tc or nginx missing here).
@@ -39,7 +39,7 @@ def parse_args(argv=None):
     p.add_argument("--cases", default="1,2,3,4", help="comma-separated: 1 transition, 2 dp, "
                    "3 tp, 4 pp")
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--size", choices=("full", "quick"), default="full")
+    p.add_argument("--size", choices=("full", "half", "quick"), default="full")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: --size quick --reps 1 (all cases unless --cases)")
     p.add_argument("--unshaped", action="store_true",
