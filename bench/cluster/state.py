@@ -20,7 +20,7 @@ SIZES = {
     # ~2.4 GB held by one data-parallel replica: 8 layers, hidden 1024,
     # vocab 32000, fp16 weights + fp32 master + two fp32 Adam moments.
     "full": dict(layers=8, hidden=1024, heads=16, vocab=32000, seq=2048),
-    # ~1.2 GB: half the layers, for 8 hosts on a machine of 24 GB (the
+    # ~1.65 GB: half the layers, for 8 hosts on a machine of 24 GB (the
     # 8-host transition holds four replicas twice, and the zero-copy job).
     "half": dict(layers=4, hidden=1024, heads=16, vocab=32000, seq=2048),
     # --quick: ~75 MB.
