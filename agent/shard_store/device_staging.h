@@ -20,8 +20,9 @@ namespace reshard::agent {
 /// A host copy of the sealed device buffer `key`: made, filled (device to
 /// host through the device API, in chunks) and sealed with the device
 /// buffer's checksums. Returns the existing host buffer when `key` is
-/// already in `host` and sealed with the same checksums. NotFound when `key`
-/// is in neither store; FailedPrecondition when the device buffer is not
+/// already in `host` and sealed with the same checksums, or when `key` is
+/// only in `host`, sealed (nothing to stage). NotFound when `key` is in
+/// neither store; FailedPrecondition when the device buffer is not
 /// sealed, or `key` is in `host` unsealed or with other checksums;
 /// ResourceExhausted when the copy does not fit the host store's limit.
 [[nodiscard]] absl::StatusOr<RankBufferPtr> StageToHost(DeviceBufferStore& devices,
