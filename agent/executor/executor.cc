@@ -1,5 +1,6 @@
 #include "agent/executor/executor.h"
 
+#include "agent/executor/device_run.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/task_run.h"
 #include "agent/transfer/local_copy.h"
@@ -7,9 +8,11 @@
 
 namespace reshard::agent {
 
-TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options options)
+TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options options,
+                           DeviceBufferStore* devices)
     : store_(store),
       transport_(transport),
+      devices_(devices),
       options_(options),
       copier_(std::make_unique<LocalCopier>(options.copy_threads)),
       precopies_(std::make_unique<PrecopyRecords>()) {
@@ -29,9 +32,22 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting) {
-  TaskRun run(TaskRun::Executor{store_, transport_, &options_, copier_.get(), precopies_.get()},
-              host_id, task, progress, cancelled, waiting);
-  return run.Run();
+  auto run_on_host = [&] {
+    TaskRun run(TaskRun::Executor{store_, transport_, &options_, copier_.get(), precopies_.get()},
+                host_id, task, progress, cancelled, waiting);
+    return run.Run();
+  };
+  if (devices_ == nullptr) return run_on_host();
+  const DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
+  switch (route.kind) {
+    case DeviceRoute::Kind::kHost:
+      return run_on_host();
+    case DeviceRoute::Kind::kDevice:
+      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled);
+    case DeviceRoute::Kind::kHostStaged:
+      return RunHostStaged(*store_, *devices_, host_id, task, route, waiting, run_on_host);
+  }
+  return run_on_host();
 }
 
 }  // namespace reshard::agent

@@ -19,6 +19,7 @@
 
 namespace reshard::agent {
 
+class DeviceBufferStore;
 class LocalCopier;
 class PrecopyRecords;
 
@@ -50,7 +51,11 @@ class TaskExecutor {
 
   /// `transport` may be null when every step of every task is local. The
   /// byte sizes in `options` must be positive (checked: bad configuration).
-  TaskExecutor(ShardStore* store, Transport* transport, Options options);
+  /// With `devices` (the agent's device memory; it outlives the executor)
+  /// tasks that involve device memory take the device path (device_run.h:
+  /// which buffers live on a device, device-direct or host-staged runs).
+  TaskExecutor(ShardStore* store, Transport* transport, Options options,
+               DeviceBufferStore* devices = nullptr);
   ~TaskExecutor();
 
   /// Runs `task` on host `host_id`. `progress(done, total)` (bytes written on
@@ -76,6 +81,9 @@ class TaskExecutor {
   /// `waiting(what)`, if set, is called with each progress report when what
   /// the task waits on changes: the earliest unfinished cross-host step
   /// ("step 17 (receive from host \"h1\")"), "local copies", or "" (checksums).
+  /// With a device store, new buffers may land in device memory and sources
+  /// may be device buffers (device_run.h); a task that cannot run on the
+  /// devices directly calls `waiting("host-staged: <why>")` once first.
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Execute(
       const std::string& host_id, const v1::HostTask& task,
       const std::function<void(int64_t done, int64_t total)>& progress,
@@ -85,6 +93,7 @@ class TaskExecutor {
  private:
   ShardStore* store_;
   Transport* transport_;
+  DeviceBufferStore* devices_;  // null: host memory only
   Options options_;
   std::unique_ptr<LocalCopier> copier_;
   /// What each prepare wrote, until its transfer phase checked it.

@@ -125,6 +125,10 @@ class DeviceBufferStore {
   /// included).
   int64_t used_bytes(int device) const;
   int64_t limit_bytes(int device) const;
+  int device_count() const { return static_cast<int>(limits_.size()); }
+  /// The device API the buffers live in (the executor's device path copies
+  /// between them through it).
+  DeviceApi* api() const { return api_; }
 
  private:
   using KeyTuple = std::tuple<std::string, int64_t, int32_t>;

@@ -1,0 +1,97 @@
+// The executor's device path (docs/agent.md, "GPU / memory kinds"): where a
+// task's new buffers live on this host (host or device memory) and how the
+// task runs when device memory is involved.
+//  - Placement: the new buffers of this host live in device memory iff the
+//    agent has a device store and either one of the host's sources of the
+//    task (old ranks of the source layout placed here) is a device buffer, or
+//    the host holds no source buffer of the task at all. A new rank goes to
+//    the device of the same-numbered old rank when that is a device buffer
+//    here, else to (its index among the host's new ranks) mod device_count.
+//  - Device-direct (RunOnDevices): every step of this host is local and the
+//    task is a plain one (not two-phase, no regenerated item here): the new
+//    device buffers are made (zeroed, so zero fills cost nothing) and every
+//    copy moves through the device API, run by run (contiguous pieces of the
+//    strided regions, coalesced), on one stream per destination device:
+//    device to device on one device, peer copies across devices, host to
+//    device from host sources. Then each buffer is sealed (its checksums are
+//    those of a host buffer with the same bytes).
+//  - Host-staged (RunHostStaged): everything else. The device sources the
+//    task reads are staged into host buffers (device_staging.h), the ordinary
+//    host run (TaskRun) runs, the staged copies go, and the new buffers
+//    placed on a device are staged there (their host copies dropped). Tasks
+//    of a two-phase operation (prepare / prepared) and tasks whose new ranks
+//    here have regenerated items keep their new buffers in host memory: the
+//    prepared phase writes into what its prepare left unsealed, and only the
+//    host store records regenerated items.
+// Device sources are sealed device buffers, which the store never writes
+// again: they need no lease; host sources are leased as in TaskRun.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "agent/executor/executor.h"
+#include "agent/shard_store/device_buffer.h"
+#include "agent/shard_store/shard_store.h"
+#include "reshard/v1/agent.pb.h"
+
+namespace reshard::agent {
+
+/// How one host runs one task when the agent has a device store.
+struct DeviceRoute {
+  enum class Kind {
+    kHost,        // today's TaskRun: nothing on a device
+    kDevice,      // RunOnDevices
+    kHostStaged,  // RunHostStaged
+  };
+  Kind kind = Kind::kHost;
+  /// Why a task that involves device memory is host-staged ("cross-host
+  /// steps: ..."); empty otherwise.
+  std::string why;
+  /// Whether the new buffers end in device memory, and each new rank's
+  /// device (new ranks of this host only).
+  bool on_device = false;
+  std::map<int, int> device_of;
+  /// Old ranks of this host, read by the task, that are device buffers.
+  std::vector<int> device_sources;
+};
+
+/// The route of `task` on host `host_id` (the placement rule above). A task
+/// that does not parse (bad phase flags, ranks outside the layouts) routes
+/// to kHost, whose checks report it.
+DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
+                      const std::string& host_id, const v1::HostTask& task);
+
+/// The device-direct run of a kDevice route. Errors and results as
+/// TaskExecutor::Execute: ResourceExhausted (the device store's message)
+/// when the new buffers do not fit their devices, Cancelled, NotFound for a
+/// missing source...; on any failure the new device buffers are dropped.
+[[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
+    ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
+    const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
+    const std::function<void(int64_t done, int64_t total)>& progress,
+    const std::function<bool()>& cancelled);
+
+/// The host-staged run of a kHostStaged route around `run_on_host` (the
+/// ordinary TaskRun): calls `waiting("host-staged: <route.why>")` first.
+/// On failure nothing of the new generation is left in either store here
+/// (nor the staged copies of the sources).
+[[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunHostStaged(
+    ShardStore& store, DeviceBufferStore& devices, const std::string& host_id,
+    const v1::HostTask& task, const DeviceRoute& route,
+    const std::function<void(const std::string& what)>& waiting,
+    const std::function<absl::StatusOr<std::vector<v1::ShardChecksum>>()>& run_on_host);
+
+/// Calls fn(src, dst, elements) for the contiguous runs, in row-major order
+/// and coalesced, that copy a region of `shape` at `src_offset` with
+/// `src_strides` to one at `dst_offset` with `dst_strides` (element units).
+void ForEachRun(const std::vector<int64_t>& shape, int64_t src_offset,
+                const std::vector<int64_t>& src_strides, int64_t dst_offset,
+                const std::vector<int64_t>& dst_strides,
+                const std::function<void(int64_t src, int64_t dst, int64_t elements)>& fn);
+
+}  // namespace reshard::agent
