@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 
 #include "agent/transfer/device_api.h"
+#include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 
 namespace reshard::agent {
@@ -46,6 +47,18 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device) {
   c.devices = d.device_count;
   c.ipc = d.ipc;
   c.peer_copy = d.peer_copy;
+  return c;
+}
+
+BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm) {
+  const DeviceCommCapabilities d = comm.capabilities();
+  BackendCapabilities c;
+  c.name = d.name;
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.local = d.local;
+  c.remote = d.remote;
+  c.notifications = false;  // a receive completes at its stream's synchronize
+  c.used_by_executor = false;
   return c;
 }
 

@@ -13,6 +13,7 @@
 namespace reshard::agent {
 
 class DeviceApi;
+class DeviceCommFactory;
 class Transport;
 
 /// Memory a backend reads from and writes to.
@@ -50,6 +51,12 @@ BackendCapabilities NcclCapabilities();
 /// not between hosts. No execution path uses it yet (the executor's device
 /// path will), so it is not advertised.
 BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
+
+/// A device communicator backend (device_comm.h: "nccl", or "fake" over
+/// the fake device): CUDA memory between hosts (send/receive between the
+/// agents of an operation). No execution path uses it yet (the executor's
+/// cross-host device steps will), so it is not advertised.
+BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm);
 
 /// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
 /// libcudart, so that the agent does not link CUDA), 0 when there is no

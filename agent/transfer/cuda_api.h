@@ -34,6 +34,11 @@ using ncclResult_t = int;
 inline constexpr ncclResult_t ncclSuccess = 0;
 using ncclComm_t = struct ncclComm*;
 enum ncclDataType_t : int { ncclUint8 = 1 };
+/// ncclUniqueId: NCCL_UNIQUE_ID_BYTES (128) opaque bytes, passed by value.
+struct ncclUniqueId {
+  char internal[128];
+};
+inline constexpr ncclResult_t ncclInProgress = 7;
 
 struct CudartApi {
   cudaError_t (*GetDeviceCount)(int*);
@@ -69,6 +74,11 @@ struct NcclApi {
   ncclResult_t (*GroupEnd)();
   ncclResult_t (*Send)(const void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
   ncclResult_t (*Recv)(void*, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+  // Communicators between processes (nccl_comm.h).
+  ncclResult_t (*GetUniqueId)(ncclUniqueId*);
+  ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
+  ncclResult_t (*CommAbort)(ncclComm_t);
+  ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
 };
 
 /// The loaded runtime's entry points, or nullptr when libcudart is not loaded.

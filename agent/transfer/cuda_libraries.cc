@@ -150,7 +150,11 @@ CudaLibraries::CudaLibraries() {
               Resolve(nccl, "ncclGroupStart", &n.GroupStart, &nccl_error) &
               Resolve(nccl, "ncclGroupEnd", &n.GroupEnd, &nccl_error) &
               Resolve(nccl, "ncclSend", &n.Send, &nccl_error) &
-              Resolve(nccl, "ncclRecv", &n.Recv, &nccl_error);
+              Resolve(nccl, "ncclRecv", &n.Recv, &nccl_error) &
+              Resolve(nccl, "ncclGetUniqueId", &n.GetUniqueId, &nccl_error) &
+              Resolve(nccl, "ncclCommInitRank", &n.CommInitRank, &nccl_error) &
+              Resolve(nccl, "ncclCommAbort", &n.CommAbort, &nccl_error) &
+              Resolve(nccl, "ncclCommGetAsyncError", &n.CommGetAsyncError, &nccl_error);
     if (ok && n.GetVersion(&state_.nccl_version) == ncclSuccess) {
       t.have_nccl = true;
       state_.nccl_loaded = true;

@@ -58,9 +58,22 @@ class FakeDeviceApi::Stream {
     }
     cv_.notify_all();
   }
-  void Synchronize() {
+  // Waits for the queue; returns (and clears) the first error of a host
+  // work (LaunchHostWork) since the last call.
+  absl::Status Synchronize() {
     std::unique_lock<std::mutex> l(mu_);
     cv_.wait(l, [this] { return queue_.empty() && !busy_; });
+    absl::Status e = std::move(error_);
+    error_ = absl::OkStatus();
+    return e;
+  }
+  void WaitIdle() {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait(l, [this] { return queue_.empty() && !busy_; });
+  }
+  void SetError(absl::Status s) {
+    std::lock_guard<std::mutex> l(mu_);
+    if (error_.ok()) error_ = std::move(s);
   }
 
  private:
@@ -86,6 +99,7 @@ class FakeDeviceApi::Stream {
   std::deque<std::function<void()>> queue_;
   bool busy_ = false;
   bool stop_ = false;
+  absl::Status error_;
   std::thread thread_;  // last: starts after the members it uses
 };
 
@@ -94,7 +108,7 @@ FakeDeviceApi::FakeDeviceApi(const Options& options)
 
 FakeDeviceApi::~FakeDeviceApi() {
   for (Stream* s : streams_) {
-    s->Synchronize();
+    s->WaitIdle();
     delete s;
   }
   for (auto& [base, a] : allocations_) Unmap(reinterpret_cast<void*>(base), a);
@@ -181,7 +195,8 @@ absl::Status FakeDeviceApi::SynchronizeAll() {
     // stream may read or write this device's memory.
     streams.assign(streams_.begin(), streams_.end());
   }
-  for (Stream* s : streams) s->Synchronize();
+  // Waits only: a host work's error stays for its stream's synchronize.
+  for (Stream* s : streams) s->WaitIdle();
   return absl::OkStatus();
 }
 
@@ -245,7 +260,7 @@ absl::StatusOr<FakeDeviceApi::Stream*> FakeDeviceApi::Find(const char* call,
 absl::Status FakeDeviceApi::DestroyStream(DeviceStream stream) {
   absl::StatusOr<Stream*> s = Find("cudaStreamDestroy", stream);
   if (!s.ok()) return s.status();
-  (*s)->Synchronize();
+  (void)(*s)->Synchronize();  // a host work's error dies with its stream
   {
     std::lock_guard<std::mutex> l(mu_);
     streams_.erase(*s);
@@ -351,8 +366,24 @@ absl::Status FakeDeviceApi::MemsetAsync(void* dst, int value, size_t bytes, Devi
 absl::Status FakeDeviceApi::StreamSynchronize(DeviceStream stream) {
   absl::StatusOr<Stream*> s = Find("cudaStreamSynchronize", stream);
   if (!s.ok()) return s.status();
-  (*s)->Synchronize();
+  return (*s)->Synchronize();
+}
+
+absl::Status FakeDeviceApi::LaunchHostWork(DeviceStream stream,
+                                           std::function<absl::Status()> work) {
+  absl::StatusOr<Stream*> s = Find("cudaLaunchHostFunc", stream);
+  if (!s.ok()) return s.status();
+  Stream* q = *s;
+  q->Push([q, work = std::move(work)] {
+    if (absl::Status e = work(); !e.ok()) q->SetError(std::move(e));
+  });
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint8_t*> FakeDeviceApi::HostView(const char* call, const void* ptr, size_t bytes,
+                                                 int device) const {
+  if (absl::Status s = CheckDevice(call, device); !s.ok()) return s;
+  return Shadow(call, "buffer", ptr, bytes, device);
 }
 
 std::function<void()> FakeDeviceApi::HoldStream(DeviceStream stream) {

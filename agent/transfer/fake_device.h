@@ -62,6 +62,21 @@ class FakeDeviceApi : public DeviceApi {
   /// returned function is called (once; before the stream is destroyed).
   [[nodiscard]] std::function<void()> HoldStream(DeviceStream stream);
 
+  /// Stream-ordered host work (like cudaLaunchHostFunc), for backends that
+  /// move device bytes on the host (fake_comm.h): `work` runs on `stream`'s
+  /// thread after everything queued before it, and nothing queued after it
+  /// runs before it returns. A work's error is the stream's: the next
+  /// StreamSynchronize returns the first one (and clears it), as an
+  /// asynchronous CUDA error surfaces at synchronization.
+  [[nodiscard]] absl::Status LaunchHostWork(DeviceStream stream,
+                                            std::function<absl::Status()> work);
+  /// The fake's read-write host view of device memory [ptr, ptr + bytes) on
+  /// `device`, for LaunchHostWork (valid while the allocation lives);
+  /// InvalidArgument naming `call` when the range is not device memory of
+  /// that device.
+  [[nodiscard]] absl::StatusOr<uint8_t*> HostView(const char* call, const void* ptr, size_t bytes,
+                                                  int device) const;
+
   /// Bytes allocated on `device` (each allocation rounded up to
   /// kDeviceAlignment; IPC-opened memory not counted).
   int64_t used_bytes(int device) const;
