@@ -1,6 +1,7 @@
 #include "agent/shard_store/device_staging.h"
 
 #include <algorithm>
+#include <functional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +21,19 @@ std::vector<int64_t> ItemBytes(const std::vector<ItemSlot>& items) {
   bytes.reserve(items.size());
   for (const ItemSlot& s : items) bytes.push_back(s.bytes);
   return bytes;
+}
+
+// copy(item, offset, bytes) for every chunk of every item, in order; the
+// first error.
+absl::Status ForEachChunk(const std::vector<ItemSlot>& items,
+                          const std::function<absl::Status(int, int64_t, int64_t)>& copy) {
+  for (size_t i = 0; i < items.size(); ++i) {
+    for (int64_t off = 0; off < items[i].bytes; off += kStagingChunkBytes) {
+      const int64_t n = std::min(kStagingChunkBytes, items[i].bytes - off);
+      if (absl::Status s = copy(static_cast<int>(i), off, n); !s.ok()) return s;
+    }
+  }
+  return absl::OkStatus();
 }
 
 // FailedPrecondition unless `existing` (the copy's store already holds
@@ -72,16 +86,13 @@ absl::StatusOr<RankBufferPtr> StageToHost(DeviceBufferStore& devices, ShardStore
   if (!made.ok()) return made.status();
   RankBuffer& dst = *(*made)[0];
   absl::Status st = [&]() -> absl::Status {
-    for (size_t i = 0; i < src.items().size(); ++i) {
-      const int64_t bytes = src.items()[i].bytes;
-      for (int64_t off = 0; off < bytes; off += kStagingChunkBytes) {
-        const int64_t n = std::min(kStagingChunkBytes, bytes - off);
-        if (absl::Status s = devices.ReadItem(key, static_cast<int>(i), off,
-                                              dst.item_data(static_cast<int>(i)) + off, n);
-            !s.ok()) {
-          return s;
-        }
-      }
+    if (absl::Status s = ForEachChunk(src.items(),
+                                      [&](int item, int64_t off, int64_t n) {
+                                        return devices.ReadItem(key, item, off,
+                                                                dst.item_data(item) + off, n);
+                                      });
+        !s.ok()) {
+      return s;
     }
     absl::StatusOr<std::vector<uint64_t>> sealed = host.Seal(key, sums);
     return sealed.ok() ? absl::OkStatus() : sealed.status();
@@ -123,16 +134,13 @@ absl::StatusOr<DeviceRankBufferPtr> StageToDevice(ShardStore& host, DeviceBuffer
       devices.CreateAll({key}, {device}, {ItemBytes(src.items())});
   if (!made.ok()) return made.status();
   absl::Status st = [&]() -> absl::Status {
-    for (size_t i = 0; i < src.items().size(); ++i) {
-      const int64_t bytes = src.items()[i].bytes;
-      for (int64_t off = 0; off < bytes; off += kStagingChunkBytes) {
-        const int64_t n = std::min(kStagingChunkBytes, bytes - off);
-        if (absl::Status s = devices.WriteItem(key, static_cast<int>(i), off,
-                                               src.item_data(static_cast<int>(i)) + off, n);
-            !s.ok()) {
-          return s;
-        }
-      }
+    if (absl::Status s = ForEachChunk(src.items(),
+                                      [&](int item, int64_t off, int64_t n) {
+                                        return devices.WriteItem(key, item, off,
+                                                                 src.item_data(item) + off, n);
+                                      });
+        !s.ok()) {
+      return s;
     }
     // The device copy's own checksums must be the host buffer's: bytes that
     // changed on the way (or a host file changed under the copy) are
