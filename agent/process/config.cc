@@ -38,6 +38,8 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"worker-group", "RESHARD_WORKER_GROUP"},
       {"worker-socket-mode", "RESHARD_WORKER_SOCKET_MODE"},
       {"shard-file-mode", "RESHARD_SHARD_FILE_MODE"},
+      {"device", "RESHARD_DEVICE"},
+      {"device-memory-limit-bytes", "RESHARD_DEVICE_MEMORY_LIMIT_BYTES"},
   };
   return *flags;
 }
@@ -119,6 +121,7 @@ std::string AgentUsage() {
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT] [--worker-cache-bytes N]\n"
          "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
+         "  [--device SPEC] [--device-memory-limit-bytes N]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
          "--worker-group: the group (name or number) of the worker socket (and of its\n"
          "descriptor socket PATH.fds), whose members (training processes) may use it;\n"
@@ -132,6 +135,10 @@ std::string AgentUsage() {
          "--memory-limit-bytes; tmpfs only) for new buffers; 0: none. Default 1 GiB.\n"
          "--worker-cache-bytes bounds what the worker service keeps of the jobs' PTCs,\n"
          "layouts and worker-token hashes (least recently used out first); default 64 MiB.\n"
+         "--device: the device API of device-resident state and CUDA IPC: cuda, fake[:N[:BYTES]]\n"
+         "(host memory behind the device API, for tests), none; default: cuda when the CUDA\n"
+         "runtime is loaded and sees a device, else none. --device-memory-limit-bytes: device\n"
+         "bytes of rank buffers allowed per device; 0 (default): the device's total.\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
          "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
@@ -140,7 +147,8 @@ std::string AgentUsage() {
          "RESHARD_HEARTBEAT_MS, RESHARD_COPY_THREADS, RESHARD_WORKER_CACHE_BYTES,\n"
          "RESHARD_LOG_LEVEL,\n"
          "RESHARD_METRICS_LISTEN, RESHARD_TLS_CERT, RESHARD_TLS_KEY, RESHARD_TLS_CA,\n"
-         "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE); flags win.\n";
+         "RESHARD_INSECURE, RESHARD_WORKER_GROUP, RESHARD_WORKER_SOCKET_MODE, RESHARD_DEVICE,\n"
+         "RESHARD_DEVICE_MEMORY_LIMIT_BYTES); flags win.\n";
 }
 
 absl::StatusOr<AgentConfig> ParseAgentConfig(
@@ -188,6 +196,7 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
   get("ucx-tls", &c.ucx_tls);
   get("log-level", &c.log_level);
   get("metrics-listen", &c.metrics_listen);
+  get("device", &c.device);
   get("tls-cert", &c.tls.cert);
   get("tls-key", &c.tls.key);
   get("tls-ca", &c.tls.ca);
@@ -235,6 +244,11 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = ParseInt(it->first, it->second, 1, 256, &v);
     if (!s.ok()) return s;
     c.copy_threads = static_cast<int>(v);
+  }
+  if (auto it = values.find("device-memory-limit-bytes"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 0, int64_t{1} << 50, &v);
+    if (!s.ok()) return s;
+    c.device_memory_limit_bytes = v;
   }
   if (auto it = values.find("worker-cache-bytes"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, int64_t{64} << 10, int64_t{1} << 40, &v);

@@ -47,6 +47,13 @@ struct AgentConfig {
   int64_t worker_gid = -1;
   std::string worker_group;  // as given
   uint32_t worker_socket_mode = 0660;
+  /// The device API (MakeDeviceApi's spec: "cuda", "fake[:N[:BYTES]]",
+  /// "none"; "" picks CUDA when it is loaded and sees a device).
+  /// --device, RESHARD_DEVICE.
+  std::string device;
+  /// Device bytes of rank buffers allowed per device; 0: the device's total.
+  /// --device-memory-limit-bytes, RESHARD_DEVICE_MEMORY_LIMIT_BYTES.
+  int64_t device_memory_limit_bytes = 0;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

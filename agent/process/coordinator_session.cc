@@ -104,7 +104,8 @@ v1::Host CoordinatorSession::DescribeHost() const {
     d->set_memory_bytes(options_.memory_limit_bytes);
   }
   // Only backends that loaded here and that an execution path uses.
-  for (const std::string& name : AdvertisedTransports(LoadedBackends(transport_))) {
+  for (const std::string& name :
+       AdvertisedTransports(LoadedBackends(transport_, options_.device_api))) {
     h.add_transports(name);
   }
   if (transport_ != nullptr) h.set_ucx_address(transport_->LocalAddress());
@@ -117,17 +118,29 @@ absl::Status CoordinatorSession::Register() {
   // What this host holds, so that the coordinator can name deleted jobs and
   // give back the jobs that counted this host lost while its shards survived.
   std::set<std::string> jobs;
-  for (const RankBufferKey& key : store_->List()) {
-    jobs.insert(key.job_id);
-    absl::StatusOr<RankBufferPtr> buffer = store_->Get(key);
-    if (!buffer.ok()) continue;  // dropped since the listing
+  auto add_held = [&](const RankBufferKey& key, bool sealed, const std::vector<uint64_t>& sums) {
     v1::HeldRank* held = req.add_held_ranks();
     held->set_job_id(key.job_id);
     held->set_generation(key.generation);
     held->set_rank(key.rank);
-    held->set_sealed((*buffer)->sealed());
-    if ((*buffer)->sealed()) {
-      for (uint64_t c : (*buffer)->checksums()) held->add_checksums(c);
+    held->set_sealed(sealed);
+    if (sealed) {
+      for (uint64_t c : sums) held->add_checksums(c);
+    }
+  };
+  for (const RankBufferKey& key : store_->List()) {
+    jobs.insert(key.job_id);
+    absl::StatusOr<RankBufferPtr> buffer = store_->Get(key);
+    if (!buffer.ok()) continue;  // dropped since the listing
+    add_held(key, (*buffer)->sealed(), (*buffer)->checksums());
+  }
+  // Device-resident ranks (those not also staged to host) are held too.
+  if (options_.devices != nullptr) {
+    for (const RankBufferKey& key : options_.devices->List()) {
+      jobs.insert(key.job_id);
+      absl::StatusOr<DeviceRankBufferPtr> buffer = options_.devices->Get(key);
+      if (!buffer.ok() || store_->Get(key).ok()) continue;
+      add_held(key, (*buffer)->sealed(), (*buffer)->checksums());
     }
   }
   for (const std::string& job : jobs) req.add_held_jobs(job);
@@ -228,6 +241,9 @@ void CoordinatorSession::ReapFinished() {
 std::vector<std::string> CoordinatorSession::HeldJobs() const {
   std::set<std::string> jobs;
   for (const RankBufferKey& key : store_->List()) jobs.insert(key.job_id);
+  if (options_.devices != nullptr) {
+    for (const RankBufferKey& key : options_.devices->List()) jobs.insert(key.job_id);
+  }
   return {jobs.begin(), jobs.end()};
 }
 
@@ -248,6 +264,13 @@ void CoordinatorSession::DropDeletedJobs(
     store_->Drop(key);
     ++dropped;
   }
+  if (options_.devices != nullptr) {
+    for (const RankBufferKey& key : options_.devices->List()) {
+      if (deleted.count(key.job_id) == 0) continue;
+      options_.devices->Drop(key);
+      ++dropped;
+    }
+  }
   for (const std::string& job : deleted) {
     RESHARD_LOG(INFO) << "job " << job << " was deleted: its buffers here are dropped";
   }
@@ -255,11 +278,16 @@ void CoordinatorSession::DropDeletedJobs(
                     << " deleted jobs; " << store_->used_bytes() << " bytes used";
 }
 
+void CoordinatorSession::DropGeneration(const std::string& job_id, int64_t generation) {
+  store_->DropGeneration(job_id, generation);
+  if (options_.devices != nullptr) options_.devices->DropGeneration(job_id, generation);
+}
+
 void CoordinatorSession::Release(
     const google::protobuf::RepeatedPtrField<v1::GenerationRef>& generations) {
   for (const v1::GenerationRef& g : generations) {
     RESHARD_LOG(DEBUG) << "job " << g.job_id() << ": releasing generation " << g.generation();
-    store_->DropGeneration(g.job_id(), g.generation());
+    DropGeneration(g.job_id(), g.generation());
   }
 }
 
@@ -277,7 +305,7 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_a
       ForgetPreparedLocked(g.job_id(), g.generation());
     }
     RESHARD_LOG(INFO) << "job " << g.job_id() << ": discarding generation " << g.generation();
-    store_->DropGeneration(g.job_id(), g.generation());
+    DropGeneration(g.job_id(), g.generation());
   }
   Release(r.release());
   StartAssigned(r.assigned_operations(), listed_at);

@@ -32,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "agent/executor/executor.h"
 #include "agent/process/metrics.h"
+#include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/transport.h"
 #include "common/tls.h"
@@ -59,6 +60,11 @@ class CoordinatorSession {
     int64_t memory_limit_bytes = 0;
     int heartbeat_ms = 0;             // 0: a third of the lease
     AgentMetrics* metrics = nullptr;  // not owned; null: no metrics
+    /// The device API and device store (not owned; both null without a
+    /// device): advertised with the backends, and a released, discarded or
+    /// deleted generation's device buffers are dropped with its host ones.
+    const DeviceApi* device_api = nullptr;
+    DeviceBufferStore* devices = nullptr;
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.
@@ -118,6 +124,8 @@ class CoordinatorSession {
   };
 
   void Loop();
+  /// Drops (job, generation)'s buffers from the host and device stores.
+  void DropGeneration(const std::string& job_id, int64_t generation);
   [[nodiscard]] absl::Status Register();
   /// `listed_at`: list_clock_ when the heartbeat was sent.
   void Apply(const v1::HeartbeatResponse& r, uint64_t listed_at);

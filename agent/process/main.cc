@@ -23,7 +23,9 @@
 #include "agent/process/worker_fd_socket.h"
 #include "agent/process/worker_service.h"
 #include "agent/process/worker_socket.h"
+#include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
+#include "agent/transfer/device_api.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
 #include "common/signals.h"
@@ -79,13 +81,41 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport(ucx);
   if (!transport.ok()) return Fail("starting UCX: " + transport.status().ToString());
 
+  // Device-resident state and CUDA IPC (docs/agent.md, "GPU / memory
+  // kinds"): only with a device API, which --device (RESHARD_DEVICE) names.
+  absl::StatusOr<std::unique_ptr<DeviceApi>> device_api = MakeDeviceApi(config->device);
+  if (!device_api.ok()) {
+    return Fail("--device \"" + config->device + "\": " + device_api.status().ToString());
+  }
+  std::unique_ptr<DeviceBufferStore> devices;
+  if (*device_api != nullptr) {
+    DeviceBufferStore::Options device_options;
+    device_options.memory_limit_bytes_per_device = config->device_memory_limit_bytes;
+    absl::StatusOr<std::unique_ptr<DeviceBufferStore>> opened =
+        DeviceBufferStore::Open(device_api->get(), device_options);
+    if (!opened.ok()) return Fail("opening the device store: " + opened.status().ToString());
+    devices = *std::move(opened);
+    const DeviceApiCapabilities caps = (*device_api)->capabilities();
+    RESHARD_LOG(INFO) << "host " << config->host_id << ": device API " << caps.name << ", "
+                      << caps.device_count << " devices, " << devices->limit_bytes(0)
+                      << " bytes of rank buffers allowed per device";
+  } else {
+    RESHARD_LOG(INFO) << "host " << config->host_id
+                      << ": no device API (--device / RESHARD_DEVICE): state stays in host memory";
+  }
+
   TaskExecutor::Options exec_options;
   exec_options.copy_threads = config->copy_threads;
   TaskExecutor executor(store->get(), transport->get(), exec_options);
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
   ShardStore* shard_store = store->get();
-  metrics.SetRefresh([&metrics, shard_store] {
+  DeviceBufferStore* device_store = devices.get();
+  const int device_count = device_store != nullptr ? (*device_api)->capabilities().device_count : 0;
+  metrics.SetRefresh([&metrics, shard_store, device_store, device_count] {
+    for (int d = 0; d < device_count; ++d) {
+      metrics.SetDeviceStore(d, device_store->used_bytes(d), device_store->limit_bytes(d));
+    }
     std::set<std::pair<std::string, int64_t>> generations;
     const std::vector<RankBufferKey> keys = shard_store->List();
     for (const RankBufferKey& k : keys) generations.insert({k.job_id, k.generation});
@@ -118,6 +148,8 @@ int main(int argc, char** argv) {
   session_options.memory_limit_bytes = config->memory_limit_bytes;
   session_options.heartbeat_ms = config->heartbeat_ms;
   session_options.metrics = &metrics;
+  session_options.device_api = device_api->get();
+  session_options.devices = device_store;
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   // Connecting to a unix socket needs write permission on it: the group and
   // mode say which training processes may (docs/security.md, "Workers").
@@ -133,6 +165,7 @@ int main(int argc, char** argv) {
   }
   WorkerServiceImpl worker_service(store->get(), channel, &metrics, config->worker_cache_bytes);
   worker_service.SetSocket(worker_socket->get());
+  worker_service.SetDevices(device_api->get(), device_store);
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);
   });

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <map>
 #include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -104,6 +105,15 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
                            .Name("reshard_agent_rank_buffers_held")
                            .Help("Rank buffers the shard store holds.")
                            .Register(*registry)),
+        device_used_family(prometheus::BuildGauge()
+                               .Name("reshard_agent_device_used_bytes")
+                               .Help("Device bytes of rank buffers held on each device.")
+                               .Register(*registry)),
+        device_limit_family(prometheus::BuildGauge()
+                                .Name("reshard_agent_device_limit_bytes")
+                                .Help("The device store's limit on each device "
+                                      "(--device-memory-limit-bytes).")
+                                .Register(*registry)),
         reachable_family(prometheus::BuildGauge()
                              .Name("reshard_agent_coordinator_reachable")
                              .Help("1 when the last heartbeat reached the coordinator, else 0.")
@@ -188,6 +198,8 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& store_limit_family;
   prometheus::Family<prometheus::Gauge>& generations_family;
   prometheus::Family<prometheus::Gauge>& buffers_family;
+  prometheus::Family<prometheus::Gauge>& device_used_family;
+  prometheus::Family<prometheus::Gauge>& device_limit_family;
   prometheus::Family<prometheus::Gauge>& reachable_family;
   prometheus::Family<prometheus::Counter>& heartbeat_failures_family;
   prometheus::Family<prometheus::Counter>& registrations;
@@ -256,6 +268,12 @@ void AgentMetrics::SetShardStore(int64_t used_bytes, int64_t limit_bytes, int64_
   impl_->store_limit.Set(static_cast<double>(limit_bytes));
   impl_->generations.Set(static_cast<double>(generations));
   impl_->buffers.Set(static_cast<double>(rank_buffers));
+}
+
+void AgentMetrics::SetDeviceStore(int device, int64_t used_bytes, int64_t limit_bytes) {
+  const std::map<std::string, std::string> labels{{"device", std::to_string(device)}};
+  impl_->device_used_family.Add(labels).Set(static_cast<double>(used_bytes));
+  impl_->device_limit_family.Add(labels).Set(static_cast<double>(limit_bytes));
 }
 
 void AgentMetrics::SetWorkerCache(int64_t bytes, int64_t generations, int64_t tokens) {

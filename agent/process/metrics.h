@@ -46,6 +46,11 @@ class AgentMetrics {
   void SetShardStore(int64_t used_bytes, int64_t limit_bytes, int64_t generations,
                      int64_t rank_buffers);
 
+  /// reshard_agent_device_used_bytes{device} and
+  /// reshard_agent_device_limit_bytes{device} (gauges): device bytes of the
+  /// device store's rank buffers on each device, and its limit there.
+  void SetDeviceStore(int device, int64_t used_bytes, int64_t limit_bytes);
+
   /// reshard_agent_worker_cache_bytes and
   /// reshard_agent_worker_cache_entries{kind="generation"|"token"} (gauges):
   /// what the worker service's job cache holds (job_cache.h).

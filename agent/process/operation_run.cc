@@ -193,7 +193,7 @@ class OperationRun {
     if (!rs.ok()) RESHARD_LOG(WARNING) << "operation " << id_ << ": final ReportProgress: " << rs;
     if (abort_ && result_.ok()) {
       // Committed nowhere: the coordinator discards the generation too.
-      s_.store_->DropGeneration(task_.job_id(), task_.to_generation());
+      s_.DropGeneration(task_.job_id(), task_.to_generation());
     }
     if (result_.ok() && prepare && !abort_) {
       // Held until the transfer phase is assigned (StartAssigned). Also when

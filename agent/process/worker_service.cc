@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/process/coordinator_session.h"
+#include "agent/shard_store/device_staging.h"
 #include "common/log.h"
 #include "planner/bucket.h"
 #include "planner/layout.h"
@@ -144,6 +145,33 @@ grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext* ctx,
   });
 }
 
+grpc::Status WorkerServiceImpl::PublishDeviceShard(grpc::ServerContext* ctx,
+                                                   const v1::PublishDeviceShardRequest* req,
+                                                   v1::PublishDeviceShardResponse* resp) {
+  return Timed(metrics_, "PublishDeviceShard", [&] {
+    absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+    if (s.ok()) s = Admit(*ctx, "PublishDeviceShard", req->job_id());
+    if (!s.ok()) return ToGrpc(s);
+    grpc::Status sealed = DoPublishDeviceShard(req, resp);
+    if (sealed.ok()) {
+      RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
+                        << " rank " << req->rank() << " published on device " << resp->device()
+                        << " (CUDA IPC) and sealed by worker " << Caller(*ctx);
+    }
+    return sealed;
+  });
+}
+
+grpc::Status WorkerServiceImpl::OpenDeviceGeneration(grpc::ServerContext* ctx,
+                                                     const v1::OpenDeviceGenerationRequest* req,
+                                                     v1::OpenDeviceGenerationResponse* resp) {
+  return Timed(metrics_, "OpenDeviceGeneration", [&] {
+    absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
+    if (s.ok()) s = Admit(*ctx, "OpenDeviceGeneration", req->job_id());
+    return s.ok() ? DoOpenDeviceGeneration(req, resp) : ToGrpc(s);
+  });
+}
+
 absl::StatusOr<std::string> WorkerServiceImpl::TokenSha256(const std::string& job_id) {
   if (std::optional<std::string> cached = cache_->FindToken(job_id)) return *std::move(cached);
   absl::StatusOr<v1::Job> fetched = FetchJob(job_id, /*include_ptc=*/false);
@@ -262,9 +290,9 @@ absl::StatusOr<v1::Job> WorkerServiceImpl::FetchJob(const std::string& job_id, b
   return job;
 }
 
-void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
+void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank,
+                                      const std::vector<ItemSlot>& slots,
                                       google::protobuf::RepeatedPtrField<v1::WorkerItem>* items) {
-  const std::vector<ItemSlot>& slots = buffer.items();
   std::optional<planner::ResolvedLayout> rl;
   std::optional<planner::Buckets> buckets;
   if (jg != nullptr && rank < WorldSize(jg->layout)) {
@@ -292,6 +320,38 @@ void WorkerServiceImpl::DescribeItems(const JobGeneration* jg, int rank, RankBuf
   }
 }
 
+absl::StatusOr<std::shared_ptr<const WorkerServiceImpl::JobGeneration>>
+WorkerServiceImpl::PublishLayout(const std::string& job_id, int64_t generation, int rank) {
+  // A checkpoint's workers publish the generation after the current one, on
+  // the same layout (HostTask.publish_by_workers).
+  int64_t from = publish_gate_ ? publish_gate_(job_id, generation, rank) : 0;
+  absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
+      Lookup(job_id, from > 0 ? from : generation, /*require_current=*/true);
+  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) && publish_wait_ &&
+      CheckpointOpening(job_id, generation)) {
+    // The checkpoint exists but its task has not reached this agent: fetch
+    // it now rather than at the next heartbeat (issue 20).
+    from = publish_wait_(job_id, generation, rank, kPublishWaitMs);
+    if (from > 0) jg = Lookup(job_id, from, /*require_current=*/true);
+  }
+  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) &&
+      CheckpointOpening(job_id, generation)) {
+    // The checkpoint exists but this agent has not fetched its task yet.
+    return absl::UnavailableError(absl::StrCat(
+        "job \"", job_id, "\" generation ", generation,
+        " is being opened for publishing by a checkpoint that has not reached this agent yet; "
+        "retry"));
+  }
+  if (!jg.ok()) return jg.status();
+  const int world = WorldSize((*jg)->layout);
+  if (rank >= world) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " out of range: job \"",
+                                                   job_id, "\" generation ", generation, " has ",
+                                                   world, " ranks"));
+  }
+  return jg;
+}
+
 grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* req,
                                                v1::PublishShardResponse* resp) {
   // A buffer the agent made under this key is an operation's (a transfer's
@@ -305,34 +365,9 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
         "job \"", req->job_id(), "\" generation ", req->generation(), " rank ", req->rank(),
         " is written by an operation of the agent (a transfer or a prepare), not by workers")));
   }
-  // A checkpoint's workers publish the generation after the current one, on
-  // the same layout (HostTask.publish_by_workers).
-  int64_t from =
-      publish_gate_ ? publish_gate_(req->job_id(), req->generation(), req->rank()) : 0;
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
-      Lookup(req->job_id(), from > 0 ? from : req->generation(), /*require_current=*/true);
-  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) && publish_wait_ &&
-      CheckpointOpening(req->job_id(), req->generation())) {
-    // The checkpoint exists but its task has not reached this agent: fetch
-    // it now rather than at the next heartbeat (issue 20).
-    from = publish_wait_(req->job_id(), req->generation(), req->rank(), kPublishWaitMs);
-    if (from > 0) jg = Lookup(req->job_id(), from, /*require_current=*/true);
-  }
-  if (!jg.ok() && absl::IsFailedPrecondition(jg.status()) &&
-      CheckpointOpening(req->job_id(), req->generation())) {
-    // The checkpoint exists but this agent has not fetched its task yet.
-    return ToGrpc(absl::UnavailableError(absl::StrCat(
-        "job \"", req->job_id(), "\" generation ", req->generation(),
-        " is being opened for publishing by a checkpoint that has not reached this agent yet; "
-        "retry")));
-  }
+      PublishLayout(req->job_id(), req->generation(), req->rank());
   if (!jg.ok()) return ToGrpc(jg.status());
-  const int world = WorldSize((*jg)->layout);
-  if (req->rank() >= world) {
-    return ToGrpc(absl::InvalidArgumentError(
-        absl::StrCat("rank ", req->rank(), " out of range: job \"", req->job_id(), "\" generation ",
-                     req->generation(), " has ", world, " ranks")));
-  }
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
   if (absl::IsNotFound(buf.status())) {
@@ -351,7 +386,7 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   if (absl::Status s = CheckPublishable(key, **buf); !s.ok()) return ToGrpc(s);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
-  DescribeItems(jg->get(), req->rank(), **buf, resp->mutable_items());
+  DescribeItems(jg->get(), req->rank(), (*buf)->items(), resp->mutable_items());
   return grpc::Status::OK;
 }
 
@@ -449,6 +484,11 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
                                                  v1::OpenGenerationResponse* resp) {
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
+  if (absl::IsNotFound(buf.status()) && devices_ != nullptr && devices_->Get(key).ok()) {
+    // A device-resident rank: CPU loads get a host copy, sealed with the
+    // device buffer's checksums (and kept while the generation is held).
+    buf = StageToHost(*devices_, *store_, key);
+  }
   if (!buf.ok()) return ToGrpc(buf.status());
   if (absl::Status s = CheckLoadable(key, **buf); !s.ok()) return ToGrpc(s);
   // Names and shapes are best effort: a generation that is no longer current
@@ -457,7 +497,8 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
       Lookup(req->job_id(), req->generation(), /*require_current=*/false);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
-  DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), **buf, resp->mutable_items());
+  DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), (*buf)->items(),
+                resp->mutable_items());
   for (int32_t item : (*buf)->regenerated()) {
     if (item < resp->items_size()) resp->mutable_items(item)->set_regenerated(true);
   }

@@ -23,7 +23,9 @@
 #include "agent/process/job_cache.h"
 #include "agent/process/metrics.h"
 #include "agent/process/worker_socket.h"
+#include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
+#include "agent/transfer/device_api.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/worker.grpc.pb.h"
@@ -64,6 +66,14 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// The socket the calls come from (not owned; may stay unset): log lines
   /// then name the caller's pid, uid and gid (SO_PEERCRED).
   void SetSocket(const WorkerSocket* socket) { socket_ = socket; }
+  /// The agent's device API and device store (not owned; both or neither):
+  /// PublishDeviceShard and OpenDeviceGeneration answer FAILED_PRECONDITION
+  /// without them, and OpenGeneration stages a device-resident generation to
+  /// host with them. Set before the server serves.
+  void SetDevices(DeviceApi* api, DeviceBufferStore* devices) {
+    device_api_ = api;
+    devices_ = devices;
+  }
 
   grpc::Status PublishShard(grpc::ServerContext* ctx, const v1::PublishShardRequest* req,
                             v1::PublishShardResponse* resp) override;
@@ -71,6 +81,15 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                          v1::SealShardResponse* resp) override;
   grpc::Status OpenGeneration(grpc::ServerContext* ctx, const v1::OpenGenerationRequest* req,
                               v1::OpenGenerationResponse* resp) override;
+  /// CUDA IPC (worker_service_device.cc): the worker's device items copied
+  /// device to device into a device buffer of the agent, sealed.
+  grpc::Status PublishDeviceShard(grpc::ServerContext* ctx,
+                                  const v1::PublishDeviceShardRequest* req,
+                                  v1::PublishDeviceShardResponse* resp) override;
+  /// A sealed rank as a device buffer and its IPC handle.
+  grpc::Status OpenDeviceGeneration(grpc::ServerContext* ctx,
+                                    const v1::OpenDeviceGenerationRequest* req,
+                                    v1::OpenDeviceGenerationResponse* resp) override;
 
   /// A request of the worker socket's companion `<socket>.fds`
   /// (worker_fd_socket.h) from `caller` ("pid P uid U gid G"): a descriptor
@@ -101,8 +120,24 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status DoSealShard(const v1::SealShardRequest* req, v1::SealShardResponse* resp);
   grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
                                 v1::OpenGenerationResponse* resp);
+  grpc::Status DoPublishDeviceShard(const v1::PublishDeviceShardRequest* req,
+                                    v1::PublishDeviceShardResponse* resp);
+  grpc::Status DoOpenDeviceGeneration(const v1::OpenDeviceGenerationRequest* req,
+                                      v1::OpenDeviceGenerationResponse* resp);
+  /// FailedPrecondition saying how to enable a device when the agent has none.
+  absl::Status RequireDevices(const char* method) const;
+  /// Copies the device items of `req` into `buffer` (IpcOpen, D2D on one
+  /// stream, synchronize, IpcClose).
+  absl::Status CopyDeviceItems(const v1::PublishDeviceShardRequest& req,
+                               const DeviceRankBuffer& buffer);
 
   using JobGeneration = JobCache::Generation;
+  /// The PTC and layout a worker publishes (job, generation, rank) against
+  /// (a checkpoint's: the generation it copies the layout of), with the rank
+  /// in range: PublishShard's and PublishDeviceShard's admission of the
+  /// generation.
+  absl::StatusOr<std::shared_ptr<const JobGeneration>> PublishLayout(const std::string& job_id,
+                                                                     int64_t generation, int rank);
   /// The PTC and layout of (job, generation); FailedPrecondition when
   /// `require_current` and it is not the job's current generation.
   absl::StatusOr<std::shared_ptr<const JobGeneration>> Lookup(const std::string& job_id,
@@ -116,7 +151,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   absl::StatusOr<v1::Job> FetchJob(const std::string& job_id, bool include_ptc);
   /// Fills names and local shapes of `buffer`'s items (when `jg` is known),
   /// offsets and sizes always.
-  static void DescribeItems(const JobGeneration* jg, int rank, RankBuffer& buffer,
+  static void DescribeItems(const JobGeneration* jg, int rank, const std::vector<ItemSlot>& slots,
                             google::protobuf::RepeatedPtrField<v1::WorkerItem>* items);
 
   /// Who called: "pid P uid U gid G" when the socket knows, else the peer.
@@ -127,6 +162,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   PublishGate publish_gate_;
   PublishWait publish_wait_;
   const WorkerSocket* socket_ = nullptr;
+  DeviceApi* device_api_ = nullptr;
+  DeviceBufferStore* devices_ = nullptr;
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   const std::shared_ptr<JobCache> cache_;  // shared with the store's drop listener
 };
