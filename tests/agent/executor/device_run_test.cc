@@ -239,6 +239,39 @@ TEST_F(DeviceRunTest, CancelledMidCopyDropsTheNewDeviceBuffers) {
   EXPECT_TRUE(devices_[0]->Get({kJob, 1, 0}).ok());
 }
 
+TEST_F(DeviceRunTest, APrepareOfDeviceSourcesKeepsItsNewBuffersInHostMemory) {
+  UseOneHostResize();
+  MakeDeviceHosts();
+  FillDeviceRank(0, 0, 0);
+  FillDeviceRank(0, 1, 1);
+  v1::HostTask task = Slice(WholeTask(), "h0", {});
+  task.set_prepare(true);
+  std::vector<std::string> waits;
+  auto result = hosts_[0].executor->Execute(
+      "h0", task, nullptr, [] { return false; },
+      [&](const std::string& what) { waits.push_back(what); });
+  ASSERT_TRUE(result.ok()) << result.status();
+  ASSERT_FALSE(waits.empty());
+  EXPECT_EQ(waits[0].rfind("host-staged: ", 0), 0u) << waits[0];
+  // The prepared phase writes into unsealed host buffers; the staged
+  // sources went; nothing of generation 2 on a device.
+  for (int r = 0; r < 3; ++r) {
+    auto b = hosts_[0].store->Get({kJob, 2, r});
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE((*b)->sealed());
+  }
+  EXPECT_FALSE(hosts_[0].store->Get({kJob, 1, 0}).ok());
+  EXPECT_FALSE(hosts_[0].store->Get({kJob, 1, 1}).ok());
+  for (const auto& k : devices_[0]->List()) EXPECT_EQ(k.generation, 1);
+  // It reports the sealed checksums of the old shards it read: the devices'.
+  for (const v1::ShardChecksum& c : *result) {
+    auto d = devices_[0]->Get({kJob, 1, c.rank()});
+    ASSERT_TRUE(d.ok()) << d.status();
+    EXPECT_EQ((*d)->checksums()[c.item()], c.checksum());
+  }
+  EXPECT_FALSE(result->empty());
+}
+
 TEST_F(DeviceRunTest, TwoHostTaskRunsHostStagedAndEndsOnTheDevices) {
   MakeDeviceHosts();
   const auto old_slots = planner::ExpandPlacement(from_.placement());
