@@ -25,7 +25,9 @@ std::string IdMac(const std::string& secret, const std::string& operation_id,
 
 uint32_t ReadLength(const std::string& m, size_t at) {
   uint32_t n = 0;
-  for (int i = 0; i < 4; ++i) n |= static_cast<uint32_t>(static_cast<uint8_t>(m[at + i])) << (8 * i);
+  for (int i = 0; i < 4; ++i) {
+    n |= static_cast<uint32_t>(static_cast<uint8_t>(m[at + i])) << (8 * i);
+  }
   return n;
 }
 
@@ -146,8 +148,8 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> BootstrapDeviceComm(
                         std::lock_guard<std::mutex> l(state->mu);
                         if (!s.ok() && state->error.ok()) {
                           state->error = absl::Status(
-                              s.code(), absl::StrCat("sending the device communicator id to host \"",
-                                                     peer, "\": ", s.message()));
+                              s.code(), absl::StrCat("sending the device communicator id to ",
+                                                     "host \"", peer, "\": ", s.message()));
                         }
                         ++state->done;
                         state->cv.notify_all();

@@ -252,9 +252,9 @@ class FakeComm : public DeviceComm {
           Where(call, peer, bytes), ": peer must be another rank in [0, ", nranks_, ")"));
     }
     if (stream.device != device_) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(call, peer, bytes), ": the stream is on device ",
-                                                     stream.device, ", the communicator on ",
-                                                     device_));
+      return absl::InvalidArgumentError(absl::StrCat(Where(call, peer, bytes),
+                                                     ": the stream is on device ", stream.device,
+                                                     ", the communicator on ", device_));
     }
     if (bytes == 0) return absl::OkStatus();
     absl::StatusOr<uint8_t*> view = api_->HostView(call, data, bytes, device_);
@@ -355,8 +355,8 @@ absl::StatusOr<std::string> FakeCommFactory::NewId() {
   std::random_device rd;
   std::string token(kTokenBytes, '\0');
   for (char& c : token) c = static_cast<char>(rd() & 0xff);
-  std::string id =
-      absl::StrCat(kIdTag, " ", options_.address, " ", l->second, " ", absl::BytesToHexString(token));
+  std::string id = absl::StrCat(kIdTag, " ", options_.address, " ", l->second, " ",
+                                absl::BytesToHexString(token));
   std::lock_guard<std::mutex> g(mu_);
   listeners_[id] = l->first;
   return id;
@@ -365,8 +365,8 @@ absl::StatusOr<std::string> FakeCommFactory::NewId() {
 absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::string& id,
                                                                   int nranks, int rank,
                                                                   int device) {
-  const std::string where =
-      absl::StrCat("ncclCommInitRank (fake comm rank ", rank, " of ", nranks, ", device ", device, ")");
+  const std::string where = absl::StrCat("ncclCommInitRank (fake comm rank ", rank, " of ",
+                                         nranks, ", device ", device, ")");
   absl::StatusOr<ParsedId> p = ParseId(id);
   if (!p.ok()) return p.status();
   if (nranks < 1 || rank < 0 || rank >= nranks) {
@@ -385,7 +385,8 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
   inet_pton(AF_INET, options_.address.c_str(), &listen_ip);
   // Accepts connections on `listener` until ranks [from, nranks) each said
   // hello with the token; an outsider's connection is dropped.
-  auto accept_ranks = [&](int listener, int from, std::vector<Endpoint>* endpoints) -> absl::Status {
+  auto accept_ranks = [&](int listener, int from,
+                          std::vector<Endpoint>* endpoints) -> absl::Status {
     std::set<int> missing;
     for (int r = from; r < nranks; ++r) missing.insert(r);
     while (!missing.empty()) {

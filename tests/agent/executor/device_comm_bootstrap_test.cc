@@ -19,6 +19,7 @@
 #include "agent/executor/transfer_tags.h"
 #include "agent/transfer/fake_comm.h"
 #include "agent/transfer/ucx_transport.h"
+#include "tests/agent/transfer/comm_ring.h"
 
 namespace reshard::agent {
 namespace {
@@ -87,8 +88,8 @@ class DeviceCommBootstrapTest : public ::testing::Test {
     for (int a = 0; a < 3; ++a) {
       for (int b = 0; b < 3; ++b) {
         if (a == b) continue;
-        ASSERT_TRUE(
-            hosts_[a]->transport->Connect(hosts_[b]->id, hosts_[b]->transport->LocalAddress()).ok());
+        Transport& t = *hosts_[a]->transport;
+        ASSERT_TRUE(t.Connect(hosts_[b]->id, hosts_[b]->transport->LocalAddress()).ok());
       }
     }
   }
@@ -139,22 +140,17 @@ TEST_F(DeviceCommBootstrapTest, ThreeHostsJoinInHostOrderAndMoveARingOfDeviceByt
       src[i].push_back(h.device.Malloc(1, n).value());
       dst[i].push_back(h.device.Malloc(1, n).value());
       const std::vector<uint8_t> bytes = Pattern(n, 4 * i + static_cast<int>(k));
-      ASSERT_TRUE(h.device.MemcpyAsync(src[i][k], bytes.data(), n, CopyKind::kHostToDevice, h.stream).ok());
+      ASSERT_TRUE(
+          h.device.MemcpyAsync(src[i][k], bytes.data(), n, CopyKind::kHostToDevice, h.stream).ok());
       ASSERT_TRUE(h.device.MemsetAsync(dst[i][k], 0xab, n, h.stream).ok());
       ASSERT_TRUE(h.device.StreamSynchronize(h.stream).ok());  // `bytes` is read by then
     }
   }
   std::vector<std::future<absl::Status>> done;
   for (int i = 0; i < 3; ++i) {
-    done.push_back(std::async(std::launch::async, [&, i]() -> absl::Status {
+    done.push_back(std::async(std::launch::async, [&, i] {
       Host& h = *hosts_[i];
-      if (absl::Status s = h.comm->GroupStart(); !s.ok()) return s;
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        if (absl::Status s = h.comm->Send(src[i][k], sizes[k], (i + 1) % 3, h.stream); !s.ok()) return s;
-        if (absl::Status s = h.comm->Recv(dst[i][k], sizes[k], (i + 2) % 3, h.stream); !s.ok()) return s;
-      }
-      if (absl::Status s = h.comm->GroupEnd(); !s.ok()) return s;
-      return h.device.StreamSynchronize(h.stream);
+      return RingStep(*h.comm, h.device, h.stream, src[i], dst[i], sizes);
     }));
   }
   for (auto& d : done) {
@@ -166,7 +162,10 @@ TEST_F(DeviceCommBootstrapTest, ThreeHostsJoinInHostOrderAndMoveARingOfDeviceByt
     const int from = (i + 2) % 3;
     for (size_t k = 0; k < sizes.size(); ++k) {
       std::vector<uint8_t> got(sizes[k]);
-      ASSERT_TRUE(h.device.MemcpyAsync(got.data(), dst[i][k], sizes[k], CopyKind::kDeviceToHost, h.stream).ok());
+      ASSERT_TRUE(h.device
+                      .MemcpyAsync(got.data(), dst[i][k], sizes[k], CopyKind::kDeviceToHost,
+                                   h.stream)
+                      .ok());
       ASSERT_TRUE(h.device.StreamSynchronize(h.stream).ok());
       EXPECT_EQ(got, Pattern(sizes[k], 4 * from + static_cast<int>(k)))
           << "host " << h.id << ", " << sizes[k] << " bytes";

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "agent/transfer/backend.h"
+#include "agent/transfer/fake_comm.h"
 #include "agent/transfer/fake_device.h"
 
 namespace reshard::agent {
@@ -39,6 +40,24 @@ TEST(DeviceBackendTest, ALoadedDeviceIsListedButNotAdvertised) {
   EXPECT_THAT(AdvertisedTransports(loaded), ElementsAre("local"));
   // Without a device API nothing device-side is listed.
   for (const BackendCapabilities& c : LoadedBackends(nullptr)) EXPECT_EQ(c.devices, 0) << c.name;
+}
+
+// A device communicator backend (device_comm.h) moves CUDA memory between
+// hosts; until the executor's cross-host device steps use it, it is listed
+// with its capabilities but not advertised.
+TEST(DeviceBackendTest, ACommunicatorBackendMovesDeviceMemoryBetweenHostsUnadvertised) {
+  FakeDeviceApi fake(FakeDeviceApi::Options{});
+  FakeCommFactory comm(&fake);
+  const BackendCapabilities c = DeviceCommBackendCapabilities(comm);
+  EXPECT_EQ(c.name, "fake");
+  EXPECT_THAT(c.memory_kinds, ElementsAre(MemoryKind::kCuda));
+  EXPECT_TRUE(c.remote);
+  EXPECT_FALSE(c.local);
+  EXPECT_FALSE(c.notifications);
+  EXPECT_FALSE(c.used_by_executor);
+  std::vector<BackendCapabilities> loaded = LoadedBackends(nullptr, &fake);
+  loaded.push_back(c);
+  EXPECT_THAT(AdvertisedTransports(loaded), ElementsAre("local"));
 }
 
 }  // namespace

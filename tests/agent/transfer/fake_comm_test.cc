@@ -22,6 +22,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
 #include "agent/transfer/backend.h"
+#include "tests/agent/transfer/comm_ring.h"
 
 extern char** environ;
 
@@ -49,7 +50,8 @@ struct Rank {
   // Device memory holding `bytes`.
   void* Upload(const std::vector<uint8_t>& bytes) {
     void* d = device.Malloc(0, std::max<size_t>(bytes.size(), 1)).value();
-    EXPECT_TRUE(device.MemcpyAsync(d, bytes.data(), bytes.size(), CopyKind::kHostToDevice, stream).ok());
+    EXPECT_TRUE(
+        device.MemcpyAsync(d, bytes.data(), bytes.size(), CopyKind::kHostToDevice, stream).ok());
     EXPECT_TRUE(device.StreamSynchronize(stream).ok());
     return d;
   }
@@ -73,7 +75,8 @@ void InitAll(std::vector<std::unique_ptr<Rank>>& ranks) {
   const int n = static_cast<int>(ranks.size());
   std::vector<std::future<absl::StatusOr<std::unique_ptr<DeviceComm>>>> f;
   for (int r = 0; r < n; ++r) {
-    f.push_back(std::async(std::launch::async, [&, r] { return ranks[r]->factory->Init(id, n, r, 0); }));
+    f.push_back(
+        std::async(std::launch::async, [&, r] { return ranks[r]->factory->Init(id, n, r, 0); }));
   }
   for (int r = 0; r < n; ++r) {
     absl::StatusOr<std::unique_ptr<DeviceComm>> c = f[r].get();
@@ -99,15 +102,9 @@ TEST(FakeCommTest, AGroupedRingMovesExactBytesOfEverySize) {
   }
   std::vector<std::future<absl::Status>> done;
   for (int r = 0; r < 3; ++r) {
-    done.push_back(std::async(std::launch::async, [&, r]() -> absl::Status {
+    done.push_back(std::async(std::launch::async, [&, r] {
       Rank& me = *ranks[r];
-      if (absl::Status s = me.comm->GroupStart(); !s.ok()) return s;
-      for (size_t k = 0; k < sizes.size(); ++k) {
-        if (absl::Status s = me.comm->Send(src[r][k], sizes[k], (r + 1) % 3, me.stream); !s.ok()) return s;
-        if (absl::Status s = me.comm->Recv(dst[r][k], sizes[k], (r + 2) % 3, me.stream); !s.ok()) return s;
-      }
-      if (absl::Status s = me.comm->GroupEnd(); !s.ok()) return s;
-      return me.device.StreamSynchronize(me.stream);
+      return RingStep(*me.comm, me.device, me.stream, src[r], dst[r], sizes);
     }));
   }
   for (auto& d : done) {
@@ -117,7 +114,8 @@ TEST(FakeCommTest, AGroupedRingMovesExactBytesOfEverySize) {
   for (int r = 0; r < 3; ++r) {
     const int from = (r + 2) % 3;
     for (size_t k = 0; k < sizes.size(); ++k) {
-      EXPECT_EQ(ranks[r]->Download(dst[r][k], sizes[k]), Pattern(sizes[k], 10 * from + static_cast<int>(k)))
+      EXPECT_EQ(ranks[r]->Download(dst[r][k], sizes[k]),
+                Pattern(sizes[k], 10 * from + static_cast<int>(k)))
           << "rank " << r << " size " << sizes[k];
     }
   }
