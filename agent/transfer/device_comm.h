@@ -20,7 +20,8 @@
 // - Abort fails every transfer in flight and makes later calls fail
 //   (Aborted); destroying a communicator waits for nothing it queued.
 // - Errors are absl::Status naming the call, the peer rank and the bytes.
-// Thread contract: one thread uses a communicator at a time.
+// Thread contract: one thread uses a communicator at a time; Abort may come
+// from any thread (to end transfers another thread waits on).
 #pragma once
 
 #include <cstddef>

@@ -1,5 +1,6 @@
 #include "agent/transfer/nccl_comm.h"
 
+#include <atomic>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -21,7 +22,7 @@ class NcclComm : public DeviceComm {
       : comm_(comm), nranks_(nranks), rank_(rank), device_(device) {}
   ~NcclComm() override {
     // Destroy waits for work queued on the GPU; abort does not (contract).
-    if (comm_ != nullptr) Nccl()->CommAbort(comm_);
+    Abort();
   }
   int rank() const override { return rank_; }
   int nranks() const override { return nranks_; }
@@ -48,8 +49,7 @@ class NcclComm : public DeviceComm {
     return NcclError(Nccl()->GroupEnd(), Where("ncclGroupEnd", -1, 0));
   }
   void Abort() override {
-    if (comm_ != nullptr) Nccl()->CommAbort(comm_);
-    comm_ = nullptr;
+    if (ncclComm_t c = comm_.exchange(nullptr); c != nullptr) Nccl()->CommAbort(c);
   }
 
  private:
@@ -74,7 +74,7 @@ class NcclComm : public DeviceComm {
     return absl::OkStatus();
   }
 
-  ncclComm_t comm_;
+  std::atomic<ncclComm_t> comm_;  // null once aborted
   const int nranks_;
   const int rank_;
   const int device_;
