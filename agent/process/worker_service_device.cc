@@ -92,11 +92,6 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
   }
   // As PublishShard: a rank held here already is sealed (immutable) or an
   // operation's; one in the device store unsealed is another publish's.
-  if (store_->Get(key).ok()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-        KeyText(key), " has a host buffer here (published through PublishShard, or written by an "
-                      "operation): a rank is published once")));
-  }
   if (absl::StatusOr<DeviceRankBufferPtr> existing = devices_->Get(key); existing.ok()) {
     if ((*existing)->sealed()) {
       return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
@@ -105,6 +100,13 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
     return ToGrpc(absl::AlreadyExistsError(absl::StrCat(
         KeyText(key), " is being written on device ", (*existing)->device(),
         " (another publish of the rank, or an operation)")));
+  }
+  if (absl::StatusOr<RankBufferPtr> host = store_->Get(key); host.ok()) {
+    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        KeyText(key), (*host)->sealed()
+                          ? " is sealed: a sealed generation cannot be published again"
+                          : " has a host buffer here (published through PublishShard, or "
+                            "written by an operation)")));
   }
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
       PublishLayout(req->job_id(), req->generation(), req->rank());
@@ -135,8 +137,10 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
   // Copied on seal: the sealed generation is the agent's, whatever the
   // worker does with its tensors next.
   absl::Status copied = CopyDeviceItems(*req, *buffer);
-  absl::StatusOr<std::vector<uint64_t>> sums = copied;
-  if (copied.ok()) {
+  absl::StatusOr<std::vector<uint64_t>> sums = std::vector<uint64_t>();
+  if (!copied.ok()) {
+    sums = copied;
+  } else {
     sums = devices_->Seal(key, std::vector<uint64_t>(req->expected_checksums().begin(),
                                                      req->expected_checksums().end()));
   }

@@ -198,8 +198,12 @@ class LocalCluster:
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
                  memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
                  tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None,
-                 coordinator_args=()):
+                 coordinator_args=(), agent_device=None):
         self.build_dir = os.path.abspath(build_dir)
+        # reshard-agent --device: one spec for every agent ("fake:2", "cuda",
+        # "none") or {host_id: spec}; None: the agents' default
+        # ($RESHARD_DEVICE, else CUDA when it sees a device).
+        self.agent_device = agent_device
         # Extra reshard-coordinator flags (e.g. ["--store-statement-timeout-ms",
         # "1000"]), after the cluster's own; kept across restarts.
         self.coordinator_args = list(coordinator_args)
@@ -655,6 +659,10 @@ class LocalCluster:
             argv += ["--metrics-listen", agent.metrics]
         if self.worker_group is not None:
             argv += ["--worker-group", str(self.worker_group)]
+        device = (self.agent_device.get(host_id) if isinstance(self.agent_device, dict)
+                  else self.agent_device)
+        if device is not None:
+            argv += ["--device", device]
         # The agent's certificate binds it to its host (docs/security.md).
         argv += self.pki.coordinator_flags(f"agent:{host_id}") if self.tls else ["--insecure"]
         env = dict(os.environ, UCX_NET_DEVICES="lo", UCX_TLS="tcp", UCX_WARN_UNUSED_ENV_VARS="n")

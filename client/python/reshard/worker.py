@@ -245,7 +245,7 @@ class Worker:
 
     # ----------------------------------------------------------------- publish
 
-    def publish(self, rank, generation, state_dict, verify=True, seal=True):
+    def publish(self, rank, generation, state_dict, verify=True, seal=True, via="pinned"):
         """Writes `rank`'s local tensors and blobs of `generation` (the job's
         current one) into the agent's rank buffer and seals it.
 
@@ -267,7 +267,16 @@ class Worker:
         (from any thread) and returns that dict. The bytes are in the rank
         buffer once publish returns: an asynchronous checkpoint's snapshot
         (reshard.elastic).
+        via="ipc": every tensor is a contiguous CUDA tensor (blobs may be
+        bytes); the agent (started with --device) copies them device to
+        device through CUDA IPC into a device buffer of its own and seals it
+        (publish_device; docs/python.md "CUDA IPC"). verify and seal do not
+        apply: the agent's checksums are returned.
         """
+        if via == "ipc":
+            return self._publish_ipc(rank, generation, state_dict)
+        if via != "pinned":
+            raise ValueError(f"via \"{via}\": expected \"pinned\" or \"ipc\"")
         region = self._region_for(rank, generation, state_dict)
         resp = self._call_retrying_unavailable("PublishShard", worker_pb2.PublishShardRequest(
             job_id=self.job_id, generation=generation, rank=rank))
@@ -318,6 +327,111 @@ class Worker:
                     pinned.close()
         unsealed = Unsealed(self, rank, generation, names, expected)
         return unsealed.seal() if seal else unsealed
+
+    # ------------------------------------------------------------- CUDA IPC
+
+    def publish_device(self, rank, generation, items, device=0, expected=None):
+        """Publishes `rank`'s buffer of `generation` from device memory
+        (PublishDeviceShard): the agent opens each item's IPC handle, copies
+        its bytes device to device into a device buffer of its own and seals
+        it, so the generation stays as published whatever the caller does
+        with its memory afterwards.
+
+        items: one per item of the rank buffer (the PTC's tensors in order,
+        then its blobs): (ipc_handle: bytes, offset: int, nbytes: int) with
+        `offset` the item's first byte from the allocation's base, or None
+        for an item the rank does not hold. device: the device of the
+        handles. expected: optional XXH3-64 per item (DataLoss on a
+        mismatch). Returns the agent's checksums, one per item.
+        """
+        req = worker_pb2.PublishDeviceShardRequest(
+            job_id=self.job_id, generation=generation, rank=rank, device=device,
+            expected_checksums=list(expected or []))
+        for item in items:
+            if item is None:
+                req.items.add()
+            else:
+                handle, offset, nbytes = item
+                req.items.add(ipc_handle=handle, offset=offset, bytes=nbytes)
+        return list(self._call_retrying_unavailable("PublishDeviceShard", req).checksums)
+
+    def open_device(self, rank, generation):
+        """`rank`'s sealed buffer of `generation` in the agent's device memory
+        (OpenDeviceGeneration; a host-resident one is staged to a device
+        first): the reply's device, ipc_handle (read it, never write), size,
+        items (offset, bytes, name, local_shape) and checksums. The handle
+        is valid while the agent holds the generation."""
+        return self._call("OpenDeviceGeneration", worker_pb2.OpenDeviceGenerationRequest(
+            job_id=self.job_id, generation=generation, rank=rank))
+
+    def _publish_ipc(self, rank, generation, state_dict):
+        torch = _torch()
+        from reshard import _device_ipc
+        ptc = self._ptc if self._ptc is not None else (
+            self._fetch_ptc() if self._coordinator else None)
+        if ptc is None:
+            raise ValueError("publish via=\"ipc\" needs the job's PTC: pass ptc= or "
+                             "coordinator= to Worker")
+        names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
+        unknown = sorted(set(state_dict) - set(names))
+        if unknown:
+            raise ValueError(f"rank {rank}: {', '.join(repr(n) for n in unknown)} "
+                             f"not in the job's PTC")
+        keep, items, device = [], [], None  # keep: blob copies alive until the agent copied
+        for i, name in enumerate(names):
+            value = state_dict.get(name)
+            if value is None:
+                items.append(None)
+                continue
+            if i >= len(ptc.tensors) and not _is_torch(value):  # a blob: bytes to the device
+                value = torch.frombuffer(bytearray(bytes(value)), dtype=torch.uint8).to(
+                    device if device is not None else "cuda")
+                keep.append(value)
+            if not (_is_torch(value) and value.device.type == "cuda"):
+                raise ValueError(f"rank {rank} item \"{name}\": publish via=\"ipc\" needs a "
+                                 f"CUDA tensor, got {type(value).__name__}")
+            if device is not None and value.device != device:
+                raise ValueError(f"rank {rank} item \"{name}\" is on {value.device}, the "
+                                 f"others on {device}: publish via=\"ipc\" takes one device")
+            device = value.device
+            handle, offset = _device_ipc.CudaBackend.handle_of(value.detach())
+            items.append((handle, offset, value.numel() * value.element_size()))
+        torch.cuda.current_stream(device).synchronize()  # the agent copies on its own stream
+        sums = self.publish_device(rank, generation, items, device=device.index or 0)
+        self.last_device_copy = "ipc"
+        return dict(zip(names, sums))
+
+    def _load_ipc(self, rank, generation, device, ptc):
+        torch = _torch()
+        from reshard import _cuda, _device_ipc
+        device = torch.device(device)
+        resp = self.open_device(rank, generation)
+        kinds = self._item_kinds(resp.items, ptc)
+        out = LoadedShard()
+        out.regenerated = frozenset()
+        opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle,
+                                                                device.index or 0)
+        try:
+            for i, it in enumerate(resp.items):
+                kind = kinds[i]
+                if kind[0] == "blob":
+                    raw = torch.empty(it.bytes, dtype=torch.uint8, device=device)
+                    if it.bytes:
+                        opened.copy_to(raw, it.offset, it.bytes)
+                    out[kind[-1]] = raw.cpu().numpy().tobytes()
+                    continue
+                if it.bytes == 0:
+                    continue
+                np_dtype, enum = kind[1], kind[2]
+                shape = list(it.local_shape) or [it.bytes // np_dtype.itemsize]
+                t = torch.empty(shape, dtype=_cuda.torch_dtype(
+                    np_dtype, enum == ptc_pb2.DTYPE_BFLOAT16), device=device)
+                opened.copy_to(t, it.offset, it.bytes)
+                out[kind[-1]] = t
+        finally:
+            opened.close()
+        self.last_device_copy = "ipc"
+        return out
 
     # ------------------------------------------------ zero-copy publish
 
@@ -514,7 +628,7 @@ class Worker:
     # -------------------------------------------------------------------- load
 
     def load(self, rank, generation, as_torch=False, copy=True, verify=True, ptc=None,
-             device=None):
+             device=None, via="pinned"):
         """`rank`'s sealed buffer of `generation`: {name: array} for every
         tensor the rank holds (local shape, the PTC's dtype; bfloat16 as
         uint16 and float8 as uint8 in numpy, torch.bfloat16 in torch) and
@@ -542,7 +656,17 @@ class Worker:
         straight from the agent's buffer, registered as pinned memory for the
         call (reshard._cuda; Worker.last_device_copy says "pinned" or why
         not); as_torch and copy do not apply to them. Blobs stay bytes.
+        via="ipc" (with a CUDA device): the agent's device buffer of the rank
+        (open_device) is copied device to device through CUDA IPC into fresh
+        tensors on `device` (the agent's seal covers the bytes: verify does
+        not apply); docs/python.md "CUDA IPC".
         """
+        if via == "ipc":
+            if device is None:
+                raise ValueError("load via=\"ipc\" needs device= (a CUDA device)")
+            return self._load_ipc(rank, generation, device, ptc)
+        if via != "pinned":
+            raise ValueError(f"via \"{via}\": expected \"pinned\" or \"ipc\"")
         resp = self._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
             job_id=self.job_id, generation=generation, rank=rank))
         kinds = self._item_kinds(resp.items, ptc)

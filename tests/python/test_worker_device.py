@@ -1,0 +1,196 @@
+"""Device-resident state through CUDA IPC (issue 23, items 2-3, the worker's
+side) against real agents: host-0's agent runs the fake device (two fake
+GPUs: host memory behind the device API, agent/transfer/fake_device.h),
+host-1's none. The worker's "device memory" is a fake device allocation of
+this process (reshard._device_ipc.FakeAllocation, a memfd the agent opens
+through /proc), so PublishDeviceShard and OpenDeviceGeneration move real
+bytes between two processes as CUDA IPC does.
+
+Published device state is copied on seal: overwriting the worker's memory
+afterwards leaves the sealed generation as it was. Its checksums are the
+XXH3-64 of the bytes, the ones the host path records for the same bytes,
+and a CPU load (OpenGeneration) of the device-resident rank gets the same
+values."""
+
+import numpy as np
+import pytest
+import xxhash
+
+from helpers import every_kind_ptc, random_globals, register
+import reshard
+from reshard import _device_ipc, layout
+from reshard.v1 import worker_pb2
+
+_ALIGN = 256
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from conftest import build_dir
+    from cluster import LocalCluster
+    with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2,
+                      agent_device={"host-0": "fake:2", "host-1": "none"}) as c:
+        yield c
+
+
+def _raw(value):
+    return value if isinstance(value, bytes) else value.tobytes()
+
+
+def _items(ptc, want):
+    """The rank's raw bytes per item, in the buffer's order (tensors, then
+    blobs); b"" for an item it does not hold."""
+    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
+    return names, [_raw(want[n]) if n in want else b"" for n in names]
+
+
+def _to_fake_device(raws, device=0):
+    """One fake device allocation holding every item (256-byte aligned, as a
+    caching allocator's block holds many tensors): (allocation, items for
+    Worker.publish_device)."""
+    offsets, end = [], 0
+    for r in raws:
+        offsets.append(end)
+        end += (len(r) + _ALIGN - 1) // _ALIGN * _ALIGN
+    alloc = _device_ipc.FakeAllocation(end, device)
+    items = []
+    for r, off in zip(raws, offsets):
+        alloc.view[off:off + len(r)] = r
+        items.append((alloc.handle(), off, len(r)) if r else None)
+    return alloc, items
+
+
+def _job(client, cluster, job_name, host="host-0", seed=3):
+    ptc = every_kind_ptc()
+    lay = layout.make_layout(2, 1, 1, [host], 2)
+    g = random_globals(ptc, world=2, seed=seed)
+    return ptc, lay, g, register(client, cluster, job_name, ptc, lay)
+
+
+def _read_device(resp):
+    """The bytes of every item of an OpenDeviceGeneration reply, read
+    through its IPC handle."""
+    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
+    try:
+        return [opened.read(it.offset, it.bytes) for it in resp.items]
+    finally:
+        opened.close()
+
+
+def test_device_publish_is_copied_on_seal_and_reads_back_byte_exact(cluster, client, job_name):
+    ptc, lay, g, j = _job(client, cluster, job_name)
+    want = layout.shard(ptc, lay, 0, g)
+    names, raws = _items(ptc, want)
+    alloc, items = _to_fake_device(raws, device=1)
+    try:
+        with cluster.worker("host-0", j.id, ptc=ptc) as w:
+            sums = w.publish_device(0, 1, items, device=1)
+            assert sums == [xxhash.xxh3_64_intdigest(r) for r in raws]
+            # The worker reuses its memory: the sealed generation is the agent's copy.
+            alloc.view[:] = b"\xa5" * len(alloc.view)
+            resp = w.open_device(0, 1)
+            assert resp.device == 1
+            assert list(resp.checksums) == sums
+            assert [it.name for it in resp.items] == names
+            assert _read_device(resp) == raws
+            # A CPU load of the device-resident rank: staged to host, same values.
+            got = w.load(0, 1)
+            held = {n: v for n, v in want.items() if isinstance(v, bytes) or v.size}
+            assert set(got) == set(held)
+            for name, value in held.items():
+                assert _raw(got[name]) == _raw(value), name
+            # Sealed (immutable): a second publish of the rank is refused.
+            with pytest.raises(reshard.FailedPrecondition, match="sealed"):
+                w.publish_device(0, 1, items, device=1)
+    finally:
+        alloc.close()
+
+    # The host path records the same checksums for the same bytes.
+    _, _, _, j2 = _job(client, cluster, job_name + "-host")
+    with cluster.worker("host-0", j2.id, ptc=ptc) as w:
+        host_sums = w.publish(0, 1, want)
+    assert [host_sums[n] for n in names] == sums
+
+
+def test_open_device_stages_a_host_published_rank(cluster, client, job_name):
+    ptc, lay, g, j = _job(client, cluster, job_name, seed=5)
+    want = layout.shard(ptc, lay, 1, g)
+    names, raws = _items(ptc, want)
+    with cluster.worker("host-0", j.id, ptc=ptc) as w:
+        host_sums = w.publish(1, 1, want)
+        resp = w.open_device(1, 1)
+        assert resp.device == 1  # rank 1 mod 2 fake devices
+        assert list(resp.checksums) == [host_sums[n] for n in names]
+        assert _read_device(resp) == raws
+        # Opening again hands out the same staged buffer.
+        assert w.open_device(1, 1).checksums == resp.checksums
+
+
+def test_device_publish_errors(cluster, client, job_name):
+    ptc, lay, g, j = _job(client, cluster, job_name, seed=7)
+    names, raws = _items(ptc, layout.shard(ptc, lay, 0, g))
+    alloc, items = _to_fake_device(raws)
+    try:
+        with cluster.worker("host-0", j.id, ptc=ptc) as w:
+            # An item whose size is not the layout's, named with both sizes.
+            i = next(k for k, it in enumerate(items) if it is not None and it[2] > 64)
+            short = list(items)
+            short[i] = (items[i][0], items[i][1], items[i][2] - 1)
+            with pytest.raises(reshard.InvalidArgument,
+                               match=rf"\"{names[i]}\"\) has {raws[i].__len__() - 1} bytes.* "
+                                     rf"{len(raws[i])}"):
+                w.publish_device(0, 1, short)
+            with pytest.raises(reshard.InvalidArgument, match="device items"):
+                w.publish_device(0, 1, items[:-1])
+            with pytest.raises(reshard.InvalidArgument, match="rank 2 out of range"):
+                w.publish_device(2, 1, items)
+            with pytest.raises(reshard.InvalidArgument, match="device 2 out of range"):
+                w.publish_device(0, 1, items, device=2)
+            with pytest.raises(reshard.NotFound):
+                w.open_device(0, 1)
+            # A refused publish left nothing behind: the rank publishes now.
+            assert w.publish_device(0, 1, items) == [xxhash.xxh3_64_intdigest(r) for r in raws]
+        # Another job's token, as on the host path.
+        _, _, _, other = _job(client, cluster, job_name + "-other")
+        with cluster.worker("host-0", j.id, ptc=ptc,
+                            worker_token=cluster.worker_token(other.id)) as w:
+            with pytest.raises(reshard.PermissionDenied, match=j.id):
+                w.publish_device(1, 1, items)
+            with pytest.raises(reshard.PermissionDenied, match=j.id):
+                w.open_device(0, 1)
+    finally:
+        alloc.close()
+
+
+def test_agent_without_device_refuses_device_calls(cluster, client, job_name):
+    ptc, lay, g, j = _job(client, cluster, job_name, host="host-1", seed=9)
+    names, raws = _items(ptc, layout.shard(ptc, lay, 0, g))
+    alloc, items = _to_fake_device(raws)
+    try:
+        with cluster.worker("host-1", j.id, ptc=ptc) as w:
+            with pytest.raises(reshard.FailedPrecondition, match="--device"):
+                w.publish_device(0, 1, items)
+            w.publish(0, 1, layout.shard(ptc, lay, 0, g))
+            with pytest.raises(reshard.FailedPrecondition, match="--device"):
+                w.open_device(0, 1)
+    finally:
+        alloc.close()
+
+
+def _cuda_available():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+@pytest.mark.skipif(not _cuda_available(), reason="needs a CUDA device (torch.cuda)")
+def test_cuda_backend_handle_of_names_the_tensor_inside_its_block():
+    import torch
+    block = torch.arange(1024, dtype=torch.float32, device="cuda")
+    t = block[256:512]
+    handle, offset = _device_ipc.CudaBackend.handle_of(t)
+    base_handle, base_offset = _device_ipc.CudaBackend.handle_of(block)
+    assert len(handle) == 64 and handle == base_handle
+    assert offset - base_offset == 256 * 4
