@@ -106,7 +106,7 @@ int main(int argc, char** argv) {
 
   TaskExecutor::Options exec_options;
   exec_options.copy_threads = config->copy_threads;
-  TaskExecutor executor(store->get(), transport->get(), exec_options);
+  TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get());
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
   ShardStore* shard_store = store->get();

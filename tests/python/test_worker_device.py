@@ -19,7 +19,7 @@ import xxhash
 from helpers import every_kind_ptc, random_globals, register
 import reshard
 from reshard import _device_ipc, layout
-from reshard.v1 import worker_pb2
+from reshard.v1 import coordinator_pb2 as OP, worker_pb2
 
 _ALIGN = 256
 
@@ -194,3 +194,50 @@ def test_cuda_backend_handle_of_names_the_tensor_inside_its_block():
     base_handle, base_offset = _device_ipc.CudaBackend.handle_of(block)
     assert len(handle) == 64 and handle == base_handle
     assert offset - base_offset == 256 * 4
+
+
+def _device_used(cluster, host="host-0"):
+    m = cluster.metrics_of(host)
+    return sum(v for k, v in m.items() if k.startswith("reshard_agent_device_used_bytes{"))
+
+
+def test_resize_of_device_published_state_matches_the_host_path(cluster, client, job_name):
+    """tp=2 -> dp=2 on host-0 of device-published ranks: the new generation
+    is made on the devices (the placement rule: device sources, device
+    destinations), and equals byte for byte both the expected reshard and
+    the same resize of host-published state."""
+    ptc, lay, g, j = _job(client, cluster, job_name, seed=11)
+    _, _, _, twin = _job(client, cluster, job_name + "-host", seed=11)
+    target = layout.make_layout(1, 1, 2, ["host-0"], 2)
+    allocs = []
+    try:
+        with cluster.worker("host-0", j.id, ptc=ptc) as w, \
+                cluster.worker("host-0", twin.id, ptc=ptc) as wt:
+            for rank in (0, 1):
+                want = layout.shard(ptc, lay, rank, g)
+                _, raws = _items(ptc, want)
+                alloc, items = _to_fake_device(raws, device=rank)
+                allocs.append(alloc)
+                w.publish_device(rank, 1, items, device=rank)
+                wt.publish(rank, 1, want)
+            used = _device_used(cluster)
+            for job in (j, twin):
+                final = client.wait(client.resize(job.id, target).id, timeout=120)
+                assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
+            assert _device_used(cluster) > used  # generation 2 lives on the devices
+            for rank in (0, 1):
+                names, raws = _items(ptc, layout.shard(ptc, target, rank, g))
+                resp = w.open_device(rank, 2)
+                assert resp.device == rank  # the device of the same-numbered old rank
+                assert _read_device(resp) == raws
+                assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
+                host = wt._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
+                    job_id=twin.id, generation=2, rank=rank))
+                assert list(host.checksums) == list(resp.checksums)
+                got = w.load(rank, 2)  # and a CPU load of it
+                for name, raw in zip(names, raws):
+                    if raw:
+                        assert _raw(got[name]) == raw, name
+    finally:
+        for a in allocs:
+            a.close()
