@@ -2,13 +2,20 @@
 with the binaries and libraries scripts/gpu_check.sh pack carried there.
 
 1. The CUDA runtime and NCCL load at run time on a machine with a driver
-   (transfer_cuda_libraries_test, transfer_nccl_test: a device buffer copy).
+   (transfer_cuda_libraries_test, transfer_nccl_test: a device buffer copy;
+   transfer_cuda_device_test: the device API's contract on the GPU, CUDA IPC
+   into a child process included; transfer_nccl_comm_test: the NCCL
+   communicator, one rank, two with two GPUs).
 2. tests/python/test_cuda_worker.py: CUDA tensors published through a real
    agent (PostgreSQL + coordinator + agent) and loaded back into CUDA tensors,
    byte for byte.
 3. GB/s of Worker.publish and Worker.load(device=) of CUDA tensors against
    torch's own pinned D2H / H2D and D2D copies of the same bytes, measured in
    this run; each reshard transfer checked byte for byte.
+3b. The executor's device-local steps (device_bench: one host, 1 -> 2 ranks
+   of a device-resident tensor) against one D2D copy (target >= 0.7x).
+4. Device-resident state: publish/load via CUDA IPC against torch's D2D, and
+   a two-agent reconfiguration on this one GPU, loaded back on both hosts.
 Exit status 0 when every check passed (the GB/s targets are reported, not
 asserted).
 """
@@ -24,9 +31,9 @@ sys.path.insert(0, os.path.join(REPO, "deploy", "local"))
 sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
 NOT_IN_SLICE = (
-    "NOT in this slice (issue 23 items 3 and 4): device memory as a memory kind of the shard "
-    "store, device-local copies between device buffers (target >= 0.7x D2D), a two-agent "
-    "reconfiguration on one GPU over CUDA IPC, NCCL between agents (needs two GPUs). Not run.")
+    "NOT run here: NCCL between two agents needs two GPUs (transfer_nccl_comm_test's two-rank "
+    "test skips on one; on one GPU two agents cannot form an NCCL communicator, so the "
+    "two-agent reconfiguration takes the route its agents log).")
 
 
 def section(title):
@@ -35,7 +42,8 @@ def section(title):
 
 def run_binaries(build):
     ok = True
-    for name in ("transfer_cuda_libraries_test", "transfer_nccl_test"):
+    for name in ("transfer_cuda_libraries_test", "transfer_nccl_test", "transfer_cuda_device_test",
+                 "transfer_nccl_comm_test"):
         path = os.path.join(build, "tests", name)
         r = subprocess.run([path, "--gtest_brief=0"], capture_output=True, text=True, timeout=120)
         lines = [ln for ln in r.stdout.splitlines() if ln.startswith("[") or "Failure" in ln]
@@ -43,6 +51,15 @@ def run_binaries(build):
         print(f"{name}: exit {r.returncode}")
         ok &= r.returncode == 0
     return ok
+
+
+def run_device_bench(build, mib):
+    """The executor's device-local steps against one D2D copy (bench/transfer/device_bench.cc)."""
+    r = subprocess.run([os.path.join(build, "tests", "device_bench"), "--device", "cuda",
+                        "--mib", str(mib)], capture_output=True, text=True, timeout=180)
+    print(r.stdout[-3000:] + "\n".join(r.stderr.splitlines()[-5:]))
+    print(f"device_bench: exit {r.returncode}")
+    return r.returncode == 0
 
 
 def run_pytest():
@@ -207,6 +224,89 @@ def bench(total_mib, tensors, reps, huge_dir):
         mm.close()
         if path is not None:
             os.unlink(path)
+    return problems, src, ptc, base
+
+
+def device_resident(src, ptc, reps, base):
+    """Device-resident state (issue 23 item 3): agents with --device=cuda.
+    publish(via="ipc") (the agent copies device to device from the worker's
+    CUDA IPC handles, then seals: every byte hashed on the host) and
+    load(device=, via="ipc") (one D2D copy from the agent's device buffer)
+    against torch's D2D; then a two-agent reconfiguration on this one GPU
+    (dp 1 -> 2 across host-0 and host-1: two agent processes), loaded back
+    on both hosts byte for byte. Prints the route each agent took (its log):
+    device-direct, device communicator, or host-staged and why."""
+    import glob
+    import torch
+    from cluster import LocalCluster
+    from helpers import register
+    from reshard import layout
+    from reshard.v1 import coordinator_pb2 as OP
+    dev = torch.device("cuda", 0)
+    nbytes = sum(s.numel() * s.element_size() for s in src)
+    state = {f"t{i}": s for i, s in enumerate(src)}
+    want = [s.view(torch.int32) for s in src]
+    problems, results = [], {}
+
+    def timed(fn):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        r = fn()
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0, r
+
+    def check(label, got):
+        for i in range(len(src)):
+            if not torch.equal(got[f"t{i}"].view(torch.int32), want[i]):
+                problems.append(f"{label}: tensor t{i} bytes differ")
+
+    one = layout.make_layout(1, 1, 1, ["host-0"], 1)
+    two = layout.make_layout(1, 1, 2, ["host-0", "host-1"], 1)
+    with LocalCluster(build_dir=os.environ["RESHARD_BUILD_DIR"], hosts=2, devices_per_host=1,
+                      tls=False, agent_device="cuda",
+                      memory_limit_bytes=4 * nbytes + (1 << 30)) as c, \
+            c.client(timeout=180.0) as client:
+        for rep in range(reps + 1):  # rep 0 warms up
+            job = register(client, c, f"gpu-ipc-{rep}", ptc, one)
+            with c.worker("host-0", job.id, ptc=ptc, timeout=180.0) as w:
+                t_pub, _ = timed(lambda: w.publish(0, 1, state, via="ipc"))
+                t_load, got = timed(lambda: w.load(0, 1, device=dev, via="ipc", verify=False))
+                check(f"ipc rep {rep}", got)
+                del got
+            if rep == 0:
+                continue
+            for k, v in (("publish via=ipc (agent D2D + seal)", t_pub),
+                         ("load via=ipc (D2D from the agent)", t_load)):
+                results[k] = min(results.get(k, v), v)
+        job = register(client, c, "gpu-two-agents", ptc, one)
+        with c.worker("host-0", job.id, ptc=ptc, timeout=180.0) as w:
+            w.publish(0, 1, state, via="ipc")
+        t0 = time.perf_counter()
+        final = client.wait(client.resize(job.id, two).id, timeout=240)
+        t_resize = time.perf_counter() - t0
+        ok = final.state == OP.OPERATION_STATE_COMMITTED
+        if not ok:
+            problems.append(f"two-agent resize: {final.state} {final.error}")
+        else:
+            for host, rank in (("host-0", 0), ("host-1", 1)):
+                with c.worker(host, job.id, ptc=ptc, timeout=180.0) as w:
+                    check(f"two-agent resize, {host} rank {rank}",
+                          w.load(rank, 2, device=dev, via="ipc", verify=False))
+        routes = []
+        for log in sorted(glob.glob(os.path.join(c.work_dir, "host-*.log"))):
+            with open(log, errors="replace") as f:
+                routes += [f"  {os.path.basename(log)}: {ln.strip()[-200:]}" for ln in f
+                           if "gpu-two-agents" in ln and ("device" in ln or "staged" in ln)]
+    section(f"4. device-resident state: {len(src)} float32 CUDA tensors, {nbytes / 1e9:.2f} GB, "
+            f"best of {reps}")
+    d2d = gbps(nbytes, base["torch D2D"])
+    for name, secs in results.items():
+        print(f"  {name:45s} {gbps(nbytes, secs):8.2f} GB/s  ({secs * 1e3:8.1f} ms)  "
+              f"{gbps(nbytes, secs) / d2d:.2f}x torch D2D")
+    print(f"  two-agent resize on one GPU (dp 1 -> 2, {nbytes / 1e9:.2f} GB to host-1): "
+          f"{t_resize:.2f} s end to end, {'COMMITTED' if ok else 'FAILED'}")
+    print("  routes the agents logged:")
+    print("\n".join(routes[-8:]) or "  (none found)")
     return problems
 
 
@@ -231,15 +331,19 @@ def main():
     section("2. tests/python/test_cuda_worker.py (real PostgreSQL, coordinator, agent)")
     ok_py = run_pytest()
     section("3. bandwidth")
-    problems = bench(args.mib, args.tensors, args.reps, args.huge_dir)
+    problems, src, ptc, base = bench(args.mib, args.tensors, args.reps, args.huge_dir)
+    section("3b. device-local steps (bench/transfer/device_bench.cc)")
+    ok_dev = run_device_bench(os.environ["RESHARD_BUILD_DIR"], args.mib)
+    problems += device_resident(src, ptc, args.reps, base)
     for p in problems:
         print("BYTES DIFFER:", p)
     section("summary")
-    print(f"C++ loader/NCCL tests: {'PASS' if ok_bin else 'FAIL'}; CUDA worker tests: "
-          f"{'PASS' if ok_py else 'FAIL'}; bandwidth runs byte-exact: "
-          f"{'PASS' if not problems else 'FAIL'}; {time.monotonic() - t0:.0f} s")
+    print(f"C++ CUDA/NCCL tests: {'PASS' if ok_bin else 'FAIL'}; CUDA worker tests: "
+          f"{'PASS' if ok_py else 'FAIL'}; device_bench: {'PASS' if ok_dev else 'FAIL'}; "
+          f"every run byte-exact: {'PASS' if not problems else 'FAIL'}; "
+          f"{time.monotonic() - t0:.0f} s")
     print(NOT_IN_SLICE)
-    return 0 if ok_bin and ok_py and not problems else 1
+    return 0 if ok_bin and ok_py and ok_dev and not problems else 1
 
 
 if __name__ == "__main__":

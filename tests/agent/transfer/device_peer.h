@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -27,7 +28,10 @@ inline std::vector<uint8_t> PeerPattern(size_t bytes, int seed) {
 /// other bytes, 1 on a device API error; -1 when it did not run.
 inline int RunDevicePeer(const std::string& spec, const std::string& handle, size_t bytes,
                          int read_seed, int write_seed) {
-  std::vector<std::string> args = {RESHARD_DEVICE_PEER_PATH,   spec,
+  // $RESHARD_DEVICE_PEER_PATH: where the binary is when the tests run from
+  // another tree than the build's (scripts/gpu_check.sh carries them).
+  const char* path = std::getenv("RESHARD_DEVICE_PEER_PATH");
+  std::vector<std::string> args = {path != nullptr ? path : RESHARD_DEVICE_PEER_PATH, spec,
                                    absl::BytesToHexString(handle), std::to_string(bytes),
                                    std::to_string(read_seed),  std::to_string(write_seed)};
   std::vector<char*> argv;
