@@ -128,7 +128,8 @@ class OperationRun {
     };
     if (task_.publish_by_workers()) {
       if (!publish_steps_.ok()) return publish_steps_.status();
-      return AwaitPublished(s_.store_, task_, *publish_steps_, progress, cancelled, waiting);
+      return AwaitPublished(s_.store_, task_, *publish_steps_, progress, cancelled, waiting,
+                            s_.options_.devices);
     }
     return s_.executor_->Execute(host_, task_, progress, cancelled, waiting);
   }

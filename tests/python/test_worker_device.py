@@ -241,3 +241,31 @@ def test_resize_of_device_published_state_matches_the_host_path(cluster, client,
     finally:
         for a in allocs:
             a.close()
+
+
+def test_checkpoint_of_device_published_state_commits(cluster, client, job_name):
+    """A checkpoint's workers publish generation 2 through CUDA IPC: the
+    agent's checkpoint task takes the sealed device buffers as published
+    ranks, the checkpoint commits, and generation 2 reads back as published."""
+    ptc, lay, g, j = _job(client, cluster, job_name, seed=13)
+    step7 = random_globals(ptc, world=2, seed=14)
+    allocs = []
+    try:
+        with cluster.worker("host-0", j.id, ptc=ptc) as w:
+            for rank in (0, 1):
+                w.publish(rank, 1, layout.shard(ptc, lay, rank, g))
+            op = client.checkpoint(j.id)
+            for rank in (0, 1):
+                _, raws = _items(ptc, layout.shard(ptc, lay, rank, step7))
+                alloc, items = _to_fake_device(raws, device=rank)
+                allocs.append(alloc)
+                w.publish_device(rank, op.to_generation, items, device=rank)
+            final = client.wait(op.id, timeout=60)
+            assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
+            assert client.get_job(j.id).generation == 2
+            for rank in (0, 1):
+                _, raws = _items(ptc, layout.shard(ptc, lay, rank, step7))
+                assert _read_device(w.open_device(rank, 2)) == raws
+    finally:
+        for a in allocs:
+            a.close()
