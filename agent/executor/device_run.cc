@@ -131,6 +131,11 @@ std::vector<int64_t> Strides(const v1::StridedRegion& r) {
 
 }  // namespace
 
+const DeviceRankBuffer* DeviceSourceOf(const RankBuffer& source) {
+  const auto* d = dynamic_cast<const DeviceSource*>(&source);
+  return d != nullptr ? &d->device_buffer() : nullptr;
+}
+
 void ForEachRun(const std::vector<int64_t>& shape, int64_t src_offset,
                 const std::vector<int64_t>& src_strides, int64_t dst_offset,
                 const std::vector<int64_t>& dst_strides,
@@ -240,7 +245,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
     const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
     const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, const CrossHostMover& cross_host) {
   const std::string& job = task.job_id();
   if (cancelled && cancelled()) return absl::CancelledError("task cancelled before it started");
   SourcesOfBothKinds sources(store, devices);
@@ -251,7 +256,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     return prepared.status();
   }
   const HostSteps& hs = *prepared;
-  if (!hs.remotes.empty()) {
+  if (!hs.remotes.empty() && !cross_host) {
     return absl::InternalError(absl::StrCat("operation ", task.operation_id(),
                                             ": the device path got cross-host steps"));
   }
@@ -361,6 +366,14 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
   }
   report(true);
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
+  if (cross_host) {
+    absl::Status s = cross_host(hs, *made, [&](int64_t bytes) {
+      done += bytes;
+      report(false);
+    });
+    if (!s.ok()) return fail(s);
+    report(true);
+  }
 
   std::vector<v1::ShardChecksum> out;
   for (size_t k = 0; k < keys.size(); ++k) {
@@ -377,6 +390,19 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
       c.set_bytes(items[item].bytes);
       out.push_back(std::move(c));
     }
+  }
+  if (!route.on_device) {
+    // The placement keeps this host's new buffers in host memory.
+    for (const RankBufferKey& k : keys) {
+      absl::StatusOr<RankBufferPtr> h = StageToHost(devices, store, k);
+      if (!h.ok()) {
+        for (const RankBufferKey& j : keys) store.Drop(j);
+        return fail(absl::Status(h.status().code(),
+                                 absl::StrCat("staging the new shard of rank ", k.rank,
+                                              " to host memory: ", h.status().message())));
+      }
+    }
+    for (const RankBufferKey& k : keys) devices.Drop(k);
   }
   RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
                     << host_id << ": wrote " << keys.size() << " device rank buffers of generation "

@@ -35,6 +35,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/executor/executor.h"
+#include "agent/executor/host_steps.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
 #include "reshard/v1/agent.pb.h"
@@ -47,6 +48,7 @@ struct DeviceRoute {
     kHost,        // today's TaskRun: nothing on a device
     kDevice,      // RunOnDevices
     kHostStaged,  // RunHostStaged
+    kDeviceComm,  // RunOverDeviceComm (device_comm_steps.h)
   };
   Kind kind = Kind::kHost;
   /// Why a task that involves device memory is host-staged ("cross-host
@@ -66,7 +68,21 @@ struct DeviceRoute {
 DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
                       const std::string& host_id, const v1::HostTask& task);
 
-/// The device-direct run of a kDevice route. Errors and results as
+/// Moves the cross-host steps of a kDeviceComm route once the new buffers
+/// `made` (in hs.new_ranks order) exist and the local steps were copied and
+/// the host sources checked; `moved(bytes)` counts bytes written here.
+using CrossHostMover = std::function<absl::Status(
+    const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+    const std::function<void(int64_t bytes)>& moved)>;
+
+/// The device buffer behind a source rank buffer of RunOnDevices' HostSteps
+/// (a device source); nullptr for a host buffer.
+const DeviceRankBuffer* DeviceSourceOf(const RankBuffer& source);
+
+/// The device-direct run of a kDevice route (and of a kDeviceComm route,
+/// with `cross_host` moving its cross-host steps; new buffers that the
+/// placement puts in host memory are then staged there once sealed, their
+/// device copies dropped). Errors and results as
 /// TaskExecutor::Execute: ResourceExhausted (the device store's message)
 /// when the new buffers do not fit their devices, Cancelled, NotFound for a
 /// missing source...; on any failure the new device buffers are dropped.
@@ -74,7 +90,7 @@ DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
     ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
     const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
     const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled);
+    const std::function<bool()>& cancelled, const CrossHostMover& cross_host = nullptr);
 
 /// The host-staged run of a kHostStaged route around `run_on_host` (the
 /// ordinary TaskRun): calls `waiting("host-staged: <route.why>")` first.

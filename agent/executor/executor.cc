@@ -1,5 +1,6 @@
 #include "agent/executor/executor.h"
 
+#include "agent/executor/device_comm_steps.h"
 #include "agent/executor/device_run.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/task_run.h"
@@ -9,10 +10,11 @@
 namespace reshard::agent {
 
 TaskExecutor::TaskExecutor(ShardStore* store, Transport* transport, Options options,
-                           DeviceBufferStore* devices)
+                           DeviceBufferStore* devices, DeviceCommFactory* comm)
     : store_(store),
       transport_(transport),
       devices_(devices),
+      comm_(comm),
       options_(options),
       copier_(std::make_unique<LocalCopier>(options.copy_threads)),
       precopies_(std::make_unique<PrecopyRecords>()) {
@@ -38,12 +40,16 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     return run.Run();
   };
   if (devices_ == nullptr) return run_on_host();
-  const DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
+  DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
+  RouteOverDeviceComm(*devices_, comm_, options_.device_comm_why_not, host_id, task, &route);
   switch (route.kind) {
     case DeviceRoute::Kind::kHost:
       return run_on_host();
     case DeviceRoute::Kind::kDevice:
       return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled);
+    case DeviceRoute::Kind::kDeviceComm:
+      return RunOverDeviceComm(*store_, *devices_, *comm_, transport_, options_, host_id, task,
+                               route, progress, cancelled, waiting);
     case DeviceRoute::Kind::kHostStaged:
       return RunHostStaged(*store_, *devices_, host_id, task, route, waiting, run_on_host);
   }

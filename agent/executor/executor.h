@@ -20,6 +20,7 @@
 namespace reshard::agent {
 
 class DeviceBufferStore;
+class DeviceCommFactory;
 class LocalCopier;
 class PrecopyRecords;
 
@@ -47,6 +48,9 @@ class TaskExecutor {
     /// of its steps (step_seal.h) before it fails the task (UNAVAILABLE
     /// naming the step and source host).
     int64_t seal_timeout_ms = 60000;
+    /// Why the agent has no device communicator (MakeDeviceCommFactory's
+    /// why_not), for the reason a cross-host task is host-staged.
+    std::string device_comm_why_not;
   };
 
   /// `transport` may be null when every step of every task is local. The
@@ -54,8 +58,12 @@ class TaskExecutor {
   /// With `devices` (the agent's device memory; it outlives the executor)
   /// tasks that involve device memory take the device path (device_run.h:
   /// which buffers live on a device, device-direct or host-staged runs).
+  /// With `comm` too (the agent's device communicator factory, advertised as
+  /// AdvertisedCommName in its Host.transports; it outlives the executor),
+  /// cross-host tasks whose hosts all advertise it move device memory over
+  /// it (device_comm_steps.h).
   TaskExecutor(ShardStore* store, Transport* transport, Options options,
-               DeviceBufferStore* devices = nullptr);
+               DeviceBufferStore* devices = nullptr, DeviceCommFactory* comm = nullptr);
   ~TaskExecutor();
 
   /// Runs `task` on host `host_id`. `progress(done, total)` (bytes written on
@@ -94,6 +102,7 @@ class TaskExecutor {
   ShardStore* store_;
   Transport* transport_;
   DeviceBufferStore* devices_;  // null: host memory only
+  DeviceCommFactory* comm_;     // null: cross-host steps move host memory
   Options options_;
   std::unique_ptr<LocalCopier> copier_;
   /// What each prepare wrote, until its transfer phase checked it.

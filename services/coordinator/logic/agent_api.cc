@@ -341,6 +341,7 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
     if (it == by_id.end()) continue;  // gone since: the driver aborts the operation
     peer->set_address(it->second->address());
     peer->set_ucx_address(it->second->ucx_address());
+    for (const std::string& t : it->second->transports()) peer->add_transports(t);
   }
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
                     << " fetched its "

@@ -1,0 +1,498 @@
+#include "agent/executor/device_comm_steps.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <memory>
+#include <optional>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "agent/executor/device_comm_bootstrap.h"
+#include "agent/executor/peer_proof.h"
+#include "agent/executor/step_chunks.h"
+#include "agent/executor/step_seal.h"
+#include "agent/executor/task_phase.h"
+#include "agent/executor/transfer_tags.h"
+#include "common/log.h"
+#include "planner/layout.h"
+
+namespace reshard::agent {
+namespace {
+
+constexpr int kCommDevice = 0;
+
+std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
+  std::vector<int64_t> s(shape.size(), 1);
+  for (int k = static_cast<int>(shape.size()) - 2; k >= 0; --k) s[k] = s[k + 1] * shape[k + 1];
+  return s;
+}
+
+// One chunk of a cross-host step, seen from this host.
+struct Chunk {
+  size_t remote = 0;  // index into hs.remotes
+  int64_t chunk = 0;
+  int64_t bytes = 0;
+};
+
+// Device (or pinned host) memory owned for a run.
+class Owned {
+ public:
+  Owned(DeviceApi* api, bool host) : api_(api), host_(host) {}
+  Owned(const Owned&) = delete;
+  ~Owned() {
+    if (p_ == nullptr) return;
+    if (host_) {
+      (void)api_->FreeHost(p_);
+    } else {
+      (void)api_->Free(kCommDevice, p_);
+    }
+  }
+  absl::Status Allocate(int64_t bytes) {
+    if (bytes <= 0) return absl::OkStatus();
+    absl::StatusOr<void*> p = host_ ? api_->MallocHost(static_cast<size_t>(bytes))
+                                    : api_->Malloc(kCommDevice, static_cast<size_t>(bytes));
+    if (!p.ok()) return p.status();
+    p_ = *p;
+    return absl::OkStatus();
+  }
+  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
+
+ private:
+  DeviceApi* api_;
+  bool host_;
+  void* p_ = nullptr;
+};
+
+// Windows of `chunks`: consecutive chunks of at most `window` bytes, at least one.
+std::vector<std::vector<Chunk>> Windows(const std::vector<Chunk>& chunks, int64_t window) {
+  std::vector<std::vector<Chunk>> out;
+  int64_t bytes = 0;
+  for (const Chunk& c : chunks) {
+    if (out.empty() || bytes + c.bytes > window) {
+      out.emplace_back();
+      bytes = 0;
+    }
+    out.back().push_back(c);
+    bytes += c.bytes;
+  }
+  return out;
+}
+
+int64_t WindowBytes(const std::vector<Chunk>& w) {
+  int64_t n = 0;
+  for (const Chunk& c : w) n += c.bytes;
+  return n;
+}
+
+class CommSteps {
+ public:
+  CommSteps(DeviceBufferStore& devices, DeviceCommFactory& factory, Transport* transport,
+            const TaskExecutor::Options& options, const std::string& host_id,
+            const v1::HostTask& task, const std::function<bool()>& cancelled,
+            const std::function<void(const std::string& what)>& waiting)
+      : devices_(devices),
+        api_(devices.api()),
+        factory_(factory),
+        transport_(transport),
+        options_(options),
+        host_id_(host_id),
+        task_(task),
+        cancelled_(cancelled),
+        waiting_(waiting),
+        context_(TransferContext(task)),
+        tag_key_(TaskTagKey(task)) {}
+
+  ~CommSteps() {
+    if (stream_.has_value()) (void)api_->DestroyStream(*stream_);
+  }
+
+  absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                   const std::function<void(int64_t bytes)>& moved) {
+    hs_ = &hs;
+    made_ = &made;
+    if (transport_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "operation ", task_.operation_id(), " has cross-host steps and no transport"));
+    }
+    if (absl::Status s = Connect(); !s.ok()) return s;
+    if (absl::Status s = Prove(); !s.ok()) return s;
+    if (absl::Status s = Bootstrap(); !s.ok()) return s;
+    Plan();
+    if (absl::Status s = Move(moved); !s.ok()) return Failed(s);
+    if (seals_) {
+      if (waiting_) waiting_("step seals");
+      seals_->SendSeals();
+      if (absl::Status s =
+              seals_->Finish(cancelled_, std::chrono::milliseconds(options_.seal_timeout_ms));
+          !s.ok()) {
+        return Failed(s);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  absl::Status Failed(absl::Status s) {
+    if (comm_) comm_->Abort();
+    // A peer that was cancelled too aborts its end: say what happened here.
+    if (cancelled_ && cancelled_() && !absl::IsCancelled(s)) {
+      s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
+    }
+    transport_->CancelTags(TagBase(tag_key_), kTagKeyMask);
+    return s;
+  }
+
+  // As TaskRun::ConnectPeers.
+  absl::Status Connect() {
+    constexpr int kConnectAttempts = 4;
+    for (const v1::PeerHost& p : task_.peers()) {
+      if (p.host_id() == host_id_ || p.ucx_address().empty()) continue;
+      absl::Status connect;
+      for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
+        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
+        connect = transport_->Connect(p.host_id(), p.ucx_address());
+        if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled_ && cancelled_())) break;
+      }
+      if (!connect.ok()) {
+        return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
+                                                         "\": ", connect.message()));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // As TaskRun::Prove: every sender proves itself to every receiver first.
+  absl::Status Prove() {
+    if (task_.transfer_secret().empty() || hs_->remotes.empty()) return absl::OkStatus();
+    std::set<std::string> send_to, receive_from;
+    for (const RemoteStep& r : hs_->remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
+    if (waiting_) {
+      waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
+                            send_to.size(), " to send)"));
+    }
+    return ExchangePeerProofs(transport_, task_.transfer_secret(), context_, host_id_,
+                              ProofTag(tag_key_), send_to, receive_from, cancelled_,
+                              std::chrono::milliseconds(options_.proof_timeout_ms));
+  }
+
+  absl::Status Bootstrap() {
+    if (waiting_) waiting_("device communicator");
+    std::vector<std::string> hosts{host_id_};
+    for (const v1::PeerHost& p : task_.peers()) {
+      if (p.host_id() != host_id_) hosts.push_back(p.host_id());
+    }
+    std::sort(hosts.begin(), hosts.end());
+    for (size_t i = 0; i < hosts.size(); ++i) rank_of_[hosts[i]] = static_cast<int>(i);
+    absl::StatusOr<std::unique_ptr<DeviceComm>> comm = BootstrapDeviceComm(
+        transport_, &factory_, task_.transfer_secret(), context_, host_id_, hosts, kCommDevice,
+        DeviceCommTag(tag_key_), cancelled_, std::chrono::milliseconds(options_.proof_timeout_ms));
+    if (!comm.ok()) return comm.status();
+    comm_ = *std::move(comm);
+    absl::StatusOr<DeviceStream> stream = api_->CreateStream(kCommDevice);
+    if (!stream.ok()) return stream.status();
+    stream_ = *stream;
+    return absl::OkStatus();
+  }
+
+  // Each pair's chunks, its windows, and the seals.
+  void Plan() {
+    std::map<std::string, std::vector<Chunk>> sends, receives;
+    std::vector<StepSeals::Step> seal_steps;
+    for (size_t i = 0; i < hs_->remotes.size(); ++i) {
+      const RemoteStep& r = hs_->remotes[i];
+      const int item = r.step->item();
+      chunks_.emplace_back(ToVector(r.step->shape()),
+                           task_.plan().items(item).element_bytes(), options_.chunk_bytes);
+      const StepChunks& sc = chunks_.back();
+      auto& list = (r.is_send ? sends : receives)[r.peer];
+      for (int64_t c = 0; c < sc.count(); ++c) list.push_back(Chunk{i, c, sc.Bytes(c)});
+      seal_steps.push_back(StepSeals::Step{
+          r.step->index(), r.is_send, r.peer, sc.count(),
+          absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
+    }
+    for (auto& [peer, list] : sends) send_windows_[peer] = Windows(list, options_.peer_window_bytes);
+    for (auto& [peer, list] : receives) {
+      receive_windows_[peer] = Windows(list, options_.peer_window_bytes);
+    }
+    if (!task_.transfer_secret().empty()) {
+      seals_ = std::make_unique<StepSeals>(transport_, task_.transfer_secret(), context_,
+                                           task_.job_id(), host_id_, tag_key_,
+                                           std::move(seal_steps));
+      seals_->PostReceives();
+    }
+  }
+
+  // Where chunk `c` of remote `r` starts at this end, and its runs.
+  void Runs(const Chunk& c, const std::function<void(const uint8_t* src_base, uint8_t* dst_base,
+                                                     int src_device, int dst_device, int64_t s,
+                                                     int64_t d, int64_t n)>& fn,
+            uint8_t* staging) {
+    const RemoteStep& r = hs_->remotes[c.remote];
+    const v1::CopyStep& step = *r.step;
+    std::vector<int64_t> start, shape;
+    chunks_[c.remote].Get(c.chunk, &start, &shape);
+    const std::vector<int64_t> packed = RowMajorStrides(shape);
+    const int item = step.item();
+    if (r.is_send) {
+      const RankBuffer& src = *hs_->old_bufs.at(step.src_rank());
+      const DeviceRankBuffer* dev = DeviceSourceOf(src);
+      const uint8_t* base =
+          (dev != nullptr ? static_cast<const uint8_t*>(dev->data())
+                          : const_cast<RankBuffer&>(src).data()) +
+          src.items()[item].offset;
+      const std::vector<int64_t> strides = ToVector(step.src().strides());
+      ForEachRun(shape, ChunkOffset(step.src().offset(), strides, start), strides, 0, packed,
+                 [&](int64_t s, int64_t d, int64_t n) {
+                   fn(base, staging, dev != nullptr ? dev->device() : -1, kCommDevice, s, d, n);
+                 });
+      return;
+    }
+    for (const v1::Destination& dst : step.dsts()) {
+      const DeviceRankBuffer& b = *(*made_)[hs_->new_index.at(dst.rank())];
+      uint8_t* base = static_cast<uint8_t*>(b.data()) + b.items()[item].offset;
+      const std::vector<int64_t> strides = ToVector(dst.region().strides());
+      ForEachRun(shape, 0, packed, ChunkOffset(dst.region().offset(), strides, start), strides,
+                 [&](int64_t s, int64_t d, int64_t n) {
+                   fn(staging, base, kCommDevice, b.device(), s, d, n);
+                 });
+    }
+  }
+
+  // One copy on the communicator's stream; device -1 is host memory.
+  absl::Status Copy(uint8_t* to, int to_device, const uint8_t* from, int from_device,
+                    size_t bytes) {
+    if (from_device < 0) return api_->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream_);
+    if (from_device == to_device) {
+      return api_->MemcpyAsync(to, from, bytes, CopyKind::kDeviceToDevice, *stream_);
+    }
+    return api_->MemcpyPeerAsync(to, to_device, from, from_device, bytes, *stream_);
+  }
+
+  absl::Status Move(const std::function<void(int64_t bytes)>& moved) {
+    // Staging per peer and direction, as large as its largest window.
+    std::map<std::string, std::pair<int64_t, int64_t>> need;  // peer -> (send, receive)
+    size_t rounds = 0;
+    for (const auto& [p, ws] : send_windows_) {
+      for (const auto& w : ws) need[p].first = std::max(need[p].first, WindowBytes(w));
+      rounds = std::max(rounds, ws.size());
+    }
+    for (const auto& [p, ws] : receive_windows_) {
+      for (const auto& w : ws) need[p].second = std::max(need[p].second, WindowBytes(w));
+      rounds = std::max(rounds, ws.size());
+    }
+    struct Staging {
+      std::unique_ptr<Owned> send, receive, send_host, receive_host;
+    };
+    std::map<std::string, Staging> staging;
+    const bool sealed = seals_ != nullptr;
+    for (const auto& [p, n] : need) {
+      Staging& s = staging[p];
+      s.send = std::make_unique<Owned>(api_, false);
+      s.receive = std::make_unique<Owned>(api_, false);
+      s.send_host = std::make_unique<Owned>(api_, true);
+      s.receive_host = std::make_unique<Owned>(api_, true);
+      for (auto [o, bytes] : {std::pair{s.send.get(), n.first}, {s.receive.get(), n.second},
+                              {s.send_host.get(), sealed ? n.first : 0},
+                              {s.receive_host.get(), sealed ? n.second : 0}}) {
+        if (absl::Status st = o->Allocate(bytes); !st.ok()) {
+          return absl::Status(st.code(), absl::StrCat("device communicator staging for host \"",
+                                                      p, "\": ", st.message()));
+        }
+      }
+    }
+    auto window = [](const std::map<std::string, std::vector<std::vector<Chunk>>>& ws,
+                     const std::string& p, size_t k) -> const std::vector<Chunk>* {
+      auto it = ws.find(p);
+      return it == ws.end() || k >= it->second.size() ? nullptr : &it->second[k];
+    };
+    for (size_t k = 0; k < rounds; ++k) {
+      if (cancelled_ && cancelled_()) return absl::CancelledError("task cancelled");
+      if (waiting_ && k == 0) waiting_("cross-host steps (device communicator)");
+      // Pack every send window of the round (and its host copy to tag).
+      for (const auto& [p, s] : staging) {
+        const std::vector<Chunk>* w = window(send_windows_, p, k);
+        if (w == nullptr) continue;
+        int64_t at = 0;
+        for (const Chunk& c : *w) {
+          uint8_t* chunk_staging = s.send->data() + at;
+          const int eb = ElementBytes(c);
+          absl::Status st;
+          Runs(c, [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
+                      int64_t n) {
+            if (st.ok()) st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
+          }, chunk_staging);
+          if (!st.ok()) return st;
+          at += c.bytes;
+        }
+        if (sealed && at > 0) {
+          if (absl::Status st = api_->MemcpyAsync(s.send_host->data(), s.send->data(),
+                                                  static_cast<size_t>(at),
+                                                  CopyKind::kDeviceToHost, *stream_);
+              !st.ok()) {
+            return st;
+          }
+        }
+      }
+      // Every pair's window k, both ways, in one group.
+      if (absl::Status st = comm_->GroupStart(); !st.ok()) return st;
+      absl::Status issued;
+      for (const auto& [p, s] : staging) {
+        const int peer = rank_of_.at(p);
+        if (const auto* w = window(send_windows_, p, k); w != nullptr && issued.ok()) {
+          issued = comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
+        }
+        if (const auto* w = window(receive_windows_, p, k); w != nullptr && issued.ok()) {
+          issued = comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer,
+                               *stream_);
+        }
+      }
+      absl::Status ended = comm_->GroupEnd();
+      if (!issued.ok()) return issued;
+      if (!ended.ok()) return ended;
+      // Received windows: their host copies to tag, then scattered.
+      int64_t received = 0;
+      for (const auto& [p, s] : staging) {
+        const std::vector<Chunk>* w = window(receive_windows_, p, k);
+        if (w == nullptr) continue;
+        const int64_t bytes = WindowBytes(*w);
+        if (sealed && bytes > 0) {
+          if (absl::Status st =
+                  api_->MemcpyAsync(s.receive_host->data(), s.receive->data(),
+                                    static_cast<size_t>(bytes), CopyKind::kDeviceToHost, *stream_);
+              !st.ok()) {
+            return st;
+          }
+        }
+        int64_t at = 0;
+        for (const Chunk& c : *w) {
+          const int eb = ElementBytes(c);
+          absl::Status st;
+          Runs(c, [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
+                      int64_t n) {
+            if (st.ok()) st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
+          }, s.receive->data() + at);
+          if (!st.ok()) return st;
+          at += c.bytes;
+          received += c.bytes * hs_->remotes[c.remote].step->dsts_size();
+        }
+      }
+      if (absl::Status st = api_->StreamSynchronize(*stream_); !st.ok()) return st;
+      if (sealed) {
+        for (const auto& [p, s] : staging) {
+          for (const auto& [ws, host] : {std::pair{&send_windows_, s.send_host.get()},
+                                         {&receive_windows_, s.receive_host.get()}}) {
+            const std::vector<Chunk>* w = window(*ws, p, k);
+            if (w == nullptr) continue;
+            int64_t at = 0;
+            for (const Chunk& c : *w) {
+              seals_->AddChunk(c.remote, c.chunk, host->data() + at, static_cast<size_t>(c.bytes));
+              at += c.bytes;
+            }
+          }
+        }
+      }
+      moved(received);
+    }
+    return absl::OkStatus();
+  }
+
+  int ElementBytes(const Chunk& c) const {
+    return task_.plan().items(hs_->remotes[c.remote].step->item()).element_bytes();
+  }
+
+  DeviceBufferStore& devices_;
+  DeviceApi* api_;
+  DeviceCommFactory& factory_;
+  Transport* transport_;
+  const TaskExecutor::Options& options_;
+  const std::string& host_id_;
+  const v1::HostTask& task_;
+  const std::function<bool()>& cancelled_;
+  const std::function<void(const std::string& what)>& waiting_;
+  const std::string context_;
+  const uint32_t tag_key_;
+  const HostSteps* hs_ = nullptr;
+  const std::vector<DeviceRankBufferPtr>* made_ = nullptr;
+  std::map<std::string, int> rank_of_;
+  std::unique_ptr<DeviceComm> comm_;
+  std::optional<DeviceStream> stream_;
+  std::vector<StepChunks> chunks_;  // per remote
+  std::map<std::string, std::vector<std::vector<Chunk>>> send_windows_, receive_windows_;
+  std::unique_ptr<StepSeals> seals_;
+};
+
+}  // namespace
+
+std::string AdvertisedCommName(const DeviceCommFactory& factory) {
+  const std::string name = factory.capabilities().name;
+  return name == "fake" ? "fake-nccl" : name;
+}
+
+void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFactory* comm,
+                         const std::string& comm_why_not, const std::string& host_id,
+                         const v1::HostTask& task, DeviceRoute* route) {
+  bool others = false;
+  for (const v1::PeerHost& p : task.peers()) others |= p.host_id() != host_id;
+  absl::StatusOr<TaskPhase> phase = PhaseOf(task);
+  // Only what every host of the operation sees alike decides.
+  if (!others || devices.device_count() == 0 || !phase.ok() || *phase != TaskPhase::kTransfer ||
+      task.plan().regenerate_size() > 0) {
+    return;
+  }
+  std::string missing;
+  if (comm == nullptr) {
+    missing = absl::StrCat("no device communicator",
+                           comm_why_not.empty() ? "" : absl::StrCat(": ", comm_why_not));
+  } else {
+    const std::string name = AdvertisedCommName(*comm);
+    for (const v1::PeerHost& p : task.peers()) {
+      if (p.host_id() == host_id) continue;
+      if (std::find(p.transports().begin(), p.transports().end(), name) == p.transports().end()) {
+        missing = absl::StrCat("host \"", p.host_id(), "\" does not advertise ", name);
+        break;
+      }
+    }
+  }
+  if (!missing.empty()) {
+    if (route->kind == DeviceRoute::Kind::kHostStaged && route->on_device) {
+      route->why = absl::StrCat("cross-host steps move host memory (", missing, ")");
+    }
+    return;
+  }
+  // Every new rank of this host gets a device, host-resident ones too (they
+  // are staged to host memory at the end).
+  if (!route->on_device) {
+    route->device_of.clear();
+    int index = 0;
+    const auto slots = planner::ExpandPlacement(task.plan().target_layout().placement());
+    for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
+      if (slots[r].host() != host_id) continue;
+      route->device_of[r] = index++ % devices.device_count();
+    }
+  }
+  route->kind = DeviceRoute::Kind::kDeviceComm;
+  route->why.clear();
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceComm(
+    ShardStore& store, DeviceBufferStore& devices, DeviceCommFactory& comm, Transport* transport,
+    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
+    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
+    const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting) {
+  CommSteps steps(devices, comm, transport, options, host_id, task, cancelled, waiting);
+  return RunOnDevices(store, devices, options, host_id, task, route, progress, cancelled,
+                      [&](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                          const std::function<void(int64_t bytes)>& moved) {
+                        return steps.Run(hs, made, moved);
+                      });
+}
+
+}  // namespace reshard::agent
