@@ -4,8 +4,9 @@
 // whose new device buffers equal the global tensors byte for byte (and
 // checksum for checksum); a host-resident source moved over the
 // communicator, its new buffers back in host memory; a host without a
-// communicator makes every host host-staged, saying why; a host with
-// another secret fails the task on both; a cancelled task leaves nothing.
+// communicator makes every host host-staged, saying why; bytes altered in
+// flight fail the receiver (DATA_LOSS); a host with another secret fails the
+// task on both; a cancelled task leaves nothing.
 #include "agent/executor/device_comm_steps.h"
 
 #include <atomic>
@@ -26,6 +27,54 @@ namespace {
 using Result = absl::StatusOr<std::vector<v1::ShardChecksum>>;
 const std::string kSecret(32, 's');
 
+// A communicator whose receives land with their first byte zeroed (in
+// stream order, after the bytes arrived): bytes altered in flight.
+class AlteringComm : public DeviceComm {
+ public:
+  AlteringComm(std::unique_ptr<DeviceComm> inner, DeviceApi* api)
+      : inner_(std::move(inner)), api_(api) {}
+  int rank() const override { return inner_->rank(); }
+  int nranks() const override { return inner_->nranks(); }
+  int device() const override { return inner_->device(); }
+  absl::Status Send(const void* data, size_t bytes, int peer, DeviceStream stream) override {
+    return inner_->Send(data, bytes, peer, stream);
+  }
+  absl::Status Recv(void* data, size_t bytes, int peer, DeviceStream stream) override {
+    absl::Status s = inner_->Recv(data, bytes, peer, stream);
+    altered_.emplace_back(data, stream);
+    return s;
+  }
+  absl::Status GroupStart() override { return inner_->GroupStart(); }
+  absl::Status GroupEnd() override {
+    absl::Status s = inner_->GroupEnd();
+    for (const auto& [data, stream] : altered_) {
+      if (s.ok()) s = api_->MemsetAsync(data, 0, 1, stream);
+    }
+    altered_.clear();
+    return s;
+  }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  std::unique_ptr<DeviceComm> inner_;
+  DeviceApi* api_;
+  std::vector<std::pair<void*, DeviceStream>> altered_;
+};
+
+class AlteringCommFactory : public FakeCommFactory {
+ public:
+  explicit AlteringCommFactory(FakeDeviceApi* api) : FakeCommFactory(api), api_(api) {}
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
+                                                   int device) override {
+    auto c = FakeCommFactory::Init(id, nranks, rank, device);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<DeviceComm>(std::make_unique<AlteringComm>(*std::move(c), api_));
+  }
+
+ private:
+  FakeDeviceApi* api_;
+};
+
 class DeviceCommStepsTest : public ExecutorTest {
  protected:
   void TearDown() override {
@@ -39,7 +88,8 @@ class DeviceCommStepsTest : public ExecutorTest {
   // `n` hosts h0..h<n-1>, each with two fake devices, a device store, the
   // fake communicator (unless `without_comm` names the host) and an executor
   // cutting steps into small chunks and windows (many rounds).
-  void MakeCommHosts(int n, const std::string& without_comm = "") {
+  void MakeCommHosts(int n, const std::string& without_comm = "",
+                     const std::string& altering = "") {
     for (int i = 0; i < n; ++i) {
       Host h;
       h.id = "h" + std::to_string(i);
@@ -60,9 +110,13 @@ class DeviceCommStepsTest : public ExecutorTest {
       auto d = DeviceBufferStore::Open(apis_.back().get(), DeviceBufferStore::Options());
       ASSERT_TRUE(d.ok()) << d.status();
       devices_.push_back(std::move(*d));
-      factories_.push_back(h.id == without_comm
-                               ? nullptr
-                               : std::make_unique<FakeCommFactory>(apis_.back().get()));
+      if (h.id == without_comm) {
+        factories_.push_back(nullptr);
+      } else if (h.id == altering) {
+        factories_.push_back(std::make_unique<AlteringCommFactory>(apis_.back().get()));
+      } else {
+        factories_.push_back(std::make_unique<FakeCommFactory>(apis_.back().get()));
+      }
       TaskExecutor::Options eo;
       eo.copy_threads = 2;
       eo.chunk_bytes = 4 << 10;
@@ -276,6 +330,18 @@ TEST_F(DeviceCommStepsTest, AHostWithAnotherSecretFailsTheTaskOnBoth) {
         << results[h].status();
     ExpectNothingLeft(h);
   }
+}
+
+TEST_F(DeviceCommStepsTest, BytesAlteredInFlightAreDataLossOnTheReceiver) {
+  MakeCommHosts(2, "", /*altering=*/"h1");
+  FillOldRanks();
+  const std::vector<Result> results = RunAll(kSecret);
+  ExpectResult(0, results[0]);  // what h1 sent arrived intact
+  ASSERT_FALSE(results[1].ok());
+  EXPECT_EQ(results[1].status().code(), absl::StatusCode::kDataLoss) << results[1].status();
+  EXPECT_THAT(std::string(results[1].status().message()),
+              ::testing::HasSubstr("from source host \"h0\""));
+  ExpectNothingLeft(1);
 }
 
 TEST_F(DeviceCommStepsTest, CancelledWhileMovingLeavesNothing) {
