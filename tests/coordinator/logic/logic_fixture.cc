@@ -77,6 +77,8 @@ void LogicTest::RegisterAgents(const std::vector<std::string>& hosts) {
     request.mutable_host()->set_host_id(host);
     request.mutable_host()->set_address(host + ":7171");
     request.mutable_host()->set_ucx_address("ucx-" + host);
+    request.mutable_host()->add_transports("ucx");
+    request.mutable_host()->add_transports("nccl");
     absl::StatusOr<v1::RegisterAgentResponse> response = agents_->RegisterAgent(request);
     ASSERT_TRUE(response.ok()) << response.status();
     epochs_[host] = response->epoch();

@@ -88,6 +88,8 @@ TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
       EXPECT_NE(peer.host_id(), host);
       EXPECT_EQ(peer.address(), peer.host_id() + ":7171");
       EXPECT_EQ(peer.ucx_address(), "ucx-" + peer.host_id());
+      // What the peer advertises: the device communicator route needs it.
+      EXPECT_THAT(peer.transports(), ElementsAre("ucx", "nccl"));
     }
   }
   EXPECT_GT(agents_
