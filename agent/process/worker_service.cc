@@ -354,6 +354,14 @@ WorkerServiceImpl::PublishLayout(const std::string& job_id, int64_t generation, 
 
 grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* req,
                                                v1::PublishShardResponse* resp) {
+  // Held in device memory (a device-resident rank; a CPU load may have
+  // staged a host copy of it, which is not the worker's either).
+  if (devices_ != nullptr && devices_->Get({req->job_id(), req->generation(), req->rank()}).ok()) {
+    return ToGrpc(absl::FailedPreconditionError(
+        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
+                     req->rank(), " is in device memory here (PublishDeviceShard, or an "
+                     "operation's): a rank is published once")));
+  }
   // A buffer the agent made under this key is an operation's (a transfer's
   // or a prepare's destination, or what one committed), never a worker's to
   // write: say so before asking the coordinator, which would take a

@@ -102,6 +102,8 @@ def test_device_publish_is_copied_on_seal_and_reads_back_byte_exact(cluster, cli
             # Sealed (immutable): a second publish of the rank is refused.
             with pytest.raises(reshard.FailedPrecondition, match="sealed"):
                 w.publish_device(0, 1, items, device=1)
+            with pytest.raises(reshard.FailedPrecondition, match="device memory"):
+                w.publish(0, 1, want)  # nor through the host path
     finally:
         alloc.close()
 
