@@ -380,8 +380,8 @@ class Worker:
         keep, items, device = [], [], None  # keep: blob copies alive until the agent copied
         for i, name in enumerate(names):
             value = state_dict.get(name)
-            if value is None:
-                items.append(None)
+            if value is None or (_is_torch(value) and value.numel() == 0):
+                items.append(None)  # not held by this rank
                 continue
             if i >= len(ptc.tensors) and not _is_torch(value):  # a blob: bytes to the device
                 value = torch.frombuffer(bytearray(bytes(value)), dtype=torch.uint8).to(
