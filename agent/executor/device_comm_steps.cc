@@ -6,7 +6,6 @@
 #include <memory>
 #include <optional>
 #include <set>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +14,7 @@
 #include "agent/executor/step_chunks.h"
 #include "agent/executor/step_seal.h"
 #include "agent/executor/task_phase.h"
+#include "agent/executor/task_run.h"
 #include "agent/executor/transfer_tags.h"
 #include "common/log.h"
 #include "planner/layout.h"
@@ -149,24 +149,7 @@ class CommSteps {
     return s;
   }
 
-  // As TaskRun::ConnectPeers.
-  absl::Status Connect() {
-    constexpr int kConnectAttempts = 4;
-    for (const v1::PeerHost& p : task_.peers()) {
-      if (p.host_id() == host_id_ || p.ucx_address().empty()) continue;
-      absl::Status connect;
-      for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
-        if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-        connect = transport_->Connect(p.host_id(), p.ucx_address());
-        if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled_ && cancelled_())) break;
-      }
-      if (!connect.ok()) {
-        return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
-                                                         "\": ", connect.message()));
-      }
-    }
-    return absl::OkStatus();
-  }
+  absl::Status Connect() { return ConnectTaskPeers(transport_, host_id_, task_, cancelled_); }
 
   // As TaskRun::Prove: every sender proves itself to every receiver first.
   absl::Status Prove() {

@@ -141,20 +141,16 @@ absl::Status TaskRun::SetUp() {
   return absl::OkStatus();
 }
 
-// Connects every peer host of the task (the run owns its connections: the
-// session no longer connects them first). An endpoint can fail to come up
-// for a moment (e.g. while one to the same peer from an aborted attempt is
-// being torn down): a few tries within about a second before the task fails.
-absl::Status TaskRun::ConnectPeers() {
-  if (ex_.transport == nullptr) return absl::OkStatus();  // a local plan (SetUp checked)
+absl::Status ConnectTaskPeers(Transport* transport, const std::string& host_id,
+                              const v1::HostTask& task, const std::function<bool()>& cancelled) {
   constexpr int kConnectAttempts = 4;
-  for (const v1::PeerHost& p : task_.peers()) {
-    if (p.host_id() == host_id_ || p.ucx_address().empty()) continue;
+  for (const v1::PeerHost& p : task.peers()) {
+    if (p.host_id() == host_id || p.ucx_address().empty()) continue;
     absl::Status connect;
     for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
       if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-      connect = ex_.transport->Connect(p.host_id(), p.ucx_address());
-      if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled_ && cancelled_())) break;
+      connect = transport->Connect(p.host_id(), p.ucx_address());
+      if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled && cancelled())) break;
     }
     if (!connect.ok()) {
       return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
@@ -162,6 +158,13 @@ absl::Status TaskRun::ConnectPeers() {
     }
   }
   return absl::OkStatus();
+}
+
+// Connects every peer host of the task (the run owns its connections: the
+// session no longer connects them first).
+absl::Status TaskRun::ConnectPeers() {
+  if (ex_.transport == nullptr) return absl::OkStatus();  // a local plan (SetUp checked)
+  return ConnectTaskPeers(ex_.transport, host_id_, task_, cancelled_);
 }
 
 absl::Status TaskRun::Prove() {

@@ -52,6 +52,14 @@
 
 namespace reshard::agent {
 
+/// Connects every peer host of `task` (but `host_id`) over `transport`. An
+/// endpoint can fail to come up for a moment (e.g. while one to the same peer
+/// from an aborted attempt is being torn down): a few tries within about a
+/// second, then the error naming the host.
+[[nodiscard]] absl::Status ConnectTaskPeers(Transport* transport, const std::string& host_id,
+                                            const v1::HostTask& task,
+                                            const std::function<bool()>& cancelled);
+
 class TaskRun {
  public:
   /// What the executor lends every run; all outlive the run.
