@@ -16,6 +16,7 @@
 #include "agent/executor/task_phase.h"
 #include "agent/executor/task_run.h"
 #include "agent/executor/transfer_tags.h"
+#include "agent/transfer/backend.h"
 #include "common/log.h"
 #include "planner/layout.h"
 
@@ -414,8 +415,7 @@ class CommSteps {
 }  // namespace
 
 std::string AdvertisedCommName(const DeviceCommFactory& factory) {
-  const std::string name = factory.capabilities().name;
-  return name == "fake" ? "fake-nccl" : name;
+  return DeviceCommBackendCapabilities(factory).name;  // the rule lives in backend.cc
 }
 
 void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFactory* comm,

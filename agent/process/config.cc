@@ -40,6 +40,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"shard-file-mode", "RESHARD_SHARD_FILE_MODE"},
       {"device", "RESHARD_DEVICE"},
       {"device-memory-limit-bytes", "RESHARD_DEVICE_MEMORY_LIMIT_BYTES"},
+      {"device-comm", "RESHARD_DEVICE_COMM"},
   };
   return *flags;
 }
@@ -121,7 +122,7 @@ std::string AgentUsage() {
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT] [--worker-cache-bytes N]\n"
          "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
-         "  [--device SPEC] [--device-memory-limit-bytes N]\n"
+         "  [--device SPEC] [--device-memory-limit-bytes N] [--device-comm auto|none]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
          "--worker-group: the group (name or number) of the worker socket (and of its\n"
          "descriptor socket PATH.fds), whose members (training processes) may use it;\n"
@@ -139,6 +140,9 @@ std::string AgentUsage() {
          "(host memory behind the device API, for tests), none; default: cuda when the CUDA\n"
          "runtime is loaded and sees a device, else none. --device-memory-limit-bytes: device\n"
          "bytes of rank buffers allowed per device; 0 (default): the device's total.\n"
+         "--device-comm: auto (default): cross-host device steps over NCCL (the fake's with a fake\n"
+         "device) when every host of an operation has it; none: they are staged through host memory\n"
+         "(e.g. two agents sharing one GPU, which NCCL refuses).\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
          "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
@@ -249,6 +253,13 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = ParseInt(it->first, it->second, 0, int64_t{1} << 50, &v);
     if (!s.ok()) return s;
     c.device_memory_limit_bytes = v;
+  }
+  if (auto it = values.find("device-comm"); it != values.end()) {
+    if (it->second != "auto" && it->second != "none") {
+      return absl::InvalidArgumentError(absl::StrCat("--device-comm (RESHARD_DEVICE_COMM) \"",
+                                                     it->second, "\": expected auto or none"));
+    }
+    c.device_comm = it->second == "auto";
   }
   if (auto it = values.find("worker-cache-bytes"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, int64_t{64} << 10, int64_t{1} << 40, &v);

@@ -54,6 +54,10 @@ struct AgentConfig {
   /// Device bytes of rank buffers allowed per device; 0: the device's total.
   /// --device-memory-limit-bytes, RESHARD_DEVICE_MEMORY_LIMIT_BYTES.
   int64_t device_memory_limit_bytes = 0;
+  /// Cross-host device steps over a device communicator (NCCL; the fake's
+  /// with a fake device) when the agent has a device API: --device-comm
+  /// auto (true, default) or none, RESHARD_DEVICE_COMM.
+  bool device_comm = true;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

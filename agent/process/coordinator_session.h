@@ -34,6 +34,7 @@
 #include "agent/process/metrics.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
+#include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 #include "common/tls.h"
 #include "grpcpp/grpcpp.h"
@@ -65,6 +66,9 @@ class CoordinatorSession {
     /// deleted generation's device buffers are dropped with its host ones.
     const DeviceApi* device_api = nullptr;
     DeviceBufferStore* devices = nullptr;
+    /// The device communicator (not owned; null without one): advertised
+    /// with the backends (LoadedBackends).
+    const DeviceCommFactory* device_comm = nullptr;
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.

@@ -25,7 +25,9 @@
 #include "agent/process/worker_socket.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
+#include "agent/transfer/backend.h"
 #include "agent/transfer/device_api.h"
+#include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
 #include "common/signals.h"
@@ -104,9 +106,26 @@ int main(int argc, char** argv) {
                       << ": no device API (--device / RESHARD_DEVICE): state stays in host memory";
   }
 
+  // Cross-host device steps (docs/agent.md, "GPU / memory kinds"): over a
+  // device communicator when every host of an operation advertises the same
+  // one; otherwise staged through host memory, saying why.
+  std::unique_ptr<DeviceCommFactory> comm;
+  std::string comm_why_not = "--device-comm none";
+  if (devices != nullptr && config->device_comm) {
+    comm = MakeDeviceCommFactory(device_api->get(), &comm_why_not);
+  } else if (devices == nullptr) {
+    comm_why_not = "no device API";
+  }
+  if (devices != nullptr) {
+    RESHARD_LOG(INFO) << "host " << config->host_id << ": device communicator "
+                      << (comm != nullptr ? DeviceCommBackendCapabilities(*comm).name
+                                          : "none (" + comm_why_not + ")");
+  }
+
   TaskExecutor::Options exec_options;
   exec_options.copy_threads = config->copy_threads;
-  TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get());
+  exec_options.device_comm_why_not = comm_why_not;
+  TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get(), comm.get());
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
   ShardStore* shard_store = store->get();
@@ -150,6 +169,7 @@ int main(int argc, char** argv) {
   session_options.metrics = &metrics;
   session_options.device_api = device_api->get();
   session_options.devices = device_store;
+  session_options.device_comm = comm.get();
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   // Connecting to a unix socket needs write permission on it: the group and
   // mode say which training processes may (docs/security.md, "Workers").

@@ -43,7 +43,7 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device) {
   c.memory_kinds = {MemoryKind::kHost, MemoryKind::kCuda};
   c.local = true;
   c.remote = false;
-  c.used_by_executor = false;
+  c.used_by_executor = true;  // the executor's device routes (device_run.h)
   c.devices = d.device_count;
   c.ipc = d.ipc;
   c.peer_copy = d.peer_copy;
@@ -53,12 +53,14 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device) {
 BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm) {
   const DeviceCommCapabilities d = comm.capabilities();
   BackendCapabilities c;
-  c.name = d.name;
+  // The fake is advertised under a name of its own, so that a fake agent
+  // and a real one never pick the communicator route together.
+  c.name = d.name == "fake" ? "fake-nccl" : d.name;
   c.memory_kinds = {MemoryKind::kCuda};
   c.local = d.local;
   c.remote = d.remote;
   c.notifications = false;  // a receive completes at its stream's synchronize
-  c.used_by_executor = false;
+  c.used_by_executor = true;  // cross-host device steps (device_comm_steps.h)
   return c;
 }
 
@@ -84,13 +86,17 @@ std::vector<std::string> CompiledBackends() {
   return names;
 }
 
-std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx, const DeviceApi* device) {
+std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx, const DeviceApi* device,
+                                                const DeviceCommFactory* comm) {
   std::vector<BackendCapabilities> loaded = {LocalCopyCapabilities()};
   if (ucx != nullptr) loaded.push_back(UcxCapabilities());
 #ifdef RESHARD_HAVE_CUDA
   if (CudaDeviceCount() > 0) loaded.push_back(NcclCapabilities());
 #endif
   if (device != nullptr) loaded.push_back(DeviceBackendCapabilities(*device));
+  // The communicator only with a device store beside it (the route assumes
+  // that a host advertising it holds device buffers).
+  if (device != nullptr && comm != nullptr) loaded.push_back(DeviceCommBackendCapabilities(*comm));
   return loaded;
 }
 

@@ -48,14 +48,15 @@ BackendCapabilities NcclCapabilities();
 
 /// A device API (device_api.h: "fake" or "cuda", as its capabilities name
 /// it): host and CUDA memory within this host (H2D, D2H, D2D, peer copies),
-/// not between hosts. No execution path uses it yet (the executor's device
-/// path will), so it is not advertised.
+/// not between hosts. Used (and advertised) by the executor's device routes
+/// (device_run.h).
 BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
 
-/// A device communicator backend (device_comm.h: "nccl", or "fake" over
-/// the fake device): CUDA memory between hosts (send/receive between the
-/// agents of an operation). No execution path uses it yet (the executor's
-/// cross-host device steps will), so it is not advertised.
+/// A device communicator backend (device_comm.h): CUDA memory between hosts
+/// (send/receive between the agents of an operation), used by the
+/// executor's cross-host device steps (device_comm_steps.h). Its name is the
+/// one the agent advertises and the route looks for in every peer's
+/// transports: "nccl", or "fake-nccl" for the fake (never taken for NCCL).
 BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm);
 
 /// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
@@ -70,10 +71,12 @@ std::vector<std::string> CompiledBackends();
 
 /// The backends loaded in this process: the local copier always, UCX when
 /// `ucx` is non-null (its context and worker came up), NCCL when compiled and
-/// CudaDeviceCount() > 0, and the device API when `device` is non-null
-/// (MakeDeviceApi: $RESHARD_DEVICE).
+/// CudaDeviceCount() > 0, the device API when `device` is non-null
+/// (MakeDeviceApi: $RESHARD_DEVICE), and the device communicator when `comm`
+/// is non-null and `device` too (MakeDeviceCommFactory).
 std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx,
-                                                const DeviceApi* device = nullptr);
+                                                const DeviceApi* device = nullptr,
+                                                const DeviceCommFactory* comm = nullptr);
 
 /// What the agent advertises in Host.transports: the names of `loaded`
 /// backends that an execution path uses, in order.

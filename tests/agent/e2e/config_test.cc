@@ -111,5 +111,26 @@ TEST(AgentConfigTest, MetricsListen) {
   }
 }
 
+TEST(AgentConfigTest, DeviceComm) {
+  const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
+  absl::StatusOr<AgentConfig> c = Parse(base);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->device_comm);  // auto by default
+  c = Parse(base, {{"RESHARD_DEVICE_COMM", "none"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->device_comm);
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--device-comm", "auto"});
+  c = Parse(args, {{"RESHARD_DEVICE_COMM", "none"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->device_comm);  // the flag wins
+  args = base;
+  args.insert(args.end(), {"--device-comm", "nccl"});
+  absl::Status s = Parse(args).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("--device-comm"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"nccl\""), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace reshard::agent
