@@ -70,6 +70,16 @@ def run_pytest():
     return r.returncode == 0
 
 
+def timed(fn):
+    """(seconds, fn()) with the GPU idle before and after."""
+    import torch
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    r = fn()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0, r
+
+
 def gbps(nbytes, seconds):
     return nbytes / seconds / 1e9
 
@@ -90,13 +100,6 @@ def bench(total_mib, tensors, reps, huge_dir):
     ptc = reshard.as_message({"numLayers": 1, "tensors": [
         tensor(f"t{i}", "DTYPE_FLOAT32", [n]) for i in range(tensors)]}, ptc_pb2.Ptc)
     torch.cuda.synchronize()
-
-    def timed(fn):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        r = fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, r
 
     # torch's own copies of the same bytes (best of reps, after a warm-up).
     pinned = [torch.empty(n, dtype=torch.float32, pin_memory=True) for _ in range(tensors)]
@@ -247,13 +250,6 @@ def device_resident(src, ptc, reps, base):
     state = {f"t{i}": s for i, s in enumerate(src)}
     want = [s.view(torch.int32) for s in src]
     problems, results = [], {}
-
-    def timed(fn):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        r = fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - t0, r
 
     def check(label, got):
         for i in range(len(src)):
