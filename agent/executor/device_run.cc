@@ -174,6 +174,20 @@ void ForEachRun(const std::vector<int64_t>& shape, int64_t src_offset,
   if (pn > 0) fn(ps, pd, pn);
 }
 
+std::string RouteName(DeviceRoute::Kind kind, const std::string& comm) {
+  switch (kind) {
+    case DeviceRoute::Kind::kHost:
+      return "host";
+    case DeviceRoute::Kind::kDevice:
+      return "device-direct";
+    case DeviceRoute::Kind::kDeviceComm:
+      return comm.empty() ? "device-comm" : absl::StrCat("device-comm ", comm);
+    case DeviceRoute::Kind::kHostStaged:
+      return "host-staged";
+  }
+  return "host";
+}
+
 DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
                       const std::string& host_id, const v1::HostTask& task) {
   DeviceRoute route;

@@ -62,6 +62,14 @@ struct DeviceRoute {
   std::vector<int> device_sources;
 };
 
+/// The route's name as the operation's report shows it
+/// (ReportProgressRequest.route, Operation.hosts[].route; docs/agent.md, "GPU
+/// / memory kinds"): "host", "device-direct", "device-comm <comm>" (`comm`:
+/// the communicator's AdvertisedCommName, "nccl" or "fake-nccl"),
+/// "host-staged". The one place these names are spelled: a new Kind adds
+/// its case here.
+std::string RouteName(DeviceRoute::Kind kind, const std::string& comm = "");
+
 /// The route of `task` on host `host_id` (the placement rule above). A task
 /// that does not parse (bad phase flags, ranks outside the layouts) routes
 /// to kHost, whose checks report it.

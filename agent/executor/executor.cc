@@ -33,15 +33,23 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     const std::string& host_id, const v1::HostTask& task,
     const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting) {
+    const std::function<void(const std::string& what)>& waiting,
+    const std::function<void(const ExecuteInfo& info)>& routed) {
   auto run_on_host = [&] {
     TaskRun run(TaskRun::Executor{store_, transport_, &options_, copier_.get(), precopies_.get()},
                 host_id, task, progress, cancelled, waiting);
     return run.Run();
   };
-  if (devices_ == nullptr) return run_on_host();
+  if (devices_ == nullptr) {
+    if (routed) routed(ExecuteInfo{RouteName(DeviceRoute::Kind::kHost), ""});
+    return run_on_host();
+  }
   DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
   RouteOverDeviceComm(*devices_, comm_, options_.device_comm_why_not, host_id, task, &route);
+  if (routed) {
+    routed(ExecuteInfo{RouteName(route.kind, comm_ != nullptr ? AdvertisedCommName(*comm_) : ""),
+                       route.kind == DeviceRoute::Kind::kHostStaged ? route.why : ""});
+  }
   switch (route.kind) {
     case DeviceRoute::Kind::kHost:
       return run_on_host();

@@ -53,6 +53,15 @@ class TaskExecutor {
     std::string device_comm_why_not;
   };
 
+  /// How Execute runs a task (device_run.h's routes), for the operation's
+  /// report: `route` is RouteName's ("host", "device-direct", "device-comm
+  /// nccl", "host-staged", ...), `route_reason` why a fallback was taken
+  /// (host-staged: DeviceRoute::why), empty otherwise.
+  struct ExecuteInfo {
+    std::string route;
+    std::string route_reason;
+  };
+
   /// `transport` may be null when every step of every task is local. The
   /// byte sizes in `options` must be positive (checked: bad configuration).
   /// With `devices` (the agent's device memory; it outlives the executor)
@@ -92,11 +101,14 @@ class TaskExecutor {
   /// With a device store, new buffers may land in device memory and sources
   /// may be device buffers (device_run.h); a task that cannot run on the
   /// devices directly calls `waiting("host-staged: <why>")` once first.
+  /// `routed(info)`, if set, is called once, before any byte moves, with the
+  /// route the task takes (on this thread).
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Execute(
       const std::string& host_id, const v1::HostTask& task,
       const std::function<void(int64_t done, int64_t total)>& progress,
       const std::function<bool()>& cancelled,
-      const std::function<void(const std::string& what)>& waiting = nullptr);
+      const std::function<void(const std::string& what)>& waiting = nullptr,
+      const std::function<void(const ExecuteInfo& info)>& routed = nullptr);
 
  private:
   ShardStore* store_;

@@ -64,6 +64,11 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
                            .Name("reshard_agent_tasks_finished_total")
                            .Help("Host tasks finished, by result (done, failed, aborted).")
                            .Register(*registry)),
+        tasks_by_route(prometheus::BuildCounter()
+                           .Name("reshard_agent_tasks_by_route_total")
+                           .Help("Host tasks by the route the executor chose (host, "
+                                 "device-direct, device-comm <communicator>, host-staged...).")
+                           .Register(*registry)),
         task_duration(prometheus::BuildHistogram()
                           .Name("reshard_agent_task_duration_seconds")
                           .Help("Time from a host task's start to its end, by result.")
@@ -188,6 +193,7 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   std::shared_ptr<prometheus::Registry> registry;
   prometheus::Family<prometheus::Counter>& tasks_started_family;
   prometheus::Family<prometheus::Counter>& tasks_finished;
+  prometheus::Family<prometheus::Counter>& tasks_by_route;
   prometheus::Family<prometheus::Histogram>& task_duration;
   prometheus::Family<prometheus::Counter>& bytes_written_family;
   prometheus::Family<prometheus::Gauge>& tasks_running_family;
@@ -285,6 +291,10 @@ void AgentMetrics::SetWorkerCache(int64_t bytes, int64_t generations, int64_t to
 void AgentMetrics::HeartbeatDone(bool ok) {
   impl_->reachable.Set(ok ? 1 : 0);
   if (!ok) impl_->heartbeat_failures.Increment();
+}
+
+void AgentMetrics::TaskRouted(const std::string& route) {
+  impl_->tasks_by_route.Add({{"route", route}}).Increment();  // Family::Add is thread-safe
 }
 
 void AgentMetrics::RegisterDone(bool ok) {

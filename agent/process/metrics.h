@@ -40,6 +40,9 @@ class AgentMetrics {
   /// reshard_agent_task_duration_seconds{result} (histogram),
   /// reshard_agent_tasks_running -1.
   void TaskFinished(int64_t token, TaskResult result, double seconds);
+  /// reshard_agent_tasks_by_route_total{route}: a task took `route`
+  /// (TaskExecutor::ExecuteInfo::route).
+  void TaskRouted(const std::string& route);
 
   /// reshard_agent_shard_store_used_bytes, reshard_agent_shard_store_limit_bytes,
   /// reshard_agent_generations_held, reshard_agent_rank_buffers_held (gauges).

@@ -131,7 +131,12 @@ class OperationRun {
       return AwaitPublished(s_.store_, task_, *publish_steps_, progress, cancelled, waiting,
                             s_.options_.devices);
     }
-    return s_.executor_->Execute(host_, task_, progress, cancelled, waiting);
+    auto routed = [this](const TaskExecutor::ExecuteInfo& info) {
+      if (metrics() != nullptr) metrics()->TaskRouted(info.route);
+      std::lock_guard<std::mutex> l(waiting_mu_);
+      route_ = info;
+    };
+    return s_.executor_->Execute(host_, task_, progress, cancelled, waiting, routed);
   }
 
   // RUNNING reports until Execute ends; an abort answer cancels the task.
@@ -212,13 +217,16 @@ class OperationRun {
     op_->finished.store(true);
   }
 
-  v1::ReportProgressRequest ReportOf(v1::HostTaskState state) const {
+  v1::ReportProgressRequest ReportOf(v1::HostTaskState state) {
     v1::ReportProgressRequest req;
     req.set_host_id(host_);
     req.set_operation_id(id_);
     req.set_state(state);
     req.set_bytes_done(done_.load());
     req.set_bytes_total(total_.load());
+    std::lock_guard<std::mutex> l(waiting_mu_);
+    req.set_route(route_.route);  // empty until the executor chose it
+    req.set_route_reason(route_.route_reason);
     return req;
   }
 
@@ -260,6 +268,7 @@ class OperationRun {
   std::atomic<int64_t> done_{0}, total_{0};
   std::mutex waiting_mu_;
   std::string waiting_on_;  // what the task waits on, for the coordinator's stall message
+  TaskExecutor::ExecuteInfo route_;  // the executor's route, sent with every report
   std::chrono::steady_clock::time_point started_;
   int64_t token_ = 0;
 };

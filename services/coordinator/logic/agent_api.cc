@@ -446,6 +446,8 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
                             : std::min(request.bytes_done(), row->bytes_total);
   progress.progress_unix_ms = clock_->NowUnixMs();
   progress.waiting_on = request.waiting_on();
+  progress.route = request.route();
+  progress.route_reason = request.route_reason();
   if (state == v1::HOST_TASK_STATE_FAILED) {
     progress.error =
         TruncateError(request.error().empty() ? "no error text given" : request.error());

@@ -456,6 +456,21 @@ absl::StatusOr<v1::Operation> SchedulerApi::GetOperation(const v1::GetOperationR
   absl::StatusOr<OperationRecord> record =
       store_->GetOperation(request.operation_id(), /*include_plan=*/false);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(request.operation_id()));
+  // Each host's task and its route (docs/coordinator.md, "The route of each
+  // host's task"): here only, not in list or watch answers (a row per host).
+  absl::StatusOr<std::vector<HostProgress>> hosts = store_->GetHostProgress(request.operation_id());
+  if (!hosts.ok()) return hosts.status();
+  for (const HostProgress& h : *hosts) {
+    v1::OperationHost* out = record->op.add_hosts();
+    out->set_host_id(h.host_id);
+    out->set_state(h.state);
+    out->set_bytes_done(h.bytes_done);
+    out->set_bytes_total(h.bytes_total);
+    out->set_waiting_on(h.waiting_on);
+    out->set_route(h.route);
+    out->set_route_reason(h.route_reason);
+    out->set_error(h.error);
+  }
   return std::move(record->op);
 }
 

@@ -412,6 +412,10 @@ absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
   p.error = mem::TruncateError(progress.error);
   if (moved) p.progress_unix_ms = progress.progress_unix_ms;
   p.waiting_on = mem::TruncateError(progress.waiting_on);
+  if (!progress.route.empty()) {
+    p.route = mem::TruncateError(progress.route);
+    p.route_reason = mem::TruncateError(progress.route_reason);
+  }
   for (auto& [rank, list] : by_rank) generation->checksums[rank] = std::move(list);
   if (!preparing) {
     int64_t done = 0;

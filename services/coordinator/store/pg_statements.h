@@ -306,20 +306,23 @@ inline constexpr Statement kInsertOperationHosts{
 // A host's DONE (3) or FAILED (4) is final, and so is PREPARED (5) in the
 // prepare phase: a late RUNNING report keeps it.
 // A report without a total keeps the one recorded. Progress ($7, the time) is
-// a change of state or of bytes_done; the same report again is none.
+// a change of state or of bytes_done; the same report again is none. A report
+// without a route ($9 empty) keeps the stored route and its reason.
 inline constexpr Statement kUpdateHostProgress{
     "update_host_progress",
     "UPDATE operation_hosts SET state = CASE WHEN state IN (3, 4, 5) AND $3::smallint NOT IN "
     "(3, 4, 5) THEN state ELSE $3::smallint END, bytes_done = $4, bytes_total = CASE WHEN "
     "$5::bigint > 0 THEN $5::bigint ELSE bytes_total END, error = $6, updated_at = now(), "
     "progress_unix_ms = CASE WHEN state <> $3::smallint OR bytes_done <> $4::bigint THEN "
-    "$7::bigint ELSE progress_unix_ms END, waiting_on = $8 "
+    "$7::bigint ELSE progress_unix_ms END, waiting_on = $8, route = CASE WHEN $9::text = '' "
+    "THEN route ELSE $9::text END, route_reason = CASE WHEN $9::text = '' THEN route_reason "
+    "ELSE $10::text END "
     "WHERE operation_id = $1 AND host_id = $2 RETURNING host_id"};
 
 inline constexpr Statement kSelectHostProgress{
     "select_host_progress",
-    "SELECT host_id, state, bytes_done, bytes_total, error, progress_unix_ms, waiting_on "
-    "FROM operation_hosts "
+    "SELECT host_id, state, bytes_done, bytes_total, error, progress_unix_ms, waiting_on, route, "
+    "route_reason FROM operation_hosts "
     "WHERE operation_id = $1 ORDER BY host_id"};
 
 inline constexpr Statement kAssignedOperations{

@@ -113,7 +113,8 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
     }
     if (tx.Exec(pg::kUpdateHostProgress, operation_id, progress.host_id,
                 static_cast<int>(progress.state), progress.bytes_done, progress.bytes_total, error,
-                progress.progress_unix_ms, pg::TruncateError(progress.waiting_on))
+                progress.progress_unix_ms, pg::TruncateError(progress.waiting_on),
+                pg::TruncateError(progress.route), pg::TruncateError(progress.route_reason))
             .empty()) {
       return absl::NotFoundError(absl::StrCat(
           "host \"", progress.host_id, "\" takes no part in operation \"", operation_id, "\""));
@@ -153,6 +154,8 @@ absl::StatusOr<std::vector<HostProgress>> PgStore::GetHostProgress(
           p.error = row[4].c_str();
           p.progress_unix_ms = row[5].as<int64_t>();
           p.waiting_on = row[6].c_str();
+          p.route = row[7].c_str();
+          p.route_reason = row[8].c_str();
           rows.push_back(std::move(p));
         }
         return rows;

@@ -152,6 +152,11 @@ struct HostProgress {
   /// coordinator clock. Written by StartTransfer and RecordHostProgress.
   int64_t progress_unix_ms = 0;
   std::string waiting_on;  // what the agent last said the task waits on
+  /// How the agent moves the task's bytes and why a fallback was taken
+  /// (ReportProgressRequest.route / route_reason). RecordHostProgress with
+  /// an empty route keeps the stored pair.
+  std::string route;
+  std::string route_reason;
 };
 
 // ---- Retention (issue 9, defect 10) ------------------------------------------
