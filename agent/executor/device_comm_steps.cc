@@ -122,8 +122,11 @@ class CommSteps {
       return absl::FailedPreconditionError(absl::StrCat(
           "operation ", task_.operation_id(), " has cross-host steps and no transport"));
     }
-    if (absl::Status s = Connect(); !s.ok()) return s;
-    if (absl::Status s = Prove(); !s.ok()) return s;
+    if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
+                                                    cancelled_, waiting_);
+        !s.ok()) {
+      return s;
+    }
     if (absl::Status s = Bootstrap(); !s.ok()) return s;
     Plan();
     if (absl::Status s = Move(moved); !s.ok()) return Failed(s);
@@ -148,22 +151,6 @@ class CommSteps {
     }
     transport_->CancelTags(TagBase(tag_key_), kTagKeyMask);
     return s;
-  }
-
-  absl::Status Connect() { return ConnectTaskPeers(transport_, host_id_, task_, cancelled_); }
-
-  // As TaskRun::Prove: every sender proves itself to every receiver first.
-  absl::Status Prove() {
-    if (task_.transfer_secret().empty() || hs_->remotes.empty()) return absl::OkStatus();
-    std::set<std::string> send_to, receive_from;
-    for (const RemoteStep& r : hs_->remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
-    if (waiting_) {
-      waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
-                            send_to.size(), " to send)"));
-    }
-    return ExchangePeerProofs(transport_, task_.transfer_secret(), context_, host_id_,
-                              ProofTag(tag_key_), send_to, receive_from, cancelled_,
-                              std::chrono::milliseconds(options_.proof_timeout_ms));
   }
 
   absl::Status Bootstrap() {
@@ -414,19 +401,74 @@ class CommSteps {
 
 }  // namespace
 
+absl::Status ConnectAndProveDevicePeers(
+    Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
+    const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting) {
+  if (absl::Status s = ConnectTaskPeers(transport, host_id, task, cancelled); !s.ok()) return s;
+  // As TaskRun::Prove: every sender proves itself to every receiver first.
+  if (task.transfer_secret().empty() || hs.remotes.empty()) return absl::OkStatus();
+  std::set<std::string> send_to, receive_from;
+  for (const RemoteStep& r : hs.remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
+  if (waiting) {
+    waiting(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
+                         send_to.size(), " to send)"));
+  }
+  return ExchangePeerProofs(transport, task.transfer_secret(), TransferContext(task), host_id,
+                            ProofTag(TaskTagKey(task)), send_to, receive_from, cancelled,
+                            std::chrono::milliseconds(options.proof_timeout_ms));
+}
+
 std::string AdvertisedCommName(const DeviceCommFactory& factory) {
   return DeviceCommBackendCapabilities(factory).name;  // the rule lives in backend.cc
 }
 
+namespace {
+
+// Every new rank of this host gets a device, host-resident ones too (they
+// are staged to host memory at the end).
+void GiveEveryNewRankADevice(const DeviceBufferStore& devices, const std::string& host_id,
+                             const v1::HostTask& task, DeviceRoute* route) {
+  if (route->on_device) return;
+  route->device_of.clear();
+  int index = 0;
+  const auto slots = planner::ExpandPlacement(task.plan().target_layout().placement());
+  for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
+    if (slots[r].host() != host_id) continue;
+    route->device_of[r] = index++ % devices.device_count();
+  }
+}
+
+// Whether `entry` is non-empty and in every other host's transports.
+bool EveryHostAdvertises(const v1::HostTask& task, const std::string& host_id,
+                         const std::string& entry) {
+  if (entry.empty()) return false;
+  for (const v1::PeerHost& p : task.peers()) {
+    if (p.host_id() == host_id) continue;
+    if (std::find(p.transports().begin(), p.transports().end(), entry) == p.transports().end()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFactory* comm,
                          const std::string& comm_why_not, const std::string& host_id,
-                         const v1::HostTask& task, DeviceRoute* route) {
+                         const v1::HostTask& task, DeviceRoute* route, bool device_ipc) {
   bool others = false;
   for (const v1::PeerHost& p : task.peers()) others |= p.host_id() != host_id;
   absl::StatusOr<TaskPhase> phase = PhaseOf(task);
   // Only what every host of the operation sees alike decides.
   if (!others || devices.device_count() == 0 || !phase.ok() || *phase != TaskPhase::kTransfer ||
       task.plan().regenerate_size() > 0) {
+    return;
+  }
+  if (device_ipc && EveryHostAdvertises(task, host_id, DeviceIpcEntry(*devices.api()))) {
+    GiveEveryNewRankADevice(devices, host_id, task, route);
+    route->kind = DeviceRoute::Kind::kDeviceIpc;
+    route->why.clear();
     return;
   }
   std::string missing;
@@ -449,17 +491,7 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
     }
     return;
   }
-  // Every new rank of this host gets a device, host-resident ones too (they
-  // are staged to host memory at the end).
-  if (!route->on_device) {
-    route->device_of.clear();
-    int index = 0;
-    const auto slots = planner::ExpandPlacement(task.plan().target_layout().placement());
-    for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
-      if (slots[r].host() != host_id) continue;
-      route->device_of[r] = index++ % devices.device_count();
-    }
-  }
+  GiveEveryNewRankADevice(devices, host_id, task, route);
   route->kind = DeviceRoute::Kind::kDeviceComm;
   route->why.clear();
 }

@@ -53,9 +53,22 @@ std::string AdvertisedCommName(const DeviceCommFactory& factory);
 /// host-staged with `why` naming what is missing ("host \"h2\" does not
 /// advertise fake-nccl", "no device communicator: <comm_why_not>").
 /// `comm` may be null.
+/// Before that, with `device_ipc` (this agent advertises its IPC entry,
+/// --device-ipc auto): when every other host of the operation advertises
+/// this host's exact DeviceIpcEntry (backend.h), the route is kDeviceIpc
+/// (device_ipc_steps.h) instead, every new rank with a device as here.
 void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFactory* comm,
                          const std::string& comm_why_not, const std::string& host_id,
-                         const v1::HostTask& task, DeviceRoute* route);
+                         const v1::HostTask& task, DeviceRoute* route, bool device_ipc = false);
+
+/// Connects the task's peers (ConnectTaskPeers) and exchanges the transfer
+/// proofs of its cross-host steps `hs.remotes` (peer_proof.h, as TaskRun
+/// does; none without a transfer secret), calling `waiting("transfer proofs
+/// (...)")` first. Shared by the device communicator and device IPC routes.
+[[nodiscard]] absl::Status ConnectAndProveDevicePeers(
+    Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
+    const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting);
 
 /// The run of a kDeviceComm route. Errors as RunOnDevices, plus those of the
 /// proofs (peer_proof.h), of the bootstrap (device_comm_bootstrap.h), of the

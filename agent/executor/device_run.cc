@@ -182,6 +182,8 @@ std::string RouteName(DeviceRoute::Kind kind, const std::string& comm) {
       return "device-direct";
     case DeviceRoute::Kind::kDeviceComm:
       return comm.empty() ? "device-comm" : absl::StrCat("device-comm ", comm);
+    case DeviceRoute::Kind::kDeviceIpc:
+      return "device-ipc";
     case DeviceRoute::Kind::kHostStaged:
       return "host-staged";
   }

@@ -49,6 +49,7 @@ struct DeviceRoute {
     kDevice,      // RunOnDevices
     kHostStaged,  // RunHostStaged
     kDeviceComm,  // RunOverDeviceComm (device_comm_steps.h)
+    kDeviceIpc,   // RunOverDeviceIpc (device_ipc_steps.h): agents of one machine
   };
   Kind kind = Kind::kHost;
   /// Why a task that involves device memory is host-staged ("cross-host

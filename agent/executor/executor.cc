@@ -1,6 +1,7 @@
 #include "agent/executor/executor.h"
 
 #include "agent/executor/device_comm_steps.h"
+#include "agent/executor/device_ipc_steps.h"
 #include "agent/executor/device_run.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/task_run.h"
@@ -45,7 +46,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     return run_on_host();
   }
   DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
-  RouteOverDeviceComm(*devices_, comm_, options_.device_comm_why_not, host_id, task, &route);
+  RouteOverDeviceComm(*devices_, comm_, options_.device_comm_why_not, host_id, task, &route,
+                      options_.device_ipc);
   if (routed) {
     routed(ExecuteInfo{RouteName(route.kind, comm_ != nullptr ? AdvertisedCommName(*comm_) : ""),
                        route.kind == DeviceRoute::Kind::kHostStaged ? route.why : ""});
@@ -58,6 +60,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     case DeviceRoute::Kind::kDeviceComm:
       return RunOverDeviceComm(*store_, *devices_, *comm_, transport_, options_, host_id, task,
                                route, progress, cancelled, waiting);
+    case DeviceRoute::Kind::kDeviceIpc:
+      return RunOverDeviceIpc(*store_, *devices_, transport_, options_, host_id, task, route,
+                              progress, cancelled, waiting);
     case DeviceRoute::Kind::kHostStaged:
       return RunHostStaged(*store_, *devices_, host_id, task, route, waiting, run_on_host);
   }

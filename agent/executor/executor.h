@@ -51,6 +51,9 @@ class TaskExecutor {
     /// Why the agent has no device communicator (MakeDeviceCommFactory's
     /// why_not), for the reason a cross-host task is host-staged.
     std::string device_comm_why_not;
+    /// Whether this agent advertises its device IPC entry (--device-ipc):
+    /// the device IPC route (device_ipc_steps.h) needs it on every host.
+    bool device_ipc = true;
   };
 
   /// How Execute runs a task (device_run.h's routes), for the operation's

@@ -41,6 +41,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"device", "RESHARD_DEVICE"},
       {"device-memory-limit-bytes", "RESHARD_DEVICE_MEMORY_LIMIT_BYTES"},
       {"device-comm", "RESHARD_DEVICE_COMM"},
+      {"device-ipc", "RESHARD_DEVICE_IPC"},
   };
   return *flags;
 }
@@ -123,6 +124,7 @@ std::string AgentUsage() {
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT] [--worker-cache-bytes N]\n"
          "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
          "  [--device SPEC] [--device-memory-limit-bytes N] [--device-comm auto|none]\n"
+         "  [--device-ipc auto|none]\n"
          "  (--tls-cert FILE --tls-key FILE --tls-ca FILE | --insecure)\n"
          "--worker-group: the group (name or number) of the worker socket (and of its\n"
          "descriptor socket PATH.fds), whose members (training processes) may use it;\n"
@@ -143,6 +145,9 @@ std::string AgentUsage() {
          "--device-comm: auto (default): cross-host device steps over NCCL (the fake's with a fake\n"
          "device) when every host of an operation has it; none: they are staged through host memory\n"
          "(e.g. two agents sharing one GPU, which NCCL refuses).\n"
+         "--device-ipc: auto (default): agents on one machine move cross-host device steps\n"
+         "device to device through IPC handles when every host of an operation has it; none: do\n"
+         "not advertise it (the communicator or host memory then).\n"
          "--metrics-listen serves Prometheus metrics (reshard_agent_*) on\n"
          "http://HOST:PORT/metrics (port 0: any free port); unset or empty: none.\n"
          "Each flag may also come from its environment variable (RESHARD_HOST_ID,\n"
@@ -260,6 +265,13 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
                                                      it->second, "\": expected auto or none"));
     }
     c.device_comm = it->second == "auto";
+  }
+  if (auto it = values.find("device-ipc"); it != values.end()) {
+    if (it->second != "auto" && it->second != "none") {
+      return absl::InvalidArgumentError(absl::StrCat("--device-ipc (RESHARD_DEVICE_IPC) \"",
+                                                     it->second, "\": expected auto or none"));
+    }
+    c.device_ipc = it->second == "auto";
   }
   if (auto it = values.find("worker-cache-bytes"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, int64_t{64} << 10, int64_t{1} << 40, &v);

@@ -58,6 +58,10 @@ struct AgentConfig {
   /// with a fake device) when the agent has a device API: --device-comm
   /// auto (true, default) or none, RESHARD_DEVICE_COMM.
   bool device_comm = true;
+  /// Cross-host device steps between agents of one machine through device
+  /// IPC handles (device_ipc_steps.h), advertised as DeviceIpcEntry:
+  /// --device-ipc auto (true, default) or none, RESHARD_DEVICE_IPC.
+  bool device_ipc = true;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

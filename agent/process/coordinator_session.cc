@@ -105,7 +105,8 @@ v1::Host CoordinatorSession::DescribeHost() const {
   }
   // Only backends that loaded here and that an execution path uses.
   for (const std::string& name :
-       AdvertisedTransports(LoadedBackends(transport_, options_.device_api, options_.device_comm))) {
+       AdvertisedTransports(LoadedBackends(transport_, options_.device_api, options_.device_comm,
+                                           options_.device_ipc))) {
     h.add_transports(name);
   }
   if (transport_ != nullptr) h.set_ucx_address(transport_->LocalAddress());

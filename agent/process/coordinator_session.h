@@ -69,6 +69,8 @@ class CoordinatorSession {
     /// The device communicator (not owned; null without one): advertised
     /// with the backends (LoadedBackends).
     const DeviceCommFactory* device_comm = nullptr;
+    /// Whether the device API's IPC entry is advertised (--device-ipc).
+    bool device_ipc = true;
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.

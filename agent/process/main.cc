@@ -125,6 +125,7 @@ int main(int argc, char** argv) {
   TaskExecutor::Options exec_options;
   exec_options.copy_threads = config->copy_threads;
   exec_options.device_comm_why_not = comm_why_not;
+  exec_options.device_ipc = config->device_ipc;  // advertised below: the IPC route needs both
   TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get(), comm.get());
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
@@ -170,6 +171,7 @@ int main(int argc, char** argv) {
   session_options.device_api = device_api->get();
   session_options.devices = device_store;
   session_options.device_comm = comm.get();
+  session_options.device_ipc = config->device_ipc;
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   // Connecting to a unix socket needs write permission on it: the group and
   // mode say which training processes may (docs/security.md, "Workers").

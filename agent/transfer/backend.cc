@@ -2,6 +2,8 @@
 
 #include <dlfcn.h>
 
+#include <fstream>
+
 #include "agent/transfer/device_api.h"
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
@@ -64,6 +66,26 @@ BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm)
   return c;
 }
 
+std::string DeviceIpcEntry(const DeviceApi& device) {
+  const DeviceApiCapabilities d = device.capabilities();
+  if (!d.ipc) return "";
+  std::ifstream f("/proc/sys/kernel/random/boot_id");
+  std::string boot_id;
+  if (!std::getline(f, boot_id) || boot_id.empty()) return "";
+  return d.name + "-ipc:" + boot_id;
+}
+
+BackendCapabilities DeviceIpcBackendCapabilities(const DeviceApi& device) {
+  BackendCapabilities c;
+  c.name = DeviceIpcEntry(device);
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.local = true;  // between the agents of this machine
+  c.remote = false;
+  c.used_by_executor = true;  // the device IPC route (device_ipc_steps.h)
+  c.ipc = true;
+  return c;
+}
+
 int CudaDeviceCount() {
   void* lib = nullptr;
   for (const char* soname : {"libcudart.so", "libcudart.so.13", "libcudart.so.12"}) {
@@ -87,7 +109,8 @@ std::vector<std::string> CompiledBackends() {
 }
 
 std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx, const DeviceApi* device,
-                                                const DeviceCommFactory* comm) {
+                                                const DeviceCommFactory* comm,
+                                                bool device_ipc) {
   std::vector<BackendCapabilities> loaded = {LocalCopyCapabilities()};
   if (ucx != nullptr) loaded.push_back(UcxCapabilities());
 #ifdef RESHARD_HAVE_CUDA
@@ -97,6 +120,9 @@ std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx, const Devi
   // The communicator only with a device store beside it (the route assumes
   // that a host advertising it holds device buffers).
   if (device != nullptr && comm != nullptr) loaded.push_back(DeviceCommBackendCapabilities(*comm));
+  if (device != nullptr && device_ipc && !DeviceIpcEntry(*device).empty()) {
+    loaded.push_back(DeviceIpcBackendCapabilities(*device));
+  }
   return loaded;
 }
 

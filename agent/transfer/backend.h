@@ -59,6 +59,19 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
 /// transports: "nccl", or "fake-nccl" for the fake (never taken for NCCL).
 BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm);
 
+/// The IPC entry of a device API whose capabilities have `ipc`:
+/// "<api name>-ipc:<machine key>" ("cuda-ipc:3f2a...", "fake-ipc:..."), the
+/// machine key being this kernel's boot id (/proc/sys/kernel/random/boot_id):
+/// agents that share it can open each other's IPC handles. "" without IPC
+/// (or without a boot id). Agents advertise it (LoadedBackends), and the
+/// executor's device IPC route (device_ipc_steps.h) looks for this host's
+/// exact entry in every peer's transports.
+std::string DeviceIpcEntry(const DeviceApi& device);
+
+/// The device IPC backend of `device` (named DeviceIpcEntry): CUDA memory
+/// between the agents of one machine, used by the executor's device IPC route.
+BackendCapabilities DeviceIpcBackendCapabilities(const DeviceApi& device);
+
 /// The number of CUDA devices (cudaGetDeviceCount through a dlopen'ed
 /// libcudart, so that the agent does not link CUDA), 0 when there is no
 /// runtime or no device.
@@ -73,10 +86,12 @@ std::vector<std::string> CompiledBackends();
 /// `ucx` is non-null (its context and worker came up), NCCL when compiled and
 /// CudaDeviceCount() > 0, the device API when `device` is non-null
 /// (MakeDeviceApi: $RESHARD_DEVICE), and the device communicator when `comm`
-/// is non-null and `device` too (MakeDeviceCommFactory).
+/// is non-null and `device` too (MakeDeviceCommFactory), the device IPC
+/// backend when `device` has IPC and `device_ipc` (--device-ipc auto).
 std::vector<BackendCapabilities> LoadedBackends(const Transport* ucx,
                                                 const DeviceApi* device = nullptr,
-                                                const DeviceCommFactory* comm = nullptr);
+                                                const DeviceCommFactory* comm = nullptr,
+                                                bool device_ipc = true);
 
 /// What the agent advertises in Host.transports: the names of `loaded`
 /// backends that an execution path uses, in order.

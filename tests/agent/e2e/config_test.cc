@@ -132,5 +132,26 @@ TEST(AgentConfigTest, DeviceComm) {
   EXPECT_NE(s.message().find("\"nccl\""), std::string::npos) << s;
 }
 
+TEST(AgentConfigTest, DeviceIpc) {
+  const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
+  absl::StatusOr<AgentConfig> c = Parse(base);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->device_ipc);  // auto by default
+  c = Parse(base, {{"RESHARD_DEVICE_IPC", "none"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->device_ipc);
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--device-ipc", "auto"});
+  c = Parse(args, {{"RESHARD_DEVICE_IPC", "none"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->device_ipc);  // the flag wins
+  args = base;
+  args.insert(args.end(), {"--device-ipc", "cuda"});
+  absl::Status s = Parse(args).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("--device-ipc"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("\"cuda\""), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace reshard::agent

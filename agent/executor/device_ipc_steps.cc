@@ -1,0 +1,523 @@
+#include "agent/executor/device_ipc_steps.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "agent/executor/device_comm_steps.h"
+#include "agent/executor/peer_proof.h"
+#include "agent/executor/transfer_tags.h"
+#include "agent/shard_store/device_staging.h"
+
+namespace reshard::agent {
+namespace {
+
+constexpr size_t kMacBytes = 32;
+constexpr int kIpcDevice = 0;  // handles are opened, and copies queued, here
+constexpr size_t kMaxHandleBytes = 256;
+constexpr char kDone[] = "done";
+
+std::string IpcMac(const std::string& secret, const std::string& operation_id,
+                   const std::string& sender, const std::string& receiver,
+                   const std::string& payload) {
+  std::string data;
+  AppendMacField(data, "reshard-device-ipc");
+  AppendMacField(data, operation_id);
+  AppendMacField(data, sender);
+  AppendMacField(data, receiver);
+  AppendMacField(data, payload);
+  return HmacSha256Of(secret, data);
+}
+
+std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& v) {
+  return std::vector<int64_t>(v.begin(), v.end());
+}
+
+// One old rank a sender lists.
+struct Entry {
+  int rank = 0;
+  int device = 0;
+  int64_t size = 0;
+  std::string handle;
+  std::vector<int64_t> offsets;  // per item
+};
+
+std::string EntryLine(const Entry& e) {
+  return absl::StrCat(e.rank, " ", e.device, " ", e.size, " ", absl::BytesToHexString(e.handle),
+                      " ", absl::StrJoin(e.offsets, ","), "\n");
+}
+
+std::optional<Entry> ParseEntry(absl::string_view line, size_t items) {
+  std::vector<absl::string_view> f = absl::StrSplit(line, ' ');
+  Entry e;
+  if (f.size() != 5 || !absl::SimpleAtoi(f[0], &e.rank) || !absl::SimpleAtoi(f[1], &e.device) ||
+      !absl::SimpleAtoi(f[2], &e.size)) {
+    return std::nullopt;
+  }
+  e.handle = absl::HexStringToBytes(f[3]);
+  for (absl::string_view o : absl::StrSplit(f[4], ',', absl::SkipEmpty())) {
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(o, &v)) return std::nullopt;
+    e.offsets.push_back(v);
+  }
+  if (e.offsets.size() != items) return std::nullopt;
+  return e;
+}
+
+// The state the transport's callbacks touch: it outlives a failed run.
+struct Pending {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<std::string, std::string> messages;  // peer -> bytes (sent or received)
+  std::set<std::string> done;                   // peers whose transfer completed
+  absl::Status error;
+};
+
+class IpcSteps {
+ public:
+  IpcSteps(ShardStore& store, DeviceBufferStore& devices, Transport* transport,
+           const TaskExecutor::Options& options, const std::string& host_id,
+           const v1::HostTask& task, const std::function<bool()>& cancelled,
+           const std::function<void(const std::string& what)>& waiting)
+      : store_(store),
+        devices_(devices),
+        api_(devices.api()),
+        transport_(transport),
+        options_(options),
+        host_id_(host_id),
+        task_(task),
+        cancelled_(cancelled),
+        waiting_(waiting),
+        tag_key_(TaskTagKey(task)) {
+    std::vector<std::string> hosts{host_id};
+    for (const v1::PeerHost& p : task.peers()) {
+      if (p.host_id() != host_id) hosts.push_back(p.host_id());
+    }
+    std::sort(hosts.begin(), hosts.end());
+    for (size_t i = 0; i < hosts.size(); ++i) index_of_[hosts[i]] = static_cast<int>(i);
+  }
+
+  ~IpcSteps() {
+    for (auto& [ptr, device] : opened_) (void)api_->IpcClose(device, ptr);
+    if (stream_.has_value()) (void)api_->DestroyStream(*stream_);
+    for (const RankBufferKey& k : staged_) devices_.Drop(k);
+  }
+
+  absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                   const std::function<void(int64_t bytes)>& moved) {
+    if (transport_ == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "operation ", task_.operation_id(), " has cross-host steps and no transport"));
+    }
+    if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
+                                                    cancelled_, waiting_);
+        !s.ok()) {
+      return s;
+    }
+    std::map<std::string, std::set<int>> send_ranks, receive_ranks;
+    for (const RemoteStep& r : hs.remotes) {
+      (r.is_send ? send_ranks : receive_ranks)[r.peer].insert(r.step->src_rank());
+    }
+    absl::Status s = Send(hs, send_ranks);
+    if (s.ok()) s = Receive(hs, made, receive_ranks, moved);
+    if (s.ok()) s = AwaitDone(send_ranks);
+    return s.ok() ? s : Failed(s);
+  }
+
+ private:
+  absl::Status Failed(absl::Status s) {
+    if (cancelled_ && cancelled_() && !absl::IsCancelled(s)) {
+      s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
+    }
+    transport_->CancelTags(TagBase(tag_key_), kTagKeyMask);
+    return s;
+  }
+
+  absl::StatusOr<uint64_t> Tag(const std::string& host, bool done) const {
+    absl::StatusOr<int64_t> chunk = DeviceIpcChunk(index_of_.at(host), done);
+    if (!chunk.ok()) return chunk.status();
+    return TransferTag(tag_key_, kProofStepIndex, *chunk);
+  }
+
+  size_t Items() const { return static_cast<size_t>(task_.plan().items_size()); }
+
+  // The device buffer of old rank `rank` (a host one staged to a device).
+  absl::StatusOr<const DeviceRankBuffer*> DeviceSource(const HostSteps& hs, int rank) {
+    const RankBuffer& src = *hs.old_bufs.at(rank);
+    if (const DeviceRankBuffer* d = DeviceSourceOf(src); d != nullptr) return d;
+    const RankBufferKey key{task_.job_id(), task_.from_generation(), rank};
+    const bool had_copy = devices_.Get(key).ok();  // kept: not this run's to drop
+    absl::StatusOr<DeviceRankBufferPtr> staged = StageToDevice(store_, devices_, key, kIpcDevice);
+    if (!staged.ok()) return staged.status();
+    if (!had_copy) staged_.push_back(key);
+    keep_.push_back(*staged);
+    return staged->get();
+  }
+
+  // One handles message to every receiver.
+  absl::Status Send(const HostSteps& hs, const std::map<std::string, std::set<int>>& ranks) {
+    if (ranks.empty()) return absl::OkStatus();
+    if (waiting_) waiting_("device IPC handles");
+    std::map<int, Entry> entries;
+    for (const auto& [peer, rs] : ranks) {
+      for (int r : rs) {
+        if (entries.count(r) > 0) continue;
+        absl::StatusOr<const DeviceRankBuffer*> d = DeviceSource(hs, r);
+        if (!d.ok()) return d.status();
+        absl::StatusOr<std::string> handle = api_->IpcExport((*d)->device(), (*d)->data());
+        if (!handle.ok()) return handle.status();
+        if (handle->size() > kMaxHandleBytes) {
+          return absl::InvalidArgumentError(absl::StrCat("IPC handle of old rank ", r, " has ",
+                                                         handle->size(), " bytes, more than ",
+                                                         kMaxHandleBytes));
+        }
+        Entry e{r, (*d)->device(), (*d)->size(), *std::move(handle), {}};
+        for (const ItemSlot& item : (*d)->items()) e.offsets.push_back(item.offset);
+        entries[r] = std::move(e);
+      }
+    }
+    for (const auto& [peer, rs] : ranks) {
+      std::string payload;
+      for (int r : rs) payload += EntryLine(entries.at(r));
+      absl::StatusOr<std::string> m =
+          MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
+                               payload, DeviceIpcMessageBytes(rs.size(), Items()));
+      if (!m.ok()) return m.status();
+      absl::StatusOr<uint64_t> tag = Tag(host_id_, false);
+      if (!tag.ok()) return tag.status();
+      // The done messages come back under each receiver's tag.
+      absl::StatusOr<uint64_t> done_tag = Tag(peer, true);
+      if (!done_tag.ok()) return done_tag.status();
+      std::string* out;
+      std::string* in;
+      {
+        std::lock_guard<std::mutex> l(sent_->mu);
+        out = &sent_->messages[peer];
+        *out = *std::move(m);
+        in = &done_->messages[peer];
+        in->assign(DeviceIpcMessageBytes(0, Items()), '\0');
+      }
+      transport_->Receive(*done_tag, in->data(), in->size(), Completion(done_, peer));
+      transport_->Send(peer, *tag, out->data(), out->size(), Completion(sent_, peer));
+    }
+    return absl::OkStatus();
+  }
+
+  static TransferDone Completion(const std::shared_ptr<Pending>& p, const std::string& peer) {
+    return [p, peer](absl::Status s) {
+      std::lock_guard<std::mutex> l(p->mu);
+      if (!s.ok() && p->error.ok()) {
+        p->error = absl::Status(s.code(), absl::StrCat("host \"", peer, "\": ", s.message()));
+      }
+      p->done.insert(peer);
+      p->cv.notify_all();
+    };
+  }
+
+  // Waits until every peer of `peers` completed in `p`. `what` names the
+  // wait, before the peers, in errors ("no IPC handles came from").
+  absl::Status Await(Pending& p, const std::set<std::string>& peers, const std::string& what,
+                     std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::unique_lock<std::mutex> l(p.mu);
+    while (true) {
+      if (!p.error.ok()) {
+        return absl::Status(p.error.code(),
+                            absl::StrCat("operation ", task_.operation_id(), " on host \"",
+                                         host_id_, "\": device IPC message of ",
+                                         p.error.message()));
+      }
+      std::vector<std::string> missing;
+      for (const std::string& peer : peers) {
+        if (p.done.count(peer) == 0) missing.push_back(absl::StrCat("\"", peer, "\""));
+      }
+      if (missing.empty()) return absl::OkStatus();
+      if (cancelled_ && cancelled_()) {
+        return absl::CancelledError(absl::StrCat("task cancelled (", what, " host ",
+                                                 absl::StrJoin(missing, ", host "), ")"));
+      }
+      if (std::chrono::steady_clock::now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat(
+            "operation ", task_.operation_id(), " on host \"", host_id_, "\": ", what,
+            " host ", absl::StrJoin(missing, ", host "), " within ", timeout.count() / 1000.0,
+            " s"));
+      }
+      p.cv.wait_for(l, std::chrono::milliseconds(50));
+    }
+  }
+
+  absl::StatusOr<DeviceIpcMessage> Checked(const std::string& peer, const std::string& message,
+                                           const std::string& payload_kind) {
+    absl::StatusOr<DeviceIpcMessage> m =
+        CheckDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), message);
+    if (!m.ok()) return m.status();
+    if (m->sender != peer || m->receiver != host_id_) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "operation ", task_.operation_id(), ": host \"", m->sender, "\" sent device IPC ",
+          payload_kind, " for host \"", m->receiver, "\" where host \"", peer, "\" was to send ",
+          "them to host \"", host_id_, "\""));
+    }
+    return m;
+  }
+
+  absl::Status Receive(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                       const std::map<std::string, std::set<int>>& ranks,
+                       const std::function<void(int64_t bytes)>& moved) {
+    if (ranks.empty()) return absl::OkStatus();
+    auto received = std::make_shared<Pending>();
+    std::set<std::string> senders;
+    for (const auto& [peer, rs] : ranks) {
+      absl::StatusOr<uint64_t> tag = Tag(peer, false);
+      if (!tag.ok()) return tag.status();
+      std::string* in;
+      {
+        std::lock_guard<std::mutex> l(received->mu);
+        in = &received->messages[peer];
+        in->assign(DeviceIpcMessageBytes(rs.size(), Items()), '\0');
+      }
+      transport_->Receive(*tag, in->data(), in->size(), Completion(received, peer));
+      senders.insert(peer);
+    }
+    if (waiting_) waiting_("device IPC handles");
+    if (absl::Status s = Await(*received, senders, "no IPC handles came from",
+                               std::chrono::milliseconds(options_.proof_timeout_ms));
+        !s.ok()) {
+      return s;
+    }
+    // (peer, old rank) -> opened pointer and item offsets.
+    std::map<std::pair<std::string, int>, std::pair<uint8_t*, Entry>> sources;
+    for (const auto& [peer, rs] : ranks) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> l(received->mu);
+        message = received->messages[peer];
+      }
+      absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "handles");
+      if (!m.ok()) return m.status();
+      for (absl::string_view line : absl::StrSplit(m->payload, '\n', absl::SkipEmpty())) {
+        std::optional<Entry> e = ParseEntry(line, Items());
+        if (!e.has_value() || rs.count(e->rank) == 0) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
+                           "\" listed a device IPC handle that is not what host \"", host_id_,
+                           "\" reads: \"", line, "\""));
+        }
+        absl::StatusOr<void*> p = api_->IpcOpen(kIpcDevice, e->handle);
+        if (!p.ok()) return p.status();
+        opened_.emplace_back(*p, kIpcDevice);
+        sources[{peer, e->rank}] = {static_cast<uint8_t*>(*p), *std::move(e)};
+      }
+    }
+    absl::StatusOr<DeviceStream> stream = api_->CreateStream(kIpcDevice);
+    if (!stream.ok()) return stream.status();
+    stream_ = *stream;
+    if (waiting_) waiting_("cross-host steps (device IPC)");
+    int64_t bytes_moved = 0;
+    for (const RemoteStep& r : hs.remotes) {
+      if (r.is_send) continue;
+      if (cancelled_ && cancelled_()) return absl::CancelledError("task cancelled");
+      const v1::CopyStep& step = *r.step;
+      auto it = sources.find({r.peer, step.src_rank()});
+      if (it == sources.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "operation ", task_.operation_id(), ": host \"", r.peer,
+            "\" listed no device IPC handle of old rank ", step.src_rank()));
+      }
+      const int item = step.item();
+      const int eb = task_.plan().items(item).element_bytes();
+      const uint8_t* src = it->second.first + it->second.second.offsets[item];
+      const std::vector<int64_t> shape = ToVector(step.shape());
+      const std::vector<int64_t> src_strides = ToVector(step.src().strides());
+      for (const v1::Destination& dst : step.dsts()) {
+        const DeviceRankBuffer& b = *made[hs.new_index.at(dst.rank())];
+        uint8_t* base = static_cast<uint8_t*>(b.data()) + b.items()[item].offset;
+        absl::Status st;
+        ForEachRun(shape, step.src().offset(), src_strides, dst.region().offset(),
+                   ToVector(dst.region().strides()), [&](int64_t s, int64_t d, int64_t n) {
+                     if (!st.ok()) return;
+                     const size_t bytes = static_cast<size_t>(n * eb);
+                     st = b.device() == kIpcDevice
+                              ? api_->MemcpyAsync(base + d * eb, src + s * eb, bytes,
+                                                  CopyKind::kDeviceToDevice, *stream_)
+                              : api_->MemcpyPeerAsync(base + d * eb, b.device(), src + s * eb,
+                                                      kIpcDevice, bytes, *stream_);
+                     bytes_moved += static_cast<int64_t>(bytes);
+                   });
+        if (!st.ok()) return st;
+      }
+    }
+    if (absl::Status s = api_->StreamSynchronize(*stream_); !s.ok()) return s;
+    moved(bytes_moved);
+    for (auto& [ptr, device] : opened_) {
+      if (absl::Status s = api_->IpcClose(device, ptr); !s.ok()) return s;
+    }
+    opened_.clear();
+    // "done" to every sender.
+    auto sent = std::make_shared<Pending>();
+    for (const std::string& peer : senders) {
+      absl::StatusOr<std::string> m =
+          MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
+                               kDone, DeviceIpcMessageBytes(0, Items()));
+      if (!m.ok()) return m.status();
+      absl::StatusOr<uint64_t> tag = Tag(host_id_, true);
+      if (!tag.ok()) return tag.status();
+      std::string* out;
+      {
+        std::lock_guard<std::mutex> l(sent->mu);
+        out = &sent->messages[peer];
+        *out = *std::move(m);
+      }
+      transport_->Send(peer, *tag, out->data(), out->size(), Completion(sent, peer));
+    }
+    return Await(*sent, senders, "\"done\" did not reach",
+                 std::chrono::milliseconds(options_.proof_timeout_ms));
+  }
+
+  // Every receiver's "done", checked.
+  absl::Status AwaitDone(const std::map<std::string, std::set<int>>& ranks) {
+    if (ranks.empty()) return absl::OkStatus();
+    std::set<std::string> receivers;
+    for (const auto& [peer, rs] : ranks) receivers.insert(peer);
+    if (waiting_) waiting_("device IPC receivers");
+    if (absl::Status s = Await(*sent_, receivers, "the IPC handles did not reach",
+                               std::chrono::milliseconds(options_.proof_timeout_ms));
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = Await(*done_, receivers, "no \"done\" came from",
+                               std::chrono::milliseconds(options_.seal_timeout_ms));
+        !s.ok()) {
+      return s;
+    }
+    for (const std::string& peer : receivers) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> l(done_->mu);
+        message = done_->messages[peer];
+      }
+      absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "\"done\"");
+      if (!m.ok()) return m.status();
+      if (m->payload != kDone) {
+        return absl::InvalidArgumentError(absl::StrCat("operation ", task_.operation_id(),
+                                                       ": host \"", peer,
+                                                       "\" sent no \"done\" but \"",
+                                                       m->payload, "\""));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  ShardStore& store_;
+  DeviceBufferStore& devices_;
+  DeviceApi* api_;
+  Transport* transport_;
+  const TaskExecutor::Options& options_;
+  const std::string& host_id_;
+  const v1::HostTask& task_;
+  const std::function<bool()>& cancelled_;
+  const std::function<void(const std::string& what)>& waiting_;
+  const uint32_t tag_key_;
+  std::map<std::string, int> index_of_;
+  std::shared_ptr<Pending> sent_ = std::make_shared<Pending>();  // handles messages
+  std::shared_ptr<Pending> done_ = std::make_shared<Pending>();  // receivers' "done"
+  std::vector<std::pair<void*, int>> opened_;                    // IPC pointers, device
+  std::optional<DeviceStream> stream_;
+  std::vector<RankBufferKey> staged_;  // host sources staged to a device for the run
+  std::vector<DeviceRankBufferPtr> keep_;
+};
+
+}  // namespace
+
+absl::StatusOr<int64_t> DeviceIpcChunk(int host_index, bool done) {
+  const int64_t chunk = 2 + 2 * int64_t{host_index} + (done ? 1 : 0);
+  if (host_index < 0 || chunk >= kMaxChunksPerStep) {
+    return absl::InvalidArgumentError(absl::StrCat("device IPC: host index ", host_index,
+                                                   " does not fit a transfer tag"));
+  }
+  return chunk;
+}
+
+size_t DeviceIpcMessageBytes(size_t ranks, size_t items) {
+  const size_t header = 3 * 4 + 2 * kMaxProofHostBytes + kMacBytes;
+  // An entry line: three numbers, the hex handle, the item offsets.
+  const size_t entry = 3 * 21 + 2 * kMaxHandleBytes + 4 + 21 * items;
+  return header + std::max(sizeof(kDone), ranks * entry);
+}
+
+absl::StatusOr<std::string> MakeDeviceIpcMessage(const std::string& secret,
+                                                 const std::string& operation_id,
+                                                 const std::string& sender,
+                                                 const std::string& receiver,
+                                                 const std::string& payload, size_t bytes) {
+  std::string m;
+  AppendMacField(m, sender);
+  AppendMacField(m, receiver);
+  AppendMacField(m, payload);
+  m += IpcMac(secret, operation_id, sender, receiver, payload);
+  if (sender.size() > kMaxProofHostBytes || receiver.size() > kMaxProofHostBytes ||
+      m.size() > bytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "device IPC message from host \"", sender, "\" to host \"", receiver, "\": ", m.size(),
+        " bytes do not fit ", bytes));
+  }
+  m.resize(bytes, '\0');
+  return m;
+}
+
+absl::StatusOr<DeviceIpcMessage> CheckDeviceIpcMessage(const std::string& secret,
+                                                       const std::string& operation_id,
+                                                       const std::string& message) {
+  size_t at = 0;
+  auto field = [&](std::string* out) {
+    if (at + 4 > message.size()) return false;
+    uint32_t n = 0;
+    for (int i = 0; i < 4; ++i) {
+      n |= static_cast<uint32_t>(static_cast<uint8_t>(message[at + i])) << (8 * i);
+    }
+    if (at + 4 + n > message.size()) return false;
+    *out = message.substr(at + 4, n);
+    at += 4 + n;
+    return true;
+  };
+  DeviceIpcMessage out;
+  if (!field(&out.sender) || !field(&out.receiver) || !field(&out.payload) ||
+      at + kMacBytes > message.size() || out.sender.empty()) {
+    return absl::UnauthenticatedError(
+        absl::StrCat("operation ", operation_id, ": a malformed device IPC message"));
+  }
+  const std::string mac = message.substr(at, kMacBytes);
+  if (!ConstantTimeEqual(mac, IpcMac(secret, operation_id, out.sender, out.receiver,
+                                     out.payload))) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "host \"", out.sender, "\" sent a device IPC message for operation ", operation_id,
+        " that does not check with the operation's transfer secret"));
+  }
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceIpc(
+    ShardStore& store, DeviceBufferStore& devices, Transport* transport,
+    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
+    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
+    const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting) {
+  IpcSteps steps(store, devices, transport, options, host_id, task, cancelled, waiting);
+  return RunOnDevices(store, devices, options, host_id, task, route, progress, cancelled,
+                      [&](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                          const std::function<void(int64_t bytes)>& moved) {
+                        return steps.Run(hs, made, moved);
+                      });
+}
+
+}  // namespace reshard::agent
