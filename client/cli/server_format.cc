@@ -247,6 +247,19 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
               : "-");
   }
   if (!op.error().empty()) Field(&out, "error", op.error());
+  // Each host's task and the route its agent took (docs/coordinator.md, "The
+  // route of each host's task"): "host h1: DONE 2.00 MiB / 2.00 MiB, route
+  // host-staged (why)".
+  for (const v1::OperationHost& h : op.hosts()) {
+    std::string line = absl::StrCat(
+        absl::StripPrefix(v1::HostTaskState_Name(h.state()), "HOST_TASK_STATE_"), " ", FormatBytes(h.bytes_done()), " / ",
+                                    FormatBytes(h.bytes_total()), ", route ",
+                                    h.route().empty() ? "-" : h.route());
+    if (!h.route_reason().empty()) absl::StrAppend(&line, " (", h.route_reason(), ")");
+    if (!h.waiting_on().empty()) absl::StrAppend(&line, ", waiting on ", h.waiting_on());
+    if (!h.error().empty()) absl::StrAppend(&line, ", error: ", h.error());
+    Field(&out, absl::StrCat("host ", h.host_id()), line);
+  }
   Field(&out, "created", FormatRelativeTime(op.created_unix_ms(), now_unix_ms));
   Field(&out, "updated", FormatRelativeTime(op.updated_unix_ms(), now_unix_ms));
   return out;

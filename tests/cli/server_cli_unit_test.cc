@@ -246,6 +246,32 @@ TEST(ServerFormatTest, TablesShowTheFields) {
   EXPECT_THAT(host_table, HasSubstr("expired 7.0s ago"));
 }
 
+TEST(ServerFormatTest, OperationShowsEachHostsRoute) {
+  v1::Operation op;
+  op.set_id("op-1");
+  op.set_state(v1::OPERATION_STATE_TRANSFERRING);
+  v1::OperationHost* h0 = op.add_hosts();
+  h0->set_host_id("h0");
+  h0->set_state(v1::HOST_TASK_STATE_DONE);
+  h0->set_bytes_done(int64_t{2} << 20);
+  h0->set_bytes_total(int64_t{2} << 20);
+  h0->set_route("device-comm nccl");
+  v1::OperationHost* h1 = op.add_hosts();
+  h1->set_host_id("h1");
+  h1->set_state(v1::HOST_TASK_STATE_RUNNING);
+  h1->set_bytes_total(int64_t{1} << 20);
+  h1->set_route("host-staged");
+  h1->set_route_reason("no device communicator");
+  h1->set_waiting_on("local copies");
+  op.add_hosts()->set_host_id("h2");
+  const std::string text = FormatOperation(op, 20'000);
+  EXPECT_THAT(text, HasSubstr("host h0:            DONE 2.00 MiB / 2.00 MiB, route device-comm "
+                              "nccl\n"));
+  EXPECT_THAT(text, HasSubstr("host h1:            RUNNING 0 B / 1.00 MiB, route host-staged (no "
+                              "device communicator), waiting on local copies\n"));
+  EXPECT_THAT(text, HasSubstr("host h2:            UNSPECIFIED 0 B / 0 B, route -\n"));
+}
+
 TEST(ServerFormatTest, StopFreeOperationShowsItsPhases) {
   v1::Operation op;
   op.set_id("op-1");
