@@ -422,7 +422,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
   }
   RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
                     << host_id << ": wrote " << keys.size() << " device rank buffers of generation "
-                    << task.to_generation() << " (" << done << " bytes, device-direct)";
+                    << task.to_generation() << " (" << done << " bytes, "
+                    << RouteName(route.kind) << ")";
   return out;
 }
 

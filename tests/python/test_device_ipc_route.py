@@ -1,0 +1,105 @@
+"""Cross-host device steps between agents of ONE machine through device IPC
+handles, through real agents (issue 23 item 5): both agents run the fake
+device (agent/transfer/fake_device.h), whose IPC handles open across
+processes of one machine, and advertise "fake-ipc:<boot id>" (this kernel's
+/proc/sys/kernel/random/boot_id, the same for both); with every host
+advertising this host's exact entry the route rule (device_ipc_steps.h,
+checked before the device communicator's) has the receiver open the
+sender's device buffers and copy device to device, no network library
+moving the bytes. The bytes on both hosts equal the expected reshard, with
+the XXH3 checksums, and GetOperation names each host's route
+("device-ipc")."""
+
+import os
+
+import pytest
+import xxhash
+
+from helpers import every_kind_ptc, random_globals, register
+from reshard import _device_ipc, layout
+from reshard.v1 import agent_pb2 as AG
+from reshard.v1 import coordinator_pb2 as OP
+
+_ALIGN = 256
+
+
+def _boot_id():
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        return f.read().strip()
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from conftest import build_dir
+    from cluster import LocalCluster
+    saved = os.environ.pop("RESHARD_DEVICE_IPC", None)  # the agents inherit it: auto
+    try:
+        with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2,
+                          agent_device="fake:2") as c:
+            yield c
+    finally:
+        if saved is not None:
+            os.environ["RESHARD_DEVICE_IPC"] = saved
+
+
+def _raws(ptc, want):
+    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
+    return [(want[n] if isinstance(want[n], bytes) else want[n].tobytes()) if n in want else b""
+            for n in names]
+
+
+def _publish(w, rank, raws, device):
+    """Publishes `raws` from one fake device allocation of this process."""
+    offsets, end = [], 0
+    for r in raws:
+        offsets.append(end)
+        end += (len(r) + _ALIGN - 1) // _ALIGN * _ALIGN
+    alloc = _device_ipc.FakeAllocation(end, device)
+    try:
+        items = []
+        for r, off in zip(raws, offsets):
+            alloc.view[off:off + len(r)] = r
+            items.append((alloc.handle(), off, len(r)) if r else None)
+        return w.publish_device(rank, 1, items, device=device)
+    finally:
+        alloc.close()
+
+
+def _read(resp):
+    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
+    try:
+        return [opened.read(it.offset, it.bytes) for it in resp.items]
+    finally:
+        opened.close()
+
+
+def test_agents_advertise_their_ipc_entry(cluster, client):
+    entry = "fake-ipc:" + _boot_id()
+    hosts = {h.host_id: list(h.transports) for h in client.list_hosts()}
+    assert hosts == {"host-0": ["local", "ucx", "fake", "fake-nccl", entry],
+                     "host-1": ["local", "ucx", "fake", "fake-nccl", entry]}
+
+
+def test_cross_host_resize_moves_device_to_device_through_ipc(cluster, client, job_name):
+    """tp=2 on host-0, published from its two fake devices, resized to a
+    replica on host-1 (host-0 sends its device buffers' handles to host-1)."""
+    ptc = every_kind_ptc()
+    g = random_globals(ptc, world=2, seed=31)
+    source = layout.make_layout(2, 1, 1, ["host-0"], 2)
+    target = layout.make_layout(2, 1, 2, ["host-0", "host-1"], 2)
+    job = register(client, cluster, job_name, ptc, source)
+    with cluster.worker("host-0", job.id, ptc=ptc) as w:
+        for rank in (0, 1):
+            _publish(w, rank, _raws(ptc, layout.shard(ptc, source, rank, g)), device=rank)
+    final = client.wait(client.resize(job.id, target).id, timeout=120)
+    assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
+    op = client.get_operation(final.id)
+    done = AG.HOST_TASK_STATE_DONE
+    assert {h.host_id: (h.route, h.route_reason, h.state) for h in op.hosts} == {
+        "host-0": ("device-ipc", "", done), "host-1": ("device-ipc", "", done)}
+    for rank, host in ((0, "host-0"), (1, "host-0"), (2, "host-1"), (3, "host-1")):
+        raws = _raws(ptc, layout.shard(ptc, target, rank, g))
+        with cluster.worker(host, job.id, ptc=ptc) as w:
+            resp = w.open_device(rank, 2)
+        assert _read(resp) == raws, (rank, host)
+        assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
