@@ -13,6 +13,10 @@
 //    kMaxDataChunksPerStep;
 //  - peer proofs (peer_proof.h): ProofTag, step kProofStepIndex (never a
 //    plan step's), chunk 0;
+//  - device communicator id (device_comm_bootstrap.h): DeviceCommTag,
+//    step kProofStepIndex, chunk 1; device IPC handles and "done" messages
+//    (device_ipc_steps.h): step kProofStepIndex, chunks from 2
+//    (DeviceIpcChunk: 2 + 2 * the sending host's index, + 1 for "done");
 //  - step seals (step_seal.h): SealTag, (plan step index, kSealChunk).
 // A task's messages are cancelled together: CancelTags(TagBase(key),
 // kTagKeyMask). Pure; thread-safe.
