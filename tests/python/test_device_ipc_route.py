@@ -16,11 +16,11 @@ import pytest
 import xxhash
 
 from helpers import every_kind_ptc, random_globals, register
-from reshard import _device_ipc, layout
+from reshard import layout
 from reshard.v1 import agent_pb2 as AG
 from reshard.v1 import coordinator_pb2 as OP
-
-_ALIGN = 256
+# Publishing from, and reading, fake device allocations as the communicator's test does.
+from test_device_comm_route import _publish, _raws, _read
 
 
 def _boot_id():
@@ -40,37 +40,6 @@ def cluster():
     finally:
         if saved is not None:
             os.environ["RESHARD_DEVICE_IPC"] = saved
-
-
-def _raws(ptc, want):
-    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
-    return [(want[n] if isinstance(want[n], bytes) else want[n].tobytes()) if n in want else b""
-            for n in names]
-
-
-def _publish(w, rank, raws, device):
-    """Publishes `raws` from one fake device allocation of this process."""
-    offsets, end = [], 0
-    for r in raws:
-        offsets.append(end)
-        end += (len(r) + _ALIGN - 1) // _ALIGN * _ALIGN
-    alloc = _device_ipc.FakeAllocation(end, device)
-    try:
-        items = []
-        for r, off in zip(raws, offsets):
-            alloc.view[off:off + len(r)] = r
-            items.append((alloc.handle(), off, len(r)) if r else None)
-        return w.publish_device(rank, 1, items, device=device)
-    finally:
-        alloc.close()
-
-
-def _read(resp):
-    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
-    try:
-        return [opened.read(it.offset, it.bytes) for it in resp.items]
-    finally:
-        opened.close()
 
 
 def test_agents_advertise_their_ipc_entry(cluster, client):
