@@ -15,16 +15,12 @@
 #include <string>
 #include <vector>
 
-#include "agent/shard_store/device_buffer.h"
-#include "agent/shard_store/device_staging.h"
 #include "agent/transfer/fake_comm.h"
-#include "agent/transfer/fake_device.h"
-#include "tests/agent/executor/executor_fixture.h"
+#include "tests/agent/executor/device_hosts_fixture.h"
 
 namespace reshard::agent::executor_testing {
 namespace {
 
-using Result = absl::StatusOr<std::vector<v1::ShardChecksum>>;
 const std::string kSecret(32, 's');
 
 // A communicator whose receives land with their first byte zeroed (in
@@ -75,191 +71,29 @@ class AlteringCommFactory : public FakeCommFactory {
   FakeDeviceApi* api_;
 };
 
-class DeviceCommStepsTest : public ExecutorTest {
+class DeviceCommStepsTest : public DeviceHostsTest {
  protected:
-  void TearDown() override {
-    for (auto& h : hosts_) h.executor.reset();
-    devices_.clear();
-    factories_.clear();
-    ExecutorTest::TearDown();
-    apis_.clear();
-  }
-
-  // `n` hosts h0..h<n-1>, each with two fake devices, a device store, the
-  // fake communicator (unless `without_comm` names the host) and an executor
-  // cutting steps into small chunks and windows (many rounds).
+  // `n` hosts with the fake communicator (none on `without_comm`, an
+  // altering one on `altering`).
   void MakeCommHosts(int n, const std::string& without_comm = "",
                      const std::string& altering = "") {
     for (int i = 0; i < n; ++i) {
-      Host h;
-      h.id = "h" + std::to_string(i);
-      h.dir = fs::temp_directory_path() /
-              ("reshard-comm-test-" + std::to_string(getpid()) + "-" + h.id);
-      fs::create_directories(h.dir);
-      ShardStore::Options so;
-      so.shm_dir = h.dir.string();
-      so.host_id = h.id;
-      so.memory_limit_bytes = int64_t{1} << 30;
-      auto store = ShardStore::Open(so);
-      ASSERT_TRUE(store.ok()) << store.status();
-      h.store = std::move(*store);
-      auto t = MakeUcxTransportImpl(UcxOptions{"lo", "tcp,self"});
-      ASSERT_TRUE(t.ok()) << t.status();
-      h.transport = std::move(*t);
-      apis_.push_back(std::make_unique<FakeDeviceApi>(FakeDeviceApi::Options{2, 64 << 20}));
-      auto d = DeviceBufferStore::Open(apis_.back().get(), DeviceBufferStore::Options());
-      ASSERT_TRUE(d.ok()) << d.status();
-      devices_.push_back(std::move(*d));
-      if (h.id == without_comm) {
-        factories_.push_back(nullptr);
-      } else if (h.id == altering) {
-        factories_.push_back(std::make_unique<AlteringCommFactory>(apis_.back().get()));
-      } else {
-        factories_.push_back(std::make_unique<FakeCommFactory>(apis_.back().get()));
-      }
-      TaskExecutor::Options eo;
-      eo.copy_threads = 2;
-      eo.chunk_bytes = 4 << 10;
-      eo.peer_window_bytes = 12 << 10;
-      eo.proof_timeout_ms = 3000;
-      eo.seal_timeout_ms = 10000;
-      eo.device_comm_why_not = "NCCL not loaded: test";
-      h.executor = std::make_unique<TaskExecutor>(h.store.get(), h.transport.get(), eo,
-                                                  devices_.back().get(), factories_.back().get());
-      hosts_.push_back(std::move(h));
+      const std::string id = "h" + std::to_string(i);
+      AddDeviceHost(
+          [&](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+            if (id == without_comm) return nullptr;
+            if (id == altering) return std::make_unique<AlteringCommFactory>(api);
+            return std::make_unique<FakeCommFactory>(api);
+          },
+          [](TaskExecutor::Options& eo) { eo.device_comm_why_not = "NCCL not loaded: test"; });
     }
   }
 
-  void FillHostRank(int h, int r) {
-    ShardStore& store = *hosts_[h].store;
-    auto bufs = store.CreateAll({RankBufferKey{kJob, 1, r}}, {RankItemBytes(ptc_, from_, r)});
-    ASSERT_TRUE(bufs.ok()) << bufs.status();
-    RenderRank(ptc_, from_, r, old_world_, (*bufs)[0].get());
-    ASSERT_TRUE(store.Seal({kJob, 1, r}, {}).ok());
+  // Peers advertise "fake-nccl" when they have a communicator.
+  void Advertise(size_t, v1::PeerHost* p) override {
+    p->add_transports("ucx");
+    if (factories_[HostOf(p->host_id())]) p->add_transports("fake-nccl");
   }
-  void FillDeviceRank(int h, int r, int device) {
-    FillHostRank(h, r);
-    auto d = StageToDevice(*hosts_[h].store, *devices_[h], {kJob, 1, r}, device);
-    ASSERT_TRUE(d.ok()) << d.status();
-    hosts_[h].store->Drop({kJob, 1, r});
-  }
-  int HostOf(const std::string& id) { return std::stoi(id.substr(1)); }
-
-  // Every old rank filled on its host: on device r % 2, or in host memory
-  // on `host_resident`.
-  void FillOldRanks(const std::string& host_resident = "") {
-    const auto slots = planner::ExpandPlacement(from_.placement());
-    for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
-      if (slots[r].host() == host_resident) {
-        FillHostRank(HostOf(slots[r].host()), r);
-      } else {
-        FillDeviceRank(HostOf(slots[r].host()), r, r % 2);
-      }
-    }
-  }
-
-  // Runs every host's slice at once; peers advertise "fake-nccl" when they
-  // have a communicator.
-  std::vector<Result> RunAll(const std::string& secret,
-                             const std::function<bool()>& cancelled = [] { return false; },
-                             const std::function<void(const std::string&)>& on_wait = nullptr) {
-    v1::HostTask whole = WholeTask();
-    whole.set_transfer_secret(secret);
-    const auto addrs = Addresses();
-    waits_.assign(hosts_.size(), {});
-    std::vector<std::future<Result>> runs;
-    for (size_t i = 0; i < hosts_.size(); ++i) {
-      Host& h = hosts_[i];
-      v1::HostTask task = Slice(whole, h.id, addrs);
-      for (v1::PeerHost& p : *task.mutable_peers()) {
-        p.add_transports("ucx");
-        if (factories_[HostOf(p.host_id())]) p.add_transports("fake-nccl");
-      }
-      if (i < secrets_.size()) task.set_transfer_secret(secrets_[i]);
-      runs.push_back(std::async(std::launch::async, [this, &h, task, i, cancelled, on_wait] {
-        return h.executor->Execute(h.id, task, nullptr, cancelled, [&](const std::string& what) {
-          waits_[i].push_back(what);
-          if (on_wait) on_wait(what);
-        });
-      }));
-    }
-    std::vector<Result> out;
-    for (auto& r : runs) out.push_back(r.get());
-    return out;
-  }
-
-  // Host h's new ranks equal the global tensors, in device memory (or host
-  // memory for `in_host`), checksums as reported.
-  void ExpectResult(int h, const Result& result, bool in_host = false) {
-    ASSERT_TRUE(result.ok()) << hosts_[h].id << ": " << result.status();
-    std::map<std::pair<int, int>, v1::ShardChecksum> sums;
-    for (const auto& c : *result) sums[{c.rank(), c.item()}] = c;
-    const auto slots = planner::ExpandPlacement(to_.placement());
-    int ranks = 0;
-    for (int r = 0; r < static_cast<int>(slots.size()); ++r) {
-      if (slots[r].host() != hosts_[h].id) continue;
-      ++ranks;
-      std::vector<ItemSlot> items;
-      int64_t size = 0;
-      if (in_host) {
-        auto got = hosts_[h].store->Get({kJob, 2, r});
-        ASSERT_TRUE(got.ok()) << got.status();
-        items = (*got)->items();
-        size = (*got)->size();
-      } else {
-        auto got = devices_[h]->Get({kJob, 2, r});
-        ASSERT_TRUE(got.ok()) << got.status();
-        EXPECT_TRUE((*got)->sealed());
-        items = (*got)->items();
-        size = (*got)->size();
-      }
-      VectorBuffer want(items, size);
-      RenderRank(ptc_, to_, r, old_world_, &want);
-      for (size_t item = 0; item < items.size(); ++item) {
-        const int64_t n = items[item].bytes;
-        if (n == 0) continue;
-        std::vector<uint8_t> bytes(n);
-        if (in_host) {
-          auto got = hosts_[h].store->Get({kJob, 2, r});
-          std::memcpy(bytes.data(), (*got)->data() + items[item].offset, n);
-        } else {
-          ASSERT_TRUE(
-              devices_[h]->ReadItem({kJob, 2, r}, static_cast<int>(item), 0, bytes.data(), n).ok());
-        }
-        ASSERT_EQ(0, std::memcmp(want.item_data(item), bytes.data(), n))
-            << "host " << h << " rank " << r << " item " << item;
-        auto it = sums.find({r, static_cast<int>(item)});
-        ASSERT_NE(it, sums.end()) << "rank " << r << " item " << item;
-        EXPECT_EQ(it->second.checksum(), Checksum(want.item_data(item), n));
-        EXPECT_EQ(it->second.bytes(), n);
-      }
-    }
-    EXPECT_GT(ranks, 0);
-    // The other memory kind holds nothing of generation 2.
-    int other = 0;
-    if (in_host) {
-      for (const auto& k : devices_[h]->List()) other += k.generation == 2;
-    } else {
-      other = NewBuffers(hosts_[h]);
-    }
-    EXPECT_EQ(other, 0) << "host " << h;
-  }
-
-  bool Waited(int h, const std::string& what) {
-    return std::find(waits_[h].begin(), waits_[h].end(), what) != waits_[h].end();
-  }
-
-  void ExpectNothingLeft(int h) {
-    for (const auto& k : devices_[h]->List()) EXPECT_NE(k.generation, 2) << "host " << h;
-    EXPECT_EQ(NewBuffers(hosts_[h]), 0) << "host " << h;
-  }
-
-  std::vector<std::unique_ptr<FakeDeviceApi>> apis_;
-  std::vector<std::unique_ptr<DeviceBufferStore>> devices_;
-  std::vector<std::unique_ptr<DeviceCommFactory>> factories_;
-  std::vector<std::vector<std::string>> waits_;
-  std::vector<std::string> secrets_;
-  int old_world_ = 6;
 };
 
 TEST(AdvertisedCommNameTest, TheFakeIsFakeNccl) {
