@@ -118,10 +118,6 @@ class CommSteps {
                    const std::function<void(int64_t bytes)>& moved) {
     hs_ = &hs;
     made_ = &made;
-    if (transport_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "operation ", task_.operation_id(), " has cross-host steps and no transport"));
-    }
     if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
                                                     cancelled_, waiting_);
         !s.ok()) {
@@ -145,12 +141,7 @@ class CommSteps {
  private:
   absl::Status Failed(absl::Status s) {
     if (comm_) comm_->Abort();
-    // A peer that was cancelled too aborts its end: say what happened here.
-    if (cancelled_ && cancelled_() && !absl::IsCancelled(s)) {
-      s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
-    }
-    transport_->CancelTags(TagBase(tag_key_), kTagKeyMask);
-    return s;
+    return CrossHostDeviceStepsFailed(transport_, task_, cancelled_, std::move(s));
   }
 
   absl::Status Bootstrap() {
@@ -405,6 +396,10 @@ absl::Status ConnectAndProveDevicePeers(
     Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
     const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting) {
+  if (transport == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation ", task.operation_id(), " has cross-host steps and no transport"));
+  }
   if (absl::Status s = ConnectTaskPeers(transport, host_id, task, cancelled); !s.ok()) return s;
   // As TaskRun::Prove: every sender proves itself to every receiver first.
   if (task.transfer_secret().empty() || hs.remotes.empty()) return absl::OkStatus();
@@ -417,6 +412,16 @@ absl::Status ConnectAndProveDevicePeers(
   return ExchangePeerProofs(transport, task.transfer_secret(), TransferContext(task), host_id,
                             ProofTag(TaskTagKey(task)), send_to, receive_from, cancelled,
                             std::chrono::milliseconds(options.proof_timeout_ms));
+}
+
+absl::Status CrossHostDeviceStepsFailed(Transport* transport, const v1::HostTask& task,
+                                        const std::function<bool()>& cancelled, absl::Status s) {
+  // A peer that was cancelled too aborts its end: say what happened here.
+  if (cancelled && cancelled() && !absl::IsCancelled(s)) {
+    s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
+  }
+  transport->CancelTags(TagBase(TaskTagKey(task)), kTagKeyMask);
+  return s;
 }
 
 std::string AdvertisedCommName(const DeviceCommFactory& factory) {

@@ -64,7 +64,8 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
 /// Connects the task's peers (ConnectTaskPeers) and exchanges the transfer
 /// proofs of its cross-host steps `hs.remotes` (peer_proof.h, as TaskRun
 /// does; none without a transfer secret), calling `waiting("transfer proofs
-/// (...)")` first. Shared by the device communicator and device IPC routes.
+/// (...)")` first; FailedPrecondition without a transport. Shared by the
+/// device communicator and device IPC routes.
 [[nodiscard]] absl::Status ConnectAndProveDevicePeers(
     Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
     const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
@@ -79,5 +80,14 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
     const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting);
+
+/// `s`, a failure of a task's cross-host device steps, once the task's
+/// pending transfers are cancelled (CancelTags of its tag key); CANCELLED
+/// (saying `s`) when `cancelled()` says so, as a cancelled peer's end fails
+/// too.
+[[nodiscard]] absl::Status CrossHostDeviceStepsFailed(Transport* transport,
+                                                      const v1::HostTask& task,
+                                                      const std::function<bool()>& cancelled,
+                                                      absl::Status s);
 
 }  // namespace reshard::agent

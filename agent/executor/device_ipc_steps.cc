@@ -116,10 +116,6 @@ class IpcSteps {
 
   absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
                    const std::function<void(int64_t bytes)>& moved) {
-    if (transport_ == nullptr) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "operation ", task_.operation_id(), " has cross-host steps and no transport"));
-    }
     if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
                                                     cancelled_, waiting_);
         !s.ok()) {
@@ -132,18 +128,10 @@ class IpcSteps {
     absl::Status s = Send(hs, send_ranks);
     if (s.ok()) s = Receive(hs, made, receive_ranks, moved);
     if (s.ok()) s = AwaitDone(send_ranks);
-    return s.ok() ? s : Failed(s);
+    return s.ok() ? s : CrossHostDeviceStepsFailed(transport_, task_, cancelled_, std::move(s));
   }
 
  private:
-  absl::Status Failed(absl::Status s) {
-    if (cancelled_ && cancelled_() && !absl::IsCancelled(s)) {
-      s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
-    }
-    transport_->CancelTags(TagBase(tag_key_), kTagKeyMask);
-    return s;
-  }
-
   absl::StatusOr<uint64_t> Tag(const std::string& host, bool done) const {
     absl::StatusOr<int64_t> chunk = DeviceIpcChunk(index_of_.at(host), done);
     if (!chunk.ok()) return chunk.status();
