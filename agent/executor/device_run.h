@@ -67,7 +67,7 @@ struct DeviceRoute {
 /// (ReportProgressRequest.route, Operation.hosts[].route; docs/agent.md, "GPU
 /// / memory kinds"): "host", "device-direct", "device-comm <comm>" (`comm`:
 /// the communicator's AdvertisedCommName, "nccl" or "fake-nccl"),
-/// "host-staged". The one place these names are spelled: a new Kind adds
+/// "device-ipc", "host-staged". The one place these names are spelled: a new Kind adds
 /// its case here.
 std::string RouteName(DeviceRoute::Kind kind, const std::string& comm = "");
 
