@@ -32,7 +32,8 @@ TEST(DeviceBackendTest, TheFakeDeviceStatesItsCapabilities) {
 
 TEST(DeviceBackendTest, ALoadedDeviceIsListedAndAdvertised) {
   FakeDeviceApi fake(FakeDeviceApi::Options{});
-  const std::vector<BackendCapabilities> loaded = LoadedBackends(nullptr, &fake);
+  // (--device-ipc none: the IPC entry is device_ipc_steps_test.cc's)
+  const std::vector<BackendCapabilities> loaded = LoadedBackends(nullptr, &fake, nullptr, false);
   ASSERT_EQ(loaded.size(), 2u);
   EXPECT_EQ(loaded[0].name, "local");
   EXPECT_EQ(loaded[1].name, "fake");
@@ -56,7 +57,7 @@ TEST(DeviceBackendTest, ACommunicatorBackendIsAdvertisedBesideItsDevice) {
   EXPECT_FALSE(c.local);
   EXPECT_FALSE(c.notifications);
   EXPECT_TRUE(c.used_by_executor);
-  EXPECT_THAT(AdvertisedTransports(LoadedBackends(nullptr, &fake, &comm)),
+  EXPECT_THAT(AdvertisedTransports(LoadedBackends(nullptr, &fake, &comm, /*device_ipc=*/false)),
               ElementsAre("local", "fake", "fake-nccl"));
   EXPECT_THAT(AdvertisedTransports(LoadedBackends(nullptr, nullptr, &comm)), ElementsAre("local"));
 }
