@@ -120,6 +120,11 @@ int main(int argc, char** argv) {
     RESHARD_LOG(INFO) << "host " << config->host_id << ": device communicator "
                       << (comm != nullptr ? DeviceCommBackendCapabilities(*comm).name
                                           : "none (" + comm_why_not + ")");
+    const std::string ipc = DeviceIpcEntry(**device_api);
+    RESHARD_LOG(INFO) << "host " << config->host_id << ": device IPC "
+                      << (!config->device_ipc ? "none (--device-ipc none)"
+                          : ipc.empty()       ? "none (the device API has no IPC)"
+                                              : ipc);
   }
 
   TaskExecutor::Options exec_options;
