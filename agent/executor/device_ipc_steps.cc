@@ -133,7 +133,13 @@ class IpcSteps {
 
  private:
   absl::StatusOr<uint64_t> Tag(const std::string& host, bool done) const {
-    absl::StatusOr<int64_t> chunk = DeviceIpcChunk(index_of_.at(host), done);
+    auto it = index_of_.find(host);
+    if (it == index_of_.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("operation ", task_.operation_id(),
+                                                     ": host \"", host,
+                                                     "\" is not among the task's peers"));
+    }
+    absl::StatusOr<int64_t> chunk = DeviceIpcChunk(it->second, done);
     if (!chunk.ok()) return chunk.status();
     return TransferTag(tag_key_, kProofStepIndex, *chunk);
   }
