@@ -2,10 +2,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <condition_variable>
 #include <map>
 #include <memory>
 #include <optional>
+#include <mutex>
 #include <set>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,6 +27,38 @@ namespace reshard::agent {
 namespace {
 
 constexpr int kCommDevice = 0;
+constexpr auto kCancelPoll = std::chrono::milliseconds(50);
+
+// Waits for `stream`. A transfer whose peer stalls or died without closing
+// its end (NCCL: a peer process hung, or a host gone) never completes, and
+// nothing on this thread would poll cancelled() again; so while it waits, a
+// watchdog polls cancelled() (the coordinator aborts an operation that makes
+// no progress) and aborts the communicator, which fails the transfers in
+// flight and ends the wait.
+absl::Status SynchronizeOrAbort(DeviceApi& api, DeviceStream stream, DeviceComm& comm,
+                                const std::function<bool()>& cancelled) {
+  if (!cancelled) return api.StreamSynchronize(stream);
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> l(mu);
+    while (!cv.wait_for(l, kCancelPoll, [&] { return done; })) {
+      if (cancelled()) {
+        comm.Abort();  // thread-safe (device_comm.h)
+        return;
+      }
+    }
+  });
+  absl::Status s = api.StreamSynchronize(stream);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+  return s;
+}
 
 std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& v) {
   return std::vector<int64_t>(v.begin(), v.end());
@@ -345,7 +380,9 @@ class CommSteps {
           received += c.bytes * hs_->remotes[c.remote].step->dsts_size();
         }
       }
-      if (absl::Status st = api_->StreamSynchronize(*stream_); !st.ok()) return st;
+      if (absl::Status st = SynchronizeOrAbort(*api_, *stream_, *comm_, cancelled_); !st.ok()) {
+        return st;
+      }
       if (sealed) {
         for (const auto& [p, s] : staging) {
           for (const auto& [ws, host] : {std::pair{&send_windows_, s.send_host.get()},

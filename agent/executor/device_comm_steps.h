@@ -30,7 +30,9 @@
 //    after receiving), the sender seals each step over UCX (SealTag) and the
 //    receiver refuses with DATA_LOSS. Cost: one extra device-to-host copy of
 //    the cross-host bytes on each side.
-//  - Cancel: polled between rounds; the communicator is aborted.
+//  - Cancel: polled between rounds, and while a round waits for its stream
+//    (a watchdog: a transfer whose peer hung never completes on NCCL); the
+//    communicator is aborted, which fails what is in flight.
 #pragma once
 
 #include <functional>

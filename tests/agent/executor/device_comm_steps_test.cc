@@ -6,7 +6,8 @@
 // communicator, its new buffers back in host memory; a host without a
 // communicator makes every host host-staged, saying why; bytes altered in
 // flight fail the receiver (DATA_LOSS); a host with another secret fails the
-// task on both; a cancelled task leaves nothing.
+// task on both; a cancelled task leaves nothing, even while a transfer waits
+// on a stalled peer.
 #include "agent/executor/device_comm_steps.h"
 
 #include <atomic>
@@ -69,6 +70,62 @@ class AlteringCommFactory : public FakeCommFactory {
 
  private:
   FakeDeviceApi* api_;
+};
+
+// A communicator that runs `before(n)` / `after(n)` around its n-th
+// GroupEnd (from 1), and `gone()` when it is destroyed.
+struct CommHooks {
+  std::function<void(int)> before = [](int) {};
+  std::function<void(int)> after = [](int) {};
+  std::function<void()> gone = [] {};
+};
+
+class HookedComm : public DeviceComm {
+ public:
+  HookedComm(std::unique_ptr<DeviceComm> inner, CommHooks hooks)
+      : inner_(std::move(inner)), hooks_(std::move(hooks)) {}
+  ~HookedComm() override {
+    inner_.reset();
+    hooks_.gone();
+  }
+  int rank() const override { return inner_->rank(); }
+  int nranks() const override { return inner_->nranks(); }
+  int device() const override { return inner_->device(); }
+  absl::Status Send(const void* data, size_t bytes, int peer, DeviceStream stream) override {
+    return inner_->Send(data, bytes, peer, stream);
+  }
+  absl::Status Recv(void* data, size_t bytes, int peer, DeviceStream stream) override {
+    return inner_->Recv(data, bytes, peer, stream);
+  }
+  absl::Status GroupStart() override { return inner_->GroupStart(); }
+  absl::Status GroupEnd() override {
+    ++ends_;
+    hooks_.before(ends_);
+    absl::Status s = inner_->GroupEnd();
+    hooks_.after(ends_);
+    return s;
+  }
+  void Abort() override { inner_->Abort(); }
+
+ private:
+  std::unique_ptr<DeviceComm> inner_;
+  CommHooks hooks_;
+  int ends_ = 0;
+};
+
+class HookedCommFactory : public FakeCommFactory {
+ public:
+  HookedCommFactory(FakeDeviceApi* api, CommHooks hooks)
+      : FakeCommFactory(api), hooks_(std::move(hooks)) {}
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
+                                                   int device) override {
+    auto c = FakeCommFactory::Init(id, nranks, rank, device);
+    if (!c.ok()) return c.status();
+    return std::unique_ptr<DeviceComm>(std::make_unique<HookedComm>(*std::move(c), hooks_));
+  }
+
+ private:
+  CommHooks hooks_;
 };
 
 class DeviceCommStepsTest : public DeviceHostsTest {
@@ -191,6 +248,58 @@ TEST_F(DeviceCommStepsTest, CancelledWhileMovingLeavesNothing) {
     EXPECT_EQ(results[h].status().code(), absl::StatusCode::kCancelled) << results[h].status();
     ExpectNothingLeft(h);
   }
+}
+
+// A transfer that waits on a stalled peer (its process hung: on NCCL the
+// stream never completes) still ends when the task is cancelled: a watchdog
+// aborts the communicator. h1 stalls before issuing its second round; h0
+// issues it, is cancelled while it waits, and must return while h1 is still
+// stalled.
+TEST_F(DeviceCommStepsTest, ACancelEndsATransferThatWaitsOnAStalledPeer) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> h0_done;
+  std::atomic<bool> h0_waits{false}, h1_stalled{false};
+  CommHooks h0_hooks, h1_hooks;
+  h0_hooks.after = [&](int n) {
+    if (n == 2) h0_waits = true;  // round 2 issued: h0 waits on h1 from here
+  };
+  h0_hooks.gone = [&] { h0_done.set_value(); };
+  h1_hooks.before = [&, released](int n) {
+    if (n == 2) {
+      h1_stalled = true;
+      released.wait();
+    }
+  };
+  for (CommHooks* hooks : {&h0_hooks, &h1_hooks}) {
+    AddDeviceHost(
+        [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+          return std::make_unique<HookedCommFactory>(api, *hooks);
+        },
+        [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; });  // rounds
+  }
+  from_ = MakeLayout(2, 1, 1, 1);  // h0: 0, h1: 1 (a half each)
+  to_ = MakeLayout(1, 1, 2, 1);    // h0: 0, h1: 1 (whole): halves cross both ways, many rounds
+  old_world_ = 2;
+  FillOldRanks();
+  // Cancelled once h0 waits on round 2 and h1 is stalled before it (h1,
+  // stalled in the hook, polls nothing; h0 polls only through the watchdog).
+  auto all = std::async(std::launch::async, [&] {
+    return RunAll(kSecret, [&] { return h0_waits.load() && h1_stalled.load(); });
+  });
+  const bool h0_returned =
+      h0_done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  release.set_value();
+  const std::vector<Result> results = all.get();
+  ASSERT_TRUE(h1_stalled.load()) << "h1 never reached its second round: "
+                                 << (results[1].ok() ? "OK" : results[1].status().ToString())
+                                 << " / h0: "
+                                 << (results[0].ok() ? "OK" : results[0].status().ToString());
+  ASSERT_TRUE(h0_returned) << "h0 still waited on the stalled h1 after 30 s";
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kCancelled) << results[0].status();
+  ASSERT_FALSE(results[1].ok());  // its peer aborted, and the task is cancelled
+  for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
 }
 
 }  // namespace
