@@ -1,5 +1,6 @@
 """Shared test helpers: small PTCs covering every partition kind, publishing a
-layout's shards, and comparing loaded shards with reshard.layout.shard."""
+layout's shards, comparing loaded shards with reshard.layout.shard, and a
+worker's "device memory" on the fake device (reshard._device_ipc)."""
 
 import contextlib
 import json
@@ -193,3 +194,56 @@ def print_publish_or_load(worker, op, seed=5):
     """publish_or_load, one JSON line per rank on stdout."""
     for line in publish_or_load(worker, op, seed):
         print(json.dumps(line))
+
+
+# ---- device-resident state on the fake device (tests of issue 23) ----
+
+_DEVICE_ALIGN = 256  # a caching allocator's block alignment
+
+
+def item_raws(ptc, want):
+    """(names, raws): every item of the PTC in the buffer's order (tensors,
+    then blobs) and the rank's raw bytes of each in `want` (b"" for an item
+    it does not hold)."""
+    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
+    raws = [(want[n] if isinstance(want[n], bytes) else want[n].tobytes()) if n in want else b""
+            for n in names]
+    return names, raws
+
+
+def fake_device_items(raws, device=0):
+    """One fake device allocation of this process holding every item
+    (256-byte aligned, as a caching allocator's block holds many tensors):
+    (allocation, items for Worker.publish_device). Close the allocation."""
+    from reshard import _device_ipc
+    offsets, end = [], 0
+    for r in raws:
+        offsets.append(end)
+        end += (len(r) + _DEVICE_ALIGN - 1) // _DEVICE_ALIGN * _DEVICE_ALIGN
+    alloc = _device_ipc.FakeAllocation(end, device)
+    items = []
+    for r, off in zip(raws, offsets):
+        alloc.view[off:off + len(r)] = r
+        items.append((alloc.handle(), off, len(r)) if r else None)
+    return alloc, items
+
+
+def publish_fake_device(worker, rank, raws, device, generation=1):
+    """Publishes `raws` through Worker.publish_device from a fake device
+    allocation (closed afterwards: the agent copied on seal)."""
+    alloc, items = fake_device_items(raws, device)
+    try:
+        return worker.publish_device(rank, generation, items, device=device)
+    finally:
+        alloc.close()
+
+
+def read_device(resp):
+    """The bytes of every item of an OpenDeviceGeneration reply, read
+    through its IPC handle."""
+    from reshard import _device_ipc
+    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
+    try:
+        return [opened.read(it.offset, it.bytes) for it in resp.items]
+    finally:
+        opened.close()

@@ -18,12 +18,12 @@ import time
 import pytest
 import xxhash
 
-from helpers import check_generation, every_kind_ptc, random_globals, register
-from reshard import _device_ipc, layout
+from helpers import (check_generation, every_kind_ptc, item_raws, publish_fake_device,
+                     random_globals, read_device, register)
+from reshard import layout
 from reshard.v1 import agent_pb2 as AG
 from reshard.v1 import coordinator_pb2 as OP
 
-_ALIGN = 256
 
 
 @pytest.fixture(scope="module")
@@ -43,37 +43,6 @@ def cluster():
             os.environ["RESHARD_DEVICE_IPC"] = saved
 
 
-def _raws(ptc, want):
-    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
-    return [(want[n] if isinstance(want[n], bytes) else want[n].tobytes()) if n in want else b""
-            for n in names]
-
-
-def _publish(w, rank, raws, device):
-    """Publishes `raws` from one fake device allocation of this process."""
-    offsets, end = [], 0
-    for r in raws:
-        offsets.append(end)
-        end += (len(r) + _ALIGN - 1) // _ALIGN * _ALIGN
-    alloc = _device_ipc.FakeAllocation(end, device)
-    try:
-        items = []
-        for r, off in zip(raws, offsets):
-            alloc.view[off:off + len(r)] = r
-            items.append((alloc.handle(), off, len(r)) if r else None)
-        return w.publish_device(rank, 1, items, device=device)
-    finally:
-        alloc.close()
-
-
-def _read(resp):
-    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
-    try:
-        return [opened.read(it.offset, it.bytes) for it in resp.items]
-    finally:
-        opened.close()
-
-
 def test_agents_advertise_the_fake_communicator(cluster, client):
     hosts = {h.host_id: list(h.transports) for h in client.list_hosts()}
     assert hosts == {"host-0": ["local", "ucx", "fake", "fake-nccl"],
@@ -91,7 +60,8 @@ def _resize_device_published(cluster, client, job_name, seed):
     job = register(client, cluster, job_name, ptc, source)
     with cluster.worker("host-0", job.id, ptc=ptc) as w:
         for rank in (0, 1):
-            _publish(w, rank, _raws(ptc, layout.shard(ptc, source, rank, g)), device=rank)
+            _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))
+            publish_fake_device(w, rank, raws, device=rank)
     final = client.wait(client.resize(job.id, target).id, timeout=120)
     assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
     return ptc, target, g, client.get_operation(final.id)
@@ -113,10 +83,10 @@ def test_cross_host_resize_moves_device_to_device(cluster, client, job_name):
                            "host-1": ("device-comm fake-nccl", "", done)}
     assert _route_count(cluster, "host-0", "device-comm fake-nccl") == before + 1
     for rank, host in ((0, "host-0"), (1, "host-0"), (2, "host-1"), (3, "host-1")):
-        raws = _raws(ptc, layout.shard(ptc, target, rank, g))
+        raws = item_raws(ptc, layout.shard(ptc, target, rank, g))[1]
         with cluster.worker(host, op.job_id, ptc=ptc) as w:
             resp = w.open_device(rank, 2)
-        assert _read(resp) == raws, (rank, host)
+        assert read_device(resp) == raws, (rank, host)
         assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
 
 

@@ -15,12 +15,12 @@ import os
 import pytest
 import xxhash
 
-from helpers import every_kind_ptc, random_globals, register
+from helpers import (every_kind_ptc, item_raws, publish_fake_device, random_globals,
+                     read_device, register)
 from reshard import layout
 from reshard.v1 import agent_pb2 as AG
 from reshard.v1 import coordinator_pb2 as OP
 # Publishing from, and reading, fake device allocations as the communicator's test does.
-from test_device_comm_route import _publish, _raws, _read
 
 
 def _boot_id():
@@ -59,7 +59,8 @@ def test_cross_host_resize_moves_device_to_device_through_ipc(cluster, client, j
     job = register(client, cluster, job_name, ptc, source)
     with cluster.worker("host-0", job.id, ptc=ptc) as w:
         for rank in (0, 1):
-            _publish(w, rank, _raws(ptc, layout.shard(ptc, source, rank, g)), device=rank)
+            _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))
+            publish_fake_device(w, rank, raws, device=rank)
     final = client.wait(client.resize(job.id, target).id, timeout=120)
     assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
     op = client.get_operation(final.id)
@@ -67,8 +68,8 @@ def test_cross_host_resize_moves_device_to_device_through_ipc(cluster, client, j
     assert {h.host_id: (h.route, h.route_reason, h.state) for h in op.hosts} == {
         "host-0": ("device-ipc", "", done), "host-1": ("device-ipc", "", done)}
     for rank, host in ((0, "host-0"), (1, "host-0"), (2, "host-1"), (3, "host-1")):
-        raws = _raws(ptc, layout.shard(ptc, target, rank, g))
+        raws = item_raws(ptc, layout.shard(ptc, target, rank, g))[1]
         with cluster.worker(host, job.id, ptc=ptc) as w:
             resp = w.open_device(rank, 2)
-        assert _read(resp) == raws, (rank, host)
+        assert read_device(resp) == raws, (rank, host)
         assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 import xxhash
 
-from helpers import every_kind_ptc, random_globals, register
+from helpers import (every_kind_ptc, fake_device_items, item_raws, random_globals, read_device,
+                     register)
 import reshard
 from reshard import _device_ipc, layout
 from reshard.v1 import coordinator_pb2 as OP, worker_pb2
-
-_ALIGN = 256
 
 
 @pytest.fixture(scope="module")
@@ -37,29 +36,6 @@ def _raw(value):
     return value if isinstance(value, bytes) else value.tobytes()
 
 
-def _items(ptc, want):
-    """The rank's raw bytes per item, in the buffer's order (tensors, then
-    blobs); b"" for an item it does not hold."""
-    names = [t.name for t in ptc.tensors] + [b.name for b in ptc.blobs]
-    return names, [_raw(want[n]) if n in want else b"" for n in names]
-
-
-def _to_fake_device(raws, device=0):
-    """One fake device allocation holding every item (256-byte aligned, as a
-    caching allocator's block holds many tensors): (allocation, items for
-    Worker.publish_device)."""
-    offsets, end = [], 0
-    for r in raws:
-        offsets.append(end)
-        end += (len(r) + _ALIGN - 1) // _ALIGN * _ALIGN
-    alloc = _device_ipc.FakeAllocation(end, device)
-    items = []
-    for r, off in zip(raws, offsets):
-        alloc.view[off:off + len(r)] = r
-        items.append((alloc.handle(), off, len(r)) if r else None)
-    return alloc, items
-
-
 def _job(client, cluster, job_name, host="host-0", seed=3):
     ptc = every_kind_ptc()
     lay = layout.make_layout(2, 1, 1, [host], 2)
@@ -67,21 +43,11 @@ def _job(client, cluster, job_name, host="host-0", seed=3):
     return ptc, lay, g, register(client, cluster, job_name, ptc, lay)
 
 
-def _read_device(resp):
-    """The bytes of every item of an OpenDeviceGeneration reply, read
-    through its IPC handle."""
-    opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, resp.device)
-    try:
-        return [opened.read(it.offset, it.bytes) for it in resp.items]
-    finally:
-        opened.close()
-
-
 def test_device_publish_is_copied_on_seal_and_reads_back_byte_exact(cluster, client, job_name):
     ptc, lay, g, j = _job(client, cluster, job_name)
     want = layout.shard(ptc, lay, 0, g)
-    names, raws = _items(ptc, want)
-    alloc, items = _to_fake_device(raws, device=1)
+    names, raws = item_raws(ptc, want)
+    alloc, items = fake_device_items(raws, device=1)
     try:
         with cluster.worker("host-0", j.id, ptc=ptc) as w:
             sums = w.publish_device(0, 1, items, device=1)
@@ -92,7 +58,7 @@ def test_device_publish_is_copied_on_seal_and_reads_back_byte_exact(cluster, cli
             assert resp.device == 1
             assert list(resp.checksums) == sums
             assert [it.name for it in resp.items] == names
-            assert _read_device(resp) == raws
+            assert read_device(resp) == raws
             # A CPU load of the device-resident rank: staged to host, same values.
             got = w.load(0, 1)
             held = {n: v for n, v in want.items() if isinstance(v, bytes) or v.size}
@@ -117,21 +83,21 @@ def test_device_publish_is_copied_on_seal_and_reads_back_byte_exact(cluster, cli
 def test_open_device_stages_a_host_published_rank(cluster, client, job_name):
     ptc, lay, g, j = _job(client, cluster, job_name, seed=5)
     want = layout.shard(ptc, lay, 1, g)
-    names, raws = _items(ptc, want)
+    names, raws = item_raws(ptc, want)
     with cluster.worker("host-0", j.id, ptc=ptc) as w:
         host_sums = w.publish(1, 1, want)
         resp = w.open_device(1, 1)
         assert resp.device == 1  # rank 1 mod 2 fake devices
         assert list(resp.checksums) == [host_sums[n] for n in names]
-        assert _read_device(resp) == raws
+        assert read_device(resp) == raws
         # Opening again hands out the same staged buffer.
         assert w.open_device(1, 1).checksums == resp.checksums
 
 
 def test_device_publish_errors(cluster, client, job_name):
     ptc, lay, g, j = _job(client, cluster, job_name, seed=7)
-    names, raws = _items(ptc, layout.shard(ptc, lay, 0, g))
-    alloc, items = _to_fake_device(raws)
+    names, raws = item_raws(ptc, layout.shard(ptc, lay, 0, g))
+    alloc, items = fake_device_items(raws)
     try:
         with cluster.worker("host-0", j.id, ptc=ptc) as w:
             # An item whose size is not the layout's, named with both sizes.
@@ -166,8 +132,8 @@ def test_device_publish_errors(cluster, client, job_name):
 
 def test_agent_without_device_refuses_device_calls(cluster, client, job_name):
     ptc, lay, g, j = _job(client, cluster, job_name, host="host-1", seed=9)
-    names, raws = _items(ptc, layout.shard(ptc, lay, 0, g))
-    alloc, items = _to_fake_device(raws)
+    names, raws = item_raws(ptc, layout.shard(ptc, lay, 0, g))
+    alloc, items = fake_device_items(raws)
     try:
         with cluster.worker("host-1", j.id, ptc=ptc) as w:
             with pytest.raises(reshard.FailedPrecondition, match="--device"):
@@ -217,8 +183,8 @@ def test_resize_of_device_published_state_matches_the_host_path(cluster, client,
                 cluster.worker("host-0", twin.id, ptc=ptc) as wt:
             for rank in (0, 1):
                 want = layout.shard(ptc, lay, rank, g)
-                _, raws = _items(ptc, want)
-                alloc, items = _to_fake_device(raws, device=rank)
+                _, raws = item_raws(ptc, want)
+                alloc, items = fake_device_items(raws, device=rank)
                 allocs.append(alloc)
                 w.publish_device(rank, 1, items, device=rank)
                 wt.publish(rank, 1, want)
@@ -228,10 +194,10 @@ def test_resize_of_device_published_state_matches_the_host_path(cluster, client,
                 assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
             assert _device_used(cluster) > used  # generation 2 lives on the devices
             for rank in (0, 1):
-                names, raws = _items(ptc, layout.shard(ptc, target, rank, g))
+                names, raws = item_raws(ptc, layout.shard(ptc, target, rank, g))
                 resp = w.open_device(rank, 2)
                 assert resp.device == rank  # the device of the same-numbered old rank
-                assert _read_device(resp) == raws
+                assert read_device(resp) == raws
                 assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
                 host = wt._call("OpenGeneration", worker_pb2.OpenGenerationRequest(
                     job_id=twin.id, generation=2, rank=rank))
@@ -258,16 +224,16 @@ def test_checkpoint_of_device_published_state_commits(cluster, client, job_name)
                 w.publish(rank, 1, layout.shard(ptc, lay, rank, g))
             op = client.checkpoint(j.id)
             for rank in (0, 1):
-                _, raws = _items(ptc, layout.shard(ptc, lay, rank, step7))
-                alloc, items = _to_fake_device(raws, device=rank)
+                _, raws = item_raws(ptc, layout.shard(ptc, lay, rank, step7))
+                alloc, items = fake_device_items(raws, device=rank)
                 allocs.append(alloc)
                 w.publish_device(rank, op.to_generation, items, device=rank)
             final = client.wait(op.id, timeout=60)
             assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
             assert client.get_job(j.id).generation == 2
             for rank in (0, 1):
-                _, raws = _items(ptc, layout.shard(ptc, lay, rank, step7))
-                assert _read_device(w.open_device(rank, 2)) == raws
+                _, raws = item_raws(ptc, layout.shard(ptc, lay, rank, step7))
+                assert read_device(w.open_device(rank, 2)) == raws
     finally:
         for a in allocs:
             a.close()
