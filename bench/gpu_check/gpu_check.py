@@ -32,8 +32,8 @@ sys.path.insert(0, os.path.join(REPO, "tests", "python"))
 
 NOT_IN_SLICE = (
     "NOT run here: NCCL between two agents needs two GPUs (transfer_nccl_comm_test's two-rank "
-    "test skips on one; on one GPU two agents cannot form an NCCL communicator, so the "
-    "two-agent reconfiguration takes the route its agents log).")
+    "test skips on one). Two agents on this one machine take the device-ipc route (CUDA IPC "
+    "between the agents), which section 4 runs and reports.")
 
 
 def section(title):
@@ -237,9 +237,9 @@ def device_resident(src, ptc, reps, base):
     load(device=, via="ipc") (one D2D copy from the agent's device buffer)
     against torch's D2D; then a two-agent reconfiguration on this one GPU
     (dp 1 -> 2 across host-0 and host-1: two agent processes), loaded back
-    on both hosts byte for byte. Prints the route each agent took (its log):
-    device-direct, device communicator, or host-staged and why."""
-    import glob
+    on both hosts byte for byte. Prints the route each host's task took, as
+    the operation reports it: device-ipc (two agents on one machine),
+    device-comm, or host-staged and why."""
     import torch
     from cluster import LocalCluster
     from helpers import register
@@ -288,11 +288,10 @@ def device_resident(src, ptc, reps, base):
                 with c.worker(host, job.id, ptc=ptc, timeout=180.0) as w:
                     check(f"two-agent resize, {host} rank {rank}",
                           w.load(rank, 2, device=dev, via="ipc", verify=False))
-        routes = []
-        for log in sorted(glob.glob(os.path.join(c.work_dir, "host-*.log"))):
-            with open(log, errors="replace") as f:
-                routes += [f"  {os.path.basename(log)}: {ln.strip()[-200:]}" for ln in f
-                           if "gpu-two-agents" in ln and ("device" in ln or "staged" in ln)]
+        # Each host's route, as the operation reports it (docs/coordinator.md).
+        routes = [f"  {h.host_id}: {h.route or '-'}"
+                  + (f" ({h.route_reason})" if h.route_reason else "")
+                  for h in client.get_operation(final.id).hosts]
     section(f"4. device-resident state: {len(src)} float32 CUDA tensors, {nbytes / 1e9:.2f} GB, "
             f"best of {reps}")
     d2d = gbps(nbytes, base["torch D2D"])
@@ -301,8 +300,8 @@ def device_resident(src, ptc, reps, base):
               f"{gbps(nbytes, secs) / d2d:.2f}x torch D2D")
     print(f"  two-agent resize on one GPU (dp 1 -> 2, {nbytes / 1e9:.2f} GB to host-1): "
           f"{t_resize:.2f} s end to end, {'COMMITTED' if ok else 'FAILED'}")
-    print("  routes the agents logged:")
-    print("\n".join(routes[-8:]) or "  (none found)")
+    print("  each host's route (GetOperation):")
+    print("\n".join(routes) or "  (none reported)")
     return problems
 
 
