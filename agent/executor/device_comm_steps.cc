@@ -214,7 +214,8 @@ class CommSteps {
           r.step->index(), r.is_send, r.peer, sc.count(),
           absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
     }
-    for (auto& [peer, list] : sends) send_windows_[peer] = Windows(list, options_.peer_window_bytes);
+    for (auto& [peer, list] : sends)
+      send_windows_[peer] = Windows(list, options_.peer_window_bytes);
     for (auto& [peer, list] : receives) {
       receive_windows_[peer] = Windows(list, options_.peer_window_bytes);
     }
@@ -265,7 +266,8 @@ class CommSteps {
   // One copy on the communicator's stream; device -1 is host memory.
   absl::Status Copy(uint8_t* to, int to_device, const uint8_t* from, int from_device,
                     size_t bytes) {
-    if (from_device < 0) return api_->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream_);
+    if (from_device < 0)
+      return api_->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream_);
     if (from_device == to_device) {
       return api_->MemcpyAsync(to, from, bytes, CopyKind::kDeviceToDevice, *stream_);
     }
@@ -321,10 +323,14 @@ class CommSteps {
           uint8_t* chunk_staging = s.send->data() + at;
           const int eb = ElementBytes(c);
           absl::Status st;
-          Runs(c, [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
-                      int64_t n) {
-            if (st.ok()) st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
-          }, chunk_staging);
+          Runs(
+              c,
+              [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
+                  int64_t n) {
+                if (st.ok())
+                  st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
+              },
+              chunk_staging);
           if (!st.ok()) return st;
           at += c.bytes;
         }
@@ -343,7 +349,8 @@ class CommSteps {
       for (const auto& [p, s] : staging) {
         const int peer = rank_of_.at(p);
         if (const auto* w = window(send_windows_, p, k); w != nullptr && issued.ok()) {
-          issued = comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
+          issued =
+              comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
         }
         if (const auto* w = window(receive_windows_, p, k); w != nullptr && issued.ok()) {
           issued = comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer,
@@ -371,10 +378,14 @@ class CommSteps {
         for (const Chunk& c : *w) {
           const int eb = ElementBytes(c);
           absl::Status st;
-          Runs(c, [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
-                      int64_t n) {
-            if (st.ok()) st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
-          }, s.receive->data() + at);
+          Runs(
+              c,
+              [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
+                  int64_t n) {
+                if (st.ok())
+                  st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
+              },
+              s.receive->data() + at);
           if (!st.ok()) return st;
           at += c.bytes;
           received += c.bytes * hs_->remotes[c.remote].step->dsts_size();

@@ -419,8 +419,9 @@ absl::Status WorkerServiceImpl::CheckPublishable(const RankBufferKey& key,
 
 absl::Status WorkerServiceImpl::CheckLoadable(const RankBufferKey& key, const RankBuffer& buffer) {
   if (!buffer.sealed()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job \"", key.job_id, "\" generation ", key.generation, " rank ", key.rank, " is not sealed"));
+    return absl::FailedPreconditionError(absl::StrCat("job \"", key.job_id, "\" generation ",
+                                                      key.generation, " rank ", key.rank,
+                                                      " is not sealed"));
   }
   return absl::OkStatus();
 }

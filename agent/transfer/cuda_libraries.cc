@@ -165,7 +165,8 @@ CudaLibraries::CudaLibraries() {
     }
   }
   std::vector<std::string> errors;
-  if (!state_.cudart_loaded) errors.push_back(absl::StrCat("CUDA runtime not loaded: ", cudart_error));
+  if (!state_.cudart_loaded)
+    errors.push_back(absl::StrCat("CUDA runtime not loaded: ", cudart_error));
   if (!state_.nccl_loaded) errors.push_back(absl::StrCat("NCCL not loaded: ", nccl_error));
   state_.error = absl::StrJoin(errors, "; ");
 }

@@ -251,10 +251,10 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   // route of each host's task"): "host h1: DONE 2.00 MiB / 2.00 MiB, route
   // host-staged (why)".
   for (const v1::OperationHost& h : op.hosts()) {
-    std::string line = absl::StrCat(
-        absl::StripPrefix(v1::HostTaskState_Name(h.state()), "HOST_TASK_STATE_"), " ", FormatBytes(h.bytes_done()), " / ",
-                                    FormatBytes(h.bytes_total()), ", route ",
-                                    h.route().empty() ? "-" : h.route());
+    std::string line =
+        absl::StrCat(absl::StripPrefix(v1::HostTaskState_Name(h.state()), "HOST_TASK_STATE_"), " ",
+                     FormatBytes(h.bytes_done()), " / ", FormatBytes(h.bytes_total()), ", route ",
+                     h.route().empty() ? "-" : h.route());
     if (!h.route_reason().empty()) absl::StrAppend(&line, " (", h.route_reason(), ")");
     if (!h.waiting_on().empty()) absl::StrAppend(&line, ", waiting on ", h.waiting_on());
     if (!h.error().empty()) absl::StrAppend(&line, ", error: ", h.error());

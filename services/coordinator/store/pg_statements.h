@@ -390,8 +390,9 @@ inline constexpr Statement kSelectClusterSecret{
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
 inline constexpr Statement kHostStates{"host_states", "SELECT id, state FROM hosts"};
-inline constexpr Statement kGetHosts{
-    "get_hosts", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = ANY($1::text[]) ORDER BY id"};
+inline constexpr Statement kGetHosts{"get_hosts",
+                                     "SELECT " RESHARD_PG_HOST_COLUMNS
+                                     "FROM hosts WHERE id = ANY($1::text[]) ORDER BY id"};
 
 inline constexpr Statement kSelectHost{
     "select_host", "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts WHERE id = $1"};

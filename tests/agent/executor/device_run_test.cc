@@ -179,7 +179,8 @@ TEST_F(DeviceRunTest, DeviceResidentResizeEqualsTheHostPath) {
   for (const auto& [key, c] : ByRankItem(*result)) {
     auto it = ref.find(key);
     ASSERT_NE(it, ref.end());
-    EXPECT_EQ(it->second.checksum(), c.checksum()) << "rank " << key.first << " item " << key.second;
+    EXPECT_EQ(it->second.checksum(), c.checksum())
+        << "rank " << key.first << " item " << key.second;
     auto host = hosts_[1].store->Get({kJob, 2, key.first});
     ASSERT_TRUE(host.ok());
     std::vector<uint8_t> bytes(c.bytes());

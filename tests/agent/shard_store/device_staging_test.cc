@@ -83,7 +83,8 @@ TEST_F(DeviceStagingTest, RoundTripKeepsBytesAndChecksums) {
   for (size_t i = 0; i < items.size(); ++i) {
     const uint8_t* p = (*h)->item_data(static_cast<int>(i));
     for (int64_t b = 0; b < items[i]; ++b) {
-      ASSERT_EQ(p[b], static_cast<uint8_t>(0 * 13 + i + 1 + b * 7)) << "item " << i << " byte " << b;
+      ASSERT_EQ(p[b], static_cast<uint8_t>(0 * 13 + i + 1 + b * 7))
+          << "item " << i << " byte " << b;
     }
   }
 }

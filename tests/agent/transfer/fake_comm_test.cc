@@ -254,10 +254,10 @@ TEST(FakeCommTest, TheFactoryFollowsTheDeviceApi) {
   ASSERT_NE(f, nullptr) << why;
   EXPECT_EQ(f->capabilities().name, "fake");
   const BackendCapabilities c = DeviceCommBackendCapabilities(*f);
-  EXPECT_EQ(c.name, "fake");
+  EXPECT_EQ(c.name, "fake-nccl");  // as advertised (backend.h)
   EXPECT_EQ(c.memory_kinds, std::vector<MemoryKind>{MemoryKind::kCuda});
   EXPECT_TRUE(c.remote);
-  EXPECT_FALSE(c.used_by_executor);
+  EXPECT_TRUE(c.used_by_executor);
   EXPECT_EQ(MakeDeviceCommFactory(nullptr, &why), nullptr);
   EXPECT_EQ(why, "no device API");
 }
