@@ -8,7 +8,8 @@ Two backends behind one interface (handle_of / open / read / copy_to /
 close):
 - "cuda": ctypes over the CUDA runtime torch loaded (reshard._cuda._runtime):
   a tensor's handle is its allocation block's cudaIpcMemHandle (torch's
-  untyped_storage()._share_cuda_()) plus the tensor's byte offset in it;
+  untyped_storage()._share_cuda_(), whose reference is given back once the
+  agent copied) plus the tensor's byte offset in it;
   loads open the agent's handle (cudaIpcOpenMemHandle) and cudaMemcpy device
   to device into fresh tensors. Runs only where CUDA is.
 - "fake": the agent's fake device (RESHARD_DEVICE=fake, agent/transfer/
@@ -121,14 +122,28 @@ class CudaBackend:
     @staticmethod
     def handle_of(tensor):
         """(64-byte cudaIpcMemHandle of the allocation block holding the
-        contiguous CUDA `tensor`, byte offset of its first element there)."""
+        contiguous CUDA `tensor`, byte offset of its first element there,
+        release): call release() once the agent has copied. torch counts the
+        share (untyped_storage()._share_cuda_() adds a reference the
+        consumer is to give back); without the release the block stays in
+        torch's IPC limbo after the tensor is freed, a leak per publish."""
         if not tensor.is_contiguous():
             raise ValueError("publish via=\"ipc\" needs contiguous CUDA tensors")
+        import torch
         storage = tensor.untyped_storage()
         shared = storage._share_cuda_()
-        # (device, handle, size, offset of the storage in its block, ...)
+        # (device, handle, size, offset of the storage in its block,
+        #  ref counter handle, ref counter offset, event handle, event sync)
         handle, storage_offset = shared[1], shared[3]
-        return bytes(handle), storage_offset + tensor.storage_offset() * tensor.element_size()
+        counter, counter_offset = shared[4], shared[5]
+
+        def release():
+            if counter:
+                torch.UntypedStorage._release_ipc_counter(counter, counter_offset,
+                                                          device=storage.device)
+
+        return (bytes(handle), storage_offset + tensor.storage_offset() * tensor.element_size(),
+                release)
 
     @staticmethod
     def open(handle, device):

@@ -378,6 +378,7 @@ class Worker:
             raise ValueError(f"rank {rank}: {', '.join(repr(n) for n in unknown)} "
                              f"not in the job's PTC")
         keep, items, device = [], [], None  # keep: blob copies alive until the agent copied
+        releases = []  # torch's IPC references, given back once the agent copied
         for i, name in enumerate(names):
             value = state_dict.get(name)
             if value is None or (_is_torch(value) and value.numel() == 0):
@@ -394,23 +395,40 @@ class Worker:
                 raise ValueError(f"rank {rank} item \"{name}\" is on {value.device}, the "
                                  f"others on {device}: publish via=\"ipc\" takes one device")
             device = value.device
-            handle, offset = _device_ipc.CudaBackend.handle_of(value.detach())
+            handle, offset, release = _device_ipc.CudaBackend.handle_of(value.detach())
+            releases.append(release)
             items.append((handle, offset, value.numel() * value.element_size()))
-        torch.cuda.current_stream(device).synchronize()  # the agent copies on its own stream
-        sums = self.publish_device(rank, generation, items, device=device.index or 0)
+        if device is None:  # the rank holds nothing: the current device names the call
+            device = torch.device("cuda", torch.cuda.current_device())
+        try:
+            torch.cuda.current_stream(device).synchronize()  # the agent copies on its own stream
+            # The agent's device ordinal: the worker's when both see the same
+            # devices (docs/python.md, "CUDA IPC").
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            sums = self.publish_device(rank, generation, items, device=index)
+        finally:
+            for release in releases:
+                release()
         self.last_device_copy = "ipc"
         return dict(zip(names, sums))
 
     def _load_ipc(self, rank, generation, device, ptc):
         torch = _torch()
-        from reshard import _cuda, _device_ipc
         device = torch.device(device)
+        if device.index is None:  # "cuda": the current device, as torch means it
+            device = torch.device("cuda", torch.cuda.current_device())
         resp = self.open_device(rank, generation)
         kinds = self._item_kinds(resp.items, ptc)
         out = LoadedShard()
         out.regenerated = frozenset()
-        opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle,
-                                                                device.index or 0)
+        # Opening a handle makes its device current: the caller's comes back after.
+        with torch.cuda.device(device):
+            return self._copy_ipc_items(resp, kinds, ptc, device, out)
+
+    def _copy_ipc_items(self, resp, kinds, ptc, device, out):
+        torch = _torch()
+        from reshard import _cuda, _device_ipc
+        opened = _device_ipc.backend_for(resp.ipc_handle).open(resp.ipc_handle, device.index)
         try:
             for i, it in enumerate(resp.items):
                 kind = kinds[i]
