@@ -56,12 +56,16 @@ struct AgentConfig {
   int64_t device_memory_limit_bytes = 0;
   /// Cross-host device steps over a device communicator (NCCL; the fake's
   /// with a fake device) when the agent has a device API: --device-comm
-  /// auto (true, default) or none, RESHARD_DEVICE_COMM.
-  bool device_comm = true;
+  /// auto (true) or none (false, default), RESHARD_DEVICE_COMM. Opt-in: once
+  /// every host of an operation advertises it, every cross-host step of a
+  /// plain task goes through device memory, host-resident state included
+  /// (docs/agent.md, "GPU / memory kinds").
+  bool device_comm = false;
   /// Cross-host device steps between agents of one machine through device
   /// IPC handles (device_ipc_steps.h), advertised as DeviceIpcEntry:
-  /// --device-ipc auto (true, default) or none, RESHARD_DEVICE_IPC.
-  bool device_ipc = true;
+  /// --device-ipc auto (true) or none (false, default), RESHARD_DEVICE_IPC.
+  /// Opt-in, as device_comm.
+  bool device_ipc = false;
 };
 
 /// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the

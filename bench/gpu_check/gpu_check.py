@@ -258,6 +258,10 @@ def device_resident(src, ptc, reps, base):
 
     one = layout.make_layout(1, 1, 1, ["host-0"], 1)
     two = layout.make_layout(1, 1, 2, ["host-0", "host-1"], 1)
+    # The device-to-device routes between agents are opt-in (docs/agent.md):
+    # the agents inherit these.
+    os.environ["RESHARD_DEVICE_IPC"] = "auto"
+    os.environ["RESHARD_DEVICE_COMM"] = "auto"
     with LocalCluster(build_dir=os.environ["RESHARD_BUILD_DIR"], hosts=2, devices_per_host=1,
                       tls=False, agent_device="cuda",
                       memory_limit_bytes=4 * nbytes + (1 << 30)) as c, \

@@ -9,10 +9,10 @@ the fallback; here the whole chain runs through real processes). The bytes
 on both hosts equal the expected reshard, with the XXH3 checksums.
 GetOperation names each host's route ("device-comm fake-nccl"), and, once
 host-1's agent runs without a device, host-0's fallback ("host-staged" and
-why). The agents run with RESHARD_DEVICE_IPC=none: two agents of one machine
-would otherwise take the device IPC route, which this file does not test."""
+why). The agents run with RESHARD_DEVICE_COMM=auto (the communicator is
+opt-in) and without the device IPC route (opt-in too), which two agents of
+one machine would otherwise take and which test_device_ipc_route.py tests."""
 
-import os
 import time
 
 import pytest
@@ -25,22 +25,16 @@ from reshard.v1 import agent_pb2 as AG
 from reshard.v1 import coordinator_pb2 as OP
 
 
-
 @pytest.fixture(scope="module")
 def cluster():
     from conftest import build_dir
     from cluster import LocalCluster
-    saved = os.environ.get("RESHARD_DEVICE_IPC")
-    os.environ["RESHARD_DEVICE_IPC"] = "none"  # inherited by the agents (also when restarted)
-    try:
+    with pytest.MonkeyPatch.context() as env:  # inherited by the agents (also when restarted)
+        env.setenv("RESHARD_DEVICE_COMM", "auto")
+        env.setenv("RESHARD_DEVICE_IPC", "none")
         with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2,
                           agent_device="fake:2") as c:
             yield c
-    finally:
-        if saved is None:
-            del os.environ["RESHARD_DEVICE_IPC"]
-        else:
-            os.environ["RESHARD_DEVICE_IPC"] = saved
 
 
 def test_agents_advertise_the_fake_communicator(cluster, client):

@@ -115,15 +115,15 @@ TEST(AgentConfigTest, DeviceComm) {
   const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
   absl::StatusOr<AgentConfig> c = Parse(base);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->device_comm);  // auto by default
-  c = Parse(base, {{"RESHARD_DEVICE_COMM", "none"}});
+  EXPECT_FALSE(c->device_comm);  // opt-in
+  c = Parse(base, {{"RESHARD_DEVICE_COMM", "auto"}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->device_comm);
+  EXPECT_TRUE(c->device_comm);
   std::vector<std::string> args = base;
-  args.insert(args.end(), {"--device-comm", "auto"});
-  c = Parse(args, {{"RESHARD_DEVICE_COMM", "none"}});
+  args.insert(args.end(), {"--device-comm", "none"});
+  c = Parse(args, {{"RESHARD_DEVICE_COMM", "auto"}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->device_comm);  // the flag wins
+  EXPECT_FALSE(c->device_comm);  // the flag wins
   args = base;
   args.insert(args.end(), {"--device-comm", "nccl"});
   absl::Status s = Parse(args).status();
@@ -136,15 +136,15 @@ TEST(AgentConfigTest, DeviceIpc) {
   const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
   absl::StatusOr<AgentConfig> c = Parse(base);
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->device_ipc);  // auto by default
-  c = Parse(base, {{"RESHARD_DEVICE_IPC", "none"}});
+  EXPECT_FALSE(c->device_ipc);  // opt-in
+  c = Parse(base, {{"RESHARD_DEVICE_IPC", "auto"}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_FALSE(c->device_ipc);
+  EXPECT_TRUE(c->device_ipc);
   std::vector<std::string> args = base;
-  args.insert(args.end(), {"--device-ipc", "auto"});
-  c = Parse(args, {{"RESHARD_DEVICE_IPC", "none"}});
+  args.insert(args.end(), {"--device-ipc", "none"});
+  c = Parse(args, {{"RESHARD_DEVICE_IPC", "auto"}});
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_TRUE(c->device_ipc);  // the flag wins
+  EXPECT_FALSE(c->device_ipc);  // the flag wins
   args = base;
   args.insert(args.end(), {"--device-ipc", "cuda"});
   absl::Status s = Parse(args).status();
