@@ -63,6 +63,22 @@ absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequ
       }
       it = opened.emplace(item.ipc_handle(), *base).first;
     }
+    // The worker names the offset: bounded by the allocation it exported,
+    // or the agent would read another allocation's (another job's) bytes.
+    absl::StatusOr<size_t> size = device_api_->AllocationSize(device, it->second);
+    if (!size.ok()) {
+      status = absl::Status(size.status().code(),
+                            absl::StrCat("item ", i, ": ", size.status().message()));
+      break;
+    }
+    const auto offset = static_cast<uint64_t>(item.offset());
+    const auto bytes = static_cast<uint64_t>(item.bytes());
+    if (offset > *size || bytes > *size - offset) {
+      status = absl::InvalidArgumentError(absl::StrCat(
+          "item ", i, ": offset ", offset, " + ", bytes, " bytes passes the end of its IPC "
+          "handle's allocation (", *size, " bytes)"));
+      break;
+    }
     void* dst = static_cast<char*>(buffer.data()) + buffer.items()[i].offset;
     const void* src = static_cast<const char*>(it->second) + item.offset();
     status = device_api_->MemcpyAsync(dst, src, static_cast<size_t>(item.bytes()),

@@ -81,8 +81,22 @@ struct NcclApi {
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
 };
 
+// cuda.h (the driver, libcuda.so.1): what the runtime does not offer.
+using CUresult = int;
+inline constexpr CUresult CUDA_SUCCESS = 0;
+using CUdeviceptr = unsigned long long;  // NOLINT(runtime/int): cuda.h's type
+
+struct CuDriverApi {
+  /// cuMemGetAddressRange_v2(base, size, ptr): the allocation holding ptr
+  /// (in the current context: cudaSetDevice makes the device's current).
+  CUresult (*MemGetAddressRange)(CUdeviceptr*, size_t*, CUdeviceptr);
+  CUresult (*GetErrorString)(CUresult, const char**);
+};
+
 /// The loaded runtime's entry points, or nullptr when libcudart is not loaded.
 const CudartApi* Cudart();
+/// The driver's entry points (libcuda.so.1), or nullptr when not loaded.
+const CuDriverApi* CuDriver();
 /// The loaded NCCL's entry points, or nullptr when libnccl is not loaded.
 const NcclApi* Nccl();
 

@@ -176,4 +176,30 @@ absl::Status CudaDeviceApi::IpcClose(int device, void* ptr) {
   return Check(Cudart()->IpcCloseMemHandle(ptr), "cudaIpcCloseMemHandle", device, 0);
 }
 
+absl::StatusOr<size_t> CudaDeviceApi::AllocationSize(int device, const void* ptr) {
+  if (absl::Status s = Use("cuMemGetAddressRange", device); !s.ok()) return s;
+  const CuDriverApi* driver = CuDriver();
+  if (driver == nullptr) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cuMemGetAddressRange (CUDA device ", device,
+        "): the CUDA driver (libcuda.so.1) is not loaded, so an allocation's size is unknown"));
+  }
+  CUdeviceptr base = 0;
+  size_t size = 0;
+  const auto p = reinterpret_cast<CUdeviceptr>(ptr);
+  if (CUresult rc = driver->MemGetAddressRange(&base, &size, p); rc != CUDA_SUCCESS) {
+    const char* text = nullptr;
+    if (driver->GetErrorString(rc, &text) != CUDA_SUCCESS || text == nullptr) text = "unknown";
+    return absl::InvalidArgumentError(absl::StrCat("cuMemGetAddressRange (CUDA device ", device,
+                                                   "): 0x", absl::Hex(p),
+                                                   " is in no allocation: ", text, " (", rc, ")"));
+  }
+  if (p < base || p - base > size) {
+    return absl::InvalidArgumentError(absl::StrCat("cuMemGetAddressRange (CUDA device ", device,
+                                                   "): 0x", absl::Hex(p), " is outside [0x",
+                                                   absl::Hex(base), ", +", size, ")"));
+  }
+  return static_cast<size_t>(base + size - p);
+}
+
 }  // namespace reshard::agent

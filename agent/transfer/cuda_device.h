@@ -36,6 +36,7 @@ class CudaDeviceApi : public DeviceApi {
   absl::StatusOr<std::string> IpcExport(int device, void* ptr) override;
   absl::StatusOr<void*> IpcOpen(int device, const std::string& handle) override;
   absl::Status IpcClose(int device, void* ptr) override;
+  absl::StatusOr<size_t> AllocationSize(int device, const void* ptr) override;
 
  private:
   explicit CudaDeviceApi(int devices) : devices_(devices) {}

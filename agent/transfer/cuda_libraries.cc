@@ -20,6 +20,8 @@ namespace {
 struct Loaded {
   CudartApi cudart{};
   NcclApi nccl{};
+  CuDriverApi driver{};
+  bool have_driver = false;
   bool have_cudart = false;
   bool have_nccl = false;
 };
@@ -72,6 +74,11 @@ std::string NcclVersion(int v) {
 const CudartApi* Cudart() {
   CudaLibraries::Get();
   return Tables().have_cudart ? &Tables().cudart : nullptr;
+}
+
+const CuDriverApi* CuDriver() {
+  CudaLibraries::Get();
+  return Tables().have_driver ? &Tables().driver : nullptr;
 }
 
 const NcclApi* Nccl() {
@@ -139,6 +146,14 @@ CudaLibraries::CudaLibraries() {
     } else {
       cudart_error = absl::StrCat(cudart_path, ": ", cudart_error);
     }
+  }
+  // The driver comes with the GPU driver, not the toolkit: the linker's path.
+  std::string driver_error;
+  if (void* driver = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL)) {
+    CuDriverApi& d = t.driver;
+    t.have_driver =
+        Resolve(driver, "cuMemGetAddressRange_v2", &d.MemGetAddressRange, &driver_error) &
+        Resolve(driver, "cuGetErrorString", &d.GetErrorString, &driver_error);
   }
   auto [nccl, nccl_path] = Open(dirs, {"libnccl.so.2", "libnccl.so"}, &nccl_error);
   if (nccl != nullptr) {

@@ -98,6 +98,12 @@ class DeviceApi {
   /// A device pointer to the exported allocation, valid until IpcClose.
   [[nodiscard]] virtual absl::StatusOr<void*> IpcOpen(int device, const std::string& handle) = 0;
   [[nodiscard]] virtual absl::Status IpcClose(int device, void* ptr) = 0;
+
+  /// Bytes from `ptr` to the end of the allocation on `device` that holds it
+  /// (made by Malloc or IpcOpen; cuMemGetAddressRange), so that a caller
+  /// bounds offsets it was given into memory it opened. InvalidArgument when
+  /// `ptr` lies in no allocation of that device.
+  [[nodiscard]] virtual absl::StatusOr<size_t> AllocationSize(int device, const void* ptr) = 0;
 };
 
 /// The device API `spec` names: "fake" or "fake:N" (N fake devices, default

@@ -467,4 +467,19 @@ absl::Status FakeDeviceApi::IpcClose(int device, void* ptr) {
   return absl::OkStatus();
 }
 
+absl::StatusOr<size_t> FakeDeviceApi::AllocationSize(int device, const void* ptr) {
+  if (absl::Status s = CheckDevice("cuMemGetAddressRange", device); !s.ok()) return s;
+  const auto p = reinterpret_cast<uintptr_t>(ptr);
+  std::lock_guard<std::mutex> l(mu_);
+  auto it = allocations_.upper_bound(p);
+  if (ptr != nullptr && it != allocations_.begin()) {
+    --it;
+    const Allocation& a = it->second;
+    if (p < it->first + a.bytes && a.device == device) return it->first + a.bytes - p;
+  }
+  return absl::InvalidArgumentError(absl::StrCat("cuMemGetAddressRange (fake device ", device,
+                                                 "): ", Addr(ptr),
+                                                 " is in no allocation of that device"));
+}
+
 }  // namespace reshard::agent

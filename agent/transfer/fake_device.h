@@ -57,6 +57,7 @@ class FakeDeviceApi : public DeviceApi {
   absl::StatusOr<std::string> IpcExport(int device, void* ptr) override;
   absl::StatusOr<void*> IpcOpen(int device, const std::string& handle) override;
   absl::Status IpcClose(int device, void* ptr) override;
+  absl::StatusOr<size_t> AllocationSize(int device, const void* ptr) override;
 
   /// Test hook: `stream` runs nothing queued after this call until the
   /// returned function is called (once; before the stream is destroyed).

@@ -114,6 +114,17 @@ def test_device_publish_errors(cluster, client, job_name):
                 w.publish_device(2, 1, items)
             with pytest.raises(reshard.InvalidArgument, match="device 2 out of range"):
                 w.publish_device(0, 1, items, device=2)
+            # An item passing the end of the allocation its handle names:
+            # refused by its size (the agent must not read the memory after
+            # it), whatever the device API would allow.
+            k = max(n for n, it in enumerate(items) if it is not None)
+            past = list(items)
+            past[k] = (items[k][0], alloc.nbytes - items[k][2] + 1, items[k][2])
+            with pytest.raises(reshard.InvalidArgument,
+                               match=rf"item {k}: offset {past[k][1]} \+ {items[k][2]} bytes "
+                                     rf"passes the end of its IPC handle's allocation "
+                                     rf"\({alloc.nbytes} bytes\)"):
+                w.publish_device(0, 1, past)
             with pytest.raises(reshard.NotFound):
                 w.open_device(0, 1)
             # A refused publish left nothing behind: the rank publishes now.

@@ -196,6 +196,32 @@ TEST_F(FakeDeviceTest, IpcOpenInTheSameProcessAliasesTheAllocation) {
       api_.IpcExport(0, static_cast<uint8_t*>(dev) + 256).status()));  // not a base
 }
 
+TEST_F(FakeDeviceTest, AllocationSizeIsTheBytesToTheAllocationsEnd) {
+  uint8_t* dev = static_cast<uint8_t*>(Alloc(0, 3000));
+  absl::StatusOr<size_t> size = api_.AllocationSize(0, dev);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, 3000u);
+  size = api_.AllocationSize(0, dev + 2999);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, 1u);
+  // An IPC-opened mapping has the exported allocation's size.
+  absl::StatusOr<std::string> handle = api_.IpcExport(0, dev);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  absl::StatusOr<void*> opened = api_.IpcOpen(0, *handle);
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  size = api_.AllocationSize(0, static_cast<uint8_t*>(*opened) + 1000);
+  ASSERT_TRUE(size.ok()) << size.status();
+  EXPECT_EQ(*size, 2000u);
+  ASSERT_TRUE(api_.IpcClose(0, *opened).ok());
+  // The end, another device, host memory, a closed mapping: in no allocation.
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.AllocationSize(0, dev + 3000).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.AllocationSize(1, dev).status()));
+  std::vector<uint8_t> host(16);
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.AllocationSize(0, host.data()).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.AllocationSize(0, *opened).status()));
+  EXPECT_TRUE(absl::IsInvalidArgument(api_.AllocationSize(0, nullptr).status()));
+}
+
 TEST_F(FakeDeviceTest, IpcIntoAChildProcess) {
   constexpr size_t kBytes = (1 << 16) + 123;
   void* dev = Alloc(0, kBytes);
