@@ -10,7 +10,6 @@ moving the bytes. The bytes on both hosts equal the expected reshard, with
 the XXH3 checksums, and GetOperation names each host's route
 ("device-ipc")."""
 
-import os
 
 import pytest
 import xxhash
@@ -32,14 +31,12 @@ def _boot_id():
 def cluster():
     from conftest import build_dir
     from cluster import LocalCluster
-    saved = os.environ.pop("RESHARD_DEVICE_IPC", None)  # the agents inherit it: auto
-    try:
+    with pytest.MonkeyPatch.context() as env:  # the agents inherit it: the route is opt-in
+        env.setenv("RESHARD_DEVICE_IPC", "auto")
+        env.setenv("RESHARD_DEVICE_COMM", "auto")  # advertised too; IPC comes first
         with LocalCluster(build_dir=build_dir(), hosts=2, devices_per_host=2,
                           agent_device="fake:2") as c:
             yield c
-    finally:
-        if saved is not None:
-            os.environ["RESHARD_DEVICE_IPC"] = saved
 
 
 def test_agents_advertise_their_ipc_entry(cluster, client):
