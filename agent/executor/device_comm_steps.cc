@@ -29,15 +29,16 @@ namespace {
 constexpr int kCommDevice = 0;
 constexpr auto kCancelPoll = std::chrono::milliseconds(50);
 
-// Waits for `stream`. A transfer whose peer stalls or died without closing
-// its end (NCCL: a peer process hung, or a host gone) never completes, and
-// nothing on this thread would poll cancelled() again; so while it waits, a
-// watchdog polls cancelled() (the coordinator aborts an operation that makes
-// no progress) and aborts the communicator, which fails the transfers in
-// flight and ends the wait.
-absl::Status SynchronizeOrAbort(DeviceApi& api, DeviceStream stream, DeviceComm& comm,
-                                const std::function<bool()>& cancelled) {
-  if (!cancelled) return api.StreamSynchronize(stream);
+// Runs `fn`, a call that may wait on a peer. A transfer whose peer stalls or
+// died without closing its end (NCCL: a peer process hung, or a host gone)
+// never completes, and NCCL may also block in GroupEnd (it connects lazily
+// there); nothing on this thread would poll cancelled() again. So while `fn`
+// runs, a watchdog polls cancelled() (the coordinator aborts an operation
+// that makes no progress) and aborts the communicator, which fails the
+// transfers in flight and ends the wait.
+absl::Status WatchingCancel(DeviceComm& comm, const std::function<bool()>& cancelled,
+                            const std::function<absl::Status()>& fn) {
+  if (!cancelled) return fn();
   std::mutex mu;
   std::condition_variable cv;
   bool done = false;
@@ -50,7 +51,7 @@ absl::Status SynchronizeOrAbort(DeviceApi& api, DeviceStream stream, DeviceComm&
       }
     }
   });
-  absl::Status s = api.StreamSynchronize(stream);
+  absl::Status s = fn();
   {
     std::lock_guard<std::mutex> l(mu);
     done = true;
@@ -146,6 +147,7 @@ class CommSteps {
         tag_key_(TaskTagKey(task)) {}
 
   ~CommSteps() {
+    ReleaseStaging();
     if (stream_.has_value()) (void)api_->DestroyStream(*stream_);
   }
 
@@ -175,8 +177,23 @@ class CommSteps {
 
  private:
   absl::Status Failed(absl::Status s) {
+    ReleaseStaging();
     if (comm_) comm_->Abort();
     return CrossHostDeviceStepsFailed(transport_, task_, cancelled_, std::move(s));
+  }
+
+  // Frees the staging, first (when work queued on stream_ may still use it:
+  // a failure between the first enqueue of a round and its sync) aborting
+  // the communicator and waiting for the stream, so that nothing in flight
+  // writes freed memory and, on CUDA, no free waits behind a transfer on a
+  // dead peer.
+  void ReleaseStaging() {
+    if (queued_ && stream_.has_value()) {
+      if (comm_) comm_->Abort();
+      (void)api_->StreamSynchronize(*stream_);  // its error is the transfer's, reported already
+    }
+    queued_ = false;
+    staging_.clear();
   }
 
   absl::Status Bootstrap() {
@@ -274,6 +291,13 @@ class CommSteps {
     return api_->MemcpyPeerAsync(to, to_device, from, from_device, bytes, *stream_);
   }
 
+  static const std::vector<Chunk>* Window(
+      const std::map<std::string, std::vector<std::vector<Chunk>>>& ws, const std::string& p,
+      size_t k) {
+    auto it = ws.find(p);
+    return it == ws.end() || k >= it->second.size() ? nullptr : &it->second[k];
+  }
+
   absl::Status Move(const std::function<void(int64_t bytes)>& moved) {
     // Staging per peer and direction, as large as its largest window.
     std::map<std::string, std::pair<int64_t, int64_t>> need;  // peer -> (send, receive)
@@ -286,10 +310,7 @@ class CommSteps {
       for (const auto& w : ws) need[p].second = std::max(need[p].second, WindowBytes(w));
       rounds = std::max(rounds, ws.size());
     }
-    struct Staging {
-      std::unique_ptr<Owned> send, receive, send_host, receive_host;
-    };
-    std::map<std::string, Staging> staging;
+    std::map<std::string, Staging>& staging = staging_;
     const bool sealed = seals_ != nullptr;
     for (const auto& [p, n] : need) {
       Staging& s = staging[p];
@@ -306,17 +327,13 @@ class CommSteps {
         }
       }
     }
-    auto window = [](const std::map<std::string, std::vector<std::vector<Chunk>>>& ws,
-                     const std::string& p, size_t k) -> const std::vector<Chunk>* {
-      auto it = ws.find(p);
-      return it == ws.end() || k >= it->second.size() ? nullptr : &it->second[k];
-    };
     for (size_t k = 0; k < rounds; ++k) {
       if (cancelled_ && cancelled_()) return absl::CancelledError("task cancelled");
       if (waiting_ && k == 0) waiting_("cross-host steps (device communicator)");
+      queued_ = true;  // until the round's sync: the staging may be in use
       // Pack every send window of the round (and its host copy to tag).
       for (const auto& [p, s] : staging) {
-        const std::vector<Chunk>* w = window(send_windows_, p, k);
+        const std::vector<Chunk>* w = Window(send_windows_, p, k);
         if (w == nullptr) continue;
         int64_t at = 0;
         for (const Chunk& c : *w) {
@@ -343,27 +360,16 @@ class CommSteps {
           }
         }
       }
-      // Every pair's window k, both ways, in one group.
-      if (absl::Status st = comm_->GroupStart(); !st.ok()) return st;
-      absl::Status issued;
-      for (const auto& [p, s] : staging) {
-        const int peer = rank_of_.at(p);
-        if (const auto* w = window(send_windows_, p, k); w != nullptr && issued.ok()) {
-          issued =
-              comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
-        }
-        if (const auto* w = window(receive_windows_, p, k); w != nullptr && issued.ok()) {
-          issued = comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer,
-                               *stream_);
-        }
+      // Every pair's window k, both ways, in one group (watched: GroupEnd
+      // may block on a peer).
+      if (absl::Status st = WatchingCancel(*comm_, cancelled_, [&] { return Issue(k); });
+          !st.ok()) {
+        return st;
       }
-      absl::Status ended = comm_->GroupEnd();
-      if (!issued.ok()) return issued;
-      if (!ended.ok()) return ended;
       // Received windows: their host copies to tag, then scattered.
       int64_t received = 0;
       for (const auto& [p, s] : staging) {
-        const std::vector<Chunk>* w = window(receive_windows_, p, k);
+        const std::vector<Chunk>* w = Window(receive_windows_, p, k);
         if (w == nullptr) continue;
         const int64_t bytes = WindowBytes(*w);
         if (sealed && bytes > 0) {
@@ -391,14 +397,17 @@ class CommSteps {
           received += c.bytes * hs_->remotes[c.remote].step->dsts_size();
         }
       }
-      if (absl::Status st = SynchronizeOrAbort(*api_, *stream_, *comm_, cancelled_); !st.ok()) {
+      if (absl::Status st = WatchingCancel(*comm_, cancelled_,
+                                           [&] { return api_->StreamSynchronize(*stream_); });
+          !st.ok()) {
         return st;
       }
+      queued_ = false;
       if (sealed) {
         for (const auto& [p, s] : staging) {
           for (const auto& [ws, host] : {std::pair{&send_windows_, s.send_host.get()},
                                          {&receive_windows_, s.receive_host.get()}}) {
-            const std::vector<Chunk>* w = window(*ws, p, k);
+            const std::vector<Chunk>* w = Window(*ws, p, k);
             if (w == nullptr) continue;
             int64_t at = 0;
             for (const Chunk& c : *w) {
@@ -411,6 +420,25 @@ class CommSteps {
       moved(received);
     }
     return absl::OkStatus();
+  }
+
+  // Round k's group: window k of every pair, both ways.
+  absl::Status Issue(size_t k) {
+    if (absl::Status st = comm_->GroupStart(); !st.ok()) return st;
+    absl::Status issued;
+    for (const auto& [p, s] : staging_) {
+      const int peer = rank_of_.at(p);
+      if (const auto* w = Window(send_windows_, p, k); w != nullptr && issued.ok()) {
+        issued =
+            comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
+      }
+      if (const auto* w = Window(receive_windows_, p, k); w != nullptr && issued.ok()) {
+        issued = comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer,
+                             *stream_);
+      }
+    }
+    absl::Status ended = comm_->GroupEnd();
+    return issued.ok() ? ended : issued;
   }
 
   int ElementBytes(const Chunk& c) const {
@@ -436,6 +464,13 @@ class CommSteps {
   std::vector<StepChunks> chunks_;  // per remote
   std::map<std::string, std::vector<std::vector<Chunk>>> send_windows_, receive_windows_;
   std::unique_ptr<StepSeals> seals_;
+  // Per peer: staging as large as its largest window, each direction (and
+  // its pinned host copy with seals). Released by ReleaseStaging.
+  struct Staging {
+    std::unique_ptr<Owned> send, receive, send_host, receive_host;
+  };
+  std::map<std::string, Staging> staging_;
+  bool queued_ = false;  // work that may use staging_ is queued on stream_, not yet synced
 };
 
 }  // namespace

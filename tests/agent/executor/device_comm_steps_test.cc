@@ -13,6 +13,8 @@
 #include <atomic>
 #include <future>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -73,17 +75,24 @@ class AlteringCommFactory : public FakeCommFactory {
 };
 
 // A communicator that runs `before(n)` / `after(n)` around its n-th
-// GroupEnd (from 1), and `gone()` when it is destroyed.
+// GroupEnd (from 1) and returns `end(n)` when the inner one succeeded (a
+// GroupEnd that fails after queueing), `gone()` when it is destroyed; on
+// Abort, `aborted(live)` with whether every buffer it was given to receive
+// into is still allocated, and passes the abort on only when `abortable()`
+// (a hung process aborts nothing).
 struct CommHooks {
   std::function<void(int)> before = [](int) {};
   std::function<void(int)> after = [](int) {};
+  std::function<absl::Status(int)> end = [](int) { return absl::OkStatus(); };
   std::function<void()> gone = [] {};
+  std::function<void(bool live)> aborted = [](bool) {};
+  std::function<bool()> abortable = [] { return true; };
 };
 
 class HookedComm : public DeviceComm {
  public:
-  HookedComm(std::unique_ptr<DeviceComm> inner, CommHooks hooks)
-      : inner_(std::move(inner)), hooks_(std::move(hooks)) {}
+  HookedComm(std::unique_ptr<DeviceComm> inner, CommHooks hooks, DeviceApi* api)
+      : inner_(std::move(inner)), hooks_(std::move(hooks)), api_(api) {}
   ~HookedComm() override {
     inner_.reset();
     hooks_.gone();
@@ -95,6 +104,10 @@ class HookedComm : public DeviceComm {
     return inner_->Send(data, bytes, peer, stream);
   }
   absl::Status Recv(void* data, size_t bytes, int peer, DeviceStream stream) override {
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      received_into_.insert(data);
+    }
     return inner_->Recv(data, bytes, peer, stream);
   }
   absl::Status GroupStart() override { return inner_->GroupStart(); }
@@ -103,29 +116,42 @@ class HookedComm : public DeviceComm {
     hooks_.before(ends_);
     absl::Status s = inner_->GroupEnd();
     hooks_.after(ends_);
-    return s;
+    return s.ok() ? hooks_.end(ends_) : s;
   }
-  void Abort() override { inner_->Abort(); }
+  void Abort() override {
+    bool live = true;
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      for (void* p : received_into_) live &= api_->AllocationSize(device(), p).ok();
+    }
+    hooks_.aborted(live);
+    if (hooks_.abortable()) inner_->Abort();
+  }
 
  private:
   std::unique_ptr<DeviceComm> inner_;
   CommHooks hooks_;
+  DeviceApi* api_;
   int ends_ = 0;
+  std::mutex mu_;  // Abort may come from the watchdog's thread
+  std::set<void*> received_into_;
 };
 
 class HookedCommFactory : public FakeCommFactory {
  public:
   HookedCommFactory(FakeDeviceApi* api, CommHooks hooks)
-      : FakeCommFactory(api), hooks_(std::move(hooks)) {}
+      : FakeCommFactory(api), hooks_(std::move(hooks)), api_(api) {}
   absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
                                                    int device) override {
     auto c = FakeCommFactory::Init(id, nranks, rank, device);
     if (!c.ok()) return c.status();
-    return std::unique_ptr<DeviceComm>(std::make_unique<HookedComm>(*std::move(c), hooks_));
+    return std::unique_ptr<DeviceComm>(
+        std::make_unique<HookedComm>(*std::move(c), hooks_, api_));
   }
 
  private:
   CommHooks hooks_;
+  FakeDeviceApi* api_;
 };
 
 class DeviceCommStepsTest : public DeviceHostsTest {
@@ -271,6 +297,11 @@ TEST_F(DeviceCommStepsTest, ACancelEndsATransferThatWaitsOnAStalledPeer) {
       released.wait();
     }
   };
+  // A hung process aborts nothing (else h1's watchdog, around its GroupEnd,
+  // would end h0's wait by closing the links).
+  h1_hooks.abortable = [released] {
+    return released.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+  };
   for (CommHooks* hooks : {&h0_hooks, &h1_hooks}) {
     AddDeviceHost(
         [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
@@ -299,6 +330,56 @@ TEST_F(DeviceCommStepsTest, ACancelEndsATransferThatWaitsOnAStalledPeer) {
   ASSERT_FALSE(results[0].ok());
   EXPECT_EQ(results[0].status().code(), absl::StatusCode::kCancelled) << results[0].status();
   ASSERT_FALSE(results[1].ok());  // its peer aborted, and the task is cancelled
+  for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
+}
+
+// A GroupEnd that fails after queueing its transfers (h0's second round,
+// whose receive waits on h1, stalled before that round): the communicator is
+// aborted and the stream drained before the staging is freed (the transfer
+// in flight would write freed memory; on CUDA the free would wait behind
+// it), and the task fails with the GroupEnd's error while h1 is still
+// stalled, leaving nothing.
+TEST_F(DeviceCommStepsTest, AGroupEndFailingAfterQueueingAbortsBeforeFreeingTheStaging) {
+  std::promise<void> release;
+  std::shared_future<void> released = release.get_future().share();
+  std::promise<void> h0_done;
+  std::atomic<int> aborts{0};
+  std::atomic<bool> live_at_first_abort{false};
+  CommHooks h0_hooks, h1_hooks;
+  h0_hooks.end = [](int n) {
+    return n == 2 ? absl::InternalError("ncclGroupEnd: injected failure") : absl::OkStatus();
+  };
+  h0_hooks.aborted = [&](bool live) {
+    if (aborts++ == 0) live_at_first_abort = live;
+  };
+  h0_hooks.gone = [&] { h0_done.set_value(); };
+  h1_hooks.before = [released](int n) {
+    if (n == 2) released.wait();
+  };
+  for (CommHooks* hooks : {&h0_hooks, &h1_hooks}) {
+    AddDeviceHost(
+        [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+          return std::make_unique<HookedCommFactory>(api, *hooks);
+        },
+        [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; });  // rounds
+  }
+  from_ = MakeLayout(2, 1, 1, 1);
+  to_ = MakeLayout(1, 1, 2, 1);
+  old_world_ = 2;
+  FillOldRanks();
+  auto all = std::async(std::launch::async, [&] { return RunAll(kSecret); });
+  const bool h0_returned =
+      h0_done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  release.set_value();
+  const std::vector<Result> results = all.get();
+  ASSERT_TRUE(h0_returned) << "h0 waited on the stalled h1 after its GroupEnd failed";
+  ASSERT_GT(aborts.load(), 0);
+  EXPECT_TRUE(live_at_first_abort.load()) << "the staging was freed before the abort";
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kInternal) << results[0].status();
+  EXPECT_THAT(std::string(results[0].status().message()),
+              ::testing::HasSubstr("injected failure"));
+  ASSERT_FALSE(results[1].ok());  // its peer aborted
   for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
 }
 
