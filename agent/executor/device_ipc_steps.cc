@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "agent/executor/device_comm_steps.h"
+#include "agent/executor/host_steps.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/transfer_tags.h"
 #include "agent/shard_store/device_staging.h"
@@ -145,6 +146,23 @@ class IpcSteps {
   }
 
   size_t Items() const { return static_cast<size_t>(task_.plan().items_size()); }
+
+  // Old rank `rank`'s buffer under the plan's source layout (what its
+  // sender holds): LayoutItems of RankItemBytes.
+  struct SourceLayout {
+    std::vector<ItemSlot> slots;
+    int64_t size = 0;
+  };
+  const SourceLayout& Source(int rank) {
+    auto it = sources_.find(rank);
+    if (it == sources_.end()) {
+      SourceLayout l;
+      l.slots = LayoutItems(RankItemBytes(task_.ptc(), task_.plan().source_layout(), rank),
+                            &l.size);
+      it = sources_.emplace(rank, std::move(l)).first;
+    }
+    return it->second;
+  }
 
   // The device buffer of old rank `rank` (a host one staged to a device).
   absl::StatusOr<const DeviceRankBuffer*> DeviceSource(const HostSteps& hs, int rank) {
@@ -307,9 +325,35 @@ class IpcSteps {
                            "\" listed a device IPC handle that is not what host \"", host_id_,
                            "\" reads: \"", line, "\""));
         }
+        // The layout is the receiver's to derive: the sender's size and
+        // offsets only say where the sender put what both know.
+        const std::vector<ItemSlot>& slots = Source(e->rank).slots;
+        const int64_t size = Source(e->rank).size;
+        bool same = e->size == size;
+        for (size_t i = 0; i < slots.size() && same; ++i) same = e->offsets[i] == slots[i].offset;
+        if (!same) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ",
+              e->rank, " as ", e->size, " bytes with item offsets [",
+              absl::StrJoin(e->offsets, ", "), "], the source layout gives ", size,
+              " bytes at [",
+              absl::StrJoin(slots, ", ",
+                            [](std::string* out, const ItemSlot& s) {
+                              absl::StrAppend(out, s.offset);
+                            }),
+              "]"));
+        }
         absl::StatusOr<void*> p = api_->IpcOpen(kIpcDevice, e->handle);
         if (!p.ok()) return p.status();
         opened_.emplace_back(*p, kIpcDevice);
+        absl::StatusOr<size_t> allocation = api_->AllocationSize(kIpcDevice, *p);
+        if (!allocation.ok()) return allocation.status();
+        if (*allocation < static_cast<size_t>(size)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ",
+              e->rank, " (", size, " bytes) with an IPC handle of a ", *allocation,
+              "-byte allocation"));
+        }
         sources[{peer, e->rank}] = {static_cast<uint8_t*>(*p), *std::move(e)};
       }
     }
@@ -330,6 +374,12 @@ class IpcSteps {
       }
       const int item = step.item();
       const int eb = task_.plan().items(item).element_bytes();
+      if (absl::Status s = CheckRegion(step.src(), step,
+                                       Source(step.src_rank()).slots[item].bytes / eb, "source",
+                                       step.src_rank());
+          !s.ok()) {
+        return s;
+      }
       const uint8_t* src = it->second.first + it->second.second.offsets[item];
       const std::vector<int64_t> shape = ToVector(step.shape());
       const std::vector<int64_t> src_strides = ToVector(step.src().strides());
@@ -429,6 +479,7 @@ class IpcSteps {
   std::optional<DeviceStream> stream_;
   std::vector<RankBufferKey> staged_;  // host sources staged to a device for the run
   std::vector<DeviceRankBufferPtr> keep_;
+  std::map<int, SourceLayout> sources_;  // by old rank
 };
 
 }  // namespace

@@ -8,9 +8,7 @@
 #include "planner/validate.h"
 
 namespace reshard::agent {
-namespace {
 
-// InvalidArgument unless every element of the region lies in [0, elements).
 absl::Status CheckRegion(const v1::StridedRegion& r, const v1::CopyStep& step, int64_t elements,
                          const char* what, int rank) {
   if (r.strides_size() != step.shape_size()) {
@@ -31,8 +29,6 @@ absl::Status CheckRegion(const v1::StridedRegion& r, const v1::CopyStep& step, i
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 absl::StatusOr<HostSteps> PrepareHostSteps(ShardStore* store, const std::string& host_id,
                                            const v1::HostTask& task) {

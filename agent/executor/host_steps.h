@@ -46,6 +46,11 @@ struct HostSteps {
   std::map<std::string, std::string> send_peers;  // host id -> UCX address
 };
 
+/// InvalidArgument (naming the step, `what` and `rank`) unless every element
+/// of region `r` of `step` lies in [0, elements) of its item.
+[[nodiscard]] absl::Status CheckRegion(const v1::StridedRegion& r, const v1::CopyStep& step,
+                                       int64_t elements, const char* what, int rank);
+
 /// Checks `task` (PTC, layouts, steps, fills) for host `host_id` and sorts out
 /// its part. InvalidArgument for anything malformed, NotFound naming the rank
 /// when an old buffer a step reads is not in `store`, FailedPrecondition when

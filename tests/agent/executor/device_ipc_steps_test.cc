@@ -13,9 +13,14 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "agent/executor/transfer_tags.h"
 #include "agent/transfer/backend.h"
 #include "agent/transfer/fake_comm.h"
 #include "tests/agent/executor/device_hosts_fixture.h"
@@ -165,6 +170,63 @@ TEST_F(DeviceIpcStepsTest, CancelledWhileWaitingLeavesNothing) {
     EXPECT_EQ(results[h].status().code(), absl::StatusCode::kCancelled) << results[h].status();
     ExpectNothingLeft(h);
   }
+}
+
+// h0's handles message, MACed with the task's secret (""), but listing
+// each old rank h1 reads with the first item of rank `tampered` moved by
+// 64 bytes (inside the allocation: only the layout check sees it).
+TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
+  MakeIpcHosts(2);
+  FillOldRanks();
+  const v1::HostTask whole = WholeTask();  // secret "", as RunAll("") runs it
+  const auto old_slots = planner::ExpandPlacement(from_.placement());
+  const auto new_slots = planner::ExpandPlacement(to_.placement());
+  std::set<int> reads;  // old ranks of h0 that h1 reads
+  for (const v1::CopyStep& step : whole.plan().steps()) {
+    if (old_slots[step.src_rank()].host() == "h0" && new_slots[step.dsts(0).rank()].host() == "h1") {
+      reads.insert(step.src_rank());
+    }
+  }
+  ASSERT_FALSE(reads.empty());
+  const int tampered = *reads.begin();
+  std::string payload;
+  for (int r : reads) {
+    auto buf = devices_[0]->Get({kJob, 1, r});
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    auto handle = apis_[0]->IpcExport((*buf)->device(), (*buf)->data());
+    ASSERT_TRUE(handle.ok()) << handle.status();
+    std::vector<int64_t> offsets;
+    for (const ItemSlot& item : (*buf)->items()) offsets.push_back(item.offset);
+    if (r == tampered) offsets[0] += 64;
+    payload += absl::StrCat(r, " ", (*buf)->device(), " ", (*buf)->size(), " ",
+                            absl::BytesToHexString(*handle), " ", absl::StrJoin(offsets, ","),
+                            "\n");
+  }
+  auto message = MakeDeviceIpcMessage("", whole.operation_id(), "h0", "h1", payload,
+                                      DeviceIpcMessageBytes(reads.size(), ptc_.tensors_size() +
+                                                                              ptc_.blobs_size()));
+  ASSERT_TRUE(message.ok()) << message.status();
+  auto chunk = DeviceIpcChunk(0, false);
+  ASSERT_TRUE(chunk.ok()) << chunk.status();
+  auto tag = TransferTag(TaskTagKey(whole), kProofStepIndex, *chunk);
+  ASSERT_TRUE(tag.ok()) << tag.status();
+  ASSERT_TRUE(hosts_[0].transport->Connect("h1", hosts_[1].transport->LocalAddress()).ok());
+  std::promise<absl::Status> sent;
+  bool sending = false;
+  // h1 runs alone; "h0" sends the message once h1 waits for handles.
+  const std::vector<Result> results = RunAll("", [] { return false; }, [&](const std::string& w) {
+    if (w != "device IPC handles" || sending) return;
+    sending = true;
+    hosts_[0].transport->Send("h1", *tag, message->data(), message->size(),
+                              [&](absl::Status st) { sent.set_value(st); });
+  }, {1});
+  ASSERT_TRUE(sending);
+  EXPECT_TRUE(sent.get_future().get().ok());
+  ASSERT_EQ(results[0].status().code(), absl::StatusCode::kInvalidArgument) << results[0].status();
+  EXPECT_THAT(std::string(results[0].status().message()),
+              ::testing::HasSubstr(absl::StrCat("host \"h0\" listed old rank ", tampered, " as ")));
+  EXPECT_FALSE(Waited(1, "cross-host steps (device IPC)"));  // nothing was copied
+  ExpectNothingLeft(1);
 }
 
 }  // namespace
