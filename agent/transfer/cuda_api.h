@@ -39,6 +39,23 @@ struct ncclUniqueId {
   char internal[128];
 };
 inline constexpr ncclResult_t ncclInProgress = 7;
+/// ncclConfig_t as NCCL 2.14 (the first with it) laid it out; later NCCLs
+/// read a config up to its `size`/`version`. Set as NCCL_CONFIG_INITIALIZER:
+/// size = sizeof, magic = kNcclApiMagic, version = kNcclConfigVersion, every
+/// other field kNcclConfigUndefInt / nullptr.
+struct ncclConfig_v21400 {
+  size_t size;
+  unsigned int magic;
+  unsigned int version;
+  int blocking;
+  int cgaClusterSize;
+  int minCTAs;
+  int maxCTAs;
+  const char* netName;
+};
+inline constexpr unsigned int kNcclApiMagic = 0xcafebeef;
+inline constexpr unsigned int kNcclConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
+inline constexpr int kNcclConfigUndefInt = -2147483647 - 1;  // INT_MIN
 
 struct CudartApi {
   cudaError_t (*GetDeviceCount)(int*);
@@ -79,6 +96,8 @@ struct NcclApi {
   ncclResult_t (*CommInitRank)(ncclComm_t*, int, ncclUniqueId, int);
   ncclResult_t (*CommAbort)(ncclComm_t);
   ncclResult_t (*CommGetAsyncError)(ncclComm_t, ncclResult_t*);
+  // Optional (NCCL >= 2.14; null when missing): a non-blocking init.
+  ncclResult_t (*CommInitRankConfig)(ncclComm_t*, int, ncclUniqueId, int, ncclConfig_v21400*);
 };
 
 // cuda.h (the driver, libcuda.so.1): what the runtime does not offer.

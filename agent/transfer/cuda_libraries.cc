@@ -170,6 +170,9 @@ CudaLibraries::CudaLibraries() {
               Resolve(nccl, "ncclCommInitRank", &n.CommInitRank, &nccl_error) &
               Resolve(nccl, "ncclCommAbort", &n.CommAbort, &nccl_error) &
               Resolve(nccl, "ncclCommGetAsyncError", &n.CommGetAsyncError, &nccl_error);
+    // Optional (NCCL >= 2.14): not resolving it leaves the blocking init.
+    n.CommInitRankConfig =
+        reinterpret_cast<decltype(n.CommInitRankConfig)>(dlsym(nccl, "ncclCommInitRankConfig"));
     if (ok && n.GetVersion(&state_.nccl_version) == ncclSuccess) {
       t.have_nccl = true;
       state_.nccl_loaded = true;
