@@ -201,7 +201,10 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> BootstrapDeviceComm(
     }
     id = std::move(checked->id);
   }
-  absl::StatusOr<std::unique_ptr<DeviceComm>> comm = factory->Init(id, nranks, rank, device);
+  // A host that never joins (it failed before its bootstrap) must not hold
+  // this one: Init gives up at the timeout, or on cancel.
+  absl::StatusOr<std::unique_ptr<DeviceComm>> comm = factory->Init(
+      id, nranks, rank, device, cancelled, std::chrono::steady_clock::now() + timeout);
   if (!comm.ok()) {
     return absl::Status(comm.status().code(), absl::StrCat(where, ": ", comm.status().message()));
   }

@@ -56,8 +56,9 @@ struct DeviceCommIdMessage {
 /// PERMISSION_DENIED as CheckDeviceCommIdMessage, or for a message from a
 /// host that is not rank 0; UNAVAILABLE naming rank 0's host when its id
 /// did not arrive within `timeout`, or a transport's failure; CANCELLED when
-/// `cancelled()` (polled while waiting for the id) says so; Init's errors
-/// (Init waits as the factory does: the fake's init_timeout). On failure
+/// `cancelled()` (polled while waiting for the id, and while Init waits for
+/// the other ranks) says so; Init's errors (UNAVAILABLE when not every rank
+/// joined within `timeout`, counted from the id). On failure
 /// the message's pending transfers are cancelled (CancelTags(tag, all bits)).
 [[nodiscard]] absl::StatusOr<std::unique_ptr<DeviceComm>> BootstrapDeviceComm(
     Transport* transport, DeviceCommFactory* factory, const std::string& secret,

@@ -24,7 +24,9 @@
 // from any thread (to end transfers another thread waits on).
 #pragma once
 
+#include <chrono>
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -69,10 +71,24 @@ class DeviceCommFactory {
   /// to the others.
   [[nodiscard]] virtual absl::StatusOr<std::string> NewId() = 0;
   /// Joins communicator `id` as `rank` of `nranks` on `device`; returns when
-  /// every rank joined (collective, like ncclCommInitRank).
-  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id,
-                                                                        int nranks, int rank,
-                                                                        int device) = 0;
+  /// every rank joined (collective, like ncclCommInitRank). A host that never
+  /// joins must not hold the others forever: while waiting, Init polls
+  /// `cancelled()` (may be empty), CANCELLED when it says so, and gives up
+  /// at `deadline`, UNAVAILABLE (naming the ranks that did not join when the
+  /// backend knows them); either way what was joined is aborted.
+  /// deadline == kNoDeadline: the backend's own (the fake's init_timeout;
+  /// NCCL: none).
+  static constexpr std::chrono::steady_clock::time_point kNoDeadline =
+      std::chrono::steady_clock::time_point::max();
+  [[nodiscard]] virtual absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
+      const std::string& id, int nranks, int rank, int device,
+      const std::function<bool()>& cancelled, std::chrono::steady_clock::time_point deadline) = 0;
+  /// Init without cancel, with the backend's own deadline.
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id,
+                                                                 int nranks, int rank,
+                                                                 int device) {
+    return Init(id, nranks, rank, device, nullptr, kNoDeadline);
+  }
 };
 
 /// The communicator backend for `device`: NCCL when its capabilities name

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <random>
 #include <set>
@@ -31,20 +32,40 @@ constexpr size_t kTokenBytes = 16;
 
 std::string Errno() { return std::strerror(errno); }
 
-// Reads/writes all of [p, p + n). With a deadline, waits for the socket at
-// most until then (Unavailable "timed out"). A closed connection is
-// Unavailable.
-absl::Status Io(int fd, bool write, void* p, size_t n, std::optional<Clock::time_point> deadline) {
+// How long a wait may last: until `deadline`, and while `cancelled` (may
+// be null or empty) says no; polled every kWaitSlice.
+struct WaitLimit {
+  Clock::time_point deadline;
+  const std::function<bool()>* cancelled = nullptr;
+};
+constexpr auto kWaitSlice = std::chrono::milliseconds(5);
+
+// poll(2) on `fd` for `events` within `limit`: >0 ready, or the status that
+// ended the wait (Unavailable "timed out", Cancelled "cancelled").
+absl::StatusOr<int> PollWithin(int fd, short events, const WaitLimit& limit) {
+  while (true) {
+    if (limit.cancelled != nullptr && *limit.cancelled && (*limit.cancelled)()) {
+      return absl::CancelledError("cancelled");
+    }
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(limit.deadline - Clock::now());
+    if (left.count() <= 0) return absl::UnavailableError("timed out");
+    pollfd pfd{fd, events, 0};
+    const int r =
+        poll(&pfd, 1, static_cast<int>(std::min<int64_t>(left.count(), kWaitSlice.count())));
+    if (r < 0 && errno != EINTR) return absl::UnavailableError(Errno());
+    if (r > 0) return r;
+  }
+}
+
+// Reads/writes all of [p, p + n). With a limit, waits for the socket at most
+// that long (PollWithin's errors). A closed connection is Unavailable.
+absl::Status Io(int fd, bool write, void* p, size_t n, const WaitLimit* limit) {
   auto* b = static_cast<uint8_t*>(p);
   while (n > 0) {
-    if (deadline) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(*deadline -
-                                                                              Clock::now());
-      pollfd pfd{fd, static_cast<short>(write ? POLLOUT : POLLIN), 0};
-      const int r = poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-      if (r == 0) return absl::UnavailableError("timed out");
-      if (r < 0 && errno != EINTR) return absl::UnavailableError(Errno());
-      if (r <= 0) continue;
+    if (limit != nullptr) {
+      absl::StatusOr<int> r = PollWithin(fd, static_cast<short>(write ? POLLOUT : POLLIN), *limit);
+      if (!r.ok()) return r.status();
     }
     const ssize_t k = write ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
     if (k < 0 && errno == EINTR) continue;
@@ -56,13 +77,11 @@ absl::Status Io(int fd, bool write, void* p, size_t n, std::optional<Clock::time
   return absl::OkStatus();
 }
 
-absl::Status WriteAll(int fd, const void* p, size_t n,
-                      std::optional<Clock::time_point> deadline = std::nullopt) {
-  return Io(fd, true, const_cast<void*>(p), n, deadline);
+absl::Status WriteAll(int fd, const void* p, size_t n, const WaitLimit* limit = nullptr) {
+  return Io(fd, true, const_cast<void*>(p), n, limit);
 }
-absl::Status ReadAll(int fd, void* p, size_t n,
-                     std::optional<Clock::time_point> deadline = std::nullopt) {
-  return Io(fd, false, p, n, deadline);
+absl::Status ReadAll(int fd, void* p, size_t n, const WaitLimit* limit = nullptr) {
+  return Io(fd, false, p, n, limit);
 }
 
 // A listening TCP socket on `address`, port chosen by the OS.
@@ -101,17 +120,12 @@ absl::StatusOr<int> Connect(uint32_t ip, uint16_t port) {
   return fd;
 }
 
-absl::StatusOr<int> Accept(int listener, Clock::time_point deadline) {
+absl::StatusOr<int> Accept(int listener, const WaitLimit& limit) {
   while (true) {
-    const auto left =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    pollfd pfd{listener, POLLIN, 0};
-    const int r = poll(&pfd, 1, static_cast<int>(std::max<int64_t>(left.count(), 0)));
-    if (r == 0) return absl::UnavailableError("timed out");
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return absl::UnavailableError(Errno());
+    absl::StatusOr<int> r = PollWithin(listener, POLLIN, limit);
+    if (!r.ok()) return r.status();
     int fd = accept4(listener, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0 && (errno == EINTR || errno == ECONNABORTED)) continue;
+    if (fd < 0 && (errno == EINTR || errno == ECONNABORTED || errno == EAGAIN)) continue;
     if (fd < 0) return absl::UnavailableError(Errno());
     int one = 1;
     setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -362,9 +376,9 @@ absl::StatusOr<std::string> FakeCommFactory::NewId() {
   return id;
 }
 
-absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::string& id,
-                                                                  int nranks, int rank,
-                                                                  int device) {
+absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
+    const std::string& id, int nranks, int rank, int device,
+    const std::function<bool()>& cancelled, Clock::time_point deadline) {
   const std::string where = absl::StrCat("ncclCommInitRank (fake comm rank ", rank, " of ",
                                          nranks, ", device ", device, ")");
   absl::StatusOr<ParsedId> p = ParseId(id);
@@ -375,7 +389,11 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
   if (device < 0 || device >= device_->capabilities().device_count) {
     return absl::InvalidArgumentError(absl::StrCat(where, ": no such fake device"));
   }
-  const auto deadline = Clock::now() + options_.init_timeout;
+  const auto start = Clock::now();
+  if (deadline == kNoDeadline) deadline = start + options_.init_timeout;
+  const WaitLimit limit{deadline, &cancelled};
+  const double timeout_s =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - start).count() / 1000.0;
   auto links = std::make_shared<Links>();
   links->fds.assign(static_cast<size_t>(nranks), -1);
   auto fail = [&](const std::string& what, const absl::Status& s) {
@@ -390,14 +408,18 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
     std::set<int> missing;
     for (int r = from; r < nranks; ++r) missing.insert(r);
     while (!missing.empty()) {
-      absl::StatusOr<int> fd = Accept(listener, deadline);
+      absl::StatusOr<int> fd = Accept(listener, limit);
+      if (absl::IsCancelled(fd.status())) {
+        return absl::CancelledError(absl::StrCat(where, ": cancelled while rank(s) ",
+                                                 absl::StrJoin(missing, ", "), " had not joined"));
+      }
       if (!fd.ok()) {
         return absl::UnavailableError(absl::StrCat(
-            where, ": rank(s) ", absl::StrJoin(missing, ", "), " never joined within ",
-            options_.init_timeout.count() / 1000.0, " s (", fd.status().message(), ")"));
+            where, ": rank(s) ", absl::StrJoin(missing, ", "), " never joined within ", timeout_s,
+            " s (", fd.status().message(), ")"));
       }
       Hello h{};
-      absl::Status s = ReadAll(*fd, &h, sizeof(h), deadline);
+      absl::Status s = ReadAll(*fd, &h, sizeof(h), &limit);
       const int r = static_cast<int>(h.rank);
       if (!s.ok() || std::string(h.token, kTokenBytes) != p->token || missing.count(r) == 0) {
         close(*fd);
@@ -426,7 +448,7 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
     close(listener);
     if (!s.ok()) return s;
     for (int r = 1; r < nranks && s.ok(); ++r) {
-      s = WriteAll(links->fds[r], endpoints.data(), endpoints.size() * sizeof(Endpoint), deadline);
+      s = WriteAll(links->fds[r], endpoints.data(), endpoints.size() * sizeof(Endpoint), &limit);
       if (!s.ok()) return fail(absl::StrCat("telling rank ", r, " its peers"), s);
     }
   } else {
@@ -451,8 +473,8 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
     }
     links->fds[0] = *root;
     std::vector<Endpoint> endpoints(static_cast<size_t>(nranks));
-    absl::Status s = WriteAll(*root, &hello, sizeof(hello), deadline);
-    if (s.ok()) s = ReadAll(*root, endpoints.data(), endpoints.size() * sizeof(Endpoint), deadline);
+    absl::Status s = WriteAll(*root, &hello, sizeof(hello), &limit);
+    if (s.ok()) s = ReadAll(*root, endpoints.data(), endpoints.size() * sizeof(Endpoint), &limit);
     if (!s.ok()) {
       close_listener();
       return fail("waiting for rank 0 (every rank joins first)", s);
@@ -461,7 +483,7 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(const std::str
       absl::StatusOr<int> fd = Connect(endpoints[r].ip, endpoints[r].port);
       if (fd.ok()) {
         links->fds[r] = *fd;
-        s = WriteAll(*fd, &hello, sizeof(hello), deadline);
+        s = WriteAll(*fd, &hello, sizeof(hello), &limit);
       }
       if (!fd.ok() || !s.ok()) {
         close_listener();

@@ -5,8 +5,9 @@
 //   NewId opened in rank 0's process, and a random token every rank shows.
 //   Rank 0 must Init on the factory that made the id.
 // - Init: every rank connects to rank 0 and learns the others' listeners,
-//   then each pair of ranks opens one connection; within the factory's
-//   init_timeout, else Unavailable naming the ranks that never came.
+//   then each pair of ranks opens one connection; until the deadline (the
+//   factory's init_timeout without one), else Unavailable naming the ranks
+//   that never came; Cancelled (polled every few ms) when cancelled().
 // - Send/Recv (and groups) run as host work on the stream (LaunchHostWork):
 //   they complete only by StreamSynchronize, where a peer that died (its
 //   connection closed) fails them with Unavailable naming the peer rank.
@@ -41,8 +42,11 @@ class FakeCommFactory : public DeviceCommFactory {
 
   DeviceCommCapabilities capabilities() const override;
   absl::StatusOr<std::string> NewId() override;
-  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
-                                                   int device) override;
+  using DeviceCommFactory::Init;
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
+      const std::string& id, int nranks, int rank, int device,
+      const std::function<bool()>& cancelled,
+      std::chrono::steady_clock::time_point deadline) override;
 
  private:
   FakeDeviceApi* const device_;

@@ -63,9 +63,11 @@ class AlteringComm : public DeviceComm {
 class AlteringCommFactory : public FakeCommFactory {
  public:
   explicit AlteringCommFactory(FakeDeviceApi* api) : FakeCommFactory(api), api_(api) {}
-  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
-                                                   int device) override {
-    auto c = FakeCommFactory::Init(id, nranks, rank, device);
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
+      const std::string& id, int nranks, int rank, int device,
+      const std::function<bool()>& cancelled,
+      std::chrono::steady_clock::time_point deadline) override {
+    auto c = FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
     if (!c.ok()) return c.status();
     return std::unique_ptr<DeviceComm>(std::make_unique<AlteringComm>(*std::move(c), api_));
   }
@@ -141,9 +143,11 @@ class HookedCommFactory : public FakeCommFactory {
  public:
   HookedCommFactory(FakeDeviceApi* api, CommHooks hooks)
       : FakeCommFactory(api), hooks_(std::move(hooks)), api_(api) {}
-  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks, int rank,
-                                                   int device) override {
-    auto c = FakeCommFactory::Init(id, nranks, rank, device);
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
+      const std::string& id, int nranks, int rank, int device,
+      const std::function<bool()>& cancelled,
+      std::chrono::steady_clock::time_point deadline) override {
+    auto c = FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
     if (!c.ok()) return c.status();
     return std::unique_ptr<DeviceComm>(
         std::make_unique<HookedComm>(*std::move(c), hooks_, api_));

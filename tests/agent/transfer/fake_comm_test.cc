@@ -12,6 +12,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -168,6 +170,44 @@ TEST(FakeCommTest, ARankThatNeverJoinsFailsInitNamingIt) {
   Rank other;
   EXPECT_EQ(other.factory->Init(root.factory->NewId().value(), 2, 0, 0).status().code(),
             absl::StatusCode::kFailedPrecondition);
+}
+
+// A host that failed before its bootstrap never joins: a cancel ends the
+// others' Init at once (the factory's own timeout is a minute), naming the
+// ranks that had not joined; so does a deadline, as UNAVAILABLE; and a
+// rank waiting for rank 0 ends on cancel too.
+TEST(FakeCommTest, ACancelOrADeadlineEndsInitWhileARankNeverJoins) {
+  using Clock = std::chrono::steady_clock;
+  Rank root(milliseconds(60000));
+  int polls = 0;
+  const std::function<bool()> cancel_soon = [&] { return ++polls > 3; };
+  auto start = Clock::now();
+  absl::StatusOr<std::unique_ptr<DeviceComm>> c =
+      root.factory->Init(root.factory->NewId().value(), 3, 0, 0, cancel_soon,
+                         DeviceCommFactory::kNoDeadline);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "rank(s) 1, 2 had not joined"))
+      << c.status();
+  EXPECT_EQ(polls, 4);
+
+  start = Clock::now();
+  c = root.factory->Init(root.factory->NewId().value(), 3, 0, 0, nullptr,
+                         Clock::now() + milliseconds(300));
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kUnavailable) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "rank(s) 1, 2 never joined within"))
+      << c.status();
+
+  // Rank 1 reaches rank 0's listener, but rank 0 never runs Init.
+  Rank member(milliseconds(60000));
+  polls = 0;
+  start = Clock::now();
+  c = member.factory->Init(root.factory->NewId().value(), 2, 1, 0, cancel_soon,
+                           DeviceCommFactory::kNoDeadline);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled) << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "waiting for rank 0")) << c.status();
 }
 
 TEST(FakeCommTest, AbortFailsATransferInFlight) {
