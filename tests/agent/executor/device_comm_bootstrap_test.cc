@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <future>
 #include <memory>
 #include <string>
@@ -176,10 +177,8 @@ TEST_F(DeviceCommBootstrapTest, ThreeHostsJoinInHostOrderAndMoveARingOfDeviceByt
 // Rank 0 with another operation's secret (on the right tag, as an outsider
 // that learned it would): its id is refused naming it.
 TEST_F(DeviceCommBootstrapTest, AnIdMACedWithAnotherSecretIsRefusedNamingItsSender) {
-  FakeCommFactory::Options o;
-  o.init_timeout = milliseconds(300);  // rank 0 then waits for a rank that never joins
-  hosts_[0]->factory = std::make_unique<FakeCommFactory>(&hosts_[0]->device, o);
-  auto h0 = Bootstrap(0, kOtherSecret, {"h0", "h1"}, milliseconds(20000));
+  // Rank 0 then waits in Init for a rank that never joins, until its timeout.
+  auto h0 = Bootstrap(0, kOtherSecret, {"h0", "h1"}, milliseconds(1000));
   absl::StatusOr<std::unique_ptr<DeviceComm>> h1 =
       Bootstrap(1, kSecret, {"h0", "h1"}, milliseconds(20000)).get();
   EXPECT_EQ(h1.status().code(), absl::StatusCode::kPermissionDenied) << h1.status();
@@ -210,6 +209,44 @@ TEST_F(DeviceCommBootstrapTest, ARank0ThatNeverSendsIsNamedWithinTheTimeout) {
 
 // After the bootstrap, host h1's communicator goes away (its sockets close)
 // while h0 waits for its bytes: h0's synchronize fails naming rank 1.
+// A factory whose Init fails at once (the host failed right before its
+// join: out of memory, say): it never joins.
+class NeverJoiningFactory : public FakeCommFactory {
+ public:
+  using FakeCommFactory::FakeCommFactory;
+  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string&, int, int, int,
+                                                   const std::function<bool()>&,
+                                                   std::chrono::steady_clock::time_point) override {
+    return absl::ResourceExhaustedError("no device memory left (test)");
+  }
+};
+
+// A host that fails before it joins must not hold the others in Init: they
+// give up within the bootstrap's timeout (the factory's own is 10 s),
+// naming the rank, or at once on cancel.
+TEST_F(DeviceCommBootstrapTest, ARankThatNeverJoinsEndsTheOthersInitAtTheTimeoutOrOnCancel) {
+  hosts_[1]->factory = std::make_unique<NeverJoiningFactory>(&hosts_[1]->device);
+  auto start = std::chrono::steady_clock::now();
+  auto f0 = Bootstrap(0, kSecret, {"h0", "h1"}, milliseconds(1000));
+  absl::StatusOr<std::unique_ptr<DeviceComm>> h1 =
+      Bootstrap(1, kSecret, {"h0", "h1"}, milliseconds(20000)).get();
+  EXPECT_EQ(h1.status().code(), absl::StatusCode::kResourceExhausted) << h1.status();
+  absl::StatusOr<std::unique_ptr<DeviceComm>> h0 = f0.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(5000));
+  EXPECT_EQ(h0.status().code(), absl::StatusCode::kUnavailable) << h0.status();
+  EXPECT_TRUE(absl::StrContains(h0.status().message(), "rank(s) 1 never joined")) << h0.status();
+
+  // Cancelled once h1 failed (as the coordinator aborts the operation).
+  std::atomic<bool> h1_failed{false};
+  start = std::chrono::steady_clock::now();
+  f0 = Bootstrap(0, kSecret, {"h0", "h1"}, milliseconds(20000), [&] { return h1_failed.load(); });
+  h1 = Bootstrap(1, kSecret, {"h0", "h1"}, milliseconds(20000)).get();
+  h1_failed = true;
+  h0 = f0.get();
+  EXPECT_LT(std::chrono::steady_clock::now() - start, milliseconds(5000));
+  EXPECT_EQ(h0.status().code(), absl::StatusCode::kCancelled) << h0.status();
+}
+
 TEST_F(DeviceCommBootstrapTest, APeerWhoseCommunicatorGoesAwayFailsTheReceiveNamingIt) {
   auto f0 = Bootstrap(0, kSecret, {"h0", "h1"}, milliseconds(20000));
   auto f1 = Bootstrap(1, kSecret, {"h0", "h1"}, milliseconds(20000));
