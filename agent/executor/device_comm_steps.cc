@@ -194,6 +194,7 @@ class CommSteps {
     }
     queued_ = false;
     staging_.clear();
+    staging_reservation_ = DeviceReservation();
   }
 
   absl::Status Bootstrap() {
@@ -312,6 +313,13 @@ class CommSteps {
     }
     std::map<std::string, Staging>& staging = staging_;
     const bool sealed = seals_ != nullptr;
+    // The device staging counts against the device store's limit.
+    int64_t device_staging = 0;
+    for (const auto& [p, n] : need) device_staging += n.first + n.second;
+    absl::StatusOr<DeviceReservation> reserved =
+        devices_.Reserve(kCommDevice, device_staging, "device communicator staging");
+    if (!reserved.ok()) return reserved.status();
+    staging_reservation_ = *std::move(reserved);
     for (const auto& [p, n] : need) {
       Staging& s = staging[p];
       s.send = std::make_unique<Owned>(api_, false);
@@ -471,6 +479,7 @@ class CommSteps {
   };
   std::map<std::string, Staging> staging_;
   bool queued_ = false;  // work that may use staging_ is queued on stream_, not yet synced
+  DeviceReservation staging_reservation_;  // staging_'s device bytes, charged to devices_
 };
 
 }  // namespace

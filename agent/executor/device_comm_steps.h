@@ -30,9 +30,15 @@
 //    after receiving), the sender seals each step over UCX (SealTag) and the
 //    receiver refuses with DATA_LOSS. Cost: one extra device-to-host copy of
 //    the cross-host bytes on each side.
-//  - Cancel: polled between rounds, and while a round waits for its stream
-//    (a watchdog: a transfer whose peer hung never completes on NCCL); the
-//    communicator is aborted, which fails what is in flight.
+//  - Staging: device-0 staging per peer and direction, as large as its
+//    largest window, charged to the device store's limit of device 0
+//    (DeviceBufferStore::Reserve). On a failure after a round queued work
+//    (GroupEnd, Send/Recv, a scatter copy), the communicator is aborted and
+//    the stream drained before the staging is freed.
+//  - Cancel: polled between rounds, and while a round issues its group or
+//    waits for its stream (a watchdog: NCCL may block in GroupEnd, and a
+//    transfer whose peer hung never completes); the communicator is
+//    aborted, which fails what is in flight.
 #pragma once
 
 #include <functional>

@@ -194,6 +194,50 @@ absl::StatusOr<std::vector<DeviceRankBufferPtr>> DeviceBufferStore::CreateAll(
   return made;
 }
 
+DeviceReservation::DeviceReservation(DeviceReservation&& o) noexcept
+    : accounting_(std::move(o.accounting_)),
+      device_(o.device_),
+      bytes_(std::exchange(o.bytes_, 0)) {}
+
+DeviceReservation& DeviceReservation::operator=(DeviceReservation&& o) noexcept {
+  if (this != &o) {
+    Release();
+    accounting_ = std::move(o.accounting_);
+    device_ = o.device_;
+    bytes_ = std::exchange(o.bytes_, 0);
+  }
+  return *this;
+}
+
+DeviceReservation::~DeviceReservation() { Release(); }
+
+void DeviceReservation::Release() {
+  if (accounting_ != nullptr && bytes_ > 0) {
+    std::lock_guard<std::mutex> l(accounting_->mu);
+    accounting_->used[device_] -= bytes_;
+  }
+  bytes_ = 0;
+  accounting_.reset();
+}
+
+absl::StatusOr<DeviceReservation> DeviceBufferStore::Reserve(int device, int64_t bytes,
+                                                             const std::string& what) {
+  if (device < 0 || device >= static_cast<int>(limits_.size()) || bytes < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", bytes, " bytes on device ", device,
+                                                   " (devices [0, ", limits_.size(), "))"));
+  }
+  std::lock_guard<std::mutex> l(accounting_->mu);
+  const int64_t free_bytes = limits_[device] - accounting_->used[device];
+  if (bytes > 0 && bytes > free_bytes) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "device ", device, ": ", what, " needs ", HumanBytes(bytes), " there, ",
+        HumanBytes(std::max<int64_t>(free_bytes, 0)), " free of its ", HumanBytes(limits_[device]),
+        " limit (", HumanBytes(accounting_->used[device]), " in use)"));
+  }
+  accounting_->used[device] += bytes;
+  return DeviceReservation(accounting_, device, bytes);
+}
+
 absl::StatusOr<DeviceRankBufferPtr> DeviceBufferStore::Get(const RankBufferKey& key) const {
   std::lock_guard<std::mutex> l(accounting_->mu);
   auto it = buffers_.find({key.job_id, key.generation, key.rank});

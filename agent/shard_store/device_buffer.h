@@ -47,6 +47,7 @@ class DeviceRankBuffer {
 
  private:
   friend class DeviceBufferStore;
+  friend class DeviceReservation;
   struct Accounting;
   DeviceRankBuffer(RankBufferKey key, int device, void* data, int64_t size,
                    std::vector<ItemSlot> items, DeviceApi* api,
@@ -68,6 +69,29 @@ class DeviceRankBuffer {
 using DeviceRankBufferPtr = std::shared_ptr<DeviceRankBuffer>;
 
 /// The device buffers of this agent, by (job, generation, rank).
+/// Device bytes charged against a DeviceBufferStore's per-device limit
+/// while it lives (memory its holder allocates itself: the device
+/// communicator's staging); movable, given back on destruction.
+class DeviceReservation {
+ public:
+  DeviceReservation() = default;
+  DeviceReservation(DeviceReservation&& o) noexcept;
+  DeviceReservation& operator=(DeviceReservation&& o) noexcept;
+  DeviceReservation(const DeviceReservation&) = delete;
+  ~DeviceReservation();
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  friend class DeviceBufferStore;
+  DeviceReservation(std::shared_ptr<DeviceRankBuffer::Accounting> accounting, int device,
+                    int64_t bytes)
+      : accounting_(std::move(accounting)), device_(device), bytes_(bytes) {}
+  void Release();
+  std::shared_ptr<DeviceRankBuffer::Accounting> accounting_;
+  int device_ = -1;
+  int64_t bytes_ = 0;
+};
+
 class DeviceBufferStore {
  public:
   struct Options {
@@ -92,6 +116,12 @@ class DeviceBufferStore {
   [[nodiscard]] absl::StatusOr<std::vector<DeviceRankBufferPtr>> CreateAll(
       const std::vector<RankBufferKey>& keys, const std::vector<int>& devices,
       const std::vector<std::vector<int64_t>>& item_bytes);
+  /// Charges `bytes` on `device` against its limit until the reservation
+  /// goes (used_bytes counts them). ResourceExhausted naming `what`, the
+  /// device, the bytes and those free when they do not fit; InvalidArgument
+  /// for a device out of range or negative bytes.
+  [[nodiscard]] absl::StatusOr<DeviceReservation> Reserve(int device, int64_t bytes,
+                                                          const std::string& what);
   /// NotFound when absent.
   [[nodiscard]] absl::StatusOr<DeviceRankBufferPtr> Get(const RankBufferKey& key) const;
 

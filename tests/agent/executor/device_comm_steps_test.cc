@@ -14,6 +14,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -384,6 +385,51 @@ TEST_F(DeviceCommStepsTest, AGroupEndFailingAfterQueueingAbortsBeforeFreeingTheS
   EXPECT_THAT(std::string(results[0].status().message()),
               ::testing::HasSubstr("injected failure"));
   ASSERT_FALSE(results[1].ok());  // its peer aborted
+  for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
+}
+
+// The communicator's device staging counts against the device store's
+// limit: with device 0 of h0 full once its new buffers exist (reserved as
+// it joins), the task fails there naming the staging, and nothing is left.
+TEST_F(DeviceCommStepsTest, TheStagingIsChargedToTheDeviceLimit) {
+  std::optional<DeviceReservation> filled;
+  class FillingFactory : public FakeCommFactory {
+   public:
+    FillingFactory(FakeDeviceApi* api, std::function<void()> fill)
+        : FakeCommFactory(api), fill_(std::move(fill)) {}
+    absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
+        const std::string& id, int nranks, int rank, int device,
+        const std::function<bool()>& cancelled,
+        std::chrono::steady_clock::time_point deadline) override {
+      fill_();
+      return FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
+    }
+
+   private:
+    std::function<void()> fill_;
+  };
+  AddDeviceHost([&](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+    return std::make_unique<FillingFactory>(api, [&] {
+      DeviceBufferStore& d = *devices_[0];
+      filled = d.Reserve(0, d.limit_bytes(0) - d.used_bytes(0), "the test").value();
+    });
+  });
+  AddDeviceHost([](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+    return std::make_unique<FakeCommFactory>(api);
+  });
+  FillOldRanks();
+  const int64_t old_bytes = devices_[0]->used_bytes(0);
+  const std::vector<Result> results = RunAll(kSecret);
+  ASSERT_TRUE(filled.has_value());
+  ASSERT_FALSE(results[0].ok());
+  EXPECT_EQ(results[0].status().code(), absl::StatusCode::kResourceExhausted)
+      << results[0].status();
+  EXPECT_THAT(std::string(results[0].status().message()),
+              ::testing::HasSubstr("device 0: device communicator staging needs"));
+  ASSERT_FALSE(results[1].ok());  // its peer aborted
+  filled.reset();
+  // The new buffers and the staging's reservation were given back.
+  EXPECT_EQ(devices_[0]->used_bytes(0), old_bytes);
   for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
 }
 
