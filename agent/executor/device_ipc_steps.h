@@ -7,7 +7,7 @@
 //    plain task (the communicator route's exclusions), other hosts, this
 //    agent advertises its IPC entry (--device-ipc auto), and every other
 //    host of the operation advertises this host's exact DeviceIpcEntry
-//    (backend.h: "<api>-ipc:<boot id>"). Everyone decides alike.
+//    (backend.h: "<api>-ipc:<boot id>:<pid ns>:<ipc ns>"). Everyone decides alike.
 //  - Run: RunOnDevices, whose cross-host steps move as follows once the
 //    peers are connected and proven (ConnectAndProveDevicePeers).
 //    Senders: every old rank of this host that a receiver reads is a device

@@ -1,7 +1,9 @@
 #include "agent/transfer/backend.h"
 
 #include <dlfcn.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 #include "agent/transfer/device_api.h"
@@ -66,13 +68,41 @@ BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm)
   return c;
 }
 
+namespace {
+
+// The inode of this process's namespace `kind` ("pid", "ipc"): readlink of
+// /proc/self/ns/<kind> is "pid:[4026531836]"; "" when unreadable.
+std::string NamespaceInode(const std::string& kind) {
+  char link[64];
+  const ssize_t n = readlink(("/proc/self/ns/" + kind).c_str(), link, sizeof(link) - 1);
+  if (n <= 0) return "";
+  const std::string text(link, static_cast<size_t>(n));
+  const std::string prefix = kind + ":[";
+  if (text.size() <= prefix.size() + 1 || text.compare(0, prefix.size(), prefix) != 0 ||
+      text.back() != ']') {
+    return "";
+  }
+  return text.substr(prefix.size(), text.size() - prefix.size() - 1);
+}
+
+}  // namespace
+
 std::string DeviceIpcEntry(const DeviceApi& device) {
   const DeviceApiCapabilities d = device.capabilities();
   if (!d.ipc) return "";
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   if (!std::getline(f, boot_id) || boot_id.empty()) return "";
-  return d.name + "-ipc:" + boot_id;
+  // Its 32 hex digits without the dashes: the entry stays within the 64
+  // bytes the coordinator allows a transport name (9 + 32 + 2 x 11).
+  boot_id.erase(std::remove(boot_id.begin(), boot_id.end(), '-'), boot_id.end());
+  // Containers of one node share the boot id but not, unless configured
+  // to, the namespaces a handle needs (the exporter's pid for the fake's
+  // /proc/<pid>/fd, CUDA IPC's shared memory and process checks).
+  const std::string pid_ns = NamespaceInode("pid");
+  const std::string ipc_ns = NamespaceInode("ipc");
+  if (pid_ns.empty() || ipc_ns.empty()) return "";
+  return d.name + "-ipc:" + boot_id + ":" + pid_ns + ":" + ipc_ns;
 }
 
 BackendCapabilities DeviceIpcBackendCapabilities(const DeviceApi& device) {

@@ -60,10 +60,13 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
 BackendCapabilities DeviceCommBackendCapabilities(const DeviceCommFactory& comm);
 
 /// The IPC entry of a device API whose capabilities have `ipc`:
-/// "<api name>-ipc:<machine key>" ("cuda-ipc:3f2a...", "fake-ipc:..."), the
-/// machine key being this kernel's boot id (/proc/sys/kernel/random/boot_id):
-/// agents that share it can open each other's IPC handles. "" without IPC
-/// (or without a boot id). Agents advertise it (LoadedBackends), and the
+/// "<api name>-ipc:<boot id>:<pid ns>:<ipc ns>" ("cuda-ipc:3f2a...:4026531836:
+/// 4026531839", at most 63 bytes): this kernel's boot id without its dashes
+/// (/proc/sys/kernel/random/boot_id) and
+/// the inodes of this process's pid and ipc namespaces (/proc/self/ns/pid,
+/// /proc/self/ns/ipc): agents that share all three can open each other's IPC
+/// handles (containers of one node share the boot id only). "" without IPC
+/// (or when one of them is unreadable). Agents advertise it (LoadedBackends), and the
 /// executor's device IPC route (device_ipc_steps.h) looks for this host's
 /// exact entry in every peer's transports.
 std::string DeviceIpcEntry(const DeviceApi& device);

@@ -1,8 +1,9 @@
 """Cross-host device steps between agents of ONE machine through device IPC
 handles, through real agents (issue 23 item 5): both agents run the fake
 device (agent/transfer/fake_device.h), whose IPC handles open across
-processes of one machine, and advertise "fake-ipc:<boot id>" (this kernel's
-/proc/sys/kernel/random/boot_id, the same for both); with every host
+processes of one machine, and advertise "fake-ipc:<boot id>:<pid ns>:<ipc ns>"
+(this kernel's /proc/sys/kernel/random/boot_id without dashes and the pid
+and ipc namespace inodes, the same for both); with every host
 advertising this host's exact entry the route rule (device_ipc_steps.h,
 checked before the device communicator's) has the receiver open the
 sender's device buffers and copy device to device, no network library
@@ -22,9 +23,14 @@ from reshard.v1 import coordinator_pb2 as OP
 # Publishing from, and reading, fake device allocations as the communicator's test does.
 
 
-def _boot_id():
+def _ipc_entry():
+    """This machine's fake IPC entry: the agents share the test's kernel and
+    namespaces."""
+    import os
     with open("/proc/sys/kernel/random/boot_id") as f:
-        return f.read().strip()
+        boot_id = f.read().strip().replace("-", "")
+    pid_ns, ipc_ns = (os.stat(f"/proc/self/ns/{k}").st_ino for k in ("pid", "ipc"))
+    return f"fake-ipc:{boot_id}:{pid_ns}:{ipc_ns}"
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +46,7 @@ def cluster():
 
 
 def test_agents_advertise_their_ipc_entry(cluster, client):
-    entry = "fake-ipc:" + _boot_id()
+    entry = _ipc_entry()
     hosts = {h.host_id: list(h.transports) for h in client.list_hosts()}
     assert hosts == {"host-0": ["local", "ucx", "fake", "fake-nccl", entry],
                      "host-1": ["local", "ucx", "fake", "fake-nccl", entry]}

@@ -9,6 +9,9 @@
 // UNAVAILABLE naming it; a cancelled task leaves nothing; the message MAC.
 #include "agent/executor/device_ipc_steps.h"
 
+#include <sys/stat.h>
+
+#include <algorithm>
 #include <atomic>
 #include <fstream>
 #include <future>
@@ -53,16 +56,28 @@ class DeviceIpcStepsTest : public DeviceHostsTest {
   std::string without_ipc_;
 };
 
-TEST(DeviceIpcEntryTest, TheFakeAdvertisesItsBootId) {
+// The inode of this process's namespace `kind`, from stat (not readlink,
+// as DeviceIpcEntry reads it).
+std::string NamespaceInodeOf(const std::string& kind) {
+  struct stat st {};
+  EXPECT_EQ(stat(("/proc/self/ns/" + kind).c_str(), &st), 0) << kind;
+  return std::to_string(st.st_ino);
+}
+
+TEST(DeviceIpcEntryTest, TheFakeAdvertisesItsBootIdAndNamespaces) {
   FakeDeviceApi api(FakeDeviceApi::Options{1, 1 << 20});
   std::ifstream f("/proc/sys/kernel/random/boot_id");
   std::string boot_id;
   ASSERT_TRUE(std::getline(f, boot_id));
-  EXPECT_EQ(DeviceIpcEntry(api), "fake-ipc:" + boot_id);
+  boot_id.erase(std::remove(boot_id.begin(), boot_id.end(), '-'), boot_id.end());
+  const std::string entry =
+      "fake-ipc:" + boot_id + ":" + NamespaceInodeOf("pid") + ":" + NamespaceInodeOf("ipc");
+  EXPECT_EQ(DeviceIpcEntry(api), entry);
+  EXPECT_LE(entry.size(), 64u);  // the coordinator's limit of a transport name
   std::vector<std::string> names = AdvertisedTransports(LoadedBackends(nullptr, &api, nullptr));
-  EXPECT_NE(std::find(names.begin(), names.end(), "fake-ipc:" + boot_id), names.end());
+  EXPECT_NE(std::find(names.begin(), names.end(), entry), names.end());
   names = AdvertisedTransports(LoadedBackends(nullptr, &api, nullptr, /*device_ipc=*/false));
-  EXPECT_EQ(std::find(names.begin(), names.end(), "fake-ipc:" + boot_id), names.end());
+  EXPECT_EQ(std::find(names.begin(), names.end(), entry), names.end());
 }
 
 TEST(DeviceIpcMessageTest, AnotherSecretIsPermissionDeniedNamingTheSender) {
