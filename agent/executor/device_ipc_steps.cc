@@ -10,11 +10,14 @@
 #include <set>
 #include <utility>
 
+#include <openssl/rand.h>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "agent/executor/device_comm_steps.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/peer_proof.h"
@@ -28,6 +31,22 @@ constexpr size_t kMacBytes = 32;
 constexpr int kIpcDevice = 0;  // handles are opened, and copies queued, here
 constexpr size_t kMaxHandleBytes = 256;
 constexpr char kDone[] = "done";
+constexpr char kNonce[] = "nonce";
+constexpr size_t kNonceBytes = 16;
+// The nonce line of a handles message ("nonce <hex>\n"), or the nonce of a
+// "done" ("done <hex>"), with room to spare.
+constexpr size_t kNonceFieldBytes = 48;
+
+// kNonceBytes random bytes (a handles message's, echoed in its "done").
+std::string RandomNonce() {
+  std::string nonce(kNonceBytes, '\0');
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(nonce.data()), kNonceBytes) != 1) {
+    // No entropy source: a nonce that no earlier attempt used still.
+    const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
+    nonce = HmacSha256Of(std::to_string(now), "reshard-device-ipc-nonce").substr(0, kNonceBytes);
+  }
+  return nonce;
+}
 
 std::string IpcMac(const std::string& secret, const std::string& operation_id,
                    const std::string& sender, const std::string& receiver,
@@ -128,8 +147,22 @@ class IpcSteps {
     }
     absl::Status s = Send(hs, send_ranks);
     if (s.ok()) s = Receive(hs, made, receive_ranks, moved);
-    if (s.ok()) s = AwaitDone(send_ranks);
-    return s.ok() ? s : CrossHostDeviceStepsFailed(transport_, task_, cancelled_, std::move(s));
+    std::set<std::string> receivers;
+    for (const auto& [peer, rs] : send_ranks) receivers.insert(peer);
+    if (s.ok() && !receivers.empty()) {
+      s = Await(*sent_, receivers, "the IPC handles did not reach",
+                std::chrono::milliseconds(options_.proof_timeout_ms));
+      if (s.ok()) s = AwaitDone(receivers, std::chrono::milliseconds(options_.seal_timeout_ms));
+      done_awaited_ = true;
+    }
+    if (s.ok()) return s;
+    if (!done_awaited_) {
+      // A receiver that got handles may be copying from the staged buffers
+      // (dropped when this run ends): its "done" first, bounded (and
+      // cancel-aware); its failure is not this run's error.
+      (void)AwaitDone(HandedTo(), std::chrono::milliseconds(options_.proof_timeout_ms));
+    }
+    return CrossHostDeviceStepsFailed(transport_, task_, cancelled_, std::move(s));
   }
 
  private:
@@ -200,7 +233,11 @@ class IpcSteps {
       }
     }
     for (const auto& [peer, rs] : ranks) {
-      std::string payload;
+      // A nonce of this message: its "done" echoes it, so that a "done" of
+      // an earlier attempt (same operation, same MAC) releases nothing.
+      nonces_[peer] = RandomNonce();
+      std::string payload =
+          absl::StrCat(kNonce, " ", absl::BytesToHexString(nonces_[peer]), "\n");
       for (int r : rs) payload += EntryLine(entries.at(r));
       absl::StatusOr<std::string> m =
           MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
@@ -208,21 +245,30 @@ class IpcSteps {
       if (!m.ok()) return m.status();
       absl::StatusOr<uint64_t> tag = Tag(host_id_, false);
       if (!tag.ok()) return tag.status();
-      // The done messages come back under each receiver's tag.
-      absl::StatusOr<uint64_t> done_tag = Tag(peer, true);
-      if (!done_tag.ok()) return done_tag.status();
       std::string* out;
-      std::string* in;
       {
         std::lock_guard<std::mutex> l(sent_->mu);
         out = &sent_->messages[peer];
         *out = *std::move(m);
-        in = &done_->messages[peer];
-        in->assign(DeviceIpcMessageBytes(0, Items()), '\0');
       }
-      transport_->Receive(*done_tag, in->data(), in->size(), Completion(done_, peer));
+      if (absl::Status s = PostDone(peer); !s.ok()) return s;
       transport_->Send(peer, *tag, out->data(), out->size(), Completion(sent_, peer));
     }
+    return absl::OkStatus();
+  }
+
+  // (Re)posts the receive of `peer`'s "done" (under its tag).
+  absl::Status PostDone(const std::string& peer) {
+    absl::StatusOr<uint64_t> tag = Tag(peer, true);
+    if (!tag.ok()) return tag.status();
+    std::string* in;
+    {
+      std::lock_guard<std::mutex> l(done_->mu);
+      done_->done.erase(peer);
+      in = &done_->messages[peer];
+      in->assign(DeviceIpcMessageBytes(0, Items()), '\0');
+    }
+    transport_->Receive(*tag, in->data(), in->size(), Completion(done_, peer));
     return absl::OkStatus();
   }
 
@@ -317,7 +363,17 @@ class IpcSteps {
       }
       absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "handles");
       if (!m.ok()) return m.status();
-      for (absl::string_view line : absl::StrSplit(m->payload, '\n', absl::SkipEmpty())) {
+      std::vector<absl::string_view> lines = absl::StrSplit(m->payload, '\n', absl::SkipEmpty());
+      const std::string nonce_prefix = absl::StrCat(kNonce, " ");
+      if (lines.empty() || !absl::ConsumePrefix(&lines[0], nonce_prefix) ||
+          lines[0].size() != 2 * kNonceBytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "operation ", task_.operation_id(), ": host \"", peer,
+            "\" sent device IPC handles without a nonce"));
+      }
+      received_nonces_[peer] = absl::HexStringToBytes(lines[0]);
+      lines.erase(lines.begin());
+      for (absl::string_view line : lines) {
         std::optional<Entry> e = ParseEntry(line, Items());
         if (!e.has_value() || rs.count(e->rank) == 0) {
           return absl::InvalidArgumentError(
@@ -410,9 +466,9 @@ class IpcSteps {
     // "done" to every sender.
     auto sent = std::make_shared<Pending>();
     for (const std::string& peer : senders) {
-      absl::StatusOr<std::string> m =
-          MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
-                               kDone, DeviceIpcMessageBytes(0, Items()));
+      absl::StatusOr<std::string> m = MakeDeviceIpcMessage(
+          task_.transfer_secret(), task_.operation_id(), host_id_, peer,
+          DeviceIpcDonePayload(received_nonces_[peer]), DeviceIpcMessageBytes(0, Items()));
       if (!m.ok()) return m.status();
       absl::StatusOr<uint64_t> tag = Tag(host_id_, true);
       if (!tag.ok()) return tag.status();
@@ -428,38 +484,49 @@ class IpcSteps {
                  std::chrono::milliseconds(options_.proof_timeout_ms));
   }
 
-  // Every receiver's "done", checked.
-  absl::Status AwaitDone(const std::map<std::string, std::set<int>>& ranks) {
-    if (ranks.empty()) return absl::OkStatus();
-    std::set<std::string> receivers;
-    for (const auto& [peer, rs] : ranks) receivers.insert(peer);
+  // Every receiver's "done" of this attempt (its nonce), checked; one of an
+  // earlier attempt is skipped, its receive posted again.
+  absl::Status AwaitDone(const std::set<std::string>& receivers,
+                         std::chrono::milliseconds timeout) {
+    if (receivers.empty()) return absl::OkStatus();
     if (waiting_) waiting_("device IPC receivers");
-    if (absl::Status s = Await(*sent_, receivers, "the IPC handles did not reach",
-                               std::chrono::milliseconds(options_.proof_timeout_ms));
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = Await(*done_, receivers, "no \"done\" came from",
-                               std::chrono::milliseconds(options_.seal_timeout_ms));
-        !s.ok()) {
-      return s;
-    }
-    for (const std::string& peer : receivers) {
-      std::string message;
-      {
-        std::lock_guard<std::mutex> l(done_->mu);
-        message = done_->messages[peer];
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    std::set<std::string> pending = receivers;
+    while (!pending.empty()) {
+      const auto left = std::max(std::chrono::milliseconds(0),
+                                 std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     deadline - std::chrono::steady_clock::now()));
+      if (absl::Status s = Await(*done_, pending, "no \"done\" came from", left); !s.ok()) {
+        return s;
       }
-      absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "\"done\"");
-      if (!m.ok()) return m.status();
-      if (m->payload != kDone) {
-        return absl::InvalidArgumentError(absl::StrCat("operation ", task_.operation_id(),
-                                                       ": host \"", peer,
-                                                       "\" sent no \"done\" but \"",
-                                                       m->payload, "\""));
+      for (const std::string& peer : std::set<std::string>(pending)) {
+        std::string message;
+        {
+          std::lock_guard<std::mutex> l(done_->mu);
+          message = done_->messages[peer];
+        }
+        absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "\"done\"");
+        if (!m.ok()) return m.status();
+        absl::Status d = CheckDeviceIpcDone(task_.operation_id(), *m, nonces_[peer]);
+        if (d.ok()) {
+          pending.erase(peer);
+        } else if (absl::IsFailedPrecondition(d)) {
+          if (absl::Status s = PostDone(peer); !s.ok()) return s;
+        } else {
+          return d;
+        }
       }
     }
     return absl::OkStatus();
+  }
+
+  // The receivers that were sent handles (their messages may be delivered
+  // still, and a receiver may be copying from this host's buffers).
+  std::set<std::string> HandedTo() {
+    std::set<std::string> out;
+    std::lock_guard<std::mutex> l(sent_->mu);
+    for (const auto& [peer, message] : sent_->messages) out.insert(peer);
+    return out;
   }
 
   ShardStore& store_;
@@ -480,6 +547,9 @@ class IpcSteps {
   std::vector<RankBufferKey> staged_;  // host sources staged to a device for the run
   std::vector<DeviceRankBufferPtr> keep_;
   std::map<int, SourceLayout> sources_;  // by old rank
+  std::map<std::string, std::string> nonces_;           // receiver -> its handles' nonce
+  std::map<std::string, std::string> received_nonces_;  // sender -> its handles' nonce
+  bool done_awaited_ = false;
 };
 
 }  // namespace
@@ -494,10 +564,30 @@ absl::StatusOr<int64_t> DeviceIpcChunk(int host_index, bool done) {
 }
 
 size_t DeviceIpcMessageBytes(size_t ranks, size_t items) {
-  const size_t header = 3 * 4 + 2 * kMaxProofHostBytes + kMacBytes;
+  const size_t header = 3 * 4 + 2 * kMaxProofHostBytes + kMacBytes + kNonceFieldBytes;
   // An entry line: three numbers, the hex handle, the item offsets.
   const size_t entry = 3 * 21 + 2 * kMaxHandleBytes + 4 + 21 * items;
   return header + std::max(sizeof(kDone), ranks * entry);
+}
+
+std::string DeviceIpcDonePayload(const std::string& nonce) {
+  return absl::StrCat(kDone, " ", absl::BytesToHexString(nonce));
+}
+
+absl::Status CheckDeviceIpcDone(const std::string& operation_id, const DeviceIpcMessage& done,
+                                const std::string& nonce) {
+  absl::string_view payload = done.payload;
+  if (payload != kDone && !absl::ConsumePrefix(&payload, absl::StrCat(kDone, " "))) {
+    return absl::InvalidArgumentError(absl::StrCat("operation ", operation_id, ": host \"",
+                                                   done.sender, "\" sent no \"done\" but \"",
+                                                   done.payload, "\""));
+  }
+  if (payload != absl::BytesToHexString(nonce)) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "operation ", operation_id, ": host \"", done.sender,
+        "\" sent the \"done\" of other IPC handles (an earlier attempt's)"));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> MakeDeviceIpcMessage(const std::string& secret,

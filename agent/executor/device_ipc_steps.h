@@ -12,11 +12,16 @@
 //    peers are connected and proven (ConnectAndProveDevicePeers).
 //    Senders: every old rank of this host that a receiver reads is a device
 //    buffer (a host-resident one is staged to device 0 with StageToDevice
-//    for the run and dropped after); each receiver gets ONE message listing
-//    (old rank, device, IPC handle, size, item offsets) of the ranks it
-//    reads; then the sender waits for every receiver's "done" before it
-//    drops the staged copies and returns. Receivers: check each sender's
-//    message, IpcOpen every handle (on device 0), copy each cross-host step
+//    for the run and dropped after); each receiver gets ONE message: a
+//    random nonce, then (old rank, device, IPC handle, size, item offsets)
+//    of the ranks it reads; then the sender waits for every receiver's
+//    "done" echoing that nonce (one of an earlier attempt is skipped) before
+//    it drops the staged copies and returns; when the run fails after
+//    handles went out, it still waits for those "done"s (proof timeout,
+//    cancel-aware) first. Receivers: check each sender's
+//    message (its size and item offsets must be the source layout's, the
+//    IPC allocation at least that size, each step's source region inside
+//    its item), IpcOpen every handle (on device 0), copy each cross-host step
 //    run by run (ForEachRun) into the new buffers (device to device, peer
 //    copies across devices), synchronize, IpcClose, send "done"; the new
 //    buffers are then sealed as RunOnDevices does.
@@ -24,7 +29,7 @@
 //    kProofStepIndex, chunk DeviceIpcChunk (transfer_tags.h), of a size both
 //    ends derive from the task; MACed with the transfer secret:
 //    HMAC-SHA256(secret, "reshard-device-ipc" | operation | sender | receiver
-//    | payload). A message that does not check is PERMISSION_DENIED naming
+//    | payload), the "done" payload being "done <hex nonce>". A message that does not check is PERMISSION_DENIED naming
 //    the host it claims to come from.
 //  - Failures: a sender whose message (or a receiver whose "done") does not
 //    come within the proof timeout (seal timeout for "done") is UNAVAILABLE
@@ -70,6 +75,17 @@ struct DeviceIpcMessage {
 /// claimed sender when the MAC does not check (another secret or operation).
 [[nodiscard]] absl::StatusOr<DeviceIpcMessage> CheckDeviceIpcMessage(
     const std::string& secret, const std::string& operation_id, const std::string& message);
+
+/// The payload of a receiver's "done" for the handles message that carried
+/// `nonce` (each handles message carries a random one).
+std::string DeviceIpcDonePayload(const std::string& nonce);
+/// OK when `done` (checked) is the "done" for the handles message of
+/// `nonce`; FAILED_PRECONDITION, naming the sender, when it is a "done" of
+/// another nonce (an earlier attempt's: the sender waits on); InvalidArgument
+/// when it is no "done".
+[[nodiscard]] absl::Status CheckDeviceIpcDone(const std::string& operation_id,
+                                              const DeviceIpcMessage& done,
+                                              const std::string& nonce);
 
 /// The run of a kDeviceIpc route. Errors as RunOnDevices, plus those of the
 /// proofs (peer_proof.h), of the messages (above) and of the device API's

@@ -99,6 +99,23 @@ TEST(DeviceIpcMessageTest, AnotherSecretIsPermissionDeniedNamingTheSender) {
             absl::StatusCode::kUnauthenticated);
 }
 
+TEST(DeviceIpcMessageTest, ADoneOfAnotherNonceIsRefused) {
+  const std::string nonce(16, '\x01'), earlier(16, '\x02');
+  auto m = MakeDeviceIpcMessage(kSecret, "op-1", "h1", "h0", DeviceIpcDonePayload(earlier),
+                                DeviceIpcMessageBytes(0, 2));
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto done = CheckDeviceIpcMessage(kSecret, "op-1", *m);  // the MAC checks: same operation
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_TRUE(CheckDeviceIpcDone("op-1", *done, earlier).ok());
+  absl::Status stale = CheckDeviceIpcDone("op-1", *done, nonce);
+  ASSERT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_THAT(std::string(stale.message()), ::testing::HasSubstr("host \"h1\""));
+  done->payload = "done";  // the nonce-less "done" of before
+  EXPECT_EQ(CheckDeviceIpcDone("op-1", *done, nonce).code(), absl::StatusCode::kFailedPrecondition);
+  done->payload = "handles";
+  EXPECT_EQ(CheckDeviceIpcDone("op-1", *done, nonce).code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(DeviceIpcStepsTest, TwoHostsMoveDeviceBuffersThroughIpcHandles) {
   MakeIpcHosts(2);
   FillOldRanks();
@@ -204,7 +221,7 @@ TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
   }
   ASSERT_FALSE(reads.empty());
   const int tampered = *reads.begin();
-  std::string payload;
+  std::string payload = "nonce " + absl::BytesToHexString(std::string(16, '\x07')) + "\n";
   for (int r : reads) {
     auto buf = devices_[0]->Get({kJob, 1, r});
     ASSERT_TRUE(buf.ok()) << buf.status();
