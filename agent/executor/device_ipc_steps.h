@@ -29,8 +29,9 @@
 //    kProofStepIndex, chunk DeviceIpcChunk (transfer_tags.h), of a size both
 //    ends derive from the task; MACed with the transfer secret:
 //    HMAC-SHA256(secret, "reshard-device-ipc" | operation | sender | receiver
-//    | payload), the "done" payload being "done <hex nonce>". A message that does not check is PERMISSION_DENIED naming
-//    the host it claims to come from.
+//    | payload), the "done" payload being "done <hex nonce>". A message
+//    that does not check is PERMISSION_DENIED naming the host it claims to
+//    come from.
 //  - Failures: a sender whose message (or a receiver whose "done") does not
 //    come within the proof timeout (seal timeout for "done") is UNAVAILABLE
 //    naming it; cancelled() is polled while waiting (CANCELLED). The

@@ -215,7 +215,8 @@ TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
   const auto new_slots = planner::ExpandPlacement(to_.placement());
   std::set<int> reads;  // old ranks of h0 that h1 reads
   for (const v1::CopyStep& step : whole.plan().steps()) {
-    if (old_slots[step.src_rank()].host() == "h0" && new_slots[step.dsts(0).rank()].host() == "h1") {
+    if (old_slots[step.src_rank()].host() == "h0" &&
+        new_slots[step.dsts(0).rank()].host() == "h1") {
       reads.insert(step.src_rank());
     }
   }
