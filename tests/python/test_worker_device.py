@@ -169,8 +169,10 @@ def test_cuda_backend_handle_of_names_the_tensor_inside_its_block():
     import torch
     block = torch.arange(1024, dtype=torch.float32, device="cuda")
     t = block[256:512]
-    handle, offset = _device_ipc.CudaBackend.handle_of(t)
-    base_handle, base_offset = _device_ipc.CudaBackend.handle_of(block)
+    handle, offset, release = _device_ipc.CudaBackend.handle_of(t)
+    base_handle, base_offset, base_release = _device_ipc.CudaBackend.handle_of(block)
+    release()
+    base_release()
     assert len(handle) == 64 and handle == base_handle
     assert offset - base_offset == 256 * 4
 
