@@ -130,7 +130,13 @@ def test_watch_wait_and_cancel_final(cluster, client, job_name):
     seen = []
     final = client.watch_operation(op.id, callback=seen.append)
     assert seen[-1] == final and final.state == OP.OPERATION_STATE_COMMITTED
-    assert client.wait(op, timeout=30) == client.get_operation(op.id)
+    # GetOperation adds each host's task (Operation.hosts, docs/coordinator.md
+    # "The route of each host's task"); watches and wait do not carry it.
+    got = client.get_operation(op.id)
+    assert [(h.host_id, h.state, h.route) for h in got.hosts] == [
+        (host, agent_pb2.HOST_TASK_STATE_DONE, "host") for host in sorted(cluster.host_ids)]
+    got.ClearField("hosts")
+    assert client.wait(op, timeout=30) == got
     assert client.get_job(job.id).generation == 2
     with pytest.raises(reshard.FailedPrecondition):
         client.cancel_operation(op.id)
