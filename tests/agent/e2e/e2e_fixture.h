@@ -134,18 +134,31 @@ class AgentE2eTest : public ::testing::Test {
     agents_[h] = std::move(*a);
   }
 
-  // Every agent's first registration reaches the coordinator before a job
-  // needs it: ListHosts shows each ALIVE.
+  // Every running agent's own registration reaches the coordinator before a
+  // job needs it: ListHosts shows each host ALIVE, and a host whose agent was
+  // replaced since the last call (a restart, a rogue) shows a UCX address
+  // other than its earlier agent's. The earlier agent's lease may still hold,
+  // so ALIVE alone would let an operation go to the incarnation that is gone.
   void WaitHostsAlive() {
     for (int i = 0; i < 200; ++i) {
       v1::ListHostsResponse resp;
       grpc::ClientContext ctx;
       if (stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) {
-        int alive = 0;
+        std::map<std::string, Registration> seen;
         for (const v1::Host& h : resp.hosts()) {
-          if (h.state() == v1::HOST_STATE_ALIVE && agents_.count(h.host_id())) ++alive;
+          auto agent = agents_.find(h.host_id());
+          if (h.state() != v1::HOST_STATE_ALIVE || agent == agents_.end()) continue;
+          auto earlier = registered_.find(h.host_id());
+          const bool same_agent =
+              earlier != registered_.end() && earlier->second.pid == agent->second->pid();
+          const bool stale = earlier != registered_.end() && !same_agent &&
+                             earlier->second.ucx_address == h.ucx_address();
+          if (!stale) seen[h.host_id()] = {agent->second->pid(), h.ucx_address()};
         }
-        if (alive == static_cast<int>(agents_.size())) return;
+        if (seen.size() == agents_.size()) {
+          for (auto& [host, r] : seen) registered_[host] = std::move(r);
+          return;
+        }
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
@@ -360,6 +373,13 @@ class AgentE2eTest : public ::testing::Test {
   std::map<std::string, std::string> sockets_;
   std::map<std::string, std::unique_ptr<AgentProcess>> agents_;
   std::map<std::string, int> metrics_ports_;  // each agent's /metrics
+  // The registration WaitHostsAlive last saw for each host, and the agent
+  // (by pid) that made it.
+  struct Registration {
+    pid_t pid = -1;
+    std::string ucx_address;
+  };
+  std::map<std::string, Registration> registered_;
   std::string job_id_;
   v1::Ptc ptc_;
   int64_t generation_ = 0;
