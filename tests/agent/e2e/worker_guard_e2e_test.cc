@@ -23,8 +23,9 @@
 #include <atomic>
 #include <chrono>
 #include <fstream>
-#include <iostream>
 #include <functional>
+#include <iostream>
+#include <limits>
 #include <map>
 #include <optional>
 #include <set>
@@ -327,8 +328,14 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
   // MiB on a loaded 2-core box), well below what it grew by without it (23
   // MB over these 25 checkpoints with every generation cached; 13 MB with
   // the cache evicting but the freed heap kept in malloc's arenas).
+  // The agent trims malloc's arenas at most once a second, so one sample
+  // may catch freed heap not yet given back: the warm figure is the highest
+  // of the three samples up to kWarmUp, the end figure the lowest of the last
+  // five. Growth of ~1 MB a checkpoint still shows as ~20 MB.
   constexpr int64_t kRssTolerance = int64_t{8} << 20;
+  constexpr int kEndSamples = 5;
   int64_t warm_rss = 0;
+  int64_t end_rss = std::numeric_limits<int64_t>::max();
   double max_generations = 0;
   for (int i = 1; i <= kCheckpoints; ++i) {
     SCOPED_TRACE(absl::StrCat("checkpoint ", i));
@@ -356,17 +363,17 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
       return cached >= 0 && held >= 0 && cached <= held;
     })) << "worker cache holds " << cached << " generations, the host " << held;
     max_generations = std::max(max_generations, cached);
-    if (i == kWarmUp) warm_rss = RssBytes(agent);
+    if (i > kWarmUp - 3 && i <= kWarmUp) warm_rss = std::max(warm_rss, RssBytes(agent));
+    if (i > kCheckpoints - kEndSamples) end_rss = std::min(end_rss, RssBytes(agent));
   }
   // The host releases retired generations on its heartbeat, and a publish
   // no longer waits for one (issue 20), so a few checkpoints may commit per
   // heartbeat: the host, and the cache with it, holds those few, never one
   // per checkpoint (31 before the cache was bounded).
   EXPECT_LE(max_generations, 10);
-  const int64_t end_rss = RssBytes(agent);
   EXPECT_LT(end_rss - warm_rss, kRssTolerance)
-      << "agent RSS " << warm_rss << " after " << kWarmUp << " checkpoints, " << end_rss
-      << " after " << kCheckpoints;
+      << "agent RSS at most " << warm_rss << " over checkpoints " << kWarmUp - 2 << " to "
+      << kWarmUp << ", at least " << end_rss << " over the last " << kEndSamples;
 
   v1::DeleteJobRequest del;
   del.set_job_id(job_id_);
@@ -383,7 +390,13 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
   })) << "cache bytes " << AgentMetric("h0", "reshard_agent_worker_cache_bytes").value_or(-1)
       << ", entries " << AgentMetric("h0", "reshard_agent_worker_cache_entries").value_or(-1);
   EXPECT_EQ(AgentMetric("h0", "reshard_agent_rank_buffers_held").value_or(-1), 0);
-  EXPECT_LT(RssBytes(agent) - warm_rss, kRssTolerance);
+  // Its freed heap goes back on the next trim.
+  int64_t deleted_rss = 0;
+  EXPECT_TRUE(WaitFor([&] {
+    deleted_rss = RssBytes(agent);
+    return deleted_rss - warm_rss < kRssTolerance;
+  })) << "agent RSS "
+      << deleted_rss << " after DeleteJob, " << warm_rss << " when warm";
   ExpectAgentsRunning();
 }
 
