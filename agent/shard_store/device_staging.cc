@@ -36,6 +36,21 @@ absl::Status ForEachChunk(const std::vector<ItemSlot>& items,
   return absl::OkStatus();
 }
 
+// The word for each store in messages: what the buffers of `key` are called.
+const char* KindOf(const ShardStore&) { return "host"; }
+const char* KindOf(const DeviceBufferStore&) { return "device"; }
+
+// FailedPrecondition: `key` in `store` is not sealed (a host buffer is named
+// without its kind).
+absl::Status NotSealed(const ShardStore&, const RankBufferKey& key) {
+  return absl::FailedPreconditionError(
+      absl::StrCat(Describe(key), " is not sealed: only sealed buffers are staged"));
+}
+absl::Status NotSealed(const DeviceBufferStore&, const RankBufferKey& key) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("device ", Describe(key), " is not sealed: only sealed buffers are staged"));
+}
+
 // FailedPrecondition unless `existing` (the copy's store already holds
 // `key`) is sealed with `sums`.
 absl::Status CheckExisting(const RankBufferKey& key, const char* kind, bool sealed,
@@ -52,107 +67,83 @@ absl::Status CheckExisting(const RankBufferKey& key, const char* kind, bool seal
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<RankBufferPtr> StageToHost(DeviceBufferStore& devices, ShardStore& host,
-                                          const RankBufferKey& key) {
-  absl::StatusOr<DeviceRankBufferPtr> d = devices.Get(key);
-  if (!d.ok()) {
-    // Already a host buffer only (e.g. a generation that never was on a
-    // device here): that one, once sealed.
-    absl::StatusOr<RankBufferPtr> h = host.Get(key);
-    if (!h.ok()) return absl::NotFoundError(absl::StrCat("no device or host ", Describe(key)));
-    if (!(*h)->sealed()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat(Describe(key), " is not sealed: only sealed buffers are staged"));
+// The skeleton of StageToHost and StageToDevice: the sealed buffer `key` of
+// `from` copied into `to` and sealed there with its checksums.
+// create(src) makes the copy's buffer in `to`; copy(src, dst, item, offset,
+// bytes) moves one chunk of an item into it.
+template <typename From, typename To, typename Create, typename Copy>
+auto Stage(From& from, To& to, const RankBufferKey& key, const Create& create, const Copy& copy)
+    -> decltype(to.Get(key)) {
+  auto got = from.Get(key);
+  if (!got.ok()) {
+    // Already in `to` only (e.g. a generation that never was on a device
+    // here): that one, once sealed.
+    auto there = to.Get(key);
+    if (!there.ok()) {
+      return absl::NotFoundError(
+          absl::StrCat("no ", KindOf(from), " or ", KindOf(to), " ", Describe(key)));
     }
-    return *h;
+    if (!(*there)->sealed()) return NotSealed(to, key);
+    return *there;
   }
-  const DeviceRankBuffer& src = **d;
-  if (!src.sealed()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("device ", Describe(key), " is not sealed: only sealed buffers are staged"));
-  }
+  auto& src = **got;
+  if (!src.sealed()) return NotSealed(from, key);
   const std::vector<uint64_t> sums = src.checksums();
-  if (absl::StatusOr<RankBufferPtr> h = host.Get(key); h.ok()) {
-    if (absl::Status s = CheckExisting(key, "host", (*h)->sealed(), (*h)->checksums(), sums);
+  if (auto there = to.Get(key); there.ok()) {
+    if (absl::Status s = CheckExisting(key, KindOf(to), (*there)->sealed(), (*there)->checksums(),
+                                       sums);
         !s.ok()) {
       return s;
     }
-    return *h;
+    return *there;
   }
-  absl::StatusOr<std::vector<RankBufferPtr>> made =
-      host.CreateAll({key}, {ItemBytes(src.items())});
+  auto made = create(src);
   if (!made.ok()) return made.status();
-  RankBuffer& dst = *(*made)[0];
+  auto& dst = *(*made)[0];
   absl::Status st = [&]() -> absl::Status {
     if (absl::Status s = ForEachChunk(src.items(),
                                       [&](int item, int64_t off, int64_t n) {
-                                        return devices.ReadItem(key, item, off,
-                                                                dst.item_data(item) + off, n);
+                                        return copy(src, dst, item, off, n);
                                       });
         !s.ok()) {
       return s;
     }
-    absl::StatusOr<std::vector<uint64_t>> sealed = host.Seal(key, sums);
+    // The copy's own checksums must be the original's: bytes that changed on
+    // the way (or a host file changed under the copy) are DataLoss, and the
+    // copy goes.
+    absl::StatusOr<std::vector<uint64_t>> sealed = to.Seal(key, sums);
     return sealed.ok() ? absl::OkStatus() : sealed.status();
   }();
   if (!st.ok()) {
-    host.Drop(key);
+    to.Drop(key);
     return st;
   }
   return (*made)[0];
 }
 
+}  // namespace
+
+absl::StatusOr<RankBufferPtr> StageToHost(DeviceBufferStore& devices, ShardStore& host,
+                                          const RankBufferKey& key) {
+  return Stage(
+      devices, host, key,
+      [&](const DeviceRankBuffer& src) { return host.CreateAll({key}, {ItemBytes(src.items())}); },
+      [&](const DeviceRankBuffer&, RankBuffer& dst, int item, int64_t off, int64_t n) {
+        return devices.ReadItem(key, item, off, dst.item_data(item) + off, n);
+      });
+}
+
 absl::StatusOr<DeviceRankBufferPtr> StageToDevice(ShardStore& host, DeviceBufferStore& devices,
                                                   const RankBufferKey& key, int device) {
-  absl::StatusOr<RankBufferPtr> h = host.Get(key);
-  if (!h.ok()) {
-    absl::StatusOr<DeviceRankBufferPtr> d = devices.Get(key);
-    if (!d.ok()) return absl::NotFoundError(absl::StrCat("no host or device ", Describe(key)));
-    if (!(*d)->sealed()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "device ", Describe(key), " is not sealed: only sealed buffers are staged"));
-    }
-    return *d;
-  }
-  RankBuffer& src = **h;
-  if (!src.sealed()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Describe(key), " is not sealed: only sealed buffers are staged"));
-  }
-  const std::vector<uint64_t> sums = src.checksums();
-  if (absl::StatusOr<DeviceRankBufferPtr> d = devices.Get(key); d.ok()) {
-    if (absl::Status s = CheckExisting(key, "device", (*d)->sealed(), (*d)->checksums(), sums);
-        !s.ok()) {
-      return s;
-    }
-    return *d;
-  }
-  if (absl::Status s = src.CheckFile(); !s.ok()) return s;
-  absl::StatusOr<std::vector<DeviceRankBufferPtr>> made =
-      devices.CreateAll({key}, {device}, {ItemBytes(src.items())});
-  if (!made.ok()) return made.status();
-  absl::Status st = [&]() -> absl::Status {
-    if (absl::Status s = ForEachChunk(src.items(),
-                                      [&](int item, int64_t off, int64_t n) {
-                                        return devices.WriteItem(key, item, off,
-                                                                 src.item_data(item) + off, n);
-                                      });
-        !s.ok()) {
-      return s;
-    }
-    // The device copy's own checksums must be the host buffer's: bytes that
-    // changed on the way (or a host file changed under the copy) are
-    // DataLoss, and the copy goes.
-    absl::StatusOr<std::vector<uint64_t>> sealed = devices.Seal(key, sums);
-    return sealed.ok() ? absl::OkStatus() : sealed.status();
-  }();
-  if (!st.ok()) {
-    devices.Drop(key);
-    return st;
-  }
-  return (*made)[0];
+  return Stage(
+      host, devices, key,
+      [&](RankBuffer& src) -> absl::StatusOr<std::vector<DeviceRankBufferPtr>> {
+        if (absl::Status s = src.CheckFile(); !s.ok()) return s;
+        return devices.CreateAll({key}, {device}, {ItemBytes(src.items())});
+      },
+      [&](RankBuffer& src, const DeviceRankBuffer&, int item, int64_t off, int64_t n) {
+        return devices.WriteItem(key, item, off, src.item_data(item) + off, n);
+      });
 }
 
 }  // namespace reshard::agent
