@@ -3,6 +3,7 @@
 // that cannot fit their hosts' memory. Each refusal changes nothing.
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
@@ -28,11 +29,28 @@ class SchedulerLimitsTest : public LogicTest {
     EXPECT_THAT(RegisterStatus(spec, key), StatusIs(code, text));
     EXPECT_TRUE(Snapshot() == before);
   }
-  void RegisterWithLimit(const std::string& host, int64_t limit) {
+  // `devices`: the memory_bytes of each "cuda" device (as an agent with a
+  // device API registers them), after a "cpu" device that carries `limit`
+  // (which is host memory, counted once).
+  void RegisterWithLimit(const std::string& host, int64_t limit,
+                         const std::vector<int64_t>& devices = {}) {
     v1::RegisterAgentRequest request;
     request.mutable_host()->set_host_id(host);
     request.mutable_host()->set_address(host + ":7171");
     request.mutable_host()->set_memory_limit_bytes(limit);
+    if (!devices.empty()) {
+      v1::Device* cpu = request.mutable_host()->add_devices();
+      cpu->set_kind("cpu");
+      cpu->set_name("cpu");
+      cpu->set_memory_bytes(limit);
+    }
+    for (size_t i = 0; i < devices.size(); ++i) {
+      v1::Device* d = request.mutable_host()->add_devices();
+      d->set_index(static_cast<int>(i));
+      d->set_kind("cuda");
+      d->set_name(absl::StrCat("cuda:", i));
+      d->set_memory_bytes(devices[i]);
+    }
     absl::StatusOr<v1::RegisterAgentResponse> r = agents_->RegisterAgent(request);
     ASSERT_TRUE(r.ok()) << r.status();
   }
@@ -168,6 +186,51 @@ TEST_P(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
                              "registered hosts have ",
                              2 * per_host - 1));
   RegisterWithLimit("h8", per_host);
+  EXPECT_TRUE(RegisterStatus(spec).ok());
+}
+
+// A host holds a job's shards in host memory or in its devices' memory:
+// its capacity is memory_limit_bytes plus its non-cpu devices' memory_bytes.
+TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsAHostsCapacity) {
+  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  ASSERT_GT(per_host, 20);
+  const v1::JobSpec spec = ReplicatedJob("gpus");  // per_host bytes on each of h0, h1
+
+  // h1 fits only with its device; h0's host memory and two devices hold
+  // one byte too few.
+  RegisterWithLimit("h1", 1, {per_host - 1});
+  RegisterWithLimit("h0", per_host - 10, {4, 5});
+  ExpectRefused(spec, absl::StatusCode::kResourceExhausted,
+                absl::StrCat("layout: host \"h0\" would hold ", per_host,
+                             " bytes of this job's shards; its memory_limit_bytes is ",
+                             per_host - 10, " and its 2 devices hold 9"));
+  RegisterWithLimit("h0", per_host - 10, {5, 5});  // exactly enough
+  const v1::Job job = Register(spec);
+
+  // A target with both ranks on h2: host memory alone would do for one.
+  RegisterWithLimit("h2", per_host, {per_host / 2, per_host - per_host / 2 - 1});
+  EXPECT_THAT(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       absl::StrCat("target: host \"h2\" would hold ", 2 * per_host,
+                                    " bytes of this job's shards; its memory_limit_bytes is ",
+                                    per_host, " and its 2 devices hold ", per_host - 1)));
+  // A device of unknown memory (0): h2 is not judged, however small its limit.
+  RegisterWithLimit("h2", 1, {0, 1});
+  EXPECT_TRUE(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).ok());
+}
+
+TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsTheClusterTotal) {
+  const v1::JobSpec spec = ReplicatedJob("big");  // on h0, h1: not registered
+  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  RegisterWithLimit("h7", per_host);
+  RegisterWithLimit("h8", 1, {per_host - 3, 1});  // the two hold 2 * per_host - 1
+  ExpectRefused(spec, absl::StatusCode::kResourceExhausted,
+                absl::StrCat("the job needs ", 2 * per_host,
+                             " bytes over its hosts; the 2 registered hosts have ", per_host + 1,
+                             " bytes of memory_limit_bytes and ", per_host - 2,
+                             " bytes on their 2 devices in all"));
+  // Unknown device memory: the cluster total is not judged.
+  RegisterWithLimit("h8", 1, {0});
   EXPECT_TRUE(RegisterStatus(spec).ok());
 }
 
