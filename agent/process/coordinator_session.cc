@@ -88,13 +88,19 @@ v1::Host CoordinatorSession::DescribeHost() const {
   h.set_host_id(options_.host_id);
   h.set_address(options_.address);
   h.set_memory_limit_bytes(options_.memory_limit_bytes);
-  const int cuda = CudaDeviceCount();
-  if (cuda > 0) {
-    for (int i = 0; i < cuda; ++i) {
+  // The devices of the device API this agent uses (the one its store and
+  // executor use), each with the bytes of rank buffers it may hold: the
+  // store's limit (the per-device limit, else the device's total memory:
+  // DeviceBufferStore::Open's rule); 0 (unknown) without a store. Without a
+  // device API, state stays in host memory: one "cpu" device.
+  if (options_.device_api != nullptr) {
+    const DeviceApiCapabilities caps = options_.device_api->capabilities();
+    for (int i = 0; i < caps.device_count; ++i) {
       v1::Device* d = h.add_devices();
       d->set_index(i);
-      d->set_kind("cuda");
-      d->set_name(absl::StrCat("cuda:", i));
+      d->set_kind(caps.name);
+      d->set_name(absl::StrCat(caps.name, ":", i));
+      d->set_memory_bytes(options_.devices != nullptr ? options_.devices->limit_bytes(i) : 0);
     }
   } else {
     v1::Device* d = h.add_devices();

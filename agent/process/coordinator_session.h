@@ -62,8 +62,10 @@ class CoordinatorSession {
     int heartbeat_ms = 0;             // 0: a third of the lease
     AgentMetrics* metrics = nullptr;  // not owned; null: no metrics
     /// The device API and device store (not owned; both null without a
-    /// device): advertised with the backends, and a released, discarded or
-    /// deleted generation's device buffers are dropped with its host ones.
+    /// device): advertised with the backends and as the host's devices (one
+    /// per device, memory_bytes the store's limit of it), and a released,
+    /// discarded or deleted generation's device buffers are dropped with its
+    /// host ones.
     const DeviceApi* device_api = nullptr;
     DeviceBufferStore* devices = nullptr;
     /// The device communicator (not owned; null without one): advertised

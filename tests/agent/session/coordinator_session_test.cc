@@ -5,7 +5,8 @@
 // operation runs again in its transfer phase when it is assigned again, the
 // long poll (WaitForTasks) starts operations without a heartbeat, a
 // coordinator without WaitForTasks leaves the agent on heartbeats, and a
-// discard drops the prepared buffers while the poll stays open.
+// discard drops the prepared buffers while the poll stays open. And the
+// host the agent registers lists the devices of its device API.
 #include "agent/process/coordinator_session.h"
 
 #include <gmock/gmock.h>
@@ -19,9 +20,14 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "agent/executor/executor.h"
+#include "agent/shard_store/device_buffer.h"
+#include "agent/transfer/device_api.h"
 #include "reshard/v1/agent.grpc.pb.h"
 #include "tests/agent/executor/executor_fixture.h"
 
@@ -43,8 +49,11 @@ constexpr char kHost[] = "h0";
 // test scripts: the operations assigned, the task of each, discards.
 class FakeCoordinator final : public v1::AgentService::Service {
  public:
-  grpc::Status RegisterAgent(grpc::ServerContext*, const v1::RegisterAgentRequest*,
+  grpc::Status RegisterAgent(grpc::ServerContext*, const v1::RegisterAgentRequest* req,
                              v1::RegisterAgentResponse* resp) override {
+    std::lock_guard<std::mutex> l(mu_);
+    registered_.push_back(req->host());
+    cv_.notify_all();
     resp->set_epoch(1);
     resp->set_lease_ms(60000);
     return grpc::Status::OK;
@@ -180,8 +189,18 @@ class FakeCoordinator final : public v1::AgentService::Service {
     std::lock_guard<std::mutex> l(mu_);
     return held_named_known_;
   }
+  /// The host of the first registration (waits up to 60 s).
+  std::optional<v1::Host> Registered() {
+    std::optional<v1::Host> out;
+    WaitUntil([&] {
+      if (!registered_.empty()) out = registered_.front();
+      return out.has_value();
+    });
+    return out;
+  }
   // Fields the predicates of WaitUntil read (under the lock).
   int heartbeats_ = 0, polls_ = 0, polls_waiting_ = 0;
+  std::vector<v1::Host> registered_;
 
  private:
   std::mutex mu_;
@@ -230,12 +249,16 @@ class SessionTest : public ::testing::Test {
     fs::remove_all(dir_, ec);
   }
 
-  void StartSession(int heartbeat_ms) {
+  // With `device_api` and `devices` (not owned) as the agent passes them.
+  void StartSession(int heartbeat_ms, const DeviceApi* device_api = nullptr,
+                    DeviceBufferStore* devices = nullptr) {
     CoordinatorSession::Options o;
     o.host_id = kHost;
     o.address = "127.0.0.1:1";
     o.memory_limit_bytes = int64_t{1} << 30;
     o.heartbeat_ms = heartbeat_ms;
+    o.device_api = device_api;
+    o.devices = devices;
     session_ = std::make_unique<CoordinatorSession>(
         o,
         grpc::CreateChannel("127.0.0.1:" + std::to_string(port_),
@@ -295,6 +318,9 @@ class SessionTest : public ::testing::Test {
   fs::path dir_;
   std::unique_ptr<ShardStore> store_;
   std::unique_ptr<TaskExecutor> executor_;
+  // A device API and store a test opens; they outlive session_ (TearDown).
+  std::unique_ptr<DeviceApi> device_api_;
+  std::unique_ptr<DeviceBufferStore> device_store_;
   FakeCoordinator fake_;
   int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
@@ -435,6 +461,55 @@ TEST_F(SessionTest, ADiscardDropsThePreparedBuffersAndThePollStaysOpen) {
   ASSERT_TRUE(fake_.WaitUntil([&] { return fake_.polls_ > polls && fake_.polls_waiting_ > 0; }));
   // And the operation is not run again.
   EXPECT_EQ(fake_.Finals("op-sf").size(), 1u);
+}
+
+// The host an agent registers lists the devices of the device API it uses
+// (as `--device fake:2:BYTES` makes it), each with the bytes its device store
+// may hold there: the per-device limit when set
+// (--device-memory-limit-bytes), else the device's total memory.
+TEST_F(SessionTest, AnAgentWithADeviceApiRegistersItsDevicesAndTheirMemory) {
+  constexpr int64_t kDeviceBytes = int64_t{64} << 20;
+  for (const int64_t limit : {int64_t{3} << 20, int64_t{0}}) {
+    SCOPED_TRACE(limit);
+    fake_.registered_.clear();  // no session is running
+    auto api = MakeDeviceApi(absl::StrCat("fake:2:", kDeviceBytes));
+    ASSERT_TRUE(api.ok()) << api.status();
+    device_api_ = *std::move(api);
+    DeviceBufferStore::Options options;
+    options.memory_limit_bytes_per_device = limit;
+    auto store = DeviceBufferStore::Open(device_api_.get(), options);
+    ASSERT_TRUE(store.ok()) << store.status();
+    device_store_ = *std::move(store);
+    StartSession(/*heartbeat_ms=*/3600 * 1000, device_api_.get(), device_store_.get());
+
+    const std::optional<v1::Host> host = fake_.Registered();
+    ASSERT_TRUE(host.has_value());
+    EXPECT_EQ(host->memory_limit_bytes(), int64_t{1} << 30);
+    ASSERT_EQ(host->devices_size(), 2);
+    for (int i = 0; i < 2; ++i) {
+      const v1::Device& d = host->devices(i);
+      EXPECT_EQ(d.index(), i);
+      EXPECT_EQ(d.kind(), "fake");
+      EXPECT_EQ(d.name(), absl::StrCat("fake:", i));
+      EXPECT_EQ(d.memory_bytes(), limit > 0 ? limit : kDeviceBytes);
+    }
+    session_->Stop();
+    session_.reset();
+  }
+}
+
+// Without a device API, state stays in host memory: one "cpu" device that
+// carries the host's memory limit.
+TEST_F(SessionTest, AnAgentWithoutADeviceApiRegistersOneCpuDevice) {
+  StartSession(/*heartbeat_ms=*/3600 * 1000);
+  const std::optional<v1::Host> host = fake_.Registered();
+  ASSERT_TRUE(host.has_value());
+  ASSERT_EQ(host->devices_size(), 1);
+  const v1::Device& d = host->devices(0);
+  EXPECT_EQ(d.index(), 0);
+  EXPECT_EQ(d.kind(), "cpu");
+  EXPECT_EQ(d.name(), "cpu");
+  EXPECT_EQ(d.memory_bytes(), int64_t{1} << 30);
 }
 
 }  // namespace
