@@ -13,6 +13,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/device_comm_bootstrap.h"
+#include "agent/executor/device_cross_host.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/step_chunks.h"
 #include "agent/executor/step_seal.h"
@@ -128,23 +129,15 @@ int64_t WindowBytes(const std::vector<Chunk>& w) {
   return n;
 }
 
-class CommSteps {
+class CommSteps : public DeviceCrossHostSteps {
  public:
   CommSteps(DeviceBufferStore& devices, DeviceCommFactory& factory, Transport* transport,
             const TaskExecutor::Options& options, const std::string& host_id,
             const v1::HostTask& task, const std::function<bool()>& cancelled,
             const std::function<void(const std::string& what)>& waiting)
-      : devices_(devices),
-        api_(devices.api()),
+      : DeviceCrossHostSteps(devices, transport, options, host_id, task, cancelled, waiting),
         factory_(factory),
-        transport_(transport),
-        options_(options),
-        host_id_(host_id),
-        task_(task),
-        cancelled_(cancelled),
-        waiting_(waiting),
-        context_(TransferContext(task)),
-        tag_key_(TaskTagKey(task)) {}
+        context_(TransferContext(task)) {}
 
   ~CommSteps() {
     ReleaseStaging();
@@ -152,14 +145,10 @@ class CommSteps {
   }
 
   absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                   const std::function<void(int64_t bytes)>& moved) {
+                   const std::function<void(int64_t bytes)>& moved) override {
     hs_ = &hs;
     made_ = &made;
-    if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
-                                                    cancelled_, waiting_);
-        !s.ok()) {
-      return s;
-    }
+    if (absl::Status s = ConnectAndProve(hs); !s.ok()) return s;
     if (absl::Status s = Bootstrap(); !s.ok()) return s;
     Plan();
     if (absl::Status s = Move(moved); !s.ok()) return Failed(s);
@@ -199,12 +188,8 @@ class CommSteps {
 
   absl::Status Bootstrap() {
     if (waiting_) waiting_("device communicator");
-    std::vector<std::string> hosts{host_id_};
-    for (const v1::PeerHost& p : task_.peers()) {
-      if (p.host_id() != host_id_) hosts.push_back(p.host_id());
-    }
-    std::sort(hosts.begin(), hosts.end());
-    for (size_t i = 0; i < hosts.size(); ++i) rank_of_[hosts[i]] = static_cast<int>(i);
+    std::vector<std::string> hosts;  // in rank order
+    for (const auto& [host, rank] : host_index_) hosts.push_back(host);
     absl::StatusOr<std::unique_ptr<DeviceComm>> comm = BootstrapDeviceComm(
         transport_, &factory_, task_.transfer_secret(), context_, host_id_, hosts, kCommDevice,
         DeviceCommTag(tag_key_), cancelled_, std::chrono::milliseconds(options_.proof_timeout_ms));
@@ -245,17 +230,26 @@ class CommSteps {
     }
   }
 
-  // Where chunk `c` of remote `r` starts at this end, and its runs.
-  void Runs(const Chunk& c, const std::function<void(const uint8_t* src_base, uint8_t* dst_base,
-                                                     int src_device, int dst_device, int64_t s,
-                                                     int64_t d, int64_t n)>& fn,
-            uint8_t* staging) {
+  // Queues the copies of chunk `c` between its step's buffers here and
+  // `staging` (row-major), run by run: a send gathers its source region into
+  // the staging, a receive scatters the staging into each destination.
+  absl::Status CopyChunk(const Chunk& c, uint8_t* staging) {
     const RemoteStep& r = hs_->remotes[c.remote];
     const v1::CopyStep& step = *r.step;
     std::vector<int64_t> start, shape;
     chunks_[c.remote].Get(c.chunk, &start, &shape);
     const std::vector<int64_t> packed = RowMajorStrides(shape);
     const int item = step.item();
+    const int eb = ElementBytes(c);
+    absl::Status st;
+    auto copy = [&](uint8_t* to, int to_device, const uint8_t* from, int from_device) {
+      return [&, to, to_device, from, from_device](int64_t s, int64_t d, int64_t n) {
+        if (st.ok()) {
+          st = Copy(to + d * eb, to_device, from + s * eb, from_device,
+                    static_cast<size_t>(n * eb));
+        }
+      };
+    };
     if (r.is_send) {
       const RankBuffer& src = *hs_->old_bufs.at(step.src_rank());
       const DeviceRankBuffer* dev = DeviceSourceOf(src);
@@ -265,20 +259,17 @@ class CommSteps {
           src.items()[item].offset;
       const std::vector<int64_t> strides = ToVector(step.src().strides());
       ForEachRun(shape, ChunkOffset(step.src().offset(), strides, start), strides, 0, packed,
-                 [&](int64_t s, int64_t d, int64_t n) {
-                   fn(base, staging, dev != nullptr ? dev->device() : -1, kCommDevice, s, d, n);
-                 });
-      return;
+                 copy(staging, kCommDevice, base, dev != nullptr ? dev->device() : -1));
+      return st;
     }
     for (const v1::Destination& dst : step.dsts()) {
       const DeviceRankBuffer& b = *(*made_)[hs_->new_index.at(dst.rank())];
       uint8_t* base = static_cast<uint8_t*>(b.data()) + b.items()[item].offset;
       const std::vector<int64_t> strides = ToVector(dst.region().strides());
       ForEachRun(shape, 0, packed, ChunkOffset(dst.region().offset(), strides, start), strides,
-                 [&](int64_t s, int64_t d, int64_t n) {
-                   fn(staging, base, kCommDevice, b.device(), s, d, n);
-                 });
+                 copy(base, b.device(), staging, kCommDevice));
     }
+    return st;
   }
 
   // One copy on the communicator's stream; device -1 is host memory.
@@ -345,18 +336,7 @@ class CommSteps {
         if (w == nullptr) continue;
         int64_t at = 0;
         for (const Chunk& c : *w) {
-          uint8_t* chunk_staging = s.send->data() + at;
-          const int eb = ElementBytes(c);
-          absl::Status st;
-          Runs(
-              c,
-              [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
-                  int64_t n) {
-                if (st.ok())
-                  st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
-              },
-              chunk_staging);
-          if (!st.ok()) return st;
+          if (absl::Status st = CopyChunk(c, s.send->data() + at); !st.ok()) return st;
           at += c.bytes;
         }
         if (sealed && at > 0) {
@@ -390,17 +370,7 @@ class CommSteps {
         }
         int64_t at = 0;
         for (const Chunk& c : *w) {
-          const int eb = ElementBytes(c);
-          absl::Status st;
-          Runs(
-              c,
-              [&](const uint8_t* from, uint8_t* to, int fd, int td, int64_t sv, int64_t dv,
-                  int64_t n) {
-                if (st.ok())
-                  st = Copy(to + dv * eb, td, from + sv * eb, fd, static_cast<size_t>(n * eb));
-              },
-              s.receive->data() + at);
-          if (!st.ok()) return st;
+          if (absl::Status st = CopyChunk(c, s.receive->data() + at); !st.ok()) return st;
           at += c.bytes;
           received += c.bytes * hs_->remotes[c.remote].step->dsts_size();
         }
@@ -435,7 +405,7 @@ class CommSteps {
     if (absl::Status st = comm_->GroupStart(); !st.ok()) return st;
     absl::Status issued;
     for (const auto& [p, s] : staging_) {
-      const int peer = rank_of_.at(p);
+      const int peer = host_index_.at(p);
       if (const auto* w = Window(send_windows_, p, k); w != nullptr && issued.ok()) {
         issued =
             comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
@@ -453,20 +423,10 @@ class CommSteps {
     return task_.plan().items(hs_->remotes[c.remote].step->item()).element_bytes();
   }
 
-  DeviceBufferStore& devices_;
-  DeviceApi* api_;
   DeviceCommFactory& factory_;
-  Transport* transport_;
-  const TaskExecutor::Options& options_;
-  const std::string& host_id_;
-  const v1::HostTask& task_;
-  const std::function<bool()>& cancelled_;
-  const std::function<void(const std::string& what)>& waiting_;
   const std::string context_;
-  const uint32_t tag_key_;
   const HostSteps* hs_ = nullptr;
   const std::vector<DeviceRankBufferPtr>* made_ = nullptr;
-  std::map<std::string, int> rank_of_;
   std::unique_ptr<DeviceComm> comm_;
   std::optional<DeviceStream> stream_;
   std::vector<StepChunks> chunks_;  // per remote
@@ -599,12 +559,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceComm(
     const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting) {
-  CommSteps steps(devices, comm, transport, options, host_id, task, cancelled, waiting);
-  return RunOnDevices(store, devices, options, host_id, task, route, progress, cancelled,
-                      [&](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                          const std::function<void(int64_t bytes)>& moved) {
-                        return steps.Run(hs, made, moved);
-                      });
+  return CommSteps(devices, comm, transport, options, host_id, task, cancelled, waiting)
+      .RunWithDevices(store, route, progress);
 }
 
 }  // namespace reshard::agent

@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "agent/executor/device_comm_steps.h"
+#include "agent/executor/device_cross_host.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/peer_proof.h"
 #include "agent/executor/transfer_tags.h"
@@ -104,29 +105,14 @@ struct Pending {
   absl::Status error;
 };
 
-class IpcSteps {
+class IpcSteps : public DeviceCrossHostSteps {
  public:
   IpcSteps(ShardStore& store, DeviceBufferStore& devices, Transport* transport,
            const TaskExecutor::Options& options, const std::string& host_id,
            const v1::HostTask& task, const std::function<bool()>& cancelled,
            const std::function<void(const std::string& what)>& waiting)
-      : store_(store),
-        devices_(devices),
-        api_(devices.api()),
-        transport_(transport),
-        options_(options),
-        host_id_(host_id),
-        task_(task),
-        cancelled_(cancelled),
-        waiting_(waiting),
-        tag_key_(TaskTagKey(task)) {
-    std::vector<std::string> hosts{host_id};
-    for (const v1::PeerHost& p : task.peers()) {
-      if (p.host_id() != host_id) hosts.push_back(p.host_id());
-    }
-    std::sort(hosts.begin(), hosts.end());
-    for (size_t i = 0; i < hosts.size(); ++i) index_of_[hosts[i]] = static_cast<int>(i);
-  }
+      : DeviceCrossHostSteps(devices, transport, options, host_id, task, cancelled, waiting),
+        store_(store) {}
 
   ~IpcSteps() {
     for (auto& [ptr, device] : opened_) (void)api_->IpcClose(device, ptr);
@@ -135,12 +121,8 @@ class IpcSteps {
   }
 
   absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                   const std::function<void(int64_t bytes)>& moved) {
-    if (absl::Status s = ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs,
-                                                    cancelled_, waiting_);
-        !s.ok()) {
-      return s;
-    }
+                   const std::function<void(int64_t bytes)>& moved) override {
+    if (absl::Status s = ConnectAndProve(hs); !s.ok()) return s;
     std::map<std::string, std::set<int>> send_ranks, receive_ranks;
     for (const RemoteStep& r : hs.remotes) {
       (r.is_send ? send_ranks : receive_ranks)[r.peer].insert(r.step->src_rank());
@@ -167,8 +149,8 @@ class IpcSteps {
 
  private:
   absl::StatusOr<uint64_t> Tag(const std::string& host, bool done) const {
-    auto it = index_of_.find(host);
-    if (it == index_of_.end()) {
+    auto it = host_index_.find(host);
+    if (it == host_index_.end()) {
       return absl::InvalidArgumentError(absl::StrCat("operation ", task_.operation_id(),
                                                      ": host \"", host,
                                                      "\" is not among the task's peers"));
@@ -530,16 +512,6 @@ class IpcSteps {
   }
 
   ShardStore& store_;
-  DeviceBufferStore& devices_;
-  DeviceApi* api_;
-  Transport* transport_;
-  const TaskExecutor::Options& options_;
-  const std::string& host_id_;
-  const v1::HostTask& task_;
-  const std::function<bool()>& cancelled_;
-  const std::function<void(const std::string& what)>& waiting_;
-  const uint32_t tag_key_;
-  std::map<std::string, int> index_of_;
   std::shared_ptr<Pending> sent_ = std::make_shared<Pending>();  // handles messages
   std::shared_ptr<Pending> done_ = std::make_shared<Pending>();  // receivers' "done"
   std::vector<std::pair<void*, int>> opened_;                    // IPC pointers, device
@@ -647,12 +619,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceIpc(
     const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting) {
-  IpcSteps steps(store, devices, transport, options, host_id, task, cancelled, waiting);
-  return RunOnDevices(store, devices, options, host_id, task, route, progress, cancelled,
-                      [&](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                          const std::function<void(int64_t bytes)>& moved) {
-                        return steps.Run(hs, made, moved);
-                      });
+  return IpcSteps(store, devices, transport, options, host_id, task, cancelled, waiting)
+      .RunWithDevices(store, route, progress);
 }
 
 }  // namespace reshard::agent
