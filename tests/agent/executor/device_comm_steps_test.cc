@@ -12,10 +12,10 @@
 
 #include <atomic>
 #include <future>
-#include <map>
 #include <mutex>
 #include <optional>
 #include <set>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -25,67 +25,19 @@
 namespace reshard::agent::executor_testing {
 namespace {
 
-const std::string kSecret(32, 's');
-
-// A communicator whose receives land with their first byte zeroed (in
-// stream order, after the bytes arrived): bytes altered in flight.
-class AlteringComm : public DeviceComm {
- public:
-  AlteringComm(std::unique_ptr<DeviceComm> inner, DeviceApi* api)
-      : inner_(std::move(inner)), api_(api) {}
-  int rank() const override { return inner_->rank(); }
-  int nranks() const override { return inner_->nranks(); }
-  int device() const override { return inner_->device(); }
-  absl::Status Send(const void* data, size_t bytes, int peer, DeviceStream stream) override {
-    return inner_->Send(data, bytes, peer, stream);
-  }
-  absl::Status Recv(void* data, size_t bytes, int peer, DeviceStream stream) override {
-    absl::Status s = inner_->Recv(data, bytes, peer, stream);
-    altered_.emplace_back(data, stream);
-    return s;
-  }
-  absl::Status GroupStart() override { return inner_->GroupStart(); }
-  absl::Status GroupEnd() override {
-    absl::Status s = inner_->GroupEnd();
-    for (const auto& [data, stream] : altered_) {
-      if (s.ok()) s = api_->MemsetAsync(data, 0, 1, stream);
-    }
-    altered_.clear();
-    return s;
-  }
-  void Abort() override { inner_->Abort(); }
-
- private:
-  std::unique_ptr<DeviceComm> inner_;
-  DeviceApi* api_;
-  std::vector<std::pair<void*, DeviceStream>> altered_;
-};
-
-class AlteringCommFactory : public FakeCommFactory {
- public:
-  explicit AlteringCommFactory(FakeDeviceApi* api) : FakeCommFactory(api), api_(api) {}
-  absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
-      const std::string& id, int nranks, int rank, int device,
-      const std::function<bool()>& cancelled,
-      std::chrono::steady_clock::time_point deadline) override {
-    auto c = FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
-    if (!c.ok()) return c.status();
-    return std::unique_ptr<DeviceComm>(std::make_unique<AlteringComm>(*std::move(c), api_));
-  }
-
- private:
-  FakeDeviceApi* api_;
-};
-
 // A communicator that runs `before(n)` / `after(n)` around its n-th
-// GroupEnd (from 1) and returns `end(n)` when the inner one succeeded (a
-// GroupEnd that fails after queueing), `gone()` when it is destroyed; on
-// Abort, `aborted(live)` with whether every buffer it was given to receive
-// into is still allocated, and passes the abort on only when `abortable()`
-// (a hung process aborts nothing).
+// GroupEnd (from 1), then `landed` on each of the group's receives (in
+// stream order, after the bytes arrived: e.g. to alter them), and returns
+// `end(n)` when the inner one succeeded (a GroupEnd that fails after
+// queueing); `gone()` when it is destroyed; on Abort, `aborted(live)` with
+// whether every buffer it was given to receive into is still allocated, and
+// passes the abort on only when `abortable()` (a hung process aborts
+// nothing). Its factory runs `init()` before each Init.
 struct CommHooks {
+  std::function<void()> init = [] {};
   std::function<void(int)> before = [](int) {};
   std::function<void(int)> after = [](int) {};
+  std::function<absl::Status(DeviceApi*, void* data, DeviceStream)> landed = nullptr;
   std::function<absl::Status(int)> end = [](int) { return absl::OkStatus(); };
   std::function<void()> gone = [] {};
   std::function<void(bool live)> aborted = [](bool) {};
@@ -111,6 +63,7 @@ class HookedComm : public DeviceComm {
       std::lock_guard<std::mutex> l(mu_);
       received_into_.insert(data);
     }
+    group_receives_.emplace_back(data, stream);
     return inner_->Recv(data, bytes, peer, stream);
   }
   absl::Status GroupStart() override { return inner_->GroupStart(); }
@@ -119,6 +72,10 @@ class HookedComm : public DeviceComm {
     hooks_.before(ends_);
     absl::Status s = inner_->GroupEnd();
     hooks_.after(ends_);
+    for (const auto& [data, stream] : group_receives_) {
+      if (s.ok() && hooks_.landed) s = hooks_.landed(api_, data, stream);
+    }
+    group_receives_.clear();
     return s.ok() ? hooks_.end(ends_) : s;
   }
   void Abort() override {
@@ -136,6 +93,7 @@ class HookedComm : public DeviceComm {
   CommHooks hooks_;
   DeviceApi* api_;
   int ends_ = 0;
+  std::vector<std::pair<void*, DeviceStream>> group_receives_;  // since the last GroupEnd
   std::mutex mu_;  // Abort may come from the watchdog's thread
   std::set<void*> received_into_;
 };
@@ -148,6 +106,7 @@ class HookedCommFactory : public FakeCommFactory {
       const std::string& id, int nranks, int rank, int device,
       const std::function<bool()>& cancelled,
       std::chrono::steady_clock::time_point deadline) override {
+    hooks_.init();
     auto c = FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
     if (!c.ok()) return c.status();
     return std::unique_ptr<DeviceComm>(
@@ -158,6 +117,15 @@ class HookedCommFactory : public FakeCommFactory {
   CommHooks hooks_;
   FakeDeviceApi* api_;
 };
+
+// Receives land with their first byte zeroed: bytes altered in flight.
+CommHooks Altering() {
+  CommHooks hooks;
+  hooks.landed = [](DeviceApi* api, void* data, DeviceStream stream) {
+    return api->MemsetAsync(data, 0, 1, stream);
+  };
+  return hooks;
+}
 
 class DeviceCommStepsTest : public DeviceHostsTest {
  protected:
@@ -170,11 +138,30 @@ class DeviceCommStepsTest : public DeviceHostsTest {
       AddDeviceHost(
           [&](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
             if (id == without_comm) return nullptr;
-            if (id == altering) return std::make_unique<AlteringCommFactory>(api);
+            if (id == altering) return std::make_unique<HookedCommFactory>(api, Altering());
             return std::make_unique<FakeCommFactory>(api);
           },
           [](TaskExecutor::Options& eo) { eo.device_comm_why_not = "NCCL not loaded: test"; });
     }
+  }
+
+  void MakeRouteHosts(int n) override { MakeCommHosts(n); }
+
+  // Two hosts with the hooked communicator, rank 0 of two halves on each,
+  // resized to a whole rank on each: the halves cross both ways, in many
+  // rounds (a window per chunk).
+  void MakeHookedHosts(const CommHooks& h0, const CommHooks& h1) {
+    for (const CommHooks* hooks : {&h0, &h1}) {
+      ASSERT_NO_FATAL_FAILURE(AddDeviceHost(
+          [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
+            return std::make_unique<HookedCommFactory>(api, *hooks);
+          },
+          [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; }));
+    }
+    from_ = MakeLayout(2, 1, 1, 1);  // h0: 0, h1: 1 (a half each)
+    to_ = MakeLayout(1, 1, 2, 1);    // h0: 0, h1: 1 (whole)
+    old_world_ = 2;
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks());
   }
 
   // Peers advertise "fake-nccl" when they have a communicator.
@@ -191,38 +178,16 @@ TEST(AdvertisedCommNameTest, TheFakeIsFakeNccl) {
 }
 
 TEST_F(DeviceCommStepsTest, TwoHostsMoveDeviceBuffersOverTheCommunicator) {
-  MakeCommHosts(2);
-  FillOldRanks();
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 2; ++h) {
-    ExpectResult(h, results[h]);
-    EXPECT_TRUE(Waited(h, "device communicator")) << h;
-    EXPECT_TRUE(Waited(h, "step seals")) << h;
-    for (const std::string& w : waits_[h]) EXPECT_EQ(w.rfind("host-staged", 0), std::string::npos);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectHostsMoveOver("device communicator"));
+  for (int h = 0; h < 2; ++h) EXPECT_TRUE(Waited(h, "step seals")) << h;
 }
 
 TEST_F(DeviceCommStepsTest, ThreeHostsInACycleMoveOverOneCommunicator) {
-  from_ = MakeLayout(2, 1, 3, 2);  // h0: 0-1, h1: 2-3, h2: 4-5
-  to_ = MakeLayout(1, 1, 3, 1);    // h0: 0, h1: 1, h2: 2
-  MakeCommHosts(3);
-  FillOldRanks();
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 3; ++h) {
-    ExpectResult(h, results[h]);
-    EXPECT_TRUE(Waited(h, "device communicator")) << h;
-  }
+  ExpectThreeHostsInACycleMoveOver("device communicator");
 }
 
 TEST_F(DeviceCommStepsTest, HostResidentSourcesGoOverTheCommunicatorAndStayInHostMemory) {
-  MakeCommHosts(2);
-  FillOldRanks("h0");  // h0's sources in host memory: its new buffers stay there
-  const std::vector<Result> results = RunAll("");  // no secret: no proofs, no seals
-  ExpectResult(0, results[0], /*in_host=*/true);
-  ExpectResult(1, results[1]);
-  EXPECT_TRUE(Waited(0, "device communicator"));
-  // The sources are untouched.
-  EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, 0}).ok());
+  ExpectHostResidentSourcesMoveOver("device communicator", 0);
 }
 
 TEST_F(DeviceCommStepsTest, AHostWithoutTheCommunicatorMakesEveryHostHostStaged) {
@@ -241,17 +206,7 @@ TEST_F(DeviceCommStepsTest, AHostWithoutTheCommunicatorMakesEveryHostHostStaged)
 }
 
 TEST_F(DeviceCommStepsTest, AHostWithAnotherSecretFailsTheTaskOnBoth) {
-  MakeCommHosts(2);
-  FillOldRanks();
-  secrets_ = {kSecret, std::string(32, 'x')};
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 2; ++h) {
-    ASSERT_FALSE(results[h].ok()) << h;
-    // The other secret derives other tags: no proof ever arrives.
-    EXPECT_EQ(results[h].status().code(), absl::StatusCode::kUnauthenticated)
-        << results[h].status();
-    ExpectNothingLeft(h);
-  }
+  ExpectAnotherSecretFailsTheTaskOnBoth();
 }
 
 TEST_F(DeviceCommStepsTest, BytesAlteredInFlightAreDataLossOnTheReceiver) {
@@ -267,18 +222,7 @@ TEST_F(DeviceCommStepsTest, BytesAlteredInFlightAreDataLossOnTheReceiver) {
 }
 
 TEST_F(DeviceCommStepsTest, CancelledWhileMovingLeavesNothing) {
-  MakeCommHosts(2);
-  FillOldRanks();
-  std::atomic<bool> cancel{false};
-  const std::vector<Result> results =
-      RunAll(kSecret, [&] { return cancel.load(); }, [&](const std::string& what) {
-        if (what == "cross-host steps (device communicator)") cancel = true;
-      });
-  for (int h = 0; h < 2; ++h) {
-    ASSERT_FALSE(results[h].ok()) << h;
-    EXPECT_EQ(results[h].status().code(), absl::StatusCode::kCancelled) << results[h].status();
-    ExpectNothingLeft(h);
-  }
+  ExpectCancelledWhileWaitingLeavesNothing("cross-host steps (device communicator)");
 }
 
 // A transfer that waits on a stalled peer (its process hung: on NCCL the
@@ -307,17 +251,7 @@ TEST_F(DeviceCommStepsTest, ACancelEndsATransferThatWaitsOnAStalledPeer) {
   h1_hooks.abortable = [released] {
     return released.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
   };
-  for (CommHooks* hooks : {&h0_hooks, &h1_hooks}) {
-    AddDeviceHost(
-        [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
-          return std::make_unique<HookedCommFactory>(api, *hooks);
-        },
-        [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; });  // rounds
-  }
-  from_ = MakeLayout(2, 1, 1, 1);  // h0: 0, h1: 1 (a half each)
-  to_ = MakeLayout(1, 1, 2, 1);    // h0: 0, h1: 1 (whole): halves cross both ways, many rounds
-  old_world_ = 2;
-  FillOldRanks();
+  ASSERT_NO_FATAL_FAILURE(MakeHookedHosts(h0_hooks, h1_hooks));
   // Cancelled once h0 waits on round 2 and h1 is stalled before it (h1,
   // stalled in the hook, polls nothing; h0 polls only through the watchdog).
   auto all = std::async(std::launch::async, [&] {
@@ -361,17 +295,7 @@ TEST_F(DeviceCommStepsTest, AGroupEndFailingAfterQueueingAbortsBeforeFreeingTheS
   h1_hooks.before = [released](int n) {
     if (n == 2) released.wait();
   };
-  for (CommHooks* hooks : {&h0_hooks, &h1_hooks}) {
-    AddDeviceHost(
-        [hooks](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
-          return std::make_unique<HookedCommFactory>(api, *hooks);
-        },
-        [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; });  // rounds
-  }
-  from_ = MakeLayout(2, 1, 1, 1);
-  to_ = MakeLayout(1, 1, 2, 1);
-  old_world_ = 2;
-  FillOldRanks();
+  ASSERT_NO_FATAL_FAILURE(MakeHookedHosts(h0_hooks, h1_hooks));
   auto all = std::async(std::launch::async, [&] { return RunAll(kSecret); });
   const bool h0_returned =
       h0_done.get_future().wait_for(std::chrono::seconds(30)) == std::future_status::ready;
@@ -393,26 +317,13 @@ TEST_F(DeviceCommStepsTest, AGroupEndFailingAfterQueueingAbortsBeforeFreeingTheS
 // it joins), the task fails there naming the staging, and nothing is left.
 TEST_F(DeviceCommStepsTest, TheStagingIsChargedToTheDeviceLimit) {
   std::optional<DeviceReservation> filled;
-  class FillingFactory : public FakeCommFactory {
-   public:
-    FillingFactory(FakeDeviceApi* api, std::function<void()> fill)
-        : FakeCommFactory(api), fill_(std::move(fill)) {}
-    absl::StatusOr<std::unique_ptr<DeviceComm>> Init(
-        const std::string& id, int nranks, int rank, int device,
-        const std::function<bool()>& cancelled,
-        std::chrono::steady_clock::time_point deadline) override {
-      fill_();
-      return FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
-    }
-
-   private:
-    std::function<void()> fill_;
+  CommHooks filling;
+  filling.init = [&] {
+    DeviceBufferStore& d = *devices_[0];
+    filled = d.Reserve(0, d.limit_bytes(0) - d.used_bytes(0), "the test").value();
   };
   AddDeviceHost([&](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
-    return std::make_unique<FillingFactory>(api, [&] {
-      DeviceBufferStore& d = *devices_[0];
-      filled = d.Reserve(0, d.limit_bytes(0) - d.used_bytes(0), "the test").value();
-    });
+    return std::make_unique<HookedCommFactory>(api, filling);
   });
   AddDeviceHost([](FakeDeviceApi* api) -> std::unique_ptr<DeviceCommFactory> {
     return std::make_unique<FakeCommFactory>(api);

@@ -4,10 +4,13 @@
 // executor that cuts steps into small chunks and windows (many rounds),
 // with a real UCX transport on loopback; old ranks filled on their devices
 // (or in host memory), every host's slice run at once, and the new
-// generation checked byte for byte and checksum for checksum.
+// generation checked byte for byte and checksum for checksum. The bodies
+// both routes' tests share take the route's wait as a parameter, over the
+// hosts the test's MakeRouteHosts adds.
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -21,6 +24,9 @@
 #include "tests/agent/executor/executor_fixture.h"
 
 namespace reshard::agent::executor_testing {
+
+// The transfer secret of the route tests' tasks.
+inline const std::string kSecret(32, 's');
 
 class DeviceHostsTest : public ExecutorTest {
  protected:
@@ -199,6 +205,83 @@ class DeviceHostsTest : public ExecutorTest {
   void ExpectNothingLeft(int h) {
     for (const auto& k : devices_[h]->List()) EXPECT_NE(k.generation, 2) << "host " << h;
     EXPECT_EQ(NewBuffers(hosts_[h]), 0) << "host " << h;
+  }
+
+  // The bodies the route tests share (device_comm_steps_test.cc,
+  // device_ipc_steps_test.cc), each run over the hosts MakeRouteHosts adds;
+  // `route` is the wait that shows a host moved its bytes over the route.
+
+  // Adds `n` hosts that take the test's route (when every host can).
+  virtual void MakeRouteHosts(int n) = 0;
+
+  // `n` hosts, every old rank on a device, run with kSecret: each host's new
+  // device buffers equal the global tensors, and each host waited on `route`
+  // and on nothing host-staged.
+  void ExpectHostsMoveOver(const std::string& route, int n = 2) {
+    ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(n));
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks());
+    const std::vector<Result> results = RunAll(kSecret);
+    for (int h = 0; h < n; ++h) {
+      ASSERT_NO_FATAL_FAILURE(ExpectResult(h, results[h]));
+      EXPECT_TRUE(Waited(h, route)) << h;
+      for (const std::string& w : waits_[h]) {
+        EXPECT_EQ(w.rfind("host-staged", 0), std::string::npos) << h << ": " << w;
+      }
+    }
+  }
+
+  // Three hosts in a cycle (each host's new rank reads the old ranks of two
+  // hosts), as ExpectHostsMoveOver.
+  void ExpectThreeHostsInACycleMoveOver(const std::string& route) {
+    from_ = MakeLayout(2, 1, 3, 2);  // h0: 0-1, h1: 2-3, h2: 4-5
+    to_ = MakeLayout(1, 1, 3, 1);    // h0: 0, h1: 1, h2: 2
+    ExpectHostsMoveOver(route, 3);
+  }
+
+  // Two hosts, h0's old ranks in host memory, h1's on devices, run without
+  // a secret (no proofs, no seals): h0's new buffers stay in host memory,
+  // h1's are on its devices, host `waiter` waited on `route`, and h0's
+  // sources are untouched.
+  void ExpectHostResidentSourcesMoveOver(const std::string& route, int waiter) {
+    ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks("h0"));
+    const std::vector<Result> results = RunAll("");
+    ASSERT_NO_FATAL_FAILURE(ExpectResult(0, results[0], /*in_host=*/true));
+    ASSERT_NO_FATAL_FAILURE(ExpectResult(1, results[1]));
+    EXPECT_TRUE(Waited(waiter, route)) << waiter;
+    EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, 0}).ok());
+  }
+
+  // Two hosts, h1's task with another secret: both fail UNAUTHENTICATED (the
+  // other secret derives other tags: no proof ever arrives), leaving nothing.
+  void ExpectAnotherSecretFailsTheTaskOnBoth() {
+    ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks());
+    secrets_ = {kSecret, std::string(32, 'x')};
+    const std::vector<Result> results = RunAll(kSecret);
+    for (int h = 0; h < 2; ++h) {
+      ASSERT_FALSE(results[h].ok()) << h;
+      EXPECT_EQ(results[h].status().code(), absl::StatusCode::kUnauthenticated)
+          << results[h].status();
+      ExpectNothingLeft(h);
+    }
+  }
+
+  // Two hosts, the task cancelled once an executor waits on `wait`: both
+  // are CANCELLED, leaving nothing.
+  void ExpectCancelledWhileWaitingLeavesNothing(const std::string& wait) {
+    ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks());
+    std::atomic<bool> cancel{false};
+    const std::vector<Result> results =
+        RunAll(kSecret, [&] { return cancel.load(); }, [&](const std::string& what) {
+          if (what == wait) cancel = true;
+        });
+    for (int h = 0; h < 2; ++h) {
+      ASSERT_FALSE(results[h].ok()) << h;
+      EXPECT_EQ(results[h].status().code(), absl::StatusCode::kCancelled) << results[h].status();
+      ExpectNothingLeft(h);
+    }
   }
 
   std::vector<std::unique_ptr<FakeDeviceApi>> apis_;

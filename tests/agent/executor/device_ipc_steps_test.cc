@@ -12,10 +12,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
-#include <atomic>
 #include <fstream>
 #include <future>
-#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -31,13 +29,11 @@
 namespace reshard::agent::executor_testing {
 namespace {
 
-const std::string kSecret(32, 's');
-
 class DeviceIpcStepsTest : public DeviceHostsTest {
  protected:
   // `n` hosts with the fake communicator and device IPC on, but for
   // `without_ipc_`: --device-ipc none, which then advertises no IPC entry.
-  void MakeIpcHosts(int n) {
+  void MakeRouteHosts(int n) override {
     for (int i = 0; i < n; ++i) {
       const bool ipc = "h" + std::to_string(i) != without_ipc_;
       AddDeviceHost([](FakeDeviceApi* api) { return std::make_unique<FakeCommFactory>(api); },
@@ -117,44 +113,23 @@ TEST(DeviceIpcMessageTest, ADoneOfAnotherNonceIsRefused) {
 }
 
 TEST_F(DeviceIpcStepsTest, TwoHostsMoveDeviceBuffersThroughIpcHandles) {
-  MakeIpcHosts(2);
-  FillOldRanks();
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 2; ++h) {
-    ExpectResult(h, results[h]);
-    EXPECT_TRUE(Waited(h, "cross-host steps (device IPC)")) << h;
-    EXPECT_FALSE(Waited(h, "device communicator")) << h;
-    for (const std::string& w : waits_[h]) EXPECT_EQ(w.rfind("host-staged", 0), std::string::npos);
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectHostsMoveOver("cross-host steps (device IPC)"));
+  for (int h = 0; h < 2; ++h) EXPECT_FALSE(Waited(h, "device communicator")) << h;
 }
 
 TEST_F(DeviceIpcStepsTest, ThreeHostsInACycle) {
-  from_ = MakeLayout(2, 1, 3, 2);  // h0: 0-1, h1: 2-3, h2: 4-5
-  to_ = MakeLayout(1, 1, 3, 1);    // h0: 0, h1: 1, h2: 2
-  MakeIpcHosts(3);
-  FillOldRanks();
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 3; ++h) {
-    ExpectResult(h, results[h]);
-    EXPECT_TRUE(Waited(h, "cross-host steps (device IPC)")) << h;
-  }
+  ExpectThreeHostsInACycleMoveOver("cross-host steps (device IPC)");
 }
 
 TEST_F(DeviceIpcStepsTest, HostResidentSourcesAreStagedForTheRunAndDropped) {
-  MakeIpcHosts(2);
-  FillOldRanks("h0");  // h0's sources in host memory: its new buffers stay there
-  const std::vector<Result> results = RunAll("");  // no secret: no proofs
-  ExpectResult(0, results[0], /*in_host=*/true);
-  ExpectResult(1, results[1]);
-  EXPECT_TRUE(Waited(1, "cross-host steps (device IPC)"));
-  // The sources are untouched, and their device copies for the run are gone.
-  EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, 0}).ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectHostResidentSourcesMoveOver("cross-host steps (device IPC)", 1));
+  // The device copies of h0's sources for the run are gone.
   EXPECT_TRUE(devices_[0]->List().empty());
 }
 
 TEST_F(DeviceIpcStepsTest, APeerWithoutTheEntryMakesEveryHostTakeTheCommunicator) {
   without_ipc_ = "h1";  // --device-ipc none (or another machine: another entry)
-  MakeIpcHosts(2);
+  MakeRouteHosts(2);
   FillOldRanks();
   const std::vector<Result> results = RunAll(kSecret);
   for (int h = 0; h < 2; ++h) {
@@ -165,21 +140,11 @@ TEST_F(DeviceIpcStepsTest, APeerWithoutTheEntryMakesEveryHostTakeTheCommunicator
 }
 
 TEST_F(DeviceIpcStepsTest, AHostWithAnotherSecretFailsTheTaskOnBoth) {
-  MakeIpcHosts(2);
-  FillOldRanks();
-  secrets_ = {kSecret, std::string(32, 'x')};
-  const std::vector<Result> results = RunAll(kSecret);
-  for (int h = 0; h < 2; ++h) {
-    ASSERT_FALSE(results[h].ok()) << h;
-    // The other secret derives other tags: no proof ever arrives.
-    EXPECT_EQ(results[h].status().code(), absl::StatusCode::kUnauthenticated)
-        << results[h].status();
-    ExpectNothingLeft(h);
-  }
+  ExpectAnotherSecretFailsTheTaskOnBoth();
 }
 
 TEST_F(DeviceIpcStepsTest, ASenderThatNeverSendsIsUnavailableNamingIt) {
-  MakeIpcHosts(2);
+  MakeRouteHosts(2);
   FillOldRanks();
   // No secret (no proofs): h0 runs alone and waits for h1's handles.
   const std::vector<Result> results = RunAll("", [] { return false; }, nullptr, {0});
@@ -190,25 +155,14 @@ TEST_F(DeviceIpcStepsTest, ASenderThatNeverSendsIsUnavailableNamingIt) {
 }
 
 TEST_F(DeviceIpcStepsTest, CancelledWhileWaitingLeavesNothing) {
-  MakeIpcHosts(2);
-  FillOldRanks();
-  std::atomic<bool> cancel{false};
-  const std::vector<Result> results =
-      RunAll(kSecret, [&] { return cancel.load(); }, [&](const std::string& what) {
-        if (what == "device IPC handles") cancel = true;
-      });
-  for (int h = 0; h < 2; ++h) {
-    ASSERT_FALSE(results[h].ok()) << h;
-    EXPECT_EQ(results[h].status().code(), absl::StatusCode::kCancelled) << results[h].status();
-    ExpectNothingLeft(h);
-  }
+  ExpectCancelledWhileWaitingLeavesNothing("device IPC handles");
 }
 
 // h0's handles message, MACed with the task's secret (""), but listing
 // each old rank h1 reads with the first item of rank `tampered` moved by
 // 64 bytes (inside the allocation: only the layout check sees it).
 TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
-  MakeIpcHosts(2);
+  MakeRouteHosts(2);
   FillOldRanks();
   const v1::HostTask whole = WholeTask();  // secret "", as RunAll("") runs it
   const auto old_slots = planner::ExpandPlacement(from_.placement());
