@@ -91,8 +91,10 @@ v1::Host CoordinatorSession::DescribeHost() const {
   // The devices of the device API this agent uses (the one its store and
   // executor use), each with the bytes of rank buffers it may hold: the
   // store's limit (the per-device limit, else the device's total memory:
-  // DeviceBufferStore::Open's rule); 0 (unknown) without a store. Without a
-  // device API, state stays in host memory: one "cpu" device.
+  // DeviceBufferStore::Open's rule); 0 without a store. Without a device
+  // API, state stays in host memory: the CUDA devices the training uses (for
+  // the advisor) with memory_bytes 0, as they hold no rank buffer, else one
+  // "cpu" device.
   if (options_.device_api != nullptr) {
     const DeviceApiCapabilities caps = options_.device_api->capabilities();
     for (int i = 0; i < caps.device_count; ++i) {
@@ -101,6 +103,13 @@ v1::Host CoordinatorSession::DescribeHost() const {
       d->set_kind(caps.name);
       d->set_name(absl::StrCat(caps.name, ":", i));
       d->set_memory_bytes(options_.devices != nullptr ? options_.devices->limit_bytes(i) : 0);
+    }
+  } else if (const int cuda = CudaDeviceCount(); cuda > 0) {
+    for (int i = 0; i < cuda; ++i) {
+      v1::Device* d = h.add_devices();
+      d->set_index(i);
+      d->set_kind("cuda");
+      d->set_name(absl::StrCat("cuda:", i));
     }
   } else {
     v1::Device* d = h.add_devices();

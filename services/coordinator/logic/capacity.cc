@@ -19,8 +19,9 @@ int64_t SaturatingAdd(int64_t a, int64_t b) {
 
 // What a registered host can hold of a job's shards: host memory plus the
 // memory of its devices other than "cpu" (the agent places a rank buffer in
-// either). `known` is false when the host reports no limit, or a non-cpu
-// device of unknown memory (0).
+// either). A device with memory_bytes 0 holds no rank buffer (an agent
+// without a device API lists its CUDA devices so, for the advisor) and adds
+// nothing. `known` is false when the host reports no limit.
 struct HostCapacity {
   int64_t host_bytes = 0;
   int devices = 0;  // non-cpu
@@ -35,9 +36,8 @@ HostCapacity CapacityOf(const v1::Host& h) {
   c.host_bytes = h.memory_limit_bytes();
   c.known = h.memory_limit_bytes() > 0;
   for (const v1::Device& d : h.devices()) {
-    if (d.kind() == "cpu") continue;
+    if (d.kind() == "cpu" || d.memory_bytes() <= 0) continue;
     ++c.devices;
-    if (d.memory_bytes() <= 0) c.known = false;
     c.device_bytes = SaturatingAdd(c.device_bytes, d.memory_bytes());
   }
   return c;

@@ -15,12 +15,12 @@ namespace reshard::coordinator {
 /// bytes of this job than its capacity (naming host, bytes needed, its
 /// memory_limit_bytes and, when it has devices, what they hold), or when the
 /// job's bytes over all its hosts exceed the sum of every registered host's
-/// capacity (only when at least one is registered and every one's capacity
-/// is known). A host's capacity is its memory_limit_bytes plus the
-/// memory_bytes of its devices other than "cpu": its agent holds a rank
-/// buffer in host memory or in a device's (docs/agent.md, "GPU / memory
-/// kinds"). Hosts not registered, registered without a limit (0), or with a
-/// non-cpu device of unknown memory (0) are not judged. `what` names the
+/// capacity (only when at least one is registered and every one reports a
+/// limit). A host's capacity is its memory_limit_bytes plus the memory_bytes
+/// of its devices other than "cpu": its agent holds a rank buffer in host
+/// memory or in a device's (docs/agent.md, "GPU / memory kinds"); a device
+/// of memory_bytes 0 holds none. Hosts not registered, or registered without
+/// a limit (0), are not judged. `what` names the
 /// layout in messages ("layout", "target"). `ptc` and `layout` must be valid.
 [[nodiscard]] absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc,
                                           const v1::Layout& layout, absl::string_view what);

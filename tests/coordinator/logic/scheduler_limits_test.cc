@@ -214,8 +214,15 @@ TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsAHostsCapacity) {
                        absl::StrCat("target: host \"h2\" would hold ", 2 * per_host,
                                     " bytes of this job's shards; its memory_limit_bytes is ",
                                     per_host, " and its 2 devices hold ", per_host - 1)));
-  // A device of unknown memory (0): h2 is not judged, however small its limit.
-  RegisterWithLimit("h2", 1, {0, 1});
+  // A device of memory_bytes 0 holds no rank buffer (an agent without a
+  // device API lists its GPUs so): h2 is judged by what the others hold.
+  RegisterWithLimit("h2", 2 * per_host - 2, {0, 1});
+  EXPECT_THAT(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).status(),
+              StatusIs(absl::StatusCode::kResourceExhausted,
+                       absl::StrCat("target: host \"h2\" would hold ", 2 * per_host,
+                                    " bytes of this job's shards; its memory_limit_bytes is ",
+                                    2 * per_host - 2, " and its 1 device holds 1")));
+  RegisterWithLimit("h2", 2 * per_host - 1, {0, 1});  // exactly enough
   EXPECT_TRUE(ResizeTo(job, MakeLayout(1, 1, 2, {"h2"}, 2)).ok());
 }
 
@@ -229,8 +236,13 @@ TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsTheClusterTotal) {
                              " bytes over its hosts; the 2 registered hosts have ", per_host + 1,
                              " bytes of memory_limit_bytes and ", per_host - 2,
                              " bytes on their 2 devices in all"));
-  // Unknown device memory: the cluster total is not judged.
-  RegisterWithLimit("h8", 1, {0});
+  // A device of memory_bytes 0 adds nothing to the total.
+  RegisterWithLimit("h8", per_host - 1, {0});
+  ExpectRefused(spec, absl::StatusCode::kResourceExhausted,
+                absl::StrCat("the job needs ", 2 * per_host,
+                             " bytes over its hosts; the 2 registered hosts have ",
+                             2 * per_host - 1, " bytes of memory_limit_bytes in all"));
+  RegisterWithLimit("h8", per_host, {0});
   EXPECT_TRUE(RegisterStatus(spec).ok());
 }
 
