@@ -247,3 +247,44 @@ def read_device(resp):
         return [opened.read(it.offset, it.bytes) for it in resp.items]
     finally:
         opened.close()
+
+
+# The cross-host device route suites (test_device_comm_route.py,
+# test_device_ipc_route.py): device-published state resized across hosts.
+
+def resize_device_published(cluster, client, job_name, seed):
+    """tp=2 on host-0, published from its two fake devices, resized to a
+    replica on host-1: (ptc, target, globals, the committed operation as
+    GetOperation answers it)."""
+    from reshard.v1 import coordinator_pb2
+    ptc = every_kind_ptc()
+    g = random_globals(ptc, world=2, seed=seed)
+    source = layout.make_layout(2, 1, 1, ["host-0"], 2)
+    target = layout.make_layout(2, 1, 2, ["host-0", "host-1"], 2)  # a replica on host-1
+    job = register(client, cluster, job_name, ptc, source)
+    with cluster.worker("host-0", job.id, ptc=ptc) as w:
+        for rank in (0, 1):
+            _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))
+            publish_fake_device(w, rank, raws, device=rank)
+    final = client.wait(client.resize(job.id, target).id, timeout=120)
+    assert final.state == coordinator_pb2.OPERATION_STATE_COMMITTED, final.error
+    return ptc, target, g, client.get_operation(final.id)
+
+
+def host_routes(op):
+    """{host: (route, route reason, state)} of an operation's hosts."""
+    return {h.host_id: (h.route, h.route_reason, h.state) for h in op.hosts}
+
+
+def check_device_generation(cluster, job_id, ptc, lay, globals_, generation):
+    """Opens every rank of `generation` in device memory (OpenDeviceGeneration
+    on its host) and asserts that its items' bytes equal shard(...), with
+    their XXH3 checksums."""
+    import xxhash
+    for host in layout.hosts_of(lay):
+        for rank, _ in layout.ranks_on_host(lay, host):
+            raws = item_raws(ptc, layout.shard(ptc, lay, rank, globals_))[1]
+            with cluster.worker(host, job_id, ptc=ptc) as w:
+                resp = w.open_device(rank, generation)
+            assert read_device(resp) == raws, (rank, host)
+            assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws], (rank, host)

@@ -16,13 +16,10 @@ one machine would otherwise take and which test_device_ipc_route.py tests."""
 import time
 
 import pytest
-import xxhash
 
-from helpers import (check_generation, every_kind_ptc, item_raws, publish_fake_device,
-                     random_globals, read_device, register)
-from reshard import layout
+from helpers import (check_device_generation, check_generation, host_routes,
+                     resize_device_published)
 from reshard.v1 import agent_pb2 as AG
-from reshard.v1 import coordinator_pb2 as OP
 
 
 @pytest.fixture(scope="module")
@@ -43,45 +40,18 @@ def test_agents_advertise_the_fake_communicator(cluster, client):
                      "host-1": ["local", "ucx", "fake", "fake-nccl"]}
 
 
-def _resize_device_published(cluster, client, job_name, seed):
-    """tp=2 on host-0, published from its two fake devices, resized to a
-    replica on host-1: (ptc, target, globals, the committed operation as
-    GetOperation answers it)."""
-    ptc = every_kind_ptc()
-    g = random_globals(ptc, world=2, seed=seed)
-    source = layout.make_layout(2, 1, 1, ["host-0"], 2)
-    target = layout.make_layout(2, 1, 2, ["host-0", "host-1"], 2)  # a replica on host-1
-    job = register(client, cluster, job_name, ptc, source)
-    with cluster.worker("host-0", job.id, ptc=ptc) as w:
-        for rank in (0, 1):
-            _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))
-            publish_fake_device(w, rank, raws, device=rank)
-    final = client.wait(client.resize(job.id, target).id, timeout=120)
-    assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
-    return ptc, target, g, client.get_operation(final.id)
-
-
-def _routes(op):
-    return {h.host_id: (h.route, h.route_reason, h.state) for h in op.hosts}
-
-
 def _route_count(cluster, host, route):
     return cluster.metrics_of(host).get(f'reshard_agent_tasks_by_route_total{{route="{route}"}}', 0)
 
 
 def test_cross_host_resize_moves_device_to_device(cluster, client, job_name):
     before = _route_count(cluster, "host-0", "device-comm fake-nccl")
-    ptc, target, g, op = _resize_device_published(cluster, client, job_name, seed=23)
+    ptc, target, g, op = resize_device_published(cluster, client, job_name, seed=23)
     done = AG.HOST_TASK_STATE_DONE
-    assert _routes(op) == {"host-0": ("device-comm fake-nccl", "", done),
-                           "host-1": ("device-comm fake-nccl", "", done)}
+    assert host_routes(op) == {"host-0": ("device-comm fake-nccl", "", done),
+                               "host-1": ("device-comm fake-nccl", "", done)}
     assert _route_count(cluster, "host-0", "device-comm fake-nccl") == before + 1
-    for rank, host in ((0, "host-0"), (1, "host-0"), (2, "host-1"), (3, "host-1")):
-        raws = item_raws(ptc, layout.shard(ptc, target, rank, g))[1]
-        with cluster.worker(host, op.job_id, ptc=ptc) as w:
-            resp = w.open_device(rank, 2)
-        assert read_device(resp) == raws, (rank, host)
-        assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
+    check_device_generation(cluster, op.job_id, ptc, target, g, 2)
 
 
 def test_a_host_without_device_makes_the_other_host_staged_saying_why(cluster, client, job_name):
@@ -97,9 +67,9 @@ def test_a_host_without_device_makes_the_other_host_staged_saying_why(cluster, c
             break
         assert time.monotonic() < deadline, hosts
         time.sleep(0.2)
-    ptc, target, g, op = _resize_device_published(cluster, client, job_name, seed=29)
+    ptc, target, g, op = resize_device_published(cluster, client, job_name, seed=29)
     done = AG.HOST_TASK_STATE_DONE
-    assert _routes(op) == {
+    assert host_routes(op) == {
         "host-0": ("host-staged", 'cross-host steps move host memory '
                    '(host "host-1" does not advertise fake-nccl)', done),
         "host-1": ("host", "", done)}

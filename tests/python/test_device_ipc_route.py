@@ -13,14 +13,10 @@ the XXH3 checksums, and GetOperation names each host's route
 
 
 import pytest
-import xxhash
 
-from helpers import (every_kind_ptc, item_raws, publish_fake_device, random_globals,
-                     read_device, register)
-from reshard import layout
+from helpers import check_device_generation, host_routes, resize_device_published
 from reshard.v1 import agent_pb2 as AG
-from reshard.v1 import coordinator_pb2 as OP
-# Publishing from, and reading, fake device allocations as the communicator's test does.
+# The resize of device-published state and its checks are test_device_comm_route.py's too.
 
 
 def _ipc_entry():
@@ -55,24 +51,8 @@ def test_agents_advertise_their_ipc_entry(cluster, client):
 def test_cross_host_resize_moves_device_to_device_through_ipc(cluster, client, job_name):
     """tp=2 on host-0, published from its two fake devices, resized to a
     replica on host-1 (host-0 sends its device buffers' handles to host-1)."""
-    ptc = every_kind_ptc()
-    g = random_globals(ptc, world=2, seed=31)
-    source = layout.make_layout(2, 1, 1, ["host-0"], 2)
-    target = layout.make_layout(2, 1, 2, ["host-0", "host-1"], 2)
-    job = register(client, cluster, job_name, ptc, source)
-    with cluster.worker("host-0", job.id, ptc=ptc) as w:
-        for rank in (0, 1):
-            _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))
-            publish_fake_device(w, rank, raws, device=rank)
-    final = client.wait(client.resize(job.id, target).id, timeout=120)
-    assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
-    op = client.get_operation(final.id)
+    ptc, target, g, op = resize_device_published(cluster, client, job_name, seed=31)
     done = AG.HOST_TASK_STATE_DONE
-    assert {h.host_id: (h.route, h.route_reason, h.state) for h in op.hosts} == {
-        "host-0": ("device-ipc", "", done), "host-1": ("device-ipc", "", done)}
-    for rank, host in ((0, "host-0"), (1, "host-0"), (2, "host-1"), (3, "host-1")):
-        raws = item_raws(ptc, layout.shard(ptc, target, rank, g))[1]
-        with cluster.worker(host, job.id, ptc=ptc) as w:
-            resp = w.open_device(rank, 2)
-        assert read_device(resp) == raws, (rank, host)
-        assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws]
+    assert host_routes(op) == {"host-0": ("device-ipc", "", done),
+                               "host-1": ("device-ipc", "", done)}
+    check_device_generation(cluster, op.job_id, ptc, target, g, 2)
