@@ -221,21 +221,37 @@ class IpcSteps : public DeviceCrossHostSteps {
       std::string payload =
           absl::StrCat(kNonce, " ", absl::BytesToHexString(nonces_[peer]), "\n");
       for (int r : rs) payload += EntryLine(entries.at(r));
-      absl::StatusOr<std::string> m =
-          MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
-                               payload, DeviceIpcMessageBytes(rs.size(), Items()));
-      if (!m.ok()) return m.status();
-      absl::StatusOr<uint64_t> tag = Tag(host_id_, false);
-      if (!tag.ok()) return tag.status();
-      std::string* out;
-      {
-        std::lock_guard<std::mutex> l(sent_->mu);
-        out = &sent_->messages[peer];
-        *out = *std::move(m);
+      if (absl::Status s = SendMessage(sent_, peer, payload, rs.size(), false,
+                                       [&] { return PostDone(peer); });
+          !s.ok()) {
+        return s;
       }
-      if (absl::Status s = PostDone(peer); !s.ok()) return s;
-      transport_->Send(peer, *tag, out->data(), out->size(), Completion(sent_, peer));
     }
+    return absl::OkStatus();
+  }
+
+  // Sends `peer` this host's handles message (listing `ranks` old ranks) or,
+  // `done`, its "done" (0 ranks), with `payload`, kept in `p` until sent;
+  // `before` (optional) runs just before the send.
+  absl::Status SendMessage(const std::shared_ptr<Pending>& p, const std::string& peer,
+                           const std::string& payload, size_t ranks, bool done,
+                           const std::function<absl::Status()>& before = nullptr) {
+    absl::StatusOr<std::string> m =
+        MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
+                             payload, DeviceIpcMessageBytes(ranks, Items()));
+    if (!m.ok()) return m.status();
+    absl::StatusOr<uint64_t> tag = Tag(host_id_, done);
+    if (!tag.ok()) return tag.status();
+    std::string* out;
+    {
+      std::lock_guard<std::mutex> l(p->mu);
+      out = &p->messages[peer];
+      *out = *std::move(m);
+    }
+    if (before) {
+      if (absl::Status s = before(); !s.ok()) return s;
+    }
+    transport_->Send(peer, *tag, out->data(), out->size(), Completion(p, peer));
     return absl::OkStatus();
   }
 
@@ -448,19 +464,11 @@ class IpcSteps : public DeviceCrossHostSteps {
     // "done" to every sender.
     auto sent = std::make_shared<Pending>();
     for (const std::string& peer : senders) {
-      absl::StatusOr<std::string> m = MakeDeviceIpcMessage(
-          task_.transfer_secret(), task_.operation_id(), host_id_, peer,
-          DeviceIpcDonePayload(received_nonces_[peer]), DeviceIpcMessageBytes(0, Items()));
-      if (!m.ok()) return m.status();
-      absl::StatusOr<uint64_t> tag = Tag(host_id_, true);
-      if (!tag.ok()) return tag.status();
-      std::string* out;
-      {
-        std::lock_guard<std::mutex> l(sent->mu);
-        out = &sent->messages[peer];
-        *out = *std::move(m);
+      if (absl::Status s =
+              SendMessage(sent, peer, DeviceIpcDonePayload(received_nonces_[peer]), 0, true);
+          !s.ok()) {
+        return s;
       }
-      transport_->Send(peer, *tag, out->data(), out->size(), Completion(sent, peer));
     }
     return Await(*sent, senders, "\"done\" did not reach",
                  std::chrono::milliseconds(options_.proof_timeout_ms));
