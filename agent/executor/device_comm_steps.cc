@@ -522,6 +522,15 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
       task.plan().regenerate_size() > 0) {
     return;
   }
+  // A job whose state lives in host memory keeps it there between agents,
+  // whatever they offer: the device routes would spend GPU memory beside the
+  // training processes' for no gain.
+  if (!task.device_resident()) {
+    if (route->kind == DeviceRoute::Kind::kHostStaged && route->on_device) {
+      route->why = "cross-host steps move host memory (the job's state_memory is not DEVICE)";
+    }
+    return;
+  }
   if (device_ipc && EveryHostAdvertises(task, host_id, DeviceIpcEntry(*devices.api()))) {
     GiveEveryNewRankADevice(devices, host_id, task, route);
     route->kind = DeviceRoute::Kind::kDeviceIpc;

@@ -2,9 +2,10 @@
 // the kDeviceComm route of device_run.h.
 //  - Route: taken by every host of an operation or by none. The agent has a
 //    device store and a communicator factory, the task is a plain one (not
-//    two-phase, no regenerated item in the plan), the operation has other
-//    hosts (task.peers: the coordinator lists every host of the operation),
-//    and every one of them advertises this host's communicator name
+//    two-phase, no regenerated item in the plan), the job's state lives in
+//    device memory (task.device_resident: JobSpec.state_memory DEVICE), the
+//    operation has other hosts (task.peers: the coordinator lists every host
+//    of the operation), and every one of them advertises this host's communicator name
 //    (AdvertisedCommName) in PeerHost.transports. Everything in that rule
 //    is the same on every host, so all join one communicator. Otherwise the
 //    cross-host task is host-staged, its `why` naming what is missing.
@@ -58,8 +59,9 @@ std::string AdvertisedCommName(const DeviceCommFactory& factory);
 
 /// Makes `route` (RouteTask's) kDeviceComm when the rule above holds; else,
 /// for a task with other hosts that involves device memory here, leaves it
-/// host-staged with `why` naming what is missing ("host \"h2\" does not
-/// advertise fake-nccl", "no device communicator: <comm_why_not>").
+/// host-staged with `why` naming what is missing ("the job's state_memory is
+/// not DEVICE", "host \"h2\" does not advertise fake-nccl", "no device
+/// communicator: <comm_why_not>").
 /// `comm` may be null.
 /// Before that, with `device_ipc` (this agent advertises its IPC entry,
 /// --device-ipc auto): when every other host of the operation advertises

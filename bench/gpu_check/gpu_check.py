@@ -245,6 +245,7 @@ def device_resident(src, ptc, reps, base):
     from helpers import register
     from reshard import layout
     from reshard.v1 import coordinator_pb2 as OP
+    from reshard.v1 import ptc_pb2
     dev = torch.device("cuda", 0)
     nbytes = sum(s.numel() * s.element_size() for s in src)
     state = {f"t{i}": s for i, s in enumerate(src)}
@@ -278,7 +279,10 @@ def device_resident(src, ptc, reps, base):
             for k, v in (("publish via=ipc (agent D2D + seal)", t_pub),
                          ("load via=ipc (D2D from the agent)", t_load)):
                 results[k] = min(results.get(k, v), v)
-        job = register(client, c, "gpu-two-agents", ptc, one)
+        # A job of device-resident state: the routes between agents carry
+        # only those (JobSpec.state_memory).
+        job = register(client, c, "gpu-two-agents", ptc, one,
+                       state_memory=ptc_pb2.STATE_MEMORY_DEVICE)
         with c.worker("host-0", job.id, ptc=ptc, timeout=180.0) as w:
             w.publish(0, 1, state, via="ipc")
         t0 = time.perf_counter()

@@ -190,6 +190,10 @@ TEST_F(DeviceCommStepsTest, HostResidentSourcesGoOverTheCommunicatorAndStayInHos
   ExpectHostResidentSourcesMoveOver("device communicator", 0);
 }
 
+TEST_F(DeviceCommStepsTest, AJobWithItsStateInHostMemoryStaysOffTheCommunicator) {
+  ExpectHostStateStaysOffTheRoute("device communicator");
+}
+
 TEST_F(DeviceCommStepsTest, AHostWithoutTheCommunicatorMakesEveryHostHostStaged) {
   MakeCommHosts(2, /*without_comm=*/"h1");
   FillOldRanks();

@@ -117,6 +117,7 @@ class DeviceHostsTest : public ExecutorTest {
                              std::vector<size_t> run = {}) {
     v1::HostTask whole = WholeTask();
     whole.set_transfer_secret(secret);
+    whole.set_device_resident(device_resident_);
     const auto addrs = Addresses();
     waits_.assign(hosts_.size(), {});
     if (run.empty()) {
@@ -252,6 +253,26 @@ class DeviceHostsTest : public ExecutorTest {
     EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, 0}).ok());
   }
 
+  // Two hosts that take the route, every old rank on a device, but the job
+  // declares its state in host memory (task.device_resident false): every
+  // host is host-staged, naming why, and its new buffers still end on its
+  // devices, equal to the global tensors.
+  void ExpectHostStateStaysOffTheRoute(const std::string& route) {
+    ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
+    ASSERT_NO_FATAL_FAILURE(FillOldRanks());
+    device_resident_ = false;
+    const std::vector<Result> results = RunAll(kSecret);
+    for (int h = 0; h < 2; ++h) {
+      ASSERT_NO_FATAL_FAILURE(ExpectResult(h, results[h]));
+      ASSERT_FALSE(waits_[h].empty()) << h;
+      EXPECT_EQ(waits_[h][0],
+                "host-staged: cross-host steps move host memory (the job's state_memory is not "
+                "DEVICE)")
+          << h;
+      EXPECT_FALSE(Waited(h, route)) << h;
+    }
+  }
+
   // Two hosts, h1's task with another secret: both fail UNAUTHENTICATED (the
   // other secret derives other tags: no proof ever arrives), leaving nothing.
   void ExpectAnotherSecretFailsTheTaskOnBoth() {
@@ -289,6 +310,7 @@ class DeviceHostsTest : public ExecutorTest {
   std::vector<std::unique_ptr<DeviceCommFactory>> factories_;
   std::vector<std::vector<std::string>> waits_;
   std::vector<std::string> secrets_;
+  bool device_resident_ = true;  // RunAll's task.device_resident
   int old_world_ = 6;
 };
 

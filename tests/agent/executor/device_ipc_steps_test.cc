@@ -127,6 +127,10 @@ TEST_F(DeviceIpcStepsTest, HostResidentSourcesAreStagedForTheRunAndDropped) {
   EXPECT_TRUE(devices_[0]->List().empty());
 }
 
+TEST_F(DeviceIpcStepsTest, AJobWithItsStateInHostMemoryStaysOffIpc) {
+  ExpectHostStateStaysOffTheRoute("cross-host steps (device IPC)");
+}
+
 TEST_F(DeviceIpcStepsTest, APeerWithoutTheEntryMakesEveryHostTakeTheCommunicator) {
   without_ipc_ = "h1";  // --device-ipc none (or another machine: another entry)
   MakeRouteHosts(2);
