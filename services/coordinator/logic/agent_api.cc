@@ -305,8 +305,9 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
     return absl::NotFoundError(
         absl::StrCat("operation \"", op_id, "\" has no task for host \"", host_id, "\""));
   }
-  absl::StatusOr<v1::Ptc> ptc = store_->GetPtc(op.job_id());
-  if (!ptc.ok()) return NameNotFound(ptc.status(), JobNotFound(op.job_id()));
+  // The job for its PTC and where its state lives (HostTask.device_resident).
+  absl::StatusOr<v1::Job> job = store_->GetJob(op.job_id(), /*include_ptc=*/true);
+  if (!job.ok()) return NameNotFound(job.status(), JobNotFound(op.job_id()));
   // Only the task's peers: reading every host per task would cost O(hosts)
   // rows per agent per operation.
   std::vector<std::string> peer_ids;
@@ -323,9 +324,11 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   task.set_job_id(op.job_id());
   task.set_from_generation(op.from_generation());
   task.set_to_generation(op.to_generation());
-  *task.mutable_ptc() = *std::move(ptc);
+  *task.mutable_ptc() = std::move(*job->mutable_ptc());
   *task.mutable_plan() = SliceForHost(*record->plan, host_id);
   task.set_publish_by_workers(op.kind() == v1::OPERATION_KIND_CHECKPOINT);
+  // Every kind and phase alike: one fact all hosts of the operation share.
+  task.set_device_resident(job->state_memory() == v1::STATE_MEMORY_DEVICE);
   ShapePreparedTask(*record, host_id, &task);
   if (options_.secrets != nullptr) {
     // Only hosts with a task in the operation get here (checked above).

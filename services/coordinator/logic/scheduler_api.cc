@@ -18,6 +18,7 @@
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/logic/task.h"
+#include "services/coordinator/store/state_memory.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -99,6 +100,7 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
   if (!request.has_spec()) return absl::InvalidArgumentError("spec is required");
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = planner::ValidateJobSpec(request.spec()); !s.ok()) return s;
+  if (absl::Status s = CheckStateMemory(request.spec().state_memory()); !s.ok()) return s;
   std::optional<v1::DatasetState> dataset_state;
   if (request.has_dataset_state()) {
     dataset_state = request.dataset_state();

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/state_memory.h"
 #include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
@@ -91,6 +92,7 @@ absl::StatusOr<v1::Job> MemoryStore::CreateJob(const std::string& job_id, const 
   job.row.set_id(job_id);
   job.row.set_tenant(spec.tenant());
   job.row.set_name(spec.name());
+  job.row.set_state_memory(StoredStateMemory(spec.state_memory()));
   job.row.set_state(v1::JOB_STATE_ACTIVE);
   job.row.set_generation(1);
   job.row.set_tensor_count(spec.ptc().tensors_size());

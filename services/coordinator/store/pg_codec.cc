@@ -125,6 +125,7 @@ absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row) {
   if (!row[13].is_null()) job.set_step_boundary_operation_id(row[13].c_str());
   job.set_layout_epoch(row[14].as<int64_t>());
   job.set_version(row[15].as<int64_t>());
+  job.set_state_memory(static_cast<v1::StateMemory>(row[16].as<int>()));  // migrations/0019
   return job;
 }
 

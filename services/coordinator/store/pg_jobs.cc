@@ -6,6 +6,7 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/state_memory.h"
 #include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
@@ -92,7 +93,8 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         }
         const pqxx::result inserted =
             tx.Exec(pg::kInsertJob, job_id, spec.tenant(), spec.name(), spec.ptc().num_layers(),
-                    spec.ptc().tensors_size(), ptc->total_bytes);
+                    spec.ptc().tensors_size(), ptc->total_bytes,
+                    static_cast<int>(StoredStateMemory(spec.state_memory())));
         if (inserted.empty()) {
           // (tenant, name) is taken. If it was taken by a concurrent call with
           // the same key, that call's job is the answer.

@@ -23,7 +23,8 @@ namespace reshard::coordinator::pg {
 // (HostState 2), found from the generation's ranks (its primary key) so
 // that a read costs the job's ranks, not every host (the change feed reads
 // a job at each of its changes); active operation: PENDING/PLANNED/TRANSFERRING; the
-// operation waiting for its step boundary (migrations/0013).
+// operation waiting for its step boundary (migrations/0013); state_memory
+// (migrations/0019).
 #define RESHARD_PG_JOB_COLUMNS                                                              \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
@@ -36,7 +37,7 @@ namespace reshard::coordinator::pg {
   RESHARD_SQL_OP_IS_PENDING("o.") " AND "                                                   \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
   "c.id = o.queued_behind_operation_id AND " RESHARD_SQL_OP_ACTIVE("c.") ") LIMIT 1), "     \
-  "j.layout_epoch, j.version "                                                              \
+  "j.layout_epoch, j.version, j.state_memory "                                              \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
@@ -56,7 +57,7 @@ inline constexpr Statement kListJobs{
 inline constexpr Statement kInsertJob{
     "insert_job",
     "INSERT INTO jobs (id, tenant, name, state, generation, num_layers, tensor_count, "
-    "total_bytes) VALUES ($1, $2, $3, 1, 1, $4, $5, $6) "
+    "total_bytes, state_memory) VALUES ($1, $2, $3, 1, 1, $4, $5, $6, $7) "
     "ON CONFLICT ON CONSTRAINT jobs_tenant_name_key DO NOTHING RETURNING id"};
 
 // Locks the job row: operations on one job serialize on it.

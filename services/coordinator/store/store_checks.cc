@@ -8,6 +8,7 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "planner/validate.h"
+#include "services/coordinator/store/state_memory.h"
 
 namespace reshard::coordinator {
 
@@ -50,7 +51,7 @@ absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
                                     {"idempotency key", &idem.key}}) {
     if (absl::Status s = CheckText(what, *value); !s.ok()) return s;
   }
-  return absl::OkStatus();
+  return CheckStateMemory(spec.state_memory());
 }
 
 absl::StatusOr<int64_t> CheckPtc(const v1::Ptc& ptc) {

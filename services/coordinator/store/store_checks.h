@@ -36,8 +36,9 @@ std::string TruncateError(const std::string& text);
 /// `max_bytes` on a UTF-8 character boundary (then "..." follows).
 std::string Storable(const std::string& text, size_t max_bytes);
 
-/// CreateJob's arguments before any lookup: a non-empty job id and no NUL
-/// byte in the job id, tenant, name or idempotency key.
+/// CreateJob's arguments before any lookup: a non-empty job id, no NUL
+/// byte in the job id, tenant, name or idempotency key, and a known
+/// spec.state_memory.
 [[nodiscard]] absl::Status CheckNewJob(const std::string& job_id, const v1::JobSpec& spec,
                                        const Idempotency& idem);
 /// A job's PTC storable: InvalidArgument for a NUL byte in a tensor or a
