@@ -118,6 +118,9 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
   Field(&out, "layout", FormatLayout(job.layout()));
   Field(&out, "tensors", absl::StrCat(job.tensor_count()));
   Field(&out, "size", FormatBytes(job.total_bytes()));
+  // UNSPECIFIED: a coordinator from before JobSpec.state_memory, whose jobs
+  // all keep host state.
+  Field(&out, "state memory", job.state_memory() == v1::STATE_MEMORY_DEVICE ? "device" : "host");
   Field(&out, "active operation",
         job.active_operation_id().empty() ? "-" : job.active_operation_id());
   Field(&out, "lost hosts", job.lost_hosts().empty() ? "-" : absl::StrJoin(job.lost_hosts(), ", "));

@@ -233,6 +233,9 @@ TEST(ServerFormatTest, TablesShowTheFields) {
   const std::string shown = FormatJob(*j, 0);
   EXPECT_THAT(shown, HasSubstr("tp 2, pp 1, dp 2 (4 ranks) on a, b x 2"));
   EXPECT_THAT(shown, HasSubstr("b (LOST)"));
+  EXPECT_THAT(shown, HasSubstr("state memory:       host\n"));
+  j->set_state_memory(v1::STATE_MEMORY_DEVICE);
+  EXPECT_THAT(FormatJob(*j, 0), HasSubstr("state memory:       device\n"));
 
   v1::ListHostsResponse hosts;
   v1::Host* h = hosts.add_hosts();
