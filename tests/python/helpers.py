@@ -103,8 +103,9 @@ def worker_channel(cluster, host):
     return grpc.intercept_channel(channel, WorkerTokenInterceptor(cluster))
 
 
-def register(client, cluster, name, ptc, lay):
-    spec = ptc_pb2.JobSpec(name=name, tenant="pytest", ptc=ptc, layout=lay)
+def register(client, cluster, name, ptc, lay, state_memory=ptc_pb2.STATE_MEMORY_UNSPECIFIED):
+    spec = ptc_pb2.JobSpec(name=name, tenant="pytest", ptc=ptc, layout=lay,
+                           state_memory=state_memory)
     return client.register_job(spec)
 
 
@@ -252,16 +253,17 @@ def read_device(resp):
 # The cross-host device route suites (test_device_comm_route.py,
 # test_device_ipc_route.py): device-published state resized across hosts.
 
-def resize_device_published(cluster, client, job_name, seed):
-    """tp=2 on host-0, published from its two fake devices, resized to a
-    replica on host-1: (ptc, target, globals, the committed operation as
-    GetOperation answers it)."""
+def resize_device_published(cluster, client, job_name, seed,
+                            state_memory=ptc_pb2.STATE_MEMORY_DEVICE):
+    """tp=2 on host-0 (a job of `state_memory`), published from its two fake
+    devices, resized to a replica on host-1: (ptc, target, globals, the
+    committed operation as GetOperation answers it)."""
     from reshard.v1 import coordinator_pb2
     ptc = every_kind_ptc()
     g = random_globals(ptc, world=2, seed=seed)
     source = layout.make_layout(2, 1, 1, ["host-0"], 2)
     target = layout.make_layout(2, 1, 2, ["host-0", "host-1"], 2)  # a replica on host-1
-    job = register(client, cluster, job_name, ptc, source)
+    job = register(client, cluster, job_name, ptc, source, state_memory=state_memory)
     with cluster.worker("host-0", job.id, ptc=ptc) as w:
         for rank in (0, 1):
             _, raws = item_raws(ptc, layout.shard(ptc, source, rank, g))

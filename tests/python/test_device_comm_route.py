@@ -54,6 +54,22 @@ def test_cross_host_resize_moves_device_to_device(cluster, client, job_name):
     check_device_generation(cluster, op.job_id, ptc, target, g, 2)
 
 
+def test_a_job_declared_in_host_memory_stays_off_the_communicator(cluster, client, job_name):
+    """The same resize, the job registered with its state in host memory
+    (JobSpec.state_memory HOST): no host takes the communicator, each says
+    why, and the new generation is still on host-1's devices, byte for byte."""
+    from reshard.v1 import ptc_pb2
+    before = _route_count(cluster, "host-0", "device-comm fake-nccl")
+    ptc, target, g, op = resize_device_published(cluster, client, job_name, seed=31,
+                                                 state_memory=ptc_pb2.STATE_MEMORY_HOST)
+    done = AG.HOST_TASK_STATE_DONE
+    why = "cross-host steps move host memory (the job's state_memory is not DEVICE)"
+    assert host_routes(op) == {"host-0": ("host-staged", why, done),
+                               "host-1": ("host-staged", why, done)}
+    assert _route_count(cluster, "host-0", "device-comm fake-nccl") == before
+    check_device_generation(cluster, op.job_id, ptc, target, g, 2)
+
+
 def test_a_host_without_device_makes_the_other_host_staged_saying_why(cluster, client, job_name):
     """Last in this file: host-1's agent restarts without a device, so it no
     longer advertises fake-nccl; host-0's device sources then travel
