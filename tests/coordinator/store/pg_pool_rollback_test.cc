@@ -55,23 +55,36 @@ TEST_F(RollbackTest, ADeadlockVictimRunsAgainAndBothTransactionsCommit) {
   std::condition_variable cv;
   int holding_first = 0;  // transactions that hold their first row (first attempts only)
   int attempts[2] = {0, 0};
+  bool locked_both[2] = {false, false};
   // Transaction k locks row `first`, waits until the other holds its own
-  // first row (first attempts only: a retry goes straight through), then
-  // locks `second`: one of them is the deadlock's victim.
+  // first row, then locks `second`: one of them is the deadlock's victim.
+  // The victim's retry waits until the survivor holds both rows, so that it
+  // queues behind the survivor's commit: were it to take `first` back while
+  // the survivor still waits for it, they would deadlock again.
   auto run = [&](int k, int first, int second) {
     return pool_->Transact("rollback test", [&, k, first, second](pg::PgTx& tx) {
-      tx.Exec(kLockRow, first);
       bool first_attempt = false;
       {
         std::unique_lock<std::mutex> l(mu);
         first_attempt = attempts[k]++ == 0;
-        if (first_attempt) {
-          ++holding_first;
-          cv.notify_all();
-          EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return holding_first == 2; }));
+        if (!first_attempt) {
+          EXPECT_TRUE(
+              cv.wait_for(l, std::chrono::seconds(30), [&] { return locked_both[1 - k]; }));
         }
       }
+      tx.Exec(kLockRow, first);
+      if (first_attempt) {
+        std::unique_lock<std::mutex> l(mu);
+        ++holding_first;
+        cv.notify_all();
+        EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return holding_first == 2; }));
+      }
       tx.Exec(kLockRow, second);
+      {
+        std::lock_guard<std::mutex> l(mu);
+        locked_both[k] = true;
+      }
+      cv.notify_all();
       return absl::OkStatus();
     });
   };
