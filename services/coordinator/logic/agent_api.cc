@@ -461,7 +461,13 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
   }
   absl::Status recorded = store_->RecordHostProgress(op_id, progress, checksums);
   if (absl::IsFailedPrecondition(recorded)) {
-    response.set_abort(true);  // it left TRANSFERRING since we looked
+    // It left TRANSFERRING since we looked. A DONE may have raced its own
+    // first attempt, which the coordinator took and which committed the
+    // operation meanwhile (PostgreSQL slow or frozen): that one is taken
+    // too, as RetriedDoneOfCommitted says above.
+    absl::StatusOr<OperationRecord> now = store_->GetOperation(op_id, /*include_plan=*/false);
+    if (now.ok() && RetriedDoneOfCommitted(now->op, host_id, state)) return response;
+    response.set_abort(true);
     return response;
   }
   if (!recorded.ok()) return recorded;

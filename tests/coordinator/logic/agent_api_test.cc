@@ -1,12 +1,16 @@
 // AgentApi against a real PostgreSQL: registration and epochs, heartbeats
 // and leases, GetTask's checks, and ReportProgress's checks of states and
 // checksums.
+#include <functional>
+#include <memory>
 #include <string>
+#include <utility>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/task.h"
+#include "services/coordinator/store/memory_store.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -214,6 +218,68 @@ TEST_F(AgentApiTest, ProgressIsBoundedByTheHostsBytes) {
       EXPECT_GT(row.bytes_total, 0);
     }
   }
+}
+
+// The in-memory store with a hook that runs once, before the next DONE is
+// recorded: what another request does in that window.
+class HookedMemoryStore : public MemoryStore {
+ public:
+  void BeforeRecordingDone(std::function<void()> hook) { hook_ = std::move(hook); }
+  absl::Status RecordHostProgress(const std::string& operation_id, const HostProgress& progress,
+                                  const std::vector<v1::ShardChecksum>& checksums) override {
+    if (hook_ && progress.state == v1::HOST_TASK_STATE_DONE) std::exchange(hook_, nullptr)();
+    return MemoryStore::RecordHostProgress(operation_id, progress, checksums);
+  }
+
+ private:
+  std::function<void()> hook_;
+};
+
+class AgentApiRaceTest : public LogicTest {
+ protected:
+  void SetUp() override {
+    memory_store_ = true;
+    ASSERT_NO_FATAL_FAILURE(LogicTest::SetUp());
+    hooked_ = std::make_shared<HookedMemoryStore>();
+    memory_database_ = hooked_;
+    store_ = hooked_;
+    api_ = std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), SchedulerApi::Options());
+    AgentApi::Options agent_options;
+    agent_options.lease_ms = kLeaseMs;
+    agents_ = std::make_unique<AgentApi>(store_, &clock_, metrics_.get(), agent_options);
+    driver_ = MakeDriver(store_);
+  }
+
+  std::shared_ptr<HookedMemoryStore> hooked_;
+};
+
+// An agent's DONE timed out (PostgreSQL frozen) and its retry raced the
+// first attempt: the retry read the operation TRANSFERRING, then, before it
+// recorded, the first attempt was recorded and the operation committed. The
+// retry is answered as taken, not "abort" (on which the agent would drop the
+// committed generation: tests/fault's resize across a frozen PostgreSQL lost
+// a rank so in ci44).
+TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort) {
+  const v1::Job job = Register(SmallJob("raced-done"));
+  RegisterAgents({"h0", "h1", "h2"});
+  absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(created.ok()) << created.status();
+  Tick();
+  const std::vector<std::string> hosts = Participants(created->id());
+  ASSERT_GE(hosts.size(), 2u);
+  const std::string last = hosts.back();
+  for (const std::string& host : hosts) {
+    if (host != last) CompleteTask(host, created->id());
+  }
+  bool raced = false;
+  hooked_->BeforeRecordingDone([&] {
+    CompleteTask(last, created->id());  // the first attempt
+    Tick();
+    raced = Op(created->id()).state() == v1::OPERATION_STATE_COMMITTED;
+  });
+  CompleteTask(last, created->id());  // the retry: EXPECT_FALSE(abort) inside
+  EXPECT_TRUE(raced);
+  EXPECT_EQ(Job(job.id()).generation(), 2);
 }
 
 }  // namespace
