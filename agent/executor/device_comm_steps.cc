@@ -5,8 +5,8 @@
 #include <condition_variable>
 #include <map>
 #include <memory>
-#include <optional>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <utility>
@@ -217,8 +217,9 @@ class CommSteps : public DeviceCrossHostSteps {
           r.step->index(), r.is_send, r.peer, sc.count(),
           absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
     }
-    for (auto& [peer, list] : sends)
+    for (auto& [peer, list] : sends) {
       send_windows_[peer] = Windows(list, options_.peer_window_bytes);
+    }
     for (auto& [peer, list] : receives) {
       receive_windows_[peer] = Windows(list, options_.peer_window_bytes);
     }
@@ -245,8 +246,8 @@ class CommSteps : public DeviceCrossHostSteps {
     auto copy = [&](uint8_t* to, int to_device, const uint8_t* from, int from_device) {
       return [&, to, to_device, from, from_device](int64_t s, int64_t d, int64_t n) {
         if (st.ok()) {
-          st = Copy(to + d * eb, to_device, from + s * eb, from_device,
-                    static_cast<size_t>(n * eb));
+          st =
+              Copy(to + d * eb, to_device, from + s * eb, from_device, static_cast<size_t>(n * eb));
         }
       };
     };
@@ -275,8 +276,9 @@ class CommSteps : public DeviceCrossHostSteps {
   // One copy on the communicator's stream; device -1 is host memory.
   absl::Status Copy(uint8_t* to, int to_device, const uint8_t* from, int from_device,
                     size_t bytes) {
-    if (from_device < 0)
+    if (from_device < 0) {
       return api_->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream_);
+    }
     if (from_device == to_device) {
       return api_->MemcpyAsync(to, from, bytes, CopyKind::kDeviceToDevice, *stream_);
     }
@@ -375,8 +377,8 @@ class CommSteps : public DeviceCrossHostSteps {
           received += c.bytes * hs_->remotes[c.remote].step->dsts_size();
         }
       }
-      if (absl::Status st = WatchingCancel(*comm_, cancelled_,
-                                           [&] { return api_->StreamSynchronize(*stream_); });
+      if (absl::Status st =
+              WatchingCancel(*comm_, cancelled_, [&] { return api_->StreamSynchronize(*stream_); });
           !st.ok()) {
         return st;
       }
@@ -407,12 +409,11 @@ class CommSteps : public DeviceCrossHostSteps {
     for (const auto& [p, s] : staging_) {
       const int peer = host_index_.at(p);
       if (const auto* w = Window(send_windows_, p, k); w != nullptr && issued.ok()) {
-        issued =
-            comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
+        issued = comm_->Send(s.send->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
       }
       if (const auto* w = Window(receive_windows_, p, k); w != nullptr && issued.ok()) {
-        issued = comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer,
-                             *stream_);
+        issued =
+            comm_->Recv(s.receive->data(), static_cast<size_t>(WindowBytes(*w)), peer, *stream_);
       }
     }
     absl::Status ended = comm_->GroupEnd();

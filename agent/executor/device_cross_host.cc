@@ -39,11 +39,10 @@ DeviceCrossHostSteps::DeviceCrossHostSteps(
 absl::StatusOr<std::vector<v1::ShardChecksum>> DeviceCrossHostSteps::RunWithDevices(
     ShardStore& store, const DeviceRoute& route,
     const std::function<void(int64_t done, int64_t total)>& progress) {
-  return RunOnDevices(store, devices_, options_, host_id_, task_, route, progress, cancelled_,
-                      [this](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                             const std::function<void(int64_t bytes)>& moved) {
-                        return Run(hs, made, moved);
-                      });
+  return RunOnDevices(
+      store, devices_, options_, host_id_, task_, route, progress, cancelled_,
+      [this](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+             const std::function<void(int64_t bytes)>& moved) { return Run(hs, made, moved); });
 }
 
 absl::Status DeviceCrossHostSteps::ConnectAndProve(const HostSteps& hs) {

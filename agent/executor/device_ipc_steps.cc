@@ -1,5 +1,7 @@
 #include "agent/executor/device_ipc_steps.h"
 
+#include <openssl/rand.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
@@ -9,8 +11,6 @@
 #include <optional>
 #include <set>
 #include <utility>
-
-#include <openssl/rand.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
@@ -172,8 +172,8 @@ class IpcSteps : public DeviceCrossHostSteps {
     auto it = sources_.find(rank);
     if (it == sources_.end()) {
       SourceLayout l;
-      l.slots = LayoutItems(RankItemBytes(task_.ptc(), task_.plan().source_layout(), rank),
-                            &l.size);
+      l.slots =
+          LayoutItems(RankItemBytes(task_.ptc(), task_.plan().source_layout(), rank), &l.size);
       it = sources_.emplace(rank, std::move(l)).first;
     }
     return it->second;
@@ -218,11 +218,10 @@ class IpcSteps : public DeviceCrossHostSteps {
       // A nonce of this message: its "done" echoes it, so that a "done" of
       // an earlier attempt (same operation, same MAC) releases nothing.
       nonces_[peer] = RandomNonce();
-      std::string payload =
-          absl::StrCat(kNonce, " ", absl::BytesToHexString(nonces_[peer]), "\n");
+      std::string payload = absl::StrCat(kNonce, " ", absl::BytesToHexString(nonces_[peer]), "\n");
       for (int r : rs) payload += EntryLine(entries.at(r));
-      if (absl::Status s = SendMessage(sent_, peer, payload, rs.size(), false,
-                                       [&] { return PostDone(peer); });
+      if (absl::Status s =
+              SendMessage(sent_, peer, payload, rs.size(), false, [&] { return PostDone(peer); });
           !s.ok()) {
         return s;
       }
@@ -237,8 +236,8 @@ class IpcSteps : public DeviceCrossHostSteps {
                            const std::string& payload, size_t ranks, bool done,
                            const std::function<absl::Status()>& before = nullptr) {
     absl::StatusOr<std::string> m =
-        MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer,
-                             payload, DeviceIpcMessageBytes(ranks, Items()));
+        MakeDeviceIpcMessage(task_.transfer_secret(), task_.operation_id(), host_id_, peer, payload,
+                             DeviceIpcMessageBytes(ranks, Items()));
     if (!m.ok()) return m.status();
     absl::StatusOr<uint64_t> tag = Tag(host_id_, done);
     if (!tag.ok()) return tag.status();
@@ -365,9 +364,9 @@ class IpcSteps : public DeviceCrossHostSteps {
       const std::string nonce_prefix = absl::StrCat(kNonce, " ");
       if (lines.empty() || !absl::ConsumePrefix(&lines[0], nonce_prefix) ||
           lines[0].size() != 2 * kNonceBytes) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "operation ", task_.operation_id(), ": host \"", peer,
-            "\" sent device IPC handles without a nonce"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
+                         "\" sent device IPC handles without a nonce"));
       }
       received_nonces_[peer] = absl::HexStringToBytes(lines[0]);
       lines.erase(lines.begin());
@@ -387,14 +386,12 @@ class IpcSteps : public DeviceCrossHostSteps {
         for (size_t i = 0; i < slots.size() && same; ++i) same = e->offsets[i] == slots[i].offset;
         if (!same) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ",
-              e->rank, " as ", e->size, " bytes with item offsets [",
-              absl::StrJoin(e->offsets, ", "), "], the source layout gives ", size,
-              " bytes at [",
-              absl::StrJoin(slots, ", ",
-                            [](std::string* out, const ItemSlot& s) {
-                              absl::StrAppend(out, s.offset);
-                            }),
+              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
+              " as ", e->size, " bytes with item offsets [", absl::StrJoin(e->offsets, ", "),
+              "], the source layout gives ", size, " bytes at [",
+              absl::StrJoin(
+                  slots, ", ",
+                  [](std::string* out, const ItemSlot& s) { absl::StrAppend(out, s.offset); }),
               "]"));
         }
         absl::StatusOr<void*> p = api_->IpcOpen(kIpcDevice, e->handle);
@@ -404,9 +401,8 @@ class IpcSteps : public DeviceCrossHostSteps {
         if (!allocation.ok()) return allocation.status();
         if (*allocation < static_cast<size_t>(size)) {
           return absl::InvalidArgumentError(absl::StrCat(
-              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ",
-              e->rank, " (", size, " bytes) with an IPC handle of a ", *allocation,
-              "-byte allocation"));
+              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
+              " (", size, " bytes) with an IPC handle of a ", *allocation, "-byte allocation"));
         }
         sources[{peer, e->rank}] = {static_cast<uint8_t*>(*p), *std::move(e)};
       }
@@ -428,9 +424,9 @@ class IpcSteps : public DeviceCrossHostSteps {
       }
       const int item = step.item();
       const int eb = task_.plan().items(item).element_bytes();
-      if (absl::Status s = CheckRegion(step.src(), step,
-                                       Source(step.src_rank()).slots[item].bytes / eb, "source",
-                                       step.src_rank());
+      if (absl::Status s =
+              CheckRegion(step.src(), step, Source(step.src_rank()).slots[item].bytes / eb,
+                          "source", step.src_rank());
           !s.ok()) {
         return s;
       }
@@ -526,7 +522,7 @@ class IpcSteps : public DeviceCrossHostSteps {
   std::optional<DeviceStream> stream_;
   std::vector<RankBufferKey> staged_;  // host sources staged to a device for the run
   std::vector<DeviceRankBufferPtr> keep_;
-  std::map<int, SourceLayout> sources_;  // by old rank
+  std::map<int, SourceLayout> sources_;                 // by old rank
   std::map<std::string, std::string> nonces_;           // receiver -> its handles' nonce
   std::map<std::string, std::string> received_nonces_;  // sender -> its handles' nonce
   bool done_awaited_ = false;
@@ -563,9 +559,9 @@ absl::Status CheckDeviceIpcDone(const std::string& operation_id, const DeviceIpc
                                                    done.payload, "\""));
   }
   if (payload != absl::BytesToHexString(nonce)) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "operation ", operation_id, ": host \"", done.sender,
-        "\" sent the \"done\" of other IPC handles (an earlier attempt's)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("operation ", operation_id, ": host \"", done.sender,
+                     "\" sent the \"done\" of other IPC handles (an earlier attempt's)"));
   }
   return absl::OkStatus();
 }

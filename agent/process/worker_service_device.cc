@@ -74,9 +74,11 @@ absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequ
     const auto offset = static_cast<uint64_t>(item.offset());
     const auto bytes = static_cast<uint64_t>(item.bytes());
     if (offset > *size || bytes > *size - offset) {
-      status = absl::InvalidArgumentError(absl::StrCat(
-          "item ", i, ": offset ", offset, " + ", bytes, " bytes passes the end of its IPC "
-          "handle's allocation (", *size, " bytes)"));
+      status =
+          absl::InvalidArgumentError(absl::StrCat("item ", i, ": offset ", offset, " + ", bytes,
+                                                  " bytes passes the end of its IPC "
+                                                  "handle's allocation (",
+                                                  *size, " bytes)"));
       break;
     }
     void* dst = static_cast<char*>(buffer.data()) + buffer.items()[i].offset;

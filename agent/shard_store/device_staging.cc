@@ -90,8 +90,8 @@ auto Stage(From& from, To& to, const RankBufferKey& key, const Create& create, c
   if (!src.sealed()) return NotSealed(from, key);
   const std::vector<uint64_t> sums = src.checksums();
   if (auto there = to.Get(key); there.ok()) {
-    if (absl::Status s = CheckExisting(key, KindOf(to), (*there)->sealed(), (*there)->checksums(),
-                                       sums);
+    if (absl::Status s =
+            CheckExisting(key, KindOf(to), (*there)->sealed(), (*there)->checksums(), sums);
         !s.ok()) {
       return s;
     }
@@ -101,10 +101,9 @@ auto Stage(From& from, To& to, const RankBufferKey& key, const Create& create, c
   if (!made.ok()) return made.status();
   auto& dst = *(*made)[0];
   absl::Status st = [&]() -> absl::Status {
-    if (absl::Status s = ForEachChunk(src.items(),
-                                      [&](int item, int64_t off, int64_t n) {
-                                        return copy(src, dst, item, off, n);
-                                      });
+    if (absl::Status s = ForEachChunk(
+            src.items(),
+            [&](int item, int64_t off, int64_t n) { return copy(src, dst, item, off, n); });
         !s.ok()) {
       return s;
     }

@@ -54,7 +54,7 @@ struct ncclConfig_v21400 {
   const char* netName;
 };
 inline constexpr unsigned int kNcclApiMagic = 0xcafebeef;
-inline constexpr unsigned int kNcclConfigVersion = 21400;  // NCCL_VERSION(2, 14, 0)
+inline constexpr unsigned int kNcclConfigVersion = 21400;    // NCCL_VERSION(2, 14, 0)
 inline constexpr int kNcclConfigUndefInt = -2147483647 - 1;  // INT_MIN
 
 struct CudartApi {

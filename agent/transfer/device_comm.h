@@ -84,9 +84,8 @@ class DeviceCommFactory {
       const std::string& id, int nranks, int rank, int device,
       const std::function<bool()>& cancelled, std::chrono::steady_clock::time_point deadline) = 0;
   /// Init without cancel, with the backend's own deadline.
-  [[nodiscard]] absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id,
-                                                                 int nranks, int rank,
-                                                                 int device) {
+  [[nodiscard]] absl::StatusOr<std::unique_ptr<DeviceComm>> Init(const std::string& id, int nranks,
+                                                                 int rank, int device) {
     return Init(id, nranks, rank, device, nullptr, kNoDeadline);
   }
 };

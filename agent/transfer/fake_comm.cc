@@ -377,8 +377,8 @@ absl::StatusOr<std::string> FakeCommFactory::NewId() {
 }
 
 absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
-    const std::string& id, int nranks, int rank, int device,
-    const std::function<bool()>& cancelled, Clock::time_point deadline) {
+    const std::string& id, int nranks, int rank, int device, const std::function<bool()>& cancelled,
+    Clock::time_point deadline) {
   const std::string where = absl::StrCat("ncclCommInitRank (fake comm rank ", rank, " of ",
                                          nranks, ", device ", device, ")");
   absl::StatusOr<ParsedId> p = ParseId(id);
@@ -414,9 +414,9 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
                                                  absl::StrJoin(missing, ", "), " had not joined"));
       }
       if (!fd.ok()) {
-        return absl::UnavailableError(absl::StrCat(
-            where, ": rank(s) ", absl::StrJoin(missing, ", "), " never joined within ", timeout_s,
-            " s (", fd.status().message(), ")"));
+        return absl::UnavailableError(
+            absl::StrCat(where, ": rank(s) ", absl::StrJoin(missing, ", "), " never joined within ",
+                         timeout_s, " s (", fd.status().message(), ")"));
       }
       Hello h{};
       absl::Status s = ReadAll(*fd, &h, sizeof(h), &limit);

@@ -38,17 +38,17 @@ class NcclComm : public DeviceComm {
 
   absl::Status Send(const void* data, size_t bytes, int peer, DeviceStream stream) override {
     if (absl::Status s = Check("ncclSend to", bytes, peer, stream); !s.ok() || bytes == 0) return s;
-    return Done(Nccl()->Send(data, bytes, ncclUint8, peer, comm_,
-                             static_cast<cudaStream_t>(stream.impl)),
-                Where("ncclSend to", peer, bytes));
+    return Done(
+        Nccl()->Send(data, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream.impl)),
+        Where("ncclSend to", peer, bytes));
   }
   absl::Status Recv(void* data, size_t bytes, int peer, DeviceStream stream) override {
     if (absl::Status s = Check("ncclRecv from", bytes, peer, stream); !s.ok() || bytes == 0) {
       return s;
     }
-    return Done(Nccl()->Recv(data, bytes, ncclUint8, peer, comm_,
-                             static_cast<cudaStream_t>(stream.impl)),
-                Where("ncclRecv from", peer, bytes));
+    return Done(
+        Nccl()->Recv(data, bytes, ncclUint8, peer, comm_, static_cast<cudaStream_t>(stream.impl)),
+        Where("ncclRecv from", peer, bytes));
   }
   absl::Status GroupStart() override {
     return NcclError(Nccl()->GroupStart(), Where("ncclGroupStart", -1, 0));
@@ -181,8 +181,8 @@ class NcclCommFactory : public DeviceCommFactory {
       }
       if (cancelled && cancelled()) {
         Nccl()->CommAbort(comm);
-        return absl::CancelledError(absl::StrCat(
-            where, ": cancelled before every rank joined (NCCL does not say which)"));
+        return absl::CancelledError(
+            absl::StrCat(where, ": cancelled before every rank joined (NCCL does not say which)"));
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         Nccl()->CommAbort(comm);

@@ -82,9 +82,9 @@ absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc, const v1::Layout& 
     auto it = capacity.find(hb.host);
     if (it == capacity.end() || !it->second.known) continue;
     if (hb.bytes > it->second.total()) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat(what, ": host \"", hb.host, "\" would hold ", hb.bytes,
-                       " bytes of this job's shards; ", Describe(it->second)));
+      return absl::ResourceExhaustedError(absl::StrCat(what, ": host \"", hb.host, "\" would hold ",
+                                                       hb.bytes, " bytes of this job's shards; ",
+                                                       Describe(it->second)));
     }
   }
   if (cluster.known && total > cluster.total()) {

@@ -12,8 +12,7 @@ absl::Status CheckStateMemory(int state_memory) {
 }
 
 v1::StateMemory StoredStateMemory(v1::StateMemory state_memory) {
-  return state_memory == v1::STATE_MEMORY_DEVICE ? v1::STATE_MEMORY_DEVICE
-                                                 : v1::STATE_MEMORY_HOST;
+  return state_memory == v1::STATE_MEMORY_DEVICE ? v1::STATE_MEMORY_DEVICE : v1::STATE_MEMORY_HOST;
 }
 
 }  // namespace reshard::coordinator

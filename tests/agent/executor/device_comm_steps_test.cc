@@ -15,8 +15,8 @@
 #include <mutex>
 #include <optional>
 #include <set>
-#include <utility>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent/transfer/fake_comm.h"
@@ -109,8 +109,7 @@ class HookedCommFactory : public FakeCommFactory {
     hooks_.init();
     auto c = FakeCommFactory::Init(id, nranks, rank, device, cancelled, deadline);
     if (!c.ok()) return c.status();
-    return std::unique_ptr<DeviceComm>(
-        std::make_unique<HookedComm>(*std::move(c), hooks_, api_));
+    return std::unique_ptr<DeviceComm>(std::make_unique<HookedComm>(*std::move(c), hooks_, api_));
   }
 
  private:
@@ -310,8 +309,7 @@ TEST_F(DeviceCommStepsTest, AGroupEndFailingAfterQueueingAbortsBeforeFreeingTheS
   EXPECT_TRUE(live_at_first_abort.load()) << "the staging was freed before the abort";
   ASSERT_FALSE(results[0].ok());
   EXPECT_EQ(results[0].status().code(), absl::StatusCode::kInternal) << results[0].status();
-  EXPECT_THAT(std::string(results[0].status().message()),
-              ::testing::HasSubstr("injected failure"));
+  EXPECT_THAT(std::string(results[0].status().message()), ::testing::HasSubstr("injected failure"));
   ASSERT_FALSE(results[1].ok());  // its peer aborted
   for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
 }

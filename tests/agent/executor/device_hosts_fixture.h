@@ -294,8 +294,9 @@ class DeviceHostsTest : public ExecutorTest {
     ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
     ASSERT_NO_FATAL_FAILURE(FillOldRanks());
     std::atomic<bool> cancel{false};
-    const std::vector<Result> results =
-        RunAll(kSecret, [&] { return cancel.load(); }, [&](const std::string& what) {
+    const std::vector<Result> results = RunAll(
+        kSecret, [&] { return cancel.load(); },
+        [&](const std::string& what) {
           if (what == wait) cancel = true;
         });
     for (int h = 0; h < 2; ++h) {

@@ -55,7 +55,7 @@ class DeviceIpcStepsTest : public DeviceHostsTest {
 // The inode of this process's namespace `kind`, from stat (not readlink,
 // as DeviceIpcEntry reads it).
 std::string NamespaceInodeOf(const std::string& kind) {
-  struct stat st {};
+  struct stat st{};
   EXPECT_EQ(stat(("/proc/self/ns/" + kind).c_str(), &st), 0) << kind;
   return std::to_string(st.st_ino);
 }
@@ -189,13 +189,13 @@ TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
     std::vector<int64_t> offsets;
     for (const ItemSlot& item : (*buf)->items()) offsets.push_back(item.offset);
     if (r == tampered) offsets[0] += 64;
-    payload += absl::StrCat(r, " ", (*buf)->device(), " ", (*buf)->size(), " ",
-                            absl::BytesToHexString(*handle), " ", absl::StrJoin(offsets, ","),
-                            "\n");
+    payload +=
+        absl::StrCat(r, " ", (*buf)->device(), " ", (*buf)->size(), " ",
+                     absl::BytesToHexString(*handle), " ", absl::StrJoin(offsets, ","), "\n");
   }
-  auto message = MakeDeviceIpcMessage("", whole.operation_id(), "h0", "h1", payload,
-                                      DeviceIpcMessageBytes(reads.size(), ptc_.tensors_size() +
-                                                                              ptc_.blobs_size()));
+  auto message = MakeDeviceIpcMessage(
+      "", whole.operation_id(), "h0", "h1", payload,
+      DeviceIpcMessageBytes(reads.size(), ptc_.tensors_size() + ptc_.blobs_size()));
   ASSERT_TRUE(message.ok()) << message.status();
   auto chunk = DeviceIpcChunk(0, false);
   ASSERT_TRUE(chunk.ok()) << chunk.status();
@@ -205,12 +205,15 @@ TEST_F(DeviceIpcStepsTest, ATamperedOffsetFailsTheReceiverWithoutCopying) {
   std::promise<absl::Status> sent;
   bool sending = false;
   // h1 runs alone; "h0" sends the message once h1 waits for handles.
-  const std::vector<Result> results = RunAll("", [] { return false; }, [&](const std::string& w) {
-    if (w != "device IPC handles" || sending) return;
-    sending = true;
-    hosts_[0].transport->Send("h1", *tag, message->data(), message->size(),
-                              [&](absl::Status st) { sent.set_value(st); });
-  }, {1});
+  const std::vector<Result> results = RunAll(
+      "", [] { return false; },
+      [&](const std::string& w) {
+        if (w != "device IPC handles" || sending) return;
+        sending = true;
+        hosts_[0].transport->Send("h1", *tag, message->data(), message->size(),
+                                  [&](absl::Status st) { sent.set_value(st); });
+      },
+      {1});
   ASSERT_TRUE(sending);
   EXPECT_TRUE(sent.get_future().get().ok());
   ASSERT_EQ(results[0].status().code(), absl::StatusCode::kInvalidArgument) << results[0].status();

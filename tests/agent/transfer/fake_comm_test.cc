@@ -6,6 +6,7 @@
 #include "agent/transfer/fake_comm.h"
 
 #include <fcntl.h>
+#include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
@@ -18,8 +19,6 @@
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/match.h"
@@ -182,13 +181,11 @@ TEST(FakeCommTest, ACancelOrADeadlineEndsInitWhileARankNeverJoins) {
   int polls = 0;
   const std::function<bool()> cancel_soon = [&] { return ++polls > 3; };
   auto start = Clock::now();
-  absl::StatusOr<std::unique_ptr<DeviceComm>> c =
-      root.factory->Init(root.factory->NewId().value(), 3, 0, 0, cancel_soon,
-                         DeviceCommFactory::kNoDeadline);
+  absl::StatusOr<std::unique_ptr<DeviceComm>> c = root.factory->Init(
+      root.factory->NewId().value(), 3, 0, 0, cancel_soon, DeviceCommFactory::kNoDeadline);
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
   EXPECT_EQ(c.status().code(), absl::StatusCode::kCancelled) << c.status();
-  EXPECT_TRUE(absl::StrContains(c.status().message(), "rank(s) 1, 2 had not joined"))
-      << c.status();
+  EXPECT_TRUE(absl::StrContains(c.status().message(), "rank(s) 1, 2 had not joined")) << c.status();
   EXPECT_EQ(polls, 4);
 
   start = Clock::now();

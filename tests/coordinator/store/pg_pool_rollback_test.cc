@@ -68,8 +68,7 @@ TEST_F(RollbackTest, ADeadlockVictimRunsAgainAndBothTransactionsCommit) {
         std::unique_lock<std::mutex> l(mu);
         first_attempt = attempts[k]++ == 0;
         if (!first_attempt) {
-          EXPECT_TRUE(
-              cv.wait_for(l, std::chrono::seconds(30), [&] { return locked_both[1 - k]; }));
+          EXPECT_TRUE(cv.wait_for(l, std::chrono::seconds(30), [&] { return locked_both[1 - k]; }));
         }
       }
       tx.Exec(kLockRow, first);
