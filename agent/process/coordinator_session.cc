@@ -95,28 +95,24 @@ v1::Host CoordinatorSession::DescribeHost() const {
   // API, state stays in host memory: the CUDA devices the training uses (for
   // the advisor) with memory_bytes 0, as they hold no rank buffer, else one
   // "cpu" device.
+  auto add_device = [&](int index, const std::string& kind, const std::string& name,
+                        int64_t memory_bytes) {
+    v1::Device* d = h.add_devices();
+    d->set_index(index);
+    d->set_kind(kind);
+    d->set_name(name);
+    d->set_memory_bytes(memory_bytes);
+  };
   if (options_.device_api != nullptr) {
     const DeviceApiCapabilities caps = options_.device_api->capabilities();
     for (int i = 0; i < caps.device_count; ++i) {
-      v1::Device* d = h.add_devices();
-      d->set_index(i);
-      d->set_kind(caps.name);
-      d->set_name(absl::StrCat(caps.name, ":", i));
-      d->set_memory_bytes(options_.devices != nullptr ? options_.devices->limit_bytes(i) : 0);
+      add_device(i, caps.name, absl::StrCat(caps.name, ":", i),
+                 options_.devices != nullptr ? options_.devices->limit_bytes(i) : 0);
     }
   } else if (const int cuda = CudaDeviceCount(); cuda > 0) {
-    for (int i = 0; i < cuda; ++i) {
-      v1::Device* d = h.add_devices();
-      d->set_index(i);
-      d->set_kind("cuda");
-      d->set_name(absl::StrCat("cuda:", i));
-    }
+    for (int i = 0; i < cuda; ++i) add_device(i, "cuda", absl::StrCat("cuda:", i), 0);
   } else {
-    v1::Device* d = h.add_devices();
-    d->set_index(0);
-    d->set_kind("cpu");
-    d->set_name("cpu");
-    d->set_memory_bytes(options_.memory_limit_bytes);
+    add_device(0, "cpu", "cpu", options_.memory_limit_bytes);
   }
   // Only backends that loaded here and that an execution path uses.
   for (const std::string& name :
