@@ -357,20 +357,24 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   return task;
 }
 
-bool AgentApi::RetriedDoneOfCommitted(const v1::Operation& op, const std::string& host_id,
-                                      v1::HostTaskState state) {
+absl::StatusOr<v1::ReportProgressResponse> AgentApi::AnswerAfterTransfer(const v1::Operation& op,
+                                                                         const std::string& host_id,
+                                                                         v1::HostTaskState state) {
+  v1::ReportProgressResponse response;
   // The operation committed only once every host's DONE was recorded, this
   // host's too: a DONE now is a retry whose first attempt the coordinator
   // took while the agent gave up waiting for the answer (PostgreSQL slow or
-  // frozen). Answering it "abort" would make the agent drop the committed
-  // generation's buffers (tests/fault: a resize across a frozen PostgreSQL).
-  if (state != v1::HOST_TASK_STATE_DONE || op.state() != v1::OPERATION_STATE_COMMITTED) {
-    return false;
+  // frozen), or one that raced that first attempt. Answering it "abort" would
+  // make the agent drop the committed generation's buffers (tests/fault: a
+  // resize across a frozen PostgreSQL).
+  if (state == v1::HOST_TASK_STATE_DONE && op.state() == v1::OPERATION_STATE_COMMITTED) {
+    absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
+    if (!rows.ok()) return rows.status();
+    const HostProgress* row = FindHost(*rows, host_id);
+    if (row != nullptr && row->state == v1::HOST_TASK_STATE_DONE) return response;
   }
-  absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
-  if (!rows.ok()) return false;
-  const HostProgress* row = FindHost(*rows, host_id);
-  return row != nullptr && row->state == v1::HOST_TASK_STATE_DONE;
+  response.set_abort(true);  // cancelled, aborted or committed without it: stop
+  return response;
 }
 
 absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
@@ -397,11 +401,7 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
                                       state == v1::HOST_TASK_STATE_PREPARED);
   if (!record.ok()) return NameNotFound(record.status(), OperationNotFound(op_id));
   const v1::Operation& op = record->op;
-  if (!AgentsHaveTasks(op)) {
-    if (RetriedDoneOfCommitted(op, host_id, state)) return response;
-    response.set_abort(true);  // cancelled, aborted or already committed: stop
-    return response;
-  }
+  if (!AgentsHaveTasks(op)) return AnswerAfterTransfer(op, host_id, state);
   absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);
   if (!rows.ok()) return rows.status();
   const HostProgress* row = FindHost(*rows, host_id);
@@ -461,14 +461,11 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
   }
   absl::Status recorded = store_->RecordHostProgress(op_id, progress, checksums);
   if (absl::IsFailedPrecondition(recorded)) {
-    // It left TRANSFERRING since we looked. A DONE may have raced its own
-    // first attempt, which the coordinator took and which committed the
-    // operation meanwhile (PostgreSQL slow or frozen): that one is taken
-    // too, as RetriedDoneOfCommitted says above.
+    // It left TRANSFERRING since we looked (a DONE may have raced its own
+    // first attempt, which committed the operation meanwhile).
     absl::StatusOr<OperationRecord> now = store_->GetOperation(op_id, /*include_plan=*/false);
-    if (now.ok() && RetriedDoneOfCommitted(now->op, host_id, state)) return response;
-    response.set_abort(true);
-    return response;
+    if (!now.ok()) return NameNotFound(now.status(), OperationNotFound(op_id));
+    return AnswerAfterTransfer(now->op, host_id, state);
   }
   if (!recorded.ok()) return recorded;
   if (state != v1::HOST_TASK_STATE_RUNNING) {

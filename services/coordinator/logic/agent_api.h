@@ -101,10 +101,13 @@ class AgentApi {
   const Options& options() const { return options_; }
 
  private:
-  /// A DONE report of `host_id` for a COMMITTED operation whose row of the
-  /// host is DONE: a retry of the report that committed it (not an abort).
-  [[nodiscard]] bool RetriedDoneOfCommitted(const v1::Operation& op, const std::string& host_id,
-                                            v1::HostTaskState state);
+  /// The answer to `host_id`'s report of `state` for `op` (as read now), an
+  /// operation that left TRANSFERRING: taken when it is a DONE for a
+  /// COMMITTED operation whose row of the host is DONE (a retry of the report
+  /// that committed it), else "abort". A store error is returned, never read
+  /// as "abort" (on which the agent drops the generation it wrote).
+  [[nodiscard]] absl::StatusOr<v1::ReportProgressResponse> AnswerAfterTransfer(
+      const v1::Operation& op, const std::string& host_id, v1::HostTaskState state);
 
   /// A stop-free operation's prepare-phase task and transfer-phase task
   /// (agent_prepare.cc; docs/coordinator.md, "Agents prepare"): sets

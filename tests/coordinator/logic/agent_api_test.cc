@@ -221,18 +221,27 @@ TEST_F(AgentApiTest, ProgressIsBoundedByTheHostsBytes) {
 }
 
 // The in-memory store with a hook that runs once, before the next DONE is
-// recorded: what another request does in that window.
+// recorded (what another request does in that window), and a failure of the
+// next read of host progress.
 class HookedMemoryStore : public MemoryStore {
  public:
   void BeforeRecordingDone(std::function<void()> hook) { hook_ = std::move(hook); }
+  void FailNextHostProgressRead(absl::Status error) { progress_error_ = std::move(error); }
+
   absl::Status RecordHostProgress(const std::string& operation_id, const HostProgress& progress,
                                   const std::vector<v1::ShardChecksum>& checksums) override {
     if (hook_ && progress.state == v1::HOST_TASK_STATE_DONE) std::exchange(hook_, nullptr)();
     return MemoryStore::RecordHostProgress(operation_id, progress, checksums);
   }
+  absl::StatusOr<std::vector<HostProgress>> GetHostProgress(
+      const std::string& operation_id) override {
+    if (!progress_error_.ok()) return std::exchange(progress_error_, absl::OkStatus());
+    return MemoryStore::GetHostProgress(operation_id);
+  }
 
  private:
   std::function<void()> hook_;
+  absl::Status progress_error_;
 };
 
 class AgentApiRaceTest : public LogicTest {
@@ -280,6 +289,31 @@ TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort
   CompleteTask(last, created->id());  // the retry: EXPECT_FALSE(abort) inside
   EXPECT_TRUE(raced);
   EXPECT_EQ(Job(job.id()).generation(), 2);
+}
+
+// A DONE retry for a committed operation whose host rows cannot be read
+// (the store failing) gets the store's error, which the agent retries, never
+// "abort"; the next retry is taken.
+TEST_F(AgentApiRaceTest, ADoneRetryThatCannotBeCheckedIsAnErrorNotAnAbort) {
+  const v1::Job job = Register(SmallJob("unchecked-done"));
+  RegisterAgents({"h0", "h1", "h2"});
+  absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_TRUE(created.ok()) << created.status();
+  Tick();
+  const std::vector<std::string> hosts = Participants(created->id());
+  for (const std::string& host : hosts) CompleteTask(host, created->id());
+  Tick();
+  ASSERT_EQ(Op(created->id()).state(), v1::OPERATION_STATE_COMMITTED);
+  v1::ReportProgressRequest retry;
+  retry.set_host_id(hosts.back());
+  retry.set_operation_id(created->id());
+  retry.set_state(v1::HOST_TASK_STATE_DONE);
+  hooked_->FailNextHostProgressRead(absl::UnavailableError("store unavailable"));
+  absl::StatusOr<v1::ReportProgressResponse> reply = agents_->ReportProgress(retry);
+  EXPECT_EQ(reply.status(), absl::UnavailableError("store unavailable"));
+  reply = agents_->ReportProgress(retry);
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  EXPECT_FALSE(reply->abort());
 }
 
 }  // namespace
