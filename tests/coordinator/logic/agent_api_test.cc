@@ -271,22 +271,21 @@ class AgentApiRaceTest : public LogicTest {
 TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort) {
   const v1::Job job = Register(SmallJob("raced-done"));
   RegisterAgents({"h0", "h1", "h2"});
-  absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
-  ASSERT_TRUE(created.ok()) << created.status();
-  Tick();
-  const std::vector<std::string> hosts = Participants(created->id());
+  const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_FALSE(op.id().empty());
+  const std::vector<std::string> hosts = Participants(op.id());
   ASSERT_GE(hosts.size(), 2u);
   const std::string last = hosts.back();
   for (const std::string& host : hosts) {
-    if (host != last) CompleteTask(host, created->id());
+    if (host != last) CompleteTask(host, op.id());
   }
   bool raced = false;
   hooked_->BeforeRecordingDone([&] {
-    CompleteTask(last, created->id());  // the first attempt
+    CompleteTask(last, op.id());  // the first attempt
     Tick();
-    raced = Op(created->id()).state() == v1::OPERATION_STATE_COMMITTED;
+    raced = Op(op.id()).state() == v1::OPERATION_STATE_COMMITTED;
   });
-  CompleteTask(last, created->id());  // the retry: EXPECT_FALSE(abort) inside
+  CompleteTask(last, op.id());  // the retry: EXPECT_FALSE(abort) inside
   EXPECT_TRUE(raced);
   EXPECT_EQ(Job(job.id()).generation(), 2);
 }
@@ -297,16 +296,15 @@ TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort
 TEST_F(AgentApiRaceTest, ADoneRetryThatCannotBeCheckedIsAnErrorNotAnAbort) {
   const v1::Job job = Register(SmallJob("unchecked-done"));
   RegisterAgents({"h0", "h1", "h2"});
-  absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
-  ASSERT_TRUE(created.ok()) << created.status();
+  const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  ASSERT_FALSE(op.id().empty());
+  const std::vector<std::string> hosts = Participants(op.id());
+  for (const std::string& host : hosts) CompleteTask(host, op.id());
   Tick();
-  const std::vector<std::string> hosts = Participants(created->id());
-  for (const std::string& host : hosts) CompleteTask(host, created->id());
-  Tick();
-  ASSERT_EQ(Op(created->id()).state(), v1::OPERATION_STATE_COMMITTED);
+  ASSERT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_COMMITTED);
   v1::ReportProgressRequest retry;
   retry.set_host_id(hosts.back());
-  retry.set_operation_id(created->id());
+  retry.set_operation_id(op.id());
   retry.set_state(v1::HOST_TASK_STATE_DONE);
   hooked_->FailNextHostProgressRead(absl::UnavailableError("store unavailable"));
   absl::StatusOr<v1::ReportProgressResponse> reply = agents_->ReportProgress(retry);
