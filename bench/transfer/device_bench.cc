@@ -148,6 +148,9 @@ double TimeD2D(DeviceApi& api, int64_t bytes, int reps) {
   auto a = api.Malloc(0, bytes), b = api.Malloc(0, bytes);
   auto stream = api.CreateStream(0);
   double best = -1;
+  for (const absl::Status& s : {a.status(), b.status(), stream.status()}) {
+    if (!s.ok()) std::fprintf(stderr, "D2D: %s\n", s.ToString().c_str());
+  }
   if (a.ok() && b.ok() && stream.ok()) {
     for (int i = 0; i <= reps; ++i) {  // the first warms up
       const Clock::time_point t0 = Clock::now();
