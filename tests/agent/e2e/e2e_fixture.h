@@ -4,11 +4,8 @@
 // workers. Not thread-safe.
 #pragma once
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <stdlib.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -35,22 +32,6 @@ using coordinator::testing::HostsPlacement;
 using coordinator::testing::MakeLayout;
 
 inline constexpr int kLeaseMs = 1500;
-
-/// A TCP port free on 127.0.0.1 now (the kernel's pick for port 0).
-inline int FreeTcpPort() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  int port = 0;
-  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0) {
-    port = ntohs(addr.sin_port);
-  }
-  if (fd >= 0) close(fd);
-  return port;
-}
 
 inline bool Final(v1::OperationState s) {
   return s == v1::OPERATION_STATE_COMMITTED || s == v1::OPERATION_STATE_ABORTED ||
@@ -125,12 +106,13 @@ class AgentE2eTest : public ::testing::Test {
     o.coordinator = coordinator_->address();
     o.worker_socket = sockets_[h];
     o.shm_dir = dir_ + "/shm-" + h;
-    if (metrics_ports_.count(h) == 0) metrics_ports_[h] = FreeTcpPort();
     o.extra_args = {"--memory-limit-bytes", std::to_string(int64_t{1} << 30), "--metrics-listen",
-                    absl::StrCat("127.0.0.1:", metrics_ports_[h]), "--insecure"};
+                    "127.0.0.1:0", "--insecure"};
     o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", "tcp,self"}};
     auto a = AgentProcess::Start(o);
     ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_NE((*a)->metrics_port(), 0) << "agent " << h << " logged no /metrics port";
+    metrics_ports_[h] = (*a)->metrics_port();
     agents_[h] = std::move(*a);
   }
 
@@ -372,7 +354,7 @@ class AgentE2eTest : public ::testing::Test {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::map<std::string, std::string> sockets_;
   std::map<std::string, std::unique_ptr<AgentProcess>> agents_;
-  std::map<std::string, int> metrics_ports_;  // each agent's /metrics
+  std::map<std::string, int> metrics_ports_;  // each running agent's /metrics port
   // The registration WaitHostsAlive last saw for each host, and the agent
   // (by pid) that made it.
   struct Registration {

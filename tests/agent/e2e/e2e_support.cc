@@ -17,6 +17,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
@@ -129,10 +130,12 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
 
   auto mu = std::make_shared<std::mutex>();
   auto cv = std::make_shared<std::condition_variable>();
-  auto ready = std::make_shared<int>(0);  // 1 ready, -1 closed
+  auto ready = std::make_shared<int>(0);         // 1 ready, -1 closed
+  auto metrics_port = std::make_shared<int>(0);  // logged before the ready line
   const std::string prefix = "[agent " + options.host_id + "] ";
   const std::string want = "reshard-agent " + options.host_id + " ready worker-socket ";
-  p->reader_ = std::thread([fd = fds[0], mu, cv, ready, prefix, want] {
+  const std::string metrics_line = "host " + options.host_id + ": /metrics on port ";
+  p->reader_ = std::thread([fd = fds[0], mu, cv, ready, metrics_port, prefix, want, metrics_line] {
     std::string buf;
     char chunk[4096];
     for (;;) {
@@ -144,6 +147,13 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
         std::string line = buf.substr(0, nl);
         buf.erase(0, nl + 1);
         std::cerr << prefix << line << "\n";
+        if (const size_t at = line.find(metrics_line); at != std::string::npos) {
+          int port = 0;
+          if (absl::SimpleAtoi(line.substr(at + metrics_line.size()), &port)) {
+            std::lock_guard<std::mutex> l(*mu);
+            *metrics_port = port;
+          }
+        }
         if (absl::StartsWith(line, want)) {
           std::lock_guard<std::mutex> l(*mu);
           *ready = 1;
@@ -164,6 +174,7 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
     return absl::InternalError(
         absl::StrCat("reshard-agent ", options.host_id, " did not print its start-up line"));
   }
+  p->metrics_port_ = *metrics_port;
   return p;
 }
 

@@ -51,11 +51,17 @@ class AgentProcess {
   absl::StatusOr<int> Terminate();
   const Options& options() const { return options_; }
   pid_t pid() const { return pid_; }
+  /// The port the agent serves /metrics on, from its start-up log ("host
+  /// <id>: /metrics on port N"): 0 when it serves none. With
+  /// `--metrics-listen 127.0.0.1:0` the kernel picks it, so no other process
+  /// can take it between a test's choice and the agent's bind.
+  int metrics_port() const { return metrics_port_; }
 
  private:
   AgentProcess() = default;
   Options options_;
   pid_t pid_ = -1;
+  int metrics_port_ = 0;
   std::thread reader_;
 };
 
