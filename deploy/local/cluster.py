@@ -131,6 +131,11 @@ class _Process:
         why = f"exited with status {status}" if status is not None else f"no '{prefix}' within {timeout} s"
         raise ClusterError(f"{self.name} {why}; last output:\n{self.tail()}")
 
+    def find_line(self, text):
+        """The first line so far that contains `text`, or None."""
+        with self._cv:
+            return next((line for line in self._lines if text in line), None)
+
     def tail(self, lines=20):
         with self._cv:
             return "\n".join(self._lines[-lines:])
@@ -173,7 +178,9 @@ class Agent:
         self.host_id = host_id
         self.worker_socket = worker_socket
         self.shm_dir = shm_dir
-        self.metrics = metrics  # "127.0.0.1:PORT" or None
+        # "127.0.0.1:PORT" or None; "127.0.0.1:0" until the first start,
+        # which takes the port the kernel picked from the agent's log.
+        self.metrics = metrics
         self.process = None
 
     @property
@@ -276,7 +283,7 @@ class LocalCluster:
                 self.agents[host] = Agent(
                     host, os.path.join(self.work_dir, host, "worker.sock"),
                     os.path.join(self.work_dir, host, "shm"),
-                    f"127.0.0.1:{free_port()}" if self.agent_metrics else None)
+                    "127.0.0.1:0" if self.agent_metrics else None)
                 self.start_agent(host)
             self._wait_hosts_registered(60)
         except BaseException:
@@ -683,6 +690,14 @@ class LocalCluster:
         agent.process = _Process(f"reshard-agent {host_id}", argv,
                                  os.path.join(self.work_dir, f"{host_id}.log"), env=env)
         agent.process.wait_for_line(f"reshard-agent {host_id} ready worker-socket ", 60)
+        if agent.metrics and agent.metrics.endswith(":0"):
+            # Logged before the ready line. Restarts keep this port.
+            said = agent.process.find_line(f"host {host_id}: /metrics on port ")
+            port = said.rsplit(" ", 1)[-1] if said else "0"
+            if not port.isdigit() or port == "0":
+                raise ClusterError(f"reshard-agent {host_id} logged no /metrics port; "
+                                   f"last output:\n{agent.process.tail()}")
+            agent.metrics = f"127.0.0.1:{port}"
         self._log(f"cluster: reshard-agent {host_id} ready (worker socket {agent.worker_socket})")
         return agent
 
