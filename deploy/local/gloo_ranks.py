@@ -119,3 +119,11 @@ def _rank_main(job_path, rank):
 
 if __name__ == "__main__":
     _rank_main(sys.argv[1], int(sys.argv[2]))
+    # The result is written: end without finalizing the interpreter. torch
+    # keeps gloo's and the autograd engine's threads past
+    # destroy_process_group, and one that needs the GIL while CPython
+    # finalizes ends in std::terminate (SIGABRT; seen in CI in
+    # examples/torchtitan).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)

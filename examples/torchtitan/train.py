@@ -5,16 +5,16 @@ state and its data loader position, across a change of dp and tp.
 
 starts a local reshard cluster (PostgreSQL, coordinator, 2 agents;
 deploy/local/cluster.py) and, as a scheduler would:
-  1. layout A, FSDP2 dp_shard 2 x tp 1 on host-0: 2 ranks build and
+  1. layout A, tp 2 x dp 1 on host-0: 2 ranks build and
      parallelize torchtitan's model (titan.py), pytorch.describe() derives the
      PTC from their DTensors; the job is registered with it; the ranks train
      STEPS steps and publish their state after step CUT as generation 1
      (pytorch.publish: each rank's local shards, the optimizer's, the LR
      scheduler's, the data position's and each rank's RNG). Training on to
      STEPS gives the uninterrupted run's losses.
-  2. resize the job to layout B, tp 2 x dp 1 on host-1: the agents move the
-     bytes (a real reshard of every tensor from Shard-over-dp to Shard-over-tp
-     and _StridedShard).
+  2. resize the job to layout B, FSDP2 dp_shard 2 x tp 1 on host-1: the
+     agents move the bytes (a real reshard of every tensor from Shard-over-tp
+     to Shard-over-dp and _StridedShard).
   3. layout B: 2 new ranks build the model with other weights, load the new
      generation into their DTensors in place (pytorch.load) and train steps
      CUT+1..STEPS from the data position they loaded: the global batch of each
@@ -164,6 +164,19 @@ def rank_main(args):
     dist.destroy_process_group()
 
 
+def end_rank():
+    """Ends a rank whose work is done and written without finalizing the
+    interpreter. torch keeps gloo's run-loop threads and the autograd
+    engine's threads past destroy_process_group (their names in
+    /proc/self/task); one of them that needs the GIL while CPython finalizes
+    is ended with pthread_exit, which in C++ code is std::terminate
+    ("terminate called without an active exception", SIGABRT). CI saw that
+    once, in a layout B rank whose outputs were complete."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 def dist_gather(ids, world):
     """Every sample id read this step, over all ranks (each dp group once)."""
     import torch.distributed as dist
@@ -307,7 +320,7 @@ def main():
     args = p.parse_args(argv)
     if args.cmd == "rank":
         rank_main(args)
-        return
+        end_rank()
     run = drive(args.build, args.work_dir)
     a, b = run["uninterrupted"], run["resumed"]
     print("step  uninterrupted (tp 2 x dp 1)   resumed (dp 2 x tp 1 after step "
