@@ -30,6 +30,7 @@
 #include "client/cpp/coordinator_client.h"
 #include "client/cpp/worker_client.h"
 #include "tests/agent/e2e/e2e_support.h"
+#include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/harness/test_postgres.h"
 #include "tests/coordinator/server/coordinator_process.h"
@@ -801,31 +802,40 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
       client_->Resize(ResizeTo(MakeLayout(2, 2, 2, {"h1", "h0"}, 4), 1));
   ASSERT_TRUE(op.ok()) << op.status();
   std::vector<v1::Operation> updates;
+  std::atomic<int> updates_seen{0};
   absl::StatusOr<v1::Operation> final_op = absl::UnknownError("not run");
   std::thread watch([&] {
     final_op = watcher.WatchOperation(
-        op->id(), [&](const v1::Operation& u) { updates.push_back(u); }, absl::Seconds(120));
+        op->id(),
+        [&](const v1::Operation& u) {
+          updates.push_back(u);
+          ++updates_seen;
+        },
+        absl::Seconds(120));
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  auto broken_watches = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::count_if(attempts_.begin(), attempts_.end(), [](const Attempt& a) {
+      return a.method == "WatchOperation" && a.code == absl::StatusCode::kUnavailable;
+    });
+  };
+  // The watch is open (its first update came) before the coordinator dies,
+  // and has seen its stream break before the coordinator comes back.
+  const bool watching = coordinator::testing::Eventually([&] { return updates_seen > 0; });
   coordinator_->Kill();
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  const bool broke =
+      watching && coordinator::testing::Eventually([&] { return broken_watches() > 0; });
   auto restarted = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address));
   kill(agents_["h1"]->pid(), SIGCONT);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   coordinator_ = std::move(*restarted);
   watch.join();
+  ASSERT_TRUE(watching) << "the watch sent no update before the coordinator was killed";
+  EXPECT_TRUE(broke) << "the watch never saw the coordinator go away";
   ASSERT_TRUE(final_op.ok()) << final_op.status();
   EXPECT_TRUE(IsFinal(final_op->state())) << v1::OperationState_Name(final_op->state());
   ASSERT_FALSE(updates.empty());
   EXPECT_EQ(updates.back().state(), final_op->state());
-  bool saw_broken_stream = false;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const Attempt& a : attempts_) {
-      saw_broken_stream |= a.method == "WatchOperation" && a.code == absl::StatusCode::kUnavailable;
-    }
-  }
-  EXPECT_TRUE(saw_broken_stream) << "the watch never saw the coordinator go away";
 }
 
 // Nothing listens yet: the client retries UNAVAILABLE with backoff until a
