@@ -13,6 +13,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -22,6 +23,7 @@
 #include "tests/agent/e2e/e2e_support.h"
 #include "tests/coordinator/harness/test_postgres.h"
 #include "tests/coordinator/server/coordinator_process.h"
+#include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/test_jobs.h"
 
 namespace reshard::agent::testing {
@@ -112,8 +114,22 @@ class AgentE2eTest : public ::testing::Test {
     auto a = AgentProcess::Start(o);
     ASSERT_TRUE(a.ok()) << a.status();
     ASSERT_NE((*a)->metrics_port(), 0) << "agent " << h << " logged no /metrics port";
-    metrics_ports_[h] = (*a)->metrics_port();
     agents_[h] = std::move(*a);
+  }
+
+  /// The /metrics exposition of the agent of `host` (an error when it
+  /// serves none: a rogue agent, or one that is down).
+  absl::StatusOr<std::string> AgentMetrics(const std::string& host) {
+    return coordinator::testing::HttpGet(agents_.at(host)->metrics_port(), "/metrics");
+  }
+
+  /// The value of metric `name` (samples with `labels`, summed) on the
+  /// agent of `host`; nullopt when it cannot be scraped or has none.
+  std::optional<double> AgentMetric(const std::string& host, const std::string& name,
+                                    const std::map<std::string, std::string>& labels = {}) {
+    absl::StatusOr<std::string> body = AgentMetrics(host);
+    if (!body.ok()) return std::nullopt;
+    return coordinator::testing::MetricValue(*body, name, labels);
   }
 
   // Every running agent's own registration reaches the coordinator before a
@@ -354,7 +370,6 @@ class AgentE2eTest : public ::testing::Test {
   std::unique_ptr<v1::CoordinatorService::Stub> stub_;
   std::map<std::string, std::string> sockets_;
   std::map<std::string, std::unique_ptr<AgentProcess>> agents_;
-  std::map<std::string, int> metrics_ports_;  // each running agent's /metrics port
   // The registration WaitHostsAlive last saw for each host, and the agent
   // (by pid) that made it.
   struct Registration {

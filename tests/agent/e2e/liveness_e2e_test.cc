@@ -33,12 +33,6 @@ class LivenessE2eTest : public AgentE2eTest {
     return n;
   }
 
-  std::optional<double> AgentMetric(const std::string& host, const std::string& name) {
-    absl::StatusOr<std::string> body = HttpGet(metrics_ports_[host], "/metrics");
-    if (!body.ok()) return std::nullopt;
-    return MetricValue(*body, name);
-  }
-
   std::optional<double> CoordinatorMetric(const std::string& name,
                                           const std::map<std::string, std::string>& labels) {
     absl::StatusOr<std::string> body = HttpGet(coordinator_->metrics_port(), "/metrics");

@@ -44,7 +44,6 @@ namespace reshard::agent::testing {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using coordinator::testing::HttpGet;
 using coordinator::testing::MetricValue;
 constexpr int64_t kBatch = 8;
 
@@ -133,13 +132,6 @@ class WorkerGuardE2eTest : public AgentE2eTest {
     for (const auto& [host, agent] : agents_) {
       EXPECT_TRUE(Running(agent->pid())) << "the agent of " << host << " died";
     }
-  }
-
-  std::optional<double> AgentMetric(const std::string& host, const std::string& name,
-                                    const std::map<std::string, std::string>& labels = {}) {
-    absl::StatusOr<std::string> body = HttpGet(metrics_ports_[host], "/metrics");
-    if (!body.ok()) return std::nullopt;
-    return MetricValue(*body, name, labels);
   }
 
   // Polls `done` every 50 ms for at most 30 s.
@@ -355,7 +347,7 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
     // both; a release in progress settles within the wait).
     double cached = -1, held = -1;
     EXPECT_TRUE(WaitFor([&] {
-      absl::StatusOr<std::string> body = HttpGet(metrics_ports_["h0"], "/metrics");
+      absl::StatusOr<std::string> body = AgentMetrics("h0");
       if (!body.ok()) return false;
       cached = MetricValue(*body, "reshard_agent_worker_cache_entries", {{"kind", "generation"}})
                    .value_or(-1);
