@@ -20,7 +20,10 @@ The agents' memory (issue 19): each agent's RSS is sampled after every
 operation. Once an agent process has taken part in `--rss-warmup` operations
 (counted from its start: a restarted agent warms up again) its RSS is its
 warm mark; it must stay within `--rss-tolerance-mib` of that mark to the end
-(flat after warm-up), and after the job is deleted at the end it must be back
+(flat after warm-up: its end is the lowest of its last RSS_END_SAMPLES samples
+from the warm mark on, as one sample right after an operation still holds
+heap the agent trims at most once a second; a leak raises all of them), and
+after the job is deleted at the end it must be back
 within the same tolerance of it, with every agent's worker cache empty
 (reshard_agent_worker_cache_entries 0). The tolerance (16 MiB by default)
 is above what an agent's RSS moves by without a leak on a loaded 2-core box
@@ -39,12 +42,15 @@ with 0 stuck operations, 0 mismatches, 0 leaks and no agent RSS growth.
 """
 
 import argparse
+import collections
 import os
 import random
 import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+# An agent's RSS at the end: the lowest of its last this many samples.
+RSS_END_SAMPLES = 5
 
 
 def main():
@@ -109,7 +115,8 @@ def main():
         faultlib.check_no_leaks(cluster, [job])
         census = faultlib.process_census(cluster)
         before = snapshot()
-        # Agent RSS per process: {name: {pid: [operations seen, warm mark, last]}}.
+        # Agent RSS per process: {name: {pid: [operations seen, warm mark,
+        # samples from the warm mark on (the last RSS_END_SAMPLES)]}}.
         agent_rss = {}
 
         def sample_agent_rss(op_hosts):
@@ -119,12 +126,14 @@ def main():
                 rss = cluster.rss_bytes(pid)
                 if rss is None:
                     continue
-                seen = agent_rss.setdefault(name, {}).setdefault(pid, [0, None, None])
+                seen = agent_rss.setdefault(name, {}).setdefault(
+                    pid, [0, None, collections.deque(maxlen=RSS_END_SAMPLES)])
                 if name.split(" ", 1)[1] in op_hosts:
                     seen[0] += 1
                 if seen[1] is None and seen[0] >= args.rss_warmup:
                     seen[1] = rss
-                seen[2] = rss
+                if seen[1] is not None:
+                    seen[2].append(rss)
 
         def run_one(i, target, migrate, kill):
             """One attempt; returns the final Operation or None if stuck."""
@@ -232,11 +241,13 @@ def main():
             if seen is None or seen[1] is None:
                 rss_rows.append([name, pid_now, None, None, None])
                 continue
-            rss_rows.append([name, pid_now, seen[1], seen[2], None])
-            if seen[2] - seen[1] > tolerance:
+            end = min(seen[2])
+            rss_rows.append([name, pid_now, seen[1], end, None])
+            if end - seen[1] > tolerance:
                 problems.append(f"{name} (pid {pid_now}): RSS grew from {seen[1] / 2**20:.1f} "
-                                f"MiB after warm-up to {seen[2] / 2**20:.1f} MiB "
-                                f"(tolerance {args.rss_tolerance_mib:g} MiB)")
+                                f"MiB after warm-up to {end / 2**20:.1f} MiB (the lowest of its "
+                                f"last {len(seen[2])} samples; tolerance "
+                                f"{args.rss_tolerance_mib:g} MiB)")
         try:
             client.delete_job(job.id)
             faultlib.check_no_leaks(cluster, [])
@@ -275,7 +286,8 @@ def main():
             print(f"  {name:<20} {(b or 0) / 2**20:8.1f} {(a or 0) / 2**20:9.1f}"
                   + (f"   (restarted: pid {bpid} -> {apid})" if bpid != apid else ""))
         print(f"  agent RSS (MiB)       warm-up     end   deleted   (warm-up: after "
-              f"{args.rss_warmup} of its operations)")
+              f"{args.rss_warmup} of its operations; end: lowest of its last "
+              f"{RSS_END_SAMPLES} samples)")
 
         def mib(v):
             return "n/a" if v is None else f"{v / 2**20:.1f}"
