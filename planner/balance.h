@@ -1,4 +1,4 @@
-// Rule 5 of the plan (DESIGN.md "The plan"): the region a host needs from
+// Rule 5 of the plan (docs/partitioning.md, "The plan"): the region a host needs from
 // another host crosses once (rules 3-4), from one of the hosts that hold it;
 // this file chooses which, so that the busiest sending host (bytes out) is as
 // small as possible.

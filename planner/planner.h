@@ -1,5 +1,5 @@
 // The transfer planner: old generation + new layout (+ lost ranks or hosts)
-// -> a plan obeying the five rules of DESIGN.md "The plan".
+// -> a plan obeying the five rules of docs/partitioning.md, "The plan".
 //
 // Pure: no I/O, no clock, no threads. Thread-safe (no shared state).
 #pragma once

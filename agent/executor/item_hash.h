@@ -2,7 +2,7 @@
 // 3): a receiver's new item as its chunks land, a sender's source item as its
 // chunks are read for the transport, both ends of a local copy, a zero fill.
 // A range is fed once its bytes are final (a new item's: written, never
-// written again, DESIGN.md plan rule 1; a source's: read under its lease).
+// written again, plan rule 1 of docs/partitioning.md; a source's: read under its lease).
 // The streaming state can only take bytes in order, so the cursor hashes a
 // range that starts at it at once (hot: the caller just touched those bytes),
 // then every range remembered earlier that is now contiguous with it (from

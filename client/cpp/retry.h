@@ -12,7 +12,7 @@
 namespace reshard::client {
 
 /// Retries with exponential backoff and jitter. Only UNAVAILABLE is retried:
-/// every other code is the server's answer (STYLE.md, "Errors").
+/// every other code is the server's answer (docs/client.md, "C++ client", Retries).
 struct RetryPolicy {
   /// Attempts per logical call, the first included; 1 disables retries.
   int max_attempts = 5;
