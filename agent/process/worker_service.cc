@@ -101,7 +101,7 @@ WorkerServiceImpl::WorkerServiceImpl(ShardStore* store, std::shared_ptr<grpc::Ch
   // last buffer here goes (DeleteJob, or it moved away): the cache holds
   // what the host holds, not every generation a job ever had.
   store_->SetDropListener([cache = cache_, trimmer = std::make_shared<HeapTrimmer>()](
-                               const std::string& job_id, int64_t generation, bool job_held) {
+                              const std::string& job_id, int64_t generation, bool job_held) {
     cache->Forget(job_id, generation);
     if (!job_held) cache->ForgetJob(job_id);
     trimmer->AfterDrop(/*force=*/!job_held);
@@ -345,9 +345,22 @@ WorkerServiceImpl::PublishLayout(const std::string& job_id, int64_t generation, 
   if (!jg.ok()) return jg.status();
   const int world = WorldSize((*jg)->layout);
   if (rank >= world) {
-    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " out of range: job \"",
-                                                   job_id, "\" generation ", generation, " has ",
-                                                   world, " ranks"));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " out of range: job \"", job_id,
+                                                   "\" generation ", generation, " has ", world,
+                                                   " ranks"));
+  }
+  // A rank is published on the host its layout places it on: elsewhere its
+  // buffer is one no operation reads, taking that host's memory until the
+  // generation goes.
+  const std::string host = store_->host_id();
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement((*jg)->layout.placement());
+  if (!host.empty() && rank < static_cast<int>(slots.size()) && slots[rank].host() != host) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job \"", job_id, "\" generation ", generation, " rank ", rank, " is placed on host \"",
+        slots[rank].host(), "\" device ", slots[rank].device(), ", not on this agent's host \"",
+        host,
+        "\": a worker publishes a rank through the agent of the host that its layout places it "
+        "on"));
   }
   return jg;
 }
@@ -357,10 +370,10 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   // Held in device memory (a device-resident rank; a CPU load may have
   // staged a host copy of it, which is not the worker's either).
   if (devices_ != nullptr && devices_->Get({req->job_id(), req->generation(), req->rank()}).ok()) {
-    return ToGrpc(absl::FailedPreconditionError(
-        absl::StrCat("job \"", req->job_id(), "\" generation ", req->generation(), " rank ",
-                     req->rank(), " is in device memory here (PublishDeviceShard, or an "
-                     "operation's): a rank is published once")));
+    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+        "job \"", req->job_id(), "\" generation ", req->generation(), " rank ", req->rank(),
+        " is in device memory here (PublishDeviceShard, or an "
+        "operation's): a rank is published once")));
   }
   // A buffer the agent made under this key is an operation's (a transfer's
   // or a prepare's destination, or what one committed), never a worker's to
@@ -392,6 +405,8 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   }
   if (!buf.ok()) return ToGrpc(buf.status());
   if (absl::Status s = CheckPublishable(key, **buf); !s.ok()) return ToGrpc(s);
+  // Published before: a worker may have grown the file since.
+  if (absl::Status s = store_->CheckWorkerBuffer(key); !s.ok()) return ToGrpc(s);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
   DescribeItems(jg->get(), req->rank(), (*buf)->items(), resp->mutable_items());
@@ -446,11 +461,14 @@ absl::StatusOr<RankBuffer::WorkerFile> WorkerServiceImpl::OpenForWorker(
     if (s.ok()) s = AdmitToken(&req.worker_token(), caller, method, req.job_id());
     const RankBufferKey key{req.job_id(), req.generation(), req.rank()};
     absl::StatusOr<RankBufferPtr> buf = absl::UnknownError("not looked up");
+    // A worker's buffer whose file holds more than planned (or was refused
+    // for it) gets no descriptor: FailedPrecondition naming the sizes.
+    if (s.ok() && publish) s = store_->CheckWorkerBuffer(key);
     if (s.ok()) {
       buf = store_->Get(key);
       if (absl::IsNotFound(buf.status()) && publish) {
-        s = absl::NotFoundError(absl::StrCat("job \"", key.job_id, "\" generation ",
-                                             key.generation, " rank ", key.rank,
+        s = absl::NotFoundError(absl::StrCat("job \"", key.job_id, "\" generation ", key.generation,
+                                             " rank ", key.rank,
                                              " has no buffer here: call PublishShard first"));
       } else {
         s = buf.status();
@@ -506,8 +524,7 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
       Lookup(req->job_id(), req->generation(), /*require_current=*/false);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
-  DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), (*buf)->items(),
-                resp->mutable_items());
+  DescribeItems(jg.ok() ? jg->get() : nullptr, req->rank(), (*buf)->items(), resp->mutable_items());
   for (int32_t item : (*buf)->regenerated()) {
     if (item < resp->items_size()) resp->mutable_items(item)->set_regenerated(true);
   }

@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -23,6 +24,22 @@ absl::Status RemapReadOnly(uint8_t* data, int64_t size, const std::string& path,
   }
   ::close(fd);
   return s;
+}
+
+absl::Status MappedRankBuffer::CheckGrowth(const struct stat& st) const {
+  // A tmpfs with huge pages may allocate the last page whole: 2 MiB of slack
+  // past the planned size is not growth.
+  constexpr int64_t kAllocationSlack = int64_t{2} << 20;
+  if (st.st_dev != file_.dev || st.st_ino != file_.ino) return absl::OkStatus();  // CheckStat's
+  const int64_t allocated = static_cast<int64_t>(st.st_blocks) * 512;
+  const int64_t allowed = (size_ + kAllocationSlack - 1) / kAllocationSlack * kAllocationSlack;
+  if (st.st_size <= size_ && allocated <= allowed) return absl::OkStatus();
+  const int64_t holds = std::max<int64_t>(st.st_size, allocated);
+  return absl::FailedPreconditionError(absl::StrCat(
+      Describe(key_), " holds ", holds, " bytes (", HumanBytes(holds), ": size ", st.st_size,
+      ", allocated ", allocated, "), ", size_, " bytes (", HumanBytes(size_),
+      ") planned: a worker may write its buffer but not grow it (ftruncate, fallocate or a "
+      "write past its end); the buffer was dropped and its memory freed: publish the rank again"));
 }
 
 FileId IdOf(int fd) {

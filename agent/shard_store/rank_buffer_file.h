@@ -131,6 +131,15 @@ class MappedRankBuffer final : public RankBuffer {
     return absl::OkStatus();
   }
 
+  /// FailedPrecondition naming the buffer and its planned and actual bytes
+  /// when `st` (a stat of its file) holds more than the agent planned: a
+  /// larger size, or more bytes allocated than the planned size takes
+  /// (fallocate past the end). A worker's writable descriptor can do either
+  /// (the kernel seals only memfds, not tmpfs files), and those bytes are
+  /// outside the memory limit until the buffer goes. OK for another file
+  /// (CheckStat says that).
+  absl::Status CheckGrowth(const struct stat& st) const;
+
   absl::Status CheckFile() const override {
     struct stat st {};
     if (::stat(path_.c_str(), &st) != 0) {
@@ -171,8 +180,8 @@ class MappedRankBuffer final : public RankBuffer {
     // O_NONBLOCK: a writable open that would break a read lease (a Seal in
     // progress) fails at once instead of waiting for the lease to go; the
     // break still tells the Seal to copy (SealPublished).
-    const int fd = ::open(path_.c_str(),
-                          (writable ? O_RDWR | O_NONBLOCK : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
+    const int fd =
+        ::open(path_.c_str(), (writable ? O_RDWR | O_NONBLOCK : O_RDONLY) | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       const int err = errno;
       if (err == EWOULDBLOCK) {
@@ -186,8 +195,8 @@ class MappedRankBuffer final : public RankBuffer {
           absl::StrCat(Describe(key_), ": cannot open \"", path_, "\": ", std::strerror(err)));
     }
     struct stat st {};
-    absl::Status s = ::fstat(fd, &st) == 0 ? CheckStat(st)
-                                           : ErrnoStatus("cannot stat", path_, errno);
+    absl::Status s =
+        ::fstat(fd, &st) == 0 ? CheckStat(st) : ErrnoStatus("cannot stat", path_, errno);
     if (!s.ok()) {
       ::close(fd);
       return s;

@@ -131,11 +131,15 @@ std::vector<uint64_t> ChecksumItems(RankBuffer& b) {
 // private copy (see CopyForSeal).
 absl::StatusOr<std::shared_ptr<MappedRankBuffer>> SealPublished(
     const std::shared_ptr<MappedRankBuffer>& b, const std::shared_ptr<Accounting>& accounting,
-    const ReserveCopyFn& reserve, std::vector<uint64_t>* sums) {
+    const ReserveCopyFn& reserve, std::vector<uint64_t>* sums,
+    std::unique_ptr<ReadLease>* lease_out) {
   absl::StatusOr<std::unique_ptr<ReadLease>> lease = b->LeaseForReading();
   if (lease.ok()) {
     *sums = ChecksumItems(*b);
-    if (!(*lease)->Broken()) return b;
+    if (!(*lease)->Broken()) {
+      *lease_out = *std::move(lease);
+      return b;
+    }
   } else if (!absl::IsFailedPrecondition(lease.status())) {
     return lease.status();  // truncated or replaced: DataLoss
   }

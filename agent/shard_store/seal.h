@@ -35,9 +35,12 @@ std::vector<uint64_t> ChecksumItems(RankBuffer& b);
 // truncate it or open it for writing until the lease is gone), else a
 // private copy, read with pread into a new file `<path>.sealing` (a file
 // truncated meanwhile gives a short read, never a SIGBUS) for which `reserve`
-// made room; the copy's bytes count in `accounting`.
+// made room; the copy's bytes count in `accounting`. When it is `b`, the
+// lease goes to `*lease`: the caller holds it until the seal is recorded, so
+// that no worker opens the file for writing (or truncates it) between the
+// checksum and the buffer turning sealed.
 absl::StatusOr<std::shared_ptr<MappedRankBuffer>> SealPublished(
     const std::shared_ptr<MappedRankBuffer>& b, const std::shared_ptr<Accounting>& accounting,
-    const ReserveCopyFn& reserve, std::vector<uint64_t>* sums);
+    const ReserveCopyFn& reserve, std::vector<uint64_t>* sums, std::unique_ptr<ReadLease>* lease);
 
 }  // namespace reshard::agent::store_internal

@@ -43,8 +43,8 @@ using store_internal::FileId;
 using store_internal::HumanBytes;
 using store_internal::IdOf;
 using store_internal::kSealedMode;
-using store_internal::kUnsealedMode;
 using store_internal::kSealingSuffix;
+using store_internal::kUnsealedMode;
 using store_internal::MapAndClose;
 using store_internal::MappedRankBuffer;
 using store_internal::Populate;
@@ -151,6 +151,7 @@ class ShmShardStore final : public ShardStore {
       needed += sizes[i];
     }
     const std::shared_ptr<void> pause = PauseSpareRefill();
+    RefuseGrownWorkerBuffers();
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (const RankBufferKey& k : keys) {
@@ -246,6 +247,7 @@ class ShmShardStore final : public ShardStore {
     std::vector<RankBufferPtr> out;
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& b : created) {
+      refused_.erase(b->key());  // published again
       buffers_[b->key()] = b;
       out.push_back(std::move(b));
     }
@@ -276,9 +278,7 @@ class ShmShardStore final : public ShardStore {
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = buffers_.find(key);
-      if (it == buffers_.end()) {
-        return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
-      }
+      if (it == buffers_.end()) return NotFoundLocked(key);
       b = it->second;
       if (for_worker && !b->published()) {
         return absl::FailedPreconditionError(absl::StrCat(
@@ -303,10 +303,20 @@ class ShmShardStore final : public ShardStore {
     if (b->sealed()) return SealedAgain(*b, expected);
     std::vector<uint64_t> sums;
     std::shared_ptr<MappedRankBuffer> sealed = b;
+    std::unique_ptr<ReadLease> lease;  // held until Record: see SealPublished
     if (b->published()) {
+      // A file a worker grew is refused before and after it is read: after,
+      // because its worker may grow it until the lease (or the copy) is
+      // taken.
+      if (absl::Status grown = RefuseIfGrown(b, /*sealer=*/true); !grown.ok()) return grown;
       absl::StatusOr<std::shared_ptr<MappedRankBuffer>> s = SealPublished(
           b, accounting_, [this](const RankBufferKey& k, int64_t n) { return ReserveCopy(k, n); },
-          &sums);
+          &sums, &lease);
+      if (absl::Status grown = GrowthOf(*b); !grown.ok()) {
+        lease.reset();  // or the truncation's open would break it and fail
+        if (s.ok() && *s != b) ::unlink((b->path() + kSealingSuffix).c_str());
+        return RefuseGrown(b, grown, /*sealer=*/true);
+      }
       if (!s.ok()) return s.status();
       sealed = *std::move(s);
     } else {
@@ -355,6 +365,22 @@ class ShmShardStore final : public ShardStore {
     }
     return Record(key, b, b, "", std::move(sums));
   }
+
+  absl::Status CheckWorkerBuffer(const RankBufferKey& key) override {
+    std::shared_ptr<MappedRankBuffer> b;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = buffers_.find(key);
+      if (it == buffers_.end()) {
+        auto r = refused_.find(key);
+        return r == refused_.end() ? absl::OkStatus() : absl::FailedPreconditionError(r->second);
+      }
+      b = it->second;
+    }
+    return RefuseIfGrown(b, /*sealer=*/false);
+  }
+
+  std::string host_id() const override { return options_.host_id; }
 
   absl::Status MarkRegenerated(const RankBufferKey& key, std::vector<int32_t> items) override {
     if (items.empty()) return absl::OkStatus();
@@ -442,6 +468,10 @@ class ShmShardStore final : public ShardStore {
           ++it;
         }
       }
+      for (auto it = refused_.begin(); it != refused_.end();) {
+        const bool of_it = it->first.job_id == job_id && it->first.generation == generation;
+        it = of_it ? refused_.erase(it) : std::next(it);
+      }
       pool_->Wake();
       job_held = HoldsJobLocked(job_id);
       listener = drop_listener_;
@@ -461,6 +491,7 @@ class ShmShardStore final : public ShardStore {
         buffers_.erase(it);
         dropped = true;
       }
+      refused_.erase(key);
       job_held = HoldsJobLocked(key.job_id);
       listener = drop_listener_;
     }
@@ -480,7 +511,23 @@ class ShmShardStore final : public ShardStore {
     return out;
   }
 
-  int64_t used_bytes() const override { return accounting_->used; }
+  int64_t used_bytes() const override {
+    std::vector<std::shared_ptr<MappedRankBuffer>> open;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [k, b] : buffers_) {
+        if (b->published() && !b->sealed()) open.push_back(b);
+      }
+    }
+    // A grown file counts what it holds until the next check drops it.
+    int64_t grown = 0;
+    for (const auto& b : open) {
+      struct stat st {};
+      if (::stat(b->path().c_str(), &st) != 0 || b->CheckGrowth(st).ok()) continue;
+      grown += std::max<int64_t>(st.st_size, static_cast<int64_t>(st.st_blocks) * 512) - b->size();
+    }
+    return accounting_->used + grown;
+  }
   int64_t limit_bytes() const override { return options_.memory_limit_bytes; }
   int64_t spare_bytes() const override { return pool_->bytes(); }
   std::shared_ptr<void> PauseSpareRefill() override {
@@ -498,6 +545,80 @@ class ShmShardStore final : public ShardStore {
   bool HoldsJobLocked(const std::string& job_id) const {
     auto it = buffers_.lower_bound(RankBufferKey{job_id, std::numeric_limits<int64_t>::min(), 0});
     return it != buffers_.end() && it->first.job_id == job_id;
+  }
+
+  // NotFound for `key`, or the refusal of a worker's grown buffer under it
+  // (see CheckWorkerBuffer).
+  absl::Status NotFoundLocked(const RankBufferKey& key) const {
+    auto r = refused_.find(key);
+    if (r != refused_.end()) return absl::FailedPreconditionError(r->second);
+    return absl::NotFoundError(absl::StrCat(Describe(key), " not found"));
+  }
+
+  // When the file of `b` (written by a worker, unsealed) holds more than
+  // planned: drops `b`, unless another call is sealing it (that one checks
+  // again: `sealer` is the sealing call itself), truncating its file to
+  // nothing so that its memory returns at once, even while its worker keeps
+  // the file open or mapped (its next touch of the mapping faults: it grew
+  // the file behind the agent's back); returns the refusal. OK otherwise.
+  absl::Status RefuseIfGrown(const std::shared_ptr<MappedRankBuffer>& b, bool sealer) {
+    absl::Status grown = GrowthOf(*b);
+    return grown.ok() ? grown : RefuseGrown(b, grown, sealer);
+  }
+
+  // CheckGrowth of `b`'s file, for a buffer a worker writes and nobody sealed.
+  static absl::Status GrowthOf(const MappedRankBuffer& b) {
+    if (!b.published() || b.sealed()) return absl::OkStatus();
+    struct stat st {};
+    if (::stat(b.path().c_str(), &st) != 0) return absl::OkStatus();  // CheckFile's case
+    return b.CheckGrowth(st);
+  }
+
+  // RefuseIfGrown's drop, for `b` whose file grew (`grown`, returned).
+  absl::Status RefuseGrown(const std::shared_ptr<MappedRankBuffer>& b, const absl::Status& grown,
+                           bool sealer) {
+    const RankBufferKey& key = b->key();
+    DropListener listener;
+    bool job_held = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = buffers_.find(key);
+      if (it == buffers_.end() || it->second != b) return grown;  // dropped meanwhile
+      if (!sealer && sealing_.count(key) != 0) return grown;
+      // Opened before the name goes; O_NONBLOCK: never wait for a lease.
+      const int fd = ::open(b->path().c_str(), O_RDWR | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+      Unlink(b->path());
+      buffers_.erase(it);
+      if (refused_.size() >= kMaxRefusals) refused_.erase(refused_.begin());
+      refused_[key] = std::string(grown.message());
+      // Nothing reads the agent's mapping of an unsealed published buffer
+      // but its seal, which is either this call or not running.
+      if (fd >= 0) {
+        if (::ftruncate(fd, 0) != 0) {
+          RESHARD_LOG(WARNING) << "shard store: cannot truncate the grown " << Describe(key) << ": "
+                               << std::strerror(errno);
+        }
+        ::close(fd);
+      }
+      job_held = HoldsJobLocked(key.job_id);
+      listener = drop_listener_;
+    }
+    RESHARD_LOG(WARNING) << "shard store: refused: " << grown.message();
+    pool_->Wake();
+    if (listener) listener(key.job_id, key.generation, job_held);
+    return grown;
+  }
+
+  // RefuseIfGrown for every buffer a worker writes that no call is sealing.
+  void RefuseGrownWorkerBuffers() {
+    std::vector<std::shared_ptr<MappedRankBuffer>> open;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const auto& [k, b] : buffers_) {
+        if (b->published() && !b->sealed() && sealing_.count(k) == 0) open.push_back(b);
+      }
+    }
+    for (const auto& b : open) (void)RefuseIfGrown(b, /*sealer=*/false);
   }
 
   static void Unlink(const std::string& path) {
@@ -558,9 +679,9 @@ class ShmShardStore final : public ShardStore {
                                                               int64_t size, Backing backing,
                                                               Writer writer, int64_t spare) {
     const std::string path = PathOf(key);
-    const int fd = spare > 0 ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
-                             : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC,
-                                      kUnsealedMode);
+    const int fd = spare > 0
+                       ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
+                       : ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, kUnsealedMode);
     if (fd < 0) {
       const int err = errno;
       if (err == EEXIST) {
@@ -668,9 +789,7 @@ class ShmShardStore final : public ShardStore {
     } else if (*regrouped) {
       RESHARD_LOG(INFO) << "shard store: " << Describe(sidecar->key) << " regrouped: group "
                         << st.st_gid << " mode " << absl::StrFormat("%04o", st.st_mode & 07777)
-                        << " -> group "
-                        << ::getegid()
-                        << " mode " << absl::StrFormat("%04o", mode);
+                        << " -> group " << ::getegid() << " mode " << absl::StrFormat("%04o", mode);
     }
     const FileId id{st.st_dev, st.st_ino};
     // Sealed and published buffers alike: the agent never writes them.
@@ -680,6 +799,13 @@ class ShmShardStore final : public ShardStore {
     auto b = std::make_shared<MappedRankBuffer>(sidecar->key, path, *data, size, std::move(slots),
                                                 accounting_, sidecar->published, id);
     if (sidecar->sealed) b->SetSealed(sidecar->checksums);
+    if (absl::Status grown = b->CheckGrowth(st); !sidecar->sealed && !grown.ok()) {
+      // Grown by its worker (fallocate past its end) before this agent
+      // started: refused as RefuseIfGrown refuses it.
+      RESHARD_LOG(WARNING) << "shard store: removing: " << grown.message();
+      Unlink(path);
+      return absl::OkStatus();
+    }
     b->SetRegenerated(sidecar->regenerated);
     std::lock_guard<std::mutex> lock(mu_);
     buffers_[sidecar->key] = std::move(b);
@@ -712,8 +838,12 @@ class ShmShardStore final : public ShardStore {
   std::map<RankBufferKey, std::shared_ptr<MappedRankBuffer>, KeyLess> buffers_;
   std::set<RankBufferKey, KeyLess> sealing_;   // unsealed buffers a Seal call is working on
   std::set<RankBufferKey, KeyLess> creating_;  // keys a CreateAll call is making
-  std::unique_ptr<SparePool> pool_;            // set by StartPool; never null after Open
-  DropListener drop_listener_;                 // SetDropListener's
+  // Why a worker's buffer was dropped for growing (RefuseIfGrown), until its
+  // rank is created again or its generation dropped; at most kMaxRefusals.
+  static constexpr size_t kMaxRefusals = 1024;
+  std::map<RankBufferKey, std::string, KeyLess> refused_;
+  std::unique_ptr<SparePool> pool_;  // set by StartPool; never null after Open
+  DropListener drop_listener_;       // SetDropListener's
 };
 
 }  // namespace

@@ -193,7 +193,9 @@ class ShardStore {
   /// not unmap) is sealed from a private copy read with pread: the copy
   /// replaces the file (rename), so that later writes through the old
   /// mapping reach nothing the agent serves. The copy needs the buffer's
-  /// size again within the memory limit (ResourceExhausted otherwise).
+  /// size again within the memory limit (ResourceExhausted otherwise). A
+  /// published buffer whose file holds more than planned is refused and
+  /// dropped (see CheckWorkerBuffer).
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> Seal(
       const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
   /// Seal for a buffer the agent wrote (Writer::kAgent) with `sums`, one per
@@ -210,6 +212,24 @@ class ShardStore {
   /// it would remap it read-only under the operation's writes.
   [[nodiscard]] virtual absl::StatusOr<std::vector<uint64_t>> SealForWorker(
       const RankBufferKey& key, const std::vector<uint64_t>& expected) = 0;
+  /// Checks the file of buffer `key` when a worker writes it (Writer::kWorker,
+  /// unsealed) before a worker gets a descriptor of it: FailedPrecondition
+  /// naming job, generation, rank and the planned and actual bytes when the
+  /// file holds more than planned (grown by ftruncate, fallocate or a write
+  /// past its end). Such a buffer is dropped at once and its file truncated
+  /// to nothing, so its memory returns even while the worker keeps it open;
+  /// until the rank is created again (PublishShard) or its generation
+  /// dropped, Seal and this answer the same refusal. OK for a buffer that
+  /// is absent, sealed, agent-written or in bounds. Seal and CreateAll make
+  /// the same check (CreateAll of every worker buffer not being sealed, so
+  /// that one worker's growth never takes another's room).
+  [[nodiscard]] virtual absl::Status CheckWorkerBuffer(const RankBufferKey& key) {
+    (void)key;
+    return absl::OkStatus();
+  }
+  /// The host whose buffers the store holds (Options::host_id); empty when
+  /// the store does not know it.
+  virtual std::string host_id() const { return {}; }
   /// Records that items `items` of the unsealed buffer `key`, made by the
   /// agent (Writer::kAgent), hold zeros their worker must regenerate
   /// (TransferPlan.regenerate: no surviving rank held the value), adding to
@@ -234,7 +254,9 @@ class ShardStore {
       std::function<void(const std::string& job_id, int64_t generation, bool job_held)>;
   virtual void SetDropListener(DropListener listener) = 0;
   virtual std::vector<RankBufferKey> List() const = 0;
-  /// Bytes of rank buffers (spare files not included).
+  /// Bytes of rank buffers (spare files not included): what their files
+  /// hold, a worker's buffer grown past its plan included until the store
+  /// drops it (CheckWorkerBuffer).
   virtual int64_t used_bytes() const = 0;
   virtual int64_t limit_bytes() const = 0;
   /// Bytes of spare files (used_bytes() + spare_bytes() <= limit_bytes(),
