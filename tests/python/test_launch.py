@@ -805,3 +805,154 @@ def test_the_ranks_beside_a_peer_lost_rank_get_grace_to_end(tmp_path, sibling):
         assert given.reports == [] and L.failure is not None
     finally:
         L.stop_all()
+
+
+# ---- nothing a rank started outlives it (each rank leads a process group;
+# a guard kills the groups when the launcher dies)
+
+def _gone_within(pids, timeout, what):
+    end = time.monotonic() + timeout
+    while any(_alive(pid) for pid in pids):
+        assert time.monotonic() < end, \
+            f"{what} still running {timeout} s on: {[pid for pid in pids if _alive(pid)]}"
+        time.sleep(0.05)
+
+
+def _children_of(pid):
+    """The pids whose parent is `pid` (a scan of /proc)."""
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/stat") as f:
+                    if int(f.read().rsplit(") ", 1)[1].split()[1]) == pid:
+                        out.append(int(name))
+            except (OSError, IndexError, ValueError):
+                pass
+    return out
+
+
+def _kill_leftovers(pids):
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_what_a_failed_rank_started_ends_with_it(tmp_path):
+    """A rank that forks a sleeping grandchild and exits 1: once the launcher
+    has seen the exit, the grandchild is gone."""
+    given = _Given()
+    lay = layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    cmd = ["sh", "-c", f'sleep 120 & echo $! > "{tmp_path}/grandchild.tmp" && '
+                       f'mv "{tmp_path}/grandchild.tmp" "{tmp_path}/grandchild"; exit 1']
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", cmd, "coord:1", grace=1.0,
+                        recovery_timeout=60.0, events_path=str(tmp_path / "events.jsonl"),
+                        log=lambda msg: None)
+    grandchild = []
+    try:
+        L.on_job(_job(1, lay))
+        _pump(L, lambda: any(e["event"] == "exit" for e in _events(tmp_path)))
+        assert [(e["world"], e["rank"], e["code"]) for e in _events(tmp_path)
+                if e["event"] == "exit"] == [("g1", 0, 1)]
+        grandchild.append(int((tmp_path / "grandchild").read_text()))
+        _gone_within(grandchild, 10, "the failed rank's grandchild")
+    finally:
+        L.stop_all()
+        _kill_leftovers(grandchild)
+
+
+_LAUNCHER_WITH_GRANDCHILDREN = """
+import sys, time
+import reshard
+from reshard import launch, layout
+class Given:
+    def list_hosts(self):
+        return []
+out = sys.argv[1]
+cmd = ["sh", "-c", f'sleep 120 & echo $! > "{out}/$RANK.tmp" && mv "{out}/$RANK.tmp" '
+                   f'"{out}/$RANK"; wait']
+L = launch.Launcher(Given(), "job-1", "h0", "/run/worker.sock", cmd, "coord:1",
+                    log=lambda msg: None)
+L.on_job(reshard.coordinator_pb2.Job(id="job-1", generation=1, state=1,
+                                     layout=layout.make_layout(
+                                         1, 1, 2, ranks=[("h0", 0), ("h0", 1)])))
+print(" ".join(str(p.pid) for p in L.current.procs.values()), flush=True)
+time.sleep(120)
+"""
+
+
+def test_ranks_and_what_they_started_die_with_a_killed_launcher(tmp_path):
+    """The launcher SIGKILLed while two ranks run, each with a sleeping
+    grandchild: the ranks, the grandchildren and every other process the
+    launcher started are gone within seconds."""
+    p = subprocess.Popen([sys.executable, "-c", _LAUNCHER_WITH_GRANDCHILDREN, str(tmp_path)],
+                         stdout=subprocess.PIPE, text=True)
+    ranks, grandchildren, children = [], [], []
+    try:
+        ranks = [int(x) for x in p.stdout.readline().split()]
+        assert len(ranks) == 2
+        end = time.monotonic() + 10
+        while not all((tmp_path / str(r)).exists() for r in (0, 1)):
+            assert time.monotonic() < end, "the ranks started no grandchild"
+            time.sleep(0.05)
+        grandchildren = [int((tmp_path / str(r)).read_text()) for r in (0, 1)]
+        children = _children_of(p.pid)
+        assert set(ranks) <= set(children)
+        p.kill()
+        p.wait()
+        _gone_within(ranks + grandchildren + children, 10,
+                     "ranks, grandchildren or helpers of the killed launcher")
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _kill_leftovers(ranks + grandchildren + children)
+
+
+# ---- a coordinator the launcher cannot talk to: one line, no traceback
+
+def _run_cli(tmp_path, coordinator, *tls):
+    r = subprocess.run([sys.executable, "-m", "reshard", "run", "--coordinator", coordinator,
+                        "--job", "job-1", "--host", "h0", "--worker-socket",
+                        str(tmp_path / "worker.sock"), *tls, "--", "true"],
+                       capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, RESHARD_WORKER_TOKEN="wt-x"))
+    return r.returncode, r.stderr.splitlines()
+
+
+@pytest.mark.parametrize("endpoint", ["closed port", "plaintext with --tls-ca",
+                                      "TLS with --insecure"])
+def test_unreachable_coordinator_is_one_line(tmp_path, endpoint):
+    import grpc
+    from pki import Pki
+    pki = Pki(str(tmp_path / "tls"))
+    held = socket.socket()  # bound, not listening: connections are refused
+    held.bind(("127.0.0.1", 0))
+    server = None
+    try:
+        if endpoint == "closed port":
+            address, tls = f"127.0.0.1:{held.getsockname()[1]}", ["--insecure"]
+        else:
+            server = grpc.server(__import__("concurrent.futures").futures.ThreadPoolExecutor(1))
+            if endpoint == "plaintext with --tls-ca":
+                port = server.add_insecure_port("127.0.0.1:0")
+                tls = ["--tls-ca", pki.ca]
+            else:
+                cert, key = pki.issue("coordinator")
+                with open(cert, "rb") as c, open(key, "rb") as k:
+                    creds = grpc.ssl_server_credentials([(k.read(), c.read())])
+                port = server.add_secure_port("127.0.0.1:0", creds)
+                tls = ["--insecure"]
+            server.start()
+            address = f"127.0.0.1:{port}"
+        code, lines = _run_cli(tmp_path, address, *tls)
+        assert code == launch.EXIT_USAGE, lines
+        assert len(lines) == 1 and "Traceback" not in lines[0], lines
+        assert lines[0].startswith(f"reshard run [job-1 h0]: coordinator {address}: cannot "
+                                   f"reach it "
+                                   f"({'TLS' if '--tls-ca' in tls else 'plaintext'}): "
+                                   f"GetJob: UNAVAILABLE: "), lines
+    finally:
+        held.close()
+        if server is not None:
+            server.stop(0)

@@ -23,6 +23,11 @@ import os
 # UNAVAILABLE fails fast in between, so a TLS reconnect to a restarted
 # coordinator took ~20 s. Poll every 100 ms unless the process chose.
 os.environ.setdefault("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100")
+# Without GRPC_VERBOSITY gRPC's core logs at absl's default level, INFO: every
+# failed connection attempt (a TLS handshake with a plaintext endpoint) wrote
+# its own line to the process's stderr, around the error the SDK raises. ERROR
+# (gRPC's documented default) unless the process chose.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 from reshard.errors import (  # noqa: F401
     Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,

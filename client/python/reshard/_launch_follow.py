@@ -42,6 +42,7 @@ class Launcher:
                  events_path=None,
                  log_dir=None, log=None):
         self.client, self.job_id, self.host = client, job_id, host
+        self.coordinator, self.tls = coordinator, bool(tls_ca)
         self.retire_timeout, self.recovery_timeout, self.grace = (
             retire_timeout, recovery_timeout, grace)
         self.settle = settle
@@ -384,8 +385,10 @@ class Launcher:
         return out + [w for w in self.retiring if w not in out]
 
     def stop_all(self, sig=signal.SIGTERM, why="stopping"):
-        """Signals every live rank, waits up to --grace, then SIGKILLs."""
+        """Signals every live rank's process group, waits up to --grace, then
+        SIGKILLs; ends the groups' guard once every rank is reaped."""
         stop_worlds(self.worlds(), sig, why, self.grace, self.event)
+        self.starter.close()
 
     def step(self, timeout=None):
         """Handles the next event (a job or operation update, a rank's exit,
@@ -423,9 +426,22 @@ class Launcher:
             raise value
         self.on_deadlines()
 
+    def _first_job(self):
+        """GetJob of the job at start; a coordinator that cannot be reached
+        (a closed port, TLS against a plaintext endpoint or the reverse:
+        UNAVAILABLE after the client's retries) is a LaunchError naming it."""
+        try:
+            return self.client.get_job(self.job_id)
+        except (errors.Unavailable, errors.DeadlineExceeded) as e:
+            raise LaunchError(
+                f"coordinator {self.coordinator}: cannot reach it "
+                f"({'TLS' if self.tls else 'plaintext'}): {' '.join(str(e).split())}") from None
+
     def run(self):
         """Follows the job until it is deleted (0), a rank fails without a
-        recovery (1), the job FAILED (3) or a signal (128 + signal)."""
+        recovery (1), the job FAILED (3), a signal (128 + signal), or it
+        cannot go on (2: a coordinator it cannot reach at start, a refused
+        credential, an error it cannot act on; said in one line)."""
         previous = {}
 
         def forward(signum, _frame):
@@ -436,7 +452,7 @@ class Launcher:
                 previous[s] = signal.signal(s, forward)
         try:
             self.event("start", job_id=self.job_id, host=self.host, pid=os.getpid())
-            self.on_job(self.client.get_job(self.job_id))
+            self.on_job(self._first_job())
             self._thread(self._watch_job, name=f"watch-job-{self.job_id}")
             while True:
                 self.step()
@@ -455,8 +471,17 @@ class Launcher:
             self.stop_all(why=str(e))
             self.event("stop", code=EXIT_USAGE, why=str(e))
             return EXIT_USAGE
+        except errors.ReshardError as e:
+            # The coordinator answered something the launcher cannot act on
+            # (after the client's own retries): it cannot follow the job.
+            why = f"cannot follow job {self.job_id}: " + " ".join(str(e).split())
+            self._log(why)
+            self.stop_all(why=why)
+            self.event("stop", code=EXIT_USAGE, why=why)
+            return EXIT_USAGE
         finally:
             self._stop.set()
+            self.starter.close()
             for s, h in previous.items():
                 signal.signal(s, h)
             if self._events is not None:

@@ -32,7 +32,13 @@ MASTER_ADDR, MASTER_PORT) plus reshard's (RESHARD_*; rank_env() reads it):
   --recovery-timeout (it then follows it);
 - the job deleted: the ranks are stopped and the launcher exits 0; the job
   FAILED (state lost): exit 3; SIGTERM / SIGINT: forwarded to every rank,
-  exit 128 + the signal.
+  exit 128 + the signal; a coordinator it cannot reach at start (a closed
+  port, TLS against a plaintext endpoint or the reverse), bad arguments or
+  a refused credential: one line on stderr, exit 2.
+
+Each rank leads a process group of its own: what a rank starts is
+signalled with it and killed when it ends, and a guard process kills the
+groups when the launcher dies, even by SIGKILL (reshard._launch_ranks).
 
 Rendezvous (no launcher talks to another): MASTER_ADDR is the address of the
 host of the world's rank 0 (--rdzv-host / --rdzv-host-pattern, else the
@@ -146,15 +152,21 @@ def run(argv):
     except (LaunchError, ValueError) as e:
         print(f"reshard run: {e}", file=sys.stderr)
         return EXIT_USAGE
-    launcher = Launcher(
-        client, args.job, args.host, os.path.abspath(args.worker_socket), command,
-        args.coordinator, worker_token=worker_token,
-        tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
-        addresses=Addresses(explicit, args.rdzv_host_pattern, client.list_hosts),
-        port_range=port_range, retire_timeout=args.retire_timeout,
-        recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
-        events_path=args.events,
-        log_dir=args.log_dir)
+    try:
+        launcher = Launcher(
+            client, args.job, args.host, os.path.abspath(args.worker_socket), command,
+            args.coordinator, worker_token=worker_token,
+            tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
+            addresses=Addresses(explicit, args.rdzv_host_pattern, client.list_hosts),
+            port_range=port_range, retire_timeout=args.retire_timeout,
+            recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
+            events_path=args.events,
+            log_dir=args.log_dir)
+    except OSError as e:
+        client.close()
+        print(f"reshard run: --events \"{args.events}\": cannot open it: {e.strerror}",
+              file=sys.stderr)
+        return EXIT_USAGE
     try:
         return launcher.run()
     finally:
