@@ -338,3 +338,122 @@ def test_checkpoint_that_does_not_match_the_ptc_is_refused(tmp_path):
     with pytest.raises(ValueError, match='tensor "model.w": dtype torch.float64 in the '
                                          'checkpoint, the job\'s PTC says torch.float32'):
         rdcp.rank_state_from_dcp(tmp_path / "dtype", ptc, lay, 0)
+
+
+# ------------------------------------- blobs a rank published run no code
+
+
+class _Opens:
+    """A pickle that creates `path` when loaded (its REDUCE calls open)."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
+class _StorageOpens:
+    """A pickle that hands torch.storage._load_from_bytes (which torch itself
+    calls with weights_only=False) a pickle that creates `path`."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        import pickle
+        return (torch.storage._load_from_bytes, (pickle.dumps(_Opens(self.path)),))
+
+
+def _same(a, b):
+    if isinstance(a, torch.Tensor):
+        return (type(a) is type(b) and a.dtype == b.dtype and a.shape == b.shape and
+                a.requires_grad == b.requires_grad and torch.equal(a, b))
+    if isinstance(a, np.ndarray):
+        return type(b) is np.ndarray and a.dtype == b.dtype and np.array_equal(a, b)
+    if isinstance(a, dict):
+        return (type(a) is type(b) and list(a) == list(b) and
+                all(_same(a[k], b[k]) for k in a))
+    if isinstance(a, (list, tuple)):
+        return type(a) is type(b) and len(a) == len(b) and all(map(_same, a, b))
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_blobs_load_without_running_code(tmp_path):
+    import collections
+    from reshard import errors, pytorch
+    from reshard._safe_blob import load_blob
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(0.01), betas=(0.9, 0.99))
+    sched = torch.optim.lr_scheduler.StepLR(opt, 1, gamma=0.5)
+    legit = {"rng": pytorch.rng_state(),
+             "optim.param_groups": [{k: v for k, v in g.items() if k != "params"}
+                                    for g in opt.state_dict()["param_groups"]],
+             "sched": sched.state_dict(), "counter": {"step": 3},
+             "other": collections.OrderedDict(a=[np.float32(1.5), np.int64(7), None, {1, 2},
+                                                 b"x", 2 + 3j, torch.bfloat16,
+                                                 torch.Size([2, 3]), torch.device("cpu"),
+                                                 torch.nn.Parameter(torch.ones(2)),
+                                                 torch.arange(6.0)[2:5]])}
+    for name, value in legit.items():
+        got = load_blob(name, pytorch.encode_blob(name, value, 1 << 16))
+        assert _same(value, got), name
+
+    marker = tmp_path / "created"
+    for evil, refused in ((_Opens(marker), "io.open"),
+                          ({"ok": 1, "bad": [_Opens(marker)]}, "io.open"),
+                          (Counter(4), f"{Counter.__module__}.Counter")):
+        with pytest.raises(errors.UnsafeBlob) as e:
+            load_blob("counter", pytorch.encode_blob("counter", evil, 4096))
+        assert (e.value.blob, e.value.global_name, e.value.code.name) == (
+            "counter", refused, "INVALID_ARGUMENT")
+        assert str(e.value).startswith(f'INVALID_ARGUMENT: blob "counter": not loaded: it names '
+                                       f'{refused}, which reshard does not call'), str(e.value)
+    # A tensor storage's bytes are loaded with weights_only=True: refused too.
+    with pytest.raises(errors.UnsafeBlob, match=r'blob "rng": not loaded: not a pickle of '
+                                                r'containers.*UnpicklingError'):
+        load_blob("rng", pytorch.encode_blob("rng", _StorageOpens(marker), 4096))
+    with pytest.raises(errors.UnsafeBlob, match=r'blob "rng": not loaded: its header says 4096 '
+                                                r'bytes, the blob holds 8'):
+        load_blob("rng", (4096).to_bytes(8, "little") + bytes(8))
+    assert not marker.exists()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_export_refuses_a_blob_that_would_run_code(cluster, client, job_name, tmp_path):
+    """A rank publishes a blob whose pickle would create a file when loaded:
+    export_dcp and `reshard dcp export` refuse it naming the blob, write no
+    checkpoint, and the file is never created."""
+    import subprocess
+    import sys
+    from reshard import errors, pytorch
+    from reshard.v1 import ptc_pb2
+    dcp.save({"model": {"w": torch.arange(4.0)}, "counter": {"step": 4}},
+             checkpoint_id=str(tmp_path / "a"), no_dist=True)
+    ptc = rdcp.ptc_from_checkpoint(tmp_path / "a")
+    host = cluster.host_ids[0]
+    lay = layout.make_layout(1, 1, 1, [host], 1)
+    job, token = client.register_job(ptc_pb2.JobSpec(name=job_name, tenant="pytest", ptc=ptc,
+                                                      layout=lay), with_token=True)
+    marker = tmp_path / "created"
+    (blob,) = [b for b in ptc.blobs if b.name == "counter"]
+    with cluster.worker(host, job.id, ptc=ptc, worker_token=token) as w:
+        w.publish(0, 1, {"model.w": np.arange(4, dtype=np.float32),
+                         "counter": pytorch.encode_blob("counter", _Opens(marker),
+                                                        blob.size_bytes)})
+    socks = {host: cluster.agents[host].worker_socket}
+    with pytest.raises(errors.UnsafeBlob, match='blob "counter": not loaded: it names io.open'):
+        rdcp.export_dcp(tmp_path / "b", job.id, ptc, lay, 1, socks, worker_token=token)
+    assert not marker.exists() and not (tmp_path / "b").exists()
+
+    r = subprocess.run([sys.executable, "-m", "reshard", "dcp", "export", str(tmp_path / "c"),
+                        "--coordinator", cluster.coordinator, "--ca", cluster.pki.ca,
+                        "--job", job.id, "--socket", f"{host}={socks[host]}"],
+                       env=dict(os.environ, RESHARD_WORKER_TOKEN=token), capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.splitlines() == [
+        'reshard dcp export: INVALID_ARGUMENT: blob "counter": not loaded: it names io.open, '
+        'which reshard does not call (it loads only containers, numbers, strings, torch '
+        'tensors, dtypes and devices, numpy arrays and scalars)'], r.stderr
+    assert not marker.exists() and not (tmp_path / "c").exists()

@@ -40,8 +40,10 @@ import numpy as np
 
 from reshard import layout as rlayout
 from reshard._proto import as_message, ptc_pb2
-# Blobs in reshard.pytorch's format (an 8-byte length, the pickle, zeros).
-from reshard.pytorch import _BLOB_HEADER as _LEN, decode_blob, encode_blob
+# Blobs in reshard.pytorch's format (an 8-byte length, the pickle, zeros);
+# export reads them with load_blob, which runs no code a blob names.
+from reshard._safe_blob import load_blob
+from reshard.pytorch import _BLOB_HEADER as _LEN, decode_blob, encode_blob  # noqa: F401
 
 
 # ------------------------------------------------------------------ geometry
@@ -518,10 +520,13 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
     are written once as DCP bytes entries (the object, torch.save'd as DCP
     does, flattened as DCP flattens them); per-rank blobs (the RNG) as rank
     0's value, as a DCP save of every rank's value under one key keeps one
-    (per_rank_blobs=False leaves them out). The param groups get back their
-    "params" (parameter FQNs), which reshard.pytorch does not keep: with one
-    group every FQN of the optimizer state in PTC order, else param_names
-    [[fqn, ...] per group]. scalars: the items of shape [1] written as 0-d
+    (per_rank_blobs=False leaves them out). Blobs are unpickled without
+    running code they name (reshard._safe_blob): one holding anything but
+    containers, numbers, strings, torch tensors and numpy arrays is refused
+    with reshard.errors.UnsafeBlob naming it, and nothing is written. The
+    param groups get back their "params" (parameter FQNs), which
+    reshard.pytorch does not keep: with one group every FQN of the optimizer
+    state in PTC order, else param_names [[fqn, ...] per group]. scalars: the items of shape [1] written as 0-d
     tensors (default: every optimizer state `step`, 0-d in torch; a 0-d
     tensor is an item of shape [1] in reshard.pytorch). With a
     process_group (one process per group of hosts), dcp.save gathers the
@@ -578,7 +583,9 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
         if b.name in loaded[src].regenerated or (b.scope == ptc_pb2.BLOB_PER_RANK and
                                                  not per_rank_blobs):
             continue
-        value = decode_blob(b.name, loaded[src][b.name])
+        # Published by a rank: loaded without calling what it names
+        # (UnsafeBlob), before anything is written.
+        value = load_blob(b.name, loaded[src][b.name])
         if value is None:
             continue
         if b.name == "optim.param_groups":
@@ -688,7 +695,9 @@ def main(argv=None):
 
     Credentials: $RESHARD_WORKER_TOKEN (the job's worker token) for the
     agents and the coordinator (GetJob of the job), --insecure or --ca FILE
-    for the coordinator's channel."""
+    for the coordinator's channel. A failure (an error the coordinator or an
+    agent answers, a blob export refuses to load, a checkpoint that does not
+    fit the job) is one line on stderr and exit status 1."""
     ap = argparse.ArgumentParser(prog="reshard dcp")
     ap.add_argument("direction", choices=["import", "export"])
     ap.add_argument("dir")
@@ -717,13 +726,19 @@ def main(argv=None):
         if not sep:
             ap.error(f"--socket {s!r}: expected HOST=PATH")
         socks[host] = p
-    with Client(args.coordinator, **kwargs) as c:
-        job = c.get_job(args.job, include_ptc=True)
-    gen = args.generation if args.generation is not None else job.generation
-    hosts = args.hosts.split(",") if args.hosts else None
-    fn = import_dcp if args.direction == "import" else export_dcp
-    result = fn(args.dir, args.job, job.ptc, job.layout, gen, socks, hosts=hosts,
-                worker_token=token)
+    from reshard.errors import ReshardError
+    try:
+        with Client(args.coordinator, **kwargs) as c:
+            job = c.get_job(args.job, include_ptc=True)
+        gen = args.generation if args.generation is not None else job.generation
+        hosts = args.hosts.split(",") if args.hosts else None
+        fn = import_dcp if args.direction == "import" else export_dcp
+        result = fn(args.dir, args.job, job.ptc, job.layout, gen, socks, hosts=hosts,
+                    worker_token=token)
+    except (ReshardError, ValueError, OSError) as e:
+        # One line naming what failed (an UnsafeBlob names the blob).
+        print(f"reshard dcp {args.direction}: {' '.join(str(e).split())}", file=sys.stderr)
+        return 1
     if args.direction == "import":
         print(f"imported {args.dir} into job {args.job} generation {gen}: ranks "
               f"{result.ranks}; regenerate {result.missing}; ignored keys {result.ignored}")

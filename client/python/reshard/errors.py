@@ -92,6 +92,19 @@ class OperationFailed(ReshardError):
         self.operation = operation
 
 
+class UnsafeBlob(InvalidArgument):
+    """A blob a rank published that reshard refuses to unpickle (`reshard dcp
+    export`): it names a global outside what a job's state legitimately holds
+    (calling it could run any code), or it is not a well-formed pickle.
+    `blob` is the blob's name, `global_name` the refused "module.name" (None
+    when the pickle is malformed)."""
+
+    def __init__(self, blob, why, global_name=None):
+        super().__init__(f"blob \"{blob}\": not loaded: {why}")
+        self.blob = blob
+        self.global_name = global_name
+
+
 _BY_CODE = {cls.code: cls for cls in (
     InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unavailable,
     DeadlineExceeded, DataLoss, ResourceExhausted, Cancelled, Internal, Unauthenticated,
