@@ -143,6 +143,7 @@ void TaskWaits::ReadBatch() {
   // A poll's first read checks its request; only this batch touches a
   // queued poll's request (read_queued).
   std::vector<int> wait_ms(batch.size(), 0);
+  std::vector<bool> refused(batch.size(), false);  // answered by its check alone
   std::vector<std::function<void()>> answers;
   for (size_t i = 0; i < batch.size(); ++i) {
     if (batch[i]->checked) continue;
@@ -151,6 +152,7 @@ void TaskWaits::ReadBatch() {
       wait_ms[i] = *checked;
       continue;
     }
+    refused[i] = true;
     std::lock_guard<std::mutex> l(mu_);
     if (polls_.count(batch[i]->id) != 0) answers.push_back(FinishLocked(batch[i], checked.status()));
   }
@@ -160,10 +162,12 @@ void TaskWaits::ReadBatch() {
   std::vector<uint64_t> seen(batch.size(), 0);
   std::vector<std::string> hosts;
   for (size_t i = 0; i < batch.size(); ++i) {
+    if (refused[i]) continue;
     if (notifier_ != nullptr) seen[i] = notifier_->Version(batch[i]->host_id);
     hosts.push_back(batch[i]->host_id);
   }
-  // One store read for every host of the batch.
+  // One store read for every host of the batch whose request passed its
+  // check: a refused request is its caller's answer, never the batch's.
   absl::StatusOr<std::map<std::string, std::vector<std::string>>> assigned =
       api_->AssignedOperationsOfHosts(hosts);
   {

@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "services/coordinator/store/store.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 
@@ -13,6 +14,8 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> Store::HeartbeatHosts(
   for (size_t i = 0; i < beats.size(); ++i) {
     const HostHeartbeat& beat = beats[i];
     HostHeartbeatResult& result = results[i];
+    result.status = CheckHeartbeat(beat);  // a bad beat is refused alone
+    if (!result.status.ok()) continue;
     result.status =
         Heartbeat(beat.host_id, beat.epoch, beat.now_unix_ms, beat.lease_expires_unix_ms);
     if (absl::IsNotFound(result.status) || absl::IsFailedPrecondition(result.status)) continue;
@@ -37,6 +40,7 @@ absl::StatusOr<std::map<std::string, std::vector<std::string>>> Store::AssignedO
     const std::vector<std::string>& host_ids) {
   std::map<std::string, std::vector<std::string>> assigned;
   for (const std::string& host : host_ids) {
+    if (!CheckText("host id", host).ok()) continue;  // no such host: none assigned
     absl::StatusOr<std::vector<std::string>> ops = AssignedOperations(host);
     if (!ops.ok()) return ops.status();
     assigned[host] = *std::move(ops);

@@ -13,6 +13,7 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 
@@ -46,11 +47,14 @@ std::map<std::string, std::vector<std::string>> AssignedByHost(const pqxx::resul
 absl::StatusOr<std::map<std::string, std::vector<std::string>>> PgStore::AssignedOperationsOfHosts(
     const std::vector<std::string>& host_ids) {
   using Assigned = std::map<std::string, std::vector<std::string>>;
+  // An id PostgreSQL cannot store names no host and has none assigned; it
+  // must not fail the other hosts' read (task polls are read in batches).
+  std::vector<std::string> storable;
   for (const std::string& id : host_ids) {
-    if (absl::Status s = pg::CheckText("host id", id); !s.ok()) return s;
+    if (pg::CheckText("host id", id).ok()) storable.push_back(id);
   }
-  if (host_ids.empty()) return Assigned();
-  const std::string id_array = pg::TextArray(host_ids);
+  if (storable.empty()) return Assigned();
+  const std::string id_array = pg::TextArray(storable);
   return pg::TransactFor<Assigned>(*pool_, "AssignedOperationsOfHosts", [&](pg::PgTx& tx) {
     return absl::StatusOr<Assigned>(AssignedByHost(tx.Exec(pg::kAssignedOperationsOfHosts, id_array)));
   });
@@ -60,24 +64,30 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
     const std::vector<HostHeartbeat>& beats) {
   using Results = std::vector<HostHeartbeatResult>;
   if (beats.empty()) return Results();
+  // A beat PostgreSQL cannot store is refused alone (its result's status);
+  // the batch is the others' (docs/coordinator.md: a host's own refusal
+  // stays its own).
+  Results checked(beats.size());
+  std::vector<size_t> valid;  // indices of the beats sent to the database
   std::vector<std::string> ids;
   std::vector<int64_t> epochs, nows, leases;
   std::set<std::string> held;
-  for (const HostHeartbeat& beat : beats) {
-    if (absl::Status s = pg::CheckText("host id", beat.host_id); !s.ok()) return s;
-    for (const std::string& job : beat.held_jobs) {
-      if (absl::Status s = pg::CheckText("job id", job); !s.ok()) return s;
-      held.insert(job);
-    }
+  for (size_t i = 0; i < beats.size(); ++i) {
+    const HostHeartbeat& beat = beats[i];
+    checked[i].status = CheckHeartbeat(beat);
+    if (!checked[i].status.ok()) continue;
+    valid.push_back(i);
+    held.insert(beat.held_jobs.begin(), beat.held_jobs.end());
     ids.push_back(beat.host_id);
     epochs.push_back(beat.epoch);
     nows.push_back(beat.now_unix_ms);
     leases.push_back(beat.lease_expires_unix_ms);
   }
+  if (valid.empty()) return checked;
   const std::string id_array = pg::TextArray(ids);
   const std::string held_array = pg::TextArray({held.begin(), held.end()});
   return pg::TransactFor<Results>(*pool_, "HeartbeatHosts", [&](pg::PgTx& tx) -> absl::StatusOr<Results> {
-    Results results(beats.size());
+    Results results = checked;
     std::set<std::pair<std::string, int64_t>> leased;  // (host, epoch) updated
     for (const pqxx::row& row : tx.Exec(pg::kHeartbeatHosts, id_array, pg::IntArray(epochs),
                                         pg::IntArray(nows), pg::IntArray(leases))) {
@@ -85,7 +95,7 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
     }
     std::set<std::string> alive;  // hosts at least one beat renewed
     bool refused = false;
-    for (size_t i = 0; i < beats.size(); ++i) {
+    for (size_t i : valid) {
       if (leased.count({beats[i].host_id, beats[i].epoch}) != 0) {
         alive.insert(beats[i].host_id);
       } else {
@@ -97,7 +107,7 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
       for (const pqxx::row& row : tx.Exec(pg::kHostsEpochState, id_array)) {
         latest[row[0].c_str()] = row[1].as<int64_t>();
       }
-      for (size_t i = 0; i < beats.size(); ++i) {
+      for (size_t i : valid) {
         const HostHeartbeat& beat = beats[i];
         if (leased.count({beat.host_id, beat.epoch}) != 0) continue;
         auto it = latest.find(beat.host_id);
@@ -123,7 +133,7 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> PgStore::HeartbeatHosts(
         deleted.insert(row[0].c_str());
       }
     }
-    for (size_t i = 0; i < beats.size(); ++i) {
+    for (size_t i : valid) {
       const HostHeartbeat& beat = beats[i];
       HostHeartbeatResult& result = results[i];
       if (!result.status.ok()) continue;

@@ -69,6 +69,14 @@ absl::StatusOr<int64_t> CheckPtc(const v1::Ptc& ptc) {
   return total;
 }
 
+absl::Status CheckHeartbeat(const HostHeartbeat& beat) {
+  if (absl::Status s = CheckText("host id", beat.host_id); !s.ok()) return s;
+  for (const std::string& job : beat.held_jobs) {
+    if (absl::Status s = CheckText("held_jobs entry", job); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status CheckNewHost(const v1::Host& host) {
   if (host.host_id().empty()) return absl::InvalidArgumentError("host_id is empty");
   if (absl::Status s = CheckText("host id", host.host_id()); !s.ok()) return s;

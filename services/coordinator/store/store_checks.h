@@ -47,6 +47,10 @@ std::string Storable(const std::string& text, size_t max_bytes);
 [[nodiscard]] absl::StatusOr<int64_t> CheckPtc(const v1::Ptc& ptc);
 /// RegisterHost's host: a non-empty id, no NUL byte in the id or address.
 [[nodiscard]] absl::Status CheckNewHost(const v1::Host& host);
+/// One beat of a heartbeat batch storable: no NUL byte in its host id or
+/// any of its held_jobs. Its refusal is that beat's own result, never the
+/// batch's (Store::HeartbeatHosts).
+[[nodiscard]] absl::Status CheckHeartbeat(const HostHeartbeat& beat);
 /// CreateToken's token: no NUL byte in its id, name, creator or tenants.
 [[nodiscard]] absl::Status CheckNewToken(const TokenRecord& token);
 /// CreateOperation's arguments before any lookup: ids non-empty, a kind,

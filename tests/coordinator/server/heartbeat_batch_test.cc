@@ -177,6 +177,61 @@ TEST_F(HeartbeatBatchTest, TheBatcherWritesAFullBatchWithOneStoreCall) {
   EXPECT_EQ(late, absl::StatusCode::kUnavailable);
 }
 
+// One agent's bad beat (a NUL byte in held_jobs, from a registered host and
+// from one nobody registered) lands in the same batch as every live host's:
+// it alone is refused, INVALID_ARGUMENT naming the field and value, and
+// every other host is renewed and answered OK. Before, the first bad beat
+// was the whole batch's answer, so one agent that sent it back to back kept
+// every live host from renewing its lease until all were LOST.
+TEST_F(HeartbeatBatchTest, OneBadBeatDoesNotFailTheOthersInItsBatch) {
+  constexpr int kHosts = 20;
+  std::vector<std::string> hosts;
+  for (int i = 0; i < kHosts; ++i) hosts.push_back("h" + std::to_string(i));
+  RegisterAgents(hosts);
+  clock_.Advance(4321);
+  HeartbeatBatcher::Options options;
+  options.max_wait_ms = 600000;
+  options.max_batch = kHosts + 2;  // the two bad beats fill it: one batch
+  HeartbeatBatcher batcher(agents_.get(), options);
+  std::mutex mu;
+  std::vector<absl::Status> answers(kHosts + 2);
+  int answered = 0;
+  auto submit = [&](int i, v1::HeartbeatRequest request) {
+    batcher.Submit(request, [&, i](HeartbeatBatcher::Answer answer) {
+      std::lock_guard<std::mutex> l(mu);
+      answers[i] = answer.status();
+      ++answered;
+    });
+  };
+  v1::HeartbeatRequest poisoned = Request(hosts[3], epochs_[hosts[3]]);
+  poisoned.add_held_jobs(std::string("\0", 1));
+  submit(0, poisoned);
+  for (int i = 0; i < kHosts; ++i) {
+    if (i != 3) submit(i + 1, Request(hosts[i], epochs_[hosts[i]]));
+  }
+  v1::HeartbeatRequest stranger = Request("nobody", 1);
+  stranger.add_held_jobs(std::string("\0", 1));
+  submit(kHosts, stranger);
+  submit(kHosts + 1, Request(hosts[3], epochs_[hosts[3]]));  // its own good beat
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return answered == kHosts + 2;
+  }));
+  EXPECT_EQ(batcher.stats().batches, 1u);
+  const absl::Status refused =
+      absl::InvalidArgumentError("held_jobs entry \"\\x00\" contains a NUL byte");
+  EXPECT_EQ(answers[0], refused);
+  EXPECT_EQ(answers[kHosts], refused);
+  for (int i = 1; i < kHosts; ++i) EXPECT_TRUE(answers[i].ok()) << i << ": " << answers[i];
+  EXPECT_TRUE(answers[kHosts + 1].ok()) << answers[kHosts + 1];
+  for (const std::string& host : hosts) {
+    absl::StatusOr<v1::Host> h = store_->GetHost(host);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs) << host;
+  }
+  batcher.Shutdown();
+}
+
 // Over gRPC (the callback API): the answer comes after the batch committed,
 // so the lease it names is in the database when the agent reads it.
 TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {

@@ -55,6 +55,47 @@ TEST_P(HeartbeatHostsTest, EachHostIsAnsweredAloneInTheBatchsOrder) {
   EXPECT_TRUE(store_->HeartbeatHosts({})->empty());
 }
 
+// A beat the store cannot record (a NUL byte in a held job id or in the
+// host id: anything an agent sends) is refused alone, INVALID_ARGUMENT
+// naming the field and value; every other host of the batch is renewed and
+// told its lists. Before, the first bad beat was the whole batch's error and
+// every live host's heartbeat failed with it.
+TEST_P(HeartbeatHostsTest, ABadBeatIsRefusedAloneAndTheOthersAreRecorded) {
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 1000, 11000).ok());
+  const std::string nul("\0", 1);
+
+  absl::StatusOr<std::vector<HostHeartbeatResult>> results = store_->HeartbeatHosts(
+      {Beat("h0", 1, {nul}), Beat("h1", 1, {"job-gone"}), Beat("h" + nul, 1), Beat("h0", 1)});
+  ASSERT_TRUE(results.ok()) << results.status();
+  ASSERT_EQ(results->size(), 4u);
+  EXPECT_EQ((*results)[0].status,
+            absl::InvalidArgumentError("held_jobs entry \"\\x00\" contains a NUL byte"));
+  EXPECT_TRUE((*results)[1].status.ok()) << (*results)[1].status;
+  EXPECT_EQ((*results)[1].deleted_jobs, std::vector<std::string>{"job-gone"});
+  EXPECT_EQ((*results)[2].status,
+            absl::InvalidArgumentError("host id \"h\\x00\" contains a NUL byte"));
+  EXPECT_TRUE((*results)[3].status.ok()) << (*results)[3].status;
+  EXPECT_EQ(store_->GetHost("h0")->lease_expires_unix_ms(), 15000);
+  EXPECT_EQ(store_->GetHost("h1")->lease_expires_unix_ms(), 15000);
+
+  // A batch of bad beats only: each refused, nothing recorded, no error.
+  results = store_->HeartbeatHosts({Beat("h1", 1, {nul})});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ((*results)[0].status.code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Task polls are read in batches too (AssignedOperationsOfHosts): an id the
+// store cannot hold names no host, has none assigned, and does not fail the
+// others' read.
+TEST_P(HeartbeatHostsTest, AnUnstorableHostIdDoesNotFailABatchedTaskRead) {
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
+  absl::StatusOr<std::map<std::string, std::vector<std::string>>> assigned =
+      store_->AssignedOperationsOfHosts({"h0", std::string("h\0", 2)});
+  ASSERT_TRUE(assigned.ok()) << assigned.status();
+  EXPECT_EQ(assigned->count(std::string("h\0", 2)), 0u);
+}
+
 RESHARD_STORE_CONTRACT(HeartbeatHostsTest);
 
 }  // namespace
