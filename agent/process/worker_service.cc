@@ -152,7 +152,7 @@ grpc::Status WorkerServiceImpl::PublishDeviceShard(grpc::ServerContext* ctx,
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "PublishDeviceShard", req->job_id());
     if (!s.ok()) return ToGrpc(s);
-    grpc::Status sealed = DoPublishDeviceShard(req, resp);
+    grpc::Status sealed = DoPublishDeviceShard(req, resp, PeerPid(*ctx));
     if (sealed.ok()) {
       RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
                         << " rank " << req->rank() << " published on device " << resp->device()
@@ -184,6 +184,12 @@ absl::StatusOr<std::string> WorkerServiceImpl::TokenSha256(const std::string& jo
   }
   cache_->PutToken(job_id, job.worker_token_sha256());
   return job.worker_token_sha256();
+}
+
+int64_t WorkerServiceImpl::PeerPid(const grpc::ServerContext& ctx) const {
+  if (socket_ == nullptr) return 0;
+  std::optional<PeerCredentials> c = socket_->CredentialsOf(ctx.peer());
+  return c.has_value() ? c->pid : 0;
 }
 
 std::string WorkerServiceImpl::Caller(const grpc::ServerContext& ctx) const {

@@ -120,8 +120,13 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status DoSealShard(const v1::SealShardRequest* req, v1::SealShardResponse* resp);
   grpc::Status DoOpenGeneration(const v1::OpenGenerationRequest* req,
                                 v1::OpenGenerationResponse* resp);
+  // `peer_pid`: the caller's process (PeerPid), whose memory alone its IPC
+  // handles may name.
   grpc::Status DoPublishDeviceShard(const v1::PublishDeviceShardRequest* req,
-                                    v1::PublishDeviceShardResponse* resp);
+                                    v1::PublishDeviceShardResponse* resp, int64_t peer_pid);
+  // The caller's pid as the kernel recorded it at connect (SO_PEERCRED);
+  // 0 when unknown (no socket set, or a connection not accepted by it).
+  int64_t PeerPid(const grpc::ServerContext& ctx) const;
   grpc::Status DoOpenDeviceGeneration(const v1::OpenDeviceGenerationRequest* req,
                                       v1::OpenDeviceGenerationResponse* resp);
   /// FailedPrecondition saying how to enable a device when the agent has none.
@@ -129,7 +134,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   /// Copies the device items of `req` into `buffer` (IpcOpen, D2D on one
   /// stream, synchronize, IpcClose).
   absl::Status CopyDeviceItems(const v1::PublishDeviceShardRequest& req,
-                               const DeviceRankBuffer& buffer);
+                               const DeviceRankBuffer& buffer, int64_t peer_pid);
 
   using JobGeneration = JobCache::Generation;
   /// The PTC and layout a worker publishes (job, generation, rank) against

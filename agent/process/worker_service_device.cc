@@ -42,7 +42,7 @@ absl::Status WorkerServiceImpl::RequireDevices(const char* method) const {
 }
 
 absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequest& req,
-                                                const DeviceRankBuffer& buffer) {
+                                                const DeviceRankBuffer& buffer, int64_t peer_pid) {
   const int device = buffer.device();
   absl::StatusOr<DeviceStream> stream = device_api_->CreateStream(device);
   if (!stream.ok()) return stream.status();
@@ -55,7 +55,7 @@ absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequ
     if (item.bytes() == 0) continue;
     auto it = opened.find(item.ipc_handle());
     if (it == opened.end()) {
-      absl::StatusOr<void*> base = device_api_->IpcOpen(device, item.ipc_handle());
+      absl::StatusOr<void*> base = device_api_->IpcOpenFrom(device, item.ipc_handle(), peer_pid);
       if (!base.ok()) {
         status = absl::Status(base.status().code(),
                               absl::StrCat("item ", i, ": ", base.status().message()));
@@ -98,7 +98,8 @@ absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequ
 }
 
 grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShardRequest* req,
-                                                     v1::PublishDeviceShardResponse* resp) {
+                                                     v1::PublishDeviceShardResponse* resp,
+                                                     int64_t peer_pid) {
   if (absl::Status s = RequireDevices("PublishDeviceShard"); !s.ok()) return ToGrpc(s);
   const RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   const int device_count = device_api_->capabilities().device_count;
@@ -154,7 +155,7 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
   const DeviceRankBufferPtr buffer = (*created)[0];
   // Copied on seal: the sealed generation is the agent's, whatever the
   // worker does with its tensors next.
-  absl::Status copied = CopyDeviceItems(*req, *buffer);
+  absl::Status copied = CopyDeviceItems(*req, *buffer, peer_pid);
   absl::StatusOr<std::vector<uint64_t>> sums = std::vector<uint64_t>();
   if (!copied.ok()) {
     sums = copied;

@@ -97,6 +97,17 @@ class DeviceApi {
   [[nodiscard]] virtual absl::StatusOr<std::string> IpcExport(int device, void* ptr) = 0;
   /// A device pointer to the exported allocation, valid until IpcClose.
   [[nodiscard]] virtual absl::StatusOr<void*> IpcOpen(int device, const std::string& handle) = 0;
+  /// IpcOpen of a handle that a local process sent over a connection whose
+  /// peer the kernel names (`peer_pid`; 0: unknown). A handle that names
+  /// some process's memory (the fake device's) must name that peer, or the
+  /// agent would open, with its own rights, what another process holds
+  /// (PermissionDenied). CUDA's driver checks its own handles: the default
+  /// is IpcOpen.
+  [[nodiscard]] virtual absl::StatusOr<void*> IpcOpenFrom(int device, const std::string& handle,
+                                                          int64_t peer_pid) {
+    (void)peer_pid;
+    return IpcOpen(device, handle);
+  }
   [[nodiscard]] virtual absl::Status IpcClose(int device, void* ptr) = 0;
 
   /// Bytes from `ptr` to the end of the allocation on `device` that holds it

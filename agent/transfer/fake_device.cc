@@ -14,6 +14,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -104,7 +105,12 @@ class FakeDeviceApi::Stream {
 };
 
 FakeDeviceApi::FakeDeviceApi(const Options& options)
-    : options_(options), used_(static_cast<size_t>(std::max(options.devices, 0)), 0) {}
+    : options_(options), used_(static_cast<size_t>(std::max(options.devices, 0)), 0) {
+  const int probe = memfd_create("reshard-fake-device-probe", MFD_CLOEXEC);
+  struct stat st {};
+  if (probe >= 0 && fstat(probe, &st) == 0) memfd_dev_ = st.st_dev;
+  if (probe >= 0) close(probe);
+}
 
 FakeDeviceApi::~FakeDeviceApi() {
   for (Stream* s : streams_) {
@@ -426,25 +432,71 @@ absl::StatusOr<std::string> FakeDeviceApi::IpcExport(int device, void* ptr) {
                       (*it)->second.bytes);
 }
 
-absl::StatusOr<void*> FakeDeviceApi::IpcOpen(int device, const std::string& handle) {
-  if (absl::Status s = CheckDevice("cudaIpcOpenMemHandle", device); !s.ok()) return s;
-  std::vector<std::string> f = absl::StrSplit(handle, ' ');
-  int64_t pid = 0, fd = 0, from_device = 0;
+namespace {
+
+struct FakeIpcHandle {
+  int64_t pid = 0, fd = 0, device = 0;
   uint64_t bytes = 0;
-  if (f.size() != 5 || f[0] != kIpcTag || !absl::SimpleAtoi(f[1], &pid) ||
-      !absl::SimpleAtoi(f[2], &fd) || !absl::SimpleAtoi(f[3], &from_device) ||
-      !absl::SimpleAtoi(f[4], &bytes)) {
+};
+
+absl::StatusOr<FakeIpcHandle> ParseIpcHandle(int device, const std::string& handle) {
+  std::vector<std::string> f = absl::StrSplit(handle, ' ');
+  FakeIpcHandle h;
+  if (f.size() != 5 || f[0] != kIpcTag || !absl::SimpleAtoi(f[1], &h.pid) ||
+      !absl::SimpleAtoi(f[2], &h.fd) || !absl::SimpleAtoi(f[3], &h.device) ||
+      !absl::SimpleAtoi(f[4], &h.bytes) || h.pid <= 0 || h.fd < 0) {
     return absl::InvalidArgumentError(absl::StrCat("cudaIpcOpenMemHandle (fake device ", device,
                                                    "): \"", handle, "\" is not a fake IPC handle"));
   }
-  const std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
-  int file = open(path.c_str(), O_RDWR | O_CLOEXEC);
+  return h;
+}
+
+}  // namespace
+
+absl::StatusOr<void*> FakeDeviceApi::IpcOpenFrom(int device, const std::string& handle,
+                                                 int64_t peer_pid) {
+  if (absl::Status s = CheckDevice("cudaIpcOpenMemHandle", device); !s.ok()) return s;
+  absl::StatusOr<FakeIpcHandle> h = ParseIpcHandle(device, handle);
+  if (!h.ok()) return h.status();
+  if (peer_pid <= 0 || h->pid != peer_pid) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        Where("cudaIpcOpenMemHandle", device, h->bytes), ": the handle names process ", h->pid,
+        " descriptor ", h->fd, ", but the caller is ",
+        peer_pid > 0 ? absl::StrCat("process ", peer_pid) : std::string("an unknown process"),
+        ": a worker exports only its own memory"));
+  }
+  return IpcOpen(device, handle);
+}
+
+absl::StatusOr<void*> FakeDeviceApi::IpcOpen(int device, const std::string& handle) {
+  if (absl::Status s = CheckDevice("cudaIpcOpenMemHandle", device); !s.ok()) return s;
+  absl::StatusOr<FakeIpcHandle> h = ParseIpcHandle(device, handle);
+  if (!h.ok()) return h.status();
+  const uint64_t bytes = h->bytes;
+  const std::string path = absl::StrCat("/proc/", h->pid, "/fd/", h->fd);
+  const absl::Status not_memfd = absl::PermissionDeniedError(
+      absl::StrCat(Where("cudaIpcOpenMemHandle", device, bytes), ": ", path,
+                   " is not a memfd (a fake device allocation is one); nothing was read"));
+  // What the descriptor names first (nothing is opened for a file on disk),
+  // then what was opened: the fstat below is the check that counts.
+  char link[64] = {};
+  const ssize_t n = readlink(path.c_str(), link, sizeof(link) - 1);
+  if (n >= 0 && !absl::StartsWith(absl::string_view(link, static_cast<size_t>(n)), "/memfd:")) {
+    return not_memfd;
+  }
+  // O_NONBLOCK: a FIFO or a leased file never blocks the agent; what is not
+  // a memfd is refused below before a byte is read.
+  int file = open(path.c_str(), O_RDWR | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (file < 0) {
     return absl::UnavailableError(absl::StrCat(Where("cudaIpcOpenMemHandle", device, bytes), ": ",
                                                Errno(path.c_str())));
   }
   struct stat st {};
-  if (fstat(file, &st) != 0 || static_cast<uint64_t>(st.st_size) < bytes) {
+  if (fstat(file, &st) != 0 || !S_ISREG(st.st_mode) || memfd_dev_ == 0 || st.st_dev != memfd_dev_) {
+    close(file);
+    return not_memfd;
+  }
+  if (static_cast<uint64_t>(st.st_size) < bytes) {
     close(file);
     return absl::InvalidArgumentError(absl::StrCat(Where("cudaIpcOpenMemHandle", device, bytes),
                                                    ": ", path, " holds fewer bytes"));

@@ -12,10 +12,16 @@
 //   HoldStream lets a test keep a stream from running, to see that.
 // - IPC across processes for real: a handle names the exporting process and
 //   the allocation's memfd ("fake-ipc <pid> <fd> <device> <bytes>"), opened
-//   as /proc/<pid>/fd/<fd> (same user) and mapped like an allocation.
+//   as /proc/<pid>/fd/<fd> and mapped like an allocation. What is opened
+//   must be a memfd (a file on disk or in /dev/shm is refused whoever holds
+//   it open), and a handle a worker sends must name the worker's own
+//   process (IpcOpenFrom: the connection's peer), so the agent never opens,
+//   with its own rights, what another process holds.
 // - Free and IpcClose wait for every stream first (cudaFree synchronizes).
 // Thread-safe.
 #pragma once
+
+#include <sys/types.h>
 
 #include <cstdint>
 #include <functional>
@@ -56,6 +62,8 @@ class FakeDeviceApi : public DeviceApi {
   absl::Status FreeHost(void* ptr) override;
   absl::StatusOr<std::string> IpcExport(int device, void* ptr) override;
   absl::StatusOr<void*> IpcOpen(int device, const std::string& handle) override;
+  absl::StatusOr<void*> IpcOpenFrom(int device, const std::string& handle,
+                                    int64_t peer_pid) override;
   absl::Status IpcClose(int device, void* ptr) override;
   absl::StatusOr<size_t> AllocationSize(int device, const void* ptr) override;
 
@@ -112,6 +120,8 @@ class FakeDeviceApi : public DeviceApi {
   // Maps `fd` twice and records it; the device address.
   absl::StatusOr<void*> MapLocked(int device, int fd, size_t bytes, int64_t charged, bool opened);
   void Unmap(void* base, const Allocation& a);
+  // The device number of memfds' file system (a probe memfd's st_dev).
+  dev_t memfd_dev_ = 0;
   // Waits for every stream (before memory is unmapped).
   absl::Status SynchronizeAll();
 

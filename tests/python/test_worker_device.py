@@ -12,6 +12,8 @@ XXH3-64 of the bytes, the ones the host path records for the same bytes,
 and a CPU load (OpenGeneration) of the device-resident rank gets the same
 values."""
 
+import os
+
 import numpy as np
 import pytest
 import xxhash
@@ -139,6 +141,58 @@ def test_device_publish_errors(cluster, client, job_name):
                 w.open_device(0, 1)
     finally:
         alloc.close()
+
+
+def test_a_handle_reads_only_the_callers_own_memfd(cluster, client, job_name, tmp_path):
+    """The agent opens a fake handle's /proc/<pid>/fd/<fd> with its own
+    (root) rights: a worker must not be able to name what another process
+    holds open. Another process's descriptor of a root-only file, and this
+    process's own descriptor of such a file, are both refused
+    PERMISSION_DENIED, and nothing of the file reaches the rank: the rank
+    publishes from real device memory afterwards. Before, the agent mapped
+    and sealed the file's bytes."""
+    import subprocess
+    import sys
+    ptc, lay, g, j = _job(client, cluster, job_name, seed=11)
+    names, raws = item_raws(ptc, layout.shard(ptc, lay, 0, g))
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"S" * (1 << 20))
+    secret.chmod(0o600)
+    holder = subprocess.Popen(
+        [sys.executable, "-c",
+         "import os,sys; fd = os.open(sys.argv[1], os.O_RDWR); print(fd, flush=True); "
+         "sys.stdin.read()", str(secret)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    own = os.open(secret, os.O_RDWR)
+    alloc, items = fake_device_items(raws)
+    try:
+        held_fd = int(holder.stdout.readline())
+        k = next(n for n, it in enumerate(items) if it is not None)
+
+        def naming(pid, fd):
+            forged = list(items)
+            forged[k] = (f"fake-ipc {pid} {fd} 0 {1 << 20}".encode(), 0, items[k][2])
+            return forged
+
+        with cluster.worker("host-0", j.id, ptc=ptc) as w:
+            with pytest.raises(reshard.PermissionDenied,
+                               match=rf"item {k}: .*the handle names process {holder.pid} "
+                                     rf"descriptor {held_fd}, but the caller is process "
+                                     rf"{os.getpid()}"):
+                w.publish_device(0, 1, naming(holder.pid, held_fd))
+            with pytest.raises(reshard.PermissionDenied,
+                               match=rf"item {k}: .*/proc/{os.getpid()}/fd/{own} is not a memfd"):
+                w.publish_device(0, 1, naming(os.getpid(), own))
+            # Nothing was sealed from the file: the rank is still unpublished
+            # and publishes from the worker's device memory.
+            with pytest.raises(reshard.NotFound):
+                w.open_device(0, 1)
+            assert w.publish_device(0, 1, items) == [xxhash.xxh3_64_intdigest(r) for r in raws]
+    finally:
+        alloc.close()
+        os.close(own)
+        holder.stdin.close()
+        holder.wait(timeout=30)
 
 
 def test_agent_without_device_refuses_device_calls(cluster, client, job_name):

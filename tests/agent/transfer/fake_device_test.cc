@@ -3,7 +3,10 @@
 // (transfer_device_peer), and the factory ($RESHARD_DEVICE).
 #include "agent/transfer/fake_device.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -194,6 +197,46 @@ TEST_F(FakeDeviceTest, IpcOpenInTheSameProcessAliasesTheAllocation) {
   EXPECT_TRUE(absl::IsInvalidArgument(api_.IpcOpen(0, "not a handle").status()));
   EXPECT_TRUE(absl::IsInvalidArgument(
       api_.IpcExport(0, static_cast<uint8_t*>(dev) + 256).status()));  // not a base
+}
+
+// The agent opens a handle's /proc/<pid>/fd/<fd> with its own rights, so a
+// handle must not be a way to read what some process holds open: only a
+// memfd (what a fake allocation is) is opened, and a handle a worker sends
+// must name the worker's own process. Before, a handle naming any process's
+// descriptor of a root-only file was opened, mapped and read.
+TEST_F(FakeDeviceTest, AHandleOpensOnlyAMemfdOfTheCallersOwnProcess) {
+  char path[] = "/tmp/reshard-fake-ipc-secret-XXXXXX";
+  const int secret = mkstemp(path);
+  ASSERT_GE(secret, 0);
+  ASSERT_EQ(fchmod(secret, 0600), 0);
+  const std::string bytes(4096, 's');
+  ASSERT_EQ(write(secret, bytes.data(), bytes.size()), static_cast<ssize_t>(bytes.size()));
+  unlink(path);
+  const std::string pid = std::to_string(getpid());
+  const std::string file_handle = "fake-ipc " + pid + " " + std::to_string(secret) + " 0 4096";
+  const std::string where = "cudaIpcOpenMemHandle (fake device 0, 4096 bytes): /proc/" + pid +
+                            "/fd/" + std::to_string(secret) +
+                            " is not a memfd (a fake device allocation is one); nothing was read";
+  EXPECT_EQ(api_.IpcOpen(0, file_handle).status(), absl::PermissionDeniedError(where));
+  EXPECT_EQ(api_.IpcOpenFrom(0, file_handle, getpid()).status(),
+            absl::PermissionDeniedError(where));
+  close(secret);
+
+  void* dev = Alloc(0, 3000);
+  ToDevice(dev, Pattern(3000, 5));
+  absl::StatusOr<std::string> handle = api_.IpcExport(0, dev);
+  ASSERT_TRUE(handle.ok()) << handle.status();
+  // A memfd of another process than the caller's: refused before opening.
+  absl::StatusOr<void*> other = api_.IpcOpenFrom(0, *handle, getpid() + 1);
+  EXPECT_TRUE(absl::IsPermissionDenied(other.status())) << other.status();
+  EXPECT_NE(other.status().message().find("the handle names process " + pid), std::string::npos)
+      << other.status();
+  EXPECT_TRUE(absl::IsPermissionDenied(api_.IpcOpenFrom(0, *handle, 0).status()));
+  // The caller's own memfd opens.
+  absl::StatusOr<void*> own = api_.IpcOpenFrom(0, *handle, getpid());
+  ASSERT_TRUE(own.ok()) << own.status();
+  EXPECT_EQ(FromDevice(*own, 3000), Pattern(3000, 5));
+  ASSERT_TRUE(api_.IpcClose(0, *own).ok());
 }
 
 TEST_F(FakeDeviceTest, AllocationSizeIsTheBytesToTheAllocationsEnd) {
