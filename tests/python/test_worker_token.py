@@ -115,8 +115,14 @@ def test_worker_role_on_the_coordinator_reads_only_its_job(cluster, client, job_
     kwargs = cluster.client_kwargs(identity=None)  # TLS, no client certificate
     with reshard.Client(cluster.coordinator, token=token, **kwargs) as w:
         assert w.get_job(job.id, include_ptc=True).id == job.id
-        with pytest.raises(reshard.PermissionDenied, match=other.id):
+        # Another job is answered as a job that does not exist, word for
+        # word: the token learns neither that it exists nor whose it is.
+        with pytest.raises(reshard.NotFound) as e:
             w.get_job(other.id)
+        assert e.value.message == f'job "{other.id}" not found'
+        with pytest.raises(reshard.NotFound) as missing:
+            w.get_job("no-such-job")
+        assert missing.value.message == 'job "no-such-job" not found'
         with pytest.raises(reshard.PermissionDenied):
             w.list_jobs(tenant="pytest")
         with pytest.raises(reshard.PermissionDenied):
@@ -134,8 +140,9 @@ def test_worker_role_on_the_coordinator_reads_only_its_job(cluster, client, job_
 def test_scheduler_of_another_tenant_cannot_fetch_the_token(cluster, client, job_name):
     job, _, _, _ = new_job(client, cluster, job_name)
     with cluster.client(identity="scheduler:s@elsewhere") as c:
-        with pytest.raises(reshard.PermissionDenied):
+        with pytest.raises(reshard.NotFound) as e:  # as if there were no such job
             c.worker_token(job.id)
+        assert e.value.message == f'job "{job.id}" not found'
     with cluster.client(identity="scheduler:s@pytest") as c:
         assert c.worker_token(job.id).startswith("wt-" + job.id)
     with cluster.client(identity="viewer:v@pytest") as c:

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -246,12 +247,22 @@ absl::Status Authorizer::AuthorizeTenant(const Principal& principal, const char*
 absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* method,
                                       const std::string& job_id, const std::string& tenant,
                                       const std::vector<std::string>& hosts) const {
+  // No refusal names the job's tenant or tells whether the job exists: a
+  // scheduler, viewer or worker outside it gets the answer of a job that
+  // does not exist, word for word; an agent (infrastructure, told the job
+  // is not on its host) PERMISSION_DENIED without the tenant.
   auto refuse = [&](const std::string& why) {
-    // A worker is not told another job's tenant (it passes none).
-    const std::string in_tenant = tenant.empty() ? "" : absl::StrCat(" (tenant \"", tenant, "\")");
-    return absl::PermissionDeniedError(absl::StrCat(method, " of job \"", job_id, "\"", in_tenant,
-                                                    " refused to \"", principal.name, "\" (role ",
+    return absl::PermissionDeniedError(absl::StrCat(method, " of job \"", job_id,
+                                                    "\" refused to \"", principal.name, "\" (role ",
                                                     RoleName(principal.role), "): ", why));
+  };
+  // The refusal itself rides along for the audit (kHiddenRefusalPayload).
+  auto hidden = [&](const std::string& why) {
+    absl::Status s = absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
+    s.SetPayload(
+        kHiddenRefusalPayload,
+        absl::Cord(refuse(absl::StrCat(why, "; the job's tenant is \"", tenant, "\"")).message()));
+    return s;
   };
   switch (principal.role) {
     case Role::kAdmin:
@@ -261,10 +272,10 @@ absl::Status Authorizer::AuthorizeJob(const Principal& principal, const char* me
       for (const std::string& t : principal.tenants) {
         if (t == tenant) return absl::OkStatus();
       }
-      return refuse(absl::StrCat("its tenants are ", absl::StrJoin(principal.tenants, ",")));
+      return hidden(absl::StrCat("its tenants are ", absl::StrJoin(principal.tenants, ",")));
     case Role::kWorker:
       if (principal.job_id == job_id) return absl::OkStatus();
-      return refuse(absl::StrCat("its worker token is for job \"", principal.job_id, "\""));
+      return hidden(absl::StrCat("its worker token is for job \"", principal.job_id, "\""));
     case Role::kAgent:
       if (principal.any_host) return absl::OkStatus();
       for (const std::string& h : hosts) {

@@ -36,6 +36,12 @@ class ServerContextBase;
 
 namespace reshard::coordinator {
 
+/// The payload of a refusal answered as NOT_FOUND (Authorizer::AuthorizeJob:
+/// the caller must not learn that the job exists): the PERMISSION_DENIED
+/// message that the audit records (CallAudit) and the caller never sees
+/// (payloads do not cross gRPC).
+inline constexpr char kHiddenRefusalPayload[] = "type.reshard/hidden-refusal";
+
 enum class Role { kAdmin, kScheduler, kViewer, kAgent, kWorker };
 
 /// Which calls of a method the audit trail records (docs/security.md).
@@ -113,8 +119,11 @@ class Authorizer {
   /// Whether `principal` may see or act on job `job_id` of `tenant`, placed
   /// on `hosts` (its current placement): admin always; scheduler and viewer
   /// within their tenants; an agent for jobs placed on its host (its worker
-  /// service reads their PTC); a worker for the job of its token.
-  /// PERMISSION_DENIED naming the job and tenant.
+  /// service reads their PTC); a worker for the job of its token. A
+  /// scheduler, viewer or worker refused gets what a job that does not
+  /// exist gets, word for word (NOT_FOUND `job "X" not found`): a refusal
+  /// tells neither whose the job is nor whether it exists. An agent
+  /// refused: PERMISSION_DENIED naming the job and its host, not the tenant.
   [[nodiscard]] absl::Status AuthorizeJob(const Principal& principal, const char* method,
                                           const std::string& job_id, const std::string& tenant,
                                           const std::vector<std::string>& hosts) const;

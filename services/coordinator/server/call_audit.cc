@@ -63,12 +63,16 @@ void CallAudit::SetCaller(const Principal& principal) {
 
 absl::Status CallAudit::Finish(absl::Status status) {
   if (api_ == nullptr || level_ == AuditLevel::kNone) return status;
-  if (level_ == AuditLevel::kRefusals && !absl::IsUnauthenticated(status) &&
-      !absl::IsPermissionDenied(status)) {
+  // A refusal the caller hears as NOT_FOUND is audited as what it is.
+  const auto hidden = status.GetPayload(kHiddenRefusalPayload);  // absl::optional<Cord>
+  const absl::Status audited =
+      hidden.has_value() ? absl::PermissionDeniedError(std::string(*hidden)) : status;
+  if (level_ == AuditLevel::kRefusals && !absl::IsUnauthenticated(audited) &&
+      !absl::IsPermissionDenied(audited)) {
     return status;
   }
   scope_.reset();
-  api_->Finish(record_, status);
+  api_->Finish(record_, audited);
   return status;
 }
 

@@ -45,7 +45,15 @@ absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const
   absl::StatusOr<v1::Operation> op = api_->GetOperation(request);
   if (absl::IsNotFound(op.status())) return absl::OkStatus();
   if (!op.ok()) return op.status();
-  return InJobTenant(p, method, op->job_id());
+  absl::Status in_tenant = InJobTenant(p, method, op->job_id());
+  if (!absl::IsNotFound(in_tenant)) return in_tenant;
+  // Hidden as the operation's own absence: naming its job would tell the
+  // caller that the operation exists, and of which job.
+  absl::Status hidden =
+      absl::NotFoundError(absl::StrCat("operation \"", operation_id, "\" not found"));
+  in_tenant.ForEachPayload(
+      [&](absl::string_view url, const absl::Cord& payload) { hidden.SetPayload(url, payload); });
+  return hidden;
 }
 
 absl::StatusOr<WatchSlot> CoordinatorServiceImpl::AcquireWatch(const Principal& p,

@@ -6,6 +6,7 @@
 // tokens are created, listed, rotated and revoked with the admin's RPCs.
 #include <functional>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "grpcpp/grpcpp.h"
@@ -25,13 +26,11 @@ struct Caller {
 };
 
 // How the coordinator must refuse a caller's calls: nobody it knows
-// (UNAUTHENTICATED), or an identity whose role or scope lacks the call
-// (PERMISSION_DENIED; with `job` set, the job-scoped calls name that job and
-// why: a worker token of another job).
+// (UNAUTHENTICATED), an identity whose role lacks the call
+// (PERMISSION_DENIED), or one whose role has it but not the job (NOT_FOUND,
+// as for a job that does not exist).
 struct Refusal {
   grpc::StatusCode code = grpc::StatusCode::PERMISSION_DENIED;
-  std::string job;
-  std::string why;
 };
 
 std::unique_ptr<grpc::ClientContext> CallCtx(const Caller& caller) {
@@ -396,25 +395,37 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   };
 
   // How each caller that is refused is refused: callers nobody knows are
-  // UNAUTHENTICATED, every other refusal PERMISSION_DENIED; another job's
-  // worker token is told, for each call its role has, which job it named.
-  const std::string other_job = other_worker.substr(3, other_worker.find('.') - 3);
-  auto refusal_of = [&](const Caller& c) {
+  // UNAUTHENTICATED, a role that lacks the call PERMISSION_DENIED naming it.
+  // A caller whose role has the call but not the job (another tenant's
+  // scheduler or viewer, another job's worker token) is told the job (or
+  // operation) does not exist, exactly as if it did not: it learns neither
+  // whose the job is nor that it exists.
+  const std::set<std::string> kJobScoped = {
+      "GetJob",       "WatchJob",       "PreviewPlan",        "Advise",
+      "GetOperation", "WatchOperation", "CancelOperation",    "DeleteJob",
+      "Resize",       "Migrate",        "RecoverFromFailure", "GetWorkerToken",
+      "Checkpoint",   "MarkPrepared",   "CommitStep",         "ReportRankFailure"};
+  const std::string team_b_viewer_token = callers[11].first.token;
+  auto role_has = [&](const Caller& c) -> std::set<std::string> {
+    if (c.identity == "scheduler:other@team-b") return both(kReads, kWrites);
+    if (c.identity == "viewer:other@team-b" || c.token == team_b_viewer_token) return kReads;
+    if (c.token == other_worker) return kWorkerOwnJob;
+    return {};
+  };
+  auto refusal_of = [&](const Caller& c, const std::string& method) {
     Refusal r;
     if ((c.identity == kAnonymousIdentity && c.token.empty()) || c.token == revoked ||
         c.token == forged_worker || c.token == "tok-0123456789abcdef.not-a-secret") {
       r.code = grpc::StatusCode::UNAUTHENTICATED;
-    }
-    if (c.token == other_worker) {
-      r.job = job.id();
-      r.why = absl::StrCat("its worker token is for job \"", other_job, "\"");
+    } else if (kJobScoped.count(method) > 0 && role_has(c).count(method) > 0) {
+      r.code = grpc::StatusCode::NOT_FOUND;
     }
     return r;
   };
 
   for (const auto& [caller, allowed] : callers) {
-    const Refusal refusal = refusal_of(caller);
     for (const auto& [method, call] : calls) {
+      const Refusal refusal = refusal_of(caller, method);
       const grpc::Status s = call(caller);
       const std::string who = caller.identity + (caller.token.empty() ? "" : " + token");
       if (allowed.count(method) > 0) {
@@ -424,13 +435,14 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
         EXPECT_EQ(s.error_code(), refusal.code)
             << who << " " << method << " was not refused as expected: " << s.error_code() << " "
             << s.error_message();
-        EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
-        if (!refusal.job.empty() && kWorkerOwnJob.count(method) > 0) {
-          EXPECT_NE(s.error_message().find(absl::StrCat("job \"", refusal.job, "\"")),
-                    std::string::npos)
+        if (refusal.code == grpc::StatusCode::NOT_FOUND) {
+          EXPECT_TRUE(std::regex_match(s.error_message(),
+                                       std::regex("(job|operation) \"[0-9a-f]+\" not found")))
               << who << " " << method << ": " << s.error_message();
-          EXPECT_NE(s.error_message().find(refusal.why), std::string::npos)
+          EXPECT_EQ(s.error_message().find("team-a"), std::string::npos)
               << who << " " << method << ": " << s.error_message();
+        } else {
+          EXPECT_NE(s.error_message().find(method), std::string::npos) << s.error_message();
         }
         if (!caller.token.empty()) {
           // A refusal never repeats the secret.

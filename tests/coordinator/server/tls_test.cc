@@ -108,12 +108,29 @@ TEST_F(TlsTest, JobsAreReadWithinTenantsAndPlacements) {
   EXPECT_TRUE(get("viewer:alice@team-a").ok());
   EXPECT_TRUE(get("scheduler:sched@team-b,team-a").ok());
   EXPECT_TRUE(get("agent:h1").ok());
-  for (const char* identity : {"viewer:bob@team-b", "scheduler:other@team-b", "agent:h7"}) {
+  // Outside the job's tenant the job does not exist, word for word what a
+  // job that really does not exist answers: a refusal tells neither whose
+  // the job is nor that it exists. Before, it was PERMISSION_DENIED naming
+  // the job's tenant ("team-a").
+  auto get_missing = [&](const std::string& identity) {
+    v1::GetJobRequest r;
+    r.set_job_id("no-such-job");
+    v1::Job reply;
+    return CoordinatorClient(c->address(), identity)->GetJob(Ctx().get(), r, &reply);
+  };
+  for (const char* identity : {"viewer:bob@team-b", "scheduler:other@team-b"}) {
     const grpc::Status s = get(identity);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << identity;
-    EXPECT_NE(s.error_message().find(identity), std::string::npos) << s.error_message();
-    EXPECT_NE(s.error_message().find("team-a"), std::string::npos) << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND) << identity;
+    EXPECT_EQ(s.error_message(), "job \"" + job.id() + "\" not found") << identity;
+    const grpc::Status missing = get_missing(identity);
+    EXPECT_EQ(missing.error_code(), grpc::StatusCode::NOT_FOUND) << identity;
+    EXPECT_EQ(missing.error_message(), "job \"no-such-job\" not found") << identity;
   }
+  // An agent is told the job is not on its host, not whose it is.
+  const grpc::Status agent = get("agent:h7");
+  EXPECT_EQ(agent.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  EXPECT_NE(agent.error_message().find("agent:h7"), std::string::npos) << agent.error_message();
+  EXPECT_EQ(agent.error_message().find("team-a"), std::string::npos) << agent.error_message();
   // A certificate whose name is no identity is not authenticated.
   EXPECT_EQ(get("bogus").error_code(), grpc::StatusCode::UNAUTHENTICATED);
 }
