@@ -112,13 +112,16 @@ def test_the_worker_token_runs_the_loop_on_its_job(cluster, admin, job_name):
         with pytest.raises(reshard.InvalidArgument, match="rank 2 "):
             w.report_rank_failure(job.id, 2, reason="no such rank")
 
-        # Another job: refused, naming it; scheduler-only calls: refused.
+        # Another job: answered as a job that does not exist (the token learns
+        # neither that it exists nor whose it is); scheduler-only calls:
+        # refused.
         for call in (lambda: w.get_job(other.id), lambda: w.watch_job(other.id).__next__(),
                      lambda: w.checkpoint(other.id), lambda: w.dataset_state(other.id),
                      lambda: w.report_rank_failure(other.id, 0, "x"),
                      lambda: w.commit_step(other.id, 1, state=state.advanced(1))):
-            with pytest.raises(reshard.PermissionDenied, match=other.id):
+            with pytest.raises(reshard.NotFound) as e:
                 call()
+            assert e.value.message == f'job "{other.id}" not found'
         target = layout.make_layout(1, 1, 1, cluster.host_ids[:1], 1)
         for call in (lambda: w.resize(job.id, target), lambda: w.delete_job(job.id),
                      lambda: w.worker_token(job.id), lambda: w.list_hosts(),
