@@ -372,6 +372,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
     have_last = true;
   };
   int failures = 0;  // consecutive broken streams without an update
+  int refusals = 0;  // consecutive refusals for the watch limits
   for (;;) {
     grpc::ClientContext context;
     Prepare(&context, deadline);
@@ -383,7 +384,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
         stub_->WatchOperation(&context, request);
     v1::Operation op;
     while (reader->Read(&op)) {
-      failures = 0;
+      failures = refusals = 0;
       if (!have_last || !SameProgress(last, op) || IsFinal(op.state())) deliver(op);
       if (IsFinal(op.state())) break;
     }
@@ -398,6 +399,17 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
       return absl::DeadlineExceededError(absl::StrCat(
           "operation \"", operation_id, "\" not final before the watch's deadline",
           have_last ? absl::StrCat(" (now ", v1::OperationState_Name(last.state()), ")") : ""));
+    }
+    if (IsWatchRefusal(status)) {
+      // No slot now: wait for one as long as the deadline allows.
+      const absl::Duration wait = NextBackoff(std::min(++refusals, 32));
+      if (absl::Now() + wait >= deadline) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("operation \"", operation_id,
+                         "\" not final before the watch's deadline: ", status.message()));
+      }
+      SleepFor(wait);
+      continue;
     }
     if (!IsRetryable(status)) return status;
     if (++failures >= max_attempts) return status;

@@ -134,6 +134,9 @@ class CoordinatorClient {
   /// UNAVAILABLE (coordinator restarted, failover) it re-reads the operation
   /// with GetOperation and watches again, so no final state is missed; the
   /// callback may see an unchanged operation twice around a reconnect.
+  /// A stream refused for the coordinator's watch limits (RESOURCE_EXHAUSTED)
+  /// is opened again with backoff until a slot frees or `timeout` passes,
+  /// not counted against retry.max_attempts.
   /// `timeout` bounds the whole watch (DEADLINE_EXCEEDED when it passes);
   /// absl::InfiniteDuration() waits as long as it takes. The callback runs
   /// on the calling thread.

@@ -9,6 +9,10 @@ bool IsRetryable(const absl::Status& status) {
   return status.code() == absl::StatusCode::kUnavailable;
 }
 
+bool IsWatchRefusal(const absl::Status& status) {
+  return status.code() == absl::StatusCode::kResourceExhausted;
+}
+
 absl::Duration Backoff(const RetryPolicy& policy, int attempt, std::mt19937_64& rng) {
   const double initial_s = absl::ToDoubleSeconds(policy.initial_backoff);
   const double max_s = absl::ToDoubleSeconds(policy.max_backoff);

@@ -27,6 +27,13 @@ struct RetryPolicy {
 /// Whether a call that ended with `status` may be sent again.
 bool IsRetryable(const absl::Status& status);
 
+/// Whether a watch stream that ended with `status` was refused for the
+/// coordinator's watch limits (RESOURCE_EXHAUSTED: the caller's, its
+/// tenant's or the replica's streams are all open). Such a watch waits for a
+/// slot, with backoff, for as long as its deadline allows; the refusals do
+/// not count against max_attempts (a busy coordinator is not a failure).
+bool IsWatchRefusal(const absl::Status& status);
+
 /// The wait before attempt `attempt + 1` after attempt `attempt` (1-based)
 /// failed: initial * multiplier^(attempt-1), jittered, at most max_backoff.
 absl::Duration Backoff(const RetryPolicy& policy, int attempt, std::mt19937_64& rng);

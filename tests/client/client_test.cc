@@ -838,6 +838,58 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   EXPECT_EQ(updates.back().state(), final_op->state());
 }
 
+// A watch refused for the coordinator's watch limits waits for a slot
+// (issue 31, defect 2): with one stream per identity, a second watcher of
+// the same identity is refused RESOURCE_EXHAUSTED while the first watches a
+// resize held open by a stopped agent, more often than max_attempts allows
+// other errors, and gets the final state once the first watch ends and
+// frees the slot. Before, the refusal was returned at once.
+TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
+  std::vector<std::string> args = CoordinatorArgs(dsn_, "127.0.0.1:0");
+  args.insert(args.end(), {"--max-watch-streams-per-identity", "1"});
+  auto c = CoordinatorProcess::Start(args);
+  ASSERT_TRUE(c.ok()) << c.status();
+  coordinator_ = std::move(*c);
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
+  ASSERT_NO_FATAL_FAILURE(
+      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "slots", {"h0", "h1"})));
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
+  absl::StatusOr<v1::Operation> op =
+      client_->Resize(ResizeTo(MakeLayout(2, 2, 2, {"h1", "h0"}, 4), 1));
+  ASSERT_TRUE(op.ok()) << op.status();
+  CoordinatorClient::Options o = Options();
+  o.retry.max_attempts = 2;
+  o.retry.initial_backoff = absl::Milliseconds(20);
+  o.retry.max_backoff = absl::Milliseconds(200);
+  CoordinatorClient first(coordinator_->address(), o);
+  CoordinatorClient second(coordinator_->address(), o);
+  std::atomic<int> first_updates{0};
+  absl::StatusOr<v1::Operation> first_final = absl::UnknownError("not run");
+  absl::StatusOr<v1::Operation> second_final = absl::UnknownError("not run");
+  std::thread one([&] {
+    first_final = first.WatchOperation(
+        op->id(), [&](const v1::Operation&) { ++first_updates; }, absl::Seconds(120));
+  });
+  ASSERT_TRUE(coordinator::testing::Eventually([&] { return first_updates > 0; }));
+  std::thread two(
+      [&] { second_final = second.WatchOperation(op->id(), nullptr, absl::Seconds(120)); });
+  auto refused = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return std::count_if(attempts_.begin(), attempts_.end(), [](const Attempt& a) {
+      return a.method == "WatchOperation" && a.code == absl::StatusCode::kResourceExhausted;
+    });
+  };
+  const bool waited = coordinator::testing::Eventually([&] { return refused() >= 3; });
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
+  one.join();
+  two.join();
+  EXPECT_TRUE(waited) << "the second watch was refused " << refused() << " times";
+  ASSERT_TRUE(first_final.ok()) << first_final.status();
+  ASSERT_TRUE(second_final.ok()) << second_final.status();
+  EXPECT_EQ(second_final->state(), first_final->state());
+  EXPECT_TRUE(IsFinal(second_final->state()));
+}
+
 // Nothing listens yet: the client retries UNAVAILABLE with backoff until a
 // coordinator appears on that port, and the call then succeeds.
 TEST_F(ClientTest, RetriesUnavailableUntilTheCoordinatorAppears) {

@@ -172,6 +172,20 @@ class Client:
 
     # -------------------------------------------------------------- plumbing
 
+    def _watch_refused(self, e, refusals, method):
+        """For a watch whose stream the coordinator refused for its watch
+        limits (RESOURCE_EXHAUSTED: the caller's, its tenant's or the
+        replica's slots are taken), the backoff before opening it again;
+        None for any other error. A refused watch waits for a slot as long as
+        its caller lets it (its timeout), however many refusals that takes:
+        a busy coordinator must never become a training failure."""
+        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+            return None
+        delay = self._delay(min(refusals, 32))
+        if self.on_retry is not None:
+            self.on_retry(method, refusals, errors.from_rpc_error(e, method), delay, None)
+        return delay
+
     def _delay(self, attempt):
         base = min(self.max_backoff,
                    self.initial_backoff * self.backoff_multiplier ** (attempt - 1))
@@ -451,6 +465,7 @@ class Client:
     def _watch(self, operation_id, timeout):
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
+        refusals = 0  # in a row, for the watch limits (_watch_refused)
         version = 0  # the last one yielded: a reopened stream starts after it
         while True:
             remaining = None if end is None else end - time.monotonic()
@@ -464,7 +479,7 @@ class Client:
                     _pb.WatchOperationRequest(operation_id=operation_id, from_version=version),
                     timeout=remaining, metadata=self._metadata)
                 for op in stream:
-                    failures = 0
+                    failures = refusals = 0
                     version = max(version, op.version)
                     yield op
                     if is_terminal(op):
@@ -480,6 +495,11 @@ class Client:
                     raise errors.DeadlineExceeded(
                         f"operation \"{operation_id}\" not final after {timeout} s",
                         method="WatchOperation") from None
+                refusals += 1
+                wait = self._watch_refused(e, refusals, "WatchOperation")
+                if wait is not None:
+                    time.sleep(wait if end is None else min(wait, max(end - time.monotonic(), 0)))
+                    continue
                 err = errors.from_rpc_error(e, "WatchOperation")
                 failures += 1
                 if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
@@ -503,10 +523,14 @@ class Client:
         A broken stream (UNAVAILABLE: the replica died or is stopping) is
         reopened with backoff, up to max_attempts times in a row, from the
         last version seen: a change committed meanwhile arrives, and no
-        state comes twice. `from_version` resumes an earlier watch (the
-        first job is the first state newer than it)."""
+        state comes twice. A stream refused for the coordinator's watch
+        limits (RESOURCE_EXHAUSTED) is opened again with backoff until a
+        slot frees or `timeout` passes, however long that takes.
+        `from_version` resumes an earlier watch (the first job is the first
+        state newer than it)."""
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
+        refusals = 0
         version = from_version
         while True:
             remaining = None if end is None else end - time.monotonic()
@@ -518,11 +542,16 @@ class Client:
                 metadata=self._metadata)
             try:
                 for job in stream:
-                    failures = 0
+                    failures = refusals = 0
                     version = max(version, job.version)
                     yield job
                 return
             except grpc.RpcError as e:
+                refusals += 1
+                wait = self._watch_refused(e, refusals, "WatchJob")
+                if wait is not None:
+                    time.sleep(wait if end is None else min(wait, max(end - time.monotonic(), 0)))
+                    continue
                 failures += 1
                 if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
                     raise errors.from_rpc_error(e, "WatchJob") from None

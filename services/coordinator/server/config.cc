@@ -136,6 +136,11 @@ const std::vector<Setting>& Settings() {
       IntSetting("max-watch-streams-per-identity", "RESHARD_MAX_WATCH_STREAMS_PER_IDENTITY",
                  "watch streams open at once for one caller identity",
                  &CoordinatorConfig::max_watch_streams_per_identity),
+      IntSetting("max-watch-streams-per-tenant", "RESHARD_MAX_WATCH_STREAMS_PER_TENANT",
+                 "watch streams open at once for one tenant: its schedulers, viewers and its "
+                 "jobs' worker tokens together (0: a quarter of --max-watch-streams, at least "
+                 "--max-watch-streams-per-identity)",
+                 &CoordinatorConfig::max_watch_streams_per_tenant),
       IntSetting("watch-resync-ms", "RESHARD_WATCH_RESYNC_MS",
                  "the change feed's safety poll: how often the versions of the watched jobs and "
                  "operations are read, to catch a lost notification",
@@ -285,6 +290,8 @@ absl::Status ValidateConfig(const CoordinatorConfig& c) {
         Range("max-spec-bytes", c.max_spec_bytes, 1024, int64_t{1} << 30),
         Range("max-watch-streams", c.max_watch_streams, 1, 100000),
         Range("max-watch-streams-per-identity", c.max_watch_streams_per_identity, 1,
+              c.max_watch_streams),
+        Range("max-watch-streams-per-tenant", c.max_watch_streams_per_tenant, 0,
               c.max_watch_streams),
         Range("watch-resync-ms", c.watch_resync_ms, 50, 600000),
         Range("step-boundary-timeout-ms", c.step_boundary_timeout_ms, 1, kDay),

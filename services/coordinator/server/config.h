@@ -4,6 +4,7 @@
 // Pure functions; thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <optional>
@@ -66,6 +67,11 @@ struct CoordinatorConfig {
   /// change feed), so the bound is memory: a few KiB a stream.
   int64_t max_watch_streams = 32768;
   int64_t max_watch_streams_per_identity = 4096;
+  /// Per tenant, every identity of it together (schedulers, viewers, the
+  /// worker tokens of its jobs), so that no one tenant's jobs take every
+  /// slot. 0: a quarter of max_watch_streams, and at least
+  /// max_watch_streams_per_identity (WatchTenantBudget).
+  int64_t max_watch_streams_per_tenant = 0;
   /// The change feed's safety poll: how often the versions of every watched
   /// job and operation are read (one query each), to catch a lost
   /// notification.
@@ -143,5 +149,12 @@ std::string DefaultReplicaId();
 
 /// The --help text: commands, every flag with its variable and default.
 std::string Usage();
+
+/// The per-tenant watch budget in force: max_watch_streams_per_tenant, or
+/// when 0, max(max_watch_streams / 4, max_watch_streams_per_identity).
+inline int64_t WatchTenantBudget(const CoordinatorConfig& c) {
+  if (c.max_watch_streams_per_tenant > 0) return c.max_watch_streams_per_tenant;
+  return std::max(c.max_watch_streams / 4, c.max_watch_streams_per_identity);
+}
 
 }  // namespace reshard::coordinator

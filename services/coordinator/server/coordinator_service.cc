@@ -1,6 +1,9 @@
 #include "services/coordinator/server/coordinator_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "planner/layout.h"
 #include "services/coordinator/logic/audit_api.h"
 #include "services/coordinator/logic/operation_states.h"
@@ -59,7 +62,22 @@ absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const
 absl::StatusOr<WatchSlot> CoordinatorServiceImpl::AcquireWatch(const Principal& p,
                                                                const char* method) {
   if (watch_limits_ == nullptr) return WatchSlot();
-  return watch_limits_->Acquire(p.name, method);
+  // The budget a stream counts against besides its identity's: a scheduler's
+  // or viewer's tenants; a worker token's job's tenant (looked up: every job
+  // of a tenant shares its budget); none for admins and agents.
+  std::string tenant;
+  if (authorizer_->ScopedToTenants(p)) {
+    std::vector<std::string> tenants = p.tenants;
+    std::sort(tenants.begin(), tenants.end());
+    tenant = absl::StrJoin(tenants, ",");
+  } else if (p.role == Role::kWorker) {
+    v1::GetJobRequest request;
+    request.set_job_id(p.job_id);
+    absl::StatusOr<v1::Job> job = api_->GetJob(request);
+    if (!job.ok()) return job.status();
+    tenant = job->tenant();
+  }
+  return watch_limits_->Acquire(p.name, tenant, method);
 }
 
 grpc::Status CoordinatorServiceImpl::RegisterJob(grpc::ServerContext* context,
@@ -257,6 +275,19 @@ grpc::ServerWriteReactor<Msg>* StartWatch(ChangeFeed* feed, KeyFeed<Msg>* key_fe
 
 bool OperationIsFinal(const v1::Operation& op) { return IsFinal(op.state()); }
 
+// A watch resumes from a version the watcher saw: one beyond the current is
+// a client's mistake (a version of another job, or made up), which would
+// otherwise wait silently until the job caught up.
+absl::Status CheckFromVersion(const char* what, const std::string& id, int64_t from_version,
+                              int64_t current) {
+  if (from_version > current) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "from_version ", from_version, " is beyond ", what, " \"", id, "\"'s current version ",
+        current, ": resume from a version this watch delivered (0: from now)"));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 grpc::ServerWriteReactor<v1::Operation>* CoordinatorServiceImpl::WatchOperation(
@@ -272,6 +303,17 @@ grpc::ServerWriteReactor<v1::Operation>* CoordinatorServiceImpl::WatchOperation(
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchOperation");
         if (!slot.ok()) return slot.status();
         if (absl::Status s = InOperationTenant(p, "WatchOperation", id); !s.ok()) return s;
+        if (request->from_version() > 0) {
+          v1::GetOperationRequest get;
+          get.set_operation_id(id);
+          absl::StatusOr<v1::Operation> op = api_->GetOperation(get);
+          if (!op.ok()) return op.status();
+          if (absl::Status s =
+                  CheckFromVersion("operation", id, request->from_version(), op->version());
+              !s.ok()) {
+            return s;
+          }
+        }
         return Admission{id, request->from_version(), *std::move(slot)};
       });
 }
@@ -287,6 +329,16 @@ grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchJob");  // as WatchOperation
         if (!slot.ok()) return slot.status();
         if (absl::Status s = InJobTenant(p, "WatchJob", id); !s.ok()) return s;
+        if (request->from_version() > 0) {
+          v1::GetJobRequest get;
+          get.set_job_id(id);
+          absl::StatusOr<v1::Job> job = api_->GetJob(get);
+          if (!job.ok()) return job.status();
+          if (absl::Status s = CheckFromVersion("job", id, request->from_version(), job->version());
+              !s.ok()) {
+            return s;
+          }
+        }
         return Admission{id, request->from_version(), *std::move(slot)};
       });
 }

@@ -163,6 +163,7 @@ absl::Status CoordinatorServer::Start() {
   WatchStreamLimits::Options watch_options;
   watch_options.max_total = config_.max_watch_streams;
   watch_options.max_per_identity = config_.max_watch_streams_per_identity;
+  watch_options.max_per_tenant = WatchTenantBudget(config_);
   watch_limits_ = std::make_unique<WatchStreamLimits>(watch_options, metrics_.get());
   coordinator_service_ = std::make_unique<CoordinatorServiceImpl>(
       scheduler_api_.get(), authorizer_.get(), metrics_.get(), change_feed_.get(), secrets_.get(),

@@ -13,6 +13,7 @@ WatchSlot& WatchSlot::operator=(WatchSlot&& other) noexcept {
     Release();
     limits_ = std::exchange(other.limits_, nullptr);
     identity_ = std::move(other.identity_);
+    tenant_ = std::move(other.tenant_);
     method_ = std::move(other.method_);
   }
   return *this;
@@ -20,13 +21,14 @@ WatchSlot& WatchSlot::operator=(WatchSlot&& other) noexcept {
 
 void WatchSlot::Release() {
   if (limits_ == nullptr) return;
-  std::exchange(limits_, nullptr)->Release(identity_, method_);
+  std::exchange(limits_, nullptr)->Release(identity_, tenant_, method_);
 }
 
 WatchStreamLimits::WatchStreamLimits(Options options, CoordinatorMetrics* metrics)
     : options_(options), metrics_(metrics) {}
 
 absl::StatusOr<WatchSlot> WatchStreamLimits::Acquire(const std::string& identity,
+                                                     const std::string& tenant,
                                                      const std::string& method) {
   std::lock_guard<std::mutex> lock(mu_);
   // The caller's own limit first: a viewer at its limit learns that, not
@@ -47,18 +49,34 @@ absl::StatusOr<WatchSlot> WatchStreamLimits::Acquire(const std::string& identity
                      " open, limit --max-watch-streams ", options_.max_total, " (\"", identity,
                      "\" holds ", mine, "); retry later"));
   }
+  // The tenant's: one tenant's identities (a worker token per job)
+  // share one budget, so they cannot fill the replica for the others.
+  const auto in_tenant = tenant.empty() ? per_tenant_.end() : per_tenant_.find(tenant);
+  const int64_t ours = in_tenant == per_tenant_.end() ? 0 : in_tenant->second;
+  if (!tenant.empty() && ours >= options_.max_per_tenant) {
+    if (metrics_ != nullptr) metrics_->WatchStreamRefused("per_tenant");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "too many watch streams for tenant \"", tenant, "\": ", ours,
+        " open, limit --max-watch-streams-per-tenant ", options_.max_per_tenant, " (\"", identity,
+        "\" holds ", mine, "); close one (or wait for it to end) and retry"));
+  }
   ++total_;
   ++per_identity_[identity];
+  if (!tenant.empty()) ++per_tenant_[tenant];
   const int64_t of_method = ++per_method_[method];
   if (metrics_ != nullptr) metrics_->SetWatchStreams(method, of_method);
-  return WatchSlot(this, identity, method);
+  return WatchSlot(this, identity, tenant, method);
 }
 
-void WatchStreamLimits::Release(const std::string& identity, const std::string& method) {
+void WatchStreamLimits::Release(const std::string& identity, const std::string& tenant,
+                                const std::string& method) {
   std::lock_guard<std::mutex> lock(mu_);
   --total_;
   if (auto it = per_identity_.find(identity); it != per_identity_.end() && --it->second <= 0) {
     per_identity_.erase(it);
+  }
+  if (auto it = per_tenant_.find(tenant); it != per_tenant_.end() && --it->second <= 0) {
+    per_tenant_.erase(it);
   }
   const int64_t of_method = --per_method_[method];
   if (metrics_ != nullptr) metrics_->SetWatchStreams(method, of_method);
@@ -73,6 +91,12 @@ int64_t WatchStreamLimits::open(const std::string& identity) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = per_identity_.find(identity);
   return it == per_identity_.end() ? 0 : it->second;
+}
+
+int64_t WatchStreamLimits::open_in_tenant(const std::string& tenant) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = per_tenant_.find(tenant);
+  return it == per_tenant_.end() ? 0 : it->second;
 }
 
 }  // namespace reshard::coordinator

@@ -1,5 +1,7 @@
 // How many watch streams (WatchJob, WatchOperation) a coordinator replica
-// serves at once: per caller identity and in total. A stream holds no thread
+// serves at once: per caller identity, per tenant and in total. The tenant
+// budget keeps one tenant (however many identities it has: every job's
+// worker token is one) from taking the replica's whole total. A stream holds no thread
 // and reads nothing while nothing changes (the change feed), but it holds
 // memory, so one read-only viewer must not open them without bound (issue
 // 19, defect 6). The agents' long polls (WaitForTasks) are AgentService
@@ -41,11 +43,15 @@ class [[nodiscard]] WatchSlot {
 
  private:
   friend class WatchStreamLimits;
-  WatchSlot(WatchStreamLimits* limits, std::string identity, std::string method)
-      : limits_(limits), identity_(std::move(identity)), method_(std::move(method)) {}
+  WatchSlot(WatchStreamLimits* limits, std::string identity, std::string tenant, std::string method)
+      : limits_(limits),
+        identity_(std::move(identity)),
+        tenant_(std::move(tenant)),
+        method_(std::move(method)) {}
 
   WatchStreamLimits* limits_ = nullptr;
   std::string identity_;
+  std::string tenant_;
   std::string method_;
 };
 
@@ -56,6 +62,9 @@ class WatchStreamLimits {
     int64_t max_total = 128;
     /// Streams open at once for one identity (Principal::name).
     int64_t max_per_identity = 32;
+    /// Streams open at once for one tenant, all its identities together
+    /// (its schedulers, viewers and its jobs' worker tokens).
+    int64_t max_per_tenant = 64;
   };
 
   /// `metrics` may be null; else it gets reshard_coordinator_watch_streams
@@ -67,21 +76,32 @@ class WatchStreamLimits {
   /// flag), e.g. `too many watch streams for "viewer:dash@t": 32 open, limit
   /// --max-watch-streams-per-identity 32`.
   [[nodiscard]] absl::StatusOr<WatchSlot> Acquire(const std::string& identity,
+                                                  const std::string& method) {
+    return Acquire(identity, "", method);
+  }
+  /// The same, counted also against `tenant`'s budget (empty: none, e.g. an
+  /// admin): past it, RESOURCE_EXHAUSTED naming the tenant, the count and
+  /// --max-watch-streams-per-tenant.
+  [[nodiscard]] absl::StatusOr<WatchSlot> Acquire(const std::string& identity,
+                                                  const std::string& tenant,
                                                   const std::string& method);
 
   /// Streams open now, in total and of `identity`.
   int64_t open() const;
   int64_t open(const std::string& identity) const;
+  /// Streams open now counted against `tenant`.
+  int64_t open_in_tenant(const std::string& tenant) const;
 
  private:
   friend class WatchSlot;
-  void Release(const std::string& identity, const std::string& method);
+  void Release(const std::string& identity, const std::string& tenant, const std::string& method);
 
   const Options options_;
   CoordinatorMetrics* const metrics_;
   mutable std::mutex mu_;
   int64_t total_ = 0;
   std::map<std::string, int64_t> per_identity_;  // only identities with open streams
+  std::map<std::string, int64_t> per_tenant_;    // only tenants with open streams
   std::map<std::string, int64_t> per_method_;
 };
 

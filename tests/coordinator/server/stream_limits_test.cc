@@ -56,6 +56,43 @@ TEST(WatchStreamLimitsTest, TotalLimitAcrossIdentities) {
   EXPECT_EQ(limits.open(), 3);
 }
 
+// A tenant's identities share its budget; another tenant's and an admin's
+// (no tenant) streams are not counted in it; its slots come back.
+TEST(WatchStreamLimitsTest, ATenantsIdentitiesShareItsBudget) {
+  WatchStreamLimits::Options o = Limits(100, 4);
+  o.max_per_tenant = 3;
+  WatchStreamLimits limits(o, nullptr);
+  std::vector<WatchSlot> held;
+  for (const char* who : {"worker:j1", "worker:j2", "scheduler:s@a"}) {
+    absl::StatusOr<WatchSlot> slot = limits.Acquire(who, "a", "WatchJob");
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  absl::StatusOr<WatchSlot> refused = limits.Acquire("worker:j3", "a", "WatchJob");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("too many watch streams for tenant \"a\": 3 open, limit "
+                        "--max-watch-streams-per-tenant 3 (\"worker:j3\" holds 0)"));
+  EXPECT_TRUE(limits.Acquire("worker:k1", "b", "WatchJob").ok());
+  EXPECT_TRUE(limits.Acquire("admin", "", "WatchJob").ok());
+  EXPECT_EQ(limits.open_in_tenant("a"), 3);
+  held.pop_back();
+  EXPECT_EQ(limits.open_in_tenant("a"), 2);
+  EXPECT_TRUE(limits.Acquire("worker:j3", "a", "WatchJob").ok());
+}
+
+// The tenant budget's default: a quarter of the total, at least the
+// per-identity limit.
+TEST(WatchStreamLimitsTest, TheTenantBudgetDefaultsToAQuarterOfTheTotal) {
+  CoordinatorConfig c;
+  EXPECT_EQ(WatchTenantBudget(c), 8192);
+  c.max_watch_streams = 8;
+  c.max_watch_streams_per_identity = 4;
+  EXPECT_EQ(WatchTenantBudget(c), 4);
+  c.max_watch_streams_per_tenant = 6;
+  EXPECT_EQ(WatchTenantBudget(c), 6);
+}
+
 TEST(WatchStreamLimitsTest, SlotsComeBackWhenDestroyedMovedOrReleased) {
   WatchStreamLimits limits(Limits(2, 2), nullptr);
   {

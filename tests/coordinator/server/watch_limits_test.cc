@@ -23,6 +23,7 @@
 #include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/server_fixture.h"
+#include "tests/coordinator/server/test_channel.h"
 #include "tests/coordinator/server/test_jobs.h"
 
 namespace reshard::coordinator::testing {
@@ -39,11 +40,14 @@ class Streams {
   /// Opens a WatchJob stream of `job_id`: OK once its first message came,
   /// else the status the server ended it with.
   grpc::Status WatchJob(CoordinatorStub* stub, const std::string& job_id,
-                        absl::Duration deadline = absl::Seconds(120)) {
+                        absl::Duration deadline = absl::Seconds(120),
+                        const std::string& bearer = "", int64_t from_version = 0) {
     v1::WatchJobRequest request;
     request.set_job_id(job_id);
+    request.set_from_version(from_version);
     auto open = std::make_unique<Open<v1::Job>>();
     open->context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+    if (!bearer.empty()) open->context.AddMetadata("authorization", "Bearer " + bearer);
     open->reader = stub->WatchJob(&open->context, request);
     return Admit(std::move(open), &jobs_);
   }
@@ -112,12 +116,112 @@ std::optional<double> OpenStreamsMetric(int metrics_port) {
 
 class WatchLimitsTest : public ServerTest {};
 
+// One tenant's identities share its budget (issue 31, defect 2): each job's
+// worker token is an identity of its own, so before, one tenant with a few
+// jobs filled the replica's total and every other tenant's WatchJob was
+// refused. With --max-watch-streams 8 and 4 per identity the tenant budget
+// defaults to 4 (a quarter of the total, at least the per-identity limit):
+// team-a's second job's token is refused naming its tenant, and team-b's
+// viewer still gets its streams.
+TEST_F(WatchLimitsTest, TenantsShareABudgetSoOneCannotTakeEverySlot) {
+  std::unique_ptr<CoordinatorProcess> c =
+      StartCoordinator({"--max-watch-streams", "8", "--max-watch-streams-per-identity", "4"});
+  ASSERT_NE(c, nullptr);
+  auto admin = CoordinatorClient(c->address());
+  const v1::Job a1 = Register(admin.get(), SmallJobSpec("a1", "team-a"));
+  const v1::Job a2 = Register(admin.get(), SmallJobSpec("a2", "team-a"));
+  const v1::Job b = Register(admin.get(), SmallJobSpec("b", "team-b"));
+  auto token_of = [&](const std::string& job_id) {
+    v1::GetWorkerTokenRequest r;
+    r.set_job_id(job_id);
+    v1::GetWorkerTokenResponse reply;
+    const grpc::Status s = admin->GetWorkerToken(Ctx().get(), r, &reply);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    return reply.worker_token();
+  };
+  auto anonymous = CoordinatorClient(c->address(), kAnonymousIdentity);
+  Streams streams;
+  for (int i = 0; i < 4; ++i) {
+    const grpc::Status s =
+        streams.WatchJob(anonymous.get(), a1.id(), absl::Seconds(120), token_of(a1.id()));
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  const grpc::Status second_job =
+      streams.WatchJob(anonymous.get(), a2.id(), absl::Seconds(120), token_of(a2.id()));
+  EXPECT_EQ(second_job.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_THAT(second_job.error_message(),
+              HasSubstr(absl::StrCat("too many watch streams for tenant \"team-a\": 4 open, "
+                                     "limit --max-watch-streams-per-tenant 4 (\"worker:",
+                                     a2.id(), "\" holds 0)")));
+  // A scheduler of team-a too: the tenant's budget, whoever in it asks.
+  auto sched_a = CoordinatorClient(c->address(), "scheduler:s@team-a");
+  EXPECT_EQ(streams.WatchJob(sched_a.get(), a2.id()).error_code(),
+            grpc::StatusCode::RESOURCE_EXHAUSTED);
+  // Another tenant is untouched: its viewer opens its own 4.
+  auto viewer_b = CoordinatorClient(c->address(), "viewer:v@team-b");
+  for (int i = 0; i < 4; ++i) {
+    const grpc::Status s = streams.WatchJob(viewer_b.get(), b.id());
+    ASSERT_TRUE(s.ok()) << i << ": " << s.error_message();
+  }
+  absl::StatusOr<std::string> body = HttpGet(c->metrics_port(), "/metrics");
+  ASSERT_TRUE(body.ok()) << body.status();
+  EXPECT_EQ(MetricValue(*body, "reshard_coordinator_watch_streams_refused_total",
+                        {{"limit", "per_tenant"}}),
+            2.0);
+  // A slot given back in the tenant is the tenant's again.
+  streams.CancelOneJobWatch();
+  EXPECT_TRUE(Eventually(
+      [&] {
+        return streams.WatchJob(anonymous.get(), a2.id(), absl::Seconds(120), token_of(a2.id()))
+            .ok();
+      },
+      absl::Seconds(10), absl::Milliseconds(100)));
+}
+
+// A watch resumed from a version the job never had is a mistake the client
+// hears at once (INVALID_ARGUMENT naming both versions), not a stream that
+// waits silently until the job catches up.
+TEST_F(WatchLimitsTest, AFromVersionBeyondTheJobsIsInvalid) {
+  std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
+  ASSERT_NE(c, nullptr);
+  auto admin = CoordinatorClient(c->address());
+  const v1::Job job = Register(admin.get(), SmallJobSpec("versions", "team-a"));
+  const int64_t current = GetJob(admin.get(), job.id()).version();
+  Streams streams;
+  const grpc::Status beyond =
+      streams.WatchJob(admin.get(), job.id(), absl::Seconds(20), "", current + 1000);
+  EXPECT_EQ(beyond.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << beyond.error_message();
+  EXPECT_EQ(beyond.error_message(),
+            absl::StrCat("from_version ", current + 1000, " is beyond job \"", job.id(),
+                         "\"'s current version ", current,
+                         ": resume from a version this watch delivered (0: from now)"));
+  // Resuming from the current version waits for the next change: a change
+  // arrives (a short deadline that ends the wait otherwise).
+  v1::WatchJobRequest request;
+  request.set_job_id(job.id());
+  request.set_from_version(current);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  auto reader = admin->WatchJob(&context, request);
+  v1::DeleteJobRequest del;
+  del.set_job_id(job.id());
+  v1::DeleteJobResponse deleted;
+  ASSERT_TRUE(admin->DeleteJob(Ctx().get(), del, &deleted).ok());
+  v1::Job update;
+  while (reader->Read(&update)) {
+  }
+  // The deletion ends the stream NOT_FOUND: the resume was admitted.
+  EXPECT_EQ(reader->Finish().error_code(), grpc::StatusCode::NOT_FOUND);
+}
+
 TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
   // With a gRPC thread cap too (at least twice the watch limit): the
   // streams at their limit leave agents' calls their threads.
-  std::unique_ptr<CoordinatorProcess> c = StartCoordinator({"--max-watch-streams", "6",
-                                                            "--max-watch-streams-per-identity", "4",
-                                                            "--max-rpc-threads", "24"});
+  // The tenant budget as large as the total: this test is about the other
+  // two (TenantsShareABudget... is about it).
+  std::unique_ptr<CoordinatorProcess> c =
+      StartCoordinator({"--max-watch-streams", "6", "--max-watch-streams-per-identity", "4",
+                        "--max-watch-streams-per-tenant", "6", "--max-rpc-threads", "24"});
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
   StartAgents({"h0", "h1"}, c->address());
