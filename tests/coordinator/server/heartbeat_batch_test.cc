@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -18,10 +19,10 @@
 #include "services/coordinator/logic/heartbeat_batcher.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
-#include "tests/coordinator/server/agent_service_on_port.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/coordinator/server/agent_service_on_port.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -32,9 +33,11 @@ std::string Text(const HostHeartbeatResult& r) {
   std::string s = r.status.ToString() + " assigned:";
   for (const std::string& id : r.assigned_operations) s += " " + id;
   s += " release:";
-  for (const v1::GenerationRef& g : r.release) s += " " + g.job_id() + "@" + std::to_string(g.generation());
+  for (const v1::GenerationRef& g : r.release)
+    s += " " + g.job_id() + "@" + std::to_string(g.generation());
   s += " discard:";
-  for (const v1::GenerationRef& g : r.discard) s += " " + g.job_id() + "@" + std::to_string(g.generation());
+  for (const v1::GenerationRef& g : r.discard)
+    s += " " + g.job_id() + "@" + std::to_string(g.generation());
   s += " deleted:";
   for (const std::string& id : r.deleted_jobs) s += " " + id;
   return s;
@@ -72,12 +75,13 @@ TEST_F(HeartbeatBatchTest, OneTransactionTellsWhatThePerHostCallsTell) {
   ASSERT_EQ(Op(done_op.id()).state(), v1::OPERATION_STATE_COMMITTED);
   const v1::Job busy_job = Register(SmallJob("busy"));
   const v1::Operation busy_op = StartTransfer(busy_job, MakeLayout(1, 2, 2, {"h0", "h2"}, 2));
-  const std::vector<HostHeartbeat> beats = {
-      Beat("h0", {done_job.id(), "job-gone"}), Beat("h1"), Beat("h2", {"job-gone"}), Beat("h3")};
+  const std::vector<HostHeartbeat> beats = {Beat("h0", {done_job.id(), "job-gone"}), Beat("h1"),
+                                            Beat("h2", {"job-gone"}), Beat("h3")};
 
   absl::StatusOr<std::vector<HostHeartbeatResult>> batched = store_->HeartbeatHosts(beats);
   ASSERT_TRUE(batched.ok()) << batched.status();
-  absl::StatusOr<std::vector<HostHeartbeatResult>> one_by_one = store_->Store::HeartbeatHosts(beats);
+  absl::StatusOr<std::vector<HostHeartbeatResult>> one_by_one =
+      store_->Store::HeartbeatHosts(beats);
   ASSERT_TRUE(one_by_one.ok()) << one_by_one.status();
   ASSERT_EQ(batched->size(), beats.size());
   ASSERT_EQ(one_by_one->size(), beats.size());
@@ -113,9 +117,9 @@ TEST_F(HeartbeatBatchTest, AnUnknownHostAndAStaleEpochAreRefusedAloneAndTheOther
   RegisterAgents({"h0", "h1"});
   RegisterAgents({"h1"});  // epoch 2: the beat for epoch 1 is stale
   clock_.Advance(1234);
-  const std::vector<v1::HeartbeatRequest> requests = {
-      Request("h0", epochs_["h0"]), Request("nobody", 1), Request("h1", 1),
-      Request("h1", epochs_["h1"]), Request("", 1)};
+  const std::vector<v1::HeartbeatRequest> requests = {Request("h0", epochs_["h0"]),
+                                                      Request("nobody", 1), Request("h1", 1),
+                                                      Request("h1", epochs_["h1"]), Request("", 1)};
   std::vector<const v1::HeartbeatRequest*> pointers;
   for (const v1::HeartbeatRequest& r : requests) pointers.push_back(&r);
   std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers = agents_->HeartbeatMany(pointers);
@@ -124,7 +128,8 @@ TEST_F(HeartbeatBatchTest, AnUnknownHostAndAStaleEpochAreRefusedAloneAndTheOther
   EXPECT_EQ(answers[1].status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(answers[1].status().message(), HasSubstr("\"nobody\""));
   EXPECT_EQ(answers[2].status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(answers[2].status().message(), HasSubstr("epoch 1 but the latest registration is epoch 2"));
+  EXPECT_THAT(answers[2].status().message(),
+              HasSubstr("epoch 1 but the latest registration is epoch 2"));
   EXPECT_TRUE(answers[3].ok()) << answers[3].status();
   EXPECT_EQ(answers[4].status().code(), absl::StatusCode::kInvalidArgument);
   for (const std::string host : {"h0", "h1"}) {
@@ -258,6 +263,50 @@ TEST_F(HeartbeatBatchTest, HeartbeatOverGrpcRenewsTheLeaseItAnswers) {
   EXPECT_EQ(h0->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs);
   // Each went through the batcher; the bad ones were refused there alone.
   EXPECT_EQ(on_port.service.heartbeat_stats().heartbeats, 3u);
+}
+
+// Through the real gRPC server: concurrent agents' Heartbeat calls, one of
+// them with held_jobs=["\0"] (from a host nobody registered), land in one
+// batch (max_batch is the number of callers). The bad caller alone gets
+// INVALID_ARGUMENT naming the field and value; every good host is answered
+// OK and renewed, so none can be made LOST by another's beats.
+TEST_F(HeartbeatBatchTest, ABadBeatOverGrpcFailsOnlyItsOwnCaller) {
+  constexpr int kHosts = 8;
+  std::vector<std::string> hosts;
+  for (int i = 0; i < kHosts; ++i) hosts.push_back("h" + std::to_string(i));
+  RegisterAgents(hosts);
+  clock_.Advance(4321);
+  Authorizer authorizer(/*insecure=*/true, nullptr);
+  HeartbeatBatcher::Options options;
+  options.max_wait_ms = 600000;  // the batch is written once all callers are in it
+  options.max_batch = kHosts + 1;
+  AgentServiceOnPort on_port(agents_.get(), &authorizer, metrics_.get(), options);
+  ASSERT_NE(on_port.server, nullptr);
+  std::vector<grpc::Status> statuses(kHosts + 1);
+  std::vector<std::thread> callers;
+  for (int i = 0; i <= kHosts; ++i) {
+    callers.emplace_back([&, i] {
+      v1::HeartbeatRequest request =
+          i < kHosts ? Request(hosts[i], epochs_[hosts[i]]) : Request("stranger", 1);
+      if (i == kHosts) request.add_held_jobs(std::string("\0", 1));
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+      v1::HeartbeatResponse reply;
+      statuses[i] = on_port.stub->Heartbeat(&context, request, &reply);
+    });
+  }
+  for (std::thread& caller : callers) caller.join();
+  EXPECT_EQ(statuses[kHosts].error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(statuses[kHosts].error_message(), "held_jobs entry \"\\x00\" contains a NUL byte");
+  for (int i = 0; i < kHosts; ++i) {
+    EXPECT_TRUE(statuses[i].ok()) << hosts[i] << ": " << statuses[i].error_message();
+    absl::StatusOr<v1::Host> h = store_->GetHost(hosts[i]);
+    ASSERT_TRUE(h.ok()) << h.status();
+    EXPECT_EQ(h->state(), v1::HOST_STATE_ALIVE) << hosts[i];
+    EXPECT_EQ(h->lease_expires_unix_ms(), clock_.NowUnixMs() + kLeaseMs) << hosts[i];
+  }
+  EXPECT_EQ(on_port.service.heartbeat_stats().batches, 1u);
+  EXPECT_EQ(on_port.service.heartbeat_stats().heartbeats, static_cast<uint64_t>(kHosts + 1));
 }
 
 }  // namespace
