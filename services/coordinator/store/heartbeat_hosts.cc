@@ -39,7 +39,10 @@ absl::Status AnswerBeat(Store& store, const HostHeartbeat& beat, HostHeartbeatRe
       store.Heartbeat(beat.host_id, beat.epoch, beat.now_unix_ms, beat.lease_expires_unix_ms);
   if (!result.status.ok()) return IsStoreFailure(result.status) ? result.status : absl::OkStatus();
   auto own = [&](const absl::Status& s) {
-    if (!IsStoreFailure(s)) result = HostHeartbeatResult{s};
+    if (!IsStoreFailure(s)) {
+      result = HostHeartbeatResult();
+      result.status = s;
+    }
     return IsStoreFailure(s) ? s : absl::OkStatus();
   };
   absl::StatusOr<std::vector<std::string>> assigned = store.AssignedOperations(beat.host_id);
