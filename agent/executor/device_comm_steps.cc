@@ -156,7 +156,8 @@ class CommSteps : public DeviceCrossHostSteps {
       if (waiting_) waiting_("step seals");
       seals_->SendSeals();
       if (absl::Status s =
-              seals_->Finish(cancelled_, std::chrono::milliseconds(options_.seal_timeout_ms));
+              seals_->Finish(cancelled_, PeerWaitBudget(std::chrono::milliseconds(options_.seal_timeout_ms),
+                                            options_.coordinator_reach));
           !s.ok()) {
         return Failed(s);
       }
@@ -464,7 +465,8 @@ absl::Status ConnectAndProveDevicePeers(
   }
   return ExchangePeerProofs(transport, task.transfer_secret(), TransferContext(task), host_id,
                             ProofTag(TaskTagKey(task)), send_to, receive_from, cancelled,
-                            std::chrono::milliseconds(options.proof_timeout_ms));
+                            PeerWaitBudget(std::chrono::milliseconds(options.proof_timeout_ms),
+                                           options.coordinator_reach));
 }
 
 absl::Status CrossHostDeviceStepsFailed(Transport* transport, const v1::HostTask& task,

@@ -19,6 +19,7 @@
 
 namespace reshard::agent {
 
+class CoordinatorReach;
 class DeviceBufferStore;
 class DeviceCommFactory;
 class LocalCopier;
@@ -42,12 +43,16 @@ class TaskExecutor {
     /// completions (unpacks, new transfers) are handled between them.
     int64_t local_chunk_bytes = int64_t{64} << 20;
     /// How long a receiver waits for the transfer proofs of its senders
-    /// (peer_proof.h) before it fails the task (UNAUTHENTICATED naming them).
+    /// (peer_proof.h) before it fails the task (DEADLINE_EXCEEDED naming
+    /// them), not counting time `coordinator_reach` saw no answer.
     int64_t proof_timeout_ms = 60000;
     /// How long a receiver waits, once every chunk has landed, for the seals
-    /// of its steps (step_seal.h) before it fails the task (UNAVAILABLE
-    /// naming the step and source host).
+    /// of its steps (step_seal.h) before it fails the task
+    /// (DEADLINE_EXCEEDED naming the step and source host), likewise.
     int64_t seal_timeout_ms = 60000;
+    /// The agent's view of its coordinator's answers (peer_wait.h); it
+    /// outlives the executor. Null: the timers count all time.
+    const CoordinatorReach* coordinator_reach = nullptr;
     /// Why the agent has no device communicator (MakeDeviceCommFactory's
     /// why_not), for the reason a cross-host task is host-staged.
     std::string device_comm_why_not;

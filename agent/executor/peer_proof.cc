@@ -98,8 +98,8 @@ absl::Status ExchangePeerProofs(Transport* transport, const std::string& secret,
                                 uint64_t tag, const std::set<std::string>& send_to,
                                 const std::set<std::string>& receive_from,
                                 const std::function<bool()>& cancelled,
-                                std::chrono::milliseconds timeout) {
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+                                PeerWaitBudget timeout) {
+  const PeerWait wait(timeout);
   // Outlives this call: a late callback after a failure touches only it.
   struct State {
     std::mutex mu;
@@ -183,21 +183,22 @@ absl::Status ExchangePeerProofs(Transport* transport, const std::string& secret,
                                                   " cancelled while exchanging transfer proofs"));
         break;
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (wait.Expired()) {
         std::string missing;
         for (const std::string& peer : receive_from) {
           if (proven.count(peer) == 0)
             absl::StrAppend(&missing, missing.empty() ? "" : ", ", "\"", peer, "\"");
         }
-        error = absl::UnauthenticatedError(
-            absl::StrCat("operation ", operation_id, ": no transfer proof from host ", missing,
-                         " within ", timeout.count() / 1000.0,
-                         " s (a peer without the operation's transfer secret, or "
-                         "one that never started its task)"));
+        error = absl::DeadlineExceededError(absl::StrCat(
+            "operation ", operation_id, ": host \"", host_id, "\" got no transfer proof from host ",
+            missing, " within ", wait.Waited(),
+            " (a peer that never started its task, failed, or lacks the operation's transfer "
+            "secret)"));
         if (missing.empty()) {
-          error = absl::UnavailableError(absl::StrCat(
-              "operation ", operation_id, ": the transfer proofs sent were not delivered within ",
-              timeout.count() / 1000.0, " s"));
+          error = absl::DeadlineExceededError(
+              absl::StrCat("operation ", operation_id, ": host \"", host_id,
+                           "\": the transfer proofs sent were not delivered within ",
+                           wait.Waited()));
         }
         break;
       }

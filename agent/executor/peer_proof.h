@@ -19,6 +19,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/peer_wait.h"
 #include "agent/transfer/transport.h"
 
 namespace reshard::agent {
@@ -59,9 +60,11 @@ inline constexpr size_t kMaxProofHostBytes = 256;
 /// from a host that is not in `receive_from`, or two from one host fail with
 /// PERMISSION_DENIED naming that host; a transport failure with its status;
 /// `cancelled()` (polled) with CANCELLED; proofs still missing after
-/// `timeout` with UNAUTHENTICATED naming the hosts they should come from (a
-/// peer without the operation's secret sends on tags nobody posts, so its
-/// proof never arrives). On failure the exchange's pending transfers are
+/// `timeout` (peer_wait.h: time the coordinator did not answer is not
+/// counted) with DEADLINE_EXCEEDED naming the operation, the hosts they
+/// should come from and the wait (a peer without the operation's secret
+/// sends on tags nobody posts, so its proof never arrives; so does the proof
+/// of a peer that has not got its task yet). On failure the exchange's pending transfers are
 /// cancelled (CancelTags(tag, all bits)).
 [[nodiscard]] absl::Status ExchangePeerProofs(Transport* transport, const std::string& secret,
                                               const std::string& operation_id,
@@ -69,6 +72,6 @@ inline constexpr size_t kMaxProofHostBytes = 256;
                                               const std::set<std::string>& send_to,
                                               const std::set<std::string>& receive_from,
                                               const std::function<bool()>& cancelled,
-                                              std::chrono::milliseconds timeout);
+                                              PeerWaitBudget timeout);
 
 }  // namespace reshard::agent

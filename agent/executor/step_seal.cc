@@ -239,9 +239,9 @@ void StepSeals::SendSeals() {
 }
 
 absl::Status StepSeals::Finish(const std::function<bool()>& cancelled,
-                               std::chrono::milliseconds timeout) {
+                               PeerWaitBudget timeout) {
   RESHARD_CHECK(received_posted_ && sent_);
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  const PeerWait wait(timeout);
   {
     std::unique_lock<std::mutex> l(shared_->mu);
     while (true) {
@@ -255,18 +255,18 @@ absl::Status StepSeals::Finish(const std::function<bool()>& cancelled,
         return absl::CancelledError(
             absl::StrCat("operation ", operation_id_, " cancelled while waiting for step seals"));
       }
-      if (std::chrono::steady_clock::now() >= deadline) {
+      if (wait.Expired()) {
         for (size_t s = 0; s < steps_.size(); ++s) {
           if (steps_[s].is_send || shared_->received_done[s]) continue;
-          return absl::UnavailableError(absl::StrCat(
-              "job \"", job_id_, "\" operation ", operation_id_, ": no seal of step ",
-              steps_[s].index, " (", steps_[s].what, ") from host \"", steps_[s].peer, "\" within ",
-              timeout.count() / 1000.0,
-              " s (its sender failed or never finished): the bytes received are not committed"));
+          return absl::DeadlineExceededError(absl::StrCat(
+              "job \"", job_id_, "\" operation ", operation_id_, ": host \"", host_id_,
+              "\" got no seal of step ", steps_[s].index, " (", steps_[s].what, ") from host \"",
+              steps_[s].peer, "\" within ", wait.Waited(),
+              " (its sender failed or never finished): the bytes received are not committed"));
         }
-        return absl::UnavailableError(absl::StrCat(
-            "operation ", operation_id_, ": the step seals sent were not delivered within ",
-            timeout.count() / 1000.0, " s"));
+        return absl::DeadlineExceededError(
+            absl::StrCat("operation ", operation_id_, ": host \"", host_id_,
+                         "\": the step seals sent were not delivered within ", wait.Waited()));
       }
       shared_->cv.wait_for(l, std::chrono::milliseconds(100));
     }

@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/executor/peer_wait.h"
 #include "agent/transfer/transport.h"
 
 namespace reshard::agent {
@@ -97,12 +98,13 @@ class StepSeals {
   /// added and sent, and their sources checked against their sealed checksums.
   void SendSeals();
   /// Waits until every seal was sent and received (or `cancelled()`, polled:
-  /// CANCELLED; or `timeout`: UNAVAILABLE naming the step and host whose seal
-  /// is missing), then checks every received step: DATA_LOSS naming the job,
+  /// CANCELLED; or `timeout`, not counting time the coordinator did not
+  /// answer (peer_wait.h): DEADLINE_EXCEEDED naming the step and host whose
+  /// seal is missing and the wait), then checks every received step: DATA_LOSS naming the job,
   /// item, step and source host when its seal does not check or the bytes
   /// received differ from the bytes sent. Every chunk must have been added.
   [[nodiscard]] absl::Status Finish(const std::function<bool()>& cancelled,
-                                    std::chrono::milliseconds timeout);
+                                    PeerWaitBudget timeout);
 
  private:
   struct Shared;

@@ -180,7 +180,8 @@ absl::Status TaskRun::Prove() {
   }
   absl::Status proven = ExchangePeerProofs(
       ex_.transport, task_.transfer_secret(), context_, host_id_, ProofTag(tag_key_), send_to,
-      receive_from, cancelled_, std::chrono::milliseconds(ex_.options->proof_timeout_ms));
+      receive_from, cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->proof_timeout_ms),
+                     ex_.options->coordinator_reach));
   if (!proven.ok()) return Fail(proven);
   return absl::OkStatus();
 }
@@ -206,7 +207,8 @@ absl::Status TaskRun::Verify() {
     if (waiting_) waiting_(waiting_on_ = "step seals");
     seals_->SendSeals();
     if (absl::Status s =
-            seals_->Finish(cancelled_, std::chrono::milliseconds(ex_.options->seal_timeout_ms));
+            seals_->Finish(cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->seal_timeout_ms),
+                                           ex_.options->coordinator_reach));
         !s.ok()) {
       return Fail(s);
     }

@@ -27,6 +27,7 @@ const std::map<std::string, std::string>& KnownFlags() {
       {"ucx-net-devices", "UCX_NET_DEVICES"},
       {"ucx-tls", "UCX_TLS"},
       {"heartbeat-ms", "RESHARD_HEARTBEAT_MS"},
+      {"peer-wait-ms", "RESHARD_PEER_WAIT_MS"},
       {"copy-threads", "RESHARD_COPY_THREADS"},
       {"worker-cache-bytes", "RESHARD_WORKER_CACHE_BYTES"},
       {"log-level", "RESHARD_LOG_LEVEL"},
@@ -121,6 +122,7 @@ std::string AgentUsage() {
   return "usage: reshard-agent --coordinator HOST:PORT --worker-socket PATH [--host-id ID]\n"
          "  [--address ADDR] [--shm-dir DIR] [--memory-limit-bytes N] [--spare-bytes N]\n"
          "  [--ucx-net-devices DEVS] [--ucx-tls TLS] [--heartbeat-ms N] [--copy-threads N]\n"
+         "  [--peer-wait-ms N]\n"
          "  [--log-level LEVEL] [--metrics-listen HOST:PORT] [--worker-cache-bytes N]\n"
          "  [--worker-group GROUP] [--worker-socket-mode MODE]\n"
          "  [--device SPEC] [--device-memory-limit-bytes N] [--device-comm auto|none]\n"
@@ -248,6 +250,11 @@ absl::StatusOr<AgentConfig> ParseAgentConfig(
     absl::Status s = ParseInt(it->first, it->second, 0, 600000, &v);
     if (!s.ok()) return s;
     c.heartbeat_ms = static_cast<int>(v);
+  }
+  if (auto it = values.find("peer-wait-ms"); it != values.end()) {
+    absl::Status s = ParseInt(it->first, it->second, 100, 3600000, &v);
+    if (!s.ok()) return s;
+    c.peer_wait_ms = v;
   }
   if (auto it = values.find("copy-threads"); it != values.end()) {
     absl::Status s = ParseInt(it->first, it->second, 1, 256, &v);

@@ -24,6 +24,10 @@ struct AgentConfig {
   std::string ucx_net_devices;                     // --ucx-net-devices, UCX_NET_DEVICES
   std::string ucx_tls;                             // --ucx-tls, UCX_TLS
   int heartbeat_ms = 0;                            // --heartbeat-ms; 0: a third of the lease
+  /// How long a task waits for a peer's transfer proof or step seal, not
+  /// counting time the coordinator did not answer (peer_wait.h).
+  /// --peer-wait-ms, RESHARD_PEER_WAIT_MS; 100 ms to 1 h.
+  int64_t peer_wait_ms = 60000;
   int copy_threads = 4;                            // --copy-threads
   /// Bytes the worker service may keep of the jobs' PTCs, layouts and
   /// worker-token hashes (docs/agent.md, "Worker service memory").

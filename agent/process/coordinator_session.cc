@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/executor/peer_wait.h"
 #include "agent/process/session_rpc.h"
 #include "agent/transfer/backend.h"
 #include "common/log.h"
@@ -180,7 +181,9 @@ void CoordinatorSession::Loop() {
   int backoff_ms = 100;
   while (!stopping_.load()) {
     if (!registered) {
+      const auto register_sent = std::chrono::steady_clock::now();
       absl::Status s = Register();
+      NoteReach(s, register_sent);
       if (!s.ok()) {
         RESHARD_LOG(WARNING) << "host " << options_.host_id << ": RegisterAgent: " << s
                              << "; retrying in " << backoff_ms << " ms";
@@ -204,7 +207,9 @@ void CoordinatorSession::Loop() {
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
+    const auto heartbeat_sent = std::chrono::steady_clock::now();
     absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp));
+    NoteReach(s, heartbeat_sent);
     if (options_.metrics != nullptr) options_.metrics->HeartbeatDone(s.ok());
     int period = options_.heartbeat_ms > 0
                      ? options_.heartbeat_ms
@@ -226,6 +231,19 @@ void CoordinatorSession::Loop() {
     }
     ReapFinished();
     if (!Sleep(period)) break;
+  }
+}
+
+void CoordinatorSession::NoteReach(const absl::Status& s,
+                                   std::chrono::steady_clock::time_point sent_at) {
+  CoordinatorReach* reach = options_.coordinator_reach;
+  if (reach == nullptr) return;
+  // UNAVAILABLE (the coordinator's store does not answer, or the coordinator
+  // does not) and a missed deadline are silence; any other answer is one.
+  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
+    reach->Unanswered(sent_at);
+  } else {
+    reach->Answered();
   }
 }
 

@@ -42,6 +42,8 @@
 
 namespace reshard::agent {
 
+class CoordinatorReach;
+
 /// absl::Status from a grpc::Status (same code and message).
 absl::Status FromGrpc(const grpc::Status& s);
 /// grpc::Status from an absl::Status.
@@ -73,6 +75,11 @@ class CoordinatorSession {
     const DeviceCommFactory* device_comm = nullptr;
     /// Whether the device API's IPC entry is advertised (--device-ipc).
     bool device_ipc = true;
+    /// Told of every heartbeat (and registration): answered, or not
+    /// (UNAVAILABLE, no answer: the coordinator or its store is away). The
+    /// executor's timers that wait on peers read it (peer_wait.h). Not
+    /// owned; null: not told.
+    CoordinatorReach* coordinator_reach = nullptr;
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.
@@ -167,6 +174,8 @@ class CoordinatorSession {
   /// *abort when the coordinator answers abort = true.
   absl::Status Report(const v1::ReportProgressRequest& req, bool retry, bool* abort);
   void ReapFinished();
+  /// Tells options_.coordinator_reach how a call sent at `sent_at` ended.
+  void NoteReach(const absl::Status& s, std::chrono::steady_clock::time_point sent_at);
   v1::Host DescribeHost() const;
   bool Sleep(int ms);  // false when stopping
 

@@ -17,6 +17,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "agent/executor/executor.h"
+#include "agent/executor/peer_wait.h"
 #include "agent/process/config.h"
 #include "agent/process/coordinator_session.h"
 #include "agent/process/metrics.h"
@@ -131,6 +132,10 @@ int main(int argc, char** argv) {
   exec_options.copy_threads = config->copy_threads;
   exec_options.device_comm_why_not = comm_why_not;
   exec_options.device_ipc = config->device_ipc;  // advertised below: the IPC route needs both
+  exec_options.proof_timeout_ms = config->peer_wait_ms;
+  exec_options.seal_timeout_ms = config->peer_wait_ms;
+  CoordinatorReach coordinator_reach;  // the session tells it, the executor's timers read it
+  exec_options.coordinator_reach = &coordinator_reach;
   TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get(), comm.get());
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
@@ -177,6 +182,7 @@ int main(int argc, char** argv) {
   session_options.devices = device_store;
   session_options.device_comm = comm.get();
   session_options.device_ipc = config->device_ipc;
+  session_options.coordinator_reach = &coordinator_reach;
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
   // Connecting to a unix socket needs write permission on it: the group and
   // mode say which training processes may (docs/security.md, "Workers").

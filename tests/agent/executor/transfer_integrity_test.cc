@@ -236,7 +236,7 @@ TEST_F(TransferIntegrityTest, AMissingSealFailsTheReceiverNamingStepAndSource) {
   FillOld();
   auto results = RunHosts(SecretTask());
   const absl::Status& h1 = results[1].status();
-  ASSERT_EQ(h1.code(), absl::StatusCode::kUnavailable) << h1;
+  ASSERT_EQ(h1.code(), absl::StatusCode::kDeadlineExceeded) << h1;
   EXPECT_THAT(std::string(h1.message()),
               ::testing::MatchesRegex(".*no seal of step [0-9]+ \\(item [0-9]+ .*\\) "
                                       "from host \"h0\".*"));
