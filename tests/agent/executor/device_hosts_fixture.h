@@ -273,7 +273,7 @@ class DeviceHostsTest : public ExecutorTest {
     }
   }
 
-  // Two hosts, h1's task with another secret: both fail UNAUTHENTICATED (the
+  // Two hosts, h1's task with another secret: both fail DEADLINE_EXCEEDED (the
   // other secret derives other tags: no proof ever arrives), leaving nothing.
   void ExpectAnotherSecretFailsTheTaskOnBoth() {
     ASSERT_NO_FATAL_FAILURE(MakeRouteHosts(2));
@@ -282,7 +282,7 @@ class DeviceHostsTest : public ExecutorTest {
     const std::vector<Result> results = RunAll(kSecret);
     for (int h = 0; h < 2; ++h) {
       ASSERT_FALSE(results[h].ok()) << h;
-      EXPECT_EQ(results[h].status().code(), absl::StatusCode::kUnauthenticated)
+      EXPECT_EQ(results[h].status().code(), absl::StatusCode::kDeadlineExceeded)
           << results[h].status();
       ExpectNothingLeft(h);
     }
