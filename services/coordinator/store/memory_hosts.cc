@@ -29,7 +29,7 @@ absl::Status CheckIds(const char* what, const Ids& ids) {
 absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                                   int64_t lease_expires_unix_ms) {
   if (absl::Status s = CheckNewHost(host); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   HostRecord& h = hosts_[host.host_id()];
   const bool was_lost = h.state == v1::HOST_STATE_LOST;
   h.info = host;
@@ -49,7 +49,7 @@ absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t 
 
 absl::Status MemoryStore::Heartbeat(const std::string& host_id, int64_t epoch, int64_t now_unix_ms,
                                     int64_t lease_expires_unix_ms) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   auto it = hosts_.find(host_id);
   if (it == hosts_.end()) return HostNotFound(host_id);
   HostRecord& h = it->second;
@@ -80,7 +80,7 @@ v1::Host HostView(const v1::Host& info, v1::HostState state, int64_t heartbeat, 
 }  // namespace
 
 absl::StatusOr<std::vector<v1::Host>> MemoryStore::ListHosts() {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<v1::Host> hosts;
   for (const auto& [id, h] : hosts_) {
     hosts.push_back(HostView(h.info, h.state, h.last_heartbeat_unix_ms, h.lease_expires_unix_ms));
@@ -89,7 +89,7 @@ absl::StatusOr<std::vector<v1::Host>> MemoryStore::ListHosts() {
 }
 
 absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   auto it = hosts_.find(host_id);
   if (it == hosts_.end()) return HostNotFound(host_id);
   const HostRecord& h = it->second;
@@ -97,7 +97,7 @@ absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
 }
 
 absl::StatusOr<std::vector<std::string>> MemoryStore::ExpireLeases(int64_t now_unix_ms) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Ids expired;
   for (auto& [id, h] : hosts_) {
     if (h.state != v1::HOST_STATE_ALIVE || h.lease_expires_unix_ms >= now_unix_ms) continue;
@@ -111,7 +111,7 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::ExpireLeases(int64_t now_u
       const Ids& ranks = g->second.rank_hosts;
       if (std::find(ranks.begin(), ranks.end(), host) == ranks.end()) continue;
       job.lost_hosts.insert(host);
-      job.row.set_version(NextVersion());
+      AdvanceVersion(job);
     }
   }
   return expired;  // by id (hosts_ is ordered)
@@ -120,7 +120,7 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::ExpireLeases(int64_t now_u
 absl::StatusOr<std::vector<std::string>> MemoryStore::OperationsOnHosts(const Ids& host_ids) {
   if (host_ids.empty()) return Ids();
   if (absl::Status s = CheckIds("host id", host_ids); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Ids ids;
   for (const auto& [seq, id] : operation_seq_) {
     const Operation& op = operations_.at(id);
@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::OperationsOnHosts(const Id
 absl::StatusOr<std::vector<std::string>> MemoryStore::JobsOnHosts(const Ids& host_ids) {
   if (host_ids.empty()) return Ids();
   if (absl::Status s = CheckIds("host id", host_ids); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Ids jobs;
   for (const auto& [job_id, job] : jobs_) {
     auto g = job.generations.find(job.row.generation());
@@ -157,7 +157,7 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::JobsOnHosts(const Ids& hos
 absl::StatusOr<Ids> MemoryStore::DeletedJobs(const Ids& job_ids) {
   if (job_ids.empty()) return Ids();
   if (absl::Status s = CheckIds("job id", job_ids); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Ids deleted;
   for (const std::string& id : job_ids) {
     if (jobs_.count(id) == 0) deleted.push_back(id);
@@ -171,7 +171,7 @@ absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::StaleGenerations(
   for (const v1::GenerationRef& g : held) {
     if (absl::Status s = mem::CheckText("job id", g.job_id()); !s.ok()) return s;
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   for (const v1::GenerationRef& ref : held) {
     bool live = false;
     if (const Job* job = FindJob(ref.job_id())) {
@@ -186,7 +186,7 @@ absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::StaleGenerations(
 
 absl::StatusOr<Ids> MemoryStore::JobsLostOnHost(const std::string& host_id) {
   if (absl::Status s = mem::CheckText("host id", host_id); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Ids jobs;
   for (const auto& [job_id, job] : jobs_) {
     if (job.lost_hosts.count(host_id) > 0) jobs.push_back(job_id);
@@ -195,10 +195,10 @@ absl::StatusOr<Ids> MemoryStore::JobsLostOnHost(const std::string& host_id) {
 }
 
 absl::Status MemoryStore::RestoreLostHost(const std::string& job_id, const std::string& host_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return mem::JobNotFound(job_id);
-  if (job->lost_hosts.erase(host_id) > 0) job->row.set_version(NextVersion());
+  if (job->lost_hosts.erase(host_id) > 0) AdvanceVersion(*job);
   if (job->row.state() == v1::JOB_STATE_ACTIVE || job->row.state() == v1::JOB_STATE_DEGRADED) {
     SettleJobState(*job);
   }
@@ -206,7 +206,7 @@ absl::Status MemoryStore::RestoreLostHost(const std::string& job_id, const std::
 }
 
 absl::StatusOr<v1::JobState> MemoryStore::SettleJobLiveness(const std::string& job_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return mem::JobNotFound(job_id);
   if (job->row.state() == v1::JOB_STATE_ACTIVE || job->row.state() == v1::JOB_STATE_DEGRADED) {
@@ -217,7 +217,7 @@ absl::StatusOr<v1::JobState> MemoryStore::SettleJobLiveness(const std::string& j
 
 absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetGenerationChecksums(
     const std::string& job_id, int64_t generation) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<v1::ShardChecksum> sums;
   const Job* job = FindJob(job_id);
   if (job == nullptr) return sums;
@@ -237,7 +237,7 @@ absl::Status MemoryStore::CreateToken(const TokenRecord& token, const std::strin
     return absl::InternalError(absl::StrCat("token role \"", token.role,
                                             "\" violates auth_tokens_role_check"));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   for (const auto& [id, t] : tokens_) {
     if (id == token.id || t.secret_sha256 == secret_sha256) {
       return absl::AlreadyExistsError(absl::StrCat(
@@ -255,7 +255,7 @@ absl::Status MemoryStore::CreateToken(const TokenRecord& token, const std::strin
 }
 
 absl::StatusOr<TokenRecord> MemoryStore::FindToken(const std::string& secret_sha256) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   for (const auto& [id, t] : tokens_) {
     if (t.secret_sha256 == secret_sha256) return t.record;
   }
@@ -263,7 +263,7 @@ absl::StatusOr<TokenRecord> MemoryStore::FindToken(const std::string& secret_sha
 }
 
 absl::StatusOr<TokenRecord> MemoryStore::RevokeToken(const std::string& id, int64_t now_unix_ms) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   auto it = tokens_.find(id);
   if (it == tokens_.end()) return absl::NotFoundError(absl::StrCat("token \"", id, "\" not found"));
   if (!it->second.record.revoked_unix_ms.has_value()) {
@@ -276,7 +276,7 @@ absl::StatusOr<TokenRecord> MemoryStore::RevokeToken(const std::string& id, int6
 }
 
 absl::StatusOr<std::vector<TokenRecord>> MemoryStore::ListTokens() {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<TokenRecord> out;
   for (const auto& [id, t] : tokens_) out.push_back(t.record);
   return out;
@@ -284,7 +284,7 @@ absl::StatusOr<std::vector<TokenRecord>> MemoryStore::ListTokens() {
 
 absl::StatusOr<std::string> MemoryStore::GetOrCreateClusterSecret(const std::string& name,
                                                                   const std::string& candidate) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   auto it = cluster_secrets_.find(name);
   if (it != cluster_secrets_.end()) return it->second;
   if (candidate.size() != 32) {
@@ -298,7 +298,7 @@ absl::StatusOr<std::string> MemoryStore::GetOrCreateClusterSecret(const std::str
 // ---- Audit ----------------------------------------------------------------------
 
 absl::Status MemoryStore::AppendAudit(const AuditRecord& record) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   AuditRecord r = record;
   InsertAudit(r);
   return absl::OkStatus();
@@ -306,7 +306,7 @@ absl::Status MemoryStore::AppendAudit(const AuditRecord& record) {
 
 absl::StatusOr<AuditPage> MemoryStore::ListAudit(const AuditQuery& query) {
   if (absl::Status s = CheckAuditQuery(query); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   AuditPage page;
   for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
     const AuditRecord& r = it->second;
@@ -330,7 +330,7 @@ absl::StatusOr<AuditPage> MemoryStore::ListAudit(const AuditQuery& query) {
 
 absl::StatusOr<PrunedRows> MemoryStore::PruneRetention(const RetentionPolicy& policy) {
   if (absl::Status s = CheckRetentionPolicy(policy); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   const int64_t now = Now();
   PrunedRows pruned;
   // RETIRED beyond the newest `keep`, once a newer generation committed

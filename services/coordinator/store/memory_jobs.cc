@@ -64,7 +64,7 @@ absl::StatusOr<v1::Job> MemoryStore::CreateJob(const std::string& job_id, const 
   absl::StatusOr<std::vector<std::string>> ranks = mem::RankHosts(spec.layout(), "layout");
   if (!ranks.ok()) return ranks.status();
 
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Tx tx;
   auto replay = [&](const std::string& first) -> absl::StatusOr<v1::Job> {
     Job* job = FindJob(first);
@@ -114,7 +114,7 @@ absl::StatusOr<v1::Job> MemoryStore::CreateJob(const std::string& job_id, const 
 }
 
 absl::StatusOr<v1::Job> MemoryStore::GetJob(const std::string& job_id, bool include_ptc) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   const Job* job = FindJob(job_id);
   if (job == nullptr) return mem::JobNotFound(job_id);
   v1::Job out = JobView(*job);
@@ -123,7 +123,7 @@ absl::StatusOr<v1::Job> MemoryStore::GetJob(const std::string& job_id, bool incl
 }
 
 absl::StatusOr<v1::Ptc> MemoryStore::GetPtc(const std::string& job_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   const Job* job = FindJob(job_id);
   if (job == nullptr) return mem::JobNotFound(job_id);
   return job->ptc;
@@ -134,7 +134,7 @@ absl::StatusOr<JobPage> MemoryStore::ListJobs(const ListJobsQuery& query) {
   const int page_size = query.page_size <= 0
                             ? 100
                             : (query.page_size > kMaxPageSize ? kMaxPageSize : query.page_size);
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   JobPage page;
   for (auto it = jobs_.upper_bound(query.after_job_id); it != jobs_.end(); ++it) {
     const v1::Job& row = it->second.row;
@@ -151,7 +151,7 @@ absl::StatusOr<JobPage> MemoryStore::ListJobs(const ListJobsQuery& query) {
 
 absl::Status MemoryStore::DeleteJob(const std::string& job_id, const Idempotency& idem) {
   if (absl::Status s = mem::CheckText("idempotency key", idem.key); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   if (!idem.key.empty()) {
     absl::StatusOr<std::optional<std::string>> first = FindKey(idem);
     if (!first.ok()) return first.status();
@@ -176,7 +176,6 @@ absl::Status MemoryStore::DeleteJob(const std::string& job_id, const Idempotency
     it = it->second.job_id == job_id ? keys_.erase(it) : std::next(it);
   }
   jobs_.erase(job_id);
-  NextVersion();  // the deletion is a change too
   if (!idem.key.empty()) ClaimKey(idem, job_id, "");
   Commit(tx);
   return absl::OkStatus();
@@ -187,7 +186,7 @@ absl::Status MemoryStore::SetJobState(const std::string& job_id, v1::JobState st
     return absl::InvalidArgumentError(
         absl::StrCat("job \"", job_id, "\": cannot set state JOB_STATE_UNSPECIFIED"));
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return mem::JobNotFound(job_id);
   job->row.set_state(state);
@@ -196,7 +195,7 @@ absl::Status MemoryStore::SetJobState(const std::string& job_id, v1::JobState st
 }
 
 absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> MemoryStore::CountJobsByState() {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::map<int, int64_t> counts;
   for (const auto& [id, job] : jobs_) ++counts[job.row.state()];
   std::vector<std::pair<v1::JobState, int64_t>> out;
@@ -229,7 +228,7 @@ absl::StatusOr<v1::DatasetState> MemoryStore::CommitStep(const StepCommit& commi
   if (absl::Status s = mem::CheckText("layout_fingerprint", commit.layout_fingerprint); !s.ok()) {
     return s;
   }
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Job* job = FindJob(commit.job_id);
   if (job == nullptr) return mem::JobNotFound(commit.job_id);
   const int64_t current = job->row.generation();
@@ -267,7 +266,7 @@ absl::StatusOr<v1::DatasetState> MemoryStore::CommitStep(const StepCommit& commi
 absl::StatusOr<v1::RankFailure> MemoryStore::RecordRankFailure(const RankFailureReport& report) {
   if (absl::Status s = mem::CheckText("job id", report.job_id); !s.ok()) return s;
   if (absl::Status s = mem::CheckText("reason", report.reason); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Job* job = FindJob(report.job_id);
   if (job == nullptr) return mem::JobNotFound(report.job_id);
   const int64_t current = job->row.generation();

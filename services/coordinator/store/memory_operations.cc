@@ -82,7 +82,7 @@ absl::StatusOr<int64_t> MemoryStore::CheckCutOver(const NewOperation& op,
 absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& op) {
   if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
   const bool keyed = !op.idempotency.key.empty();
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Tx tx;
   Job* job = FindJob(op.job_id);
   if (job == nullptr) return mem::JobNotFound(op.job_id);
@@ -229,7 +229,7 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
 
 absl::StatusOr<OperationRecord> MemoryStore::GetOperation(const std::string& operation_id,
                                                           bool include_plan) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   const Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   return OperationView(*op, include_plan);
@@ -237,7 +237,7 @@ absl::StatusOr<OperationRecord> MemoryStore::GetOperation(const std::string& ope
 
 absl::StatusOr<bool> MemoryStore::ReleaseQueuedOperation(const std::string& operation_id,
                                                          int64_t now_unix_ms) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   Job* job = FindJob(op->row.job_id());
@@ -272,7 +272,7 @@ absl::StatusOr<bool> MemoryStore::ReleaseQueuedOperation(const std::string& oper
 }
 
 absl::StatusOr<bool> MemoryStore::EndStepBoundaryWait(const std::string& operation_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr || PhaseOf(op->row) != OpPhase::kAtStepBoundary) return false;
   op->row.set_step_boundary(v1::STEP_BOUNDARY_TIMED_OUT);
@@ -282,7 +282,7 @@ absl::StatusOr<bool> MemoryStore::EndStepBoundaryWait(const std::string& operati
 }
 
 absl::StatusOr<std::vector<std::string>> MemoryStore::ListActiveOperations() {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<std::string> ids;
   for (const auto& [seq, id] : operation_seq_) {
     if (IsActiveState(operations_.at(id).row.state())) ids.push_back(id);
@@ -305,7 +305,7 @@ absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
                                               v1::OperationState from, v1::OperationState to,
                                               const OperationUpdate& update) {
   if (absl::Status s = CheckTransitionArgs(operation_id, from, to, update); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   if (op->row.state() != from) {
@@ -338,7 +338,7 @@ absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
     return s;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<CallLock> l(mu_);
     Operation* op = FindOperation(operation_id);
     if (op == nullptr) return mem::OperationNotFound(operation_id);
     // PLANNED (stop-the-world) or LEGACY_CUTTING_OVER -> TRANSFERRING.
@@ -367,7 +367,7 @@ absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
   }
   std::map<int, std::vector<v1::ShardChecksum>> by_rank;
   for (const v1::ShardChecksum& c : checksums) by_rank[c.rank()].push_back(c);
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   const v1::OperationState state = op->row.state();
@@ -428,7 +428,7 @@ absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
 
 absl::StatusOr<std::vector<HostProgress>> MemoryStore::GetHostProgress(
     const std::string& operation_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   const Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   std::vector<HostProgress> rows;
@@ -437,7 +437,7 @@ absl::StatusOr<std::vector<HostProgress>> MemoryStore::GetHostProgress(
 }
 
 absl::Status MemoryStore::CommitOperation(const std::string& operation_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   // TRANSFERRING or PREPARED_TRANSFER -> COMMITTED.
@@ -488,7 +488,7 @@ absl::Status MemoryStore::CommitOperation(const std::string& operation_id) {
 
 absl::StatusOr<std::vector<std::string>> MemoryStore::AssignedOperations(
     const std::string& host_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<std::string> ids;
   for (const auto& [seq, id] : operation_seq_) {
     const Operation& op = operations_.at(id);
@@ -524,19 +524,19 @@ std::vector<v1::GenerationRef> MemoryStore::GenerationsIn(GenerationState state,
 
 absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToRelease(
     const std::string& host_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   return GenerationsIn(GenerationState::kRetired, host_id);
 }
 
 absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToDiscard(
     const std::string& host_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   return GenerationsIn(GenerationState::kDiscarded, host_id);
 }
 
 absl::StatusOr<std::vector<v1::Operation>> MemoryStore::ListOperationsForJob(
     const std::string& job_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   if (FindJob(job_id) == nullptr) return mem::JobNotFound(job_id);
   std::vector<v1::Operation> ops;
   const std::vector<const Operation*> all = OperationsOfJob(job_id);

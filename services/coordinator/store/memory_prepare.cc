@@ -29,7 +29,7 @@ void MemoryStore::SettlePrepared(Operation& op) {
 }
 
 absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& operation_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   // RESHARD_SQL_OP_STOP_FREE_PLANNED, as the table spells it.
@@ -55,7 +55,7 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
     return s;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<CallLock> l(mu_);
     Operation* op = FindOperation(operation_id);
     if (op == nullptr) return mem::OperationNotFound(operation_id);
     if (PhaseOf(op->row) != OpPhase::kToPrepare) {
@@ -84,7 +84,7 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
 absl::Status MemoryStore::RecordHostPrepared(const std::string& operation_id,
                                              const std::string& host_id, int64_t now_unix_ms,
                                              const std::vector<v1::ShardChecksum>& sources) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   if (op->row.state() != v1::OPERATION_STATE_PLANNED) {
@@ -122,7 +122,7 @@ absl::Status MemoryStore::RecordHostPrepared(const std::string& operation_id,
 
 absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetPreparedSources(
     const std::string& operation_id) {
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   std::vector<v1::ShardChecksum> sums;
   const Operation* op = FindOperation(operation_id);
   if (op == nullptr) return sums;
@@ -138,7 +138,7 @@ absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
     return s;
   }
   {
-    std::lock_guard<std::mutex> l(mu_);
+    std::lock_guard<CallLock> l(mu_);
     Operation* op = FindOperation(operation_id);
     if (op == nullptr) return mem::OperationNotFound(operation_id);
     // CUTTING_OVER -> PREPARED_TRANSFER.

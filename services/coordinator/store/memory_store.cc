@@ -84,23 +84,18 @@ int64_t MemoryStore::Now() const {
       .count();
 }
 
-int64_t MemoryStore::LatestVersion() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return version_;
-}
-
 void MemoryStore::TouchJob(Job& job) {
   job.row.set_updated_unix_ms(Now());
-  job.row.set_version(NextVersion());
+  AdvanceVersion(job);
 }
 
 void MemoryStore::TouchOperation(Operation& op) {
   op.row.set_updated_unix_ms(Now());
-  op.row.set_version(NextVersion());
+  AdvanceVersion(op);
 }
 
 void MemoryStore::TouchJobOf(const Operation& op) {
-  if (Job* job = FindJob(op.row.job_id())) job->row.set_version(NextVersion());
+  if (Job* job = FindJob(op.row.job_id())) AdvanceVersion(*job);
 }
 
 void MemoryStore::Commit(Tx& tx) {
@@ -181,7 +176,7 @@ void MemoryStore::TouchJobsOnHost(const std::string& host_id) {
     if (g == job.generations.end()) continue;
     const std::vector<std::string>& hosts = g->second.rank_hosts;
     if (std::find(hosts.begin(), hosts.end(), host_id) != hosts.end()) {
-      job.row.set_version(NextVersion());
+      AdvanceVersion(job);
     }
   }
 }
@@ -364,7 +359,7 @@ absl::StatusOr<std::optional<std::string>> MemoryStore::LookupIdempotencyKey(
   using Found = std::optional<std::string>;
   if (idem.key.empty()) return Found();
   if (absl::Status s = mem::CheckText("idempotency key", idem.key); !s.ok()) return s;
-  std::lock_guard<std::mutex> l(mu_);
+  std::lock_guard<CallLock> l(mu_);
   return FindKey(idem);
 }
 

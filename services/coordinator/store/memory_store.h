@@ -138,10 +138,24 @@ class MemoryStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
       const std::vector<v1::GenerationRef>& held) override;
 
-  /// The last change-feed version handed out (0: none yet).
-  int64_t LatestVersion() const;
-
  private:
+  /// The store's lock. One hold is one call, the memory store's
+  /// transaction: a row's version advances once per hold that changes it,
+  /// as PgStore's once per transaction (migration 0020).
+  class CallLock {
+   public:
+    void lock() {
+      mu_.lock();
+      ++holds_;
+    }
+    void unlock() { mu_.unlock(); }
+    /// The current hold (call with the lock held).
+    int64_t hold() const { return holds_; }
+
+   private:
+    std::mutex mu_;
+    int64_t holds_ = 0;
+  };
   struct Generation {
     v1::Layout layout;
     GenerationState state = GenerationState::kCurrent;
@@ -158,6 +172,9 @@ class MemoryStore : public Store {
     std::map<int64_t, v1::DatasetState> dataset_states;  // by generation
     std::set<std::string> lost_hosts;                     // job_lost_hosts
     std::map<std::pair<int64_t, int>, v1::RankFailure> rank_failures;  // (generation, rank)
+
+    // The CallLock hold that last advanced row.version.
+    int64_t version_hold = 0;
   };
   struct HostRow {
     HostProgress progress;
@@ -175,6 +192,9 @@ class MemoryStore : public Store {
     std::optional<int64_t> finished_unix_ms;
     std::map<std::string, HostRow> hosts;                                  // by host id
     std::map<std::pair<int, int>, std::pair<std::string, v1::ShardChecksum>> prepared_sources;
+
+    // The CallLock hold that last advanced row.version.
+    int64_t version_hold = 0;
   };
   struct KeyRow {
     std::string method, request_hash, resource_id, job_id;  // job_id "": outlives the job
@@ -198,7 +218,14 @@ class MemoryStore : public Store {
   };
 
   int64_t Now() const;
-  int64_t NextVersion() { return ++version_; }
+  /// Versions are per job and per operation (migration 0020): the row's
+  /// version advances by 1, once per call that changes it.
+  template <typename Row>
+  void AdvanceVersion(Row& row) {
+    if (row.version_hold == mu_.hold()) return;
+    row.version_hold = mu_.hold();
+    row.row.set_version(row.row.version() + 1);
+  }
   void TouchJob(Job& job);
   void TouchOperation(Operation& op);
   /// A change to what the operation's job shows (its active operation's
@@ -259,8 +286,7 @@ class MemoryStore : public Store {
   void DeleteOperation(const std::string& operation_id);
 
   MemoryStoreOptions options_;
-  mutable std::mutex mu_;
-  int64_t version_ = 0;
+  mutable CallLock mu_;
   int64_t next_seq_ = 0;
   int64_t next_audit_id_ = 0;
   std::map<std::string, Job> jobs_;              // by id

@@ -35,21 +35,23 @@ class ChangeFeedTest : public LogicTest {
   TestFeed feed_;
 };
 
-TEST_F(ChangeFeedTest, EveryChangeTakesALargerVersion) {
+// Versions are per key (migration 0020): each change of a job or an
+// operation advances its own version by one.
+TEST_F(ChangeFeedTest, EveryChangeTakesTheKeysNextVersion) {
   const v1::Job job = Register(SmallJob("versions"));
   EXPECT_GT(job.version(), 0);
   ChangeJob(job.id(), v1::JOB_STATE_DEGRADED);
   const v1::Job degraded = Job(job.id());
-  EXPECT_GT(degraded.version(), job.version());
-  // An operation takes a version, and creating it changes its job
+  EXPECT_EQ(degraded.version(), job.version() + 1);
+  // An operation has versions of its own, and creating it changes its job
   // (active_operation_id) and so the job's version.
   absl::StatusOr<v1::Operation> op = ResizeTo(degraded, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
-  EXPECT_GT(op->version(), degraded.version());
+  EXPECT_EQ(op->version(), 1);
   EXPECT_EQ(op->phase(), "PENDING");  // the state machine's name (operation_machine.h)
   const v1::Job reconfiguring = Job(job.id());
   EXPECT_EQ(reconfiguring.active_operation_id(), op->id());
-  EXPECT_GT(reconfiguring.version(), op->version());
+  EXPECT_EQ(reconfiguring.version(), degraded.version() + 1);
   // Cancelling it changes both again.
   v1::CancelOperationRequest cancel;
   cancel.set_operation_id(op->id());

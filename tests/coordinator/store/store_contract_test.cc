@@ -1,5 +1,5 @@
 // Contract tests written for both stores from the start (the others were
-// PgStore's tests first): change-feed versions (migrations/0016), dataset
+// PgStore's tests first): change-feed versions (migrations/0016, 0020), dataset
 // steps, rank failures, and the lost hosts of jobs.
 #include <gtest/gtest.h>
 
@@ -35,42 +35,51 @@ int64_t OpVersion(Store& store, const std::string& operation_id) {
   return op.ok() ? op->op.version() : -1;
 }
 
-// One sequence for every job and operation: each change takes a version
-// above every version handed out before; a read or a heartbeat takes none.
-TEST_P(ContractTest, EveryChangeTakesALargerVersionFromOneSequence) {
-  const v1::JobSpec spec = SmallSpec("llama");
+// Versions are per job and per operation (migration 0020): each committed
+// change of a job (one transaction, however many of its rows it writes)
+// advances that job's version by exactly 1, whatever other jobs do; a read or
+// a heartbeat takes none. So a tenant's versions tell it nothing about other
+// tenants' changes (issue 31, defect 8: one global sequence told it how many
+// changes others committed between two of its own versions).
+TEST_P(ContractTest, EveryChangeOfAJobAdvancesItsOwnVersionByOne) {
+  const v1::JobSpec spec = SmallSpec("llama", "team-a");
   const v1::DatasetState dataset = Dataset();
   ASSERT_TRUE(store_->CreateJob("job-1", spec, {}, &dataset).ok());
-  ASSERT_TRUE(store_->CreateJob("job-2", SmallSpec("other"), {}).ok());
-  const int64_t created = JobVersion(*store_, "job-1");
-  const int64_t other = JobVersion(*store_, "job-2");
-  EXPECT_GT(created, 0);
-  EXPECT_GT(other, created);
-  EXPECT_EQ(JobVersion(*store_, "job-1"), created);  // a read changes nothing
+  ASSERT_TRUE(store_->CreateJob("job-2", SmallSpec("other", "team-b"), {}, &dataset).ok());
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 1);  // its dataset state is the same change
+  EXPECT_EQ(JobVersion(*store_, "job-2"), 1);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 1);  // a read changes nothing
 
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 2000).ok());
   ASSERT_TRUE(store_->Heartbeat("h0", 1, 1500, 3000).ok());
-  EXPECT_EQ(JobVersion(*store_, "job-1"), created);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 1);
 
-  // The dataset step and a rank failure are the job's.
-  ASSERT_TRUE(store_->CommitStep(Step(1, 1)).ok());
-  const int64_t stepped = JobVersion(*store_, "job-1");
-  EXPECT_GT(stepped, other);
-  ASSERT_TRUE(store_->CommitStep(Step(1, 1)).ok());  // a retry: nothing written
-  EXPECT_EQ(JobVersion(*store_, "job-1"), stepped);
+  // Interleaved with the other tenant's changes: +1 per own change, never more.
+  auto step_of = [](const std::string& job, int64_t step) {
+    return StepCommit{job, 1, step, step * 10, "sha256:a"};
+  };
+  for (int64_t step = 1; step <= 3; ++step) {
+    ASSERT_TRUE(store_->CommitStep(step_of("job-2", 2 * step - 1)).ok());
+    ASSERT_TRUE(store_->CommitStep(step_of("job-2", 2 * step)).ok());
+    ASSERT_TRUE(store_->CommitStep(step_of("job-1", step)).ok());
+    EXPECT_EQ(JobVersion(*store_, "job-1"), 1 + step) << "step " << step;
+    EXPECT_EQ(JobVersion(*store_, "job-2"), 1 + 2 * step) << "step " << step;
+  }
+  ASSERT_TRUE(store_->CommitStep(step_of("job-1", 3)).ok());  // a retry: nothing written
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 4);
+  RankFailureReport other_failure{"job-2", 1, 0, "oom", "worker"};
+  ASSERT_TRUE(store_->RecordRankFailure(other_failure).ok());
   RankFailureReport failure{"job-1", 1, 2, "oom", "worker"};
   ASSERT_TRUE(store_->RecordRankFailure(failure).ok());
-  const int64_t failed = JobVersion(*store_, "job-1");
-  EXPECT_GT(failed, stepped);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 5);
+  EXPECT_EQ(JobVersion(*store_, "job-2"), 8);
 
-  // A new operation and each of its moves; the job shows its active one.
+  // A new operation and each of its moves: the operation's own versions
+  // count from 1; the job shows its active operation (one change each).
   const v1::Layout target = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target)).ok());
-  const int64_t op_created = OpVersion(*store_, "op-1");
-  const int64_t reconfiguring = JobVersion(*store_, "job-1");
-  EXPECT_GT(op_created, failed);
-  EXPECT_GT(reconfiguring, failed);
-  EXPECT_NE(op_created, reconfiguring);
+  EXPECT_EQ(OpVersion(*store_, "op-1"), 1);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 6);
   OperationUpdate update;
   const v1::TransferPlan plan = PlanFor(spec, target);
   update.plan = &plan;
@@ -78,34 +87,31 @@ TEST_P(ContractTest, EveryChangeTakesALargerVersionFromOneSequence) {
                   ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING,
                                         v1::OPERATION_STATE_PLANNED, update)
                   .ok());
-  const int64_t planned = OpVersion(*store_, "op-1");
-  EXPECT_GT(planned, std::max(op_created, reconfiguring));
-  EXPECT_GT(JobVersion(*store_, "job-1"), reconfiguring);  // its state shows on the job
+  EXPECT_EQ(OpVersion(*store_, "op-1"), 2);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 7);  // its state shows on the job
   ASSERT_TRUE(store_
                   ->StartTransfer("op-1", {Progress("h0", v1::HOST_TASK_STATE_ASSIGNED),
                                            Progress("h2", v1::HOST_TASK_STATE_ASSIGNED)})
                   .ok());
-  const int64_t transferring = OpVersion(*store_, "op-1");
-  EXPECT_GT(transferring, planned);
+  EXPECT_EQ(OpVersion(*store_, "op-1"), 3);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), 8);
   ASSERT_TRUE(
       store_->RecordHostProgress("op-1", Progress("h2", v1::HOST_TASK_STATE_RUNNING, 5, 10), {})
           .ok());
-  const int64_t progressed = OpVersion(*store_, "op-1");
-  EXPECT_GT(progressed, transferring);
+  EXPECT_EQ(OpVersion(*store_, "op-1"), 4);
   const int64_t before_commit = JobVersion(*store_, "job-1");
   ASSERT_TRUE(store_->CommitOperation("op-1").ok());
-  EXPECT_GT(OpVersion(*store_, "op-1"), progressed);
-  const int64_t committed = JobVersion(*store_, "job-1");
-  EXPECT_GT(committed, before_commit);
-  EXPECT_EQ(JobVersion(*store_, "job-2"), other);  // another job's changes are not its own
+  EXPECT_EQ(OpVersion(*store_, "op-1"), 5);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), before_commit + 1);
+  EXPECT_EQ(JobVersion(*store_, "job-2"), 8);  // another job's changes are not its own
 
-  // A host of the job's current generation lost, then back: both show on the job.
+  // A host of the job's current generation lost, then back: one change of
+  // each job that has ranks on it, each.
   ASSERT_TRUE(store_->ExpireLeases(1'000'000).ok());
-  const int64_t lost = JobVersion(*store_, "job-1");
-  EXPECT_GT(lost, committed);
-  EXPECT_GT(JobVersion(*store_, "job-2"), other);  // h0 holds ranks of job-2 too
+  EXPECT_EQ(JobVersion(*store_, "job-1"), before_commit + 2);
+  EXPECT_EQ(JobVersion(*store_, "job-2"), 9);  // h0 holds ranks of job-2 too
   ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 2000, 3000).ok());
-  EXPECT_GT(JobVersion(*store_, "job-1"), lost);
+  EXPECT_EQ(JobVersion(*store_, "job-1"), before_commit + 3);
 }
 
 TEST_P(ContractTest, DatasetStepsRankFailuresAndLostHostsOfAJob) {
