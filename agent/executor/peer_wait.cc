@@ -1,5 +1,7 @@
 #include "agent/executor/peer_wait.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace reshard::agent {
@@ -13,17 +15,22 @@ CoordinatorReach::CoordinatorReach(Clock now) : now_(std::move(now)) {
 
 CoordinatorReach::TimePoint CoordinatorReach::Now() const { return now_(); }
 
-void CoordinatorReach::Answered() {
+milliseconds CoordinatorReach::Answered() {
   const TimePoint now = now_();
   std::lock_guard<std::mutex> l(mu_);
-  if (!silent_since_) return;
-  if (now > *silent_since_) silent_total_ += now - *silent_since_;
+  last_answer_ = now;
+  if (!silent_since_) return milliseconds(0);
+  const auto silence = now > *silent_since_ ? now - *silent_since_ : TimePoint::duration(0);
+  silent_total_ += silence;
   silent_since_.reset();
+  return duration_cast<milliseconds>(silence);
 }
 
-void CoordinatorReach::Unanswered(TimePoint sent_at) {
+bool CoordinatorReach::Unanswered(TimePoint sent_at) {
   std::lock_guard<std::mutex> l(mu_);
-  if (!silent_since_) silent_since_ = sent_at;
+  if (silent_since_) return false;
+  silent_since_ = last_answer_.has_value() ? std::min(*last_answer_, sent_at) : sent_at;
+  return true;
 }
 
 bool CoordinatorReach::Silent() const {

@@ -27,11 +27,14 @@ class CoordinatorReach {
   /// `now` defaults to steady_clock (tests pass a fake clock).
   explicit CoordinatorReach(Clock now = nullptr);
 
-  /// A call was answered now: a silence, if any, ends.
-  void Answered();
-  /// A call sent at `sent_at` got no answer (UNAVAILABLE, a deadline): the
-  /// coordinator is silent since `sent_at` unless it already was.
-  void Unanswered(TimePoint sent_at);
+  /// A call was answered now: a silence, if any, ends; returns how long it
+  /// lasted (0 when there was none).
+  std::chrono::milliseconds Answered();
+  /// A call sent at `sent_at` got no answer (UNAVAILABLE, a deadline): unless
+  /// it already was, the coordinator is silent since its last answer (as the
+  /// coordinator counts its store's silence: nothing answered since), or
+  /// since `sent_at` when it never answered. Returns whether a silence began.
+  bool Unanswered(TimePoint sent_at);
 
   /// Whether the coordinator is silent now.
   bool Silent() const;
@@ -42,6 +45,7 @@ class CoordinatorReach {
  private:
   Clock now_;
   mutable std::mutex mu_;
+  std::optional<TimePoint> last_answer_;
   std::optional<TimePoint> silent_since_;
   std::chrono::steady_clock::duration silent_total_{0};
 };

@@ -239,11 +239,20 @@ void CoordinatorSession::NoteReach(const absl::Status& s,
   CoordinatorReach* reach = options_.coordinator_reach;
   if (reach == nullptr) return;
   // UNAVAILABLE (the coordinator's store does not answer, or the coordinator
-  // does not) and a missed deadline are silence; any other answer is one.
-  if (absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s)) {
-    reach->Unanswered(sent_at);
-  } else {
-    reach->Answered();
+  // does not) and a missed deadline are silence; a call this agent cancelled
+  // says nothing; any other outcome is an answer.
+  if (session_rpc::CoordinatorAway(s)) {
+    if (reach->Unanswered(sent_at)) {
+      RESHARD_LOG(WARNING) << "host " << options_.host_id
+                           << ": the coordinator does not answer (" << s
+                           << "); waits on peers stop counting until it does";
+    }
+  } else if (!absl::IsCancelled(s)) {
+    const std::chrono::milliseconds silence = reach->Answered();
+    if (silence.count() > 0) {
+      RESHARD_LOG(INFO) << "host " << options_.host_id << ": the coordinator answers again after "
+                        << silence.count() << " ms";
+    }
   }
 }
 
@@ -348,7 +357,9 @@ absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bo
     v1::ReportProgressResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
+    const auto sent = std::chrono::steady_clock::now();
     absl::Status s = FromGrpc(stub_->ReportProgress(&ctx, req, &resp));
+    NoteReach(s, sent);
     if (s.ok()) {
       if (resp.abort()) *abort = true;
       return s;

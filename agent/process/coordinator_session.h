@@ -174,7 +174,9 @@ class CoordinatorSession {
   /// *abort when the coordinator answers abort = true.
   absl::Status Report(const v1::ReportProgressRequest& req, bool retry, bool* abort);
   void ReapFinished();
-  /// Tells options_.coordinator_reach how a call sent at `sent_at` ended.
+  /// Tells options_.coordinator_reach how a call sent at `sent_at` ended
+  /// (every call to the coordinator: heartbeats, registration, the task
+  /// poll, GetTask, progress reports).
   void NoteReach(const absl::Status& s, std::chrono::steady_clock::time_point sent_at);
   v1::Host DescribeHost() const;
   bool Sleep(int ms);  // false when stopping

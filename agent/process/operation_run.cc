@@ -65,14 +65,23 @@ class OperationRun {
   bool Fetch() {
     absl::Status st;
     int backoff_ms = 100;
-    for (int attempt = 0;; ++attempt) {
+    // While the coordinator does not answer (its store is away: UNAVAILABLE)
+    // the task is asked for again for as long as that lasts, as the
+    // coordinator's lease rule waits for this host; only other retryable
+    // failures (shedding load) count against kGetTaskAttempts. The
+    // operation's release (op_->cancel) or the session's stop ends it.
+    for (int attempts = 0;;) {
       v1::GetTaskRequest req;
       req.set_host_id(host_);
       req.set_operation_id(id_);
       grpc::ClientContext ctx;
       SetDeadline(&ctx, kGetTaskDeadlineMs);
+      const auto sent = std::chrono::steady_clock::now();
       st = FromGrpc(s_.stub_->GetTask(&ctx, req, &task_));
-      if (st.ok() || !Retryable(st) || attempt >= kGetTaskAttempts || !s_.Sleep(backoff_ms)) break;
+      s_.NoteReach(st, sent);
+      if (st.ok() || !Retryable(st) || op_->cancel.load()) break;
+      if (!session_rpc::CoordinatorAway(st) && ++attempts >= kGetTaskAttempts) break;
+      if (!s_.Sleep(backoff_ms)) break;
       backoff_ms = NextBackoffMs(backoff_ms);
     }
     if (st.ok()) return true;

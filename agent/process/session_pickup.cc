@@ -122,7 +122,9 @@ int CoordinatorSession::PickUpNow(std::chrono::steady_clock::time_point deadline
                      std::chrono::milliseconds(wait_ms + kPollDeadlineMarginMs));
     pickup_ctx_ = &ctx;  // Stop() cancels it
   }
+  const auto sent = std::chrono::steady_clock::now();
   const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+  NoteReach(s, sent);
   {
     std::lock_guard<std::mutex> l(mu_);
     pickup_ctx_ = nullptr;
@@ -178,6 +180,7 @@ void CoordinatorSession::PollLoop() {
     }
     const auto sent = std::chrono::steady_clock::now();
     const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+    NoteReach(s, sent);
     bool repoll = false;
     {
       std::lock_guard<std::mutex> l(mu_);

@@ -23,6 +23,13 @@ inline bool Retryable(const absl::Status& s) {
   return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s) || absl::IsResourceExhausted(s);
 }
 
+/// A call the coordinator did not answer: it was unreachable, or said that
+/// its store (PostgreSQL) does not answer (UNAVAILABLE), or the deadline
+/// passed. Waits on the coordinator do not count such time (peer_wait.h).
+inline bool CoordinatorAway(const absl::Status& s) {
+  return absl::IsUnavailable(s) || absl::IsDeadlineExceeded(s);
+}
+
 /// The next backoff after `ms`: doubled, at most kMaxBackoffMs.
 inline int NextBackoffMs(int ms) { return std::min(ms * 2, kMaxBackoffMs); }
 

@@ -327,3 +327,64 @@ def test_postgres_sigstop_past_three_leases_mid_transfer(deadline_job, deadline_
     _finish(job, cluster, client, census, op, gen, before, target)
     for host in cluster.host_ids:
         faultlib.wait_host_state(client, host, "ALIVE", timeout=1)
+
+
+
+# Issue 31, defect 5: an agent's waits on its peers (transfer proofs, step
+# seals) must not run out while the coordinator's store does not answer. The
+# agents' wait is made short (--peer-wait-ms, here through its environment
+# variable) and PostgreSQL frozen for three times as long.
+PEER_WAIT_MS = 4000
+PEER_WAIT_OUTAGES = 3
+
+
+@pytest.fixture
+def peer_wait_cluster(monkeypatch):
+    monkeypatch.setenv("RESHARD_PEER_WAIT_MS", str(PEER_WAIT_MS))
+    statement_ms, acquire_ms, connect_s = STORE_DEADLINES["short"]
+    with LocalCluster(build_dir=faultlib.BUILD, hosts=4, devices_per_host=2,
+                      work_dir=os.environ.get("RESHARD_FAULT_WORK_DIR"),
+                      coordinator_args=["--store-statement-timeout-ms", str(statement_ms),
+                                        "--store-acquire-timeout-ms", str(acquire_ms),
+                                        "--store-connect-timeout-s", str(connect_s)]) as c:
+        yield c
+
+
+def test_postgres_sigstop_longer_than_the_peer_wait_mid_transfer(peer_wait_cluster):
+    """A receiving host starts its task while a sending peer has not fetched
+    its own yet, and PostgreSQL freezes for three peer waits before the peer
+    can: the receiver waits for the peer's transfer proof all that time, and
+    the resize commits byte for byte. (The sender's agent is held with
+    SIGSTOP only until the receiver has started, so that the freeze lands
+    between the two.) Before the fix the receiver failed its task
+    --peer-wait-ms after it started ("UNAUTHENTICATED: operation ...: no
+    transfer proof from host "host-0" within 4 s") and the resize aborted."""
+    cluster = peer_wait_cluster
+    with cluster.client(timeout=30.0, max_attempts=50, max_backoff=1.0) as client:
+        job = faultlib.Job(cluster, client, f"peer-wait-{os.getpid()}", layers=4, hidden=256,
+                           vocab=2048, seq=128)
+        job.register_and_publish(job.make_layout(2, 2, 1, cluster.host_ids[0:2]))
+        census = faultlib.process_census(cluster)
+        frozen_s = PEER_WAIT_OUTAGES * PEER_WAIT_MS / 1000
+        gen, before = job.current().generation, job.layout
+        target = _targets(job, cluster)[0]  # host-0/host-1 -> host-2/host-3: all bytes cross
+        sender, receiver = _source(before, target), _destination(before, target)
+        started = faultlib.tasks_started(cluster, receiver)
+        sender_pid = cluster.agents[sender].pid
+        os.kill(sender_pid, signal.SIGSTOP)
+        try:
+            op = client.resize(job.id, target)
+            assert faultlib.wait_task_started(cluster, receiver, started), (
+                f"{receiver} did not start its task of operation {op.id}")
+            cluster.stop_postgres()
+        finally:
+            os.kill(sender_pid, signal.SIGCONT)
+        try:
+            time.sleep(frozen_s)  # the fault itself: PostgreSQL stays frozen this long
+        finally:
+            cluster.continue_postgres()
+        final = job.wait_final(op.id)
+        assert final.state == faultlib.COMMITTED, (
+            f"resize across a {frozen_s:.0f} s PostgreSQL freeze with {PEER_WAIT_MS} ms peer "
+            f"waits ended {faultlib.op_state_name(final)}: {final.error}")
+        _finish(job, cluster, client, census, op, gen, before, target)

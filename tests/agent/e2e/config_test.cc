@@ -153,5 +153,20 @@ TEST(AgentConfigTest, DeviceIpc) {
   EXPECT_NE(s.message().find("\"cuda\""), std::string::npos) << s;
 }
 
+TEST(AgentConfigTest, PeerWait) {
+  const std::vector<std::string> base = {"--coordinator", "c:1", "--worker-socket", "/tmp/w"};
+  absl::StatusOr<AgentConfig> c = Parse(base);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->peer_wait_ms, 60000);
+  c = Parse(base, {{"RESHARD_PEER_WAIT_MS", "3000"}});
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->peer_wait_ms, 3000);
+  std::vector<std::string> args = base;
+  args.insert(args.end(), {"--peer-wait-ms", "99"});
+  absl::Status s = Parse(args).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s)) << s;
+  EXPECT_NE(s.message().find("peer-wait-ms"), std::string::npos) << s;
+}
+
 }  // namespace
 }  // namespace reshard::agent

@@ -58,6 +58,15 @@ TEST_F(PeerWaitTest, ASilenceBeforeTheWaitCountsOnlyFromItsStart) {
   EXPECT_EQ(reach_.SilentSoFar(), seconds(15));
 }
 
+TEST_F(PeerWaitTest, ASilenceStartsAtTheLastAnswer) {
+  reach_.Answered();
+  now_ += seconds(1);
+  reach_.Unanswered(now_);  // nothing answered since the last answer
+  now_ += seconds(4);
+  reach_.Answered();
+  EXPECT_EQ(reach_.SilentSoFar(), seconds(5));
+}
+
 TEST_F(PeerWaitTest, ASecondUnansweredCallKeepsTheFirstStart) {
   reach_.Unanswered(now_);
   now_ += seconds(2);
