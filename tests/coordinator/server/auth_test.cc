@@ -511,5 +511,214 @@ TEST_F(AuthTest, TokenRotation) {
   EXPECT_NE(bad_role.error_message().find("\"root\""), std::string::npos);
 }
 
+// Issue 31, defect 7: a viewer and a scheduler of team-a, and the worker
+// token of a team-a job, calling every job-scoped RPC on team-b's job get,
+// code and message, exactly what the same call gets on a job (operation)
+// that does not exist; neither names team-b. Before, GetJob's refusal was
+// PERMISSION_DENIED naming the job's tenant, and an existing job was told
+// apart from a missing one.
+TEST_F(AuthTest, AnotherTenantsJobAnswersAsAMissingOne) {
+  const std::string address = coordinator_->address();
+  const v1::Job mine = Register(admin_.get(), SmallJobSpec("mine", "team-a"));
+  const v1::Job theirs = Register(admin_.get(), SmallJobSpec("theirs", "team-b"));
+  // An operation of team-b's job (no agents: it never gets far; it exists).
+  const v1::Operation their_op =
+      Resize(admin_.get(), theirs.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
+  const std::string missing_job(theirs.id().size(), '0');
+  const std::string missing_op(their_op.id().size(), '1');
+  v1::GetWorkerTokenRequest wt;
+  wt.set_job_id(mine.id());
+  v1::GetWorkerTokenResponse wt_reply;
+  ASSERT_TRUE(admin_->GetWorkerToken(Ctx().get(), wt, &wt_reply).ok());
+
+  // Each job-scoped call, on a job id and an operation id.
+  using Call = std::function<grpc::Status(const Caller&, const std::string& job_id,
+                                          const std::string& op_id)>;
+  auto stub = [&](const Caller& c) { return CoordinatorClient(address, c.identity); };
+  auto layout = MakeLayout(2, 2, 1, {"h1"}, 4);
+  const std::map<std::string, Call> calls = {
+      {"GetJob",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::GetJobRequest r;
+         r.set_job_id(job);
+         v1::Job reply;
+         return stub(c)->GetJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"WatchJob",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::WatchJobRequest r;
+         r.set_job_id(job);
+         auto ctx = CallCtx(c);
+         auto s = stub(c);
+         auto reader = s->WatchJob(ctx.get(), r);
+         v1::Job update;
+         if (reader->Read(&update)) {
+           ctx->TryCancel();
+           while (reader->Read(&update)) {
+           }
+           (void)reader->Finish();
+           return grpc::Status::OK;
+         }
+         return reader->Finish();
+       }},
+      {"DeleteJob",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::DeleteJobRequest r;
+         r.set_job_id(job);
+         v1::DeleteJobResponse reply;
+         return stub(c)->DeleteJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"Resize",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::ResizeRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         *r.mutable_placement() = layout.placement();
+         v1::Operation reply;
+         return stub(c)->Resize(CallCtx(c).get(), r, &reply);
+       }},
+      {"Migrate",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::MigrateRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         *r.mutable_placement() = layout.placement();
+         v1::Operation reply;
+         return stub(c)->Migrate(CallCtx(c).get(), r, &reply);
+       }},
+      {"RecoverFromFailure",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::RecoverFromFailureRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         r.add_lost_hosts("h1");
+         v1::Operation reply;
+         return stub(c)->RecoverFromFailure(CallCtx(c).get(), r, &reply);
+       }},
+      {"Checkpoint",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::CheckpointRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         v1::Operation reply;
+         return stub(c)->Checkpoint(CallCtx(c).get(), r, &reply);
+       }},
+      {"PreviewPlan",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::PreviewPlanRequest r;
+         r.set_job_id(job);
+         *r.mutable_target() = layout;
+         v1::PreviewPlanResponse reply;
+         return stub(c)->PreviewPlan(CallCtx(c).get(), r, &reply);
+       }},
+      {"Advise",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::AdviseRequest r;
+         r.set_job_id(job);
+         r.set_gpus(4);
+         r.mutable_model()->set_hidden(8);
+         r.mutable_model()->set_heads(2);
+         r.mutable_model()->set_vocab(32);
+         r.mutable_model()->set_seq_length(64);
+         r.mutable_model()->set_global_batch(16);
+         v1::AdviseResponse reply;
+         return stub(c)->Advise(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetWorkerToken",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::GetWorkerTokenRequest r;
+         r.set_job_id(job);
+         v1::GetWorkerTokenResponse reply;
+         return stub(c)->GetWorkerToken(CallCtx(c).get(), r, &reply);
+       }},
+      {"CommitStep",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::CommitStepRequest r;
+         r.set_job_id(job);
+         r.set_generation(99);
+         r.set_step(1);
+         r.set_cursor(8);
+         r.set_layout_fingerprint("sha256:tenants");
+         v1::DatasetState reply;
+         return stub(c)->CommitStep(CallCtx(c).get(), r, &reply);
+       }},
+      {"ReportRankFailure",
+       [&](const Caller& c, const std::string& job, const std::string&) {
+         v1::ReportRankFailureRequest r;
+         r.set_job_id(job);
+         r.set_rank(99);
+         r.set_reason("tenants");
+         v1::RankFailure reply;
+         return stub(c)->ReportRankFailure(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetOperation",
+       [&](const Caller& c, const std::string&, const std::string& op) {
+         v1::GetOperationRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->GetOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"WatchOperation",
+       [&](const Caller& c, const std::string&, const std::string& op) {
+         v1::WatchOperationRequest r;
+         r.set_operation_id(op);
+         auto ctx = CallCtx(c);
+         auto s = stub(c);
+         auto reader = s->WatchOperation(ctx.get(), r);
+         v1::Operation update;
+         if (reader->Read(&update)) {
+           ctx->TryCancel();
+           while (reader->Read(&update)) {
+           }
+           (void)reader->Finish();
+           return grpc::Status::OK;
+         }
+         return reader->Finish();
+       }},
+      {"CancelOperation",
+       [&](const Caller& c, const std::string&, const std::string& op) {
+         v1::CancelOperationRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->CancelOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"MarkPrepared",
+       [&](const Caller& c, const std::string&, const std::string& op) {
+         v1::MarkPreparedRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->MarkPrepared(CallCtx(c).get(), r, &reply);
+       }},
+  };
+
+  const std::vector<Caller> callers = {{"viewer:v@team-a", ""},
+                                       {"scheduler:s@team-a", ""},
+                                       {kAnonymousIdentity, wt_reply.worker_token()}};
+  for (const Caller& c : callers) {
+    const std::string who = c.token.empty() ? c.identity : "the worker token of a team-a job";
+    for (const auto& [method, call] : calls) {
+      const grpc::Status existing = call(c, theirs.id(), their_op.id());
+      const grpc::Status missing = call(c, missing_job, missing_op);
+      EXPECT_NE(existing.error_code(), grpc::StatusCode::OK) << who << " " << method;
+      EXPECT_EQ(existing.error_code(), missing.error_code())
+          << who << " " << method << ": " << existing.error_message() << " | "
+          << missing.error_message();
+      // The message of the missing one, with the ids of team-b's.
+      std::string expected = missing.error_message();
+      for (const auto& [from, to] :
+           {std::pair(missing_job, theirs.id()), std::pair(missing_op, their_op.id())}) {
+        for (size_t at = expected.find(from); at != std::string::npos;
+             at = expected.find(from, at + to.size())) {
+          expected.replace(at, from.size(), to);
+        }
+      }
+      EXPECT_EQ(existing.error_message(), expected) << who << " " << method;
+      EXPECT_EQ(existing.error_message().find("team-b"), std::string::npos)
+          << who << " " << method << ": " << existing.error_message();
+    }
+  }
+  GetJob(admin_.get(), theirs.id());  // still there: every call was refused
+}
+
 }  // namespace
 }  // namespace reshard::coordinator::testing
