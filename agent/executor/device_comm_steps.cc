@@ -155,9 +155,9 @@ class CommSteps : public DeviceCrossHostSteps {
     if (seals_) {
       if (waiting_) waiting_("step seals");
       seals_->SendSeals();
-      if (absl::Status s =
-              seals_->Finish(cancelled_, PeerWaitBudget(std::chrono::milliseconds(options_.seal_timeout_ms),
-                                            options_.coordinator_reach));
+      if (absl::Status s = seals_->Finish(
+              cancelled_, PeerWaitBudget(std::chrono::milliseconds(options_.seal_timeout_ms),
+                                         options_.coordinator_reach));
           !s.ok()) {
         return Failed(s);
       }

@@ -97,8 +97,7 @@ absl::Status ExchangePeerProofs(Transport* transport, const std::string& secret,
                                 const std::string& operation_id, const std::string& host_id,
                                 uint64_t tag, const std::set<std::string>& send_to,
                                 const std::set<std::string>& receive_from,
-                                const std::function<bool()>& cancelled,
-                                PeerWaitBudget timeout) {
+                                const std::function<bool()>& cancelled, PeerWaitBudget timeout) {
   const PeerWait wait(timeout);
   // Outlives this call: a late callback after a failure touches only it.
   struct State {
@@ -195,10 +194,9 @@ absl::Status ExchangePeerProofs(Transport* transport, const std::string& secret,
             " (a peer that never started its task, failed, or lacks the operation's transfer "
             "secret)"));
         if (missing.empty()) {
-          error = absl::DeadlineExceededError(
-              absl::StrCat("operation ", operation_id, ": host \"", host_id,
-                           "\": the transfer proofs sent were not delivered within ",
-                           wait.Waited()));
+          error = absl::DeadlineExceededError(absl::StrCat(
+              "operation ", operation_id, ": host \"", host_id,
+              "\": the transfer proofs sent were not delivered within ", wait.Waited()));
         }
         break;
       }

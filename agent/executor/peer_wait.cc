@@ -1,7 +1,5 @@
 #include "agent/executor/peer_wait.h"
 
-#include <algorithm>
-
 #include "absl/strings/str_cat.h"
 
 namespace reshard::agent {
@@ -29,7 +27,9 @@ milliseconds CoordinatorReach::Answered() {
 bool CoordinatorReach::Unanswered(TimePoint sent_at) {
   std::lock_guard<std::mutex> l(mu_);
   if (silent_since_) return false;
-  silent_since_ = last_answer_.has_value() ? std::min(*last_answer_, sent_at) : sent_at;
+  // Since the last answer: a call sent before it (a long poll) ended after
+  // it, and the coordinator answered until then.
+  silent_since_ = last_answer_.value_or(sent_at);
   return true;
 }
 

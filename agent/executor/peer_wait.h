@@ -32,8 +32,9 @@ class CoordinatorReach {
   std::chrono::milliseconds Answered();
   /// A call sent at `sent_at` got no answer (UNAVAILABLE, a deadline): unless
   /// it already was, the coordinator is silent since its last answer (as the
-  /// coordinator counts its store's silence: nothing answered since), or
-  /// since `sent_at` when it never answered. Returns whether a silence began.
+  /// coordinator counts its store's silence: nothing answered since; also for
+  /// a call sent before that answer), or since `sent_at` when it never
+  /// answered. Returns whether a silence began.
   bool Unanswered(TimePoint sent_at);
 
   /// Whether the coordinator is silent now.

@@ -238,8 +238,7 @@ void StepSeals::SendSeals() {
   }
 }
 
-absl::Status StepSeals::Finish(const std::function<bool()>& cancelled,
-                               PeerWaitBudget timeout) {
+absl::Status StepSeals::Finish(const std::function<bool()>& cancelled, PeerWaitBudget timeout) {
   RESHARD_CHECK(received_posted_ && sent_);
   const PeerWait wait(timeout);
   {

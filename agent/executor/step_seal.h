@@ -103,8 +103,7 @@ class StepSeals {
   /// seal is missing and the wait), then checks every received step: DATA_LOSS naming the job,
   /// item, step and source host when its seal does not check or the bytes
   /// received differ from the bytes sent. Every chunk must have been added.
-  [[nodiscard]] absl::Status Finish(const std::function<bool()>& cancelled,
-                                    PeerWaitBudget timeout);
+  [[nodiscard]] absl::Status Finish(const std::function<bool()>& cancelled, PeerWaitBudget timeout);
 
  private:
   struct Shared;

@@ -178,10 +178,11 @@ absl::Status TaskRun::Prove() {
     waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ", send_to.size(),
                           " to send)"));
   }
-  absl::Status proven = ExchangePeerProofs(
-      ex_.transport, task_.transfer_secret(), context_, host_id_, ProofTag(tag_key_), send_to,
-      receive_from, cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->proof_timeout_ms),
-                     ex_.options->coordinator_reach));
+  absl::Status proven =
+      ExchangePeerProofs(ex_.transport, task_.transfer_secret(), context_, host_id_,
+                         ProofTag(tag_key_), send_to, receive_from, cancelled_,
+                         PeerWaitBudget(std::chrono::milliseconds(ex_.options->proof_timeout_ms),
+                                        ex_.options->coordinator_reach));
   if (!proven.ok()) return Fail(proven);
   return absl::OkStatus();
 }
@@ -206,9 +207,9 @@ absl::Status TaskRun::Verify() {
   if (seals_) {
     if (waiting_) waiting_(waiting_on_ = "step seals");
     seals_->SendSeals();
-    if (absl::Status s =
-            seals_->Finish(cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->seal_timeout_ms),
-                                           ex_.options->coordinator_reach));
+    if (absl::Status s = seals_->Finish(
+            cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->seal_timeout_ms),
+                                       ex_.options->coordinator_reach));
         !s.ok()) {
       return Fail(s);
     }

@@ -243,9 +243,8 @@ void CoordinatorSession::NoteReach(const absl::Status& s,
   // says nothing; any other outcome is an answer.
   if (session_rpc::CoordinatorAway(s)) {
     if (reach->Unanswered(sent_at)) {
-      RESHARD_LOG(WARNING) << "host " << options_.host_id
-                           << ": the coordinator does not answer (" << s
-                           << "); waits on peers stop counting until it does";
+      RESHARD_LOG(WARNING) << "host " << options_.host_id << ": the coordinator does not answer ("
+                           << s << "); waits on peers stop counting until it does";
     }
   } else if (!absl::IsCancelled(s)) {
     const std::chrono::milliseconds silence = reach->Answered();

@@ -5,16 +5,18 @@ RESOURCE_EXHAUSTED while another stream of the same identity holds the slot,
 open again with backoff (reported through on_retry, counted apart from
 max_attempts) and deliver the job once the slot is free. Before, the
 refusal was raised at once, and elastic.Loop, which watches the job, raised
-it on every rank."""
+it on every rank: the loop's watcher (elastic._Watch, the thread that feeds
+Loop.boundary its flags, testable without a torch world) now records no
+error while refused and follows the job once a slot frees."""
 
 import threading
 
 import grpc
 import pytest
 
-from helpers import every_kind_ptc, register
+from helpers import every_kind_ptc, publish_all, random_globals, register
 import reshard
-from reshard import layout
+from reshard import elastic, layout
 
 
 @pytest.fixture(scope="module")
@@ -72,3 +74,46 @@ def test_a_refused_watch_waits_for_a_slot(cluster, job_name, watch):
             assert got["job"].id == job.id, got
         else:
             assert isinstance(got.get("error"), reshard.NotFound), got
+
+
+def _refused(retries, method):
+    return [r for r in retries if r[0] == method and r[2] is not None
+            and r[2].code == grpc.StatusCode.RESOURCE_EXHAUSTED]
+
+
+def _wait_until(condition, seconds=30.0):
+    gate = threading.Event()
+    for _ in range(int(seconds / 0.05)):
+        if condition():
+            return True
+        gate.wait(0.05)
+    return condition()
+
+
+def test_the_loops_watch_survives_a_refusal_and_follows_the_job(cluster, job_name):
+    """elastic.Loop's watcher, refused its WatchJob stream, keeps no error
+    (Loop.boundary would raise it on every rank) and, once the slot is free,
+    sees the job's next operation."""
+    lay = layout.make_layout(1, 1, 1, cluster.host_ids[:1], 1)
+    with cluster.client(timeout=30.0) as admin:
+        ptc = every_kind_ptc()
+        job = register(admin, cluster, job_name, ptc, lay)
+        publish_all(cluster, job.id, ptc, lay, random_globals(ptc, 1))
+        retries = []
+        c = cluster.client(timeout=30.0, max_attempts=2, on_retry=lambda *a: retries.append(a))
+        try:
+            holder = c.watch_job(job.id, timeout=60)
+            assert next(holder).id == job.id  # holds the identity's one slot
+            watch = elastic._Watch(c, job.id)
+            watch.start()
+            _wait_until(lambda: len(_refused(retries, "WatchJob")) >= 3 or watch.error is not None)
+            assert watch.error is None, watch.error
+            assert len(_refused(retries, "WatchJob")) >= 3, retries
+            assert watch.is_alive()
+            holder.close()  # the slot comes back: the loop's watch gets it
+            op = admin.checkpoint(job.id)
+            assert _wait_until(lambda: op.id in watch._seen or watch.error is not None)
+            assert watch.error is None, watch.error
+            assert op.id in watch._seen
+        finally:
+            c.close()  # ends the watcher's streams (and its retries)

@@ -172,19 +172,21 @@ class Client:
 
     # -------------------------------------------------------------- plumbing
 
-    def _watch_refused(self, e, refusals, method):
-        """For a watch whose stream the coordinator refused for its watch
-        limits (RESOURCE_EXHAUSTED: the caller's, its tenant's or the
-        replica's slots are taken), the backoff before opening it again;
-        None for any other error. A refused watch waits for a slot as long as
-        its caller lets it (its timeout), however many refusals that takes:
-        a busy coordinator must never become a training failure."""
-        if e.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-            return None
+    def _wait_for_a_slot(self, e, refusals, method, end):
+        """Waits before opening again a watch whose stream the coordinator
+        refused for its watch limits (RESOURCE_EXHAUSTED: the caller's, its
+        tenant's or the replica's slots are taken; `refusals` in a row): the
+        same capped, jittered exponential backoff as any retry (_delay),
+        reported through on_retry, never past `end` (monotonic; None: no
+        end). A refused watch waits for a slot as long as its caller lets it,
+        however many refusals that takes, not counted against max_attempts: a
+        busy coordinator must never become a training failure."""
         delay = self._delay(min(refusals, 32))
+        if end is not None:
+            delay = min(delay, max(end - time.monotonic(), 0.0))
         if self.on_retry is not None:
             self.on_retry(method, refusals, errors.from_rpc_error(e, method), delay, None)
-        return delay
+        time.sleep(delay)
 
     def _delay(self, attempt):
         base = min(self.max_backoff,
@@ -465,13 +467,14 @@ class Client:
     def _watch(self, operation_id, timeout):
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
-        refusals = 0  # in a row, for the watch limits (_watch_refused)
+        refusals, refused = 0, None  # in a row, for the watch limits (_wait_for_a_slot)
         version = 0  # the last one yielded: a reopened stream starts after it
         while True:
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise errors.DeadlineExceeded(
-                    f"operation \"{operation_id}\" not final after {timeout} s",
+                    f"operation \"{operation_id}\" not final after {timeout} s"
+                    + (f" (its watch refused: {refused})" if refusals else ""),
                     method="WatchOperation")
             stream = None
             try:
@@ -495,10 +498,10 @@ class Client:
                     raise errors.DeadlineExceeded(
                         f"operation \"{operation_id}\" not final after {timeout} s",
                         method="WatchOperation") from None
-                refusals += 1
-                wait = self._watch_refused(e, refusals, "WatchOperation")
-                if wait is not None:
-                    time.sleep(wait if end is None else min(wait, max(end - time.monotonic(), 0)))
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    refusals += 1
+                    refused = e.details()
+                    self._wait_for_a_slot(e, refusals, "WatchOperation", end)
                     continue
                 err = errors.from_rpc_error(e, "WatchOperation")
                 failures += 1
@@ -530,13 +533,14 @@ class Client:
         state newer than it)."""
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
-        refusals = 0
+        refusals, refused = 0, None  # in a row, for the watch limits (_wait_for_a_slot)
         version = from_version
         while True:
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise errors.DeadlineExceeded(
-                    f"watch of job \"{job_id}\" ended after {timeout} s", method="WatchJob")
+                    f"watch of job \"{job_id}\" ended after {timeout} s"
+                    + (f" (refused: {refused})" if refusals else ""), method="WatchJob")
             stream = self._stub.WatchJob(
                 _pb.WatchJobRequest(job_id=job_id, from_version=version), timeout=remaining,
                 metadata=self._metadata)
@@ -547,10 +551,10 @@ class Client:
                     yield job
                 return
             except grpc.RpcError as e:
-                refusals += 1
-                wait = self._watch_refused(e, refusals, "WatchJob")
-                if wait is not None:
-                    time.sleep(wait if end is None else min(wait, max(end - time.monotonic(), 0)))
+                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                    refusals += 1
+                    refused = e.details()
+                    self._wait_for_a_slot(e, refusals, "WatchJob", end)
                     continue
                 failures += 1
                 if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:

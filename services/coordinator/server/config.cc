@@ -138,7 +138,8 @@ const std::vector<Setting>& Settings() {
                  &CoordinatorConfig::max_watch_streams_per_identity),
       IntSetting("max-watch-streams-per-tenant", "RESHARD_MAX_WATCH_STREAMS_PER_TENANT",
                  "watch streams open at once for one tenant: its schedulers, viewers and its "
-                 "jobs' worker tokens together (0: a quarter of --max-watch-streams, at least "
+                 "jobs' worker tokens together; a caller of no tenant (admin) has a budget of "
+                 "its own (0: a quarter of --max-watch-streams, at least "
                  "--max-watch-streams-per-identity)",
                  &CoordinatorConfig::max_watch_streams_per_tenant),
       IntSetting("watch-resync-ms", "RESHARD_WATCH_RESYNC_MS",

@@ -69,7 +69,7 @@ struct CoordinatorConfig {
   int64_t max_watch_streams_per_identity = 4096;
   /// Per tenant, every identity of it together (schedulers, viewers, the
   /// worker tokens of its jobs), so that no one tenant's jobs take every
-  /// slot. 0: a quarter of max_watch_streams, and at least
+  /// slot; a caller of no tenant (admin) has a budget of its own. 0: a quarter of max_watch_streams, and at least
   /// max_watch_streams_per_identity (WatchTenantBudget).
   int64_t max_watch_streams_per_tenant = 0;
   /// The change feed's safety poll: how often the versions of every watched

@@ -62,9 +62,10 @@ absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const
 absl::StatusOr<WatchSlot> CoordinatorServiceImpl::AcquireWatch(const Principal& p,
                                                                const char* method) {
   if (watch_limits_ == nullptr) return WatchSlot();
-  // The budget a stream counts against besides its identity's: a scheduler's
-  // or viewer's tenants; a worker token's job's tenant (looked up: every job
-  // of a tenant shares its budget); none for admins and agents.
+  // The tenant budget a stream counts against besides its identity's: a
+  // scheduler's or viewer's tenants (several: the set of them); a worker
+  // token's job's tenant (looked up: every job of a tenant shares its
+  // budget); a principal of no tenant (admin) its own (empty here).
   std::string tenant;
   if (authorizer_->ScopedToTenants(p)) {
     std::vector<std::string> tenants = p.tenants;

@@ -42,27 +42,31 @@ absl::StatusOr<WatchSlot> WatchStreamLimits::Acquire(const std::string& identity
                      " open, limit --max-watch-streams-per-identity ", options_.max_per_identity,
                      "; close one (or wait for it to end) and retry"));
   }
-  if (total_ >= options_.max_total) {
-    if (metrics_ != nullptr) metrics_->WatchStreamRefused("total");
-    return absl::ResourceExhaustedError(
-        absl::StrCat("too many watch streams on this coordinator: ", total_,
-                     " open, limit --max-watch-streams ", options_.max_total, " (\"", identity,
-                     "\" holds ", mine, "); retry later"));
-  }
-  // The tenant's: one tenant's identities (a worker token per job)
-  // share one budget, so they cannot fill the replica for the others.
-  const auto in_tenant = tenant.empty() ? per_tenant_.end() : per_tenant_.find(tenant);
+  // The tenant's: one tenant's identities (a worker token per job) share
+  // one budget, so they cannot fill the replica for the others. Before the
+  // replica's total: a tenant at its budget learns that, not how busy the
+  // other tenants are.
+  const BudgetKey budget = BudgetOf(identity, tenant);
+  const auto in_tenant = per_tenant_.find(budget);
   const int64_t ours = in_tenant == per_tenant_.end() ? 0 : in_tenant->second;
-  if (!tenant.empty() && ours >= options_.max_per_tenant) {
+  if (ours >= options_.max_per_tenant) {
     if (metrics_ != nullptr) metrics_->WatchStreamRefused("per_tenant");
     return absl::ResourceExhaustedError(absl::StrCat(
-        "too many watch streams for tenant \"", tenant, "\": ", ours,
-        " open, limit --max-watch-streams-per-tenant ", options_.max_per_tenant, " (\"", identity,
-        "\" holds ", mine, "); close one (or wait for it to end) and retry"));
+        "too many watch streams for ",
+        tenant.empty() ? absl::StrCat("\"", identity, "\" (no tenant: its own budget)")
+                       : absl::StrCat("tenant \"", tenant, "\""),
+        ": ", ours, " open, limit --max-watch-streams-per-tenant ", options_.max_per_tenant, " (\"",
+        identity, "\" holds ", mine, "); close one (or wait for it to end) and retry"));
+  }
+  if (total_ >= options_.max_total) {
+    if (metrics_ != nullptr) metrics_->WatchStreamRefused("total");
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "too many watch streams on this coordinator: ", total_, " open, limit --max-watch-streams ",
+        options_.max_total, " (\"", identity, "\" holds ", mine, "); retry later"));
   }
   ++total_;
   ++per_identity_[identity];
-  if (!tenant.empty()) ++per_tenant_[tenant];
+  ++per_tenant_[budget];
   const int64_t of_method = ++per_method_[method];
   if (metrics_ != nullptr) metrics_->SetWatchStreams(method, of_method);
   return WatchSlot(this, identity, tenant, method);
@@ -75,7 +79,8 @@ void WatchStreamLimits::Release(const std::string& identity, const std::string& 
   if (auto it = per_identity_.find(identity); it != per_identity_.end() && --it->second <= 0) {
     per_identity_.erase(it);
   }
-  if (auto it = per_tenant_.find(tenant); it != per_tenant_.end() && --it->second <= 0) {
+  if (auto it = per_tenant_.find(BudgetOf(identity, tenant));
+      it != per_tenant_.end() && --it->second <= 0) {
     per_tenant_.erase(it);
   }
   const int64_t of_method = --per_method_[method];
@@ -95,7 +100,7 @@ int64_t WatchStreamLimits::open(const std::string& identity) const {
 
 int64_t WatchStreamLimits::open_in_tenant(const std::string& tenant) const {
   std::lock_guard<std::mutex> lock(mu_);
-  const auto it = per_tenant_.find(tenant);
+  const auto it = per_tenant_.find(BudgetKey{tenant, ""});
   return it == per_tenant_.end() ? 0 : it->second;
 }
 

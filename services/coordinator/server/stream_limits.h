@@ -1,7 +1,8 @@
 // How many watch streams (WatchJob, WatchOperation) a coordinator replica
 // serves at once: per caller identity, per tenant and in total. The tenant
 // budget keeps one tenant (however many identities it has: every job's
-// worker token is one) from taking the replica's whole total. A stream holds no thread
+// worker token is one) from taking the replica's whole total; a caller of no
+// tenant (an admin) has a tenant budget of its own. A stream holds no thread
 // and reads nothing while nothing changes (the change feed), but it holds
 // memory, so one read-only viewer must not open them without bound (issue
 // 19, defect 6). The agents' long polls (WaitForTasks) are AgentService
@@ -19,6 +20,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 #include "absl/status/statusor.h"
 
@@ -71,17 +73,22 @@ class WatchStreamLimits {
   /// and the refusals.
   WatchStreamLimits(Options options, CoordinatorMetrics* metrics);
 
-  /// A slot for one more `method` stream of `identity`, or
-  /// RESOURCE_EXHAUSTED naming the identity, the count and the limit (its
-  /// flag), e.g. `too many watch streams for "viewer:dash@t": 32 open, limit
-  /// --max-watch-streams-per-identity 32`.
+  /// A slot for one more `method` stream of `identity` of no tenant (its
+  /// tenant budget is its own), or RESOURCE_EXHAUSTED naming the limit, as
+  /// below.
   [[nodiscard]] absl::StatusOr<WatchSlot> Acquire(const std::string& identity,
                                                   const std::string& method) {
     return Acquire(identity, "", method);
   }
-  /// The same, counted also against `tenant`'s budget (empty: none, e.g. an
-  /// admin): past it, RESOURCE_EXHAUSTED naming the tenant, the count and
-  /// --max-watch-streams-per-tenant.
+  /// A slot for one more `method` stream of `identity`, counted against
+  /// `tenant`'s budget (empty: a budget of the identity's own, e.g. an
+  /// admin's), or RESOURCE_EXHAUSTED naming the first limit it is past, the
+  /// count and the limit's flag and value, checked in this order: the
+  /// identity's (`too many watch streams for "viewer:dash@t": 32 open, limit
+  /// --max-watch-streams-per-identity 32; ...`), the tenant's (`too many
+  /// watch streams for tenant "t": 64 open, limit
+  /// --max-watch-streams-per-tenant 64 ("worker:J" holds 0); ...`), the
+  /// replica's (`... limit --max-watch-streams 128 ...`).
   [[nodiscard]] absl::StatusOr<WatchSlot> Acquire(const std::string& identity,
                                                   const std::string& tenant,
                                                   const std::string& method);
@@ -89,11 +96,18 @@ class WatchStreamLimits {
   /// Streams open now, in total and of `identity`.
   int64_t open() const;
   int64_t open(const std::string& identity) const;
-  /// Streams open now counted against `tenant`.
+  /// Streams open now counted against `tenant` (non-empty).
   int64_t open_in_tenant(const std::string& tenant) const;
 
  private:
   friend class WatchSlot;
+  /// The tenant budget a stream counts against: {tenant, ""}, or for a
+  /// caller of no tenant {"", identity} (no tenant's name can be empty, so
+  /// the two never meet).
+  using BudgetKey = std::pair<std::string, std::string>;
+  static BudgetKey BudgetOf(const std::string& identity, const std::string& tenant) {
+    return tenant.empty() ? BudgetKey{"", identity} : BudgetKey{tenant, ""};
+  }
   void Release(const std::string& identity, const std::string& tenant, const std::string& method);
 
   const Options options_;
@@ -101,7 +115,7 @@ class WatchStreamLimits {
   mutable std::mutex mu_;
   int64_t total_ = 0;
   std::map<std::string, int64_t> per_identity_;  // only identities with open streams
-  std::map<std::string, int64_t> per_tenant_;    // only tenants with open streams
+  std::map<BudgetKey, int64_t> per_tenant_;      // only budgets with open streams
   std::map<std::string, int64_t> per_method_;
 };
 

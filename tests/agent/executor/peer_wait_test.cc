@@ -67,6 +67,20 @@ TEST_F(PeerWaitTest, ASilenceStartsAtTheLastAnswer) {
   EXPECT_EQ(reach_.SilentSoFar(), seconds(5));
 }
 
+TEST_F(PeerWaitTest, ACallSentBeforeTheLastAnswerIsSilentOnlySinceThatAnswer) {
+  const auto poll_sent = now_;  // a long poll
+  const PeerWait wait(PeerWaitBudget(seconds(3), &reach_));
+  now_ += seconds(14);
+  reach_.Answered();  // heartbeats answered meanwhile
+  now_ += seconds(1);
+  reach_.Unanswered(poll_sent);  // the poll ends without an answer
+  now_ += seconds(1);
+  EXPECT_EQ(reach_.SilentSoFar(), seconds(2));
+  reach_.Answered();
+  EXPECT_TRUE(wait.Expired());  // 14 s counted
+  EXPECT_EQ(wait.Waited(), "3 s (not counting 2 s while the coordinator did not answer)");
+}
+
 TEST_F(PeerWaitTest, ASecondUnansweredCallKeepsTheFirstStart) {
   reach_.Unanswered(now_);
   now_ += seconds(2);

@@ -1,9 +1,10 @@
-// WatchStreamLimits (server/stream_limits.h) by itself: the per-identity
-// and total bounds, their RESOURCE_EXHAUSTED messages, slots given back by
+// WatchStreamLimits (server/stream_limits.h) by itself: the per-identity,
+// per-tenant and total bounds, their RESOURCE_EXHAUSTED messages, slots given back by
 // their destructor, moves; and the flags that configure them.
 #include "services/coordinator/server/stream_limits.h"
 
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -79,6 +80,46 @@ TEST(WatchStreamLimitsTest, ATenantsIdentitiesShareItsBudget) {
   held.pop_back();
   EXPECT_EQ(limits.open_in_tenant("a"), 2);
   EXPECT_TRUE(limits.Acquire("worker:j3", "a", "WatchJob").ok());
+}
+
+// A caller of no tenant (an admin) counts against a tenant budget of its
+// own: past it, refused naming itself, while another such caller and a
+// tenant are untouched. And the order: a tenant at its budget hears about
+// its tenant even when the replica is full too.
+TEST(WatchStreamLimitsTest, ACallerOfNoTenantHasABudgetOfItsOwnAndTheTenantComesBeforeTheTotal) {
+  WatchStreamLimits::Options o = Limits(5, 4);
+  o.max_per_tenant = 2;
+  WatchStreamLimits limits(o, nullptr);
+  std::vector<WatchSlot> held;
+  for (int i = 0; i < 2; ++i) {
+    absl::StatusOr<WatchSlot> slot = limits.Acquire("admin", "", "WatchJob");
+    ASSERT_TRUE(slot.ok()) << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  absl::StatusOr<WatchSlot> third = limits.Acquire("admin", "", "WatchJob");
+  ASSERT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(third.status().message(),
+            "too many watch streams for \"admin\" (no tenant: its own budget): 2 open, limit "
+            "--max-watch-streams-per-tenant 2 (\"admin\" holds 2); close one (or wait for it to "
+            "end) and retry");
+  for (const auto& [who, tenant] : {std::pair<const char*, const char*>{"admin2", ""},
+                                    {"worker:j1", "a"},
+                                    {"worker:j2", "a"}}) {
+    absl::StatusOr<WatchSlot> slot = limits.Acquire(who, tenant, "WatchJob");
+    ASSERT_TRUE(slot.ok()) << who << ": " << slot.status();
+    held.push_back(*std::move(slot));
+  }
+  EXPECT_EQ(limits.open(), 5);
+  absl::StatusOr<WatchSlot> tenant_full = limits.Acquire("worker:j3", "a", "WatchJob");
+  ASSERT_EQ(tenant_full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(tenant_full.status().message(),
+              HasSubstr("too many watch streams for tenant \"a\": 2 open, limit "
+                        "--max-watch-streams-per-tenant 2"));
+  absl::StatusOr<WatchSlot> total_full = limits.Acquire("worker:k1", "b", "WatchJob");
+  ASSERT_EQ(total_full.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(total_full.status().message(),
+              HasSubstr("too many watch streams on this coordinator: 5 open, limit "
+                        "--max-watch-streams 5"));
 }
 
 // The tenant budget's default: a quarter of the total, at least the

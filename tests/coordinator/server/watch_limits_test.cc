@@ -249,9 +249,11 @@ TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
     const grpc::Status t = refused_op.WatchOperation(dash.get(), op.id());
     EXPECT_EQ(t.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << t.error_message();
   }
-  // Another identity: up to the replica's total (6), then refused too.
-  ASSERT_TRUE(streams.WatchJob(other.get(), job.id()).ok());
-  ASSERT_TRUE(streams.WatchJob(other.get(), job.id()).ok());
+  // Another identity (the admin, of no tenant: a budget of its own): up to
+  // the replica's total (6), then refused too, team-a's other viewer as
+  // well (team-a holds 4 of its 6).
+  ASSERT_TRUE(streams.WatchJob(admin.get(), job.id()).ok());
+  ASSERT_TRUE(streams.WatchJob(admin.get(), job.id()).ok());
   for (CoordinatorStub* stub : {other.get(), admin.get()}) {
     const grpc::Status s = streams.WatchJob(stub, job.id());
     EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
