@@ -6,7 +6,6 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "planner/layout.h"
@@ -235,25 +234,6 @@ absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatReq
   return std::move(HeartbeatMany({&request}).front());
 }
 
-namespace {
-
-// A beat no store can record (a NUL byte in its host id or a held job id):
-// INVALID_ARGUMENT naming the field and value, as the stores' own check says.
-absl::Status CheckBeatText(const HostHeartbeat& beat) {
-  auto check = [](absl::string_view what, const std::string& value) {
-    if (value.find('\0') == std::string::npos) return absl::OkStatus();
-    return absl::InvalidArgumentError(
-        absl::StrCat(what, " \"", absl::CHexEscape(value), "\" contains a NUL byte"));
-  };
-  if (absl::Status s = check("host id", beat.host_id); !s.ok()) return s;
-  for (const std::string& job : beat.held_jobs) {
-    if (absl::Status s = check("held_jobs entry", job); !s.ok()) return s;
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
 std::vector<absl::StatusOr<v1::HeartbeatResponse>> AgentApi::HeartbeatMany(
     const std::vector<const v1::HeartbeatRequest*>& requests) {
   std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers(requests.size());
@@ -277,12 +257,6 @@ std::vector<absl::StatusOr<v1::HeartbeatResponse>> AgentApi::HeartbeatMany(
     beat.now_unix_ms = now;
     beat.lease_expires_unix_ms = now + options_.lease_ms;
     beat.held_jobs.assign(request.held_jobs().begin(), request.held_jobs().end());
-    // Refused here, before the batch: a bad beat is its caller's answer and
-    // never reaches the others' store call (the stores refuse it alone too).
-    if (absl::Status s = CheckBeatText(beat); !s.ok()) {
-      answers[i] = s;
-      continue;
-    }
     beats.push_back(std::move(beat));
     beat_of.push_back(i);
   }
