@@ -23,6 +23,7 @@ PACKAGES=(
   libabsl-dev libucx-dev ucx-utils libpqxx-dev prometheus-cpp-dev
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
   openssl postgresql prometheus nginx-light sshfs openssh-sftp-server python3 python3-venv
+  util-linux  # setpriv: the local cluster starts its processes through it
 )
 
 install_debian_packages() {

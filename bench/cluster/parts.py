@@ -57,9 +57,9 @@ class HostWorkers:
             prefix = topology.host(h).exec_prefix() if topology else []
             err = open(os.path.join(log_dir, f"{h}.workers.log"), "wb") if log_dir else None
             self.procs[h] = subprocess.Popen(
-                prefix + [sys.executable, os.path.join(HERE, "host_proc.py")],
+                local.child_argv(prefix + [sys.executable, os.path.join(HERE, "host_proc.py")]),
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err or subprocess.DEVNULL,
-                env=env, start_new_session=True, preexec_fn=local._child_setup())
+                env=env, start_new_session=True)
 
     def all(self, op, per_host=None, **common):
         """Sends {"op": op, **common, **per_host[host]} to every host."""

@@ -24,7 +24,6 @@ waits until interrupted, printing how to reach it:
 
 import argparse
 import atexit
-import ctypes
 import os
 import pwd
 import shutil
@@ -38,9 +37,6 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pki import Pki  # noqa: E402
-
-_PR_SET_PDEATHSIG = 1
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 class ClusterError(RuntimeError):
@@ -68,15 +64,27 @@ def _pg_bindir():
                        "package postgresql or set RESHARD_PG_BINDIR")
 
 
-def _child_setup(uid=None, gid=None):
-    def setup():
-        if gid is not None:
-            os.setgid(gid)
-        if uid is not None:
-            os.setuid(uid)
-        # After the uid change: changing credentials clears the death signal.
-        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    return setup
+def child_argv(argv, uid=None, gid=None):
+    """`argv` run through util-linux's setpriv: SIGKILL when the Python thread
+    that starts it dies (PR_SET_PDEATHSIG, set after any change of user, which
+    would clear it), and `gid` and `uid` with no supplementary groups when
+    given.
+
+    Not a preexec_fn: that makes subprocess fork() this process, whose gRPC
+    threads run, and run Python in the child; gRPC's fork handlers may then
+    start a poller thread in the child that the child's close_fds pulls the
+    epoll descriptor from, and the child aborts before its exec ("Epoll1Poller
+    ... epoll_wait error: Bad file descriptor", status -6). Without one,
+    subprocess uses vfork + exec and no Python runs in the child.
+    """
+    if shutil.which("setpriv") is None:
+        raise ClusterError("setpriv not found: install Debian's util-linux (scripts/bootstrap.sh)")
+    prefix = ["setpriv", "--pdeathsig", "KILL"]
+    if gid is not None:
+        prefix += ["--regid", str(gid), "--clear-groups"]
+    if uid is not None:
+        prefix += ["--reuid", str(uid)]
+    return prefix + ["--", *argv]
 
 
 class _Process:
@@ -91,9 +99,9 @@ class _Process:
         self._cv = threading.Condition()
         self._closed = False
         self._log = open(log_path, "ab", buffering=0)
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, env=env, cwd=cwd,
-                                     start_new_session=True, preexec_fn=_child_setup(uid, gid))
+        self.proc = subprocess.Popen(child_argv(argv, uid, gid), stdout=subprocess.PIPE,
+                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                     cwd=cwd, start_new_session=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
@@ -322,10 +330,9 @@ class LocalCluster:
         data = os.path.join(self._pg_dir, "data")
         self._log(f"cluster: initdb {data}")
         init = subprocess.run(
-            [os.path.join(bindir, "initdb"), "-D", data, "-U", "reshard", "--auth=trust", "--no-sync",
-             "-E", "UTF8", "--locale=C", "--no-instructions"],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, preexec_fn=_child_setup(uid, gid),
-            cwd=self._pg_dir)
+            child_argv([os.path.join(bindir, "initdb"), "-D", data, "-U", "reshard", "--auth=trust",
+                        "--no-sync", "-E", "UTF8", "--locale=C", "--no-instructions"], uid, gid),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, cwd=self._pg_dir)
         if init.returncode != 0:
             raise ClusterError(f"initdb failed:\n{init.stdout.decode(errors='replace')}")
         last = ""

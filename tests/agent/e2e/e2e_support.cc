@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <condition_variable>
@@ -109,6 +110,24 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
   args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
   mkdir(options.shm_dir.c_str(), 0700);
 
+  // Everything the child needs is made before fork: this process runs gRPC
+  // threads, and after fork the child makes only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  std::vector<std::string> env_s;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const std::string entry(*e);
+    const std::string name = entry.substr(0, entry.find('='));
+    const bool replaced = std::any_of(options.env.begin(), options.env.end(),
+                                      [&](const auto& kv) { return kv.first == name; });
+    if (!replaced) env_s.push_back(entry);
+  }
+  for (const auto& [k, v] : options.env) env_s.push_back(absl::StrCat(k, "=", v));
+  std::vector<char*> envp;
+  for (std::string& e : env_s) envp.push_back(e.data());
+  envp.push_back(nullptr);
+
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
   const pid_t pid = fork();
@@ -116,11 +135,7 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
   if (pid == 0) {
     dup2(fds[1], 1);
     dup2(fds[1], 2);
-    for (const auto& [k, v] : options.env) setenv(k.c_str(), v.c_str(), 1);
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
+    execvpe(argv[0], argv.data(), envp.data());
     _exit(127);
   }
   close(fds[1]);
