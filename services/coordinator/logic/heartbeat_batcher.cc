@@ -20,8 +20,9 @@ void HeartbeatBatcher::Submit(const v1::HeartbeatRequest& request, Done done) {
   {
     std::lock_guard<std::mutex> l(mu_);
     if (!shut_down_) {
-      if (queue_.empty()) first_arrival_ = std::chrono::steady_clock::now();
-      queue_.push_back({request, std::move(done)});
+      const auto now = std::chrono::steady_clock::now();
+      if (queue_.empty()) first_arrival_ = now;
+      queue_.push_back({request, std::move(done), now});
       if (queue_.size() == 1 || queue_.size() >= options_.max_batch) cv_.notify_one();
       return;
     }
@@ -44,6 +45,19 @@ HeartbeatBatcher::Stats HeartbeatBatcher::stats() {
   return stats_;
 }
 
+int64_t HeartbeatBatcher::LagMs() {
+  std::lock_guard<std::mutex> l(mu_);
+  std::chrono::steady_clock::time_point oldest = writing_since_;
+  if (!queue_.empty() && (oldest == std::chrono::steady_clock::time_point{} ||
+                          queue_.front().arrived < oldest)) {
+    oldest = queue_.front().arrived;
+  }
+  if (oldest == std::chrono::steady_clock::time_point{}) return 0;
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               oldest)
+      .count();
+}
+
 void HeartbeatBatcher::FlushLoop() {
   CallClassScope agent_calls(CallClass::kAgent);
   std::unique_lock<std::mutex> l(mu_);
@@ -61,6 +75,7 @@ void HeartbeatBatcher::FlushLoop() {
       queue_.pop_front();
     }
     if (!queue_.empty()) first_arrival_ = std::chrono::steady_clock::now();
+    writing_since_ = batch.front().arrived;
     l.unlock();
     std::vector<const v1::HeartbeatRequest*> requests;
     requests.reserve(n);
@@ -74,6 +89,7 @@ void HeartbeatBatcher::FlushLoop() {
     }
     for (size_t i = 0; i < n; ++i) batch[i].done(std::move(answers[i]));
     l.lock();
+    writing_since_ = {};
   }
 }
 

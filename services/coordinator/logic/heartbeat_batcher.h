@@ -51,11 +51,16 @@ class HeartbeatBatcher {
   /// Writes what is queued, answers it, and stops the flusher.
   void Shutdown();
   Stats stats();
+  /// How long the oldest heartbeat not yet answered has waited, in ms (0:
+  /// none waits): queued, or in the batch being written. The leader judges
+  /// no lease while this is long (lease_judge.h).
+  int64_t LagMs();
 
  private:
   struct Pending {
     v1::HeartbeatRequest request;
     Done done;
+    std::chrono::steady_clock::time_point arrived;
   };
   void FlushLoop();
 
@@ -66,6 +71,8 @@ class HeartbeatBatcher {
   bool shut_down_ = false;
   std::deque<Pending> queue_;
   std::chrono::steady_clock::time_point first_arrival_;
+  // The arrival of the oldest beat of the batch being written; {} when none.
+  std::chrono::steady_clock::time_point writing_since_;
   Stats stats_;
   std::thread flusher_;
 };

@@ -28,7 +28,11 @@ constexpr int64_t kGaugePeriodMs = 1000;
 
 OperationDriver::OperationDriver(StorePtr store, const Clock* clock, CoordinatorMetrics* metrics,
                                  Options options)
-    : store_(std::move(store)), clock_(clock), metrics_(metrics), options_(std::move(options)) {}
+    : store_(std::move(store)),
+      clock_(clock),
+      metrics_(metrics),
+      options_(std::move(options)),
+      judge_(LeaseJudge::Options{options_.lease_grace_ms, options_.tick_ms}) {}
 
 absl::StatusOr<OperationDriver::HostMap> OperationDriver::LoadHosts() {
   return store_->HostStates();
@@ -38,6 +42,7 @@ absl::Status OperationDriver::ResumeAll() {
   const int64_t now = clock_->NowUnixMs();
   leases_enforced_from_ms_ = now + options_.lease_grace_ms;
   resumed_at_ms_ = now;
+  judge_.Reset(now);
   absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
   if (!active.ok()) return active.status();
   RESHARD_LOG(INFO) << "replica=" << options_.replica_id << " leading: resuming " << active->size()
@@ -56,16 +61,21 @@ absl::Status OperationDriver::ResumeAll() {
 
 absl::Status OperationDriver::Tick() {
   const int64_t now = clock_->NowUnixMs();
-  if (now >= leases_enforced_from_ms_) {
-    absl::StatusOr<std::vector<std::string>> expired = store_->ExpireLeases(now);
-    if (!expired.ok()) return expired.status();
-    for (const std::string& host : *expired) {
-      RESHARD_LOG(WARNING) << "host=" << host << " lease expired: marked LOST";
-      hosts_to_degrade_.insert(host);
-    }
-  }
+  const LeaseJudge::Verdict pass =
+      judge_.BeginPass(now, options_.heartbeat_lag_ms ? options_.heartbeat_lag_ms() : 0);
+  // Progress reports queued while this process did not run: stall clocks
+  // restart rather than count that time against the hosts.
+  if (judge_.last_pass_was_late()) resumed_at_ms_ = std::max(resumed_at_ms_, now);
+  judging_stalls_ = pass.judge;
   absl::StatusOr<HostMap> hosts = LoadHosts();
   if (!hosts.ok()) return hosts.status();
+  if (!pass.judge) {
+    NoteSuspension(pass);
+  } else if (now >= leases_enforced_from_ms_) {
+    if (absl::Status s = JudgeLeases(&*hosts, now); !s.ok()) return s;
+  } else {
+    NoteSuspension(LeaseJudge::Verdict{});
+  }
   // Operations first: aborting one returns its job to DEGRADED in the same
   // transaction, and only jobs left ACTIVE need marking afterwards.
   absl::Status advanced = AdvanceAll(*hosts, now);
@@ -79,6 +89,53 @@ absl::Status OperationDriver::Tick() {
   }
   RefreshGauges(*hosts, now);
   return advanced;
+}
+
+absl::Status OperationDriver::JudgeLeases(HostMap* hosts, int64_t now) {
+  absl::StatusOr<std::vector<std::string>> ended = store_->ExpiredLeases(now);
+  if (!ended.ok()) return ended.status();
+  if (ended->empty()) {
+    NoteSuspension(judge_.Expiries(now, 0, 0));
+    return absl::OkStatus();
+  }
+  const int64_t alive = std::count_if(hosts->begin(), hosts->end(), [](const auto& h) {
+    return h.second == v1::HOST_STATE_ALIVE;
+  });
+  const LeaseJudge::Verdict verdict =
+      judge_.Expiries(now, static_cast<int64_t>(ended->size()), alive);
+  NoteSuspension(verdict);
+  if (!verdict.judge) {
+    judging_stalls_ = false;  // the same doubt: their reports may not arrive either
+    return absl::OkStatus();
+  }
+  if (verdict.reason == LeaseJudge::Reason::kMassExpiry) RESHARD_LOG(WARNING) << verdict.why;
+  absl::StatusOr<std::vector<std::string>> expired = store_->ExpireLeases(now);
+  if (!expired.ok()) return expired.status();
+  for (const std::string& host : *expired) {
+    RESHARD_LOG(WARNING) << "host=" << host << " lease expired: marked LOST";
+    hosts_to_degrade_.insert(host);
+    (*hosts)[host] = v1::HOST_STATE_LOST;
+  }
+  return absl::OkStatus();
+}
+
+void OperationDriver::NoteSuspension(const LeaseJudge::Verdict& verdict) {
+  const LeaseJudge::Reason now_reason = verdict.judge ? LeaseJudge::Reason::kNone : verdict.reason;
+  if (!verdict.judge) {
+    // Every suspended pass counts; the log says only when it starts or
+    // changes reason, and when it ends.
+    if (metrics_ != nullptr) metrics_->LeaseJudgementSuspended(LeaseJudge::Label(now_reason));
+    if (now_reason != suspended_) {
+      RESHARD_LOG(WARNING) << "replica=" << options_.replica_id
+                           << " leases and stalls not judged: " << verdict.why;
+    }
+  } else if (suspended_ != LeaseJudge::Reason::kNone) {
+    if (metrics_ != nullptr) metrics_->LeaseJudgementSuspended("");
+    RESHARD_LOG(INFO) << "replica=" << options_.replica_id
+                      << " leases and stalls judged again (suspended for "
+                      << LeaseJudge::Label(suspended_) << ")";
+  }
+  suspended_ = now_reason;
 }
 
 absl::Status OperationDriver::AdvanceAll(const HostMap& hosts, int64_t now) {

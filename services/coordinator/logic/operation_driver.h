@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -14,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/coordinator/clock.h"
+#include "services/coordinator/logic/lease_judge.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
 
@@ -30,11 +32,12 @@ class OperationDriver {
  public:
   struct Options {
     int64_t transfer_timeout_ms = 30 * 60 * 1000;  // TRANSFERRING longer: ABORTED
-    /// A host's unfinished task (ASSIGNED or RUNNING) whose state and
-    /// bytes_done stay unchanged this long aborts its operation. Counted from
-    /// the later of its last progress and this driver's ResumeAll; a RUNNING
-    /// host with nothing left to write (it only sends) progresses with its
-    /// peers.
+    /// An operation none of whose hosts' tasks changed state or bytes_done
+    /// this long aborts, naming its first unfinished host and what that one
+    /// waits on. Counted from the later of the operation's last progress (any
+    /// host's) and this driver's ResumeAll or late pass: a host that waits
+    /// while its peers move is slow, not stalled (its own waits on a peer end
+    /// at the agent, --peer-wait-ms).
     int64_t stall_timeout_ms = 20000;
     std::string replica_id = "coordinator";
     /// After ResumeAll (becoming leader), leases are not enforced for this
@@ -42,6 +45,13 @@ class OperationDriver {
     /// was up get one lease period to do so before their hosts count as LOST.
     /// Set it to AgentApi::Options::lease_ms.
     int64_t lease_grace_ms = 10000;
+    /// The leader's period between passes (LeaderLoop's tick_ms): a pass
+    /// much later than that means the coordinator itself lagged. 0: passes
+    /// are never late (a caller that steps a fake clock by whole seconds).
+    int64_t tick_ms = 0;
+    /// How long the oldest heartbeat not yet recorded has waited (the
+    /// HeartbeatBatcher's LagMs); unset: none ever waits.
+    std::function<int64_t()> heartbeat_lag_ms;
   };
 
   /// `metrics` may be null.
@@ -108,12 +118,20 @@ class OperationDriver {
   /// holds become DEGRADED (unless their hosts came back meanwhile).
   [[nodiscard]] absl::Status DegradeJobsOn(const std::set<std::string>& lost_hosts);
   void RefreshGauges(const HostMap& hosts, int64_t now);
+  /// Marks the hosts whose lease ended LOST, unless the judge defers them
+  /// (a mass expiry); updates `hosts` to match.
+  [[nodiscard]] absl::Status JudgeLeases(HostMap* hosts, int64_t now);
+  /// Logs and exports a change of whether (and why) judgement is suspended.
+  void NoteSuspension(const LeaseJudge::Verdict& verdict);
 
   StorePtr store_;
   const Clock* clock_;
   CoordinatorMetrics* metrics_;
   Options options_;
   int64_t leases_enforced_from_ms_ = 0;
+  LeaseJudge judge_;
+  LeaseJudge::Reason suspended_ = LeaseJudge::Reason::kNone;
+  bool judging_stalls_ = true;  // false during a pass the judge suspended
   int64_t resumed_at_ms_ = 0;  // stalls are counted from here at the earliest
   // Lost hosts whose jobs are still to be marked DEGRADED (retried each
   // Tick until the store accepts it).

@@ -196,19 +196,19 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
                           preparing ? "its prepare" : "transfer");
     }
   }
-  // A host with nothing (left) to write here only sends: its bytes_done stays
-  // put until it is finished, and its sends are its peers' progress, so it
-  // moves when they do.
-  int64_t latest_progress_ms = 0;
+  // Stalls are judged on the whole operation: while any host's task moves,
+  // one that waits (on a peer's bytes or proofs, or to be fetched by a busy
+  // agent) is slow, not stalled. A host that only sends moves with its
+  // peers; waits on a live peer that never answers end at the agent
+  // (--peer-wait-ms), a silent peer by its lease.
+  if (!judging_stalls_) return std::nullopt;
+  int64_t latest_progress_ms = resumed_at_ms_;
   for (const HostProgress& row : rows) {
     latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
   }
   for (const HostProgress& row : rows) {
     if (row.state == finished) continue;
-    int64_t since = std::max(row.progress_unix_ms, resumed_at_ms_);
-    if (row.state == v1::HOST_TASK_STATE_RUNNING && row.bytes_done >= row.bytes_total) {
-      since = std::max(since, latest_progress_ms);
-    }
+    const int64_t since = latest_progress_ms;
     if (now - since <= options_.stall_timeout_ms) continue;
     std::string what =
         row.state == v1::HOST_TASK_STATE_ASSIGNED
@@ -217,7 +217,8 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
     if (!row.waiting_on.empty()) absl::StrAppend(&what, ", waiting on ", row.waiting_on);
     return absl::StrCat("host \"", row.host_id, "\" made no progress",
                         preparing ? " in its prepare" : "", " for ", now - since,
-                        " ms (stall_timeout_ms ", options_.stall_timeout_ms, "): ", what);
+                        " ms, nor did any other host of the operation (stall_timeout_ms ",
+                        options_.stall_timeout_ms, "): ", what);
   }
   return std::nullopt;
 }

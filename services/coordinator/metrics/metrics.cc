@@ -161,6 +161,18 @@ struct CoordinatorMetrics::Impl {
                                   .Help("Watch streams refused RESOURCE_EXHAUSTED, by the limit "
                                         "reached (per_identity, total).")
                                   .Register(*registry)),
+        lease_judgement_suspended(
+            prometheus::BuildCounter()
+                .Name("reshard_coordinator_lease_judgement_suspended_total")
+                .Help("Driver passes that judged no lease or stall because the coordinator "
+                      "doubted itself, by reason (late_pass, heartbeat_backlog, mass_expiry).")
+                .Register(*registry)),
+        lease_judgement_suspended_now(
+            prometheus::BuildGauge()
+                .Name("reshard_coordinator_lease_judgement_suspended")
+                .Help("1 while the leader judges no lease because it doubts itself.")
+                .Register(*registry)
+                .Add({})),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -186,6 +198,8 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Counter>& stop_free_bytes;
   prometheus::Family<prometheus::Gauge>& watch_streams;
   prometheus::Family<prometheus::Counter>& watch_streams_refused;
+  prometheus::Family<prometheus::Counter>& lease_judgement_suspended;
+  prometheus::Gauge& lease_judgement_suspended_now;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -215,6 +229,9 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
   for (const char* method : {"WatchJob", "WatchOperation"}) SetWatchStreams(method, 0);
   for (const char* limit : {"per_identity", "total"}) {
     impl_->watch_streams_refused.Add({{"limit", limit}});
+  }
+  for (const char* reason : {"late_pass", "heartbeat_backlog", "mass_expiry"}) {
+    impl_->lease_judgement_suspended.Add({{"reason", reason}});
   }
 }
 
@@ -257,6 +274,11 @@ void CoordinatorMetrics::SetWatchStreams(const std::string& method, int64_t coun
 
 void CoordinatorMetrics::WatchStreamRefused(const std::string& limit) {
   impl_->watch_streams_refused.Add({{"limit", limit}}).Increment();
+}
+
+void CoordinatorMetrics::LeaseJudgementSuspended(const std::string& reason) {
+  impl_->lease_judgement_suspended_now.Set(reason.empty() ? 0 : 1);
+  if (!reason.empty()) impl_->lease_judgement_suspended.Add({{"reason", reason}}).Increment();
 }
 
 void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {

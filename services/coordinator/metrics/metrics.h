@@ -59,6 +59,12 @@ class CoordinatorMetrics {
   /// reshard_coordinator_watch_streams_refused_total{limit="per_identity"|
   /// "total"} (counter: streams refused RESOURCE_EXHAUSTED by that limit).
   void WatchStreamRefused(const std::string& limit);
+  /// reshard_coordinator_lease_judgement_suspended_total{reason="late_pass"|
+  /// "heartbeat_backlog"|"mass_expiry"} (counter: driver passes that judged
+  /// no lease because the coordinator doubted itself, logic/lease_judge.h)
+  /// and reshard_coordinator_lease_judgement_suspended (gauge: 1 while it
+  /// does; `reason` "" clears it).
+  void LeaseJudgementSuspended(const std::string& reason);
 
   std::shared_ptr<prometheus::Registry> registry() const;
 

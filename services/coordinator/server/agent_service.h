@@ -57,6 +57,7 @@ class AgentServiceImpl final
   uint64_t poll_store_reads() { return waits_.store_reads(); }
   /// Heartbeat batches written so far.
   HeartbeatBatcher::Stats heartbeat_stats() { return heartbeats_.stats(); }
+  int64_t heartbeat_lag_ms() { return heartbeats_.LagMs(); }
 
  private:
   class WaitReactor;

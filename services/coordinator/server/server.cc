@@ -141,6 +141,11 @@ absl::Status CoordinatorServer::Start() {
   driver_options.replica_id = config_.replica_id;
   // After a failover, agents get one lease period to find the new leader.
   driver_options.lease_grace_ms = config_.lease_ms;
+  driver_options.tick_ms = config_.tick_ms;
+  // The agent service is made below, before the leader loop starts.
+  driver_options.heartbeat_lag_ms = [this] {
+    return agent_service_ != nullptr ? agent_service_->heartbeat_lag_ms() : 0;
+  };
   driver_ = std::make_unique<OperationDriver>(store_, &clock_, metrics_.get(), driver_options);
 
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =

@@ -96,6 +96,17 @@ absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
   return HostView(h.info, h.state, h.last_heartbeat_unix_ms, h.lease_expires_unix_ms);
 }
 
+absl::StatusOr<std::vector<std::string>> MemoryStore::ExpiredLeases(int64_t now_unix_ms) {
+  std::lock_guard<CallLock> l(mu_);
+  Ids expired;
+  for (const auto& [id, h] : hosts_) {
+    if (h.state == v1::HOST_STATE_ALIVE && h.lease_expires_unix_ms < now_unix_ms) {
+      expired.push_back(id);
+    }
+  }
+  return expired;  // by id (hosts_ is ordered)
+}
+
 absl::StatusOr<std::vector<std::string>> MemoryStore::ExpireLeases(int64_t now_unix_ms) {
   std::lock_guard<CallLock> l(mu_);
   Ids expired;

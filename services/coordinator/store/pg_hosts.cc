@@ -110,6 +110,12 @@ absl::StatusOr<v1::Host> PgStore::GetHost(const std::string& host_id) {
       });
 }
 
+absl::StatusOr<std::vector<std::string>> PgStore::ExpiredLeases(int64_t now_unix_ms) {
+  return pg::TransactFor<Ids>(*pool_, "ExpiredLeases", [&](pg::PgTx& tx) {
+    return absl::StatusOr<Ids>(FirstColumn(tx.Exec(pg::kExpiredLeases, now_unix_ms)));
+  });
+}
+
 absl::StatusOr<std::vector<std::string>> PgStore::ExpireLeases(int64_t now_unix_ms) {
   return pg::TransactFor<Ids>(*pool_, "ExpireLeases", [&](pg::PgTx& tx) {
     Ids ids = FirstColumn(tx.Exec(pg::kExpireLeases, now_unix_ms));

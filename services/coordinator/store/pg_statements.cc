@@ -73,6 +73,7 @@ const std::vector<Statement>& AllStatements() {
       kGetHosts,
       kHostStates,
       kSelectHost,
+      kExpiredLeases,
       kExpireLeases,
       kJobsOnHosts,
       // Retention

@@ -400,6 +400,10 @@ inline constexpr Statement kSelectHost{
 
 // Marks the hosts LOST and, for every job whose current generation places a
 // rank on one, records it in job_lost_hosts (in the same statement).
+inline constexpr Statement kExpiredLeases{
+    "expired_leases",
+    "SELECT id FROM hosts WHERE state = 1 AND lease_expires_unix_ms < $1 ORDER BY id"};
+
 inline constexpr Statement kExpireLeases{
     "expire_leases",
     "WITH expired AS (UPDATE hosts SET state = 2 WHERE state = 1 AND lease_expires_unix_ms < $1 "

@@ -212,6 +212,8 @@ class PgStore : public Store {
       const std::vector<HostHeartbeat>& beats) override;
   [[nodiscard]] absl::StatusOr<std::map<std::string, std::vector<std::string>>>
   AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
+      int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
       const std::vector<std::string>& host_ids) override;

@@ -491,6 +491,10 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) = 0;
   [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
+  /// ALIVE hosts whose lease ended before `now_unix_ms`, by id; changes
+  /// nothing (the leader judges them first: logic/lease_judge.h).
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ExpiredLeases(
+      int64_t now_unix_ms) = 0;
   /// Marks ALIVE hosts whose lease ended before `now_unix_ms` LOST and
   /// returns their ids.
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ExpireLeases(

@@ -399,6 +399,121 @@ TEST_P(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
   EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_DEGRADED);
 }
 
+// ---- Busy is not dead (issue 32): the leader doubts itself first ----------
+
+TEST_P(OperationDriverTest, MostHostsExpiringTogetherAreDeferredOneLeaseThenLost) {
+  const v1::Job job = Register(SmallJob("mass"));
+  RegisterAgents({"h0", "h1", "h2", "h3"});
+  // Only h0 heartbeats: three of four leases end in the same pass.
+  clock_.Advance(kLeaseMs / 2);
+  ASSERT_TRUE(Heartbeat("h0").ok());
+  clock_.Advance(kLeaseMs / 2 + 1);
+  Tick();
+  for (const std::string h : {"h1", "h2", "h3"}) {
+    EXPECT_EQ(store_->GetHost(h)->state(), v1::HOST_STATE_ALIVE) << h;
+  }
+  EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended_total",
+                        {{"reason", "mass_expiry"}}),
+            1);
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended", {}), 1);
+  // h1 and h2 were only cut off: they beat again within the deferral.
+  clock_.Advance(kLeaseMs / 2);
+  for (const std::string h : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(h).ok()) << h;
+  Tick();  // h3 alone of four is no mass expiry: judged at once
+  EXPECT_EQ(store_->GetHost("h3")->state(), v1::HOST_STATE_LOST);
+  for (const std::string h : {"h0", "h1", "h2"}) {
+    EXPECT_EQ(store_->GetHost(h)->state(), v1::HOST_STATE_ALIVE) << h;
+  }
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended", {}), 0);
+}
+
+TEST_P(OperationDriverTest, AMassExpiryThatStaysSilentIsLostAfterOneMoreLease) {
+  RegisterAgents({"h0", "h1", "h2"});
+  clock_.Advance(kLeaseMs + 1);
+  Tick();  // every lease ended at once: deferred
+  EXPECT_EQ(store_->GetHost("h0")->state(), v1::HOST_STATE_ALIVE);
+  clock_.Advance(kLeaseMs);
+  Tick();  // deferred for exactly one lease: still deferred
+  EXPECT_EQ(store_->GetHost("h0")->state(), v1::HOST_STATE_ALIVE);
+  clock_.Advance(1);
+  Tick();
+  for (const std::string h : {"h0", "h1", "h2"}) {
+    EXPECT_EQ(store_->GetHost(h)->state(), v1::HOST_STATE_LOST) << h;
+  }
+}
+
+TEST_P(OperationDriverTest, ALatePassJudgesNoLeaseUntilOneHeartbeatPeriodLater) {
+  OperationDriver::Options options;
+  options.tick_ms = 200;
+  driver_ = MakeDriver(store_, options);
+  ASSERT_TRUE(driver_->ResumeAll().ok());
+  RegisterAgents({"h0", "h1"});
+  // Past the new leader's grace (one lease), passes on time.
+  for (int i = 0; i < kLeaseMs / 200 + 5; ++i) {
+    ASSERT_TRUE(Heartbeat("h0").ok());
+    ASSERT_TRUE(Heartbeat("h1").ok());
+    clock_.Advance(200);
+    Tick();
+  }
+  // This process did not run for 8 s (a lease is 10): h1's beat of that
+  // time was never recorded, its lease ended meanwhile.
+  ASSERT_TRUE(Heartbeat("h0").ok());
+  clock_.Advance(8000);
+  ASSERT_TRUE(Heartbeat("h0").ok());
+  clock_.Advance(2000);
+  Tick();
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_ALIVE);
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended_total",
+                        {{"reason", "late_pass"}}),
+            1);
+  // Passes on time again: h1's queued beat arrives, it lives.
+  ASSERT_TRUE(Heartbeat("h1").ok());
+  for (int i = 0; i < 20; ++i) {
+    clock_.Advance(200);
+    ASSERT_TRUE(Heartbeat("h0").ok());
+    Tick();
+  }
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_ALIVE);
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended", {}), 0);
+  // A host that really went silent is still found: one lease after its
+  // last beat (and a pass).
+  for (int i = 0; i < kLeaseMs / 200 + 1; ++i) {
+    clock_.Advance(200);
+    ASSERT_TRUE(Heartbeat("h0").ok());
+    Tick();
+  }
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_LOST);
+  EXPECT_EQ(store_->GetHost("h0")->state(), v1::HOST_STATE_ALIVE);
+}
+
+TEST_P(OperationDriverTest, HeartbeatsWaitingToBeRecordedSuspendJudgement) {
+  int64_t backlog_ms = 0;
+  OperationDriver::Options options;
+  options.heartbeat_lag_ms = [&backlog_ms] { return backlog_ms; };
+  driver_ = MakeDriver(store_, options);
+  RegisterAgents({"h0", "h1"});
+  clock_.Advance(kLeaseMs / 2);
+  ASSERT_TRUE(Heartbeat("h0").ok());
+  clock_.Advance(kLeaseMs / 2 + 1);
+  backlog_ms = kLeaseMs / 4 + 1;  // h1's beat waits in the batcher
+  Tick();
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_ALIVE);
+  EXPECT_EQ(MetricValue("reshard_coordinator_lease_judgement_suspended_total",
+                        {{"reason", "heartbeat_backlog"}}),
+            1);
+  // Recorded: h1 lives. Then it goes silent for real and is judged.
+  ASSERT_TRUE(Heartbeat("h1").ok());
+  backlog_ms = 0;
+  Tick();
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_ALIVE);
+  clock_.Advance(kLeaseMs / 2);
+  ASSERT_TRUE(Heartbeat("h0").ok());
+  clock_.Advance(kLeaseMs / 2 + 1);
+  Tick();
+  EXPECT_EQ(store_->GetHost("h1")->state(), v1::HOST_STATE_LOST);
+}
+
 TEST_P(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
   constexpr int kJobs = 4;
   RegisterAgents({"h0", "h1", "h2"});

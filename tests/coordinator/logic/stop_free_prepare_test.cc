@@ -380,8 +380,8 @@ TEST_F(StopFreePrepareTest, AStalledOrRestartedHostAbortsThePrepare) {
   v1::Operation ended = Op(op.id());
   EXPECT_EQ(ended.state(), v1::OPERATION_STATE_ABORTED);
   EXPECT_EQ(ended.error(),
-            "host \"h2\" made no progress in its prepare for 20001 ms (stall_timeout_ms 20000): "
-            "its task was never fetched");
+            "host \"h2\" made no progress in its prepare for 20001 ms, nor did any other host of "
+            "the operation (stall_timeout_ms 20000): its task was never fetched");
   EXPECT_EQ(Job(job.id()).generation(), 1);
   EXPECT_THAT(Discarded("h2"), ElementsAre(3));
 

@@ -182,6 +182,39 @@ TEST_F(HeartbeatBatchTest, TheBatcherWritesAFullBatchWithOneStoreCall) {
   EXPECT_EQ(late, absl::StatusCode::kUnavailable);
 }
 
+// LagMs (what the leader reads before judging leases, lease_judge.h) is the
+// age of the oldest beat not yet answered: 0 when none waits, growing while
+// one is queued, 0 again once its batch is answered.
+TEST_F(HeartbeatBatchTest, LagIsTheAgeOfTheOldestBeatNotYetAnswered) {
+  RegisterAgents({"h0", "h1"});
+  HeartbeatBatcher::Options options;
+  options.max_wait_ms = 600000;  // the first beat waits for a full batch
+  options.max_batch = 2;
+  HeartbeatBatcher batcher(agents_.get(), options);
+  EXPECT_EQ(batcher.LagMs(), 0);
+  std::mutex mu;
+  int answered = 0;
+  auto count = [&](HeartbeatBatcher::Answer answer) {
+    EXPECT_TRUE(answer.ok()) << answer.status();
+    std::lock_guard<std::mutex> l(mu);
+    ++answered;
+  };
+  const auto submitted = std::chrono::steady_clock::now();
+  batcher.Submit(Request("h0", epochs_["h0"]), count);
+  ASSERT_TRUE(Eventually([&] { return batcher.LagMs() >= 100; }));
+  const int64_t lag = batcher.LagMs();
+  const int64_t waited = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             std::chrono::steady_clock::now() - submitted)
+                             .count();
+  EXPECT_LE(lag, waited);
+  batcher.Submit(Request("h1", epochs_["h1"]), count);  // fills the batch
+  ASSERT_TRUE(Eventually([&] {
+    std::lock_guard<std::mutex> l(mu);
+    return answered == 2;
+  }));
+  EXPECT_TRUE(Eventually([&] { return batcher.LagMs() == 0; }));
+}
+
 // One agent's bad beat (a NUL byte in held_jobs, from a registered host and
 // from one nobody registered) lands in the same batch as every live host's:
 // it alone is refused, INVALID_ARGUMENT naming the field and value, and
