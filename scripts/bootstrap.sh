@@ -24,6 +24,7 @@ PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev libxxhash-dev libssl-dev
   openssl postgresql prometheus nginx-light sshfs openssh-sftp-server python3 python3-venv
   util-linux  # setpriv: the local cluster starts its processes through it
+  stress-ng   # bench/load: the product beside CPU, memory and thread-churn hogs
 )
 
 install_debian_packages() {

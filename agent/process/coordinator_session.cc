@@ -14,7 +14,8 @@
 namespace reshard::agent {
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::string& target,
-                                                                  const TlsFiles& tls) {
+                                                                  const TlsFiles& tls,
+                                                                  bool own_connection) {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
       MakeChannelCredentials(tls);
   if (!credentials.ok()) return credentials.status();
@@ -22,7 +23,10 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
     RESHARD_LOG(WARNING) << "--insecure: plaintext to the coordinator at " << target
                          << "; anyone on the path can read and forge this host's reports";
   }
-  return grpc::CreateChannel(target, *credentials);
+  if (!own_connection) return grpc::CreateChannel(target, *credentials);
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(target, *credentials, args);
 }
 
 using session_rpc::NextBackoffMs;
@@ -40,9 +44,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 CoordinatorSession::CoordinatorSession(Options options, std::shared_ptr<grpc::Channel> channel,
                                        ShardStore* store, TaskExecutor* executor,
-                                       Transport* transport)
+                                       Transport* transport,
+                                       std::shared_ptr<grpc::Channel> heartbeat_channel)
     : options_(std::move(options)),
       stub_(v1::AgentService::NewStub(channel)),
+      heartbeat_stub_(v1::AgentService::NewStub(heartbeat_channel != nullptr ? heartbeat_channel
+                                                                             : channel)),
       store_(store),
       executor_(executor),
       transport_(transport) {}
@@ -179,6 +186,9 @@ absl::Status CoordinatorSession::Register() {
 void CoordinatorSession::Loop() {
   bool registered = false;
   int backoff_ms = 100;
+  // When this heartbeat should have left (the previous one's send plus its
+  // period); how much later it leaves is the agent's own scheduling lag.
+  std::chrono::steady_clock::time_point planned{};
   while (!stopping_.load()) {
     if (!registered) {
       const auto register_sent = std::chrono::steady_clock::now();
@@ -204,11 +214,20 @@ void CoordinatorSession::Loop() {
     req.set_epoch(epoch_.load());
     req.set_memory_used_bytes(store_->used_bytes());
     for (std::string& job : HeldJobs()) req.add_held_jobs(std::move(job));
+    if (options_.metrics != nullptr) req.set_bytes_written(options_.metrics->bytes_written());
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      req.set_tasks_running(static_cast<int32_t>(ops_.size()));
+    }
     v1::HeartbeatResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     const auto heartbeat_sent = std::chrono::steady_clock::now();
-    absl::Status s = FromGrpc(stub_->Heartbeat(&ctx, req, &resp));
+    if (planned != std::chrono::steady_clock::time_point{} && heartbeat_sent > planned) {
+      req.set_scheduling_lag_ms(
+          std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_sent - planned).count());
+    }
+    absl::Status s = FromGrpc(heartbeat_stub_->Heartbeat(&ctx, req, &resp));
     NoteReach(s, heartbeat_sent);
     if (options_.metrics != nullptr) options_.metrics->HeartbeatDone(s.ok());
     int period = options_.heartbeat_ms > 0
@@ -230,7 +249,13 @@ void CoordinatorSession::Loop() {
       backoff_ms = NextBackoffMs(backoff_ms);
     }
     ReapFinished();
-    if (!Sleep(period)) break;
+    planned = heartbeat_sent + std::chrono::milliseconds(period);
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= planned) continue;  // late already: beat at once
+    if (!Sleep(static_cast<int>(
+            std::chrono::duration_cast<std::chrono::milliseconds>(planned - now).count()))) {
+      break;
+    }
   }
 }
 

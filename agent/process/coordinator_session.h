@@ -52,8 +52,10 @@ grpc::Status ToGrpc(const absl::Status& s);
 /// The channel to the coordinator at `target` (host:port): mutual TLS with
 /// this host's certificate, or plaintext when `tls.insecure` (a warning is
 /// logged). InvalidArgument naming the flag when the files do not do.
+/// `own_connection`: a connection of its own, shared with no other channel
+/// (the heartbeat's: it never queues behind task and progress calls).
 [[nodiscard]] absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(
-    const std::string& target, const TlsFiles& tls);
+    const std::string& target, const TlsFiles& tls, bool own_connection = false);
 
 class CoordinatorSession {
  public:
@@ -83,8 +85,11 @@ class CoordinatorSession {
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.
+  /// Heartbeats go over `heartbeat_channel` (its own connection, so that
+  /// they never wait behind other calls), else over `channel`.
   CoordinatorSession(Options options, std::shared_ptr<grpc::Channel> channel, ShardStore* store,
-                     TaskExecutor* executor, Transport* transport);
+                     TaskExecutor* executor, Transport* transport,
+                     std::shared_ptr<grpc::Channel> heartbeat_channel = nullptr);
   ~CoordinatorSession();
 
   /// Starts the heartbeat thread; it registers first.
@@ -183,6 +188,7 @@ class CoordinatorSession {
 
   const Options options_;
   std::unique_ptr<v1::AgentService::Stub> stub_;
+  std::unique_ptr<v1::AgentService::Stub> heartbeat_stub_;
   ShardStore* store_;
   TaskExecutor* executor_;
   Transport* transport_;

@@ -171,6 +171,9 @@ int main(int argc, char** argv) {
       CoordinatorChannel(config->coordinator, config->tls);
   if (!coordinator_channel.ok()) return Fail(std::string(coordinator_channel.status().message()));
   std::shared_ptr<grpc::Channel> channel = *coordinator_channel;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> heartbeat_channel =
+      CoordinatorChannel(config->coordinator, config->tls, /*own_connection=*/true);
+  if (!heartbeat_channel.ok()) return Fail(std::string(heartbeat_channel.status().message()));
 
   CoordinatorSession::Options session_options;
   session_options.host_id = config->host_id;
@@ -183,7 +186,8 @@ int main(int argc, char** argv) {
   session_options.device_comm = comm.get();
   session_options.device_ipc = config->device_ipc;
   session_options.coordinator_reach = &coordinator_reach;
-  CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get());
+  CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get(),
+                             *heartbeat_channel);
   // Connecting to a unix socket needs write permission on it: the group and
   // mode say which training processes may (docs/security.md, "Workers").
   // The agent accepts the connections itself to learn each caller's

@@ -234,6 +234,19 @@ absl::StatusOr<v1::HeartbeatResponse> AgentApi::Heartbeat(const v1::HeartbeatReq
   return std::move(HeartbeatMany({&request}).front());
 }
 
+void AgentApi::NoteAgentHealth(const v1::HeartbeatRequest& request) {
+  const int64_t lag_ms = request.scheduling_lag_ms();
+  if (metrics_ != nullptr) metrics_->AgentHeartbeatLag(static_cast<double>(lag_ms) / 1000.0);
+  // A third of a lease late is a whole heartbeat period missed: a busy host,
+  // kept (docs/coordinator.md, "Busy is not dead"), and worth a line.
+  if (lag_ms > options_.lease_ms / 3) {
+    RESHARD_LOG(WARNING) << "host=" << request.host_id() << " busy: its heartbeat left " << lag_ms
+                         << " ms late (lease " << options_.lease_ms << " ms), "
+                         << request.tasks_running() << " tasks running, "
+                         << request.bytes_written() << " bytes written so far";
+  }
+}
+
 std::vector<absl::StatusOr<v1::HeartbeatResponse>> AgentApi::HeartbeatMany(
     const std::vector<const v1::HeartbeatRequest*>& requests) {
   std::vector<absl::StatusOr<v1::HeartbeatResponse>> answers(requests.size());
@@ -257,6 +270,7 @@ std::vector<absl::StatusOr<v1::HeartbeatResponse>> AgentApi::HeartbeatMany(
     beat.now_unix_ms = now;
     beat.lease_expires_unix_ms = now + options_.lease_ms;
     beat.held_jobs.assign(request.held_jobs().begin(), request.held_jobs().end());
+    NoteAgentHealth(request);
     beats.push_back(std::move(beat));
     beat_of.push_back(i);
   }

@@ -101,6 +101,9 @@ class AgentApi {
   const Options& options() const { return options_; }
 
  private:
+  /// Exports the agent's own scheduling lag and logs a host that is late by
+  /// a heartbeat period or more.
+  void NoteAgentHealth(const v1::HeartbeatRequest& request);
   /// The answer to `host_id`'s report of `state` for `op` (as read now), an
   /// operation that left TRANSFERRING: taken when it is a DONE for a
   /// COMMITTED operation whose row of the host is DONE (a retry of the report

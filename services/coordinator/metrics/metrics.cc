@@ -173,6 +173,13 @@ struct CoordinatorMetrics::Impl {
                 .Help("1 while the leader judges no lease because it doubts itself.")
                 .Register(*registry)
                 .Add({})),
+        heartbeat_lag(prometheus::BuildHistogram()
+                          .Name("reshard_coordinator_agent_heartbeat_lag_seconds")
+                          .Help("How much later than planned agents' heartbeats left, as each "
+                                "agent measured its own scheduling lag.")
+                          .Register(*registry)
+                          .Add({}, prometheus::Histogram::BucketBoundaries{
+                                       0.01, 0.05, 0.1, 0.5, 1, 2, 5, 10, 30})),
         planned_local(planned_bytes.Add({{"locality", "local"}})),
         planned_cross_host(planned_bytes.Add({{"locality", "cross_host"}})),
         lost_hosts_jobs(jobs_with_lost_hosts.Add({})),
@@ -200,6 +207,7 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Counter>& watch_streams_refused;
   prometheus::Family<prometheus::Counter>& lease_judgement_suspended;
   prometheus::Gauge& lease_judgement_suspended_now;
+  prometheus::Histogram& heartbeat_lag;
   // Series without variable labels, created once so that they are exported
   // (as 0) before anything happens.
   prometheus::Counter& planned_local;
@@ -280,6 +288,8 @@ void CoordinatorMetrics::LeaseJudgementSuspended(const std::string& reason) {
   impl_->lease_judgement_suspended_now.Set(reason.empty() ? 0 : 1);
   if (!reason.empty()) impl_->lease_judgement_suspended.Add({{"reason", reason}}).Increment();
 }
+
+void CoordinatorMetrics::AgentHeartbeatLag(double seconds) { impl_->heartbeat_lag.Observe(seconds); }
 
 void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {
   if (local > 0) impl_->planned_local.Increment(static_cast<double>(local));

@@ -65,6 +65,9 @@ class CoordinatorMetrics {
   /// and reshard_coordinator_lease_judgement_suspended (gauge: 1 while it
   /// does; `reason` "" clears it).
   void LeaseJudgementSuspended(const std::string& reason);
+  /// reshard_coordinator_agent_heartbeat_lag_seconds (histogram: how much
+  /// later than planned each agent's heartbeat left, as the agent measured).
+  void AgentHeartbeatLag(double seconds);
 
   std::shared_ptr<prometheus::Registry> registry() const;
 

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <optional>
+#include <thread>
 
 #include "tests/agent/e2e/e2e_fixture.h"
 #include "tests/coordinator/server/scrape.h"
@@ -206,6 +207,67 @@ TEST_F(LivenessE2eTest, HostStoppedPastItsLeaseGivesTheJobBackWhenItContinues) {
   }));
   absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
   EXPECT_TRUE(v.ok()) << v;
+}
+
+// ---- Issue 32: busy is not dead ------------------------------------------------
+
+// A lease of 3 s (heartbeats every second): an agent frozen for 1.5 s misses
+// a heartbeat period but never its lease.
+class BusyHostTest : public LivenessE2eTest {
+ protected:
+  int LeaseMs() const override { return 3000; }
+
+  // Heartbeats whose agent measured them leaving more than 100 ms late.
+  std::optional<double> LateHeartbeats() {
+    const std::optional<double> all =
+        CoordinatorMetric("reshard_coordinator_agent_heartbeat_lag_seconds_count", {});
+    const std::optional<double> on_time =
+        CoordinatorMetric("reshard_coordinator_agent_heartbeat_lag_seconds_bucket", {{"le", "0.1"}});
+    if (!all.has_value() || !on_time.has_value()) return std::nullopt;
+    return *all - *on_time;
+  }
+
+  std::optional<v1::Host> HostNamed(const std::string& id) {
+    v1::ListHostsResponse resp;
+    grpc::ClientContext ctx;
+    if (!stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) return std::nullopt;
+    for (const v1::Host& h : resp.hosts()) {
+      if (h.host_id() == id) return h;
+    }
+    return std::nullopt;
+  }
+};
+
+TEST_F(BusyHostTest, AnAgentFrozenForAHeartbeatPeriodIsSlowNotLost) {
+  ASSERT_NO_FATAL_FAILURE(ReplicatedJobAtGeneration2());
+  const std::optional<v1::Host> before = HostNamed("h1");
+  ASSERT_TRUE(before.has_value());
+  ASSERT_EQ(before->state(), v1::HOST_STATE_ALIVE);
+  const std::optional<double> registrations =
+      AgentMetric("h1", "reshard_agent_registrations_total", {{"result", "ok"}});
+  ASSERT_TRUE(registrations.has_value());
+  const std::optional<double> late_before = LateHeartbeats();
+  ASSERT_TRUE(late_before.has_value());
+  // The fault itself lasts 1.5 s: the agent's process gets no CPU at all.
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
+  std::this_thread::sleep_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(1500));
+  ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
+  // Its next heartbeat tells how late it left (between 0.5 and 1.5 s).
+  EXPECT_TRUE(WaitFor([&] {
+    const std::optional<double> late = LateHeartbeats();
+    return late.has_value() && *late > *late_before;
+  }));
+  const std::optional<v1::Host> after = HostNamed("h1");
+  ASSERT_TRUE(after.has_value());
+  EXPECT_EQ(after->state(), v1::HOST_STATE_ALIVE);
+  EXPECT_EQ(AgentMetric("h1", "reshard_agent_registrations_total", {{"result", "ok"}}),
+            registrations)
+      << "the host was marked LOST and its agent registered again";
+  const v1::Job job = GetJob();
+  EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
+  EXPECT_TRUE(job.lost_hosts().empty());
+  EXPECT_EQ(CoordinatorMetric("reshard_coordinator_hosts", {{"state", "lost"}}),
+            std::optional<double>(0));
 }
 
 TEST_F(LivenessE2eTest, HostBackWithoutItsShardsStaysLostUntilRecovered) {
