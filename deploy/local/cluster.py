@@ -39,6 +39,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pki import Pki  # noqa: E402
 
 
+# reshard-coordinator's defaults for --lease-ms and --tick-ms.
+DEFAULT_LEASE_MS = 10000
+DEFAULT_TICK_MS = 200
+
+
 class ClusterError(RuntimeError):
     """A part of the local cluster could not be started."""
 
@@ -211,7 +216,7 @@ class LocalCluster:
     ADMIN = "admin:local"
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
-                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=3000, tick_ms=100, log=None,
+                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=None, tick_ms=None, log=None,
                  tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None,
                  coordinator_args=(), agent_device=None):
         self.build_dir = os.path.abspath(build_dir)
@@ -237,6 +242,12 @@ class LocalCluster:
         # Pre-zeroed shared memory each agent keeps ready (reshard-agent
         # --spare-bytes); off by default so that test clusters stay small.
         self.spare_bytes = spare_bytes
+        # The coordinator's own defaults (a 10 s lease, 200 ms ticks), as
+        # deployed, unless the caller or the environment says otherwise: the
+        # test suites set RESHARD_LOCAL_LEASE_MS / RESHARD_LOCAL_TICK_MS (3 s,
+        # 100 ms) so that a host they kill is found fast.
+        lease_ms = lease_ms or int(os.environ.get("RESHARD_LOCAL_LEASE_MS") or DEFAULT_LEASE_MS)
+        tick_ms = tick_ms or int(os.environ.get("RESHARD_LOCAL_TICK_MS") or DEFAULT_TICK_MS)
         self.lease_ms = lease_ms
         # How often an agent heartbeats, which is also how soon it picks up a
         # new task (default: a third of the lease). A training job that

@@ -36,8 +36,8 @@ struct CoordinatorConfig {
   int64_t lease_ms = 10000;
   /// TRANSFERRING longer than this: ABORTED.
   int64_t transfer_timeout_ms = 30 * 60 * 1000;
-  /// A host's unfinished task without progress (state or bytes_done
-  /// unchanged) this long: its operation is ABORTED naming the host.
+  /// An operation none of whose hosts' tasks progressed (state or
+  /// bytes_done changed) this long: ABORTED naming its first waiting host.
   int64_t stall_timeout_ms = 20000;
   /// Period of the leader's OperationDriver::Tick.
   int tick_ms = 200;
