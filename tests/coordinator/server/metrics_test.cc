@@ -53,6 +53,11 @@ TEST(MetricsTest, FamiliesAndLabels) {
   metrics.RpcDone("GetJob", "NOT_FOUND", 0.003);
   metrics.StoreStatement("get_job", 0.0004);
   metrics.SetLeader(true);
+  metrics.LeaseJudgementSuspended("late_pass");
+  metrics.LeaseJudgementSuspended("late_pass");
+  metrics.LeaseJudgementSuspended("mass_expiry");
+  metrics.AgentHeartbeatLag(0.002);
+  metrics.AgentHeartbeatLag(1.5);
 
   const std::vector<prometheus::MetricFamily> collected = registry->Collect();
   auto families = ByName(collected);
@@ -68,7 +73,10 @@ TEST(MetricsTest, FamiliesAndLabels) {
                                           "reshard_coordinator_oldest_active_operation_seconds",
                                           "reshard_coordinator_leader",
                                           "reshard_coordinator_watch_streams",
-                                          "reshard_coordinator_watch_streams_refused_total"};
+                                          "reshard_coordinator_watch_streams_refused_total",
+                                          "reshard_coordinator_lease_judgement_suspended_total",
+                                          "reshard_coordinator_lease_judgement_suspended",
+                                          "reshard_coordinator_agent_heartbeat_lag_seconds"};
   std::set<std::string> names;
   for (const auto& f : collected) {
     EXPECT_TRUE(names.insert(f.name).second) << f.name << " registered twice";
@@ -108,6 +116,18 @@ TEST(MetricsTest, FamiliesAndLabels) {
     EXPECT_GE(m.histogram.bucket.size(), 10u);  // sub-millisecond to seconds
   }
   EXPECT_EQ(ok_count, 2u);
+  // Every reason exists from the start; the gauge says the last pass was suspended.
+  const auto& suspended = *families["reshard_coordinator_lease_judgement_suspended_total"];
+  ASSERT_EQ(suspended.metric.size(), 3u);
+  for (const auto& m : suspended.metric) {
+    const std::string reason = Labels(m).at("reason");
+    EXPECT_EQ(m.counter.value, reason == "late_pass" ? 2 : reason == "mass_expiry" ? 1 : 0)
+        << reason;
+  }
+  EXPECT_EQ(families["reshard_coordinator_lease_judgement_suspended"]->metric.at(0).gauge.value, 1);
+  const auto& lag = families["reshard_coordinator_agent_heartbeat_lag_seconds"]->metric.at(0);
+  EXPECT_EQ(lag.histogram.sample_count, 2u);
+  EXPECT_DOUBLE_EQ(lag.histogram.sample_sum, 1.502);
   EXPECT_EQ(families["reshard_coordinator_leader"]->metric.at(0).gauge.value, 1);
   metrics.SetLeader(false);
   EXPECT_EQ(ByName(registry->Collect())["reshard_coordinator_leader"]->metric.at(0).gauge.value, 0);
