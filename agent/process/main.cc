@@ -31,6 +31,7 @@
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"
+#include "common/runtime.h"
 #include "common/signals.h"
 #include "grpcpp/grpcpp.h"
 #include "prometheus/exposer.h"
@@ -47,6 +48,7 @@ int Fail(const std::string& what) {
 
 int main(int argc, char** argv) {
   using namespace reshard::agent;
+  reshard::UseReleaseRuntime();
   // gRPC advances a reconnect (TCP connect, TLS handshake) of a channel with
   // no call in flight only from its backup poller, every 5 s by default; a
   // TLS reconnect to a restarted coordinator then takes several polls.

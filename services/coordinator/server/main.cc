@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "common/runtime.h"
 #include "common/signals.h"
 #include "services/coordinator/server/config.h"
 #include "services/coordinator/server/server.h"
@@ -53,6 +54,7 @@ int RunServe(const reshard::coordinator::CoordinatorConfig& config) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  reshard::UseReleaseRuntime();
   const std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<CommandLine> cl =
       reshard::coordinator::ParseCommandLine(args, reshard::coordinator::ProcessEnv());
