@@ -23,6 +23,9 @@ constexpr int kAdvanceAttempts = 8;
 // Prometheus scrapes every few seconds; counting jobs every tick would only
 // load the database.
 constexpr int64_t kGaugePeriodMs = 1000;
+// Every host's state is read at most this often (driver_hosts.h): with the
+// gauges' period, since they count every host.
+constexpr int64_t kHostsRefreshMs = kGaugePeriodMs;
 
 }  // namespace
 
@@ -32,11 +35,8 @@ OperationDriver::OperationDriver(StorePtr store, const Clock* clock, Coordinator
       clock_(clock),
       metrics_(metrics),
       options_(std::move(options)),
-      judge_(LeaseJudge::Options{options_.lease_grace_ms, options_.tick_ms}) {}
-
-absl::StatusOr<OperationDriver::HostMap> OperationDriver::LoadHosts() {
-  return store_->HostStates();
-}
+      judge_(LeaseJudge::Options{options_.lease_grace_ms, options_.tick_ms}),
+      hosts_(store_.get(), kHostsRefreshMs) {}
 
 absl::Status OperationDriver::ResumeAll() {
   const int64_t now = clock_->NowUnixMs();
@@ -54,9 +54,8 @@ absl::Status OperationDriver::ResumeAll() {
     RESHARD_LOG(INFO) << "job=" << record->op.job_id() << " operation=" << id << " resumed in "
                       << StateName(record->op.state());
   }
-  absl::StatusOr<HostMap> hosts = LoadHosts();
-  if (!hosts.ok()) return hosts.status();
-  return AdvanceAll(*hosts, now);
+  if (absl::Status s = hosts_.Refresh(now, /*force=*/true); !s.ok()) return s;
+  return AdvanceAll(hosts_, now);
 }
 
 absl::Status OperationDriver::Tick() {
@@ -67,18 +66,24 @@ absl::Status OperationDriver::Tick() {
   // restart rather than count that time against the hosts.
   if (judge_.last_pass_was_late()) resumed_at_ms_ = std::max(resumed_at_ms_, now);
   judging_stalls_ = pass.judge;
-  absl::StatusOr<HostMap> hosts = LoadHosts();
-  if (!hosts.ok()) return hosts.status();
+  if (absl::Status s = hosts_.Refresh(now, /*force=*/false); !s.ok()) return s;
+  // Leases are read once per period: a kick (an agent's final report, a new
+  // operation) runs a pass at once to advance operations, not to re-read
+  // every host's lease.
+  const bool leases_due = options_.tick_ms <= 0 || now - leases_read_ms_ >= options_.tick_ms;
   if (!pass.judge) {
     NoteSuspension(pass);
+  } else if (!leases_due) {
+    // judged a moment ago
   } else if (now >= leases_enforced_from_ms_) {
-    if (absl::Status s = JudgeLeases(&*hosts, now); !s.ok()) return s;
+    leases_read_ms_ = now;
+    if (absl::Status s = JudgeLeases(now); !s.ok()) return s;
   } else {
     NoteSuspension(LeaseJudge::Verdict{});
   }
   // Operations first: aborting one returns its job to DEGRADED in the same
   // transaction, and only jobs left ACTIVE need marking afterwards.
-  absl::Status advanced = AdvanceAll(*hosts, now);
+  absl::Status advanced = AdvanceAll(hosts_, now);
   if (!hosts_to_degrade_.empty()) {
     absl::Status degraded = DegradeJobsOn(hosts_to_degrade_);
     if (degraded.ok()) {
@@ -87,22 +92,21 @@ absl::Status OperationDriver::Tick() {
       advanced = degraded;
     }
   }
-  RefreshGauges(*hosts, now);
+  RefreshGauges(now);
   return advanced;
 }
 
-absl::Status OperationDriver::JudgeLeases(HostMap* hosts, int64_t now) {
+absl::Status OperationDriver::JudgeLeases(int64_t now) {
   absl::StatusOr<std::vector<std::string>> ended = store_->ExpiredLeases(now);
   if (!ended.ok()) return ended.status();
   if (ended->empty()) {
     NoteSuspension(judge_.Expiries(now, 0, 0));
     return absl::OkStatus();
   }
-  const int64_t alive = std::count_if(hosts->begin(), hosts->end(), [](const auto& h) {
-    return h.second == v1::HOST_STATE_ALIVE;
-  });
+  // The mass-expiry rule weighs them against the hosts ALIVE now.
+  if (absl::Status s = hosts_.Refresh(now, /*force=*/true); !s.ok()) return s;
   const LeaseJudge::Verdict verdict =
-      judge_.Expiries(now, static_cast<int64_t>(ended->size()), alive);
+      judge_.Expiries(now, static_cast<int64_t>(ended->size()), hosts_.alive());
   NoteSuspension(verdict);
   if (!verdict.judge) {
     judging_stalls_ = false;  // the same doubt: their reports may not arrive either
@@ -114,7 +118,7 @@ absl::Status OperationDriver::JudgeLeases(HostMap* hosts, int64_t now) {
   for (const std::string& host : *expired) {
     RESHARD_LOG(WARNING) << "host=" << host << " lease expired: marked LOST";
     hosts_to_degrade_.insert(host);
-    (*hosts)[host] = v1::HOST_STATE_LOST;
+    hosts_.MarkLost(host);
   }
   return absl::OkStatus();
 }
@@ -138,7 +142,7 @@ void OperationDriver::NoteSuspension(const LeaseJudge::Verdict& verdict) {
   suspended_ = now_reason;
 }
 
-absl::Status OperationDriver::AdvanceAll(const HostMap& hosts, int64_t now) {
+absl::Status OperationDriver::AdvanceAll(HostMap& hosts, int64_t now) {
   absl::StatusOr<std::vector<std::string>> active = store_->ListActiveOperations();
   if (!active.ok()) return active.status();
   absl::Status first_error;
@@ -152,7 +156,7 @@ absl::Status OperationDriver::AdvanceAll(const HostMap& hosts, int64_t now) {
   return first_error;
 }
 
-absl::Status OperationDriver::Advance(const std::string& operation_id, const HostMap& hosts,
+absl::Status OperationDriver::Advance(const std::string& operation_id, HostMap& hosts,
                                       int64_t now) {
   std::optional<OpPhase> moved_from;
   for (int attempt = 0; attempt < kAdvanceAttempts; ++attempt) {
@@ -256,7 +260,7 @@ absl::Status OperationDriver::DegradeJobsOn(const std::set<std::string>& lost_ho
   return absl::OkStatus();
 }
 
-void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
+void OperationDriver::RefreshGauges(int64_t now) {
   if (metrics_ == nullptr) return;
   if (gauges_refreshed_ms_ != 0 && now - gauges_refreshed_ms_ < kGaugePeriodMs) return;
   absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> counts = store_->CountJobsByState();
@@ -274,7 +278,7 @@ void OperationDriver::RefreshGauges(const HostMap& hosts, int64_t now) {
   std::map<v1::HostState, int64_t> host_counts = {{v1::HOST_STATE_ALIVE, 0},
                                                   {v1::HOST_STATE_LOST, 0}};
   std::vector<std::string> lost;
-  for (const auto& [id, state] : hosts) {
+  for (const auto& [id, state] : hosts_.all()) {
     ++host_counts[state];
     if (state == v1::HOST_STATE_LOST) lost.push_back(id);
   }

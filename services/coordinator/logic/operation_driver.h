@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "services/coordinator/clock.h"
+#include "services/coordinator/logic/driver_hosts.h"
 #include "services/coordinator/logic/lease_judge.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
@@ -63,19 +64,20 @@ class OperationDriver {
   [[nodiscard]] absl::Status ResumeAll();
 
   /// One pass: mark hosts whose lease expired LOST (aborting the operations
-  /// that need them, marking their jobs DEGRADED), then advance every active
-  /// operation as far as it can go now. Refreshes the job/host gauges.
+  /// that need them, marking their jobs DEGRADED; leases are read at most
+  /// once per tick_ms, so a pass run early by a kick skips them), then
+  /// advance every active operation as far as it can go now. Refreshes the
+  /// job/host gauges.
   [[nodiscard]] absl::Status Tick();
 
  private:
-  using HostMap = std::map<std::string, v1::HostState>;  // every registered host
+  using HostMap = DriverHosts;  // the hosts' states (driver_hosts.h)
 
-  [[nodiscard]] absl::StatusOr<HostMap> LoadHosts();
   /// Advances every active operation; errors of one do not stop the others.
-  [[nodiscard]] absl::Status AdvanceAll(const HostMap& hosts, int64_t now);
+  [[nodiscard]] absl::Status AdvanceAll(HostMap& hosts, int64_t now);
   /// Moves one operation as far as it goes now, re-reading it whenever the
   /// store says it moved under us.
-  [[nodiscard]] absl::Status Advance(const std::string& operation_id, const HostMap& hosts,
+  [[nodiscard]] absl::Status Advance(const std::string& operation_id, HostMap& hosts,
                                      int64_t now);
   // One step per active phase (operation_steps.cc; Advance dispatches by
   // PhaseOf): true when the operation moved on, false when there is nothing
@@ -86,30 +88,30 @@ class OperationDriver {
                                                          int64_t now);
   [[nodiscard]] absl::StatusOr<bool> PlanOperation(const OperationRecord& record, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> StartTransfer(const OperationRecord& record,
-                                                   const HostMap& hosts, int64_t now);
+                                                   HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> AwaitCutOver(const OperationRecord& record,
-                                                  const HostMap& hosts, int64_t now);
+                                                  HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> CheckTransfer(const OperationRecord& record,
-                                                   const HostMap& hosts, int64_t now);
+                                                   HostMap& hosts, int64_t now);
   // A stop-free operation's agents prepare (prepare_steps.cc; docs/
   // coordinator.md, "Agents prepare"): the prepare phase's start and watch,
   // and the transfer after the cut-over without the unchanged steps.
   [[nodiscard]] absl::StatusOr<bool> StartPrepare(const OperationRecord& record,
-                                                  const HostMap& hosts, int64_t now);
+                                                  HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> CheckPrepare(const OperationRecord& record,
-                                                  const HostMap& hosts, int64_t now);
+                                                  HostMap& hosts, int64_t now);
   [[nodiscard]] absl::StatusOr<bool> StartPreparedTransfer(const OperationRecord& record,
-                                                           const HostMap& hosts, int64_t now);
+                                                           HostMap& hosts, int64_t now);
   /// Why the hosts' rows of an operation abort it, if they do: a FAILED
   /// host, a lost one, or an unfinished one (not DONE; not PREPARED when
   /// `preparing`) without progress for stall_timeout_ms.
-  std::optional<std::string> HostTrouble(const std::vector<HostProgress>& rows,
-                                         const HostMap& hosts, int64_t now, bool preparing) const;
+  [[nodiscard]] absl::StatusOr<std::optional<std::string>> HostTrouble(
+      const std::vector<HostProgress>& rows, HostMap& hosts, int64_t now, bool preparing) const;
   /// The hosts of `bytes` as ASSIGNED rows; sets `no_agent` (the abort's
   /// reason) when one has no live agent.
-  static std::vector<HostProgress> AssignedRows(const std::map<std::string, int64_t>& bytes,
-                                                const HostMap& hosts, int64_t now,
-                                                std::string* no_agent);
+  [[nodiscard]] static absl::StatusOr<std::vector<HostProgress>> AssignedRows(
+      const std::map<std::string, int64_t>& bytes, HostMap& hosts, int64_t now,
+      std::string* no_agent);
   /// Moves the operation from its state to a final one with `error` (empty
   /// for COMMITTED) and records the metrics.
   [[nodiscard]] absl::Status Finish(const v1::Operation& op, v1::OperationState to,
@@ -117,10 +119,10 @@ class OperationDriver {
   /// Jobs whose current generation uses `lost_hosts` and that no operation
   /// holds become DEGRADED (unless their hosts came back meanwhile).
   [[nodiscard]] absl::Status DegradeJobsOn(const std::set<std::string>& lost_hosts);
-  void RefreshGauges(const HostMap& hosts, int64_t now);
+  void RefreshGauges(int64_t now);
   /// Marks the hosts whose lease ended LOST, unless the judge defers them
   /// (a mass expiry); updates `hosts` to match.
-  [[nodiscard]] absl::Status JudgeLeases(HostMap* hosts, int64_t now);
+  [[nodiscard]] absl::Status JudgeLeases(int64_t now);
   /// Logs and exports a change of whether (and why) judgement is suspended.
   void NoteSuspension(const LeaseJudge::Verdict& verdict);
 
@@ -137,6 +139,8 @@ class OperationDriver {
   // Tick until the store accepts it).
   std::set<std::string> hosts_to_degrade_;
   int64_t gauges_refreshed_ms_ = 0;
+  int64_t leases_read_ms_ = 0;  // the last pass that judged leases
+  HostMap hosts_;
 };
 
 }  // namespace reshard::coordinator

@@ -106,15 +106,16 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
 // PLANNED (stop-the-world), and a LEGACY_CUTTING_OVER one whose cut-over
 // committed: the transfer of the whole plan.
 absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& record,
-                                                    const HostMap& hosts, int64_t now) {
+                                                    HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   std::string no_agent;
-  const std::vector<HostProgress> rows =
+  absl::StatusOr<std::vector<HostProgress>> rows =
       AssignedRows(BytesWrittenByHost(*record.plan), hosts, now, &no_agent);
+  if (!rows.ok()) return rows.status();
   if (!no_agent.empty()) return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, no_agent, now));
-  if (absl::Status s = store_->StartTransfer(op.id(), rows); !s.ok()) return s;
+  if (absl::Status s = store_->StartTransfer(op.id(), *rows); !s.ok()) return s;
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
-                    << " PLANNED -> TRANSFERRING on " << rows.size() << " hosts";
+                    << " PLANNED -> TRANSFERRING on " << rows->size() << " hosts";
   return true;
 }
 
@@ -123,7 +124,7 @@ absl::StatusOr<bool> OperationDriver::StartTransfer(const OperationRecord& recor
 // starts once the cut-over checkpoint (the state of the step boundary, this
 // operation's source generation) has committed (prepare_steps.cc).
 absl::StatusOr<bool> OperationDriver::AwaitCutOver(const OperationRecord& record,
-                                                   const HostMap& hosts, int64_t now) {
+                                                   HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   const bool agents_prepare = PhaseOf(op) == OpPhase::kCuttingOver;
   const std::string& cut_id = op.cutover_operation_id();
@@ -146,7 +147,7 @@ absl::StatusOr<bool> OperationDriver::AwaitCutOver(const OperationRecord& record
 }
 
 absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& record,
-                                                    const HostMap& hosts, int64_t now) {
+                                                    HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
   if (!rows.ok()) return rows.status();
@@ -155,10 +156,10 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
   };
   // A failed or lost host aborts; finished work is committed even when it
   // finished late (no finished row stalls).
-  if (std::optional<std::string> trouble = HostTrouble(*rows, hosts, now, /*preparing=*/false);
-      trouble.has_value()) {
-    return finish(v1::OPERATION_STATE_ABORTED, *trouble);
-  }
+  absl::StatusOr<std::optional<std::string>> trouble =
+      HostTrouble(*rows, hosts, now, /*preparing=*/false);
+  if (!trouble.ok()) return trouble.status();
+  if (trouble->has_value()) return finish(v1::OPERATION_STATE_ABORTED, **trouble);
   const bool all_done =
       !rows->empty() && std::all_of(rows->begin(), rows->end(), [](const auto& r) {
         return r.state == v1::HOST_TASK_STATE_DONE;
@@ -178,9 +179,8 @@ absl::StatusOr<bool> OperationDriver::CheckTransfer(const OperationRecord& recor
   return false;
 }
 
-std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostProgress>& rows,
-                                                        const HostMap& hosts, int64_t now,
-                                                        bool preparing) const {
+absl::StatusOr<std::optional<std::string>> OperationDriver::HostTrouble(
+    const std::vector<HostProgress>& rows, HostMap& hosts, int64_t now, bool preparing) const {
   // A finished row neither stalls nor holds the others back.
   const v1::HostTaskState finished =
       preparing ? v1::HOST_TASK_STATE_PREPARED : v1::HOST_TASK_STATE_DONE;
@@ -190,8 +190,9 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
     }
   }
   for (const HostProgress& row : rows) {
-    auto it = hosts.find(row.host_id);
-    if (it == hosts.end() || it->second != v1::HOST_STATE_ALIVE) {
+    absl::StatusOr<std::optional<v1::HostState>> state = hosts.StateOf(row.host_id);
+    if (!state.ok()) return state.status();
+    if (*state != v1::HOST_STATE_ALIVE) {
       return absl::StrCat("host \"", row.host_id, "\" lost (lease expired) during ",
                           preparing ? "its prepare" : "transfer");
     }
@@ -206,38 +207,39 @@ std::optional<std::string> OperationDriver::HostTrouble(const std::vector<HostPr
   for (const HostProgress& row : rows) {
     latest_progress_ms = std::max(latest_progress_ms, row.progress_unix_ms);
   }
+  const int64_t silent_ms = now - latest_progress_ms;
+  if (silent_ms <= options_.stall_timeout_ms) return std::nullopt;
   for (const HostProgress& row : rows) {
     if (row.state == finished) continue;
-    const int64_t since = latest_progress_ms;
-    if (now - since <= options_.stall_timeout_ms) continue;
     std::string what =
         row.state == v1::HOST_TASK_STATE_ASSIGNED
             ? std::string("its task was never fetched")
             : absl::StrCat("its task is at ", row.bytes_done, " of ", row.bytes_total, " bytes");
     if (!row.waiting_on.empty()) absl::StrAppend(&what, ", waiting on ", row.waiting_on);
     return absl::StrCat("host \"", row.host_id, "\" made no progress",
-                        preparing ? " in its prepare" : "", " for ", now - since,
+                        preparing ? " in its prepare" : "", " for ", silent_ms,
                         " ms, nor did any other host of the operation (stall_timeout_ms ",
                         options_.stall_timeout_ms, "): ", what);
   }
   return std::nullopt;
 }
 
-std::vector<HostProgress> OperationDriver::AssignedRows(const std::map<std::string, int64_t>& bytes,
-                                                        const HostMap& hosts, int64_t now,
-                                                        std::string* no_agent) {
+absl::StatusOr<std::vector<HostProgress>> OperationDriver::AssignedRows(
+    const std::map<std::string, int64_t>& bytes, HostMap& hosts, int64_t now,
+    std::string* no_agent) {
   std::vector<HostProgress> rows;
   for (const auto& [host_id, host_bytes] : bytes) {
-    auto it = hosts.find(host_id);
+    absl::StatusOr<std::optional<v1::HostState>> state = hosts.StateOf(host_id);
+    if (!state.ok()) return state.status();
     const char* why = nullptr;
-    if (it == hosts.end()) {
+    if (!state->has_value()) {
       why = "never registered";
-    } else if (it->second != v1::HOST_STATE_ALIVE) {
+    } else if (**state != v1::HOST_STATE_ALIVE) {
       why = "LOST";
     }
     if (why != nullptr) {
       *no_agent = absl::StrCat("host \"", host_id, "\" has no live agent (", why, ")");
-      return {};
+      return std::vector<HostProgress>{};
     }
     HostProgress row;
     row.host_id = host_id;

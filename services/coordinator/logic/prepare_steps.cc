@@ -14,41 +14,42 @@
 
 namespace reshard::coordinator {
 absl::StatusOr<bool> OperationDriver::StartPrepare(const OperationRecord& record,
-                                                   const HostMap& hosts, int64_t now) {
+                                                   HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   if (!record.plan.has_value()) {
     return Moved(Finish(op, v1::OPERATION_STATE_FAILED, "PLANNED without a stored plan", now));
   }
   std::string no_agent;
-  const std::vector<HostProgress> rows =
+  absl::StatusOr<std::vector<HostProgress>> rows =
       AssignedRows(BytesWrittenByHost(*record.plan), hosts, now, &no_agent);
+  if (!rows.ok()) return rows.status();
   if (!no_agent.empty()) return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, no_agent, now));
   // The operation was planned from the current generation (PlanOperation).
-  if (absl::Status s = store_->StartPrepare(op.id(), op.from_generation(), rows); !s.ok()) {
+  if (absl::Status s = store_->StartPrepare(op.id(), op.from_generation(), *rows); !s.ok()) {
     return s;
   }
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
                     << " PLANNED: agents prepare generation " << op.to_generation() << " from "
-                    << op.from_generation() << " on " << rows.size() << " hosts";
+                    << op.from_generation() << " on " << rows->size() << " hosts";
   // Moved on: the next pass watches the rows.
   return true;
 }
 
 absl::StatusOr<bool> OperationDriver::CheckPrepare(const OperationRecord& record,
-                                                   const HostMap& hosts, int64_t now) {
+                                                   HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op.id());
   if (!rows.ok()) return rows.status();
-  if (std::optional<std::string> trouble = HostTrouble(*rows, hosts, now, /*preparing=*/true);
-      trouble.has_value()) {
-    // The old layout trains on; the pending generation is discarded.
-    return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, *trouble, now));
-  }
+  absl::StatusOr<std::optional<std::string>> trouble =
+      HostTrouble(*rows, hosts, now, /*preparing=*/true);
+  if (!trouble.ok()) return trouble.status();
+  // The old layout trains on; the pending generation is discarded.
+  if (trouble->has_value()) return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, **trouble, now));
   return false;  // preparing, or prepared and waiting for the cut-over
 }
 
 absl::StatusOr<bool> OperationDriver::StartPreparedTransfer(const OperationRecord& record,
-                                                            const HostMap& hosts, int64_t now) {
+                                                            HostMap& hosts, int64_t now) {
   const v1::Operation& op = record.op;
   // The cut-over checkpoint committed: its generation (the operation's
   // from_generation now) recorded the checksum of every shard.
@@ -59,16 +60,18 @@ absl::StatusOr<bool> OperationDriver::StartPreparedTransfer(const OperationRecor
   if (!checkpoint.ok()) return checkpoint.status();
   const PreparedSteps steps = ComputePreparedSteps(*record.plan, *prepared, *checkpoint);
   std::string no_agent;
-  const std::vector<HostProgress> rows = AssignedRows(steps.bytes_by_host, hosts, now, &no_agent);
+  absl::StatusOr<std::vector<HostProgress>> rows =
+      AssignedRows(steps.bytes_by_host, hosts, now, &no_agent);
+  if (!rows.ok()) return rows.status();
   if (!no_agent.empty()) return Moved(Finish(op, v1::OPERATION_STATE_ABORTED, no_agent, now));
   SkippedSteps skipped;
   skipped.step_indexes = steps.skipped;
   skipped.bytes = steps.bytes_skipped;
-  if (absl::Status s = store_->StartPreparedTransfer(op.id(), rows, skipped); !s.ok()) return s;
+  if (absl::Status s = store_->StartPreparedTransfer(op.id(), *rows, skipped); !s.ok()) return s;
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
                     << " PLANNED -> TRANSFERRING (prepared from generation "
                     << op.prepared_from_generation() << ", cut over at " << op.from_generation()
-                    << ") on " << rows.size() << " hosts: " << steps.skipped.size() << " of "
+                    << ") on " << rows->size() << " hosts: " << steps.skipped.size() << " of "
                     << record.plan->steps_size() << " steps skipped unchanged ("
                     << steps.bytes_skipped << " bytes)";
   if (metrics_ != nullptr) metrics_->PreparedBytes(op.bytes_precopied(), steps.bytes_skipped);

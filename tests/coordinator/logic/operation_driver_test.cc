@@ -10,6 +10,7 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
+#include "services/coordinator/logic/driver_hosts.h"
 #include "services/coordinator/logic/task.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
@@ -553,6 +554,52 @@ TEST_P(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
   EXPECT_EQ(MetricValue("reshard_coordinator_operations_total",
                         {{"kind", "resize"}, {"result", "committed"}}),
             kJobs);
+}
+
+// The driver's copy of the hosts' states (driver_hosts.h): every host is
+// read at most once per period; a host the copy does not show ALIVE is read
+// again, alone, before a step acts on it.
+TEST_P(OperationDriverTest, HostsAreReadWholeOncePerPeriodAndDoubtsOneByOne) {
+  RegisterAgents({"h0", "h1"});
+  DriverHosts hosts(store_.get(), /*refresh_ms=*/1000);
+  ASSERT_TRUE(hosts.Refresh(5000, /*force=*/false).ok());
+  ASSERT_TRUE(hosts.Refresh(5999, /*force=*/false).ok());
+  EXPECT_EQ(hosts.full_reads(), 1);
+  EXPECT_EQ(hosts.alive(), 2);
+  EXPECT_EQ(*hosts.StateOf("h0"), std::optional<v1::HostState>(v1::HOST_STATE_ALIVE));
+  EXPECT_EQ(hosts.host_reads(), 0);
+
+  RegisterAgents({"h2"});  // after the copy was read
+  EXPECT_EQ(*hosts.StateOf("h2"), std::optional<v1::HostState>(v1::HOST_STATE_ALIVE));
+  EXPECT_EQ(*hosts.StateOf("h2"), std::optional<v1::HostState>(v1::HOST_STATE_ALIVE));
+  EXPECT_EQ(hosts.host_reads(), 1);
+  EXPECT_EQ(*hosts.StateOf("h9"), std::nullopt);  // never registered
+  EXPECT_EQ(hosts.host_reads(), 2);
+
+  // Marked LOST in the copy, but registered again in the store since.
+  hosts.MarkLost("h1");
+  EXPECT_EQ(hosts.alive(), 2);
+  EXPECT_EQ(*hosts.StateOf("h1"), std::optional<v1::HostState>(v1::HOST_STATE_ALIVE));
+  EXPECT_EQ(hosts.host_reads(), 3);
+
+  ASSERT_TRUE(hosts.Refresh(6000, /*force=*/false).ok());
+  ASSERT_TRUE(hosts.Refresh(6001, /*force=*/true).ok());
+  EXPECT_EQ(hosts.full_reads(), 3);
+  EXPECT_EQ(hosts.all().size(), 3u);
+}
+
+// A target host that registers after the driver last read every host is
+// found when the operation starts (not "never registered").
+TEST_P(OperationDriverTest, AHostRegisteredSinceTheLastFullReadTakesPart) {
+  RegisterAgents({"h0", "h1"});
+  const v1::Job job = Register(ReplicatedJob("late-host"));
+  Tick();  // reads every host: h0, h1
+  RegisterAgents({"h2"});
+  const v1::Operation op = *ResizeTo(job, MakeLayout(1, 1, 2, {"h1", "h2"}, 1));
+  Tick();
+  Tick();
+  EXPECT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_TRANSFERRING) << Op(op.id()).error();
+  EXPECT_THAT(Participants(op.id()), ::testing::Contains("h2"));
 }
 
 RESHARD_LOGIC_ON_BOTH_STORES(OperationDriverTest);
