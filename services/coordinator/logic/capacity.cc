@@ -2,6 +2,8 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -55,32 +57,64 @@ std::string Describe(const HostCapacity& c) {
 
 }  // namespace
 
-absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc, const v1::Layout& layout,
-                            absl::string_view what) {
-  absl::StatusOr<std::vector<planner::HostBytes>> needed = planner::BytesPerHost(ptc, layout);
-  if (!needed.ok()) return needed.status();
-  absl::StatusOr<std::vector<v1::Host>> hosts = store.ListHosts();
-  if (!hosts.ok()) return hosts.status();
+struct HostCapacities::Snapshot {
+  Store::RegistrationsMark mark;
+  std::map<std::string, HostCapacity> by_host;
+  HostCapacity cluster;  // known: at least one host, and every one reports a limit
+  size_t hosts = 0;
+};
 
-  std::map<std::string, HostCapacity> capacity;
-  HostCapacity cluster;
+int64_t HostCapacities::loads() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return loads_;
+}
+
+absl::StatusOr<std::shared_ptr<const HostCapacities::Snapshot>> HostCapacities::Current() {
+  // The mark is read before the hosts: a registration between the two makes
+  // the snapshot newer than its mark, and the next call reads again.
+  absl::StatusOr<Store::RegistrationsMark> mark = store_->HostRegistrations();
+  if (!mark.ok()) return mark.status();
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (snapshot_ != nullptr && snapshot_->mark == *mark) return snapshot_;
+  }
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  if (!hosts.ok()) return hosts.status();
+  auto snapshot = std::make_shared<Snapshot>();
+  snapshot->mark = *mark;
+  snapshot->hosts = hosts->size();
+  HostCapacity& cluster = snapshot->cluster;
   cluster.known = !hosts->empty();
   for (const v1::Host& h : *hosts) {
     const HostCapacity c = CapacityOf(h);
-    capacity[h.host_id()] = c;
+    snapshot->by_host[h.host_id()] = c;
     cluster.known = cluster.known && c.known;
     cluster.host_bytes = SaturatingAdd(cluster.host_bytes, c.host_bytes);
     cluster.devices += c.devices;
     cluster.device_bytes = SaturatingAdd(cluster.device_bytes, c.device_bytes);
   }
+  std::lock_guard<std::mutex> l(mu_);
+  ++loads_;
+  snapshot_ = snapshot;
+  return std::shared_ptr<const Snapshot>(std::move(snapshot));
+}
+
+absl::Status HostCapacities::CheckFits(const v1::Ptc& ptc, const v1::Layout& layout,
+                                       absl::string_view what) {
+  absl::StatusOr<std::vector<planner::HostBytes>> needed = planner::BytesPerHost(ptc, layout);
+  if (!needed.ok()) return needed.status();
+  absl::StatusOr<std::shared_ptr<const Snapshot>> current = Current();
+  if (!current.ok()) return current.status();
+  const Snapshot& snap = **current;
+  const HostCapacity& cluster = snap.cluster;
   int64_t total = 0;
   for (const planner::HostBytes& hb : *needed) {
     if (__builtin_add_overflow(total, hb.bytes, &total)) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": the job's bytes over its hosts overflow 64 bits"));
     }
-    auto it = capacity.find(hb.host);
-    if (it == capacity.end() || !it->second.known) continue;
+    auto it = snap.by_host.find(hb.host);
+    if (it == snap.by_host.end() || !it->second.known) continue;
     if (hb.bytes > it->second.total()) {
       return absl::ResourceExhaustedError(absl::StrCat(what, ": host \"", hb.host, "\" would hold ",
                                                        hb.bytes, " bytes of this job's shards; ",
@@ -94,7 +128,7 @@ absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc, const v1::Layout& 
                       cluster.devices == 1 ? " device" : " devices");
     }
     return absl::ResourceExhaustedError(absl::StrCat(what, ": the job needs ", total,
-                                                     " bytes over its hosts; the ", hosts->size(),
+                                                     " bytes over its hosts; the ", snap.hosts,
                                                      " registered hosts have ", in_all, " in all"));
   }
   return absl::OkStatus();

@@ -4,6 +4,9 @@
 // and per-item alignment); this refuses what can never fit. Thread-safe.
 #pragma once
 
+#include <memory>
+#include <mutex>
+
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "reshard/v1/ptc.pb.h"
@@ -11,7 +14,7 @@
 
 namespace reshard::coordinator {
 
-/// ResourceExhausted when a registered host of `layout` would hold more shard
+/// CheckFits: ResourceExhausted when a registered host of `layout` would hold more shard
 /// bytes of this job than its capacity (naming host, bytes needed, its
 /// memory_limit_bytes and, when it has devices, what they hold), or when the
 /// job's bytes over all its hosts exceed the sum of every registered host's
@@ -22,7 +25,29 @@ namespace reshard::coordinator {
 /// of memory_bytes 0 holds none. Hosts not registered, or registered without
 /// a limit (0), are not judged. `what` names the
 /// layout in messages ("layout", "target"). `ptc` and `layout` must be valid.
-[[nodiscard]] absl::Status CheckFitsHosts(Store& store, const v1::Ptc& ptc,
-                                          const v1::Layout& layout, absl::string_view what);
+///
+/// The hosts' capacities are kept in memory and read again only when a host
+/// registered since (Store::HostRegistrations moved, on this replica or
+/// another): RegisterJob and every Resize judge the whole cluster with one
+/// one-row query, not by reading every host. Thread-safe.
+class HostCapacities {
+ public:
+  explicit HostCapacities(StorePtr store) : store_(std::move(store)) {}
+
+  [[nodiscard]] absl::Status CheckFits(const v1::Ptc& ptc, const v1::Layout& layout,
+                                       absl::string_view what);
+
+  /// How many times every host was read (for tests).
+  int64_t loads() const;
+
+ private:
+  struct Snapshot;
+  [[nodiscard]] absl::StatusOr<std::shared_ptr<const Snapshot>> Current();
+
+  const StorePtr store_;
+  mutable std::mutex mu_;
+  std::shared_ptr<const Snapshot> snapshot_;  // guarded by mu_
+  int64_t loads_ = 0;                         // guarded by mu_
+};
 
 }  // namespace reshard::coordinator

@@ -84,6 +84,7 @@ SchedulerApi::SchedulerApi(StorePtr store, const Clock* clock, CoordinatorMetric
                            Options options)
     : store_(std::move(store)),
       advise_(store_),
+      capacities_(store_),
       clock_(clock),
       metrics_(metrics),
       options_(options) {}
@@ -107,7 +108,7 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
     if (absl::Status s = NormalizeDatasetState(&*dataset_state); !s.ok()) return s;
   }
   if (absl::Status s =
-          CheckFitsHosts(*store_, request.spec().ptc(), request.spec().layout(), "layout");
+          capacities_.CheckFits(request.spec().ptc(), request.spec().layout(), "layout");
       !s.ok()) {
     return s;
   }
@@ -193,7 +194,7 @@ absl::StatusOr<v1::Job> SchedulerApi::LoadForNewPlacement(const std::string& job
 
 absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& target) {
   if (absl::Status s = planner::ValidateLayout(ptc, target, "target"); !s.ok()) return s;
-  return CheckFitsHosts(*store_, ptc, target, "target");
+  return capacities_.CheckFits(ptc, target, "target");
 }
 
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request,

@@ -1,6 +1,7 @@
 // Logic behind CoordinatorService (what schedulers call). The gRPC adapter
 // (server/) only converts; every check and every status code is decided here.
-// Thread-safe: holds no mutable state of its own.
+// Thread-safe: its only state of its own is the hosts' capacities it keeps
+// (capacity.h).
 #pragma once
 
 #include <functional>
@@ -12,6 +13,7 @@
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/advise_api.h"
+#include "services/coordinator/logic/capacity.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/store.h"
@@ -103,6 +105,7 @@ class SchedulerApi {
 
   StorePtr store_;
   AdviseApi advise_;
+  HostCapacities capacities_;
   const Clock* clock_;
   CoordinatorMetrics* metrics_;
   Options options_;

@@ -96,6 +96,16 @@ absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
   return HostView(h.info, h.state, h.last_heartbeat_unix_ms, h.lease_expires_unix_ms);
 }
 
+absl::StatusOr<Store::RegistrationsMark> MemoryStore::HostRegistrations() {
+  std::lock_guard<CallLock> l(mu_);
+  RegistrationsMark mark;
+  for (const auto& [id, h] : hosts_) {
+    ++mark.hosts;
+    mark.epochs += h.epoch;
+  }
+  return mark;
+}
+
 absl::StatusOr<std::vector<std::string>> MemoryStore::ExpiredLeases(int64_t now_unix_ms) {
   std::lock_guard<CallLock> l(mu_);
   Ids expired;

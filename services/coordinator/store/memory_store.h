@@ -118,6 +118,7 @@ class MemoryStore : public Store {
   [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
       int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;

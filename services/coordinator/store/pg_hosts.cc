@@ -110,6 +110,17 @@ absl::StatusOr<v1::Host> PgStore::GetHost(const std::string& host_id) {
       });
 }
 
+absl::StatusOr<Store::RegistrationsMark> PgStore::HostRegistrations() {
+  return pg::TransactFor<RegistrationsMark>(
+      *pool_, "HostRegistrations", [&](pg::PgTx& tx) -> absl::StatusOr<RegistrationsMark> {
+        const pqxx::result r = tx.Exec(pg::kHostRegistrations);
+        RegistrationsMark mark;
+        mark.hosts = r[0][0].as<int64_t>();
+        mark.epochs = r[0][1].as<int64_t>();
+        return mark;
+      });
+}
+
 absl::StatusOr<std::vector<std::string>> PgStore::ExpiredLeases(int64_t now_unix_ms) {
   return pg::TransactFor<Ids>(*pool_, "ExpiredLeases", [&](pg::PgTx& tx) {
     return absl::StatusOr<Ids>(FirstColumn(tx.Exec(pg::kExpiredLeases, now_unix_ms)));

@@ -72,6 +72,7 @@ const std::vector<Statement>& AllStatements() {
       kListHosts,
       kGetHosts,
       kHostStates,
+      kHostRegistrations,
       kSelectHost,
       kExpiredLeases,
       kExpireLeases,

@@ -391,6 +391,8 @@ inline constexpr Statement kSelectClusterSecret{
 inline constexpr Statement kListHosts{"list_hosts",
                                       "SELECT " RESHARD_PG_HOST_COLUMNS "FROM hosts ORDER BY id"};
 inline constexpr Statement kHostStates{"host_states", "SELECT id, state FROM hosts"};
+inline constexpr Statement kHostRegistrations{
+    "host_registrations", "SELECT count(*), COALESCE(sum(epoch), 0) FROM hosts"};
 inline constexpr Statement kGetHosts{"get_hosts",
                                      "SELECT " RESHARD_PG_HOST_COLUMNS
                                      "FROM hosts WHERE id = ANY($1::text[]) ORDER BY id"};

@@ -206,6 +206,7 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
   /// One transaction: one UPDATE of every leased host, then each list as
   /// one query over all the batch's hosts (pg_heartbeat.cc).
   [[nodiscard]] absl::StatusOr<std::vector<HostHeartbeatResult>> HeartbeatHosts(

@@ -491,6 +491,18 @@ class Store {
   [[nodiscard]] virtual absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) = 0;
   [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
+  /// Moves whenever a host registers (a new host, or a new epoch of one) and
+  /// at no other time (heartbeats and lease expiry leave it): a cache of what
+  /// hosts register (their capacity, logic/capacity.h) is current while it
+  /// holds. The number of hosts and the sum of their epochs.
+  struct RegistrationsMark {
+    int64_t hosts = 0;
+    int64_t epochs = 0;
+    bool operator==(const RegistrationsMark& o) const {
+      return hosts == o.hosts && epochs == o.epochs;
+    }
+  };
+  [[nodiscard]] virtual absl::StatusOr<RegistrationsMark> HostRegistrations() = 0;
   /// ALIVE hosts whose lease ended before `now_unix_ms`, by id; changes
   /// nothing (the leader judges them first: logic/lease_judge.h).
   [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> ExpiredLeases(

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "planner/validate.h"
+#include "services/coordinator/logic/capacity.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 
@@ -53,6 +54,13 @@ class SchedulerLimitsTest : public LogicTest {
     }
     absl::StatusOr<v1::RegisterAgentResponse> r = agents_->RegisterAgent(request);
     ASSERT_TRUE(r.ok()) << r.status();
+  }
+  static v1::Host MakeLimitedHost(const std::string& host, int64_t limit) {
+    v1::Host h;
+    h.set_host_id(host);
+    h.set_address(host + ":7171");
+    h.set_memory_limit_bytes(limit);
+    return h;
   }
 };
 
@@ -187,6 +195,28 @@ TEST_P(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
                              2 * per_host - 1));
   RegisterWithLimit("h8", per_host);
   EXPECT_TRUE(RegisterStatus(spec).ok());
+}
+
+// The capacities are read whole once, and again only after a registration
+// (here through a second store on the same database where there is one: a
+// host that registered with another replica).
+TEST_P(SchedulerLimitsTest, HostsAreReadAgainOnlyAfterARegistration) {
+  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  const v1::JobSpec spec = ReplicatedJob("cached");  // per_host on each of h0, h1
+  RegisterWithLimit("h0", per_host);
+  RegisterWithLimit("h1", per_host - 1);
+  HostCapacities capacities(store_);
+  const auto check = [&] { return capacities.CheckFits(spec.ptc(), spec.layout(), "layout"); };
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_THAT(check(), StatusIs(absl::StatusCode::kResourceExhausted,
+                                  "layout: host \"h1\" would hold"));
+  }
+  EXPECT_EQ(capacities.loads(), 1);
+  StorePtr other = ConnectStore();
+  ASSERT_TRUE(other->RegisterHost(MakeLimitedHost("h1", per_host), 1000, 11000).ok());
+  EXPECT_TRUE(check().ok());
+  EXPECT_TRUE(check().ok());
+  EXPECT_EQ(capacities.loads(), 2);
 }
 
 // A host holds a job's shards in host memory or in its devices' memory:

@@ -66,6 +66,24 @@ TEST_P(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
   EXPECT_TRUE(store_->Heartbeat("h0", 2, 4000, 14000).ok());
 }
 
+// What a cache of registered facts compares: it moves on every registration
+// and on nothing else.
+TEST_P(HostsTest, RegistrationsMarkMovesOnRegistrationsOnly) {
+  using Mark = Store::RegistrationsMark;
+  EXPECT_TRUE(*store_->HostRegistrations() == (Mark{0, 0}));
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 0, 1000).ok());
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 0, 5000).ok());
+  EXPECT_TRUE(*store_->HostRegistrations() == (Mark{2, 2}));
+  ASSERT_TRUE(store_->Heartbeat("h1", 1, 900, 6000).ok());
+  ASSERT_EQ(*store_->ExpireLeases(2000), std::vector<std::string>{"h0"});
+  EXPECT_TRUE(*store_->HostRegistrations() == (Mark{2, 2}));
+  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 3000, 13000).ok());  // epoch 2
+  const absl::StatusOr<Mark> mark = store_->HostRegistrations();
+  ASSERT_TRUE(mark.ok()) << mark.status();
+  EXPECT_EQ(mark->hosts, 2);
+  EXPECT_EQ(mark->epochs, 3);
+}
+
 TEST_P(HostsTest, LostHostsShowOnTheirJobsAndOperations) {
   // job-1 on h0, h1; job-2 on h2, h3.
   ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("m1"), {}).ok());
