@@ -126,6 +126,10 @@ absl::StatusOr<v1::RegisterAgentResponse> AgentApi::RegisterAgent(
   host.set_lease_expires_unix_ms(now + options_.lease_ms);
   absl::StatusOr<int64_t> epoch = store_->RegisterHost(host, now, now + options_.lease_ms);
   if (!epoch.ok()) return epoch.status();
+  {
+    std::lock_guard<std::mutex> l(known_mu_);
+    known_hosts_.insert(host.host_id());  // its polls need not read it
+  }
   RESHARD_LOG(INFO) << "host=" << host.host_id() << " registered epoch=" << *epoch
                     << " address=" << host.address() << " devices=" << host.devices_size()
                     << " holding " << request.held_ranks_size() << " rank buffers";

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
 #include <vector>
@@ -143,10 +144,18 @@ class AgentApi {
       const google::protobuf::RepeatedPtrField<v1::HeldRank>& held,
       google::protobuf::RepeatedPtrField<v1::GenerationRef>* release);
 
+  /// Whether `host_id` is registered. Hosts are never deleted, so a host
+  /// registered here or read once is known for good: a long poll reads its
+  /// host only when this replica has not seen it (10,000 hosts re-poll about
+  /// 1,000 times a second, and all at once when they register).
+  [[nodiscard]] absl::Status RequireRegistered(const std::string& host_id);
+
   StorePtr store_;
   const Clock* clock_;
   CoordinatorMetrics* metrics_;
   Options options_;
+  std::mutex known_mu_;
+  std::set<std::string> known_hosts_;  // guarded by known_mu_
 };
 
 }  // namespace reshard::coordinator

@@ -167,9 +167,20 @@ absl::StatusOr<int> AgentApi::CheckWaitForTasks(const v1::WaitForTasksRequest& r
     return absl::InvalidArgumentError(absl::StrCat(
         "wait_ms is ", request.wait_ms(), "; it must be >= 0 (0: ", kMaxTaskWaitMs, " ms)"));
   }
+  if (absl::Status s = RequireRegistered(host_id); !s.ok()) return s;
+  return request.wait_ms() == 0 ? kMaxTaskWaitMs : std::min(request.wait_ms(), kMaxTaskWaitMs);
+}
+
+absl::Status AgentApi::RequireRegistered(const std::string& host_id) {
+  {
+    std::lock_guard<std::mutex> l(known_mu_);
+    if (known_hosts_.count(host_id) > 0) return absl::OkStatus();
+  }
   absl::StatusOr<v1::Host> host = store_->GetHost(host_id);
   if (!host.ok()) return NameNotFound(host.status(), HostNotFound(host_id));
-  return request.wait_ms() == 0 ? kMaxTaskWaitMs : std::min(request.wait_ms(), kMaxTaskWaitMs);
+  std::lock_guard<std::mutex> l(known_mu_);
+  known_hosts_.insert(host_id);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, std::vector<std::string>>>

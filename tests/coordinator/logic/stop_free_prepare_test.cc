@@ -437,6 +437,13 @@ TEST_F(StopFreePrepareTest, WaitForTasksAnswersANewOperationAtOnceAndOtherwiseAf
   bad = idle;
   bad.set_host_id("h9");
   EXPECT_THAT(agents_->WaitForTasks(bad).status(), StatusIs(absl::StatusCode::kNotFound, "h9"));
+  EXPECT_THAT(agents_->WaitForTasks(bad).status(), StatusIs(absl::StatusCode::kNotFound, "h9"));
+  // Polls remember registered hosts only: h9 polls once it registered.
+  RegisterAgents({"h9"});
+  bad.set_wait_ms(1);
+  got = agents_->WaitForTasks(bad);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->assigned_operations().empty());
 }
 
 // A stop-free operation created before migration 0011 reserved no
