@@ -115,5 +115,24 @@ TEST_F(SchemaStatesTest, TheStateColumnAllowsExactlyTheStoredStates) {
   EXPECT_EQ(allowed, ActiveStates() | TerminalStates()) << check;
 }
 
+// Heartbeats rewrite only the lease columns of hosts: no index may cover
+// them (an indexed column makes every renewal a non-HOT update), and the
+// table leaves room on its pages for the new versions (migration 0021).
+TEST_F(SchemaStatesTest, HeartbeatColumnsAreInNoIndexOfHosts) {
+  pqxx::connection conn(dsn_);
+  pqxx::nontransaction n(conn);
+  const pqxx::result indexes =
+      n.exec("SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'hosts' ORDER BY 1");
+  ASSERT_FALSE(indexes.empty());
+  for (const pqxx::row& row : indexes) {
+    const std::string def = row[1].c_str();
+    EXPECT_EQ(def.find("lease_expires_unix_ms"), std::string::npos) << def;
+    EXPECT_EQ(def.find("last_heartbeat_unix_ms"), std::string::npos) << def;
+  }
+  EXPECT_EQ(Catalog("SELECT array_to_string(reloptions, ',') FROM pg_class WHERE relname = $1",
+                    "hosts"),
+            "fillfactor=50");
+}
+
 }  // namespace
 }  // namespace reshard::coordinator::store_test
