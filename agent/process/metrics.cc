@@ -257,9 +257,12 @@ void AgentMetrics::TaskProgress(int64_t done_delta, int64_t total_delta) {
   if (done_delta != 0) impl_->progress.Increment(static_cast<double>(done_delta));
   if (done_delta > 0) {
     impl_->bytes_written.Increment(static_cast<double>(done_delta));
-    bytes_written_.fetch_add(done_delta);
   }
   if (total_delta != 0) impl_->total.Increment(static_cast<double>(total_delta));
+}
+
+int64_t AgentMetrics::bytes_written() const {
+  return static_cast<int64_t>(impl_->bytes_written.Value());
 }
 
 void AgentMetrics::TaskFinished(int64_t token, TaskResult result, double seconds) {

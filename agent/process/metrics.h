@@ -3,7 +3,6 @@
 // --metrics-listen flag) is main.cc's business. Thread-safe.
 #pragma once
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -37,8 +36,10 @@ class AgentMetrics {
   /// (gauges, summed over running tasks) move by the deltas;
   /// reshard_agent_task_bytes_written_total grows by a positive `done_delta`.
   void TaskProgress(int64_t done_delta, int64_t total_delta);
-  /// The bytes TaskProgress counted written so far (what the heartbeat tells).
-  int64_t bytes_written() const { return bytes_written_.load(); }
+  /// The bytes TaskProgress counted written so far (what the heartbeat
+  /// tells): reshard_agent_task_bytes_written_total's value (a double, exact
+  /// up to 2^53 bytes).
+  int64_t bytes_written() const;
   /// reshard_agent_tasks_finished_total{result},
   /// reshard_agent_task_duration_seconds{result} (histogram),
   /// reshard_agent_tasks_running -1.
@@ -81,7 +82,6 @@ class AgentMetrics {
  private:
   struct Impl;
   std::shared_ptr<Impl> impl_;
-  std::atomic<int64_t> bytes_written_{0};
 };
 
 }  // namespace reshard::agent

@@ -77,6 +77,7 @@ TEST(AgentMetricsTest, TasksProgressAndFinish) {
   EXPECT_EQ(s["reshard_agent_task_progress_bytes{}"], 500);
   EXPECT_EQ(s["reshard_agent_task_total_bytes{}"], 1500);
   EXPECT_EQ(s["reshard_agent_task_bytes_written_total{}"], 500);
+  EXPECT_EQ(m.bytes_written(), 500);  // what the heartbeat tells
   EXPECT_GE(s["reshard_agent_task_oldest_running_seconds{}"], 0);
 
   // a finishes: the rest of its bytes land, then it leaves the gauges.
@@ -92,6 +93,7 @@ TEST(AgentMetricsTest, TasksProgressAndFinish) {
   EXPECT_EQ(s["reshard_agent_task_progress_bytes{}"], 0);
   EXPECT_EQ(s["reshard_agent_task_total_bytes{}"], 0);
   EXPECT_EQ(s["reshard_agent_task_bytes_written_total{}"], 1000);  // never decreases
+  EXPECT_EQ(m.bytes_written(), 1000);
   EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=done}"], 1);
   EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=failed}"], 1);
   EXPECT_EQ(s["reshard_agent_tasks_finished_total{result=aborted}"], 0);
