@@ -439,6 +439,22 @@ int Run(const Options& opt) {
   }
   // Every operation created must commit, and its targets must have seen it.
   resizer.Stop(std::chrono::seconds(30));
+  // No host here ever stops: one the leader marked LOST was lost falsely.
+  int64_t lost_hosts = -1;
+  {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(60));
+    v1::ListHostsResponse listed;
+    const grpc::Status s = resize_stub->ListHosts(&context, v1::ListHostsRequest(), &listed);
+    if (s.ok()) {
+      lost_hosts = std::count_if(listed.hosts().begin(), listed.hosts().end(), [](const auto& h) {
+        return h.state() == v1::HOST_STATE_LOST;
+      });
+      if (lost_hosts > 0) failures.push_back(absl::StrCat(lost_hosts, " hosts marked LOST"));
+    } else {
+      failures.push_back(absl::StrCat("ListHosts: ", s.error_code(), " ", s.error_message()));
+    }
+  }
   hosts.Stop();
   timer.Stop();
   if (cross.errors() > 0) {
@@ -464,10 +480,13 @@ int Run(const Options& opt) {
     cross_ms.insert(cross_ms.end(), rows[r].ops.cross_ms.begin(), rows[r].ops.cross_ms.end());
   }
   std::printf("\nagents: %lld heartbeats, %lld long polls answered, %lld DONE reports; %lld "
-              "operations committed\n",
+              "operations committed, %lld operation errors (not committed, or a call failed); "
+              "%lld agent call errors; %lld hosts LOST\n",
               static_cast<long long>(hosts.heartbeats()), static_cast<long long>(hosts.polls()),
               static_cast<long long>(hosts.done_reports()),
-              static_cast<long long>(resizer.committed()));
+              static_cast<long long>(resizer.committed()),
+              static_cast<long long>(resizer.errors()), static_cast<long long>(hosts.errors()),
+              static_cast<long long>(lost_hosts));
   PrintTable(opt, rows, Percentile(cross_ms, 0.5), Percentile(cross_ms, 0.99), cross_ms.size());
   if (opt.pg_profile > 0) {
     absl::StatusOr<std::vector<std::string>> top = TopStatements((*pg)->dsn(), opt.pg_profile);
