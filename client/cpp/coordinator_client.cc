@@ -115,10 +115,11 @@ void CoordinatorClient::SleepFor(absl::Duration d) {
 }
 
 absl::Status CoordinatorClient::Call(
-    absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& attempt) {
+    absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& attempt,
+    Repeat repeat) {
   if (!init_status_.ok()) return init_status_;
   const absl::Time deadline = DeadlineAfter(options_.call_timeout);
-  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  const int max_attempts = repeat == Repeat::kSafe ? std::max(1, options_.retry.max_attempts) : 1;
   for (int i = 1;; ++i) {
     grpc::ClientContext context;
     Prepare(&context, deadline);
@@ -331,9 +332,13 @@ absl::StatusOr<v1::DatasetState> CoordinatorClient::CommitStep(
 absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
     const v1::CreateTokenRequest& request) {
   v1::CreateTokenResponse response;
-  absl::Status s = Call("CreateToken", [&](grpc::ClientContext* c) {
-    return auth_stub_->CreateToken(c, request, &response);
-  });
+  // No idempotency key: a repeat after a lost reply would mint a second
+  // token, so an UNAVAILABLE is the caller's to judge (ListTokens shows
+  // whether it was made).
+  absl::Status s = Call(
+      "CreateToken",
+      [&](grpc::ClientContext* c) { return auth_stub_->CreateToken(c, request, &response); },
+      Repeat::kNever);
   if (!s.ok()) return s;
   return response;
 }

@@ -107,7 +107,9 @@ class CoordinatorClient {
   [[nodiscard]] absl::StatusOr<v1::AdviseResponse> Advise(const v1::AdviseRequest& request);
 
   // Bearer tokens (AuthService; admin only). CreateToken's reply carries
-  // the token itself, which nothing shows again.
+  // the token itself, which nothing shows again. CreateToken is never sent
+  // twice: it has no idempotency key, and UNAVAILABLE may mean the token
+  // was made and only the reply lost (ListTokens tells).
   [[nodiscard]] absl::StatusOr<v1::CreateTokenResponse> CreateToken(
       const v1::CreateTokenRequest& request);
   [[nodiscard]] absl::StatusOr<v1::Token> RevokeToken(const std::string& token_id);
@@ -150,9 +152,17 @@ class CoordinatorClient {
                                                                absl::Duration timeout);
 
  private:
-  // Runs `attempt(context)` with the call's deadline, retrying UNAVAILABLE.
+  // Whether a call may be sent again after UNAVAILABLE, which can come after
+  // the coordinator applied it (its reply lost).
+  enum class Repeat {
+    kSafe,   // a read, a keyed mutation, or one whose repeat is a no-op
+    kNever,  // a mutation a repeat would apply twice (CreateToken: no key)
+  };
+  // Runs `attempt(context)` with the call's deadline, retrying UNAVAILABLE
+  // when `repeat` is kSafe.
   absl::Status Call(absl::string_view method,
-                    const std::function<grpc::Status(grpc::ClientContext*)>& attempt);
+                    const std::function<grpc::Status(grpc::ClientContext*)>& attempt,
+                    Repeat repeat = Repeat::kSafe);
   absl::Duration NextBackoff(int attempt);
   void SleepFor(absl::Duration d);
 

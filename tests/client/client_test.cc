@@ -780,6 +780,38 @@ TEST_F(ClientTest, RetryAfterALostReplyReturnsTheSameOperation) {
   EXPECT_EQ(job->generation(), 2);  // one operation, committed once
 }
 
+// The connection drops while a CreateToken is under way (the proxy swallows
+// what the server sends next and closes): the client cannot know whether the
+// token was made, and does not send the request again (it has no idempotency
+// key, so a repeat would mint a second token); it answers UNAVAILABLE.
+TEST_F(ClientTest, CreateTokenWhoseReplyIsLostIsNotSentAgain) {
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"h0"}));
+  DroppingProxy proxy(coordinator_->port());
+  CoordinatorClient via_proxy(absl::StrCat("127.0.0.1:", proxy.port()), Options());
+  ASSERT_TRUE(via_proxy.ListHosts().ok());  // the connection is up and idle
+  ClearAttempts();
+  proxy.DropNextResponse();
+  v1::CreateTokenRequest request;
+  request.set_name("lost-reply");
+  request.set_role("viewer");
+  request.add_tenants("lost-reply");
+  const absl::StatusOr<v1::CreateTokenResponse> created = via_proxy.CreateToken(request);
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kUnavailable) << created.status();
+  EXPECT_EQ(proxy.drops(), 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ASSERT_EQ(attempts_.size(), 1u);
+    EXPECT_EQ(attempts_[0].method, "CreateToken");
+  }
+  absl::StatusOr<v1::ListTokensResponse> tokens = client_->ListTokens();
+  ASSERT_TRUE(tokens.ok()) << tokens.status();
+  int named = 0;
+  for (const v1::Token& t : tokens->tokens()) named += t.name() == "lost-reply" ? 1 : 0;
+  // 0 when the drop came before the server made it, 1 when only the reply
+  // was lost; 2 was what a repeat made.
+  EXPECT_LE(named, 1);
+}
+
 // The coordinator is killed and restarted (same port, same database) while
 // a client watches an operation: the watch reconnects and still reports the
 // operation's final state.
