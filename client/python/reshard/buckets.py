@@ -185,6 +185,21 @@ def _shard_offsets(buf):
     return out
 
 
+def _member_spans(buf):
+    """[(member name, start, end)], one per member of each bucket: where the
+    member's part of this rank's shard lies in the shard buffer (end ==
+    start where the rank holds none of it)."""
+    out = []
+    for b, start, off in _shard_offsets(buf):
+        step = b.size // buf.group_size
+        for m in buf.members:
+            if m.name not in b.members:
+                continue
+            lo, hi = max(m.start, start), min(m.start + m.numel, start + step)
+            out.append((m.name, off + lo - start, off + max(hi, lo) - start))
+    return out
+
+
 def items_from_shard(buf, shard_buffer):
     """{member name: 1-D array}: each member's DP_BUCKET item cut from the
     rank's shard buffer (FSDP's local flat parameter)."""
@@ -192,29 +207,16 @@ def items_from_shard(buf, shard_buffer):
     if flat.size != shard_size(buf):
         raise ValueError(f"bucket group \"{buf.group}\" chunk {buf.chunk}: shard buffer of "
                          f"{flat.size} elements, the layout gives {shard_size(buf)}")
-    out = {}
-    for b, start, off in _shard_offsets(buf):
-        step = b.size // buf.group_size
-        for m in buf.members:
-            if m.name not in b.members:
-                continue
-            lo, hi = max(m.start, start), min(m.start + m.numel, start + step)
-            out[m.name] = flat[off + lo - start:off + max(hi, lo) - start].copy()
-    return out
+    return {name: flat[lo:hi].copy() for name, lo, hi in _member_spans(buf)}
 
 
 def shard_from_items(buf, items, dtype):
     """The rank's shard buffer assembled from DP_BUCKET items (missing or
     empty items and every gap are zero)."""
     out = np.zeros(shard_size(buf), dtype=dtype)
-    for b, start, off in _shard_offsets(buf):
-        step = b.size // buf.group_size
-        for m in buf.members:
-            if m.name not in b.members:
-                continue
-            lo, hi = max(m.start, start), min(m.start + m.numel, start + step)
-            if hi > lo and m.name in items:
-                out[off + lo - start:off + hi - start] = np.asarray(items[m.name]).reshape(-1)
+    for name, lo, hi in _member_spans(buf):
+        if hi > lo and name in items:
+            out[lo:hi] = np.asarray(items[name]).reshape(-1)
     return out
 
 
