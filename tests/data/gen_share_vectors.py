@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Writes tests/data/share_vectors.json from client/python/reshard/data.py.
 
-The file is checked in; tests/client/data_share_test.cc (C++) and
+The file is checked in; tests/data/data_share_test.cc (C++) and
 tests/python/test_data.py (Python) both recompute every value and compare, so
 the two implementations agree bit for bit. Regenerate only when the
 definitions of docs/data.md change (which changes every job's sample order):

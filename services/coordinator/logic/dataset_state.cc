@@ -4,7 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/data_share.h"
+#include "common/data/data_share.h"
 #include "services/coordinator/logic/request_checks.h"
 
 namespace reshard::coordinator {

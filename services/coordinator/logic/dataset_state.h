@@ -14,7 +14,7 @@ namespace reshard::coordinator {
 /// shuffle, block_size against the shuffle, global_batch < 1, cursor or step
 /// < 0, cursor + global_batch >= 2^63, a layout_fingerprint over 256 bytes).
 /// Clears the output-only fields and fills an empty layout_fingerprint with
-/// the one of client/cpp/data_share.h.
+/// the one of common/data/data_share.h.
 [[nodiscard]] absl::Status NormalizeDatasetState(v1::DatasetState* state);
 
 /// A CommitStepRequest's fields: INVALID_ARGUMENT naming the field and value.

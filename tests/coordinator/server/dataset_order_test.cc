@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "client/cpp/data_share.h"
+#include "common/data/data_share.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/server/server_fixture.h"

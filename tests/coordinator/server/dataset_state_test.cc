@@ -9,7 +9,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "client/cpp/coordinator_client.h"
-#include "client/cpp/data_share.h"
+#include "common/data/data_share.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_jobs.h"

@@ -1,4 +1,4 @@
-#include "client/cpp/data_share.h"
+#include "common/data/data_share.h"
 
 #include <openssl/sha.h>
 

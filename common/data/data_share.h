@@ -2,8 +2,8 @@
 // stream and what each data-parallel rank reads in a step. Pure: no I/O, no
 // gRPC, no clock; every function is thread-safe. Computes bit for bit what
 // client/python/reshard/data.py computes (tests/data/share_vectors.json).
-#ifndef RESHARD_CLIENT_CPP_DATA_SHARE_H_
-#define RESHARD_CLIENT_CPP_DATA_SHARE_H_
+#ifndef RESHARD_COMMON_DATA_DATA_SHARE_H_
+#define RESHARD_COMMON_DATA_DATA_SHARE_H_
 
 #include <cstdint>
 #include <string>
@@ -136,4 +136,4 @@ std::string LayoutFingerprint(absl::string_view dataset_id, uint64_t num_samples
 
 }  // namespace reshard::data
 
-#endif  // RESHARD_CLIENT_CPP_DATA_SHARE_H_
+#endif  // RESHARD_COMMON_DATA_DATA_SHARE_H_

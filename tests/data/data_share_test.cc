@@ -1,8 +1,8 @@
-// The C++ share function (client/cpp/data_share.h) against the shared test
+// The C++ share function (common/data/data_share.h) against the shared test
 // vectors of tests/data/share_vectors.json, written by the Python
 // implementation (tests/data/gen_share_vectors.py): both must agree bit for
 // bit. Plus the properties the vectors cannot show alone.
-#include "client/cpp/data_share.h"
+#include "common/data/data_share.h"
 
 #include <algorithm>
 #include <fstream>
