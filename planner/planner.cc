@@ -362,59 +362,35 @@ absl::Status CheckTargetAvoidsLost(const LostSet& lost, const std::vector<int>& 
   return absl::OkStatus();
 }
 
-}  // namespace
 
-absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                              const LostSet& lost) {
-  if (absl::Status s = ValidatePtc(ptc); !s.ok()) return s;
-  if (absl::Status s = ValidateLayout(ptc, from, "layout"); !s.ok()) return s;
-  if (absl::Status s = ValidateLayout(ptc, to, "target"); !s.ok()) return s;
+// Templates with the destinations of their overlaps: `every_stage` per
+// stage holding the tensor, plus `one_stage`. Stable addresses.
+struct CachedTemplate {
+  Template tpl;
+  size_t every_stage = 0, one_stage = 0;
+};
+using TemplateCache = std::unordered_map<std::string, CachedTemplate>;
 
-  HostTable hosts;
-  const ResolvedLayout old_layout = ResolvedLayout::Resolve(from, ptc.num_layers(), &hosts);
-  const ResolvedLayout new_layout = ResolvedLayout::Resolve(to, ptc.num_layers(), &hosts);
-  const std::vector<v1::DeviceSlot> old_slots = ExpandPlacement(from.placement());
-  const std::vector<v1::DeviceSlot> new_slots = ExpandPlacement(to.placement());
-
-  Plan plan;
-  std::vector<char> alive;
-  if (absl::Status s = ResolveLost(lost, hosts, old_layout, old_slots, &alive, &plan.lost_ranks);
-      !s.ok()) {
-    return s;
-  }
-  if (absl::Status s = CheckTargetAvoidsLost(lost, plan.lost_ranks, old_slots, new_slots);
-      !s.ok()) {
-    return s;
-  }
-
-  const Buckets old_buckets(ptc, old_layout);
-  const Buckets new_buckets(ptc, new_layout);
-  PlanBuilder builder(hosts.size(), &plan);
-  // Templates with the destinations of their overlaps: `every_stage` per
-  // stage holding the tensor, plus `one_stage`. Stable addresses.
-  struct CachedTemplate {
-    Template tpl;
-    size_t every_stage = 0, one_stage = 0;
-  };
-  std::unordered_map<std::string, CachedTemplate> templates;
-  std::vector<std::string> missing;  // one line per tensor with lost regions
-  std::vector<int> old_stages, new_stages;
-  const std::vector<int> kNoStages;
-  std::vector<Endpoint> needers, holders;
-
-  // First pass: templates, and the exact number of destinations (one per
-  // needer of every overlap), so the plan's arrays never reallocate.
+// MakePlan's first pass: each tensor's template (shared by tensors cut
+// alike), and the exact number of destinations (one per needer of every
+// overlap), reserved so that the plan's arrays never reallocate.
+std::vector<const Template*> BuildTemplates(const v1::Ptc& ptc, const ResolvedLayout& old_layout,
+                                            const Buckets& old_buckets,
+                                            const ResolvedLayout& new_layout,
+                                            const Buckets& new_buckets, TemplateCache* templates,
+                                            PlanBuilder* builder, Plan* plan) {
   std::vector<const Template*> tensor_templates(ptc.tensors_size());
+  std::vector<int> new_stages;
   size_t total_dsts = 0;
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     const v1::TensorSpec& t = ptc.tensors(item);
-    auto [it, inserted] = templates.try_emplace(TemplateKey(t, item));
+    auto [it, inserted] = templates->try_emplace(TemplateKey(t, item));
     CachedTemplate& cached = it->second;
     if (inserted) {
       cached.tpl = BuildTemplate(ptc, item, old_layout, old_buckets, new_layout, new_buckets);
       for (std::vector<Group>* side : {&cached.tpl.old_groups, &cached.tpl.new_groups}) {
         for (Group& g : *side) {
-          for (Member& m : g.members) m.strides = builder.InternStrides(m.view.strides);
+          for (Member& m : g.members) m.strides = builder->InternStrides(m.view.strides);
         }
       }
       for (const Overlap& ov : cached.tpl.overlaps) {
@@ -429,16 +405,37 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   }
   // Blobs: at most one destination per new rank each.
   total_dsts += static_cast<size_t>(ptc.blobs_size()) * new_layout.world();
-  plan.dsts.reserve(total_dsts);
-  plan.steps.reserve(total_dsts);  // untouched capacity costs no memory
+  plan->dsts.reserve(total_dsts);
+  plan->steps.reserve(total_dsts);  // untouched capacity costs no memory
+  return tensor_templates;
+}
 
-  for (int item = 0; item < ptc.tensors_size(); ++item) {
+// MakePlan's second pass, item by item: who needs each region and who
+// still holds it, handed to the builder; what no survivor holds is named
+// in `missing`. The scratch vectors are reused across items.
+struct PlanPass {
+  const v1::Ptc& ptc;
+  const ResolvedLayout& old_layout;
+  const ResolvedLayout& new_layout;
+  const std::vector<char>& alive;
+  PlanBuilder& builder;
+  Plan& plan;
+  std::vector<std::string> missing;  // one line per item with lost regions
+  std::vector<int> old_stages, new_stages;
+  std::vector<Endpoint> needers, holders;
+
+  // Rank r of `layout` holding a whole blob.
+  Endpoint WholeBlob(const ResolvedLayout& layout, int r) const {
+    return Endpoint{r, layout.host(r), layout.device(r), builder.contiguous(), 0};
+  }
+
+  void PlaceTensor(int item, const Template& tpl) {
     const v1::TensorSpec& t = ptc.tensors(item);
     const int ebytes = ElementBytes(t.dtype());
     plan.items.push_back(Plan::Item{t.name(), false, ebytes, t.shape_size()});
-    const Template& tpl = *tensor_templates[item];
     old_layout.StagesHolding(t.partition().pipeline(), &old_stages);
     new_layout.StagesHolding(t.partition().pipeline(), &new_stages);
+    const std::vector<int> kNoStages;
 
     // Report each lost old box once, however many new shards need part of it.
     std::vector<int> lost_groups;
@@ -475,7 +472,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
       for (int g : lost_groups) lost_regions.push_back(BoxString(tpl.old_groups[g].box));
       missing.push_back(
           absl::StrCat("tensor \"", t.name(), "\" regions ", absl::StrJoin(lost_regions, " ")));
-      continue;
+      return;
     }
     for (const PadRun& run : tpl.new_padding) {
       if (run.stage >= 0) {
@@ -489,63 +486,90 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
     }
   }
 
-  for (int b = 0; b < ptc.blobs_size(); ++b) {
+  // Places the blob's needers (all of `needers`) or, with no holder left,
+  // regenerates it or reports it lost. False when lost.
+  bool PlaceWholeBlob(int item, const v1::BlobSpec& blob) {
+    const int64_t shape[1] = {blob.size_bytes()};
+    if (builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) return true;
+    if (!blob.regenerable()) return false;
+    Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
+    return true;
+  }
+
+  void PlaceBlob(int b) {
     const v1::BlobSpec& blob = ptc.blobs(b);
     const int item = ptc.tensors_size() + b;
     plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
-    const int64_t shape[1] = {blob.size_bytes()};
     if (blob.scope() == v1::BLOB_REPLICATED) {
       needers.clear();
       holders.clear();
-      for (int r = 0; r < new_layout.world(); ++r) {
-        needers.push_back(
-            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
-      }
+      for (int r = 0; r < new_layout.world(); ++r) needers.push_back(WholeBlob(new_layout, r));
       for (int r = 0; r < old_layout.world(); ++r) {
-        if (alive[r]) {
-          holders.push_back(
-              Endpoint{r, old_layout.host(r), old_layout.device(r), builder.contiguous(), 0});
-        }
+        if (alive[r]) holders.push_back(WholeBlob(old_layout, r));
       }
-      if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
-        if (blob.regenerable()) {
-          Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
-        } else {
-          missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
-        }
+      if (!PlaceWholeBlob(item, blob)) {
+        missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
       }
-      continue;
+      return;
     }
     std::vector<int> lost_values;
     for (int k = 0; k < std::min(old_layout.world(), new_layout.world()); ++k) {
       needers.clear();
       holders.clear();
       for (int r = k; r < new_layout.world(); r += old_layout.world()) {
-        needers.push_back(
-            Endpoint{r, new_layout.host(r), new_layout.device(r), builder.contiguous(), 0});
+        needers.push_back(WholeBlob(new_layout, r));
       }
-      if (alive[k]) {
-        holders.push_back(
-            Endpoint{k, old_layout.host(k), old_layout.device(k), builder.contiguous(), 0});
-      }
-      if (!builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) {
-        if (blob.regenerable()) {
-          Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
-        } else {
-          lost_values.push_back(k);
-        }
-      }
+      if (alive[k]) holders.push_back(WholeBlob(old_layout, k));
+      if (!PlaceWholeBlob(item, blob)) lost_values.push_back(k);
     }
     if (!lost_values.empty()) {
       missing.push_back(absl::StrCat("blob \"", blob.name(), "\" values of old ranks ",
                                      absl::StrJoin(lost_values, ",")));
     }
   }
+};
 
-  if (!missing.empty()) {
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                              const LostSet& lost) {
+  if (absl::Status s = ValidatePtc(ptc); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, from, "layout"); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, to, "target"); !s.ok()) return s;
+
+  HostTable hosts;
+  const ResolvedLayout old_layout = ResolvedLayout::Resolve(from, ptc.num_layers(), &hosts);
+  const ResolvedLayout new_layout = ResolvedLayout::Resolve(to, ptc.num_layers(), &hosts);
+  const std::vector<v1::DeviceSlot> old_slots = ExpandPlacement(from.placement());
+  const std::vector<v1::DeviceSlot> new_slots = ExpandPlacement(to.placement());
+
+  Plan plan;
+  std::vector<char> alive;
+  if (absl::Status s = ResolveLost(lost, hosts, old_layout, old_slots, &alive, &plan.lost_ranks);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckTargetAvoidsLost(lost, plan.lost_ranks, old_slots, new_slots);
+      !s.ok()) {
+    return s;
+  }
+
+  const Buckets old_buckets(ptc, old_layout);
+  const Buckets new_buckets(ptc, new_layout);
+  PlanBuilder builder(hosts.size(), &plan);
+  TemplateCache templates;
+  const std::vector<const Template*> tensor_templates = BuildTemplates(
+      ptc, old_layout, old_buckets, new_layout, new_buckets, &templates, &builder, &plan);
+  PlanPass pass{ptc, old_layout, new_layout, alive, builder, plan};
+  for (int item = 0; item < ptc.tensors_size(); ++item) {
+    pass.PlaceTensor(item, *tensor_templates[item]);
+  }
+  for (int b = 0; b < ptc.blobs_size(); ++b) pass.PlaceBlob(b);
+
+  if (!pass.missing.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        missing.size(), " items have regions that no surviving rank holds (lost ranks ",
-        absl::StrJoin(plan.lost_ranks, ","), "): ", absl::StrJoin(missing, "; ")));
+        pass.missing.size(), " items have regions that no surviving rank holds (lost ranks ",
+        absl::StrJoin(plan.lost_ranks, ","), "): ", absl::StrJoin(pass.missing, "; ")));
   }
   std::sort(plan.regenerate.begin(), plan.regenerate.end());
   builder.Finish(hosts);
