@@ -1,7 +1,7 @@
-# Where reshard's CUDA code (agent/transfer: cuda_libraries, nccl_transport)
+# Where reshard's CUDA code (agent/device/cuda_libraries.cc)
 # will find the CUDA runtime and NCCL at run time. Nothing is linked and no
 # CUDA header is needed: the code declares the few C entry points it calls
-# (agent/transfer/cuda_api.h) and loads libcudart and libnccl with dlopen, so
+# (agent/device/cuda_api.h) and loads libcudart and libnccl with dlopen, so
 # the binaries start on hosts without them. The directories found here are
 # searched first (after $RESHARD_CUDA_LIBRARY_PATH).
 #

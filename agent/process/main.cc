@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/device/device_api.h"
 #include "agent/executor/executor.h"
 #include "agent/executor/peer_wait.h"
 #include "agent/process/config.h"
@@ -27,7 +28,6 @@
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
 #include "agent/transfer/backend.h"
-#include "agent/transfer/device_api.h"
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 #include "common/log.h"

@@ -20,12 +20,12 @@
 #include <utility>
 
 #include "absl/status/statusor.h"
+#include "agent/device/device_api.h"
 #include "agent/process/job_cache.h"
 #include "agent/process/metrics.h"
 #include "agent/process/worker_socket.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
-#include "agent/transfer/device_api.h"
 #include "grpcpp/grpcpp.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/worker.grpc.pb.h"

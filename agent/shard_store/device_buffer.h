@@ -1,6 +1,6 @@
 // Device memory as a memory kind of the shard store (MemoryKind::kCuda):
 // rank buffers in a GPU's memory, agent-owned, allocated through a DeviceApi
-// (agent/transfer/device_api.h: the CUDA runtime, or the fake device in CI).
+// (agent/device/device_api.h: the CUDA runtime, or the fake device in CI).
 // They have the host buffers' item layout (LayoutItems: 64-byte aligned
 // items), their lifecycle (written, sealed, immutable) and their checksums:
 // Seal copies each item through host staging memory in chunks and hashes it
@@ -22,9 +22,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/device/device_api.h"
+#include "agent/device/memory_kind.h"
 #include "agent/shard_store/shard_store.h"
-#include "agent/transfer/backend.h"
-#include "agent/transfer/device_api.h"
 
 namespace reshard::agent {
 

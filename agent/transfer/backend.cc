@@ -6,7 +6,7 @@
 #include <algorithm>
 #include <fstream>
 
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 

@@ -10,14 +10,13 @@
 #include <string>
 #include <vector>
 
+#include "agent/device/memory_kind.h"
+
 namespace reshard::agent {
 
 class DeviceApi;
 class DeviceCommFactory;
 class Transport;
-
-/// Memory a backend reads from and writes to.
-enum class MemoryKind { kHost, kCuda };
 
 /// What one backend supports (NIXL: getSupportedMems, supportsLocal,
 /// supportsRemote, supportsNotif).

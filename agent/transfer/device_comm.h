@@ -32,7 +32,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 namespace reshard::agent {
 

@@ -24,8 +24,8 @@
 #include <mutex>
 #include <string>
 
+#include "agent/device/fake_device.h"
 #include "agent/transfer/device_comm.h"
-#include "agent/transfer/fake_device.h"
 
 namespace reshard::agent {
 

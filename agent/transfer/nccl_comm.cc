@@ -7,8 +7,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transfer/cuda_api.h"
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_api.h"
+#include "agent/device/cuda_libraries.h"
 #include "common/log.h"
 
 namespace reshard::agent {

@@ -3,8 +3,8 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transfer/cuda_api.h"
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_api.h"
+#include "agent/device/cuda_libraries.h"
 
 namespace reshard::agent {
 namespace {

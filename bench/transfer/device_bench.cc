@@ -30,9 +30,9 @@
 
 #include <unistd.h>
 
+#include "agent/device/device_api.h"
 #include "agent/executor/executor.h"
 #include "agent/shard_store/device_buffer.h"
-#include "agent/transfer/device_api.h"
 #include "planner/planner.h"
 
 namespace reshard::agent {

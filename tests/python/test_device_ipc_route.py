@@ -1,6 +1,6 @@
 """Cross-host device steps between agents of ONE machine through device IPC
 handles, through real agents (issue 23 item 5): both agents run the fake
-device (agent/transfer/fake_device.h), whose IPC handles open across
+device (agent/device/fake_device.h), whose IPC handles open across
 processes of one machine, and advertise "fake-ipc:<boot id>:<pid ns>:<ipc ns>"
 (this kernel's /proc/sys/kernel/random/boot_id without dashes and the pid
 and ipc namespace inodes, the same for both); with every host

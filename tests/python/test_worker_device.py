@@ -1,6 +1,6 @@
 """Device-resident state through CUDA IPC (issue 23, items 2-3, the worker's
 side) against real agents: host-0's agent runs the fake device (two fake
-GPUs: host memory behind the device API, agent/transfer/fake_device.h),
+GPUs: host memory behind the device API, agent/device/fake_device.h),
 host-1's none. The worker's "device memory" is a fake device allocation of
 this process (reshard._device_ipc.FakeAllocation, a memfd the agent opens
 through /proc), so PublishDeviceShard and OpenDeviceGeneration move real

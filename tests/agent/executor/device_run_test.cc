@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "agent/device/fake_device.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/device_staging.h"
-#include "agent/transfer/fake_device.h"
 #include "tests/agent/executor/executor_fixture.h"
 
 namespace reshard::agent::executor_testing {

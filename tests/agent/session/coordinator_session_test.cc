@@ -25,9 +25,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "agent/device/device_api.h"
 #include "agent/executor/executor.h"
 #include "agent/shard_store/device_buffer.h"
-#include "agent/transfer/device_api.h"
 #include "reshard/v1/agent.grpc.pb.h"
 #include "tests/agent/executor/executor_fixture.h"
 

@@ -13,7 +13,7 @@
 #include <thread>
 #include <vector>
 
-#include "agent/transfer/fake_device.h"
+#include "agent/device/fake_device.h"
 #include "store_fixture.h"
 
 namespace reshard::agent {

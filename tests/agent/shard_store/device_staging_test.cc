@@ -10,7 +10,7 @@
 #include <cstring>
 #include <vector>
 
-#include "agent/transfer/fake_device.h"
+#include "agent/device/fake_device.h"
 #include "store_fixture.h"
 
 namespace reshard::agent {

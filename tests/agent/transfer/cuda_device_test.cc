@@ -4,14 +4,14 @@
 // device's tests check: copies in stream order, exact bytes back, capacity
 // errors as ResourceExhausted, and IPC into a real child process
 // (transfer_device_peer with the "cuda" device API).
-#include "agent/transfer/cuda_device.h"
+#include "agent/device/cuda_device.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdint>
 #include <vector>
 
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_libraries.h"
 #include "device_peer.h"
 
 namespace reshard::agent {

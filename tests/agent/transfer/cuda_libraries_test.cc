@@ -1,7 +1,7 @@
 // The CUDA runtime and NCCL are loaded at run time (built only with
 // RESHARD_CUDA): in CI they come from the wheels in the project's venv and
 // load on a machine with no GPU driver; with a device they also see it.
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_libraries.h"
 
 #include <gtest/gtest.h>
 

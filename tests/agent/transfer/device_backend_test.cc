@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
+#include "agent/device/fake_device.h"
 #include "agent/transfer/backend.h"
 #include "agent/transfer/fake_comm.h"
-#include "agent/transfer/fake_device.h"
 
 namespace reshard::agent {
 namespace {

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "absl/strings/escaping.h"
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 using reshard::agent::CopyKind;
 using reshard::agent::DeviceApi;

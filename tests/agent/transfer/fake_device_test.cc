@@ -1,7 +1,7 @@
 // The fake device (fake_device.h): stream ordering, capacity, alignment,
 // device memory that the host cannot touch, IPC into a real child process
 // (transfer_device_peer), and the factory ($RESHARD_DEVICE).
-#include "agent/transfer/fake_device.h"
+#include "agent/device/fake_device.h"
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 #include "device_peer.h"
 
 namespace reshard::agent {

@@ -10,7 +10,7 @@
 #include <string>
 #include <vector>
 
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 namespace reshard::agent {
 namespace {

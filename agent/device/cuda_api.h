@@ -1,4 +1,4 @@
-// Internal to agent/transfer (only its .cc files include it): the part of the
+// Internal to agent/device and agent/transfer (only their .cc files include it): the part of the
 // CUDA runtime's and NCCL's C ABI that reshard calls, and the entry points
 // CudaLibraries (cuda_libraries.h) resolved with dlsym. Declared here rather
 // than taken from cuda_runtime_api.h / nccl.h: the wheels torch brings hold

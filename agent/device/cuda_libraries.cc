@@ -1,4 +1,4 @@
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_libraries.h"
 
 #include <dlfcn.h>
 
@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "agent/transfer/cuda_api.h"
+#include "agent/device/cuda_api.h"
 
 #ifndef RESHARD_CUDA_LIBRARY_DIRS
 #define RESHARD_CUDA_LIBRARY_DIRS ""

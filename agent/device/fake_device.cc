@@ -1,4 +1,4 @@
-#include "agent/transfer/fake_device.h"
+#include "agent/device/fake_device.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

@@ -1,10 +1,10 @@
-#include "agent/transfer/cuda_device.h"
+#include "agent/device/cuda_device.h"
 
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "agent/transfer/cuda_api.h"
-#include "agent/transfer/cuda_libraries.h"
+#include "agent/device/cuda_api.h"
+#include "agent/device/cuda_libraries.h"
 
 namespace reshard::agent {
 namespace {

@@ -9,7 +9,7 @@
 #include <memory>
 #include <string>
 
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 namespace reshard::agent {
 

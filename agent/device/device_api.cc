@@ -1,5 +1,5 @@
 // MakeDeviceApi: which device API this process uses ($RESHARD_DEVICE).
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 #include <cstdlib>
 #include <vector>
@@ -7,10 +7,10 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
-#include "agent/transfer/fake_device.h"
+#include "agent/device/fake_device.h"
 
 #ifdef RESHARD_HAVE_CUDA
-#include "agent/transfer/cuda_device.h"
+#include "agent/device/cuda_device.h"
 #endif
 
 namespace reshard::agent {

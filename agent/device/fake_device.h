@@ -31,7 +31,7 @@
 #include <set>
 #include <string>
 
-#include "agent/transfer/device_api.h"
+#include "agent/device/device_api.h"
 
 namespace reshard::agent {
 
