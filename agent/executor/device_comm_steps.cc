@@ -62,10 +62,6 @@ absl::Status WatchingCancel(DeviceComm& comm, const std::function<bool()>& cance
   return s;
 }
 
-std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& v) {
-  return std::vector<int64_t>(v.begin(), v.end());
-}
-
 std::vector<int64_t> RowMajorStrides(const std::vector<int64_t>& shape) {
   std::vector<int64_t> s(shape.size(), 1);
   for (int k = static_cast<int>(shape.size()) - 2; k >= 0; --k) s[k] = s[k + 1] * shape[k + 1];

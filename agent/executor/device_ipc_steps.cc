@@ -22,6 +22,7 @@
 #include "agent/executor/device_cross_host.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/peer_proof.h"
+#include "agent/executor/step_chunks.h"
 #include "agent/executor/transfer_tags.h"
 #include "agent/shard_store/device_staging.h"
 
@@ -59,10 +60,6 @@ std::string IpcMac(const std::string& secret, const std::string& operation_id,
   AppendMacField(data, receiver);
   AppendMacField(data, payload);
   return HmacSha256Of(secret, data);
-}
-
-std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& v) {
-  return std::vector<int64_t>(v.begin(), v.end());
 }
 
 // One old rank a sender lists.

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/run_resources.h"
+#include "agent/executor/step_chunks.h"
 #include "agent/executor/task_phase.h"
 #include "agent/shard_store/device_staging.h"
 #include "common/log.h"
@@ -124,10 +125,6 @@ class Streams {
   DeviceApi* api_;
   std::map<int, DeviceStream> streams_;
 };
-
-std::vector<int64_t> Strides(const v1::StridedRegion& r) {
-  return std::vector<int64_t>(r.strides().begin(), r.strides().end());
-}
 
 }  // namespace
 
@@ -337,7 +334,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     const int64_t piece_bytes = std::max<int64_t>(options.local_chunk_bytes, 1);
     for (const v1::CopyStep* step : hs.locals) {
       const int eb = task.plan().items(step->item()).element_bytes();
-      const std::vector<int64_t> shape(step->shape().begin(), step->shape().end());
+      const std::vector<int64_t> shape = ToVector(step->shape());
       const RankBuffer& src_buf = *hs.old_bufs.at(step->src_rank());
       const auto* src_dev = dynamic_cast<const DeviceSource*>(&src_buf);
       const uint8_t* src_base =
@@ -350,8 +347,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
         absl::StatusOr<DeviceStream> stream = streams.Of(dst.device());
         if (!stream.ok()) return fail(stream.status());
         absl::Status st;
-        ForEachRun(shape, step->src().offset(), Strides(step->src()), d.region().offset(),
-                   Strides(d.region()), [&](int64_t s, int64_t t, int64_t n) {
+        ForEachRun(shape, step->src().offset(), ToVector(step->src().strides()),
+                   d.region().offset(), ToVector(d.region().strides()),
+                   [&](int64_t s, int64_t t, int64_t n) {
                      for (int64_t off = 0; off < n * eb && st.ok(); off += piece_bytes) {
                        const size_t bytes =
                            static_cast<size_t>(std::min(piece_bytes, n * eb - off));

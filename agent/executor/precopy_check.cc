@@ -7,15 +7,12 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "agent/executor/step_chunks.h"
 #include "agent/transfer/local_copy.h"
 #include "common/log.h"
 
 namespace reshard::agent {
 namespace {
-
-std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f) {
-  return std::vector<int64_t>(f.begin(), f.end());
-}
 
 // Runs fn(i) for every i < n on up to `threads` threads (this one included);
 // stops handing out indexes once fn returns false.

@@ -9,8 +9,15 @@
 #include <vector>
 
 #include "agent/executor/transfer_tags.h"
+#include "google/protobuf/repeated_field.h"
 
 namespace reshard::agent {
+
+/// A step's shape or a region's strides (repeated int64 in the plan) as the
+/// vector StepChunks, the copiers and the device routes take.
+inline std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f) {
+  return std::vector<int64_t>(f.begin(), f.end());
+}
 
 /// The chunks of a step of `shape` with elements of `element_bytes`: boxes of
 /// about `chunk_bytes` each (one box when the step fits; at most

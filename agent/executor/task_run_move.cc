@@ -16,10 +16,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr auto kProgressInterval = std::chrono::milliseconds(100);
 
-std::vector<int64_t> ToVector(const google::protobuf::RepeatedField<int64_t>& f) {
-  return std::vector<int64_t>(f.begin(), f.end());
-}
-
 // Compares `now`, the checksum of item `item` of old rank `rank` as it was
 // read, with `sealed`, that rank's sealed checksums; DataLoss naming it when
 // they differ.

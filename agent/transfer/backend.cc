@@ -35,7 +35,7 @@ BackendCapabilities NcclCapabilities() {
   BackendCapabilities c;
   c.name = "nccl";
   c.memory_kinds = {MemoryKind::kCuda};
-  c.local = true;  // ncclCommInitAll over this host's devices
+  c.local = true;  // between this host's devices
   c.used_by_executor = false;
   return c;
 }

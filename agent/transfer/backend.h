@@ -41,8 +41,10 @@ struct BackendCapabilities {
 BackendCapabilities LocalCopyCapabilities();
 /// UCX tag send/receive (ucx_transport.h): host memory between hosts.
 BackendCapabilities UcxCapabilities();
-/// NCCL (nccl_transport.h, library reshard_transfer_nccl, built only with
-/// CUDA): CUDA memory between this host's GPUs. No execution path uses it yet.
+/// NCCL between this host's GPUs (built only with CUDA): listed as loaded
+/// when a CUDA device is visible. No execution path moves bytes under this
+/// entry (the executor's NCCL is the device communicator's,
+/// DeviceCommBackendCapabilities), so it is never advertised.
 BackendCapabilities NcclCapabilities();
 
 /// A device API (device_api.h: "fake" or "cuda", as its capabilities name

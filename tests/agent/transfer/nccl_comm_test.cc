@@ -1,7 +1,8 @@
 // The NCCL device communicator (nccl_comm.h) on real GPUs: a 1-rank
 // communicator sending to itself in a group on one device, and two ranks
-// (threads, one device each) when there are two devices. Skips, saying why,
-// without a loaded NCCL and CUDA device (the loader's reason).
+// (threads, one device each) when there are two devices, up to 64 MiB a
+// message. Skips, saying why, without a loaded NCCL and CUDA device (the
+// loader's reason); without a device, the factory is refused.
 #include "agent/transfer/nccl_comm.h"
 
 #include <gtest/gtest.h>
@@ -10,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "agent/device/cuda_libraries.h"
 #include "agent/device/device_api.h"
 
 namespace reshard::agent {
@@ -63,6 +65,14 @@ class NcclCommTest : public ::testing::Test {
   std::unique_ptr<DeviceApi> api_;
 };
 
+TEST(NcclCommFactoryTest, WithoutADeviceThereIsNoCommunicator) {
+  if (CudaLibraries::Get().state().device_count > 0) GTEST_SKIP() << "a CUDA device is present";
+  std::string why;
+  EXPECT_EQ(MakeNcclCommFactory(&why), nullptr);
+  EXPECT_NE(why, "");
+  EXPECT_TRUE(absl::IsFailedPrecondition(MakeDeviceApi("cuda").status()));
+}
+
 TEST_F(NcclCommTest, OneRankSendsToItselfInAGroup) {
   absl::StatusOr<std::string> id = factory_->NewId();
   ASSERT_TRUE(id.ok()) << id.status();
@@ -76,23 +86,34 @@ TEST_F(NcclCommTest, OneRankSendsToItselfInAGroup) {
   }
 }
 
+TEST_F(NcclCommTest, SixtyFourMiBArriveWhole) {
+  absl::StatusOr<std::unique_ptr<DeviceComm>> comm = factory_->Init(*factory_->NewId(), 1, 0, 0);
+  ASSERT_TRUE(comm.ok()) << comm.status();
+  constexpr size_t kBytes = size_t{64} << 20;
+  absl::StatusOr<std::vector<uint8_t>> got = Exchange(**comm, kBytes, 0, 0, 7);
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(*got == Pattern(kBytes, 7));
+}
+
 TEST_F(NcclCommTest, TwoRanksOnTwoDevicesSwapBytes) {
   if (api_->capabilities().device_count < 2) {
     GTEST_SKIP() << "NCCL between two ranks needs two GPUs";
   }
-  const std::string id = factory_->NewId().value();
-  std::vector<std::future<absl::StatusOr<std::vector<uint8_t>>>> f;
-  for (int r = 0; r < 2; ++r) {
-    f.push_back(std::async(std::launch::async, [&, r]() -> absl::StatusOr<std::vector<uint8_t>> {
-      absl::StatusOr<std::unique_ptr<DeviceComm>> comm = factory_->Init(id, 2, r, r);
-      if (!comm.ok()) return comm.status();
-      return Exchange(**comm, 1 << 20, 1 - r, 1 - r, r);
-    }));
-  }
-  for (int r = 0; r < 2; ++r) {
-    absl::StatusOr<std::vector<uint8_t>> got = f[r].get();
-    ASSERT_TRUE(got.ok()) << got.status();
-    EXPECT_EQ(*got, Pattern(1 << 20, 1 - r));
+  for (size_t n : {size_t{1} << 20, size_t{64} << 20}) {
+    const std::string id = factory_->NewId().value();
+    std::vector<std::future<absl::StatusOr<std::vector<uint8_t>>>> f;
+    for (int r = 0; r < 2; ++r) {
+      f.push_back(std::async(std::launch::async, [&, r]() -> absl::StatusOr<std::vector<uint8_t>> {
+        absl::StatusOr<std::unique_ptr<DeviceComm>> comm = factory_->Init(id, 2, r, r);
+        if (!comm.ok()) return comm.status();
+        return Exchange(**comm, n, 1 - r, 1 - r, r);
+      }));
+    }
+    for (int r = 0; r < 2; ++r) {
+      absl::StatusOr<std::vector<uint8_t>> got = f[r].get();
+      ASSERT_TRUE(got.ok()) << got.status();
+      EXPECT_EQ(*got, Pattern(n, 1 - r)) << n << " bytes";
+    }
   }
 }
 
