@@ -262,8 +262,9 @@ def test_retry_succeeds_once_the_server_is_back(cluster, job_name):
     retries = []
     try:
         # gRPC's own reconnect backoff may keep the channel failing for a few
-        # seconds after the server is back: allow ~20 s of attempts.
-        with reshard.Client(proxy.address, timeout=10, max_attempts=80, initial_backoff=0.05,
+        # seconds after the server is back: allow ~20 s of attempts (the
+        # timeout bounds a call's attempts and waits together).
+        with reshard.Client(proxy.address, timeout=30, max_attempts=80, initial_backoff=0.05,
                             max_backoff=0.3, **cluster.client_kwargs(),
                             on_retry=lambda m, a, e, d, k: retries.append(k)) as c:
             job = c.register_job(spec)

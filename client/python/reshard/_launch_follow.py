@@ -77,33 +77,25 @@ class Launcher:
     # ------------------------------------------------------------ watchers
 
     def _watch_job(self):
-        backoff = 0.1
-        while not self._stop.is_set():
-            try:
-                for job in self.client.watch_job(self.job_id):
-                    backoff = 0.1
-                    self.queue.put(("job", job))
-                    if self._stop.is_set():
-                        return
-                # The stream ended without an error: a deleted job, or a
-                # coordinator that went away cleanly (then follow it again).
-                self.client.get_job(self.job_id)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-                continue
-            except errors.NotFound as e:
-                self.queue.put(("job_gone", e))
-                return
-            except (errors.Unavailable, errors.DeadlineExceeded, errors.Internal,
-                    errors.Aborted, errors.Cancelled) as e:
+        """Follows the job until the launcher stops (Client.watch_job in its
+        follow mode: every broken or ended stream reopened with the
+        stream_reconnect backoff of reshard._rpc, without limit, the count
+        reset by every job received); NotFound means the job is gone."""
+        try:
+            for job in self.client.watch_job(self.job_id, follow=self._reconnecting,
+                                             stop=self._stop):
+                self.queue.put(("job", job))
                 if self._stop.is_set():
                     return
-                self._log(f"WatchJob: {e}; reconnecting")
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
-            except Exception as e:  # noqa: BLE001: the main loop reports it
-                self.queue.put(("fatal", e))
-                return
+        except errors.NotFound as e:
+            self.queue.put(("job_gone", e))
+        except Exception as e:  # noqa: BLE001: the main loop reports it
+            self.queue.put(("fatal", e))
+
+    def _reconnecting(self, error, delay):
+        if not self._stop.is_set():
+            why = "the stream ended" if error is None else str(error)
+            self._log(f"WatchJob: {why}; reconnecting in {delay:.1f} s")
 
     def _watch_operation(self, op_id):
         try:

@@ -2,28 +2,36 @@
 
 Thread contract: a Client may be shared by threads (gRPC channels and stubs
 are thread-safe); close() is idempotent. Every call has a deadline (`timeout`
-seconds, per attempt); calls that fail with UNAVAILABLE are retried with
-exponential backoff and jitter up to `max_attempts` attempts, and nothing else
-is retried. A mutating call draws one idempotency key and sends it on every
-attempt, so a retry after a lost reply returns the first attempt's result
-instead of doing the work twice. Results are the proto messages of
+seconds for the whole call, its retries included: each attempt gets the time
+left); calls that fail with UNAVAILABLE are retried with exponential backoff
+and jitter up to `max_attempts` attempts, and nothing else is retried (the
+table of reshard._rpc, kind "client_call"; watches reopen as
+"stream_reconnect"). A mutating call draws one idempotency key and sends it
+on every attempt, so a retry after a lost reply returns the first attempt's
+result instead of doing the work twice. Results are the proto messages of
 reshard.v1 (`reshard.to_dict` turns one into a dict).
 """
 
 import os
-import random
 import time
 import uuid
 
 import grpc
 
-from reshard import errors
+from reshard import _rpc, errors
 from reshard._proto import as_message, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2
 
 _pb = coordinator_pb2
 
 TERMINAL_STATES = frozenset(
     (_pb.OPERATION_STATE_COMMITTED, _pb.OPERATION_STATE_ABORTED, _pb.OPERATION_STATE_FAILED))
+
+_CALL = _rpc.POLICIES[_rpc.CLIENT_CALL]
+
+# A follow (watch_job(follow=...)) reopens its stream on these codes too: a
+# replica failing or stopping mid-stream, not an answer about the job.
+_FOLLOW_CODES = frozenset((_rpc.DEADLINE_EXCEEDED, _rpc.INTERNAL, _rpc.ABORTED,
+                           _rpc.CANCELLED))
 
 _DEFAULT_CHANNEL_OPTIONS = (
     # The client retries UNAVAILABLE itself; let the channel reconnect quickly
@@ -73,10 +81,14 @@ class Client:
 
     Args:
       address: "host:port" of a coordinator (any replica).
-      timeout: default deadline of one attempt, seconds.
-      max_attempts: attempts per call when the server is UNAVAILABLE (>= 1).
-      initial_backoff, max_backoff, backoff_multiplier: retry delays, seconds;
-        each delay is multiplied by a random factor in [0.5, 1.5) (jitter).
+      timeout: default deadline of one call, seconds, its retries included
+        (each attempt gets the time left; None: no deadline).
+      max_attempts: attempts per call when the server is UNAVAILABLE (>= 1);
+        also the broken streams in a row a watch reopens.
+      initial_backoff, max_backoff, backoff_multiplier: retry delays, seconds:
+        the wait after failed attempt n is
+        min(max_backoff, initial_backoff * backoff_multiplier**(n-1)) times a
+        random factor in (0.5, 1] (jitter; reshard._rpc.backoff).
       channel: an existing grpc.Channel to use instead of opening one.
       credentials: grpc.ChannelCredentials (reshard.tls_credentials(...)).
         Required unless `channel` is given or `insecure` is True.
@@ -93,8 +105,9 @@ class Client:
         called before each retry sleep (for logging and metrics).
     """
 
-    def __init__(self, address, timeout=30.0, max_attempts=5, initial_backoff=0.1,
-                 max_backoff=5.0, backoff_multiplier=2.0, channel=None, credentials=None,
+    def __init__(self, address, timeout=30.0, max_attempts=_CALL["max_attempts"],
+                 initial_backoff=_CALL["initial_backoff_s"], max_backoff=_CALL["max_backoff_s"],
+                 backoff_multiplier=_CALL["multiplier"], channel=None, credentials=None,
                  options=(), on_retry=None, insecure=False, token=None):
         if max_attempts < 1:
             raise ValueError(f"max_attempts {max_attempts} must be >= 1")
@@ -181,31 +194,52 @@ class Client:
         end). A refused watch waits for a slot as long as its caller lets it,
         however many refusals that takes, not counted against max_attempts: a
         busy coordinator must never become a training failure."""
-        delay = self._delay(min(refusals, 32))
+        delay = self._delay(min(refusals, 32), _rpc.STREAM_RECONNECT)
         if end is not None:
             delay = min(delay, max(end - time.monotonic(), 0.0))
         if self.on_retry is not None:
             self.on_retry(method, refusals, errors.from_rpc_error(e, method), delay, None)
         time.sleep(delay)
 
-    def _delay(self, attempt):
-        base = min(self.max_backoff,
-                   self.initial_backoff * self.backoff_multiplier ** (attempt - 1))
-        return base * random.uniform(0.5, 1.5)
+    def _delay(self, attempt, kind=_rpc.CLIENT_CALL):
+        """The jittered wait after failed attempt `attempt` of a call of
+        `kind` (reshard._rpc.backoff), with this client's delays."""
+        return _rpc.backoff(_rpc.policy(
+            kind, max_attempts=self.max_attempts, initial_backoff_s=self.initial_backoff,
+            max_backoff_s=self.max_backoff, multiplier=self.backoff_multiplier), attempt)
+
+    def _end(self, timeout):
+        """The monotonic deadline of a call given `timeout` (None: the
+        client's; None there too: no deadline)."""
+        budget = self.timeout if timeout is None else timeout
+        return None if budget is None else time.monotonic() + budget
 
     def _call(self, method, request, timeout=None, idempotency_key=None):
+        return self._call_until(method, request, self._end(timeout), idempotency_key)
+
+    def _call_until(self, method, request, end, idempotency_key=None):
+        """One logical call: attempts while the table retries its code
+        (UNAVAILABLE), up to max_attempts, each attempt's deadline the time
+        left before `end`; a wait that would reach `end` ends it with
+        DeadlineExceeded naming the attempts and the last error."""
         rpc = getattr(self._stub, method)
-        deadline = self.timeout if timeout is None else timeout
         attempt = 0
         while True:
             attempt += 1
+            left = None if end is None else end - time.monotonic()
             try:
-                return rpc(request, timeout=deadline, metadata=self._metadata)
+                return rpc(request, timeout=left, metadata=self._metadata)
             except grpc.RpcError as e:
                 err = errors.from_rpc_error(e, method)
-                if e.code() != grpc.StatusCode.UNAVAILABLE or attempt >= self.max_attempts:
+                if (not _rpc.retryable(_rpc.CLIENT_CALL, e.code().value[0])
+                        or attempt >= self.max_attempts):
                     raise err from None
                 delay = self._delay(attempt)
+                if end is not None and time.monotonic() + delay >= end:
+                    raise errors.DeadlineExceeded(
+                        f"no answer within the call's timeout after {attempt} attempt"
+                        f"{'s' if attempt > 1 else ''}; the last: {err.code.name}: "
+                        f"{err.message}", method=method) from None
                 if self.on_retry is not None:
                     self.on_retry(method, attempt, err, delay, idempotency_key)
                 time.sleep(delay)
@@ -219,19 +253,22 @@ class Client:
         and the call repeated (same idempotency key: an Aborted call claimed
         nothing), up to max_attempts, while each Aborted comes with a newer
         generation. A given expected_generation is the caller's own
-        precondition: its Aborted is raised at once."""
+        precondition: its Aborted is raised at once. The reads and the
+        attempts share the call's one deadline (`timeout`)."""
+        end = self._end(timeout)
         if expected_generation is not None:
             req.expected_generation = expected_generation
-            return self._call(method, req, timeout, key)
+            return self._call_until(method, req, end, key)
+        read = _pb.GetJobRequest(job_id=req.job_id)
         attempt = 0
         while True:
             attempt += 1
-            req.expected_generation = self.get_job(req.job_id, timeout=timeout).generation
+            req.expected_generation = self._call_until("GetJob", read, end).generation
             try:
-                return self._call(method, req, timeout, key)
+                return self._call_until(method, req, end, key)
             except errors.Aborted:
-                if (attempt >= self.max_attempts or self.get_job(
-                        req.job_id, timeout=timeout).generation == req.expected_generation):
+                if (attempt >= self.max_attempts or self._call_until(
+                        "GetJob", read, end).generation == req.expected_generation):
                     raise
 
     # ------------------------------------------------------------------ jobs
@@ -494,28 +531,30 @@ class Client:
                     return
                 failures += 1
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED and end is not None:
+                code = e.code().value[0]
+                if code == _rpc.DEADLINE_EXCEEDED and end is not None:
                     raise errors.DeadlineExceeded(
                         f"operation \"{operation_id}\" not final after {timeout} s",
                         method="WatchOperation") from None
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                if _rpc.is_watch_refusal(code):
                     refusals += 1
                     refused = e.details()
                     self._wait_for_a_slot(e, refusals, "WatchOperation", end)
                     continue
                 err = errors.from_rpc_error(e, "WatchOperation")
                 failures += 1
-                if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
+                if (not _rpc.retryable(_rpc.STREAM_RECONNECT, code)
+                        or failures >= self.max_attempts):
                     raise err from None
             finally:
                 if stream is not None:
                     stream.cancel()  # the caller stopped early, or the stream is done
-            delay = self._delay(max(failures, 1))
+            delay = self._delay(max(failures, 1), _rpc.STREAM_RECONNECT)
             if self.on_retry is not None:
                 self.on_retry("WatchOperation", failures, None, delay, None)
             time.sleep(delay)
 
-    def watch_job(self, job_id, timeout=None, from_version=0):
+    def watch_job(self, job_id, timeout=None, from_version=0, follow=False, stop=None):
         """Iterates over the job (a Job message, without its PTC) now and on
         every committed change (each with a larger job.version), until the
         caller stops iterating, `timeout` seconds pass (DeadlineExceeded) or
@@ -530,12 +569,21 @@ class Client:
         limits (RESOURCE_EXHAUSTED) is opened again with backoff until a
         slot frees or `timeout` passes, however long that takes.
         `from_version` resumes an earlier watch (the first job is the first
-        state newer than it)."""
+        state newer than it).
+
+        follow: the launcher's mode (`reshard run`), True or a callable
+        (error, delay_s) told of each reopening: the watch never gives up
+        while the job exists. A stream that breaks (also DEADLINE_EXCEEDED,
+        INTERNAL, ABORTED, CANCELLED) or ends (then GetJob: NotFound when the
+        job is gone) is reopened with backoff, however many times in a row;
+        every job received starts the count again. `stop`: a
+        threading.Event that ends the iteration once set (checked before
+        each reopening and during its wait)."""
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
         refusals, refused = 0, None  # in a row, for the watch limits (_wait_for_a_slot)
         version = from_version
-        while True:
+        while stop is None or not stop.is_set():
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise errors.DeadlineExceeded(
@@ -549,22 +597,55 @@ class Client:
                     failures = refusals = 0
                     version = max(version, job.version)
                     yield job
-                return
+                if not follow:
+                    return
+                # The stream ended without an error: a deleted job
+                # (NotFound), or a replica that went away cleanly.
+                failures += 1
+                try:
+                    self.get_job(job_id)
+                    err = None
+                except errors.ReshardError as e:
+                    if not self._follows(e.code.value[0]):
+                        raise
+                    err = e
             except grpc.RpcError as e:
-                if e.code() == grpc.StatusCode.RESOURCE_EXHAUSTED:
+                code = e.code().value[0]
+                if code == _rpc.DEADLINE_EXCEEDED and end is not None:
+                    raise errors.DeadlineExceeded(
+                        f"watch of job \"{job_id}\" ended after {timeout} s",
+                        method="WatchJob") from None
+                if _rpc.is_watch_refusal(code):
                     refusals += 1
                     refused = e.details()
                     self._wait_for_a_slot(e, refusals, "WatchJob", end)
                     continue
                 failures += 1
-                if e.code() != grpc.StatusCode.UNAVAILABLE or failures >= self.max_attempts:
-                    raise errors.from_rpc_error(e, "WatchJob") from None
+                err = errors.from_rpc_error(e, "WatchJob")
+                if follow:
+                    if not self._follows(code):
+                        raise err from None
+                elif (not _rpc.retryable(_rpc.STREAM_RECONNECT, code)
+                        or failures >= self.max_attempts):
+                    raise err from None
             finally:
                 stream.cancel()
-            delay = self._delay(failures)
+            delay = self._delay(min(failures, 32), _rpc.STREAM_RECONNECT)
+            if callable(follow):
+                follow(err, delay)
             if self.on_retry is not None:
                 self.on_retry("WatchJob", failures, None, delay, None)
-            time.sleep(delay)
+            if stop is not None:
+                stop.wait(delay)
+            else:
+                time.sleep(delay)
+
+    @staticmethod
+    def _follows(code):
+        """Whether a follow (watch_job(follow=...)) reopens after `code`."""
+        return (code in _FOLLOW_CODES
+                or (_rpc.retryable(_rpc.STREAM_RECONNECT, code)
+                    and not _rpc.is_watch_refusal(code)))
 
     def wait(self, operation_id, timeout=None, raise_on_failure=False):
         """Blocks until the operation is final and returns it. With

@@ -55,7 +55,7 @@ import time
 
 import grpc
 
-from . import _proto
+from . import _proto, _rpc
 from . import data as _data
 from . import errors as _errors
 
@@ -78,20 +78,24 @@ def _error_record(rank, exc):
 
 
 def _raise_record(rec, others=0):
-    """Raises the error `rec` describes (the same class where it is a reshard
-    error, ReshardError otherwise) with "rank R: " in front."""
+    """Raises the error `rec` describes with "rank R: " in front: a reshard
+    error as the class of its code (reshard.errors.from_code, the table of
+    reshard._rpc), PeerLost as PeerLost, OperationFailed as ReshardError
+    ABORTED (its Operation stayed on the rank that saw it), anything else as
+    ReshardError INTERNAL naming its class."""
     rank, cls_name, message, code, method = rec
     more = f" (and {others} more rank{'s' if others > 1 else ''} failed)" if others else ""
     text = f"rank {rank}: {message}{more}"
-    cls = getattr(_errors, cls_name, None)
-    if code is not None and isinstance(cls, type) and issubclass(cls, _errors.ReshardError):
-        if cls is _errors.OperationFailed:
-            raise _errors.ReshardError(text, code=getattr(grpc.StatusCode, code), method=method)
-        raise cls(text, code=getattr(grpc.StatusCode, code), method=method)
     if cls_name == "PeerLost":
         raise PeerLost(text, method=method)
-    raise _errors.ReshardError(f"rank {rank}: {cls_name}: {message}{more}",
-                               code=grpc.StatusCode.INTERNAL)
+    if code is None:
+        raise _errors.ReshardError(f"rank {rank}: {cls_name}: {message}{more}",
+                                   code=grpc.StatusCode.INTERNAL)
+    number = _rpc.CODE_NUMBERS.get(code, _rpc.UNKNOWN)
+    if cls_name == "OperationFailed":
+        raise _errors.ReshardError(text, code=getattr(grpc.StatusCode, _rpc.code_name(number)),
+                                   method=method)
+    raise _errors.from_code(number, text, method)
 
 
 def _is_terminal(op):

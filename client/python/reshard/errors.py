@@ -9,6 +9,8 @@ that itself, up to max_attempts).
 
 import grpc
 
+from reshard import _rpc
+
 
 class ReshardError(Exception):
     """Base class of every error the reshard SDK raises for a failed call."""
@@ -105,19 +107,18 @@ class UnsafeBlob(InvalidArgument):
         self.global_name = global_name
 
 
-_BY_CODE = {cls.code: cls for cls in (
-    InvalidArgument, NotFound, AlreadyExists, FailedPrecondition, Aborted, Unavailable,
-    DeadlineExceeded, DataLoss, ResourceExhausted, Cancelled, Internal, Unauthenticated,
-    PermissionDenied)}
-
-
-_BY_NUMBER = {c.value[0]: c for c in grpc.StatusCode}
+# The class of each code a caller acts on, from the one table of
+# reshard._rpc (EXCEPTION_FOR_CODE, shared with the C++ side through
+# tests/data/rpc_vectors.json); every other code is ReshardError itself.
+_BY_CODE = {getattr(grpc.StatusCode, code): globals()[cls]
+            for code, cls in _rpc.EXCEPTION_FOR_CODE.items()}
 
 
 def from_code(number, message, method=""):
     """The ReshardError subclass for a numeric gRPC status code (as the
-    agent's descriptor socket answers it, reshard.v1.WorkerFdResponse)."""
-    code = _BY_NUMBER.get(number, grpc.StatusCode.UNKNOWN)
+    agent's descriptor socket answers it, reshard.v1.WorkerFdResponse); a
+    number that is no code is UNKNOWN."""
+    code = getattr(grpc.StatusCode, _rpc.code_name(_rpc.wire_code(number)))
     cls = _BY_CODE.get(code, ReshardError)
     if cls is ReshardError:
         return ReshardError(message, code=code, method=method)

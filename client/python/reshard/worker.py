@@ -19,7 +19,7 @@ import time
 import grpc
 import numpy as np
 
-from reshard import _dtypes, _rank_region, errors
+from reshard import _dtypes, _rank_region, _rpc, errors
 from reshard._proto import as_message, ptc_pb2
 from reshard._proto import worker_pb2, worker_pb2_grpc
 
@@ -109,7 +109,9 @@ class Worker:
         a reshard.Client (its credentials are used), or "host:port" of the
         coordinator, dialled with `client_kwargs` (reshard.Client's
         credentials=, token= or insecure=True; one of them is required).
-      timeout: deadline of each call, seconds.
+      timeout: deadline of each call, seconds; a publish the agent answers
+        UNAVAILABLE (the generation not open here yet) is retried within it,
+        each attempt getting the time left.
       worker_token: the job's worker token (Client.register_job(...,
         with_token=True), Client.worker_token(job_id) or `reshardctl jobs
         worker-token JOB`); default $RESHARD_WORKER_TOKEN. The agent serves
@@ -176,10 +178,11 @@ class Worker:
     def __exit__(self, *exc):
         self.close()
 
-    def _call(self, method, request):
+    def _call(self, method, request, timeout=None):
         try:
-            return getattr(self._stub, method)(request, timeout=self.timeout,
-                                               metadata=self._metadata)
+            return getattr(self._stub, method)(
+                request, timeout=self.timeout if timeout is None else timeout,
+                metadata=self._metadata)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, method) from None
 
@@ -230,18 +233,23 @@ class Worker:
         return fd
 
     def _call_retrying_unavailable(self, method, request):
-        """_call, retried with backoff while the agent answers UNAVAILABLE (a
-        checkpoint's generation not yet open here), up to self.timeout."""
-        deadline = time.monotonic() + self.timeout
-        delay = 0.02
+        """_call, retried while the agent answers UNAVAILABLE (a checkpoint's
+        generation not yet open here) with the backoff of reshard._rpc's
+        worker_publish row, within self.timeout for the whole call: each
+        attempt's deadline is the time left."""
+        end = time.monotonic() + self.timeout
+        attempt = 0
         while True:
+            attempt += 1
             try:
-                return self._call(method, request)
-            except errors.Unavailable:
-                if time.monotonic() + delay > deadline:
+                return self._call(method, request, timeout=end - time.monotonic())
+            except errors.ReshardError as e:
+                if not _rpc.retryable(_rpc.WORKER_PUBLISH, e.code.value[0]):
+                    raise
+                delay = _rpc.backoff(_rpc.WORKER_PUBLISH, attempt)
+                if time.monotonic() + delay > end:
                     raise
                 time.sleep(delay)
-                delay = min(delay * 2, 0.5)
 
     # ----------------------------------------------------------------- publish
 
