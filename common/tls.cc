@@ -3,7 +3,6 @@
 #include <cstdlib>
 #include <fstream>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "grpc/grpc_security_constants.h"
 #include "grpcpp/security/auth_context.h"
@@ -46,18 +45,6 @@ TlsFiles TlsFilesFromEnvironment() {
   files.ca = env("RESHARD_TLS_CA");
   if (!ParseBool(env("RESHARD_INSECURE"), &files.insecure).ok()) files.insecure = false;
   return files;
-}
-
-absl::Status ParseBool(const std::string& text, bool* out) {
-  const std::string t = absl::AsciiStrToLower(text);
-  if (t == "1" || t == "true" || t == "yes" || t == "on") {
-    *out = true;
-  } else if (t == "0" || t == "false" || t == "no" || t == "off") {
-    *out = false;
-  } else {
-    return absl::InvalidArgumentError("expected true or false");
-  }
-  return absl::OkStatus();
 }
 
 absl::Status ValidateTlsFiles(const TlsFiles& files, bool need_identity) {

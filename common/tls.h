@@ -12,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/config_table.h"  // ParseBool, which the TLS variables use
 
 namespace grpc {
 class AuthContext;
@@ -65,8 +66,5 @@ std::string PeerCertificateName(const grpc::AuthContext& context);
 /// and RESHARD_INSECURE (a value that is not a boolean counts as false),
 /// as the SDK examples and tools without a config table read them.
 TlsFiles TlsFilesFromEnvironment();
-
-/// Parses a boolean flag or variable value: 1/true/yes/on or 0/false/no/off.
-[[nodiscard]] absl::Status ParseBool(const std::string& text, bool* out);
 
 }  // namespace reshard

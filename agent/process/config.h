@@ -1,6 +1,8 @@
 // reshard-agent's configuration: flags, then environment variables for the
-// flags not given, then defaults; validated once at start-up. See README.md,
-// "Running an agent".
+// flags not given, then defaults; validated once at start-up. One declared
+// table in config.cc (common/config_table.h) says every flag's variable,
+// help, field, range and default; parsing, AgentUsage() and the checks are
+// derived from it. See README.md, "Running an agent".
 #pragma once
 
 #include <cstdint>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "common/config_table.h"
 #include "common/tls.h"
 
 namespace reshard::agent {
@@ -28,12 +31,12 @@ struct AgentConfig {
   /// counting time the coordinator did not answer (peer_wait.h).
   /// --peer-wait-ms, RESHARD_PEER_WAIT_MS; 100 ms to 1 h.
   int64_t peer_wait_ms = 60000;
-  int copy_threads = 4;                            // --copy-threads
+  int copy_threads = 4;  // --copy-threads
   /// Bytes the worker service may keep of the jobs' PTCs, layouts and
   /// worker-token hashes (docs/agent.md, "Worker service memory").
   /// --worker-cache-bytes, RESHARD_WORKER_CACHE_BYTES; at least 64 KiB.
   int64_t worker_cache_bytes = int64_t{64} << 20;
-  std::string log_level = "info";                  // --log-level, RESHARD_LOG_LEVEL
+  std::string log_level = "info";  // --log-level, RESHARD_LOG_LEVEL
   /// Prometheus /metrics address HOST:PORT (port 0: any free port); empty:
   /// no metrics served. --metrics-listen, RESHARD_METRICS_LISTEN.
   std::string metrics_listen;
@@ -72,13 +75,19 @@ struct AgentConfig {
   bool device_ipc = false;
 };
 
-/// Reads `args` (without argv[0]; `--flag value` or `--flag=value`) and the
-/// environment through `getenv` (returns nullptr when unset). InvalidArgument
-/// naming the flag and value on anything unknown, missing or out of range.
+/// Reads `args` (without argv[0]; `--flag value` or `--flag=value`; a flag
+/// given twice: the last wins) and, for the flags not given, the environment
+/// through `getenv` (returns nullptr when unset; an empty value counts as
+/// unset). InvalidArgument naming the flag (or variable) and the value on
+/// anything unknown, missing, malformed or out of range.
 [[nodiscard]] absl::StatusOr<AgentConfig> ParseAgentConfig(
     const std::vector<std::string>& args, const std::function<const char*(const char*)>& getenv);
 
-/// The usage text printed with --help and on a bad configuration.
+/// The usage text printed with --help and on a bad configuration: every
+/// flag with its variable, default and help.
 std::string AgentUsage();
+
+/// Every row of the table (flag, variable, help, default), in order.
+std::vector<SettingInfo> AgentSettings();
 
 }  // namespace reshard::agent

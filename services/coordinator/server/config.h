@@ -13,6 +13,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/config_table.h"
 #include "common/log.h"
 #include "common/tls.h"
 
@@ -69,8 +70,8 @@ struct CoordinatorConfig {
   int64_t max_watch_streams_per_identity = 4096;
   /// Per tenant, every identity of it together (schedulers, viewers, the
   /// worker tokens of its jobs), so that no one tenant's jobs take every
-  /// slot; a caller of no tenant (admin) has a budget of its own. 0: a quarter of max_watch_streams, and at least
-  /// max_watch_streams_per_identity (WatchTenantBudget).
+  /// slot; a caller of no tenant (admin) has a budget of its own. 0: a quarter of
+  /// max_watch_streams, and at least max_watch_streams_per_identity (WatchTenantBudget).
   int64_t max_watch_streams_per_tenant = 0;
   /// The change feed's safety poll: how often the versions of every watched
   /// job and operation are read (one query each), to catch a lost
@@ -121,11 +122,10 @@ struct CommandLine {
   bool help = false;  // -h / --help: print Usage() and exit 0
 };
 
-/// Reads an environment variable; nullopt when unset.
-using GetEnvFn = std::function<std::optional<std::string>(const std::string& name)>;
-
-/// The process environment (std::getenv).
-GetEnvFn ProcessEnv();
+/// Reads an environment variable (nullopt when unset); the process's own:
+/// ProcessEnv().
+using ::reshard::GetEnvFn;
+using ::reshard::ProcessEnv;
 
 /// Parses `reshard-coordinator [serve|migrate] [flags]` (`args` without the
 /// program name), fills the config from flags then `getenv`, fills defaults
@@ -140,14 +140,17 @@ GetEnvFn ProcessEnv();
 /// the value.
 [[nodiscard]] absl::Status ValidateConfig(const CoordinatorConfig& config);
 
-/// Splits "host:port" ("[v6]:port" too). InvalidArgument naming `flag`.
-[[nodiscard]] absl::Status SplitHostPort(const std::string& address, const std::string& flag,
-                                         std::string* host, int* port);
+/// Splits "host:port" ("[v6]:port" too). InvalidArgument naming the flag.
+using ::reshard::SplitHostPort;
 
 /// `hostname:pid` of this process.
 std::string DefaultReplicaId();
 
-/// The --help text: commands, every flag with its variable and default.
+/// Every row of the flag table (flag, variable, help, default), in order.
+std::vector<SettingInfo> CoordinatorSettings();
+
+/// The --help text: commands, every flag with its variable and default
+/// (from the one table that parsing and ValidateConfig read too).
 std::string Usage();
 
 /// The per-tenant watch budget in force: max_watch_streams_per_tenant, or

@@ -3,8 +3,11 @@
 
 #include <cctype>
 #include <cstdio>
+#include <fstream>
 #include <map>
 #include <ostream>
+#include <set>
+#include <sstream>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -176,9 +179,8 @@ INSTANTIATE_TEST_SUITE_P(
         BadCase{{"--insecure", "--dsn", "x", "--pool-size", "2", "--pool-agent-reserve", "2"},
                 {},
                 "--pool-agent-reserve (RESHARD_POOL_AGENT_RESERVE) = 2"},
-        BadCase{{"--insecure", "--dsn", "x", "--pool-agent-reserve", "-1"},
-                {},
-                "--pool-agent-reserve"},
+        BadCase{
+            {"--insecure", "--dsn", "x", "--pool-agent-reserve", "-1"}, {}, "--pool-agent-reserve"},
         BadCase{{"--insecure", "--dsn", "x", "--store-statement-timeout-ms", "10"},
                 {},
                 "--store-statement-timeout-ms"},
@@ -240,6 +242,82 @@ TEST(SplitHostPortTest, Forms) {
   EXPECT_EQ(port, 7070);
   ASSERT_TRUE(SplitHostPort("localhost:65535", "--listen", &host, &port).ok());
   EXPECT_EQ(port, 65535);
+}
+
+// ---- The declared table itself (issue 33).
+
+// Every row's flag and variable are in --help, with its help text.
+TEST(ConfigTableTest, UsageListsEveryRow) {
+  const std::string usage = Usage();
+  std::set<std::string> flags;
+  for (const SettingInfo& row : CoordinatorSettings()) {
+    EXPECT_TRUE(flags.insert(row.flag).second) << "--" << row.flag << " twice in the table";
+    EXPECT_THAT(usage, HasSubstr("--" + row.flag + " "));
+    EXPECT_THAT(usage, HasSubstr("env " + row.env));
+    EXPECT_THAT(usage, HasSubstr(row.help));
+  }
+  EXPECT_THAT(usage, HasSubstr("env RESHARD_LEASE_MS, default 10000"));
+  EXPECT_THAT(usage, HasSubstr("env RESHARD_REPLICA_ID, default hostname:pid"));
+  EXPECT_THAT(usage, HasSubstr("env RESHARD_LOG_LEVEL, default info"));
+  EXPECT_THAT(usage, HasSubstr("--insecure             env RESHARD_INSECURE, default false"));
+}
+
+// The machinery's messages, exactly: InvalidArgument naming the flag (or
+// variable) and the value.
+TEST(ConfigTableTest, ErrorsNameTheFlagAndValue) {
+  struct Case {
+    std::vector<std::string> args;
+    std::map<std::string, std::string> env;
+    std::string message;
+  };
+  for (const Case& c : std::vector<Case>{
+           {{"--insecure", "--dsn", "x", "--bogus", "1"}, {}, "unknown flag --bogus (see --help)"},
+           {{"--insecure", "--dsn", "x", "--lease-ms", "5"},
+            {},
+            "--lease-ms (RESHARD_LEASE_MS) = 5: must be between 100 and 86400000"},
+           {{"--insecure", "--dsn", "x", "--lease-ms=abc"},
+            {},
+            "--lease-ms = \"abc\": not an integer"},
+           {{"--insecure", "--dsn", "x"},
+            {{"RESHARD_POOL_SIZE", "many"}},
+            "RESHARD_POOL_SIZE = \"many\": not an integer"},
+           {{"--insecure", "--dsn", "x", "--retention-retired-age-ms", "1000"},
+            {},
+            "--retention-retired-age-ms (RESHARD_RETENTION_RETIRED_AGE_MS) = 1000: must be "
+            "between 30000 and 31536000000"},
+           {{"--insecure", "--dsn", "x", "--log-level", "loud"},
+            {},
+            "--log-level = \"loud\": expected debug, info, warning or error"},
+           {{"--insecure", "--dsn", "x", "--listen", "h:70000"},
+            {},
+            "--listen (RESHARD_LISTEN) = \"h:70000\": port must be an integer between 0 and "
+            "65535 (expected host:port)"},
+           {{"--insecure", "--dsn", "x", "--listen", "a b:80"},
+            {},
+            "--listen (RESHARD_LISTEN) = \"a b:80\": the host has '/' or spaces (expected "
+            "host:port)"},
+       }) {
+    absl::StatusOr<CommandLine> cl = Parse(c.args, c.env);
+    EXPECT_EQ(cl.status().code(), absl::StatusCode::kInvalidArgument) << cl.status();
+    EXPECT_EQ(cl.status().message(), c.message);
+  }
+}
+
+// README's table of the coordinator's flags ("Running the coordinator")
+// lists every row of the table with its variable.
+TEST(ConfigTableTest, ReadmeListsEveryFlag) {
+  std::ifstream in(std::string(RESHARD_SOURCE_DIR) + "/README.md");
+  ASSERT_TRUE(in.good());
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string readme = text.str();
+  const size_t start = readme.find("## Running the coordinator");
+  ASSERT_NE(start, std::string::npos);
+  const std::string section = readme.substr(start, readme.find("\n## ", start + 1) - start);
+  for (const SettingInfo& row : CoordinatorSettings()) {
+    EXPECT_THAT(section, HasSubstr("| `--" + row.flag + "` | `" + row.env + "` |"))
+        << "README.md, \"Running the coordinator\": no row for --" << row.flag;
+  }
 }
 
 }  // namespace
