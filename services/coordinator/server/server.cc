@@ -29,8 +29,8 @@
 #include "services/coordinator/server/coordinator_service.h"
 #include "services/coordinator/server/stream_limits.h"
 #include "services/coordinator/store/migrator.h"
-#include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_listener.h"
+#include "services/coordinator/store/pg_store.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -61,7 +61,25 @@ absl::Status CoordinatorServer::Start() {
 
   registry_ = std::make_shared<prometheus::Registry>();
   metrics_ = std::make_unique<CoordinatorMetrics>(registry_);
+  absl::StatusOr<PgStore*> store = ConnectStore();
+  if (!store.ok()) return store.status();
+  MakeApis();
+  if (absl::Status s = ServeGrpc(); !s.ok()) {
+    Shutdown();
+    return s;
+  }
+  if (absl::Status s = ServeMetrics(); !s.ok()) {
+    Shutdown();
+    return s;
+  }
+  StartLeader(*store);
+  RESHARD_LOG(INFO) << "replica=" << config_.replica_id << " serving gRPC on port " << port_
+                    << ", /metrics on port " << metrics_port_ << ", schema version "
+                    << LatestKnownSchemaVersion();
+  return absl::OkStatus();
+}
 
+absl::StatusOr<PgStore*> CoordinatorServer::ConnectStore() {
   PgStoreOptions store_options;
   store_options.dsn = config_.dsn;
   store_options.pool_size = config_.pool_size;
@@ -119,7 +137,11 @@ absl::Status CoordinatorServer::Start() {
         feed->Reconnected();
       });
   listener_->Start();
+  return health_of;
+}
 
+void CoordinatorServer::MakeApis() {
+  TaskNotifier* notifier = task_notifier_.get();
   SchedulerApi::Options scheduler_options;
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
   scheduler_options.step_boundary_timeout_ms = config_.step_boundary_timeout_ms;
@@ -147,13 +169,12 @@ absl::Status CoordinatorServer::Start() {
     return agent_service_ != nullptr ? agent_service_->heartbeat_lag_ms() : 0;
   };
   driver_ = std::make_unique<OperationDriver>(store_, &clock_, metrics_.get(), driver_options);
+}
 
+absl::Status CoordinatorServer::ServeGrpc() {
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       MakeServerCredentials(config_.tls);
-  if (!credentials.ok()) {
-    Shutdown();
-    return credentials.status();
-  }
+  if (!credentials.ok()) return credentials.status();
   if (config_.tls.insecure) {
     RESHARD_LOG(WARNING) << "replica=" << config_.replica_id << " --insecure: plaintext gRPC on "
                          << config_.listen
@@ -190,24 +211,26 @@ absl::Status CoordinatorServer::Start() {
   builder.RegisterService(auth_service_.get());
   grpc_server_ = builder.BuildAndStart();
   if (grpc_server_ == nullptr || port_ == 0) {
-    const std::string address = config_.listen;
-    Shutdown();
     return absl::UnavailableError(
-        absl::StrCat("--listen = \"", address, "\": cannot bind the gRPC server there"));
+        absl::StrCat("--listen = \"", config_.listen, "\": cannot bind the gRPC server there"));
   }
+  return absl::OkStatus();
+}
 
+absl::Status CoordinatorServer::ServeMetrics() {
   try {
     exposer_ = std::make_unique<prometheus::Exposer>(config_.metrics_listen);
     exposer_->RegisterCollectable(registry_);
     const std::vector<int> ports = exposer_->GetListeningPorts();
     metrics_port_ = ports.empty() ? 0 : ports.front();
   } catch (const std::exception& e) {
-    const std::string address = config_.metrics_listen;
-    Shutdown();
-    return absl::UnavailableError(absl::StrCat("--metrics-listen = \"", address,
+    return absl::UnavailableError(absl::StrCat("--metrics-listen = \"", config_.metrics_listen,
                                                "\": cannot serve /metrics there: ", e.what()));
   }
+  return absl::OkStatus();
+}
 
+void CoordinatorServer::StartLeader(PgStore* health_of) {
   LeaderLoop::Options leader_options;
   leader_options.tick_ms = config_.tick_ms;
   leader_options.retry_ms = config_.leader_retry_ms;
@@ -232,10 +255,6 @@ absl::Status CoordinatorServer::Start() {
   leader_->EnableRetention(store_, retention);
   leader_->Start();
   kick_target_ = leader_.get();
-  RESHARD_LOG(INFO) << "replica=" << config_.replica_id << " serving gRPC on port " << port_
-                    << ", /metrics on port " << metrics_port_ << ", schema version "
-                    << LatestKnownSchemaVersion();
-  return absl::OkStatus();
 }
 
 bool CoordinatorServer::IsLeader() const { return leader_ != nullptr && leader_->IsLeader(); }

@@ -15,6 +15,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/server/config.h"
 
@@ -40,6 +41,7 @@ class WatchStreamLimits;
 class CoordinatorServiceImpl;
 class LeaderLoop;
 class OperationDriver;
+class PgStore;
 class SchedulerApi;
 class Store;
 class TaskNotifier;
@@ -88,6 +90,14 @@ class CoordinatorServer {
   void Shutdown();
 
  private:
+  // Start's phases, in order. ConnectStore returns the store whose health
+  // the leader loop watches (owned by store_).
+  absl::StatusOr<PgStore*> ConnectStore();
+  void MakeApis();
+  absl::Status ServeGrpc();
+  absl::Status ServeMetrics();
+  void StartLeader(PgStore* health_of);
+
   const CoordinatorConfig config_;
   SystemClock clock_;
   std::shared_ptr<prometheus::Registry> registry_;
