@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -124,14 +125,17 @@ absl::Status CheckSourceChoice(const Model& m, const ModelItem& item, int64_t id
   return absl::OkStatus();
 }
 
-absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buffers* bufs,
-                       Tally* tally) {
-  const v1::CopyStep& st = plan.steps(s);
-  if (st.item() < 0 || st.item() >= static_cast<int>(m.items.size())) {
-    return Violation(absl::StrFormat("step %d: item %d out of range", s, st.item()));
-  }
-  const ModelItem& item = m.items[st.item()];
-  const std::string where = absl::StrFormat("step %d, %s", s, ItemLabel(m, st.item()));
+// What ApplyStep checks before it copies an element: the step's source,
+// destinations, shape, bytes and cross_host flag against the model.
+struct StepShape {
+  int64_t count = 0;  // elements copied to each destination
+  int dst_host = -1;
+  bool cross = false;
+};
+
+absl::StatusOr<StepShape> CheckStepShape(const Model& m, const v1::CopyStep& st,
+                                         const ModelItem& item, const Buffers& bufs,
+                                         const std::string& where) {
   const int src = st.src_rank();
   if (src < 0 || src >= m.from.world) {
     return Violation(
@@ -169,7 +173,7 @@ absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buff
       return Violation(absl::StrFormat("%s: destinations span hosts \"%s\" and \"%s\"", where,
                                        m.hosts[dst_host], m.hosts[m.to.host[dst.rank()]]));
     }
-    const int64_t len = static_cast<int64_t>((*bufs)[st.item()][dst.rank()].size());
+    const int64_t len = static_cast<int64_t>(bufs[st.item()][dst.rank()].size());
     if (count > len) {
       return Violation(absl::StrFormat("%s: copies %d elements into new rank %d's buffer of %d",
                                        where, count, dst.rank(), len));
@@ -186,7 +190,22 @@ absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buff
                         "destinations on \"%s\"",
                         where, st.cross_host(), src, m.hosts[m.from.host[src]], m.hosts[dst_host]));
   }
+  return StepShape{count, dst_host, cross};
+}
 
+absl::Status ApplyStep(const Model& m, const v1::TransferPlan& plan, int s, Buffers* bufs,
+                       Tally* tally) {
+  const v1::CopyStep& st = plan.steps(s);
+  if (st.item() < 0 || st.item() >= static_cast<int>(m.items.size())) {
+    return Violation(absl::StrFormat("step %d: item %d out of range", s, st.item()));
+  }
+  const ModelItem& item = m.items[st.item()];
+  const std::string where = absl::StrFormat("step %d, %s", s, ItemLabel(m, st.item()));
+  absl::StatusOr<StepShape> shape = CheckStepShape(m, st, item, *bufs, where);
+  if (!shape.ok()) return shape.status();
+  const auto [count, dst_host, cross] = *shape;
+  const int src = st.src_rank();
+  const int ndim = st.shape_size();
   const std::vector<int64_t>& old_buf = item.old_buffers[src];
   std::vector<int64_t> idx(ndim, 0);
   for (int64_t k = 0; k < count; ++k) {

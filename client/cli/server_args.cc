@@ -297,13 +297,14 @@ absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms)
   return std::max<int64_t>(0, now_unix_ms - absl::ToInt64Milliseconds(*back));
 }
 
-absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
-                                                 const std::vector<std::string>& args,
-                                                 const std::string& coordinator_env,
-                                                 const GetEnv& getenv) {
-  ServerInvocation inv;
-  std::vector<std::string> rest = args;
-  inv.command = command;
+namespace {
+
+// For a group ("jobs", "ops", ...), the first argument that is not a flag
+// names the subcommand: taken out of `rest` into inv->command. A group
+// with --help and no subcommand sets inv->help.
+absl::Status TakeSubcommand(std::vector<std::string>* rest_args, ServerInvocation* inv) {
+  std::vector<std::string>& rest = *rest_args;
+  const std::string command = inv->command;
   if (std::find(kGroups.begin(), kGroups.end(), command) != kGroups.end()) {
     // The first argument that is not a flag names the subcommand.
     auto it = std::find_if(rest.begin(), rest.end(),
@@ -311,100 +312,96 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
     if (it == rest.end()) {
       if (std::find(rest.begin(), rest.end(), "--help") != rest.end() ||
           std::find(rest.begin(), rest.end(), "-h") != rest.end()) {
-        inv.help = true;
-        return inv;
+        inv->help = true;
+        return absl::OkStatus();
       }
       return absl::InvalidArgumentError(absl::StrCat("missing subcommand of \"", command,
                                                      "\": one of ",
                                                      absl::StrJoin(Subcommands(command), ", ")));
     }
-    inv.command = absl::StrCat(command, " ", *it);
-    if (FindSpec(inv.command) == nullptr) {
+    inv->command = absl::StrCat(command, " ", *it);
+    if (FindSpec(inv->command) == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat("unknown subcommand \"", *it, "\" of \"",
                                                      command, "\": expected one of ",
                                                      absl::StrJoin(Subcommands(command), ", ")));
     }
     rest.erase(it);
   }
-  const CommandSpec* spec = FindSpec(inv.command);
-  if (spec == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
-  }
-  std::vector<std::string> value_flags = spec->flags;
-  for (const char* g :
-       {"coordinator", "output", "timeout", "tls-ca", "tls-cert", "tls-key", "token-file"}) {
-    value_flags.push_back(g);
-  }
-  std::vector<std::string> bool_flags = spec->bool_flags;
-  bool_flags.push_back("insecure");
-  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, value_flags, bool_flags);
-  if (!parsed.ok()) return parsed.status();
-  inv.help = parsed->help;
-  if (inv.help) return inv;
+  return absl::OkStatus();
+}
 
-  if (parsed->positional.size() < spec->args.size()) {
+// The command's positional arguments: as many as it takes, none empty.
+absl::Status TakePositional(const CommandSpec& spec, const ParsedArgs& parsed,
+                            ServerInvocation* inv) {
+  if (parsed.positional.size() < spec.args.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("missing ", spec->args[parsed->positional.size()]));
+        absl::StrCat("missing ", spec.args[parsed.positional.size()]));
   }
-  if (parsed->positional.size() > spec->args.size()) {
+  if (parsed.positional.size() > spec.args.size()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("unexpected argument \"", parsed->positional[spec->args.size()], "\""));
+        absl::StrCat("unexpected argument \"", parsed.positional[spec.args.size()], "\""));
   }
-  for (size_t i = 0; i < spec->args.size(); ++i) {
-    if (parsed->positional[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(spec->args[i], " is empty"));
+  for (size_t i = 0; i < spec.args.size(); ++i) {
+    if (parsed.positional[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(spec.args[i], " is empty"));
     }
   }
-  inv.positional = parsed->positional;
+  inv->positional = parsed.positional;
+  return absl::OkStatus();
+}
 
-  inv.global.coordinator = coordinator_env.empty() ? kDefaultCoordinator : coordinator_env;
+// The global options (flags over environment over defaults) into
+// inv->global, the command's own flags into inv->flags.
+absl::Status TakeFlags(const ParsedArgs& parsed, const std::string& coordinator_env,
+                       const GetEnv& getenv, ServerInvocation* inv) {
+  inv->global.coordinator = coordinator_env.empty() ? kDefaultCoordinator : coordinator_env;
   auto env = [&](const char* name) -> std::string {
     const char* v = getenv ? getenv(name) : nullptr;
     return v == nullptr ? "" : v;
   };
-  inv.global.tls.ca = env("RESHARD_TLS_CA");
-  inv.global.tls.cert = env("RESHARD_TLS_CERT");
-  inv.global.tls.key = env("RESHARD_TLS_KEY");
+  inv->global.tls.ca = env("RESHARD_TLS_CA");
+  inv->global.tls.cert = env("RESHARD_TLS_CERT");
+  inv->global.tls.key = env("RESHARD_TLS_KEY");
   if (const std::string insecure = env("RESHARD_INSECURE"); !insecure.empty()) {
-    if (!ParseBool(insecure, &inv.global.tls.insecure).ok()) {
+    if (!ParseBool(insecure, &inv->global.tls.insecure).ok()) {
       return absl::InvalidArgumentError(
           absl::StrCat("RESHARD_INSECURE \"", insecure, "\": expected true or false"));
     }
   }
   std::string token_file = env("RESHARD_TOKEN_FILE");
-  inv.global.token = env("RESHARD_TOKEN");
-  for (auto& [name, value] : parsed->values) {
+  inv->global.token = env("RESHARD_TOKEN");
+  for (const auto& [name, value] : parsed.values) {
     if (name == "coordinator") {
       if (value.empty()) return absl::InvalidArgumentError("--coordinator is empty");
-      inv.global.coordinator = value;
+      inv->global.coordinator = value;
     } else if (name == "output") {
       if (value == "table") {
-        inv.global.output = GlobalOptions::Output::kTable;
+        inv->global.output = GlobalOptions::Output::kTable;
       } else if (value == "json") {
-        inv.global.output = GlobalOptions::Output::kJson;
+        inv->global.output = GlobalOptions::Output::kJson;
       } else {
         return absl::InvalidArgumentError(
             absl::StrCat("--output \"", value, "\": expected table or json"));
       }
     } else if (name == "json") {
-      inv.global.output = GlobalOptions::Output::kJson;
+      inv->global.output = GlobalOptions::Output::kJson;
     } else if (name == "insecure") {
-      inv.global.tls.insecure = true;
+      inv->global.tls.insecure = true;
     } else if (name == "tls-ca") {
-      inv.global.tls.ca = value;
+      inv->global.tls.ca = value;
     } else if (name == "tls-cert") {
-      inv.global.tls.cert = value;
+      inv->global.tls.cert = value;
     } else if (name == "tls-key") {
-      inv.global.tls.key = value;
+      inv->global.tls.key = value;
     } else if (name == "token-file") {
       token_file = value;
     } else if (name == "timeout") {
       absl::StatusOr<absl::Duration> d = ParseTimeout(value);
       if (!d.ok())
         return absl::InvalidArgumentError(absl::StrCat("--timeout ", d.status().message()));
-      inv.global.timeout = *d;
+      inv->global.timeout = *d;
     } else {
-      inv.flags[name] = value;
+      inv->flags[name] = value;
     }
   }
   if (!token_file.empty()) {
@@ -414,9 +411,16 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
       return absl::InvalidArgumentError(
           absl::StrCat("--token-file \"", token_file, "\": cannot read a token from it"));
     }
-    inv.global.token = std::string(absl::StripAsciiWhitespace(token));
+    inv->global.token = std::string(absl::StripAsciiWhitespace(token));
   }
-  for (const std::string& r : spec->required) {
+  return absl::OkStatus();
+}
+
+// What each command requires of its flags, and the flags' values that are
+// checked before any call (so that a typo fails before the coordinator is
+// asked anything).
+absl::Status CheckCommandFlags(const CommandSpec& spec, const ServerInvocation& inv) {
+  for (const std::string& r : spec.required) {
     if (!inv.flags.contains(r) || inv.flags.at(r).empty()) {
       return absl::InvalidArgumentError(absl::StrCat("missing --", r));
     }
@@ -466,6 +470,38 @@ absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
           "--state \"", it->second, "\": expected ACTIVE, RECONFIGURING, DEGRADED or FAILED"));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ServerInvocation> ParseServerArgs(const std::string& command,
+                                                 const std::vector<std::string>& args,
+                                                 const std::string& coordinator_env,
+                                                 const GetEnv& getenv) {
+  ServerInvocation inv;
+  std::vector<std::string> rest = args;
+  inv.command = command;
+  if (absl::Status s = TakeSubcommand(&rest, &inv); !s.ok()) return s;
+  if (inv.help) return inv;
+  const CommandSpec* spec = FindSpec(inv.command);
+  if (spec == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown command \"", command, "\""));
+  }
+  std::vector<std::string> value_flags = spec->flags;
+  for (const char* g :
+       {"coordinator", "output", "timeout", "tls-ca", "tls-cert", "tls-key", "token-file"}) {
+    value_flags.push_back(g);
+  }
+  std::vector<std::string> bool_flags = spec->bool_flags;
+  bool_flags.push_back("insecure");
+  absl::StatusOr<ParsedArgs> parsed = ParseArgs(rest, value_flags, bool_flags);
+  if (!parsed.ok()) return parsed.status();
+  inv.help = parsed->help;
+  if (inv.help) return inv;
+  if (absl::Status s = TakePositional(*spec, *parsed, &inv); !s.ok()) return s;
+  if (absl::Status s = TakeFlags(*parsed, coordinator_env, getenv, &inv); !s.ok()) return s;
+  if (absl::Status s = CheckCommandFlags(*spec, inv); !s.ok()) return s;
   return inv;
 }
 

@@ -118,6 +118,93 @@ int CudaDevices(const v1::Host& host) {
   return n;
 }
 
+// The devices' type: one of the advisor's table, or described in full.
+absl::StatusOr<advisor::GpuType> GpuOf(const v1::AdviseDevices& d) {
+  advisor::GpuType gpu;
+  gpu.name = d.gpu_type().empty() ? kDefaultGpuType : d.gpu_type();
+  if (advisor::KnownGpu(gpu.name).memory_bytes == 0 &&
+      (d.memory_bytes() == 0 || d.peak_flops() == 0 || d.hbm_bytes_per_s() == 0)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "devices.gpu_type \"", TruncateError(gpu.name, 64),
+        "\" is not in the advisor's table (A100, A100-40GB, H100): give devices.memory_bytes, "
+        "devices.peak_flops and devices.hbm_bytes_per_s"));
+  }
+  gpu.memory_bytes = d.memory_bytes();
+  gpu.peak_flops = d.peak_flops();
+  gpu.hbm_bytes_per_s = d.hbm_bytes_per_s();
+  return gpu;
+}
+
+// The hosts offered to the advisor: the request's, in its order (each
+// registered, alive and named once), else the live ones, the job's first.
+template <typename IsLost>
+absl::StatusOr<std::vector<const v1::Host*>> OfferedHosts(
+    const v1::AdviseRequest& request, const std::vector<v1::Host>& registered,
+    const std::vector<std::string>& current_hosts, const IsLost& is_lost) {
+  std::map<std::string, const v1::Host*> by_id;
+  for (const v1::Host& h : registered) by_id[h.host_id()] = &h;
+  std::vector<const v1::Host*> offered;
+  if (request.hosts_size() > 0) {
+    std::set<std::string> seen;
+    for (int i = 0; i < request.hosts_size(); ++i) {
+      const std::string& id = request.hosts(i);
+      const std::string field = absl::StrCat("hosts[", i, "] \"", TruncateError(id, 256), "\"");
+      if (!seen.insert(id).second) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": named twice"));
+      }
+      auto it = by_id.find(id);
+      if (it == by_id.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered host"));
+      }
+      if (it->second->state() != v1::HOST_STATE_ALIVE || is_lost(id)) {
+        return absl::FailedPreconditionError(absl::StrCat(field, ": host is lost"));
+      }
+      offered.push_back(it->second);
+    }
+  } else {
+    for (const std::string& id : current_hosts) {
+      auto it = by_id.find(id);
+      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE && !is_lost(id)) {
+        offered.push_back(it->second);
+      }
+    }
+    for (const v1::Host& h : registered) {
+      if (h.state() == v1::HOST_STATE_ALIVE && !is_lost(h.host_id()) &&
+          std::find(current_hosts.begin(), current_hosts.end(), h.host_id()) ==
+              current_hosts.end()) {
+        offered.push_back(&h);
+      }
+    }
+  }
+  return offered;
+}
+
+// One candidate of the advice as the API returns it.
+v1::AdviseCandidate CandidateOf(advisor::Candidate c, double horizon) {
+  v1::AdviseCandidate out;
+  out.set_tp(c.choice.tp);
+  out.set_pp(c.choice.pp);
+  out.set_dp(c.choice.dp);
+  out.set_micro_batch(c.choice.micro_batch);
+  out.set_recompute(advisor::RecomputeName(c.choice.recompute));
+  out.set_step_seconds(c.time.total);
+  out.set_memory_bytes(c.memory.total);
+  out.set_state_bytes(c.memory.state);
+  out.set_activation_bytes(c.memory.activations);
+  out.set_tflops_per_gpu(c.tflops_per_gpu);
+  *out.mutable_layout() = std::move(c.layout);
+  out.set_reconfig_priced(c.reconfig.computed);
+  out.set_reconfig_error(TruncateError(c.reconfig.error, 1024));
+  out.set_cross_host_bytes(c.reconfig.cross_host_bytes);
+  out.set_busiest_host(c.reconfig.busiest_host);
+  out.set_busiest_host_bytes(c.reconfig.busiest_host_bytes);
+  out.set_transfer_seconds(c.reconfig.transfer_seconds);
+  if (c.reconfig.computed && c.time.total > 0) {
+    out.set_steps_in_horizon(std::max(0.0, (horizon - c.reconfig.transfer_seconds) / c.time.total));
+  }
+  return out;
+}
+
 }  // namespace
 
 absl::StatusOr<v1::AdviseResponse> AdviseApi::Advise(const v1::AdviseRequest& request) {
@@ -145,18 +232,9 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
   in.training.distributed_optimizer = request.model().distributed_optimizer();
   in.max_micro_batch = request.model().max_micro_batch();
 
-  advisor::GpuType gpu;
-  gpu.name = d.gpu_type().empty() ? kDefaultGpuType : d.gpu_type();
-  if (advisor::KnownGpu(gpu.name).memory_bytes == 0 &&
-      (d.memory_bytes() == 0 || d.peak_flops() == 0 || d.hbm_bytes_per_s() == 0)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "devices.gpu_type \"", TruncateError(gpu.name, 64),
-        "\" is not in the advisor's table (A100, A100-40GB, H100): give devices.memory_bytes, "
-        "devices.peak_flops and devices.hbm_bytes_per_s"));
-  }
-  gpu.memory_bytes = d.memory_bytes();
-  gpu.peak_flops = d.peak_flops();
-  gpu.hbm_bytes_per_s = d.hbm_bytes_per_s();
+  absl::StatusOr<advisor::GpuType> gpu_type = GpuOf(d);
+  if (!gpu_type.ok()) return gpu_type.status();
+  const advisor::GpuType& gpu = *gpu_type;
   in.cluster.intra_host_bytes_per_s =
       d.intra_host_bytes_per_s() > 0 ? d.intra_host_bytes_per_s() : kDefaultIntraHostBytesPerS;
   in.cluster.inter_host_bytes_per_s =
@@ -165,42 +243,11 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
   // The hosts: named ones in their order, else the live ones, the job's first.
   absl::StatusOr<std::vector<v1::Host>> registered = store_->ListHosts();
   if (!registered.ok()) return registered.status();
-  std::map<std::string, const v1::Host*> by_id;
-  for (const v1::Host& h : *registered) by_id[h.host_id()] = &h;
   const auto [current_hosts, ranks_per_host] = CurrentHosts(job.layout());
-  std::vector<const v1::Host*> offered;
-  if (request.hosts_size() > 0) {
-    std::set<std::string> seen;
-    for (int i = 0; i < request.hosts_size(); ++i) {
-      const std::string& id = request.hosts(i);
-      const std::string field = absl::StrCat("hosts[", i, "] \"", TruncateError(id, 256), "\"");
-      if (!seen.insert(id).second) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ": named twice"));
-      }
-      auto it = by_id.find(id);
-      if (it == by_id.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(field, ": not a registered host"));
-      }
-      if (it->second->state() != v1::HOST_STATE_ALIVE || is_lost(id)) {
-        return absl::FailedPreconditionError(absl::StrCat(field, ": host is lost"));
-      }
-      offered.push_back(it->second);
-    }
-  } else {
-    for (const std::string& id : current_hosts) {
-      auto it = by_id.find(id);
-      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE && !is_lost(id)) {
-        offered.push_back(it->second);
-      }
-    }
-    for (const v1::Host& h : *registered) {
-      if (h.state() == v1::HOST_STATE_ALIVE && !is_lost(h.host_id()) &&
-          std::find(current_hosts.begin(), current_hosts.end(), h.host_id()) ==
-              current_hosts.end()) {
-        offered.push_back(&h);
-      }
-    }
-  }
+  absl::StatusOr<std::vector<const v1::Host*>> offered_hosts =
+      OfferedHosts(request, *registered, current_hosts, is_lost);
+  if (!offered_hosts.ok()) return offered_hosts.status();
+  const std::vector<const v1::Host*>& offered = *offered_hosts;
   int remaining = request.gpus();
   std::vector<std::string> have;
   for (const v1::Host* h : offered) {
@@ -245,28 +292,7 @@ absl::StatusOr<v1::AdviseResponse> AdviseApi::AdviseJob(const v1::AdviseRequest&
   }
   response.set_best(advisor::BestForHorizon(*advice, horizon, /*priced=*/true));
   for (advisor::Candidate& c : advice->pareto) {
-    v1::AdviseCandidate* out = response.add_candidates();
-    out->set_tp(c.choice.tp);
-    out->set_pp(c.choice.pp);
-    out->set_dp(c.choice.dp);
-    out->set_micro_batch(c.choice.micro_batch);
-    out->set_recompute(advisor::RecomputeName(c.choice.recompute));
-    out->set_step_seconds(c.time.total);
-    out->set_memory_bytes(c.memory.total);
-    out->set_state_bytes(c.memory.state);
-    out->set_activation_bytes(c.memory.activations);
-    out->set_tflops_per_gpu(c.tflops_per_gpu);
-    *out->mutable_layout() = std::move(c.layout);
-    out->set_reconfig_priced(c.reconfig.computed);
-    out->set_reconfig_error(TruncateError(c.reconfig.error, 1024));
-    out->set_cross_host_bytes(c.reconfig.cross_host_bytes);
-    out->set_busiest_host(c.reconfig.busiest_host);
-    out->set_busiest_host_bytes(c.reconfig.busiest_host_bytes);
-    out->set_transfer_seconds(c.reconfig.transfer_seconds);
-    if (c.reconfig.computed && c.time.total > 0) {
-      out->set_steps_in_horizon(
-          std::max(0.0, (horizon - c.reconfig.transfer_seconds) / c.time.total));
-    }
+    *response.add_candidates() = CandidateOf(std::move(c), horizon);
   }
   return response;
 }
