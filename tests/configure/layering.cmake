@@ -4,7 +4,9 @@
 # the agent never include the client (what both sides share lives in common/),
 # common/ includes no component, the planner, verifier and advisor include no
 # service, agent or client (the verifier not the planner either: it checks the
-# planner independently), and the client includes no service or agent.
+# planner independently), and the client includes no service or agent. In the
+# agent, the device API (agent/device) includes no other agent part and the
+# shard store neither the transfer backends nor the executor.
 # Run as: cmake -DSOURCE_DIR=<root> -P layering.cmake
 cmake_policy(SET CMP0009 NEW)
 set(rules
@@ -13,7 +15,9 @@ set(rules
   planner:services/ planner:agent/ planner:client/
   verifier:services/ verifier:agent/ verifier:client/ verifier:planner/
   advisor:services/ advisor:agent/ advisor:client/
-  client:services/ client:agent/)
+  client:services/ client:agent/
+  agent/device:agent/shard_store/ agent/device:agent/transfer/ agent/device:agent/executor/
+  agent/shard_store:agent/transfer/ agent/shard_store:agent/executor/)
 set(found "")
 foreach(rule IN LISTS rules)
   string(REPLACE ":" ";" parts "${rule}")
