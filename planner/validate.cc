@@ -163,13 +163,6 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
 
 }  // namespace
 
-absl::Status CheckLength(absl::string_view field, absl::string_view value, int64_t limit) {
-  if (static_cast<int64_t>(value.size()) <= limit) return absl::OkStatus();
-  return absl::InvalidArgumentError(absl::StrCat(field, " \"", value.substr(0, 64), "...\" is ",
-                                                 value.size(), " bytes; the limit is ", limit,
-                                                 " bytes"));
-}
-
 int ElementBytes(v1::DType dtype) {
   switch (dtype) {
     case v1::DTYPE_FLOAT64:

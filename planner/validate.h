@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "common/limits.h"
 #include "reshard/v1/ptc.pb.h"
 
 namespace reshard::planner {
@@ -17,13 +18,9 @@ namespace reshard::planner {
 // Every length and size a client sends has a limit, checked before anything
 // is stored; each is listed in docs/coordinator.md ("Limits"). Together they
 // keep every sum of bytes (per tensor, rank, host, job) far below 2^63, and
-// every name below PostgreSQL's btree key limit (~2,700 bytes).
-
-/// Names of things inside a job: tensor and blob names.
-inline constexpr int64_t kMaxItemNameBytes = 1024;
-/// Identifiers: job name, tenant, host ids (in placements and agents),
-/// idempotency keys, job and operation ids.
-inline constexpr int64_t kMaxIdBytes = 256;
+// every name below PostgreSQL's btree key limit (~2,700 bytes). The limits
+// the coordinator's request checks share (kMaxIdBytes, kMaxItemNameBytes) and
+// CheckLength are in common/limits.h.
 /// Tensors and blobs of one PTC.
 inline constexpr int64_t kMaxTensors = 1 << 20;
 inline constexpr int64_t kMaxBlobs = 1 << 16;
@@ -38,11 +35,6 @@ inline constexpr int64_t kMaxTensorBytes = int64_t{1} << 40;
 inline constexpr int64_t kMaxBlobBytes = int64_t{1} << 34;
 /// Bytes of one job: every tensor once plus every blob once (1 PiB).
 inline constexpr int64_t kMaxJobBytes = int64_t{1} << 50;
-
-/// InvalidArgument `FIELD "VALUE..." is N bytes; the limit is L bytes` when
-/// `value` is longer than `limit` (the value is shown cut to 64 bytes).
-[[nodiscard]] absl::Status CheckLength(absl::string_view field, absl::string_view value,
-                                       int64_t limit);
 
 /// Bytes per element of `dtype`; 0 for unknown values.
 int ElementBytes(v1::DType dtype);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "planner/layout.h"
 #include "planner/validate.h"
 
@@ -13,17 +14,16 @@ namespace reshard::coordinator {
 
 absl::Status RequireNonEmpty(absl::string_view field, const std::string& value) {
   if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, " is empty"));
-  return planner::CheckLength(field, value, planner::kMaxIdBytes);
+  return CheckLength(field, value, kMaxIdBytes);
 }
 
 absl::Status CheckIdempotencyKey(const std::string& key) {
-  return planner::CheckLength("idempotency_key", key, planner::kMaxIdBytes);
+  return CheckLength("idempotency_key", key, kMaxIdBytes);
 }
 
 absl::Status CheckHostFields(const v1::Host& host) {
   if (absl::Status s = RequireNonEmpty("host.host_id", host.host_id()); !s.ok()) return s;
-  if (absl::Status s = planner::CheckLength("host.address", host.address(), kMaxAddressBytes);
-      !s.ok()) {
+  if (absl::Status s = CheckLength("host.address", host.address(), kMaxAddressBytes); !s.ok()) {
     return s;
   }
   if (static_cast<int64_t>(host.ucx_address().size()) > kMaxUcxAddressBytes) {
@@ -40,8 +40,8 @@ absl::Status CheckHostFields(const v1::Host& host) {
                                                    " entries; the limit is ", kMaxTransports));
   }
   for (int i = 0; i < host.transports_size(); ++i) {
-    if (absl::Status s = planner::CheckLength(absl::StrCat("host.transports[", i, "]"),
-                                              host.transports(i), kMaxTransportNameBytes);
+    if (absl::Status s = CheckLength(absl::StrCat("host.transports[", i, "]"), host.transports(i),
+                                     kMaxTransportNameBytes);
         !s.ok()) {
       return s;
     }

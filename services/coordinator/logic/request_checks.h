@@ -14,7 +14,8 @@
 namespace reshard::coordinator {
 
 // Limits of request fields that are not part of a spec (the spec's own are
-// in planner/validate.h); docs/coordinator.md lists them all.
+// in planner/validate.h, those both check in common/limits.h);
+// docs/coordinator.md lists them all.
 /// Bytes of an agent's address (host:port or a URI).
 inline constexpr int64_t kMaxAddressBytes = 1024;
 /// Bytes of an agent's UCX worker address blob.
@@ -28,10 +29,10 @@ inline constexpr int64_t kMaxLostEntries = 1 << 20;
 
 /// An identifier field (job id, operation id, host id): InvalidArgument
 /// `FIELD is empty` when it is, and when it is longer than
-/// planner::kMaxIdBytes, naming field, value and limit.
+/// kMaxIdBytes (common/limits.h), naming field, value and limit.
 [[nodiscard]] absl::Status RequireNonEmpty(absl::string_view field, const std::string& value);
 
-/// An idempotency key may be empty; else at most planner::kMaxIdBytes.
+/// An idempotency key may be empty; else at most kMaxIdBytes.
 [[nodiscard]] absl::Status CheckIdempotencyKey(const std::string& key);
 
 /// The fields of RegisterAgentRequest.host: host_id (non-empty, limit),

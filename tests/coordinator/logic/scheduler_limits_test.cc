@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/limits.h"
 #include "gtest/gtest.h"
 #include "planner/validate.h"
 #include "services/coordinator/logic/capacity.h"
@@ -78,13 +79,13 @@ TEST_P(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
   spec.mutable_layout()->mutable_placement()->set_hosts(1, long_name);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "layout.placement: rank 2 host \"xxx");
   ExpectRefused(SmallJob("ok"), absl::StatusCode::kInvalidArgument, "idempotency_key \"kkk",
-                std::string(planner::kMaxIdBytes + 1, 'k'));
+                std::string(kMaxIdBytes + 1, 'k'));
 
   // At the limits everything is stored and read back.
-  spec = SmallJob(std::string(planner::kMaxIdBytes, 'n'), std::string(planner::kMaxIdBytes, 't'));
-  spec.mutable_ptc()->mutable_tensors(0)->set_name(std::string(planner::kMaxItemNameBytes, 'w'));
-  spec.mutable_layout()->mutable_placement()->set_hosts(1, std::string(planner::kMaxIdBytes, 'h'));
-  const absl::Status ok = RegisterStatus(spec, std::string(planner::kMaxIdBytes, 'k'));
+  spec = SmallJob(std::string(kMaxIdBytes, 'n'), std::string(kMaxIdBytes, 't'));
+  spec.mutable_ptc()->mutable_tensors(0)->set_name(std::string(kMaxItemNameBytes, 'w'));
+  spec.mutable_layout()->mutable_placement()->set_hosts(1, std::string(kMaxIdBytes, 'h'));
+  const absl::Status ok = RegisterStatus(spec, std::string(kMaxIdBytes, 'k'));
   EXPECT_TRUE(ok.ok()) << ok;
 }
 
