@@ -5,11 +5,15 @@
 #include <set>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/executor/peer_wait.h"
 #include "agent/process/session_rpc.h"
 #include "agent/transfer/backend.h"
 #include "common/log.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status.h"
 
 namespace reshard::agent {
 
@@ -29,18 +33,7 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> CoordinatorChannel(const std::str
   return grpc::CreateCustomChannel(target, *credentials, args);
 }
 
-using session_rpc::NextBackoffMs;
-using session_rpc::Retryable;
 using session_rpc::SetDeadline;
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-grpc::Status ToGrpc(const absl::Status& s) {
-  if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
-}
 
 CoordinatorSession::CoordinatorSession(Options options, std::shared_ptr<grpc::Channel> channel,
                                        ShardStore* store, TaskExecutor* executor,
@@ -167,7 +160,7 @@ absl::Status CoordinatorSession::Register() {
   v1::RegisterAgentResponse resp;
   grpc::ClientContext ctx;
   SetDeadline(&ctx);
-  absl::Status s = FromGrpc(stub_->RegisterAgent(&ctx, req, &resp));
+  absl::Status s = rpc::FromGrpc(stub_->RegisterAgent(&ctx, req, &resp));
   if (options_.metrics != nullptr) options_.metrics->RegisterDone(s.ok());
   if (!s.ok()) return s;
   {
@@ -185,7 +178,15 @@ absl::Status CoordinatorSession::Register() {
 
 void CoordinatorSession::Loop() {
   bool registered = false;
-  int backoff_ms = 100;
+  // Failed calls in a row (RegisterAgent, then Heartbeat): the backoff's
+  // attempt number (common/rpc/retry.h, kAgentCall: jittered so that a
+  // coordinator back from a restart is not met by every agent at once).
+  int failures = 0;
+  absl::BitGen rng;
+  const auto backoff_ms = [&] {
+    return static_cast<int>(absl::ToInt64Milliseconds(
+        rpc::Backoff(rpc::DefaultPolicy(rpc::CallKind::kAgentCall), ++failures, rng)));
+  };
   // When this heartbeat should have left (the previous one's send plus its
   // period); how much later it leaves is the agent's own scheduling lag.
   std::chrono::steady_clock::time_point planned{};
@@ -195,14 +196,14 @@ void CoordinatorSession::Loop() {
       absl::Status s = Register();
       NoteReach(s, register_sent);
       if (!s.ok()) {
+        const int wait_ms = backoff_ms();
         RESHARD_LOG(WARNING) << "host " << options_.host_id << ": RegisterAgent: " << s
-                             << "; retrying in " << backoff_ms << " ms";
-        if (!Sleep(backoff_ms)) break;
-        backoff_ms = NextBackoffMs(backoff_ms);
+                             << "; retrying in " << wait_ms << " ms";
+        if (!Sleep(wait_ms)) break;
         continue;
       }
       registered = true;
-      backoff_ms = 100;
+      failures = 0;
     }
     uint64_t listed_at = 0;
     {
@@ -227,14 +228,14 @@ void CoordinatorSession::Loop() {
       req.set_scheduling_lag_ms(
           std::chrono::duration_cast<std::chrono::milliseconds>(heartbeat_sent - planned).count());
     }
-    absl::Status s = FromGrpc(heartbeat_stub_->Heartbeat(&ctx, req, &resp));
+    absl::Status s = rpc::FromGrpc(heartbeat_stub_->Heartbeat(&ctx, req, &resp));
     NoteReach(s, heartbeat_sent);
     if (options_.metrics != nullptr) options_.metrics->HeartbeatDone(s.ok());
     int period = options_.heartbeat_ms > 0
                      ? options_.heartbeat_ms
                      : static_cast<int>(std::max<int64_t>(lease_ms_.load() / 3, 10));
     if (s.ok()) {
-      backoff_ms = 100;
+      failures = 0;
       if (resp.lease_ms() > 0) lease_ms_.store(resp.lease_ms());
       Apply(resp, listed_at);
     } else if (absl::IsNotFound(s) || absl::IsFailedPrecondition(s)) {
@@ -243,10 +244,10 @@ void CoordinatorSession::Loop() {
       registered = false;
       continue;
     } else {
+      const int wait_ms = backoff_ms();
       RESHARD_LOG(WARNING) << "host " << options_.host_id << ": Heartbeat: " << s
-                           << "; retrying in " << backoff_ms << " ms";
-      period = std::min(period, backoff_ms);
-      backoff_ms = NextBackoffMs(backoff_ms);
+                           << "; retrying in " << wait_ms << " ms";
+      period = std::min(period, wait_ms);
     }
     ReapFinished();
     planned = heartbeat_sent + std::chrono::milliseconds(period);
@@ -266,7 +267,7 @@ void CoordinatorSession::NoteReach(const absl::Status& s,
   // UNAVAILABLE (the coordinator's store does not answer, or the coordinator
   // does not) and a missed deadline are silence; a call this agent cancelled
   // says nothing; any other outcome is an answer.
-  if (session_rpc::CoordinatorAway(s)) {
+  if (rpc::IsSilence(s.code())) {
     if (reach->Unanswered(sent_at)) {
       RESHARD_LOG(WARNING) << "host " << options_.host_id << ": the coordinator does not answer ("
                            << s << "); waits on peers stop counting until it does";
@@ -376,13 +377,13 @@ void CoordinatorSession::Apply(const v1::HeartbeatResponse& r, uint64_t listed_a
 
 absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bool retry,
                                         bool* abort) {
-  int backoff_ms = 100;
+  absl::BitGen rng;
   for (int attempt = 0;; ++attempt) {
     v1::ReportProgressResponse resp;
     grpc::ClientContext ctx;
     SetDeadline(&ctx);
     const auto sent = std::chrono::steady_clock::now();
-    absl::Status s = FromGrpc(stub_->ReportProgress(&ctx, req, &resp));
+    absl::Status s = rpc::FromGrpc(stub_->ReportProgress(&ctx, req, &resp));
     NoteReach(s, sent);
     if (s.ok()) {
       if (resp.abort()) *abort = true;
@@ -390,9 +391,13 @@ absl::Status CoordinatorSession::Report(const v1::ReportProgressRequest& req, bo
     }
     // A final report is worth retrying for a while: the coordinator may be
     // restarting. It aborts the operation itself if the host stays silent.
-    if (!retry || !Retryable(s) || attempt >= 30 || stopping_.load()) return s;
-    if (!Sleep(backoff_ms)) return s;
-    backoff_ms = NextBackoffMs(backoff_ms);
+    if (!retry || !rpc::IsRetryable(rpc::CallKind::kAgentCall, s.code()) || attempt >= 30 ||
+        stopping_.load()) {
+      return s;
+    }
+    const absl::Duration wait =
+        rpc::Backoff(rpc::DefaultPolicy(rpc::CallKind::kAgentCall), attempt + 1, rng);
+    if (!Sleep(static_cast<int>(absl::ToInt64Milliseconds(wait)))) return s;
   }
 }
 

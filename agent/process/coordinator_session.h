@@ -44,11 +44,6 @@ namespace reshard::agent {
 
 class CoordinatorReach;
 
-/// absl::Status from a grpc::Status (same code and message).
-absl::Status FromGrpc(const grpc::Status& s);
-/// grpc::Status from an absl::Status.
-grpc::Status ToGrpc(const absl::Status& s);
-
 /// The channel to the coordinator at `target` (host:port): mutual TLS with
 /// this host's certificate, or plaintext when `tls.insecure` (a warning is
 /// logged). InvalidArgument naming the flag when the files do not do.

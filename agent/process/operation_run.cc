@@ -17,18 +17,20 @@
 #include <thread>
 #include <vector>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/published_task.h"
 #include "agent/process/coordinator_session.h"
 #include "agent/process/session_rpc.h"
 #include "common/log.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status.h"
 
 namespace reshard::agent {
 namespace {
 
-using session_rpc::NextBackoffMs;
-using session_rpc::Retryable;
 using session_rpc::SetDeadline;
 
 constexpr int kReportPeriodMs = 500;
@@ -64,25 +66,29 @@ class OperationRun {
   // ---- Fetch
   bool Fetch() {
     absl::Status st;
-    int backoff_ms = 100;
+    absl::BitGen rng;
     // While the coordinator does not answer (its store is away: UNAVAILABLE)
     // the task is asked for again for as long as that lasts, as the
     // coordinator's lease rule waits for this host; only other retryable
     // failures (shedding load) count against kGetTaskAttempts. The
     // operation's release (op_->cancel) or the session's stop ends it.
-    for (int attempts = 0;;) {
+    for (int attempts = 0, failures = 0;;) {
       v1::GetTaskRequest req;
       req.set_host_id(host_);
       req.set_operation_id(id_);
       grpc::ClientContext ctx;
       SetDeadline(&ctx, kGetTaskDeadlineMs);
       const auto sent = std::chrono::steady_clock::now();
-      st = FromGrpc(s_.stub_->GetTask(&ctx, req, &task_));
+      st = rpc::FromGrpc(s_.stub_->GetTask(&ctx, req, &task_));
       s_.NoteReach(st, sent);
-      if (st.ok() || !Retryable(st) || op_->cancel.load()) break;
-      if (!session_rpc::CoordinatorAway(st) && ++attempts >= kGetTaskAttempts) break;
-      if (!s_.Sleep(backoff_ms)) break;
-      backoff_ms = NextBackoffMs(backoff_ms);
+      if (st.ok() || !rpc::IsRetryable(rpc::CallKind::kAgentCall, st.code()) ||
+          op_->cancel.load()) {
+        break;
+      }
+      if (!rpc::IsSilence(st.code()) && ++attempts >= kGetTaskAttempts) break;
+      const absl::Duration wait =
+          rpc::Backoff(rpc::DefaultPolicy(rpc::CallKind::kAgentCall), ++failures, rng);
+      if (!s_.Sleep(static_cast<int>(absl::ToInt64Milliseconds(wait)))) break;
     }
     if (st.ok()) return true;
     RESHARD_LOG(WARNING) << "operation " << id_ << ": GetTask: " << st;

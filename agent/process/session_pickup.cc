@@ -7,19 +7,23 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/random/random.h"
+#include "absl/time/time.h"
 #include "agent/process/coordinator_session.h"
 #include "common/log.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status.h"
 
 namespace reshard::agent {
 namespace {
 
 // WaitForTasks: how long the coordinator may hold one call, the deadline's
-// margin beyond it, the least time between two calls that started nothing,
-// and the longest wait after a failed call.
+// margin beyond it, and the least time between two calls that started
+// nothing. The wait after a failed call is the agent's backoff
+// (common/rpc/retry.h, kAgentCall).
 constexpr int kPollWaitMs = 10000;
 constexpr int kPollDeadlineMarginMs = 5000;
 constexpr int kPollMinIntervalMs = 50;
-constexpr int kPollMaxBackoffMs = 2000;
 
 }  // namespace
 
@@ -123,7 +127,7 @@ int CoordinatorSession::PickUpNow(std::chrono::steady_clock::time_point deadline
     pickup_ctx_ = &ctx;  // Stop() cancels it
   }
   const auto sent = std::chrono::steady_clock::now();
-  const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+  const absl::Status s = rpc::FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
   NoteReach(s, sent);
   {
     std::lock_guard<std::mutex> l(mu_);
@@ -144,7 +148,8 @@ int CoordinatorSession::PickUpNow(std::chrono::steady_clock::time_point deadline
 
 void CoordinatorSession::PollLoop() {
   const std::string& host = options_.host_id;
-  int backoff_ms = 100;
+  int failures = 0;  // failed calls in a row
+  absl::BitGen rng;
   for (;;) {
     v1::WaitForTasksRequest req;
     v1::WaitForTasksResponse resp;
@@ -179,7 +184,7 @@ void CoordinatorSession::PollLoop() {
       poll_ctx_ = &ctx;
     }
     const auto sent = std::chrono::steady_clock::now();
-    const absl::Status s = FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
+    const absl::Status s = rpc::FromGrpc(stub_->WaitForTasks(&ctx, req, &resp));
     NoteReach(s, sent);
     bool repoll = false;
     {
@@ -190,7 +195,7 @@ void CoordinatorSession::PollLoop() {
     if (stopping_.load()) return;
     if (!s.ok() && repoll) continue;  // cancelled by RunOperation: ask afresh
     if (s.ok()) {
-      backoff_ms = 100;
+      failures = 0;
       const int started = StartAssigned(resp.assigned_operations(), listed_at);
       if (started == 0 &&
           std::chrono::steady_clock::now() - sent < std::chrono::milliseconds(kPollMinIntervalMs)) {
@@ -202,10 +207,11 @@ void CoordinatorSession::PollLoop() {
       std::lock_guard<std::mutex> l(mu_);
       poll_unimplemented_ = true;
     } else {
+      const int wait_ms = static_cast<int>(absl::ToInt64Milliseconds(
+          rpc::Backoff(rpc::DefaultPolicy(rpc::CallKind::kAgentCall), ++failures, rng)));
       RESHARD_LOG(WARNING) << "host " << host << ": WaitForTasks: " << s << "; retrying in "
-                           << backoff_ms << " ms";
-      if (!Sleep(backoff_ms)) return;
-      backoff_ms = std::min(backoff_ms * 2, kPollMaxBackoffMs);
+                           << wait_ms << " ms";
+      if (!Sleep(wait_ms)) return;
     }
   }
 }

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "agent/process/worker_socket.h"
 #include "common/log.h"
+#include "common/rpc/status.h"
 
 namespace reshard::agent {
 namespace {
@@ -106,7 +107,7 @@ void WorkerFdSocket::Serve(Handler handler) {
         std::lock_guard<std::mutex> l(mu_);
         if (active_ >= kMaxConnections) {
           v1::WorkerFdResponse busy;
-          busy.set_code(static_cast<int>(absl::StatusCode::kResourceExhausted));
+          busy.set_code(rpc::ToWireCode(absl::StatusCode::kResourceExhausted));
           busy.set_message(absl::StrCat("worker fd socket ", path_, ": ", kMaxConnections,
                                         " connections are being served; retry"));
           (void)SendResponse(conn, busy, -1);
@@ -157,7 +158,7 @@ void WorkerFdSocket::ServeConnection(int conn) {
     ::close(file->fd);
     return;
   }
-  response.set_code(static_cast<int>(file.status().code()));
+  response.set_code(rpc::ToWireCode(file.status().code()));
   response.set_message(std::string(file.status().message()));
   (void)SendResponse(conn, response, -1);
 }

@@ -18,6 +18,7 @@
 #include "agent/process/coordinator_session.h"
 #include "agent/shard_store/device_staging.h"
 #include "common/log.h"
+#include "common/rpc/status.h"
 #include "planner/bucket.h"
 #include "planner/layout.h"
 #include "planner/shard.h"
@@ -46,9 +47,7 @@ grpc::Status Timed(AgentMetrics* metrics, const char* method, Body&& body) {
   grpc::Status status = body();
   if (metrics != nullptr) {
     const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-    metrics->WorkerRpcDone(
-        method, absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code())),
-        seconds.count());
+    metrics->WorkerRpcDone(method, rpc::CodeName(rpc::FromGrpc(status).code()), seconds.count());
   }
   return status;
 }
@@ -116,7 +115,7 @@ grpc::Status WorkerServiceImpl::PublishShard(grpc::ServerContext* ctx,
   return Timed(metrics_, "PublishShard", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "PublishShard", req->job_id());
-    return s.ok() ? DoPublishShard(req, resp) : ToGrpc(s);
+    return s.ok() ? DoPublishShard(req, resp) : rpc::ToGrpc(s);
   });
 }
 
@@ -125,7 +124,7 @@ grpc::Status WorkerServiceImpl::SealShard(grpc::ServerContext* ctx, const v1::Se
   return Timed(metrics_, "SealShard", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "SealShard", req->job_id());
-    if (!s.ok()) return ToGrpc(s);
+    if (!s.ok()) return rpc::ToGrpc(s);
     grpc::Status sealed = DoSealShard(req, resp);
     if (sealed.ok()) {
       RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
@@ -141,7 +140,7 @@ grpc::Status WorkerServiceImpl::OpenGeneration(grpc::ServerContext* ctx,
   return Timed(metrics_, "OpenGeneration", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "OpenGeneration", req->job_id());
-    return s.ok() ? DoOpenGeneration(req, resp) : ToGrpc(s);
+    return s.ok() ? DoOpenGeneration(req, resp) : rpc::ToGrpc(s);
   });
 }
 
@@ -151,7 +150,7 @@ grpc::Status WorkerServiceImpl::PublishDeviceShard(grpc::ServerContext* ctx,
   return Timed(metrics_, "PublishDeviceShard", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "PublishDeviceShard", req->job_id());
-    if (!s.ok()) return ToGrpc(s);
+    if (!s.ok()) return rpc::ToGrpc(s);
     grpc::Status sealed = DoPublishDeviceShard(req, resp, PeerPid(*ctx));
     if (sealed.ok()) {
       RESHARD_LOG(INFO) << "job " << req->job_id() << " generation " << req->generation()
@@ -168,7 +167,7 @@ grpc::Status WorkerServiceImpl::OpenDeviceGeneration(grpc::ServerContext* ctx,
   return Timed(metrics_, "OpenDeviceGeneration", [&] {
     absl::Status s = CheckKey(req->job_id(), req->generation(), req->rank());
     if (s.ok()) s = Admit(*ctx, "OpenDeviceGeneration", req->job_id());
-    return s.ok() ? DoOpenDeviceGeneration(req, resp) : ToGrpc(s);
+    return s.ok() ? DoOpenDeviceGeneration(req, resp) : rpc::ToGrpc(s);
   });
 }
 
@@ -284,15 +283,13 @@ absl::StatusOr<v1::Job> WorkerServiceImpl::FetchJob(const std::string& job_id, b
   // while; wait for it (within the deadline) instead of failing the worker's
   // call at once with "connection refused".
   ctx.set_wait_for_ready(true);
-  absl::Status s = FromGrpc(stub_->GetJob(&ctx, req, &job));
+  absl::Status s = rpc::FromGrpc(stub_->GetJob(&ctx, req, &job));
   if (s.code() == absl::StatusCode::kPermissionDenied) {
     // An agent may read only the jobs placed on its host (docs/security.md):
     // for the worker, the job is not (or no longer) here, a precondition.
     return absl::FailedPreconditionError(s.message());
   }
-  if (!s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("GetJob \"", job_id, "\": ", s.message()));
-  }
+  if (!s.ok()) return rpc::WithContext(s, absl::StrCat("GetJob \"", job_id, "\""));
   return job;
 }
 
@@ -376,7 +373,7 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   // Held in device memory (a device-resident rank; a CPU load may have
   // staged a host copy of it, which is not the worker's either).
   if (devices_ != nullptr && devices_->Get({req->job_id(), req->generation(), req->rank()}).ok()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+    return rpc::ToGrpc(absl::FailedPreconditionError(absl::StrCat(
         "job \"", req->job_id(), "\" generation ", req->generation(), " rank ", req->rank(),
         " is in device memory here (PublishDeviceShard, or an "
         "operation's): a rank is published once")));
@@ -388,13 +385,13 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
   if (absl::StatusOr<RankBufferPtr> existing =
           store_->Get({req->job_id(), req->generation(), req->rank()});
       existing.ok() && !(*existing)->published()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+    return rpc::ToGrpc(absl::FailedPreconditionError(absl::StrCat(
         "job \"", req->job_id(), "\" generation ", req->generation(), " rank ", req->rank(),
         " is written by an operation of the agent (a transfer or a prepare), not by workers")));
   }
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
       PublishLayout(req->job_id(), req->generation(), req->rank());
-  if (!jg.ok()) return ToGrpc(jg.status());
+  if (!jg.ok()) return rpc::ToGrpc(jg.status());
   RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<RankBufferPtr> buf = store_->Get(key);
   if (absl::IsNotFound(buf.status())) {
@@ -409,10 +406,10 @@ grpc::Status WorkerServiceImpl::DoPublishShard(const v1::PublishShardRequest* re
       buf = created.status();
     }
   }
-  if (!buf.ok()) return ToGrpc(buf.status());
-  if (absl::Status s = CheckPublishable(key, **buf); !s.ok()) return ToGrpc(s);
+  if (!buf.ok()) return rpc::ToGrpc(buf.status());
+  if (absl::Status s = CheckPublishable(key, **buf); !s.ok()) return rpc::ToGrpc(s);
   // Published before: a worker may have grown the file since.
-  if (absl::Status s = store_->CheckWorkerBuffer(key); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = store_->CheckWorkerBuffer(key); !s.ok()) return rpc::ToGrpc(s);
   resp->set_path((*buf)->path());
   resp->set_size((*buf)->size());
   DescribeItems(jg->get(), req->rank(), (*buf)->items(), resp->mutable_items());
@@ -492,7 +489,7 @@ absl::StatusOr<RankBuffer::WorkerFile> WorkerServiceImpl::OpenForWorker(
     } else {
       out = s;
     }
-    return ToGrpc(s);
+    return rpc::ToGrpc(s);
   });
   return out;
 }
@@ -508,7 +505,7 @@ grpc::Status WorkerServiceImpl::DoSealShard(const v1::SealShardRequest* req,
   // under the store's lock: FailedPrecondition naming job, generation, rank.
   absl::StatusOr<std::vector<uint64_t>> sums =
       store_->SealForWorker({req->job_id(), req->generation(), req->rank()}, expected);
-  if (!sums.ok()) return ToGrpc(sums.status());
+  if (!sums.ok()) return rpc::ToGrpc(sums.status());
   for (uint64_t c : *sums) resp->add_checksums(c);
   return grpc::Status::OK;
 }
@@ -522,8 +519,8 @@ grpc::Status WorkerServiceImpl::DoOpenGeneration(const v1::OpenGenerationRequest
     // device buffer's checksums (and kept while the generation is held).
     buf = StageToHost(*devices_, *store_, key);
   }
-  if (!buf.ok()) return ToGrpc(buf.status());
-  if (absl::Status s = CheckLoadable(key, **buf); !s.ok()) return ToGrpc(s);
+  if (!buf.ok()) return rpc::ToGrpc(buf.status());
+  if (absl::Status s = CheckLoadable(key, **buf); !s.ok()) return rpc::ToGrpc(s);
   // Names and shapes are best effort: a generation that is no longer current
   // and was never published here has only offsets and sizes.
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =

@@ -11,6 +11,7 @@
 #include "agent/process/worker_service.h"
 #include "agent/shard_store/device_staging.h"
 #include "common/log.h"
+#include "common/rpc/status.h"
 
 namespace reshard::agent {
 namespace {
@@ -100,28 +101,27 @@ absl::Status WorkerServiceImpl::CopyDeviceItems(const v1::PublishDeviceShardRequ
 grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShardRequest* req,
                                                      v1::PublishDeviceShardResponse* resp,
                                                      int64_t peer_pid) {
-  if (absl::Status s = RequireDevices("PublishDeviceShard"); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = RequireDevices("PublishDeviceShard"); !s.ok()) return rpc::ToGrpc(s);
   const RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   const int device_count = device_api_->capabilities().device_count;
   if (req->device() < 0 || req->device() >= device_count) {
-    return ToGrpc(absl::InvalidArgumentError(
-        absl::StrCat(KeyText(key), ": device ", req->device(), " out of range: the agent's ",
-                     device_api_->capabilities().name, " device API has ", device_count,
-                     " devices")));
+    return rpc::ToGrpc(absl::InvalidArgumentError(absl::StrCat(
+        KeyText(key), ": device ", req->device(), " out of range: the agent's ",
+        device_api_->capabilities().name, " device API has ", device_count, " devices")));
   }
   // As PublishShard: a rank held here already is sealed (immutable) or an
   // operation's; one in the device store unsealed is another publish's.
   if (absl::StatusOr<DeviceRankBufferPtr> existing = devices_->Get(key); existing.ok()) {
     if ((*existing)->sealed()) {
-      return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
-          KeyText(key), " is sealed: a sealed generation cannot be published again")));
+      return rpc::ToGrpc(absl::FailedPreconditionError(
+          absl::StrCat(KeyText(key), " is sealed: a sealed generation cannot be published again")));
     }
-    return ToGrpc(absl::AlreadyExistsError(absl::StrCat(
-        KeyText(key), " is being written on device ", (*existing)->device(),
-        " (another publish of the rank, or an operation)")));
+    return rpc::ToGrpc(absl::AlreadyExistsError(
+        absl::StrCat(KeyText(key), " is being written on device ", (*existing)->device(),
+                     " (another publish of the rank, or an operation)")));
   }
   if (absl::StatusOr<RankBufferPtr> host = store_->Get(key); host.ok()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(
+    return rpc::ToGrpc(absl::FailedPreconditionError(absl::StrCat(
         KeyText(key), (*host)->sealed()
                           ? " is sealed: a sealed generation cannot be published again"
                           : " has a host buffer here (published through PublishShard, or "
@@ -129,29 +129,29 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
   }
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
       PublishLayout(req->job_id(), req->generation(), req->rank());
-  if (!jg.ok()) return ToGrpc(jg.status());
+  if (!jg.ok()) return rpc::ToGrpc(jg.status());
   const std::vector<int64_t> bytes = RankItemBytes((*jg)->ptc, (*jg)->layout, req->rank());
   if (req->items_size() != static_cast<int>(bytes.size())) {
-    return ToGrpc(absl::InvalidArgumentError(
+    return rpc::ToGrpc(absl::InvalidArgumentError(
         absl::StrCat(KeyText(key), ": ", req->items_size(), " device items, the layout has ",
                      bytes.size(), " (tensors in order, then blobs)")));
   }
   for (int i = 0; i < req->items_size(); ++i) {
     const v1::DeviceItem& item = req->items(i);
     if (item.bytes() != bytes[i]) {
-      return ToGrpc(absl::InvalidArgumentError(
+      return rpc::ToGrpc(absl::InvalidArgumentError(
           absl::StrCat(KeyText(key), ": ", ItemText((*jg)->ptc, i), " has ", item.bytes(),
                        " bytes, the layout gives the rank ", bytes[i])));
     }
     if (item.offset() < 0 || (item.bytes() > 0 && item.ipc_handle().empty())) {
-      return ToGrpc(absl::InvalidArgumentError(
+      return rpc::ToGrpc(absl::InvalidArgumentError(
           absl::StrCat(KeyText(key), ": ", ItemText((*jg)->ptc, i), ": offset ", item.offset(),
                        item.ipc_handle().empty() ? " and no IPC handle" : " is negative")));
     }
   }
   absl::StatusOr<std::vector<DeviceRankBufferPtr>> created =
       devices_->CreateAll({key}, {req->device()}, {bytes});
-  if (!created.ok()) return ToGrpc(created.status());
+  if (!created.ok()) return rpc::ToGrpc(created.status());
   const DeviceRankBufferPtr buffer = (*created)[0];
   // Copied on seal: the sealed generation is the agent's, whatever the
   // worker does with its tensors next.
@@ -165,8 +165,8 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
   }
   if (!sums.ok()) {
     devices_->Drop(key);  // the worker may publish again
-    return ToGrpc(absl::Status(sums.status().code(),
-                               absl::StrCat(KeyText(key), ": ", sums.status().message())));
+    return rpc::ToGrpc(absl::Status(sums.status().code(),
+                                    absl::StrCat(KeyText(key), ": ", sums.status().message())));
   }
   for (uint64_t c : *sums) resp->add_checksums(c);
   resp->set_device(buffer->device());
@@ -175,24 +175,24 @@ grpc::Status WorkerServiceImpl::DoPublishDeviceShard(const v1::PublishDeviceShar
 
 grpc::Status WorkerServiceImpl::DoOpenDeviceGeneration(const v1::OpenDeviceGenerationRequest* req,
                                                        v1::OpenDeviceGenerationResponse* resp) {
-  if (absl::Status s = RequireDevices("OpenDeviceGeneration"); !s.ok()) return ToGrpc(s);
+  if (absl::Status s = RequireDevices("OpenDeviceGeneration"); !s.ok()) return rpc::ToGrpc(s);
   const RankBufferKey key{req->job_id(), req->generation(), req->rank()};
   absl::StatusOr<DeviceRankBufferPtr> buf = devices_->Get(key);
   if (absl::IsNotFound(buf.status())) {
     // A host-resident rank: staged to a device (rank mod device count),
     // sealed with the host buffer's checksums.
     absl::StatusOr<RankBufferPtr> host = store_->Get(key);
-    if (!host.ok()) return ToGrpc(host.status());
-    if (absl::Status s = CheckLoadable(key, **host); !s.ok()) return ToGrpc(s);
+    if (!host.ok()) return rpc::ToGrpc(host.status());
+    if (absl::Status s = CheckLoadable(key, **host); !s.ok()) return rpc::ToGrpc(s);
     const int device_count = device_api_->capabilities().device_count;
     buf = StageToDevice(*store_, *devices_, key, req->rank() % device_count);
   }
-  if (!buf.ok()) return ToGrpc(buf.status());
+  if (!buf.ok()) return rpc::ToGrpc(buf.status());
   if (!(*buf)->sealed()) {
-    return ToGrpc(absl::FailedPreconditionError(absl::StrCat(KeyText(key), " is not sealed")));
+    return rpc::ToGrpc(absl::FailedPreconditionError(absl::StrCat(KeyText(key), " is not sealed")));
   }
   absl::StatusOr<std::string> handle = device_api_->IpcExport((*buf)->device(), (*buf)->data());
-  if (!handle.ok()) return ToGrpc(handle.status());
+  if (!handle.ok()) return rpc::ToGrpc(handle.status());
   absl::StatusOr<std::shared_ptr<const JobGeneration>> jg =
       Lookup(req->job_id(), req->generation(), /*require_current=*/false);
   resp->set_device((*buf)->device());

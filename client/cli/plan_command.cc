@@ -8,6 +8,7 @@
 #include "client/cli/json_file.h"
 #include "client/cli/lost_set.h"
 #include "client/cli/plan_summary.h"
+#include "common/rpc/status.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/planner.h"
 #include "planner/validate.h"
@@ -44,10 +45,6 @@ namespace {
 double MillisSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
-}
-
-absl::Status WithContext(const absl::Status& status, absl::string_view context) {
-  return absl::Status(status.code(), absl::StrCat(context, ": ", status.message()));
 }
 
 }  // namespace
@@ -99,7 +96,7 @@ absl::Status RunPlan(const PlanOptions& options, std::ostream& out) {
   v1::JobSpec spec;
   if (absl::Status s = ReadJsonMessage(options.spec_path, "--spec", &spec); !s.ok()) return s;
   if (absl::Status s = planner::ValidateJobSpec(spec); !s.ok()) {
-    return WithContext(s, absl::StrCat("--spec \"", options.spec_path, "\""));
+    return rpc::WithContext(s, absl::StrCat("--spec \"", options.spec_path, "\""));
   }
   v1::Layout target;
   if (absl::Status s = ReadJsonMessage(options.target_path, "--to", &target); !s.ok()) return s;
@@ -110,8 +107,8 @@ absl::Status RunPlan(const PlanOptions& options, std::ostream& out) {
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(spec.ptc(), spec.layout(), target, *lost);
   const double plan_ms = MillisSince(start);
   if (!plan.ok()) {
-    return WithContext(plan.status(), absl::StrCat("planning \"", options.spec_path, "\" -> \"",
-                                                   options.target_path, "\""));
+    return rpc::WithContext(plan.status(), absl::StrCat("planning \"", options.spec_path,
+                                                        "\" -> \"", options.target_path, "\""));
   }
   const auto proto_start = std::chrono::steady_clock::now();
   const v1::TransferPlan proto = planner::ToProto(*plan, spec.layout(), target);
@@ -152,7 +149,7 @@ void PrintError(const absl::Status& status, std::ostream& err) {
 int PlanMain(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   absl::StatusOr<PlanOptions> options = ParsePlanArgs(args);
   if (!options.ok()) {
-    PrintError(WithContext(options.status(), "reshardctl plan"), err);
+    PrintError(rpc::WithContext(options.status(), "reshardctl plan"), err);
     err << "run \"reshardctl plan --help\" for usage\n";
     return 2;
   }

@@ -16,24 +16,26 @@
 #include "client/cli/progress.h"
 #include "client/cli/server_format.h"
 #include "client/cpp/coordinator_client.h"
+#include "common/rpc/enum_name.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status.h"
 
 namespace reshard::cli {
 namespace {
 
+// reshardctl's calls: a person waits, so an unreachable coordinator is
+// reported after at most 1.4 s of waits (0.2 + 0.4 + 0.8, jittered down by up
+// to half) instead of the client's default.
+constexpr rpc::RetryPolicy kCtlRetry{/*max_attempts=*/4, absl::Milliseconds(200), absl::Seconds(2),
+                                     /*multiplier=*/2.0, /*jitter=*/0.5};
+
 client::CoordinatorClient::Options ClientOptions(const GlobalOptions& global) {
   client::CoordinatorClient::Options o;
   o.call_timeout = global.timeout;
-  // An unreachable coordinator is reported after about 1.5 s of retries.
-  o.retry.max_attempts = 4;
-  o.retry.initial_backoff = absl::Milliseconds(200);
-  o.retry.max_backoff = absl::Seconds(2);
+  o.retry = kCtlRetry;
   o.tls = global.tls;
   o.token = global.token;
   return o;
-}
-
-absl::Status WithContext(const absl::Status& s, absl::string_view context) {
-  return absl::Status(s.code(), absl::StrCat(context, ": ", s.message()));
 }
 
 class Runner {
@@ -85,7 +87,7 @@ class Runner {
   int Fail(const absl::Status& s) {
     const int code = ExitCodeFor(s);
     PrintError(code == kExitUnavailable
-                   ? WithContext(s, absl::StrCat("coordinator ", inv_.global.coordinator))
+                   ? rpc::WithContext(s, absl::StrCat("coordinator ", inv_.global.coordinator))
                    : s,
                err_);
     return code;
@@ -395,13 +397,13 @@ class Runner {
     absl::StatusOr<v1::Operation> final_op = client_.WatchOperation(
         op_id, [&](const v1::Operation& op) { progress.Update(op); }, timeout);
     progress.Finish();
-    if (!final_op.ok()) return Fail(WithContext(final_op.status(), "waiting for the operation"));
+    if (!final_op.ok())
+      return Fail(rpc::WithContext(final_op.status(), "waiting for the operation"));
     const int printed = Print(*final_op, FormatOperation(*final_op, Now()));
     if (printed != kExitOk) return printed;
     if (final_op->state() != v1::OPERATION_STATE_COMMITTED) {
-      err_ << "operation " << final_op->id() << " "
-           << v1::OperationState_Name(final_op->state()).substr(16) << ": " << final_op->error()
-           << "\n";
+      err_ << "operation " << final_op->id() << " " << rpc::EnumShortName(final_op->state()) << ": "
+           << final_op->error() << "\n";
       return kExitOperationFailed;
     }
     return kExitOk;
@@ -432,7 +434,7 @@ int ServerMain(const std::string& command, const std::vector<std::string>& args,
     }
   }
   if (!inv.ok()) {
-    PrintError(WithContext(inv.status(), absl::StrCat("reshardctl ", command)), err);
+    PrintError(rpc::WithContext(inv.status(), absl::StrCat("reshardctl ", command)), err);
     err << "run \"reshardctl " << command << " --help\" for usage\n";
     return kExitUsage;
   }

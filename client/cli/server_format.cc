@@ -12,6 +12,7 @@
 #include "absl/time/time.h"
 #include "client/cli/lost_set.h"
 #include "client/cli/plan_summary.h"
+#include "common/rpc/enum_name.h"
 #include "google/protobuf/util/json_util.h"
 #include "planner/layout.h"
 
@@ -35,20 +36,6 @@ std::string RenderTable(const std::vector<std::vector<std::string>>& rows) {
   }
   return out;
 }
-
-// Enum value names without their prefix: JOB_STATE_ACTIVE -> ACTIVE.
-std::string Short(const std::string& name, absl::string_view prefix) {
-  return std::string(absl::StripPrefix(name, prefix));
-}
-
-std::string JobState(v1::JobState s) { return Short(v1::JobState_Name(s), "JOB_STATE_"); }
-std::string OpState(v1::OperationState s) {
-  return Short(v1::OperationState_Name(s), "OPERATION_STATE_");
-}
-std::string OpKind(v1::OperationKind k) {
-  return Short(v1::OperationKind_Name(k), "OPERATION_KIND_");
-}
-std::string HostState(v1::HostState s) { return Short(v1::HostState_Name(s), "HOST_STATE_"); }
 
 int64_t World(const v1::ParallelConfig& c) { return planner::WorldSize(c); }
 
@@ -98,9 +85,9 @@ std::string FormatJobsTable(const v1::ListJobsResponse& jobs) {
       {"ID", "NAME", "TENANT", "STATE", "GEN", "TP", "PP", "DP", "RANKS", "SIZE", "OPERATION"}};
   for (const v1::Job& j : jobs.jobs()) {
     const v1::ParallelConfig& c = j.layout().config();
-    rows.push_back({j.id(), j.name(), j.tenant(), JobState(j.state()), absl::StrCat(j.generation()),
-                    absl::StrCat(c.tp()), absl::StrCat(c.pp()), absl::StrCat(c.dp()),
-                    absl::StrCat(World(c)), FormatBytes(j.total_bytes()),
+    rows.push_back({j.id(), j.name(), j.tenant(), rpc::EnumShortName(j.state()),
+                    absl::StrCat(j.generation()), absl::StrCat(c.tp()), absl::StrCat(c.pp()),
+                    absl::StrCat(c.dp()), absl::StrCat(World(c)), FormatBytes(j.total_bytes()),
                     j.active_operation_id().empty() ? "-" : j.active_operation_id()});
   }
   std::string out = RenderTable(rows);
@@ -113,7 +100,7 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
   Field(&out, "id", job.id());
   Field(&out, "name", job.name());
   Field(&out, "tenant", job.tenant());
-  Field(&out, "state", JobState(job.state()));
+  Field(&out, "state", rpc::EnumShortName(job.state()));
   Field(&out, "generation", absl::StrCat(job.generation()));
   Field(&out, "layout", FormatLayout(job.layout()));
   Field(&out, "tensors", absl::StrCat(job.tensor_count()));
@@ -156,8 +143,8 @@ std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_uni
     if (h.lease_expires_unix_ms() > 0 && h.lease_expires_unix_ms() <= now_unix_ms) {
       lease = absl::StrCat("expired ", lease);
     }
-    rows.push_back({h.host_id(), HostState(h.state()), h.address().empty() ? "-" : h.address(),
-                    absl::StrCat(h.devices_size()),
+    rows.push_back({h.host_id(), rpc::EnumShortName(h.state()),
+                    h.address().empty() ? "-" : h.address(), absl::StrCat(h.devices_size()),
                     h.transports().empty() ? "-" : absl::StrJoin(h.transports(), ","),
                     FormatRelativeTime(h.last_heartbeat_unix_ms(), now_unix_ms), lease});
   }
@@ -193,8 +180,8 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   std::string out;
   Field(&out, "id", op.id());
   Field(&out, "job", op.job_id());
-  Field(&out, "kind", OpKind(op.kind()));
-  Field(&out, "state", OpState(op.state()));
+  Field(&out, "kind", rpc::EnumShortName(op.kind()));
+  Field(&out, "state", rpc::EnumShortName(op.state()));
   Field(&out, "generation", absl::StrCat(op.from_generation(), " -> ", op.to_generation()));
   if (op.has_target_layout()) Field(&out, "target", FormatLayout(op.target_layout()));
   const double pct = op.bytes_total() > 0 ? 100.0 * op.bytes_done() / op.bytes_total() : 0;
@@ -255,9 +242,8 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   // host-staged (why)".
   for (const v1::OperationHost& h : op.hosts()) {
     std::string line =
-        absl::StrCat(absl::StripPrefix(v1::HostTaskState_Name(h.state()), "HOST_TASK_STATE_"), " ",
-                     FormatBytes(h.bytes_done()), " / ", FormatBytes(h.bytes_total()), ", route ",
-                     h.route().empty() ? "-" : h.route());
+        absl::StrCat(rpc::EnumShortName(h.state()), " ", FormatBytes(h.bytes_done()), " / ",
+                     FormatBytes(h.bytes_total()), ", route ", h.route().empty() ? "-" : h.route());
     if (!h.route_reason().empty()) absl::StrAppend(&line, " (", h.route_reason(), ")");
     if (!h.waiting_on().empty()) absl::StrAppend(&line, ", waiting on ", h.waiting_on());
     if (!h.error().empty()) absl::StrAppend(&line, ", error: ", h.error());
@@ -326,12 +312,12 @@ std::string FormatProgressBar(const ProgressSample& s, int bar_width) {
                           ? std::clamp(static_cast<double>(s.bytes_done) / s.bytes_total, 0.0, 1.0)
                           : (s.state == v1::OPERATION_STATE_COMMITTED ? 1.0 : 0.0);
   const int filled = static_cast<int>(frac * bar_width);
-  return absl::StrCat(OpState(s.state), " [", std::string(filled, '#'),
+  return absl::StrCat(rpc::EnumShortName(s.state), " [", std::string(filled, '#'),
                       std::string(bar_width - filled, '-'), "] ", ProgressFigures(s, "  ", true));
 }
 
 std::string FormatProgressLine(const std::string& operation_id, const ProgressSample& s) {
-  return absl::StrCat("operation ", operation_id, ": ", OpState(s.state), " ",
+  return absl::StrCat("operation ", operation_id, ": ", rpc::EnumShortName(s.state), " ",
                       ProgressFigures(s, ", ", false));
 }
 

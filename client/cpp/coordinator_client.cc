@@ -6,7 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "client/cpp/grpc_status.h"
+#include "common/rpc/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace reshard::client {
@@ -99,7 +99,7 @@ CoordinatorClient::CoordinatorClient(std::shared_ptr<grpc::Channel> channel, Opt
 
 absl::Duration CoordinatorClient::NextBackoff(int attempt) {
   std::lock_guard<std::mutex> lock(rng_mu_);
-  return Backoff(options_.retry, attempt, rng_);
+  return rpc::Backoff(options_.retry, attempt, rng_);
 }
 
 void CoordinatorClient::SleepFor(absl::Duration d) {
@@ -116,22 +116,28 @@ void CoordinatorClient::SleepFor(absl::Duration d) {
 
 absl::Status CoordinatorClient::Call(
     absl::string_view method, const std::function<grpc::Status(grpc::ClientContext*)>& attempt,
-    Repeat repeat) {
+    rpc::CallKind kind) {
   if (!init_status_.ok()) return init_status_;
+  // Every attempt's deadline is the call's: the time left of it.
   const absl::Time deadline = DeadlineAfter(options_.call_timeout);
-  const int max_attempts = repeat == Repeat::kSafe ? std::max(1, options_.retry.max_attempts) : 1;
+  const int max_attempts = kind == rpc::CallKind::kClientCall
+                               ? options_.retry.max_attempts
+                               : rpc::DefaultPolicy(kind).max_attempts;
   for (int i = 1;; ++i) {
     grpc::ClientContext context;
     Prepare(&context, deadline);
-    const absl::Status status = FromGrpcStatus(attempt(&context));
+    const absl::Status status = rpc::FromGrpc(attempt(&context));
     if (options_.on_attempt) options_.on_attempt(method, i, status);
-    if (status.ok() || !IsRetryable(status) || i >= max_attempts) return status;
+    if (status.ok() || !rpc::IsRetryable(kind, status.code()) ||
+        (max_attempts > 0 && i >= max_attempts)) {
+      return status;
+    }
     const absl::Duration wait = NextBackoff(i);
     // The deadline, not the attempt count, ends the retries.
     if (absl::Now() + wait >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat(
           method, ": deadline of ", absl::FormatDuration(options_.call_timeout), " passed after ",
-          i, " attempts; last: ", absl::StatusCodeToString(status.code()), ": ", status.message()));
+          i, " attempts; last: ", rpc::CodeName(status.code()), ": ", status.message()));
     }
     SleepFor(wait);
   }
@@ -338,7 +344,7 @@ absl::StatusOr<v1::CreateTokenResponse> CoordinatorClient::CreateToken(
   absl::Status s = Call(
       "CreateToken",
       [&](grpc::ClientContext* c) { return auth_stub_->CreateToken(c, request, &response); },
-      Repeat::kNever);
+      rpc::CallKind::kUnkeyedMutation);
   if (!s.ok()) return s;
   return response;
 }
@@ -368,7 +374,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
     absl::Duration timeout) {
   if (!init_status_.ok()) return init_status_;
   const absl::Time deadline = DeadlineAfter(timeout);
-  const int max_attempts = std::max(1, options_.retry.max_attempts);
+  const int max_attempts = options_.retry.max_attempts;  // 0: the deadline only
   v1::Operation last;
   bool have_last = false;
   auto deliver = [&](const v1::Operation& op) {
@@ -393,7 +399,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
       if (!have_last || !SameProgress(last, op) || IsFinal(op.state())) deliver(op);
       if (IsFinal(op.state())) break;
     }
-    absl::Status status = FromGrpcStatus(reader->Finish());
+    absl::Status status = rpc::FromGrpc(reader->Finish());
     if (options_.on_attempt) options_.on_attempt("WatchOperation", failures + 1, status);
     if (have_last && IsFinal(last.state())) return last;
     if (status.ok()) {
@@ -405,7 +411,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
           "operation \"", operation_id, "\" not final before the watch's deadline",
           have_last ? absl::StrCat(" (now ", v1::OperationState_Name(last.state()), ")") : ""));
     }
-    if (IsWatchRefusal(status)) {
+    if (rpc::IsWatchRefusal(status.code())) {
       // No slot now: wait for one as long as the deadline allows.
       const absl::Duration wait = NextBackoff(std::min(++refusals, 32));
       if (absl::Now() + wait >= deadline) {
@@ -416,8 +422,10 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
       SleepFor(wait);
       continue;
     }
-    if (!IsRetryable(status)) return status;
-    if (++failures >= max_attempts) return status;
+    // DEADLINE_EXCEEDED is the watch's own deadline (above), RESOURCE_EXHAUSTED
+    // a refusal: what is left to reopen on is UNAVAILABLE.
+    if (!rpc::IsRetryable(rpc::CallKind::kStreamReconnect, status.code())) return status;
+    if (++failures >= max_attempts && max_attempts > 0) return status;
     const absl::Duration wait = NextBackoff(failures);
     if (absl::Now() + wait >= deadline) {
       return absl::DeadlineExceededError(
@@ -430,7 +438,7 @@ absl::StatusOr<v1::Operation> CoordinatorClient::WatchOperation(
     if (now.ok()) {
       if (!have_last || !SameProgress(last, *now) || IsFinal(now->state())) deliver(*now);
       if (IsFinal(now->state())) return *now;
-    } else if (!IsRetryable(now.status())) {
+    } else if (!rpc::IsRetryable(rpc::CallKind::kClientCall, now.status().code())) {
       return now.status();
     }
   }

@@ -3,11 +3,13 @@
 //
 // Every call returns the server's status code and message unchanged
 // (absl::Status), has a deadline (Options::call_timeout, covering every
-// retry of that call) and is retried, with exponential backoff and jitter,
-// only when it ends UNAVAILABLE (when the deadline, not the attempt count,
-// stops the retries, the call ends DEADLINE_EXCEEDED). Mutating calls carry an idempotency key: the
+// retry of that call) and is retried, with exponential backoff and jitter
+// (common/rpc/retry.h, CallKind::kClientCall), only when it ends UNAVAILABLE
+// (when the deadline, not the attempt count, stops the retries, the call
+// ends DEADLINE_EXCEEDED). Mutating calls carry an idempotency key: the
 // request's own when it has one, else a fresh random key per logical call,
 // reused by every retry of it, so a retried Resize starts one operation.
+// CreateToken has no key and is never repeated (kUnkeyedMutation).
 //
 // Thread contract: thread-safe; one client may serve many threads.
 #pragma once
@@ -23,7 +25,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
-#include "client/cpp/retry.h"
+#include "common/rpc/retry.h"
 #include "common/tls.h"
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/coordinator.pb.h"
@@ -41,7 +43,8 @@ class CoordinatorClient {
   struct Options {
     /// Deadline of one logical call, retries and backoff included.
     absl::Duration call_timeout = absl::Seconds(30);
-    RetryPolicy retry;
+    /// Attempts, backoff and jitter of every call and of a watch's reopening.
+    rpc::RetryPolicy retry = rpc::DefaultPolicy(rpc::CallKind::kClientCall);
     /// Called after every attempt of every call (method name, 1-based
     /// attempt, its status), e.g. for logging. May be empty.
     std::function<void(absl::string_view method, int attempt, const absl::Status&)> on_attempt;
@@ -152,17 +155,13 @@ class CoordinatorClient {
                                                                absl::Duration timeout);
 
  private:
-  // Whether a call may be sent again after UNAVAILABLE, which can come after
-  // the coordinator applied it (its reply lost).
-  enum class Repeat {
-    kSafe,   // a read, a keyed mutation, or one whose repeat is a no-op
-    kNever,  // a mutation a repeat would apply twice (CreateToken: no key)
-  };
-  // Runs `attempt(context)` with the call's deadline, retrying UNAVAILABLE
-  // when `repeat` is kSafe.
+  // Runs `attempt(context)` with the call's deadline, retrying what the
+  // table retries for `kind`: kClientCall (a read, a keyed mutation, or one
+  // whose repeat is a no-op) under options_.retry; kUnkeyedMutation (a
+  // repeat after a lost reply would apply it twice) never.
   absl::Status Call(absl::string_view method,
                     const std::function<grpc::Status(grpc::ClientContext*)>& attempt,
-                    Repeat repeat = Repeat::kSafe);
+                    rpc::CallKind kind = rpc::CallKind::kClientCall);
   absl::Duration NextBackoff(int attempt);
   void SleepFor(absl::Duration d);
 

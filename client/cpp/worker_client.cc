@@ -14,25 +14,25 @@
 #include <cstring>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "client/cpp/fd_wire.h"
-#include "client/cpp/grpc_status.h"
+#include "common/rpc/retry.h"
+#include "common/rpc/status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace reshard::client {
 namespace {
 
 // The deadline and the worker token (when there is one) of a call.
-void Prepare(grpc::ClientContext* context, absl::Duration timeout, const std::string& token) {
-  if (timeout != absl::InfiniteDuration()) {
-    context->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  }
+void Prepare(grpc::ClientContext* context, absl::Time deadline, const std::string& token) {
+  if (deadline != absl::InfiniteFuture()) context->set_deadline(absl::ToChronoTime(deadline));
   if (!token.empty()) context->AddMetadata("authorization", absl::StrCat("Bearer ", token));
 }
 
-absl::Status WithContext(const absl::Status& status, absl::string_view what) {
-  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+void Prepare(grpc::ClientContext* context, absl::Duration timeout, const std::string& token) {
+  Prepare(context, absl::Now() + timeout, token);  // infinite: InfiniteFuture()
 }
 
 std::string Describe(const std::string& job_id, int64_t generation, int rank) {
@@ -137,9 +137,9 @@ absl::StatusOr<std::vector<uint64_t>> ShardWriter::Seal(const std::vector<uint64
   v1::SealShardResponse response;
   grpc::ClientContext context;
   Prepare(&context, timeout_, token_);
-  absl::Status s = FromGrpcStatus(stub_->SealShard(&context, request, &response));
+  absl::Status s = rpc::FromGrpc(stub_->SealShard(&context, request, &response));
   if (!s.ok()) {
-    return WithContext(s, absl::StrCat("sealing ", Describe(job_id_, generation_, rank_)));
+    return rpc::WithContext(s, absl::StrCat("sealing ", Describe(job_id_, generation_, rank_)));
   }
   return std::vector<uint64_t>(response.checksums().begin(), response.checksums().end());
 }
@@ -231,9 +231,7 @@ absl::StatusOr<int> WorkerClient::ShardFd(const std::string& job_id, int64_t gen
     s = absl::InternalError(absl::StrCat(where, ": the agent's descriptor socket answered "
                                          "something that is not a WorkerFdResponse"));
   }
-  if (s.ok() && response.code() != 0) {
-    s = absl::Status(static_cast<absl::StatusCode>(response.code()), response.message());
-  }
+  if (s.ok()) s = rpc::FromWireCode(response.code(), response.message());
   if (s.ok() && fd < 0) {
     s = absl::InternalError(absl::StrCat(where, ": the agent sent no descriptor"));
   }
@@ -258,28 +256,32 @@ absl::StatusOr<ShardWriter> WorkerClient::BeginPublish(const std::string& job_id
   request.set_rank(rank);
   v1::PublishShardResponse response;
   // UNAVAILABLE: a checkpoint's generation is not open on this agent yet
-  // (its task arrives with the next heartbeat); retried with backoff within
-  // call_timeout, as the Python Worker does.
+  // (its task arrives with the next heartbeat); retried with backoff
+  // (common/rpc/retry.h, kWorkerPublish) within call_timeout, each attempt
+  // given the time left, as the Python Worker does.
+  const rpc::RetryPolicy& policy = rpc::DefaultPolicy(rpc::CallKind::kWorkerPublish);
   const absl::Time deadline = absl::Now() + options_.call_timeout;
-  absl::Duration delay = absl::Milliseconds(20);
+  absl::BitGen rng;
   absl::Status s;
-  while (true) {
+  for (int attempt = 1;; ++attempt) {
     grpc::ClientContext context;
-    Prepare(&context, options_.call_timeout, options_.token);
-    s = FromGrpcStatus(stub_->PublishShard(&context, request, &response));
-    if (s.code() != absl::StatusCode::kUnavailable || absl::Now() + delay > deadline) break;
-    absl::SleepFor(delay);
-    delay = std::min(delay * 2, absl::Milliseconds(500));
+    Prepare(&context, rpc::AttemptDeadline(deadline, absl::Now(), options_.call_timeout),
+            options_.token);
+    s = rpc::FromGrpc(stub_->PublishShard(&context, request, &response));
+    if (!rpc::IsRetryable(rpc::CallKind::kWorkerPublish, s.code())) break;
+    const absl::Duration wait = rpc::Backoff(policy, attempt, rng);
+    if (absl::Now() + wait > deadline) break;
+    absl::SleepFor(wait);
   }
   if (!s.ok()) {
-    return WithContext(s, absl::StrCat("publishing ", Describe(job_id, generation, rank)));
+    return rpc::WithContext(s, absl::StrCat("publishing ", Describe(job_id, generation, rank)));
   }
   absl::StatusOr<std::vector<ShardItem>> items =
       ToItems(response.items(), response.size(), response.path());
   if (!items.ok()) return items.status();
   absl::StatusOr<int> fd = ShardFd(job_id, generation, rank, v1::WorkerFdRequest::ACCESS_PUBLISH,
                                    response.size());
-  if (!fd.ok()) return WithContext(fd.status(), "publishing");
+  if (!fd.ok()) return rpc::WithContext(fd.status(), "publishing");
   absl::StatusOr<Mapping> mapping = Mapping::FromFd(*fd, response.size(), true, response.path());
   if (!mapping.ok()) return mapping.status();
   ShardWriter writer;
@@ -343,8 +345,9 @@ absl::StatusOr<LoadedShard> WorkerClient::Load(const std::string& job_id, int64_
   v1::OpenGenerationResponse response;
   grpc::ClientContext context;
   Prepare(&context, options_.call_timeout, options_.token);
-  absl::Status s = FromGrpcStatus(stub_->OpenGeneration(&context, request, &response));
-  if (!s.ok()) return WithContext(s, absl::StrCat("loading ", Describe(job_id, generation, rank)));
+  absl::Status s = rpc::FromGrpc(stub_->OpenGeneration(&context, request, &response));
+  if (!s.ok())
+    return rpc::WithContext(s, absl::StrCat("loading ", Describe(job_id, generation, rank)));
   absl::StatusOr<std::vector<ShardItem>> items =
       ToItems(response.items(), response.size(), response.path());
   if (!items.ok()) return items.status();
@@ -356,7 +359,7 @@ absl::StatusOr<LoadedShard> WorkerClient::Load(const std::string& job_id, int64_
   for (size_t i = 0; i < items->size(); ++i) (*items)[i].checksum = response.checksums(i);
   absl::StatusOr<int> fd =
       ShardFd(job_id, generation, rank, v1::WorkerFdRequest::ACCESS_LOAD, response.size());
-  if (!fd.ok()) return WithContext(fd.status(), "loading");
+  if (!fd.ok()) return rpc::WithContext(fd.status(), "loading");
   absl::StatusOr<Mapping> mapping = Mapping::FromFd(*fd, response.size(), false, response.path());
   if (!mapping.ok()) return mapping.status();
   LoadedShard shard;

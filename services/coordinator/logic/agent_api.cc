@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "planner/layout.h"
 #include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/error_text.h"
@@ -314,7 +315,7 @@ absl::StatusOr<v1::HostTask> AgentApi::GetTask(const v1::GetTaskRequest& request
   const v1::Operation& op = record->op;
   if (!AgentsHaveTasks(op) || !record->plan.has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "operation \"", op_id, "\" is ", StateName(op.state()),
+        "operation \"", op_id, "\" is ", rpc::EnumShortName(op.state()),
         ", not TRANSFERRING (nor a stop-free operation in PLANNED whose agents prepare)"));
   }
   absl::StatusOr<std::vector<HostProgress>> rows = store_->GetHostProgress(op_id);

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/logic/agent_api.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
@@ -24,12 +25,6 @@ namespace {
 // How often a WaitForTasks sleeping on the notifier asks whether its call
 // was cancelled (the synchronous gRPC API has no cancellation callback).
 constexpr int kCancelCheckMs = 100;
-
-std::string StateText(v1::HostTaskState state) {
-  const std::string& full = v1::HostTaskState_Name(state);
-  constexpr char kPrefix[] = "HOST_TASK_STATE_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
-}
 
 v1::WaitForTasksResponse Answer(std::vector<std::string> assigned) {
   v1::WaitForTasksResponse response;
@@ -66,13 +61,13 @@ absl::Status AgentApi::CheckReportForPhase(const OperationRecord& record,
   }
   if (!preparing && state == v1::HOST_TASK_STATE_PREPARED) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "state PREPARED: operation \"", record.op.id(), "\" is ", StateName(record.op.state()),
-        ", not a stop-free operation in its prepare phase"));
+        "state PREPARED: operation \"", record.op.id(), "\" is ",
+        rpc::EnumShortName(record.op.state()), ", not a stop-free operation in its prepare phase"));
   }
   if (state != v1::HOST_TASK_STATE_PREPARED && request.source_checksums_size() > 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("source_checksums: ", request.source_checksums_size(), " given with state ",
-                     StateText(state), "; only a PREPARED report carries them"));
+                     rpc::EnumShortName(state), "; only a PREPARED report carries them"));
   }
   if (state != v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();
   if (!record.plan.has_value()) {

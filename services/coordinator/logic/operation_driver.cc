@@ -10,6 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
 
@@ -52,7 +53,7 @@ absl::Status OperationDriver::ResumeAll() {
     absl::StatusOr<OperationRecord> record = store_->GetOperation(id, /*include_plan=*/false);
     if (!record.ok()) continue;  // finished or deleted since the listing
     RESHARD_LOG(INFO) << "job=" << record->op.job_id() << " operation=" << id << " resumed in "
-                      << StateName(record->op.state());
+                      << rpc::EnumShortName(record->op.state());
   }
   if (absl::Status s = hosts_.Refresh(now, /*force=*/true); !s.ok()) return s;
   return AdvanceAll(hosts_, now);

@@ -3,6 +3,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 
@@ -30,15 +31,16 @@ absl::Status FinishOperation(Store& store, CoordinatorMetrics* metrics, const v1
   if (!moved.ok()) return moved;
   if (to == v1::OPERATION_STATE_COMMITTED) {
     RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " "
-                      << StateName(op.state()) << " -> COMMITTED: generation " << op.to_generation()
-                      << " is current";
+                      << rpc::EnumShortName(op.state()) << " -> COMMITTED: generation "
+                      << op.to_generation() << " is current";
   } else if (ending.event == OpEvent::kCancelled) {
     RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " "
-                      << StateName(op.state()) << " -> " << StateName(to) << ": " << ending.error;
+                      << rpc::EnumShortName(op.state()) << " -> " << rpc::EnumShortName(to) << ": "
+                      << ending.error;
   } else {
     RESHARD_LOG(WARNING) << "job=" << op.job_id() << " operation=" << op.id() << " "
-                         << StateName(op.state()) << " -> " << StateName(to) << ": "
-                         << ending.error;
+                         << rpc::EnumShortName(op.state()) << " -> " << rpc::EnumShortName(to)
+                         << ": " << ending.error;
   }
   if (metrics != nullptr) {
     metrics->OperationFinished(op.kind(), to, SecondsSince(op.created_unix_ms(), now_unix_ms));

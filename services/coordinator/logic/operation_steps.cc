@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "google/protobuf/arena.h"
 #include "planner/planner.h"
 #include "services/coordinator/logic/operation_driver.h"
@@ -134,11 +135,12 @@ absl::StatusOr<bool> OperationDriver::AwaitCutOver(const OperationRecord& record
     return agents_prepare ? CheckPrepare(record, hosts, now) : false;
   }
   if (!cut.ok() || cut->op.state() != v1::OPERATION_STATE_COMMITTED) {
-    return Moved(Finish(op, v1::OPERATION_STATE_ABORTED,
-                        cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
-                                                StateName(cut->op.state()), ": ", cut->op.error())
-                                 : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
-                        now));
+    return Moved(
+        Finish(op, v1::OPERATION_STATE_ABORTED,
+               cut.ok() ? absl::StrCat("cut-over checkpoint \"", cut_id, "\" ended ",
+                                       rpc::EnumShortName(cut->op.state()), ": ", cut->op.error())
+                        : absl::StrCat("cut-over checkpoint \"", cut_id, "\" not found"),
+               now));
   }
   // An operation created before migration 0011 was not prepared by its
   // agents: its transfer moves the whole plan.

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
+#include "common/rpc/enum_name.h"
 #include "planner/planner.h"
 #include "planner/survivor.h"
 #include "planner/validate.h"
@@ -412,22 +413,22 @@ absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
   const std::string minted = op.operation_id;
   absl::StatusOr<v1::Operation> created = store_->CreateOperation(op);
   if (!created.ok()) {
-    RESHARD_LOG(INFO) << "job=" << op.job_id << " " << KindName(op.kind)
+    RESHARD_LOG(INFO) << "job=" << op.job_id << " " << rpc::EnumShortName(op.kind)
                       << " refused: " << created.status();
     return NameNotFound(created.status(), JobNotFound(op.job_id));
   }
   if (created->checkpoint_folded()) {
     RESHARD_LOG(INFO) << "job=" << created->job_id() << " checkpoint folded into the cut-over of "
-                      << KindName(created->kind()) << " operation=" << created->id();
+                      << rpc::EnumShortName(created->kind()) << " operation=" << created->id();
     return created;
   }
   RESHARD_LOG(INFO) << "job=" << created->job_id() << " operation=" << created->id() << " "
-                    << KindName(created->kind())
+                    << rpc::EnumShortName(created->kind())
                     << (created->id() == minted ? " created" : " returned for idempotent retry")
                     << (created->queued_behind_operation_id().empty()
                             ? ""
                             : " queued behind checkpoint " + created->queued_behind_operation_id())
-                    << " state=" << StateName(created->state())
+                    << " state=" << rpc::EnumShortName(created->state())
                     << " from_generation=" << created->from_generation();
   return created;
 }
@@ -510,7 +511,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
         return op;
       }
       return absl::FailedPreconditionError(absl::StrCat("operation \"", id, "\" is already ",
-                                                        StateName(op.state()),
+                                                        rpc::EnumShortName(op.state()),
                                                         "; only an active operation can be "
                                                         "cancelled"));
     }

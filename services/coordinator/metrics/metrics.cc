@@ -1,14 +1,12 @@
 #include "services/coordinator/metrics/metrics.h"
 
 #include <algorithm>
-#include <cctype>
 #include <map>
 #include <mutex>
 #include <string>
 #include <utility>
 
-#include "absl/strings/match.h"
-#include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -17,29 +15,6 @@
 
 namespace reshard::coordinator {
 namespace {
-
-// An enum value's name without its type prefix, lower case:
-// OPERATION_STATE_COMMITTED -> "committed". Unknown numbers keep their value
-// so that a label is never empty.
-std::string EnumLabel(const std::string& name, const std::string& prefix, int value) {
-  if (name.empty()) return absl::StrCat("unknown_", value);
-  std::string out = absl::StartsWith(name, prefix) ? name.substr(prefix.size()) : name;
-  for (char& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return out;
-}
-
-std::string KindLabel(v1::OperationKind kind) {
-  return EnumLabel(v1::OperationKind_Name(kind), "OPERATION_KIND_", kind);
-}
-std::string OperationStateLabel(v1::OperationState state) {
-  return EnumLabel(v1::OperationState_Name(state), "OPERATION_STATE_", state);
-}
-std::string JobStateLabel(v1::JobState state) {
-  return EnumLabel(v1::JobState_Name(state), "JOB_STATE_", state);
-}
-std::string HostStateLabel(v1::HostState state) {
-  return EnumLabel(v1::HostState_Name(state), "HOST_STATE_", state);
-}
 
 // RPCs and SQL statements: 100 us .. 10 s.
 const prometheus::Histogram::BucketBoundaries& LatencyBuckets() {
@@ -231,7 +206,8 @@ CoordinatorMetrics::CoordinatorMetrics(std::shared_ptr<prometheus::Registry> reg
                                  v1::OPERATION_KIND_RECOVER, v1::OPERATION_KIND_CHECKPOINT}) {
     for (v1::OperationState result :
          {v1::OPERATION_STATE_COMMITTED, v1::OPERATION_STATE_ABORTED, v1::OPERATION_STATE_FAILED}) {
-      impl_->operations.Add({{"kind", KindLabel(kind)}, {"result", OperationStateLabel(result)}});
+      impl_->operations.Add({{"kind", rpc::EnumShortName(kind, rpc::NameCase::kLower)},
+                             {"result", rpc::EnumShortName(result, rpc::NameCase::kLower)}});
     }
   }
   for (const char* method : {"WatchJob", "WatchOperation"}) SetWatchStreams(method, 0);
@@ -249,8 +225,9 @@ CoordinatorMetrics::~CoordinatorMetrics() = default;
 // buckets argument is then ignored), and is thread-safe. Operations are rare.
 void CoordinatorMetrics::OperationFinished(v1::OperationKind kind, v1::OperationState result,
                                            double seconds) {
-  const std::string kind_label = KindLabel(kind);
-  impl_->operations.Add({{"kind", kind_label}, {"result", OperationStateLabel(result)}})
+  const std::string kind_label = rpc::EnumShortName(kind, rpc::NameCase::kLower);
+  impl_->operations
+      .Add({{"kind", kind_label}, {"result", rpc::EnumShortName(result, rpc::NameCase::kLower)}})
       .Increment();
   impl_->operation_duration.Add({{"kind", kind_label}}, OperationBuckets())
       .Observe(seconds < 0 ? 0 : seconds);
@@ -297,7 +274,8 @@ void CoordinatorMetrics::PlannedBytes(int64_t local, int64_t cross_host) {
 }
 
 void CoordinatorMetrics::SetJobs(v1::JobState state, int64_t count) {
-  impl_->jobs.Add({{"state", JobStateLabel(state)}}).Set(static_cast<double>(count));
+  impl_->jobs.Add({{"state", rpc::EnumShortName(state, rpc::NameCase::kLower)}})
+      .Set(static_cast<double>(count));
 }
 
 void CoordinatorMetrics::SetJobsWithLostHosts(int64_t count) {
@@ -305,7 +283,8 @@ void CoordinatorMetrics::SetJobsWithLostHosts(int64_t count) {
 }
 
 void CoordinatorMetrics::SetHosts(v1::HostState state, int64_t count) {
-  impl_->hosts.Add({{"state", HostStateLabel(state)}}).Set(static_cast<double>(count));
+  impl_->hosts.Add({{"state", rpc::EnumShortName(state, rpc::NameCase::kLower)}})
+      .Set(static_cast<double>(count));
 }
 
 void CoordinatorMetrics::RpcDone(const std::string& method, const std::string& code,
@@ -318,7 +297,7 @@ void CoordinatorMetrics::StoreStatement(const std::string& statement, double sec
 }
 
 void CoordinatorMetrics::SetActiveOperations(v1::OperationState state, int64_t count) {
-  impl_->active_operations.Add({{"state", OperationStateLabel(state)}})
+  impl_->active_operations.Add({{"state", rpc::EnumShortName(state, rpc::NameCase::kLower)}})
       .Set(static_cast<double>(count));
 }
 

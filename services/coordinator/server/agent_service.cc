@@ -5,6 +5,7 @@
 #include <mutex>
 #include <utility>
 
+#include "common/rpc/status.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/server/rpc_status.h"
 #include "services/coordinator/store/call_class.h"
@@ -18,11 +19,7 @@ void RecordRpc(CoordinatorMetrics* metrics, const char* method, const absl::Stat
                std::chrono::steady_clock::time_point start) {
   if (metrics == nullptr) return;
   const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-  metrics->RpcDone(method, StatusCodeName(status.code()), seconds.count());
-}
-
-absl::Status FromGrpcStatus(const grpc::Status& status) {
-  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+  metrics->RpcDone(method, rpc::CodeName(status.code()), seconds.count());
 }
 
 }  // namespace
@@ -58,7 +55,7 @@ grpc::ServerUnaryReactor* AgentServiceImpl::Heartbeat(grpc::CallbackServerContex
     const grpc::Status admitted =
         RunAdmitted(authorizer_, context, /*metrics=*/nullptr, "Heartbeat", *request,
                     request->host_id(), [](const Principal&) { return absl::OkStatus(); });
-    if (!admitted.ok()) return answer(FromGrpcStatus(admitted));
+    if (!admitted.ok()) return answer(rpc::FromGrpc(admitted));
     heartbeats_.Submit(*request, [reply, answer](HeartbeatBatcher::Answer result) {
       answer(Unwrap(std::move(result), reply));
     });
@@ -110,7 +107,7 @@ class AgentServiceImpl::WaitReactor final : public grpc::ServerUnaryReactor {
         RunAdmitted(service_->authorizer_, context_, /*metrics=*/nullptr, "WaitForTasks",
                     *request_, request_->host_id(), [](const Principal&) { return absl::OkStatus(); });
     if (!admitted.ok()) {
-      Answer(FromGrpcStatus(admitted));
+      Answer(rpc::FromGrpc(admitted));
       return Release();
     }
     // `done` may run (and gRPC be done with this call) before Start returns.

@@ -266,10 +266,7 @@ grpc::ServerWriteReactor<Msg>* StartWatch(ChangeFeed* feed, KeyFeed<Msg>* key_fe
               admission = admit(p);
               return admission.status();
             });
-        if (!admitted.ok()) {
-          return absl::Status(static_cast<absl::StatusCode>(admitted.error_code()),
-                              admitted.error_message());
-        }
+        if (!admitted.ok()) return rpc::FromGrpc(admitted);
         return admission;
       });
 }

@@ -1,6 +1,7 @@
-// What every gRPC handler of the coordinator shares: the one conversion from
-// absl::Status to grpc::Status, and the wrapper that times a handler and
-// records reshard_coordinator_rpc_duration_seconds{method, code}.
+// What every gRPC handler of the coordinator shares: the conversion from
+// absl::Status to grpc::Status (common/rpc's, plus the log of the server's
+// own bugs), and the wrapper that times a handler and records
+// reshard_coordinator_rpc_duration_seconds{method, code}.
 // Thread-safe.
 #pragma once
 
@@ -11,6 +12,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "common/rpc/status.h"
 #include "grpcpp/server_context.h"
 #include "grpcpp/support/status.h"
 #include "services/coordinator/metrics/metrics.h"
@@ -19,21 +21,9 @@
 
 namespace reshard::coordinator {
 
-/// Longest status message sent back, counted as gRPC encodes it (bytes
-/// outside printable ASCII take three): it travels in a trailer, and peers
-/// refuse metadata past 8 KiB by default. Longer messages are cut and say so.
-inline constexpr size_t kMaxStatusMessageBytes = 4096;
-
-/// `message` itself when it fits kMaxStatusMessageBytes; else its longest
-/// prefix that fits (never splitting a UTF-8 sequence) plus
-/// " ... (N more bytes)".
-std::string CutStatusMessage(std::string message);
-
-/// Same code (the numeric values agree), same message (CutStatusMessage).
+/// rpc::ToGrpc (same code, the message cut to rpc::kMaxStatusMessageBytes);
+/// INTERNAL and UNKNOWN, the coordinator's own bugs, are logged at ERROR.
 grpc::Status ToGrpcStatus(const absl::Status& status);
-
-/// "OK", "INVALID_ARGUMENT", ... as used in the metric's `code` label.
-std::string StatusCodeName(absl::StatusCode code);
 
 /// Moves a successful result into the reply.
 template <typename T>
@@ -58,7 +48,7 @@ grpc::Status RunRpc(CoordinatorMetrics* metrics, const char* method, Body&& body
   }
   if (metrics != nullptr) {
     const std::chrono::duration<double> seconds = std::chrono::steady_clock::now() - start;
-    metrics->RpcDone(method, StatusCodeName(status.code()), seconds.count());
+    metrics->RpcDone(method, rpc::CodeName(status.code()), seconds.count());
   }
   return ToGrpcStatus(status);
 }

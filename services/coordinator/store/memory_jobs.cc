@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
 #include "services/coordinator/store/state_memory.h"
@@ -161,10 +162,9 @@ absl::Status MemoryStore::DeleteJob(const std::string& job_id, const Idempotency
   if (job == nullptr) return mem::JobNotFound(job_id);
   const std::vector<const Operation*> active = ActiveOperationsOfJob(job_id);
   if (!active.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("job \"", job_id,
-                                                      "\" has active operation \"",
-                                                      active[0]->row.id(), "\" (",
-                                                      StateName(active[0]->row.state()), ")"));
+    return absl::FailedPreconditionError(
+        absl::StrCat("job \"", job_id, "\" has active operation \"", active[0]->row.id(), "\" (",
+                     rpc::EnumShortName(active[0]->row.state()), ")"));
   }
   Tx tx;
   WriteAudit(tx, job_id, "");
@@ -208,7 +208,7 @@ std::optional<PendingCheckpoint> MemoryStore::PendingCheckpointOf(const std::str
     if (op->row.kind() != v1::OPERATION_KIND_CHECKPOINT) continue;
     PendingCheckpoint pending;
     pending.operation_id = op->row.id();
-    pending.state = StateName(op->row.state());
+    pending.state = rpc::EnumShortName(op->row.state());
     pending.to_generation = op->row.to_generation();
     if (op->step.has_value()) {
       StepCommit step;

@@ -7,10 +7,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
-#include "services/coordinator/store/store_checks.h"
 #include "services/coordinator/store/operation_meeting.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -72,8 +73,8 @@ absl::StatusOr<int64_t> MemoryStore::CheckCutOver(const NewOperation& op,
     why = absl::StrJoin(missing, "; ");
   }
   if (!why.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cut_over_operation_id \"", target, "\" (", StateName(o.state()), "): ", why));
+    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target, "\" (",
+                                                      rpc::EnumShortName(o.state()), "): ", why));
   }
   const int64_t reserved = o.to_generation() - 1;
   return reserved > current_generation ? reserved : 0;

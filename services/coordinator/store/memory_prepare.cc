@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
 
@@ -35,7 +36,7 @@ absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& opera
   // RESHARD_SQL_OP_STOP_FREE_PLANNED, as the table spells it.
   if (!Matches(Where(v1::OPERATION_STATE_PLANNED).StopFree(Tri::kYes), FactsOf(op->row))) {
     return absl::FailedPreconditionError(
-        absl::StrCat("operation \"", operation_id, "\" is ", StateName(op->row.state()),
+        absl::StrCat("operation \"", operation_id, "\" is ", rpc::EnumShortName(op->row.state()),
                      op->row.stop_free() ? "" : " and not stop-free",
                      ": only a stop-free operation in PLANNED can be marked prepared"));
   }
@@ -60,7 +61,7 @@ absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t 
     if (op == nullptr) return mem::OperationNotFound(operation_id);
     if (PhaseOf(op->row) != OpPhase::kToPrepare) {
       return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
-                                             StateName(op->row.state()),
+                                             rpc::EnumShortName(op->row.state()),
                                              ", not a stop-free operation in PLANNED to prepare"));
     }
     // Pending from now on: an abort discards it on every host of its ranks.
@@ -89,7 +90,7 @@ absl::Status MemoryStore::RecordHostPrepared(const std::string& operation_id,
   if (op == nullptr) return mem::OperationNotFound(operation_id);
   if (op->row.state() != v1::OPERATION_STATE_PLANNED) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "operation \"", operation_id, "\" is ", StateName(op->row.state()),
+        "operation \"", operation_id, "\" is ", rpc::EnumShortName(op->row.state()),
         ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
   }
   auto row = op->hosts.find(host_id);

@@ -178,19 +178,6 @@ const char* EventName(OpEvent e) {
   return i >= 0 && i < kOpEventCount ? kNames[i] : "unknown event";
 }
 
-std::string StateName(v1::OperationState state) {
-  const std::string& full = v1::OperationState_Name(state);
-  if (full.empty()) return std::to_string(static_cast<int>(state));
-  constexpr std::string_view kPrefix = "OPERATION_STATE_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(kPrefix.size()) : full;
-}
-
-std::string KindName(v1::OperationKind kind) {
-  const std::string& full = v1::OperationKind_Name(kind);
-  constexpr std::string_view kPrefix = "OPERATION_KIND_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(kPrefix.size()) : full;
-}
-
 bool IsTerminal(OpPhase p) { return !LeavesByOwnMove(p); }
 
 std::vector<OpTransition> AllTransitions() {

@@ -225,11 +225,6 @@ inline constexpr OpEnding kOpEndings[] = {
 constexpr const OpPhaseDef& PhaseDef(OpPhase p) { return kOpPhases[static_cast<int>(p)]; }
 constexpr v1::OperationState StoredState(OpPhase p) { return PhaseDef(p).stored; }
 const char* PhaseName(OpPhase p);
-/// "TRANSFERRING" for OPERATION_STATE_TRANSFERRING, as messages say it; the
-/// number for a value the enum does not name.
-std::string StateName(v1::OperationState state);
-/// "RESIZE" for OPERATION_KIND_RESIZE.
-std::string KindName(v1::OperationKind kind);
 const char* EventName(OpEvent e);
 
 /// Every transition, the endings expanded for each active phase.

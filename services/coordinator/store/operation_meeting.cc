@@ -1,6 +1,7 @@
 #include "services/coordinator/store/operation_meeting.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/operation_machine.h"
 
 namespace reshard::coordinator {
@@ -26,28 +27,22 @@ bool WaitsForBoundary(const ActiveOperation& op, const std::vector<ActiveOperati
 // says what the active operation is doing.
 absl::Status Busy(const std::string& job_id, const ActiveOperation& op, const std::string& why) {
   return absl::FailedPreconditionError(absl::StrCat("job \"", job_id, "\" has active operation \"",
-                                                    op.id, "\" (", StateName(op.state), ")",
-                                                    why.empty() ? "" : ": ", why));
+                                                    op.id, "\" (", rpc::EnumShortName(op.state),
+                                                    ")", why.empty() ? "" : ": ", why));
 }
 
 // Why a checkpoint cannot start beside `op` (neither folded nor queued).
 std::string CheckpointBlockedBy(const ActiveOperation& op) {
   if (op.kind == v1::OPERATION_KIND_CHECKPOINT) return "one checkpoint at a time";
   if (!op.queued_behind.empty()) {
-    return absl::StrCat("a stop-the-world ", KindName(op.kind), " is queued behind checkpoint \"",
-                        op.queued_behind, "\"");
+    return absl::StrCat("a stop-the-world ", rpc::EnumShortName(op.kind),
+                        " is queued behind checkpoint \"", op.queued_behind, "\"");
   }
-  return absl::StrCat("a stop-the-world ", KindName(op.kind),
+  return absl::StrCat("a stop-the-world ", rpc::EnumShortName(op.kind),
                       " moves the last committed generation; stop training");
 }
 
 }  // namespace
-
-std::string StepBoundaryName(v1::StepBoundary step_boundary) {
-  const std::string& full = v1::StepBoundary_Name(step_boundary);
-  constexpr char kPrefix[] = "STEP_BOUNDARY_";
-  return full.rfind(kPrefix, 0) == 0 ? full.substr(sizeof(kPrefix) - 1) : full;
-}
 
 absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind kind,
                                     const std::string& cut_over_operation_id,
@@ -71,9 +66,9 @@ absl::StatusOr<MeetingVerdict> Meet(const std::string& job_id, v1::OperationKind
             prefix, "its step-boundary checkpoint \"", op.step_boundary_checkpoint_id,
             "\" was created already"));
       }
-      return absl::FailedPreconditionError(
-          absl::StrCat(prefix, "it no longer waits for a step boundary (",
-                       StepBoundaryName(op.step_boundary), ", ", StateName(op.state), ")"));
+      return absl::FailedPreconditionError(absl::StrCat(
+          prefix, "it no longer waits for a step boundary (", rpc::EnumShortName(op.step_boundary),
+          ", ", rpc::EnumShortName(op.state), ")"));
     }
     return MeetingVerdict{Meeting::kCutOver, cut_over_operation_id};
   }

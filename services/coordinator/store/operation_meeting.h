@@ -48,7 +48,4 @@ struct MeetingVerdict {
                                                   const std::string& cut_over_operation_id,
                                                   const std::vector<ActiveOperation>& active);
 
-/// "WAITING" for STEP_BOUNDARY_WAITING.
-std::string StepBoundaryName(v1::StepBoundary step_boundary);
-
 }  // namespace reshard::coordinator

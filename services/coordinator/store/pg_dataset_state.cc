@@ -2,6 +2,7 @@
 #include "services/coordinator/store/pg_dataset_state.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
 #include "services/coordinator/store/pg_statements.h"
@@ -54,7 +55,7 @@ std::optional<PendingCheckpoint> ReadPendingCheckpoint(PgTx& tx, const std::stri
   if (r.empty()) return std::nullopt;
   PendingCheckpoint pending;
   pending.operation_id = r[0][0].c_str();
-  pending.state = StateName(static_cast<v1::OperationState>(r[0][1].as<int>()));
+  pending.state = rpc::EnumShortName(static_cast<v1::OperationState>(r[0][1].as<int>()));
   pending.to_generation = r[0][2].as<int64_t>();
   if (!r[0][3].is_null()) {
     StepCommit step;

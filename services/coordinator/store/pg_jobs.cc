@@ -1,5 +1,6 @@
 // PgStore: jobs and their PTCs.
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_ptc_statements.h"
@@ -221,7 +222,7 @@ absl::Status PgStore::DeleteJob(const std::string& job_id, const Idempotency& id
     if (!active.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "job \"", job_id, "\" has active operation \"", active[0][0].c_str(), "\" (",
-          StateName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
+          rpc::EnumShortName(static_cast<v1::OperationState>(active[0][1].as<int>())), ")"));
     }
     tx.Exec(pg::kDeleteJob, job_id);
     // Without a job id: the row must outlive the job it names.

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_dataset_state.h"
 #include "services/coordinator/store/pg_dataset_statements.h"
@@ -177,8 +178,8 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
       if (now.empty()) return pg::OperationNotFound(operation_id);
       return absl::AbortedError(
           absl::StrCat("operation \"", operation_id, "\" is ",
-                       StateName(static_cast<v1::OperationState>(now[0][0].as<int>())),
-                       ", not ", StateName(from)));
+                       rpc::EnumShortName(static_cast<v1::OperationState>(now[0][0].as<int>())),
+                       ", not ", rpc::EnumShortName(from)));
     }
     if (end_step) {
       // ABORTED / FAILED: the new buffers are dropped, the job is usable

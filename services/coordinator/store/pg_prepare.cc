@@ -5,6 +5,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_statements.h"
@@ -31,9 +32,10 @@ absl::Status CheckRows(const std::string& operation_id, const std::vector<HostPr
 absl::Status NotPreparing(pg::PgTx& tx, const std::string& operation_id, const char* expected) {
   const pqxx::result now = tx.Exec(pg::kOperationState, operation_id);
   if (now.empty()) return pg::OperationNotFound(operation_id);
-  return absl::AbortedError(absl::StrCat(
-      "operation \"", operation_id, "\" is ",
-      StateName(static_cast<v1::OperationState>(now[0][0].as<int>())), ", not ", expected));
+  return absl::AbortedError(
+      absl::StrCat("operation \"", operation_id, "\" is ",
+                   rpc::EnumShortName(static_cast<v1::OperationState>(now[0][0].as<int>())),
+                   ", not ", expected));
 }
 
 }  // namespace
@@ -94,7 +96,7 @@ absl::Status PgStore::RecordHostPrepared(const std::string& operation_id,
     const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
     if (state != v1::OPERATION_STATE_PLANNED) {
       return absl::FailedPreconditionError(absl::StrCat(
-          "operation \"", operation_id, "\" is ", StateName(state),
+          "operation \"", operation_id, "\" is ", rpc::EnumShortName(state),
           ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
     }
     const pqxx::result r = tx.Exec(pg::kPrepareHost, operation_id, host_id, now_unix_ms);

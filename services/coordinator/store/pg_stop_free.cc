@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
 #include "services/coordinator/store/pg_stop_free_statements.h"
@@ -60,8 +61,8 @@ absl::StatusOr<int64_t> CheckCutOver(PgTx& tx, const NewOperation& op, const pqx
     why = absl::StrJoin(missing, "; ");
   }
   if (!why.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("cut_over_operation_id \"", target, "\" (", StateName(state), "): ", why));
+    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target, "\" (",
+                                                      rpc::EnumShortName(state), "): ", why));
   }
   // The checkpoint takes the number the operation reserved below its own;
   // an operation created before migration 0011 reserved none (0: the next).
@@ -84,7 +85,7 @@ absl::StatusOr<v1::Operation> PgStore::MarkPrepared(const std::string& operation
         if (!record.ok()) return record.status();
         if (r.empty()) {
           return absl::FailedPreconditionError(absl::StrCat(
-              "operation \"", operation_id, "\" is ", StateName(record->op.state()),
+              "operation \"", operation_id, "\" is ", rpc::EnumShortName(record->op.state()),
               record->op.stop_free() ? "" : " and not stop-free",
               ": only a stop-free operation in PLANNED can be marked prepared"));
         }

@@ -7,6 +7,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/enum_name.h"
 #include "planner/validate.h"
 #include "services/coordinator/store/state_memory.h"
 
@@ -167,7 +168,7 @@ absl::Status CheckTransitionArgs(const std::string& operation_id, v1::OperationS
                                  v1::OperationState to, const OperationUpdate& update) {
   if (to == v1::OPERATION_STATE_TRANSFERRING || to == v1::OPERATION_STATE_COMMITTED) {
     return absl::InvalidArgumentError(
-        absl::StrCat("operation \"", operation_id, "\": move to ", StateName(to), " with ",
+        absl::StrCat("operation \"", operation_id, "\": move to ", rpc::EnumShortName(to), " with ",
                      to == v1::OPERATION_STATE_COMMITTED ? "CommitOperation" : "StartTransfer",
                      ", not TransitionOperation"));
   }
@@ -178,15 +179,16 @@ absl::Status CheckTransitionArgs(const std::string& operation_id, v1::OperationS
   if (from == to || !StoredMoveAllowed(from, to)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "operation \"", operation_id, "\": the operation state machine has no move from ",
-        StateName(from), " to ", StateName(to)));
+        rpc::EnumShortName(from), " to ", rpc::EnumShortName(to)));
   }
   return CheckText("idempotency key", update.idempotency.key);
 }
 
 absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState state,
                             v1::OperationState expected, absl::StatusCode code) {
-  return absl::Status(code, absl::StrCat("operation \"", operation_id, "\" is ",
-                                         StateName(state), ", not ", StateName(expected)));
+  return absl::Status(
+      code, absl::StrCat("operation \"", operation_id, "\" is ", rpc::EnumShortName(state),
+                         ", not ", rpc::EnumShortName(expected)));
 }
 
 bool ValidTaskState(v1::HostTaskState s) {
@@ -222,9 +224,9 @@ absl::Status CheckMoveFrom(absl::string_view operation_id, const OpFacts& facts,
     }
   }
   if (std::find(sources.begin(), sources.end(), facts.state) == sources.end()) {
-    return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
-                                           StateName(facts.state), ", not ",
-                                           sources.empty() ? "?" : StateName(sources.front())));
+    return absl::AbortedError(
+        absl::StrCat("operation \"", operation_id, "\" is ", rpc::EnumShortName(facts.state),
+                     ", not ", sources.empty() ? "?" : rpc::EnumShortName(sources.front())));
   }
   return absl::FailedPreconditionError(
       absl::StrCat("operation \"", operation_id, "\" is ", PhaseName(from),

@@ -20,18 +20,13 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "common/rpc/status.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
 #include "verifier/model.h"
 
 namespace reshard::agent::testing {
 namespace {
-
-absl::Status FromGrpc(const grpc::Status& s, const std::string& what) {
-  if (s.ok()) return absl::OkStatus();
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
 
 std::unique_ptr<v1::WorkerService::Stub> WorkerStub(const std::string& socket) {
   return v1::WorkerService::NewStub(
@@ -322,8 +317,8 @@ absl::Status PublishRank(const std::map<std::string, std::string>& sockets,
   grpc::ClientContext ctx;
   Deadline(&ctx);
   AddWorkerToken(&ctx, job_id);
-  absl::Status s = FromGrpc(stub->PublishShard(&ctx, req, &resp),
-                            absl::StrCat("PublishShard rank ", r, " on ", hosts[r]));
+  absl::Status s = rpc::FromGrpc(stub->PublishShard(&ctx, req, &resp),
+                                 absl::StrCat("PublishShard rank ", r, " on ", hosts[r]));
   if (!s.ok()) return s;
   if (resp.items_size() != static_cast<int>(c.ranks[r].size())) {
     return absl::InternalError(
@@ -348,7 +343,7 @@ absl::Status PublishRank(const std::map<std::string, std::string>& sockets,
   grpc::ClientContext ctx2;
   Deadline(&ctx2);
   AddWorkerToken(&ctx2, job_id);
-  s = FromGrpc(stub->SealShard(&ctx2, seal, &sealed), absl::StrCat("SealShard rank ", r));
+  s = rpc::FromGrpc(stub->SealShard(&ctx2, seal, &sealed), absl::StrCat("SealShard rank ", r));
   if (!s.ok()) return s;
   return absl::OkStatus();
 }
@@ -370,7 +365,8 @@ absl::Status Verify(const std::map<std::string, std::string>& sockets, const std
     AddWorkerToken(&ctx, job_id);
     const std::string where =
         absl::StrCat("generation ", generation, " rank ", r, " on ", hosts[r]);
-    absl::Status s = FromGrpc(stub->OpenGeneration(&ctx, req, &resp), "OpenGeneration " + where);
+    absl::Status s =
+        rpc::FromGrpc(stub->OpenGeneration(&ctx, req, &resp), "OpenGeneration " + where);
     if (!s.ok()) return s;
     if (resp.items_size() != static_cast<int>(c.ranks[r].size())) {
       return absl::InternalError(absl::StrCat(where, ": ", resp.items_size(), " items"));

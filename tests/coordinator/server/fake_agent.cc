@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "common/rpc/status.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
 #include "tests/coordinator/server/test_channel.h"
@@ -95,10 +96,8 @@ absl::Status FakeAgent::Register() {
   grpc::ClientContext context;
   SetDeadline(&context);
   v1::RegisterAgentResponse reply;
-  const grpc::Status s = stub()->RegisterAgent(&context, request, &reply);
-  if (!s.ok()) {
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-  }
+  const absl::Status s = rpc::FromGrpc(stub()->RegisterAgent(&context, request, &reply));
+  if (!s.ok()) return s;
   epoch_.store(reply.epoch());
   return absl::OkStatus();
 }

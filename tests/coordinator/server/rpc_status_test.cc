@@ -1,5 +1,6 @@
 // Unit tests of the server layer's shared pieces: the absl -> gRPC status
-// conversion, the RPC wrapper (metrics, exceptions) and the receive limit.
+// conversion (over common/rpc's, tested in tests/common/status_test.cc), the
+// RPC wrapper (metrics, exceptions) and the receive limit.
 #include "services/coordinator/server/rpc_status.h"
 
 #include <stdexcept>
@@ -19,25 +20,10 @@ TEST(RpcStatusTest, SameCodeAndMessageForEveryCode) {
     EXPECT_EQ(static_cast<int>(g.error_code()), code);
     EXPECT_EQ(g.error_message(), "job \"x\" is busy");
   }
-  EXPECT_EQ(StatusCodeName(absl::StatusCode::kInvalidArgument), "INVALID_ARGUMENT");
-  EXPECT_EQ(StatusCodeName(absl::StatusCode::kOk), "OK");
-}
-
-TEST(RpcStatusTest, LongMessagesAreCutAndSaySo) {
-  const std::string fits(kMaxStatusMessageBytes, 'a');
-  EXPECT_EQ(CutStatusMessage(fits), fits);
-  const std::string cut = CutStatusMessage(std::string(kMaxStatusMessageBytes + 10, 'a'));
-  EXPECT_EQ(cut, std::string(kMaxStatusMessageBytes, 'a') + " ... (10 more bytes)");
-
-  // Newlines and non-ASCII bytes count three (percent-encoded on the wire),
-  // and a UTF-8 sequence is never split.
-  std::string lines;
-  while (lines.size() < 3 * kMaxStatusMessageBytes) lines += "\xc3\xa9\n";  // "é\n"
-  const std::string cut_lines = CutStatusMessage(lines);
-  const size_t kept = cut_lines.find(" ... (");
-  ASSERT_NE(kept, std::string::npos);
-  EXPECT_LE(kept * 3, kMaxStatusMessageBytes);
-  EXPECT_EQ(kept % 3, 0u);  // whole "é\n" triples only
+  // Long messages are cut as common/rpc cuts them.
+  EXPECT_EQ(ToGrpcStatus(absl::InternalError(std::string(rpc::kMaxStatusMessageBytes + 10, 'a')))
+                .error_message(),
+            std::string(rpc::kMaxStatusMessageBytes, 'a') + " ... (10 more bytes)");
 }
 
 TEST(RpcStatusTest, RunRpcRecordsAndConvertsExceptions) {
