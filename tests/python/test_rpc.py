@@ -342,8 +342,9 @@ def test_watch_job_follow_ends_when_stopped(coordinator):
         updates = c.watch_job("job-1", follow=True, stop=stop)
         t = threading.Thread(target=lambda: list(updates))
         t.start()
+        end = time.monotonic() + 30
         while sum(1 for m, _ in server.calls if m == "WatchJob") < 8:  # past max_attempts
-            assert t.is_alive()
+            assert t.is_alive() and time.monotonic() < end
             time.sleep(0.01)
         stop.set()
         t.join(timeout=10)
@@ -359,7 +360,10 @@ def test_the_launcher_follows_the_job_through_broken_streams(coordinator, tmp_pa
                         max_backoff=0.02, insecure=True) as c:
         L = launch.Launcher(c, "job-1", "h0", "/run/worker.sock", ["true"], "coord:1",
                             log=logged.append, events_path=str(tmp_path / "events.jsonl"))
-        L._watch_job()
+        t = threading.Thread(target=L._watch_job)
+        t.start()
+        t.join(timeout=60)
+        assert not t.is_alive(), "the launcher still follows a deleted job"
     events = []
     while not L.queue.empty():
         events.append(L.queue.get_nowait())
