@@ -450,19 +450,11 @@ absl::Status ConnectAndProveDevicePeers(
     return absl::FailedPreconditionError(absl::StrCat(
         "operation ", task.operation_id(), " has cross-host steps and no transport"));
   }
-  if (absl::Status s = ConnectTaskPeers(transport, host_id, task, cancelled); !s.ok()) return s;
-  // As TaskRun::Prove: every sender proves itself to every receiver first.
-  if (task.transfer_secret().empty() || hs.remotes.empty()) return absl::OkStatus();
-  std::set<std::string> send_to, receive_from;
-  for (const RemoteStep& r : hs.remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
-  if (waiting) {
-    waiting(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ",
-                         send_to.size(), " to send)"));
-  }
-  return ExchangePeerProofs(transport, task.transfer_secret(), TransferContext(task), host_id,
-                            ProofTag(TaskTagKey(task)), send_to, receive_from, cancelled,
-                            PeerWaitBudget(std::chrono::milliseconds(options.proof_timeout_ms),
-                                           options.coordinator_reach));
+  // The device routes' messages between hosts (proofs, handles, seals) are
+  // host memory: the host mover reaches the peers, as in TaskRun::Prove.
+  UcxHostMover host_mover(transport);
+  return PreparePeersAndProve(&host_mover, transport, options, host_id, task, hs.remotes,
+                              cancelled, waiting);
 }
 
 absl::Status CrossHostDeviceStepsFailed(Transport* transport, const v1::HostTask& task,
@@ -471,7 +463,7 @@ absl::Status CrossHostDeviceStepsFailed(Transport* transport, const v1::HostTask
   if (cancelled && cancelled() && !absl::IsCancelled(s)) {
     s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
   }
-  transport->CancelTags(TagBase(TaskTagKey(task)), kTagKeyMask);
+  UcxHostMover(transport).Cancel(TagBase(TaskTagKey(task)), kTagKeyMask);
   return s;
 }
 

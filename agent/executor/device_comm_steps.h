@@ -71,10 +71,10 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
                          const std::string& comm_why_not, const std::string& host_id,
                          const v1::HostTask& task, DeviceRoute* route, bool device_ipc = false);
 
-/// Connects the task's peers (ConnectTaskPeers) and exchanges the transfer
-/// proofs of its cross-host steps `hs.remotes` (peer_proof.h, as TaskRun
-/// does; none without a transfer secret), calling `waiting("transfer proofs
-/// (...)")` first; FailedPrecondition without a transport. Shared by the
+/// The prove phase of the device routes: PreparePeersAndProve (mover.h, as
+/// TaskRun::Prove) with the host mover over `transport`, which reaches the
+/// task's peers, then the transfer proofs of `hs.remotes` (none without a
+/// transfer secret); FailedPrecondition without a transport. Shared by the
 /// device communicator and device IPC routes.
 [[nodiscard]] absl::Status ConnectAndProveDevicePeers(
     Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
@@ -92,7 +92,7 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
     const std::function<void(const std::string& what)>& waiting);
 
 /// `s`, a failure of a task's cross-host device steps, once the task's
-/// pending transfers are cancelled (CancelTags of its tag key); CANCELLED
+/// pending transfers are cancelled (the host mover's Cancel of its tag key); CANCELLED
 /// (saying `s`) when `cancelled()` says so, as a cancelled peer's end fails
 /// too.
 [[nodiscard]] absl::Status CrossHostDeviceStepsFailed(Transport* transport,

@@ -5,7 +5,6 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "agent/executor/peer_proof.h"
 #include "agent/executor/transfer_tags.h"
 #include "common/log.h"
 
@@ -93,7 +92,12 @@ absl::Status TaskRun::SetUp() {
   }
   hs_ = *std::move(prepared);
   if (phase_ == TaskPhase::kPrepared) LeaveFillsToThePrepare(task_.plan(), &hs_);
-  if (!hs_.remotes.empty() && ex_.transport == nullptr) {
+  // Cross-host steps move host memory at both ends: the mover for that.
+  if (ex_.transport != nullptr) ucx_mover_ = std::make_unique<UcxHostMover>(ex_.transport);
+  if (ucx_mover_ != nullptr) {
+    mover_ = MoverFor({ucx_mover_.get()}, MemoryKind::kHost, MemoryKind::kHost);
+  }
+  if (!hs_.remotes.empty() && mover_ == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("operation ", task_.operation_id(), " has cross-host steps and no transport"));
   }
@@ -141,49 +145,13 @@ absl::Status TaskRun::SetUp() {
   return absl::OkStatus();
 }
 
-absl::Status ConnectTaskPeers(Transport* transport, const std::string& host_id,
-                              const v1::HostTask& task, const std::function<bool()>& cancelled) {
-  constexpr int kConnectAttempts = 4;
-  for (const v1::PeerHost& p : task.peers()) {
-    if (p.host_id() == host_id || p.ucx_address().empty()) continue;
-    absl::Status connect;
-    for (int attempt = 0; attempt < kConnectAttempts; ++attempt) {
-      if (attempt > 0) std::this_thread::sleep_for(std::chrono::milliseconds(100 << attempt));
-      connect = transport->Connect(p.host_id(), p.ucx_address());
-      if (connect.ok() || !absl::IsUnavailable(connect) || (cancelled && cancelled())) break;
-    }
-    if (!connect.ok()) {
-      return absl::Status(connect.code(), absl::StrCat("connecting to host \"", p.host_id(),
-                                                       "\": ", connect.message()));
-    }
-  }
-  return absl::OkStatus();
-}
 
-// Connects every peer host of the task (the run owns its connections: the
-// session no longer connects them first).
-absl::Status TaskRun::ConnectPeers() {
-  if (ex_.transport == nullptr) return absl::OkStatus();  // a local plan (SetUp checked)
-  return ConnectTaskPeers(ex_.transport, host_id_, task_, cancelled_);
-}
-
+// The run owns its connections (the session no longer connects the peers
+// first): the mover reaches them, then the proofs go (mover.h).
 absl::Status TaskRun::Prove() {
-  if (absl::Status s = ConnectPeers(); !s.ok()) return Fail(s);
-  // Every sender proves to every receiver that it belongs to the operation
-  // before any receive of its data is posted.
-  if (task_.transfer_secret().empty() || hs_.remotes.empty()) return absl::OkStatus();
-  std::set<std::string> send_to, receive_from;
-  for (const RemoteStep& r : hs_.remotes) (r.is_send ? send_to : receive_from).insert(r.peer);
-  if (waiting_) {
-    waiting_(absl::StrCat("transfer proofs (", receive_from.size(), " to receive, ", send_to.size(),
-                          " to send)"));
-  }
-  absl::Status proven =
-      ExchangePeerProofs(ex_.transport, task_.transfer_secret(), context_, host_id_,
-                         ProofTag(tag_key_), send_to, receive_from, cancelled_,
-                         PeerWaitBudget(std::chrono::milliseconds(ex_.options->proof_timeout_ms),
-                                        ex_.options->coordinator_reach));
-  if (!proven.ok()) return Fail(proven);
+  absl::Status s = PreparePeersAndProve(mover_, ex_.transport, *ex_.options, host_id_, task_,
+                                        hs_.remotes, cancelled_, waiting_);
+  if (!s.ok()) return Fail(s);
   return absl::OkStatus();
 }
 
@@ -278,21 +246,16 @@ absl::Status TaskRun::Fail(absl::Status s) {
   if (prefaulter_) prefaulter_->Stop();
   // Cancel once: in-flight chunks, and seal receives that may be pending
   // (their buffers are the seals' own).
-  if (ex_.transport != nullptr && (seals_ != nullptr || !inflight_.empty())) {
-    ex_.transport->CancelTags(tag_base_, kTagKeyMask);
+  if (mover_ != nullptr && (seals_ != nullptr || !inflight_.empty())) {
+    mover_->Cancel(tag_base_, kTagKeyMask);
   }
-  if (ex_.transport != nullptr && !inflight_.empty()) {
+  if (mover_ != nullptr && !inflight_.empty()) {
     const auto deadline = Clock::now() + kCancelGrace;
-    std::unique_lock<std::mutex> l(completions_->mu);
     while (!inflight_.empty()) {
-      if (completions_->done.empty() &&
-          completions_->cv.wait_until(l, deadline) == std::cv_status::timeout) {
-        break;
-      }
-      while (!completions_->done.empty()) {
-        inflight_.erase(completions_->done.front().first);
-        completions_->done.pop_front();
-      }
+      std::deque<MoverCompletion> batch;
+      mover_->Poll(deadline - Clock::now(), &batch);
+      if (batch.empty() && Clock::now() >= deadline) break;
+      for (const MoverCompletion& c : batch) inflight_.erase(c.first);
     }
   }
   for (const auto& key : new_keys_) ex_.store->Drop(key);

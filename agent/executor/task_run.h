@@ -3,11 +3,11 @@
 //  - SetUp: check the task, sort out this host's part (host_steps.h), lease
 //    the sealed sources, make (or, for a prepared phase, open) the new
 //    buffers, derive the transfer tag key and context (transfer_tags.h);
-//  - Prove: connect to the task's peer hosts (the run owns its connections)
-//    and exchange the transfer proofs (peer_proof.h) before any receive of a
+//  - Prove: the mover reaches the task's peer hosts (the run owns its
+//    connections; mover.h) and the run exchanges the transfer proofs (peer_proof.h) before any receive of a
 //    peer's data is posted;
 //  - Move: zero fills, local copies and cross-host chunks (step_chunks.h,
-//    transfer_lanes.h), every item hashed as its bytes pass where they
+//    transfer_lanes.h; posted to and polled from the mover), every item hashed as its bytes pass where they
 //    are contiguous (item_hash.h) and checked once its last access is over
 //    (item_checks.h);
 //  - Verify: the sources still as sealed, the step seals (step_seal.h), the
@@ -17,7 +17,7 @@
 // A phase that fails drops the new buffers it may have made (Fail) and
 // returns why; the next phase never runs. Move and its parts are in
 // task_run_move.cc, the rest in task_run.cc. One object per Execute; not
-// thread-safe (the transport's callbacks touch only `completions_`).
+// thread-safe (completions reach the run through the mover's Poll).
 #pragma once
 
 #include <chrono>
@@ -38,6 +38,7 @@
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
 #include "agent/executor/item_hash.h"
+#include "agent/executor/mover.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/run_resources.h"
 #include "agent/executor/step_chunks.h"
@@ -51,14 +52,6 @@
 #include "reshard/v1/agent.pb.h"
 
 namespace reshard::agent {
-
-/// Connects every peer host of `task` (but `host_id`) over `transport`. An
-/// endpoint can fail to come up for a moment (e.g. while one to the same peer
-/// from an aborted attempt is being torn down): a few tries within about a
-/// second, then the error naming the host.
-[[nodiscard]] absl::Status ConnectTaskPeers(Transport* transport, const std::string& host_id,
-                                            const v1::HostTask& task,
-                                            const std::function<bool()>& cancelled);
 
 class TaskRun {
  public:
@@ -88,7 +81,6 @@ class TaskRun {
   // The phases (see the file comment).
   [[nodiscard]] absl::Status SetUp();
   [[nodiscard]] absl::Status Prove();
-  [[nodiscard]] absl::Status ConnectPeers();
   [[nodiscard]] absl::Status Move();
   [[nodiscard]] absl::Status Verify();
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Seal();
@@ -144,8 +136,12 @@ class TaskRun {
   std::string context_;
   uint64_t tag_base_ = 0;
 
+  // The mover of the cross-host steps (host memory over the transport);
+  // null without a transport.
+  std::unique_ptr<Mover> ucx_mover_;
+  Mover* mover_ = nullptr;
+
   // Move.
-  std::shared_ptr<Completions> completions_ = std::make_shared<Completions>();
   std::unordered_map<uint64_t, InFlight> inflight_;  // by sequence number
   std::unique_ptr<StepSeals> seals_;                 // with a transfer secret
   int64_t done_ = 0;

@@ -156,7 +156,7 @@ void TaskRun::ApplyZeroFills() {
   }
 }
 
-// Hands chunk `c` to the transport.
+// Hands chunk `c` to the mover.
 void TaskRun::Issue(const TransferLanes::Chunk& c) {
   const RemoteStep& r = hs_.remotes[c.step];
   const v1::CopyStep& step = *r.step;
@@ -194,18 +194,20 @@ void TaskRun::Issue(const TransferLanes::Chunk& c) {
   }
   if (f.staging) data = f.staging->bytes.get();
   const uint64_t seq = next_seq_++;
-  TransferDone cb = [state = completions_, seq, keep = std::move(keep),
-                     buf = f.staging](absl::Status s) {
-    std::lock_guard<std::mutex> l(state->mu);
-    state->done.emplace_back(seq, std::move(s));
-    state->cv.notify_one();
-  };
+  MoverTransfer t;
+  t.is_send = r.is_send;
+  t.peer = r.peer;
+  t.tag = tag;
+  t.data = data;
+  t.bytes = static_cast<size_t>(f.bytes);
+  t.hold = std::make_shared<std::pair<std::vector<RankBufferPtr>, StagingPtr>>(std::move(keep),
+                                                                               f.staging);
   const int64_t bytes = f.bytes;
   const bool staged = f.staging != nullptr;
   f.data = static_cast<const uint8_t*>(data);
   inflight_.emplace(seq, std::move(f));
+  mover_->Post(seq, std::move(t));
   if (r.is_send) {
-    ex_.transport->Send(r.peer, tag, data, bytes, std::move(cb));
     // While the transport moves them: the bytes stay as they are until the
     // completion (a sealed source, or staging the callback holds). A
     // contiguous source chunk is hashed into its item's checksum in the same
@@ -220,21 +222,16 @@ void TaskRun::Issue(const TransferLanes::Chunk& c) {
                          static_cast<size_t>(bytes_at - item_base));
     }
     FoldChunk(c.step, c.chunk, bytes_at, static_cast<size_t>(bytes), feeds);
-  } else {
-    ex_.transport->Receive(tag, data, bytes, std::move(cb));
   }
 }
 
-// Waits up to kProgressInterval for completions when no local copy is left
-// to do, then handles every one reported; the first failure names its step.
+// Polls the mover, waiting up to kProgressInterval for completions when no
+// local copy is left to do, then handles every one reported; the first failure names its step.
 absl::Status TaskRun::HandleCompletions() {
-  std::deque<std::pair<uint64_t, absl::Status>> batch;
-  {
-    std::unique_lock<std::mutex> l(completions_->mu);
-    if (completions_->done.empty() && !LocalsLeft()) {
-      completions_->cv.wait_for(l, kProgressInterval);
-    }
-    batch.swap(completions_->done);
+  std::deque<MoverCompletion> batch;
+  if (mover_ != nullptr) {
+    mover_->Poll(LocalsLeft() ? Clock::duration::zero() : Clock::duration(kProgressInterval),
+                 &batch);
   }
   absl::Status first_error;
   for (auto& [seq, status] : batch) {
