@@ -323,12 +323,44 @@ class IpcSteps : public DeviceCrossHostSteps {
     return m;
   }
 
+  // (peer, old rank) -> the opened allocation and its item offsets.
+  using OpenedSources = std::map<std::pair<std::string, int>, std::pair<uint8_t*, Entry>>;
+
   absl::Status Receive(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
                        const std::map<std::string, std::set<int>>& ranks,
                        const std::function<void(int64_t bytes)>& moved) {
     if (ranks.empty()) return absl::OkStatus();
     auto received = std::make_shared<Pending>();
     std::set<std::string> senders;
+    if (absl::Status s = ReceiveHandles(ranks, received, &senders); !s.ok()) return s;
+    OpenedSources sources;
+    for (const auto& [peer, rs] : ranks) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> l(received->mu);
+        message = received->messages[peer];
+      }
+      if (absl::Status s = OpenHandles(peer, rs, message, &sources); !s.ok()) return s;
+    }
+    if (absl::Status s = CopyFromSources(hs, made, sources, moved); !s.ok()) return s;
+    // "done" to every sender.
+    auto sent = std::make_shared<Pending>();
+    for (const std::string& peer : senders) {
+      if (absl::Status s =
+              SendMessage(sent, peer, DeviceIpcDonePayload(received_nonces_[peer]), 0, true);
+          !s.ok()) {
+        return s;
+      }
+    }
+    return Await(*sent, senders, "\"done\" did not reach",
+                 std::chrono::milliseconds(options_.proof_timeout_ms));
+  }
+
+  // Posts the receive of every sender's handles (`ranks`: sender -> the old
+  // ranks read from it) and waits for them all; `senders` gets their names.
+  absl::Status ReceiveHandles(const std::map<std::string, std::set<int>>& ranks,
+                              const std::shared_ptr<Pending>& received,
+                              std::set<std::string>* senders) {
     for (const auto& [peer, rs] : ranks) {
       absl::StatusOr<uint64_t> tag = Tag(peer, false);
       if (!tag.ok()) return tag.status();
@@ -339,71 +371,74 @@ class IpcSteps : public DeviceCrossHostSteps {
         in->assign(DeviceIpcMessageBytes(rs.size(), Items()), '\0');
       }
       transport_->Receive(*tag, in->data(), in->size(), Completion(received, peer));
-      senders.insert(peer);
+      senders->insert(peer);
     }
     if (waiting_) waiting_("device IPC handles");
-    if (absl::Status s = Await(*received, senders, "no IPC handles came from",
-                               std::chrono::milliseconds(options_.proof_timeout_ms));
-        !s.ok()) {
-      return s;
+    return Await(*received, *senders, "no IPC handles came from",
+                 std::chrono::milliseconds(options_.proof_timeout_ms));
+  }
+
+  // Checks `peer`'s handles `message` (its nonce, then one entry per old rank
+  // of `rs`, each in the source layout) and opens each into `sources`.
+  absl::Status OpenHandles(const std::string& peer, const std::set<int>& rs,
+                           const std::string& message, OpenedSources* sources) {
+    absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "handles");
+    if (!m.ok()) return m.status();
+    std::vector<absl::string_view> lines = absl::StrSplit(m->payload, '\n', absl::SkipEmpty());
+    const std::string nonce_prefix = absl::StrCat(kNonce, " ");
+    if (lines.empty() || !absl::ConsumePrefix(&lines[0], nonce_prefix) ||
+        lines[0].size() != 2 * kNonceBytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
+                       "\" sent device IPC handles without a nonce"));
     }
-    // (peer, old rank) -> opened pointer and item offsets.
-    std::map<std::pair<std::string, int>, std::pair<uint8_t*, Entry>> sources;
-    for (const auto& [peer, rs] : ranks) {
-      std::string message;
-      {
-        std::lock_guard<std::mutex> l(received->mu);
-        message = received->messages[peer];
-      }
-      absl::StatusOr<DeviceIpcMessage> m = Checked(peer, message, "handles");
-      if (!m.ok()) return m.status();
-      std::vector<absl::string_view> lines = absl::StrSplit(m->payload, '\n', absl::SkipEmpty());
-      const std::string nonce_prefix = absl::StrCat(kNonce, " ");
-      if (lines.empty() || !absl::ConsumePrefix(&lines[0], nonce_prefix) ||
-          lines[0].size() != 2 * kNonceBytes) {
+    received_nonces_[peer] = absl::HexStringToBytes(lines[0]);
+    lines.erase(lines.begin());
+    for (absl::string_view line : lines) {
+      std::optional<Entry> e = ParseEntry(line, Items());
+      if (!e.has_value() || rs.count(e->rank) == 0) {
         return absl::InvalidArgumentError(
             absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
-                         "\" sent device IPC handles without a nonce"));
+                         "\" listed a device IPC handle that is not what host \"", host_id_,
+                         "\" reads: \"", line, "\""));
       }
-      received_nonces_[peer] = absl::HexStringToBytes(lines[0]);
-      lines.erase(lines.begin());
-      for (absl::string_view line : lines) {
-        std::optional<Entry> e = ParseEntry(line, Items());
-        if (!e.has_value() || rs.count(e->rank) == 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
-                           "\" listed a device IPC handle that is not what host \"", host_id_,
-                           "\" reads: \"", line, "\""));
-        }
-        // The layout is the receiver's to derive: the sender's size and
-        // offsets only say where the sender put what both know.
-        const std::vector<ItemSlot>& slots = Source(e->rank).slots;
-        const int64_t size = Source(e->rank).size;
-        bool same = e->size == size;
-        for (size_t i = 0; i < slots.size() && same; ++i) same = e->offsets[i] == slots[i].offset;
-        if (!same) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
-              " as ", e->size, " bytes with item offsets [", absl::StrJoin(e->offsets, ", "),
-              "], the source layout gives ", size, " bytes at [",
-              absl::StrJoin(
-                  slots, ", ",
-                  [](std::string* out, const ItemSlot& s) { absl::StrAppend(out, s.offset); }),
-              "]"));
-        }
-        absl::StatusOr<void*> p = api_->IpcOpen(kIpcDevice, e->handle);
-        if (!p.ok()) return p.status();
-        opened_.emplace_back(*p, kIpcDevice);
-        absl::StatusOr<size_t> allocation = api_->AllocationSize(kIpcDevice, *p);
-        if (!allocation.ok()) return allocation.status();
-        if (*allocation < static_cast<size_t>(size)) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
-              " (", size, " bytes) with an IPC handle of a ", *allocation, "-byte allocation"));
-        }
-        sources[{peer, e->rank}] = {static_cast<uint8_t*>(*p), *std::move(e)};
+      // The layout is the receiver's to derive: the sender's size and
+      // offsets only say where the sender put what both know.
+      const std::vector<ItemSlot>& slots = Source(e->rank).slots;
+      const int64_t size = Source(e->rank).size;
+      bool same = e->size == size;
+      for (size_t i = 0; i < slots.size() && same; ++i) same = e->offsets[i] == slots[i].offset;
+      if (!same) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
+            " as ", e->size, " bytes with item offsets [", absl::StrJoin(e->offsets, ", "),
+            "], the source layout gives ", size, " bytes at [",
+            absl::StrJoin(
+                slots, ", ",
+                [](std::string* out, const ItemSlot& s) { absl::StrAppend(out, s.offset); }),
+            "]"));
       }
+      absl::StatusOr<void*> p = api_->IpcOpen(kIpcDevice, e->handle);
+      if (!p.ok()) return p.status();
+      opened_.emplace_back(*p, kIpcDevice);
+      absl::StatusOr<size_t> allocation = api_->AllocationSize(kIpcDevice, *p);
+      if (!allocation.ok()) return allocation.status();
+      if (*allocation < static_cast<size_t>(size)) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "operation ", task_.operation_id(), ": host \"", peer, "\" listed old rank ", e->rank,
+            " (", size, " bytes) with an IPC handle of a ", *allocation, "-byte allocation"));
+      }
+      (*sources)[{peer, e->rank}] = {static_cast<uint8_t*>(*p), *std::move(e)};
     }
+    return absl::OkStatus();
+  }
+
+  // Copies every received step from the opened `sources` into `made` on one
+  // stream (device to device, or peer copies), tells `moved` the bytes once
+  // they landed and closes the handles.
+  absl::Status CopyFromSources(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                               const OpenedSources& sources,
+                               const std::function<void(int64_t bytes)>& moved) {
     absl::StatusOr<DeviceStream> stream = api_->CreateStream(kIpcDevice);
     if (!stream.ok()) return stream.status();
     stream_ = *stream;
@@ -454,17 +489,7 @@ class IpcSteps : public DeviceCrossHostSteps {
       if (absl::Status s = api_->IpcClose(device, ptr); !s.ok()) return s;
     }
     opened_.clear();
-    // "done" to every sender.
-    auto sent = std::make_shared<Pending>();
-    for (const std::string& peer : senders) {
-      if (absl::Status s =
-              SendMessage(sent, peer, DeviceIpcDonePayload(received_nonces_[peer]), 0, true);
-          !s.ok()) {
-        return s;
-      }
-    }
-    return Await(*sent, senders, "\"done\" did not reach",
-                 std::chrono::milliseconds(options_.proof_timeout_ms));
+    return absl::OkStatus();
   }
 
   // Every receiver's "done" of this attempt (its nonce), checked; one of an

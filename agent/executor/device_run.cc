@@ -254,6 +254,133 @@ DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
   return route;
 }
 
+namespace {
+
+// The new buffers of this host's new ranks on their devices (route.device_of),
+// all or none, their keys in `keys` (hs.new_ranks order); those of an
+// earlier attempt, in either memory, go first.
+absl::StatusOr<std::vector<DeviceRankBufferPtr>> MakeNewDeviceBuffers(
+    ShardStore& store, DeviceBufferStore& devices, const v1::HostTask& task, const HostSteps& hs,
+    const DeviceRoute& route, std::vector<RankBufferKey>* keys) {
+  std::vector<int> on;
+  for (int r : hs.new_ranks) {
+    keys->push_back(RankBufferKey{task.job_id(), task.to_generation(), r});
+    on.push_back(route.device_of.at(r));
+  }
+  for (const RankBufferKey& k : *keys) {
+    if (devices.Get(k).ok() || store.Get(k).ok()) {
+      RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << task.job_id()
+                        << ": discarding generation " << k.generation << " rank " << k.rank
+                        << " left by an earlier attempt";
+      devices.Drop(k);
+      store.Drop(k);
+    }
+  }
+  return devices.CreateAll(*keys, on, hs.new_item_bytes);
+}
+
+// Copies the local steps `hs.locals` into `made` through the device API, run
+// by run (ForEachRun) in pieces of `piece_bytes`, on one stream per
+// destination device: host to device from host sources, device to device on
+// one device, peer copies across devices. Every `piece_bytes` queued it waits
+// for the streams, tells `landed` the bytes and polls `cancelled`.
+absl::Status CopyLocalsOnDevices(DeviceApi* api, const v1::HostTask& task, const HostSteps& hs,
+                                 const std::vector<DeviceRankBufferPtr>& made,
+                                 int64_t piece_bytes, const std::function<bool()>& cancelled,
+                                 const std::function<void(int64_t bytes)>& landed) {
+  Streams streams(api);
+  int64_t queued = 0;
+  // Waits for what is queued, then reports and polls `cancelled`.
+  auto drain = [&]() -> absl::Status {
+    if (absl::Status s = streams.SynchronizeAll(); !s.ok()) return s;
+    landed(queued);
+    queued = 0;
+    if (cancelled && cancelled()) return absl::CancelledError("task cancelled");
+    return absl::OkStatus();
+  };
+  for (const v1::CopyStep* step : hs.locals) {
+    const int eb = task.plan().items(step->item()).element_bytes();
+    const std::vector<int64_t> shape = ToVector(step->shape());
+    const RankBuffer& src_buf = *hs.old_bufs.at(step->src_rank());
+    const DeviceRankBuffer* src_dev = DeviceSourceOf(src_buf);
+    const uint8_t* src_base = (src_dev != nullptr ? static_cast<const uint8_t*>(src_dev->data())
+                                                  : const_cast<RankBuffer&>(src_buf).data()) +
+                              src_buf.items()[step->item()].offset;
+    for (const v1::Destination& d : step->dsts()) {
+      const DeviceRankBuffer& dst = *made[hs.new_index.at(d.rank())];
+      uint8_t* dst_base = static_cast<uint8_t*>(dst.data()) + dst.items()[step->item()].offset;
+      absl::StatusOr<DeviceStream> stream = streams.Of(dst.device());
+      if (!stream.ok()) return stream.status();
+      absl::Status st;
+      ForEachRun(shape, step->src().offset(), ToVector(step->src().strides()),
+                 d.region().offset(), ToVector(d.region().strides()),
+                 [&](int64_t s, int64_t t, int64_t n) {
+                   for (int64_t off = 0; off < n * eb && st.ok(); off += piece_bytes) {
+                     const size_t bytes = static_cast<size_t>(std::min(piece_bytes, n * eb - off));
+                     const uint8_t* from = src_base + s * eb + off;
+                     uint8_t* to = dst_base + t * eb + off;
+                     if (src_dev == nullptr) {
+                       st = api->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream);
+                     } else if (src_dev->device() == dst.device()) {
+                       st = api->MemcpyAsync(to, from, bytes, CopyKind::kDeviceToDevice, *stream);
+                     } else {
+                       st = api->MemcpyPeerAsync(to, dst.device(), from, src_dev->device(), bytes,
+                                                 *stream);
+                     }
+                     queued += static_cast<int64_t>(bytes);
+                     if (st.ok() && queued >= piece_bytes) st = drain();
+                   }
+                 });
+      if (!st.ok()) return st;
+    }
+  }
+  return drain();
+}
+
+// Seals every new buffer (`keys`, `made`); the checksums of its non-empty
+// items, as TaskExecutor::Execute returns them.
+absl::StatusOr<std::vector<v1::ShardChecksum>> SealNewDeviceBuffers(
+    DeviceBufferStore& devices, const std::vector<RankBufferKey>& keys,
+    const std::vector<DeviceRankBufferPtr>& made, const std::function<bool()>& cancelled) {
+  std::vector<v1::ShardChecksum> out;
+  for (size_t k = 0; k < keys.size(); ++k) {
+    if (cancelled && cancelled()) return absl::CancelledError("task cancelled");
+    absl::StatusOr<std::vector<uint64_t>> sums = devices.Seal(keys[k], {});
+    if (!sums.ok()) return sums.status();
+    const auto& items = made[k]->items();
+    for (size_t item = 0; item < items.size() && item < sums->size(); ++item) {
+      if (items[item].bytes == 0) continue;
+      v1::ShardChecksum c;
+      c.set_item(static_cast<int>(item));
+      c.set_rank(keys[k].rank);
+      c.set_checksum((*sums)[item]);
+      c.set_bytes(items[item].bytes);
+      out.push_back(std::move(c));
+    }
+  }
+  return out;
+}
+
+// Stages the sealed new buffers `keys` to host memory, where the placement
+// keeps them, and drops their device copies; on failure none is left in
+// host memory (the caller drops the device copies).
+absl::Status StageNewBuffersToHost(ShardStore& store, DeviceBufferStore& devices,
+                                   const std::vector<RankBufferKey>& keys) {
+  for (const RankBufferKey& k : keys) {
+    absl::StatusOr<RankBufferPtr> h = StageToHost(devices, store, k);
+    if (!h.ok()) {
+      for (const RankBufferKey& j : keys) store.Drop(j);
+      return absl::Status(h.status().code(),
+                          absl::StrCat("staging the new shard of rank ", k.rank,
+                                       " to host memory: ", h.status().message()));
+    }
+  }
+  for (const RankBufferKey& k : keys) devices.Drop(k);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
     const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
@@ -277,29 +404,14 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
   // never written again.
   HostSteps host_sources;
   for (const auto& [rank, b] : hs.old_bufs) {
-    if (dynamic_cast<DeviceSource*>(b.get()) == nullptr) host_sources.old_bufs.emplace(rank, b);
+    if (DeviceSourceOf(*b) == nullptr) host_sources.old_bufs.emplace(rank, b);
   }
   absl::StatusOr<std::vector<SourceLease>> leases = LeaseSources(host_sources);
   if (!leases.ok()) return leases.status();
 
-  // The new buffers, all or none; those of an earlier attempt go first.
   std::vector<RankBufferKey> keys;
-  std::vector<int> on;
-  for (int r : hs.new_ranks) {
-    keys.push_back(RankBufferKey{job, task.to_generation(), r});
-    on.push_back(route.device_of.at(r));
-  }
-  for (const RankBufferKey& k : keys) {
-    if (devices.Get(k).ok() || store.Get(k).ok()) {
-      RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job
-                        << ": discarding generation " << k.generation << " rank " << k.rank
-                        << " left by an earlier attempt";
-      devices.Drop(k);
-      store.Drop(k);
-    }
-  }
   absl::StatusOr<std::vector<DeviceRankBufferPtr>> made =
-      devices.CreateAll(keys, on, hs.new_item_bytes);
+      MakeNewDeviceBuffers(store, devices, task, hs, route, &keys);
   if (!made.ok()) return made.status();
   auto fail = [&](absl::Status s) {
     for (const RankBufferKey& k : keys) devices.Drop(k);
@@ -308,8 +420,7 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     return s;
   };
 
-  DeviceApi* api = devices.api();
-  int64_t done = 0, queued = 0;
+  int64_t done = 0;
   auto last_report = Clock::now();
   auto report = [&](bool force) {
     if (!progress) return;
@@ -319,60 +430,15 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
       last_report = now;
     }
   };
-  std::vector<std::string> errors;
-  {
-    Streams streams(api);
-    // Waits for what is queued, then reports and polls `cancelled`.
-    auto drain = [&]() -> absl::Status {
-      if (absl::Status s = streams.SynchronizeAll(); !s.ok()) return s;
-      done += queued;
-      queued = 0;
-      report(false);
-      if (cancelled && cancelled()) return absl::CancelledError("task cancelled");
-      return absl::OkStatus();
-    };
-    const int64_t piece_bytes = std::max<int64_t>(options.local_chunk_bytes, 1);
-    for (const v1::CopyStep* step : hs.locals) {
-      const int eb = task.plan().items(step->item()).element_bytes();
-      const std::vector<int64_t> shape = ToVector(step->shape());
-      const RankBuffer& src_buf = *hs.old_bufs.at(step->src_rank());
-      const auto* src_dev = dynamic_cast<const DeviceSource*>(&src_buf);
-      const uint8_t* src_base =
-          (src_dev != nullptr ? static_cast<const uint8_t*>(src_dev->device_buffer().data())
-                              : const_cast<RankBuffer&>(src_buf).data()) +
-          src_buf.items()[step->item()].offset;
-      for (const v1::Destination& d : step->dsts()) {
-        const DeviceRankBuffer& dst = *(*made)[hs.new_index.at(d.rank())];
-        uint8_t* dst_base = static_cast<uint8_t*>(dst.data()) + dst.items()[step->item()].offset;
-        absl::StatusOr<DeviceStream> stream = streams.Of(dst.device());
-        if (!stream.ok()) return fail(stream.status());
-        absl::Status st;
-        ForEachRun(shape, step->src().offset(), ToVector(step->src().strides()),
-                   d.region().offset(), ToVector(d.region().strides()),
-                   [&](int64_t s, int64_t t, int64_t n) {
-                     for (int64_t off = 0; off < n * eb && st.ok(); off += piece_bytes) {
-                       const size_t bytes =
-                           static_cast<size_t>(std::min(piece_bytes, n * eb - off));
-                       const uint8_t* from = src_base + s * eb + off;
-                       uint8_t* to = dst_base + t * eb + off;
-                       if (src_dev == nullptr) {
-                         st = api->MemcpyAsync(to, from, bytes, CopyKind::kHostToDevice, *stream);
-                       } else if (src_dev->device_buffer().device() == dst.device()) {
-                         st = api->MemcpyAsync(to, from, bytes, CopyKind::kDeviceToDevice,
-                                               *stream);
-                       } else {
-                         st = api->MemcpyPeerAsync(to, dst.device(), from,
-                                                   src_dev->device_buffer().device(), bytes,
-                                                   *stream);
-                       }
-                       queued += static_cast<int64_t>(bytes);
-                       if (st.ok() && queued >= piece_bytes) st = drain();
-                     }
-                   });
-        if (!st.ok()) return fail(st);
-      }
-    }
-    if (absl::Status s = drain(); !s.ok()) return fail(s);
+  auto landed = [&](int64_t bytes) {
+    done += bytes;
+    report(false);
+  };
+  if (absl::Status s = CopyLocalsOnDevices(devices.api(), task, hs, *made,
+                                           std::max<int64_t>(options.local_chunk_bytes, 1),
+                                           cancelled, landed);
+      !s.ok()) {
+    return fail(s);
   }
   // Zero fills: the new buffers were made zeroed.
   for (const v1::ZeroFill* f : hs.fills) {
@@ -381,42 +447,16 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
   report(true);
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
   if (cross_host) {
-    absl::Status s = cross_host(hs, *made, [&](int64_t bytes) {
-      done += bytes;
-      report(false);
-    });
-    if (!s.ok()) return fail(s);
+    if (absl::Status s = cross_host(hs, *made, landed); !s.ok()) return fail(s);
     report(true);
   }
 
-  std::vector<v1::ShardChecksum> out;
-  for (size_t k = 0; k < keys.size(); ++k) {
-    if (cancelled && cancelled()) return fail(absl::CancelledError("task cancelled"));
-    absl::StatusOr<std::vector<uint64_t>> sums = devices.Seal(keys[k], {});
-    if (!sums.ok()) return fail(sums.status());
-    const auto& items = (*made)[k]->items();
-    for (size_t item = 0; item < items.size() && item < sums->size(); ++item) {
-      if (items[item].bytes == 0) continue;
-      v1::ShardChecksum c;
-      c.set_item(static_cast<int>(item));
-      c.set_rank(keys[k].rank);
-      c.set_checksum((*sums)[item]);
-      c.set_bytes(items[item].bytes);
-      out.push_back(std::move(c));
-    }
-  }
+  absl::StatusOr<std::vector<v1::ShardChecksum>> out =
+      SealNewDeviceBuffers(devices, keys, *made, cancelled);
+  if (!out.ok()) return fail(out.status());
   if (!route.on_device) {
     // The placement keeps this host's new buffers in host memory.
-    for (const RankBufferKey& k : keys) {
-      absl::StatusOr<RankBufferPtr> h = StageToHost(devices, store, k);
-      if (!h.ok()) {
-        for (const RankBufferKey& j : keys) store.Drop(j);
-        return fail(absl::Status(h.status().code(),
-                                 absl::StrCat("staging the new shard of rank ", k.rank,
-                                              " to host memory: ", h.status().message())));
-      }
-    }
-    for (const RankBufferKey& k : keys) devices.Drop(k);
+    if (absl::Status s = StageNewBuffersToHost(store, devices, keys); !s.ok()) return fail(s);
   }
   RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
                     << host_id << ": wrote " << keys.size() << " device rank buffers of generation "
