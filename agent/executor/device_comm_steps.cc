@@ -201,7 +201,7 @@ class CommSteps : public DeviceCrossHostSteps {
   // Each pair's chunks, its windows, and the seals.
   void Plan() {
     std::map<std::string, std::vector<Chunk>> sends, receives;
-    std::vector<StepSeals::Step> seal_steps;
+    std::vector<int64_t> chunk_counts;
     for (size_t i = 0; i < hs_->remotes.size(); ++i) {
       const RemoteStep& r = hs_->remotes[i];
       const int item = r.step->item();
@@ -210,9 +210,7 @@ class CommSteps : public DeviceCrossHostSteps {
       const StepChunks& sc = chunks_.back();
       auto& list = (r.is_send ? sends : receives)[r.peer];
       for (int64_t c = 0; c < sc.count(); ++c) list.push_back(Chunk{i, c, sc.Bytes(c)});
-      seal_steps.push_back(StepSeals::Step{
-          r.step->index(), r.is_send, r.peer, sc.count(),
-          absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
+      chunk_counts.push_back(sc.count());
     }
     for (auto& [peer, list] : sends) {
       send_windows_[peer] = Windows(list, options_.peer_window_bytes);
@@ -220,12 +218,7 @@ class CommSteps : public DeviceCrossHostSteps {
     for (auto& [peer, list] : receives) {
       receive_windows_[peer] = Windows(list, options_.peer_window_bytes);
     }
-    if (!task_.transfer_secret().empty()) {
-      seals_ = std::make_unique<StepSeals>(transport_, task_.transfer_secret(), context_,
-                                           task_.job_id(), host_id_, tag_key_,
-                                           std::move(seal_steps));
-      seals_->PostReceives();
-    }
+    seals_ = PlanStepSeals(transport_, task_, host_id_, hs_->remotes, chunk_counts);
   }
 
   // Queues the copies of chunk `c` between its step's buffers here and

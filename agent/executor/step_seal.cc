@@ -298,4 +298,24 @@ absl::Status StepSeals::Finish(const std::function<bool()>& cancelled, PeerWaitB
   return absl::OkStatus();
 }
 
+std::unique_ptr<StepSeals> PlanStepSeals(Transport* transport, const v1::HostTask& task,
+                                         const std::string& host_id,
+                                         const std::vector<RemoteStep>& remotes,
+                                         const std::vector<int64_t>& chunk_counts) {
+  if (task.transfer_secret().empty()) return nullptr;
+  std::vector<StepSeals::Step> steps;
+  for (size_t i = 0; i < remotes.size(); ++i) {
+    const RemoteStep& r = remotes[i];
+    const int item = r.step->item();
+    steps.push_back(StepSeals::Step{
+        r.step->index(), r.is_send, r.peer, chunk_counts[i],
+        absl::StrCat("item ", item, " (\"", task.plan().items(item).name(), "\")")});
+  }
+  auto seals =
+      std::make_unique<StepSeals>(transport, task.transfer_secret(), TransferContext(task),
+                                  task.job_id(), host_id, TaskTagKey(task), std::move(steps));
+  seals->PostReceives();
+  return seals;
+}
+
 }  // namespace reshard::agent

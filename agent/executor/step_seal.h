@@ -29,8 +29,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/executor/host_steps.h"
 #include "agent/executor/peer_wait.h"
 #include "agent/transfer/transport.h"
+#include "reshard/v1/agent.pb.h"
 
 namespace reshard::agent {
 
@@ -118,5 +120,15 @@ class StepSeals {
   bool received_posted_ = false;
   bool sent_ = false;
 };
+
+/// The seals of a run's cross-host steps `remotes` (remotes[i] cut into
+/// `chunk_counts[i]` data chunks) over `transport`, from the task's transfer
+/// secret, context and tag key, with their receives posted; nullptr without
+/// a transfer secret. The one seal plan of TaskRun and the device
+/// communicator route.
+std::unique_ptr<StepSeals> PlanStepSeals(Transport* transport, const v1::HostTask& task,
+                                         const std::string& host_id,
+                                         const std::vector<RemoteStep>& remotes,
+                                         const std::vector<int64_t>& chunk_counts);
 
 }  // namespace reshard::agent

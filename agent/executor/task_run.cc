@@ -136,7 +136,6 @@ absl::Status TaskRun::SetUp() {
   // guess them (docs/security.md, "Agent-to-agent transfers"). Tags, proofs
   // and seals of a prepare derive from a context of its own (transfer_tags.h).
   tag_key_ = TaskTagKey(task_);
-  context_ = TransferContext(task_);
   tag_base_ = TagBase(tag_key_);
   // Items zero-filled for their workers to regenerate: recorded with the buffers.
   if (absl::Status s = MarkRegenerated(*ex_.store, new_keys_, task_.plan().regenerate()); !s.ok()) {

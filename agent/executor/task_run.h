@@ -133,7 +133,6 @@ class TaskRun {
   PrecopyRecords::RecordPtr precopy_;  // the prepared phase's record of its prepare
   std::optional<Prefaulter> prefaulter_;
   uint32_t tag_key_ = 0;
-  std::string context_;
   uint64_t tag_base_ = 0;
 
   // The mover of the cross-host steps (host memory over the transport);

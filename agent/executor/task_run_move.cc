@@ -77,17 +77,9 @@ void TaskRun::PlanChunks() {
   if (task_.transfer_secret().empty() || hs_.remotes.empty()) return;
   // With a transfer secret: every cross-host step's bytes are sealed by its
   // sender and checked by its receiver (step_seal.h).
-  std::vector<StepSeals::Step> seal_steps;
-  for (size_t i = 0; i < hs_.remotes.size(); ++i) {
-    const RemoteStep& r = hs_.remotes[i];
-    const int item = r.step->item();
-    seal_steps.push_back(StepSeals::Step{
-        r.step->index(), r.is_send, r.peer, remote_chunks_[i].count(),
-        absl::StrCat("item ", item, " (\"", task_.plan().items(item).name(), "\")")});
-  }
-  seals_ = std::make_unique<StepSeals>(ex_.transport, task_.transfer_secret(), context_,
-                                       task_.job_id(), host_id_, tag_key_, std::move(seal_steps));
-  seals_->PostReceives();
+  std::vector<int64_t> chunk_counts;
+  for (const StepChunks& c : remote_chunks_) chunk_counts.push_back(c.count());
+  seals_ = PlanStepSeals(ex_.transport, task_, host_id_, hs_.remotes, chunk_counts);
 }
 
 // Each item is hashed as its bytes pass (a source's as they are read, a new
