@@ -129,6 +129,18 @@ decltype(auto) Get(C& config, const Field& field) {
   return std::invoke(field, config);
 }
 
+/// A row with its names and help; the builders below add the rest.
+template <typename Config>
+Setting<Config> Named(std::string flag, std::string env, std::string help,
+                      std::string value_name) {
+  Setting<Config> s;
+  s.flag = std::move(flag);
+  s.env = std::move(env);
+  s.help = std::move(help);
+  s.value_name = std::move(value_name);
+  return s;
+}
+
 }  // namespace config_table_internal
 
 /// "--flag (ENV)": how messages name a row.
@@ -205,11 +217,8 @@ class ConfigTable {
 template <typename Config, typename Field>
 Setting<Config> StringSetting(std::string flag, std::string env, std::string help, Field field,
                               std::string value_name = "V") {
-  Setting<Config> s;
-  s.flag = std::move(flag);
-  s.env = std::move(env);
-  s.help = std::move(help);
-  s.value_name = std::move(value_name);
+  Setting<Config> s = config_table_internal::Named<Config>(std::move(flag), std::move(env),
+                                                           std::move(help), std::move(value_name));
   s.set = [field](const std::string& value, Config* c) {
     config_table_internal::Get(*c, field) = value;
     return absl::OkStatus();
@@ -238,11 +247,8 @@ template <typename Config, typename Field>
 Setting<Config> IntSetting(std::string flag, std::string env, std::string help, Field field,
                            std::function<std::pair<int64_t, int64_t>(const Config&)> range,
                            std::string value_name = "N") {
-  Setting<Config> s;
-  s.flag = std::move(flag);
-  s.env = std::move(env);
-  s.help = std::move(help);
-  s.value_name = std::move(value_name);
+  Setting<Config> s = config_table_internal::Named<Config>(std::move(flag), std::move(env),
+                                                           std::move(help), std::move(value_name));
   s.set = [field](const std::string& value, Config* c) {
     return ParseInteger(value, &config_table_internal::Get(*c, field));
   };
@@ -268,11 +274,8 @@ Setting<Config> IntSetting(std::string flag, std::string env, std::string help, 
 /// A boolean flag: `--flag` alone is true, else ParseBool's words.
 template <typename Config, typename Field>
 Setting<Config> BoolSetting(std::string flag, std::string env, std::string help, Field field) {
-  Setting<Config> s;
-  s.flag = std::move(flag);
-  s.env = std::move(env);
-  s.help = std::move(help);
-  s.value_name = "";
+  Setting<Config> s =
+      config_table_internal::Named<Config>(std::move(flag), std::move(env), std::move(help), "");
   s.set = [field](const std::string& value, Config* c) {
     return ParseBool(value, &config_table_internal::Get(*c, field));
   };
@@ -287,10 +290,8 @@ Setting<Config> BoolSetting(std::string flag, std::string env, std::string help,
 template <typename Config, typename Field, typename T>
 Setting<Config> ChoiceSetting(std::string flag, std::string env, std::string help, Field field,
                               std::vector<std::pair<std::string, T>> choices) {
-  Setting<Config> s;
-  s.flag = std::move(flag);
-  s.env = std::move(env);
-  s.help = std::move(help);
+  Setting<Config> s =
+      config_table_internal::Named<Config>(std::move(flag), std::move(env), std::move(help), "V");
   std::string words;
   for (size_t i = 0; i < choices.size(); ++i) {
     if (i > 0) words += i + 1 == choices.size() ? " or " : ", ";
@@ -322,10 +323,8 @@ Setting<Config> ChoiceSetting(std::string flag, std::string env, std::string hel
 /// `why` saying what replaced it.
 template <typename Config>
 Setting<Config> RetiredSetting(std::string flag, std::string env, std::string why) {
-  Setting<Config> s;
-  s.flag = std::move(flag);
-  s.env = std::move(env);
-  s.help = absl::StrCat("retired: ", why);
+  Setting<Config> s = config_table_internal::Named<Config>(
+      std::move(flag), std::move(env), absl::StrCat("retired: ", why), "V");
   s.default_text = "(retired)";
   s.set = [why](const std::string&, Config*) {
     return absl::InvalidArgumentError(absl::StrCat("retired: ", why));
