@@ -1,6 +1,6 @@
 // common/rpc (status names, the retry table, backoff, enum short names)
 // against the shared test vectors of tests/data/rpc_vectors.json, written by
-// the Python implementation (client/python/reshard/_rpc.py through
+// the Python implementation (client/python/reshard/core/_rpc.py through
 // tests/data/gen_rpc_vectors.py): both sides must agree on every row.
 #include <cstdint>
 #include <fstream>

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Writes tests/data/share_vectors.json from client/python/reshard/data.py.
+"""Writes tests/data/share_vectors.json from client/python/reshard/core/data.py.
 
 The file is checked in; tests/data/data_share_test.cc (C++) and
 tests/python/test_data.py (Python) both recompute every value and compare, so
@@ -19,7 +19,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
 def load_data_module():
-    path = os.path.join(ROOT, "client", "python", "reshard", "data.py")
+    path = os.path.join(ROOT, "client", "python", "reshard", "core", "data.py")
     spec = importlib.util.spec_from_file_location("reshard_data_standalone", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

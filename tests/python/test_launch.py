@@ -468,7 +468,7 @@ def test_cli_refuses_bad_arguments(tmp_path):
 def test_console_script_and_module_entry_points():
     import tomllib
     with open(os.path.join(HERE, "..", "..", "client", "python", "pyproject.toml"), "rb") as f:
-        assert tomllib.load(f)["project"]["scripts"] == {"reshard": "reshard.launch:main"}
+        assert tomllib.load(f)["project"]["scripts"] == {"reshard": "reshard.launcher.launch:main"}
     r = subprocess.run([sys.executable, "-m", "reshard", "run", "--help"], stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)
     assert r.returncode == 0, r.stdout

@@ -16,9 +16,24 @@ SOURCES = os.path.join(REPO, "client", "python")
 STAGED = os.path.dirname(os.path.dirname(os.path.abspath(reshard.__file__)))
 
 
+SUBPACKAGES = ("core", "frameworks", "launcher")
+
+
+def _sources():
+    """Every .py of the package, relative to its root: the top level and the
+    subpackages by audience."""
+    out = []
+    for sub in ("",) + SUBPACKAGES:
+        folder = os.path.join(SOURCES, "reshard", sub)
+        out += [os.path.join(sub, n) for n in sorted(os.listdir(folder)) if n.endswith(".py")]
+    return out
+
+
 def test_staged_sources_match_the_tree():
-    names = sorted(n for n in os.listdir(os.path.join(SOURCES, "reshard")) if n.endswith(".py"))
-    assert "__init__.py" in names and "client.py" in names
+    names = _sources()
+    for must in ("__init__.py", "client.py", "core/__init__.py", "core/client.py",
+                 "frameworks/pytorch.py", "launcher/launch.py"):
+        assert must in names, must
     for n in names:
         assert filecmp.cmp(os.path.join(SOURCES, "reshard", n),
                            os.path.join(STAGED, "reshard", n), shallow=False), n
@@ -42,9 +57,8 @@ def test_wheel_is_self_contained(tmp_path):
     with zipfile.ZipFile(wheels[0]) as z:
         names = set(z.namelist())
         z.extractall(tmp_path / "unpacked")
-    for f in ("reshard/__init__.py", "reshard/client.py", "reshard/worker.py",
-              "reshard/layout.py", "reshard/megatron.py", "reshard/v1/coordinator_pb2.py",
-              "reshard/v1/worker_pb2_grpc.py"):
+    for f in ["reshard/" + n for n in _sources()] + ["reshard/v1/coordinator_pb2.py",
+                                                      "reshard/v1/worker_pb2_grpc.py"]:
         assert f in names, f
     meta = next(n for n in names if n.endswith("METADATA"))
     with zipfile.ZipFile(wheels[0]) as z:
@@ -53,7 +67,43 @@ def test_wheel_is_self_contained(tmp_path):
     # importable from the wheel alone
     env = dict(os.environ, PYTHONPATH=str(tmp_path / "unpacked"))
     r = subprocess.run([sys.executable, "-c", "import reshard, reshard.v1.coordinator_pb2; "
+                        "import reshard.client, reshard.core.client; "
+                        "assert reshard.client is reshard.core.client; "
                         "print(reshard.__file__)"], env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True, cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout
     assert r.stdout.strip().startswith(str(tmp_path / "unpacked"))
+
+
+def test_old_module_paths_are_the_moved_modules():
+    """Each module moved into core/, frameworks/ or launcher/ still imports
+    under its old path as the very same module object (patches and
+    isinstance checks see one module), and every top-level module other
+    than the package's own is such an alias."""
+    import importlib
+    moved = {}
+    for sub in SUBPACKAGES:
+        for n in os.listdir(os.path.join(SOURCES, "reshard", sub)):
+            if n.endswith(".py") and n != "__init__.py":
+                moved[n[:-3]] = f"reshard.{sub}.{n[:-3]}"
+    top = {n[:-3] for n in os.listdir(os.path.join(SOURCES, "reshard"))
+           if n.endswith(".py") and n not in ("__init__.py", "__main__.py")}
+    assert top == set(moved), sorted(top ^ set(moved))
+    for old, new in sorted(moved.items()):
+        assert importlib.import_module(f"reshard.{old}") is importlib.import_module(new), old
+
+
+def test_import_reshard_gives_the_same_attributes_as_before_the_grouping():
+    """`import reshard` alone makes these modules attributes of the package
+    (callers write reshard.client.X or reshard._dtypes.Y without importing
+    them), as it did when every module sat at the top level."""
+    before = ["_dtypes", "_proto", "_rank_region", "_rpc", "buckets", "client", "data", "errors",
+              "fsdp", "layout", "megatron", "megatron_core", "worker"]
+    r = subprocess.run([sys.executable, "-c",
+                        "import types, reshard; print(' '.join(sorted(k for k, v in "
+                        "vars(reshard).items() if isinstance(v, types.ModuleType) and "
+                        "k not in ('os', 'v1', 'core', 'frameworks', 'launcher') and "
+                        "not k.endswith('_pb2'))))"],
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert r.returncode == 0, r.stdout
+    assert r.stdout.split() == before

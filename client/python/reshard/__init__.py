@@ -29,17 +29,20 @@ os.environ.setdefault("GRPC_CLIENT_CHANNEL_BACKUP_POLL_INTERVAL_MS", "100")
 # (gRPC's documented default) unless the process chose.
 os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
-from reshard.errors import (  # noqa: F401
+from reshard.core.errors import (  # noqa: F401
     Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, FailedPrecondition, Internal,
     InvalidArgument, NotFound, OperationFailed, PermissionDenied, ReshardError, ResourceExhausted,
     Unauthenticated, Unavailable)
-from reshard._proto import as_message, to_dict  # noqa: F401
+from reshard.core._proto import as_message, to_dict  # noqa: F401
 from reshard.v1 import agent_pb2, coordinator_pb2, plan_pb2, ptc_pb2  # noqa: F401
-from reshard.client import (  # noqa: F401
+from reshard.core.client import (  # noqa: F401
     Client, TERMINAL_STATES, is_terminal, tls_credentials)
-from reshard.worker import Worker, checksum  # noqa: F401
-from reshard import data, layout, megatron  # noqa: F401
-from reshard import buckets, fsdp  # noqa: F401
+from reshard.core.worker import Worker, checksum  # noqa: F401
+# The modules `import reshard` makes attributes of the package (reshard.data,
+# reshard.client, ...), as before the sources were grouped by audience.
+from reshard.core import (  # noqa: F401
+    _dtypes, _proto, _rank_region, _rpc, buckets, client, data, errors, layout, worker)
+from reshard.frameworks import fsdp, megatron, megatron_core  # noqa: F401
 
 # Enum wrappers, e.g. reshard.OperationState.Name(op.state), reshard.DType.Value("DTYPE_BFLOAT16").
 OperationState = coordinator_pb2.OperationState

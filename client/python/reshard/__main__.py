@@ -3,7 +3,7 @@ reshard dcp import|export ...` (reshard.dcp)."""
 
 import sys
 
-from reshard.launch import main
+from reshard.launcher.launch import main
 
 if __name__ == "__main__":
     sys.exit(main())

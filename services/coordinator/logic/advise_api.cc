@@ -61,7 +61,7 @@ absl::Status CheckNumbers(const v1::AdviseRequest& r) {
 }
 
 // [vocab, hidden] of the PTC's word embeddings, named as Megatron and
-// Hugging Face name them (client/python/reshard/megatron.py); {0, 0} if none.
+// Hugging Face name them (client/python/reshard/frameworks/megatron.py); {0, 0} if none.
 std::pair<int64_t, int64_t> WordEmbeddingShape(const v1::Ptc& ptc) {
   for (const v1::TensorSpec& t : ptc.tensors()) {
     const absl::string_view name = t.name();

@@ -1,0 +1,2 @@
+"""Framework adapters: PyTorch 2 (DTensor, FSDP2, the loop API, DCP) and Megatron.
+"""

@@ -1,0 +1,207 @@
+"""The loop API for PyTorch 2 (docs/pytorch.md, "Quickstart" and "The loop"):
+reshard.elastic's Loop around an AppState (reshard.pytorch), for a rank that
+`reshard run` started.
+
+    run = pytorch_loop.start(app, dataset, mesh=mesh, every_steps=10)
+    state = run.state                      # the DatasetState to train from
+    while True:
+        ... one step on state.share(dp, dp_rank) ...
+        state = state.advanced()
+        if run.step_end(state):            # a cut-over or a stop: the loop ends
+            break
+
+start() reads the launcher's environment (reshard.launch.rank_env(): RANK,
+RESHARD_COORDINATOR, RESHARD_JOB_ID, RESHARD_WORKER_TOKEN,
+RESHARD_WORKER_SOCKET, RESHARD_GENERATION, RESHARD_OPERATION_ID, ...),
+describes the AppState (pytorch.describe: collective) and brings it to the
+job's state: a rank started in warm-up of a stop-free operation joins it
+(marks it prepared, waits for its commit, loads the new generation); a rank
+started after a reconfiguration loads RESHARD_GENERATION; a fresh job's
+ranks publish their initial state as its first generation. Then every
+step_end() is the Loop's boundary: periodic asynchronous checkpoints, the
+stop-free cut-over, the stop-the-world stop, every failure raised on every
+rank. It needs only the job's worker token.
+"""
+
+import os
+
+from reshard.core import data as _data
+from reshard.core import elastic as _elastic
+from reshard.launcher import launch as _launch
+
+
+def device_mesh(device_type="cpu", env=None):
+    """init_device_mesh for the layout this rank was started in (after
+    torch.distributed.init_process_group); `env`: a reshard.launch.RankEnv
+    (None: reshard.launch.rank_env())."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from reshard.frameworks import pytorch
+    dims = pytorch.mesh_dims((env or _launch.rank_env()).layout.config)
+    return init_device_mesh(device_type, tuple(s for _, s in dims),
+                            mesh_dim_names=tuple(n for n, _ in dims))
+
+
+def data_parallel(mesh):
+    """(dp size, this rank's dp index) of a DeviceMesh: dp_replicate x
+    dp_shard row-major (reshard's data-parallel rank, which the dataset's
+    shares follow)."""
+    names = mesh.mesh_dim_names
+    size, index = 1, 0
+    for name in ("dp_replicate", "dp_shard", "dp"):
+        if name in names:
+            n = mesh[name].size()
+            size, index = size * n, index * n + mesh.get_local_rank(name)
+    return size, index
+
+
+class Run:
+    """One rank's run on the current layout: `state` (the DatasetState to
+    train from), `spec` (pytorch.describe's), `started` ("fresh", "loaded"
+    or "joined"), `regenerated` (item names load() left for the rank to
+    regenerate), `loop` (the reshard.elastic.Loop), `cut` once it ended.
+    Not thread-safe: the training thread calls it."""
+
+    def __init__(self, app, spec, env, client, worker, loop, state, started, regenerated,
+                 generation):
+        self.app, self.spec, self.env = app, spec, env
+        self.generation, self.start_step = generation, state.step
+        self.client, self.worker, self.loop = client, worker, loop
+        self.state, self.started, self.regenerated = state, started, regenerated
+        self.cut = None
+
+    @property
+    def rank(self):
+        return self.env.rank
+
+    def _items(self):
+        from reshard.frameworks import pytorch
+        return pytorch.local_items(self.app, self.spec, self.env.rank)
+
+    def step_end(self, state):
+        """Call on every rank after every step with the DatasetState after it.
+        Collective. False: train on (a periodic checkpoint may be on its
+        way). True: the loop ends here (self.cut says how: a stop-free
+        cut-over, or a stop-the-world stop)."""
+        self.state = state
+        self.cut = self.loop.boundary(state, self._items)
+        return self.cut is not None
+
+    def finish(self, state=None):
+        """The last step: publishes it with a checkpoint and waits for the
+        commit (collective). Returns the Cut. A run that trained no step
+        (it started at the step budget) has nothing to publish: its Cut is
+        the generation it started from."""
+        state = self.state if state is None else state
+        if state.step == self.start_step:
+            self.loop.wait()
+            self.cut = _elastic.Cut(None, self.generation, state.step, None)
+        else:
+            self.cut = self.loop.finish(state, self._items)
+        return self.cut
+
+    def close(self):
+        """Waits for a checkpoint in flight (collective) and closes the
+        connections."""
+        try:
+            self.loop.wait()
+        finally:
+            self.worker.close()
+            self.client.close()
+
+
+def _peer_failure(exc):
+    """Whether an exception is a collective failing because a peer is gone:
+    torch.distributed's network/backend errors, or the RuntimeError gloo
+    raises from its TCP transport ("Connection reset/closed by peer")."""
+    import torch.distributed as dist
+    if isinstance(exc, (dist.DistNetworkError, dist.DistBackendError)):
+        return True
+    return isinstance(exc, RuntimeError) and "gloo/transport/" in str(exc)
+
+
+def _exit_on_peer_lost(rank, job_id):
+    """An uncaught reshard.elastic.PeerLost, or a collective of the user's own
+    step that failed because a peer is gone (raised by FSDP's or the
+    optimizer's collectives, outside the loop), ends the process as
+    PeerLost (the backend's error as its cause) with status
+    reshard.launch.EXIT_PEER_LOST (75): the launcher then knows this rank
+    did not fail by itself and does not report it."""
+    import sys
+    previous = sys.excepthook
+    if getattr(previous, "_reshard_peer_lost", False):
+        return
+
+    def hook(kind, value, tb):
+        if not isinstance(value, _elastic.PeerLost) and _peer_failure(value):
+            lost = _elastic.PeerLost(
+                f"rank {rank} of job {job_id!r}: a collective of the training step failed: "
+                f"a rank of the process group is gone ({type(value).__name__})")
+            lost.__cause__ = value
+            kind, value, tb = _elastic.PeerLost, lost, None
+        previous(kind, value, tb)
+        if isinstance(value, _elastic.PeerLost):
+            sys.stderr.flush()
+            sys.stdout.flush()
+            os._exit(_launch.EXIT_PEER_LOST)
+    hook._reshard_peer_lost = True
+    sys.excepthook = hook
+
+
+def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=None,
+          env=None, timeout=120.0):
+    """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
+    state (see the module doc); `dataset` is the run's configured
+    reshard.data.DatasetState (checked against the committed one). Collective
+    over `group` (None: every rank); `env`: a reshard.launch.RankEnv (None:
+    reshard.launch.rank_env()). Returns a Run."""
+    from reshard.frameworks import pytorch
+    env = env or _launch.rank_env()
+    _exit_on_peer_lost(env.rank, env.job_id)
+    client = env.client()  # the job's worker token only
+    # The job's own PTC (registered from pytorch.describe of this model:
+    # its blob capacities and item order), not a fresh describe() of this
+    # rank's objects, whose blob sizes differ from rank to rank and run to run.
+    spec = pytorch.spec_from_ptc(client.get_job(env.job_id, include_ptc=True).ptc,
+                                 env.layout)
+    worker = env.worker(ptc=spec.ptc)
+    rank = env.rank
+    probe = _elastic.Collectives(rank, env.job_id, group)
+    regenerated = frozenset()
+    if env.operation_id:
+        # Warm-up of a stop-free operation: our model is built; tell the
+        # coordinator (rank 0, once every rank got here) and wait for the
+        # old layout's cut-over and the transfer.
+        probe.agree(None)
+        if rank == 0:
+            client.mark_prepared(env.operation_id)
+        op = client.wait(env.operation_id, timeout=max(timeout, 600.0), raise_on_failure=True)
+        generation = op.to_generation
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
+        started = "joined"
+    elif env.generation > 0:
+        generation = env.generation
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
+        started = "loaded"
+    else:
+        generation = client.get_job(env.job_id).generation
+        error = None
+        try:
+            pytorch.publish(worker, app, spec, rank, generation)
+        except Exception as e:  # noqa: BLE001: agreed on below
+            error = e
+        probe.agree(error)
+        started = "fresh"
+    state = _data.resume(client.dataset_state(env.job_id), dataset)
+    loop = _elastic.Loop(client, env.job_id, rank, worker, group=group, timeout=timeout,
+                         every_steps=every_steps, every_seconds=every_seconds)
+    return Run(app, spec, env, client, worker, loop, state, started, regenerated, generation)
+
+
+def _load(probe, pytorch, worker, app, spec, rank, generation):
+    error, regenerated = None, frozenset()
+    try:
+        regenerated = pytorch.load(worker, app, spec, rank, generation)
+    except Exception as e:  # noqa: BLE001: agreed on below
+        error = e
+    probe.agree(error)
+    return regenerated

@@ -1,0 +1,2 @@
+"""`reshard run`: the per-host launcher of a job's training ranks.
+"""
