@@ -25,8 +25,9 @@ using internal::kMaxWorld;
 using internal::ShapeString;
 using internal::TensorError;
 
-absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
-  const int num_layers = ptc.num_layers();
+// The dtype and shape: known, at most kMaxDims positive dimensions, within
+// the per-tensor limits.
+absl::Status CheckShape(const v1::TensorSpec& t) {
   int64_t elements = 1;
   if (ElementBytes(t.dtype()) == 0) {
     return TensorError(
@@ -58,8 +59,12 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
     return TensorError(t, absl::StrCat("shape ", ShapeString(t), " is ", bytes,
                                        " bytes; the limit is ", kMaxTensorBytes, " per tensor"));
   }
-  const v1::PartitionSpec& ps = t.partition();
-  const v1::TensorParallel& tp = ps.tp();
+  return absl::OkStatus();
+}
+
+absl::Status CheckTensorParallel(const v1::TensorSpec& t) {
+  const int ndim = t.shape_size();
+  const v1::TensorParallel& tp = t.partition().tp();
   switch (tp.mode()) {
     case v1::TP_REPLICATED:
       if (tp.blocks_size() > 0) {
@@ -97,7 +102,11 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
       return TensorError(t, absl::StrCat("partition.tp.mode ", static_cast<int>(tp.mode()),
                                          " is not a known TpMode"));
   }
-  const v1::Pipeline& pl = ps.pipeline();
+  return absl::OkStatus();
+}
+
+absl::Status CheckPipeline(const v1::TensorSpec& t, int num_layers) {
+  const v1::Pipeline& pl = t.partition().pipeline();
   switch (pl.mode()) {
     case v1::PIPELINE_LAYER:
       if (pl.layer() < 0 || pl.layer() >= num_layers) {
@@ -130,6 +139,12 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
       return TensorError(t, absl::StrCat("partition.pipeline.mode ", static_cast<int>(pl.mode()),
                                          " is not a known PipelineMode"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status CheckDataParallel(const v1::TensorSpec& t) {
+  const int ndim = t.shape_size();
+  const v1::PartitionSpec& ps = t.partition();
   const v1::DataParallel& dp = ps.dp();
   switch (dp.mode()) {
     case v1::DP_REPLICATED:
@@ -158,6 +173,14 @@ absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
                                                        : "for a DP_BUCKET member",
                                        " (it splits over dp x cp: DP_OVER_DP_CP)"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateTensor(const v1::TensorSpec& t, const v1::Ptc& ptc) {
+  if (absl::Status s = CheckShape(t); !s.ok()) return s;
+  if (absl::Status s = CheckTensorParallel(t); !s.ok()) return s;
+  if (absl::Status s = CheckPipeline(t, ptc.num_layers()); !s.ok()) return s;
+  if (absl::Status s = CheckDataParallel(t); !s.ok()) return s;
   return internal::ValidateNewFields(t, ptc);
 }
 
@@ -273,8 +296,10 @@ absl::Status ValidatePtc(const v1::Ptc& ptc) {
   return internal::ValidateBuckets(ptc);
 }
 
-absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::string_view what) {
-  const v1::ParallelConfig& c = layout.config();
+namespace {
+
+// The parallel degrees and rank order of a layout's config.
+absl::Status CheckConfig(const v1::ParallelConfig& c, absl::string_view what) {
   for (auto [name, value] :
        {std::pair<const char*, int>{"tp", c.tp()}, {"pp", c.pp()}, {"dp", c.dp()}}) {
     if (value < 1) {
@@ -313,7 +338,12 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
     return absl::InvalidArgumentError(absl::StrCat(
         what, ".config.order ", static_cast<int>(c.order()), " is not a known RankOrder"));
   }
-  const int layers = ptc.num_layers();
+  return absl::OkStatus();
+}
+
+// Where each pipeline stage (or virtual chunk) starts: every stage owns at
+// least one of the PTC's `layers` layers.
+absl::Status CheckStageStarts(const v1::ParallelConfig& c, int layers, absl::string_view what) {
   const int64_t chunks = int64_t{c.pp()} * VppOf(c);
   if (c.stage_starts_size() > 0) {
     if (c.stage_starts_size() != chunks) {
@@ -342,7 +372,13 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
                                                    " exceeds num_layers ", layers,
                                                    ": some stage would own no layer"));
   }
-  const v1::Placement& p = layout.placement();
+  return absl::OkStatus();
+}
+
+// The placement: one distinct, named (host, device) slot per rank.
+absl::Status CheckPlacement(const v1::Placement& p, const v1::ParallelConfig& c,
+                            absl::string_view what) {
+  const int64_t world = int64_t{c.tp()} * c.pp() * c.dp() * CpOf(c);
   if (p.ranks_size() > 0 && (p.hosts_size() > 0 || p.devices_per_host() != 0)) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, ".placement: give either ranks or hosts + devices_per_host, not both"));
@@ -390,6 +426,16 @@ absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::
                                                      "\" device ", slots[r].device()));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ValidateLayout(const v1::Ptc& ptc, const v1::Layout& layout, absl::string_view what) {
+  const v1::ParallelConfig& c = layout.config();
+  if (absl::Status s = CheckConfig(c, what); !s.ok()) return s;
+  if (absl::Status s = CheckStageStarts(c, ptc.num_layers(), what); !s.ok()) return s;
+  if (absl::Status s = CheckPlacement(layout.placement(), c, what); !s.ok()) return s;
   absl::flat_hash_set<std::string> checked;  // tensors of one rule are checked once
   for (int i = 0; i < ptc.tensors_size(); ++i) {
     const v1::TensorSpec& t = ptc.tensors(i);

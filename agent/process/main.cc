@@ -37,6 +37,8 @@
 #include "prometheus/exposer.h"
 #include "prometheus/registry.h"
 
+using namespace reshard::agent;  // NOLINT: the binary's own namespace
+
 namespace {
 
 int Fail(const std::string& what) {
@@ -44,10 +46,135 @@ int Fail(const std::string& what) {
   return 1;
 }
 
+// The host's devices, when --device names a device API: the API, the
+// device rank-buffer store, the device communicator (or why there is none).
+struct Devices {
+  std::unique_ptr<DeviceApi> api;
+  std::unique_ptr<DeviceBufferStore> store;
+  std::unique_ptr<DeviceCommFactory> comm;
+  std::string comm_why_not = "--device-comm none";
+  int count() const { return api != nullptr ? api->capabilities().device_count : 0; }
+};
+
+absl::StatusOr<Devices> OpenDevices(const AgentConfig& config) {
+  Devices dev;
+  // Device-resident state and CUDA IPC (docs/agent.md, "GPU / memory
+  // kinds"): only with a device API, which --device (RESHARD_DEVICE) names.
+  absl::StatusOr<std::unique_ptr<DeviceApi>> device_api = MakeDeviceApi(config.device);
+  if (!device_api.ok()) {
+    return absl::FailedPreconditionError("--device \"" + config.device +
+                                         "\": " + device_api.status().ToString());
+  }
+  dev.api = *std::move(device_api);
+  if (dev.api == nullptr) {
+    dev.comm_why_not = "no device API";
+    RESHARD_LOG(INFO) << "host " << config.host_id
+                      << ": no device API (--device / RESHARD_DEVICE): state stays in host memory";
+    return dev;
+  }
+  DeviceBufferStore::Options device_options;
+  device_options.memory_limit_bytes_per_device = config.device_memory_limit_bytes;
+  absl::StatusOr<std::unique_ptr<DeviceBufferStore>> opened =
+      DeviceBufferStore::Open(dev.api.get(), device_options);
+  if (!opened.ok()) {
+    return absl::FailedPreconditionError("opening the device store: " +
+                                         opened.status().ToString());
+  }
+  dev.store = *std::move(opened);
+  const DeviceApiCapabilities caps = dev.api->capabilities();
+  RESHARD_LOG(INFO) << "host " << config.host_id << ": device API " << caps.name << ", "
+                    << caps.device_count << " devices, " << dev.store->limit_bytes(0)
+                    << " bytes of rank buffers allowed per device";
+  // Cross-host device steps (docs/agent.md, "GPU / memory kinds"): over a
+  // device communicator when every host of an operation advertises the same
+  // one; otherwise staged through host memory, saying why.
+  if (config.device_comm) dev.comm = MakeDeviceCommFactory(dev.api.get(), &dev.comm_why_not);
+  RESHARD_LOG(INFO) << "host " << config.host_id << ": device communicator "
+                    << (dev.comm != nullptr ? DeviceCommBackendCapabilities(*dev.comm).name
+                                            : "none (" + dev.comm_why_not + ")");
+  const std::string ipc = DeviceIpcEntry(*dev.api);
+  RESHARD_LOG(INFO) << "host " << config.host_id << ": device IPC "
+                    << (!config.device_ipc ? "none (--device-ipc none)"
+                        : ipc.empty()      ? "none (the device API has no IPC)"
+                                           : ipc);
+  return dev;
+}
+
+// The stores' gauges, read at each scrape.
+void WatchStores(AgentMetrics* metrics, ShardStore* shard_store, const Devices& dev) {
+  DeviceBufferStore* device_store = dev.store.get();
+  const int device_count = device_store != nullptr ? dev.count() : 0;
+  metrics->SetRefresh([metrics, shard_store, device_store, device_count] {
+    for (int d = 0; d < device_count; ++d) {
+      metrics->SetDeviceStore(d, device_store->used_bytes(d), device_store->limit_bytes(d));
+    }
+    std::set<std::pair<std::string, int64_t>> generations;
+    const std::vector<RankBufferKey> keys = shard_store->List();
+    for (const RankBufferKey& k : keys) generations.insert({k.job_id, k.generation});
+    metrics->SetShardStore(shard_store->used_bytes(), shard_store->limit_bytes(),
+                           static_cast<int64_t>(generations.size()),
+                           static_cast<int64_t>(keys.size()));
+  });
+}
+
+// /metrics on --metrics-listen; null when it is empty.
+absl::StatusOr<std::unique_ptr<prometheus::Exposer>> ServeMetrics(const AgentConfig& config,
+                                                                  AgentMetrics* metrics) {
+  if (config.metrics_listen.empty()) return nullptr;
+  std::unique_ptr<prometheus::Exposer> exposer;
+  try {
+    exposer = std::make_unique<prometheus::Exposer>(config.metrics_listen);
+    exposer->RegisterCollectable(metrics->collectable());
+  } catch (const std::exception& e) {
+    return absl::UnavailableError("--metrics-listen \"" + config.metrics_listen +
+                                  "\": cannot serve /metrics there: " + e.what());
+  }
+  const std::vector<int> ports = exposer->GetListeningPorts();
+  RESHARD_LOG(INFO) << "host " << config.host_id << ": /metrics on port "
+                    << (ports.empty() ? 0 : ports.front());
+  return exposer;
+}
+
+ShardStore::Options StoreOptions(const AgentConfig& config) {
+  ShardStore::Options o;
+  o.shm_dir = config.shm_dir;
+  o.host_id = config.host_id;
+  o.memory_limit_bytes = config.memory_limit_bytes;
+  o.spare_bytes = config.spare_bytes;
+  return o;
+}
+
+TaskExecutor::Options ExecutorOptions(const AgentConfig& config, const std::string& comm_why_not,
+                                      CoordinatorReach* reach) {
+  TaskExecutor::Options o;
+  o.copy_threads = config.copy_threads;
+  o.device_comm_why_not = comm_why_not;
+  o.device_ipc = config.device_ipc;  // advertised by the session: the IPC route needs both
+  o.proof_timeout_ms = config.peer_wait_ms;
+  o.seal_timeout_ms = config.peer_wait_ms;
+  o.coordinator_reach = reach;
+  return o;
+}
+
+CoordinatorSession::Options SessionOptions(const AgentConfig& config, AgentMetrics* metrics,
+                                           const Devices& dev, CoordinatorReach* reach) {
+  CoordinatorSession::Options o;
+  o.host_id = config.host_id;
+  o.address = config.address;
+  o.memory_limit_bytes = config.memory_limit_bytes;
+  o.heartbeat_ms = config.heartbeat_ms;
+  o.metrics = metrics;
+  o.device_api = dev.api.get();
+  o.devices = dev.store.get();
+  o.device_comm = dev.comm.get();
+  o.device_ipc = config.device_ipc;
+  o.coordinator_reach = reach;
+  return o;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  using namespace reshard::agent;
   reshard::UseReleaseRuntime();
   // gRPC advances a reconnect (TCP connect, TLS handshake) of a channel with
   // no call in flight only from its backup poller, every 5 s by default; a
@@ -72,12 +199,7 @@ int main(int argc, char** argv) {
 
   reshard::BlockTerminationSignals();
 
-  ShardStore::Options store_options;
-  store_options.shm_dir = config->shm_dir;
-  store_options.host_id = config->host_id;
-  store_options.memory_limit_bytes = config->memory_limit_bytes;
-  store_options.spare_bytes = config->spare_bytes;
-  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(store_options);
+  absl::StatusOr<std::unique_ptr<ShardStore>> store = ShardStore::Open(StoreOptions(*config));
   if (!store.ok()) return Fail("opening the shard store: " + store.status().ToString());
 
   UcxOptions ucx;
@@ -86,88 +208,20 @@ int main(int argc, char** argv) {
   absl::StatusOr<std::unique_ptr<Transport>> transport = MakeUcxTransport(ucx);
   if (!transport.ok()) return Fail("starting UCX: " + transport.status().ToString());
 
-  // Device-resident state and CUDA IPC (docs/agent.md, "GPU / memory
-  // kinds"): only with a device API, which --device (RESHARD_DEVICE) names.
-  absl::StatusOr<std::unique_ptr<DeviceApi>> device_api = MakeDeviceApi(config->device);
-  if (!device_api.ok()) {
-    return Fail("--device \"" + config->device + "\": " + device_api.status().ToString());
-  }
-  std::unique_ptr<DeviceBufferStore> devices;
-  if (*device_api != nullptr) {
-    DeviceBufferStore::Options device_options;
-    device_options.memory_limit_bytes_per_device = config->device_memory_limit_bytes;
-    absl::StatusOr<std::unique_ptr<DeviceBufferStore>> opened =
-        DeviceBufferStore::Open(device_api->get(), device_options);
-    if (!opened.ok()) return Fail("opening the device store: " + opened.status().ToString());
-    devices = *std::move(opened);
-    const DeviceApiCapabilities caps = (*device_api)->capabilities();
-    RESHARD_LOG(INFO) << "host " << config->host_id << ": device API " << caps.name << ", "
-                      << caps.device_count << " devices, " << devices->limit_bytes(0)
-                      << " bytes of rank buffers allowed per device";
-  } else {
-    RESHARD_LOG(INFO) << "host " << config->host_id
-                      << ": no device API (--device / RESHARD_DEVICE): state stays in host memory";
-  }
+  absl::StatusOr<Devices> opened_devices = OpenDevices(*config);
+  if (!opened_devices.ok()) return Fail(std::string(opened_devices.status().message()));
+  Devices& dev = *opened_devices;
 
-  // Cross-host device steps (docs/agent.md, "GPU / memory kinds"): over a
-  // device communicator when every host of an operation advertises the same
-  // one; otherwise staged through host memory, saying why.
-  std::unique_ptr<DeviceCommFactory> comm;
-  std::string comm_why_not = "--device-comm none";
-  if (devices != nullptr && config->device_comm) {
-    comm = MakeDeviceCommFactory(device_api->get(), &comm_why_not);
-  } else if (devices == nullptr) {
-    comm_why_not = "no device API";
-  }
-  if (devices != nullptr) {
-    RESHARD_LOG(INFO) << "host " << config->host_id << ": device communicator "
-                      << (comm != nullptr ? DeviceCommBackendCapabilities(*comm).name
-                                          : "none (" + comm_why_not + ")");
-    const std::string ipc = DeviceIpcEntry(**device_api);
-    RESHARD_LOG(INFO) << "host " << config->host_id << ": device IPC "
-                      << (!config->device_ipc ? "none (--device-ipc none)"
-                          : ipc.empty()       ? "none (the device API has no IPC)"
-                                              : ipc);
-  }
-
-  TaskExecutor::Options exec_options;
-  exec_options.copy_threads = config->copy_threads;
-  exec_options.device_comm_why_not = comm_why_not;
-  exec_options.device_ipc = config->device_ipc;  // advertised below: the IPC route needs both
-  exec_options.proof_timeout_ms = config->peer_wait_ms;
-  exec_options.seal_timeout_ms = config->peer_wait_ms;
   CoordinatorReach coordinator_reach;  // the session tells it, the executor's timers read it
-  exec_options.coordinator_reach = &coordinator_reach;
-  TaskExecutor executor(store->get(), transport->get(), exec_options, devices.get(), comm.get());
+  const TaskExecutor::Options exec_options =
+      ExecutorOptions(*config, dev.comm_why_not, &coordinator_reach);
+  TaskExecutor executor(store->get(), transport->get(), exec_options, dev.store.get(),
+                        dev.comm.get());
 
   AgentMetrics metrics(std::make_shared<prometheus::Registry>());
-  ShardStore* shard_store = store->get();
-  DeviceBufferStore* device_store = devices.get();
-  const int device_count = device_store != nullptr ? (*device_api)->capabilities().device_count : 0;
-  metrics.SetRefresh([&metrics, shard_store, device_store, device_count] {
-    for (int d = 0; d < device_count; ++d) {
-      metrics.SetDeviceStore(d, device_store->used_bytes(d), device_store->limit_bytes(d));
-    }
-    std::set<std::pair<std::string, int64_t>> generations;
-    const std::vector<RankBufferKey> keys = shard_store->List();
-    for (const RankBufferKey& k : keys) generations.insert({k.job_id, k.generation});
-    metrics.SetShardStore(shard_store->used_bytes(), shard_store->limit_bytes(),
-                          static_cast<int64_t>(generations.size()),
-                          static_cast<int64_t>(keys.size()));
-  });
-  std::unique_ptr<prometheus::Exposer> exposer;
-  if (!config->metrics_listen.empty()) {
-    try {
-      exposer = std::make_unique<prometheus::Exposer>(config->metrics_listen);
-      exposer->RegisterCollectable(metrics.collectable());
-    } catch (const std::exception& e) {
-      return Fail("--metrics-listen \"" + config->metrics_listen +
-                  "\": cannot serve /metrics there: " + e.what());
-    }
-    const std::vector<int> ports = exposer->GetListeningPorts();
-    RESHARD_LOG(INFO) << "host " << config->host_id << ": /metrics on port "
-                      << (ports.empty() ? 0 : ports.front());
-  }
+  WatchStores(&metrics, store->get(), dev);
+  absl::StatusOr<std::unique_ptr<prometheus::Exposer>> exposer = ServeMetrics(*config, &metrics);
+  if (!exposer.ok()) return Fail(std::string(exposer.status().message()));
 
   absl::StatusOr<std::shared_ptr<grpc::Channel>> coordinator_channel =
       CoordinatorChannel(config->coordinator, config->tls);
@@ -177,17 +231,8 @@ int main(int argc, char** argv) {
       CoordinatorChannel(config->coordinator, config->tls, /*own_connection=*/true);
   if (!heartbeat_channel.ok()) return Fail(std::string(heartbeat_channel.status().message()));
 
-  CoordinatorSession::Options session_options;
-  session_options.host_id = config->host_id;
-  session_options.address = config->address;
-  session_options.memory_limit_bytes = config->memory_limit_bytes;
-  session_options.heartbeat_ms = config->heartbeat_ms;
-  session_options.metrics = &metrics;
-  session_options.device_api = device_api->get();
-  session_options.devices = device_store;
-  session_options.device_comm = comm.get();
-  session_options.device_ipc = config->device_ipc;
-  session_options.coordinator_reach = &coordinator_reach;
+  const CoordinatorSession::Options session_options =
+      SessionOptions(*config, &metrics, dev, &coordinator_reach);
   CoordinatorSession session(session_options, channel, store->get(), &executor, transport->get(),
                              *heartbeat_channel);
   // Connecting to a unix socket needs write permission on it: the group and
@@ -204,7 +249,7 @@ int main(int argc, char** argv) {
   }
   WorkerServiceImpl worker_service(store->get(), channel, &metrics, config->worker_cache_bytes);
   worker_service.SetSocket(worker_socket->get());
-  worker_service.SetDevices(device_api->get(), device_store);
+  worker_service.SetDevices(dev.api.get(), dev.store.get());
   worker_service.SetPublishGate([&session](const std::string& job, int64_t generation, int rank) {
     return session.AcceptsPublish(job, generation, rank);
   });
@@ -241,7 +286,7 @@ int main(int argc, char** argv) {
   (*fd_socket)->Stop();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
   (*transport)->Shutdown();
-  exposer.reset();
+  exposer->reset();
   unlink(config->worker_socket.c_str());
   return 0;
 }
