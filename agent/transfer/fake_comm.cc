@@ -347,6 +347,50 @@ class FakeComm : public DeviceComm {
   std::vector<Op> group_;
 };
 
+
+// What a rank joining a fake communicator knows while it waits for others.
+struct Joining {
+  const std::string& where;  // "ncclCommInitRank (fake comm rank R of N, ...)"
+  const std::string& token;  // the id's secret: a hello without it is dropped
+  const WaitLimit* limit;
+  double timeout_s;
+  int nranks;
+};
+
+// Accepts connections on `listener` until ranks [from, nranks) each said
+// hello with the token, keeping each one's connection in links->fds (and
+// its listening endpoint in `endpoints` when given); an outsider's
+// connection is dropped.
+absl::Status AcceptRanks(const Joining& j, int listener, int from, Links* links,
+                         std::vector<Endpoint>* endpoints) {
+  std::set<int> missing;
+  for (int r = from; r < j.nranks; ++r) missing.insert(r);
+  while (!missing.empty()) {
+    absl::StatusOr<int> fd = Accept(listener, *j.limit);
+    if (absl::IsCancelled(fd.status())) {
+      return absl::CancelledError(absl::StrCat(j.where, ": cancelled while rank(s) ",
+                                               absl::StrJoin(missing, ", "), " had not joined"));
+    }
+    if (!fd.ok()) {
+      return absl::UnavailableError(absl::StrCat(j.where, ": rank(s) ",
+                                                 absl::StrJoin(missing, ", "),
+                                                 " never joined within ", j.timeout_s, " s (",
+                                                 fd.status().message(), ")"));
+    }
+    Hello h{};
+    absl::Status s = ReadAll(*fd, &h, sizeof(h), j.limit);
+    const int r = static_cast<int>(h.rank);
+    if (!s.ok() || std::string(h.token, kTokenBytes) != j.token || missing.count(r) == 0) {
+      close(*fd);
+      continue;
+    }
+    missing.erase(r);
+    links->fds[r] = *fd;
+    if (endpoints != nullptr) (*endpoints)[r] = Endpoint{h.ip, h.port, 0};
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 FakeCommFactory::FakeCommFactory(FakeDeviceApi* device, Options options)
@@ -401,36 +445,7 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
   };
   in_addr listen_ip{};
   inet_pton(AF_INET, options_.address.c_str(), &listen_ip);
-  // Accepts connections on `listener` until ranks [from, nranks) each said
-  // hello with the token; an outsider's connection is dropped.
-  auto accept_ranks = [&](int listener, int from,
-                          std::vector<Endpoint>* endpoints) -> absl::Status {
-    std::set<int> missing;
-    for (int r = from; r < nranks; ++r) missing.insert(r);
-    while (!missing.empty()) {
-      absl::StatusOr<int> fd = Accept(listener, limit);
-      if (absl::IsCancelled(fd.status())) {
-        return absl::CancelledError(absl::StrCat(where, ": cancelled while rank(s) ",
-                                                 absl::StrJoin(missing, ", "), " had not joined"));
-      }
-      if (!fd.ok()) {
-        return absl::UnavailableError(
-            absl::StrCat(where, ": rank(s) ", absl::StrJoin(missing, ", "), " never joined within ",
-                         timeout_s, " s (", fd.status().message(), ")"));
-      }
-      Hello h{};
-      absl::Status s = ReadAll(*fd, &h, sizeof(h), &limit);
-      const int r = static_cast<int>(h.rank);
-      if (!s.ok() || std::string(h.token, kTokenBytes) != p->token || missing.count(r) == 0) {
-        close(*fd);
-        continue;
-      }
-      missing.erase(r);
-      links->fds[r] = *fd;
-      if (endpoints != nullptr) (*endpoints)[r] = Endpoint{h.ip, h.port, 0};
-    }
-    return absl::OkStatus();
-  };
+  const Joining joining{where, p->token, &limit, timeout_s, nranks};
   if (rank == 0) {
     int listener = -1;
     {
@@ -444,7 +459,7 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
       listeners_.erase(it);
     }
     std::vector<Endpoint> endpoints(static_cast<size_t>(nranks));
-    absl::Status s = accept_ranks(listener, 1, &endpoints);
+    absl::Status s = AcceptRanks(joining, listener, 1, links.get(), &endpoints);
     close(listener);
     if (!s.ok()) return s;
     for (int r = 1; r < nranks && s.ok(); ++r) {
@@ -491,7 +506,7 @@ absl::StatusOr<std::unique_ptr<DeviceComm>> FakeCommFactory::Init(
       }
     }
     if (listener >= 0) {
-      s = accept_ranks(listener, rank + 1, nullptr);
+      s = AcceptRanks(joining, listener, rank + 1, links.get(), nullptr);
       close_listener();
       if (!s.ok()) return s;
     }
