@@ -1,16 +1,14 @@
-// MemoryStore: creating operations (with the meeting rule of
-// operation_meeting.h), compare-and-set moves through the state machine
-// (operation_machine.h), the transfer and the commit (as pg_operations.cc,
-// pg_meeting.cc, pg_transfer.cc).
+// MemoryStore: creating operations (reading what the rules of
+// operation_create.h need and writing their plan), compare-and-set moves
+// through the state machine (operation_machine.h), the transfer and the
+// commit (as pg_operations.cc, pg_meeting.cc, pg_transfer.cc).
 #include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "common/rpc/enum_name.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
-#include "services/coordinator/store/operation_meeting.h"
+#include "services/coordinator/store/operation_create.h"
 #include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
@@ -27,89 +25,17 @@ absl::Status MemoryStore::CheckMove(const Operation& op, OpPhase to) const {
   return CheckMoveFrom(op.row.id(), FactsOf(op.row), to);
 }
 
-absl::StatusOr<int64_t> MemoryStore::CheckCutOver(const NewOperation& op,
-                                                  const std::vector<const Operation*>& active,
-                                                  int64_t current_generation) const {
-  const std::string& target = op.cut_over_operation_id;
-  if (active.empty() || target != active[0]->row.id()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cut_over_operation_id \"", target, "\": not the active operation of job \"", op.job_id,
-        "\"",
-        active.empty() ? " (it has none)" : absl::StrCat(" (\"", active[0]->row.id(), "\" is)")));
-  }
-  if (active.size() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target,
-                                                      "\": it was cut over already (checkpoint \"",
-                                                      active[1]->row.id(), "\" is running)"));
-  }
-  const Operation& stop_free = *active[0];
-  const v1::Operation& o = stop_free.row;
-  std::string why;
-  if (!o.stop_free()) {
-    why = "it is not stop-free";
-  } else if (o.state() != v1::OPERATION_STATE_PLANNED) {
-    why = "it is not PLANNED";
-  } else if (!o.cutover_operation_id().empty()) {
-    why = "it was cut over already";
-  } else if (o.prepared_unix_ms() == 0) {
-    std::vector<std::string> missing;
-    if (o.workers_prepared_unix_ms() == 0) {
-      missing.push_back("its new workers are not prepared yet (MarkPrepared)");
-    }
-    if (o.agents_prepared_unix_ms() == 0) {
-      if (o.prepared_from_generation() == 0) {
-        missing.push_back("its agents have not started preparing yet");
-      } else {
-        std::vector<std::string> hosts;
-        for (const auto& [host, row] : stop_free.hosts) {
-          if (row.progress.state != v1::HOST_TASK_STATE_PREPARED) {
-            hosts.push_back(absl::StrCat("\"", host, "\""));
-          }
-        }
-        missing.push_back(
-            absl::StrCat("hosts not prepared yet (not PREPARED): ", absl::StrJoin(hosts, ", ")));
-      }
-    }
-    why = absl::StrJoin(missing, "; ");
-  }
-  if (!why.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target, "\" (",
-                                                      rpc::EnumShortName(o.state()), "): ", why));
-  }
-  const int64_t reserved = o.to_generation() - 1;
-  return reserved > current_generation ? reserved : 0;
-}
-
-absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& op) {
-  if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
-  const bool keyed = !op.idempotency.key.empty();
-  std::lock_guard<CallLock> l(mu_);
-  Tx tx;
-  Job* job = FindJob(op.job_id);
-  if (job == nullptr) return mem::JobNotFound(op.job_id);
-  const int64_t generation = job->row.generation();
-  if (keyed) {
+absl::StatusOr<CreationSnapshot> MemoryStore::ReadCreation(const NewOperation& op,
+                                                           const Job& job) const {
+  CreationSnapshot s;
+  if (!op.idempotency.key.empty()) {
     absl::StatusOr<std::optional<std::string>> first = FindKey(op.idempotency);
     if (!first.ok()) return first.status();
-    if (first->has_value()) {
-      const Operation* replayed = FindOperation(**first);
-      if (replayed == nullptr) return mem::OperationNotFound(**first);
-      WriteAudit(tx, op.job_id, **first);
-      Commit(tx);
-      return OperationView(*replayed, false).op;
-    }
+    s.replayed = *first;
+    if (s.replayed.has_value()) return s;
   }
-  if (op.expected_generation <= 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("expected_generation must be positive, got ", op.expected_generation));
-  }
-  if (op.expected_generation != generation) {
-    return absl::AbortedError(absl::StrCat("job \"", op.job_id, "\" is at generation ", generation,
-                                           ", request expected ", op.expected_generation));
-  }
-  const std::vector<const Operation*> active_ops = ActiveOperationsOfJob(op.job_id);
-  std::vector<ActiveOperation> actives;
-  for (const Operation* a : active_ops) {
+  s.generation = job.row.generation();
+  for (const Operation* a : ActiveOperationsOfJob(op.job_id)) {
     ActiveOperation x;
     x.id = a->row.id();
     x.state = a->row.state();
@@ -119,60 +45,43 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
     x.queued_behind = a->row.queued_behind_operation_id();
     x.step_boundary_checkpoint_id = a->row.step_boundary_checkpoint_id();
     x.to_generation = a->row.to_generation();
-    actives.push_back(std::move(x));
+    s.active.push_back(std::move(x));
   }
-  absl::StatusOr<MeetingVerdict> verdict =
-      Meet(op.job_id, op.kind, op.cut_over_operation_id, actives);
-  if (!verdict.ok()) return verdict.status();
-  if (verdict->what == Meeting::kFold) {
-    const Operation* into = FindOperation(verdict->other);
-    WriteAudit(tx, op.job_id, verdict->other);
-    Commit(tx);
-    v1::Operation folded = OperationView(*into, false).op;
-    folded.set_checkpoint_folded(true);
-    return folded;
-  }
-  int64_t reserved_generation = 0;
-  if (verdict->what == Meeting::kCutOver) {
-    absl::StatusOr<int64_t> reserved = CheckCutOver(op, active_ops, generation);
-    if (!reserved.ok()) return reserved.status();
-    reserved_generation = *reserved;
+  s.max_generation = MaxGeneration(job);
+  auto target = operations_.find(op.cut_over_operation_id);
+  if (!op.cut_over_operation_id.empty() && target != operations_.end() &&
+      target->second.row.job_id() == op.job_id) {
+    const v1::Operation& o = target->second.row;
+    CutOverTarget& t = s.cut_over.emplace();
+    t.state = o.state();
+    t.stop_free = o.stop_free();
+    t.prepared = o.prepared_unix_ms() != 0;
+    t.cutover_operation_id = o.cutover_operation_id();
+    t.workers_prepared = o.workers_prepared_unix_ms() != 0;
+    t.agents_prepared = o.agents_prepared_unix_ms() != 0;
+    t.prepared_from_generation = o.prepared_from_generation();
+    t.to_generation = o.to_generation();
+    for (const auto& [host, row] : target->second.hosts) {
+      if (row.progress.state != v1::HOST_TASK_STATE_PREPARED) t.hosts_not_prepared.push_back(host);
+    }
   }
   if (op.step.has_value()) {
-    auto committed = job->dataset_states.find(generation);
-    if (absl::Status s = CheckCheckpointStep(
-            op, generation,
-            committed == job->dataset_states.end() ? nullptr : &committed->second);
-        !s.ok()) {
-      return s;
-    }
+    auto committed = job.dataset_states.find(s.generation);
+    if (committed != job.dataset_states.end()) s.committed = committed->second;
   }
-  if (operations_.count(op.operation_id) > 0) {
-    return absl::AlreadyExistsError(
-        absl::StrCat("operation \"", op.operation_id, "\" already exists"));
-  }
-  // Checks done: from here on the call changes things.
-  if (verdict->what == Meeting::kAbortCheckpoint) {
-    Operation& checkpoint = operations_.at(verdict->other);
-    std::string lost;
-    for (const std::string& host : op.lost_hosts) {
-      absl::StrAppend(&lost, lost.empty() ? "" : ", ", "host \"", host, "\"");
-    }
-    for (int rank : op.lost_ranks) absl::StrAppend(&lost, lost.empty() ? "" : ", ", "rank ", rank);
-    OperationUpdate update;
-    update.error = absl::StrCat("aborted: recovery \"", op.operation_id, "\" replaced it (lost ",
-                                lost, "); a checkpoint needs every rank of its generation");
+  return s;
+}
+
+MemoryStore::Operation& MemoryStore::WriteCreation(const NewOperation& op, const CreationPlan& plan,
+                                                   Job& job) {
+  if (plan.abort_checkpoint.has_value()) {
+    Operation& checkpoint = operations_.at(plan.abort_checkpoint->operation_id);
     checkpoint.row.set_state(v1::OPERATION_STATE_ABORTED);
-    checkpoint.row.set_error(mem::TruncateError(*update.error));
+    checkpoint.row.set_error(plan.abort_checkpoint->error);
     checkpoint.finished_unix_ms = Now();
     TouchOperation(checkpoint);
-    DiscardPendingGeneration(*job, checkpoint.row.to_generation());
+    DiscardPendingGeneration(job, plan.abort_checkpoint->to_generation);
   }
-  const int64_t next_generation = MaxGeneration(*job) + 1;
-  const std::string queued_behind =
-      verdict->what == Meeting::kQueue ? verdict->other : std::string();
-  const int64_t to_generation = NewOperationToGeneration(
-      !queued_behind.empty(), reserved_generation, op.stop_free, next_generation);
   const int64_t now = Now();
   Operation& created = operations_[op.operation_id];
   created.seq = ++next_seq_;
@@ -182,18 +91,16 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
   row.set_job_id(op.job_id);
   row.set_kind(op.kind);
   row.set_state(v1::OPERATION_STATE_PENDING);
-  row.set_from_generation(generation);
-  row.set_to_generation(to_generation);
+  row.set_from_generation(plan.row.from_generation);
+  row.set_to_generation(plan.row.to_generation);
   *row.mutable_target_layout() = op.target_layout;
   row.set_idempotency_key(op.idempotency.key);
   row.set_created_unix_ms(now);
-  row.set_queued_behind_operation_id(queued_behind);
-  row.set_step_boundary(op.at_step_boundary ? v1::STEP_BOUNDARY_WAITING
-                                            : v1::STEP_BOUNDARY_UNSPECIFIED);
-  row.set_step_boundary_deadline_unix_ms(
-      op.at_step_boundary && queued_behind.empty() ? op.step_boundary_deadline_unix_ms : 0);
+  row.set_queued_behind_operation_id(plan.row.queued_behind);
+  row.set_step_boundary(plan.row.step_boundary);
+  row.set_step_boundary_deadline_unix_ms(plan.row.step_boundary_deadline_unix_ms);
   row.set_stop_free(op.stop_free);
-  created.step_boundary_timeout_ms = op.at_step_boundary ? op.step_boundary_timeout_ms : 0;
+  created.step_boundary_timeout_ms = plan.row.step_boundary_timeout_ms;
   created.lost_hosts = op.lost_hosts;
   created.lost_ranks = op.lost_ranks;
   if (op.step.has_value()) {
@@ -201,28 +108,60 @@ absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& o
     created.step_cursor = op.step->cursor;
   }
   TouchOperation(created);
-  if (keyed) ClaimKey(op.idempotency, op.operation_id, op.job_id);
-  if (verdict->what == Meeting::kCutOver) {
-    Operation& target = operations_.at(op.cut_over_operation_id);
-    target.row.set_from_generation(to_generation);
-    target.row.set_to_generation(std::max(target.row.to_generation(), to_generation + 1));
+  if (!op.idempotency.key.empty()) ClaimKey(op.idempotency, op.operation_id, op.job_id);
+  if (plan.cut_over.has_value()) {
+    Operation& target = operations_.at(plan.cut_over->operation_id);
+    target.row.set_from_generation(plan.cut_over->from_generation);
+    target.row.set_to_generation(plan.cut_over->to_generation);
     target.row.set_cutover_unix_ms(now);
-    target.row.set_cutover_operation_id(op.operation_id);
+    target.row.set_cutover_operation_id(plan.cut_over->checkpoint_id);
     TouchOperation(target);
   }
-  if (verdict->what == Meeting::kBoundaryCheckpoint) {
-    Operation& waiting = operations_.at(verdict->other);
-    waiting.row.set_step_boundary(v1::STEP_BOUNDARY_CHECKPOINTING);
-    waiting.row.set_step_boundary_checkpoint_id(op.operation_id);
-    waiting.row.set_queued_behind_operation_id(op.operation_id);
-    waiting.row.set_to_generation(0);
-    waiting.row.set_step_boundary_deadline_unix_ms(0);
-    waiting.row.set_cutover_operation_id(op.operation_id);
+  if (plan.boundary_checkpoint.has_value()) {
+    const BoundaryCheckpointWrite& w = *plan.boundary_checkpoint;
+    Operation& waiting = operations_.at(w.operation_id);
+    waiting.row.set_step_boundary(w.step_boundary);
+    waiting.row.set_step_boundary_checkpoint_id(w.checkpoint_id);
+    waiting.row.set_queued_behind_operation_id(w.checkpoint_id);
+    waiting.row.set_to_generation(w.to_generation);
+    waiting.row.set_step_boundary_deadline_unix_ms(w.step_boundary_deadline_unix_ms);
+    waiting.row.set_cutover_operation_id(w.checkpoint_id);
     waiting.row.set_cutover_unix_ms(now);
     TouchOperation(waiting);
   }
-  job->row.set_state(v1::JOB_STATE_RECONFIGURING);
-  TouchJob(*job);
+  job.row.set_state(plan.job_state);
+  TouchJob(job);
+  return created;
+}
+
+// The rules are PlanCreation's (operation_create.h); this reads the job and
+// writes the plan.
+absl::StatusOr<v1::Operation> MemoryStore::CreateOperation(const NewOperation& op) {
+  if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
+  std::lock_guard<CallLock> l(mu_);
+  Tx tx;
+  Job* job = FindJob(op.job_id);
+  if (job == nullptr) return mem::JobNotFound(op.job_id);
+  absl::StatusOr<CreationSnapshot> snapshot = ReadCreation(op, *job);
+  if (!snapshot.ok()) return snapshot.status();
+  absl::StatusOr<CreationPlan> plan = PlanCreation(op, *snapshot);
+  if (!plan.ok()) return plan.status();
+  if (plan->action != CreationPlan::Action::kCreate) {
+    const Operation* existing = FindOperation(plan->existing);
+    if (existing == nullptr) return mem::OperationNotFound(plan->existing);
+    WriteAudit(tx, op.job_id, plan->existing);
+    Commit(tx);
+    v1::Operation answer = OperationView(*existing, false).op;
+    if (plan->action == CreationPlan::Action::kFold) answer.set_checkpoint_folded(true);
+    return answer;
+  }
+  // PostgreSQL's primary key.
+  if (operations_.count(op.operation_id) > 0) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("operation \"", op.operation_id, "\" already exists"));
+  }
+  // Checks done: from here on the call changes things.
+  const Operation& created = WriteCreation(op, *plan, *job);
   WriteAudit(tx, op.job_id, op.operation_id);
   Commit(tx);
   return OperationView(created, false).op;

@@ -24,6 +24,7 @@
 #include <utility>
 #include <vector>
 
+#include "services/coordinator/store/operation_create.h"
 #include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/store.h"
 
@@ -279,9 +280,10 @@ class MemoryStore : public Store {
                 const std::string& job_id);
 
   absl::Status CheckMove(const Operation& op, OpPhase to) const;
-  absl::StatusOr<int64_t> CheckCutOver(const NewOperation& op,
-                                       const std::vector<const Operation*>& active,
-                                       int64_t current_generation) const;
+  /// CreateOperation's reads and writes around PlanCreation
+  /// (operation_create.h): what the rules need of `job`, and the plan written.
+  absl::StatusOr<CreationSnapshot> ReadCreation(const NewOperation& op, const Job& job) const;
+  Operation& WriteCreation(const NewOperation& op, const CreationPlan& plan, Job& job);
   std::optional<PendingCheckpoint> PendingCheckpointOf(const std::string& job_id) const;
   void SetAgentsPrepared(Operation& op);
   void SettlePrepared(Operation& op);

@@ -40,29 +40,19 @@ absl::StatusOr<v1::Operation> FoldedCheckpoint(PgTx& tx, const NewOperation& op,
   return record->op;
 }
 
-void AbortCheckpointForRecovery(PgTx& tx, const NewOperation& recovery,
-                                const ActiveOperation& checkpoint) {
-  std::string lost;
-  for (const std::string& host : recovery.lost_hosts) {
-    absl::StrAppend(&lost, lost.empty() ? "" : ", ", "host \"", host, "\"");
-  }
-  for (int rank : recovery.lost_ranks) {
-    absl::StrAppend(&lost, lost.empty() ? "" : ", ", "rank ", rank);
-  }
-  const std::string error =
-      absl::StrCat("aborted: recovery \"", recovery.operation_id, "\" replaced it (lost ", lost,
-                   "); a checkpoint needs every rank of its generation");
-  tx.Exec(kTransitionOperation, checkpoint.id, static_cast<int>(checkpoint.state),
+void AbortCheckpointForRecovery(PgTx& tx, const std::string& job_id, const CheckpointAbort& abort) {
+  tx.Exec(kTransitionOperation, abort.operation_id, static_cast<int>(abort.from),
           static_cast<int>(v1::OPERATION_STATE_ABORTED), false, Bytea(absl::string_view()), false,
-          Bytea(absl::string_view()), true, TruncateError(error), false, int64_t{0});
-  tx.Exec(kDiscardPendingGeneration, recovery.job_id, checkpoint.to_generation);
+          Bytea(absl::string_view()), true, abort.error, false, int64_t{0});
+  tx.Exec(kDiscardPendingGeneration, job_id, abort.to_generation);
 }
 
-absl::Status ApplyMeeting(PgTx& tx, const NewOperation& op, const MeetingVerdict& verdict) {
-  if (verdict.what == Meeting::kBoundaryCheckpoint &&
-      tx.Exec(kNameStepBoundaryCheckpoint, verdict.other, op.operation_id).empty()) {
+absl::Status NameBoundaryCheckpoint(PgTx& tx, const BoundaryCheckpointWrite& w) {
+  if (tx.Exec(kNameStepBoundaryCheckpoint, w.operation_id, w.checkpoint_id,
+              static_cast<int>(w.step_boundary), w.to_generation, w.step_boundary_deadline_unix_ms)
+          .empty()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("cut_over_operation_id \"", verdict.other,
+        absl::StrCat("cut_over_operation_id \"", w.operation_id,
                      "\": it no longer waits for a step boundary (its deadline passed)"));
   }
   return absl::OkStatus();

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "services/coordinator/store/operation_create.h"
 #include "services/coordinator/store/operation_meeting.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/store.h"
@@ -22,16 +23,14 @@ std::vector<ActiveOperation> ActiveOperations(const pqxx::result& rows);
 absl::StatusOr<v1::Operation> FoldedCheckpoint(PgTx& tx, const NewOperation& op,
                                                const std::string& into);
 
-/// A recovery replaces the in-flight checkpoint `checkpoint`: ABORTED with a
-/// reason naming the recovery, its pending generation DISCARDED.
-void AbortCheckpointForRecovery(PgTx& tx, const NewOperation& recovery,
-                                const ActiveOperation& checkpoint);
+/// A recovery replaces the in-flight checkpoint: ABORTED with the plan's
+/// reason, its pending generation DISCARDED.
+void AbortCheckpointForRecovery(PgTx& tx, const std::string& job_id, const CheckpointAbort& abort);
 
-/// After a boundary checkpoint's row is inserted (kInsertOperation queued
-/// the new operation or marked its step-boundary wait already): names the
-/// checkpoint in the operation it is for, which is queued behind it.
-/// FailedPrecondition when the operation a boundary checkpoint names
-/// stopped waiting meanwhile (its deadline passed).
-absl::Status ApplyMeeting(PgTx& tx, const NewOperation& op, const MeetingVerdict& verdict);
+/// After a boundary checkpoint's row is inserted: names the checkpoint in
+/// the operation it is for, which is queued behind it. FailedPrecondition
+/// when that operation stopped waiting meanwhile (its deadline passed:
+/// EndStepBoundaryWait does not take the job's row lock).
+absl::Status NameBoundaryCheckpoint(PgTx& tx, const BoundaryCheckpointWrite& w);
 
 }  // namespace reshard::coordinator::pg

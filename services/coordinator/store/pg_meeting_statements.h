@@ -9,15 +9,18 @@
 namespace reshard::coordinator::pg {
 
 // $1 the operation waiting for its step boundary, $2 the checkpoint naming
-// it: CHECKPOINTING (2), queued behind that checkpoint, which is its cut-over
-// (cutover_operation_id, cutover_at: its pause_seconds run from it), if it
-// still waits (the meeting rule checked that it is not queued behind an
-// active checkpoint, under the job's row lock).
+// it, $3 its step boundary (CHECKPOINTING), $4 its to_generation, $5 its
+// deadline (BoundaryCheckpointWrite, operation_create.h): queued behind that
+// checkpoint, which is its cut-over (cutover_operation_id, cutover_at: its
+// pause_seconds run from it), if it still waits (the meeting rule checked
+// that it is not queued behind an active checkpoint, under the job's row
+// lock; its deadline may have ended the wait since).
 inline constexpr Statement kNameStepBoundaryCheckpoint{
     "name_step_boundary_checkpoint",
-    "UPDATE operations SET step_boundary = 2, step_boundary_checkpoint_id = $2, "
-    "queued_behind_operation_id = $2, to_generation = 0, step_boundary_deadline_unix_ms = 0, "
-    "cutover_operation_id = $2, cutover_at = now(), updated_at = now() "
+    "UPDATE operations SET step_boundary = $3::smallint, step_boundary_checkpoint_id = $2, "
+    "queued_behind_operation_id = $2, to_generation = $4::bigint, "
+    "step_boundary_deadline_unix_ms = $5::bigint, cutover_operation_id = $2, cutover_at = now(), "
+    "updated_at = now() "
     "WHERE id = $1 AND " RESHARD_SQL_OP_IS_PENDING("") " AND step_boundary = 1 RETURNING id"};
 
 inline constexpr Statement kOperationJob{"operation_job",

@@ -1,5 +1,6 @@
 // PgStore: creating operations and moving them through their states.
 #include <algorithm>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -31,112 +32,90 @@ absl::Status CheckMove(PgTx& tx, const std::string& operation_id, OpPhase to) {
   return CheckMoveFrom(operation_id, facts, to);
 }
 
+// What CreateOperation's rules (PlanCreation, operation_create.h) need of
+// the job, whose row the caller locked.
+absl::StatusOr<CreationSnapshot> ReadCreation(PgTx& tx, const NewOperation& op,
+                                              int64_t generation) {
+  CreationSnapshot s;
+  if (!op.idempotency.key.empty()) {
+    absl::StatusOr<std::optional<std::string>> first = FindIdempotentResource(tx, op.idempotency);
+    if (!first.ok()) return first.status();
+    s.replayed = *first;
+    if (s.replayed.has_value()) return s;
+  }
+  s.generation = generation;
+  s.active = ActiveOperations(tx.Exec(kActiveOperationOfJob, op.job_id));
+  s.max_generation = tx.Exec(kMaxGeneration, op.job_id)[0][0].as<int64_t>();
+  if (!op.cut_over_operation_id.empty()) s.cut_over = ReadCutOverTarget(tx, op);
+  if (op.step.has_value()) {
+    s.committed = ReadDatasetState(tx, op.job_id, generation, /*for_update=*/false);
+  }
+  return s;
+}
+
+// A kCreate plan written, in its order; the new operation as stored.
+absl::StatusOr<v1::Operation> WriteCreation(PgTx& tx, const NewOperation& op,
+                                            const CreationPlan& plan) {
+  if (plan.abort_checkpoint.has_value()) {
+    AbortCheckpointForRecovery(tx, op.job_id, *plan.abort_checkpoint);
+  }
+  const NewOperationRow& row = plan.row;
+  tx.Exec(kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
+          row.from_generation, row.to_generation, Bytea(op.target_layout.SerializeAsString()),
+          TextArray(op.lost_hosts), IntArray({op.lost_ranks.begin(), op.lost_ranks.end()}),
+          op.idempotency.key, row.queued_behind, static_cast<int>(row.step_boundary),
+          row.step_boundary_timeout_ms, row.step_boundary_deadline_unix_ms);
+  if (!op.idempotency.key.empty()) {
+    if (absl::Status s = ClaimIdempotencyKey(tx, op.idempotency, op.operation_id, op.job_id);
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (op.step.has_value()) {
+    tx.Exec(kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
+  }
+  if (op.stop_free) tx.Exec(kSetOperationStopFree, op.operation_id);
+  if (plan.cut_over.has_value()) WriteCutOver(tx, *plan.cut_over);
+  if (plan.boundary_checkpoint.has_value()) {
+    if (absl::Status s = NameBoundaryCheckpoint(tx, *plan.boundary_checkpoint); !s.ok()) return s;
+  }
+  tx.Exec(kSetJobState, op.job_id, static_cast<int>(plan.job_state));
+  WriteAudit(tx, op.job_id, op.operation_id);
+  absl::StatusOr<OperationRecord> record = ReadOperation(tx, op.operation_id, false);
+  if (!record.ok()) return record.status();
+  return record->op;
+}
+
 }  // namespace pg
 
+// The rules are PlanCreation's (operation_create.h); this reads the job and
+// writes the plan in one transaction.
 absl::StatusOr<v1::Operation> PgStore::CreateOperation(const NewOperation& op) {
   if (absl::Status s = CheckNewOperation(op); !s.ok()) return s;
-  const std::string layout_bytes = op.target_layout.SerializeAsString();
-  const std::string lost_hosts = pg::TextArray(op.lost_hosts);
-  const std::string lost_ranks = pg::IntArray({op.lost_ranks.begin(), op.lost_ranks.end()});
-  const bool keyed = !op.idempotency.key.empty();
-
   return pg::TransactFor<v1::Operation>(
       *pool_, "CreateOperation", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Operation> {
         // The job row lock serializes every mutation of this job, so the
-        // checks below cannot be overtaken before the commit.
+        // plan cannot be overtaken before the commit.
         const pqxx::result job = tx.Exec(pg::kLockJob, op.job_id);
         if (job.empty()) return pg::JobNotFound(op.job_id);
-        const int64_t generation = job[0][0].as<int64_t>();
-        if (keyed) {
-          absl::StatusOr<std::optional<std::string>> first =
-              pg::FindIdempotentResource(tx, op.idempotency);
-          if (!first.ok()) return first.status();
-          if (first->has_value()) {
-            absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, **first, false);
+        absl::StatusOr<CreationSnapshot> snapshot =
+            pg::ReadCreation(tx, op, job[0][0].as<int64_t>());
+        if (!snapshot.ok()) return snapshot.status();
+        absl::StatusOr<CreationPlan> plan = PlanCreation(op, *snapshot);
+        if (!plan.ok()) return plan.status();
+        switch (plan->action) {
+          case CreationPlan::Action::kReplay: {
+            absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, plan->existing, false);
             if (!record.ok()) return record.status();
-            pg::WriteAudit(tx, op.job_id, **first);  // the replay names the first call's
+            pg::WriteAudit(tx, op.job_id, plan->existing);  // the replay names the first call's
             return record->op;
           }
-        }
-        if (op.expected_generation <= 0) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("expected_generation must be positive, got ", op.expected_generation));
-        }
-        if (op.expected_generation != generation) {
-          return absl::AbortedError(absl::StrCat("job \"", op.job_id, "\" is at generation ",
-                                                 generation, ", request expected ",
-                                                 op.expected_generation));
-        }
-        // What meets the job's active operations (docs/coordinator.md,
-        // "Checkpoints and operations"; operation_meeting.h).
-        const pqxx::result active = tx.Exec(pg::kActiveOperationOfJob, op.job_id);
-        const std::vector<ActiveOperation> actives = pg::ActiveOperations(active);
-        absl::StatusOr<MeetingVerdict> verdict =
-            Meet(op.job_id, op.kind, op.cut_over_operation_id, actives);
-        if (!verdict.ok()) return verdict.status();
-        int64_t reserved_generation = 0;  // a cut-over's, see CheckCutOver
-        switch (verdict->what) {
-          case Meeting::kFold:
-            return pg::FoldedCheckpoint(tx, op, verdict->other);
-          case Meeting::kCutOver: {
-            absl::StatusOr<int64_t> reserved = pg::CheckCutOver(tx, op, active, generation);
-            if (!reserved.ok()) return reserved.status();
-            reserved_generation = *reserved;
-            break;
-          }
-          case Meeting::kAbortCheckpoint:
-            pg::AbortCheckpointForRecovery(tx, op, actives.front());
-            break;
-          default:
+          case CreationPlan::Action::kFold:
+            return pg::FoldedCheckpoint(tx, op, plan->existing);
+          case CreationPlan::Action::kCreate:
             break;
         }
-        if (op.step.has_value()) {
-          const std::optional<v1::DatasetState> committed =
-              pg::ReadDatasetState(tx, op.job_id, generation, /*for_update=*/false);
-          if (absl::Status s = CheckCheckpointStep(op, generation,
-                                                   committed.has_value() ? &*committed : nullptr);
-              !s.ok()) {
-            return s;
-          }
-        }
-        // Generation numbers are never reused (a DISCARDED one keeps its). A
-        // stop-free operation reserves the number below its own for its
-        // cut-over checkpoint (docs/coordinator.md, "Agents prepare").
-        const int64_t next_generation =
-            tx.Exec(pg::kMaxGeneration, op.job_id)[0][0].as<int64_t>() + 1;
-        // A queued operation's numbers are fixed when it is released
-        // (ReleaseQueuedOperation), and so is the start of its step-boundary
-        // wait.
-        const std::string queued_behind =
-            verdict->what == Meeting::kQueue ? verdict->other : std::string();
-        const int64_t to_generation = NewOperationToGeneration(
-            !queued_behind.empty(), reserved_generation, op.stop_free, next_generation);
-        tx.Exec(pg::kInsertOperation, op.operation_id, op.job_id, static_cast<int>(op.kind),
-                generation, to_generation, pg::Bytea(layout_bytes), lost_hosts, lost_ranks,
-                op.idempotency.key, queued_behind,
-                static_cast<int>(op.at_step_boundary ? v1::STEP_BOUNDARY_WAITING
-                                                     : v1::STEP_BOUNDARY_UNSPECIFIED),
-                op.at_step_boundary ? op.step_boundary_timeout_ms : int64_t{0},
-                op.at_step_boundary && queued_behind.empty() ? op.step_boundary_deadline_unix_ms
-                                                             : int64_t{0});
-        if (keyed) {
-          if (absl::Status s =
-                  pg::ClaimIdempotencyKey(tx, op.idempotency, op.operation_id, op.job_id);
-              !s.ok()) {
-            return s;
-          }
-        }
-        if (op.step.has_value()) {
-          tx.Exec(pg::kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
-        }
-        if (op.stop_free) tx.Exec(pg::kSetOperationStopFree, op.operation_id);
-        if (verdict->what == Meeting::kCutOver) pg::CutOver(tx, op, to_generation);
-        if (absl::Status s = pg::ApplyMeeting(tx, op, *verdict); !s.ok()) return s;
-        tx.Exec(pg::kSetJobState, op.job_id, static_cast<int>(v1::JOB_STATE_RECONFIGURING));
-        pg::WriteAudit(tx, op.job_id, op.operation_id);
-        absl::StatusOr<OperationRecord> record = pg::ReadOperation(tx, op.operation_id, false);
-        if (!record.ok()) return record.status();
-        return record->op;
+        return pg::WriteCreation(tx, op, *plan);
       });
 }
 

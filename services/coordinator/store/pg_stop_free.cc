@@ -1,11 +1,12 @@
 // PgStore: two-phase (stop-free) reconfiguration: marking an operation's
-// workers prepared, and the cut-over checks CreateOperation runs for a
-// checkpoint that names one (docs/coordinator.md, "Stop-free reconfiguration").
+// workers prepared, and what CreateOperation reads and writes for a
+// checkpoint that cuts one over (the rules: operation_create.h;
+// docs/coordinator.md, "Stop-free reconfiguration").
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_prepare_statements.h"
@@ -16,62 +17,27 @@
 namespace reshard::coordinator {
 namespace pg {
 
-absl::StatusOr<int64_t> CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active,
-                                     int64_t current_generation) {
+std::optional<CutOverTarget> ReadCutOverTarget(PgTx& tx, const NewOperation& op) {
   const std::string& target = op.cut_over_operation_id;
-  // Active operations in creation order: the stop-free one comes first.
-  if (active.empty() || target != active[0][0].c_str()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "cut_over_operation_id \"", target, "\": not the active operation of job \"", op.job_id,
-        "\"",
-        active.empty() ? " (it has none)" : absl::StrCat(" (\"", active[0][0].c_str(), "\" is)")));
-  }
-  if (active.size() > 1) {
-    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target,
-                                                      "\": it was cut over already (checkpoint \"",
-                                                      active[1][0].c_str(), "\" is running)"));
-  }
   const pqxx::result r = tx.Exec(kLockStopFreeOperation, target, op.job_id);
-  if (r.empty()) return OperationNotFound(target);
-  const auto state = static_cast<v1::OperationState>(r[0][0].as<int>());
-  std::string why;
-  if (!r[0][1].as<bool>()) {
-    why = "it is not stop-free";
-  } else if (state != v1::OPERATION_STATE_PLANNED) {
-    why = "it is not PLANNED";
-  } else if (!std::string(r[0][3].c_str()).empty()) {
-    why = "it was cut over already";
-  } else if (!r[0][2].as<bool>()) {
-    // Not prepared: name what is missing (docs/coordinator.md, "Agents prepare").
-    std::vector<std::string> missing;
-    if (!r[0][4].as<bool>())
-      missing.push_back("its new workers are not prepared yet (MarkPrepared)");
-    if (!r[0][5].as<bool>()) {
-      if (r[0][6].as<int64_t>() == 0) {
-        missing.push_back("its agents have not started preparing yet");
-      } else {
-        std::vector<std::string> hosts;
-        for (const pqxx::row& h : tx.Exec(kHostsNotPrepared, target)) {
-          hosts.push_back(absl::StrCat("\"", h[0].c_str(), "\""));
-        }
-        missing.push_back(
-            absl::StrCat("hosts not prepared yet (not PREPARED): ", absl::StrJoin(hosts, ", ")));
-      }
-    }
-    why = absl::StrJoin(missing, "; ");
+  if (r.empty()) return std::nullopt;
+  CutOverTarget t;
+  t.state = static_cast<v1::OperationState>(r[0][0].as<int>());
+  t.stop_free = r[0][1].as<bool>();
+  t.prepared = r[0][2].as<bool>();
+  t.cutover_operation_id = r[0][3].c_str();
+  t.workers_prepared = r[0][4].as<bool>();
+  t.agents_prepared = r[0][5].as<bool>();
+  t.prepared_from_generation = r[0][6].as<int64_t>();
+  t.to_generation = r[0][7].as<int64_t>();
+  for (const pqxx::row& h : tx.Exec(kHostsNotPrepared, target)) {
+    t.hosts_not_prepared.emplace_back(h[0].c_str());
   }
-  if (!why.empty()) {
-    return absl::FailedPreconditionError(absl::StrCat("cut_over_operation_id \"", target, "\" (",
-                                                      rpc::EnumShortName(state), "): ", why));
-  }
-  // The checkpoint takes the number the operation reserved below its own;
-  // an operation created before migration 0011 reserved none (0: the next).
-  const int64_t reserved = r[0][7].as<int64_t>() - 1;
-  return reserved > current_generation ? reserved : 0;
+  return t;
 }
 
-void CutOver(PgTx& tx, const NewOperation& op, int64_t checkpoint_generation) {
-  tx.Exec(kCutOverOperation, op.cut_over_operation_id, checkpoint_generation, op.operation_id);
+void WriteCutOver(PgTx& tx, const CutOverWrite& w) {
+  tx.Exec(kCutOverOperation, w.operation_id, w.from_generation, w.to_generation, w.checkpoint_id);
 }
 
 }  // namespace pg

@@ -18,15 +18,12 @@ inline constexpr Statement kLockStopFreeOperation{
     "to_generation FROM operations WHERE id = $1 AND job_id = $2 FOR UPDATE"};
 
 // $1 the stop-free operation, $2 the cut-over checkpoint's generation (its
-// new source), $3 the checkpoint. The operation keeps its to_generation
-// (the checkpoint took the number below it); one created before migration
-// 0011 reserved none and moves past the checkpoint's.
+// new source), $3 its to_generation, $4 the checkpoint (CutOverWrite,
+// operation_create.h).
 inline constexpr Statement kCutOverOperation{
     "cut_over_operation",
-    "UPDATE operations SET from_generation = $2::bigint, "
-    "to_generation = GREATEST(to_generation, $2::bigint + 1), "
-    "cutover_at = now(), "
-    "cutover_operation_id = $3, updated_at = now() WHERE id = $1"};
+    "UPDATE operations SET from_generation = $2::bigint, to_generation = $3::bigint, "
+    "cutover_at = now(), cutover_operation_id = $4, updated_at = now() WHERE id = $1"};
 
 // The workers' half of prepared (kSettlePrepared sets prepared_at). A
 // repeat keeps the first time.

@@ -11,6 +11,7 @@
 #include "absl/strings/string_view.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "services/coordinator/store/operation_create.h"
 #include "services/coordinator/store/operation_machine.h"
 #include "services/coordinator/store/pg_pool.h"
 #include "services/coordinator/store/store.h"
@@ -83,16 +84,11 @@ void InsertGeneration(PgTx& tx, const std::string& job_id, int64_t generation,
                       const std::string& layout_bytes, const GenerationRows& rows,
                       GenerationState state, const std::string& operation_id);
 
-/// A checkpoint naming a stop-free operation (NewOperation::
-/// cut_over_operation_id): FailedPrecondition unless that one is the job's
-/// only active operation (`active`, kActiveOperationOfJob), stop-free,
-/// PLANNED, prepared (workers and agents; the message names what is
-/// missing) and not cut over yet. Locks its row (pg_stop_free.cc). Returns
-/// the generation the checkpoint takes: the one the operation reserved
-/// below its to_generation, or 0 when it reserved none (the next number).
-absl::StatusOr<int64_t> CheckCutOver(PgTx& tx, const NewOperation& op, const pqxx::result& active,
-                                     int64_t current_generation);
+/// The operation a checkpoint's cut_over_operation_id names, of the
+/// checkpoint's job, as CheckCutOver (operation_create.h) reads it; its row
+/// locked (pg_stop_free.cc). None when the job has no operation by that id.
+std::optional<CutOverTarget> ReadCutOverTarget(PgTx& tx, const NewOperation& op);
 /// Makes the checkpoint's generation the stop-free operation's source.
-void CutOver(PgTx& tx, const NewOperation& op, int64_t checkpoint_generation);
+void WriteCutOver(PgTx& tx, const CutOverWrite& w);
 
 }  // namespace reshard::coordinator::pg

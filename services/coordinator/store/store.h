@@ -97,7 +97,7 @@ struct NewOperation {
   bool stop_free = false;
   /// A checkpoint that cuts over this stop-free operation
   /// (CheckpointRequest.cut_over_operation_id; checked in the creating
-  /// transaction, see PgStore's CheckCutOver).
+  /// transaction, see CheckCutOver in operation_create.h).
   std::string cut_over_operation_id;
   /// Resize / migrate: stop-the-world at the job's next step boundary
   /// (ResizeRequest.at_step_boundary; docs/coordinator.md, "Checkpoints and
