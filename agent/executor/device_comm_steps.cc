@@ -140,25 +140,23 @@ class CommSteps : public DeviceCrossHostSteps {
     if (stream_.has_value()) (void)api_->DestroyStream(*stream_);
   }
 
-  absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                   const std::function<void(int64_t bytes)>& moved) override {
+  absl::Status Move(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                    const std::function<void(int64_t bytes)>& moved) override {
     hs_ = &hs;
     made_ = &made;
-    if (absl::Status s = ConnectAndProve(hs); !s.ok()) return s;
     if (absl::Status s = Bootstrap(); !s.ok()) return s;
     Plan();
-    if (absl::Status s = Move(moved); !s.ok()) return Failed(s);
+    if (absl::Status s = MoveRounds(moved); !s.ok()) return Failed(s);
     if (seals_) {
-      if (waiting_) waiting_("step seals");
-      seals_->SendSeals();
-      if (absl::Status s = seals_->Finish(
-              cancelled_, PeerWaitBudget(std::chrono::milliseconds(options_.seal_timeout_ms),
-                                         options_.coordinator_reach));
-          !s.ok()) {
+      if (absl::Status s = FinishStepSeals(*seals_, options_, cancelled_, waiting_); !s.ok()) {
         return Failed(s);
       }
     }
     return absl::OkStatus();
+  }
+
+  void Abort() override {
+    if (comm_) comm_->Abort();  // thread-safe (device_comm.h)
   }
 
  private:
@@ -205,8 +203,8 @@ class CommSteps : public DeviceCrossHostSteps {
     for (size_t i = 0; i < hs_->remotes.size(); ++i) {
       const RemoteStep& r = hs_->remotes[i];
       const int item = r.step->item();
-      chunks_.emplace_back(ToVector(r.step->shape()),
-                           task_.plan().items(item).element_bytes(), options_.chunk_bytes);
+      chunks_.emplace_back(ToVector(r.step->shape()), task_.plan().items(item).element_bytes(),
+                           options_.chunk_bytes);
       const StepChunks& sc = chunks_.back();
       auto& list = (r.is_send ? sends : receives)[r.peer];
       for (int64_t c = 0; c < sc.count(); ++c) list.push_back(Chunk{i, c, sc.Bytes(c)});
@@ -244,10 +242,9 @@ class CommSteps : public DeviceCrossHostSteps {
     if (r.is_send) {
       const RankBuffer& src = *hs_->old_bufs.at(step.src_rank());
       const DeviceRankBuffer* dev = DeviceSourceOf(src);
-      const uint8_t* base =
-          (dev != nullptr ? static_cast<const uint8_t*>(dev->data())
-                          : const_cast<RankBuffer&>(src).data()) +
-          src.items()[item].offset;
+      const uint8_t* base = (dev != nullptr ? static_cast<const uint8_t*>(dev->data())
+                                            : const_cast<RankBuffer&>(src).data()) +
+                            src.items()[item].offset;
       const std::vector<int64_t> strides = ToVector(step.src().strides());
       ForEachRun(shape, ChunkOffset(step.src().offset(), strides, start), strides, 0, packed,
                  copy(staging, kCommDevice, base, dev != nullptr ? dev->device() : -1));
@@ -282,7 +279,7 @@ class CommSteps : public DeviceCrossHostSteps {
     return it == ws.end() || k >= it->second.size() ? nullptr : &it->second[k];
   }
 
-  absl::Status Move(const std::function<void(int64_t bytes)>& moved) {
+  absl::Status MoveRounds(const std::function<void(int64_t bytes)>& moved) {
     // Staging per peer and direction, as large as its largest window.
     std::map<std::string, std::pair<int64_t, int64_t>> need;  // peer -> (send, receive)
     size_t rounds = 0;
@@ -309,12 +306,13 @@ class CommSteps : public DeviceCrossHostSteps {
       s.receive = std::make_unique<Owned>(api_, false);
       s.send_host = std::make_unique<Owned>(api_, true);
       s.receive_host = std::make_unique<Owned>(api_, true);
-      for (auto [o, bytes] : {std::pair{s.send.get(), n.first}, {s.receive.get(), n.second},
+      for (auto [o, bytes] : {std::pair{s.send.get(), n.first},
+                              {s.receive.get(), n.second},
                               {s.send_host.get(), sealed ? n.first : 0},
                               {s.receive_host.get(), sealed ? n.second : 0}}) {
         if (absl::Status st = o->Allocate(bytes); !st.ok()) {
-          return absl::Status(st.code(), absl::StrCat("device communicator staging for host \"",
-                                                      p, "\": ", st.message()));
+          return absl::Status(st.code(), absl::StrCat("device communicator staging for host \"", p,
+                                                      "\": ", st.message()));
         }
       }
     }
@@ -332,9 +330,9 @@ class CommSteps : public DeviceCrossHostSteps {
           at += c.bytes;
         }
         if (sealed && at > 0) {
-          if (absl::Status st = api_->MemcpyAsync(s.send_host->data(), s.send->data(),
-                                                  static_cast<size_t>(at),
-                                                  CopyKind::kDeviceToHost, *stream_);
+          if (absl::Status st =
+                  api_->MemcpyAsync(s.send_host->data(), s.send->data(), static_cast<size_t>(at),
+                                    CopyKind::kDeviceToHost, *stream_);
               !st.ok()) {
             return st;
           }
@@ -435,21 +433,6 @@ class CommSteps : public DeviceCrossHostSteps {
 
 }  // namespace
 
-absl::Status ConnectAndProveDevicePeers(
-    Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
-    const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting) {
-  if (transport == nullptr) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "operation ", task.operation_id(), " has cross-host steps and no transport"));
-  }
-  // The device routes' messages between hosts (proofs, handles, seals) are
-  // host memory: the host mover reaches the peers, as in TaskRun::Prove.
-  UcxHostMover host_mover(transport);
-  return PreparePeersAndProve(&host_mover, transport, options, host_id, task, hs.remotes,
-                              cancelled, waiting);
-}
-
 absl::Status CrossHostDeviceStepsFailed(Transport* transport, const v1::HostTask& task,
                                         const std::function<bool()>& cancelled, absl::Status s) {
   // A peer that was cancelled too aborts its end: say what happened here.
@@ -546,14 +529,23 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
   route->why.clear();
 }
 
-absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceComm(
-    ShardStore& store, DeviceBufferStore& devices, DeviceCommFactory& comm, Transport* transport,
-    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
-    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting) {
-  return CommSteps(devices, comm, transport, options, host_id, task, cancelled, waiting)
-      .RunWithDevices(store, route, progress);
+DeviceCommMover::DeviceCommMover(DeviceBufferStore& devices, DeviceCommFactory& comm,
+                                 Transport* transport, const TaskExecutor::Options& options,
+                                 const std::string& host_id, const v1::HostTask& task,
+                                 const std::function<bool()>& cancelled,
+                                 const std::function<void(const std::string& what)>& waiting)
+    : DeviceStepsMover(transport, cancelled), comm_(comm) {
+  SetSteps(std::make_unique<CommSteps>(devices, comm, transport, options, host_id, task,
+                                       this->cancelled(), waiting));
+}
+
+MoverCapabilities DeviceCommMover::capabilities() const {
+  MoverCapabilities c;
+  c.name = AdvertisedCommName(comm_);
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.remote = true;
+  c.notifications = false;  // a round completes when its stream is synchronized
+  return c;
 }
 
 }  // namespace reshard::agent

@@ -11,10 +11,11 @@
 //    cross-host task is host-staged, its `why` naming what is missing.
 //  - Run: RunOnDevices (device sources read in place, host sources copied
 //    host to device run by run, new buffers made on the devices and, when
-//    the placement keeps them in host memory, staged there at the end).
-//    The peers are connected and proven as in TaskRun (peer_proof.h, same
-//    tags), then one communicator among all the hosts of the operation
-//    (BootstrapDeviceComm) on device 0.
+//    the placement keeps them in host memory, staged there at the end),
+//    with DeviceCommMover (below) as the mover of its cross-host steps.
+//    The peers are reached and proven as in TaskRun (PreparePeersAndProve,
+//    peer_proof.h, same tags), then one communicator among all the hosts of
+//    the operation (BootstrapDeviceComm) on device 0.
 //  - Cross-host steps: for each (sender, receiver) pair, both ends list the
 //    pair's steps in plan-step order cut into StepChunks (chunk_bytes), and
 //    group them into windows of at most peer_window_bytes (at least one
@@ -47,6 +48,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/device_cross_host.h"
 #include "agent/executor/device_run.h"
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
@@ -71,25 +73,25 @@ void RouteOverDeviceComm(const DeviceBufferStore& devices, const DeviceCommFacto
                          const std::string& comm_why_not, const std::string& host_id,
                          const v1::HostTask& task, DeviceRoute* route, bool device_ipc = false);
 
-/// The prove phase of the device routes: PreparePeersAndProve (mover.h, as
-/// TaskRun::Prove) with the host mover over `transport`, which reaches the
-/// task's peers, then the transfer proofs of `hs.remotes` (none without a
-/// transfer secret); FailedPrecondition without a transport. Shared by the
-/// device communicator and device IPC routes.
-[[nodiscard]] absl::Status ConnectAndProveDevicePeers(
-    Transport* transport, const TaskExecutor::Options& options, const std::string& host_id,
-    const v1::HostTask& task, const HostSteps& hs, const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting);
-
-/// The run of a kDeviceComm route. Errors as RunOnDevices, plus those of the
-/// proofs (peer_proof.h), of the bootstrap (device_comm_bootstrap.h), of the
+/// The mover of a kDeviceComm route (device_cross_host.h): its one transfer
+/// moves every cross-host step of the run over one communicator among all
+/// the hosts of the operation (bootstrapped on the transfer's first Poll,
+/// after the proofs), in rounds as above, then finishes the step seals.
+/// Capabilities: named AdvertisedCommName(comm), device memory, remote.
+/// Errors: those of the bootstrap (device_comm_bootstrap.h), of the
 /// communicator (a dead peer: Unavailable), of the seals (DATA_LOSS).
-[[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceComm(
-    ShardStore& store, DeviceBufferStore& devices, DeviceCommFactory& comm, Transport* transport,
-    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
-    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting);
+class DeviceCommMover final : public DeviceStepsMover {
+ public:
+  /// All outlive the mover.
+  DeviceCommMover(DeviceBufferStore& devices, DeviceCommFactory& comm, Transport* transport,
+                  const TaskExecutor::Options& options, const std::string& host_id,
+                  const v1::HostTask& task, const std::function<bool()>& cancelled,
+                  const std::function<void(const std::string& what)>& waiting);
+  MoverCapabilities capabilities() const override;
+
+ private:
+  DeviceCommFactory& comm_;
+};
 
 /// `s`, a failure of a task's cross-host device steps, once the task's
 /// pending transfers are cancelled (the host mover's Cancel of its tag key); CANCELLED

@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "agent/executor/device_comm_steps.h"
+#include "absl/strings/str_cat.h"
 #include "agent/executor/transfer_tags.h"
 
 namespace reshard::agent {
@@ -36,18 +36,48 @@ DeviceCrossHostSteps::DeviceCrossHostSteps(
       tag_key_(TaskTagKey(task)),
       host_index_(HostIndex(host_id, task)) {}
 
-absl::StatusOr<std::vector<v1::ShardChecksum>> DeviceCrossHostSteps::RunWithDevices(
-    ShardStore& store, const DeviceRoute& route,
-    const std::function<void(int64_t done, int64_t total)>& progress) {
-  return RunOnDevices(
-      store, devices_, options_, host_id_, task_, route, progress, cancelled_,
-      [this](const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-             const std::function<void(int64_t bytes)>& moved) { return Run(hs, made, moved); });
+DeviceStepsMover::DeviceStepsMover(Transport* transport, const std::function<bool()>& run_cancelled)
+    : transport_(transport), cancelled_([cancel = cancel_, run_cancelled] {
+        return cancel->load() || (run_cancelled && run_cancelled());
+      }) {}
+
+absl::Status DeviceStepsMover::Prepare(const std::string& host_id, const v1::HostTask& task,
+                                       const std::function<bool()>& cancelled) {
+  if (transport_ == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("operation ", task.operation_id(), " has cross-host steps and no transport"));
+  }
+  return ConnectTaskPeers(transport_, host_id, task, cancelled);
 }
 
-absl::Status DeviceCrossHostSteps::ConnectAndProve(const HostSteps& hs) {
-  return ConnectAndProveDevicePeers(transport_, options_, host_id_, task_, hs, cancelled_,
-                                    waiting_);
+void DeviceStepsMover::Post(uint64_t id, MoverTransfer t) { posted_.emplace(id, std::move(t)); }
+
+void DeviceStepsMover::Poll(std::chrono::steady_clock::duration /*wait*/,
+                            std::deque<MoverCompletion>* out) {
+  if (!posted_.has_value()) return;
+  auto [id, t] = *std::move(posted_);
+  posted_.reset();
+  absl::Status s;
+  if (t.steps == nullptr || t.made == nullptr) {
+    s = absl::InvalidArgumentError(
+        absl::StrCat(capabilities().name, " moves a run's cross-host steps, not a chunk"));
+  } else if (cancel_->load()) {
+    s = absl::CancelledError("task cancelled");
+  } else {
+    const std::function<void(int64_t)> landed =
+        t.landed ? t.landed : std::function<void(int64_t)>([](int64_t) {});
+    s = steps_->Move(*t.steps, *t.made, landed);
+    if (!s.ok() && cancel_->load() && !absl::IsCancelled(s)) {
+      s = absl::CancelledError(absl::StrCat("task cancelled (", s.message(), ")"));
+    }
+  }
+  out->emplace_back(id, std::move(s));
+}
+
+void DeviceStepsMover::Cancel(uint64_t tag, uint64_t mask) {
+  cancel_->store(true);
+  if (steps_ != nullptr) steps_->Abort();
+  if (transport_ != nullptr) transport_->CancelTags(tag, mask);
 }
 
 }  // namespace reshard::agent

@@ -117,9 +117,8 @@ class IpcSteps : public DeviceCrossHostSteps {
     for (const RankBufferKey& k : staged_) devices_.Drop(k);
   }
 
-  absl::Status Run(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-                   const std::function<void(int64_t bytes)>& moved) override {
-    if (absl::Status s = ConnectAndProve(hs); !s.ok()) return s;
+  absl::Status Move(const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
+                    const std::function<void(int64_t bytes)>& moved) override {
     std::map<std::string, std::set<int>> send_ranks, receive_ranks;
     for (const RemoteStep& r : hs.remotes) {
       (r.is_send ? send_ranks : receive_ranks)[r.peer].insert(r.step->src_rank());
@@ -285,10 +284,10 @@ class IpcSteps : public DeviceCrossHostSteps {
     std::unique_lock<std::mutex> l(p.mu);
     while (true) {
       if (!p.error.ok()) {
-        return absl::Status(p.error.code(),
-                            absl::StrCat("operation ", task_.operation_id(), " on host \"",
-                                         host_id_, "\": device IPC message of ",
-                                         p.error.message()));
+        return absl::Status(
+            p.error.code(),
+            absl::StrCat("operation ", task_.operation_id(), " on host \"", host_id_,
+                         "\": device IPC message of ", p.error.message()));
       }
       std::vector<std::string> missing;
       for (const std::string& peer : peers) {
@@ -301,9 +300,8 @@ class IpcSteps : public DeviceCrossHostSteps {
       }
       if (std::chrono::steady_clock::now() >= deadline) {
         return absl::UnavailableError(absl::StrCat(
-            "operation ", task_.operation_id(), " on host \"", host_id_, "\": ", what,
-            " host ", absl::StrJoin(missing, ", host "), " within ", timeout.count() / 1000.0,
-            " s"));
+            "operation ", task_.operation_id(), " on host \"", host_id_, "\": ", what, " host ",
+            absl::StrJoin(missing, ", host "), " within ", timeout.count() / 1000.0, " s"));
       }
       p.cv.wait_for(l, std::chrono::milliseconds(50));
     }
@@ -388,9 +386,9 @@ class IpcSteps : public DeviceCrossHostSteps {
     const std::string nonce_prefix = absl::StrCat(kNonce, " ");
     if (lines.empty() || !absl::ConsumePrefix(&lines[0], nonce_prefix) ||
         lines[0].size() != 2 * kNonceBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation ", task_.operation_id(), ": host \"", peer,
-                       "\" sent device IPC handles without a nonce"));
+      return absl::InvalidArgumentError(absl::StrCat("operation ", task_.operation_id(),
+                                                     ": host \"", peer,
+                                                     "\" sent device IPC handles without a nonce"));
     }
     received_nonces_[peer] = absl::HexStringToBytes(lines[0]);
     lines.erase(lines.begin());
@@ -450,9 +448,9 @@ class IpcSteps : public DeviceCrossHostSteps {
       const v1::CopyStep& step = *r.step;
       auto it = sources.find({r.peer, step.src_rank()});
       if (it == sources.end()) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "operation ", task_.operation_id(), ": host \"", r.peer,
-            "\" listed no device IPC handle of old rank ", step.src_rank()));
+        return absl::InvalidArgumentError(
+            absl::StrCat("operation ", task_.operation_id(), ": host \"", r.peer,
+                         "\" listed no device IPC handle of old rank ", step.src_rank()));
       }
       const int item = step.item();
       const int eb = task_.plan().items(item).element_bytes();
@@ -555,8 +553,8 @@ class IpcSteps : public DeviceCrossHostSteps {
 absl::StatusOr<int64_t> DeviceIpcChunk(int host_index, bool done) {
   const int64_t chunk = 2 + 2 * int64_t{host_index} + (done ? 1 : 0);
   if (host_index < 0 || chunk >= kMaxChunksPerStep) {
-    return absl::InvalidArgumentError(absl::StrCat("device IPC: host index ", host_index,
-                                                   " does not fit a transfer tag"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("device IPC: host index ", host_index, " does not fit a transfer tag"));
   }
   return chunk;
 }
@@ -600,9 +598,9 @@ absl::StatusOr<std::string> MakeDeviceIpcMessage(const std::string& secret,
   m += IpcMac(secret, operation_id, sender, receiver, payload);
   if (sender.size() > kMaxProofHostBytes || receiver.size() > kMaxProofHostBytes ||
       m.size() > bytes) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "device IPC message from host \"", sender, "\" to host \"", receiver, "\": ", m.size(),
-        " bytes do not fit ", bytes));
+    return absl::InvalidArgumentError(absl::StrCat("device IPC message from host \"", sender,
+                                                   "\" to host \"", receiver, "\": ", m.size(),
+                                                   " bytes do not fit ", bytes));
   }
   m.resize(bytes, '\0');
   return m;
@@ -630,23 +628,31 @@ absl::StatusOr<DeviceIpcMessage> CheckDeviceIpcMessage(const std::string& secret
         absl::StrCat("operation ", operation_id, ": a malformed device IPC message"));
   }
   const std::string mac = message.substr(at, kMacBytes);
-  if (!ConstantTimeEqual(mac, IpcMac(secret, operation_id, out.sender, out.receiver,
-                                     out.payload))) {
-    return absl::PermissionDeniedError(absl::StrCat(
-        "host \"", out.sender, "\" sent a device IPC message for operation ", operation_id,
-        " that does not check with the operation's transfer secret"));
+  if (!ConstantTimeEqual(mac,
+                         IpcMac(secret, operation_id, out.sender, out.receiver, out.payload))) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("host \"", out.sender, "\" sent a device IPC message for operation ",
+                     operation_id, " that does not check with the operation's transfer secret"));
   }
   return out;
 }
 
-absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceIpc(
-    ShardStore& store, DeviceBufferStore& devices, Transport* transport,
-    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
-    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting) {
-  return IpcSteps(store, devices, transport, options, host_id, task, cancelled, waiting)
-      .RunWithDevices(store, route, progress);
+DeviceIpcMover::DeviceIpcMover(ShardStore& store, DeviceBufferStore& devices, Transport* transport,
+                               const TaskExecutor::Options& options, const std::string& host_id,
+                               const v1::HostTask& task, const std::function<bool()>& cancelled,
+                               const std::function<void(const std::string& what)>& waiting)
+    : DeviceStepsMover(transport, cancelled) {
+  SetSteps(std::make_unique<IpcSteps>(store, devices, transport, options, host_id, task,
+                                      this->cancelled(), waiting));
+}
+
+MoverCapabilities DeviceIpcMover::capabilities() const {
+  MoverCapabilities c;
+  c.name = "device-ipc";
+  c.memory_kinds = {MemoryKind::kCuda};
+  c.remote = true;
+  c.notifications = true;  // each receiver's "done" says its copies landed
+  return c;
 }
 
 }  // namespace reshard::agent

@@ -8,8 +8,9 @@
 //    agent advertises its IPC entry (--device-ipc auto), and every other
 //    host of the operation advertises this host's exact DeviceIpcEntry
 //    (backend.h: "<api>-ipc:<boot id>:<pid ns>:<ipc ns>"). Everyone decides alike.
-//  - Run: RunOnDevices, whose cross-host steps move as follows once the
-//    peers are connected and proven (ConnectAndProveDevicePeers).
+//  - Run: RunOnDevices with DeviceIpcMover (below) as the mover of its
+//    cross-host steps, which move as follows once the peers are reached
+//    and proven (PreparePeersAndProve, mover.h).
 //    Senders: every old rank of this host that a receiver reads is a device
 //    buffer (a host-resident one is staged to device 0 with StageToDevice
 //    for the run and dropped after); each receiver gets ONE message: a
@@ -44,6 +45,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/device_cross_host.h"
 #include "agent/executor/device_run.h"
 #include "agent/transfer/transport.h"
 
@@ -88,14 +90,19 @@ std::string DeviceIpcDonePayload(const std::string& nonce);
                                               const DeviceIpcMessage& done,
                                               const std::string& nonce);
 
-/// The run of a kDeviceIpc route. Errors as RunOnDevices, plus those of the
-/// proofs (peer_proof.h), of the messages (above) and of the device API's
-/// IPC calls.
-[[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunOverDeviceIpc(
-    ShardStore& store, DeviceBufferStore& devices, Transport* transport,
-    const TaskExecutor::Options& options, const std::string& host_id, const v1::HostTask& task,
-    const DeviceRoute& route, const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled,
-    const std::function<void(const std::string& what)>& waiting);
+/// The mover of a kDeviceIpc route (device_cross_host.h): its one transfer
+/// moves every cross-host step of the run through device IPC handles as
+/// above. Capabilities: "device-ipc", device memory, remote (between the
+/// agents of one machine). Errors: those of the messages (above) and of the
+/// device API's IPC calls.
+class DeviceIpcMover final : public DeviceStepsMover {
+ public:
+  /// All outlive the mover.
+  DeviceIpcMover(ShardStore& store, DeviceBufferStore& devices, Transport* transport,
+                 const TaskExecutor::Options& options, const std::string& host_id,
+                 const v1::HostTask& task, const std::function<bool()>& cancelled,
+                 const std::function<void(const std::string& what)>& waiting);
+  MoverCapabilities capabilities() const override;
+};
 
 }  // namespace reshard::agent

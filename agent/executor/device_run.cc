@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <set>
 #include <utility>
 
@@ -10,6 +11,7 @@
 #include "agent/executor/run_resources.h"
 #include "agent/executor/step_chunks.h"
 #include "agent/executor/task_phase.h"
+#include "agent/executor/transfer_tags.h"
 #include "agent/shard_store/device_staging.h"
 #include "common/log.h"
 #include "planner/layout.h"
@@ -285,8 +287,8 @@ absl::StatusOr<std::vector<DeviceRankBufferPtr>> MakeNewDeviceBuffers(
 // one device, peer copies across devices. Every `piece_bytes` queued it waits
 // for the streams, tells `landed` the bytes and polls `cancelled`.
 absl::Status CopyLocalsOnDevices(DeviceApi* api, const v1::HostTask& task, const HostSteps& hs,
-                                 const std::vector<DeviceRankBufferPtr>& made,
-                                 int64_t piece_bytes, const std::function<bool()>& cancelled,
+                                 const std::vector<DeviceRankBufferPtr>& made, int64_t piece_bytes,
+                                 const std::function<bool()>& cancelled,
                                  const std::function<void(int64_t bytes)>& landed) {
   Streams streams(api);
   int64_t queued = 0;
@@ -312,9 +314,8 @@ absl::Status CopyLocalsOnDevices(DeviceApi* api, const v1::HostTask& task, const
       absl::StatusOr<DeviceStream> stream = streams.Of(dst.device());
       if (!stream.ok()) return stream.status();
       absl::Status st;
-      ForEachRun(shape, step->src().offset(), ToVector(step->src().strides()),
-                 d.region().offset(), ToVector(d.region().strides()),
-                 [&](int64_t s, int64_t t, int64_t n) {
+      ForEachRun(shape, step->src().offset(), ToVector(step->src().strides()), d.region().offset(),
+                 ToVector(d.region().strides()), [&](int64_t s, int64_t t, int64_t n) {
                    for (int64_t off = 0; off < n * eb && st.ok(); off += piece_bytes) {
                      const size_t bytes = static_cast<size_t>(std::min(piece_bytes, n * eb - off));
                      const uint8_t* from = src_base + s * eb + off;
@@ -379,13 +380,49 @@ absl::Status StageNewBuffersToHost(ShardStore& store, DeviceBufferStore& devices
   return absl::OkStatus();
 }
 
+// Prove and Move of the cross-host steps `hs.remotes` through `mover`
+// once the new buffers `made` exist: the peers reached and proven
+// (PreparePeersAndProve, as TaskRun::Prove), then the run's one transfer
+// posted and polled to its completion, cancelled once `cancelled()` says so;
+// `landed(bytes)` counts the bytes written here.
+absl::Status ProveAndMoveCrossHost(Mover* mover, Transport* transport,
+                                   const TaskExecutor::Options& options, const std::string& host_id,
+                                   const v1::HostTask& task, const HostSteps& hs,
+                                   const std::vector<DeviceRankBufferPtr>& made,
+                                   const std::function<bool()>& cancelled,
+                                   const std::function<void(const std::string& what)>& waiting,
+                                   const std::function<void(int64_t bytes)>& landed) {
+  if (absl::Status s = PreparePeersAndProve(mover, transport, options, host_id, task, hs.remotes,
+                                            cancelled, waiting);
+      !s.ok()) {
+    return s;
+  }
+  MoverTransfer t;
+  t.tag = TagBase(TaskTagKey(task));
+  t.steps = &hs;
+  t.made = &made;
+  t.landed = landed;
+  mover->Post(0, std::move(t));
+  std::deque<MoverCompletion> done;
+  bool cancel_sent = false;
+  while (done.empty()) {
+    if (!cancel_sent && cancelled && cancelled()) {
+      mover->Cancel(TagBase(TaskTagKey(task)), kTagKeyMask);
+      cancel_sent = true;
+    }
+    mover->Poll(kReportEvery, &done);
+  }
+  return done.front().second;
+}
+
 }  // namespace
 
 absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
     const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
     const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled, const CrossHostMover& cross_host) {
+    const std::function<bool()>& cancelled, const std::vector<Mover*>& movers, Transport* transport,
+    const std::function<void(const std::string& what)>& waiting) {
   const std::string& job = task.job_id();
   if (cancelled && cancelled()) return absl::CancelledError("task cancelled before it started");
   SourcesOfBothKinds sources(store, devices);
@@ -396,9 +433,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     return prepared.status();
   }
   const HostSteps& hs = *prepared;
-  if (!hs.remotes.empty() && !cross_host) {
-    return absl::InternalError(absl::StrCat("operation ", task.operation_id(),
-                                            ": the device path got cross-host steps"));
+  // Cross-host steps move device memory at both ends: the route's mover.
+  Mover* mover = MoverFor(movers, MemoryKind::kCuda, MemoryKind::kCuda);
+  if (!hs.remotes.empty() && mover == nullptr) {
+    return absl::InternalError(
+        absl::StrCat("operation ", task.operation_id(), ": the device path got cross-host steps"));
   }
   // Host sources are leased as in TaskRun; device sources are sealed and
   // never written again.
@@ -434,9 +473,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     done += bytes;
     report(false);
   };
-  if (absl::Status s = CopyLocalsOnDevices(devices.api(), task, hs, *made,
-                                           std::max<int64_t>(options.local_chunk_bytes, 1),
-                                           cancelled, landed);
+  if (absl::Status s =
+          CopyLocalsOnDevices(devices.api(), task, hs, *made,
+                              std::max<int64_t>(options.local_chunk_bytes, 1), cancelled, landed);
       !s.ok()) {
     return fail(s);
   }
@@ -446,8 +485,12 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
   }
   report(true);
   if (absl::Status s = CheckLeases(*leases, task); !s.ok()) return fail(s);
-  if (cross_host) {
-    if (absl::Status s = cross_host(hs, *made, landed); !s.ok()) return fail(s);
+  if (mover != nullptr && !hs.remotes.empty()) {
+    if (absl::Status s = ProveAndMoveCrossHost(mover, transport, options, host_id, task, hs, *made,
+                                               cancelled, waiting, landed);
+        !s.ok()) {
+      return fail(s);
+    }
     report(true);
   }
 
@@ -458,10 +501,10 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     // The placement keeps this host's new buffers in host memory.
     if (absl::Status s = StageNewBuffersToHost(store, devices, keys); !s.ok()) return fail(s);
   }
-  RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
-                    << host_id << ": wrote " << keys.size() << " device rank buffers of generation "
-                    << task.to_generation() << " (" << done << " bytes, "
-                    << RouteName(route.kind) << ")";
+  RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host " << host_id
+                    << ": wrote " << keys.size() << " device rank buffers of generation "
+                    << task.to_generation() << " (" << done << " bytes, " << RouteName(route.kind)
+                    << ")";
   return out;
 }
 
@@ -471,8 +514,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunHostStaged(
     const std::function<void(const std::string& what)>& waiting,
     const std::function<absl::StatusOr<std::vector<v1::ShardChecksum>>()>& run_on_host) {
   const std::string& job = task.job_id();
-  RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host "
-                    << host_id << ": host-staged: " << route.why;
+  RESHARD_LOG(INFO) << "operation " << task.operation_id() << " job " << job << " host " << host_id
+                    << ": host-staged: " << route.why;
   if (waiting) waiting(absl::StrCat("host-staged: ", route.why));
   // Device copies of the new generation left by an earlier attempt.
   for (const auto& [rank, device] : route.device_of) {
@@ -489,9 +532,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunHostStaged(
     absl::StatusOr<RankBufferPtr> h = StageToHost(devices, store, key);
     if (!h.ok()) {
       drop_staged();
-      return absl::Status(h.status().code(), absl::StrCat("staging the old shard of rank ", r,
-                                                          " to host memory: ",
-                                                          h.status().message()));
+      return absl::Status(h.status().code(),
+                          absl::StrCat("staging the old shard of rank ", r,
+                                       " to host memory: ", h.status().message()));
     }
     staged.push_back(key);
   }
@@ -509,8 +552,8 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> RunHostStaged(
         store.Drop(RankBufferKey{job, task.to_generation(), r});
       }
       RESHARD_LOG(WARNING) << "operation " << task.operation_id() << " job " << job << " host "
-                           << host_id << " failed staging rank " << rank << " to device "
-                           << device << ": " << d.status();
+                           << host_id << " failed staging rank " << rank << " to device " << device
+                           << ": " << d.status();
       return absl::Status(d.status().code(),
                           absl::StrCat("staging the new shard of rank ", rank, " to device ",
                                        device, ": ", d.status().message()));

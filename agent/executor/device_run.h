@@ -7,7 +7,8 @@
 //    the host holds no source buffer of the task at all. A new rank goes to
 //    the device of the same-numbered old rank when that is a device buffer
 //    here, else to (its index among the host's new ranks) mod device_count.
-//  - Device-direct (RunOnDevices): every step of this host is local and the
+//  - Device-direct (RunOnDevices, also the conductor of the kDeviceComm
+//    and kDeviceIpc routes with their movers): every step of this host is local and the
 //    task is a plain one (not two-phase, no regenerated item here): the new
 //    device buffers are made (zeroed, so zero fills cost nothing) and every
 //    copy moves through the device API, run by run (contiguous pieces of the
@@ -36,6 +37,7 @@
 #include "absl/status/statusor.h"
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
+#include "agent/executor/mover.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
 #include "reshard/v1/agent.pb.h"
@@ -77,29 +79,32 @@ std::string RouteName(DeviceRoute::Kind kind, const std::string& comm = "");
 DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
                       const std::string& host_id, const v1::HostTask& task);
 
-/// Moves the cross-host steps of a kDeviceComm route once the new buffers
-/// `made` (in hs.new_ranks order) exist and the local steps were copied and
-/// the host sources checked; `moved(bytes)` counts bytes written here.
-using CrossHostMover = std::function<absl::Status(
-    const HostSteps& hs, const std::vector<DeviceRankBufferPtr>& made,
-    const std::function<void(int64_t bytes)>& moved)>;
-
 /// The device buffer behind a source rank buffer of RunOnDevices' HostSteps
 /// (a device source); nullptr for a host buffer.
 const DeviceRankBuffer* DeviceSourceOf(const RankBuffer& source);
 
-/// The device-direct run of a kDevice route (and of a kDeviceComm route,
-/// with `cross_host` moving its cross-host steps; new buffers that the
-/// placement puts in host memory are then staged there once sealed, their
-/// device copies dropped). Errors and results as
-/// TaskExecutor::Execute: ResourceExhausted (the device store's message)
-/// when the new buffers do not fit their devices, Cancelled, NotFound for a
-/// missing source...; on any failure the new device buffers are dropped.
+/// The run of every device route but kHostStaged, the one conductor of
+/// the device path: kDevice, and kDeviceComm / kDeviceIpc with their
+/// route's mover (DeviceCommMover, DeviceIpcMover) in `movers`. SetUp (the
+/// host's part, leases on the host sources, the new device buffers, all or
+/// none), the local copies on the devices; then, with cross-host steps,
+/// Prove (PreparePeersAndProve with the mover MoverFor picks from `movers`
+/// for device memory at both ends, and `transport`), Move (the run's one
+/// transfer posted to that mover, polled to its completion; Cancel once
+/// `cancelled()` says so); Seal (new buffers that the placement puts in
+/// host memory are then staged there once sealed, their device copies
+/// dropped). Errors and results as TaskExecutor::Execute: ResourceExhausted
+/// (the device store's message) when the new buffers do not fit their
+/// devices, Cancelled, NotFound for a missing source, Internal for
+/// cross-host steps and no mover of device memory...; on any failure the
+/// new device buffers are dropped.
 [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
     ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
     const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
     const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled, const CrossHostMover& cross_host = nullptr);
+    const std::function<bool()>& cancelled, const std::vector<Mover*>& movers = {},
+    Transport* transport = nullptr,
+    const std::function<void(const std::string& what)>& waiting = nullptr);
 
 /// The host-staged run of a kHostStaged route around `run_on_host` (the
 /// ordinary TaskRun): calls `waiting("host-staged: <route.why>")` first.

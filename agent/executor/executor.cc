@@ -57,12 +57,18 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
       return run_on_host();
     case DeviceRoute::Kind::kDevice:
       return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled);
-    case DeviceRoute::Kind::kDeviceComm:
-      return RunOverDeviceComm(*store_, *devices_, *comm_, transport_, options_, host_id, task,
-                               route, progress, cancelled, waiting);
-    case DeviceRoute::Kind::kDeviceIpc:
-      return RunOverDeviceIpc(*store_, *devices_, transport_, options_, host_id, task, route,
-                              progress, cancelled, waiting);
+    case DeviceRoute::Kind::kDeviceComm: {
+      DeviceCommMover mover(*devices_, *comm_, transport_, options_, host_id, task, cancelled,
+                            waiting);
+      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled,
+                          {&mover}, transport_, waiting);
+    }
+    case DeviceRoute::Kind::kDeviceIpc: {
+      DeviceIpcMover mover(*store_, *devices_, transport_, options_, host_id, task, cancelled,
+                           waiting);
+      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled,
+                          {&mover}, transport_, waiting);
+    }
     case DeviceRoute::Kind::kHostStaged:
       return RunHostStaged(*store_, *devices_, host_id, task, route, waiting, run_on_host);
   }

@@ -5,9 +5,14 @@
 // their completions (Poll) and cancels a run's transfers (Cancel). TaskRun
 // conducts SetUp / Prove / Move / Verify / Seal and asks MoverFor which
 // mover moves a step's memory kinds; it never calls a transport to move a
-// chunk itself. UcxHostMover moves host memory over a Transport (UCX).
+// chunk itself. UcxHostMover moves host memory over a Transport (UCX); the
+// device routes' movers (DeviceCommMover: a device communicator, NCCL;
+// DeviceIpcMover: device IPC handles between agents of one machine;
+// device_cross_host.h) move device memory, one transfer per run holding
+// every cross-host step (MoverTransfer::steps).
 // Thread contract: Post, Poll and Cancel from the run's thread; completions
-// arrive from the transport's threads and are handed over under a lock.
+// arrive from the transport's threads and are handed over under a lock (a
+// device mover progresses its transfer inside Poll, on the run's thread).
 #pragma once
 
 #include <chrono>
@@ -25,6 +30,7 @@
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/run_resources.h"
+#include "agent/shard_store/device_buffer.h"
 #include "agent/transfer/transport.h"
 #include "reshard/v1/agent.pb.h"
 
@@ -40,7 +46,7 @@ namespace reshard::agent {
 
 /// What a mover moves (NIXL: getSupportedMems, supportsRemote, supportsNotif).
 struct MoverCapabilities {
-  std::string name;                      // "ucx"
+  std::string name;                      // "ucx", "nccl", "fake-nccl", "device-ipc"
   std::vector<MemoryKind> memory_kinds;  // at both ends
   bool remote = false;                   // between hosts
   bool notifications = false;            // a receive completes when its bytes are in
@@ -57,6 +63,14 @@ struct MoverTransfer {
   void* data = nullptr;
   size_t bytes = 0;
   std::shared_ptr<void> hold;
+  // A device mover's one transfer of a run: every cross-host step of
+  // `steps` between this host's buffers, the new ones `made` (in
+  // steps->new_ranks order); `landed(bytes)` counts the bytes written here,
+  // called on the run's thread. `tag` is the run's tag base; the fields
+  // above it stay unset.
+  const HostSteps* steps = nullptr;
+  const std::vector<DeviceRankBufferPtr>* made = nullptr;
+  std::function<void(int64_t bytes)> landed;
 };
 
 /// A completion: the id a transfer was posted under and how it ended.
@@ -68,15 +82,13 @@ class Mover {
   virtual MoverCapabilities capabilities() const = 0;
   /// Before any transfer of the run: makes every peer host of `task` (but
   /// `host_id`) reachable; the error names the host.
-  [[nodiscard]] virtual absl::Status Prepare(const std::string& host_id,
-                                             const v1::HostTask& task,
+  [[nodiscard]] virtual absl::Status Prepare(const std::string& host_id, const v1::HostTask& task,
                                              const std::function<bool()>& cancelled) = 0;
   /// Posts `t` as transfer `id`; Poll reports its completion exactly once.
   virtual void Post(uint64_t id, MoverTransfer t) = 0;
   /// Moves the completions reported since the last call to `out`, first
   /// waiting up to `wait` when there is none.
-  virtual void Poll(std::chrono::steady_clock::duration wait,
-                    std::deque<MoverCompletion>* out) = 0;
+  virtual void Poll(std::chrono::steady_clock::duration wait, std::deque<MoverCompletion>* out) = 0;
   /// Fails with Cancelled every posted transfer whose tag agrees with `tag`
   /// on the bits of `mask` (a run's transfers); Poll still reports them.
   virtual void Cancel(uint64_t tag, uint64_t mask) = 0;
@@ -104,8 +116,8 @@ class UcxHostMover : public Mover {
 /// kinds; nullptr when none does.
 Mover* MoverFor(const std::vector<Mover*>& movers, MemoryKind src, MemoryKind dst);
 
-/// The Prove phase of every route (TaskRun::Prove; the device routes'
-/// ConnectAndProveDevicePeers): `mover` (null for a run without a transport,
+/// The Prove phase of every route (TaskRun::Prove; RunOnDevices for the
+/// device routes, device_run.h): `mover` (null for a run without a transport,
 /// which has no cross-host step) reaches the task's peers (Prepare); then,
 /// with a transfer secret and cross-host steps `remotes`, every sender proves
 /// itself to every receiver over `transport` before any receive of its data

@@ -318,4 +318,13 @@ std::unique_ptr<StepSeals> PlanStepSeals(Transport* transport, const v1::HostTas
   return seals;
 }
 
+absl::Status FinishStepSeals(StepSeals& seals, const TaskExecutor::Options& options,
+                             const std::function<bool()>& cancelled,
+                             const std::function<void(const std::string& what)>& waiting) {
+  if (waiting) waiting("step seals");
+  seals.SendSeals();
+  return seals.Finish(cancelled, PeerWaitBudget(std::chrono::milliseconds(options.seal_timeout_ms),
+                                                options.coordinator_reach));
+}
+
 }  // namespace reshard::agent

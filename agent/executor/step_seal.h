@@ -29,6 +29,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/peer_wait.h"
 #include "agent/transfer/transport.h"
@@ -130,5 +131,13 @@ std::unique_ptr<StepSeals> PlanStepSeals(Transport* transport, const v1::HostTas
                                          const std::string& host_id,
                                          const std::vector<RemoteStep>& remotes,
                                          const std::vector<int64_t>& chunk_counts);
+
+/// The end of a run's step seals, the one seal-finishing path of TaskRun
+/// (Verify) and the device communicator route: `waiting("step seals")`,
+/// SendSeals, then Finish within options.seal_timeout_ms (not counting
+/// time options.coordinator_reach saw no answer).
+[[nodiscard]] absl::Status FinishStepSeals(
+    StepSeals& seals, const TaskExecutor::Options& options, const std::function<bool()>& cancelled,
+    const std::function<void(const std::string& what)>& waiting);
 
 }  // namespace reshard::agent

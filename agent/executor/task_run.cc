@@ -144,7 +144,6 @@ absl::Status TaskRun::SetUp() {
   return absl::OkStatus();
 }
 
-
 // The run owns its connections (the session no longer connects the peers
 // first): the mover reaches them, then the proofs go (mover.h).
 absl::Status TaskRun::Prove() {
@@ -172,12 +171,8 @@ absl::Status TaskRun::Verify() {
   // Every source read is verified: seal what was sent, and check what was
   // received against its senders' seals before anything is reported DONE.
   if (seals_) {
-    if (waiting_) waiting_(waiting_on_ = "step seals");
-    seals_->SendSeals();
-    if (absl::Status s = seals_->Finish(
-            cancelled_, PeerWaitBudget(std::chrono::milliseconds(ex_.options->seal_timeout_ms),
-                                       ex_.options->coordinator_reach));
-        !s.ok()) {
+    waiting_on_ = "step seals";
+    if (absl::Status s = FinishStepSeals(*seals_, *ex_.options, cancelled_, waiting_); !s.ok()) {
       return Fail(s);
     }
   }

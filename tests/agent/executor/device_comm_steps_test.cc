@@ -7,7 +7,9 @@
 // communicator makes every host host-staged, saying why; bytes altered in
 // flight fail the receiver (DATA_LOSS); a host with another secret fails the
 // task on both; a cancelled task leaves nothing, even while a transfer waits
-// on a stalled peer.
+// on a stalled peer. The device routes' movers (device_cross_host.h): each
+// route's is the one MoverFor picks for device memory; a cancel before the
+// move or in the middle of it leaves no byte behind.
 #include "agent/executor/device_comm_steps.h"
 
 #include <atomic>
@@ -19,6 +21,8 @@
 #include <utility>
 #include <vector>
 
+#include "agent/executor/device_ipc_steps.h"
+#include "agent/executor/transfer_tags.h"
 #include "agent/transfer/fake_comm.h"
 #include "tests/agent/executor/device_hosts_fixture.h"
 
@@ -343,6 +347,144 @@ TEST_F(DeviceCommStepsTest, TheStagingIsChargedToTheDeviceLimit) {
   filled.reset();
   // The new buffers and the staging's reservation were given back.
   EXPECT_EQ(devices_[0]->used_bytes(0), old_bytes);
+  for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
+}
+
+// Forwards to `inner`, and cancels it (Cancel of the run's tag base) once
+// the first bytes of its transfer landed: a cancel in the middle of the move.
+class CancellingMover : public Mover {
+ public:
+  explicit CancellingMover(Mover* inner) : inner_(inner) {}
+  MoverCapabilities capabilities() const override { return inner_->capabilities(); }
+  absl::Status Prepare(const std::string& host_id, const v1::HostTask& task,
+                       const std::function<bool()>& cancelled) override {
+    return inner_->Prepare(host_id, task, cancelled);
+  }
+  void Post(uint64_t id, MoverTransfer t) override {
+    std::function<void(int64_t)> landed = std::move(t.landed);
+    const uint64_t tag = t.tag;
+    t.landed = [this, landed, tag](int64_t bytes) {
+      if (landed) landed(bytes);
+      landed_bytes += bytes;
+      if (bytes > 0 && !cancelled) {
+        cancelled = true;
+        inner_->Cancel(tag, kTagKeyMask);
+      }
+    };
+    inner_->Post(id, std::move(t));
+  }
+  void Poll(std::chrono::steady_clock::duration wait, std::deque<MoverCompletion>* out) override {
+    inner_->Poll(wait, out);
+  }
+  void Cancel(uint64_t tag, uint64_t mask) override { inner_->Cancel(tag, mask); }
+
+  int64_t landed_bytes = 0;
+  bool cancelled = false;
+
+ private:
+  Mover* inner_;
+};
+
+// Each device route's mover states what it moves, and MoverFor picks it for
+// device memory at both ends (the host mover stays the one of host memory);
+// a device mover refuses to run without a transport, and to move a chunk
+// instead of a run's steps; cancelled before its transfer starts, the
+// transfer fails CANCELLED without moving a byte.
+TEST_F(DeviceCommStepsTest, EachDeviceRouteGetsItsOwnMover) {
+  ASSERT_NO_FATAL_FAILURE(MakeCommHosts(1));
+  const TaskExecutor::Options eo;
+  const v1::HostTask task;
+  const std::function<bool()> never = [] { return false; };
+  const std::function<void(const std::string&)> none;
+  const std::string& h0 = hosts_[0].id;  // the movers hold references
+  UcxHostMover ucx(hosts_[0].transport.get());
+  DeviceCommMover comm(*devices_[0], *factories_[0], nullptr, eo, h0, task, never, none);
+  DeviceIpcMover ipc(*hosts_[0].store, *devices_[0], nullptr, eo, h0, task, never, none);
+  EXPECT_EQ(comm.capabilities().name, "fake-nccl");
+  EXPECT_EQ(ipc.capabilities().name, "device-ipc");
+  for (Mover* m : {static_cast<Mover*>(&comm), static_cast<Mover*>(&ipc)}) {
+    EXPECT_TRUE(m->capabilities().remote);
+    EXPECT_EQ(m->capabilities().memory_kinds, std::vector<MemoryKind>{MemoryKind::kCuda});
+    EXPECT_EQ(MoverFor({&ucx, m}, MemoryKind::kCuda, MemoryKind::kCuda), m);
+    EXPECT_EQ(MoverFor({m, &ucx}, MemoryKind::kHost, MemoryKind::kHost), &ucx);
+    EXPECT_EQ(MoverFor({m}, MemoryKind::kHost, MemoryKind::kCuda), nullptr);
+    const absl::Status prepared = m->Prepare(h0, task, never);
+    EXPECT_EQ(prepared.code(), absl::StatusCode::kFailedPrecondition) << prepared;
+    EXPECT_THAT(std::string(prepared.message()), ::testing::HasSubstr("no transport"));
+
+    std::deque<MoverCompletion> done;
+    m->Post(7, MoverTransfer{});  // a chunk, not a run's steps
+    m->Poll(std::chrono::milliseconds(0), &done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].first, 7u);
+    EXPECT_EQ(done[0].second.code(), absl::StatusCode::kInvalidArgument) << done[0].second;
+    done.clear();
+    m->Poll(std::chrono::milliseconds(0), &done);
+    EXPECT_TRUE(done.empty());  // reported once
+
+    HostSteps hs;
+    std::vector<DeviceRankBufferPtr> made;
+    int64_t landed = 0;
+    MoverTransfer t;
+    t.steps = &hs;
+    t.made = &made;
+    t.landed = [&](int64_t bytes) { landed += bytes; };
+    m->Post(8, std::move(t));
+    m->Cancel(TagBase(TaskTagKey(task)), kTagKeyMask);
+    m->Poll(std::chrono::milliseconds(0), &done);
+    ASSERT_EQ(done.size(), 1u);
+    EXPECT_EQ(done[0].first, 8u);
+    EXPECT_EQ(done[0].second.code(), absl::StatusCode::kCancelled) << done[0].second;
+    EXPECT_EQ(landed, 0);
+  }
+}
+
+// The device communicator's mover cancelled in the middle of its move (its
+// Cancel, once the first round's bytes landed; the run's cancelled() never
+// says so): RunOnDevices, which picks it over the host mover, fails
+// CANCELLED and leaves no byte of the new generation in either memory; its
+// peer, cancelled once it returned, leaves none either.
+TEST_F(DeviceCommStepsTest, TheMoverCancelledMidMoveLeavesNoByteBehind) {
+  ASSERT_NO_FATAL_FAILURE(MakeHookedHosts(CommHooks(), CommHooks()));
+  v1::HostTask whole = WholeTask();
+  whole.set_transfer_secret(kSecret);
+  whole.set_device_resident(true);
+  const auto addrs = Addresses();
+  std::vector<v1::HostTask> tasks;
+  for (size_t i = 0; i < hosts_.size(); ++i) {
+    tasks.push_back(Slice(whole, hosts_[i].id, addrs));
+    for (v1::PeerHost& p : *tasks.back().mutable_peers()) Advertise(i, &p);
+  }
+  std::atomic<bool> h0_done{false};
+  std::future<Result> h1 = std::async(std::launch::async, [&] {
+    return hosts_[1].executor->Execute(hosts_[1].id, tasks[1], nullptr,
+                                       [&] { return h0_done.load(); });
+  });
+  const std::string& h0_id = hosts_[0].id;  // the mover holds a reference
+  DeviceRoute route = RouteTask(*hosts_[0].store, *devices_[0], h0_id, tasks[0]);
+  RouteOverDeviceComm(*devices_[0], factories_[0].get(), "", h0_id, tasks[0], &route);
+  ASSERT_EQ(route.kind, DeviceRoute::Kind::kDeviceComm);
+  TaskExecutor::Options eo;  // as MakeHookedHosts' hosts
+  eo.copy_threads = 2;
+  eo.chunk_bytes = 4 << 10;
+  eo.peer_window_bytes = eo.chunk_bytes;
+  eo.proof_timeout_ms = 3000;
+  eo.seal_timeout_ms = 10000;
+  const std::function<bool()> never = [] { return false; };
+  const std::function<void(const std::string&)> none;
+  DeviceCommMover comm(*devices_[0], *factories_[0], hosts_[0].transport.get(), eo, h0_id, tasks[0],
+                       never, none);
+  CancellingMover mover(&comm);
+  UcxHostMover ucx(hosts_[0].transport.get());
+  const Result h0 = RunOnDevices(*hosts_[0].store, *devices_[0], eo, h0_id, tasks[0], route,
+                                 nullptr, never, {&ucx, &mover}, hosts_[0].transport.get(), none);
+  h0_done = true;
+  const Result r1 = h1.get();
+  EXPECT_TRUE(mover.cancelled);
+  EXPECT_GT(mover.landed_bytes, 0);  // in the middle of the move
+  ASSERT_FALSE(h0.ok());
+  EXPECT_EQ(h0.status().code(), absl::StatusCode::kCancelled) << h0.status();
+  EXPECT_FALSE(r1.ok());
   for (int h = 0; h < 2; ++h) ExpectNothingLeft(h);
 }
 
