@@ -7,10 +7,12 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <thread>
 
 #include "tests/agent/e2e/e2e_fixture.h"
+#include "tests/support/wait.h"
 #include "tests/coordinator/server/scrape.h"
 
 namespace reshard::agent::testing {
@@ -20,7 +22,7 @@ using coordinator::testing::HttpGet;
 using coordinator::testing::MakeLayout;
 using coordinator::testing::MetricValue;
 
-constexpr auto kDeadline = std::chrono::seconds(20);
+constexpr absl::Duration kDeadline = absl::Seconds(20);
 
 class LivenessE2eTest : public AgentE2eTest {
  protected:
@@ -42,14 +44,8 @@ class LivenessE2eTest : public AgentE2eTest {
   }
 
   // Polls `done` every 50 ms until it holds or kDeadline passes.
-  template <typename F>
-  bool WaitFor(F done) {
-    const auto until = std::chrono::steady_clock::now() + kDeadline;
-    while (std::chrono::steady_clock::now() < until) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return done();
+  static bool WaitFor(const std::function<bool()>& done) {
+    return test_support::Eventually(done, kDeadline);
   }
 
   v1::Job GetJob() {

@@ -23,6 +23,7 @@
 #include "tests/coordinator/harness/test_postgres.h"
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent::testing {
 namespace {
@@ -138,17 +139,21 @@ class NetnsTest : public ::testing::Test {
 };
 
 TEST_F(NetnsTest, LinkCutMidTransferAbortsAndOldGenerationSurvives) {
-  // Wait until all three hosts registered.
-  for (int i = 0; i < 200; ++i) {
-    v1::ListHostsResponse resp;
-    grpc::ClientContext ctx;
-    int alive = 0;
-    if (stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) {
-      for (const v1::Host& h : resp.hosts()) alive += h.state() == v1::HOST_STATE_ALIVE;
-    }
-    if (alive == 3) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  // Wait until all three hosts registered (a test that went on with fewer
+  // would fail later, for another reason).
+  int alive = 0;
+  ASSERT_TRUE(test_support::Eventually(
+      [&] {
+        v1::ListHostsResponse hosts;
+        grpc::ClientContext list_ctx;
+        alive = 0;
+        if (stub_->ListHosts(&list_ctx, v1::ListHostsRequest(), &hosts).ok()) {
+          for (const v1::Host& h : hosts.hosts()) alive += h.state() == v1::HOST_STATE_ALIVE;
+        }
+        return alive == 3;
+      },
+      absl::Seconds(10)))
+      << alive << " of 3 hosts alive";
   const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "netns", {"h0", "h1"});
   v1::RegisterJobRequest req;
   *req.mutable_spec() = spec;
@@ -174,17 +179,20 @@ TEST_F(NetnsTest, LinkCutMidTransferAbortsAndOldGenerationSurvives) {
   grpc::ClientContext rctx;
   s = stub_->Resize(&rctx, rr, &op);
   ASSERT_TRUE(s.ok()) << s.error_message();
-  for (int i = 0; i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state());
-       ++i) {
-    op = Get(op.id());
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));
-  }
+  test_support::Eventually(
+      [&] {
+        op = Get(op.id());
+        return op.state() == v1::OPERATION_STATE_TRANSFERRING || Final(op.state());
+      },
+      absl::Seconds(4), absl::Milliseconds(2));
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING);
   ASSERT_EQ(Sh("ip link set " + RootIf(0) + " down"), 0);
-  for (int i = 0; i < 1800 && !Final(op.state()); ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    op = Get(op.id());
-  }
+  test_support::Eventually(
+      [&] {
+        op = Get(op.id());
+        return Final(op.state());
+      },
+      absl::Seconds(90));
   EXPECT_EQ(op.state(), v1::OPERATION_STATE_ABORTED) << op.error();
 
   // Generation 1 is still whole on h0 (reached through its unix socket) and h1.

@@ -38,6 +38,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/agent/e2e/e2e_fixture.h"
+#include "tests/support/wait.h"
 #include "tests/coordinator/server/scrape.h"
 
 namespace reshard::agent::testing {
@@ -136,12 +137,7 @@ class WorkerGuardE2eTest : public AgentE2eTest {
 
   // Polls `done` every 50 ms for at most 30 s.
   static bool WaitFor(const std::function<bool()>& done) {
-    const auto until = Clock::now() + std::chrono::seconds(30);
-    while (Clock::now() < until) {
-      if (done()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return done();
+    return test_support::Eventually(done, absl::Seconds(30));
   }
 };
 

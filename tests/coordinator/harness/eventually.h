@@ -1,16 +1,10 @@
-// Waiting for an event in a test without sleeping as synchronisation: poll
-// a condition with a deadline.
+// The coordinator suites' name for the shared waiter (tests/support/wait.h).
 #pragma once
 
-#include <functional>
-
-#include "absl/time/time.h"
+#include "tests/support/wait.h"
 
 namespace reshard::coordinator::testing {
 
-/// Calls `done` every `period` until it returns true or `timeout` passes;
-/// whether it returned true.
-bool Eventually(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(30),
-                absl::Duration period = absl::Milliseconds(50));
+using ::reshard::test_support::Eventually;
 
 }  // namespace reshard::coordinator::testing

@@ -1,8 +1,8 @@
-#include "tests/coordinator/harness/eventually.h"
+#include "tests/support/wait.h"
 
 #include "absl/time/clock.h"
 
-namespace reshard::coordinator::testing {
+namespace reshard::test_support {
 
 bool Eventually(const std::function<bool()>& done, absl::Duration timeout, absl::Duration period) {
   const absl::Time deadline = absl::Now() + timeout;
@@ -13,4 +13,4 @@ bool Eventually(const std::function<bool()>& done, absl::Duration timeout, absl:
   }
 }
 
-}  // namespace reshard::coordinator::testing
+}  // namespace reshard::test_support
