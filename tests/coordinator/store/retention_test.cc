@@ -1,4 +1,4 @@
-// PgStore::PruneRetention (issue 9, defect 10): rows beyond the policy are
+// Store::PruneRetention (issue 9, defect 10): rows beyond the policy are
 // pruned, rows within it are kept, each call is bounded by batch_rows, and
 // nothing current, pending or active is touched. Ages are made real by
 // moving the rows' timestamps back in the database, or the in-memory

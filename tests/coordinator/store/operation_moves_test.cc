@@ -1,5 +1,5 @@
 // The store's phase moves against the state machine (operation_machine.h),
-// on a real PostgreSQL: StartTransfer, StartPreparedTransfer and
+// on both stores (the contract suite): StartTransfer, StartPreparedTransfer and
 // CommitOperation refuse a phase the table has no move from
 // (FAILED_PRECONDITION naming both phases), lose a race to a stored state
 // that moved (ABORTED, as before), and write nothing when they refuse.

@@ -1,4 +1,4 @@
-// PgStore transfer phase: pending generation, host progress, checksums,
+// Store transfer phase (both stores: the contract suite): pending generation, host progress, checksums,
 // commit, and what agents are told.
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>

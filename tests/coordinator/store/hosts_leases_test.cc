@@ -1,4 +1,5 @@
-// PgStore hosts: registration epochs, heartbeats, leases, lost hosts.
+// Store hosts (both stores: the contract suite): registration epochs,
+// heartbeats, leases, lost hosts.
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 

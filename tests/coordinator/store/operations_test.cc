@@ -1,4 +1,5 @@
-// PgStore operations: creation checks, compare-and-set transitions, abort.
+// Store operations (both stores: the contract suite): creation checks,
+// compare-and-set transitions, abort.
 #include <google/protobuf/util/message_differencer.h>
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-// PgStore::DeleteJob with an idempotency key: recorded with the delete,
+// Store::DeleteJob with an idempotency key (both stores: the contract suite): recorded with the delete,
 // outlives the job, a retry answers OK, a key of another request refuses.
 #include <gtest/gtest.h>
 
