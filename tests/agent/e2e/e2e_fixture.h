@@ -25,6 +25,7 @@
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent::testing {
 
@@ -138,29 +139,28 @@ class AgentE2eTest : public ::testing::Test {
   // other than its earlier agent's. The earlier agent's lease may still hold,
   // so ALIVE alone would let an operation go to the incarnation that is gone.
   void WaitHostsAlive() {
-    for (int i = 0; i < 200; ++i) {
-      v1::ListHostsResponse resp;
-      grpc::ClientContext ctx;
-      if (stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) {
-        std::map<std::string, Registration> seen;
-        for (const v1::Host& h : resp.hosts()) {
-          auto agent = agents_.find(h.host_id());
-          if (h.state() != v1::HOST_STATE_ALIVE || agent == agents_.end()) continue;
-          auto earlier = registered_.find(h.host_id());
-          const bool same_agent =
-              earlier != registered_.end() && earlier->second.pid == agent->second->pid();
-          const bool stale = earlier != registered_.end() && !same_agent &&
-                             earlier->second.ucx_address == h.ucx_address();
-          if (!stale) seen[h.host_id()] = {agent->second->pid(), h.ucx_address()};
-        }
-        if (seen.size() == agents_.size()) {
+    const bool all = test_support::Eventually(
+        [&] {
+          v1::ListHostsResponse resp;
+          grpc::ClientContext ctx;
+          if (!stub_->ListHosts(&ctx, v1::ListHostsRequest(), &resp).ok()) return false;
+          std::map<std::string, Registration> seen;
+          for (const v1::Host& h : resp.hosts()) {
+            auto agent = agents_.find(h.host_id());
+            if (h.state() != v1::HOST_STATE_ALIVE || agent == agents_.end()) continue;
+            auto earlier = registered_.find(h.host_id());
+            const bool same_agent =
+                earlier != registered_.end() && earlier->second.pid == agent->second->pid();
+            const bool stale = earlier != registered_.end() && !same_agent &&
+                               earlier->second.ucx_address == h.ucx_address();
+            if (!stale) seen[h.host_id()] = {agent->second->pid(), h.ucx_address()};
+          }
+          if (seen.size() != agents_.size()) return false;
           for (auto& [host, r] : seen) registered_[host] = std::move(r);
-          return;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << "agents did not all register";
+          return true;
+        },
+        absl::Seconds(10));
+    if (!all) FAIL() << "agents did not all register";
   }
 
   // Registers the job (with `data` as its dataset state when given) and
@@ -203,27 +203,31 @@ class AgentE2eTest : public ::testing::Test {
 
   // Polls `op` until it is TRANSFERRING (or ended), for at most ~4 s.
   v1::Operation WaitTransferring(v1::Operation op) {
-    for (int i = 0;
-         i < 2000 && op.state() != v1::OPERATION_STATE_TRANSFERRING && !Final(op.state()); ++i) {
-      v1::GetOperationRequest req;
-      req.set_operation_id(op.id());
-      grpc::ClientContext ctx;
-      if (!stub_->GetOperation(&ctx, req, &op).ok()) continue;
-      if (op.state() != v1::OPERATION_STATE_TRANSFERRING) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(2));
-      }
-    }
+    test_support::Eventually(
+        [&] {
+          if (op.state() == v1::OPERATION_STATE_TRANSFERRING || Final(op.state())) return true;
+          v1::GetOperationRequest req;
+          req.set_operation_id(op.id());
+          grpc::ClientContext ctx;
+          v1::Operation now;
+          if (stub_->GetOperation(&ctx, req, &now).ok()) op = now;
+          return op.state() == v1::OPERATION_STATE_TRANSFERRING || Final(op.state());
+        },
+        absl::Seconds(4), absl::Milliseconds(2));
     return op;
   }
 
   v1::Operation WaitFinal(const std::string& op_id, int timeout_s = 90) {
     v1::Operation op;
-    for (int i = 0; i < timeout_s * 20; ++i) {
-      v1::GetOperationRequest req;
-      req.set_operation_id(op_id);
-      grpc::ClientContext ctx;
-      if (stub_->GetOperation(&ctx, req, &op).ok() && Final(op.state())) return op;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (test_support::Eventually(
+            [&] {
+              v1::GetOperationRequest req;
+              req.set_operation_id(op_id);
+              grpc::ClientContext ctx;
+              return stub_->GetOperation(&ctx, req, &op).ok() && Final(op.state());
+            },
+            absl::Seconds(timeout_s))) {
+      return op;
     }
     ADD_FAILURE() << "operation " << op_id << " did not end; now "
                   << v1::OperationState_Name(op.state());
@@ -243,12 +247,13 @@ class AgentE2eTest : public ::testing::Test {
   // Polls `id` until `done(op)` or the operation ended, for at most 60 s.
   v1::Operation WaitUntil(const std::string& id,
                           const std::function<bool(const v1::Operation&)>& done) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    v1::Operation op = GetOperation(id);
-    while (!done(op) && !Final(op.state()) && std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      op = GetOperation(id);
-    }
+    v1::Operation op;
+    test_support::Eventually(
+        [&] {
+          op = GetOperation(id);
+          return done(op) || Final(op.state());
+        },
+        absl::Seconds(60), absl::Milliseconds(20));
     return op;
   }
 
@@ -275,13 +280,14 @@ class AgentE2eTest : public ::testing::Test {
   // so each is tried again until then (30 s at most).
   absl::Status PublishCheckpoint(int64_t generation, const Contents& c) {
     for (size_t r = 0; r < c.ranks.size(); ++r) {
-      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
-      for (;;) {
-        absl::Status s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
-        if (s.ok()) break;
-        if (!absl::IsUnavailable(s) || std::chrono::steady_clock::now() > deadline) return s;
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+      absl::Status s;
+      test_support::Eventually(
+          [&] {
+            s = PublishRank(sockets_, job_id_, generation, c, static_cast<int>(r));
+            return !absl::IsUnavailable(s);
+          },
+          absl::Seconds(30), absl::Milliseconds(20));
+      if (!s.ok()) return s;
     }
     return absl::OkStatus();
   }
@@ -350,19 +356,20 @@ class AgentE2eTest : public ::testing::Test {
   }
 
   void WaitLost(const std::string& host) {
-    for (int i = 0; i < 400; ++i) {
-      v1::GetJobRequest req;
-      req.set_job_id(job_id_);
-      v1::Job job;
-      grpc::ClientContext ctx;
-      if (stub_->GetJob(&ctx, req, &job).ok()) {
-        for (const std::string& h : job.lost_hosts()) {
-          if (h == host) return;
-        }
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << "host " << host << " was not marked lost";
+    const bool lost = test_support::Eventually(
+        [&] {
+          v1::GetJobRequest req;
+          req.set_job_id(job_id_);
+          v1::Job job;
+          grpc::ClientContext ctx;
+          if (!stub_->GetJob(&ctx, req, &job).ok()) return false;
+          for (const std::string& h : job.lost_hosts()) {
+            if (h == host) return true;
+          }
+          return false;
+        },
+        absl::Seconds(20));
+    if (!lost) FAIL() << "host " << host << " was not marked lost";
   }
 
   std::string dir_;
