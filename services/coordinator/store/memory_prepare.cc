@@ -51,14 +51,11 @@ absl::StatusOr<v1::Operation> MemoryStore::MarkPrepared(const std::string& opera
 
 absl::Status MemoryStore::StartPrepare(const std::string& operation_id, int64_t from_generation,
                                        const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
-      !s.ok()) {
-    return s;
-  }
   {
     std::lock_guard<CallLock> l(mu_);
-    Operation* op = FindOperation(operation_id);
-    if (op == nullptr) return mem::OperationNotFound(operation_id);
+    absl::StatusOr<Operation*> found = OperationWithRows(operation_id, hosts);
+    if (!found.ok()) return found.status();
+    Operation* op = *found;
     if (PhaseOf(op->row) != OpPhase::kToPrepare) {
       return absl::AbortedError(absl::StrCat("operation \"", operation_id, "\" is ",
                                              rpc::EnumShortName(op->row.state()),
@@ -134,14 +131,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetPreparedSources(
 absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
                                                 const std::vector<HostProgress>& hosts,
                                                 const SkippedSteps& skipped) {
-  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
-      !s.ok()) {
-    return s;
-  }
   {
     std::lock_guard<CallLock> l(mu_);
-    Operation* op = FindOperation(operation_id);
-    if (op == nullptr) return mem::OperationNotFound(operation_id);
+    absl::StatusOr<Operation*> found = OperationWithRows(operation_id, hosts);
+    if (!found.ok()) return found.status();
+    Operation* op = *found;
     // CUTTING_OVER -> PREPARED_TRANSFER.
     if (absl::Status s = CheckMove(*op, OpPhase::kPreparedTransfer); !s.ok()) return s;
     const std::string& job_id = op->row.job_id();

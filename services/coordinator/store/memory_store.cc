@@ -124,6 +124,17 @@ MemoryStore::Operation* MemoryStore::FindOperation(const std::string& operation_
   return it == operations_.end() ? nullptr : &it->second;
 }
 
+absl::StatusOr<MemoryStore::Operation*> MemoryStore::OperationWithRows(
+    const std::string& operation_id, const std::vector<HostProgress>& hosts) {
+  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
+      !s.ok()) {
+    return s;
+  }
+  Operation* op = FindOperation(operation_id);
+  if (op == nullptr) return mem::OperationNotFound(operation_id);
+  return op;
+}
+
 std::vector<const MemoryStore::Operation*> MemoryStore::OperationsOfJob(
     const std::string& job_id) const {
   std::vector<const Operation*> ops;

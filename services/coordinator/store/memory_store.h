@@ -242,6 +242,10 @@ class MemoryStore : public Store {
 
   Job* FindJob(const std::string& job_id);
   Operation* FindOperation(const std::string& operation_id);
+  // The operation a call with host rows names, after checking the rows
+  // (mem::CheckHostRows, states unchecked); NotFound if unknown. mu_ held.
+  absl::StatusOr<Operation*> OperationWithRows(const std::string& operation_id,
+                                               const std::vector<HostProgress>& hosts);
   v1::Job JobView(const Job& job) const;
   OperationRecord OperationView(const Operation& op, bool include_plan) const;
   std::vector<const Operation*> OperationsOfJob(const std::string& job_id) const;  // by seq
