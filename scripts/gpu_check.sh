@@ -23,8 +23,8 @@ PACK="$ROOT/.gpucheck"
 BUILD="${RESHARD_BUILD_DIR:-$ROOT/build}"
 
 pack() {
-  local tests=(transfer_cuda_libraries_test transfer_nccl_test transfer_cuda_device_test
-               transfer_device_peer transfer_nccl_comm_test)
+  local tests=(transfer_cuda_libraries_test transfer_cuda_device_test transfer_device_peer
+               transfer_nccl_comm_test)
   local targets=(reshard-coordinator reshard-agent device_bench reshard_python "${tests[@]}")
   flock /tmp/reshard-build.lock cmake --build "$BUILD" --target "${targets[@]}" -j2 >/dev/null
   local stage

@@ -2,10 +2,11 @@
 with the binaries and libraries scripts/gpu_check.sh pack carried there.
 
 1. The CUDA runtime and NCCL load at run time on a machine with a driver
-   (transfer_cuda_libraries_test, transfer_nccl_test: a device buffer copy;
-   transfer_cuda_device_test: the device API's contract on the GPU, CUDA IPC
-   into a child process included; transfer_nccl_comm_test: the NCCL
-   communicator, one rank, two with two GPUs).
+   (transfer_cuda_libraries_test: the runtime and NCCL found, a device buffer
+   copy; transfer_cuda_device_test: the device API's contract on the GPU, CUDA
+   IPC into a child process included; transfer_nccl_comm_test: the NCCL
+   communicator the agent uses, one rank (64 MiB arrive whole), two with two
+   GPUs).
 2. tests/python/test_cuda_worker.py: CUDA tensors published through a real
    agent (PostgreSQL + coordinator + agent) and loaded back into CUDA tensors,
    byte for byte.
@@ -42,7 +43,7 @@ def section(title):
 
 def run_binaries(build):
     ok = True
-    for name in ("transfer_cuda_libraries_test", "transfer_nccl_test", "transfer_cuda_device_test",
+    for name in ("transfer_cuda_libraries_test", "transfer_cuda_device_test",
                  "transfer_nccl_comm_test"):
         path = os.path.join(build, "tests", name)
         r = subprocess.run([path, "--gtest_brief=0"], capture_output=True, text=True, timeout=120)
