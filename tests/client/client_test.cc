@@ -46,6 +46,10 @@ using coordinator::testing::CreateFreshDatabase;
 using coordinator::testing::MakeLayout;
 
 constexpr int kLeaseMs = 3000;
+// For tests that hold an operation open by stopping an agent (SIGSTOP): a
+// lease no slow machine outlives, so the stopped host is never marked LOST
+// and its operation never aborted while the test looks at it.
+constexpr int kHeldLeaseMs = 120000;
 
 // A certificate of the shared test CA (issued once per name).
 coordinator::testing::CertFiles Cert(const std::string& common_name) {
@@ -55,9 +59,10 @@ coordinator::testing::CertFiles Cert(const std::string& common_name) {
   return files.ok() ? *files : coordinator::testing::CertFiles{};
 }
 
-std::vector<std::string> CoordinatorArgs(const std::string& dsn, const std::string& listen) {
+std::vector<std::string> CoordinatorArgs(const std::string& dsn, const std::string& listen,
+                                         int lease_ms = kLeaseMs) {
   return {"--dsn", dsn, "--listen", listen, "--metrics-listen", "127.0.0.1:0", "--lease-ms",
-          std::to_string(kLeaseMs), "--tick-ms", "50", "--leader-retry-ms", "100",
+          std::to_string(lease_ms), "--tick-ms", "50", "--leader-retry-ms", "100",
           // Mutual TLS with the test CA: the SDK as deployments use it.
           "--tls-cert", Cert("coordinator").cert, "--tls-key", Cert("coordinator").key, "--tls-ca",
           coordinator::testing::SharedTestPki().ca()};
@@ -462,7 +467,10 @@ TEST_F(ClientTest, ErrorCodesPassThroughWithoutRetry) {
 // FAILED_PRECONDITION (not retried), waiting for it hits its deadline, and a
 // cancel ends it ABORTED. The same idempotency key returns the first one.
 TEST_F(ClientTest, SecondOperationConflictsDeadlineAndCancel) {
-  ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}));
+  auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, "127.0.0.1:0", kHeldLeaseMs));
+  ASSERT_TRUE(c.ok()) << c.status();
+  coordinator_ = std::move(*c);
+  ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
   ASSERT_NO_FATAL_FAILURE(
       RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "conflict", {"h0", "h1"})));
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
@@ -817,7 +825,7 @@ TEST_F(ClientTest, CreateTokenWhoseReplyIsLostIsNotSentAgain) {
 // operation's final state.
 TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   const std::string address = absl::StrCat("127.0.0.1:", UnusedPort());
-  auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address));
+  auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address, kHeldLeaseMs));
   ASSERT_TRUE(c.ok()) << c.status();
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
@@ -857,7 +865,7 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   coordinator_->Kill();
   const bool broke =
       watching && coordinator::testing::Eventually([&] { return broken_watches() > 0; });
-  auto restarted = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address));
+  auto restarted = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address, kHeldLeaseMs));
   kill(agents_["h1"]->pid(), SIGCONT);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   coordinator_ = std::move(*restarted);
@@ -875,9 +883,11 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
 // the same identity is refused RESOURCE_EXHAUSTED while the first watches a
 // resize held open by a stopped agent, more often than max_attempts allows
 // other errors, and gets the final state once the first watch ends and
-// frees the slot. Before, the refusal was returned at once.
+// frees the slot. Before, the refusal was returned at once. The lease is
+// long (kHeldLeaseMs): with the 3 s one, a loaded machine let h1's lease
+// expire before the third refusal, the resize aborted and the slot freed early.
 TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
-  std::vector<std::string> args = CoordinatorArgs(dsn_, "127.0.0.1:0");
+  std::vector<std::string> args = CoordinatorArgs(dsn_, "127.0.0.1:0", kHeldLeaseMs);
   args.insert(args.end(), {"--max-watch-streams-per-identity", "1"});
   auto c = CoordinatorProcess::Start(args);
   ASSERT_TRUE(c.ok()) << c.status();
