@@ -202,7 +202,8 @@ class LateProxy:
         self.address = "127.0.0.1:%d" % self.sock.getsockname()[1]
         self.accepted = 0
         self._stop = False
-        threading.Timer(delay, self._serve).start()
+        self._server = threading.Timer(delay, self._serve)
+        self._server.start()
 
     def _serve(self):
         self.sock.listen(16)
@@ -235,8 +236,12 @@ class LateProxy:
                     pass
 
     def close(self):
+        """Stops serving: the serve thread sees `_stop` within one accept
+        timeout (0.2 s) and ends before the socket is closed."""
         self._stop = True
-        time.sleep(0.3)
+        self._server.cancel()  # not serving yet: it never will
+        self._server.join(timeout=10)
+        assert not self._server.is_alive(), "the proxy's serve thread did not stop"
         self.sock.close()
 
 

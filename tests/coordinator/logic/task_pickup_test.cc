@@ -5,6 +5,7 @@
 // notification is caught by the safety re-read, and a cancelled call ends.
 // Each safety re-read is set far beyond the deadline the test allows, unless
 // it is the thing tested.
+#include <atomic>
 #include <chrono>
 #include <future>
 #include <memory>
@@ -57,15 +58,39 @@ class TaskPickupTest : public LogicTest {
     return std::make_unique<AgentApi>(std::move(store), &clock_, metrics_.get(), options);
   }
 
+  /// What a WaitForTasks call shows through its cancel check. The call
+  /// asks it once after reading the store and finding nothing new, then
+  /// after every wait on the notifier that ended without a change (each
+  /// 100 ms at most): a second check proves the call sleeps on the notifier.
+  struct CallProbe {
+    std::atomic<int> checks{0};
+    std::atomic<bool> cancelled{false};
+  };
+
   /// WaitForTasks on `api` for `host` (nothing known), on another thread.
-  std::future<absl::StatusOr<v1::WaitForTasksResponse>> Wait(
-      AgentApi* api, const std::string& host, std::function<bool()> cancelled = {}) {
-    return std::async(std::launch::async, [api, host, cancelled] {
+  std::future<absl::StatusOr<v1::WaitForTasksResponse>> Wait(AgentApi* api, const std::string& host,
+                                                             std::shared_ptr<CallProbe> probe) {
+    return std::async(std::launch::async, [api, host, probe] {
       v1::WaitForTasksRequest request;
       request.set_host_id(host);
       request.set_wait_ms(10000);
-      return api->WaitForTasks(request, cancelled);
+      return api->WaitForTasks(request, [probe] {
+        ++probe->checks;
+        return probe->cancelled.load();
+      });
     });
+  }
+
+  /// The call read the store before the task existed and sleeps on the
+  /// notifier: only a wake-up (or a re-read) can bring the task now.
+  static void ExpectAsleep(std::future<absl::StatusOr<v1::WaitForTasksResponse>>& answer,
+                           const CallProbe& probe) {
+    ASSERT_TRUE(Eventually([&] {
+      return probe.checks >= 2 ||
+             answer.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    }));
+    ASSERT_EQ(answer.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+        << "WaitForTasks answered before any task existed";
   }
 
   /// A resize whose tasks go to h0..h2, planned (PENDING -> PLANNED) but
@@ -100,9 +125,10 @@ TEST_F(TaskPickupTest, ATaskThisReplicaCreatesWakesTheWaitAtOnce) {
   std::shared_ptr<PgStore> store = StoreSignalling(&notifier, /*notify=*/false);
   std::unique_ptr<AgentApi> api = AgentsOn(store, &notifier, kNeverMs);
   const v1::Operation op = PlannedResize();
-  auto answer = Wait(api.get(), "h1");
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api.get(), "h1", probe);
   // The call is asleep on the notifier before the task exists.
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  ExpectAsleep(answer, *probe);
   const auto created = Clock::now();
   CreateTasksThrough(store);
   ExpectPickedUp(answer, created, op);
@@ -123,8 +149,9 @@ TEST_F(TaskPickupTest, ATaskAnotherReplicaCreatesArrivesThroughNotify) {
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 1; }));
   std::unique_ptr<AgentApi> api_b = AgentsOn(store_b, &notifier_b, kNeverMs);
   const v1::Operation op = PlannedResize();
-  auto answer = Wait(api_b.get(), "h2");
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api_b.get(), "h2", probe);
+  ExpectAsleep(answer, *probe);
   // Replica A (a store that signals nothing in B's process) creates it.
   const auto created = Clock::now();
   CreateTasksThrough(StoreSignalling(nullptr, /*notify=*/true));
@@ -151,8 +178,9 @@ TEST_F(TaskPickupTest, TheListenerReconnectsAfterItsConnectionIsKilled) {
   ASSERT_TRUE(Eventually([&] { return listener.connections() == 2; }));
   std::unique_ptr<AgentApi> api_b = AgentsOn(store_b, &notifier_b, kNeverMs);
   const v1::Operation op = PlannedResize();
-  auto answer = Wait(api_b.get(), "h1");
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api_b.get(), "h1", probe);
+  ExpectAsleep(answer, *probe);
   const auto created = Clock::now();
   CreateTasksThrough(StoreSignalling(nullptr, /*notify=*/true));
   ExpectPickedUp(answer, created, op);
@@ -164,8 +192,9 @@ TEST_F(TaskPickupTest, ALostNotificationIsCaughtByTheSafetyReread) {
   constexpr int kSafetyMs = 500;
   std::unique_ptr<AgentApi> api = AgentsOn(store_, &notifier, kSafetyMs);
   const v1::Operation op = PlannedResize();
-  auto answer = Wait(api.get(), "h1");
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api.get(), "h1", probe);
+  ExpectAsleep(answer, *probe);
   const auto created = Clock::now();
   CreateTasksThrough(StoreSignalling(nullptr, /*notify=*/false));
   ExpectPickedUp(answer, created, op);
@@ -175,11 +204,11 @@ TEST_F(TaskPickupTest, ACancelledCallEndsWithoutATask) {
   TaskNotifier notifier;
   std::unique_ptr<AgentApi> api = AgentsOn(store_, &notifier, kNeverMs);
   RegisterAgents({"h0"});
-  std::atomic<bool> cancelled{false};
-  auto answer = Wait(api.get(), "h0", [&] { return cancelled.load(); });
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api.get(), "h0", probe);
+  ExpectAsleep(answer, *probe);
   const auto cancel_at = Clock::now();
-  cancelled = true;
+  probe->cancelled = true;
   ASSERT_EQ(answer.wait_until(cancel_at + std::chrono::seconds(2)), std::future_status::ready);
   absl::StatusOr<v1::WaitForTasksResponse> response = answer.get();
   ASSERT_TRUE(response.ok()) << response.status();
@@ -190,8 +219,9 @@ TEST_F(TaskPickupTest, ShutdownEndsTheWait) {
   TaskNotifier notifier;
   std::unique_ptr<AgentApi> api = AgentsOn(store_, &notifier, kNeverMs);
   RegisterAgents({"h0"});
-  auto answer = Wait(api.get(), "h0");
-  ASSERT_EQ(answer.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
+  auto probe = std::make_shared<CallProbe>();
+  auto answer = Wait(api.get(), "h0", probe);
+  ExpectAsleep(answer, *probe);
   const auto shut_at = Clock::now();
   notifier.Shutdown();
   ASSERT_EQ(answer.wait_until(shut_at + std::chrono::seconds(2)), std::future_status::ready);
