@@ -30,11 +30,11 @@
 #include "client/cpp/coordinator_client.h"
 #include "client/cpp/worker_client.h"
 #include "tests/agent/e2e/e2e_support.h"
-#include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/harness/test_postgres.h"
 #include "tests/coordinator/server/coordinator_process.h"
 #include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/wait.h"
 
 namespace reshard::client {
 namespace {
@@ -229,18 +229,21 @@ class ClientTest : public ::testing::Test {
       sockets_[h] = o.worker_socket;
       agents_[h] = std::move(*a);
     }
-    for (int i = 0; i < 200; ++i) {
-      absl::StatusOr<v1::ListHostsResponse> hosts_now = client_->ListHosts();
-      int alive = 0;
-      if (hosts_now.ok()) {
-        for (const v1::Host& h : hosts_now->hosts()) {
-          if (h.state() == v1::HOST_STATE_ALIVE) ++alive;
-        }
-      }
-      if (alive == static_cast<int>(hosts.size())) return;
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    FAIL() << "agents did not all register";
+    int alive = 0;
+    const bool all_alive = test_support::Eventually(
+        [&] {
+          absl::StatusOr<v1::ListHostsResponse> hosts_now = client_->ListHosts();
+          alive = 0;
+          if (hosts_now.ok()) {
+            for (const v1::Host& h : hosts_now->hosts()) {
+              if (h.state() == v1::HOST_STATE_ALIVE) ++alive;
+            }
+          }
+          return alive == static_cast<int>(hosts.size());
+        },
+        absl::Seconds(10));
+    ASSERT_TRUE(all_alive) << "agents did not all register: " << alive << " of " << hosts.size()
+                           << " alive";
   }
 
   CoordinatorClient::Options Options() {
@@ -732,13 +735,17 @@ TEST_F(ClientTest, RecoverAfterLosingAHost) {
   ASSERT_NO_FATAL_FAILURE(
       RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "recover")));
   agents_["h1"]->Kill();
-  bool lost = false;
-  for (int i = 0; i < 300 && !lost; ++i) {
-    absl::StatusOr<v1::Job> job = client_->GetJob(job_id_);
-    ASSERT_TRUE(job.ok()) << job.status();
-    for (const std::string& h : job->lost_hosts()) lost |= h == "h1";
-    if (!lost) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  absl::Status get_job;
+  const bool lost = test_support::Eventually(
+      [&] {
+        absl::StatusOr<v1::Job> job = client_->GetJob(job_id_);
+        get_job = job.status();
+        if (!job.ok()) return true;  // fails below
+        return std::find(job->lost_hosts().begin(), job->lost_hosts().end(), "h1") !=
+               job->lost_hosts().end();
+      },
+      absl::Seconds(15));
+  ASSERT_TRUE(get_job.ok()) << get_job;
   ASSERT_TRUE(lost) << "h1 was not marked lost";
 
   const v1::Layout target = MakeLayout(2, 2, 1, {"h3", "h0"}, 2);
@@ -861,10 +868,9 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   };
   // The watch is open (its first update came) before the coordinator dies,
   // and has seen its stream break before the coordinator comes back.
-  const bool watching = coordinator::testing::Eventually([&] { return updates_seen > 0; });
+  const bool watching = test_support::Eventually([&] { return updates_seen > 0; });
   coordinator_->Kill();
-  const bool broke =
-      watching && coordinator::testing::Eventually([&] { return broken_watches() > 0; });
+  const bool broke = watching && test_support::Eventually([&] { return broken_watches() > 0; });
   auto restarted = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address, kHeldLeaseMs));
   kill(agents_["h1"]->pid(), SIGCONT);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
@@ -912,7 +918,7 @@ TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
     first_final = first.WatchOperation(
         op->id(), [&](const v1::Operation&) { ++first_updates; }, absl::Seconds(120));
   });
-  ASSERT_TRUE(coordinator::testing::Eventually([&] { return first_updates > 0; }));
+  ASSERT_TRUE(test_support::Eventually([&] { return first_updates > 0; }));
   std::thread two(
       [&] { second_final = second.WatchOperation(op->id(), nullptr, absl::Seconds(120)); });
   auto refused = [&] {
@@ -921,7 +927,7 @@ TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
       return a.method == "WatchOperation" && a.code == absl::StatusCode::kResourceExhausted;
     });
   };
-  const bool waited = coordinator::testing::Eventually([&] { return refused() >= 3; });
+  const bool waited = test_support::Eventually([&] { return refused() >= 3; });
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
   one.join();
   two.join();
@@ -949,7 +955,9 @@ TEST_F(ClientTest, RetriesUnavailableUntilTheCoordinatorAppears) {
     result = client.ListHosts();
     done = true;
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  // Three attempts failed with nothing listening: the call must still be
+  // retrying (its 100 attempts take far longer).
+  ASSERT_TRUE(test_support::Eventually([&] { return CountAttempts("ListHosts") >= 3 || done; }));
   EXPECT_FALSE(done.load()) << "returned before any coordinator listened: " << result.status();
   auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address));
   ASSERT_TRUE(c.ok()) << c.status();
