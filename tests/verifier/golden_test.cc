@@ -15,7 +15,7 @@ namespace {
 using testing::AddBlob;
 using testing::AddTensor;
 using testing::CopiedBytes;
-using testing::Layout;
+using testing::MakeLayout;
 using testing::SetDp;
 using testing::SetPipeline;
 using testing::SetTpSplit;
@@ -63,8 +63,8 @@ TEST(GoldenTest, TensorParallelTwoToFour) {
   ptc.set_num_layers(1);
   SetTpSplit(AddTensor(&ptc, "w", {8, 4}), 0);
   AddBlob(&ptc, "step", 8, v1::BLOB_REPLICATED);
-  const v1::TransferPlan plan =
-      PlanAndVerify(ptc, Layout(2, 1, 1, {"a"}, 2), Layout(4, 1, 1, {"a", "b"}, 2), {80, 72, 0});
+  const v1::TransferPlan plan = PlanAndVerify(ptc, MakeLayout(2, 1, 1, {"a"}, 2),
+                                              MakeLayout(4, 1, 1, {"a", "b"}, 2), {80, 72, 0});
   const v1::HostTraffic* a = HostStats(plan, "a");
   const v1::HostTraffic* b = HostStats(plan, "b");
   ASSERT_NE(a, nullptr);
@@ -94,8 +94,8 @@ TEST(GoldenTest, TensorParallelFourToTwo) {
   ptc.set_num_layers(1);
   SetTpSplit(AddTensor(&ptc, "w", {8, 4}), 0);
   AddBlob(&ptc, "rng", 8, v1::BLOB_PER_RANK);
-  const v1::TransferPlan plan =
-      PlanAndVerify(ptc, Layout(4, 1, 1, {"a", "b"}, 2), Layout(2, 1, 1, {"a"}, 2), {80, 64, 0});
+  const v1::TransferPlan plan = PlanAndVerify(ptc, MakeLayout(4, 1, 1, {"a", "b"}, 2),
+                                              MakeLayout(2, 1, 1, {"a"}, 2), {80, 64, 0});
   const v1::HostTraffic* b = HostStats(plan, "b");
   ASSERT_NE(b, nullptr);
   EXPECT_EQ(b->bytes_out(), 64);
@@ -120,8 +120,8 @@ TEST(GoldenTest, PipelineTwoToFourUnevenStages) {
   }
   SetPipeline(AddTensor(&ptc, "embed", {4, 4}), v1::PIPELINE_FIRST_STAGE);
   SetPipeline(AddTensor(&ptc, "head", {4, 4}), v1::PIPELINE_LAST_STAGE);
-  PlanAndVerify(ptc, Layout(1, 2, 1, {"a"}, 2, {0, 5}),
-                Layout(1, 4, 1, {"a", "b"}, 2, {0, 1, 3, 6}), {124, 164, 0});
+  PlanAndVerify(ptc, MakeLayout(1, 2, 1, {"a"}, 2, {0, 5}),
+                MakeLayout(1, 4, 1, {"a", "b"}, 2, {0, 1, 3, 6}), {124, 164, 0});
 }
 
 TEST(GoldenTest, DataParallelOneToTwo) {
@@ -134,7 +134,8 @@ TEST(GoldenTest, DataParallelOneToTwo) {
   ptc.set_num_layers(1);
   AddTensor(&ptc, "w", {6, 5});
   SetDp(AddTensor(&ptc, "m", {6, 5}), v1::DP_SPLIT, 1);
-  PlanAndVerify(ptc, Layout(1, 1, 1, {"a"}, 1), Layout(1, 1, 2, {"a", "b"}, 1), {192, 168, 0});
+  PlanAndVerify(ptc, MakeLayout(1, 1, 1, {"a"}, 1), MakeLayout(1, 1, 2, {"a", "b"}, 1),
+                {192, 168, 0});
 }
 
 TEST(GoldenTest, ZeroFlatFourToTwoWithPadding) {
@@ -147,8 +148,8 @@ TEST(GoldenTest, ZeroFlatFourToTwoWithPadding) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   SetDp(AddTensor(&ptc, "exp_avg", {11}), v1::DP_FLAT);
-  const v1::TransferPlan plan =
-      PlanAndVerify(ptc, Layout(1, 1, 4, {"a"}, 4), Layout(1, 1, 2, {"a", "b"}, 1), {24, 20, 4});
+  const v1::TransferPlan plan = PlanAndVerify(ptc, MakeLayout(1, 1, 4, {"a"}, 4),
+                                              MakeLayout(1, 1, 2, {"a", "b"}, 1), {24, 20, 4});
   ASSERT_EQ(plan.zero_fills_size(), 1);
   EXPECT_EQ(plan.zero_fills(0).rank(), 1);
   EXPECT_EQ(plan.zero_fills(0).offset(), 5);
@@ -165,8 +166,9 @@ TEST(GoldenTest, MigrationToAllNewHosts) {
   ptc.set_num_layers(1);
   SetTpSplit(AddTensor(&ptc, "w", {8, 8}), 1);
   AddBlob(&ptc, "step", 8, v1::BLOB_REPLICATED);
-  const v1::TransferPlan plan = PlanAndVerify(
-      ptc, Layout(2, 1, 2, {"a", "b"}, 2), Layout(2, 1, 2, {"c", "d", "e", "f"}, 1), {0, 544, 0});
+  const v1::TransferPlan plan =
+      PlanAndVerify(ptc, MakeLayout(2, 1, 2, {"a", "b"}, 2),
+                    MakeLayout(2, 1, 2, {"c", "d", "e", "f"}, 1), {0, 544, 0});
   EXPECT_EQ(CopiedBytes(plan), 544);
   for (const auto& s : plan.steps()) EXPECT_TRUE(s.cross_host());
   for (const char* h : {"c", "d", "e", "f"}) {
@@ -194,7 +196,7 @@ TEST(GoldenTest, IdentityCopiesOnSameDevice) {
   SetPipeline(w1, v1::PIPELINE_LAYER, 1);
   SetDp(w1, v1::DP_FLAT);
   AddBlob(&ptc, "rng", 16, v1::BLOB_PER_RANK);
-  const v1::Layout l = Layout(2, 2, 2, {"a", "b"}, 4);
+  const v1::Layout l = MakeLayout(2, 2, 2, {"a", "b"}, 4);
   const v1::TransferPlan plan = PlanAndVerify(ptc, l, l, {376, 0, 8});
   for (const auto& s : plan.steps()) {
     EXPECT_FALSE(s.cross_host());
@@ -213,8 +215,9 @@ TEST(GoldenTest, FailureWithSurvivingReplica) {
   AddBlob(&ptc, "step", 8, v1::BLOB_REPLICATED);
   planner::LostSet lost;
   lost.hosts = {"b"};
-  const v1::TransferPlan plan = PlanAndVerify(ptc, Layout(1, 1, 2, {"a", "b"}, 1),
-                                              Layout(1, 1, 2, {"a", "c"}, 1), {72, 72, 0}, lost);
+  const v1::TransferPlan plan =
+      PlanAndVerify(ptc, MakeLayout(1, 1, 2, {"a", "b"}, 1), MakeLayout(1, 1, 2, {"a", "c"}, 1),
+                    {72, 72, 0}, lost);
   for (const auto& s : plan.steps()) EXPECT_EQ(s.src_rank(), 0);
   ASSERT_EQ(plan.lost_ranks_size(), 1);
   EXPECT_EQ(plan.lost_ranks(0), 1);
@@ -229,8 +232,8 @@ TEST(GoldenTest, FailureWithoutReplicaNamesLostTensors) {
   SetTpSplit(AddTensor(&ptc, "layers.0.mlp.weight", {4, 4}), 0);
   AddTensor(&ptc, "layers.0.mlp.bias", {4});
   AddBlob(&ptc, "rng_state", 8, v1::BLOB_PER_RANK);
-  const v1::Layout from = Layout(2, 1, 1, {"a", "b"}, 1);
-  const v1::Layout to = Layout(2, 1, 1, {"a", "c"}, 1);
+  const v1::Layout from = MakeLayout(2, 1, 1, {"a", "b"}, 1);
+  const v1::Layout to = MakeLayout(2, 1, 1, {"a", "c"}, 1);
   planner::LostSet lost;
   lost.hosts = {"b"};
   absl::StatusOr<std::vector<std::string>> unrecoverable =

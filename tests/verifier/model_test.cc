@@ -19,7 +19,7 @@ namespace {
 using testing::AddGroup;
 using testing::AddTensor;
 using testing::Extra;
-using testing::Layout;
+using testing::MakeLayout;
 using testing::SetBucket;
 using testing::SetDp;
 using testing::SetExpert;
@@ -52,7 +52,7 @@ TEST(ModelTest, ContextParallelRanksShareTensorsAndShardOverDpTimesCp) {
   AddTensor(&ptc, "rep", {2});
   SetDp(AddTensor(&ptc, "split", {4}), v1::DP_SPLIT);
   SetTpSplit(AddTensor(&ptc, "tp", {4}), 0);
-  const std::vector<Ids> h = Held(ptc, With(Layout(2, 1, 1, {"a"}, 4), Extra{.cp = 2}));
+  const std::vector<Ids> h = Held(ptc, With(MakeLayout(2, 1, 1, {"a"}, 4), Extra{.cp = 2}));
   ASSERT_EQ(h.size(), 3u);
   EXPECT_EQ(h[0], (Ids{{0, 1}, {0, 1}, {0, 1}, {0, 1}}));
   EXPECT_EQ(h[1], (Ids{{0, 1}, {0, 1}, {2, 3}, {2, 3}}));
@@ -68,12 +68,12 @@ TEST(ModelTest, ContextParallelInBothRankOrders) {
   SetPipeline(w, v1::PIPELINE_LAYER, 1);
   SetDp(w, v1::DP_SPLIT);
   // TP_DP_PP: rank = cp_i + 2 * (dp_i + 2 * pp_i): stage 1 is ranks 4..7, g = rank - 4.
-  EXPECT_EQ(Held(ptc, With(Layout(1, 2, 2, {"a"}, 8), Extra{.cp = 2}))[0],
+  EXPECT_EQ(Held(ptc, With(MakeLayout(1, 2, 2, {"a"}, 8), Extra{.cp = 2}))[0],
             (Ids{{}, {}, {}, {}, {0}, {1}, {2}, {3}}));
   // TP_PP_DP: rank = cp_i + 2 * (pp_i + 2 * dp_i): stage 1 is ranks 2, 3, 6, 7.
-  EXPECT_EQ(
-      Held(ptc, With(Layout(1, 2, 2, {"a"}, 8, {}, v1::RANK_ORDER_TP_PP_DP), Extra{.cp = 2}))[0],
-      (Ids{{}, {}, {0}, {1}, {}, {}, {2}, {3}}));
+  EXPECT_EQ(Held(ptc, With(MakeLayout(1, 2, 2, {"a"}, 8, {}, v1::RANK_ORDER_TP_PP_DP),
+                           Extra{.cp = 2}))[0],
+            (Ids{{}, {}, {0}, {1}, {}, {}, {2}, {3}}));
 }
 
 TEST(ModelTest, InterleavedStagesOwnNonContiguousLayers) {
@@ -85,7 +85,7 @@ TEST(ModelTest, InterleavedStagesOwnNonContiguousLayers) {
   SetPipeline(AddTensor(&ptc, "l2", {1}), v1::PIPELINE_LAYER, 2);
   SetLayers(AddTensor(&ptc, "tied", {1}), {3, 4});  // stages 0 and 1
   const std::vector<Ids> h =
-      Held(ptc, With(Layout(1, 2, 1, {"a"}, 2, {0, 1, 3, 4}), Extra{.vpp = 2}));
+      Held(ptc, With(MakeLayout(1, 2, 1, {"a"}, 2, {0, 1, 3, 4}), Extra{.vpp = 2}));
   EXPECT_EQ(h[0], (Ids{{0}, {}}));
   EXPECT_EQ(h[1], (Ids{{}, {0}}));
   EXPECT_EQ(h[2], (Ids{{0}, {0}}));
@@ -93,7 +93,7 @@ TEST(ModelTest, InterleavedStagesOwnNonContiguousLayers) {
   ptc.set_num_layers(4);
   ptc.mutable_tensors(2)->mutable_partition()->mutable_pipeline()->set_layers(0, 1);
   ptc.mutable_tensors(2)->mutable_partition()->mutable_pipeline()->set_layers(1, 3);
-  const std::vector<Ids> even = Held(ptc, With(Layout(1, 2, 1, {"a"}, 2), Extra{.vpp = 2}));
+  const std::vector<Ids> even = Held(ptc, With(MakeLayout(1, 2, 1, {"a"}, 2), Extra{.vpp = 2}));
   EXPECT_EQ(even[0], (Ids{{}, {0}}));
   EXPECT_EQ(even[1], (Ids{{0}, {}}));
   EXPECT_EQ(even[2], (Ids{{}, {0}}));  // layers 1 and 3: both on stage 1
@@ -104,10 +104,10 @@ TEST(ModelTest, FirstAndLastStageAndLayerSets) {
   ptc.set_num_layers(3);
   SetPipeline(AddTensor(&ptc, "emb", {2}), v1::PIPELINE_FIRST_AND_LAST_STAGE);
   SetLayers(AddTensor(&ptc, "t5", {1}), {1});
-  const std::vector<Ids> h = Held(ptc, Layout(1, 3, 1, {"a"}, 3));
+  const std::vector<Ids> h = Held(ptc, MakeLayout(1, 3, 1, {"a"}, 3));
   EXPECT_EQ(h[0], (Ids{{0, 1}, {}, {0, 1}}));
   EXPECT_EQ(h[1], (Ids{{}, {0}, {}}));
-  EXPECT_EQ(Held(ptc, Layout(1, 1, 1, {"a"}, 1))[0], (Ids{{0, 1}}));  // pp 1: one stage
+  EXPECT_EQ(Held(ptc, MakeLayout(1, 1, 1, {"a"}, 1))[0], (Ids{{0, 1}}));  // pp 1: one stage
 }
 
 TEST(ModelTest, VocabularyPaddingDependsOnTp) {
@@ -117,13 +117,15 @@ TEST(ModelTest, VocabularyPaddingDependsOnTp) {
   v1::TensorSpec* emb = AddTensor(&ptc, "emb", {5, 2});
   SetTpSplit(emb, 0);
   SetPadding(emb, 0, 2, true);
-  EXPECT_EQ(Held(ptc, Layout(1, 1, 1, {"a"}, 1))[0], (Ids{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, P, P}}));
-  EXPECT_EQ(Held(ptc, Layout(2, 1, 1, {"a"}, 2))[0],
+  EXPECT_EQ(Held(ptc, MakeLayout(1, 1, 1, {"a"}, 1))[0],
+            (Ids{{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, P, P}}));
+  EXPECT_EQ(Held(ptc, MakeLayout(2, 1, 1, {"a"}, 2))[0],
             (Ids{{0, 1, 2, 3, 4, 5, 6, 7}, {8, 9, P, P, P, P, P, P}}));
   // DP_FLAT over the held rows: 12 positions at tp 1 and dp 2 -> 6 each.
   SetDp(emb, v1::DP_FLAT);
   emb->mutable_partition()->mutable_tp()->set_mode(v1::TP_REPLICATED);
-  EXPECT_EQ(Held(ptc, Layout(1, 1, 2, {"a"}, 2))[0], (Ids{{0, 1, 2, 3, 4, 5}, {6, 7, 8, 9, P, P}}));
+  EXPECT_EQ(Held(ptc, MakeLayout(1, 1, 2, {"a"}, 2))[0],
+            (Ids{{0, 1, 2, 3, 4, 5}, {6, 7, 8, 9, P, P}}));
 }
 
 TEST(ModelTest, MegatronVocabularyExampleOfTheSpec) {
@@ -136,7 +138,7 @@ TEST(ModelTest, MegatronVocabularyExampleOfTheSpec) {
   SetTpSplit(emb, 0);
   SetPadding(emb, 0, 128, true);
   for (auto [tp, held] : {std::pair<int, int64_t>{1, 50304}, {2, 50432}, {4, 50688}}) {
-    const Ids h = Held(ptc, Layout(tp, 1, 1, {"a"}, tp))[0];
+    const Ids h = Held(ptc, MakeLayout(tp, 1, 1, {"a"}, tp))[0];
     ASSERT_EQ(h.size(), static_cast<size_t>(tp));
     int64_t total = 0, padding = 0;
     for (const auto& buf : h) {
@@ -147,7 +149,7 @@ TEST(ModelTest, MegatronVocabularyExampleOfTheSpec) {
     EXPECT_EQ(total, held) << "tp " << tp;
     EXPECT_EQ(padding, held - 50257) << "tp " << tp;
   }
-  const Ids tp4 = Held(ptc, Layout(4, 1, 1, {"a"}, 4))[0];
+  const Ids tp4 = Held(ptc, MakeLayout(4, 1, 1, {"a"}, 4))[0];
   EXPECT_EQ(tp4[3][12240], 50256);  // the last real row
   EXPECT_EQ(tp4[3][12241], P);
   EXPECT_EQ(std::count(tp4[3].begin(), tp4[3].end(), P), 431);
@@ -161,28 +163,28 @@ TEST(ModelTest, UnitsAndReplicationForGroupedQueryAttention) {
   SetTpSplit(qkv, 0, {8, 2, 2});
   SetGranularity(qkv, 2);
   // tp 2: q 2 heads each; k, v (1 unit < 2) replicated on both ranks.
-  EXPECT_EQ(Held(ptc, Layout(2, 1, 1, {"a"}, 2))[0],
+  EXPECT_EQ(Held(ptc, MakeLayout(2, 1, 1, {"a"}, 2))[0],
             (Ids{{0, 1, 2, 3, 8, 9, 10, 11}, {4, 5, 6, 7, 8, 9, 10, 11}}));
   // tp 4: one q head each, k and v on all four.
   EXPECT_EQ(
-      Held(ptc, Layout(4, 1, 1, {"a"}, 4))[0],
+      Held(ptc, MakeLayout(4, 1, 1, {"a"}, 4))[0],
       (Ids{
           {0, 1, 8, 9, 10, 11}, {2, 3, 8, 9, 10, 11}, {4, 5, 8, 9, 10, 11}, {6, 7, 8, 9, 10, 11}}));
   // 2 KV heads at tp 4: ranks 0, 1 hold unit 0 and ranks 2, 3 unit 1.
   qkv->mutable_partition()->mutable_tp()->clear_blocks();
   for (int64_t b : {8, 4, 4}) qkv->mutable_partition()->mutable_tp()->add_blocks(b);
   qkv->set_shape(0, 16);
-  EXPECT_EQ(Held(ptc, Layout(4, 1, 1, {"a"}, 4))[0], (Ids{{0, 1, 8, 9, 12, 13},
-                                                          {2, 3, 8, 9, 12, 13},
-                                                          {4, 5, 10, 11, 14, 15},
-                                                          {6, 7, 10, 11, 14, 15}}));
+  EXPECT_EQ(Held(ptc, MakeLayout(4, 1, 1, {"a"}, 4))[0], (Ids{{0, 1, 8, 9, 12, 13},
+                                                              {2, 3, 8, 9, 12, 13},
+                                                              {4, 5, 10, 11, 14, 15},
+                                                              {6, 7, 10, 11, 14, 15}}));
   // Granularity 0 keeps the element-wise split: block [1] at tp 2 -> rank 1 empty.
   v1::Ptc old;
   old.set_num_layers(1);
   v1::TensorSpec* b = AddTensor(&old, "b", {3});
   SetTpSplit(b, 0, {2, 1});
   b->mutable_partition()->set_allow_empty(true);
-  EXPECT_EQ(Held(old, Layout(2, 1, 1, {"a"}, 2))[0], (Ids{{0, 2}, {1}}));
+  EXPECT_EQ(Held(old, MakeLayout(2, 1, 1, {"a"}, 2))[0], (Ids{{0, 2}, {1}}));
 }
 
 TEST(ModelTest, ExpertSlabsWithExpertTpAndExpertDataParallel) {
@@ -193,15 +195,15 @@ TEST(ModelTest, ExpertSlabsWithExpertTpAndExpertDataParallel) {
   v1::TensorSpec* e = AddTensor(&ptc, "experts", {4, 2});
   SetExpert(e, 0);
   SetTpSplit(e, 1);
-  EXPECT_EQ(Held(ptc, With(Layout(2, 1, 2, {"a"}, 4), Extra{.ep = 2, .expert_tp = 1}))[0],
+  EXPECT_EQ(Held(ptc, With(MakeLayout(2, 1, 2, {"a"}, 4), Extra{.ep = 2, .expert_tp = 1}))[0],
             (Ids{{0, 1, 2, 3}, {4, 5, 6, 7}, {0, 1, 2, 3}, {4, 5, 6, 7}}));
   // expert_tp 2, ep 2 (edp 1): etp_i = l % 2, ep_i = l / 2.
-  EXPECT_EQ(Held(ptc, With(Layout(2, 1, 2, {"a"}, 4), Extra{.ep = 2, .expert_tp = 2}))[0],
+  EXPECT_EQ(Held(ptc, With(MakeLayout(2, 1, 2, {"a"}, 4), Extra{.ep = 2, .expert_tp = 2}))[0],
             (Ids{{0, 2}, {1, 3}, {4, 6}, {5, 7}}));
   // ep 2, expert_tp 1, DP_SPLIT on columns over edp 2.
   SetDp(e, v1::DP_SPLIT, 1);
   e->mutable_partition()->mutable_tp()->set_mode(v1::TP_REPLICATED);
-  EXPECT_EQ(Held(ptc, With(Layout(1, 1, 4, {"a"}, 4), Extra{.ep = 2}))[0],
+  EXPECT_EQ(Held(ptc, With(MakeLayout(1, 1, 4, {"a"}, 4), Extra{.ep = 2}))[0],
             (Ids{{0, 2}, {4, 6}, {1, 3}, {5, 7}}));
 }
 
@@ -213,7 +215,7 @@ TEST(ModelTest, EmptyExpertSlabNeedsAllowEmptyExceptInABucket) {
   v1::TensorSpec* e = AddTensor(&ptc, "experts", {1, 2});
   SetExpert(e, 0);
   SetDp(e, v1::DP_FLAT);
-  const v1::Layout l = With(Layout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
+  const v1::Layout l = With(MakeLayout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
   const absl::Status s = BuildModel(ptc, l, l, {}, {}).status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
   EXPECT_NE(std::string(s.message()).find("rank 1 holds no element"), std::string::npos) << s;
@@ -235,9 +237,9 @@ TEST(ModelTest, DataParallelChunkHasTorchChunkSizes) {
   v1::TensorSpec* w = AddTensor(&ptc, "w", {5, 1});
   SetDp(w, v1::DP_CHUNK, 0);
   w->mutable_partition()->set_allow_empty(true);
-  EXPECT_EQ(Held(ptc, Layout(1, 1, 4, {"a"}, 4))[0], (Ids{{0, 1}, {2, 3}, {4}, {}}));
+  EXPECT_EQ(Held(ptc, MakeLayout(1, 1, 4, {"a"}, 4))[0], (Ids{{0, 1}, {2, 3}, {4}, {}}));
   w->mutable_partition()->set_allow_empty(false);
-  const v1::Layout l = Layout(1, 1, 4, {"a"}, 4);
+  const v1::Layout l = MakeLayout(1, 1, 4, {"a"}, 4);
   EXPECT_EQ(BuildModel(ptc, l, l, {}, {}).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
@@ -251,14 +253,14 @@ TEST(ModelTest, BucketLayoutWithAlignmentBucketSizeAndPadding) {
   for (auto [name, n] : {std::pair<const char*, int64_t>{"a", 3}, {"b", 2}, {"c", 5}}) {
     SetBucket(AddTensor(&ptc, name, {n}), "grads");
   }
-  std::vector<Ids> h = Held(ptc, Layout(1, 1, 2, {"a"}, 2));
+  std::vector<Ids> h = Held(ptc, MakeLayout(1, 1, 2, {"a"}, 2));
   EXPECT_EQ(h[0], (Ids{{0, 1, 2}, {}}));
   EXPECT_EQ(h[1], (Ids{{}, {0, 1}}));
   EXPECT_EQ(h[2], (Ids{{0, 1}, {2, 3, 4}}));
   // Reversed (Megatron): c at 0, b at 8 -> pos 10 closes [0, 10); a at 12 ->
   // pos 15, bucket [10, 16). g0 [0,5) + [10,13), g1 [5,10) + [13,16).
   ptc.mutable_buckets(0)->set_reverse_order(true);
-  h = Held(ptc, Layout(1, 1, 2, {"a"}, 2));
+  h = Held(ptc, MakeLayout(1, 1, 2, {"a"}, 2));
   EXPECT_EQ(h[0], (Ids{{0}, {1, 2}}));
   EXPECT_EQ(h[1], (Ids{{}, {0, 1}}));
   EXPECT_EQ(h[2], (Ids{{0, 1, 2, 3, 4}, {}}));
@@ -267,7 +269,7 @@ TEST(ModelTest, BucketLayoutWithAlignmentBucketSizeAndPadding) {
   ptc.mutable_buckets(0)->set_reverse_order(false);
   ptc.mutable_buckets(0)->set_bucket_elements(0);
   ptc.mutable_buckets(0)->set_pad_multiple(8);
-  h = Held(ptc, Layout(1, 1, 2, {"a"}, 2));
+  h = Held(ptc, MakeLayout(1, 1, 2, {"a"}, 2));
   EXPECT_EQ(h[0], (Ids{{0, 1, 2}, {}}));
   EXPECT_EQ(h[1], (Ids{{0, 1}, {}}));
   EXPECT_EQ(h[2], (Ids{{}, {0, 1, 2, 3, 4}}));
@@ -281,7 +283,7 @@ TEST(ModelTest, MegatronAndFsdpBucketSettingsOfTheSpec) {
   AddGroup(&mega, "main_params", 64, 0, 128, /*reverse_order=*/true);
   SetBucket(AddTensor(&mega, "w1", {100}), "main_params");
   SetBucket(AddTensor(&mega, "w2", {30}), "main_params");
-  std::vector<Ids> h = Held(mega, Layout(1, 1, 2, {"a"}, 2));
+  std::vector<Ids> h = Held(mega, MakeLayout(1, 1, 2, {"a"}, 2));
   ASSERT_EQ(h.size(), 2u);
   EXPECT_EQ(h[0][0].size(), 64u);  // w1 positions 64..127
   EXPECT_EQ(h[0][0].front(), 0);
@@ -296,7 +298,7 @@ TEST(ModelTest, MegatronAndFsdpBucketSettingsOfTheSpec) {
   AddGroup(&fsdp, "unit0", 1, 0, 1);
   SetBucket(AddTensor(&fsdp, "a", {5}), "unit0");
   SetBucket(AddTensor(&fsdp, "b", {4}), "unit0");
-  h = Held(fsdp, Layout(1, 1, 4, {"a"}, 4));
+  h = Held(fsdp, MakeLayout(1, 1, 4, {"a"}, 4));
   EXPECT_EQ(h[0], (Ids{{0, 1, 2}, {3, 4}, {}, {}}));
   EXPECT_EQ(h[1], (Ids{{}, {0}, {1, 2, 3}, {}}));
 }
@@ -313,7 +315,7 @@ TEST(ModelTest, BucketMembersOfEachChunkAreLaidOutSeparately) {
   v1::TensorSpec* y = AddTensor(&ptc, "y", {2});
   SetPipeline(y, v1::PIPELINE_LAYER, 1);
   SetBucket(y, "g");
-  const std::vector<Ids> h = Held(ptc, With(Layout(1, 1, 2, {"a"}, 2), Extra{.vpp = 2}));
+  const std::vector<Ids> h = Held(ptc, With(MakeLayout(1, 1, 2, {"a"}, 2), Extra{.vpp = 2}));
   EXPECT_EQ(h[0], (Ids{{0}, {1}}));
   EXPECT_EQ(h[1], (Ids{{0}, {1}}));
 }
@@ -328,7 +330,7 @@ TEST(ModelTest, BucketMembersDependOnTheRanksTpPiece) {
   SetTpSplit(w, 0);
   SetBucket(w, "g");
   SetBucket(AddTensor(&ptc, "v", {2}), "g");
-  const std::vector<Ids> h = Held(ptc, Layout(2, 1, 2, {"a"}, 4));
+  const std::vector<Ids> h = Held(ptc, MakeLayout(2, 1, 2, {"a"}, 4));
   EXPECT_EQ(h[0], (Ids{{0, 1}, {2, 3}, {}, {}}));
   EXPECT_EQ(h[1], (Ids{{}, {}, {0, 1}, {0, 1}}));
 }
@@ -339,8 +341,8 @@ TEST(ModelTest, RegenerableBlobWithoutHolderIsListedAndZeroed) {
   testing::AddBlob(&ptc, "rng", 2, v1::BLOB_PER_RANK);
   ptc.mutable_blobs(0)->set_regenerable(true);
   testing::AddBlob(&ptc, "sched", 1, v1::BLOB_PER_RANK);
-  const v1::Layout from = Layout(1, 1, 2, {"a", "b"}, 1);
-  const v1::Layout to = Layout(1, 1, 2, {"a", "c"}, 1);
+  const v1::Layout from = MakeLayout(1, 1, 2, {"a", "b"}, 1);
+  const v1::Layout to = MakeLayout(1, 1, 2, {"a", "c"}, 1);
   absl::StatusOr<Model> m = BuildModel(ptc, from, to, {"b"}, {});
   ASSERT_TRUE(m.ok()) << m.status();
   EXPECT_EQ(m->regenerate, (std::vector<std::pair<int, int>>{{1, 0}}));
@@ -410,9 +412,7 @@ TEST(ModelTest, InvalidInputsOfTheNewKinds) {
       {"PIPELINE_LAYERS with no layers",
        [](v1::Ptc* p, v1::Layout*) { SetLayers(p->mutable_tensors(0), {}); }},
       {"layers has 7 outside [0, 2)",
-       [](v1::Ptc* p, v1::Layout*) {
-         SetLayers(p->mutable_tensors(0), {0, 7});
-       }},
+       [](v1::Ptc* p, v1::Layout*) { SetLayers(p->mutable_tensors(0), {0, 7}); }},
       {"dp axis 3 out of range",
        [](v1::Ptc* p, v1::Layout*) { SetDp(p->mutable_tensors(0), v1::DP_CHUNK, 3); }},
       {"dp bucket \"nope\" is not in Ptc.buckets",
@@ -437,7 +437,7 @@ TEST(ModelTest, InvalidInputsOfTheNewKinds) {
     v1::Ptc ptc;
     ptc.set_num_layers(2);
     AddTensor(&ptc, "w", {4, 2});
-    v1::Layout l = Layout(2, 1, 2, {"a"}, 4);
+    v1::Layout l = MakeLayout(2, 1, 2, {"a"}, 4);
     b.mutate(&ptc, &l);
     const absl::Status s = BuildModel(ptc, l, l, {}, {}).status();
     EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << b.needle << ": " << s;

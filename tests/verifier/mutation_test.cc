@@ -22,7 +22,7 @@ using testing::AddBlob;
 using testing::AddGroup;
 using testing::AddTensor;
 using testing::Extra;
-using testing::Layout;
+using testing::MakeLayout;
 using testing::SetBucket;
 using testing::SetDp;
 using testing::SetExpert;
@@ -61,8 +61,8 @@ Case CpCase() {
   AddTensor(&c.ptc, "rep", {2});
   SetDp(AddTensor(&c.ptc, "split", {4}), v1::DP_SPLIT);
   SetDp(AddTensor(&c.ptc, "flat", {7}), v1::DP_FLAT);  // G 4: 2 each, 1 padded
-  c.from = With(Layout(2, 1, 1, {"a"}, 4), Extra{.cp = 2});
-  c.to = With(Layout(1, 1, 2, {"a", "c"}, 2), Extra{.cp = 2});
+  c.from = With(MakeLayout(2, 1, 1, {"a"}, 4), Extra{.cp = 2});
+  c.to = With(MakeLayout(1, 1, 2, {"a", "c"}, 2), Extra{.cp = 2});
   return Planned(c);
 }
 
@@ -76,8 +76,8 @@ Case VppCase() {
   }
   SetPipeline(AddTensor(&c.ptc, "emb", {2}), v1::PIPELINE_FIRST_AND_LAST_STAGE);
   SetLayers(AddTensor(&c.ptc, "rel", {2}), {1, 3});
-  c.from = With(Layout(1, 2, 1, {"a"}, 2), Extra{.vpp = 2});
-  c.to = Layout(1, 2, 1, {"a", "b"}, 1);
+  c.from = With(MakeLayout(1, 2, 1, {"a"}, 2), Extra{.vpp = 2});
+  c.to = MakeLayout(1, 2, 1, {"a", "b"}, 1);
   return Planned(c);
 }
 
@@ -89,8 +89,8 @@ Case PaddingCase() {
   v1::TensorSpec* emb = AddTensor(&c.ptc, "emb", {5, 2});
   SetTpSplit(emb, 0);
   SetPadding(emb, 0, 2, true);
-  c.from = Layout(1, 1, 2, {"a", "b"}, 1);
-  c.to = Layout(2, 1, 1, {"a"}, 2);
+  c.from = MakeLayout(1, 1, 2, {"a", "b"}, 1);
+  c.to = MakeLayout(2, 1, 1, {"a"}, 2);
   return Planned(c);
 }
 
@@ -102,8 +102,8 @@ Case GqaCase() {
   v1::TensorSpec* qkv = AddTensor(&c.ptc, "qkv", {16});
   SetTpSplit(qkv, 0, {8, 4, 4});
   SetGranularity(qkv, 2);
-  c.from = Layout(2, 1, 1, {"a"}, 2);
-  c.to = Layout(4, 1, 1, {"a"}, 4);
+  c.from = MakeLayout(2, 1, 1, {"a"}, 2);
+  c.to = MakeLayout(4, 1, 1, {"a"}, 4);
   return Planned(c);
 }
 
@@ -113,8 +113,8 @@ Case ExpertCase() {
   c.name = "expert";
   c.ptc.set_num_layers(1);
   SetExpert(AddTensor(&c.ptc, "experts", {4, 2}), 0);
-  c.from = With(Layout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
-  c.to = With(Layout(1, 1, 4, {"a"}, 4), Extra{.ep = 2});
+  c.from = With(MakeLayout(1, 1, 2, {"a"}, 2), Extra{.ep = 2});
+  c.to = With(MakeLayout(1, 1, 4, {"a"}, 4), Extra{.ep = 2});
   return Planned(c);
 }
 
@@ -124,8 +124,8 @@ Case ChunkCase() {
   c.name = "chunk";
   c.ptc.set_num_layers(1);
   SetDp(AddTensor(&c.ptc, "w", {5, 2}), v1::DP_CHUNK, 0);
-  c.from = Layout(1, 1, 3, {"a"}, 3);
-  c.to = Layout(1, 1, 2, {"b"}, 2);
+  c.from = MakeLayout(1, 1, 3, {"a"}, 3);
+  c.to = MakeLayout(1, 1, 2, {"b"}, 2);
   return Planned(c);
 }
 
@@ -138,8 +138,8 @@ Case BucketCase() {
   for (auto [name, n] : {std::pair<const char*, int64_t>{"a", 3}, {"b", 2}, {"c", 5}}) {
     SetBucket(AddTensor(&c.ptc, name, {n}), "grads");
   }
-  c.from = Layout(1, 1, 2, {"a"}, 2);
-  c.to = Layout(1, 1, 3, {"a", "b"}, 2);
+  c.from = MakeLayout(1, 1, 2, {"a"}, 2);
+  c.to = MakeLayout(1, 1, 3, {"a", "b"}, 2);
   c.to.mutable_placement()->clear_hosts();
   c.to.mutable_placement()->clear_devices_per_host();
   for (auto [host, device] : {std::pair<const char*, int>{"a", 0}, {"a", 1}, {"b", 0}}) {
@@ -158,8 +158,8 @@ Case RegenCase() {
   AddTensor(&c.ptc, "w", {3});
   AddBlob(&c.ptc, "rng", 4, v1::BLOB_PER_RANK);
   c.ptc.mutable_blobs(0)->set_regenerable(true);
-  c.from = Layout(1, 1, 2, {"a", "b"}, 1);
-  c.to = Layout(1, 1, 2, {"a", "c"}, 1);
+  c.from = MakeLayout(1, 1, 2, {"a", "b"}, 1);
+  c.to = MakeLayout(1, 1, 2, {"a", "c"}, 1);
   c.lost_hosts = {"b"};
   return Planned(c);
 }
@@ -220,8 +220,8 @@ TEST(MutationTest, HandWrittenPaddedVocabularyPlan) {
   v1::TensorSpec* emb = AddTensor(&ptc, "emb", {5, 2});
   SetTpSplit(emb, 0);
   SetPadding(emb, 0, 2, true);
-  const v1::Layout from = Layout(1, 1, 1, {"a"}, 2);
-  const v1::Layout to = Layout(2, 1, 1, {"a"}, 2);
+  const v1::Layout from = MakeLayout(1, 1, 1, {"a"}, 2);
+  const v1::Layout to = MakeLayout(2, 1, 1, {"a"}, 2);
   v1::TransferPlan plan;
   *plan.mutable_source_layout() = from;
   *plan.mutable_target_layout() = to;

@@ -31,8 +31,8 @@ inline v1::Layout RandomHsdpLayout(Rng& rng, int num_layers, const std::string& 
   for (int h = 0; static_cast<int>(hosts.size()) * per_host < world; ++h) {
     if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
   }
-  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, {},
-                        Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
+  v1::Layout l = MakeLayout(tp, pp, dp, hosts, per_host, {},
+                            Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
   l = With(l, Extra{.cp = cp});
   std::vector<int> divisors{0};
   for (int d = 1; d <= dp; ++d) {

@@ -172,8 +172,8 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
     std::sort(cuts.begin(), cuts.end());
     starts = cuts;
   }
-  v1::Layout l = Layout(tp, pp, dp, hosts, per_host, starts,
-                        Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
+  v1::Layout l = MakeLayout(tp, pp, dp, hosts, per_host, starts,
+                            Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
   l = With(l,
            Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
   if (world % per_host != 0) PlaceOneSlotPerRank(world, per_host, hosts, &l);

@@ -15,7 +15,7 @@ namespace {
 
 using testing::AddBlob;
 using testing::AddTensor;
-using testing::Layout;
+using testing::MakeLayout;
 using testing::SetDp;
 using testing::SetPipeline;
 using testing::SetTpSplit;
@@ -42,8 +42,8 @@ Case MixedCase() {
   SetPipeline(w1, v1::PIPELINE_LAYER, 1);
   SetDp(w1, v1::DP_FLAT);
   AddBlob(&c.ptc, "step", 8, v1::BLOB_REPLICATED);
-  c.from = Layout(2, 2, 2, {"a", "b"}, 4);
-  c.to = Layout(2, 1, 2, {"a", "c"}, 2);
+  c.from = MakeLayout(2, 2, 2, {"a", "b"}, 4);
+  c.to = MakeLayout(2, 1, 2, {"a", "c"}, 2);
   absl::StatusOr<v1::TransferPlan> plan = planner::PlanTransfer(c.ptc, c.from, c.to, {});
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (plan.ok()) c.plan = *plan;
@@ -55,8 +55,8 @@ Case ReplicaCase(const std::vector<std::string>& to_hosts, std::vector<int> lost
   Case c;
   c.ptc.set_num_layers(1);
   AddTensor(&c.ptc, "w", {4, 4});
-  c.from = Layout(1, 1, 2, {"a", "b"}, 1);
-  c.to = Layout(1, 1, static_cast<int>(to_hosts.size()), to_hosts, 1);
+  c.from = MakeLayout(1, 1, 2, {"a", "b"}, 1);
+  c.to = MakeLayout(1, 1, static_cast<int>(to_hosts.size()), to_hosts, 1);
   c.lost_ranks = std::move(lost_ranks);
   planner::LostSet lost;
   lost.ranks = c.lost_ranks;
@@ -87,8 +87,8 @@ TEST(VerifierTest, AcceptsHandWrittenPlan) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   AddTensor(&ptc, "w", {2, 3});
-  const v1::Layout from = Layout(1, 1, 1, {"a"}, 1);
-  const v1::Layout to = Layout(1, 1, 2, {"a", "b"}, 1);
+  const v1::Layout from = MakeLayout(1, 1, 1, {"a"}, 1);
+  const v1::Layout to = MakeLayout(1, 1, 2, {"a", "b"}, 1);
   v1::TransferPlan plan;
   *plan.mutable_source_layout() = from;
   *plan.mutable_target_layout() = to;
@@ -266,7 +266,7 @@ TEST(VerifierTest, RefusesInvalidOrHugeInputs) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   AddTensor(&ptc, "huge", {20000, 20000});
-  const v1::Layout l = Layout(1, 1, 1, {"a"}, 1);
+  const v1::Layout l = MakeLayout(1, 1, 1, {"a"}, 1);
   EXPECT_EQ(VerifyPlan(ptc, l, l, {}, {}, {}).code(), absl::StatusCode::kInvalidArgument);
 
   Case c = ReplicaCase({"a", "b"}, {});
