@@ -3,72 +3,40 @@
 // the Python implementation (client/python/reshard/core/_rpc.py through
 // tests/data/gen_rpc_vectors.py): both sides must agree on every row.
 #include <cstdint>
-#include <fstream>
 #include <map>
 #include <set>
-#include <sstream>
 #include <string>
 
 #include "common/rpc/enum_name.h"
 #include "common/rpc/retry.h"
 #include "common/rpc/status.h"
 #include "google/protobuf/descriptor.h"
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "reshard/v1/agent.pb.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "reshard/v1/ptc.pb.h"
+#include "tests/data/vectors.h"
 
 namespace reshard::rpc {
 namespace {
 
-using google::protobuf::ListValue;
-using google::protobuf::Struct;
-using google::protobuf::Value;
+using test_vectors::Bool;
+using test_vectors::Int;
+using test_vectors::ListValue;
+using test_vectors::Number;
+using test_vectors::Struct;
+using test_vectors::Text;
+using test_vectors::Value;
 
 #ifndef RESHARD_RPC_VECTORS
 #error "RESHARD_RPC_VECTORS must name tests/data/rpc_vectors.json"
 #endif
 
-Struct LoadVectors() {
-  std::ifstream in(RESHARD_RPC_VECTORS);
-  EXPECT_TRUE(in) << "cannot open " << RESHARD_RPC_VECTORS;
-  std::stringstream text;
-  text << in.rdbuf();
-  Struct root;
-  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &root);
-  EXPECT_TRUE(status.ok()) << status;
-  return root;
-}
-
 const Struct& Vectors() {
-  static const Struct* root = new Struct(LoadVectors());
+  static const Struct* root = new Struct(test_vectors::Load(RESHARD_RPC_VECTORS));
   return *root;
 }
-
-const ListValue& List(const std::string& key) {
-  auto it = Vectors().fields().find(key);
-  EXPECT_NE(it, Vectors().fields().end()) << key;
-  static const ListValue* empty = new ListValue();
-  return it == Vectors().fields().end() ? *empty : it->second.list_value();
-}
-
-const Value& Field(const Value& row, const std::string& key) {
-  auto it = row.struct_value().fields().find(key);
-  EXPECT_NE(it, row.struct_value().fields().end()) << key;
-  static const Value* null = new Value();
-  return it == row.struct_value().fields().end() ? *null : it->second;
-}
-// Small integers are exact doubles in JSON.
-int64_t Int(const Value& row, const std::string& key) {
-  return static_cast<int64_t>(Field(row, key).number_value());
-}
-double Number(const Value& row, const std::string& key) { return Field(row, key).number_value(); }
-const std::string& Text(const Value& row, const std::string& key) {
-  return Field(row, key).string_value();
-}
-bool Bool(const Value& row, const std::string& key) { return Field(row, key).bool_value(); }
+const ListValue& List(const std::string& key) { return test_vectors::List(Vectors(), key); }
 
 // The Python names of the kinds (reshard._rpc.CALL_KINDS).
 CallKind KindOf(const std::string& name) {

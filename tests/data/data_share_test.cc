@@ -5,56 +5,31 @@
 #include "common/data/data_share.h"
 
 #include <algorithm>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <string>
+#include <vector>
 
-#include "google/protobuf/struct.pb.h"
-#include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
+#include "tests/data/vectors.h"
 
 namespace reshard::data {
 namespace {
 
-using google::protobuf::ListValue;
-using google::protobuf::Struct;
-using google::protobuf::Value;
+using test_vectors::List;
+using test_vectors::ListValue;
+using test_vectors::Struct;
+using test_vectors::U64;
+using test_vectors::Value;
 
 #ifndef RESHARD_SHARE_VECTORS
 #error "RESHARD_SHARE_VECTORS must name tests/data/share_vectors.json"
 #endif
 
-Struct LoadVectors() {
-  std::ifstream in(RESHARD_SHARE_VECTORS);
-  EXPECT_TRUE(in) << "cannot open " << RESHARD_SHARE_VECTORS;
-  std::stringstream text;
-  text << in.rdbuf();
-  Struct root;
-  const auto status = google::protobuf::util::JsonStringToMessage(text.str(), &root);
-  EXPECT_TRUE(status.ok()) << status;
-  return root;
-}
-
 const Struct& Vectors() {
-  static const Struct* root = new Struct(LoadVectors());
+  static const Struct* root = new Struct(test_vectors::Load(RESHARD_SHARE_VECTORS));
   return *root;
 }
 
-// 64-bit values come as decimal strings, small ones as (exact) doubles.
-uint64_t U64(const Value& v) {
-  if (v.kind_case() == Value::kStringValue) return std::stoull(v.string_value());
-  EXPECT_EQ(v.kind_case(), Value::kNumberValue);
-  EXPECT_LT(v.number_value(), 9007199254740992.0);
-  return static_cast<uint64_t>(v.number_value());
-}
-uint64_t U64(const Struct& s, const std::string& key) {
-  auto it = s.fields().find(key);
-  EXPECT_NE(it, s.fields().end()) << key;
-  return U64(it->second);
-}
-const ListValue& List(const Struct& s, const std::string& key) {
-  return s.fields().at(key).list_value();
-}
 std::vector<uint64_t> U64s(const ListValue& list) {
   std::vector<uint64_t> out;
   for (const Value& v : list.values()) out.push_back(U64(v));

@@ -5,6 +5,7 @@ worker's "device memory" on the fake device (reshard._device_ipc)."""
 import contextlib
 import json
 import os
+import subprocess
 import sys
 
 import grpc
@@ -13,6 +14,23 @@ import numpy as np
 import reshard
 from reshard import layout
 from reshard.v1 import ptc_pb2
+
+VECTORS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "data")
+
+
+def read_vectors(file_name):
+    """A shared vectors file of tests/data, parsed (the C++ tests read the same)."""
+    with open(os.path.join(VECTORS_DIR, file_name)) as f:
+        return json.load(f)
+
+
+def check_vectors_reproduce(generator, file_name, tmp_path):
+    """tests/data/<generator>, run afresh into tmp_path, writes exactly the
+    checked-in <file_name>: the file has no hand edits."""
+    subprocess.run([sys.executable, os.path.join(VECTORS_DIR, generator), "--out", str(tmp_path)],
+                   check=True, capture_output=True)
+    with open(os.path.join(VECTORS_DIR, file_name)) as f:
+        assert (tmp_path / file_name).read_text() == f.read()
 
 
 def tensor(name, dtype, shape, tp=None, axis=0, blocks=(), pipeline="PIPELINE_LAYER", layer=0,

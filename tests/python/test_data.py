@@ -2,8 +2,6 @@
 (tests/data/share_vectors.json, also verified by the C++ data_share_test), the
 order and share functions, DatasetState conversions and the samplers."""
 
-import json
-import os
 import subprocess
 import sys
 
@@ -11,15 +9,12 @@ import pytest
 
 from reshard import data
 from reshard.v1 import ptc_pb2
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VECTORS = os.path.join(REPO, "tests", "data", "share_vectors.json")
+from helpers import check_vectors_reproduce, read_vectors
 
 
 @pytest.fixture(scope="module")
 def vectors():
-    with open(VECTORS) as f:
-        return json.load(f)
+    return read_vectors("share_vectors.json")
 
 
 def order_of(case):
@@ -89,14 +84,7 @@ def test_vectors_layout_fingerprints(vectors):
 
 def test_vector_file_is_what_the_generator_writes(tmp_path):
     # The checked-in file is reproducible from data.py (no hand edits).
-    gen = os.path.join(REPO, "tests", "data", "gen_share_vectors.py")
-    src = open(gen).read().replace('HERE = os.path.dirname(os.path.abspath(__file__))',
-                                   f'HERE = {str(tmp_path)!r}').replace(
-        'ROOT = os.path.dirname(os.path.dirname(HERE))', f'ROOT = {REPO!r}')
-    script = tmp_path / "gen.py"
-    script.write_text(src)
-    subprocess.run([sys.executable, str(script)], check=True, capture_output=True)
-    assert (tmp_path / "share_vectors.json").read_text() == open(VECTORS).read()
+    check_vectors_reproduce("gen_share_vectors.py", "share_vectors.json", tmp_path)
 
 
 # ------------------------------------------------------------- the order

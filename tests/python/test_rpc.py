@@ -6,11 +6,7 @@ answers what the test scripts: the Client's retries within one overall
 deadline and their jitter, the Worker's publish retries within the time left,
 watch_job's follow mode (the launcher's)."""
 
-import json
-import os
 import random
-import subprocess
-import sys
 import threading
 import time
 from concurrent import futures
@@ -23,15 +19,12 @@ import reshard
 from reshard import _rpc, errors, launch
 from reshard.v1 import (agent_pb2, coordinator_pb2, coordinator_pb2_grpc, ptc_pb2,  # noqa: F401
                         worker_pb2, worker_pb2_grpc)
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-VECTORS = os.path.join(REPO, "tests", "data", "rpc_vectors.json")
+from helpers import check_vectors_reproduce, read_vectors
 
 
 @pytest.fixture(scope="module")
 def vectors():
-    with open(VECTORS) as f:
-        return json.load(f)
+    return read_vectors("rpc_vectors.json")
 
 
 # ------------------------------------------------------------ the vectors
@@ -187,14 +180,7 @@ def test_a_ranks_error_record_comes_back_as_the_class_of_its_code():
 
 def test_vector_file_is_what_the_generator_writes(tmp_path):
     # The checked-in file is reproducible from _rpc.py (no hand edits).
-    gen = os.path.join(REPO, "tests", "data", "gen_rpc_vectors.py")
-    src = open(gen).read().replace('HERE = os.path.dirname(os.path.abspath(__file__))',
-                                   f'HERE = {str(tmp_path)!r}').replace(
-        'ROOT = os.path.dirname(os.path.dirname(HERE))', f'ROOT = {REPO!r}')
-    script = tmp_path / "gen.py"
-    script.write_text(src)
-    subprocess.run([sys.executable, str(script)], check=True, capture_output=True)
-    assert (tmp_path / "rpc_vectors.json").read_text() == open(VECTORS).read()
+    check_vectors_reproduce("gen_rpc_vectors.py", "rpc_vectors.json", tmp_path)
 
 
 # ------------------------------------------------------- the call sites
