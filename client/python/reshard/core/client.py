@@ -33,6 +33,10 @@ _CALL = _rpc.POLICIES[_rpc.CLIENT_CALL]
 _FOLLOW_CODES = frozenset((_rpc.DEADLINE_EXCEEDED, _rpc.INTERNAL, _rpc.ABORTED,
                            _rpc.CANCELLED))
 
+# What a watch's at_end answers when the watch is over with nothing more to
+# yield (Client._watch_stream).
+_END = object()
+
 _DEFAULT_CHANNEL_OPTIONS = (
     # The client retries UNAVAILABLE itself; let the channel reconnect quickly
     # instead of sitting out gRPC's default 1 s..120 s reconnect backoff.
@@ -507,57 +511,16 @@ class Client:
         return last
 
     def _watch(self, operation_id, timeout):
-        end = None if timeout is None else time.monotonic() + timeout
-        failures = 0
-        refusals, refused = 0, None  # in a row, for the watch limits (_wait_for_a_slot)
-        version = 0  # the last one yielded: a reopened stream starts after it
-        while True:
-            remaining = None if end is None else end - time.monotonic()
-            if remaining is not None and remaining <= 0:
-                raise errors.DeadlineExceeded(
-                    f"operation \"{operation_id}\" not final after {timeout} s"
-                    + (f" (its watch refused: {refused})" if refusals else ""),
-                    method="WatchOperation")
-            stream = None
-            try:
-                stream = self._stub.WatchOperation(
-                    _pb.WatchOperationRequest(operation_id=operation_id, from_version=version),
-                    timeout=remaining, metadata=self._metadata)
-                for op in stream:
-                    failures = refusals = 0
-                    version = max(version, op.version)
-                    yield op
-                    if is_terminal(op):
-                        return
-                # The stream ended without a final state: read the operation.
-                op = self.get_operation(operation_id)
-                if is_terminal(op):
-                    yield op
-                    return
-                failures += 1
-            except grpc.RpcError as e:
-                code = e.code().value[0]
-                if code == _rpc.DEADLINE_EXCEEDED and end is not None:
-                    raise errors.DeadlineExceeded(
-                        f"operation \"{operation_id}\" not final after {timeout} s",
-                        method="WatchOperation") from None
-                if _rpc.is_watch_refusal(code):
-                    refusals += 1
-                    refused = e.details()
-                    self._wait_for_a_slot(e, refusals, "WatchOperation", end)
-                    continue
-                err = errors.from_rpc_error(e, "WatchOperation")
-                failures += 1
-                if (not _rpc.retryable(_rpc.STREAM_RECONNECT, code)
-                        or failures >= self.max_attempts):
-                    raise err from None
-            finally:
-                if stream is not None:
-                    stream.cancel()  # the caller stopped early, or the stream is done
-            delay = self._delay(max(failures, 1), _rpc.STREAM_RECONNECT)
-            if self.on_retry is not None:
-                self.on_retry("WatchOperation", failures, None, delay, None)
-            time.sleep(delay)
+        def at_end():
+            op = self.get_operation(operation_id)
+            return (op if is_terminal(op) else None), None
+
+        return self._watch_stream(
+            "WatchOperation", f"operation \"{operation_id}\" not final",
+            lambda version, remaining: self._stub.WatchOperation(
+                _pb.WatchOperationRequest(operation_id=operation_id, from_version=version),
+                timeout=remaining, metadata=self._metadata),
+            timeout, 0, final=is_terminal, at_end=at_end)
 
     def watch_job(self, job_id, timeout=None, from_version=0, follow=False, stop=None):
         """Iterates over the job (a Job message, without its PTC) now and on
@@ -584,49 +547,75 @@ class Client:
         every job received starts the count again. `stop`: a
         threading.Event that ends the iteration once set (checked before
         each reopening and during its wait)."""
+        def at_end():
+            if not follow:
+                return _END, None
+            # The stream ended without an error: a deleted job (NotFound),
+            # or a replica that went away cleanly.
+            try:
+                self.get_job(job_id)
+                return None, None
+            except errors.ReshardError as e:
+                if not self._follows(e.code.value[0]):
+                    raise
+                return None, e
+
+        return self._watch_stream(
+            "WatchJob", f"watch of job \"{job_id}\" ended",
+            lambda version, remaining: self._stub.WatchJob(
+                _pb.WatchJobRequest(job_id=job_id, from_version=version), timeout=remaining,
+                metadata=self._metadata),
+            timeout, from_version, at_end=at_end, follow=follow, stop=stop)
+
+    def _watch_stream(self, method, what, open_stream, timeout, version, final=None,
+                      at_end=None, follow=False, stop=None):
+        """The one watch loop (WatchOperation, WatchJob): yields the messages
+        of the stream `open_stream(from_version, remaining_s)` opens, each
+        with a larger .version, and reopens it after the last version seen
+        when it breaks: UNAVAILABLE up to max_attempts times in a row (with
+        `follow`, any code _follows accepts, without limit); a refusal for
+        the watch limits until a slot frees (_wait_for_a_slot). `final(m)`:
+        the watch ends after m. `at_end()`, when the stream ends without an
+        error, returns (last, error): a message to yield last, _END to stop
+        with nothing more, or None to reopen (error, if any, goes to a
+        callable `follow`). `what` starts the DeadlineExceeded message."""
         end = None if timeout is None else time.monotonic() + timeout
         failures = 0
         refusals, refused = 0, None  # in a row, for the watch limits (_wait_for_a_slot)
-        version = from_version
         while stop is None or not stop.is_set():
             remaining = None if end is None else end - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise errors.DeadlineExceeded(
-                    f"watch of job \"{job_id}\" ended after {timeout} s"
-                    + (f" (refused: {refused})" if refusals else ""), method="WatchJob")
-            stream = self._stub.WatchJob(
-                _pb.WatchJobRequest(job_id=job_id, from_version=version), timeout=remaining,
-                metadata=self._metadata)
+                    f"{what} after {timeout} s" + (f" (refused: {refused})" if refusals else ""),
+                    method=method)
+            stream, err = None, None
             try:
-                for job in stream:
+                stream = open_stream(version, remaining)
+                for message in stream:
                     failures = refusals = 0
-                    version = max(version, job.version)
-                    yield job
-                if not follow:
+                    version = max(version, message.version)
+                    yield message
+                    if final is not None and final(message):
+                        return
+                last, err = at_end()
+                if last is _END:
                     return
-                # The stream ended without an error: a deleted job
-                # (NotFound), or a replica that went away cleanly.
+                if last is not None:
+                    yield last
+                    return
                 failures += 1
-                try:
-                    self.get_job(job_id)
-                    err = None
-                except errors.ReshardError as e:
-                    if not self._follows(e.code.value[0]):
-                        raise
-                    err = e
             except grpc.RpcError as e:
                 code = e.code().value[0]
                 if code == _rpc.DEADLINE_EXCEEDED and end is not None:
-                    raise errors.DeadlineExceeded(
-                        f"watch of job \"{job_id}\" ended after {timeout} s",
-                        method="WatchJob") from None
+                    raise errors.DeadlineExceeded(f"{what} after {timeout} s",
+                                                  method=method) from None
                 if _rpc.is_watch_refusal(code):
                     refusals += 1
                     refused = e.details()
-                    self._wait_for_a_slot(e, refusals, "WatchJob", end)
+                    self._wait_for_a_slot(e, refusals, method, end)
                     continue
                 failures += 1
-                err = errors.from_rpc_error(e, "WatchJob")
+                err = errors.from_rpc_error(e, method)
                 if follow:
                     if not self._follows(code):
                         raise err from None
@@ -634,12 +623,13 @@ class Client:
                         or failures >= self.max_attempts):
                     raise err from None
             finally:
-                stream.cancel()
+                if stream is not None:
+                    stream.cancel()  # the caller stopped early, or the stream is done
             delay = self._delay(min(failures, 32), _rpc.STREAM_RECONNECT)
             if callable(follow):
                 follow(err, delay)
             if self.on_retry is not None:
-                self.on_retry("WatchJob", failures, None, delay, None)
+                self.on_retry(method, failures, None, delay, None)
             if stop is not None:
                 stop.wait(delay)
             else:
