@@ -17,6 +17,8 @@
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/pg_store.h"
 #include "tests/coordinator/harness/test_postgres.h"
+#include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::store_test {
 
@@ -100,11 +102,21 @@ std::string StoreParamName(const ::testing::TestParamInfo<std::string>& info);
 
 // ---- Builders ----------------------------------------------------------------
 
+// The job and host builders are tests/support's, under this suite's names.
+
 /// tp x pp x dp over `hosts` with `per_host` devices each (compact form).
-v1::Layout Layout(int tp, int pp, int dp, const std::vector<std::string>& hosts, int per_host);
+inline v1::Layout Layout(int tp, int pp, int dp, const std::vector<std::string>& hosts,
+                         int per_host) {
+  return ::reshard::test_support::MakeLayout(tp, pp, dp, hosts, per_host);
+}
 
 /// A valid 2-layer job: tp 2 x pp 2 x dp 1 on hosts h0, h1 (2 devices each).
-v1::JobSpec SmallSpec(const std::string& name, const std::string& tenant = "tenant-a");
+inline v1::JobSpec SmallSpec(const std::string& name, const std::string& tenant = "tenant-a") {
+  return ::reshard::test_support::StoreSmallSpec(name, tenant);
+}
+
+/// Two 80 GiB H100s over UCX.
+using ::reshard::test_support::MakeHost;
 
 Idempotency Key(const std::string& key, const std::string& method, const std::string& hash);
 
@@ -114,8 +126,6 @@ NewOperation Resize(const std::string& op_id, const std::string& job_id, int64_t
 
 /// The planner's plan for `spec` from its layout to `target`.
 v1::TransferPlan PlanFor(const v1::JobSpec& spec, const v1::Layout& target);
-
-v1::Host MakeHost(const std::string& id);
 
 HostProgress Progress(const std::string& host, v1::HostTaskState state, int64_t done = 0,
                       int64_t total = 0);
