@@ -18,6 +18,7 @@
 
 #include "services/coordinator/store/call_class.h"
 #include "tests/coordinator/store/store_fixture.h"
+#include "tests/support/wait.h"
 
 namespace reshard::coordinator::store_test {
 namespace {
@@ -27,17 +28,6 @@ using std::chrono::milliseconds;
 
 int64_t MsSince(Clock::time_point start) {
   return std::chrono::duration_cast<milliseconds>(Clock::now() - start).count();
-}
-
-// Polls `done` every 10 ms until it holds or `timeout` passes.
-template <typename Predicate>
-bool WaitFor(Predicate done, milliseconds timeout) {
-  const Clock::time_point deadline = Clock::now() + timeout;
-  while (!done()) {
-    if (Clock::now() >= deadline) return false;
-    std::this_thread::sleep_for(milliseconds(10));
-  }
-  return true;
 }
 
 // Freezes the backends serving `database` (all but the admin's own) with
@@ -85,9 +75,9 @@ TEST_F(DeadlinesTest, FrozenServerMakesCallsUnavailableWithinTheStatementTimeout
   std::shared_ptr<PgStore> store = ConnectWith(options);
   ASSERT_NE(store, nullptr);
   ASSERT_TRUE(store->CreateJob("job-1", SmallSpec("llama"), {}).ok());
-  PgLeaderLock lock(dsn_, 11,
-                    PgLeaderLockOptions{.statement_timeout_ms = kStatementTimeoutMs,
-                                        .connect_timeout_s = 2});
+  PgLeaderLock lock(
+      dsn_, 11,
+      PgLeaderLockOptions{.statement_timeout_ms = kStatementTimeoutMs, .connect_timeout_s = 2});
   absl::StatusOr<bool> took = lock.TryAcquire();
   ASSERT_TRUE(took.ok()) << took.status();
   ASSERT_TRUE(*took);
@@ -128,12 +118,12 @@ TEST_F(DeadlinesTest, FrozenServerMakesCallsUnavailableWithinTheStatementTimeout
   EXPECT_EQ(after.outages, outages_before + 1);
   EXPECT_GE(after.last_outage_ms, kStatementTimeoutMs);
   // The lock is taken again once the old session has gone.
-  EXPECT_TRUE(WaitFor(
+  EXPECT_TRUE(test_support::Eventually(
       [&] {
         absl::StatusOr<bool> again = lock.TryAcquire();
         return again.ok() && *again;
       },
-      milliseconds(10000)));
+      absl::Seconds(10), absl::Milliseconds(10)));
 }
 
 TEST_F(DeadlinesTest, ClientCallsCannotTakeTheConnectionsKeptForAgents) {
@@ -155,9 +145,8 @@ TEST_F(DeadlinesTest, ClientCallsCannotTakeTheConnectionsKeptForAgents) {
   constexpr int kClients = 5;  // more than the pool's 4 connections
   std::vector<std::future<absl::Status>> clients;
   for (int i = 0; i < kClients; ++i) {
-    clients.push_back(std::async(std::launch::async, [&] {
-      return store->SetJobState("job-1", v1::JOB_STATE_DEGRADED);
-    }));
+    clients.push_back(std::async(
+        std::launch::async, [&] { return store->SetJobState("job-1", v1::JOB_STATE_DEGRADED); }));
   }
   pqxx::connection admin(dsn_);
   auto waiting_on_lock = [&] {
@@ -171,7 +160,8 @@ TEST_F(DeadlinesTest, ClientCallsCannotTakeTheConnectionsKeptForAgents) {
   };
   // Clients fill their share (pool 4 less 1 kept for agents); the others
   // wait for a connection. Without the reserve all 4 would be blocked.
-  ASSERT_TRUE(WaitFor([&] { return waiting_on_lock() >= 3; }, milliseconds(10000)));
+  ASSERT_TRUE(test_support::Eventually([&] { return waiting_on_lock() >= 3; }, absl::Seconds(10),
+                                       absl::Milliseconds(10)));
 
   const Clock::time_point start = Clock::now();
   absl::Status agent_call;
