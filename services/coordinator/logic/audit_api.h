@@ -5,13 +5,14 @@
 // Thread-safe: holds no mutable state of its own.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "reshard/v1/coordinator.pb.h"
-#include "services/coordinator/store/store.h"
+#include "services/coordinator/store/auth_store.h"
 
 namespace reshard::coordinator {
 
@@ -22,7 +23,8 @@ class AuditApi {
     int default_page_size = 100;
   };
 
-  AuditApi(StorePtr store, Options options) : store_(std::move(store)), options_(options) {}
+  AuditApi(std::shared_ptr<AuthStore> store, Options options)
+      : store_(std::move(store)), options_(options) {}
 
   /// Ends a call's `record` with `status`: nothing to do when the call
   /// succeeded and its effect's transaction committed the record; otherwise
@@ -39,7 +41,7 @@ class AuditApi {
                                                            std::vector<std::string> tenants);
 
  private:
-  StorePtr store_;
+  std::shared_ptr<AuthStore> store_;
   Options options_;
 };
 

@@ -58,7 +58,7 @@ std::string Describe(const HostCapacity& c) {
 }  // namespace
 
 struct HostCapacities::Snapshot {
-  Store::RegistrationsMark mark;
+  HostStore::RegistrationsMark mark;
   std::map<std::string, HostCapacity> by_host;
   HostCapacity cluster;  // known: at least one host, and every one reports a limit
   size_t hosts = 0;
@@ -72,7 +72,7 @@ int64_t HostCapacities::loads() const {
 absl::StatusOr<std::shared_ptr<const HostCapacities::Snapshot>> HostCapacities::Current() {
   // The mark is read before the hosts: a registration between the two makes
   // the snapshot newer than its mark, and the next call reads again.
-  absl::StatusOr<Store::RegistrationsMark> mark = store_->HostRegistrations();
+  absl::StatusOr<HostStore::RegistrationsMark> mark = store_->HostRegistrations();
   if (!mark.ok()) return mark.status();
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -10,7 +10,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "reshard/v1/ptc.pb.h"
-#include "services/coordinator/store/store.h"
+#include "services/coordinator/store/host_store.h"
 
 namespace reshard::coordinator {
 
@@ -27,12 +27,12 @@ namespace reshard::coordinator {
 /// layout in messages ("layout", "target"). `ptc` and `layout` must be valid.
 ///
 /// The hosts' capacities are kept in memory and read again only when a host
-/// registered since (Store::HostRegistrations moved, on this replica or
+/// registered since (HostStore::HostRegistrations moved, on this replica or
 /// another): RegisterJob and every Resize judge the whole cluster with one
 /// one-row query, not by reading every host. Thread-safe.
 class HostCapacities {
  public:
-  explicit HostCapacities(StorePtr store) : store_(std::move(store)) {}
+  explicit HostCapacities(std::shared_ptr<HostStore> store) : store_(std::move(store)) {}
 
   [[nodiscard]] absl::Status CheckFits(const v1::Ptc& ptc, const v1::Layout& layout,
                                        absl::string_view what);
@@ -44,7 +44,7 @@ class HostCapacities {
   struct Snapshot;
   [[nodiscard]] absl::StatusOr<std::shared_ptr<const Snapshot>> Current();
 
-  const StorePtr store_;
+  const std::shared_ptr<HostStore> store_;
   mutable std::mutex mu_;
   std::shared_ptr<const Snapshot> snapshot_;  // guarded by mu_
   int64_t loads_ = 0;                         // guarded by mu_

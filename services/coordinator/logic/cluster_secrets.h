@@ -18,7 +18,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "services/coordinator/store/store.h"
+#include "services/coordinator/store/auth_store.h"
 
 namespace reshard::coordinator {
 
@@ -26,7 +26,7 @@ class ClusterSecrets {
  public:
   static constexpr char kWorkerTokenPrefix[] = "wt-";
 
-  explicit ClusterSecrets(StorePtr store) : store_(std::move(store)) {}
+  explicit ClusterSecrets(std::shared_ptr<AuthStore> store) : store_(std::move(store)) {}
 
   /// The worker token of job `job_id`. Unavailable when the store is.
   [[nodiscard]] absl::StatusOr<std::string> WorkerToken(const std::string& job_id);
@@ -47,7 +47,7 @@ class ClusterSecrets {
   /// HMAC(key, label), the key read or created once.
   absl::StatusOr<std::string> SubKey(const char* label);
 
-  StorePtr store_;
+  std::shared_ptr<AuthStore> store_;
   std::mutex mu_;
   std::string key_;  // empty until loaded
 };

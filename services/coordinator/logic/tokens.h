@@ -7,12 +7,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "services/coordinator/clock.h"
-#include "services/coordinator/store/store.h"
+#include "services/coordinator/store/auth_store.h"
 
 namespace reshard::coordinator {
 
@@ -22,7 +23,7 @@ class TokenApi {
   static constexpr int64_t kMaxTtlMs = 366LL * 24 * 3600 * 1000;
   static constexpr int64_t kDefaultTtlMs = 30LL * 24 * 3600 * 1000;
 
-  TokenApi(std::shared_ptr<Store> store, const Clock* clock)
+  TokenApi(std::shared_ptr<AuthStore> store, const Clock* clock)
       : store_(std::move(store)), clock_(clock) {}
 
   struct Created {
@@ -46,7 +47,7 @@ class TokenApi {
   [[nodiscard]] absl::StatusOr<TokenRecord> Verify(const std::string& token) const;
 
  private:
-  std::shared_ptr<Store> store_;
+  std::shared_ptr<AuthStore> store_;
   const Clock* clock_;
 };
 

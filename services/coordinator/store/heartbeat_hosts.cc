@@ -1,6 +1,6 @@
-// Store::HeartbeatHosts' and AssignedOperationsOfHosts' defaults: the per-host
-// methods one by one (a store that has nothing better, such as the in-memory
-// one).
+// Store::HeartbeatHosts' and OperationStore::AssignedOperationsOfHosts'
+// defaults: the per-host methods one by one (a store that has nothing better,
+// such as the in-memory one).
 #include <utility>
 
 #include "services/coordinator/store/store.h"
@@ -71,8 +71,8 @@ absl::StatusOr<std::vector<HostHeartbeatResult>> Store::HeartbeatHosts(
   return results;
 }
 
-absl::StatusOr<std::map<std::string, std::vector<std::string>>> Store::AssignedOperationsOfHosts(
-    const std::vector<std::string>& host_ids) {
+absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+OperationStore::AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) {
   std::map<std::string, std::vector<std::string>> assigned;
   for (const std::string& host : host_ids) {
     if (!CheckText("host id", host).ok()) continue;  // no such host: none assigned

@@ -15,7 +15,7 @@
 #include "absl/status/statusor.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/store/operation_meeting.h"
-#include "services/coordinator/store/store.h"
+#include "services/coordinator/store/operation_store.h"
 
 namespace reshard::coordinator {
 
