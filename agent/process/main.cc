@@ -47,13 +47,14 @@ int Fail(const std::string& what) {
 }
 
 // The host's devices, when --device names a device API: the API, the
-// device rank-buffer store, the device communicator (or why there is none).
+// device rank-buffer store, the device communicator (or why there is none),
+// and how many devices the API reported when it was opened.
 struct Devices {
   std::unique_ptr<DeviceApi> api;
   std::unique_ptr<DeviceBufferStore> store;
   std::unique_ptr<DeviceCommFactory> comm;
   std::string comm_why_not = "--device-comm none";
-  int count() const { return api != nullptr ? api->capabilities().device_count : 0; }
+  int count = 0;
 };
 
 absl::StatusOr<Devices> OpenDevices(const AgentConfig& config) {
@@ -82,6 +83,7 @@ absl::StatusOr<Devices> OpenDevices(const AgentConfig& config) {
   }
   dev.store = *std::move(opened);
   const DeviceApiCapabilities caps = dev.api->capabilities();
+  dev.count = caps.device_count;
   RESHARD_LOG(INFO) << "host " << config.host_id << ": device API " << caps.name << ", "
                     << caps.device_count << " devices, " << dev.store->limit_bytes(0)
                     << " bytes of rank buffers allowed per device";
@@ -103,7 +105,7 @@ absl::StatusOr<Devices> OpenDevices(const AgentConfig& config) {
 // The stores' gauges, read at each scrape.
 void WatchStores(AgentMetrics* metrics, ShardStore* shard_store, const Devices& dev) {
   DeviceBufferStore* device_store = dev.store.get();
-  const int device_count = device_store != nullptr ? dev.count() : 0;
+  const int device_count = device_store != nullptr ? dev.count : 0;
   metrics->SetRefresh([metrics, shard_store, device_store, device_count] {
     for (int d = 0; d < device_count; ++d) {
       metrics->SetDeviceStore(d, device_store->used_bytes(d), device_store->limit_bytes(d));
