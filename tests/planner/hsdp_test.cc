@@ -27,9 +27,9 @@ namespace reshard::planner {
 namespace {
 
 using ::testing::HasSubstr;
-using testing::Dp;
 using testing::Place;
 using testing::PlanAndCheck;
+using testing::SetDp;
 using testing::Tensor;
 
 v1::Layout Hsdp(int tp, int cp, int dp, int dp_shard, int per_host, int first_host = 0) {
@@ -39,7 +39,7 @@ v1::Layout Hsdp(int tp, int cp, int dp, int dp_shard, int per_host, int first_ho
   l.mutable_config()->set_dp(dp);
   l.mutable_config()->set_cp(cp);
   l.mutable_config()->set_dp_shard(dp_shard);
-  Place(l, per_host, first_host);
+  Place(&l, per_host, first_host);
   return l;
 }
 
@@ -68,10 +68,10 @@ TEST(HsdpTest, HsdpGoldenExample) {
   // dp_shard 2, shape [8, 3], DP_CHUNK on axis 0.
   v1::Ptc ptc;
   v1::TensorSpec t = Tensor("w", {8, 3});
-  Dp(t, v1::DP_CHUNK, 0);
+  SetDp(&t, v1::DP_CHUNK, 0);
   *ptc.add_tensors() = Over(t, v1::DP_OVER_DP_CP);
   v1::TensorSpec u = Tensor("m", {8, 3});
-  Dp(u, v1::DP_CHUNK, 0);
+  SetDp(&u, v1::DP_CHUNK, 0);
   *ptc.add_tensors() = Over(u, v1::DP_OVER_DP);
   const v1::Layout hsdp = Hsdp(1, 2, 4, 2, 2);
   ASSERT_TRUE(ValidateLayout(ptc, hsdp, "layout").ok());
@@ -94,9 +94,11 @@ TEST(HsdpTest, ShardGroupsOfDpSplitAndDpFlat) {
   // (dp 4, dp_shard 2, cp 1): replicas 0 and 1 hold the same shards.
   v1::Ptc ptc;
   v1::TensorSpec a = Tensor("a", {5});
-  *ptc.add_tensors() = Dp(a, v1::DP_SPLIT, 0);
+  SetDp(&a, v1::DP_SPLIT, 0);
+  *ptc.add_tensors() = a;
   v1::TensorSpec f = Tensor("f", {5});
-  *ptc.add_tensors() = Dp(f, v1::DP_FLAT);
+  SetDp(&f, v1::DP_FLAT);
+  *ptc.add_tensors() = f;
   const std::vector<v1::Shard> shards = DeriveShards(ptc, Hsdp(1, 1, 4, 2, 1));
   ASSERT_EQ(shards.size(), 8u);
   for (int r = 0; r < 4; ++r) {
@@ -123,7 +125,8 @@ void ExpectInvalid(const v1::Ptc& ptc, const v1::Layout& l, const std::string& w
 TEST(HsdpTest, BadSizesAreInvalidArgumentNamingFieldAndValue) {
   v1::Ptc ptc;
   v1::TensorSpec t = Tensor("w", {8});
-  *ptc.add_tensors() = Dp(t, v1::DP_CHUNK, 0);
+  SetDp(&t, v1::DP_CHUNK, 0);
+  *ptc.add_tensors() = t;
   ExpectInvalid(ptc, Hsdp(1, 1, 4, 3, 1), "layout.config.dp_shard is 3; it must divide dp 4");
   ExpectInvalid(ptc, Hsdp(1, 1, 4, 8, 1), "layout.config.dp_shard is 8");
   ExpectInvalid(ptc, Hsdp(1, 1, 4, -1, 1), "layout.config.dp_shard is -1");
@@ -155,7 +158,8 @@ TEST(HsdpTest, BadSizesAreInvalidArgumentNamingFieldAndValue) {
   // A shard group too large for the tensor names the group, not dp alone.
   v1::Ptc small;
   v1::TensorSpec s = Tensor("s", {2});
-  *small.add_tensors() = Dp(s, v1::DP_SPLIT, 0);
+  SetDp(&s, v1::DP_SPLIT, 0);
+  *small.add_tensors() = s;
   ExpectInvalid(small, Hsdp(1, 2, 4, 2, 1),
                 "tensor \"s\": layout: the shard group (dp_shard 2 x cp 2) of 4 exceeds the 2 "
                 "elements");
@@ -165,7 +169,8 @@ TEST(HsdpTest, BadSizesAreInvalidArgumentNamingFieldAndValue) {
 v1::Ptc ChunkPtc(int64_t rows) {
   v1::Ptc ptc;
   v1::TensorSpec t = Tensor("w", {rows});
-  *ptc.add_tensors() = Dp(t, v1::DP_CHUNK, 0);
+  SetDp(&t, v1::DP_CHUNK, 0);
+  *ptc.add_tensors() = t;
   return ptc;
 }
 
@@ -210,13 +215,15 @@ TEST(HsdpTest, DpOnlyAgainstDpTimesCpThroughContextParallelChanges) {
   // The same [8, 2] tensor split over dp x cp and over dp only, through cp
   // 2 -> 1 (dp 2 -> 4) and back, with and without HSDP; on 2 devices per host.
   v1::Ptc ptc;
-  for (auto [name, over] : {std::pair<const char*, v1::DpOver>{"dpcp", v1::DP_OVER_DP_CP},
-                            {"dp", v1::DP_OVER_DP}}) {
+  for (auto [name, over] :
+       {std::pair<const char*, v1::DpOver>{"dpcp", v1::DP_OVER_DP_CP}, {"dp", v1::DP_OVER_DP}}) {
     v1::TensorSpec t = Tensor(name, {8, 2});
-    *ptc.add_tensors() = Over(Dp(t, v1::DP_CHUNK, 0), over);
+    SetDp(&t, v1::DP_CHUNK, 0);
+    *ptc.add_tensors() = Over(t, over);
   }
   v1::TensorSpec f = Tensor("flat", {7, 3});
-  *ptc.add_tensors() = Over(Dp(f, v1::DP_FLAT), v1::DP_OVER_DP);
+  SetDp(&f, v1::DP_FLAT);
+  *ptc.add_tensors() = Over(f, v1::DP_OVER_DP);
   const v1::Layout cp2 = Hsdp(1, 2, 2, 0, 2), cp1 = Hsdp(1, 1, 4, 0, 2);
   // cp 2: "dpcp" over 4 ranks (2 rows each), "dp" over 2 (4 rows, both cp
   // ranks alike). Rank 1 (cp_i 1, dp_i 0) holds rows [2,4) and [0,4).
@@ -293,9 +300,10 @@ TEST(HsdpPropertyTest, PlansOfRandomHsdpJobsAreExactAndAtTheLowerBound) {
     EXPECT_GE(dp_only, 60);
     EXPECT_GE(lost, 20);
   }
-  std::printf("planned %d (HSDP changes %d, dp-only under cp %d, lost host %d), unrecoverable %d, "
-              "invalid %d\n",
-              planned, hsdp_change, dp_only, lost, unrecoverable, invalid);
+  std::printf(
+      "planned %d (HSDP changes %d, dp-only under cp %d, lost host %d), unrecoverable %d, "
+      "invalid %d\n",
+      planned, hsdp_change, dp_only, lost, unrecoverable, invalid);
 }
 
 }  // namespace

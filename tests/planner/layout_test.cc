@@ -6,11 +6,11 @@
 namespace reshard::planner {
 namespace {
 
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
 
 TEST(ResolvedLayoutTest, MegatronRankOrderTpFastestThenDpThenPp) {
   HostTable hosts;
-  const ResolvedLayout l = ResolvedLayout::Resolve(MakeLayout(2, 3, 4, 8), 6, &hosts);
+  const ResolvedLayout l = ResolvedLayout::Resolve(MakeLayoutOnHosts(2, 3, 4, 8), 6, &hosts);
   EXPECT_EQ(l.world(), 24);
   EXPECT_EQ(l.Rank({1, 0, 0}), 1);
   EXPECT_EQ(l.Rank({0, 1, 0}), 2);
@@ -22,7 +22,7 @@ TEST(ResolvedLayoutTest, MegatronRankOrderTpFastestThenDpThenPp) {
 
 TEST(ResolvedLayoutTest, TpPpDpOrder) {
   HostTable hosts;
-  v1::Layout layout = MakeLayout(2, 3, 2, 4);
+  v1::Layout layout = MakeLayoutOnHosts(2, 3, 2, 4);
   layout.mutable_config()->set_order(v1::RANK_ORDER_TP_PP_DP);
   const ResolvedLayout l = ResolvedLayout::Resolve(layout, 3, &hosts);
   EXPECT_EQ(l.Rank({0, 0, 1}), 2);
@@ -32,12 +32,12 @@ TEST(ResolvedLayoutTest, TpPpDpOrder) {
 
 TEST(ResolvedLayoutTest, StagesEvenAndExplicit) {
   HostTable hosts;
-  const ResolvedLayout even = ResolvedLayout::Resolve(MakeLayout(1, 3, 1, 4), 10, &hosts);
+  const ResolvedLayout even = ResolvedLayout::Resolve(MakeLayoutOnHosts(1, 3, 1, 4), 10, &hosts);
   EXPECT_EQ(even.StageOfLayer(3), 0);  // 4, 3, 3
   EXPECT_EQ(even.StageOfLayer(4), 1);
   EXPECT_EQ(even.StageOfLayer(9), 2);
   const ResolvedLayout uneven =
-      ResolvedLayout::Resolve(MakeLayout(1, 3, 1, 4, 0, {0, 1, 8}), 10, &hosts);
+      ResolvedLayout::Resolve(MakeLayoutOnHosts(1, 3, 1, 4, 0, {0, 1, 8}), 10, &hosts);
   EXPECT_EQ(uneven.StageOfLayer(0), 0);
   EXPECT_EQ(uneven.StageOfLayer(7), 1);
   EXPECT_EQ(uneven.StageOfLayer(8), 2);

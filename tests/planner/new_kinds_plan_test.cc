@@ -17,16 +17,16 @@ namespace {
 
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
 using testing::PlanAndCheck;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 v1::Ptc Vocabulary() {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   v1::TensorSpec emb = Tensor("emb", {50257, 2});
-  TpSplit(emb, 0);
+  SetTpSplit(&emb, 0);
   v1::AxisPadding* p = emb.mutable_partition()->mutable_padding();
   p->set_multiple(128);
   p->set_times_tp(true);
@@ -38,7 +38,7 @@ TEST(NewKindsPlanTest, VocabularyPaddingTp1ToTp4ZeroFillsTheNewPadding) {
   const v1::Ptc ptc = Vocabulary();
   // tp 1 holds 50304 rows, tp 4 50688 (4 x 12672): new rank 3 holds rows
   // 38016..50256 and 431 rows of padding; only real rows are copied.
-  const Plan plan = PlanAndCheck(ptc, MakeLayout(1, 1, 1, 4), MakeLayout(4, 1, 1, 4));
+  const Plan plan = PlanAndCheck(ptc, MakeLayoutOnHosts(1, 1, 1, 4), MakeLayoutOnHosts(4, 1, 1, 4));
   ASSERT_EQ(plan.fills.size(), 1u);
   EXPECT_EQ(plan.fills[0].rank, 3);
   EXPECT_EQ(plan.fills[0].offset, 12241 * 2);
@@ -47,7 +47,7 @@ TEST(NewKindsPlanTest, VocabularyPaddingTp1ToTp4ZeroFillsTheNewPadding) {
   EXPECT_EQ(plan.bytes_local, 50257 * 2 * 4);
   EXPECT_EQ(plan.bytes_cross_host, 0);
   // Back to tp 1: 47 rows of padding at the end of the one buffer.
-  const Plan back = PlanAndCheck(ptc, MakeLayout(4, 1, 1, 4), MakeLayout(1, 1, 1, 4));
+  const Plan back = PlanAndCheck(ptc, MakeLayoutOnHosts(4, 1, 1, 4), MakeLayoutOnHosts(1, 1, 1, 4));
   ASSERT_EQ(back.fills.size(), 1u);
   EXPECT_EQ(back.fills[0].offset, 50257 * 2);
   EXPECT_EQ(back.fills[0].count, 47 * 2);
@@ -55,7 +55,8 @@ TEST(NewKindsPlanTest, VocabularyPaddingTp1ToTp4ZeroFillsTheNewPadding) {
 
 TEST(NewKindsPlanTest, CrossHostLowerBoundExcludesPadding) {
   // tp 1 on h0 -> tp 4 on h1: every real element crosses once, no padding.
-  const Plan plan = PlanAndCheck(Vocabulary(), MakeLayout(1, 1, 1, 1), MakeLayout(4, 1, 1, 4, 1));
+  const Plan plan =
+      PlanAndCheck(Vocabulary(), MakeLayoutOnHosts(1, 1, 1, 1), MakeLayoutOnHosts(4, 1, 1, 4, 1));
   EXPECT_EQ(plan.bytes_cross_host, 50257 * 2 * 4);
   EXPECT_EQ(plan.lower_bound_cross_host, 50257 * 2 * 4);
 }
@@ -78,8 +79,8 @@ v1::Ptc WithRngState(bool regenerable) {
 TEST(NewKindsPlanTest, LostHostHoldingTheOnlyRngStateRegeneratesIt) {
   // dp 2 on h0, h1; h1 is lost, the new dp 2 is on h0 and h2. The weights
   // and the step have a replica on h0; rng_state value 1 had only h1.
-  const v1::Layout from = MakeLayout(1, 1, 2, 1);
-  const v1::Layout to = MakeLayout(1, 1, 2, 1, 0);
+  const v1::Layout from = MakeLayoutOnHosts(1, 1, 2, 1);
+  const v1::Layout to = MakeLayoutOnHosts(1, 1, 2, 1, 0);
   v1::Layout target = to;
   target.mutable_placement()->set_hosts(1, "h2");
   const LostSet lost{{"h1"}, {}};
@@ -113,8 +114,8 @@ v1::Ptc MegatronBuckets() {
   for (auto [name, shape] : std::vector<std::pair<std::string, std::vector<int64_t>>>{
            {"a", {10, 10}}, {"b", {5, 10}}, {"c", {20, 10}}, {"d", {7, 3}}}) {
     v1::TensorSpec t = Tensor(name, shape);
-    TpSplit(t, 1);
-    testing::AtLayer(t, layer++ % 2);
+    SetTpSplit(&t, 1);
+    testing::SetPipeline(&t, v1::PIPELINE_LAYER, layer++ % 2);
     t.mutable_partition()->mutable_dp()->set_mode(v1::DP_BUCKET);
     t.mutable_partition()->mutable_dp()->set_bucket("main");
     *ptc.add_tensors() = t;
@@ -124,10 +125,11 @@ v1::Ptc MegatronBuckets() {
 
 TEST(NewKindsPlanTest, MegatronBucketsAcrossDpTpAndHosts) {
   const v1::Ptc ptc = MegatronBuckets();
-  PlanAndCheck(ptc, MakeLayout(2, 2, 2, 4), MakeLayout(1, 2, 3, 2));
-  PlanAndCheck(ptc, MakeLayout(1, 2, 3, 2), MakeLayout(2, 1, 2, 4, 3));
+  PlanAndCheck(ptc, MakeLayoutOnHosts(2, 2, 2, 4), MakeLayoutOnHosts(1, 2, 3, 2));
+  PlanAndCheck(ptc, MakeLayoutOnHosts(1, 2, 3, 2), MakeLayoutOnHosts(2, 1, 2, 4, 3));
   // Bucket buffers hold no padding: nothing to fill.
-  const Plan plan = PlanAndCheck(ptc, MakeLayout(2, 2, 2, 4), MakeLayout(2, 2, 1, 4, 1));
+  const Plan plan =
+      PlanAndCheck(ptc, MakeLayoutOnHosts(2, 2, 2, 4), MakeLayoutOnHosts(2, 2, 1, 4, 1));
   EXPECT_TRUE(plan.fills.empty());
 }
 
@@ -141,7 +143,8 @@ TEST(NewKindsPlanTest, FsdpFlatParameterToMoreRanks) {
     t.mutable_partition()->mutable_dp()->set_bucket("unit0");
     *ptc.add_tensors() = t;
   }
-  const Plan plan = PlanAndCheck(ptc, MakeLayout(1, 1, 3, 3), MakeLayout(1, 1, 4, 2, 5));
+  const Plan plan =
+      PlanAndCheck(ptc, MakeLayoutOnHosts(1, 1, 3, 3), MakeLayoutOnHosts(1, 1, 4, 2, 5));
   EXPECT_EQ(plan.bytes_cross_host, 11 * 4);
 }
 
@@ -150,36 +153,36 @@ TEST(NewKindsPlanTest, InterleavedContextParallelAndExperts) {
   ptc.set_num_layers(8);
   for (int layer = 0; layer < 8; ++layer) {
     v1::TensorSpec w = Tensor("layers." + std::to_string(layer) + ".w", {6, 4});
-    TpSplit(w, 0);
-    testing::AtLayer(w, layer);
-    testing::Dp(w, v1::DP_FLAT);
+    SetTpSplit(&w, 0);
+    testing::SetPipeline(&w, v1::PIPELINE_LAYER, layer);
+    testing::SetDp(&w, v1::DP_FLAT);
     *ptc.add_tensors() = w;
     v1::TensorSpec e = Tensor("layers." + std::to_string(layer) + ".experts", {4, 6, 2});
-    TpSplit(e, 1);
-    testing::AtLayer(e, layer);
+    SetTpSplit(&e, 1);
+    testing::SetPipeline(&e, v1::PIPELINE_LAYER, layer);
     e.mutable_partition()->mutable_expert()->set_axis(0);
-    testing::Dp(e, v1::DP_CHUNK, 1);
+    testing::SetDp(&e, v1::DP_CHUNK, 1);
     e.mutable_partition()->set_allow_empty(true);
     *ptc.add_tensors() = e;
   }
   v1::TensorSpec emb = Tensor("emb", {11, 4});
-  TpSplit(emb, 0);
+  SetTpSplit(&emb, 0);
   emb.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_FIRST_AND_LAST_STAGE);
   *ptc.add_tensors() = emb;
   // tp 2, pp 2, dp 2, ep 2 -> tp 2, cp 2, pp 2 x vpp 2, dp 1, ep 4, expert_tp 1.
-  v1::Layout from = MakeLayout(2, 2, 2, 4);
+  v1::Layout from = MakeLayoutOnHosts(2, 2, 2, 4);
   from.mutable_config()->set_ep(2);
-  v1::Layout to = MakeLayout(2, 2, 1, 4, 1);
+  v1::Layout to = MakeLayoutOnHosts(2, 2, 1, 4, 1);
   to.mutable_config()->set_cp(2);
   to.mutable_config()->set_vpp(2);
   to.mutable_config()->set_ep(4);
   to.mutable_config()->set_expert_tp(1);
-  testing::Place(to, 4, 1);
+  testing::Place(&to, 4, 1);
   PlanAndCheck(ptc, from, to);
   PlanAndCheck(ptc, to, from);
   // Every tensor here is sharded over its data-parallel group: losing a
   // host loses its shards, and the plan names them.
-  v1::Layout two = MakeLayout(2, 2, 2, 2);
+  v1::Layout two = MakeLayoutOnHosts(2, 2, 2, 2);
   two.mutable_config()->set_ep(2);
   absl::StatusOr<Plan> lost = MakePlan(ptc, two, to, LostSet{{"h0"}, {}});
   EXPECT_EQ(lost.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -188,7 +191,7 @@ TEST(NewKindsPlanTest, InterleavedContextParallelAndExperts) {
 
 TEST(NewKindsPlanTest, PlanCheckCatchesABrokenPlan) {
   const v1::Ptc ptc = MegatronBuckets();
-  const v1::Layout from = MakeLayout(2, 2, 2, 4), to = MakeLayout(1, 2, 3, 2);
+  const v1::Layout from = MakeLayoutOnHosts(2, 2, 2, 4), to = MakeLayoutOnHosts(1, 2, 3, 2);
   absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   Plan dropped = *plan;

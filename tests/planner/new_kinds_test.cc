@@ -18,9 +18,9 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using testing::LocalContent;
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 std::vector<int64_t> Range(int64_t begin, int64_t end) {
   std::vector<int64_t> v;
@@ -38,7 +38,7 @@ v1::TensorSpec& Pad(v1::TensorSpec& t, int axis, int64_t multiple, bool times_tp
 
 TEST(HeldShapeTest, MegatronVocabularyPaddingDependsOnTp) {
   v1::TensorSpec emb = Tensor("emb", {50257, 8});
-  TpSplit(emb, 0);
+  SetTpSplit(&emb, 0);
   Pad(emb, 0, 128, true);
   EXPECT_EQ(HeldShape(emb, 1)[0], 50304);  // 393 * 128
   EXPECT_EQ(HeldShape(emb, 2)[0], 50432);  // 197 * 256
@@ -66,7 +66,7 @@ TEST(HeldShapeTest, PaddingOnAnInnerAxisLeavesGapsInEveryRow) {
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 1, 0, 0))),
               ElementsAre(0, 1, 2, -1, 3, 4, 5, -1));
   // DP_FLAT over 3 ranks of the 8 held positions: chunk 3.
-  testing::Dp(t, v1::DP_FLAT);
+  testing::SetDp(&t, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 1))), ElementsAre(-1, 3, 4));
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 2))), ElementsAre(5, -1, -1));
 }
@@ -75,7 +75,7 @@ TEST(UnitsTest, GroupedQueryAttentionWithFewerKvHeadsThanTp) {
   // 8 query heads, 2 kv heads of 2 rows each, fused [q, k, v] on rows, tp 4:
   // every rank takes 2 q heads, and kv head i * 2 / 4 of k and of v.
   v1::TensorSpec qkv = Tensor("qkv", {24, 1});
-  TpSplit(qkv, 0, {16, 4, 4});
+  SetTpSplit(&qkv, 0, {16, 4, 4});
   qkv.mutable_partition()->mutable_tp()->set_granularity(2);
   EXPECT_THAT(LocalContent(qkv, DeriveCoordShard(qkv, DenseCoord(4, 1, 0, 0))),
               ElementsAre(0, 1, 2, 3, 16, 17, 20, 21));
@@ -96,9 +96,9 @@ TEST(UnitsTest, GroupedQueryAttentionWithFewerKvHeadsThanTp) {
 
 TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   HostTable hosts;
-  v1::Layout l = MakeLayout(2, 1, 2, 8);
+  v1::Layout l = MakeLayoutOnHosts(2, 1, 2, 8);
   l.mutable_config()->set_cp(2);
-  testing::Place(l, 8);
+  testing::Place(&l, 8);
   const ResolvedLayout rl = ResolvedLayout::Resolve(l, 1, &hosts);
   EXPECT_EQ(rl.world(), 8);
   // rank = tp_i + tp * (cp_i + cp * dp_i)
@@ -111,15 +111,15 @@ TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   l.mutable_config()->set_order(v1::RANK_ORDER_TP_PP_DP);
   l.mutable_config()->set_pp(2);
   l.mutable_config()->set_dp(1);
-  testing::Place(l, 8);
+  testing::Place(&l, 8);
   const ResolvedLayout pd = ResolvedLayout::Resolve(l, 2, &hosts);
   // rank = tp_i + tp * (cp_i + cp * (pp_i + pp * dp_i))
   EXPECT_EQ(pd.Rank(RankCoord{1, 0, 1, 1}), 1 + 2 * (1 + 2 * 1));
   for (int r = 0; r < pd.world(); ++r) EXPECT_EQ(pd.Rank(pd.Coord(r)), r);
   // A flat shard over the dp x cp group: rank 6 is g = 3 of 4.
   v1::TensorSpec t = Tensor("w", {8, 2});
-  TpSplit(t, 0);
-  testing::Dp(t, v1::DP_FLAT);
+  SetTpSplit(&t, 0);
+  testing::SetDp(&t, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, CoordOfRank(t, rl, rl.Coord(6)))),
               ElementsAre(6, 7));
 }
@@ -128,7 +128,7 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
   HostTable hosts;
   // tp 2, dp 4, ep 2, expert_tp 1: edp = 8 / 2 = 4; l = tp_i + 2 * dp_i,
   // etp 0, ep_i = l % 2, edp_i = l / 2.
-  v1::Layout l = MakeLayout(2, 1, 4, 8);
+  v1::Layout l = MakeLayoutOnHosts(2, 1, 4, 8);
   l.mutable_config()->set_ep(2);
   l.mutable_config()->set_expert_tp(1);
   const ResolvedLayout rl = ResolvedLayout::Resolve(l, 1, &hosts);
@@ -141,16 +141,16 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
   // DP_FLAT over edp 4: rank 5 holds experts 2..3 (24 elements), chunk 6,
   // range 12..17: expert 3, rows 0..2.
   v1::TensorSpec w = Tensor("experts", {4, 6, 2});
-  TpSplit(w, 1);
+  SetTpSplit(&w, 1);
   w.mutable_partition()->mutable_expert()->set_axis(0);
-  testing::Dp(w, v1::DP_FLAT);
+  testing::SetDp(&w, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl, rl.Coord(5)))),
               ElementsAreArray(Range(36, 42)));
   // expert_tp 2, ep 2 on tp 2 x dp 2: etp = tp_i, ep_i = dp_i, edp 1.
-  v1::Layout l2 = MakeLayout(2, 1, 2, 4);
+  v1::Layout l2 = MakeLayoutOnHosts(2, 1, 2, 4);
   l2.mutable_config()->set_ep(2);
   const ResolvedLayout rl2 = ResolvedLayout::Resolve(l2, 1, &hosts);
-  testing::Dp(w, v1::DP_REPLICATED);
+  testing::SetDp(&w, v1::DP_REPLICATED);
   // Rank 3: experts 2..3, columns 3..5 of each.
   EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl2, rl2.Coord(3)))),
               ElementsAre(30, 31, 32, 33, 34, 35, 42, 43, 44, 45, 46, 47));
@@ -158,7 +158,7 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
 
 TEST(LayoutTest, InterleavedStagesEightLayersOnTwoStages) {
   HostTable hosts;
-  v1::Layout l = MakeLayout(1, 2, 1, 2);
+  v1::Layout l = MakeLayoutOnHosts(1, 2, 1, 2);
   l.mutable_config()->set_vpp(2);
   const ResolvedLayout rl = ResolvedLayout::Resolve(l, 8, &hosts);
   // 4 chunks of 2 layers; chunk c on stage c % 2.
@@ -187,13 +187,13 @@ TEST(LayoutTest, InterleavedStagesEightLayersOnTwoStages) {
 
 TEST(LayoutTest, TiedFirstAndLastAndLayerSets) {
   HostTable hosts;
-  const ResolvedLayout rl = ResolvedLayout::Resolve(MakeLayout(1, 4, 1, 4), 12, &hosts);
+  const ResolvedLayout rl = ResolvedLayout::Resolve(MakeLayoutOnHosts(1, 4, 1, 4), 12, &hosts);
   std::vector<int> stages;
   v1::Pipeline p;
   p.set_mode(v1::PIPELINE_FIRST_AND_LAST_STAGE);
   rl.StagesHolding(p, &stages);
   EXPECT_THAT(stages, ElementsAre(0, 3));
-  const ResolvedLayout one = ResolvedLayout::Resolve(MakeLayout(1, 1, 1, 1), 12, &hosts);
+  const ResolvedLayout one = ResolvedLayout::Resolve(MakeLayoutOnHosts(1, 1, 1, 1), 12, &hosts);
   one.StagesHolding(p, &stages);
   EXPECT_THAT(stages, ElementsAre(0));
   // T5: the first encoder layer (0) and the first decoder layer (6).
@@ -240,7 +240,7 @@ TEST(BucketTest, MegatronLikeAlignedPaddedReversedBuckets) {
   // Over dp 2: shard 0 holds [0, 192) and [384, 448); shard 1 [192, 384)
   // and [448, 512).
   const v1::Ptc ptc = BucketPtc(g, {{10, 10}, {5, 10}, {20, 10}});
-  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayout(1, 1, 2, 2));
+  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayoutOnHosts(1, 1, 2, 2));
   ASSERT_EQ(shards.size(), 6u);
   std::vector<int64_t> elements;
   for (const v1::Shard& s : shards) elements.push_back(s.local_elements());
@@ -256,7 +256,7 @@ TEST(BucketTest, FsdpLikeFlatParameter) {
   g.set_name("flat");
   // x (5) and y (6) in PTC order: 11 elements padded to 12 over 3 ranks.
   const v1::Ptc ptc = BucketPtc(g, {{5}, {6}});
-  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayout(1, 1, 3, 3));
+  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayoutOnHosts(1, 1, 3, 3));
   std::vector<int64_t> elements;
   for (const v1::Shard& s : shards) elements.push_back(s.local_elements());
   EXPECT_THAT(elements, ElementsAre(4, 1, 0, 0, 3, 3));
@@ -270,10 +270,10 @@ TEST(BucketTest, MembersPerChunkWithInterleavedStages) {
   v1::BucketGroup g;
   g.set_name("g");
   v1::Ptc ptc = BucketPtc(g, {{4}, {4}});
-  testing::AtLayer(*ptc.mutable_tensors(0), 0);
-  testing::AtLayer(*ptc.mutable_tensors(1), 1);
+  testing::SetPipeline(ptc.mutable_tensors(0), v1::PIPELINE_LAYER, 0);
+  testing::SetPipeline(ptc.mutable_tensors(1), v1::PIPELINE_LAYER, 1);
   ptc.set_num_layers(2);
-  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayout(1, 2, 2, 4));
+  const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayoutOnHosts(1, 2, 2, 4));
   std::vector<int64_t> elements;
   for (const v1::Shard& s : shards) elements.push_back(s.local_elements());
   EXPECT_THAT(elements, ElementsAre(2, 2, 2, 2));

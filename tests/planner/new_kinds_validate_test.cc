@@ -12,18 +12,18 @@ namespace {
 
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 v1::JobSpec Job() {
   v1::JobSpec job;
   job.set_name("job");
   job.mutable_ptc()->set_num_layers(4);
   v1::TensorSpec emb = Tensor("emb", {50, 8});
-  TpSplit(emb, 0);
+  SetTpSplit(&emb, 0);
   *job.mutable_ptc()->add_tensors() = emb;
-  *job.mutable_layout() = MakeLayout(2, 2, 2, 4);
+  *job.mutable_layout() = MakeLayoutOnHosts(2, 2, 2, 4);
   return job;
 }
 
@@ -61,7 +61,7 @@ TEST(NewKindsValidateTest, Padding) {
 
 TEST(NewKindsValidateTest, GranularityAndReplication) {
   v1::JobSpec job = Job();
-  TpSplit(*Emb(job), 0, {30, 20});
+  SetTpSplit(Emb(job), 0, {30, 20});
   Emb(job)->mutable_partition()->mutable_tp()->set_granularity(4);
   ExpectInvalid(job, "\"emb\"",
                 "partition.tp.blocks[0] 30 is not a multiple of partition.tp.granularity 4");
@@ -144,9 +144,9 @@ TEST(NewKindsValidateTest, ContextParallelWorld) {
 
 TEST(NewKindsValidateTest, DpChunkAndBuckets) {
   v1::JobSpec job = Job();
-  testing::Dp(*Emb(job), v1::DP_CHUNK, 2);
+  testing::SetDp(Emb(job), v1::DP_CHUNK, 2);
   ExpectInvalid(job, "\"emb\"", "partition.dp.axis 2 out of range");
-  testing::Dp(*Emb(job), v1::DP_CHUNK, 1);
+  testing::SetDp(Emb(job), v1::DP_CHUNK, 1);
   EXPECT_TRUE(ValidateJobSpec(job).ok());
   // 8 columns in chunks of ceil(8 / 8) over dp 8: fine; 3 columns over dp
   // 4: chunks of 1, the last rank empty.

@@ -9,11 +9,11 @@
 namespace reshard::planner {
 namespace {
 
-using testing::Dp;
 using ::testing::HasSubstr;
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
+using testing::SetDp;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 v1::Ptc OneTensor(v1::TensorSpec t, int num_layers = 1) {
   v1::Ptc ptc;
@@ -24,8 +24,8 @@ v1::Ptc OneTensor(v1::TensorSpec t, int num_layers = 1) {
 
 TEST(MakePlanTest, IdentityCopiesOnSameDevice) {
   v1::TensorSpec t = Tensor("w", {8, 4});
-  TpSplit(t, 0);
-  const v1::Layout l = MakeLayout(2, 1, 2, 2);
+  SetTpSplit(&t, 0);
+  const v1::Layout l = MakeLayoutOnHosts(2, 1, 2, 2);
   absl::StatusOr<Plan> plan = MakePlan(OneTensor(t), l, l, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->bytes_cross_host, 0);
@@ -42,14 +42,14 @@ TEST(MakePlanTest, RegionCrossesToAHostOnceForSeveralRanks) {
   // dp 1 -> 2 replicated, the new replica on a new host with 2 tp ranks
   // there: each tp piece crosses once, to one rank each.
   v1::TensorSpec t = Tensor("w", {8, 4});
-  const v1::Layout from = MakeLayout(1, 1, 1, 1);
-  v1::Layout to = MakeLayout(1, 1, 2, 1);  // h0, h1
+  const v1::Layout from = MakeLayoutOnHosts(1, 1, 1, 1);
+  v1::Layout to = MakeLayoutOnHosts(1, 1, 2, 1);  // h0, h1
   absl::StatusOr<Plan> plan = MakePlan(OneTensor(t), from, to, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->bytes_cross_host, 128);
   EXPECT_EQ(plan->lower_bound_cross_host, 128);
   // Now two ranks on the new host need the whole (replicated) tensor.
-  v1::Layout to2 = MakeLayout(1, 1, 3, 2);  // h0: ranks 0,1  h1: rank 2 (+ spare)
+  v1::Layout to2 = MakeLayoutOnHosts(1, 1, 3, 2);  // h0: ranks 0,1  h1: rank 2 (+ spare)
   to2.mutable_placement()->Clear();
   for (auto [h, d] : {std::pair<const char*, int>{"h0", 0}, {"h9", 0}, {"h9", 1}}) {
     auto* s = to2.mutable_placement()->add_ranks();
@@ -71,8 +71,8 @@ TEST(MakePlanTest, RemoteLoadSpreadOverReplicas) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   for (int i = 0; i < 8; ++i) *ptc.add_tensors() = Tensor("w" + std::to_string(i), {16});
-  const v1::Layout from = MakeLayout(1, 1, 4, 1, 0);
-  const v1::Layout to = MakeLayout(1, 1, 4, 1, 4);
+  const v1::Layout from = MakeLayoutOnHosts(1, 1, 4, 1, 0);
+  const v1::Layout to = MakeLayoutOnHosts(1, 1, 4, 1, 4);
   absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->bytes_local, 0);
@@ -86,9 +86,9 @@ TEST(MakePlanTest, RemoteLoadSpreadOverReplicas) {
 
 TEST(MakePlanTest, ZeroFillsPadding) {
   v1::TensorSpec t = Tensor("m", {5});
-  Dp(t, v1::DP_FLAT);
+  SetDp(&t, v1::DP_FLAT);
   absl::StatusOr<Plan> plan =
-      MakePlan(OneTensor(t), MakeLayout(1, 1, 1, 1), MakeLayout(1, 1, 2, 2), {});
+      MakePlan(OneTensor(t), MakeLayoutOnHosts(1, 1, 1, 1), MakeLayoutOnHosts(1, 1, 2, 2), {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->fills.size(), 1u);
   EXPECT_EQ(plan->fills[0].rank, 1);
@@ -101,12 +101,13 @@ TEST(MakePlanTest, LostWithoutReplicaNamesTensorAndRegion) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
   v1::TensorSpec a = Tensor("a", {4});
-  TpSplit(a, 0);
+  SetTpSplit(&a, 0);
   *ptc.add_tensors() = a;
   *ptc.add_tensors() = Tensor("b", {4});
   LostSet lost;
   lost.hosts = {"h1"};
-  absl::StatusOr<Plan> plan = MakePlan(ptc, MakeLayout(2, 1, 1, 1), MakeLayout(1, 1, 1, 1), lost);
+  absl::StatusOr<Plan> plan =
+      MakePlan(ptc, MakeLayoutOnHosts(2, 1, 1, 1), MakeLayoutOnHosts(1, 1, 1, 1), lost);
   ASSERT_EQ(plan.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(plan.status().message()), HasSubstr("tensor \"a\" regions [2:4]"));
   EXPECT_THAT(std::string(plan.status().message()), ::testing::Not(HasSubstr("\"b\"")));
@@ -116,8 +117,8 @@ TEST(MakePlanTest, LostWithReplicaUsesSurvivor) {
   v1::TensorSpec t = Tensor("w", {4});
   LostSet lost;
   lost.ranks = {0};
-  v1::Layout to = MakeLayout(1, 1, 1, 1, 5);
-  absl::StatusOr<Plan> plan = MakePlan(OneTensor(t), MakeLayout(1, 1, 2, 1), to, lost);
+  v1::Layout to = MakeLayoutOnHosts(1, 1, 1, 1, 5);
+  absl::StatusOr<Plan> plan = MakePlan(OneTensor(t), MakeLayoutOnHosts(1, 1, 2, 1), to, lost);
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->steps.size(), 1u);
   EXPECT_EQ(plan->steps[0].src_rank, 1);
@@ -126,7 +127,7 @@ TEST(MakePlanTest, LostWithReplicaUsesSurvivor) {
 
 TEST(MakePlanTest, BadLostInputs) {
   v1::TensorSpec t = Tensor("w", {4});
-  const v1::Layout l = MakeLayout(1, 1, 2, 1);
+  const v1::Layout l = MakeLayoutOnHosts(1, 1, 2, 1);
   LostSet lost;
   lost.hosts = {"nope"};
   EXPECT_EQ(MakePlan(OneTensor(t), l, l, lost).status().code(), absl::StatusCode::kInvalidArgument);
@@ -146,7 +147,8 @@ TEST(MakePlanTest, PerRankBlobFollowsModulo) {
   b->set_name("rng");
   b->set_size_bytes(16);
   b->set_scope(v1::BLOB_PER_RANK);
-  absl::StatusOr<Plan> plan = MakePlan(ptc, MakeLayout(1, 1, 2, 2), MakeLayout(1, 1, 4, 4), {});
+  absl::StatusOr<Plan> plan =
+      MakePlan(ptc, MakeLayoutOnHosts(1, 1, 2, 2), MakeLayoutOnHosts(1, 1, 4, 4), {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   // new ranks 0,2 take old rank 0's value; 1,3 take old rank 1's.
   for (const Plan::Step& s : plan->steps) {
@@ -158,9 +160,9 @@ TEST(MakePlanTest, PerRankBlobFollowsModulo) {
 
 TEST(PlanTransferTest, ProtoCarriesStats) {
   v1::TensorSpec t = Tensor("w", {8});
-  TpSplit(t, 0);
+  SetTpSplit(&t, 0);
   absl::StatusOr<v1::TransferPlan> plan =
-      PlanTransfer(OneTensor(t), MakeLayout(2, 1, 1, 2), MakeLayout(4, 1, 1, 2), {});
+      PlanTransfer(OneTensor(t), MakeLayoutOnHosts(2, 1, 1, 2), MakeLayoutOnHosts(4, 1, 1, 2), {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->items(0).name(), "w");
   EXPECT_EQ(plan->stats().steps(), plan->steps_size());

@@ -10,16 +10,16 @@
 namespace reshard::planner {
 namespace {
 
-using testing::Dp;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using testing::LocalContent;
+using testing::SetDp;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 TEST(DeriveCoordShardTest, UnevenTpSplitOnRows) {
   v1::TensorSpec t = Tensor("w", {5, 2});
-  TpSplit(t, 0);
+  SetTpSplit(&t, 0);
   // rows split 2, 2, 1 over tp 3
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(3, 1, 0, 0))),
               ElementsAre(0, 1, 2, 3));
@@ -28,7 +28,7 @@ TEST(DeriveCoordShardTest, UnevenTpSplitOnRows) {
 
 TEST(DeriveCoordShardTest, ColumnSplitIsStrided) {
   v1::TensorSpec t = Tensor("w", {2, 4});
-  TpSplit(t, 1);
+  SetTpSplit(&t, 1);
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 1, 0))),
               ElementsAre(2, 3, 6, 7));
 }
@@ -36,7 +36,7 @@ TEST(DeriveCoordShardTest, ColumnSplitIsStrided) {
 TEST(DeriveCoordShardTest, FusedQkvWithGqaBlocks) {
   // Q has 4 rows, K and V 2 each: tp 2 gives each rank 2 Q rows, 1 K, 1 V.
   v1::TensorSpec t = Tensor("qkv", {8, 1});
-  TpSplit(t, 0, {4, 2, 2});
+  SetTpSplit(&t, 0, {4, 2, 2});
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 0, 0))),
               ElementsAre(0, 1, 4, 6));
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 1, 0))),
@@ -45,7 +45,7 @@ TEST(DeriveCoordShardTest, FusedQkvWithGqaBlocks) {
 
 TEST(DeriveCoordShardTest, GluGateUpBlocksUneven) {
   v1::TensorSpec t = Tensor("fc1", {6, 1});
-  TpSplit(t, 0, {3, 3});
+  SetTpSplit(&t, 0, {3, 3});
   // each block of 3 rows split 2 + 1
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 1, 0, 0))),
               ElementsAre(0, 1, 3, 4));
@@ -54,8 +54,8 @@ TEST(DeriveCoordShardTest, GluGateUpBlocksUneven) {
 
 TEST(DeriveCoordShardTest, DpSplitAcrossTpBlocks) {
   v1::TensorSpec t = Tensor("qkv", {8, 1});
-  TpSplit(t, 0, {4, 2, 2});
-  Dp(t, v1::DP_SPLIT, 0);
+  SetTpSplit(&t, 0, {4, 2, 2});
+  SetDp(&t, v1::DP_SPLIT, 0);
   // tp rank 0 holds rows 0,1,4,6; dp 2 splits that local tensor in halves
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 2, 0, 0))), ElementsAre(0, 1));
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 2, 0, 1))), ElementsAre(4, 6));
@@ -63,8 +63,8 @@ TEST(DeriveCoordShardTest, DpSplitAcrossTpBlocks) {
 
 TEST(DeriveCoordShardTest, FlatSplitWithPadding) {
   v1::TensorSpec t = Tensor("m", {2, 5});
-  TpSplit(t, 1);
-  Dp(t, v1::DP_FLAT);
+  SetTpSplit(&t, 1);
+  SetDp(&t, v1::DP_FLAT);
   // tp rank 0 holds columns 0..2 (local 2x3 = 6 elements): 0 1 2 5 6 7
   // dp 4: chunk 2 -> [0 1] [2 5] [6 7] [pad pad]
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(2, 4, 0, 1))), ElementsAre(2, 5));
@@ -78,7 +78,7 @@ TEST(DeriveCoordShardTest, FlatSplitWithPadding) {
 
 TEST(DeriveCoordShardTest, FlatChunkCrossingRowsInThreeDims) {
   v1::TensorSpec t = Tensor("x", {2, 3, 4});
-  Dp(t, v1::DP_FLAT);
+  SetDp(&t, v1::DP_FLAT);
   // 24 elements, dp 5 -> chunk 5; rank 2 holds 10..14
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 5, 0, 2))),
               ElementsAre(10, 11, 12, 13, 14));
@@ -91,9 +91,9 @@ TEST(DeriveShardsTest, PipelineHoldsOnlyOwningStage) {
   v1::Ptc ptc;
   ptc.set_num_layers(4);
   v1::TensorSpec t = Tensor("layers.3.w", {4});
-  testing::AtLayer(t, 3);
+  testing::SetPipeline(&t, v1::PIPELINE_LAYER, 3);
   *ptc.add_tensors() = t;
-  const auto shards = DeriveShards(ptc, testing::MakeLayout(1, 2, 1, 2, 0, {0, 3}));
+  const auto shards = DeriveShards(ptc, testing::MakeLayoutOnHosts(1, 2, 1, 2, 0, {0, 3}));
   ASSERT_EQ(shards.size(), 1u);
   EXPECT_EQ(shards[0].rank(), 1);
   std::vector<int64_t> shape(shards[0].local_shape().begin(), shards[0].local_shape().end());

@@ -12,21 +12,21 @@ namespace reshard::planner {
 namespace {
 
 using ::testing::AllOf;
-using testing::Dp;
 using ::testing::HasSubstr;
-using testing::MakeLayout;
+using testing::MakeLayoutOnHosts;
+using testing::SetDp;
+using testing::SetTpSplit;
 using testing::Tensor;
-using testing::TpSplit;
 
 v1::JobSpec BaseJob() {
   v1::JobSpec job;
   job.set_name("job");
   job.mutable_ptc()->set_num_layers(4);
   v1::TensorSpec w = Tensor("layers.0.w", {8, 8}, v1::DTYPE_BFLOAT16);
-  TpSplit(w, 0);
-  testing::AtLayer(w, 0);
+  SetTpSplit(&w, 0);
+  testing::SetPipeline(&w, v1::PIPELINE_LAYER, 0);
   *job.mutable_ptc()->add_tensors() = w;
-  *job.mutable_layout() = MakeLayout(2, 2, 2, 4);
+  *job.mutable_layout() = MakeLayoutOnHosts(2, 2, 2, 4);
   return job;
 }
 
@@ -66,7 +66,7 @@ TEST(ValidateTest, SplitAxisOutOfRange) {
   job.mutable_ptc()->mutable_tensors(0)->mutable_partition()->mutable_tp()->set_axis(2);
   ExpectInvalid(job, "partition.tp.axis 2 out of range for a rank-2 tensor");
   job = BaseJob();
-  Dp(*job.mutable_ptc()->mutable_tensors(0), v1::DP_SPLIT, -1);
+  SetDp(job.mutable_ptc()->mutable_tensors(0), v1::DP_SPLIT, -1);
   ExpectInvalid(job, "partition.dp.axis -1");
 }
 
@@ -129,7 +129,7 @@ TEST(ValidateTest, SplitThatLeavesRankEmpty) {
   job = BaseJob();
   v1::TensorSpec* t = job.mutable_ptc()->mutable_tensors(0);
   t->set_shape(1, 1);
-  Dp(*t, v1::DP_FLAT);
+  SetDp(t, v1::DP_FLAT);
   job.mutable_layout()->mutable_config()->set_dp(8);
   job.mutable_layout()->mutable_placement()->add_hosts("h2");
   job.mutable_layout()->mutable_placement()->add_hosts("h3");
@@ -254,7 +254,7 @@ TEST(ValidateLimitsTest, JobBytes) {
   for (int i = 0; i < 1025; ++i) {
     v1::TensorSpec t =
         Tensor(absl::StrCat("t", i), {int64_t{1} << 20, int64_t{1} << 20}, v1::DTYPE_INT8);
-    testing::AtLayer(t, 0);
+    testing::SetPipeline(&t, v1::PIPELINE_LAYER, 0);
     *job.mutable_ptc()->add_tensors() = t;
   }
   ExpectInvalid(job, "\"t1024\"", "the limit is 1125899906842624 per job");
