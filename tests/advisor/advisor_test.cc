@@ -9,9 +9,12 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::advisor {
 namespace {
+
+using ::reshard::test_support::MakeLayout;
 
 ModelSpec Gpt(int layers, int hidden, int heads) {
   ModelSpec m;
@@ -218,17 +221,9 @@ v1::Ptc SmallPtc(int layers, int64_t h) {
   ptc.set_num_layers(layers);
   auto add = [&](std::string name, std::vector<int64_t> shape, int tp_axis, v1::PipelineMode pipe,
                  int layer, v1::DType dtype, v1::DpMode dp) {
-    v1::TensorSpec* t = ptc.add_tensors();
-    t->set_name(std::move(name));
-    t->set_dtype(dtype);
-    for (int64_t d : shape) t->add_shape(d);
-    if (tp_axis >= 0) {
-      t->mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-      t->mutable_partition()->mutable_tp()->set_axis(tp_axis);
-    }
-    t->mutable_partition()->mutable_pipeline()->set_mode(pipe);
-    t->mutable_partition()->mutable_pipeline()->set_layer(layer);
-    t->mutable_partition()->mutable_dp()->set_mode(dp);
+    v1::TensorSpec* t = test_support::AddTensor(&ptc, name, shape, dtype, pipe, layer);
+    if (tp_axis >= 0) test_support::SetTpSplit(t, tp_axis);
+    test_support::SetDp(t, dp);
   };
   add("embedding", {256, h}, 0, v1::PIPELINE_FIRST_STAGE, 0, v1::DTYPE_BFLOAT16, v1::DP_REPLICATED);
   for (int l = 0; l < layers; ++l) {
@@ -243,16 +238,6 @@ v1::Ptc SmallPtc(int layers, int64_t h) {
   step->set_name("step");
   step->set_size_bytes(8);
   return ptc;
-}
-
-v1::Layout Compact(int tp, int pp, int dp, std::vector<std::string> hosts, int devices) {
-  v1::Layout l;
-  l.mutable_config()->set_tp(tp);
-  l.mutable_config()->set_pp(pp);
-  l.mutable_config()->set_dp(dp);
-  for (std::string& h : hosts) l.mutable_placement()->add_hosts(std::move(h));
-  l.mutable_placement()->set_devices_per_host(devices);
-  return l;
 }
 
 TEST(PtcState, BytesOfTheMostLoadedRank) {
@@ -276,7 +261,7 @@ TEST(PtcState, HsdpSplitsOverTheShardGroupOnly) {
   EXPECT_DOUBLE_EQ(PtcStateBytesPerDevice(ptc, 2, 2, 4, 0), PtcStateBytesPerDevice(ptc, 2, 2, 4));
   EXPECT_GT(PtcStateBytesPerDevice(ptc, 2, 2, 4, 2), PtcStateBytesPerDevice(ptc, 2, 2, 4));
   // The advisor keeps a current layout's dp_shard where it divides dp.
-  v1::Layout current = Compact(1, 1, 4, {"h0", "h1"}, 2);
+  v1::Layout current = MakeLayout(1, 1, 4, {"h0", "h1"}, 2);
   current.mutable_config()->set_dp_shard(2);
   EXPECT_EQ(KeptDpShard(&current, 8), 2);
   EXPECT_EQ(KeptDpShard(&current, 3), 0);
@@ -292,7 +277,7 @@ TEST(PtcState, HsdpSplitsOverTheShardGroupOnly) {
 TEST(Reconfig, PlannerPricesEveryParetoPointFromTheCurrentLayout) {
   const int64_t h = 64;
   const v1::Ptc ptc = SmallPtc(4, h);
-  const v1::Layout current = Compact(2, 1, 2, {"h0", "h1"}, 2);
+  const v1::Layout current = MakeLayout(2, 1, 2, {"h0", "h1"}, 2);
   // Offered in another order, with two more hosts: the current hosts go first.
   ClusterOffer offer;
   for (const char* name : {"h3", "h2", "h1", "h0"}) offer.hosts.push_back({name, 2, {"A100"}});
@@ -322,13 +307,14 @@ TEST(Reconfig, PlannerPricesEveryParetoPointFromTheCurrentLayout) {
   ASSERT_TRUE(same.computed) << same.error;
   EXPECT_EQ(same.cross_host_bytes, 0);
   EXPECT_EQ(same.transfer_seconds, 0);
-  const ReconfigCost away = PriceReconfig(ptc, current, Compact(2, 1, 2, {"h2", "h3"}, 2), 100e9);
+  const ReconfigCost away =
+      PriceReconfig(ptc, current, MakeLayout(2, 1, 2, {"h2", "h3"}, 2), 100e9);
   ASSERT_TRUE(away.computed) << away.error;
   EXPECT_GT(away.cross_host_bytes, 0);
   EXPECT_GT(away.transfer_seconds, 0);
   // The planner's own errors come back as text, not as a crash: 4 ranks on
   // a placement of 2 slots.
-  const ReconfigCost bad = PriceReconfig(ptc, current, Compact(2, 1, 2, {"h0"}, 2), 100e9);
+  const ReconfigCost bad = PriceReconfig(ptc, current, MakeLayout(2, 1, 2, {"h0"}, 2), 100e9);
   EXPECT_FALSE(bad.computed);
   EXPECT_FALSE(bad.error.empty());
 }

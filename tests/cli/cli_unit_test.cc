@@ -9,6 +9,7 @@
 #include "client/cli/plan_summary.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::cli {
 namespace {
@@ -18,15 +19,7 @@ using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
 v1::Layout FourHostsOfFour() {
-  v1::Layout layout;
-  layout.mutable_config()->set_tp(2);
-  layout.mutable_config()->set_pp(2);
-  layout.mutable_config()->set_dp(4);
-  for (const char* h : {"node-0", "node-1", "node-2", "node-3"}) {
-    layout.mutable_placement()->add_hosts(h);
-  }
-  layout.mutable_placement()->set_devices_per_host(4);
-  return layout;
+  return test_support::MakeLayout(2, 2, 4, {"node-0", "node-1", "node-2", "node-3"}, 4);
 }
 
 TEST(ParseArgsTest, SplitsBothFlagForms) {

@@ -12,6 +12,7 @@
 #include "client/cli/server_format.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::cli {
 namespace {
@@ -189,16 +190,7 @@ TEST(ExitCodeTest, ConflictNotFoundAndUnavailable) {
   EXPECT_THAT(std::string(kExitCodesHelp), HasSubstr("6  coordinator unreachable"));
 }
 
-v1::Layout TwoHostsOfTwo() {
-  v1::Layout l;
-  l.mutable_config()->set_tp(2);
-  l.mutable_config()->set_pp(1);
-  l.mutable_config()->set_dp(2);
-  l.mutable_placement()->add_hosts("a");
-  l.mutable_placement()->add_hosts("b");
-  l.mutable_placement()->set_devices_per_host(2);
-  return l;
-}
+v1::Layout TwoHostsOfTwo() { return test_support::MakeLayout(2, 1, 2, {"a", "b"}, 2); }
 
 TEST(ServerFormatTest, JsonUsesOriginalFieldNames) {
   v1::Operation op;

@@ -38,8 +38,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "tests/agent/e2e/e2e_fixture.h"
-#include "tests/support/wait.h"
 #include "tests/coordinator/server/scrape.h"
+#include "tests/support/job_builders.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent::testing {
 namespace {
@@ -214,26 +215,19 @@ TEST_F(WorkerGuardE2eTest, AWorkerCannotSealABufferATransferReceivesInto) {
   spec.set_tenant("e2e");
   v1::Ptc* ptc = spec.mutable_ptc();
   ptc->set_num_layers(1);
-  v1::TensorSpec* t = ptc->add_tensors();
-  t->set_name("w");
   // 4000 x 4096 fp32: 62.5 MiB (the test's verifier takes at most 50 M
   // elements in all the layouts it compares).
-  t->set_dtype(v1::DTYPE_FLOAT32);
-  t->add_shape(4000);
-  t->add_shape(4096);
-  t->mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
-  t->mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-  t->mutable_partition()->mutable_tp()->set_axis(0);
+  test_support::SetTpSplit(test_support::AddTensor(ptc, "w", {4000, 4096}), 0);
   *spec.mutable_layout() = MakeLayout(2, 1, 1, {"h0", "h1"}, 1);
   ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec));
 
   int refused = 0;
   for (int attempt = 0; attempt < 3; ++attempt) {
     SCOPED_TRACE(absl::StrCat("attempt ", attempt));
-    const v1::Layout target =
-        MakeLayout(2, 1, 1, attempt % 2 == 0 ? std::vector<std::string>{"h1", "h0"}
-                                             : std::vector<std::string>{"h0", "h1"},
-                   1);
+    const v1::Layout target = MakeLayout(2, 1, 1,
+                                         attempt % 2 == 0 ? std::vector<std::string>{"h1", "h0"}
+                                                          : std::vector<std::string>{"h0", "h1"},
+                                         1);
     const int64_t next = generation_ + 1;
     std::atomic<bool> stop{false};
     std::map<grpc::StatusCode, int> codes;
@@ -349,7 +343,8 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
                    .value_or(-1);
       held = MetricValue(*body, "reshard_agent_generations_held", {}).value_or(-1);
       return cached >= 0 && held >= 0 && cached <= held;
-    })) << "worker cache holds " << cached << " generations, the host " << held;
+    })) << "worker cache holds "
+        << cached << " generations, the host " << held;
     max_generations = std::max(max_generations, cached);
     if (i > kWarmUp - 3 && i <= kWarmUp) warm_rss = std::max(warm_rss, RssBytes(agent));
     if (i > kCheckpoints - kEndSamples) end_rss = std::min(end_rss, RssBytes(agent));
@@ -375,8 +370,9 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
     std::optional<double> bytes = AgentMetric("h0", "reshard_agent_worker_cache_bytes");
     std::optional<double> entries = AgentMetric("h0", "reshard_agent_worker_cache_entries");
     return bytes.has_value() && *bytes == 0 && entries.has_value() && *entries == 0;
-  })) << "cache bytes " << AgentMetric("h0", "reshard_agent_worker_cache_bytes").value_or(-1)
-      << ", entries " << AgentMetric("h0", "reshard_agent_worker_cache_entries").value_or(-1);
+  })) << "cache bytes "
+      << AgentMetric("h0", "reshard_agent_worker_cache_bytes").value_or(-1) << ", entries "
+      << AgentMetric("h0", "reshard_agent_worker_cache_entries").value_or(-1);
   EXPECT_EQ(AgentMetric("h0", "reshard_agent_rank_buffers_held").value_or(-1), 0);
   // Its freed heap goes back on the next trim.
   int64_t deleted_rss = 0;

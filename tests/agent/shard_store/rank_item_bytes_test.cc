@@ -5,30 +5,17 @@
 #include "gtest/gtest.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::agent {
 namespace {
 
 using ::testing::ElementsAre;
 
-v1::TensorSpec Tensor(const std::string& name, std::vector<int64_t> shape, v1::DType dtype) {
-  v1::TensorSpec t;
-  t.set_name(name);
-  t.set_dtype(dtype);
-  for (int64_t d : shape) t.add_shape(d);
-  t.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
-  return t;
-}
-
-void TpSplit(v1::TensorSpec* t, int axis) {
-  t->mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-  t->mutable_partition()->mutable_tp()->set_axis(axis);
-}
-
-void Dp(v1::TensorSpec* t, v1::DpMode mode, int axis = 0) {
-  t->mutable_partition()->mutable_dp()->set_mode(mode);
-  t->mutable_partition()->mutable_dp()->set_axis(axis);
-}
+using ::reshard::test_support::MakeLayout;
+using ::reshard::test_support::SetDp;
+using ::reshard::test_support::SetTpSplit;
+using ::reshard::test_support::Tensor;
 
 // tp 2 x pp 2 x dp 2 (rank = tp + 2 dp + 4 pp), two layers, one per stage.
 struct SmallJob {
@@ -41,19 +28,19 @@ SmallJob MakeSmallJob() {
   j.ptc.set_num_layers(2);
   // [10, 6] fp32 split over tp along rows, first stage only: [5, 6] x 4 bytes.
   v1::TensorSpec embed = Tensor("embed", {10, 6}, v1::DTYPE_FLOAT32);
-  TpSplit(&embed, 0);
+  SetTpSplit(&embed, 0);
   embed.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_FIRST_STAGE);
   // [3, 6] bf16 split over tp along columns ([3, 3] = 9 elements), at layer 1
   // (stage 1), flattened over dp 2: 5 elements each, the second with one of
   // padding: 10 bytes.
   v1::TensorSpec w = Tensor("layers.1.w", {3, 6}, v1::DTYPE_BFLOAT16);
-  TpSplit(&w, 1);
+  SetTpSplit(&w, 1);
   w.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_LAYER);
   w.mutable_partition()->mutable_pipeline()->set_layer(1);
-  Dp(&w, v1::DP_FLAT);
+  SetDp(&w, v1::DP_FLAT);
   // [8] fp64 on every stage, split over dp: 4 x 8 bytes.
   v1::TensorSpec norm = Tensor("norm", {8}, v1::DTYPE_FLOAT64);
-  Dp(&norm, v1::DP_SPLIT, 0);
+  SetDp(&norm, v1::DP_SPLIT, 0);
   *j.ptc.add_tensors() = embed;
   *j.ptc.add_tensors() = w;
   *j.ptc.add_tensors() = norm;
@@ -65,12 +52,7 @@ SmallJob MakeSmallJob() {
   rng->set_size_bytes(100);
   rng->set_scope(v1::BLOB_PER_RANK);
 
-  j.layout.mutable_config()->set_tp(2);
-  j.layout.mutable_config()->set_pp(2);
-  j.layout.mutable_config()->set_dp(2);
-  j.layout.mutable_placement()->add_hosts("h0");
-  j.layout.mutable_placement()->add_hosts("h1");
-  j.layout.mutable_placement()->set_devices_per_host(4);
+  j.layout = MakeLayout(2, 2, 2, {"h0", "h1"}, 4);
   return j;
 }
 

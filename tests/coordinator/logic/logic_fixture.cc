@@ -7,6 +7,7 @@
 #include "services/coordinator/logic/task.h"
 #include "services/coordinator/store/migrator.h"
 #include "tests/coordinator/harness/test_postgres.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::coordinator::testing {
 
@@ -74,11 +75,11 @@ v1::Job LogicTest::Register(const v1::JobSpec& spec, const std::string& key) {
 void LogicTest::RegisterAgents(const std::vector<std::string>& hosts) {
   for (const std::string& host : hosts) {
     v1::RegisterAgentRequest request;
-    request.mutable_host()->set_host_id(host);
-    request.mutable_host()->set_address(host + ":7171");
-    request.mutable_host()->set_ucx_address("ucx-" + host);
-    request.mutable_host()->add_transports("ucx");
-    request.mutable_host()->add_transports("nccl");
+    *request.mutable_host() = test_support::MakeHost(host, {.address = host + ":7171",
+                                                            .devices = 0,
+                                                            .transports = {"ucx", "nccl"},
+                                                            .ucx_address = "ucx-" + host,
+                                                            .memory_limit_bytes = 0});
     absl::StatusOr<v1::RegisterAgentResponse> response = agents_->RegisterAgent(request);
     ASSERT_TRUE(response.ok()) << response.status();
     epochs_[host] = response->epoch();

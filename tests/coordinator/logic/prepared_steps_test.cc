@@ -5,6 +5,7 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -13,14 +14,7 @@ using ::testing::ElementsAre;
 using ::testing::Pair;
 
 v1::Layout TwoRanks(const std::string& first, const std::string& second) {
-  v1::Layout l;
-  l.mutable_config()->set_tp(2);
-  l.mutable_config()->set_pp(1);
-  l.mutable_config()->set_dp(1);
-  l.mutable_placement()->add_hosts(first);
-  l.mutable_placement()->add_hosts(second);
-  l.mutable_placement()->set_devices_per_host(1);
-  return l;
+  return test_support::MakeLayout(2, 1, 1, {first, second}, 1);
 }
 
 v1::ShardChecksum Sum(int item, int rank, uint64_t checksum, int64_t bytes) {

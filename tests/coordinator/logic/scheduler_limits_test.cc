@@ -12,6 +12,7 @@
 #include "services/coordinator/logic/capacity.h"
 #include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -57,11 +58,11 @@ class SchedulerLimitsTest : public LogicTest {
     ASSERT_TRUE(r.ok()) << r.status();
   }
   static v1::Host MakeLimitedHost(const std::string& host, int64_t limit) {
-    v1::Host h;
-    h.set_host_id(host);
-    h.set_address(host + ":7171");
-    h.set_memory_limit_bytes(limit);
-    return h;
+    return test_support::MakeHost(host, {.address = host + ":7171",
+                                         .devices = 0,
+                                         .transports = {},
+                                         .ucx_address = "",
+                                         .memory_limit_bytes = limit});
   }
 };
 
@@ -209,8 +210,8 @@ TEST_P(SchedulerLimitsTest, HostsAreReadAgainOnlyAfterARegistration) {
   HostCapacities capacities(store_);
   const auto check = [&] { return capacities.CheckFits(spec.ptc(), spec.layout(), "layout"); };
   for (int i = 0; i < 3; ++i) {
-    EXPECT_THAT(check(), StatusIs(absl::StatusCode::kResourceExhausted,
-                                  "layout: host \"h1\" would hold"));
+    EXPECT_THAT(check(),
+                StatusIs(absl::StatusCode::kResourceExhausted, "layout: host \"h1\" would hold"));
   }
   EXPECT_EQ(capacities.loads(), 1);
   StorePtr other = ConnectStore();

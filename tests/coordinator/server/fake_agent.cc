@@ -8,6 +8,7 @@
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
 #include "tests/coordinator/server/test_channel.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -79,20 +80,13 @@ std::shared_ptr<v1::AgentService::Stub> FakeAgent::stub() const {
 
 absl::Status FakeAgent::Register() {
   v1::RegisterAgentRequest request;
-  v1::Host* host = request.mutable_host();
-  host->set_host_id(host_id_);
-  host->set_address(absl::StrCat(host_id_, ":7171"));
-  host->add_transports("local");
-  host->add_transports("ucx");
-  host->set_ucx_address(absl::StrCat("ucx-", host_id_));
-  host->set_memory_limit_bytes(int64_t{64} << 30);
-  for (int d = 0; d < devices_; ++d) {
-    v1::Device* device = host->add_devices();
-    device->set_index(d);
-    device->set_kind("cuda");
-    device->set_name("fake");
-    device->set_memory_bytes(int64_t{80} << 30);
-  }
+  *request.mutable_host() =
+      test_support::MakeHost(host_id_, {.address = absl::StrCat(host_id_, ":7171"),
+                                        .devices = devices_,
+                                        .device_name = "fake",
+                                        .transports = {"local", "ucx"},
+                                        .ucx_address = absl::StrCat("ucx-", host_id_),
+                                        .memory_limit_bytes = int64_t{64} << 30});
   grpc::ClientContext context;
   SetDeadline(&context);
   v1::RegisterAgentResponse reply;

@@ -12,6 +12,7 @@
 #include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -42,12 +43,12 @@ std::shared_ptr<grpc::Channel> ChannelWith(const std::string& address, const std
 
 v1::RegisterAgentRequest AgentRegistration(const std::string& host) {
   v1::RegisterAgentRequest r;
-  r.mutable_host()->set_host_id(host);
-  r.mutable_host()->set_address(host + ":7171");
-  v1::Device* d = r.mutable_host()->add_devices();
-  d->set_index(0);
-  d->set_kind("cuda");
-  d->set_memory_bytes(int64_t{80} << 30);
+  *r.mutable_host() = test_support::MakeHost(host, {.address = host + ":7171",
+                                                    .devices = 1,
+                                                    .device_name = "",
+                                                    .transports = {},
+                                                    .ucx_address = "",
+                                                    .memory_limit_bytes = 0});
   return r;
 }
 
