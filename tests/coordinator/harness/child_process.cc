@@ -1,89 +1,34 @@
 #include "tests/coordinator/harness/child_process.h"
 
-#include <fcntl.h>
-#include <grp.h>
-#include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
-#include <cerrno>
-#include <cstring>
 #include <fstream>
 #include <sstream>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/support/process.h"
 
 namespace reshard::coordinator::testing {
-namespace {
-
-int ExitStatus(int raw) {
-  if (WIFEXITED(raw)) return WEXITSTATUS(raw);
-  if (WIFSIGNALED(raw)) return 128 + WTERMSIG(raw);
-  return -1;
-}
-
-}  // namespace
 
 absl::StatusOr<pid_t> SpawnChild(const ChildOptions& options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("SpawnChild: empty argv");
-  // Everything the child needs is prepared before fork: after it, only
-  // async-signal-safe calls.
-  std::vector<char*> argv;
-  for (const std::string& a : options.argv) argv.push_back(const_cast<char*>(a.c_str()));
-  argv.push_back(nullptr);
-  const char* log_path = options.log_path.empty() ? "/dev/null" : options.log_path.c_str();
-  const char* cwd = options.cwd.empty() ? nullptr : options.cwd.c_str();
-  const pid_t parent = getpid();
-
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    if (options.switch_user) {
-      if (setgroups(0, nullptr) != 0 || setgid(options.gid) != 0 || setuid(options.uid) != 0) {
-        _exit(126);
-      }
-    }
-    // After the credential change, which clears the parent-death signal.
-    if (options.die_with_parent) {
-      prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (getppid() != parent) _exit(125);
-    }
-    if (cwd != nullptr && chdir(cwd) != 0) _exit(124);
-    const int null_fd = open("/dev/null", O_RDONLY);
-    const int log_fd = open(log_path, O_WRONLY | O_CREAT | O_APPEND, 0644);
-    if (null_fd < 0 || log_fd < 0) _exit(123);
-    dup2(null_fd, 0);
-    dup2(log_fd, 1);
-    dup2(log_fd, 2);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
+  test_support::SpawnOptions spawn;
+  spawn.argv = options.argv;
+  spawn.cwd = options.cwd;
+  spawn.in = test_support::Stream::Null();
+  spawn.out = options.log_path.empty() ? test_support::Stream::Null()
+                                       : test_support::Stream::File(options.log_path);
+  spawn.err = test_support::Stream::SameAsOut();
+  if (options.switch_user) spawn.user = std::make_pair(options.uid, options.gid);
+  spawn.die_with_parent = options.die_with_parent;
+  absl::StatusOr<test_support::ChildProcess> child = test_support::ChildProcess::Spawn(spawn);
+  if (!child.ok()) return child.status();
+  return child->Release();  // the caller waits for it (WaitChild, ChildExited)
 }
 
-int WaitChild(pid_t pid) {
-  int raw = 0;
-  while (waitpid(pid, &raw, 0) < 0) {
-    if (errno != EINTR) return -1;
-  }
-  return ExitStatus(raw);
-}
+int WaitChild(pid_t pid) { return test_support::WaitPid(pid); }
 
-bool ChildExited(pid_t pid, int* status) {
-  int raw = 0;
-  const pid_t r = waitpid(pid, &raw, WNOHANG);
-  if (r == pid) {
-    *status = ExitStatus(raw);
-    return true;
-  }
-  if (r < 0 && errno == ECHILD) {
-    *status = -1;
-    return true;
-  }
-  return false;
-}
+bool ChildExited(pid_t pid, int* status) { return test_support::PidExited(pid, status); }
 
 absl::Status RunChild(const ChildOptions& options) {
   absl::StatusOr<pid_t> pid = SpawnChild(options);

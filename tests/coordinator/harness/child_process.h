@@ -1,5 +1,6 @@
 // Starting the PostgreSQL binaries as child processes, optionally as another
-// user (root cannot run them). Internal to the test harness.
+// user (root cannot run them). Internal to the test harness: raw pids over
+// the shared spawner (tests/support/process.h, test_support::ChildProcess).
 #pragma once
 
 #include <sys/types.h>

@@ -1,39 +1,41 @@
 #include "tests/coordinator/harness/test_pki.h"
 
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "tests/support/process.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 // Runs openssl with `args` (no shell); its output goes to stderr.
 absl::Status OpenSsl(const std::vector<std::string>& args) {
-  std::vector<std::string> argv_s = {"openssl"};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork for openssl failed");
-  if (pid == 0) {
-    dup2(STDERR_FILENO, STDOUT_FILENO);
-    execvp("openssl", argv.data());
-    _exit(127);
+  test_support::SpawnOptions o;
+  o.argv = {"openssl"};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.out = test_support::Stream::ParentFd(STDERR_FILENO);
+  absl::StatusOr<test_support::ChildProcess> child = test_support::ChildProcess::Spawn(o);
+  if (!child.ok()) {
+    return absl::InternalError(
+        absl::StrCat(child.status().message(), "; is Debian's openssl installed?"));
   }
-  int status = 0;
-  while (waitpid(pid, &status, 0) < 0) {
+  // Killed and reaped by `child` if it runs past the deadline.
+  const std::optional<int> status = child->WaitExit(absl::Seconds(60));
+  if (!status.has_value()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("`", absl::StrJoin(o.argv, " "), "` ran past 60 s"));
   }
-  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-    return absl::InternalError(absl::StrCat("`", absl::StrJoin(argv_s, " "), "` failed (status ",
-                                            status, "); is Debian's openssl installed?"));
+  if (*status != 0) {
+    return absl::InternalError(absl::StrCat("`", absl::StrJoin(o.argv, " "),
+                                            "` failed (exit status ", *status,
+                                            "); is Debian's openssl installed?"));
   }
   return absl::OkStatus();
 }
