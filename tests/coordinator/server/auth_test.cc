@@ -45,6 +45,172 @@ bool Refused(const grpc::Status& s) {
          s.error_code() == grpc::StatusCode::PERMISSION_DENIED;
 }
 
+// Every job-scoped call, made by `caller` on a job id and an operation id,
+// with arguments that pass authorization and are then refused by the logic
+// (expected generation 99, rank 99, a committed operation, ...): only the
+// authorization's answer differs between callers. A watch that is allowed
+// returns OK once its first update came.
+using JobCall =
+    std::function<grpc::Status(const Caller&, const std::string& job_id, const std::string& op_id)>;
+std::map<std::string, JobCall> JobScopedCalls(const std::string& address,
+                                              const v1::Layout& layout) {
+  auto stub = [address](const Caller& c) { return CoordinatorClient(address, c.identity); };
+  return {
+      {"GetJob",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::GetJobRequest r;
+         r.set_job_id(job);
+         v1::Job reply;
+         return stub(c)->GetJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"WatchJob",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::WatchJobRequest r;
+         r.set_job_id(job);
+         auto ctx = CallCtx(c);
+         auto s = stub(c);
+         auto reader = s->WatchJob(ctx.get(), r);
+         v1::Job update;
+         if (reader->Read(&update)) {
+           ctx->TryCancel();
+           while (reader->Read(&update)) {
+           }
+           (void)reader->Finish();
+           return grpc::Status::OK;
+         }
+         return reader->Finish();
+       }},
+      {"DeleteJob",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::DeleteJobRequest r;
+         r.set_job_id(job);
+         v1::DeleteJobResponse reply;
+         return stub(c)->DeleteJob(CallCtx(c).get(), r, &reply);
+       }},
+      {"Resize",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::ResizeRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         *r.mutable_placement() = layout.placement();
+         v1::Operation reply;
+         return stub(c)->Resize(CallCtx(c).get(), r, &reply);
+       }},
+      {"Migrate",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::MigrateRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         *r.mutable_placement() = layout.placement();
+         v1::Operation reply;
+         return stub(c)->Migrate(CallCtx(c).get(), r, &reply);
+       }},
+      {"RecoverFromFailure",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::RecoverFromFailureRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         r.add_lost_hosts("h1");
+         v1::Operation reply;
+         return stub(c)->RecoverFromFailure(CallCtx(c).get(), r, &reply);
+       }},
+      {"Checkpoint",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::CheckpointRequest r;
+         r.set_job_id(job);
+         r.set_expected_generation(99);
+         v1::Operation reply;
+         return stub(c)->Checkpoint(CallCtx(c).get(), r, &reply);
+       }},
+      {"PreviewPlan",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::PreviewPlanRequest r;
+         r.set_job_id(job);
+         *r.mutable_target() = layout;
+         v1::PreviewPlanResponse reply;
+         return stub(c)->PreviewPlan(CallCtx(c).get(), r, &reply);
+       }},
+      {"Advise",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::AdviseRequest r;
+         r.set_job_id(job);
+         r.set_gpus(4);
+         r.mutable_model()->set_hidden(8);
+         r.mutable_model()->set_heads(2);
+         r.mutable_model()->set_vocab(32);
+         r.mutable_model()->set_seq_length(64);
+         r.mutable_model()->set_global_batch(16);
+         v1::AdviseResponse reply;
+         return stub(c)->Advise(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetWorkerToken",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::GetWorkerTokenRequest r;
+         r.set_job_id(job);
+         v1::GetWorkerTokenResponse reply;
+         return stub(c)->GetWorkerToken(CallCtx(c).get(), r, &reply);
+       }},
+      {"CommitStep",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::CommitStepRequest r;
+         r.set_job_id(job);
+         r.set_generation(99);
+         r.set_step(1);
+         r.set_cursor(8);
+         r.set_layout_fingerprint("sha256:tenants");
+         v1::DatasetState reply;
+         return stub(c)->CommitStep(CallCtx(c).get(), r, &reply);
+       }},
+      {"ReportRankFailure",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::ReportRankFailureRequest r;
+         r.set_job_id(job);
+         r.set_rank(99);
+         r.set_reason("tenants");
+         v1::RankFailure reply;
+         return stub(c)->ReportRankFailure(CallCtx(c).get(), r, &reply);
+       }},
+      {"GetOperation",
+       [=](const Caller& c, const std::string&, const std::string& op) {
+         v1::GetOperationRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->GetOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"WatchOperation",
+       [=](const Caller& c, const std::string&, const std::string& op) {
+         v1::WatchOperationRequest r;
+         r.set_operation_id(op);
+         auto ctx = CallCtx(c);
+         auto s = stub(c);
+         auto reader = s->WatchOperation(ctx.get(), r);
+         v1::Operation update;
+         if (reader->Read(&update)) {
+           ctx->TryCancel();
+           while (reader->Read(&update)) {
+           }
+           (void)reader->Finish();
+           return grpc::Status::OK;
+         }
+         return reader->Finish();
+       }},
+      {"CancelOperation",
+       [=](const Caller& c, const std::string&, const std::string& op) {
+         v1::CancelOperationRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->CancelOperation(CallCtx(c).get(), r, &reply);
+       }},
+      {"MarkPrepared",
+       [=](const Caller& c, const std::string&, const std::string& op) {
+         v1::MarkPreparedRequest r;
+         r.set_operation_id(op);
+         v1::Operation reply;
+         return stub(c)->MarkPrepared(CallCtx(c).get(), r, &reply);
+       }},
+  };
+}
+
 class AuthTest : public AdminServerTest {
  protected:
   void SetUp() override {
@@ -106,15 +272,15 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   const std::set<std::string> kReads = {"GetJob",       "ListJobs",       "PreviewPlan",
                                         "GetOperation", "WatchOperation", "ListHosts",
                                         "ListAudit",    "Advise",         "WatchJob"};
-  const std::set<std::string> kWrites = {
-      "RegisterJob",    "DeleteJob",  "Resize",       "Migrate",          "RecoverFromFailure",
-      "CancelOperation", "CommitStep", "GetWorkerToken", "Checkpoint", "MarkPrepared",
-      "ReportRankFailure"};
+  const std::set<std::string> kWrites = {"RegisterJob",  "DeleteJob",          "Resize",
+                                         "Migrate",      "RecoverFromFailure", "CancelOperation",
+                                         "CommitStep",   "GetWorkerToken",     "Checkpoint",
+                                         "MarkPrepared", "ReportRankFailure"};
   // A job's worker token: what a training process does on its own job
   // (docs/security.md, "Worker tokens"), and nothing else.
-  const std::set<std::string> kWorkerOwnJob = {
-      "GetJob",     "WatchJob",     "GetOperation", "WatchOperation",
-      "Checkpoint", "MarkPrepared", "CommitStep",   "ReportRankFailure"};
+  const std::set<std::string> kWorkerOwnJob = {"GetJob",         "WatchJob",         "GetOperation",
+                                               "WatchOperation", "Checkpoint",       "MarkPrepared",
+                                               "CommitStep",     "ReportRankFailure"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress",
                                         "WaitForTasks"};
   const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
@@ -145,20 +311,13 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
 
   int serial = 0;
   using Call = std::function<grpc::Status(const Caller&)>;
-  const std::map<std::string, Call> calls = {
+  std::map<std::string, Call> calls = {
       {"RegisterJob",
        [&](const Caller& c) {
          v1::RegisterJobRequest r;
          *r.mutable_spec() = SmallJobSpec(absl::StrCat("m-", ++serial), "team-a");
          v1::RegisterJobResponse reply;
          return CoordinatorClient(address, c.identity)->RegisterJob(CallCtx(c).get(), r, &reply);
-       }},
-      {"GetJob",
-       [&](const Caller& c) {
-         v1::GetJobRequest r;
-         r.set_job_id(job.id());
-         v1::Job reply;
-         return CoordinatorClient(address, c.identity)->GetJob(CallCtx(c).get(), r, &reply);
        }},
       {"ListJobs",
        [&](const Caller& c) {
@@ -177,135 +336,11 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          v1::DeleteJobResponse reply;
          return CoordinatorClient(address, c.identity)->DeleteJob(CallCtx(c).get(), r, &reply);
        }},
-      {"Resize",
-       [&](const Caller& c) {
-         v1::ResizeRequest r;
-         r.set_job_id(job.id());
-         r.set_expected_generation(99);  // past authorization: refused by the logic
-         *r.mutable_placement() = MakeLayout(2, 2, 1, {"h1"}, 4).placement();
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)->Resize(CallCtx(c).get(), r, &reply);
-       }},
-      {"Migrate",
-       [&](const Caller& c) {
-         v1::MigrateRequest r;
-         r.set_job_id(job.id());
-         r.set_expected_generation(99);
-         *r.mutable_placement() = MakeLayout(2, 2, 1, {"h1"}, 4).placement();
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)->Migrate(CallCtx(c).get(), r, &reply);
-       }},
-      {"RecoverFromFailure",
-       [&](const Caller& c) {
-         v1::RecoverFromFailureRequest r;
-         r.set_job_id(job.id());
-         r.set_expected_generation(99);
-         r.add_lost_hosts("h1");
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)
-             ->RecoverFromFailure(CallCtx(c).get(), r, &reply);
-       }},
-      {"PreviewPlan",
-       [&](const Caller& c) {
-         v1::PreviewPlanRequest r;
-         r.set_job_id(job.id());
-         *r.mutable_target() = MakeLayout(2, 2, 1, {"h1"}, 4);
-         v1::PreviewPlanResponse reply;
-         return CoordinatorClient(address, c.identity)->PreviewPlan(CallCtx(c).get(), r, &reply);
-       }},
-      {"GetOperation",
-       [&](const Caller& c) {
-         v1::GetOperationRequest r;
-         r.set_operation_id(op.id());
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)->GetOperation(CallCtx(c).get(), r, &reply);
-       }},
-      {"WatchOperation",
-       [&](const Caller& c) {
-         v1::WatchOperationRequest r;
-         r.set_operation_id(op.id());
-         auto ctx = CallCtx(c);
-         auto stub = CoordinatorClient(address, c.identity);
-         auto reader = stub->WatchOperation(ctx.get(), r);
-         v1::Operation update;
-         while (reader->Read(&update)) {
-         }
-         return reader->Finish();
-       }},
-      {"WatchJob",
-       [&](const Caller& c) {
-         v1::WatchJobRequest r;
-         r.set_job_id(job.id());
-         auto ctx = CallCtx(c);
-         auto stub = CoordinatorClient(address, c.identity);
-         auto reader = stub->WatchJob(ctx.get(), r);
-         v1::Job update;
-         if (reader->Read(&update)) {
-           // Allowed: the first update came; the watch never ends by itself.
-           ctx->TryCancel();
-           while (reader->Read(&update)) {
-           }
-           reader->Finish();
-           return grpc::Status::OK;
-         }
-         return reader->Finish();
-       }},
-      {"Checkpoint",
-       [&](const Caller& c) {
-         v1::CheckpointRequest r;
-         r.set_job_id(job.id());
-         r.set_expected_generation(99);  // past authorization: refused by the logic
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)->Checkpoint(CallCtx(c).get(), r, &reply);
-       }},
-      {"MarkPrepared",
-       [&](const Caller& c) {
-         v1::MarkPreparedRequest r;
-         r.set_operation_id(op.id());  // COMMITTED, not stop-free: refused by the logic
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)->MarkPrepared(CallCtx(c).get(), r, &reply);
-       }},
-      {"CancelOperation",
-       [&](const Caller& c) {
-         v1::CancelOperationRequest r;
-         r.set_operation_id(op.id());  // already COMMITTED: the logic refuses or returns it
-         v1::Operation reply;
-         return CoordinatorClient(address, c.identity)
-             ->CancelOperation(CallCtx(c).get(), r, &reply);
-       }},
-      {"ReportRankFailure",
-       [&](const Caller& c) {
-         v1::ReportRankFailureRequest r;
-         r.set_job_id(job.id());
-         r.set_rank(99);  // past authorization: outside the world, refused by the logic
-         r.set_reason("matrix");
-         v1::RankFailure reply;
-         return CoordinatorClient(address, c.identity)
-             ->ReportRankFailure(CallCtx(c).get(), r, &reply);
-       }},
-      {"CommitStep",
-       [&](const Caller& c) {
-         v1::CommitStepRequest r;
-         r.set_job_id(job.id());
-         r.set_generation(99);  // past authorization: refused by the logic
-         r.set_step(1);
-         r.set_cursor(8);
-         r.set_layout_fingerprint("sha256:matrix");
-         v1::DatasetState reply;
-         return CoordinatorClient(address, c.identity)->CommitStep(CallCtx(c).get(), r, &reply);
-       }},
       {"ListHosts",
        [&](const Caller& c) {
          v1::ListHostsResponse reply;
          return CoordinatorClient(address, c.identity)
              ->ListHosts(CallCtx(c).get(), v1::ListHostsRequest(), &reply);
-       }},
-      {"GetWorkerToken",
-       [&](const Caller& c) {
-         v1::GetWorkerTokenRequest r;
-         r.set_job_id(job.id());
-         v1::GetWorkerTokenResponse reply;
-         return CoordinatorClient(address, c.identity)->GetWorkerToken(CallCtx(c).get(), r, &reply);
        }},
       {"ListAudit",
        [&](const Caller& c) {
@@ -313,19 +348,6 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          r.set_tenant("team-a");
          v1::ListAuditResponse reply;
          return CoordinatorClient(address, c.identity)->ListAudit(CallCtx(c).get(), r, &reply);
-       }},
-      {"Advise",
-       [&](const Caller& c) {
-         v1::AdviseRequest r;
-         r.set_job_id(job.id());
-         r.set_gpus(4);
-         r.mutable_model()->set_hidden(8);
-         r.mutable_model()->set_heads(2);
-         r.mutable_model()->set_vocab(32);
-         r.mutable_model()->set_seq_length(64);
-         r.mutable_model()->set_global_batch(16);
-         v1::AdviseResponse reply;
-         return CoordinatorClient(address, c.identity)->Advise(CallCtx(c).get(), r, &reply);
        }},
       {"RegisterAgent",
        [&](const Caller& c) {
@@ -393,6 +415,14 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
              ->RevokeToken(CallCtx(c).get(), r, &reply);
        }},
   };
+  // The job-scoped calls, on team-a's job and its committed operation
+  // (DeleteJob above: on a victim of its own).
+  const std::map<std::string, JobCall> job_calls =
+      JobScopedCalls(address, MakeLayout(2, 2, 1, {"h1"}, 4));
+  for (const auto& [method, call] : job_calls) {
+    calls.emplace(method,
+                  [call, &job, &op](const Caller& c) { return call(c, job.id(), op.id()); });
+  }
 
   // How each caller that is refused is refused: callers nobody knows are
   // UNAUTHENTICATED, a role that lacks the call PERMISSION_DENIED naming it.
@@ -405,6 +435,9 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       "GetOperation", "WatchOperation", "CancelOperation",    "DeleteJob",
       "Resize",       "Migrate",        "RecoverFromFailure", "GetWorkerToken",
       "Checkpoint",   "MarkPrepared",   "CommitStep",         "ReportRankFailure"};
+  std::set<std::string> job_call_names;
+  for (const auto& [method, call] : job_calls) job_call_names.insert(method);
+  EXPECT_EQ(job_call_names, kJobScoped) << "JobScopedCalls makes every job-scoped call";
   const std::string team_b_viewer_token = callers[11].first.token;
   auto role_has = [&](const Caller& c) -> std::set<std::string> {
     if (c.identity == "scheduler:other@team-b") return both(kReads, kWrites);
@@ -531,165 +564,8 @@ TEST_F(AuthTest, AnotherTenantsJobAnswersAsAMissingOne) {
   v1::GetWorkerTokenResponse wt_reply;
   ASSERT_TRUE(admin_->GetWorkerToken(Ctx().get(), wt, &wt_reply).ok());
 
-  // Each job-scoped call, on a job id and an operation id.
-  using Call = std::function<grpc::Status(const Caller&, const std::string& job_id,
-                                          const std::string& op_id)>;
-  auto stub = [&](const Caller& c) { return CoordinatorClient(address, c.identity); };
-  auto layout = MakeLayout(2, 2, 1, {"h1"}, 4);
-  const std::map<std::string, Call> calls = {
-      {"GetJob",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::GetJobRequest r;
-         r.set_job_id(job);
-         v1::Job reply;
-         return stub(c)->GetJob(CallCtx(c).get(), r, &reply);
-       }},
-      {"WatchJob",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::WatchJobRequest r;
-         r.set_job_id(job);
-         auto ctx = CallCtx(c);
-         auto s = stub(c);
-         auto reader = s->WatchJob(ctx.get(), r);
-         v1::Job update;
-         if (reader->Read(&update)) {
-           ctx->TryCancel();
-           while (reader->Read(&update)) {
-           }
-           (void)reader->Finish();
-           return grpc::Status::OK;
-         }
-         return reader->Finish();
-       }},
-      {"DeleteJob",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::DeleteJobRequest r;
-         r.set_job_id(job);
-         v1::DeleteJobResponse reply;
-         return stub(c)->DeleteJob(CallCtx(c).get(), r, &reply);
-       }},
-      {"Resize",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::ResizeRequest r;
-         r.set_job_id(job);
-         r.set_expected_generation(99);
-         *r.mutable_placement() = layout.placement();
-         v1::Operation reply;
-         return stub(c)->Resize(CallCtx(c).get(), r, &reply);
-       }},
-      {"Migrate",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::MigrateRequest r;
-         r.set_job_id(job);
-         r.set_expected_generation(99);
-         *r.mutable_placement() = layout.placement();
-         v1::Operation reply;
-         return stub(c)->Migrate(CallCtx(c).get(), r, &reply);
-       }},
-      {"RecoverFromFailure",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::RecoverFromFailureRequest r;
-         r.set_job_id(job);
-         r.set_expected_generation(99);
-         r.add_lost_hosts("h1");
-         v1::Operation reply;
-         return stub(c)->RecoverFromFailure(CallCtx(c).get(), r, &reply);
-       }},
-      {"Checkpoint",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::CheckpointRequest r;
-         r.set_job_id(job);
-         r.set_expected_generation(99);
-         v1::Operation reply;
-         return stub(c)->Checkpoint(CallCtx(c).get(), r, &reply);
-       }},
-      {"PreviewPlan",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::PreviewPlanRequest r;
-         r.set_job_id(job);
-         *r.mutable_target() = layout;
-         v1::PreviewPlanResponse reply;
-         return stub(c)->PreviewPlan(CallCtx(c).get(), r, &reply);
-       }},
-      {"Advise",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::AdviseRequest r;
-         r.set_job_id(job);
-         r.set_gpus(4);
-         r.mutable_model()->set_hidden(8);
-         r.mutable_model()->set_heads(2);
-         r.mutable_model()->set_vocab(32);
-         r.mutable_model()->set_seq_length(64);
-         r.mutable_model()->set_global_batch(16);
-         v1::AdviseResponse reply;
-         return stub(c)->Advise(CallCtx(c).get(), r, &reply);
-       }},
-      {"GetWorkerToken",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::GetWorkerTokenRequest r;
-         r.set_job_id(job);
-         v1::GetWorkerTokenResponse reply;
-         return stub(c)->GetWorkerToken(CallCtx(c).get(), r, &reply);
-       }},
-      {"CommitStep",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::CommitStepRequest r;
-         r.set_job_id(job);
-         r.set_generation(99);
-         r.set_step(1);
-         r.set_cursor(8);
-         r.set_layout_fingerprint("sha256:tenants");
-         v1::DatasetState reply;
-         return stub(c)->CommitStep(CallCtx(c).get(), r, &reply);
-       }},
-      {"ReportRankFailure",
-       [&](const Caller& c, const std::string& job, const std::string&) {
-         v1::ReportRankFailureRequest r;
-         r.set_job_id(job);
-         r.set_rank(99);
-         r.set_reason("tenants");
-         v1::RankFailure reply;
-         return stub(c)->ReportRankFailure(CallCtx(c).get(), r, &reply);
-       }},
-      {"GetOperation",
-       [&](const Caller& c, const std::string&, const std::string& op) {
-         v1::GetOperationRequest r;
-         r.set_operation_id(op);
-         v1::Operation reply;
-         return stub(c)->GetOperation(CallCtx(c).get(), r, &reply);
-       }},
-      {"WatchOperation",
-       [&](const Caller& c, const std::string&, const std::string& op) {
-         v1::WatchOperationRequest r;
-         r.set_operation_id(op);
-         auto ctx = CallCtx(c);
-         auto s = stub(c);
-         auto reader = s->WatchOperation(ctx.get(), r);
-         v1::Operation update;
-         if (reader->Read(&update)) {
-           ctx->TryCancel();
-           while (reader->Read(&update)) {
-           }
-           (void)reader->Finish();
-           return grpc::Status::OK;
-         }
-         return reader->Finish();
-       }},
-      {"CancelOperation",
-       [&](const Caller& c, const std::string&, const std::string& op) {
-         v1::CancelOperationRequest r;
-         r.set_operation_id(op);
-         v1::Operation reply;
-         return stub(c)->CancelOperation(CallCtx(c).get(), r, &reply);
-       }},
-      {"MarkPrepared",
-       [&](const Caller& c, const std::string&, const std::string& op) {
-         v1::MarkPreparedRequest r;
-         r.set_operation_id(op);
-         v1::Operation reply;
-         return stub(c)->MarkPrepared(CallCtx(c).get(), r, &reply);
-       }},
-  };
+  const std::map<std::string, JobCall> calls =
+      JobScopedCalls(address, MakeLayout(2, 2, 1, {"h1"}, 4));
 
   const std::vector<Caller> callers = {{"viewer:v@team-a", ""},
                                        {"scheduler:s@team-a", ""},
