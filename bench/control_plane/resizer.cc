@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::bench {
 namespace {
@@ -17,11 +18,7 @@ void SetDeadline(grpc::ClientContext* context) {
 }
 
 v1::Placement PairPlacement(const std::string (&pair)[2]) {
-  v1::Placement p;
-  p.add_hosts(pair[0]);
-  p.add_hosts(pair[1]);
-  p.set_devices_per_host(1);
-  return p;
+  return test_support::HostsPlacement({pair[0], pair[1]}, 1);
 }
 
 // One float32 tensor of 4 KiB held by every stage, data-parallel
@@ -32,16 +29,8 @@ v1::JobSpec SmallSpec(const std::string& name, const std::string (&pair)[2]) {
   spec.set_tenant("bench-control-plane");
   v1::Ptc* ptc = spec.mutable_ptc();
   ptc->set_num_layers(1);
-  v1::TensorSpec* t = ptc->add_tensors();
-  t->set_name("w");
-  t->set_dtype(v1::DTYPE_FLOAT32);
-  t->add_shape(1024);
-  t->mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
-  v1::Layout* layout = spec.mutable_layout();
-  layout->mutable_config()->set_tp(1);
-  layout->mutable_config()->set_pp(1);
-  layout->mutable_config()->set_dp(2);
-  *layout->mutable_placement() = PairPlacement(pair);
+  test_support::AddTensor(ptc, "w", {1024});
+  *spec.mutable_layout() = test_support::MakeLayout(1, 1, 2, {pair[0], pair[1]}, 1);
   return spec;
 }
 
@@ -67,8 +56,8 @@ absl::Status Resizer::RegisterJobs() {
     SetDeadline(&context);
     const grpc::Status s = stub_->RegisterJob(&context, request, &reply);
     if (!s.ok()) {
-      return absl::InternalError(absl::StrCat("RegisterJob cp-", j, ": ", s.error_code(), " ",
-                                              s.error_message()));
+      return absl::InternalError(
+          absl::StrCat("RegisterJob cp-", j, ": ", s.error_code(), " ", s.error_message()));
     }
     jobs_[j].id = reply.job().id();
     jobs_[j].generation = reply.job().generation();
@@ -77,7 +66,9 @@ absl::Status Resizer::RegisterJobs() {
   return absl::OkStatus();
 }
 
-void Resizer::Start() { thread_ = std::thread([this] { Run(); }); }
+void Resizer::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
 
 void Resizer::Stop(std::chrono::milliseconds drain) {
   draining_.store(true);
@@ -107,8 +98,8 @@ void Resizer::Stop(std::chrono::milliseconds drain) {
       if (p != picked_.end() && p->second.count(host) != 0) continue;
       errors_.fetch_add(1);
       if (first_error_.empty()) {
-        first_error_ = absl::StrCat("operation \"", id, "\" committed but its target host \"",
-                                    host, "\" never picked it up");
+        first_error_ = absl::StrCat("operation \"", id, "\" committed but its target host \"", host,
+                                    "\" never picked it up");
       }
     }
   }

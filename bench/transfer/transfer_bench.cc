@@ -42,25 +42,20 @@
 #include "agent/transfer/local_copy.h"
 #include "bench/transfer/bench_agents.h"
 #include "planner/planner.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::agent::bench {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using ::reshard::test_support::AddTensor;
+using ::reshard::test_support::MakeLayout;
+using ::reshard::test_support::SetTpSplit;
+using ::reshard::test_support::Tensor;
 constexpr double kMiB = 1024.0 * 1024.0;
 
 double Seconds(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
-}
-
-v1::Layout MakeLayout(int tp, int pp, int dp, const std::vector<std::string>& hosts, int per_host) {
-  v1::Layout l;
-  l.mutable_config()->set_tp(tp);
-  l.mutable_config()->set_pp(pp);
-  l.mutable_config()->set_dp(dp);
-  for (const auto& h : hosts) l.mutable_placement()->add_hosts(h);
-  l.mutable_placement()->set_devices_per_host(per_host);
-  return l;
 }
 
 // ---- (a) one tensor migrated from h0 to h1 ----
@@ -69,13 +64,7 @@ v1::Layout MakeLayout(int tp, int pp, int dp, const std::vector<std::string>& ho
 // on h1 after: every byte crosses once, in `ranks` steps.
 void MakeMigration(int64_t bytes, int ranks, v1::Ptc* ptc, v1::Layout* from, v1::Layout* to) {
   ptc->set_num_layers(1);
-  v1::TensorSpec* t = ptc->add_tensors();
-  t->set_name("w");
-  t->set_dtype(v1::DTYPE_FLOAT32);
-  t->add_shape(bytes / 4 / 1024);
-  t->add_shape(1024);
-  t->mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-  t->mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
+  SetTpSplit(AddTensor(ptc, "w", {bytes / 4 / 1024, 1024}), 0);
   *from = MakeLayout(ranks, 1, 1, {"h0"}, ranks);
   *to = MakeLayout(ranks, 1, 1, {"h1"}, ranks);
 }
@@ -207,9 +196,8 @@ void BenchLocal(bool quick) {
     });
     // Half of each 2x-wide row: 8 KiB runs.
     const std::vector<int64_t> half = {rows, cols / 2};
-    const double strided = Best(reps, [&] {
-      copier.Pack(StridedView{src.data(), 0, {cols, 1}}, half, 4, dst.data());
-    });
+    const double strided = Best(
+        reps, [&] { copier.Pack(StridedView{src.data(), 0, {cols, 1}}, half, 4, dst.data()); });
     const double fan = Best(reps, [&] {
       copier.Unpack(src.data(), {{dst.data(), 0, {cols, 1}}, {dst.data() + bytes, 0, {cols, 1}}},
                     half, 4);
@@ -224,12 +212,6 @@ void BenchLocal(bool quick) {
 
 // ---- (c) a GPT-style reconfiguration across four agents ----
 
-void Split(v1::TensorSpec& t, int axis, std::vector<int64_t> blocks = {}) {
-  t.mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-  t.mutable_partition()->mutable_tp()->set_axis(axis);
-  for (int64_t b : blocks) t.mutable_partition()->mutable_tp()->add_blocks(b);
-}
-
 // Megatron-style GPT: bf16 weights (data-parallel replicas) and, per weight,
 // fp32 master copy and Adam moments sharded as flat ranges over dp (the
 // distributed optimizer). QKV fused (three blocks split separately), MLP
@@ -240,19 +222,14 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
   ptc.set_num_layers(layers);
   std::vector<v1::TensorSpec> weights;
   auto weight = [&](const std::string& name, std::vector<int64_t> shape) -> v1::TensorSpec& {
-    weights.push_back(v1::TensorSpec());
-    v1::TensorSpec& t = weights.back();
-    t.set_name(name);
-    t.set_dtype(v1::DTYPE_BFLOAT16);
-    for (int64_t d : shape) t.add_shape(d);
-    t.mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
-    return t;
+    weights.push_back(Tensor(name, shape, v1::DTYPE_BFLOAT16));
+    return weights.back();
   };
   auto stage = [](v1::TensorSpec& t, v1::PipelineMode mode, int layer = 0) {
     t.mutable_partition()->mutable_pipeline()->set_mode(mode);
     if (mode == v1::PIPELINE_LAYER) t.mutable_partition()->mutable_pipeline()->set_layer(layer);
   };
-  Split(weight("embed.word", {vocab, h}), 0);
+  SetTpSplit(&weight("embed.word", {vocab, h}), 0);
   stage(weights.back(), v1::PIPELINE_FIRST_STAGE);
   stage(weight("embed.pos", {seq, h}), v1::PIPELINE_FIRST_STAGE);
   for (int l = 0; l < layers; ++l) {
@@ -260,20 +237,20 @@ v1::Ptc MakeGpt(int layers, int64_t h, int64_t vocab, int64_t seq) {
     auto at = [&](v1::TensorSpec& t) { stage(t, v1::PIPELINE_LAYER, l); };
     at(weight(p + "ln1.weight", {h}));
     at(weight(p + "ln1.bias", {h}));
-    Split(weight(p + "attn.qkv.weight", {3 * h, h}), 0, {h, h, h});
+    SetTpSplit(&weight(p + "attn.qkv.weight", {3 * h, h}), 0, {h, h, h});
     at(weights.back());
-    Split(weight(p + "attn.qkv.bias", {3 * h}), 0, {h, h, h});
+    SetTpSplit(&weight(p + "attn.qkv.bias", {3 * h}), 0, {h, h, h});
     at(weights.back());
-    Split(weight(p + "attn.proj.weight", {h, h}), 1);
+    SetTpSplit(&weight(p + "attn.proj.weight", {h, h}), 1);
     at(weights.back());
     at(weight(p + "attn.proj.bias", {h}));
     at(weight(p + "ln2.weight", {h}));
     at(weight(p + "ln2.bias", {h}));
-    Split(weight(p + "mlp.fc1.weight", {4 * h, h}), 0);
+    SetTpSplit(&weight(p + "mlp.fc1.weight", {4 * h, h}), 0);
     at(weights.back());
-    Split(weight(p + "mlp.fc1.bias", {4 * h}), 0);
+    SetTpSplit(&weight(p + "mlp.fc1.bias", {4 * h}), 0);
     at(weights.back());
-    Split(weight(p + "mlp.fc2.weight", {h, 4 * h}), 1);
+    SetTpSplit(&weight(p + "mlp.fc2.weight", {h, 4 * h}), 1);
     at(weights.back());
     at(weight(p + "mlp.fc2.bias", {h}));
   }
