@@ -1,14 +1,9 @@
 #include "tests/coordinator/server/coordinator_process.h"
 
-#include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cstdio>
-#include <cstring>
+#include <utility>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -18,34 +13,16 @@
 namespace reshard::coordinator::testing {
 namespace {
 
-int ExitStatus(int wstatus) {
-  if (WIFEXITED(wstatus)) return WEXITSTATUS(wstatus);
-  if (WIFSIGNALED(wstatus)) return 128 + WTERMSIG(wstatus);
-  return -1;
-}
-
-// Forks and execs the binary with stdout+stderr on a pipe; returns the pid
-// and the pipe's read end.
-absl::StatusOr<std::pair<pid_t, int>> Spawn(const std::vector<std::string>& args) {
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError(absl::StrCat("pipe: ", errno));
-  std::vector<std::string> argv_s = {CoordinatorBinary()};
-  argv_s.insert(argv_s.end(), args.begin(), args.end());
-  std::vector<char*> argv;
-  for (std::string& a : argv_s) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", std::strerror(errno)));
-  if (pid == 0) {
-    // A test that dies must not leave coordinators behind.
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    dup2(fds[1], STDOUT_FILENO);
-    dup2(fds[1], STDERR_FILENO);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  close(fds[1]);
-  return std::make_pair(pid, fds[0]);
+// Forks and execs the binary with stdout+stderr on one pipe.
+absl::StatusOr<test_support::ChildProcess> Spawn(const std::vector<std::string>& args) {
+  test_support::SpawnOptions options;
+  options.argv = {CoordinatorBinary()};
+  options.argv.insert(options.argv.end(), args.begin(), args.end());
+  options.out = test_support::Stream::Pipe();
+  options.err = test_support::Stream::SameAsOut();
+  // A test that dies must not leave coordinators behind.
+  options.die_with_parent = true;
+  return test_support::ChildProcess::Spawn(options);
 }
 
 }  // namespace
@@ -76,12 +53,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
     const std::vector<std::string>& args, absl::Duration timeout) {
   std::vector<std::string> full = {"serve"};
   full.insert(full.end(), args.begin(), args.end());
-  absl::StatusOr<std::pair<pid_t, int>> spawned = Spawn(full);
+  absl::StatusOr<test_support::ChildProcess> spawned = Spawn(full);
   if (!spawned.ok()) return spawned.status();
-  std::unique_ptr<CoordinatorProcess> p(new CoordinatorProcess());
-  p->pid_ = spawned->first;
-  const int fd = spawned->second;
-  p->reader_ = std::thread([raw = p.get(), fd] { raw->ReadOutput(fd); });
+  std::unique_ptr<CoordinatorProcess> p(new CoordinatorProcess(*std::move(spawned)));
 
   std::unique_lock<std::mutex> lock(p->mu_);
   const bool ready = p->cv_.wait_for(lock, absl::ToChronoMilliseconds(timeout),
@@ -102,12 +76,9 @@ absl::StatusOr<std::unique_ptr<CoordinatorProcess>> CoordinatorProcess::Start(
 
 absl::StatusOr<int> CoordinatorProcess::Run(const std::vector<std::string>& args,
                                             absl::Duration timeout) {
-  absl::StatusOr<std::pair<pid_t, int>> spawned = Spawn(args);
+  absl::StatusOr<test_support::ChildProcess> spawned = Spawn(args);
   if (!spawned.ok()) return spawned.status();
-  std::unique_ptr<CoordinatorProcess> p(new CoordinatorProcess());
-  p->pid_ = spawned->first;
-  const int fd = spawned->second;
-  p->reader_ = std::thread([raw = p.get(), fd] { raw->ReadOutput(fd); });
+  std::unique_ptr<CoordinatorProcess> p(new CoordinatorProcess(*std::move(spawned)));
   const std::optional<int> status = p->WaitExit(timeout);
   if (!status.has_value()) {
     p->Kill();
@@ -118,71 +89,48 @@ absl::StatusOr<int> CoordinatorProcess::Run(const std::vector<std::string>& args
   return *status;
 }
 
-void CoordinatorProcess::ReadOutput(int fd) {
-  std::string pending;
-  char buf[4096];
-  while (true) {
-    const ssize_t n = read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) break;
-    pending.append(buf, static_cast<size_t>(n));
-    size_t nl;
-    while ((nl = pending.find('\n')) != std::string::npos) {
-      const std::string line = pending.substr(0, nl);
-      pending.erase(0, nl + 1);
-      std::fprintf(stderr, "[coordinator %d] %s\n", static_cast<int>(pid_), line.c_str());
-      if (std::optional<StartupLine> s = ParseStartupLine(line); s.has_value()) {
+CoordinatorProcess::CoordinatorProcess(test_support::ChildProcess child)
+    : child_(std::move(child)), pid_(child_.pid()) {
+  reader_ = test_support::StartLineReader(
+      child_.TakeOutFd(), [this](const std::string& line) { OnLine(line); },
+      [this] {
         std::lock_guard<std::mutex> lock(mu_);
-        if (!got_startup_) {
-          startup_ = *s;
-          got_startup_ = true;
-          cv_.notify_all();
-        }
-      }
+        output_closed_ = true;
+        cv_.notify_all();
+      });
+}
+
+void CoordinatorProcess::OnLine(const std::string& line) {
+  std::fprintf(stderr, "[coordinator %d] %s\n", static_cast<int>(pid_), line.c_str());
+  if (std::optional<StartupLine> s = ParseStartupLine(line); s.has_value()) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!got_startup_) {
+      startup_ = *s;
+      got_startup_ = true;
+      cv_.notify_all();
     }
   }
-  if (!pending.empty()) {
-    std::fprintf(stderr, "[coordinator %d] %s\n", static_cast<int>(pid_), pending.c_str());
-  }
-  close(fd);
-  std::lock_guard<std::mutex> lock(mu_);
-  output_closed_ = true;
-  cv_.notify_all();
 }
 
 std::optional<int> CoordinatorProcess::WaitExit(absl::Duration timeout) {
-  if (reaped_) return 0;
-  const absl::Time deadline = absl::Now() + timeout;
-  while (true) {
-    int wstatus = 0;
-    const pid_t r = waitpid(pid_, &wstatus, WNOHANG);
-    if (r == pid_) {
-      reaped_ = true;
-      if (reader_.joinable()) reader_.join();
-      return ExitStatus(wstatus);
-    }
-    if (r < 0 && errno != EINTR) {
-      reaped_ = true;
-      return -1;
-    }
-    if (absl::Now() >= deadline) return std::nullopt;
-    absl::SleepFor(absl::Milliseconds(10));  // polling the child's exit
-  }
+  if (!child_.running()) return exit_status_;
+  const std::optional<int> status = child_.WaitExit(timeout);
+  if (!status.has_value()) return std::nullopt;
+  exit_status_ = *status;
+  if (reader_.joinable()) reader_.join();
+  return status;
 }
 
 void CoordinatorProcess::Kill() {
-  if (pid_ > 0 && !reaped_) {
-    kill(pid_, SIGKILL);
-    int wstatus = 0;
-    while (waitpid(pid_, &wstatus, 0) < 0 && errno == EINTR) {
-    }
-    reaped_ = true;
+  if (child_.running()) {
+    absl::StatusOr<int> status = child_.Kill();
+    if (status.ok()) exit_status_ = *status;
   }
   if (reader_.joinable()) reader_.join();
 }
 
 absl::StatusOr<int> CoordinatorProcess::Terminate(absl::Duration timeout) {
-  if (reaped_) return absl::FailedPreconditionError("already exited");
+  if (!child_.running()) return absl::FailedPreconditionError("already exited");
   kill(pid_, SIGTERM);
   const std::optional<int> status = WaitExit(timeout);
   if (status.has_value()) return *status;

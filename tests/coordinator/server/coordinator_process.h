@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "tests/support/process.h"
 
 namespace reshard::coordinator::testing {
 
@@ -62,13 +63,17 @@ class CoordinatorProcess {
   absl::StatusOr<int> Terminate(absl::Duration timeout = absl::Seconds(30));
 
  private:
-  CoordinatorProcess() = default;
-  void ReadOutput(int fd);
-  /// waitpid with a deadline; exit status or nullopt on timeout.
+  /// Owns `child` and reads its output (stdout and stderr on one pipe).
+  explicit CoordinatorProcess(test_support::ChildProcess child);
+  /// One line of its output: echoed to stderr; the start-up line parsed.
+  void OnLine(const std::string& line);
+  /// Waits for the exit (then joins the reader); its exit status, or
+  /// nullopt on timeout. Once reaped: the status it exited with.
   std::optional<int> WaitExit(absl::Duration timeout);
 
-  pid_t pid_ = -1;
-  bool reaped_ = false;
+  test_support::ChildProcess child_;
+  pid_t pid_ = -1;  // kept after the child is reaped
+  int exit_status_ = -1;
   StartupLine startup_;
   std::thread reader_;
   std::mutex mu_;
