@@ -4,7 +4,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +22,7 @@
 #include "common/rpc/status.h"
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
+#include "tests/support/process.h"
 #include "verifier/model.h"
 
 namespace reshard::agent::testing {
@@ -105,38 +105,19 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
   args.insert(args.end(), options.extra_args.begin(), options.extra_args.end());
   mkdir(options.shm_dir.c_str(), 0700);
 
-  // Everything the child needs is made before fork: this process runs gRPC
-  // threads, and after fork the child makes only async-signal-safe calls.
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  std::vector<std::string> env_s;
-  for (char** e = environ; *e != nullptr; ++e) {
-    const std::string entry(*e);
-    const std::string name = entry.substr(0, entry.find('='));
-    const bool replaced = std::any_of(options.env.begin(), options.env.end(),
-                                      [&](const auto& kv) { return kv.first == name; });
-    if (!replaced) env_s.push_back(entry);
-  }
-  for (const auto& [k, v] : options.env) env_s.push_back(absl::StrCat(k, "=", v));
-  std::vector<char*> envp;
-  for (std::string& e : env_s) envp.push_back(e.data());
-  envp.push_back(nullptr);
-
-  int fds[2];
-  if (pipe2(fds, O_CLOEXEC) != 0) return absl::InternalError("pipe");
-  const pid_t pid = fork();
-  if (pid < 0) return absl::InternalError("fork");
-  if (pid == 0) {
-    dup2(fds[1], 1);
-    dup2(fds[1], 2);
-    execvpe(argv[0], argv.data(), envp.data());
-    _exit(127);
-  }
-  close(fds[1]);
+  test_support::SpawnOptions spawn;
+  spawn.argv = std::move(args);  // wrapper[0] (e.g. ip) is looked up in PATH
+  spawn.env = options.env;
+  spawn.out = test_support::Stream::Pipe();
+  spawn.err = test_support::Stream::SameAsOut();
+  // No death signal: the agents live until the test kills them.
+  absl::StatusOr<test_support::ChildProcess> child = test_support::ChildProcess::Spawn(spawn);
+  if (!child.ok()) return child.status();
   std::unique_ptr<AgentProcess> p(new AgentProcess());
   p->options_ = options;
-  p->pid_ = pid;
+  p->pid_ = child->pid();
+  const int out_fd = child->TakeOutFd();
+  p->child_ = *std::move(child);
 
   auto mu = std::make_shared<std::mutex>();
   auto cv = std::make_shared<std::condition_variable>();
@@ -145,17 +126,9 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
   const std::string prefix = "[agent " + options.host_id + "] ";
   const std::string want = "reshard-agent " + options.host_id + " ready worker-socket ";
   const std::string metrics_line = "host " + options.host_id + ": /metrics on port ";
-  p->reader_ = std::thread([fd = fds[0], mu, cv, ready, metrics_port, prefix, want, metrics_line] {
-    std::string buf;
-    char chunk[4096];
-    for (;;) {
-      ssize_t n = read(fd, chunk, sizeof(chunk));
-      if (n <= 0) break;
-      buf.append(chunk, n);
-      size_t nl;
-      while ((nl = buf.find('\n')) != std::string::npos) {
-        std::string line = buf.substr(0, nl);
-        buf.erase(0, nl + 1);
+  p->reader_ = test_support::StartLineReader(
+      out_fd,
+      [mu, cv, ready, metrics_port, prefix, want, metrics_line](const std::string& line) {
         std::cerr << prefix << line << "\n";
         if (const size_t at = line.find(metrics_line); at != std::string::npos) {
           int port = 0;
@@ -169,13 +142,12 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const Options&
           *ready = 1;
           cv->notify_all();
         }
-      }
-    }
-    close(fd);
-    std::lock_guard<std::mutex> l(*mu);
-    if (*ready == 0) *ready = -1;
-    cv->notify_all();
-  });
+      },
+      [mu, cv, ready] {
+        std::lock_guard<std::mutex> l(*mu);
+        if (*ready == 0) *ready = -1;
+        cv->notify_all();
+      });
   std::unique_lock<std::mutex> l(*mu);
   cv->wait_for(l, std::chrono::seconds(30), [&] { return *ready != 0; });
   if (*ready != 1) {
@@ -195,25 +167,18 @@ AgentProcess::~AgentProcess() {
 
 void AgentProcess::Kill() {
   if (pid_ <= 0) return;
-  kill(pid_, SIGKILL);
-  int status = 0;
-  waitpid(pid_, &status, 0);
+  (void)child_.Kill();
   pid_ = -1;
 }
 
 absl::StatusOr<int> AgentProcess::Terminate() {
   if (pid_ <= 0) return absl::FailedPreconditionError("not running");
-  kill(pid_, SIGTERM);
-  for (int i = 0; i < 300; ++i) {
-    int status = 0;
-    if (waitpid(pid_, &status, WNOHANG) == pid_) {
-      pid_ = -1;
-      return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    }
-    usleep(50 * 1000);
+  absl::StatusOr<int> status = child_.Terminate(absl::Seconds(15));
+  pid_ = -1;
+  if (!status.ok()) {
+    return absl::DeadlineExceededError("reshard-agent did not exit on SIGTERM within 15 s");
   }
-  Kill();
-  return absl::DeadlineExceededError("reshard-agent did not exit on SIGTERM within 15 s");
+  return *status;
 }
 
 std::vector<std::string> RankHosts(const v1::Layout& layout) {

@@ -20,6 +20,7 @@
 #include "reshard/v1/coordinator.grpc.pb.h"
 #include "reshard/v1/ptc.pb.h"
 #include "reshard/v1/worker.grpc.pb.h"
+#include "tests/support/process.h"
 
 namespace grpc {
 class ClientContext;
@@ -60,7 +61,8 @@ class AgentProcess {
  private:
   AgentProcess() = default;
   Options options_;
-  pid_t pid_ = -1;
+  test_support::ChildProcess child_;
+  pid_t pid_ = -1;  // -1 once killed or terminated
   int metrics_port_ = 0;
   std::thread reader_;
 };
