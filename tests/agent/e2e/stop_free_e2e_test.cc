@@ -32,7 +32,6 @@
 namespace reshard::agent::testing {
 namespace {
 
-using Clock = std::chrono::steady_clock;
 constexpr int64_t kBatch = 8;
 
 class StopFreeE2eTest : public AgentE2eTest {
@@ -205,8 +204,8 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
   const v1::Operation op = WaitFinal(started.id());
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_ABORTED)
       << v1::OperationState_Name(op.state()) << " " << op.error();
-  const std::string names = absl::StrCat("job \"", job_id_, "\" generation 3 rank ", rank,
-                                         " item ", item, " (\"", ptc_.tensors(item).name(), "\")");
+  const std::string names = absl::StrCat("job \"", job_id_, "\" generation 3 rank ", rank, " item ",
+                                         item, " (\"", ptc_.tensors(item).name(), "\")");
   EXPECT_THAT(op.error(), ::testing::AllOf(::testing::HasSubstr("host \"h2\": DATA_LOSS"),
                                            ::testing::HasSubstr(names),
                                            ::testing::HasSubstr("changed after the prepare")));
@@ -238,10 +237,7 @@ TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGenera
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(WaitFinal(started.id()).state(), v1::OPERATION_STATE_ABORTED);
   // The agents learn of the discard on a heartbeat (a third of the lease).
-  const auto deadline = Clock::now() + std::chrono::seconds(30);
-  while (FilesEverywhere(pending) > 0 && Clock::now() < deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
+  test_support::Eventually([&] { return FilesEverywhere(pending) == 0; });
   EXPECT_EQ(FilesEverywhere(pending), 0);
   // The old layout is intact and current.
   absl::Status v = Verify(sockets_, job_id_, 1, contents_);
