@@ -5,12 +5,8 @@
 // through the device API.
 #include "agent/transfer/fake_comm.h"
 
-#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -24,8 +20,7 @@
 #include "absl/strings/match.h"
 #include "agent/transfer/backend.h"
 #include "tests/agent/transfer/comm_ring.h"
-
-extern char** environ;
+#include "tests/support/process.h"
 
 namespace reshard::agent {
 namespace {
@@ -219,50 +214,31 @@ TEST(FakeCommTest, AbortFailsATransferInFlight) {
   EXPECT_EQ(ranks[0]->comm->Send(d, 100, 1, ranks[0]->stream).code(), absl::StatusCode::kAborted);
 }
 
-// A child process that is rank 1 of 2.
+// A child process that is rank 1 of 2 (stdin and stdout on pipes).
 class CommPeer {
  public:
   explicit CommPeer(const std::string& id) {
-    int to[2], from[2];
-    EXPECT_EQ(pipe2(to, O_CLOEXEC), 0);
-    EXPECT_EQ(pipe2(from, O_CLOEXEC), 0);
-    posix_spawn_file_actions_t a;
-    posix_spawn_file_actions_init(&a);
-    posix_spawn_file_actions_adddup2(&a, to[0], 0);
-    posix_spawn_file_actions_adddup2(&a, from[1], 1);
-    const std::string hex = absl::BytesToHexString(id);
-    const char* argv[] = {RESHARD_COMM_PEER_PATH, hex.c_str(), "2", "1", nullptr};
-    EXPECT_EQ(posix_spawn(&pid_, RESHARD_COMM_PEER_PATH, &a, nullptr, const_cast<char**>(argv),
-                          environ),
-              0);
-    posix_spawn_file_actions_destroy(&a);
-    close(to[0]);
-    close(from[1]);
-    in_ = to[1];
-    out_ = from[0];
-  }
-  ~CommPeer() {
-    Kill();
-    close(in_);
-    close(out_);
+    test_support::SpawnOptions o;
+    o.argv = {RESHARD_COMM_PEER_PATH, absl::BytesToHexString(id), "2", "1"};
+    o.in = test_support::Stream::Pipe();
+    o.out = test_support::Stream::Pipe();
+    absl::StatusOr<test_support::ChildProcess> child = test_support::ChildProcess::Spawn(o);
+    EXPECT_TRUE(child.ok()) << child.status();
+    if (child.ok()) child_ = *std::move(child);
   }
   // The byte the peer writes once it joined (bounded wait).
   bool Joined() {
-    pollfd p{out_, POLLIN, 0};
+    pollfd p{child_.out_fd(), POLLIN, 0};
     char c = 0;
-    return poll(&p, 1, 30000) == 1 && read(out_, &c, 1) == 1 && c == 'r';
+    return poll(&p, 1, 30000) == 1 && read(child_.out_fd(), &c, 1) == 1 && c == 'r';
   }
   void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
+    absl::StatusOr<int> status = child_.Kill();
+    EXPECT_TRUE(status.ok()) << status.status();
   }
 
  private:
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
+  test_support::ChildProcess child_;  // killed and reaped when destroyed
 };
 
 TEST(FakeCommTest, APeerThatDiesFailsTheSynchronizeNamingIt) {
