@@ -18,22 +18,23 @@
 //   device_bench [--device SPEC] [--mib N] [--reps N] [--quick]
 // SPEC as $RESHARD_DEVICE (default: CUDA when loaded with a device); the
 // CTest smoke runs it on the fake device (--device fake:2 --quick).
+#include <unistd.h>
+
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include <unistd.h>
-
 #include "agent/device/device_api.h"
 #include "agent/executor/executor.h"
 #include "agent/shard_store/device_buffer.h"
 #include "planner/planner.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::agent {
 namespace {
@@ -45,27 +46,12 @@ double Since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-v1::Layout OneHost(int tp) {
-  v1::Layout l;
-  l.mutable_config()->set_tp(tp);
-  l.mutable_config()->set_pp(1);
-  l.mutable_config()->set_dp(1);
-  l.mutable_placement()->add_hosts("h0");
-  l.mutable_placement()->set_devices_per_host(tp);
-  return l;
-}
+v1::Layout OneHost(int tp) { return test_support::MakeLayout(tp, 1, 1, {"h0"}, tp); }
 
 v1::Ptc OneTensor(int64_t rows, int64_t cols, int axis) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
-  v1::TensorSpec* t = ptc.add_tensors();
-  t->set_name("w");
-  t->set_dtype(v1::DTYPE_FLOAT32);
-  t->add_shape(rows);
-  t->add_shape(cols);
-  t->mutable_partition()->mutable_tp()->set_mode(v1::TP_SPLIT);
-  t->mutable_partition()->mutable_tp()->set_axis(axis);
-  t->mutable_partition()->mutable_pipeline()->set_mode(v1::PIPELINE_EVERY_STAGE);
+  test_support::SetTpSplit(test_support::AddTensor(&ptc, "w", {rows, cols}), axis);
   return ptc;
 }
 
@@ -82,8 +68,7 @@ Figures RunResize(DeviceBufferStore& devices, TaskExecutor& executor, const v1::
   Figures f;
   const int64_t rows = ptc.tensors(0).shape(0), cols = ptc.tensors(0).shape(1);
   const int64_t from_gen = 1 + 2 * rep, to_gen = from_gen + 1;
-  auto made = devices.CreateAll({{kJob, from_gen, 0}}, {0},
-                                {{static_cast<int64_t>(src.size())}});
+  auto made = devices.CreateAll({{kJob, from_gen, 0}}, {0}, {{static_cast<int64_t>(src.size())}});
   if (!made.ok() || !devices.WriteItem({kJob, from_gen, 0}, 0, 0, src.data(), src.size()).ok() ||
       !devices.Seal({kJob, from_gen, 0}, {}).ok()) {
     std::fprintf(stderr, "could not make the source: %s\n", made.status().ToString().c_str());
@@ -121,8 +106,8 @@ Figures RunResize(DeviceBufferStore& devices, TaskExecutor& executor, const v1::
   f.ok = true;
   for (int r = 0; r < 2 && f.ok; ++r) {
     auto b = devices.Get({kJob, to_gen, r});
-    absl::Status s = b.ok() ? devices.ReadItem({kJob, to_gen, r}, 0, 0, got.data(), got.size())
-                            : b.status();
+    absl::Status s =
+        b.ok() ? devices.ReadItem({kJob, to_gen, r}, 0, 0, got.data(), got.size()) : b.status();
     if (!s.ok()) {
       std::fprintf(stderr, "new rank %d: %s\n", r, s.ToString().c_str());
       f.ok = false;
@@ -221,10 +206,11 @@ int Main(int argc, char** argv) {
   std::vector<uint8_t> src(bytes);
   for (int64_t i = 0; i < bytes; ++i) src[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
   const DeviceApiCapabilities caps = dev.capabilities();
-  std::printf("device_bench: %s, %d device(s); one float32 tensor [%lld, %lld], %.1f MiB; "
-              "1 rank -> 2 ranks on one host (device-direct route); best of %d\n",
-              caps.name.c_str(), caps.device_count, static_cast<long long>(rows),
-              static_cast<long long>(cols), bytes / 1048576.0, reps);
+  std::printf(
+      "device_bench: %s, %d device(s); one float32 tensor [%lld, %lld], %.1f MiB; "
+      "1 rank -> 2 ranks on one host (device-direct route); best of %d\n",
+      caps.name.c_str(), caps.device_count, static_cast<long long>(rows),
+      static_cast<long long>(cols), bytes / 1048576.0, reps);
   const double d2d = TimeD2D(dev, bytes, reps);
   if (d2d <= 0) return 1;
   std::printf("  %-44s %9.2f GB/s  (%8.2f ms)\n", "D2D (MemcpyAsync, one call)", bytes / d2d / 1e9,
