@@ -9,11 +9,11 @@
 //    (AdvertisedCommName) in PeerHost.transports. Everything in that rule
 //    is the same on every host, so all join one communicator. Otherwise the
 //    cross-host task is host-staged, its `why` naming what is missing.
-//  - Run: RunOnDevices (device sources read in place, host sources copied
+//  - Run: TaskRun on the devices (device sources read in place, host sources copied
 //    host to device run by run, new buffers made on the devices and, when
 //    the placement keeps them in host memory, staged there at the end),
 //    with DeviceCommMover (below) as the mover of its cross-host steps.
-//    The peers are reached and proven as in TaskRun (PreparePeersAndProve,
+//    The peers are reached and proven by TaskRun (PreparePeersAndProve,
 //    peer_proof.h, same tags), then one communicator among all the hosts of
 //    the operation (BootstrapDeviceComm) on device 0.
 //  - Cross-host steps: for each (sender, receiver) pair, both ends list the

@@ -2,9 +2,10 @@
 // device_comm_steps.h, kDeviceIpc: device_ipc_steps.h): the run's context
 // (the task, this host, the agent's device store and transport, the
 // callbacks), the index of every host of the operation, and the Mover
-// (mover.h) each route's steps sit behind, which RunOnDevices (device_run.h)
-// picks with MoverFor, proves through (PreparePeersAndProve) and posts to,
-// polls and cancels. Each route keeps only how its bytes move.
+// (mover.h) each route's steps sit behind, which TaskRun (task_run.h), the
+// one conductor of every route, picks with MoverFor, proves through
+// (PreparePeersAndProve) and posts to, polls and cancels. Each route keeps
+// only how its bytes move.
 #pragma once
 
 #include <atomic>

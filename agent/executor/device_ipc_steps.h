@@ -8,7 +8,7 @@
 //    agent advertises its IPC entry (--device-ipc auto), and every other
 //    host of the operation advertises this host's exact DeviceIpcEntry
 //    (backend.h: "<api>-ipc:<boot id>:<pid ns>:<ipc ns>"). Everyone decides alike.
-//  - Run: RunOnDevices with DeviceIpcMover (below) as the mover of its
+//  - Run: TaskRun on the devices with DeviceIpcMover (below) as the mover of its
 //    cross-host steps, which move as follows once the peers are reached
 //    and proven (PreparePeersAndProve, mover.h).
 //    Senders: every old rank of this host that a receiver reads is a device
@@ -25,7 +25,7 @@
 //    its item), IpcOpen every handle (on device 0), copy each cross-host step
 //    run by run (ForEachRun) into the new buffers (device to device, peer
 //    copies across devices), synchronize, IpcClose, send "done"; the new
-//    buffers are then sealed as RunOnDevices does.
+//    buffers are then sealed as TaskRun seals a device route's.
 //  - Messages: UCX tag messages under the operation's tag key, step
 //    kProofStepIndex, chunk DeviceIpcChunk (transfer_tags.h), of a size both
 //    ends derive from the task; MACed with the transfer secret:

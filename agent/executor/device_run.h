@@ -7,15 +7,18 @@
 //    the host holds no source buffer of the task at all. A new rank goes to
 //    the device of the same-numbered old rank when that is a device buffer
 //    here, else to (its index among the host's new ranks) mod device_count.
-//  - Device-direct (RunOnDevices, also the conductor of the kDeviceComm
-//    and kDeviceIpc routes with their movers): every step of this host is local and the
-//    task is a plain one (not two-phase, no regenerated item here): the new
-//    device buffers are made (zeroed, so zero fills cost nothing) and every
-//    copy moves through the device API, run by run (contiguous pieces of the
-//    strided regions, coalesced), on one stream per destination device:
-//    device to device on one device, peer copies across devices, host to
-//    device from host sources. Then each buffer is sealed (its checksums are
-//    those of a host buffer with the same bytes).
+//  - Device-direct (kDevice) and the cross-host device routes (kDeviceComm,
+//    kDeviceIpc with their movers; device_comm_steps.h, device_ipc_steps.h):
+//    TaskRun (task_run.h), the one conductor of every route, runs them on
+//    the devices: every step of this host is local (kDevice) or its
+//    cross-host steps go to the route's mover, and the task is a plain one
+//    (not two-phase, no regenerated item here). The new device buffers are
+//    made (zeroed, so zero fills cost nothing) and every local copy moves
+//    through the device API (device_buffers.h), run by run (contiguous
+//    pieces of the strided regions, coalesced), on one stream per
+//    destination device: device to device on one device, peer copies
+//    across devices, host to device from host sources. Then each buffer is
+//    sealed (its checksums are those of a host buffer with the same bytes).
 //  - Host-staged (RunHostStaged): everything else. The device sources the
 //    task reads are staged into host buffers (device_staging.h), the ordinary
 //    host run (TaskRun) runs, the staged copies go, and the new buffers
@@ -35,9 +38,9 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "agent/executor/device_buffers.h"
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
-#include "agent/executor/mover.h"
 #include "agent/shard_store/device_buffer.h"
 #include "agent/shard_store/shard_store.h"
 #include "reshard/v1/agent.pb.h"
@@ -48,10 +51,10 @@ namespace reshard::agent {
 struct DeviceRoute {
   enum class Kind {
     kHost,        // today's TaskRun: nothing on a device
-    kDevice,      // RunOnDevices
+    kDevice,      // TaskRun on the devices, every step local
     kHostStaged,  // RunHostStaged
-    kDeviceComm,  // RunOverDeviceComm (device_comm_steps.h)
-    kDeviceIpc,   // RunOverDeviceIpc (device_ipc_steps.h): agents of one machine
+    kDeviceComm,  // TaskRun on the devices with DeviceCommMover (device_comm_steps.h)
+    kDeviceIpc,   // the same with DeviceIpcMover (device_ipc_steps.h): agents of one machine
   };
   Kind kind = Kind::kHost;
   /// Why a task that involves device memory is host-staged ("cross-host
@@ -79,33 +82,6 @@ std::string RouteName(DeviceRoute::Kind kind, const std::string& comm = "");
 DeviceRoute RouteTask(ShardStore& store, const DeviceBufferStore& devices,
                       const std::string& host_id, const v1::HostTask& task);
 
-/// The device buffer behind a source rank buffer of RunOnDevices' HostSteps
-/// (a device source); nullptr for a host buffer.
-const DeviceRankBuffer* DeviceSourceOf(const RankBuffer& source);
-
-/// The run of every device route but kHostStaged, the one conductor of
-/// the device path: kDevice, and kDeviceComm / kDeviceIpc with their
-/// route's mover (DeviceCommMover, DeviceIpcMover) in `movers`. SetUp (the
-/// host's part, leases on the host sources, the new device buffers, all or
-/// none), the local copies on the devices; then, with cross-host steps,
-/// Prove (PreparePeersAndProve with the mover MoverFor picks from `movers`
-/// for device memory at both ends, and `transport`), Move (the run's one
-/// transfer posted to that mover, polled to its completion; Cancel once
-/// `cancelled()` says so); Seal (new buffers that the placement puts in
-/// host memory are then staged there once sealed, their device copies
-/// dropped). Errors and results as TaskExecutor::Execute: ResourceExhausted
-/// (the device store's message) when the new buffers do not fit their
-/// devices, Cancelled, NotFound for a missing source, Internal for
-/// cross-host steps and no mover of device memory...; on any failure the
-/// new device buffers are dropped.
-[[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> RunOnDevices(
-    ShardStore& store, DeviceBufferStore& devices, const TaskExecutor::Options& options,
-    const std::string& host_id, const v1::HostTask& task, const DeviceRoute& route,
-    const std::function<void(int64_t done, int64_t total)>& progress,
-    const std::function<bool()>& cancelled, const std::vector<Mover*>& movers = {},
-    Transport* transport = nullptr,
-    const std::function<void(const std::string& what)>& waiting = nullptr);
-
 /// The host-staged run of a kHostStaged route around `run_on_host` (the
 /// ordinary TaskRun): calls `waiting("host-staged: <route.why>")` first.
 /// On failure nothing of the new generation is left in either store here
@@ -115,13 +91,5 @@ const DeviceRankBuffer* DeviceSourceOf(const RankBuffer& source);
     const v1::HostTask& task, const DeviceRoute& route,
     const std::function<void(const std::string& what)>& waiting,
     const std::function<absl::StatusOr<std::vector<v1::ShardChecksum>>()>& run_on_host);
-
-/// Calls fn(src, dst, elements) for the contiguous runs, in row-major order
-/// and coalesced, that copy a region of `shape` at `src_offset` with
-/// `src_strides` to one at `dst_offset` with `dst_strides` (element units).
-void ForEachRun(const std::vector<int64_t>& shape, int64_t src_offset,
-                const std::vector<int64_t>& src_strides, int64_t dst_offset,
-                const std::vector<int64_t>& dst_strides,
-                const std::function<void(int64_t src, int64_t dst, int64_t elements)>& fn);
 
 }  // namespace reshard::agent

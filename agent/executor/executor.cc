@@ -36,14 +36,21 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting,
     const std::function<void(const ExecuteInfo& info)>& routed) {
-  auto run_on_host = [&] {
-    TaskRun run(TaskRun::Executor{store_, transport_, &options_, copier_.get(), precopies_.get()},
-                host_id, task, progress, cancelled, waiting);
-    return run.Run();
+  // Every route runs through TaskRun; a device route lends it the device
+  // store, the route and the route's mover.
+  const TaskRun::Executor host{store_, transport_, &options_, copier_.get(), precopies_.get()};
+  auto run = [&](const DeviceRoute* route, Mover* mover) {
+    TaskRun::Executor ex = host;
+    if (route != nullptr) {
+      ex.devices = devices_;
+      ex.route = route;
+      if (mover != nullptr) ex.movers.push_back(mover);
+    }
+    return TaskRun(std::move(ex), host_id, task, progress, cancelled, waiting).Run();
   };
   if (devices_ == nullptr) {
     if (routed) routed(ExecuteInfo{RouteName(DeviceRoute::Kind::kHost), ""});
-    return run_on_host();
+    return run(nullptr, nullptr);
   }
   DeviceRoute route = RouteTask(*store_, *devices_, host_id, task);
   RouteOverDeviceComm(*devices_, comm_, options_.device_comm_why_not, host_id, task, &route,
@@ -54,25 +61,24 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
   }
   switch (route.kind) {
     case DeviceRoute::Kind::kHost:
-      return run_on_host();
+      return run(nullptr, nullptr);
     case DeviceRoute::Kind::kDevice:
-      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled);
+      return run(&route, nullptr);
     case DeviceRoute::Kind::kDeviceComm: {
       DeviceCommMover mover(*devices_, *comm_, transport_, options_, host_id, task, cancelled,
                             waiting);
-      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled,
-                          {&mover}, transport_, waiting);
+      return run(&route, &mover);
     }
     case DeviceRoute::Kind::kDeviceIpc: {
       DeviceIpcMover mover(*store_, *devices_, transport_, options_, host_id, task, cancelled,
                            waiting);
-      return RunOnDevices(*store_, *devices_, options_, host_id, task, route, progress, cancelled,
-                          {&mover}, transport_, waiting);
+      return run(&route, &mover);
     }
     case DeviceRoute::Kind::kHostStaged:
-      return RunHostStaged(*store_, *devices_, host_id, task, route, waiting, run_on_host);
+      return RunHostStaged(*store_, *devices_, host_id, task, route, waiting,
+                           [&] { return run(nullptr, nullptr); });
   }
-  return run_on_host();
+  return run(nullptr, nullptr);
 }
 
 }  // namespace reshard::agent

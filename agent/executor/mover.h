@@ -3,10 +3,10 @@
 // (capabilities), prepares a run (Prepare: the task's peer hosts become
 // reachable), posts transfers that complete asynchronously (Post), reports
 // their completions (Poll) and cancels a run's transfers (Cancel). TaskRun
-// conducts SetUp / Prove / Move / Verify / Seal and asks MoverFor which
-// mover moves a step's memory kinds; it never calls a transport to move a
-// chunk itself. UcxHostMover moves host memory over a Transport (UCX); the
-// device routes' movers (DeviceCommMover: a device communicator, NCCL;
+// conducts SetUp / Prove / Move / Verify / Seal for every route and asks
+// MoverFor which mover moves a step's memory kinds; it never calls a
+// transport to move a chunk itself. UcxHostMover moves host memory over a
+// Transport (UCX); the device routes' movers (DeviceCommMover: a device communicator, NCCL;
 // DeviceIpcMover: device IPC handles between agents of one machine;
 // device_cross_host.h) move device memory, one transfer per run holding
 // every cross-host step (MoverTransfer::steps).
@@ -116,9 +116,9 @@ class UcxHostMover : public Mover {
 /// kinds; nullptr when none does.
 Mover* MoverFor(const std::vector<Mover*>& movers, MemoryKind src, MemoryKind dst);
 
-/// The Prove phase of every route (TaskRun::Prove; RunOnDevices for the
-/// device routes, device_run.h): `mover` (null for a run without a transport,
-/// which has no cross-host step) reaches the task's peers (Prepare); then,
+/// The Prove phase of every route (TaskRun::Prove, host and device routes
+/// alike): `mover` (null for a run without a transport, which has no
+/// cross-host step) reaches the task's peers (Prepare); then,
 /// with a transfer secret and cross-host steps `remotes`, every sender proves
 /// itself to every receiver over `transport` before any receive of its data
 /// is posted (peer_proof.h), `waiting("transfer proofs (...)")` told first.

@@ -63,7 +63,8 @@ TaskRun::TaskRun(Executor executor, const std::string& host_id, const v1::HostTa
       task_(task),
       progress_(progress),
       cancelled_(cancelled),
-      waiting_(waiting) {}
+      waiting_(waiting),
+      on_devices_(executor.devices != nullptr && executor.route != nullptr) {}
 
 TaskRun::~TaskRun() = default;
 
@@ -84,7 +85,11 @@ absl::Status TaskRun::SetUp() {
   phase_ = *phase;
   // Records of prepares whose buffers are gone (aborted, deleted, sealed).
   ex_.precopies->Prune(*ex_.store);
-  absl::StatusOr<HostSteps> prepared = PrepareHostSteps(ex_.store, host_id_, task_);
+  // A device route finds its sources in host or device memory.
+  std::unique_ptr<ShardStore> both =
+      on_devices_ ? SourcesOfBothKindsIn(*ex_.store, *ex_.devices) : nullptr;
+  absl::StatusOr<HostSteps> prepared =
+      PrepareHostSteps(both != nullptr ? both.get() : ex_.store, host_id_, task_);
   if (!prepared.ok()) {
     RESHARD_LOG(WARNING) << "operation " << task_.operation_id() << " job " << job << " host "
                          << host_id_ << " rejected: " << prepared.status();
@@ -92,24 +97,69 @@ absl::Status TaskRun::SetUp() {
   }
   hs_ = *std::move(prepared);
   if (phase_ == TaskPhase::kPrepared) LeaveFillsToThePrepare(task_.plan(), &hs_);
-  // Cross-host steps move host memory at both ends: the mover for that.
-  if (ex_.transport != nullptr) ucx_mover_ = std::make_unique<UcxHostMover>(ex_.transport);
-  if (ucx_mover_ != nullptr) {
-    mover_ = MoverFor({ucx_mover_.get()}, MemoryKind::kHost, MemoryKind::kHost);
-  }
-  if (!hs_.remotes.empty() && mover_ == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("operation ", task_.operation_id(), " has cross-host steps and no transport"));
-  }
+  if (absl::Status s = PickMover(); !s.ok()) return s;
 
   // The sealed sources stay as sealed while the task reads them: a read lease
   // makes a truncate or an open for writing wait, and says so (Verify).
-  absl::StatusOr<std::vector<SourceLease>> leases = LeaseSources(hs_);
+  // Device sources are sealed device buffers, which the device store never
+  // writes again: only host sources are leased.
+  HostSteps host_sources;
+  if (on_devices_) {
+    for (const auto& [rank, b] : hs_.old_bufs) {
+      if (DeviceSourceOf(*b) == nullptr) host_sources.old_bufs.emplace(rank, b);
+    }
+  }
+  absl::StatusOr<std::vector<SourceLease>> leases = LeaseSources(on_devices_ ? host_sources : hs_);
   if (!leases.ok()) return leases.status();
   leases_ = *std::move(leases);
 
-  // The new buffers of this host's new ranks, all or none. The spare pool
-  // refills only once the task is over: the refill would take CPU from it.
+  if (absl::Status s = MakeNewBuffers(); !s.ok()) return s;
+
+  // Tags derive from the operation's transfer secret: outsiders cannot
+  // guess them (docs/security.md, "Agent-to-agent transfers"). Tags, proofs
+  // and seals of a prepare derive from a context of its own (transfer_tags.h).
+  tag_key_ = TaskTagKey(task_);
+  tag_base_ = TagBase(tag_key_);
+  // Items zero-filled for their workers to regenerate: recorded with the
+  // buffers (a device route has none here: RouteTask).
+  if (on_devices_) return absl::OkStatus();
+  if (absl::Status s = MarkRegenerated(*ex_.store, new_keys_, task_.plan().regenerate()); !s.ok()) {
+    return Fail(s);
+  }
+  return absl::OkStatus();
+}
+
+// Cross-host steps move host memory at both ends over the transport, or, on
+// a device route, device memory at both ends through the route's mover.
+absl::Status TaskRun::PickMover() {
+  if (ex_.transport != nullptr) ucx_mover_ = std::make_unique<UcxHostMover>(ex_.transport);
+  std::vector<Mover*> movers = ex_.movers;
+  if (ucx_mover_ != nullptr) movers.push_back(ucx_mover_.get());
+  const MemoryKind kind = on_devices_ ? MemoryKind::kCuda : MemoryKind::kHost;
+  mover_ = MoverFor(movers, kind, kind);
+  if (hs_.remotes.empty() || mover_ != nullptr) return absl::OkStatus();
+  if (on_devices_) {
+    return absl::InternalError(
+        absl::StrCat("operation ", task_.operation_id(), ": the device path got cross-host steps"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("operation ", task_.operation_id(), " has cross-host steps and no transport"));
+}
+
+// The new buffers of this host's new ranks, all or none: on a device route
+// on their devices (the device store's ResourceExhausted when they do not
+// fit), else in the host store.
+absl::Status TaskRun::MakeNewBuffers() {
+  const std::string& job = task_.job_id();
+  if (on_devices_) {
+    absl::StatusOr<std::vector<DeviceRankBufferPtr>> made = MakeNewDeviceBuffers(
+        *ex_.store, *ex_.devices, task_, hs_, ex_.route->device_of, &new_keys_);
+    if (!made.ok()) return made.status();
+    new_device_bufs_ = *std::move(made);
+    return absl::OkStatus();
+  }
+  // The spare pool refills only once the task is over: the refill would
+  // take CPU from it.
   refill_pause_ = ex_.store->PauseSpareRefill();
   for (int r : hs_.new_ranks) new_keys_.push_back(RankBufferKey{job, task_.to_generation(), r});
   // The prepared phase writes into what its prepare left (task_phase.h).
@@ -131,22 +181,15 @@ absl::Status TaskRun::SetUp() {
     }
   }
   prefaulter_.emplace(phase_ == TaskPhase::kPrepared ? std::vector<RankBufferPtr>() : new_bufs_);
-
-  // Tags derive from the operation's transfer secret: outsiders cannot
-  // guess them (docs/security.md, "Agent-to-agent transfers"). Tags, proofs
-  // and seals of a prepare derive from a context of its own (transfer_tags.h).
-  tag_key_ = TaskTagKey(task_);
-  tag_base_ = TagBase(tag_key_);
-  // Items zero-filled for their workers to regenerate: recorded with the buffers.
-  if (absl::Status s = MarkRegenerated(*ex_.store, new_keys_, task_.plan().regenerate()); !s.ok()) {
-    return Fail(s);
-  }
   return absl::OkStatus();
 }
 
 // The run owns its connections (the session no longer connects the peers
 // first): the mover reaches them, then the proofs go (mover.h).
 absl::Status TaskRun::Prove() {
+  // A device route's mover moves its cross-host steps only: without them
+  // it has no peer to reach.
+  if (on_devices_ && hs_.remotes.empty()) return absl::OkStatus();
   absl::Status s = PreparePeersAndProve(mover_, ex_.transport, *ex_.options, host_id_, task_,
                                         hs_.remotes, cancelled_, waiting_);
   if (!s.ok()) return Fail(s);
@@ -158,6 +201,9 @@ absl::Status TaskRun::Verify() {
   // (through a mapping opened before the seal, or as root) fails the task
   // rather than the job committing bytes that were never sealed.
   if (absl::Status s = CheckLeases(leases_, task_); !s.ok()) return Fail(s);
+  // A device route reads no item on the host (the communicator's mover
+  // finishes its own step seals), and is never a prepared phase.
+  if (on_devices_) return absl::OkStatus();
   checks_->Finish();
   if (!source_errors_.empty()) return Fail(source_errors_.begin()->second);
   size_t hashed = 0, cold = 0;
@@ -209,15 +255,24 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskRun::Seal() {
                       << " bytes)";
     return SourceChecksums(hs_);
   }
-  // The checksums of the bytes written, recorded durably; ranks in parallel.
+  // The checksums of the bytes written, recorded durably; ranks in
+  // parallel. A device route's by the device store, rank by rank.
   std::vector<absl::StatusOr<std::vector<uint64_t>>> sums(new_keys_.size(),
                                                           absl::UnknownError("not sealed"));
-  ParallelFor(new_keys_.size(), ex_.options->copy_threads,
-              [&](size_t k) { sums[k] = ex_.store->SealWritten(new_keys_[k], new_sums_[k]); });
+  if (on_devices_) {
+    for (size_t k = 0; k < new_keys_.size(); ++k) {
+      if (cancelled_ && cancelled_()) return Fail(absl::CancelledError("task cancelled"));
+      sums[k] = ex_.devices->Seal(new_keys_[k], {});
+      if (!sums[k].ok()) break;
+    }
+  } else {
+    ParallelFor(new_keys_.size(), ex_.options->copy_threads,
+                [&](size_t k) { sums[k] = ex_.store->SealWritten(new_keys_[k], new_sums_[k]); });
+  }
   std::vector<v1::ShardChecksum> out;
   for (size_t k = 0; k < new_keys_.size(); ++k) {
     if (!sums[k].ok()) return Fail(sums[k].status());
-    const auto& items = new_bufs_[k]->items();
+    const auto& items = on_devices_ ? new_device_bufs_[k]->items() : new_bufs_[k]->items();
     for (size_t item = 0; item < items.size() && item < sums[k]->size(); ++item) {
       if (items[item].bytes == 0) continue;
       v1::ShardChecksum c;
@@ -229,6 +284,17 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskRun::Seal() {
     }
   }
   if (precopy_ != nullptr) ex_.precopies->Erase(host_id_, task_.operation_id());
+  if (!on_devices_) return out;
+  if (!ex_.route->on_device) {
+    // The placement keeps this host's new buffers in host memory.
+    if (absl::Status s = StageNewBuffersToHost(*ex_.store, *ex_.devices, new_keys_); !s.ok()) {
+      return Fail(s);
+    }
+  }
+  RESHARD_LOG(INFO) << "operation " << task_.operation_id() << " job " << task_.job_id() << " host "
+                    << host_id_ << ": wrote " << new_keys_.size()
+                    << " device rank buffers of generation " << task_.to_generation() << " ("
+                    << done_ << " bytes, " << RouteName(ex_.route->kind) << ")";
   return out;
 }
 
@@ -252,9 +318,18 @@ absl::Status TaskRun::Fail(absl::Status s) {
       for (const MoverCompletion& c : batch) inflight_.erase(c.first);
     }
   }
-  for (const auto& key : new_keys_) ex_.store->Drop(key);
+  // A device route's new buffers are device buffers (StageNewBuffersToHost
+  // leaves no host copy behind when it fails).
+  for (const auto& key : new_keys_) {
+    if (on_devices_) {
+      ex_.devices->Drop(key);
+    } else {
+      ex_.store->Drop(key);
+    }
+  }
   RESHARD_LOG(WARNING) << "operation " << task_.operation_id() << " job " << task_.job_id()
-                       << " host " << host_id_ << " failed: " << s;
+                       << " host " << host_id_ << " failed"
+                       << (on_devices_ ? " on the device path" : "") << ": " << s;
   return s;
 }
 

@@ -1,18 +1,28 @@
 // One run of TaskExecutor::Execute (executor.h) as named phases over the
-// state they share (docs/agent.md, "Executing a HostTask"):
-//  - SetUp: check the task, sort out this host's part (host_steps.h), lease
-//    the sealed sources, make (or, for a prepared phase, open) the new
-//    buffers, derive the transfer tag key and context (transfer_tags.h);
+// state they share (docs/agent.md, "Executing a HostTask"); the one
+// conductor of every route, host memory and device memory alike
+// (device_run.h):
+//  - SetUp: check the task, sort out this host's part (host_steps.h; on a
+//    device route its sources found in host or device memory,
+//    device_buffers.h), lease the sealed host sources, make (or, for a
+//    prepared phase, open) the new buffers (on a device route: on their
+//    devices, all or none), pick the mover of the cross-host steps by their
+//    memory kinds (MoverFor, mover.h), derive the transfer tag key and
+//    context (transfer_tags.h);
 //  - Prove: the mover reaches the task's peer hosts (the run owns its
-//    connections; mover.h) and the run exchanges the transfer proofs (peer_proof.h) before any receive of a
-//    peer's data is posted;
+//    connections; mover.h) and the run exchanges the transfer proofs
+//    (peer_proof.h) before any receive of a peer's data is posted;
 //  - Move: zero fills, local copies and cross-host chunks (step_chunks.h,
-//    transfer_lanes.h; posted to and polled from the mover), every item hashed as its bytes pass where they
-//    are contiguous (item_hash.h) and checked once its last access is over
-//    (item_checks.h);
+//    transfer_lanes.h; posted to and polled from the mover), every item
+//    hashed as its bytes pass where they are contiguous (item_hash.h) and
+//    checked once its last access is over (item_checks.h). On a device route the local copies run
+//    through the device API (CopyLocalsOnDevices), no item is read on the host, and the cross-host
+//    steps go to the route's mover as one transfer;
 //  - Verify: the sources still as sealed, the step seals (step_seal.h), the
 //    pre-copy of a prepared phase (precopy_check.h);
-//  - Seal: seal every new shard from the bytes written, or, for a prepare,
+//  - Seal: seal every new shard from the bytes written (on a device route
+//    through the device store, then staged to host memory where the
+//    placement keeps the new buffers), or, for a prepare,
 //    record what it wrote and report what it read (task_phase.h).
 // A phase that fails drops the new buffers it may have made (Fail) and
 // returns why; the next phase never runs. Move and its parts are in
@@ -34,6 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "agent/executor/device_run.h"
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
@@ -62,6 +73,14 @@ class TaskRun {
     const TaskExecutor::Options* options = nullptr;
     LocalCopier* copier = nullptr;
     PrecopyRecords* precopies = nullptr;
+    /// A device route (kDevice, kDeviceComm, kDeviceIpc; device_run.h):
+    /// the agent's device store and the task's route. Both null: the host
+    /// route (host memory only, or a host-staged run's host part).
+    DeviceBufferStore* devices = nullptr;
+    const DeviceRoute* route = nullptr;
+    /// Movers besides the run's own UcxHostMover over `transport` (a device
+    /// route's: DeviceCommMover, DeviceIpcMover); MoverFor picks among them.
+    std::vector<Mover*> movers = {};
   };
 
   /// The arguments of TaskExecutor::Execute; `task` and the callbacks
@@ -85,7 +104,12 @@ class TaskRun {
   [[nodiscard]] absl::Status Verify();
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Seal();
 
+  // SetUp's parts.
+  [[nodiscard]] absl::Status PickMover();
+  [[nodiscard]] absl::Status MakeNewBuffers();
+
   // Move's parts.
+  [[nodiscard]] absl::Status MoveOnDevices();
   void PlanChunks();
   void StartItemChecks();
   void CheckItem(const ItemChecks::Key& key);
@@ -123,20 +147,25 @@ class TaskRun {
   const std::function<bool()>& cancelled_;
   const std::function<void(const std::string&)>& waiting_;
 
+  // A device route: the new buffers live in device memory
+  // (new_device_bufs_), the sources in either memory.
+  const bool on_devices_;
+
   // SetUp.
   TaskPhase phase_ = TaskPhase::kTransfer;
   HostSteps hs_;
   std::vector<SourceLease> leases_;
   std::shared_ptr<void> refill_pause_;
   std::vector<RankBufferKey> new_keys_;
-  std::vector<RankBufferPtr> new_bufs_;
-  PrecopyRecords::RecordPtr precopy_;  // the prepared phase's record of its prepare
+  std::vector<RankBufferPtr> new_bufs_;               // the host route's
+  std::vector<DeviceRankBufferPtr> new_device_bufs_;  // a device route's
+  PrecopyRecords::RecordPtr precopy_;                 // the prepared phase's record of its prepare
   std::optional<Prefaulter> prefaulter_;
   uint32_t tag_key_ = 0;
   uint64_t tag_base_ = 0;
 
-  // The mover of the cross-host steps (host memory over the transport);
-  // null without a transport.
+  // The mover of the cross-host steps: host memory over the transport, or a
+  // device route's; null when none moves their memory kinds.
   std::unique_ptr<Mover> ucx_mover_;
   Mover* mover_ = nullptr;
 

@@ -1,6 +1,7 @@
 // TaskRun's Move phase (task_run.h): zero fills, then the cross-host chunks
 // and the local steps concurrently, each item checked once its last access
 // is over.
+#include <algorithm>
 #include <cstring>
 #include <deque>
 
@@ -34,6 +35,7 @@ absl::Status CheckSource(uint64_t now, const std::vector<uint64_t>& sealed, int 
 
 absl::Status TaskRun::Move() {
   last_report_ = Clock::now();
+  if (on_devices_) return MoveOnDevices();
   Report(true);
   PlanChunks();
   StartItemChecks();
@@ -59,6 +61,46 @@ absl::Status TaskRun::Move() {
   }
   Report(true);
   prefaulter_->Stop();
+  return absl::OkStatus();
+}
+
+// A device route's Move: the local steps through the device API
+// (CopyLocalsOnDevices), the zero fills counted (the new buffers were made
+// zeroed), the host sources' leases checked; then the cross-host steps as the
+// run's one transfer to the route's mover, polled to its completion and
+// cancelled once cancelled() says so. No byte is read on the host.
+absl::Status TaskRun::MoveOnDevices() {
+  auto landed = [this](int64_t bytes) {
+    done_ += bytes;
+    Report(false);
+  };
+  if (absl::Status s = CopyLocalsOnDevices(ex_.devices->api(), task_, hs_, new_device_bufs_,
+                                           std::max<int64_t>(ex_.options->local_chunk_bytes, 1),
+                                           cancelled_, landed);
+      !s.ok()) {
+    return Fail(s);
+  }
+  for (const v1::ZeroFill* f : hs_.fills) done_ += f->count() * ElementBytes(f->item());
+  Report(true);
+  if (absl::Status s = CheckLeases(leases_, task_); !s.ok()) return Fail(s);
+  if (hs_.remotes.empty()) return absl::OkStatus();
+  MoverTransfer t;
+  t.tag = tag_base_;
+  t.steps = &hs_;
+  t.made = &new_device_bufs_;
+  t.landed = landed;
+  mover_->Post(0, std::move(t));
+  std::deque<MoverCompletion> done;
+  bool cancel_sent = false;
+  while (done.empty()) {
+    if (!cancel_sent && cancelled_ && cancelled_()) {
+      mover_->Cancel(tag_base_, kTagKeyMask);
+      cancel_sent = true;
+    }
+    mover_->Poll(kProgressInterval, &done);
+  }
+  if (!done.front().second.ok()) return Fail(done.front().second);
+  Report(true);
   return absl::OkStatus();
 }
 

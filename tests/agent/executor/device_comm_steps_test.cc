@@ -22,6 +22,8 @@
 #include <vector>
 
 #include "agent/executor/device_ipc_steps.h"
+#include "agent/executor/precopy_check.h"
+#include "agent/executor/task_run.h"
 #include "agent/executor/transfer_tags.h"
 #include "agent/transfer/fake_comm.h"
 #include "tests/agent/executor/device_hosts_fixture.h"
@@ -441,7 +443,7 @@ TEST_F(DeviceCommStepsTest, EachDeviceRouteGetsItsOwnMover) {
 
 // The device communicator's mover cancelled in the middle of its move (its
 // Cancel, once the first round's bytes landed; the run's cancelled() never
-// says so): RunOnDevices, which picks it over the host mover, fails
+// says so): TaskRun on the device route, which picks it over the host mover, fails
 // CANCELLED and leaves no byte of the new generation in either memory; its
 // peer, cancelled once it returned, leaves none either.
 TEST_F(DeviceCommStepsTest, TheMoverCancelledMidMoveLeavesNoByteBehind) {
@@ -476,8 +478,14 @@ TEST_F(DeviceCommStepsTest, TheMoverCancelledMidMoveLeavesNoByteBehind) {
                        never, none);
   CancellingMover mover(&comm);
   UcxHostMover ucx(hosts_[0].transport.get());
-  const Result h0 = RunOnDevices(*hosts_[0].store, *devices_[0], eo, h0_id, tasks[0], route,
-                                 nullptr, never, {&ucx, &mover}, hosts_[0].transport.get(), none);
+  LocalCopier copier(eo.copy_threads);
+  PrecopyRecords precopies;
+  TaskRun::Executor ex{hosts_[0].store.get(), hosts_[0].transport.get(), &eo, &copier, &precopies};
+  ex.devices = devices_[0].get();
+  ex.route = &route;
+  ex.movers = {&ucx, &mover};
+  const std::function<void(int64_t, int64_t)> no_progress;
+  const Result h0 = TaskRun(ex, h0_id, tasks[0], no_progress, never, none).Run();
   h0_done = true;
   const Result r1 = h1.get();
   EXPECT_TRUE(mover.cancelled);
