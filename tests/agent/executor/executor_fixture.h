@@ -11,6 +11,8 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <functional>
@@ -173,6 +175,40 @@ inline bool SourceUnchanged(ShardStore& store, int64_t from, const v1::CopyStep&
          it->second.bytes() == (*now)->items()[s.item()].bytes;
 }
 
+// What a run reports it waits on (Execute's `waiting`), for a test to wait
+// for a condition of it with a deadline rather than sleep. Outlives the run.
+class WaitingOn {
+ public:
+  // The `waiting` callback to hand to Execute.
+  std::function<void(const std::string&)> Callback() {
+    return [this](const std::string& what) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!what.empty()) last_ = what;
+      cv_.notify_all();
+    };
+  }
+  // Called once the run returned: WaitFor stops waiting.
+  void Finished() {
+    std::lock_guard<std::mutex> l(mu_);
+    finished_ = true;
+    cv_.notify_all();
+  }
+  // Waits up to `timeout` until the last non-empty report satisfies `ok` (or
+  // the run finished); that report ("" when none came).
+  std::string WaitFor(const std::function<bool(const std::string&)>& ok,
+                      std::chrono::milliseconds timeout = std::chrono::seconds(30)) {
+    std::unique_lock<std::mutex> l(mu_);
+    cv_.wait_for(l, timeout, [&] { return finished_ || ok(last_); });
+    return last_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::string last_;
+  bool finished_ = false;
+};
+
 struct Host {
   std::string id;
   fs::path dir;
@@ -295,14 +331,20 @@ class ExecutorTest : public ::testing::Test {
   }
 
   // Runs `task` on `h` alone, so that it waits on its peer; checks it is
-  // still running after 200 ms, cancels it, and returns how it ended (it must
-  // end within 30 s).
+  // still running once it reports what it waits on (within 30 s), cancels
+  // it, and returns how it ended (it must end within 30 s).
   absl::Status CancelWhileWaiting(Host& h, const v1::HostTask& task) {
+    WaitingOn waiting_on;
     std::atomic<bool> cancel{false};
     auto run = std::async(std::launch::async, [&] {
-      return h.executor->Execute(h.id, task, nullptr, [&] { return cancel.load(); });
+      auto r = h.executor->Execute(
+          h.id, task, nullptr, [&] { return cancel.load(); }, waiting_on.Callback());
+      waiting_on.Finished();
+      return r;
     });
-    EXPECT_EQ(run.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+    const std::string what = waiting_on.WaitFor([](const std::string& w) { return !w.empty(); });
+    EXPECT_NE(what, "") << "the run never said what it waits on";
+    EXPECT_EQ(run.wait_for(std::chrono::seconds(0)), std::future_status::timeout) << what;
     cancel = true;
     EXPECT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready);
     return run.get().status();

@@ -167,23 +167,19 @@ TEST_F(ExecutorTest, PeerDiesMidTransferFailsAndDropsNewBuffers) {
   FillOld();
   const v1::HostTask task = Slice(WholeTask(), "h0", Addresses());
   // h1 never runs its slice: h0's receives wait on it; then h1 dies.
-  std::mutex mu;
-  std::string waiting_on;
+  WaitingOn waiting_on;
   auto run = std::async(std::launch::async, [&] {
-    return hosts_[0].executor->Execute(
-        "h0", task, nullptr, [] { return false; },
-        [&](const std::string& what) {
-          std::lock_guard<std::mutex> l(mu);
-          if (!what.empty()) waiting_on = what;
-        });
+    auto r = hosts_[0].executor->Execute(
+        "h0", task, nullptr, [] { return false; }, waiting_on.Callback());
+    waiting_on.Finished();
+    return r;
   });
-  ASSERT_EQ(run.wait_for(std::chrono::milliseconds(300)), std::future_status::timeout);
-  {
-    // What a stalled task reports: the step it waits on, and the peer.
-    std::lock_guard<std::mutex> l(mu);
-    EXPECT_THAT(waiting_on, ::testing::MatchesRegex("step [0-9]+ \\((receive from|send to) "
-                                                    "host \"h1\"\\)"));
-  }
+  // What a stalled task reports: the step it waits on, and the peer.
+  const ::testing::Matcher<std::string> stalled =
+      ::testing::MatchesRegex("step [0-9]+ \\((receive from|send to) host \"h1\"\\)");
+  EXPECT_THAT(waiting_on.WaitFor([&](const std::string& w) { return stalled.Matches(w); }),
+              stalled);
+  ASSERT_EQ(run.wait_for(std::chrono::seconds(0)), std::future_status::timeout);
   hosts_[1].transport->Shutdown();
   ASSERT_EQ(run.wait_for(std::chrono::seconds(30)), std::future_status::ready) << "hangs";
   auto result = run.get();
