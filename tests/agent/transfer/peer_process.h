@@ -2,13 +2,11 @@
 // kill and watch exit, for real: ucx_transport_test.cc, ucx_peer_death_test.cc.
 #pragma once
 
-#include <fcntl.h>
 #include <poll.h>
-#include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -16,9 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "absl/time/time.h"
 #include "agent/transfer/transport.h"
-
-extern char** environ;
+#include "tests/support/process.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent {
 
@@ -52,11 +51,7 @@ class PeerProcess {
     return Spawn(args, log_path);
   }
 
-  ~PeerProcess() {
-    Kill();
-    CloseInput();
-    if (out_ >= 0) close(out_);
-  }
+  ~PeerProcess() = default;  // killed and reaped by child_ if it still runs
 
   const std::string& address() const { return address_; }
 
@@ -73,10 +68,7 @@ class PeerProcess {
   }
 
   /// Closes the peer's stdin: an answering or receiving peer shuts down.
-  void CloseInput() {
-    if (in_ >= 0) close(in_);
-    in_ = -1;
-  }
+  void CloseInput() { child_.CloseIn(); }
 
   /// Waits until the process has stopped itself (SIGSTOP); false if it did
   /// not within `timeout` or exited instead.
@@ -89,54 +81,32 @@ class PeerProcess {
   /// still running after `timeout`.
   std::optional<int> WaitExit(std::chrono::steady_clock::duration timeout) {
     std::optional<int> status = Wait(timeout, 0);
-    if (status.has_value()) pid_ = -1;
+    if (status.has_value() && !WIFSTOPPED(*status)) child_.Release();  // reaped here
     return status;
   }
 
-  void Kill() {
-    if (pid_ <= 0) return;
-    kill(pid_, SIGKILL);
-    waitpid(pid_, nullptr, 0);
-    pid_ = -1;
-  }
+  void Kill() { (void)child_.Kill(); }
 
  private:
   PeerProcess() = default;
 
-  // Starts the peer binary with `args` and reads the address it writes.
+  // Starts the peer binary with `args` (stdin and stdout: the protocol's
+  // pipes; stderr to `log_path`, else ours) and reads the address it writes.
   static std::unique_ptr<PeerProcess> Spawn(const std::vector<std::string>& args,
                                             const std::string& log_path = "") {
-    int to_child[2], from_child[2];
-    if (pipe2(to_child, O_CLOEXEC) != 0 || pipe2(from_child, O_CLOEXEC) != 0) return nullptr;
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_adddup2(&actions, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&actions, from_child[1], 1);
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) env_strings.push_back(*e);
+    test_support::SpawnOptions options;
+    options.argv = {RESHARD_UCX_PEER_PATH};
+    options.argv.insert(options.argv.end(), args.begin(), args.end());
+    options.in = test_support::Stream::Pipe();
+    options.out = test_support::Stream::Pipe();
     if (!log_path.empty()) {
-      posix_spawn_file_actions_addopen(&actions, 2, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC,
-                                       0644);
-      env_strings.push_back("UCX_LOG_FILE=stderr");  // not stdout: that is the protocol
+      options.err = test_support::Stream::File(log_path, /*append=*/false);
+      options.env = {{"UCX_LOG_FILE", "stderr"}};  // not stdout: that is the protocol
     }
-    std::vector<char*> env;
-    for (std::string& e : env_strings) env.push_back(e.data());
-    env.push_back(nullptr);
-    std::vector<const char*> argv = {RESHARD_UCX_PEER_PATH};
-    for (const std::string& a : args) argv.push_back(a.c_str());
-    argv.push_back(nullptr);
+    absl::StatusOr<test_support::ChildProcess> child = test_support::ChildProcess::Spawn(options);
+    if (!child.ok()) return nullptr;
     auto p = std::unique_ptr<PeerProcess>(new PeerProcess);
-    const int rc = posix_spawn(&p->pid_, RESHARD_UCX_PEER_PATH, &actions, nullptr,
-                               const_cast<char**>(argv.data()), env.data());
-    posix_spawn_file_actions_destroy(&actions);
-    close(to_child[0]);
-    close(from_child[1]);
-    p->in_ = to_child[1];
-    p->out_ = from_child[0];
-    if (rc != 0) {
-      p->pid_ = -1;
-      return nullptr;
-    }
+    p->child_ = *std::move(child);
     uint64_t len = 0;
     if (!p->Read(&len, sizeof(len)) || len > (1 << 20)) return nullptr;
     p->address_.resize(len);
@@ -144,24 +114,31 @@ class PeerProcess {
     return p;
   }
 
+  // waitpid(flags) polled every 1 ms until it reports or `timeout` passes;
+  // waitpid's raw status.
   std::optional<int> Wait(std::chrono::steady_clock::duration timeout, int flags) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
-    for (;;) {
-      int status = 0;
-      const pid_t r = waitpid(pid_, &status, flags | WNOHANG);
-      if (r == pid_) return status;
-      if (r < 0 || std::chrono::steady_clock::now() >= deadline) return std::nullopt;
-      poll(nullptr, 0, 1);
-    }
+    if (!child_.running()) return std::nullopt;
+    std::optional<int> status;
+    test_support::Eventually(
+        [&] {
+          int raw = 0;
+          pid_t r;
+          while ((r = waitpid(child_.pid(), &raw, flags | WNOHANG)) < 0 && errno == EINTR) {
+          }
+          if (r == child_.pid()) status = raw;
+          return r != 0;  // reported, or an error (no such child)
+        },
+        absl::FromChrono(timeout), absl::Milliseconds(1));
+    return status;
   }
 
   // Reads exactly `n` bytes, giving up after 30 s without data.
   bool Read(void* data, size_t n) {
     char* p = static_cast<char*>(data);
     while (n > 0) {
-      pollfd pfd{out_, POLLIN, 0};
+      pollfd pfd{child_.out_fd(), POLLIN, 0};
       if (poll(&pfd, 1, 30000) <= 0) return false;
-      const ssize_t k = read(out_, p, n);
+      const ssize_t k = read(child_.out_fd(), p, n);
       if (k <= 0) return false;
       p += k;
       n -= static_cast<size_t>(k);
@@ -172,7 +149,7 @@ class PeerProcess {
   bool Write(const void* data, size_t n) {
     const char* p = static_cast<const char*>(data);
     while (n > 0) {
-      const ssize_t k = write(in_, p, n);
+      const ssize_t k = write(child_.in_fd(), p, n);
       if (k <= 0) return false;
       p += k;
       n -= static_cast<size_t>(k);
@@ -180,9 +157,7 @@ class PeerProcess {
     return true;
   }
 
-  pid_t pid_ = -1;
-  int in_ = -1;
-  int out_ = -1;
+  test_support::ChildProcess child_;
   std::string address_;
 };
 
