@@ -1,6 +1,5 @@
-// MemoryStore: hosts and their leases, the lost hosts of jobs, bearer tokens,
-// cluster secrets, the audit trail and retention (as pg_hosts.cc,
-// pg_tokens.cc, pg_audit.cc, pg_retention.cc).
+// MemoryStore: the hosts aggregate (host_store.h): hosts and their leases,
+// the lost hosts of jobs and what agents free or drop (as pg_hosts.cc).
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -236,209 +235,36 @@ absl::StatusOr<v1::JobState> MemoryStore::SettleJobLiveness(const std::string& j
   return job->row.state();
 }
 
-absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetGenerationChecksums(
-    const std::string& job_id, int64_t generation) {
-  std::lock_guard<CallLock> l(mu_);
-  std::vector<v1::ShardChecksum> sums;
-  const Job* job = FindJob(job_id);
-  if (job == nullptr) return sums;
-  auto g = job->generations.find(generation);
-  if (g == job->generations.end()) return sums;
-  for (const auto& [rank, list] : g->second.checksums) {
-    sums.insert(sums.end(), list.begin(), list.end());
-  }
-  return sums;
-}
+// ---- What an agent frees or drops -------------------------------------------
 
-// ---- Bearer tokens and cluster secrets -----------------------------------------
-
-absl::Status MemoryStore::CreateToken(const TokenRecord& token, const std::string& secret_sha256) {
-  if (absl::Status s = CheckNewToken(token); !s.ok()) return s;
-  if (token.role != "admin" && token.role != "scheduler" && token.role != "viewer") {
-    return absl::InternalError(absl::StrCat("token role \"", token.role,
-                                            "\" violates auth_tokens_role_check"));
-  }
-  std::lock_guard<CallLock> l(mu_);
-  for (const auto& [id, t] : tokens_) {
-    if (id == token.id || t.secret_sha256 == secret_sha256) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "token ", id == token.id ? absl::StrCat("\"", id, "\"") : "with that secret",
-          " already exists"));
-    }
-  }
-  TokenRecord stored = token;
-  stored.revoked_unix_ms.reset();
-  tokens_[token.id] = Token{std::move(stored), secret_sha256};
-  Tx tx;
-  WriteAudit(tx, "", "", token.id);
-  Commit(tx);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<TokenRecord> MemoryStore::FindToken(const std::string& secret_sha256) {
-  std::lock_guard<CallLock> l(mu_);
-  for (const auto& [id, t] : tokens_) {
-    if (t.secret_sha256 == secret_sha256) return t.record;
-  }
-  return absl::NotFoundError("no such token");
-}
-
-absl::StatusOr<TokenRecord> MemoryStore::RevokeToken(const std::string& id, int64_t now_unix_ms) {
-  std::lock_guard<CallLock> l(mu_);
-  auto it = tokens_.find(id);
-  if (it == tokens_.end()) return absl::NotFoundError(absl::StrCat("token \"", id, "\" not found"));
-  if (!it->second.record.revoked_unix_ms.has_value()) {
-    it->second.record.revoked_unix_ms = now_unix_ms;
-  }
-  Tx tx;
-  WriteAudit(tx, "", "", id);
-  Commit(tx);
-  return it->second.record;
-}
-
-absl::StatusOr<std::vector<TokenRecord>> MemoryStore::ListTokens() {
-  std::lock_guard<CallLock> l(mu_);
-  std::vector<TokenRecord> out;
-  for (const auto& [id, t] : tokens_) out.push_back(t.record);
-  return out;
-}
-
-absl::StatusOr<std::string> MemoryStore::GetOrCreateClusterSecret(const std::string& name,
-                                                                  const std::string& candidate) {
-  std::lock_guard<CallLock> l(mu_);
-  auto it = cluster_secrets_.find(name);
-  if (it != cluster_secrets_.end()) return it->second;
-  if (candidate.size() != 32) {
-    return absl::InternalError(absl::StrCat("cluster secret \"", name, "\": ", candidate.size(),
-                                            " bytes violates length(secret) = 32"));
-  }
-  cluster_secrets_[name] = candidate;
-  return candidate;
-}
-
-// ---- Audit ----------------------------------------------------------------------
-
-absl::Status MemoryStore::AppendAudit(const AuditRecord& record) {
-  std::lock_guard<CallLock> l(mu_);
-  AuditRecord r = record;
-  InsertAudit(r);
-  return absl::OkStatus();
-}
-
-absl::StatusOr<AuditPage> MemoryStore::ListAudit(const AuditQuery& query) {
-  if (absl::Status s = CheckAuditQuery(query); !s.ok()) return s;
-  std::lock_guard<CallLock> l(mu_);
-  AuditPage page;
-  for (auto it = audit_.rbegin(); it != audit_.rend(); ++it) {
-    const AuditRecord& r = it->second;
-    if (query.before_id != 0 && r.id >= query.before_id) continue;
-    if (!query.tenants.empty() &&
-        std::find(query.tenants.begin(), query.tenants.end(), r.tenant) == query.tenants.end()) {
-      continue;
-    }
-    if (!query.job_id.empty() && r.job_id != query.job_id) continue;
-    if (r.at_unix_ms < query.since_unix_ms) continue;
-    if (static_cast<int>(page.records.size()) == query.page_size) {
-      page.next_before_id = page.records.back().id;
-      break;
-    }
-    page.records.push_back(r);
-  }
-  return page;
-}
-
-// ---- Retention ------------------------------------------------------------------
-
-absl::StatusOr<PrunedRows> MemoryStore::PruneRetention(const RetentionPolicy& policy) {
-  if (absl::Status s = CheckRetentionPolicy(policy); !s.ok()) return s;
-  std::lock_guard<CallLock> l(mu_);
-  const int64_t now = Now();
-  PrunedRows pruned;
-  // RETIRED beyond the newest `keep`, once a newer generation committed
-  // before the cutoff; by job and number.
-  int64_t budget = policy.batch_rows;
-  for (auto& [job_id, job] : jobs_) {
-    std::vector<int64_t> retired;
-    for (const auto& [n, g] : job.generations) {
-      if (g.state == GenerationState::kRetired) retired.push_back(n);
-    }
-    if (static_cast<int64_t>(retired.size()) <= policy.keep_retired_generations) continue;
-    const int64_t newest_pruned =
-        retired[retired.size() - 1 - static_cast<size_t>(policy.keep_retired_generations)];
-    for (int64_t n : retired) {
-      if (budget == 0 || n > newest_pruned) break;
-      bool superseded = false;
-      for (auto c = job.generations.upper_bound(n); c != job.generations.end(); ++c) {
-        superseded = superseded || (c->second.committed_unix_ms.has_value() &&
-                                    *c->second.committed_unix_ms < now - policy.retired_min_age_ms);
-      }
-      if (!superseded) continue;
-      job.generations.erase(n);
-      job.dataset_states.erase(n);
-      for (auto f = job.rank_failures.begin(); f != job.rank_failures.end();) {
-        f = f->first.first == n ? job.rank_failures.erase(f) : std::next(f);
-      }
-      --budget;
-      ++pruned.generations;
-    }
-  }
-  // DISCARDED once the operation that built it ended (its creation when gone).
-  budget = policy.batch_rows;
-  for (auto& [job_id, job] : jobs_) {
-    for (auto g = job.generations.begin(); g != job.generations.end() && budget > 0;) {
-      int64_t since = g->second.created_unix_ms;
-      if (const Operation* op = FindOperation(g->second.operation_id)) {
-        if (op->finished_unix_ms.has_value()) since = *op->finished_unix_ms;
-      }
-      if (g->second.state != GenerationState::kDiscarded ||
-          since >= now - policy.discarded_min_age_ms) {
-        ++g;
-        continue;
-      }
-      job.dataset_states.erase(g->first);
-      g = job.generations.erase(g);
-      --budget;
-      ++pruned.generations;
-    }
-  }
-  // Finished operations beyond the newest `keep` of their job, oldest finished first.
-  std::vector<std::pair<int64_t, std::string>> candidates;  // (finished, id)
+std::vector<v1::GenerationRef> MemoryStore::GenerationsIn(GenerationState state,
+                                                          const std::string& host_id) const {
+  std::vector<v1::GenerationRef> refs;
   for (const auto& [job_id, job] : jobs_) {
-    const std::vector<const Operation*> ops = OperationsOfJob(job_id);
-    if (static_cast<int64_t>(ops.size()) <= policy.keep_operations) continue;
-    const int64_t newest_pruned_seq =
-        ops[ops.size() - 1 - static_cast<size_t>(policy.keep_operations)]->seq;
-    for (const Operation* op : ops) {
-      if (op->seq > newest_pruned_seq || !IsTerminalState(op->row.state())) continue;
-      if (!op->finished_unix_ms.has_value() ||
-          *op->finished_unix_ms >= now - policy.operation_min_age_ms) {
+    for (const auto& [n, g] : job.generations) {
+      if (g.state != state) continue;
+      if (std::find(g.rank_hosts.begin(), g.rank_hosts.end(), host_id) == g.rank_hosts.end()) {
         continue;
       }
-      candidates.emplace_back(*op->finished_unix_ms, op->row.id());
+      v1::GenerationRef ref;
+      ref.set_job_id(job_id);
+      ref.set_generation(n);
+      refs.push_back(std::move(ref));
     }
   }
-  std::sort(candidates.begin(), candidates.end());
-  if (static_cast<int64_t>(candidates.size()) > policy.batch_rows) {
-    candidates.resize(static_cast<size_t>(policy.batch_rows));
-  }
-  for (const auto& [finished, id] : candidates) {
-    for (auto k = keys_.begin(); k != keys_.end();) {
-      k = k->second.resource_id == id && !k->second.job_id.empty() ? keys_.erase(k)
-                                                                    : std::next(k);
-    }
-    DeleteOperation(id);
-    ++pruned.operations;
-  }
-  // Audit rows older than the age, oldest first.
-  for (auto a = audit_.begin(); a != audit_.end() && pruned.audit < policy.batch_rows;) {
-    if (a->second.at_unix_ms >= now - policy.audit_min_age_ms) {
-      ++a;
-      continue;
-    }
-    a = audit_.erase(a);
-    ++pruned.audit;
-  }
-  return pruned;
+  return refs;
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToRelease(
+    const std::string& host_id) {
+  std::lock_guard<CallLock> l(mu_);
+  return GenerationsIn(GenerationState::kRetired, host_id);
+}
+
+absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToDiscard(
+    const std::string& host_id) {
+  std::lock_guard<CallLock> l(mu_);
+  return GenerationsIn(GenerationState::kDiscarded, host_id);
 }
 
 }  // namespace reshard::coordinator

@@ -1,4 +1,5 @@
-// MemoryStore: jobs, their PTCs, dataset steps and rank failures (as pg_jobs.cc,
+// MemoryStore: the jobs aggregate (job_store.h): jobs, their PTCs, dataset
+// steps, rank failures and generations' checksums (as pg_jobs.cc,
 // pg_dataset_state.cc, pg_rank_failures.cc).
 #include <algorithm>
 #include <set>
@@ -290,6 +291,20 @@ absl::StatusOr<v1::RankFailure> MemoryStore::RecordRankFailure(const RankFailure
   TouchJob(*job);
   Commit(tx);
   return f;
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> MemoryStore::GetGenerationChecksums(
+    const std::string& job_id, int64_t generation) {
+  std::lock_guard<CallLock> l(mu_);
+  std::vector<v1::ShardChecksum> sums;
+  const Job* job = FindJob(job_id);
+  if (job == nullptr) return sums;
+  auto g = job->generations.find(generation);
+  if (g == job->generations.end()) return sums;
+  for (const auto& [rank, list] : g->second.checksums) {
+    sums.insert(sums.end(), list.begin(), list.end());
+  }
+  return sums;
 }
 
 }  // namespace reshard::coordinator

@@ -274,7 +274,7 @@ absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
 
 absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
                                         const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
     return s;
   }
   {
@@ -442,36 +442,6 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::AssignedOperations(
     if (transferring || preparing) ids.push_back(id);
   }
   return ids;
-}
-
-std::vector<v1::GenerationRef> MemoryStore::GenerationsIn(GenerationState state,
-                                                          const std::string& host_id) const {
-  std::vector<v1::GenerationRef> refs;
-  for (const auto& [job_id, job] : jobs_) {
-    for (const auto& [n, g] : job.generations) {
-      if (g.state != state) continue;
-      if (std::find(g.rank_hosts.begin(), g.rank_hosts.end(), host_id) == g.rank_hosts.end()) {
-        continue;
-      }
-      v1::GenerationRef ref;
-      ref.set_job_id(job_id);
-      ref.set_generation(n);
-      refs.push_back(std::move(ref));
-    }
-  }
-  return refs;
-}
-
-absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToRelease(
-    const std::string& host_id) {
-  std::lock_guard<CallLock> l(mu_);
-  return GenerationsIn(GenerationState::kRetired, host_id);
-}
-
-absl::StatusOr<std::vector<v1::GenerationRef>> MemoryStore::GenerationsToDiscard(
-    const std::string& host_id) {
-  std::lock_guard<CallLock> l(mu_);
-  return GenerationsIn(GenerationState::kDiscarded, host_id);
 }
 
 absl::StatusOr<std::vector<v1::Operation>> MemoryStore::ListOperationsForJob(

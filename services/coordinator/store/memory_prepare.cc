@@ -2,11 +2,13 @@
 // prepare, the transfer after the cut-over), as pg_stop_free.cc and
 // pg_prepare.cc.
 #include <algorithm>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/enum_name.h"
 #include "services/coordinator/store/memory_store.h"
 #include "services/coordinator/store/memory_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 
@@ -85,23 +87,11 @@ absl::Status MemoryStore::RecordHostPrepared(const std::string& operation_id,
   std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
-  if (op->row.state() != v1::OPERATION_STATE_PLANNED) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "operation \"", operation_id, "\" is ", rpc::EnumShortName(op->row.state()),
-        ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
-  }
+  if (absl::Status s = CheckPreparePhase(operation_id, op->row.state()); !s.ok()) return s;
   auto row = op->hosts.find(host_id);
-  if (row == op->hosts.end()) {
-    return absl::NotFoundError(
-        absl::StrCat("host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
-  }
+  if (row == op->hosts.end()) return UnrecordedPrepared(operation_id, host_id, std::nullopt);
   HostProgress& p = row->second.progress;
-  if (p.state != v1::HOST_TASK_STATE_ASSIGNED && p.state != v1::HOST_TASK_STATE_RUNNING) {
-    if (p.state == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
-    return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
-                                                      v1::HostTaskState_Name(p.state),
-                                                      " for operation \"", operation_id, "\""));
-  }
+  if (!RecordsPrepared(p.state)) return UnrecordedPrepared(operation_id, host_id, p.state);
   p.state = v1::HOST_TASK_STATE_PREPARED;
   p.bytes_done = p.bytes_total;
   p.error.clear();
@@ -149,16 +139,12 @@ absl::Status MemoryStore::StartPreparedTransfer(const std::string& operation_id,
       }
     }
     if (pending == nullptr) {
-      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"", job_id,
-                                              "\" has no pending generation ", to_generation,
-                                              " (its prepare inserts it)"));
+      return MissingPendingGeneration(operation_id, job_id, to_generation);
     }
     size_t prepared = 0;
     for (const HostProgress& h : hosts) prepared += op->hosts.count(h.host_id);
     if (prepared != hosts.size()) {
-      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": ", hosts.size(),
-                                              " hosts to transfer, ", prepared,
-                                              " of them prepared"));
+      return HostsNotPrepared(operation_id, hosts.size(), prepared);
     }
     int64_t bytes_total = 0;
     for (const HostProgress& h : hosts) {

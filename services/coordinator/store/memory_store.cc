@@ -1,7 +1,8 @@
 // MemoryStore: construction and what every part shares (views of jobs and
 // operations as PgStore reads them, generations, idempotency keys, audit
-// rows, versions). The Store methods live in memory_jobs.cc,
-// memory_operations.cc, memory_prepare.cc and memory_hosts.cc.
+// rows, versions). The Store methods live in one file per aggregate, as
+// PgStore's: memory_jobs.cc, memory_operations.cc and memory_prepare.cc,
+// memory_hosts.cc, memory_auth.cc, memory_retention.cc.
 #include "services/coordinator/store/memory_store.h"
 
 #include <algorithm>
@@ -42,28 +43,6 @@ absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,
     hosts.push_back(slot.host());
   }
   return hosts;
-}
-
-absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
-                           bool check_states) {
-  std::set<std::string> seen;
-  for (const HostProgress& h : hosts) {
-    if (h.host_id.empty()) {
-      return absl::InvalidArgumentError(check_states ? "StartTransfer: empty host id"
-                                                     : "empty host id");
-    }
-    if (absl::Status s = CheckText("host id", h.host_id); !s.ok()) return s;
-    if (!seen.insert(h.host_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
-    }
-    if (check_states &&
-        (h.state < v1::HOST_TASK_STATE_ASSIGNED || h.state > v1::HOST_TASK_STATE_FAILED)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
-    }
-  }
-  return absl::OkStatus();
 }
 
 std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts) {
@@ -126,8 +105,7 @@ MemoryStore::Operation* MemoryStore::FindOperation(const std::string& operation_
 
 absl::StatusOr<MemoryStore::Operation*> MemoryStore::OperationWithRows(
     const std::string& operation_id, const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = mem::CheckHostRows(operation_id, hosts, /*check_states=*/false);
-      !s.ok()) {
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/false); !s.ok()) {
     return s;
   }
   Operation* op = FindOperation(operation_id);

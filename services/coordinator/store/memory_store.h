@@ -45,7 +45,7 @@ class MemoryStore : public Store {
   explicit MemoryStore(MemoryStoreOptions options = {});
   ~MemoryStore() override;
 
-  // ---- Jobs (memory_jobs.cc) -------------------------------------------------
+  // ---- Jobs (job_store.h: memory_jobs.cc) -----------------------------------
   [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(
       const std::string& job_id, const v1::JobSpec& spec, const Idempotency& idem,
       const v1::DatasetState* dataset_state = nullptr) override;
@@ -61,8 +61,10 @@ class MemoryStore : public Store {
       const RankFailureReport& report) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> CountJobsByState()
       override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
+      const std::string& job_id, int64_t generation) override;
 
-  // ---- Operations (memory_operations.cc, memory_prepare.cc) ------------------
+  // ---- Operations (operation_store.h: memory_operations.cc, memory_prepare.cc) ---
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) override;
   [[nodiscard]] absl::StatusOr<bool> ReleaseQueuedOperation(const std::string& operation_id,
                                                             int64_t now_unix_ms) override;
@@ -97,27 +99,19 @@ class MemoryStore : public Store {
   [[nodiscard]] absl::Status CommitOperation(const std::string& operation_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> AssignedOperations(
       const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
+      const std::string& job_id) override;
+
+  // ---- Hosts (host_store.h: memory_hosts.cc) --------------------------------
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToRelease(
       const std::string& host_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToDiscard(
       const std::string& host_id) override;
-  [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
-      const std::string& job_id) override;
-
-  // ---- Hosts, tokens, audit, retention, liveness (memory_hosts.cc) -----------
   [[nodiscard]] absl::StatusOr<int64_t> RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                                      int64_t lease_expires_unix_ms) override;
   [[nodiscard]] absl::Status Heartbeat(const std::string& host_id, int64_t epoch,
                                        int64_t now_unix_ms, int64_t lease_expires_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> ListHosts() override;
-  [[nodiscard]] absl::Status CreateToken(const TokenRecord& token,
-                                         const std::string& secret_sha256) override;
-  [[nodiscard]] absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) override;
-  [[nodiscard]] absl::StatusOr<TokenRecord> RevokeToken(const std::string& id,
-                                                        int64_t now_unix_ms) override;
-  [[nodiscard]] absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
-  [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
-      const std::string& name, const std::string& candidate) override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
   [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
@@ -127,9 +121,6 @@ class MemoryStore : public Store {
       const std::vector<std::string>& host_ids) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
       const std::vector<std::string>& host_ids) override;
-  [[nodiscard]] absl::Status AppendAudit(const AuditRecord& record) override;
-  [[nodiscard]] absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) override;
-  [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> DeletedJobs(
       const std::vector<std::string>& job_ids) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsLostOnHost(
@@ -137,10 +128,23 @@ class MemoryStore : public Store {
   [[nodiscard]] absl::Status RestoreLostHost(const std::string& job_id,
                                              const std::string& host_id) override;
   [[nodiscard]] absl::StatusOr<v1::JobState> SettleJobLiveness(const std::string& job_id) override;
-  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
-      const std::string& job_id, int64_t generation) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
       const std::vector<v1::GenerationRef>& held) override;
+
+  // ---- Auth (auth_store.h: memory_auth.cc) ----------------------------------
+  [[nodiscard]] absl::Status CreateToken(const TokenRecord& token,
+                                         const std::string& secret_sha256) override;
+  [[nodiscard]] absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) override;
+  [[nodiscard]] absl::StatusOr<TokenRecord> RevokeToken(const std::string& id,
+                                                        int64_t now_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
+  [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
+      const std::string& name, const std::string& candidate) override;
+  [[nodiscard]] absl::Status AppendAudit(const AuditRecord& record) override;
+  [[nodiscard]] absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) override;
+
+  // ---- Across aggregates (store.h: memory_retention.cc) ---------------------
+  [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
 
  private:
   /// The store's lock. One hold is one call, the memory store's
@@ -243,7 +247,7 @@ class MemoryStore : public Store {
   Job* FindJob(const std::string& job_id);
   Operation* FindOperation(const std::string& operation_id);
   // The operation a call with host rows names, after checking the rows
-  // (mem::CheckHostRows, states unchecked); NotFound if unknown. mu_ held.
+  // (CheckHostRows, states unchecked); NotFound if unknown. mu_ held.
   absl::StatusOr<Operation*> OperationWithRows(const std::string& operation_id,
                                                const std::vector<HostProgress>& hosts);
   v1::Job JobView(const Job& job) const;

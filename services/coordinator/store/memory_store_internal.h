@@ -27,10 +27,7 @@ absl::Status OperationNotFound(absl::string_view operation_id);
 absl::StatusOr<std::vector<std::string>> RankHosts(const v1::Layout& layout,
                                                    absl::string_view what);
 
-/// The host rows a transfer or a prepare starts with: ids non-empty, storable
-/// and listed once, and (`check_states`) states ASSIGNED..FAILED.
-absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
-                           bool check_states);
+/// The hosts' ids, in order.
 std::vector<std::string> HostIds(const std::vector<HostProgress>& hosts);
 
 }  // namespace reshard::coordinator::mem

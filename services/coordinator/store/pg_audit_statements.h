@@ -1,4 +1,4 @@
-// The audit trail's SQL (migrations/0005_audit.sql; pg_audit.cc). Listed in
+// The audit trail's SQL (migrations/0005_audit.sql; pg_auth.cc). Listed in
 // AllStatements (pg_statements.cc) like every other statement.
 #pragma once
 

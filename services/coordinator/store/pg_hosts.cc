@@ -1,5 +1,6 @@
-// PgStore: hosts, their leases, and which jobs and operations use them; deleted
-// jobs and the lost hosts of jobs (job_lost_hosts, migrations/0002).
+// PgStore: the hosts aggregate (host_store.h): hosts, their leases, and which
+// jobs and operations use them; deleted jobs, the lost hosts of jobs
+// (job_lost_hosts, migrations/0002) and the generations agents free or drop.
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
@@ -217,20 +218,20 @@ absl::StatusOr<v1::JobState> PgStore::SettleJobLiveness(const std::string& job_i
       });
 }
 
-absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetGenerationChecksums(
-    const std::string& job_id, int64_t generation) {
-  using Sums = std::vector<v1::ShardChecksum>;
-  return pg::TransactFor<Sums>(
-      *pool_, "GetGenerationChecksums", [&](pg::PgTx& tx) -> absl::StatusOr<Sums> {
-        Sums sums;
-        for (const pqxx::row& row : tx.Exec(pg::kSelectRankChecksums, job_id, generation)) {
-          const pqxx::binarystring packed(row[1]);
-          if (absl::Status s = pg::UnpackChecksums(packed.str(), row[0].as<int>(), &sums);
-              !s.ok()) {
-            return s;
-          }
-        }
-        return sums;
+absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToRelease(
+    const std::string& host_id) {
+  return pg::TransactFor<std::vector<v1::GenerationRef>>(
+      *pool_, "GenerationsToRelease", [&](pg::PgTx& tx) {
+        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToRelease, host_id));
       });
 }
+
+absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToDiscard(
+    const std::string& host_id) {
+  return pg::TransactFor<std::vector<v1::GenerationRef>>(
+      *pool_, "GenerationsToDiscard", [&](pg::PgTx& tx) {
+        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToDiscard, host_id));
+      });
+}
+
 }  // namespace reshard::coordinator

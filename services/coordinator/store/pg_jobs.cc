@@ -1,4 +1,5 @@
-// PgStore: jobs and their PTCs.
+// PgStore: the jobs aggregate (job_store.h): jobs, their PTCs and generations'
+// checksums; the change feed's version polls (JobVersions, OperationVersions).
 #include "absl/strings/str_cat.h"
 #include "common/rpc/enum_name.h"
 #include "services/coordinator/store/pg_codec.h"
@@ -253,6 +254,23 @@ absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> PgStore::CountJobs
     }
     return absl::StatusOr<Counts>(std::move(counts));
   });
+}
+
+absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetGenerationChecksums(
+    const std::string& job_id, int64_t generation) {
+  using Sums = std::vector<v1::ShardChecksum>;
+  return pg::TransactFor<Sums>(
+      *pool_, "GetGenerationChecksums", [&](pg::PgTx& tx) -> absl::StatusOr<Sums> {
+        Sums sums;
+        for (const pqxx::row& row : tx.Exec(pg::kSelectRankChecksums, job_id, generation)) {
+          const pqxx::binarystring packed(row[1]);
+          if (absl::Status s = pg::UnpackChecksums(packed.str(), row[0].as<int>(), &sums);
+              !s.ok()) {
+            return s;
+          }
+        }
+        return sums;
+      });
 }
 
 }  // namespace reshard::coordinator

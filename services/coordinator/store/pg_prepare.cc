@@ -2,7 +2,7 @@
 // "Agents prepare"): its start, each host's PREPARED report with the
 // checksums of the sources it read, and the transfer that follows the
 // cut-over without the steps whose sources did not change.
-#include <set>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/rpc/enum_name.h"
@@ -11,22 +11,10 @@
 #include "services/coordinator/store/pg_statements.h"
 #include "services/coordinator/store/pg_store.h"
 #include "services/coordinator/store/pg_store_internal.h"
+#include "services/coordinator/store/store_checks.h"
 
 namespace reshard::coordinator {
 namespace {
-
-absl::Status CheckRows(const std::string& operation_id, const std::vector<HostProgress>& hosts) {
-  std::set<std::string> seen;
-  for (const HostProgress& h : hosts) {
-    if (h.host_id.empty()) return absl::InvalidArgumentError("empty host id");
-    if (absl::Status s = pg::CheckText("host id", h.host_id); !s.ok()) return s;
-    if (!seen.insert(h.host_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
-    }
-  }
-  return absl::OkStatus();
-}
 
 // Why the operation is not where a prepare step expects it.
 absl::Status NotPreparing(pg::PgTx& tx, const std::string& operation_id, const char* expected) {
@@ -42,7 +30,9 @@ absl::Status NotPreparing(pg::PgTx& tx, const std::string& operation_id, const c
 
 absl::Status PgStore::StartPrepare(const std::string& operation_id, int64_t from_generation,
                                    const std::vector<HostProgress>& hosts) {
-  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/false); !s.ok()) {
+    return s;
+  }
   std::vector<std::string> host_ids, errors;
   std::vector<int64_t> states, done, total, progress;
   for (const HostProgress& h : hosts) {
@@ -94,23 +84,14 @@ absl::Status PgStore::RecordHostPrepared(const std::string& operation_id,
     const pqxx::result op = tx.Exec(pg::kLockOperation, operation_id);
     if (op.empty()) return pg::OperationNotFound(operation_id);
     const auto state = static_cast<v1::OperationState>(op[0][1].as<int>());
-    if (state != v1::OPERATION_STATE_PLANNED) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "operation \"", operation_id, "\" is ", rpc::EnumShortName(state),
-          ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
-    }
+    if (absl::Status s = CheckPreparePhase(operation_id, state); !s.ok()) return s;
+    // Matches the rows RecordsPrepared takes.
     const pqxx::result r = tx.Exec(pg::kPrepareHost, operation_id, host_id, now_unix_ms);
     if (r.empty()) {
       const pqxx::result row = tx.Exec(pg::kHostTaskState, operation_id, host_id);
-      if (row.empty()) {
-        return absl::NotFoundError(absl::StrCat(
-            "host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
-      }
-      const auto was = static_cast<v1::HostTaskState>(row[0][0].as<int>());
-      if (was == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
-      return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
-                                                        v1::HostTaskState_Name(was),
-                                                        " for operation \"", operation_id, "\""));
+      std::optional<v1::HostTaskState> was;
+      if (!row.empty()) was = static_cast<v1::HostTaskState>(row[0][0].as<int>());
+      return UnrecordedPrepared(operation_id, host_id, was);
     }
     if (!items.empty()) {
       tx.Exec(pg::kInsertPreparedSources, operation_id, host_id, pg::IntArray(items),
@@ -143,7 +124,9 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> PgStore::GetPreparedSources(
 absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
                                             const std::vector<HostProgress>& hosts,
                                             const SkippedSteps& skipped) {
-  if (absl::Status s = CheckRows(operation_id, hosts); !s.ok()) return s;
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/false); !s.ok()) {
+    return s;
+  }
   std::vector<std::string> host_ids;
   std::vector<int64_t> total, progress;
   int64_t bytes_total = 0;
@@ -163,17 +146,13 @@ absl::Status PgStore::StartPreparedTransfer(const std::string& operation_id,
     const std::string job_id = op[0][0].c_str();
     const int64_t to_generation = op[0][3].as<int64_t>();
     if (tx.Exec(pg::kPendingGenerationExists, job_id, to_generation).empty()) {
-      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"", job_id,
-                                              "\" has no pending generation ", to_generation,
-                                              " (its prepare inserts it)"));
+      return MissingPendingGeneration(operation_id, job_id, to_generation);
     }
     const pqxx::result reset =
         tx.Exec(pg::kResetHostsForTransfer, operation_id, pg::TextArray(host_ids),
                 pg::IntArray(total), pg::IntArray(progress));
     if (reset.affected_rows() != hosts.size()) {
-      return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": ", hosts.size(),
-                                              " hosts to transfer, ", reset.affected_rows(),
-                                              " of them prepared"));
+      return HostsNotPrepared(operation_id, hosts.size(), reset.affected_rows());
     }
     tx.Exec(pg::kSetPreparedTransferring, operation_id, pg::IntArray(skipped.step_indexes),
             skipped.bytes, bytes_total);

@@ -362,7 +362,7 @@ inline constexpr Statement kHostEpochState{"host_epoch_state",
 
 // ---- Bearer tokens (migrations/0004) ----------------------------------------
 
-// The columns TokenFromRow (pg_tokens.cc) reads.
+// The columns TokenFromRow (pg_auth.cc) reads.
 #define RESHARD_PG_TOKEN_COLUMNS \
   "id, name, role, tenants, created_by, created_unix_ms, expires_unix_ms, revoked_unix_ms "
 

@@ -120,13 +120,11 @@ class PgStore : public Store {
   /// PostgreSQL answers; what the leader asks while it waits out an outage.
   [[nodiscard]] absl::Status Probe();
 
-  // ---- Jobs ----------------------------------------------------------------
+  // ---- Jobs (job_store.h: pg_jobs.cc, pg_dataset_state.cc, pg_rank_failures.cc) ---
   [[nodiscard]] absl::StatusOr<v1::Job> CreateJob(
       const std::string& job_id, const v1::JobSpec& spec, const Idempotency& idem,
       const v1::DatasetState* dataset_state = nullptr) override;
-  // pg_dataset_state.cc
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) override;
-  // pg_rank_failures.cc
   [[nodiscard]] absl::StatusOr<v1::RankFailure> RecordRankFailure(
       const RankFailureReport& report) override;
   [[nodiscard]] absl::StatusOr<v1::Job> GetJob(const std::string& job_id,
@@ -134,27 +132,30 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<v1::Ptc> GetPtc(const std::string& job_id) override;
   [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> JobVersions(
       const std::vector<std::string>& job_ids) override;
-  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> OperationVersions(
-      const std::vector<std::string>& operation_ids) override;
   [[nodiscard]] absl::StatusOr<JobPage> ListJobs(const ListJobsQuery& query) override;
   [[nodiscard]] absl::Status DeleteJob(const std::string& job_id,
                                        const Idempotency& idem = {}) override;
   [[nodiscard]] absl::Status SetJobState(const std::string& job_id, v1::JobState state) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> CountJobsByState()
       override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
+      const std::string& job_id, int64_t generation) override;
 
-  // ---- Operations ----------------------------------------------------------
+  // ---- Operations (operation_store.h) -----------------------------------------
+  // pg_operations.cc, pg_meeting.cc, pg_stop_free.cc, pg_prepare.cc,
+  // pg_transfer.cc, pg_idempotency.cc; OperationVersions beside JobVersions
+  // (pg_jobs.cc), AssignedOperationsOfHosts beside HeartbeatHosts
+  // (pg_heartbeat.cc).
+  [[nodiscard]] absl::StatusOr<std::map<std::string, int64_t>> OperationVersions(
+      const std::vector<std::string>& operation_ids) override;
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(const NewOperation& op) override;
-  // pg_meeting.cc
   [[nodiscard]] absl::StatusOr<bool> ReleaseQueuedOperation(const std::string& operation_id,
                                                             int64_t now_unix_ms) override;
   [[nodiscard]] absl::StatusOr<bool> EndStepBoundaryWait(const std::string& operation_id) override;
-  // pg_stop_free.cc
   [[nodiscard]] absl::StatusOr<v1::Operation> MarkPrepared(
       const std::string& operation_id) override;
   [[nodiscard]] absl::StatusOr<OperationRecord> GetOperation(const std::string& operation_id,
                                                              bool include_plan) override;
-  // pg_prepare.cc
   [[nodiscard]] absl::Status StartPrepare(const std::string& operation_id, int64_t from_generation,
                                           const std::vector<HostProgress>& hosts) override;
   [[nodiscard]] absl::Status RecordHostPrepared(
@@ -181,14 +182,16 @@ class PgStore : public Store {
   [[nodiscard]] absl::Status CommitOperation(const std::string& operation_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> AssignedOperations(
       const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
+      const std::string& job_id) override;
+  [[nodiscard]] absl::StatusOr<std::map<std::string, std::vector<std::string>>>
+  AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) override;
+
+  // ---- Hosts (host_store.h: pg_hosts.cc, pg_heartbeat.cc) -------------------
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToRelease(
       const std::string& host_id) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> GenerationsToDiscard(
       const std::string& host_id) override;
-  [[nodiscard]] absl::StatusOr<std::vector<v1::Operation>> ListOperationsForJob(
-      const std::string& job_id) override;
-
-  // ---- Hosts ---------------------------------------------------------------
   [[nodiscard]] absl::StatusOr<int64_t> RegisterHost(const v1::Host& host, int64_t now_unix_ms,
                                                      int64_t lease_expires_unix_ms) override;
   [[nodiscard]] absl::Status Heartbeat(const std::string& host_id, int64_t epoch,
@@ -197,6 +200,26 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> GetHosts(
       const std::vector<std::string>& host_ids) override;
   [[nodiscard]] absl::StatusOr<std::map<std::string, v1::HostState>> HostStates() override;
+  [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
+      int64_t now_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
+      const std::vector<std::string>& host_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
+      const std::vector<std::string>& host_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> DeletedJobs(
+      const std::vector<std::string>& job_ids) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsLostOnHost(
+      const std::string& host_id) override;
+  [[nodiscard]] absl::Status RestoreLostHost(const std::string& job_id,
+                                             const std::string& host_id) override;
+  [[nodiscard]] absl::StatusOr<v1::JobState> SettleJobLiveness(const std::string& job_id) override;
+  [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
+      const std::vector<v1::GenerationRef>& held) override;
+
+  // ---- Auth (auth_store.h: pg_auth.cc) --------------------------------------
   [[nodiscard]] absl::Status CreateToken(const TokenRecord& token,
                                          const std::string& secret_sha256) override;
   [[nodiscard]] absl::StatusOr<TokenRecord> FindToken(const std::string& secret_sha256) override;
@@ -205,41 +228,15 @@ class PgStore : public Store {
   [[nodiscard]] absl::StatusOr<std::vector<TokenRecord>> ListTokens() override;
   [[nodiscard]] absl::StatusOr<std::string> GetOrCreateClusterSecret(
       const std::string& name, const std::string& candidate) override;
-  [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
-  [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
+  [[nodiscard]] absl::Status AppendAudit(const AuditRecord& record) override;
+  [[nodiscard]] absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) override;
+
+  // ---- Across aggregates (store.h: pg_heartbeat.cc, pg_retention.cc) --------
   /// One transaction: one UPDATE of every leased host, then each list as
   /// one query over all the batch's hosts (pg_heartbeat.cc).
   [[nodiscard]] absl::StatusOr<std::vector<HostHeartbeatResult>> HeartbeatHosts(
       const std::vector<HostHeartbeat>& beats) override;
-  [[nodiscard]] absl::StatusOr<std::map<std::string, std::vector<std::string>>>
-  AssignedOperationsOfHosts(const std::vector<std::string>& host_ids) override;
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
-      int64_t now_unix_ms) override;
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpireLeases(int64_t now_unix_ms) override;
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> OperationsOnHosts(
-      const std::vector<std::string>& host_ids) override;
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsOnHosts(
-      const std::vector<std::string>& host_ids) override;
-
-  // ---- Audit (pg_audit.cc) -------------------------------------------------
-  [[nodiscard]] absl::Status AppendAudit(const AuditRecord& record) override;
-  [[nodiscard]] absl::StatusOr<AuditPage> ListAudit(const AuditQuery& query) override;
-
-  // ---- Retention (pg_retention.cc) -----------------------------------------
   [[nodiscard]] absl::StatusOr<PrunedRows> PruneRetention(const RetentionPolicy& policy) override;
-
-  // ---- Liveness (pg_hosts.cc) -------------------------------------------
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> DeletedJobs(
-      const std::vector<std::string>& job_ids) override;
-  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsLostOnHost(
-      const std::string& host_id) override;
-  [[nodiscard]] absl::Status RestoreLostHost(const std::string& job_id,
-                                             const std::string& host_id) override;
-  [[nodiscard]] absl::StatusOr<v1::JobState> SettleJobLiveness(const std::string& job_id) override;
-  [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(
-      const std::string& job_id, int64_t generation) override;
-  [[nodiscard]] absl::StatusOr<std::vector<v1::GenerationRef>> StaleGenerations(
-      const std::vector<v1::GenerationRef>& held) override;
 
  private:
   explicit PgStore(std::unique_ptr<pg::PgPool> pool);

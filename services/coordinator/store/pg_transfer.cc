@@ -1,7 +1,6 @@
 // PgStore: the TRANSFERRING phase (pending generation, per-host progress,
-// checksums), the commit, and what agents are told to do.
+// checksums), the commit, and the operations assigned to a host.
 #include <map>
-#include <set>
 
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
@@ -37,18 +36,10 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
                                     const std::vector<HostProgress>& hosts) {
   std::vector<std::string> host_ids, errors;
   std::vector<int64_t> states, done, total, progress;
-  std::set<std::string> seen;
+  if (absl::Status s = CheckHostRows(operation_id, hosts, /*check_states=*/true); !s.ok()) {
+    return s;
+  }
   for (const HostProgress& h : hosts) {
-    if (h.host_id.empty()) return absl::InvalidArgumentError("StartTransfer: empty host id");
-    if (absl::Status s = pg::CheckText("host id", h.host_id); !s.ok()) return s;
-    if (!seen.insert(h.host_id).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
-    }
-    if (!ValidTaskState(h.state)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
-    }
     host_ids.push_back(h.host_id);
     states.push_back(h.state);
     done.push_back(h.bytes_done);
@@ -198,22 +189,6 @@ absl::StatusOr<std::vector<std::string>> PgStore::AssignedOperations(const std::
     }
     return absl::StatusOr<Ids>(std::move(ids));
   });
-}
-
-absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToRelease(
-    const std::string& host_id) {
-  return pg::TransactFor<std::vector<v1::GenerationRef>>(
-      *pool_, "GenerationsToRelease", [&](pg::PgTx& tx) {
-        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToRelease, host_id));
-      });
-}
-
-absl::StatusOr<std::vector<v1::GenerationRef>> PgStore::GenerationsToDiscard(
-    const std::string& host_id) {
-  return pg::TransactFor<std::vector<v1::GenerationRef>>(
-      *pool_, "GenerationsToDiscard", [&](pg::PgTx& tx) {
-        return pg::GenerationRefsFromRows(tx.Exec(pg::kGenerationsToDiscard, host_id));
-      });
 }
 
 }  // namespace reshard::coordinator

@@ -2,6 +2,7 @@
 #include "services/coordinator/store/store_checks.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 #include <vector>
 
@@ -193,6 +194,62 @@ absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState 
 
 bool ValidTaskState(v1::HostTaskState s) {
   return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
+}
+
+absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
+                           bool check_states) {
+  std::set<std::string> seen;
+  for (const HostProgress& h : hosts) {
+    if (h.host_id.empty()) {
+      return absl::InvalidArgumentError(check_states ? "StartTransfer: empty host id"
+                                                     : "empty host id");
+    }
+    if (absl::Status s = CheckText("host id", h.host_id); !s.ok()) return s;
+    if (!seen.insert(h.host_id).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
+    }
+    if (check_states && !ValidTaskState(h.state)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPreparePhase(const std::string& operation_id, v1::OperationState state) {
+  if (state == v1::OPERATION_STATE_PLANNED) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "operation \"", operation_id, "\" is ", rpc::EnumShortName(state),
+      ", not PLANNED: ", "PREPARED reports belong to a stop-free operation's prepare phase"));
+}
+
+bool RecordsPrepared(v1::HostTaskState state) {
+  return state == v1::HOST_TASK_STATE_ASSIGNED || state == v1::HOST_TASK_STATE_RUNNING;
+}
+
+absl::Status UnrecordedPrepared(const std::string& operation_id, const std::string& host_id,
+                                std::optional<v1::HostTaskState> row) {
+  if (!row.has_value()) {
+    return absl::NotFoundError(
+        absl::StrCat("host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
+  }
+  if (*row == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
+  return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
+                                                    v1::HostTaskState_Name(*row),
+                                                    " for operation \"", operation_id, "\""));
+}
+
+absl::Status MissingPendingGeneration(const std::string& operation_id, const std::string& job_id,
+                                      int64_t to_generation) {
+  return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": job \"", job_id,
+                                          "\" has no pending generation ", to_generation,
+                                          " (its prepare inserts it)"));
+}
+
+absl::Status HostsNotPrepared(const std::string& operation_id, size_t hosts, size_t prepared) {
+  return absl::InternalError(absl::StrCat("operation \"", operation_id, "\": ", hosts,
+                                          " hosts to transfer, ", prepared, " of them prepared"));
 }
 
 int64_t NewOperationToGeneration(bool queued, int64_t reserved_generation, bool stop_free,

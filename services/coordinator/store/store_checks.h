@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -82,6 +84,35 @@ absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState 
 /// A task state a transfer's host row may start in or report: ASSIGNED..
 /// FAILED (PREPARED goes through RecordHostPrepared).
 bool ValidTaskState(v1::HostTaskState s);
+
+/// The host rows a transfer (StartTransfer: `check_states`) or a prepare
+/// (StartPrepare, StartPreparedTransfer: states unchecked) starts with: ids
+/// non-empty, storable and listed once, and with `check_states` each state
+/// a ValidTaskState. InvalidArgument naming the operation or the host.
+[[nodiscard]] absl::Status CheckHostRows(const std::string& operation_id,
+                                         const std::vector<HostProgress>& hosts, bool check_states);
+
+/// RecordHostPrepared's rules. The operation must be in its prepare phase:
+/// FailedPrecondition unless `state` is PLANNED.
+[[nodiscard]] absl::Status CheckPreparePhase(const std::string& operation_id,
+                                             v1::OperationState state);
+/// Whether a host row in `state` records a PREPARED report (ASSIGNED or
+/// RUNNING; PgStore's prepare_host matches the same states).
+bool RecordsPrepared(v1::HostTaskState state);
+/// The answer to a PREPARED report that a host row does not record (`row`:
+/// its state, not one RecordsPrepared takes; nullopt when the host has no
+/// row): OK for a resent report (PREPARED: nothing changes), NotFound
+/// without a row, FailedPrecondition naming the state it reported.
+[[nodiscard]] absl::Status UnrecordedPrepared(const std::string& operation_id,
+                                              const std::string& host_id,
+                                              std::optional<v1::HostTaskState> row);
+/// StartPreparedTransfer's invariants, which the operation's prepare set
+/// up (Internal when broken): its job has the pending generation
+/// `to_generation`, and every one of the `hosts` to transfer has a row
+/// (`prepared` of them do).
+absl::Status MissingPendingGeneration(const std::string& operation_id, const std::string& job_id,
+                                      int64_t to_generation);
+absl::Status HostsNotPrepared(const std::string& operation_id, size_t hosts, size_t prepared);
 
 /// The to_generation a new operation is created with: 0 while it is queued
 /// behind another (its numbers are fixed when it is released), the one a
