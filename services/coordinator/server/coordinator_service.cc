@@ -27,10 +27,12 @@ KeyScope KeysOf(const Authorizer& authorizer, const Principal& p) {
 }  // namespace
 
 absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char* method,
-                                                 const std::string& job_id) const {
+                                                 const std::string& job_id,
+                                                 const v1::Job* read) const {
   // A worker token is for one job: no lookup, and nothing told of another job.
   if (p.role == Role::kWorker) return authorizer_->AuthorizeJob(p, method, job_id, "", {});
   if (!authorizer_->ScopedToTenants(p)) return absl::OkStatus();
+  if (read != nullptr) return authorizer_->AuthorizeJob(p, method, read->id(), read->tenant(), {});
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   absl::StatusOr<v1::Job> job = api_->GetJob(request);
@@ -41,11 +43,17 @@ absl::Status CoordinatorServiceImpl::InJobTenant(const Principal& p, const char*
 }
 
 absl::Status CoordinatorServiceImpl::InOperationTenant(const Principal& p, const char* method,
-                                                       const std::string& operation_id) const {
+                                                       const std::string& operation_id,
+                                                       const v1::Operation* read) const {
   if (!authorizer_->ScopedToTenants(p) && p.role != Role::kWorker) return absl::OkStatus();
-  v1::GetOperationRequest request;
-  request.set_operation_id(operation_id);
-  absl::StatusOr<v1::Operation> op = api_->GetOperation(request);
+  absl::StatusOr<v1::Operation> op = absl::NotFoundError("");
+  if (read != nullptr) {
+    op = *read;
+  } else {
+    v1::GetOperationRequest request;
+    request.set_operation_id(operation_id);
+    op = api_->GetOperation(request);
+  }
   if (absl::IsNotFound(op.status())) return absl::OkStatus();
   if (!op.ok()) return op.status();
   absl::Status in_tenant = InJobTenant(p, method, op->job_id());
@@ -300,17 +308,23 @@ grpc::ServerWriteReactor<v1::Operation>* CoordinatorServiceImpl::WatchOperation(
         // held until the stream's reactor is deleted, however it ends.
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchOperation");
         if (!slot.ok()) return slot.status();
-        if (absl::Status s = InOperationTenant(p, "WatchOperation", id); !s.ok()) return s;
-        if (request->from_version() > 0) {
-          v1::GetOperationRequest get;
-          get.set_operation_id(id);
-          absl::StatusOr<v1::Operation> op = api_->GetOperation(get);
-          if (!op.ok()) return op.status();
-          if (absl::Status s =
-                  CheckFromVersion("operation", id, request->from_version(), op->version());
-              !s.ok()) {
-            return s;
-          }
+        if (request->from_version() == 0) {
+          if (absl::Status s = InOperationTenant(p, "WatchOperation", id); !s.ok()) return s;
+          return Admission{id, 0, *std::move(slot)};
+        }
+        // A resumed watch: one read serves the tenant and the version checks.
+        v1::GetOperationRequest get;
+        get.set_operation_id(id);
+        absl::StatusOr<v1::Operation> op = api_->GetOperation(get);
+        if (absl::Status s = InOperationTenant(p, "WatchOperation", id, op.ok() ? &*op : nullptr);
+            !s.ok()) {
+          return s;
+        }
+        if (!op.ok()) return op.status();
+        if (absl::Status s =
+                CheckFromVersion("operation", id, request->from_version(), op->version());
+            !s.ok()) {
+          return s;
         }
         return Admission{id, request->from_version(), *std::move(slot)};
       });
@@ -326,16 +340,21 @@ grpc::ServerWriteReactor<v1::Job>* CoordinatorServiceImpl::WatchJob(
         if (absl::Status s = RequireNonEmpty("job_id", id); !s.ok()) return s;
         absl::StatusOr<WatchSlot> slot = AcquireWatch(p, "WatchJob");  // as WatchOperation
         if (!slot.ok()) return slot.status();
-        if (absl::Status s = InJobTenant(p, "WatchJob", id); !s.ok()) return s;
-        if (request->from_version() > 0) {
-          v1::GetJobRequest get;
-          get.set_job_id(id);
-          absl::StatusOr<v1::Job> job = api_->GetJob(get);
-          if (!job.ok()) return job.status();
-          if (absl::Status s = CheckFromVersion("job", id, request->from_version(), job->version());
-              !s.ok()) {
-            return s;
-          }
+        if (request->from_version() == 0) {
+          if (absl::Status s = InJobTenant(p, "WatchJob", id); !s.ok()) return s;
+          return Admission{id, 0, *std::move(slot)};
+        }
+        // A resumed watch: one read serves the tenant and the version checks.
+        v1::GetJobRequest get;
+        get.set_job_id(id);
+        absl::StatusOr<v1::Job> job = api_->GetJob(get);
+        if (absl::Status s = InJobTenant(p, "WatchJob", id, job.ok() ? &*job : nullptr); !s.ok()) {
+          return s;
+        }
+        if (!job.ok()) return job.status();
+        if (absl::Status s = CheckFromVersion("job", id, request->from_version(), job->version());
+            !s.ok()) {
+          return s;
         }
         return Admission{id, request->from_version(), *std::move(slot)};
       });

@@ -88,10 +88,13 @@ class CoordinatorServiceImpl final : public CoordinatorServiceBase {
   /// A scheduler's or viewer's call on job `job_id` / operation
   /// `operation_id` stays within its tenants, a worker's on the job of its
   /// token (Authorizer::AuthorizeJob); others pass. A missing job or
-  /// operation passes: the call answers it.
-  absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id) const;
+  /// operation passes: the call answers it. `read`: the job (operation)
+  /// as the caller already read it, so that it is not read again.
+  absl::Status InJobTenant(const Principal& p, const char* method, const std::string& job_id,
+                           const v1::Job* read = nullptr) const;
   absl::Status InOperationTenant(const Principal& p, const char* method,
-                                 const std::string& operation_id) const;
+                                 const std::string& operation_id,
+                                 const v1::Operation* read = nullptr) const;
   /// A slot for one more watch stream of `p` (WatchStreamLimits::Acquire);
   /// an empty slot when there is no limit.
   absl::StatusOr<WatchSlot> AcquireWatch(const Principal& p, const char* method);

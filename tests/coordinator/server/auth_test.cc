@@ -564,8 +564,31 @@ TEST_F(AuthTest, AnotherTenantsJobAnswersAsAMissingOne) {
   v1::GetWorkerTokenResponse wt_reply;
   ASSERT_TRUE(admin_->GetWorkerToken(Ctx().get(), wt, &wt_reply).ok());
 
-  const std::map<std::string, JobCall> calls =
-      JobScopedCalls(address, MakeLayout(2, 2, 1, {"h1"}, 4));
+  std::map<std::string, JobCall> calls = JobScopedCalls(address, MakeLayout(2, 2, 1, {"h1"}, 4));
+  // The watches resumed from a version: the job (operation) is read before
+  // the tenant is checked, and the answer must still be a missing one's.
+  calls["WatchJob from_version 1"] = [&](const Caller& c, const std::string& job,
+                                         const std::string&) {
+    v1::WatchJobRequest r;
+    r.set_job_id(job);
+    r.set_from_version(1);
+    auto ctx = CallCtx(c);
+    auto reader = CoordinatorClient(address, c.identity)->WatchJob(ctx.get(), r);
+    v1::Job update;
+    EXPECT_FALSE(reader->Read(&update)) << c.identity << " read job " << job;
+    return reader->Finish();
+  };
+  calls["WatchOperation from_version 1"] = [&](const Caller& c, const std::string&,
+                                               const std::string& op) {
+    v1::WatchOperationRequest r;
+    r.set_operation_id(op);
+    r.set_from_version(1);
+    auto ctx = CallCtx(c);
+    auto reader = CoordinatorClient(address, c.identity)->WatchOperation(ctx.get(), r);
+    v1::Operation update;
+    EXPECT_FALSE(reader->Read(&update)) << c.identity << " read operation " << op;
+    return reader->Finish();
+  };
 
   const std::vector<Caller> callers = {{"viewer:v@team-a", ""},
                                        {"scheduler:s@team-a", ""},
