@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "tests/agent/e2e/e2e_fixture.h"
-#include "tests/support/wait.h"
 #include "tests/coordinator/server/scrape.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent::testing {
 namespace {
@@ -41,11 +41,6 @@ class LivenessE2eTest : public AgentE2eTest {
     absl::StatusOr<std::string> body = HttpGet(coordinator_->metrics_port(), "/metrics");
     if (!body.ok()) return std::nullopt;
     return MetricValue(*body, name, labels);
-  }
-
-  // Polls `done` every 50 ms until it holds or kDeadline passes.
-  static bool WaitFor(const std::function<bool()>& done) {
-    return test_support::Eventually(done, kDeadline);
   }
 
   v1::Job GetJob() {
@@ -105,10 +100,14 @@ TEST_F(LivenessE2eTest, DeleteJobReleasesEveryHostsMemory) {
   ASSERT_EQ(OpenRank("h0", 1, 0), grpc::StatusCode::OK);
   ASSERT_NO_FATAL_FAILURE(DeleteJob());
   for (const std::string h : {"h0", "h1"}) {
-    EXPECT_TRUE(WaitFor([&] { return ShardFiles(h) == 0; })) << h << ": " << ShardFiles(h);
-    EXPECT_TRUE(WaitFor([&] {
-      return AgentMetric(h, "reshard_agent_shard_store_used_bytes") == std::optional<double>(0);
-    })) << h;
+    EXPECT_TRUE(test_support::Eventually([&] { return ShardFiles(h) == 0; }, kDeadline))
+        << h << ": " << ShardFiles(h);
+    EXPECT_TRUE(test_support::Eventually(
+        [&] {
+          return AgentMetric(h, "reshard_agent_shard_store_used_bytes") == std::optional<double>(0);
+        },
+        kDeadline))
+        << h;
   }
   EXPECT_EQ(OpenRank("h0", 1, 0), grpc::StatusCode::NOT_FOUND);
   EXPECT_EQ(OpenRank("h1", 1, 4), grpc::StatusCode::NOT_FOUND);
@@ -120,13 +119,17 @@ TEST_F(LivenessE2eTest, AgentDownDuringDeleteJobDropsItWhenItComesBack) {
   ASSERT_GT(ShardFiles("h1"), 0);
   agents_["h1"]->Kill();
   ASSERT_NO_FATAL_FAILURE(DeleteJob());
-  EXPECT_TRUE(WaitFor([&] { return ShardFiles("h0") == 0; }));
+  EXPECT_TRUE(test_support::Eventually([&] { return ShardFiles("h0") == 0; }, kDeadline));
   ASSERT_GT(ShardFiles("h1"), 0);  // nobody told the dead agent
   ASSERT_NO_FATAL_FAILURE(StartAgent("h1"));
-  EXPECT_TRUE(WaitFor([&] { return ShardFiles("h1") == 0; })) << ShardFiles("h1");
-  EXPECT_TRUE(WaitFor([&] {
-    return AgentMetric("h1", "reshard_agent_shard_store_used_bytes") == std::optional<double>(0);
-  }));
+  EXPECT_TRUE(test_support::Eventually([&] { return ShardFiles("h1") == 0; }, kDeadline))
+      << ShardFiles("h1");
+  EXPECT_TRUE(test_support::Eventually(
+      [&] {
+        return AgentMetric("h1", "reshard_agent_shard_store_used_bytes") ==
+               std::optional<double>(0);
+      },
+      kDeadline));
   EXPECT_EQ(OpenRank("h1", 1, 4), grpc::StatusCode::NOT_FOUND);
 }
 
@@ -183,24 +186,32 @@ TEST_F(LivenessE2eTest, HostStoppedPastItsLeaseGivesTheJobBackWhenItContinues) {
   ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
   // The driver marks the host LOST, then degrades its jobs in a later step:
   // wait for that, not just for the host.
-  EXPECT_TRUE(WaitFor([&] { return GetJob().state() == v1::JOB_STATE_DEGRADED; }))
+  EXPECT_TRUE(test_support::Eventually([&] { return GetJob().state() == v1::JOB_STATE_DEGRADED; },
+                                       kDeadline))
       << GetJob().ShortDebugString();
-  EXPECT_TRUE(WaitFor([&] {
-    return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
-           std::optional<double>(1);
-  }));
+  EXPECT_TRUE(test_support::Eventually(
+      [&] {
+        return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
+               std::optional<double>(1);
+      },
+      kDeadline));
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
 
-  EXPECT_TRUE(WaitFor([&] {
-    const v1::Job job = GetJob();
-    return job.state() == v1::JOB_STATE_ACTIVE && job.lost_hosts().empty();
-  })) << GetJob().ShortDebugString();
-  EXPECT_TRUE(WaitFor([&] {
-    return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
-               std::optional<double>(0) &&
-           CoordinatorMetric("reshard_coordinator_jobs", {{"state", "active"}}) ==
-               std::optional<double>(1);
-  }));
+  EXPECT_TRUE(test_support::Eventually(
+      [&] {
+        const v1::Job job = GetJob();
+        return job.state() == v1::JOB_STATE_ACTIVE && job.lost_hosts().empty();
+      },
+      kDeadline))
+      << GetJob().ShortDebugString();
+  EXPECT_TRUE(test_support::Eventually(
+      [&] {
+        return CoordinatorMetric("reshard_coordinator_jobs", {{"state", "degraded"}}) ==
+                   std::optional<double>(0) &&
+               CoordinatorMetric("reshard_coordinator_jobs", {{"state", "active"}}) ==
+                   std::optional<double>(1);
+      },
+      kDeadline));
   absl::Status v = Verify(sockets_, job_id_, generation_, contents_);
   EXPECT_TRUE(v.ok()) << v;
 }
@@ -217,8 +228,8 @@ class BusyHostTest : public LivenessE2eTest {
   std::optional<double> LateHeartbeats() {
     const std::optional<double> all =
         CoordinatorMetric("reshard_coordinator_agent_heartbeat_lag_seconds_count", {});
-    const std::optional<double> on_time =
-        CoordinatorMetric("reshard_coordinator_agent_heartbeat_lag_seconds_bucket", {{"le", "0.1"}});
+    const std::optional<double> on_time = CoordinatorMetric(
+        "reshard_coordinator_agent_heartbeat_lag_seconds_bucket", {{"le", "0.1"}});
     if (!all.has_value() || !on_time.has_value()) return std::nullopt;
     return *all - *on_time;
   }
@@ -249,10 +260,12 @@ TEST_F(BusyHostTest, AnAgentFrozenForAHeartbeatPeriodIsSlowNotLost) {
   std::this_thread::sleep_until(std::chrono::steady_clock::now() + std::chrono::milliseconds(1500));
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGCONT), 0);
   // Its next heartbeat tells how late it left (between 0.5 and 1.5 s).
-  EXPECT_TRUE(WaitFor([&] {
-    const std::optional<double> late = LateHeartbeats();
-    return late.has_value() && *late > *late_before;
-  }));
+  EXPECT_TRUE(test_support::Eventually(
+      [&] {
+        const std::optional<double> late = LateHeartbeats();
+        return late.has_value() && *late > *late_before;
+      },
+      kDeadline));
   const std::optional<v1::Host> after = HostNamed("h1");
   ASSERT_TRUE(after.has_value());
   EXPECT_EQ(after->state(), v1::HOST_STATE_ALIVE);

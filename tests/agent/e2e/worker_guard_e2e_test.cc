@@ -135,11 +135,6 @@ class WorkerGuardE2eTest : public AgentE2eTest {
       EXPECT_TRUE(Running(agent->pid())) << "the agent of " << host << " died";
     }
   }
-
-  // Polls `done` every 50 ms for at most 30 s.
-  static bool WaitFor(const std::function<bool()>& done) {
-    return test_support::Eventually(done, absl::Seconds(30));
-  }
 };
 
 // The deterministic window: a stop-free resize's agents pre-copy the new
@@ -336,7 +331,7 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
     // The cache holds only generations the host holds (one scrape gives
     // both; a release in progress settles within the wait).
     double cached = -1, held = -1;
-    EXPECT_TRUE(WaitFor([&] {
+    EXPECT_TRUE(test_support::Eventually([&] {
       absl::StatusOr<std::string> body = AgentMetrics("h0");
       if (!body.ok()) return false;
       cached = MetricValue(*body, "reshard_agent_worker_cache_entries", {{"kind", "generation"}})
@@ -366,7 +361,7 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
   ASSERT_TRUE(s.ok()) << s.error_message();
   // The agent hears of the delete on a heartbeat and drops the job's
   // buffers; the cache forgets it with them.
-  EXPECT_TRUE(WaitFor([&] {
+  EXPECT_TRUE(test_support::Eventually([&] {
     std::optional<double> bytes = AgentMetric("h0", "reshard_agent_worker_cache_bytes");
     std::optional<double> entries = AgentMetric("h0", "reshard_agent_worker_cache_entries");
     return bytes.has_value() && *bytes == 0 && entries.has_value() && *entries == 0;
@@ -376,7 +371,7 @@ TEST_F(WorkerGuardE2eTest, TheWorkerCacheHoldsWhatTheHostHoldsAndEmptiesOnDelete
   EXPECT_EQ(AgentMetric("h0", "reshard_agent_rank_buffers_held").value_or(-1), 0);
   // Its freed heap goes back on the next trim.
   int64_t deleted_rss = 0;
-  EXPECT_TRUE(WaitFor([&] {
+  EXPECT_TRUE(test_support::Eventually([&] {
     deleted_rss = RssBytes(agent);
     return deleted_rss - warm_rss < kRssTolerance;
   })) << "agent RSS "
