@@ -1,5 +1,5 @@
 // What TaskRun (task_run.h) does with device memory on the device routes
-// (device_run.h): finds sources in host or device memory, makes the new
+// (device_route.h): finds sources in host or device memory, makes the new
 // device buffers all or none, copies the local steps through the device API
 // and stages sealed new buffers to host memory where the placement keeps
 // them. Device buffers are never read or written on the host here: every

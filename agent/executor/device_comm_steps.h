@@ -1,5 +1,5 @@
 // Cross-host steps over a device communicator (issue 23 item 3; device_comm.h):
-// the kDeviceComm route of device_run.h.
+// the kDeviceComm route of device_route.h.
 //  - Route: taken by every host of an operation or by none. The agent has a
 //    device store and a communicator factory, the task is a plain one (not
 //    two-phase, no regenerated item in the plan), the job's state lives in
@@ -49,7 +49,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/executor/device_cross_host.h"
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 #include "agent/transfer/device_comm.h"
 #include "agent/transfer/transport.h"
 

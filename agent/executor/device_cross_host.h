@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 #include "agent/executor/mover.h"
 #include "agent/transfer/transport.h"
 

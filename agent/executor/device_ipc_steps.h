@@ -1,5 +1,5 @@
 // Cross-host steps between agents of one machine through device IPC handles
-// (issue 23 item 5): the kDeviceIpc route of device_run.h. Two agents on one
+// (issue 23 item 5): the kDeviceIpc route of device_route.h. Two agents on one
 // GPU cannot join one NCCL communicator (NCCL refuses two ranks on a
 // device), and agents that share a machine need no network library: one
 // opens the other's device buffer and copies device to device.
@@ -46,7 +46,7 @@
 
 #include "absl/status/statusor.h"
 #include "agent/executor/device_cross_host.h"
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 #include "agent/transfer/transport.h"
 
 namespace reshard::agent {

@@ -2,7 +2,7 @@
 
 #include "agent/executor/device_comm_steps.h"
 #include "agent/executor/device_ipc_steps.h"
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 #include "agent/executor/precopy_check.h"
 #include "agent/executor/task_run.h"
 #include "agent/transfer/local_copy.h"

@@ -61,7 +61,7 @@ class TaskExecutor {
     bool device_ipc = true;
   };
 
-  /// How Execute runs a task (device_run.h's routes), for the operation's
+  /// How Execute runs a task (device_route.h's routes), for the operation's
   /// report: `route` is RouteName's ("host", "device-direct", "device-comm
   /// nccl", "host-staged", ...), `route_reason` why a fallback was taken
   /// (host-staged: DeviceRoute::why), empty otherwise.
@@ -73,7 +73,7 @@ class TaskExecutor {
   /// `transport` may be null when every step of every task is local. The
   /// byte sizes in `options` must be positive (checked: bad configuration).
   /// With `devices` (the agent's device memory; it outlives the executor)
-  /// tasks that involve device memory take the device path (device_run.h:
+  /// tasks that involve device memory take the device path (device_route.h:
   /// which buffers live on a device, device-direct or host-staged runs).
   /// With `comm` too (the agent's device communicator factory, advertised as
   /// AdvertisedCommName in its Host.transports; it outlives the executor),
@@ -107,7 +107,7 @@ class TaskExecutor {
   /// the task waits on changes: the earliest unfinished cross-host step
   /// ("step 17 (receive from host \"h1\")"), "local copies", or "" (checksums).
   /// With a device store, new buffers may land in device memory and sources
-  /// may be device buffers (device_run.h); a task that cannot run on the
+  /// may be device buffers (device_route.h); a task that cannot run on the
   /// devices directly calls `waiting("host-staged: <why>")` once first.
   /// `routed(info)`, if set, is called once, before any byte moves, with the
   /// route the task takes (on this thread).

@@ -1,7 +1,7 @@
 // One run of TaskExecutor::Execute (executor.h) as named phases over the
 // state they share (docs/agent.md, "Executing a HostTask"); the one
 // conductor of every route, host memory and device memory alike
-// (device_run.h):
+// (device_route.h):
 //  - SetUp: check the task, sort out this host's part (host_steps.h; on a
 //    device route its sources found in host or device memory,
 //    device_buffers.h), lease the sealed host sources, make (or, for a
@@ -44,7 +44,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 #include "agent/executor/executor.h"
 #include "agent/executor/host_steps.h"
 #include "agent/executor/item_checks.h"
@@ -73,7 +73,7 @@ class TaskRun {
     const TaskExecutor::Options* options = nullptr;
     LocalCopier* copier = nullptr;
     PrecopyRecords* precopies = nullptr;
-    /// A device route (kDevice, kDeviceComm, kDeviceIpc; device_run.h):
+    /// A device route (kDevice, kDeviceComm, kDeviceIpc; device_route.h):
     /// the agent's device store and the task's route. Both null: the host
     /// route (host memory only, or a host-staged run's host part).
     DeviceBufferStore* devices = nullptr;

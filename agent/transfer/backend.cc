@@ -47,7 +47,7 @@ BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device) {
   c.memory_kinds = {MemoryKind::kHost, MemoryKind::kCuda};
   c.local = true;
   c.remote = false;
-  c.used_by_executor = true;  // the executor's device routes (device_run.h)
+  c.used_by_executor = true;  // the executor's device routes (device_route.h)
   c.devices = d.device_count;
   c.ipc = d.ipc;
   c.peer_copy = d.peer_copy;

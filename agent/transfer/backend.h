@@ -50,7 +50,7 @@ BackendCapabilities NcclCapabilities();
 /// A device API (device_api.h: "fake" or "cuda", as its capabilities name
 /// it): host and CUDA memory within this host (H2D, D2H, D2D, peer copies),
 /// not between hosts. Used (and advertised) by the executor's device routes
-/// (device_run.h).
+/// (device_route.h).
 BackendCapabilities DeviceBackendCapabilities(const DeviceApi& device);
 
 /// A device communicator backend (device_comm.h): CUDA memory between hosts

@@ -1,10 +1,10 @@
-// The executor's device path (device_run.h) on the fake device: a
+// The device routes (device_route.h) on the fake device: a
 // device-resident generation resized on one host gives device buffers equal
 // byte for byte (and checksum for checksum) to what the host path gives;
 // host sources reach device destinations; a resize that does not fit the
 // devices or is cancelled leaves nothing; a two-host task runs host-staged
 // and still ends in device memory, equal to the global tensors.
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 
 #include <algorithm>
 #include <atomic>
@@ -29,7 +29,7 @@ Sums ByRankItem(const std::vector<v1::ShardChecksum>& sums) {
   return out;
 }
 
-class DeviceRunTest : public ExecutorTest {
+class DeviceRouteTest : public ExecutorTest {
  protected:
   void TearDown() override {
     for (auto& h : hosts_) h.executor.reset();
@@ -158,7 +158,7 @@ TEST(DeviceRunsTest, StridedRegionsBecomeCoalescedRuns) {
   EXPECT_TRUE(runs.empty());
 }
 
-TEST_F(DeviceRunTest, DeviceResidentResizeEqualsTheHostPath) {
+TEST_F(DeviceRouteTest, DeviceResidentResizeEqualsTheHostPath) {
   UseOneHostResize();
   MakeDeviceHosts();
   FillDeviceRank(0, 0, 0);
@@ -184,8 +184,8 @@ TEST_F(DeviceRunTest, DeviceResidentResizeEqualsTheHostPath) {
     auto host = hosts_[1].store->Get({kJob, 2, key.first});
     ASSERT_TRUE(host.ok());
     std::vector<uint8_t> bytes(c.bytes());
-    ASSERT_TRUE(devices_[0]->ReadItem({kJob, 2, key.first}, key.second, 0, bytes.data(),
-                                      c.bytes()).ok());
+    ASSERT_TRUE(
+        devices_[0]->ReadItem({kJob, 2, key.first}, key.second, 0, bytes.data(), c.bytes()).ok());
     EXPECT_EQ(0, std::memcmp(bytes.data(), (*host)->item_data(key.second), c.bytes()));
   }
   // The old generation is still on the devices, untouched; no host copies.
@@ -193,7 +193,7 @@ TEST_F(DeviceRunTest, DeviceResidentResizeEqualsTheHostPath) {
   EXPECT_TRUE(hosts_[0].store->List().empty());
 }
 
-TEST_F(DeviceRunTest, HostSourceReachesDeviceDestinations) {
+TEST_F(DeviceRouteTest, HostSourceReachesDeviceDestinations) {
   UseOneHostResize();
   MakeDeviceHosts();
   FillDeviceRank(0, 0, 1);
@@ -206,7 +206,7 @@ TEST_F(DeviceRunTest, HostSourceReachesDeviceDestinations) {
   EXPECT_TRUE(hosts_[0].store->Get({kJob, 1, 1}).ok());  // the host source stays
 }
 
-TEST_F(DeviceRunTest, NewBuffersBeyondTheDeviceLimitAreResourceExhaustedAndLeaveNothing) {
+TEST_F(DeviceRouteTest, NewBuffersBeyondTheDeviceLimitAreResourceExhaustedAndLeaveNothing) {
   UseOneHostResize();
   // Device 0 holds old rank 0 and one new rank, not the two new ranks it gets.
   int64_t old0 = 0, new0 = 0;
@@ -224,7 +224,7 @@ TEST_F(DeviceRunTest, NewBuffersBeyondTheDeviceLimitAreResourceExhaustedAndLeave
   EXPECT_EQ(devices_[0]->used_bytes(1), used1);
 }
 
-TEST_F(DeviceRunTest, CancelledMidCopyDropsTheNewDeviceBuffers) {
+TEST_F(DeviceRouteTest, CancelledMidCopyDropsTheNewDeviceBuffers) {
   UseOneHostResize();
   MakeDeviceHosts(0, /*local_chunk_bytes=*/4096);
   FillDeviceRank(0, 0, 0);
@@ -240,7 +240,7 @@ TEST_F(DeviceRunTest, CancelledMidCopyDropsTheNewDeviceBuffers) {
   EXPECT_TRUE(devices_[0]->Get({kJob, 1, 0}).ok());
 }
 
-TEST_F(DeviceRunTest, APrepareOfDeviceSourcesKeepsItsNewBuffersInHostMemory) {
+TEST_F(DeviceRouteTest, APrepareOfDeviceSourcesKeepsItsNewBuffersInHostMemory) {
   UseOneHostResize();
   MakeDeviceHosts();
   FillDeviceRank(0, 0, 0);
@@ -273,7 +273,7 @@ TEST_F(DeviceRunTest, APrepareOfDeviceSourcesKeepsItsNewBuffersInHostMemory) {
   EXPECT_FALSE(result->empty());
 }
 
-TEST_F(DeviceRunTest, TwoHostTaskRunsHostStagedAndEndsOnTheDevices) {
+TEST_F(DeviceRouteTest, TwoHostTaskRunsHostStagedAndEndsOnTheDevices) {
   MakeDeviceHosts();
   const auto old_slots = planner::ExpandPlacement(from_.placement());
   for (int r = 0; r < static_cast<int>(old_slots.size()); ++r) {
@@ -304,8 +304,8 @@ TEST_F(DeviceRunTest, TwoHostTaskRunsHostStagedAndEndsOnTheDevices) {
     int index = 0;
     for (int r = 0; r < static_cast<int>(new_slots.size()); ++r) {
       if (new_slots[r].host() != hosts_[i].id) continue;
-      const bool old_here = r < static_cast<int>(old_slots.size()) &&
-                            old_slots[r].host() == hosts_[i].id;
+      const bool old_here =
+          r < static_cast<int>(old_slots.size()) && old_slots[r].host() == hosts_[i].id;
       device_of[r] = old_here ? r % 2 : index % 2;
       ++index;
     }

@@ -1,6 +1,7 @@
-// The executor's device path (docs/agent.md, "GPU / memory kinds"): where a
-// task's new buffers live on this host (host or device memory) and how the
-// task runs when device memory is involved.
+// The routing of a task (docs/agent.md, "GPU / memory kinds"): where its
+// new buffers live on this host (host or device memory), which route runs
+// it when device memory is involved (RouteTask, RouteName), and the
+// host-staged run around TaskRun (RunHostStaged).
 //  - Placement: the new buffers of this host live in device memory iff the
 //    agent has a device store and either one of the host's sources of the
 //    task (old ranks of the source layout placed here) is a device buffer, or

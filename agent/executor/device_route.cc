@@ -1,4 +1,4 @@
-#include "agent/executor/device_run.h"
+#include "agent/executor/device_route.h"
 
 #include <map>
 #include <set>
