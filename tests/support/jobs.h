@@ -161,4 +161,23 @@ inline v1::JobSpec StoreSmallSpec(const std::string& name, const std::string& te
   return spec;
 }
 
+// ---- A 1-layer model of four tensors (the executor and agent session tests) ----
+
+/// 1 layer: w (`rows` x 256 fp32, tp 0), qkv (12x8 bf16, tp 0, blocks
+/// 4,4,4), m (5x5 fp32, DP_FLAT), o (`rows` x 16 int8, tp 1, DP_FLAT); blobs
+/// step (replicated, 8 B) and rng (per rank, 16 B).
+inline v1::Ptc ExecutorPtc(int64_t rows) {
+  v1::Ptc ptc;
+  ptc.set_num_layers(1);
+  SetTpSplit(AddTensor(&ptc, "w", {rows, 256}), 0);
+  SetTpSplit(AddTensor(&ptc, "qkv", {12, 8}, v1::DTYPE_BFLOAT16), 0, {4, 4, 4});
+  SetDp(AddTensor(&ptc, "m", {5, 5}), v1::DP_FLAT);
+  v1::TensorSpec* o = AddTensor(&ptc, "o", {rows, 16}, v1::DTYPE_INT8);
+  SetTpSplit(o, 1);
+  SetDp(o, v1::DP_FLAT);
+  AddBlob(&ptc, "step", 8, v1::BLOB_REPLICATED);
+  AddBlob(&ptc, "rng", 16, v1::BLOB_PER_RANK);
+  return ptc;
+}
+
 }  // namespace reshard::test_support

@@ -163,8 +163,8 @@ class DeviceCommStepsTest : public DeviceHostsTest {
           },
           [](TaskExecutor::Options& eo) { eo.peer_window_bytes = eo.chunk_bytes; }));
     }
-    from_ = MakeLayout(2, 1, 1, 1);  // h0: 0, h1: 1 (a half each)
-    to_ = MakeLayout(1, 1, 2, 1);    // h0: 0, h1: 1 (whole)
+    from_ = MakeLayoutOnHosts(2, 1, 1, 1);  // h0: 0, h1: 1 (a half each)
+    to_ = MakeLayoutOnHosts(1, 1, 2, 1);    // h0: 0, h1: 1 (whole)
     old_world_ = 2;
     ASSERT_NO_FATAL_FAILURE(FillOldRanks());
   }

@@ -234,8 +234,8 @@ class DeviceHostsTest : public ExecutorTest {
   // Three hosts in a cycle (each host's new rank reads the old ranks of two
   // hosts), as ExpectHostsMoveOver.
   void ExpectThreeHostsInACycleMoveOver(const std::string& route) {
-    from_ = MakeLayout(2, 1, 3, 2);  // h0: 0-1, h1: 2-3, h2: 4-5
-    to_ = MakeLayout(1, 1, 3, 1);    // h0: 0, h1: 1, h2: 2
+    from_ = MakeLayoutOnHosts(2, 1, 3, 2);  // h0: 0-1, h1: 2-3, h2: 4-5
+    to_ = MakeLayoutOnHosts(1, 1, 3, 1);    // h0: 0, h1: 1, h2: 2
     ExpectHostsMoveOver(route, 3);
   }
 

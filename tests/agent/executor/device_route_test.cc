@@ -116,8 +116,8 @@ class DeviceRouteTest : public ExecutorTest {
 
   // One host (h0) resizes tp2 (2 ranks) -> dp3 (3 ranks).
   void UseOneHostResize() {
-    from_ = MakeLayout(2, 1, 1, 2);
-    to_ = MakeLayout(1, 1, 3, 3);
+    from_ = MakeLayoutOnHosts(2, 1, 1, 2);
+    to_ = MakeLayoutOnHosts(1, 1, 3, 3);
     old_world_ = 2;
   }
 

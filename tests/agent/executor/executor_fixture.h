@@ -29,15 +29,15 @@
 #include "planner/shard.h"
 #include "planner/validate.h"
 #include "tests/agent/executor/vector_buffer.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::agent::executor_testing {
 
 namespace fs = std::filesystem;
-using planner::testing::Dp;
-using planner::testing::MakeLayout;
-using planner::testing::Tensor;
-using planner::testing::TpSplit;
+using test_support::ExecutorPtc;
+using test_support::MakeLayoutOnHosts;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 
 inline constexpr char kJob[] = "job-x";
 
@@ -51,32 +51,6 @@ inline uint64_t Mix(uint64_t x) {
 // Byte j of global element g of item i (never all zero, so padding shows).
 inline uint8_t Pattern(int item, int64_t g, int j) {
   return static_cast<uint8_t>(Mix((uint64_t(item) << 48) ^ (uint64_t(g) << 4) ^ j) | 1);
-}
-
-inline v1::Ptc MakePtc(int64_t rows) {
-  v1::Ptc ptc;
-  ptc.set_num_layers(1);
-  v1::TensorSpec w = Tensor("w", {rows, 256});
-  TpSplit(w, 0);
-  *ptc.add_tensors() = w;
-  v1::TensorSpec qkv = Tensor("qkv", {12, 8}, v1::DTYPE_BFLOAT16);
-  TpSplit(qkv, 0, {4, 4, 4});
-  *ptc.add_tensors() = qkv;
-  v1::TensorSpec m = Tensor("m", {5, 5});
-  Dp(m, v1::DP_FLAT);
-  *ptc.add_tensors() = m;
-  v1::TensorSpec o = Tensor("o", {rows, 16}, v1::DTYPE_INT8);
-  TpSplit(o, 1);
-  Dp(o, v1::DP_FLAT);
-  *ptc.add_tensors() = o;
-  auto* step = ptc.add_blobs();
-  step->set_name("step");
-  step->set_size_bytes(8);
-  auto* rng = ptc.add_blobs();
-  rng->set_name("rng");
-  rng->set_size_bytes(16);
-  rng->set_scope(v1::BLOB_PER_RANK);
-  return ptc;
 }
 
 // Fills (or, with `expected`, computes) rank `rank`'s buffer under `layout`
@@ -223,9 +197,9 @@ class ExecutorTest : public ::testing::Test {
   void SetUp() override {
     setenv("UCX_NET_DEVICES", "lo", 1);
     setenv("UCX_TLS", "tcp,self", 1);
-    ptc_ = MakePtc(64);
-    from_ = MakeLayout(2, 1, 3, 3);  // h0: ranks 0-2, h1: ranks 3-5
-    to_ = MakeLayout(4, 1, 2, 4);    // h0: ranks 0-3, h1: ranks 4-7
+    ptc_ = ExecutorPtc(64);
+    from_ = MakeLayoutOnHosts(2, 1, 3, 3);  // h0: ranks 0-2, h1: ranks 3-5
+    to_ = MakeLayoutOnHosts(4, 1, 2, 4);    // h0: ranks 0-3, h1: ranks 4-7
   }
   void TearDown() override {
     for (auto& h : hosts_) {

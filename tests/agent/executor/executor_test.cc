@@ -77,12 +77,12 @@ TEST_F(ExecutorTest, AHostWithAnotherSecretIsRefusedAndNothingIsCommitted) {
 // boundaries fall inside rows (1000 bytes against rows of 1024, 96 and 16);
 // local steps are copied in pieces of the same size.
 TEST_F(ExecutorTest, ChunkedStridedAndFanOutStepsAreByteExact) {
-  ptc_ = MakePtc(256);
+  ptc_ = ExecutorPtc(256);
   v1::TensorSpec c = Tensor("c", {64, 96});
-  TpSplit(c, 1);  // columns 32 each -> 48 each: strided at both ends
+  SetTpSplit(&c, 1);  // columns 32 each -> 48 each: strided at both ends
   *ptc_.add_tensors() = c;
-  from_ = MakeLayout(3, 1, 1, 3);  // h0: ranks 0-2, nothing on h1
-  to_ = MakeLayout(2, 1, 4, 4);    // h0: dp 0-1, h1: dp 2-3 (replicas side by side)
+  from_ = MakeLayoutOnHosts(3, 1, 1, 3);  // h0: ranks 0-2, nothing on h1
+  to_ = MakeLayoutOnHosts(2, 1, 4, 4);    // h0: dp 0-1, h1: dp 2-3 (replicas side by side)
   constexpr int64_t kChunk = 1000;
   MakeHosts(int64_t{1} << 30, kChunk);
   FillOld();

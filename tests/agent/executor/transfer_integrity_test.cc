@@ -114,12 +114,12 @@ TEST_F(TransferIntegrityTest, AnUntouchedTransferWithTheSecretPasses) {
 // strided at both ends (packed and unpacked through staging) and fanned out
 // to two ranks: the tags of both ends agree chunk by chunk.
 TEST_F(TransferIntegrityTest, ChunkedStridedAndFanOutStepsWithTheSecretPass) {
-  ptc_ = MakePtc(256);
+  ptc_ = ExecutorPtc(256);
   v1::TensorSpec c = Tensor("c", {64, 96});
-  TpSplit(c, 1);
+  SetTpSplit(&c, 1);
   *ptc_.add_tensors() = c;
-  from_ = MakeLayout(3, 1, 1, 3);
-  to_ = MakeLayout(2, 1, 4, 4);
+  from_ = MakeLayoutOnHosts(3, 1, 1, 3);
+  to_ = MakeLayoutOnHosts(2, 1, 4, 4);
   MakeHosts(int64_t{1} << 30, 1000);
   FillOld();
   v1::HostTask whole = SecretTask();

@@ -36,11 +36,11 @@ namespace {
 
 namespace fs = std::filesystem;
 using executor_testing::kJob;
-using executor_testing::MakePtc;
 using executor_testing::RenderRank;
 using executor_testing::SourceUnchanged;
 using executor_testing::TransferPhaseOf;
-using planner::testing::MakeLayout;
+using test_support::ExecutorPtc;
+using test_support::MakeLayoutOnHosts;
 using Clock = std::chrono::steady_clock;
 
 constexpr char kHost[] = "h0";
@@ -218,9 +218,9 @@ class FakeCoordinator final : public v1::AgentService::Service {
 class SessionTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    ptc_ = MakePtc(64);
-    from_ = MakeLayout(2, 1, 3, 6);  // h0: ranks 0-5
-    to_ = MakeLayout(4, 1, 2, 8);    // h0: ranks 0-7
+    ptc_ = ExecutorPtc(64);
+    from_ = MakeLayoutOnHosts(2, 1, 3, 6);  // h0: ranks 0-5
+    to_ = MakeLayoutOnHosts(4, 1, 2, 8);    // h0: ranks 0-7
     dir_ = fs::temp_directory_path() / ("reshard-session-test-" + std::to_string(getpid()));
     fs::create_directories(dir_);
     ShardStore::Options so;
