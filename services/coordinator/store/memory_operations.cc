@@ -254,8 +254,7 @@ absl::Status MemoryStore::TransitionOperation(const std::string& operation_id,
   const std::string job_id = op->row.job_id();
   if (!update.idempotency.key.empty() &&
       keys_.count({update.idempotency.tenants, update.idempotency.key}) > 0) {
-    return absl::AbortedError(absl::StrCat("idempotency key \"", update.idempotency.key,
-                                           "\" was taken by a concurrent request; retry"));
+    return KeyTakenConcurrently(update.idempotency);
   }
   EndOperation(*op, to, update);
   TouchJobOf(*op);
@@ -301,28 +300,18 @@ absl::Status MemoryStore::StartTransfer(const std::string& operation_id,
 absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
                                              const HostProgress& progress,
                                              const std::vector<v1::ShardChecksum>& checksums) {
-  if (!ValidTaskState(progress.state)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host \"", progress.host_id, "\": bad task state ", static_cast<int>(progress.state)));
-  }
+  if (absl::Status s = CheckTaskState(progress.host_id, progress.state); !s.ok()) return s;
   std::map<int, std::vector<v1::ShardChecksum>> by_rank;
   for (const v1::ShardChecksum& c : checksums) by_rank[c.rank()].push_back(c);
   std::lock_guard<CallLock> l(mu_);
   Operation* op = FindOperation(operation_id);
   if (op == nullptr) return mem::OperationNotFound(operation_id);
-  const v1::OperationState state = op->row.state();
-  const bool preparing =
-      state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
-  if (state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
-    return OperationNotIn(operation_id, state, v1::OPERATION_STATE_TRANSFERRING,
-                 absl::StatusCode::kFailedPrecondition);
-  }
+  absl::StatusOr<bool> of_prepare =
+      ProgressOfPrepare(operation_id, op->row.state(), progress.state);
+  if (!of_prepare.ok()) return of_prepare.status();
+  const bool preparing = *of_prepare;
   auto row = op->hosts.find(progress.host_id);
-  if (row == op->hosts.end()) {
-    return absl::NotFoundError(absl::StrCat("host \"", progress.host_id,
-                                            "\" takes no part in operation \"", operation_id,
-                                            "\""));
-  }
+  if (row == op->hosts.end()) return HostNotInOperation(operation_id, progress.host_id);
   Job* job = FindJob(op->row.job_id());
   Generation* generation = nullptr;
   if (job != nullptr) {
@@ -338,10 +327,8 @@ absl::Status MemoryStore::RecordHostProgress(const std::string& operation_id,
       }
     }
     if (exist != by_rank.size()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "host \"", progress.host_id, "\" reported checksums for ", by_rank.size(),
-          " ranks, of which only ", exist, " exist in generation ", op->row.to_generation(),
-          " of job \"", op->row.job_id(), "\""));
+      return ChecksumRanksMissing(progress.host_id, by_rank.size(), exist, op->row.to_generation(),
+                                  op->row.job_id());
     }
   }
   HostProgress& p = row->second.progress;

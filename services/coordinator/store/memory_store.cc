@@ -322,17 +322,13 @@ void MemoryStore::InsertAudit(AuditRecord& r) {
 }
 
 absl::StatusOr<std::optional<std::string>> MemoryStore::FindKey(const Idempotency& idem) const {
-  for (const std::string& tenant : idem.tenants) {
-    if (absl::Status s = mem::CheckText("idempotency key tenant", tenant); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckKeyScope(idem); !s.ok()) return s;
   auto it = keys_.find({idem.tenants, idem.key});
-  if (it == keys_.end()) return std::optional<std::string>();
-  if (it->second.method != idem.method || it->second.request_hash != idem.request_hash) {
-    return absl::InvalidArgumentError(absl::StrCat("idempotency key \"", idem.key,
-                                                   "\" was already used for a different ",
-                                                   it->second.method, " request; use a new key"));
+  std::optional<KeyUse> first;
+  if (it != keys_.end()) {
+    first = KeyUse{it->second.method, it->second.request_hash, it->second.resource_id};
   }
-  return std::optional<std::string>(it->second.resource_id);
+  return ReplayOf(idem, first);
 }
 
 bool MemoryStore::ClaimKey(const Idempotency& idem, const std::string& resource_id,

@@ -1,8 +1,7 @@
 // Idempotency keys in PostgreSQL (migrations/0001, 0012): one row per
-// (tenants, key), the scope being the caller's tenants (store.h,
-// Idempotency). The one place that compares a reused key with its first
-// use and words the refusal; CreateJob, DeleteJob, CreateOperation and
-// TransitionOperation call the helpers below in their own transactions.
+// (tenants, key), the scope being the caller's tenants (idempotency.h,
+// whose rules judge a reused key); CreateJob, DeleteJob, CreateOperation
+// and TransitionOperation call the helpers below in their own transactions.
 #include "absl/strings/str_cat.h"
 #include "services/coordinator/store/pg_codec.h"
 #include "services/coordinator/store/pg_pool.h"
@@ -15,31 +14,22 @@ namespace pg {
 
 absl::StatusOr<std::optional<std::string>> FindIdempotentResource(PgTx& tx,
                                                                   const Idempotency& idem) {
-  for (const std::string& tenant : idem.tenants) {
-    if (absl::Status s = CheckText("idempotency key tenant", tenant); !s.ok()) return s;
-  }
+  if (absl::Status s = CheckKeyScope(idem); !s.ok()) return s;
   // Only the caller's own scope is read: a key another scope used is free
   // here, and nothing about it (not even that it exists) reaches the caller.
   const pqxx::result r = tx.Exec(kSelectIdempotencyKey, TextArray(idem.tenants), idem.key);
-  if (r.empty()) return std::optional<std::string>();
-  const std::string method = r[0][0].c_str();
-  const pqxx::binarystring hash(r[0][1]);
-  if (method != idem.method || hash.str() != idem.request_hash) {
-    return absl::InvalidArgumentError(absl::StrCat("idempotency key \"", idem.key,
-                                                   "\" was already used for a different ", method,
-                                                   " request; use a new key"));
+  std::optional<KeyUse> first;
+  if (!r.empty()) {
+    first = KeyUse{r[0][0].c_str(), pqxx::binarystring(r[0][1]).str(), r[0][2].c_str()};
   }
-  return std::optional<std::string>(r[0][2].c_str());
+  return ReplayOf(idem, first);
 }
 
 absl::Status ClaimIdempotencyKey(PgTx& tx, const Idempotency& idem, const std::string& resource_id,
                                  const std::string& job_id) {
   const pqxx::result r = tx.Exec(kClaimIdempotencyKey, TextArray(idem.tenants), idem.key,
                                  idem.method, Bytea(idem.request_hash), resource_id, job_id);
-  if (r.empty()) {
-    return absl::AbortedError(absl::StrCat("idempotency key \"", idem.key,
-                                           "\" was taken by a concurrent request; retry"));
-  }
+  if (r.empty()) return KeyTakenConcurrently(idem);
   return absl::OkStatus();
 }
 

@@ -76,10 +76,7 @@ absl::Status PgStore::StartTransfer(const std::string& operation_id,
 absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
                                          const HostProgress& progress,
                                          const std::vector<v1::ShardChecksum>& checksums) {
-  if (!ValidTaskState(progress.state)) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "host \"", progress.host_id, "\": bad task state ", static_cast<int>(progress.state)));
-  }
+  if (absl::Status s = CheckTaskState(progress.host_id, progress.state); !s.ok()) return s;
   // One packed value per rank (generation_ranks.checksums).
   std::map<int, std::vector<const v1::ShardChecksum*>> by_rank;
   for (const v1::ShardChecksum& c : checksums) by_rank[c.rank()].push_back(&c);
@@ -96,28 +93,22 @@ absl::Status PgStore::RecordHostProgress(const std::string& operation_id,
     if (!op.ok()) return op.status();
     // A stop-free operation's prepare rows (PLANNED) take RUNNING and
     // FAILED reports too; PREPARED goes through RecordHostPrepared.
-    const bool preparing =
-        op->state == v1::OPERATION_STATE_PLANNED && progress.state != v1::HOST_TASK_STATE_DONE;
-    if (op->state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
-      return OperationNotIn(operation_id, op->state, v1::OPERATION_STATE_TRANSFERRING,
-                   absl::StatusCode::kFailedPrecondition);
-    }
+    absl::StatusOr<bool> of_prepare = ProgressOfPrepare(operation_id, op->state, progress.state);
+    if (!of_prepare.ok()) return of_prepare.status();
+    const bool preparing = *of_prepare;
     if (tx.Exec(pg::kUpdateHostProgress, operation_id, progress.host_id,
                 static_cast<int>(progress.state), progress.bytes_done, progress.bytes_total, error,
                 progress.progress_unix_ms, pg::TruncateError(progress.waiting_on),
                 pg::TruncateError(progress.route), pg::TruncateError(progress.route_reason))
             .empty()) {
-      return absl::NotFoundError(absl::StrCat(
-          "host \"", progress.host_id, "\" takes no part in operation \"", operation_id, "\""));
+      return HostNotInOperation(operation_id, progress.host_id);
     }
     if (!ranks.empty()) {
       const pqxx::result stored = tx.Exec(pg::kStoreRankChecksums, op->job_id, op->to_generation,
                                           pg::IntArray(ranks), pg::TextArray(packed));
       if (stored.affected_rows() != ranks.size()) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("host \"", progress.host_id, "\" reported checksums for ", ranks.size(),
-                         " ranks, of which only ", stored.affected_rows(), " exist in generation ",
-                         op->to_generation, " of job \"", op->job_id, "\""));
+        return ChecksumRanksMissing(progress.host_id, ranks.size(), stored.affected_rows(),
+                                    op->to_generation, op->job_id);
       }
     }
     // The prepare's bytes are counted in bytes_precopied, not bytes_done.

@@ -196,6 +196,35 @@ bool ValidTaskState(v1::HostTaskState s) {
   return s >= v1::HOST_TASK_STATE_ASSIGNED && s <= v1::HOST_TASK_STATE_FAILED;
 }
 
+absl::Status CheckTaskState(const std::string& host_id, v1::HostTaskState state) {
+  if (ValidTaskState(state)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("host \"", host_id, "\": bad task state ", static_cast<int>(state)));
+}
+
+absl::StatusOr<bool> ProgressOfPrepare(const std::string& operation_id, v1::OperationState state,
+                                       v1::HostTaskState reported) {
+  const bool preparing =
+      state == v1::OPERATION_STATE_PLANNED && reported != v1::HOST_TASK_STATE_DONE;
+  if (state != v1::OPERATION_STATE_TRANSFERRING && !preparing) {
+    return OperationNotIn(operation_id, state, v1::OPERATION_STATE_TRANSFERRING,
+                          absl::StatusCode::kFailedPrecondition);
+  }
+  return preparing;
+}
+
+absl::Status HostNotInOperation(const std::string& operation_id, const std::string& host_id) {
+  return absl::NotFoundError(
+      absl::StrCat("host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
+}
+
+absl::Status ChecksumRanksMissing(const std::string& host_id, size_t reported, size_t exist,
+                                  int64_t generation, const std::string& job_id) {
+  return absl::InvalidArgumentError(absl::StrCat(
+      "host \"", host_id, "\" reported checksums for ", reported, " ranks, of which only ", exist,
+      " exist in generation ", generation, " of job \"", job_id, "\""));
+}
+
 absl::Status CheckHostRows(const std::string& operation_id, const std::vector<HostProgress>& hosts,
                            bool check_states) {
   std::set<std::string> seen;
@@ -209,9 +238,8 @@ absl::Status CheckHostRows(const std::string& operation_id, const std::vector<Ho
       return absl::InvalidArgumentError(
           absl::StrCat("operation \"", operation_id, "\": host \"", h.host_id, "\" listed twice"));
     }
-    if (check_states && !ValidTaskState(h.state)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("host \"", h.host_id, "\": bad task state ", static_cast<int>(h.state)));
+    if (check_states) {
+      if (absl::Status s = CheckTaskState(h.host_id, h.state); !s.ok()) return s;
     }
   }
   return absl::OkStatus();
@@ -230,10 +258,7 @@ bool RecordsPrepared(v1::HostTaskState state) {
 
 absl::Status UnrecordedPrepared(const std::string& operation_id, const std::string& host_id,
                                 std::optional<v1::HostTaskState> row) {
-  if (!row.has_value()) {
-    return absl::NotFoundError(
-        absl::StrCat("host \"", host_id, "\" takes no part in operation \"", operation_id, "\""));
-  }
+  if (!row.has_value()) return HostNotInOperation(operation_id, host_id);
   if (*row == v1::HOST_TASK_STATE_PREPARED) return absl::OkStatus();  // a resent report
   return absl::FailedPreconditionError(absl::StrCat("host \"", host_id, "\" already reported ",
                                                     v1::HostTaskState_Name(*row),

@@ -85,6 +85,25 @@ absl::Status OperationNotIn(const std::string& operation_id, v1::OperationState 
 /// FAILED (PREPARED goes through RecordHostPrepared).
 bool ValidTaskState(v1::HostTaskState s);
 
+/// A task state a host reports (RecordHostProgress) or starts a transfer in:
+/// InvalidArgument "host "h": bad task state 9" unless ValidTaskState.
+[[nodiscard]] absl::Status CheckTaskState(const std::string& host_id, v1::HostTaskState state);
+/// Whether operation `operation_id`, in `state`, takes a progress report
+/// of a host task in `reported`: a TRANSFERRING operation's rows take
+/// every report; a stop-free operation's prepare rows (PLANNED) take all
+/// but DONE (PREPARED goes through RecordHostPrepared). True for a prepare
+/// row (its bytes count in bytes_precopied, not bytes_done);
+/// FailedPrecondition "... is X, not TRANSFERRING" otherwise.
+[[nodiscard]] absl::StatusOr<bool> ProgressOfPrepare(const std::string& operation_id,
+                                                     v1::OperationState state,
+                                                     v1::HostTaskState reported);
+/// NotFound: `host_id` has no task row in the operation.
+absl::Status HostNotInOperation(const std::string& operation_id, const std::string& host_id);
+/// InvalidArgument: a host reported checksums for `reported` ranks, of
+/// which only `exist` are ranks of the operation's new generation.
+absl::Status ChecksumRanksMissing(const std::string& host_id, size_t reported, size_t exist,
+                                  int64_t generation, const std::string& job_id);
+
 /// The host rows a transfer (StartTransfer: `check_states`) or a prepare
 /// (StartPrepare, StartPreparedTransfer: states unchecked) starts with: ids
 /// non-empty, storable and listed once, and with `check_states` each state

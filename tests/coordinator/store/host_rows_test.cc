@@ -1,8 +1,8 @@
 // The host-row rules the prepare and transfer calls share
 // (store/store_checks.h), alone: which rows a transfer or a prepare may start
-// with, and how a PREPARED report is judged from the operation's state and
-// its host's row. The Stores' persistence of them runs in the contract suite
-// (transfer_test.cc, operations_test.cc).
+// with, which operations take a host's progress report, and how a PREPARED
+// report is judged from the operation's state and its host's row. The Stores' persistence of them
+// runs in the contract suite (transfer_test.cc, operations_test.cc).
 #include <optional>
 #include <string>
 #include <vector>
@@ -92,6 +92,52 @@ TEST(HostPrepared, ARowThatEndedOtherwiseIsRefusedNamingItsState) {
   EXPECT_EQ(s.message(),
             "host \"a\" already reported HOST_TASK_STATE_FAILED "
             "for operation \"op\"");
+}
+
+TEST(HostProgressReport, AKnownTaskStatePasses) {
+  EXPECT_TRUE(CheckTaskState("a", v1::HOST_TASK_STATE_RUNNING).ok());
+  const absl::Status s = CheckTaskState("a", static_cast<v1::HostTaskState>(9));
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "host \"a\": bad task state 9");
+}
+
+TEST(HostProgressReport, ATransferringOperationTakesEveryReport) {
+  for (v1::HostTaskState reported :
+       {v1::HOST_TASK_STATE_RUNNING, v1::HOST_TASK_STATE_DONE, v1::HOST_TASK_STATE_FAILED}) {
+    absl::StatusOr<bool> r = ProgressOfPrepare("op", v1::OPERATION_STATE_TRANSFERRING, reported);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_FALSE(*r) << v1::HostTaskState_Name(reported);
+  }
+}
+
+TEST(HostProgressReport, APlannedOperationsPrepareRowsTakeAllButDone) {
+  for (v1::HostTaskState reported : {v1::HOST_TASK_STATE_RUNNING, v1::HOST_TASK_STATE_FAILED}) {
+    absl::StatusOr<bool> r = ProgressOfPrepare("op", v1::OPERATION_STATE_PLANNED, reported);
+    ASSERT_TRUE(r.ok()) << r.status();
+    EXPECT_TRUE(*r) << v1::HostTaskState_Name(reported);
+  }
+  const absl::Status done =
+      ProgressOfPrepare("op", v1::OPERATION_STATE_PLANNED, v1::HOST_TASK_STATE_DONE).status();
+  EXPECT_EQ(done.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(done.message(), "operation \"op\" is PLANNED, not TRANSFERRING");
+}
+
+TEST(HostProgressReport, AnEndedOperationTakesNone) {
+  const absl::Status s =
+      ProgressOfPrepare("op", v1::OPERATION_STATE_COMMITTED, v1::HOST_TASK_STATE_RUNNING).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(s.message(), "operation \"op\" is COMMITTED, not TRANSFERRING");
+}
+
+TEST(HostProgressReport, RefusalsNameTheHostAndTheNumbers) {
+  const absl::Status absent = HostNotInOperation("op", "a");
+  EXPECT_EQ(absent.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(absent.message(), "host \"a\" takes no part in operation \"op\"");
+  const absl::Status ranks = ChecksumRanksMissing("a", 3, 1, 7, "j");
+  EXPECT_EQ(ranks.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ranks.message(),
+            "host \"a\" reported checksums for 3 ranks, of which only 1 exist in generation 7 "
+            "of job \"j\"");
 }
 
 TEST(PreparedTransfer, BrokenInvariantsAreInternalAndNameTheirNumbers) {
