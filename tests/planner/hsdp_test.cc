@@ -19,18 +19,18 @@
 #include "planner/shard.h"
 #include "planner/validate.h"
 #include "tests/planner/plan_check.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/random_hsdp_jobs.h"
 #include "verifier/verifier.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::Place;
+using test_support::SetDp;
+using test_support::Tensor;
 using ::testing::HasSubstr;
-using testing::Place;
 using testing::PlanAndCheck;
-using testing::SetDp;
-using testing::Tensor;
 
 v1::Layout Hsdp(int tp, int cp, int dp, int dp_shard, int per_host, int first_host = 0) {
   v1::Layout l;

@@ -1,12 +1,12 @@
 #include "planner/layout.h"
 
 #include "gtest/gtest.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
-using testing::MakeLayoutOnHosts;
+using test_support::MakeLayoutOnHosts;
 
 TEST(ResolvedLayoutTest, MegatronRankOrderTpFastestThenDpThenPp) {
   HostTable hosts;

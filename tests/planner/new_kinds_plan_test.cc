@@ -9,18 +9,18 @@
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "tests/planner/plan_check.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 #include "verifier/verifier.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::MakeLayoutOnHosts;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
-using testing::MakeLayoutOnHosts;
 using testing::PlanAndCheck;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 v1::Ptc Vocabulary() {
   v1::Ptc ptc;
@@ -115,7 +115,7 @@ v1::Ptc MegatronBuckets() {
            {"a", {10, 10}}, {"b", {5, 10}}, {"c", {20, 10}}, {"d", {7, 3}}}) {
     v1::TensorSpec t = Tensor(name, shape);
     SetTpSplit(&t, 1);
-    testing::SetPipeline(&t, v1::PIPELINE_LAYER, layer++ % 2);
+    test_support::SetPipeline(&t, v1::PIPELINE_LAYER, layer++ % 2);
     t.mutable_partition()->mutable_dp()->set_mode(v1::DP_BUCKET);
     t.mutable_partition()->mutable_dp()->set_bucket("main");
     *ptc.add_tensors() = t;
@@ -154,14 +154,14 @@ TEST(NewKindsPlanTest, InterleavedContextParallelAndExperts) {
   for (int layer = 0; layer < 8; ++layer) {
     v1::TensorSpec w = Tensor("layers." + std::to_string(layer) + ".w", {6, 4});
     SetTpSplit(&w, 0);
-    testing::SetPipeline(&w, v1::PIPELINE_LAYER, layer);
-    testing::SetDp(&w, v1::DP_FLAT);
+    test_support::SetPipeline(&w, v1::PIPELINE_LAYER, layer);
+    test_support::SetDp(&w, v1::DP_FLAT);
     *ptc.add_tensors() = w;
     v1::TensorSpec e = Tensor("layers." + std::to_string(layer) + ".experts", {4, 6, 2});
     SetTpSplit(&e, 1);
-    testing::SetPipeline(&e, v1::PIPELINE_LAYER, layer);
+    test_support::SetPipeline(&e, v1::PIPELINE_LAYER, layer);
     e.mutable_partition()->mutable_expert()->set_axis(0);
-    testing::SetDp(&e, v1::DP_CHUNK, 1);
+    test_support::SetDp(&e, v1::DP_CHUNK, 1);
     e.mutable_partition()->set_allow_empty(true);
     *ptc.add_tensors() = e;
   }
@@ -177,7 +177,7 @@ TEST(NewKindsPlanTest, InterleavedContextParallelAndExperts) {
   to.mutable_config()->set_vpp(2);
   to.mutable_config()->set_ep(4);
   to.mutable_config()->set_expert_tp(1);
-  testing::Place(&to, 4, 1);
+  test_support::Place(&to, 4, 1);
   PlanAndCheck(ptc, from, to);
   PlanAndCheck(ptc, to, from);
   // Every tensor here is sharded over its data-parallel group: losing a

@@ -10,17 +10,17 @@
 #include "planner/shard.h"
 #include "planner/validate.h"
 #include "tests/planner/shard_content.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::MakeLayoutOnHosts;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using testing::LocalContent;
-using testing::MakeLayoutOnHosts;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 std::vector<int64_t> Range(int64_t begin, int64_t end) {
   std::vector<int64_t> v;
@@ -66,7 +66,7 @@ TEST(HeldShapeTest, PaddingOnAnInnerAxisLeavesGapsInEveryRow) {
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 1, 0, 0))),
               ElementsAre(0, 1, 2, -1, 3, 4, 5, -1));
   // DP_FLAT over 3 ranks of the 8 held positions: chunk 3.
-  testing::SetDp(&t, v1::DP_FLAT);
+  test_support::SetDp(&t, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 1))), ElementsAre(-1, 3, 4));
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, DenseCoord(1, 3, 0, 2))), ElementsAre(5, -1, -1));
 }
@@ -98,7 +98,7 @@ TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   HostTable hosts;
   v1::Layout l = MakeLayoutOnHosts(2, 1, 2, 8);
   l.mutable_config()->set_cp(2);
-  testing::Place(&l, 8);
+  test_support::Place(&l, 8);
   const ResolvedLayout rl = ResolvedLayout::Resolve(l, 1, &hosts);
   EXPECT_EQ(rl.world(), 8);
   // rank = tp_i + tp * (cp_i + cp * dp_i)
@@ -111,7 +111,7 @@ TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   l.mutable_config()->set_order(v1::RANK_ORDER_TP_PP_DP);
   l.mutable_config()->set_pp(2);
   l.mutable_config()->set_dp(1);
-  testing::Place(&l, 8);
+  test_support::Place(&l, 8);
   const ResolvedLayout pd = ResolvedLayout::Resolve(l, 2, &hosts);
   // rank = tp_i + tp * (cp_i + cp * (pp_i + pp * dp_i))
   EXPECT_EQ(pd.Rank(RankCoord{1, 0, 1, 1}), 1 + 2 * (1 + 2 * 1));
@@ -119,7 +119,7 @@ TEST(LayoutTest, ContextParallelCoordinateAndGroup) {
   // A flat shard over the dp x cp group: rank 6 is g = 3 of 4.
   v1::TensorSpec t = Tensor("w", {8, 2});
   SetTpSplit(&t, 0);
-  testing::SetDp(&t, v1::DP_FLAT);
+  test_support::SetDp(&t, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(t, DeriveCoordShard(t, CoordOfRank(t, rl, rl.Coord(6)))),
               ElementsAre(6, 7));
 }
@@ -143,14 +143,14 @@ TEST(LayoutTest, ExpertCoordinatesWithEpBelowDpAndExpertTp) {
   v1::TensorSpec w = Tensor("experts", {4, 6, 2});
   SetTpSplit(&w, 1);
   w.mutable_partition()->mutable_expert()->set_axis(0);
-  testing::SetDp(&w, v1::DP_FLAT);
+  test_support::SetDp(&w, v1::DP_FLAT);
   EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl, rl.Coord(5)))),
               ElementsAreArray(Range(36, 42)));
   // expert_tp 2, ep 2 on tp 2 x dp 2: etp = tp_i, ep_i = dp_i, edp 1.
   v1::Layout l2 = MakeLayoutOnHosts(2, 1, 2, 4);
   l2.mutable_config()->set_ep(2);
   const ResolvedLayout rl2 = ResolvedLayout::Resolve(l2, 1, &hosts);
-  testing::SetDp(&w, v1::DP_REPLICATED);
+  test_support::SetDp(&w, v1::DP_REPLICATED);
   // Rank 3: experts 2..3, columns 3..5 of each.
   EXPECT_THAT(LocalContent(w, DeriveCoordShard(w, CoordOfRank(w, rl2, rl2.Coord(3)))),
               ElementsAre(30, 31, 32, 33, 34, 35, 42, 43, 44, 45, 46, 47));
@@ -270,8 +270,8 @@ TEST(BucketTest, MembersPerChunkWithInterleavedStages) {
   v1::BucketGroup g;
   g.set_name("g");
   v1::Ptc ptc = BucketPtc(g, {{4}, {4}});
-  testing::SetPipeline(ptc.mutable_tensors(0), v1::PIPELINE_LAYER, 0);
-  testing::SetPipeline(ptc.mutable_tensors(1), v1::PIPELINE_LAYER, 1);
+  test_support::SetPipeline(ptc.mutable_tensors(0), v1::PIPELINE_LAYER, 0);
+  test_support::SetPipeline(ptc.mutable_tensors(1), v1::PIPELINE_LAYER, 1);
   ptc.set_num_layers(2);
   const std::vector<v1::Shard> shards = DeriveShards(ptc, MakeLayoutOnHosts(1, 2, 2, 4));
   std::vector<int64_t> elements;

@@ -5,16 +5,16 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/validate.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::MakeLayoutOnHosts;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::MakeLayoutOnHosts;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 v1::JobSpec Job() {
   v1::JobSpec job;
@@ -144,9 +144,9 @@ TEST(NewKindsValidateTest, ContextParallelWorld) {
 
 TEST(NewKindsValidateTest, DpChunkAndBuckets) {
   v1::JobSpec job = Job();
-  testing::SetDp(Emb(job), v1::DP_CHUNK, 2);
+  test_support::SetDp(Emb(job), v1::DP_CHUNK, 2);
   ExpectInvalid(job, "\"emb\"", "partition.dp.axis 2 out of range");
-  testing::SetDp(Emb(job), v1::DP_CHUNK, 1);
+  test_support::SetDp(Emb(job), v1::DP_CHUNK, 1);
   EXPECT_TRUE(ValidateJobSpec(job).ok());
   // 8 columns in chunks of ceil(8 / 8) over dp 8: fine; 3 columns over dp
   // 4: chunks of 1, the last rank empty.

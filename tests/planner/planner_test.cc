@@ -4,16 +4,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::MakeLayoutOnHosts;
+using test_support::SetDp;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::HasSubstr;
-using testing::MakeLayoutOnHosts;
-using testing::SetDp;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 v1::Ptc OneTensor(v1::TensorSpec t, int num_layers = 1) {
   v1::Ptc ptc;

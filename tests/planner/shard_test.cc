@@ -5,17 +5,17 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/planner/shard_content.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::SetDp;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::ElementsAre;
 using ::testing::ElementsAreArray;
 using testing::LocalContent;
-using testing::SetDp;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 TEST(DeriveCoordShardTest, UnevenTpSplitOnRows) {
   v1::TensorSpec t = Tensor("w", {5, 2});
@@ -91,9 +91,9 @@ TEST(DeriveShardsTest, PipelineHoldsOnlyOwningStage) {
   v1::Ptc ptc;
   ptc.set_num_layers(4);
   v1::TensorSpec t = Tensor("layers.3.w", {4});
-  testing::SetPipeline(&t, v1::PIPELINE_LAYER, 3);
+  test_support::SetPipeline(&t, v1::PIPELINE_LAYER, 3);
   *ptc.add_tensors() = t;
-  const auto shards = DeriveShards(ptc, testing::MakeLayoutOnHosts(1, 2, 1, 2, 0, {0, 3}));
+  const auto shards = DeriveShards(ptc, test_support::MakeLayoutOnHosts(1, 2, 1, 2, 0, {0, 3}));
   ASSERT_EQ(shards.size(), 1u);
   EXPECT_EQ(shards[0].rank(), 1);
   std::vector<int64_t> shape(shards[0].local_shape().begin(), shards[0].local_shape().end());

@@ -1,13 +1,13 @@
 #include "planner/survivor.h"
 
 #include "gtest/gtest.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
 // tp 2 x dp 2 on h0, h1 x 2 devices.
-v1::Layout TwoHostsOfTwo() { return testing::MakeLayoutOnHosts(2, 1, 2, 2); }
+v1::Layout TwoHostsOfTwo() { return test_support::MakeLayoutOnHosts(2, 1, 2, 2); }
 
 TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
   auto l = SurvivorLayout(TwoHostsOfTwo(), {"h0"}, {});
@@ -29,7 +29,7 @@ TEST(SurvivorLayoutTest, ShrinksDataParallelismOntoSurvivors) {
 
 TEST(SurvivorLayoutTest, KeepsHsdpShardGroupsThatStillTileDp) {
   // tp 1 x dp 4, dp_shard 2 on h0..h3 x 1 device.
-  v1::Layout l = testing::MakeLayoutOnHosts(1, 1, 4, 1);
+  v1::Layout l = test_support::MakeLayoutOnHosts(1, 1, 4, 1);
   l.mutable_config()->set_dp_shard(2);
   auto three = SurvivorLayout(l, {"h3"}, {});  // dp 3: 2 does not divide it
   ASSERT_TRUE(three.ok()) << three.status();
@@ -42,11 +42,11 @@ TEST(SurvivorLayoutTest, KeepsHsdpShardGroupsThatStillTileDp) {
 
 TEST(SurvivorLayoutTest, KeepsContextParallelAndExpertGroups) {
   // tp 2 x cp 2 x dp 3 = 12 ranks, 4 per host on h0..h2, ep 4, expert_tp 1.
-  v1::Layout l = testing::MakeLayoutOnHosts(2, 1, 3, 4);
+  v1::Layout l = test_support::MakeLayoutOnHosts(2, 1, 3, 4);
   l.mutable_config()->set_cp(2);
   l.mutable_config()->set_ep(4);
   l.mutable_config()->set_expert_tp(1);
-  testing::Place(&l, 4);
+  test_support::Place(&l, 4);
   // Losing h2 leaves 8 slots: dp 2 (tp 2 x cp 2 x dp 2 = 8, a multiple of 4).
   auto two = SurvivorLayout(l, {"h2"}, {});
   ASSERT_TRUE(two.ok()) << two.status();
@@ -60,7 +60,7 @@ TEST(SurvivorLayoutTest, KeepsContextParallelAndExpertGroups) {
   // ep 8: 8 ranks per stage at least; 7 slots cannot.
   l.mutable_config()->set_ep(8);
   l.mutable_config()->set_dp(4);
-  testing::Place(&l, 4);
+  test_support::Place(&l, 4);
   EXPECT_EQ(SurvivorLayout(l, {"h2", "h3"}, {0}).status().code(),
             absl::StatusCode::kFailedPrecondition);
   auto eight = SurvivorLayout(l, {"h3"}, {});

@@ -6,17 +6,17 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/planner/test_specs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::planner {
 namespace {
 
+using test_support::MakeLayoutOnHosts;
+using test_support::SetDp;
+using test_support::SetTpSplit;
+using test_support::Tensor;
 using ::testing::AllOf;
 using ::testing::HasSubstr;
-using testing::MakeLayoutOnHosts;
-using testing::SetDp;
-using testing::SetTpSplit;
-using testing::Tensor;
 
 v1::JobSpec BaseJob() {
   v1::JobSpec job;
@@ -24,7 +24,7 @@ v1::JobSpec BaseJob() {
   job.mutable_ptc()->set_num_layers(4);
   v1::TensorSpec w = Tensor("layers.0.w", {8, 8}, v1::DTYPE_BFLOAT16);
   SetTpSplit(&w, 0);
-  testing::SetPipeline(&w, v1::PIPELINE_LAYER, 0);
+  test_support::SetPipeline(&w, v1::PIPELINE_LAYER, 0);
   *job.mutable_ptc()->add_tensors() = w;
   *job.mutable_layout() = MakeLayoutOnHosts(2, 2, 2, 4);
   return job;
@@ -254,7 +254,7 @@ TEST(ValidateLimitsTest, JobBytes) {
   for (int i = 0; i < 1025; ++i) {
     v1::TensorSpec t =
         Tensor(absl::StrCat("t", i), {int64_t{1} << 20, int64_t{1} << 20}, v1::DTYPE_INT8);
-    testing::SetPipeline(&t, v1::PIPELINE_LAYER, 0);
+    test_support::SetPipeline(&t, v1::PIPELINE_LAYER, 0);
     *job.mutable_ptc()->add_tensors() = t;
   }
   ExpectInvalid(job, "\"t1024\"", "the limit is 1125899906842624 per job");

@@ -6,19 +6,20 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/jobs.h"
 #include "verifier/verifier.h"
 
 namespace reshard::verifier {
 namespace {
 
-using testing::AddBlob;
-using testing::AddTensor;
+using test_support::AddBlob;
+using test_support::AddTensor;
+using test_support::MakeLayout;
+using test_support::SetDp;
+using test_support::SetPipeline;
+using test_support::SetTpSplit;
 using testing::CopiedBytes;
-using testing::MakeLayout;
-using testing::SetDp;
-using testing::SetPipeline;
-using testing::SetTpSplit;
 using testing::SlotOf;
 
 struct Expected {

@@ -1,5 +1,5 @@
-// Builders for the jobs and layouts of the verifier's tests: the shared ones
-// of tests/support/job_builders.h, and two queries of plans and layouts.
+// Two queries of plans and layouts for the verifier's tests (their jobs and
+// layouts are built with tests/support/job_builders.h).
 #pragma once
 
 #include <cstdint>
@@ -8,24 +8,8 @@
 
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
-#include "tests/support/job_builders.h"
 
 namespace reshard::verifier::testing {
-
-using ::reshard::test_support::AddBlob;
-using ::reshard::test_support::AddGroup;
-using ::reshard::test_support::AddTensor;
-using ::reshard::test_support::Extra;
-using ::reshard::test_support::MakeLayout;
-using ::reshard::test_support::SetBucket;
-using ::reshard::test_support::SetDp;
-using ::reshard::test_support::SetExpert;
-using ::reshard::test_support::SetGranularity;
-using ::reshard::test_support::SetLayers;
-using ::reshard::test_support::SetPadding;
-using ::reshard::test_support::SetPipeline;
-using ::reshard::test_support::SetTpSplit;
-using ::reshard::test_support::With;
 
 /// Host and device of `rank` in `layout` (either placement form).
 inline std::pair<std::string, int> SlotOf(const v1::Layout& layout, int rank) {

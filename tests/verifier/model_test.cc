@@ -10,25 +10,25 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "tests/verifier/jobs.h"
+#include "tests/support/job_builders.h"
 #include "verifier/verifier.h"
 
 namespace reshard::verifier {
 namespace {
 
-using testing::AddGroup;
-using testing::AddTensor;
-using testing::Extra;
-using testing::MakeLayout;
-using testing::SetBucket;
-using testing::SetDp;
-using testing::SetExpert;
-using testing::SetGranularity;
-using testing::SetLayers;
-using testing::SetPadding;
-using testing::SetPipeline;
-using testing::SetTpSplit;
-using testing::With;
+using test_support::AddGroup;
+using test_support::AddTensor;
+using test_support::Extra;
+using test_support::MakeLayout;
+using test_support::SetBucket;
+using test_support::SetDp;
+using test_support::SetExpert;
+using test_support::SetGranularity;
+using test_support::SetLayers;
+using test_support::SetPadding;
+using test_support::SetPipeline;
+using test_support::SetTpSplit;
+using test_support::With;
 using Ids = std::vector<std::vector<int64_t>>;
 constexpr int64_t P = kPadding;
 
@@ -338,9 +338,9 @@ TEST(ModelTest, BucketMembersDependOnTheRanksTpPiece) {
 TEST(ModelTest, RegenerableBlobWithoutHolderIsListedAndZeroed) {
   v1::Ptc ptc;
   ptc.set_num_layers(1);
-  testing::AddBlob(&ptc, "rng", 2, v1::BLOB_PER_RANK);
+  test_support::AddBlob(&ptc, "rng", 2, v1::BLOB_PER_RANK);
   ptc.mutable_blobs(0)->set_regenerable(true);
-  testing::AddBlob(&ptc, "sched", 1, v1::BLOB_PER_RANK);
+  test_support::AddBlob(&ptc, "sched", 1, v1::BLOB_PER_RANK);
   const v1::Layout from = MakeLayout(1, 1, 2, {"a", "b"}, 1);
   const v1::Layout to = MakeLayout(1, 1, 2, {"a", "c"}, 1);
   absl::StatusOr<Model> m = BuildModel(ptc, from, to, {"b"}, {});

@@ -11,27 +11,27 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "tests/verifier/jobs.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/reference_plan.h"
 #include "verifier/verifier.h"
 
 namespace reshard::verifier {
 namespace {
 
-using testing::AddBlob;
-using testing::AddGroup;
-using testing::AddTensor;
-using testing::Extra;
-using testing::MakeLayout;
-using testing::SetBucket;
-using testing::SetDp;
-using testing::SetExpert;
-using testing::SetGranularity;
-using testing::SetLayers;
-using testing::SetPadding;
-using testing::SetPipeline;
-using testing::SetTpSplit;
-using testing::With;
+using test_support::AddBlob;
+using test_support::AddGroup;
+using test_support::AddTensor;
+using test_support::Extra;
+using test_support::MakeLayout;
+using test_support::SetBucket;
+using test_support::SetDp;
+using test_support::SetExpert;
+using test_support::SetGranularity;
+using test_support::SetLayers;
+using test_support::SetPadding;
+using test_support::SetPipeline;
+using test_support::SetTpSplit;
+using test_support::With;
 
 struct Case {
   std::string name;

@@ -18,7 +18,6 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "tests/verifier/jobs.h"
 #include "tests/verifier/transitions.h"
 #include "verifier/verifier.h"
 

@@ -11,6 +11,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "reshard/v1/ptc.pb.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/jobs.h"
 #include "tests/verifier/random_jobs.h"
 
@@ -31,9 +32,10 @@ inline v1::Layout RandomHsdpLayout(Rng& rng, int num_layers, const std::string& 
   for (int h = 0; static_cast<int>(hosts.size()) * per_host < world; ++h) {
     if (absl::StrCat(prefix, h) != avoid) hosts.push_back(absl::StrCat(prefix, h));
   }
-  v1::Layout l = MakeLayout(tp, pp, dp, hosts, per_host, {},
-                            Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
-  l = With(l, Extra{.cp = cp});
+  v1::Layout l =
+      test_support::MakeLayout(tp, pp, dp, hosts, per_host, {},
+                               Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
+  l = test_support::With(l, test_support::Extra{.cp = cp});
   std::vector<int> divisors{0};
   for (int d = 1; d <= dp; ++d) {
     if (dp % d == 0) divisors.push_back(d);

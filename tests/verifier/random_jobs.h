@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "reshard/v1/ptc.pb.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/jobs.h"
 
 namespace reshard::verifier::testing {
@@ -42,27 +43,28 @@ inline void RandomTensorParallel(Rng& rng, v1::TensorSpec* t, int axis) {
     sum += blocks.back();
   }
   t->set_shape(axis, sum);
-  SetTpSplit(t, axis, blocks.size() > 1 || Coin(rng, 0.5) ? blocks : std::vector<int64_t>{});
-  SetGranularity(t, Coin(rng, 0.8) ? unit : 0);
+  test_support::SetTpSplit(t, axis,
+                           blocks.size() > 1 || Coin(rng, 0.5) ? blocks : std::vector<int64_t>{});
+  test_support::SetGranularity(t, Coin(rng, 0.8) ? unit : 0);
   if (t->partition().tp().granularity() == 0) t->mutable_partition()->set_allow_empty(true);
 }
 
 inline void RandomPipeline(Rng& rng, int num_layers, v1::TensorSpec* t) {
   switch (Pick(rng, 0, 5)) {
     case 0:
-      SetPipeline(t, v1::PIPELINE_LAYER, Pick(rng, 0, num_layers - 1));
+      test_support::SetPipeline(t, v1::PIPELINE_LAYER, Pick(rng, 0, num_layers - 1));
       break;
     case 1:
-      SetPipeline(t, v1::PIPELINE_FIRST_STAGE);
+      test_support::SetPipeline(t, v1::PIPELINE_FIRST_STAGE);
       break;
     case 2:
-      SetPipeline(t, v1::PIPELINE_LAST_STAGE);
+      test_support::SetPipeline(t, v1::PIPELINE_LAST_STAGE);
       break;
     case 3:
-      SetPipeline(t, v1::PIPELINE_FIRST_AND_LAST_STAGE);
+      test_support::SetPipeline(t, v1::PIPELINE_FIRST_AND_LAST_STAGE);
       break;
     case 4:
-      SetLayers(t, {Pick(rng, 0, num_layers - 1), Pick(rng, 0, num_layers - 1)});
+      test_support::SetLayers(t, {Pick(rng, 0, num_layers - 1), Pick(rng, 0, num_layers - 1)});
       break;
     default:
       break;  // every stage
@@ -73,16 +75,16 @@ inline void RandomDataParallel(Rng& rng, v1::TensorSpec* t, bool expert) {
   const int ndim = t->shape_size();
   switch (Pick(rng, 0, 4)) {
     case 1:
-      SetDp(t, v1::DP_SPLIT, Pick(rng, 0, ndim - 1));
+      test_support::SetDp(t, v1::DP_SPLIT, Pick(rng, 0, ndim - 1));
       break;
     case 2:
-      SetDp(t, v1::DP_CHUNK, Pick(rng, 0, ndim - 1));
+      test_support::SetDp(t, v1::DP_CHUNK, Pick(rng, 0, ndim - 1));
       break;
     case 3:
-      SetDp(t, v1::DP_FLAT);
+      test_support::SetDp(t, v1::DP_FLAT);
       break;
     case 4:
-      SetBucket(t, expert ? "experts" : (Coin(rng, 0.5) ? "params" : "grads"));
+      test_support::SetBucket(t, expert ? "experts" : (Coin(rng, 0.5) ? "params" : "grads"));
       break;
     default:
       break;
@@ -92,27 +94,29 @@ inline void RandomDataParallel(Rng& rng, v1::TensorSpec* t, bool expert) {
 inline v1::Ptc RandomPtc(Rng& rng) {
   v1::Ptc ptc;
   ptc.set_num_layers(Pick(rng, 1, 6));
-  AddGroup(&ptc, "params", Pick(rng, 0, 4), Pick(rng, 0, 1) * Pick(rng, 1, 12), Pick(rng, 0, 4),
-           Coin(rng, 0.5));
-  AddGroup(&ptc, "grads", 1, 0, 1);
-  AddGroup(&ptc, "experts", Pick(rng, 0, 3), Pick(rng, 0, 8), Pick(rng, 0, 3), Coin(rng, 0.5));
+  test_support::AddGroup(&ptc, "params", Pick(rng, 0, 4), Pick(rng, 0, 1) * Pick(rng, 1, 12),
+                         Pick(rng, 0, 4), Coin(rng, 0.5));
+  test_support::AddGroup(&ptc, "grads", 1, 0, 1);
+  test_support::AddGroup(&ptc, "experts", Pick(rng, 0, 3), Pick(rng, 0, 8), Pick(rng, 0, 3),
+                         Coin(rng, 0.5));
   for (int i = Pick(rng, 1, 6); i > 0; --i) {
     std::vector<int64_t> shape(Pick(rng, 1, 3));
     for (auto& d : shape) d = Pick(rng, 1, 7);
-    v1::TensorSpec* t = AddTensor(&ptc, absl::StrCat("t", ptc.tensors_size()), shape,
-                                  Coin(rng, 0.5) ? v1::DTYPE_FLOAT32 : v1::DTYPE_BFLOAT16);
+    v1::TensorSpec* t =
+        test_support::AddTensor(&ptc, absl::StrCat("t", ptc.tensors_size()), shape,
+                                Coin(rng, 0.5) ? v1::DTYPE_FLOAT32 : v1::DTYPE_BFLOAT16);
     t->mutable_partition()->set_allow_empty(Coin(rng, 0.8));
     const int ndim = static_cast<int>(shape.size());
     bool expert = false;
     switch (Pick(rng, 0, 3)) {
       case 0:  // vocabulary padding, maybe tp-split on the padded axis
-        SetPadding(t, 0, Pick(rng, 1, 3), Coin(rng, 0.7));
-        if (Coin(rng, 0.6)) SetTpSplit(t, 0);
+        test_support::SetPadding(t, 0, Pick(rng, 1, 3), Coin(rng, 0.7));
+        if (Coin(rng, 0.6)) test_support::SetTpSplit(t, 0);
         break;
       case 1:  // experts on axis 0
         if (ndim < 2) break;
         expert = true;
-        SetExpert(t, 0);
+        test_support::SetExpert(t, 0);
         t->mutable_partition()->set_allow_empty(Coin(rng, 0.7));  // few experts: empty slabs
         if (Coin(rng, 0.6)) RandomTensorParallel(rng, t, Pick(rng, 1, ndim - 1));
         break;
@@ -126,8 +130,8 @@ inline v1::Ptc RandomPtc(Rng& rng) {
     RandomDataParallel(rng, t, expert);
   }
   for (int i = Pick(rng, 0, 2); i > 0; --i) {
-    AddBlob(&ptc, absl::StrCat("blob", ptc.blobs_size()), Pick(rng, 1, 6),
-            Coin(rng, 0.6) ? v1::BLOB_PER_RANK : v1::BLOB_REPLICATED);
+    test_support::AddBlob(&ptc, absl::StrCat("blob", ptc.blobs_size()), Pick(rng, 1, 6),
+                          Coin(rng, 0.6) ? v1::BLOB_PER_RANK : v1::BLOB_REPLICATED);
     ptc.mutable_blobs(ptc.blobs_size() - 1)->set_regenerable(Coin(rng, 0.6));
   }
   return ptc;
@@ -172,10 +176,12 @@ inline v1::Layout RandomLayout(Rng& rng, int num_layers, const std::string& pref
     std::sort(cuts.begin(), cuts.end());
     starts = cuts;
   }
-  v1::Layout l = MakeLayout(tp, pp, dp, hosts, per_host, starts,
-                            Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
-  l = With(l,
-           Extra{.cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
+  v1::Layout l =
+      test_support::MakeLayout(tp, pp, dp, hosts, per_host, starts,
+                               Coin(rng, 0.5) ? v1::RANK_ORDER_TP_DP_PP : v1::RANK_ORDER_TP_PP_DP);
+  l = test_support::With(
+      l, test_support::Extra{
+             .cp = cp, .vpp = vpp, .ep = eps[Pick(rng, 0, eps.size() - 1)], .expert_tp = etp});
   if (world % per_host != 0) PlaceOneSlotPerRank(world, per_host, hosts, &l);
   return l;
 }

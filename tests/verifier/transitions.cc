@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "planner/layout.h"
+#include "tests/support/job_builders.h"
 #include "tests/verifier/jobs.h"
 
 namespace reshard::verifier::testing {
@@ -56,33 +57,33 @@ v1::Ptc RandomPtc(Rng& rng) {
   for (int i = 0; i < tensors; ++i) {
     std::vector<int64_t> shape(Uniform(rng, 1, 3));
     for (auto& d : shape) d = Uniform(rng, 1, 12);
-    v1::TensorSpec* t = AddTensor(&ptc, absl::StrCat("t", i), shape,
-                                  kDTypes[Uniform(rng, 0, std::size(kDTypes) - 1)]);
+    v1::TensorSpec* t = test_support::AddTensor(&ptc, absl::StrCat("t", i), shape,
+                                                kDTypes[Uniform(rng, 0, std::size(kDTypes) - 1)]);
     const int ndim = static_cast<int>(shape.size());
     if (Chance(rng, 0.6)) {
       const int axis = Uniform(rng, 0, ndim - 1);
-      SetTpSplit(t, axis,
-                 Chance(rng, 0.4) ? RandomBlocks(rng, shape[axis]) : std::vector<int64_t>{});
+      test_support::SetTpSplit(
+          t, axis, Chance(rng, 0.4) ? RandomBlocks(rng, shape[axis]) : std::vector<int64_t>{});
     }
     switch (Uniform(rng, 0, 3)) {
       case 0:
-        SetPipeline(t, v1::PIPELINE_LAYER, Uniform(rng, 0, ptc.num_layers() - 1));
+        test_support::SetPipeline(t, v1::PIPELINE_LAYER, Uniform(rng, 0, ptc.num_layers() - 1));
         break;
       case 1:
-        SetPipeline(t, v1::PIPELINE_FIRST_STAGE);
+        test_support::SetPipeline(t, v1::PIPELINE_FIRST_STAGE);
         break;
       case 2:
-        SetPipeline(t, v1::PIPELINE_LAST_STAGE);
+        test_support::SetPipeline(t, v1::PIPELINE_LAST_STAGE);
         break;
       default:
         break;  // every stage
     }
     switch (Uniform(rng, 0, 2)) {
       case 1:
-        SetDp(t, v1::DP_SPLIT, Uniform(rng, 0, ndim - 1));
+        test_support::SetDp(t, v1::DP_SPLIT, Uniform(rng, 0, ndim - 1));
         break;
       case 2:
-        SetDp(t, v1::DP_FLAT);
+        test_support::SetDp(t, v1::DP_FLAT);
         break;
       default:
         break;
@@ -93,8 +94,8 @@ v1::Ptc RandomPtc(Rng& rng) {
   }
   const int blobs = Uniform(rng, 0, 2);
   for (int i = 0; i < blobs; ++i) {
-    AddBlob(&ptc, absl::StrCat("blob", i), Uniform(rng, 1, 16),
-            Chance(rng, 0.5) ? v1::BLOB_PER_RANK : v1::BLOB_REPLICATED);
+    test_support::AddBlob(&ptc, absl::StrCat("blob", i), Uniform(rng, 1, 16),
+                          Chance(rng, 0.5) ? v1::BLOB_PER_RANK : v1::BLOB_REPLICATED);
   }
   return ptc;
 }

@@ -8,17 +8,17 @@
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "planner/planner.h"
-#include "tests/verifier/jobs.h"
+#include "tests/support/job_builders.h"
 
 namespace reshard::verifier {
 namespace {
 
-using testing::AddBlob;
-using testing::AddTensor;
-using testing::MakeLayout;
-using testing::SetDp;
-using testing::SetPipeline;
-using testing::SetTpSplit;
+using test_support::AddBlob;
+using test_support::AddTensor;
+using test_support::MakeLayout;
+using test_support::SetDp;
+using test_support::SetPipeline;
+using test_support::SetTpSplit;
 
 // A job with tp-split, dp-flat (padded) and blob items, moved from
 // tp 2 x pp 2 x dp 2 on hosts a, b to tp 2 x dp 2 on a and the new host c.
