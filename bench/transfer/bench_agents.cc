@@ -1,9 +1,7 @@
 #include "bench/transfer/bench_agents.h"
 
-#include <signal.h>
 #include <stdlib.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -16,6 +14,8 @@
 #include <thread>
 
 #include "planner/layout.h"
+#include "tests/support/process.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent::bench {
 namespace {
@@ -55,22 +55,38 @@ UcxOptions BenchUcxOptions() {
   return o;
 }
 
-pid_t Spawn(const std::vector<std::string>& args, const std::string& out) {
-  std::fflush(stdout);  // or the child repeats our buffered output
-  pid_t pid = fork();
-  if (pid == 0) {
-    setenv("UCX_NET_DEVICES", "lo", 1);
-    setenv("UCX_TLS", Transports().c_str(), 1);
-    FILE* f = std::freopen(out.c_str(), "w", stdout);
-    (void)f;
-    dup2(STDOUT_FILENO, STDERR_FILENO);
-    std::vector<char*> argv;
-    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execvp(argv[0], argv.data());
-    _exit(127);
+// ucx_perftest with the bench's UCX settings, its stdout and stderr to `out`.
+absl::StatusOr<test_support::ChildProcess> SpawnPerftest(const std::vector<std::string>& args,
+                                                         const std::string& out) {
+  std::fflush(stdout);
+  test_support::SpawnOptions o;
+  o.argv = args;
+  o.env = {{"UCX_NET_DEVICES", "lo"}, {"UCX_TLS", Transports()}};
+  o.out = test_support::Stream::File(out, /*append=*/false);
+  o.err = test_support::Stream::SameAsOut();
+  return test_support::ChildProcess::Spawn(o);
+}
+
+// Whether a TCP socket listens on `port` (/proc/net/tcp and tcp6), read
+// without connecting: ucx_perftest's server takes one connection only.
+bool PortListening(int port) {
+  char want[8];
+  std::snprintf(want, sizeof want, ":%04X", port);
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    FILE* f = std::fopen(table, "r");
+    if (f == nullptr) continue;
+    char line[512];
+    bool found = false;
+    while (!found && std::fgets(line, sizeof line, f)) {
+      char local[128], remote[128], state[8];
+      if (std::sscanf(line, "%*d: %127s %127s %7s", local, remote, state) != 3) continue;
+      const char* colon = std::strrchr(local, ':');
+      found = colon != nullptr && std::strcmp(colon, want) == 0 && std::strcmp(state, "0A") == 0;
+    }
+    std::fclose(f);
+    if (found) return true;
   }
-  return pid;
+  return false;
 }
 
 }  // namespace
@@ -239,18 +255,35 @@ double RunTask(std::vector<Agent>* agents, const v1::HostTask& task, std::vector
 }
 
 double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
-  const std::string port = std::to_string(NextPort());
+  const int port_number = NextPort();
+  const std::string port = std::to_string(port_number);
   const std::string srv_log = "/tmp/transfer_bench_srv_" + std::to_string(getpid()) + ".log";
   const std::string cli_log = "/tmp/transfer_bench_cli_" + std::to_string(getpid()) + ".log";
-  pid_t server = Spawn({"ucx_perftest", "-p", port}, srv_log);
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  pid_t client = Spawn({"ucx_perftest", "127.0.0.1", "-p", port, "-t", "tag_bw", "-s",
-                        std::to_string(message), "-n", std::to_string(iters)},
-                       cli_log);
-  int status = 0;
-  waitpid(client, &status, 0);
-  kill(server, SIGTERM);
-  waitpid(server, nullptr, 0);
+  absl::StatusOr<test_support::ChildProcess> server =
+      SpawnPerftest({"ucx_perftest", "-p", port}, srv_log);
+  if (!server.ok()) {
+    *why = server.status().ToString();
+    return -1;
+  }
+  // The client connects once: start it when the server listens.
+  int server_status = 0;
+  const bool listening = test_support::Eventually(
+      [&] { return PortListening(port_number) || server->Exited(&server_status); },
+      absl::Seconds(30), absl::Milliseconds(5));
+  if (!listening || !server->running()) {
+    *why = "ucx_perftest server did not listen on port " + port + ", see " + srv_log;
+    return -1;
+  }
+  absl::StatusOr<test_support::ChildProcess> client =
+      SpawnPerftest({"ucx_perftest", "127.0.0.1", "-p", port, "-t", "tag_bw", "-s",
+                     std::to_string(message), "-n", std::to_string(iters)},
+                    cli_log);
+  if (!client.ok()) {
+    *why = client.status().ToString();
+    return -1;
+  }
+  const int status = test_support::WaitPid(client->Release());
+  (void)server->Terminate(absl::Seconds(10));
   double bw = -1;
   if (FILE* f = std::fopen(cli_log.c_str(), "r")) {
     char line[512];
@@ -265,7 +298,7 @@ double PerftestMiBps(int64_t message, int64_t iters, std::string* why) {
     std::fclose(f);
   }
   if (bw < 0)
-    *why = "ucx_perftest exit status " + std::to_string(WEXITSTATUS(status)) + ", see " + cli_log;
+    *why = "ucx_perftest exit status " + std::to_string(status) + ", see " + cli_log;
   std::remove(srv_log.c_str());
   if (bw >= 0) std::remove(cli_log.c_str());
   return bw;

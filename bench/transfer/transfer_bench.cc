@@ -22,9 +22,10 @@
 // through a listener (docs/agent.md, "Known UCX defect").
 // Profiling the timed Executes only (issue 22, item 5): with
 // RESHARD_PERF_CONTROL="CTL,ACK" (two FIFOs) every timed run writes "enable"
-// and "disable" to perf's control FIFO around the Executes, so
+// and "disable" to perf's control FIFO around the Executes, so (the second
+// command on one line)
 //   mkfifo ctl ack
-//   RESHARD_PERF_CONTROL=ctl,ack perf record -g --delay=-1 \
+//   RESHARD_PERF_CONTROL=ctl,ack perf record -g --delay=-1
 //       --control fifo:ctl,ack -- transfer_bench --only c
 // samples the reconfigurations and none of the setup (fills, spare pools).
 #include <stdlib.h>
