@@ -11,25 +11,26 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::TwoLayerJob;
 using ::testing::ElementsAre;
 
 class AdviseApiTest : public LogicTest {
  protected:
-  // SmallJob (tp 2, pp 2, dp 1 on h0, h1 x 2) with four live agents.
+  // TwoLayerJob (tp 2, pp 2, dp 1 on h0, h1 x 2) with four live agents.
   void SetUp() override {
     LogicTest::SetUp();
     RegisterAgents({"h0", "h1", "h2", "h3"});
-    job_ = Register(SmallJob("advised"));
+    job_ = Register(TwoLayerJob("advised"));
   }
 
-  // The model behind SmallPtc: hidden 8 (qkv 8 x 24), vocab 32 (embed).
+  // The model behind TwoLayerPtc: hidden 8 (qkv 8 x 24), vocab 32 (embed).
   v1::AdviseRequest Request(int gpus) const {
     v1::AdviseRequest r;
     r.set_job_id(job_.id());
@@ -153,7 +154,7 @@ TEST_P(AdviseApiTest, BadInputIsInvalidArgumentNamingTheField) {
        absl::StatusCode::kInvalidArgument, "model.heads"},
       {[](v1::AdviseRequest& r) { r.mutable_model()->set_global_batch(0); },
        absl::StatusCode::kInvalidArgument, "model.global_batch"},
-      {[](v1::AdviseRequest& r) { r.mutable_model()->set_hidden(0); },  // SmallPtc has none
+      {[](v1::AdviseRequest& r) { r.mutable_model()->set_hidden(0); },  // TwoLayerPtc has none
        absl::StatusCode::kInvalidArgument, "model.hidden"},
       {[](v1::AdviseRequest& r) { r.mutable_model()->set_heads(3); },  // 8 % 3
        absl::StatusCode::kInvalidArgument, "model.heads 3"},

@@ -11,12 +11,14 @@
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/task.h"
 #include "services/coordinator/store/memory_store.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 using ::testing::HasSubstr;
 
 class AgentApiTest : public LogicTest {
@@ -105,7 +107,7 @@ TEST_F(AgentApiTest, LostHostMustRegisterAgain) {
 }
 
 TEST_F(AgentApiTest, GetTaskChecks) {
-  const v1::Job job = Register(SmallJob("tasks"));
+  const v1::Job job = Register(TwoLayerJob("tasks"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> pending = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(pending.ok());
@@ -127,7 +129,7 @@ TEST_F(AgentApiTest, GetTaskChecks) {
 // agent drop the committed generation's buffers. A report that is not that
 // retry still aborts.
 TEST_F(AgentApiTest, ARetriedDoneOfACommittedOperationIsNotAnAbort) {
-  const v1::Job job = Register(SmallJob("retried-done"));
+  const v1::Job job = Register(TwoLayerJob("retried-done"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();
@@ -152,7 +154,7 @@ TEST_F(AgentApiTest, ARetriedDoneOfACommittedOperationIsNotAnAbort) {
 }
 
 TEST_F(AgentApiTest, ReportProgressChecksStatesAndChecksums) {
-  const v1::Job job = Register(SmallJob("reports"));
+  const v1::Job job = Register(TwoLayerJob("reports"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   const DatabaseSnapshot before = Snapshot();
@@ -204,7 +206,7 @@ TEST_F(AgentApiTest, ReportProgressChecksStatesAndChecksums) {
 }
 
 TEST_F(AgentApiTest, ProgressIsBoundedByTheHostsBytes) {
-  const v1::Job job = Register(SmallJob("bytes"));
+  const v1::Job job = Register(TwoLayerJob("bytes"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   v1::ReportProgressRequest running = Report("h2", op.id(), v1::HOST_TASK_STATE_RUNNING);
@@ -269,7 +271,7 @@ class AgentApiRaceTest : public LogicTest {
 // committed generation: tests/fault's resize across a frozen PostgreSQL lost
 // a rank so in ci44).
 TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort) {
-  const v1::Job job = Register(SmallJob("raced-done"));
+  const v1::Job job = Register(TwoLayerJob("raced-done"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_FALSE(op.id().empty());
@@ -294,7 +296,7 @@ TEST_F(AgentApiRaceTest, ADoneRetryThatLosesTheRaceToItsFirstAttemptIsNotAnAbort
 // (the store failing) gets the store's error, which the agent retries, never
 // "abort"; the next retry is taken.
 TEST_F(AgentApiRaceTest, ADoneRetryThatCannotBeCheckedIsAnErrorNotAnAbort) {
-  const v1::Job job = Register(SmallJob("unchecked-done"));
+  const v1::Job job = Register(TwoLayerJob("unchecked-done"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_FALSE(op.id().empty());

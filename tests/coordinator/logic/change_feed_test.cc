@@ -11,13 +11,16 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/feed_fixture.h"
 #include "tests/coordinator/harness/eventually.h"
-#include "tests/coordinator/logic/job_builders.h"
+#include "tests/coordinator/logic/feed_fixture.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 
 class ChangeFeedTest : public LogicTest {
  protected:
@@ -38,7 +41,7 @@ class ChangeFeedTest : public LogicTest {
 // Versions are per key (migration 0020): each change of a job or an
 // operation advances its own version by one.
 TEST_F(ChangeFeedTest, EveryChangeTakesTheKeysNextVersion) {
-  const v1::Job job = Register(SmallJob("versions"));
+  const v1::Job job = Register(TwoLayerJob("versions"));
   EXPECT_GT(job.version(), 0);
   ChangeJob(job.id(), v1::JOB_STATE_DEGRADED);
   const v1::Job degraded = Job(job.id());
@@ -63,7 +66,7 @@ TEST_F(ChangeFeedTest, EveryChangeTakesTheKeysNextVersion) {
 }
 
 TEST_F(ChangeFeedTest, OneReadServesEveryWatcherAndNothingIsReadWithoutAChange) {
-  const v1::Job job = Register(SmallJob("many"));
+  const v1::Job job = Register(TwoLayerJob("many"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());  // after the registration's notification
   constexpr int kWatchers = 50;
   std::vector<std::unique_ptr<Recorder<v1::Job>>> watchers;
@@ -97,7 +100,7 @@ TEST_F(ChangeFeedTest, OneReadServesEveryWatcherAndNothingIsReadWithoutAChange) 
 }
 
 TEST_F(ChangeFeedTest, AResumeFromAVersionGetsOnlyWhatIsNewer) {
-  const v1::Job job = Register(SmallJob("resume"));
+  const v1::Job job = Register(TwoLayerJob("resume"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());
   // Saw the registration already: nothing until the next change.
   Recorder<v1::Job> current;
@@ -118,7 +121,7 @@ TEST_F(ChangeFeedTest, AResumeFromAVersionGetsOnlyWhatIsNewer) {
 }
 
 TEST_F(ChangeFeedTest, ALostNotificationIsCaughtByTheSafetyPoll) {
-  const v1::Job job = Register(SmallJob("lost"));
+  const v1::Job job = Register(TwoLayerJob("lost"));
   ASSERT_NO_FATAL_FAILURE(StartFeed(/*listen=*/false));  // every notification lost
   Recorder<v1::Job> watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &watcher);
@@ -132,7 +135,7 @@ TEST_F(ChangeFeedTest, ALostNotificationIsCaughtByTheSafetyPoll) {
 }
 
 TEST_F(ChangeFeedTest, TheListenerReconnectsAndWhatChangedMeanwhileIsReRead) {
-  const v1::Job job = Register(SmallJob("reconnect"));
+  const v1::Job job = Register(TwoLayerJob("reconnect"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());
   Recorder<v1::Job> watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &watcher);
@@ -149,7 +152,7 @@ TEST_F(ChangeFeedTest, TheListenerReconnectsAndWhatChangedMeanwhileIsReRead) {
 }
 
 TEST_F(ChangeFeedTest, ADeletedJobEndsItsWatchesWithNotFound) {
-  const v1::Job job = Register(SmallJob("deleted"));
+  const v1::Job job = Register(TwoLayerJob("deleted"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());
   Recorder<v1::Job> watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &watcher);
@@ -170,7 +173,7 @@ TEST_F(ChangeFeedTest, ADeletedJobEndsItsWatchesWithNotFound) {
 }
 
 TEST_F(ChangeFeedTest, AnOperationIsFollowedToItsFinalState) {
-  const v1::Job job = Register(SmallJob("op"));
+  const v1::Job job = Register(TwoLayerJob("op"));
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
   ASSERT_NO_FATAL_FAILURE(StartFeed());
@@ -196,7 +199,7 @@ TEST_F(ChangeFeedTest, AnOperationIsFollowedToItsFinalState) {
 // What wakes the leader's driver for a new operation (created through any
 // replica): its announcement, once, and none for its later changes.
 TEST_F(ChangeFeedTest, ANewOperationIsAnnouncedAsNewOnce) {
-  const v1::Job job = Register(SmallJob("created"));
+  const v1::Job job = Register(TwoLayerJob("created"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());
   Recorder<v1::Job> job_watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &job_watcher);
@@ -218,7 +221,7 @@ TEST_F(ChangeFeedTest, ANewOperationIsAnnouncedAsNewOnce) {
 }
 
 TEST_F(ChangeFeedTest, ShutdownEndsEveryWatchAndRefusesNewOnes) {
-  const v1::Job job = Register(SmallJob("shutdown"));
+  const v1::Job job = Register(TwoLayerJob("shutdown"));
   ASSERT_NO_FATAL_FAILURE(StartFeed());
   Recorder<v1::Job> watcher;
   feed_.feed->jobs().Subscribe(job.id(), 0, &watcher);

@@ -17,6 +17,9 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::ReplicatedTwoLayerJob;
+
 class CheckpointMeetingTest : public StopFreeTest {
  protected:
   absl::StatusOr<v1::Operation> BoundaryResize(const v1::Job& job, const v1::Layout& target,
@@ -160,7 +163,7 @@ TEST_P(CheckpointMeetingTest, CancellingTheQueuedResizeLeavesTheCheckpointAlone)
 
 TEST_P(CheckpointMeetingTest, ARecoveryAbortsTheCheckpointInsteadOfWaitingBehindIt) {
   // Every item on both hosts: losing h1 loses nothing.
-  const v1::Job job = Register(ReplicatedJob("recover"));
+  const v1::Job job = Register(ReplicatedTwoLayerJob("recover"));
   RegisterAgents({"h0", "h1", "h2"});
   v1::CheckpointRequest checkpoint;
   checkpoint.set_job_id(job.id());

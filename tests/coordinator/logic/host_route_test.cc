@@ -6,11 +6,14 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 
 class HostRouteTest : public LogicTest {
  protected:
@@ -35,7 +38,7 @@ class HostRouteTest : public LogicTest {
 };
 
 TEST_P(HostRouteTest, ReportedRoutesReachGetOperationAndAnEmptyReportKeepsThem) {
-  const v1::Job job = Register(SmallJob("routes"));
+  const v1::Job job = Register(TwoLayerJob("routes"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation started = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   const std::vector<std::string> hosts = Participants(started.id());

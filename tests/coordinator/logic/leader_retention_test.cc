@@ -10,11 +10,14 @@
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/leader.h"
 #include "tests/coordinator/harness/eventually.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 
 // Always free: this replica leads at once.
 class FreeLock : public LeaderLock {
@@ -50,8 +53,8 @@ class LeaderRetentionTest : public LogicTest {
 };
 
 TEST_P(LeaderRetentionTest, LeaderPrunesInBatchesAndCountsRows) {
-  const v1::Job a = Register(SmallJob("a"));
-  const v1::Job b = Register(SmallJob("b"));
+  const v1::Job a = Register(TwoLayerJob("a"));
+  const v1::Job b = Register(TwoLayerJob("b"));
   CommitResizes(a, 4);
   CommitResizes(b, 2);
 

@@ -12,12 +12,15 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::ReplicatedTwoLayerJob;
+using test_support::TwoLayerJob;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -106,7 +109,7 @@ class LivenessTest : public LogicTest {
   // holds its checksums), a replica each on h1 and h2, and h2's lease then
   // expired.
   v1::Job CommittedJobWithLostHost() {
-    const v1::Job job = Register(ReplicatedJob("returns"));
+    const v1::Job job = Register(ReplicatedTwoLayerJob("returns"));
     RegisterAgents({"h0", "h1", "h2"});
     // tp1 pp1 dp2: h1 and h2 each hold a whole replica.
     const v1::Operation op = StartTransfer(job, MakeLayout(1, 1, 2, {"h1", "h2"}, 1));
@@ -129,7 +132,7 @@ class LivenessTest : public LogicTest {
 // ---- Defect 4 (b): a task without progress ends its operation --------------
 
 TEST_F(LivenessTest, AHostThatWaitsWhileItsPeersMoveIsSlowNotStalled) {
-  const v1::Job job = Register(SmallJob("stalls"));
+  const v1::Job job = Register(TwoLayerJob("stalls"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   CompleteTask("h0", op.id());
@@ -167,7 +170,7 @@ TEST_F(LivenessTest, AHostThatWaitsWhileItsPeersMoveIsSlowNotStalled) {
 }
 
 TEST_F(LivenessTest, TaskNeverFetchedAborts) {
-  const v1::Job job = Register(SmallJob("never-fetched"));
+  const v1::Job job = Register(TwoLayerJob("never-fetched"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   CompleteTask("h0", op.id());
@@ -183,7 +186,7 @@ TEST_F(LivenessTest, TaskNeverFetchedAborts) {
 }
 
 TEST_F(LivenessTest, TasksThatMoveOnAreNotStalled) {
-  const v1::Job job = Register(SmallJob("moves"));
+  const v1::Job job = Register(TwoLayerJob("moves"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   for (const std::string h : {"h0", "h1", "h2"}) Fetch(h, op.id());
@@ -198,7 +201,7 @@ TEST_F(LivenessTest, TasksThatMoveOnAreNotStalled) {
 }
 
 TEST_F(LivenessTest, HostLeftOnlySendingProgressesWithItsPeers) {
-  const v1::Job job = Register(SmallJob("sends-last"));
+  const v1::Job job = Register(TwoLayerJob("sends-last"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   for (const std::string h : {"h0", "h1", "h2"}) Fetch(h, op.id());
@@ -225,7 +228,7 @@ TEST_F(LivenessTest, HostLeftOnlySendingProgressesWithItsPeers) {
 }
 
 TEST_F(LivenessTest, StallsCountFromANewLeadersStart) {
-  const v1::Job job = Register(SmallJob("resumed"));
+  const v1::Job job = Register(TwoLayerJob("resumed"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   clock_.Advance(kStallMs * 3);  // no leader meanwhile
@@ -240,7 +243,7 @@ TEST_F(LivenessTest, StallsCountFromANewLeadersStart) {
 // ---- Defect 4 (a): a new incarnation fails what its predecessor held --------
 
 TEST_F(LivenessTest, RestartedAgentFailsTheTasksOfItsPreviousIncarnation) {
-  const v1::Job job = Register(SmallJob("restarts"));
+  const v1::Job job = Register(TwoLayerJob("restarts"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   // The sources finish (their bytes went to h2's first process), then h2
@@ -264,7 +267,7 @@ TEST_F(LivenessTest, RestartedAgentFailsTheTasksOfItsPreviousIncarnation) {
 }
 
 TEST_F(LivenessTest, RestartKeepsTasksItsPreviousIncarnationFinished) {
-  const v1::Job job = Register(SmallJob("finished-first"));
+  const v1::Job job = Register(TwoLayerJob("finished-first"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   CompleteTask("h0", op.id());
@@ -278,8 +281,8 @@ TEST_F(LivenessTest, RestartKeepsTasksItsPreviousIncarnationFinished) {
 // ---- Defect 3: agents learn which of their jobs were deleted ----------------
 
 TEST_F(LivenessTest, AgentsLearnWhichHeldJobsWereDeleted) {
-  const v1::Job kept = Register(SmallJob("kept"));
-  const v1::Job gone = Register(SmallJob("gone"));
+  const v1::Job kept = Register(TwoLayerJob("kept"));
+  const v1::Job gone = Register(TwoLayerJob("gone"));
   RegisterAgents({"h0", "h1"});
   v1::DeleteJobRequest del;
   del.set_job_id(gone.id());

@@ -12,13 +12,17 @@
 #include "planner/layout.h"
 #include "services/coordinator/logic/driver_hosts.h"
 #include "services/coordinator/logic/task.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::MakeLayout;
+using test_support::ReplicatedTwoLayerJob;
+using test_support::TwoLayerJob;
+using test_support::TwoLayerPtc;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::UnorderedElementsAre;
@@ -33,7 +37,7 @@ bool HasRef(const google::protobuf::RepeatedPtrField<v1::GenerationRef>& refs,
 class OperationDriverTest : public LogicTest {};
 
 TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
-  const v1::Job job = Register(SmallJob("flow"));
+  const v1::Job job = Register(TwoLayerJob("flow"));
   RegisterAgents({"h0", "h1", "h2", "h9"});
   // tp2 pp2 dp1 on h0,h1 -> tp1 pp2 dp2 on h1,h2: h0 only sends, h2 only
   // receives, h9 has nothing to do.
@@ -45,7 +49,7 @@ TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
   v1::Operation op = Op(created->id());
   ASSERT_EQ(op.state(), v1::OPERATION_STATE_TRANSFERRING) << op.error();
   absl::StatusOr<v1::TransferPlan> plan =
-      planner::PlanTransfer(SmallPtc(), job.layout(), target, {});
+      planner::PlanTransfer(TwoLayerPtc(), job.layout(), target, {});
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(MessageDifferencer::Equals(op.stats(), plan->stats()));
   EXPECT_EQ(op.bytes_total(), BytesTotal(*plan));
@@ -75,7 +79,7 @@ TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
     EXPECT_EQ(task->job_id(), job.id());
     EXPECT_EQ(task->from_generation(), 1);
     EXPECT_EQ(task->to_generation(), 2);
-    EXPECT_TRUE(MessageDifferencer::Equals(task->ptc(), SmallPtc()));
+    EXPECT_TRUE(MessageDifferencer::Equals(task->ptc(), TwoLayerPtc()));
     EXPECT_EQ(task->plan().items_size(), plan->items_size());
     for (const v1::CopyStep& step : task->plan().steps()) {
       EXPECT_TRUE(old_slots[step.src_rank()].host() == host ||
@@ -155,7 +159,7 @@ TEST_P(OperationDriverTest, ResizeRunsToCommitted) {
 }
 
 TEST_P(OperationDriverTest, FailedHostAbortsWithItsError) {
-  const v1::Job job = Register(SmallJob("host-fails"));
+  const v1::Job job = Register(TwoLayerJob("host-fails"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   CompleteTask("h0", op.id());
@@ -188,7 +192,7 @@ TEST_P(OperationDriverTest, FailedHostAbortsWithItsError) {
 }
 
 TEST_P(OperationDriverTest, ExpiredLeaseAbortsTheTransferAndDegradesTheJob) {
-  const v1::Job job = Register(SmallJob("lease"));
+  const v1::Job job = Register(TwoLayerJob("lease"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   // h0 and h2 heartbeat; h1 (in the current generation) goes silent.
@@ -218,8 +222,8 @@ TEST_P(OperationDriverTest, ExpiredLeaseAbortsTheTransferAndDegradesTheJob) {
 }
 
 TEST_P(OperationDriverTest, ExpiredLeaseDegradesAnIdleJob) {
-  const v1::Job job = Register(SmallJob("idle"));
-  const v1::Job elsewhere = Register(SmallJob("elsewhere"));
+  const v1::Job job = Register(TwoLayerJob("idle"));
+  const v1::Job elsewhere = Register(TwoLayerJob("elsewhere"));
   (void)elsewhere;
   RegisterAgents({"h0", "h1"});
   clock_.Advance(kLeaseMs - 1);
@@ -234,7 +238,7 @@ TEST_P(OperationDriverTest, ExpiredLeaseDegradesAnIdleJob) {
 }
 
 TEST_P(OperationDriverTest, RecoverFromALostHostWithReplicasCommits) {
-  const v1::Job job = Register(ReplicatedJob("replicas"));
+  const v1::Job job = Register(ReplicatedTwoLayerJob("replicas"));
   RegisterAgents({"h0", "h1", "h2"});
   clock_.Advance(kLeaseMs / 2);
   ASSERT_TRUE(Heartbeat("h0").ok());
@@ -266,7 +270,7 @@ TEST_P(OperationDriverTest, RecoverFromALostHostWithReplicasCommits) {
 
 TEST_P(OperationDriverTest, LostDataFailsNamingTheTensors) {
   // tp2 pp2 dp1: h1 holds the only copy of stage 1 (layer 1, final norm).
-  const v1::Job job = Register(SmallJob("no-replica"));
+  const v1::Job job = Register(TwoLayerJob("no-replica"));
   RegisterAgents({"h0", "h2"});
   v1::RecoverFromFailureRequest request;
   request.set_job_id(job.id());
@@ -292,7 +296,7 @@ TEST_P(OperationDriverTest, LostDataFailsNamingTheTensors) {
 }
 
 TEST_P(OperationDriverTest, HostWithoutAgentAborts) {
-  const v1::Job job = Register(SmallJob("no-agent"));
+  const v1::Job job = Register(TwoLayerJob("no-agent"));
   RegisterAgents({"h0", "h1"});  // h3 never registers
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h0", "h3"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
@@ -308,7 +312,7 @@ TEST_P(OperationDriverTest, TransferTimesOut) {
   options.transfer_timeout_ms = 60000;
   options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
   driver_ = MakeDriver(store_, options);
-  const v1::Job job = Register(SmallJob("slow"));
+  const v1::Job job = Register(TwoLayerJob("slow"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   for (int i = 0; i < 7; ++i) {  // 70 s, heartbeating all along
@@ -326,7 +330,7 @@ TEST_P(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
   options.transfer_timeout_ms = 60000;
   options.stall_timeout_ms = 10 * 60000;  // no task reports here: only the transfer timeout
   driver_ = MakeDriver(store_, options);
-  const v1::Job job = Register(SmallJob("gauged"));
+  const v1::Job job = Register(TwoLayerJob("gauged"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   for (int i = 0; i < 2; ++i) {
@@ -353,8 +357,8 @@ TEST_P(OperationDriverTest, GaugesShowActiveOperationsAndTheOldestAge) {
 }
 
 TEST_P(OperationDriverTest, NewDriverResumesAfterRestart) {
-  const v1::Job job = Register(SmallJob("restart"));
-  const v1::Job pending_job = Register(SmallJob("restart-pending"));
+  const v1::Job job = Register(TwoLayerJob("restart"));
+  const v1::Job pending_job = Register(TwoLayerJob("restart-pending"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   absl::StatusOr<v1::Operation> pending =
@@ -383,7 +387,7 @@ TEST_P(OperationDriverTest, NewDriverResumesAfterRestart) {
 }
 
 TEST_P(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
-  const v1::Job job = Register(SmallJob("grace"));
+  const v1::Job job = Register(TwoLayerJob("grace"));
   RegisterAgents({"h0", "h1"});
   // No coordinator for longer than a lease: every lease has run out.
   clock_.Advance(3 * kLeaseMs);
@@ -403,7 +407,7 @@ TEST_P(OperationDriverTest, NewLeaderGivesAgentsALeaseBeforeMarkingThemLost) {
 // ---- Busy is not dead (issue 32): the leader doubts itself first ----------
 
 TEST_P(OperationDriverTest, MostHostsExpiringTogetherAreDeferredOneLeaseThenLost) {
-  const v1::Job job = Register(SmallJob("mass"));
+  const v1::Job job = Register(TwoLayerJob("mass"));
   RegisterAgents({"h0", "h1", "h2", "h3"});
   // Only h0 heartbeats: three of four leases end in the same pass.
   clock_.Advance(kLeaseMs / 2);
@@ -520,7 +524,7 @@ TEST_P(OperationDriverTest, TwoDriversRacingCommitEachOperationOnce) {
   RegisterAgents({"h0", "h1", "h2"});
   std::vector<std::string> ops;
   for (int i = 0; i < kJobs; ++i) {
-    const v1::Job job = Register(SmallJob("race-" + std::to_string(i)));
+    const v1::Job job = Register(TwoLayerJob("race-" + std::to_string(i)));
     absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
     ASSERT_TRUE(op.ok()) << op.status();
     ops.push_back(op->id());
@@ -592,7 +596,7 @@ TEST_P(OperationDriverTest, HostsAreReadWholeOncePerPeriodAndDoubtsOneByOne) {
 // found when the operation starts (not "never registered").
 TEST_P(OperationDriverTest, AHostRegisteredSinceTheLastFullReadTakesPart) {
   RegisterAgents({"h0", "h1"});
-  const v1::Job job = Register(ReplicatedJob("late-host"));
+  const v1::Job job = Register(ReplicatedTwoLayerJob("late-host"));
   Tick();  // reads every host: h0, h1
   RegisterAgents({"h2"});
   const v1::Operation op = *ResizeTo(job, MakeLayout(1, 1, 2, {"h1", "h2"}, 1));

@@ -5,16 +5,19 @@
 #include "services/coordinator/logic/operation_finish.h"
 
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
+
 class OperationFinishTest : public LogicTest {};
 
 TEST_P(OperationFinishTest, EndsAnActivePhaseAndRefusesATerminalOne) {
-  const v1::Job job = Register(SmallJob("finish"));
+  const v1::Job job = Register(TwoLayerJob("finish"));
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();
   const v1::Operation pending = Op(created->id());
@@ -49,7 +52,7 @@ TEST_P(OperationFinishTest, EndsAnActivePhaseAndRefusesATerminalOne) {
 }
 
 TEST_P(OperationFinishTest, AnEventThatDoesNotEndIsRefused) {
-  const v1::Job job = Register(SmallJob("not-an-end"));
+  const v1::Job job = Register(TwoLayerJob("not-an-end"));
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();
   OperationEnding planned;
@@ -64,7 +67,7 @@ TEST_P(OperationFinishTest, AnEventThatDoesNotEndIsRefused) {
 }
 
 TEST_P(OperationFinishTest, AStaleReadLosesToTheDriver) {
-  const v1::Job job = Register(SmallJob("stale"));
+  const v1::Job job = Register(TwoLayerJob("stale"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> created = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(created.ok()) << created.status();

@@ -14,6 +14,8 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+
 class OperationPhasesTest : public StopFreeTest {
  protected:
   // The operation's phase now, recorded; checked against the one before.

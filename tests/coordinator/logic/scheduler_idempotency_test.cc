@@ -7,11 +7,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 
 const KeyScope kTeamA{{"team-a"}};
 const KeyScope kTeamB{{"team-b"}};
@@ -27,7 +30,7 @@ class SchedulerIdempotencyTest : public LogicTest {
   }
   // A PENDING resize of a new job.
   v1::Operation Pending(const std::string& name) {
-    const v1::Job job = Register(SmallJob(name));
+    const v1::Job job = Register(TwoLayerJob(name));
     absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
     EXPECT_TRUE(op.ok()) << op.status();
     return op.ok() ? *op : v1::Operation();

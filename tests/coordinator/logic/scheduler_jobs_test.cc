@@ -9,18 +9,20 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "services/coordinator/logic/ids.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 
 class SchedulerJobsTest : public LogicTest {};
 
 TEST_P(SchedulerJobsTest, RegisterJobCreatesGenerationOne) {
-  const v1::JobSpec spec = SmallJob("gpt-small");
+  const v1::JobSpec spec = TwoLayerJob("gpt-small");
   const v1::Job job = Register(spec);
   EXPECT_TRUE(LooksLikeId(job.id())) << job.id();
   EXPECT_EQ(job.state(), v1::JOB_STATE_ACTIVE);
@@ -123,7 +125,7 @@ TEST_P(SchedulerJobsTest, RegisterJobRefusesEveryInvalidSpecNamingTheField) {
   const DatabaseSnapshot before = Snapshot();
   for (const InvalidCase& c : cases) {
     v1::RegisterJobRequest request;
-    *request.mutable_spec() = SmallJob(std::string("bad-") + c.name);
+    *request.mutable_spec() = TwoLayerJob(std::string("bad-") + c.name);
     c.mutate(request.mutable_spec());
     EXPECT_THAT(api_->RegisterJob(request).status(),
                 StatusIs(absl::StatusCode::kInvalidArgument, c.expected))
@@ -137,30 +139,30 @@ TEST_P(SchedulerJobsTest, RegisterJobRefusesAnOversizedSpec) {
   options.max_spec_bytes = 256;
   SchedulerApi small(store_, &clock_, nullptr, options);
   v1::RegisterJobRequest request;
-  *request.mutable_spec() = SmallJob("big");
+  *request.mutable_spec() = TwoLayerJob("big");
   EXPECT_THAT(small.RegisterJob(request).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "the limit is 256 (max_spec_bytes)"));
   EXPECT_TRUE(Snapshot().jobs.empty());
 }
 
 TEST_P(SchedulerJobsTest, RegisterJobDuplicateNameIsAlreadyExists) {
-  Register(SmallJob("dup", "team-a"));
+  Register(TwoLayerJob("dup", "team-a"));
   const DatabaseSnapshot before = Snapshot();
   v1::RegisterJobRequest request;
-  *request.mutable_spec() = SmallJob("dup", "team-a");
+  *request.mutable_spec() = TwoLayerJob("dup", "team-a");
   EXPECT_EQ(api_->RegisterJob(request).status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_TRUE(Snapshot() == before);
-  Register(SmallJob("dup", "team-b"));  // names are per tenant
+  Register(TwoLayerJob("dup", "team-b"));  // names are per tenant
 }
 
 TEST_P(SchedulerJobsTest, RegisterJobRetryWithTheKeyReturnsTheSameJob) {
-  const v1::Job first = Register(SmallJob("retry"), "key-1");
-  const v1::Job again = Register(SmallJob("retry"), "key-1");
+  const v1::Job first = Register(TwoLayerJob("retry"), "key-1");
+  const v1::Job again = Register(TwoLayerJob("retry"), "key-1");
   EXPECT_EQ(again.id(), first.id());
   const DatabaseSnapshot before = Snapshot();
   EXPECT_EQ(before.jobs.size(), 1u);
   v1::RegisterJobRequest other;
-  *other.mutable_spec() = SmallJob("retry-other");
+  *other.mutable_spec() = TwoLayerJob("retry-other");
   other.set_idempotency_key("key-1");
   EXPECT_EQ(api_->RegisterJob(other).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(Snapshot() == before);
@@ -178,9 +180,9 @@ TEST_P(SchedulerJobsTest, GetJobChecksItsArgument) {
 
 TEST_P(SchedulerJobsTest, ListJobsPagesAndFilters) {
   std::set<std::string> team_a;
-  for (int i = 0; i < 5; ++i) team_a.insert(Register(SmallJob("a" + std::to_string(i))).id());
-  const v1::Job b0 = Register(SmallJob("b0", "team-b"));
-  Register(SmallJob("b1", "team-b"));
+  for (int i = 0; i < 5; ++i) team_a.insert(Register(TwoLayerJob("a" + std::to_string(i))).id());
+  const v1::Job b0 = Register(TwoLayerJob("b0", "team-b"));
+  Register(TwoLayerJob("b1", "team-b"));
 
   std::set<std::string> seen;
   v1::ListJobsRequest request;
@@ -229,8 +231,8 @@ TEST_P(SchedulerJobsTest, ListJobsPagesAndFilters) {
 }
 
 TEST_P(SchedulerJobsTest, DeleteJob) {
-  const v1::Job job = Register(SmallJob("doomed"));
-  const v1::Job busy = Register(SmallJob("busy"));
+  const v1::Job job = Register(TwoLayerJob("doomed"));
+  const v1::Job busy = Register(TwoLayerJob("busy"));
   absl::StatusOr<v1::Operation> op = ResizeTo(busy, MakeLayout(2, 2, 1, {"h0", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
 

@@ -10,12 +10,16 @@
 #include "gtest/gtest.h"
 #include "planner/validate.h"
 #include "services/coordinator/logic/capacity.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 #include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::ReplicatedTwoLayerJob;
+using test_support::TwoLayerJob;
 
 class SchedulerLimitsTest : public LogicTest {
  protected:
@@ -68,22 +72,22 @@ class SchedulerLimitsTest : public LogicTest {
 
 TEST_P(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
   const std::string long_name(2700, 'x');
-  v1::JobSpec spec = SmallJob("ok");
+  v1::JobSpec spec = TwoLayerJob("ok");
   spec.set_name(long_name);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "job name \"xxx");
-  spec = SmallJob("ok", long_name);
+  spec = TwoLayerJob("ok", long_name);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "tenant \"xxx");
-  spec = SmallJob("ok");
+  spec = TwoLayerJob("ok");
   spec.mutable_ptc()->mutable_tensors(0)->set_name(long_name);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "ptc.tensors[0].name");
-  spec = SmallJob("ok");
+  spec = TwoLayerJob("ok");
   spec.mutable_layout()->mutable_placement()->set_hosts(1, long_name);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "layout.placement: rank 2 host \"xxx");
-  ExpectRefused(SmallJob("ok"), absl::StatusCode::kInvalidArgument, "idempotency_key \"kkk",
+  ExpectRefused(TwoLayerJob("ok"), absl::StatusCode::kInvalidArgument, "idempotency_key \"kkk",
                 std::string(kMaxIdBytes + 1, 'k'));
 
   // At the limits everything is stored and read back.
-  spec = SmallJob(std::string(kMaxIdBytes, 'n'), std::string(kMaxIdBytes, 't'));
+  spec = TwoLayerJob(std::string(kMaxIdBytes, 'n'), std::string(kMaxIdBytes, 't'));
   spec.mutable_ptc()->mutable_tensors(0)->set_name(std::string(kMaxItemNameBytes, 'w'));
   spec.mutable_layout()->mutable_placement()->set_hosts(1, std::string(kMaxIdBytes, 'h'));
   const absl::Status ok = RegisterStatus(spec, std::string(kMaxIdBytes, 'k'));
@@ -91,7 +95,7 @@ TEST_P(SchedulerLimitsTest, NamesTooLongForTheIndexAreInvalidNotInternal) {
 }
 
 TEST_P(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
-  const v1::Job job = Register(SmallJob("job"));
+  const v1::Job job = Register(TwoLayerJob("job"));
   const DatabaseSnapshot before = Snapshot();
   EXPECT_THAT(ResizeTo(job, MakeLayout(2, 2, 1, {"h0", std::string(2700, 'h')}, 2)).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "target.placement: rank 2 host"));
@@ -111,7 +115,7 @@ TEST_P(SchedulerLimitsTest, ResizeTargetHostAndKeyLimits) {
 
 TEST_P(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
   // The issue's job: a tensor of 2^62 int8 plus a blob of 2^63-1 bytes.
-  v1::JobSpec spec = SmallJob("overflow");
+  v1::JobSpec spec = TwoLayerJob("overflow");
   v1::TensorSpec* t = spec.mutable_ptc()->mutable_tensors(0);
   t->set_dtype(v1::DTYPE_INT8);
   t->mutable_partition()->Clear();
@@ -120,12 +124,12 @@ TEST_P(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
   t->add_shape(int64_t{1} << 31);
   t->add_shape(int64_t{1} << 31);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "elements; the limit is");
-  spec = SmallJob("overflow");
+  spec = TwoLayerJob("overflow");
   spec.mutable_ptc()->mutable_blobs(0)->set_size_bytes(INT64_MAX);
   ExpectRefused(spec, absl::StatusCode::kInvalidArgument, "size_bytes 9223372036854775807");
 
   // 4 EiB in 4096 tensors of 1 TiB: every tensor within its limit, the job not.
-  spec = SmallJob("exabyte");
+  spec = TwoLayerJob("exabyte");
   spec.mutable_ptc()->clear_blobs();
   v1::TensorSpec big = spec.ptc().tensors(0);
   big.set_dtype(v1::DTYPE_INT8);
@@ -143,8 +147,8 @@ TEST_P(SchedulerLimitsTest, OverflowingAndExabyteJobsAreRefused) {
 }
 
 TEST_P(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStored) {
-  // Every host of ReplicatedJob holds every item once: total_bytes each.
-  const v1::JobSpec spec = ReplicatedJob("fits");
+  // Every host of ReplicatedTwoLayerJob holds every item once: total_bytes each.
+  const v1::JobSpec spec = ReplicatedTwoLayerJob("fits");
   const int64_t per_host = Register(spec).total_bytes();
   ASSERT_TRUE(api_->DeleteJob([&] {
                     v1::DeleteJobRequest r;
@@ -186,8 +190,8 @@ TEST_P(SchedulerLimitsTest, JobThatCannotFitItsHostIsRefusedBeforeAnythingIsStor
 }
 
 TEST_P(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
-  const v1::JobSpec spec = ReplicatedJob("big");  // on h0, h1: not registered
-  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  const v1::JobSpec spec = ReplicatedTwoLayerJob("big");  // on h0, h1: not registered
+  const int64_t per_host = Register(ReplicatedTwoLayerJob("probe", "other")).total_bytes();
   RegisterWithLimit("h7", per_host);
   RegisterWithLimit("h8", per_host - 1);  // the two hold 2 * per_host - 1
   ExpectRefused(spec, absl::StatusCode::kResourceExhausted,
@@ -203,8 +207,8 @@ TEST_P(SchedulerLimitsTest, JobLargerThanTheWholeClusterIsRefused) {
 // (here through a second store on the same database where there is one: a
 // host that registered with another replica).
 TEST_P(SchedulerLimitsTest, HostsAreReadAgainOnlyAfterARegistration) {
-  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
-  const v1::JobSpec spec = ReplicatedJob("cached");  // per_host on each of h0, h1
+  const int64_t per_host = Register(ReplicatedTwoLayerJob("probe", "other")).total_bytes();
+  const v1::JobSpec spec = ReplicatedTwoLayerJob("cached");  // per_host on each of h0, h1
   RegisterWithLimit("h0", per_host);
   RegisterWithLimit("h1", per_host - 1);
   HostCapacities capacities(store_);
@@ -224,9 +228,9 @@ TEST_P(SchedulerLimitsTest, HostsAreReadAgainOnlyAfterARegistration) {
 // A host holds a job's shards in host memory or in its devices' memory:
 // its capacity is memory_limit_bytes plus its non-cpu devices' memory_bytes.
 TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsAHostsCapacity) {
-  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  const int64_t per_host = Register(ReplicatedTwoLayerJob("probe", "other")).total_bytes();
   ASSERT_GT(per_host, 20);
-  const v1::JobSpec spec = ReplicatedJob("gpus");  // per_host bytes on each of h0, h1
+  const v1::JobSpec spec = ReplicatedTwoLayerJob("gpus");  // per_host bytes on each of h0, h1
 
   // h1 fits only with its device; h0's host memory and two devices hold
   // one byte too few.
@@ -259,8 +263,8 @@ TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsAHostsCapacity) {
 }
 
 TEST_P(SchedulerLimitsTest, DeviceMemoryCountsTowardsTheClusterTotal) {
-  const v1::JobSpec spec = ReplicatedJob("big");  // on h0, h1: not registered
-  const int64_t per_host = Register(ReplicatedJob("probe", "other")).total_bytes();
+  const v1::JobSpec spec = ReplicatedTwoLayerJob("big");  // on h0, h1: not registered
+  const int64_t per_host = Register(ReplicatedTwoLayerJob("probe", "other")).total_bytes();
   RegisterWithLimit("h7", per_host);
   RegisterWithLimit("h8", 1, {per_host - 3, 1});  // the two hold 2 * per_host - 1
   ExpectRefused(spec, absl::StatusCode::kResourceExhausted,

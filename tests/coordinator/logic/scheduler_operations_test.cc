@@ -12,18 +12,23 @@
 #include "gtest/gtest.h"
 #include "planner/planner.h"
 #include "services/coordinator/logic/ids.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::Config;
+using test_support::HostsPlacement;
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
+using test_support::TwoLayerPtc;
 
 class SchedulerOperationsTest : public LogicTest {};
 
 TEST_F(SchedulerOperationsTest, ResizeCreatesAPendingOperation) {
-  const v1::Job job = Register(SmallJob("grow"));
+  const v1::Job job = Register(TwoLayerJob("grow"));
   const v1::Layout target = MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
   absl::StatusOr<v1::Operation> op = ResizeTo(job, target);
   ASSERT_TRUE(op.ok()) << op.status();
@@ -39,7 +44,7 @@ TEST_F(SchedulerOperationsTest, ResizeCreatesAPendingOperation) {
 }
 
 TEST_F(SchedulerOperationsTest, ResizeWithoutConfigKeepsTheCurrentOne) {
-  const v1::Job job = Register(SmallJob("move"));
+  const v1::Job job = Register(TwoLayerJob("move"));
   v1::ResizeRequest request;
   request.set_job_id(job.id());
   request.set_expected_generation(1);
@@ -50,7 +55,7 @@ TEST_F(SchedulerOperationsTest, ResizeWithoutConfigKeepsTheCurrentOne) {
 }
 
 TEST_F(SchedulerOperationsTest, ResizeRefusalsChangeNothing) {
-  const v1::Job job = Register(SmallJob("strict"));
+  const v1::Job job = Register(TwoLayerJob("strict"));
   const DatabaseSnapshot before = Snapshot();
   v1::ResizeRequest good;
   good.set_job_id(job.id());
@@ -93,7 +98,7 @@ TEST_F(SchedulerOperationsTest, ResizeRefusalsChangeNothing) {
 }
 
 TEST_F(SchedulerOperationsTest, SecondOperationIsFailedPreconditionNamingTheFirst) {
-  const v1::Job job = Register(SmallJob("one-at-a-time"));
+  const v1::Job job = Register(TwoLayerJob("one-at-a-time"));
   absl::StatusOr<v1::Operation> first = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(first.ok()) << first.status();
   const DatabaseSnapshot before = Snapshot();
@@ -105,7 +110,7 @@ TEST_F(SchedulerOperationsTest, SecondOperationIsFailedPreconditionNamingTheFirs
 }
 
 TEST_F(SchedulerOperationsTest, RetriedMutationReturnsTheFirstOperation) {
-  const v1::Job job = Register(SmallJob("retry-resize"));
+  const v1::Job job = Register(TwoLayerJob("retry-resize"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Layout target = MakeLayout(1, 2, 2, {"h1", "h2"}, 2);
   absl::StatusOr<v1::Operation> first = ResizeTo(job, target, "resize-key");
@@ -129,7 +134,7 @@ TEST_F(SchedulerOperationsTest, RetriedMutationReturnsTheFirstOperation) {
 }
 
 TEST_F(SchedulerOperationsTest, RetryAfterCommitStillReturnsTheFirstOperation) {
-  const v1::Job job = Register(SmallJob("retry-after-commit"));
+  const v1::Job job = Register(TwoLayerJob("retry-after-commit"));
   RegisterAgents({"h0", "h1", "h2"});
   // No config: the target borrows the current one, which a retry after the
   // commit must not re-judge against the new generation.
@@ -156,7 +161,7 @@ TEST_F(SchedulerOperationsTest, RetryAfterCommitStillReturnsTheFirstOperation) {
 }
 
 TEST_F(SchedulerOperationsTest, MigrateKeepsTheConfig) {
-  const v1::Job job = Register(SmallJob("migrate"));
+  const v1::Job job = Register(TwoLayerJob("migrate"));
   v1::MigrateRequest request;
   request.set_job_id(job.id());
   request.set_expected_generation(1);
@@ -178,7 +183,7 @@ TEST_F(SchedulerOperationsTest, MigrateKeepsTheConfig) {
 }
 
 TEST_F(SchedulerOperationsTest, RecoverFromFailureChecksTheLostSet) {
-  const v1::Job job = Register(SmallJob("recover"));
+  const v1::Job job = Register(TwoLayerJob("recover"));
   v1::RecoverFromFailureRequest good;
   good.set_job_id(job.id());
   good.set_expected_generation(1);
@@ -227,7 +232,7 @@ TEST_F(SchedulerOperationsTest, RecoverFromFailureChecksTheLostSet) {
 // Without a target the coordinator applies the one survivor policy
 // (planner/survivor.h): same config, dp shrunk to the surviving slots.
 TEST_F(SchedulerOperationsTest, RecoverWithoutATargetKeepsTheConfigOnTheSurvivors) {
-  v1::JobSpec spec = SmallJob("recover-default");
+  v1::JobSpec spec = TwoLayerJob("recover-default");
   *spec.mutable_layout() = MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
   const v1::Job job = Register(spec);
   v1::RecoverFromFailureRequest r;
@@ -246,7 +251,7 @@ TEST_F(SchedulerOperationsTest, RecoverWithoutATargetKeepsTheConfigOnTheSurvivor
 }
 
 TEST_F(SchedulerOperationsTest, PreviewPlanReturnsThePlannersStatsAndStoresNothing) {
-  const v1::Job job = Register(SmallJob("preview"));
+  const v1::Job job = Register(TwoLayerJob("preview"));
   const DatabaseSnapshot before = Snapshot();
   v1::PreviewPlanRequest request;
   request.set_job_id(job.id());
@@ -254,7 +259,7 @@ TEST_F(SchedulerOperationsTest, PreviewPlanReturnsThePlannersStatsAndStoresNothi
   absl::StatusOr<v1::PreviewPlanResponse> preview = api_->PreviewPlan(request);
   ASSERT_TRUE(preview.ok()) << preview.status();
   absl::StatusOr<v1::TransferPlan> plan =
-      planner::PlanTransfer(SmallPtc(), job.layout(), request.target(), {});
+      planner::PlanTransfer(TwoLayerPtc(), job.layout(), request.target(), {});
   ASSERT_TRUE(plan.ok());
   EXPECT_TRUE(MessageDifferencer::Equals(preview->stats(), plan->stats()));
   EXPECT_GT(preview->stats().bytes_cross_host(), 0);
@@ -274,7 +279,7 @@ TEST_F(SchedulerOperationsTest, PreviewPlanReturnsThePlannersStatsAndStoresNothi
 }
 
 TEST_F(SchedulerOperationsTest, CancelAPendingOperation) {
-  const v1::Job job = Register(SmallJob("cancel"));
+  const v1::Job job = Register(TwoLayerJob("cancel"));
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(2, 2, 1, {"h2", "h3"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
   v1::CancelOperationRequest request;
@@ -311,7 +316,7 @@ TEST_F(SchedulerOperationsTest, CancelAPendingOperation) {
 }
 
 TEST_F(SchedulerOperationsTest, CancelDuringTransferDiscardsTheNewGeneration) {
-  const v1::Job job = Register(SmallJob("cancel-transfer"));
+  const v1::Job job = Register(TwoLayerJob("cancel-transfer"));
   RegisterAgents({"h0", "h1", "h2"});
   const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   v1::CancelOperationRequest request;

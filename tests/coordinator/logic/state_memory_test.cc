@@ -8,11 +8,15 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::MakeLayout;
+using test_support::ReplicatedTwoLayerJob;
+using test_support::TwoLayerJob;
 
 class StateMemoryTest : public LogicTest {
  protected:
@@ -54,7 +58,7 @@ class StateMemoryTest : public LogicTest {
 
   /// A resize of a `memory` job to other hosts, in TRANSFERRING.
   v1::Operation Resize(v1::StateMemory memory) {
-    const v1::Job job = Register(WithMemory(SmallJob("resize"), memory));
+    const v1::Job job = Register(WithMemory(TwoLayerJob("resize"), memory));
     RegisterAgents({"h0", "h1", "h2"});
     const v1::Operation op = StartTransfer(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
     EXPECT_EQ(Op(op.id()).state(), v1::OPERATION_STATE_TRANSFERRING) << Op(op.id()).error();
@@ -63,7 +67,7 @@ class StateMemoryTest : public LogicTest {
 
   /// A checkpoint of a `memory` job, in TRANSFERRING.
   v1::Operation Checkpoint(v1::StateMemory memory) {
-    const v1::Job job = Register(WithMemory(SmallJob("checkpoint"), memory));
+    const v1::Job job = Register(WithMemory(TwoLayerJob("checkpoint"), memory));
     RegisterAgents({"h0", "h1"});
     v1::CheckpointRequest request;
     request.set_job_id(job.id());
@@ -79,9 +83,9 @@ class StateMemoryTest : public LogicTest {
 };
 
 TEST_P(StateMemoryTest, RegisterKeepsDeviceAndStoresUnspecifiedAsHost) {
-  const v1::Job device = Register(WithMemory(SmallJob("device"), v1::STATE_MEMORY_DEVICE));
-  const v1::Job host = Register(WithMemory(SmallJob("host"), v1::STATE_MEMORY_HOST));
-  const v1::Job unspecified = Register(SmallJob("unspecified"));
+  const v1::Job device = Register(WithMemory(TwoLayerJob("device"), v1::STATE_MEMORY_DEVICE));
+  const v1::Job host = Register(WithMemory(TwoLayerJob("host"), v1::STATE_MEMORY_HOST));
+  const v1::Job unspecified = Register(TwoLayerJob("unspecified"));
   EXPECT_EQ(device.state_memory(), v1::STATE_MEMORY_DEVICE);
   EXPECT_EQ(host.state_memory(), v1::STATE_MEMORY_HOST);
   EXPECT_EQ(unspecified.state_memory(), v1::STATE_MEMORY_HOST);
@@ -117,7 +121,7 @@ TEST_P(StateMemoryTest, RegisterKeepsDeviceAndStoresUnspecifiedAsHost) {
 
 TEST_P(StateMemoryTest, AValueOutsideTheEnumIsRefusedNamingTheFieldAndStoresNothing) {
   const DatabaseSnapshot before = Snapshot();
-  v1::JobSpec spec = SmallJob("bad");
+  v1::JobSpec spec = TwoLayerJob("bad");
   spec.set_state_memory(static_cast<v1::StateMemory>(7));
   EXPECT_THAT(TryRegister(spec, "").status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
@@ -131,7 +135,7 @@ TEST_P(StateMemoryTest, AValueOutsideTheEnumIsRefusedNamingTheFieldAndStoresNoth
 }
 
 TEST_P(StateMemoryTest, ARetryWithAnotherStateMemoryIsRefused) {
-  const v1::JobSpec device = WithMemory(SmallJob("keyed"), v1::STATE_MEMORY_DEVICE);
+  const v1::JobSpec device = WithMemory(TwoLayerJob("keyed"), v1::STATE_MEMORY_DEVICE);
   const v1::Job first = Register(device, "k");
   absl::StatusOr<v1::RegisterJobResponse> retry = TryRegister(device, "k");
   ASSERT_TRUE(retry.ok()) << retry.status();
@@ -168,7 +172,8 @@ TEST_P(StateMemoryTest, AnUnspecifiedJobsCheckpointIsNotDeviceResident) {
 
 TEST_P(StateMemoryTest, ARecoverysTasksFollowTheJob) {
   // Every item on both hosts: losing h1 loses nothing.
-  const v1::Job job = Register(WithMemory(ReplicatedJob("recover"), v1::STATE_MEMORY_DEVICE));
+  const v1::Job job =
+      Register(WithMemory(ReplicatedTwoLayerJob("recover"), v1::STATE_MEMORY_DEVICE));
   RegisterAgents({"h0", "h1", "h2"});
   v1::RecoverFromFailureRequest request;
   request.set_job_id(job.id());

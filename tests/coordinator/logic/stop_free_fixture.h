@@ -10,8 +10,8 @@
 #include <vector>
 
 #include "services/coordinator/logic/task.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 
@@ -22,7 +22,7 @@ class StopFreeTest : public LogicTest {
 
   v1::Job RegisterWithData(const std::string& name) {
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJob(name);
+    *r.mutable_spec() = test_support::TwoLayerJob(name);
     v1::DatasetState* d = r.mutable_dataset_state();
     d->mutable_dataset()->set_id("tokens");
     d->mutable_dataset()->set_num_samples(1000);

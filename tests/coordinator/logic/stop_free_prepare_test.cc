@@ -31,6 +31,8 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
@@ -506,7 +508,7 @@ class HeldLock : public LeaderLock {
 // With a tick far longer than the test's deadline, only the kick can make
 // the leader act on the agents' DONE reports.
 TEST_F(StopFreePrepareTest, AFinalReportWakesTheLeadersDriver) {
-  const v1::Job job = Register(SmallJob("kick"));
+  const v1::Job job = Register(TwoLayerJob("kick"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();

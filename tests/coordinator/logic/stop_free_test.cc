@@ -15,6 +15,8 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+
 TEST_P(StopFreeTest, PreparesWhileTheOldLayoutTrainsThenCutsOverAtAStep) {
   const v1::Job job = RegisterWithData("stop-free");
   RegisterAgents({"h0", "h1", "h2"});

@@ -18,29 +18,29 @@
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/request_checks.h"
-#include "tests/coordinator/logic/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::MakeLayout;
+using test_support::TwoLayerPtc;
 using ::testing::HasSubstr;
-using testing::MakeLayout;
-using testing::SmallPtc;
 
 // tp 2 pp 2 dp 1 on h0,h1 -> tp 1 pp 2 dp 2 on h1,h2,h3: sources on h0 and
 // h1, destinations on h1..h3, DP_FLAT padding on the new ranks.
 v1::TransferPlan SamplePlan() {
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   v1::Layout to;
-  *to.mutable_config() = testing::Config(1, 2, 2);
+  *to.mutable_config() = test_support::Config(1, 2, 2);
   const std::pair<const char*, int> slots[] = {{"h1", 0}, {"h1", 1}, {"h2", 0}, {"h3", 0}};
   for (const auto& [host, device] : slots) {
     v1::DeviceSlot* slot = to.mutable_placement()->add_ranks();
     slot->set_host(host);
     slot->set_device(device);
   }
-  absl::StatusOr<v1::TransferPlan> plan = planner::PlanTransfer(SmallPtc(), from, to, {});
+  absl::StatusOr<v1::TransferPlan> plan = planner::PlanTransfer(TwoLayerPtc(), from, to, {});
   EXPECT_TRUE(plan.ok()) << plan.status();
   return plan.ok() ? *plan : v1::TransferPlan();
 }
@@ -166,7 +166,7 @@ TEST(ShardsWrittenOnHost, CoverEveryNewShardOnce) {
 TEST(StatsOf, EqualsToProtoStats) {
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   const v1::Layout to = MakeLayout(1, 2, 2, {"h1", "h2"}, 2);
-  absl::StatusOr<planner::Plan> plan = planner::MakePlan(SmallPtc(), from, to, {});
+  absl::StatusOr<planner::Plan> plan = planner::MakePlan(TwoLayerPtc(), from, to, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_TRUE(
       MessageDifferencer::Equals(StatsOf(*plan), planner::ToProto(*plan, from, to).stats()));
@@ -176,7 +176,7 @@ TEST(RequestHash, IgnoresTheKeyAndNamesTheContent) {
   v1::ResizeRequest a;
   a.set_job_id("j");
   a.set_expected_generation(3);
-  *a.mutable_placement() = testing::HostsPlacement({"h0", "h1"}, 2);
+  *a.mutable_placement() = test_support::HostsPlacement({"h0", "h1"}, 2);
   a.set_idempotency_key("k1");
   v1::ResizeRequest b = a;
   b.set_idempotency_key("k2");
@@ -276,9 +276,9 @@ TEST(RequestChecks, FieldsAndGenerations) {
 }
 
 TEST(RequestChecks, MigrateKeepsTheWorldSize) {
-  const v1::ParallelConfig c = testing::Config(2, 2, 1);
-  EXPECT_TRUE(CheckMigrateWorld(c, testing::HostsPlacement({"a", "b"}, 2)).ok());
-  const absl::Status s = CheckMigrateWorld(c, testing::HostsPlacement({"a", "b", "c"}, 2));
+  const v1::ParallelConfig c = test_support::Config(2, 2, 1);
+  EXPECT_TRUE(CheckMigrateWorld(c, test_support::HostsPlacement({"a", "b"}, 2)).ok());
+  const absl::Status s = CheckMigrateWorld(c, test_support::HostsPlacement({"a", "b", "c"}, 2));
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.message(), HasSubstr("placement has 6 slots but the job's world size is 4"));
 }

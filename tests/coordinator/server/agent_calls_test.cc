@@ -21,14 +21,16 @@
 #include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
-#include "tests/coordinator/server/agent_service_on_port.h"
 #include "tests/coordinator/harness/eventually.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/coordinator/server/agent_service_on_port.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 using Clock = std::chrono::steady_clock;
 using ::testing::Contains;
 using ::testing::IsEmpty;
@@ -182,7 +184,7 @@ TEST_F(AgentCallsTest, FiveHundredOpenPollsAddNoThreadPerPollReadTogetherAndCanc
 }
 
 TEST_F(AgentCallsTest, ATaskCreatedWakesItsPoll) {
-  const v1::Job job = Register(SmallJob("pickup"));
+  const v1::Job job = Register(TwoLayerJob("pickup"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
@@ -210,7 +212,7 @@ TEST_F(AgentCallsTest, ALostNotificationIsCaughtByTheSafetyReread) {
   AgentApi api(signalling_store_, &clock_, metrics_.get(), options);
   AgentServiceOnPort on_port(&api, authorizer_.get(), metrics_.get());
   ASSERT_NE(on_port.server, nullptr);
-  const v1::Job job = Register(SmallJob("pickup"));
+  const v1::Job job = Register(TwoLayerJob("pickup"));
   RegisterAgents({"h0", "h1", "h2"});
   absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();

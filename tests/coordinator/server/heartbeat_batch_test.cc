@@ -20,13 +20,15 @@
 #include "services/coordinator/server/agent_service.h"
 #include "services/coordinator/server/auth.h"
 #include "tests/coordinator/harness/eventually.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 #include "tests/coordinator/server/agent_service_on_port.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::MakeLayout;
+using test_support::TwoLayerJob;
 using ::testing::HasSubstr;
 
 std::string Text(const HostHeartbeatResult& r) {
@@ -68,12 +70,12 @@ class HeartbeatBatchTest : public LogicTest {
 // query tells each host exactly what the per-host methods tell it.
 TEST_F(HeartbeatBatchTest, OneTransactionTellsWhatThePerHostCallsTell) {
   RegisterAgents({"h0", "h1", "h2", "h3"});
-  const v1::Job done_job = Register(SmallJob("committed"));
+  const v1::Job done_job = Register(TwoLayerJob("committed"));
   const v1::Operation done_op = StartTransfer(done_job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   for (const std::string& host : Participants(done_op.id())) CompleteTask(host, done_op.id());
   Tick();
   ASSERT_EQ(Op(done_op.id()).state(), v1::OPERATION_STATE_COMMITTED);
-  const v1::Job busy_job = Register(SmallJob("busy"));
+  const v1::Job busy_job = Register(TwoLayerJob("busy"));
   const v1::Operation busy_op = StartTransfer(busy_job, MakeLayout(1, 2, 2, {"h0", "h2"}, 2));
   const std::vector<HostHeartbeat> beats = {Beat("h0", {done_job.id(), "job-gone"}), Beat("h1"),
                                             Beat("h2", {"job-gone"}), Beat("h3")};
