@@ -307,17 +307,38 @@ class AgentE2eTest : public ::testing::Test {
 
   // Starts a resize to `target` (config and placement), two-phase when
   // `stop_free` (docs/coordinator.md, "Stop-free reconfiguration").
-  v1::Operation StartResize(const v1::Layout& target, bool stop_free = false) {
+  grpc::Status TryResize(const v1::Layout& target, bool stop_free, v1::Operation* op) {
     v1::ResizeRequest req;
     req.set_job_id(job_id_);
     req.set_expected_generation(generation_);
     *req.mutable_placement() = target.placement();
     *req.mutable_config() = target.config();
     req.set_stop_free(stop_free);
-    v1::Operation op;
     grpc::ClientContext ctx;
-    grpc::Status s = stub_->Resize(&ctx, req, &op);
+    return stub_->Resize(&ctx, req, op);
+  }
+
+  v1::Operation StartResize(const v1::Layout& target, bool stop_free = false) {
+    v1::Operation op;
+    grpc::Status s = TryResize(target, stop_free, &op);
     EXPECT_TRUE(s.ok()) << s.error_message();
+    return op;
+  }
+
+  // StartResize, sent again (for up to 30 s) while the coordinator refuses
+  // a new operation as not possible yet (FAILED_PRECONDITION, UNAVAILABLE:
+  // a host that just came back); any other answer is final.
+  v1::Operation StartResizeOnceAccepted(const v1::Layout& target) {
+    v1::Operation op;
+    grpc::Status last;
+    test_support::Eventually(
+        [&] {
+          last = TryResize(target, /*stop_free=*/false, &op);
+          return last.error_code() != grpc::StatusCode::FAILED_PRECONDITION &&
+                 last.error_code() != grpc::StatusCode::UNAVAILABLE;
+        },
+        absl::Seconds(30), absl::Milliseconds(100));
+    EXPECT_TRUE(last.ok()) << last.error_code() << " " << last.error_message();
     return op;
   }
 

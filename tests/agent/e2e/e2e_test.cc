@@ -87,13 +87,7 @@ TEST_F(AgentE2eTest, AgentKilledMidTransferAbortsAndRetrySucceeds) {
   // The agent comes back (same shm dir) and the retry commits.
   ASSERT_NO_FATAL_FAILURE(StartAgent("h3"));
   ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
-  v1::Operation retry;
-  for (int i = 0; i < 100; ++i) {
-    retry = StartResize(target);
-    if (!retry.id().empty()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(retry, target));
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(StartResizeOnceAccepted(target), target));
 }
 
 TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {

@@ -44,11 +44,7 @@ class TamperedTransferE2eTest : public AgentE2eTest {
   // operation (a host that just came back); expects it to abort and returns
   // its error.
   std::string ExpectAborted(const v1::Layout& target) {
-    v1::Operation op;
-    for (int i = 0; i < 100 && op.id().empty(); ++i) {
-      op = StartResize(target);
-      if (op.id().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    v1::Operation op = StartResizeOnceAccepted(target);
     EXPECT_FALSE(op.id().empty());
     op = WaitFinal(op.id());
     EXPECT_EQ(op.state(), v1::OPERATION_STATE_ABORTED) << op.error();
@@ -80,12 +76,7 @@ TEST_F(TamperedTransferE2eTest, AWrongTransferProofIsRefusedAndNothingIsCommitte
   EXPECT_THAT(error, HasSubstr("peer host \"h1\" sent a wrong proof"));
   ASSERT_NO_FATAL_FAILURE(ExpectGenerationOneIntact("h1"));
   // The honest agent is back: the same resize commits, byte for byte.
-  v1::Operation retry;
-  for (int i = 0; i < 100 && retry.id().empty(); ++i) {
-    retry = StartResize(Target());
-    if (retry.id().empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(retry, Target()));
+  ASSERT_NO_FATAL_FAILURE(ExpectCommitted(StartResizeOnceAccepted(Target()), Target()));
 }
 
 TEST_F(TamperedTransferE2eTest, BytesAlteredAfterTheSourceReadAreDataLossAndNothingIsCommitted) {
