@@ -8,12 +8,16 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
 using ::google::protobuf::util::MessageDifferencer;
+using test_support::GptJobSpec;
+using test_support::HostsPlacement;
+using test_support::MakeLayout;
+using test_support::ReplicatedGptJobSpec;
 
 class ApiTest : public ServerTest {};
 
@@ -24,7 +28,7 @@ TEST_F(ApiTest, EveryCoordinatorCallHappyPath) {
   StartAgents({"h0", "h1", "h2", "h3"}, c->address());
 
   // RegisterJob, GetJob (with and without the PTC), ListJobs.
-  const v1::JobSpec spec = SmallJobSpec("gpt-small", "team-a");
+  const v1::JobSpec spec = GptJobSpec("gpt-small", "team-a");
   const v1::Job job = Register(stub.get(), spec);
   ASSERT_EQ(job.id().size(), 32u);
   EXPECT_EQ(job.generation(), 1);
@@ -41,7 +45,7 @@ TEST_F(ApiTest, EveryCoordinatorCallHappyPath) {
     EXPECT_EQ(got.tensor_count(), spec.ptc().tensors_size());
     EXPECT_FALSE(GetJob(stub.get(), job.id()).has_ptc());
   }
-  Register(stub.get(), SmallJobSpec("other", "team-b"));
+  Register(stub.get(), GptJobSpec("other", "team-b"));
   {
     v1::ListJobsRequest request;
     request.set_tenant("team-a");
@@ -147,7 +151,7 @@ TEST_F(ApiTest, EveryCoordinatorCallHappyPath) {
 
   // RecoverFromFailure: h1 held one data-parallel replica of stage 0.
   {
-    const v1::Job rjob = Register(stub.get(), ReplicatedJobSpec("replicated", "team-a"));
+    const v1::Job rjob = Register(stub.get(), ReplicatedGptJobSpec("replicated", "team-a"));
     v1::RecoverFromFailureRequest request;
     request.set_job_id(rjob.id());
     request.set_expected_generation(1);
@@ -227,7 +231,7 @@ TEST_F(ApiTest, SigtermEndsOpenWatchesAndExitsCleanly) {
   auto stub = CoordinatorClient(c->address());
   StartAgents({"h0", "h1"}, c->address());
   HoldAgents(true);  // the operation never finishes on its own
-  const v1::Job job = Register(stub.get(), SmallJobSpec("held", "t"));
+  const v1::Job job = Register(stub.get(), GptJobSpec("held", "t"));
   const v1::Operation op = Resize(stub.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
 
@@ -301,7 +305,7 @@ TEST_F(ApiTest, EveryAgentCallDirectly) {
   // by the simulated agents; a report after the end gets abort.
   auto stub = CoordinatorClient(c->address());
   StartAgents({"h0", "h1"}, c->address());
-  const v1::Job job = Register(stub.get(), SmallJobSpec("agents", "t"));
+  const v1::Job job = Register(stub.get(), GptJobSpec("agents", "t"));
   const v1::Operation op = Resize(stub.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
   absl::StatusOr<v1::Operation> final_op = WaitFinal(stub.get(), op.id());
   ASSERT_TRUE(final_op.ok()) << final_op.status();

@@ -13,10 +13,13 @@
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 class AuditTest : public AdminServerTest {
  protected:
@@ -58,7 +61,7 @@ class AuditTest : public AdminServerTest {
 TEST_F(AuditTest, SuccessfulMutationsWriteOneRowEach) {
   StartAgents({"h0", "h1"}, coordinator_->address());
   const std::string scheduler = "scheduler:s@team-a";
-  const v1::Job job = Register(As(scheduler).get(), SmallJobSpec("audited", "team-a"));
+  const v1::Job job = Register(As(scheduler).get(), GptJobSpec("audited", "team-a"));
 
   std::vector<v1::AuditEntry> rows = Entries(job.id(), "RegisterJob");
   ASSERT_EQ(rows.size(), 1u);
@@ -115,7 +118,7 @@ TEST_F(AuditTest, SuccessfulMutationsWriteOneRowEach) {
 }
 
 TEST_F(AuditTest, RefusedCallsWriteTheirRefusal) {
-  const v1::Job job = Register(admin_.get(), SmallJobSpec("guarded", "team-a"));
+  const v1::Job job = Register(admin_.get(), GptJobSpec("guarded", "team-a"));
 
   v1::DeleteJobRequest del;
   del.set_job_id(job.id());
@@ -154,7 +157,7 @@ TEST_F(AuditTest, RefusedCallsWriteTheirRefusal) {
 
   // Without any identity: UNAUTHENTICATED, with no caller named.
   v1::RegisterJobRequest reg;
-  *reg.mutable_spec() = SmallJobSpec("anonymous", "team-a");
+  *reg.mutable_spec() = GptJobSpec("anonymous", "team-a");
   v1::RegisterJobResponse registered;
   s = As(kAnonymousIdentity)->RegisterJob(Ctx().get(), reg, &registered);
   ASSERT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED);
@@ -194,7 +197,7 @@ TEST_F(AuditTest, RefusedCallsWriteTheirRefusal) {
 TEST_F(AuditTest, FailedTransactionLeavesNoSuccessRow) {
   StartAgents({"h0", "h1"}, coordinator_->address());
   HoldAgents(true);  // the operation stays TRANSFERRING
-  const v1::Job job = Register(admin_.get(), SmallJobSpec("busy", "team-a"));
+  const v1::Job job = Register(admin_.get(), GptJobSpec("busy", "team-a"));
   const v1::Operation op = Resize(admin_.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
   ASSERT_TRUE(WaitState(admin_.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
 
@@ -229,9 +232,9 @@ TEST_F(AuditTest, FailedTransactionLeavesNoSuccessRow) {
 }
 
 TEST_F(AuditTest, ListAuditIsScopedToTheCallersTenants) {
-  const v1::Job a = Register(admin_.get(), SmallJobSpec("ja", "team-a"));
-  const v1::Job b = Register(admin_.get(), SmallJobSpec("jb", "team-b"));
-  const v1::Job c = Register(admin_.get(), SmallJobSpec("jc", "team-c"));
+  const v1::Job a = Register(admin_.get(), GptJobSpec("ja", "team-a"));
+  const v1::Job b = Register(admin_.get(), GptJobSpec("jb", "team-b"));
+  const v1::Job c = Register(admin_.get(), GptJobSpec("jc", "team-c"));
 
   auto jobs_seen = [&](CoordinatorStub* stub, const std::string& tenant, grpc::Status* s) {
     v1::ListAuditRequest r;
@@ -282,7 +285,7 @@ TEST_F(AuditTest, NoRowHoldsATokensSecret) {
     auto ctx = Ctx();
     ctx->AddMetadata("authorization", "Bearer " + bearer);
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJobSpec("by-token-" + tenant, tenant);
+    *r.mutable_spec() = GptJobSpec("by-token-" + tenant, tenant);
     v1::RegisterJobResponse reply;
     return anonymous->RegisterJob(ctx.get(), r, &reply);
   };

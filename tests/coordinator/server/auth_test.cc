@@ -11,11 +11,13 @@
 
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 using AuthStub = v1::AuthService::Stub;
 
 // A caller: a certificate common name (or kAnonymousIdentity) and, maybe,
@@ -240,7 +242,7 @@ class AuthTest : public AdminServerTest {
 TEST_F(AuthTest, RoleTimesRpcMatrix) {
   const std::string address = coordinator_->address();
   StartAgents({"h0", "h1"}, address);
-  const v1::Job job = Register(admin_.get(), SmallJobSpec("matrix", "team-a"));
+  const v1::Job job = Register(admin_.get(), GptJobSpec("matrix", "team-a"));
   const v1::Operation op = Resize(admin_.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
   ASSERT_TRUE(WaitFinal(admin_.get(), op.id()).ok());
 
@@ -264,7 +266,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   };
   const std::string job_worker = worker_token(job.id());
   const std::string other_worker =
-      worker_token(Register(admin_.get(), SmallJobSpec("matrix-other", "team-a")).id());
+      worker_token(Register(admin_.get(), GptJobSpec("matrix-other", "team-a")).id());
   const std::string forged_worker =
       "wt-" + job.id() + ".AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
 
@@ -315,7 +317,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       {"RegisterJob",
        [&](const Caller& c) {
          v1::RegisterJobRequest r;
-         *r.mutable_spec() = SmallJobSpec(absl::StrCat("m-", ++serial), "team-a");
+         *r.mutable_spec() = GptJobSpec(absl::StrCat("m-", ++serial), "team-a");
          v1::RegisterJobResponse reply;
          return CoordinatorClient(address, c.identity)->RegisterJob(CallCtx(c).get(), r, &reply);
        }},
@@ -330,7 +332,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
        [&](const Caller& c) {
          // A job of team-a of its own, so that an allowed delete harms no other case.
          const v1::Job victim =
-             Register(admin_.get(), SmallJobSpec(absl::StrCat("victim-", ++serial), "team-a"));
+             Register(admin_.get(), GptJobSpec(absl::StrCat("victim-", ++serial), "team-a"));
          v1::DeleteJobRequest r;
          r.set_job_id(victim.id());
          v1::DeleteJobResponse reply;
@@ -552,8 +554,8 @@ TEST_F(AuthTest, TokenRotation) {
 // apart from a missing one.
 TEST_F(AuthTest, AnotherTenantsJobAnswersAsAMissingOne) {
   const std::string address = coordinator_->address();
-  const v1::Job mine = Register(admin_.get(), SmallJobSpec("mine", "team-a"));
-  const v1::Job theirs = Register(admin_.get(), SmallJobSpec("theirs", "team-b"));
+  const v1::Job mine = Register(admin_.get(), GptJobSpec("mine", "team-a"));
+  const v1::Job theirs = Register(admin_.get(), GptJobSpec("theirs", "team-b"));
   // An operation of team-b's job (no agents: it never gets far; it exists).
   const v1::Operation their_op =
       Resize(admin_.get(), theirs.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));

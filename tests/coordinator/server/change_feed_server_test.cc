@@ -19,10 +19,12 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/job_watch.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
 
 /// Threads of process `pid` (/proc/PID/status).
 std::optional<int> ThreadsOf(pid_t pid) {
@@ -43,7 +45,7 @@ TEST_F(ChangeFeedServerTest, AThousandStreamsHoldNoThreadAndOneChangeReachesAll)
   std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
-  const v1::Job job = Register(admin.get(), SmallJobSpec("watched", "team-a"));
+  const v1::Job job = Register(admin.get(), GptJobSpec("watched", "team-a"));
   const std::optional<int> threads_before = ThreadsOf(c->pid());
   ASSERT_TRUE(threads_before.has_value());
 
@@ -86,8 +88,8 @@ TEST_F(ChangeFeedServerTest, AJobsVersionsCountItsOwnChangesAndResumeOnAnotherRe
   ASSERT_NE(b, nullptr);
   auto via_a = CoordinatorClient(a->address());
   auto via_b = CoordinatorClient(b->address());
-  const v1::Job mine = Register(via_a.get(), SmallJobSpec("mine", "team-a"));
-  const v1::Job theirs = Register(via_b.get(), SmallJobSpec("theirs", "team-b"));
+  const v1::Job mine = Register(via_a.get(), GptJobSpec("mine", "team-a"));
+  const v1::Job theirs = Register(via_b.get(), GptJobSpec("theirs", "team-b"));
   EXPECT_EQ(mine.version(), 1);
   EXPECT_EQ(theirs.version(), 1);
 

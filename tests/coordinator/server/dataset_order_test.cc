@@ -20,10 +20,13 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 constexpr int64_t kSamples = 32;  // one epoch is four steps
 constexpr int64_t kBatch = 8;
@@ -64,7 +67,7 @@ class DatasetOrderTest : public AdminServerTest {
  protected:
   v1::Job RegisterWithData(const std::string& name) {
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJobSpec(name, "team-a");
+    *r.mutable_spec() = GptJobSpec(name, "team-a");
     *r.mutable_dataset_state() = Dataset();
     v1::RegisterJobResponse reply;
     const grpc::Status s = admin_->RegisterJob(Ctx().get(), r, &reply);

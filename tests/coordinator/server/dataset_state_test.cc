@@ -12,10 +12,14 @@
 #include "common/data/data_share.h"
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
+using test_support::ReplicatedGptJobSpec;
 
 constexpr int64_t kBatch = 48;
 
@@ -36,7 +40,7 @@ class DatasetStateTest : public AdminServerTest {
   v1::Job RegisterWithData(const std::string& name, const v1::DatasetState& dataset,
                            v1::JobSpec spec = {}) {
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = spec.name().empty() ? SmallJobSpec(name, "team-a") : std::move(spec);
+    *r.mutable_spec() = spec.name().empty() ? GptJobSpec(name, "team-a") : std::move(spec);
     *r.mutable_dataset_state() = dataset;
     v1::RegisterJobResponse reply;
     const grpc::Status s = admin_->RegisterJob(Ctx().get(), r, &reply);
@@ -153,7 +157,7 @@ TEST_F(DatasetStateTest, CommitStepRefusals) {
 
   EXPECT_EQ(Commit("no-such-job", 1, 1, kBatch, fp, &state).error_code(),
             grpc::StatusCode::NOT_FOUND);
-  const v1::Job plain = Register(admin_.get(), SmallJobSpec("no-data", "team-a"));
+  const v1::Job plain = Register(admin_.get(), GptJobSpec("no-data", "team-a"));
   EXPECT_FALSE(GetJob(admin_.get(), plain.id()).has_dataset_state());
   const grpc::Status s = Commit(plain.id(), 1, 1, kBatch, fp, &state);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
@@ -183,7 +187,7 @@ TEST_F(DatasetStateTest, RegisterRefusesABadDatasetStateNamingTheField) {
     v1::DatasetState d = Dataset();
     c.spoil(&d);
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJobSpec(absl::StrCat("bad-", ++serial), "team-a");
+    *r.mutable_spec() = GptJobSpec(absl::StrCat("bad-", ++serial), "team-a");
     *r.mutable_dataset_state() = d;
     v1::RegisterJobResponse reply;
     const grpc::Status s = admin_->RegisterJob(Ctx().get(), r, &reply);
@@ -244,7 +248,7 @@ TEST_F(DatasetStateTest, ResizeAndMigrateCarryTheCommittedState) {
 TEST_F(DatasetStateTest, RecoverCarriesTheStepCommittedDuringTheTransfer) {
   StartAgents({"h0", "h1", "h2", "h3"}, coordinator_->address());
   const v1::Job job =
-      RegisterWithData("survivor", Dataset(), ReplicatedJobSpec("survivor", "team-a"));
+      RegisterWithData("survivor", Dataset(), ReplicatedGptJobSpec("survivor", "team-a"));
   const std::string fp = ExpectedFingerprint();
   // The C++ client library's CommitStep.
   client::CoordinatorClient::Options options;

@@ -7,10 +7,13 @@
 // method; CancelOperation keeps its key like every mutating call.
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 constexpr char kAlice[] = "scheduler:alice@team-a";
 constexpr char kCarol[] = "scheduler:carol@team-a";  // the same tenant, another scheduler
@@ -76,29 +79,29 @@ TEST_F(IdempotencyTenantTest, KeysAreScopedToTheCallersTenant) {
 
   // RegisterJob: tenant B's call with tenant A's key registers B's job.
   v1::Job job_a;
-  grpc::Status s = RegisterKeyed(alice.get(), SmallJobSpec("train-a", "team-a"), "nightly", &job_a);
+  grpc::Status s = RegisterKeyed(alice.get(), GptJobSpec("train-a", "team-a"), "nightly", &job_a);
   ASSERT_TRUE(s.ok()) << s.error_message();
   v1::Job job_b;
-  s = RegisterKeyed(bob.get(), SmallJobSpec("train-b", "team-b"), "nightly", &job_b);
+  s = RegisterKeyed(bob.get(), GptJobSpec("train-b", "team-b"), "nightly", &job_b);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(job_b.id(), job_a.id());
   EXPECT_EQ(job_b.tenant(), "team-b");
   EXPECT_EQ(job_b.name(), "train-b");
   // An admin has a scope of its own.
   v1::Job job_admin;
-  s = RegisterKeyed(admin_.get(), SmallJobSpec("train-admin", "team-b"), "nightly", &job_admin);
+  s = RegisterKeyed(admin_.get(), GptJobSpec("train-admin", "team-b"), "nightly", &job_admin);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_NE(job_admin.id(), job_b.id());
   // Tenant A: a retry (by another of its schedulers) gets the first job;
   // another request with the key is refused.
   v1::Job again;
-  s = RegisterKeyed(carol.get(), SmallJobSpec("train-a", "team-a"), "nightly", &again);
+  s = RegisterKeyed(carol.get(), GptJobSpec("train-a", "team-a"), "nightly", &again);
   ASSERT_TRUE(s.ok()) << s.error_message();
   EXPECT_EQ(again.id(), job_a.id());
   v1::Job refused;
   ExpectKeyRefused(
-      RegisterKeyed(carol.get(), SmallJobSpec("train-a2", "team-a"), "nightly", &refused),
-      "nightly", "RegisterJob");
+      RegisterKeyed(carol.get(), GptJobSpec("train-a2", "team-a"), "nightly", &refused), "nightly",
+      "RegisterJob");
 
   // Resize: the same key in both tenants, each its own operation.
   v1::Operation op_a;
@@ -132,7 +135,7 @@ TEST_F(IdempotencyTenantTest, KeysAreScopedToTheCallersTenant) {
   // ... the key on another operation of the tenant is refused, which
   // stays active...
   v1::Job job_a2;
-  s = RegisterKeyed(alice.get(), SmallJobSpec("train-a2", "team-a"), "", &job_a2);
+  s = RegisterKeyed(alice.get(), GptJobSpec("train-a2", "team-a"), "", &job_a2);
   ASSERT_TRUE(s.ok()) << s.error_message();
   v1::Operation op_a2;
   s = ResizeKeyed(alice.get(), job_a2.id(), "", &op_a2);

@@ -12,9 +12,14 @@
 #include "services/coordinator/store/migrator.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::HostsPlacement;
+using test_support::MakeLayout;
 
 // Sends `body` as the raw request bytes of unary `method` and waits for the
 // answer (at most 30 s): what a client that sends garbage gets.
@@ -54,7 +59,7 @@ class InvalidInputTest : public ServerTest {
     coordinator_ = StartCoordinator();
     ASSERT_NE(coordinator_, nullptr);
     stub_ = CoordinatorClient(coordinator_->address());
-    job_ = Register(stub_.get(), SmallJobSpec("base", "t"));
+    job_ = Register(stub_.get(), GptJobSpec("base", "t"));
     ASSERT_FALSE(job_.id().empty());
   }
 
@@ -205,7 +210,7 @@ TEST_F(InvalidInputTest, GenerationsKeysAndBusyJobs) {
   });
   ExpectRefused("same tenant and name", grpc::StatusCode::ALREADY_EXISTS, [&] {
     v1::RegisterJobRequest r;
-    *r.mutable_spec() = SmallJobSpec("base", "t");
+    *r.mutable_spec() = GptJobSpec("base", "t");
     v1::RegisterJobResponse reply;
     return stub_->RegisterJob(Ctx().get(), r, &reply);
   });
@@ -299,7 +304,7 @@ TEST_F(InvalidInputTest, LengthLimitsAreInvalidArgument) {
   for (const char* field : {"name", "tenant", "tensor", "host"}) {
     ExpectRefused(field, grpc::StatusCode::INVALID_ARGUMENT, [&] {
       v1::RegisterJobRequest r;
-      *r.mutable_spec() = SmallJobSpec("long", "t");
+      *r.mutable_spec() = GptJobSpec("long", "t");
       const std::string f = field;
       if (f == "name") r.mutable_spec()->set_name(long_name);
       if (f == "tenant") r.mutable_spec()->set_tenant(long_name);
@@ -361,7 +366,7 @@ TEST_F(InvalidInputTest, UnparseableBodiesChangeNothing) {
   for (int i = 0; i < 100000; ++i) nested += '\x0b';  // field 1, start group
   for (int i = 0; i < 100000; ++i) nested += '\x0c';  // field 1, end group
   v1::RegisterJobRequest bad_utf8;
-  *bad_utf8.mutable_spec() = SmallJobSpec("utf8", "t");
+  *bad_utf8.mutable_spec() = GptJobSpec("utf8", "t");
   std::string bytes = bad_utf8.SerializeAsString();
   const size_t at = bytes.find("utf8");
   ASSERT_NE(at, std::string::npos);
@@ -387,7 +392,7 @@ TEST_F(InvalidInputTest, OversizedSpecs) {
 
   // Over the limit but within the gRPC margin: SchedulerApi refuses it.
   v1::RegisterJobRequest request;
-  *request.mutable_spec() = SmallJobSpec("big", "t");
+  *request.mutable_spec() = GptJobSpec("big", "t");
   ASSERT_GT(request.spec().ByteSizeLong(), 1024u);
   v1::RegisterJobResponse reply;
   grpc::Status s = stub->RegisterJob(Ctx().get(), request, &reply);

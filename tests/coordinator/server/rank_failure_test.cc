@@ -10,10 +10,13 @@
 #include "grpcpp/grpcpp.h"
 #include "planner/layout.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 class RankFailureTest : public AdminServerTest {
  protected:
@@ -39,7 +42,7 @@ class RankFailureTest : public AdminServerTest {
 TEST_F(RankFailureTest, WatchersSeeItAtOnceAndTheAuditRecordsIt) {
   const std::string address = coordinator_->address();
   StartAgents({"h0", "h1"}, address);
-  const v1::Job job = Register(admin_.get(), SmallJobSpec("rf", "team-a"));
+  const v1::Job job = Register(admin_.get(), GptJobSpec("rf", "team-a"));
   const int64_t world = planner::WorldSize(job.layout().config());
   ASSERT_EQ(world, 8);
   const std::string token = WorkerToken(job.id());

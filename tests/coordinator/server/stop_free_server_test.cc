@@ -10,10 +10,13 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 constexpr int64_t kBatch = 8;
 
@@ -28,7 +31,7 @@ TEST_F(StopFreeServerTest, AgentsPrepareThenTheCutOverCommitsTheGenerationTheyPr
   StartAgents({"h0", "h1", "h2"}, c->address());
 
   v1::RegisterJobRequest reg;
-  *reg.mutable_spec() = SmallJobSpec("stop-free", "team-a");
+  *reg.mutable_spec() = GptJobSpec("stop-free", "team-a");
   v1::DatasetState* data = reg.mutable_dataset_state();
   data->mutable_dataset()->set_id("tokens");
   data->mutable_dataset()->set_num_samples(1000);

@@ -6,6 +6,7 @@
 namespace reshard::coordinator::testing {
 namespace {
 
+using ::reshard::test_support::GptJobSpec;
 using ::reshard::test_support::kGptHidden;
 using ::reshard::test_support::kGptLayers;
 
@@ -14,7 +15,7 @@ using ::reshard::test_support::kGptLayers;
 std::vector<InvalidSpecCase> InvalidSpecCases() {
   std::vector<InvalidSpecCase> cases;
   auto add = [&](const std::string& name, auto mutate) {
-    v1::JobSpec spec = SmallJobSpec("bad-" + name, "tenant-bad");
+    v1::JobSpec spec = GptJobSpec("bad-" + name, "tenant-bad");
     mutate(&spec);
     cases.push_back({name, std::move(spec)});
   };

@@ -1,5 +1,7 @@
-// Small, valid job specs and layouts for the coordinator's integration
-// tests, and the invalid variants each planner check must refuse.
+// The invalid variants of GptJobSpec that each planner check must refuse
+// (InvalidSpecCases), and, under their old names, the job specs and layout
+// builders of tests/support for the suites that still call them by these
+// names (tests/client, tests/agent/e2e, tests/fault).
 #pragma once
 
 #include <string>
@@ -12,8 +14,7 @@
 
 namespace reshard::coordinator::testing {
 
-// The builders and the GPT-like specs are tests/support's, under the names
-// these suites use.
+// tests/support's builders and GPT-like specs, under the old names.
 using ::reshard::test_support::HostsPlacement;
 using ::reshard::test_support::MakeLayout;
 
@@ -34,7 +35,7 @@ inline v1::JobSpec ReplicatedJobSpec(const std::string& name, const std::string&
   return ::reshard::test_support::ReplicatedGptJobSpec(name, tenant);
 }
 
-/// One invalid variant of SmallJobSpec, refused by the planner's
+/// One invalid variant of GptJobSpec, refused by the planner's
 /// validation with InvalidArgument.
 struct InvalidSpecCase {
   std::string name;  // test-case name

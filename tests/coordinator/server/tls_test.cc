@@ -11,11 +11,14 @@
 #include "grpcpp/grpcpp.h"
 #include "tests/coordinator/harness/test_pki.h"
 #include "tests/coordinator/server/server_fixture.h"
-#include "tests/coordinator/server/test_jobs.h"
 #include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
+
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 
 class TlsTest : public ServerTest {};
 
@@ -94,8 +97,7 @@ TEST_F(TlsTest, JobsAreReadWithinTenantsAndPlacements) {
   std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
   ASSERT_NE(c, nullptr);
   StartAgents({"h0", "h1"}, c->address());
-  const v1::Job job =
-      Register(CoordinatorClient(c->address()).get(), SmallJobSpec("mine", "team-a"));
+  const v1::Job job = Register(CoordinatorClient(c->address()).get(), GptJobSpec("mine", "team-a"));
   auto get = [&](const std::string& identity) {
     v1::GetJobRequest r;
     r.set_job_id(job.id());
@@ -177,7 +179,7 @@ TEST_F(TlsTest, ForgedProgressReportsAreRefused) {
   auto stub = CoordinatorClient(c->address());
   StartAgents({"h0", "h1", "h2"}, c->address());
   HoldAgents(true);
-  const v1::Job job = Register(stub.get(), SmallJobSpec("forged", "t"));
+  const v1::Job job = Register(stub.get(), GptJobSpec("forged", "t"));
   const v1::Operation op = Resize(stub.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h1"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
 

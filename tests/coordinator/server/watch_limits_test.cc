@@ -24,11 +24,13 @@
 #include "tests/coordinator/server/scrape.h"
 #include "tests/coordinator/server/server_fixture.h"
 #include "tests/coordinator/server/test_channel.h"
-#include "tests/coordinator/server/test_jobs.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
 
+using test_support::GptJobSpec;
+using test_support::MakeLayout;
 using ::testing::HasSubstr;
 
 // Open watch streams, each after its first message arrived (so the server
@@ -128,9 +130,9 @@ TEST_F(WatchLimitsTest, TenantsShareABudgetSoOneCannotTakeEverySlot) {
       StartCoordinator({"--max-watch-streams", "8", "--max-watch-streams-per-identity", "4"});
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
-  const v1::Job a1 = Register(admin.get(), SmallJobSpec("a1", "team-a"));
-  const v1::Job a2 = Register(admin.get(), SmallJobSpec("a2", "team-a"));
-  const v1::Job b = Register(admin.get(), SmallJobSpec("b", "team-b"));
+  const v1::Job a1 = Register(admin.get(), GptJobSpec("a1", "team-a"));
+  const v1::Job a2 = Register(admin.get(), GptJobSpec("a2", "team-a"));
+  const v1::Job b = Register(admin.get(), GptJobSpec("b", "team-b"));
   auto token_of = [&](const std::string& job_id) {
     v1::GetWorkerTokenRequest r;
     r.set_job_id(job_id);
@@ -185,7 +187,7 @@ TEST_F(WatchLimitsTest, AFromVersionBeyondTheJobsIsInvalid) {
   std::unique_ptr<CoordinatorProcess> c = StartCoordinator();
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
-  const v1::Job job = Register(admin.get(), SmallJobSpec("versions", "team-a"));
+  const v1::Job job = Register(admin.get(), GptJobSpec("versions", "team-a"));
   const int64_t current = GetJob(admin.get(), job.id()).version();
   Streams streams;
   const grpc::Status beyond =
@@ -226,7 +228,7 @@ TEST_F(WatchLimitsTest, PerIdentityAndTotalLimitsAndSlotsComeBack) {
   auto admin = CoordinatorClient(c->address());
   StartAgents({"h0", "h1"}, c->address());
   HoldAgents(true);  // the operation stays open, so its watch does too
-  const v1::Job job = Register(admin.get(), SmallJobSpec("watched", "team-a"));
+  const v1::Job job = Register(admin.get(), GptJobSpec("watched", "team-a"));
   const v1::Operation op = Resize(admin.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h0"}, 4));
 
   const std::string viewer = "viewer:dash@team-a";
@@ -321,7 +323,7 @@ TEST_F(WatchLimitsTest, KilledClientGivesItsSlotsBack) {
       StartCoordinator({"--max-watch-streams", "10", "--max-watch-streams-per-identity", "3"});
   ASSERT_NE(c, nullptr);
   auto admin = CoordinatorClient(c->address());
-  const v1::Job job = Register(admin.get(), SmallJobSpec("watched", "team-a"));
+  const v1::Job job = Register(admin.get(), GptJobSpec("watched", "team-a"));
   const std::string viewer = "viewer:gone@team-a";
   absl::StatusOr<CertFiles> cert = SharedTestPki().Issue(viewer);
   ASSERT_TRUE(cert.ok()) << cert.status();
@@ -371,7 +373,7 @@ TEST_F(WatchLimitsTest, ViewerFloodDoesNotStarveAgents) {
   auto admin = CoordinatorClient(c->address());
   const std::vector<std::string> hosts = {"h0", "h1", "h2", "h3"};
   StartAgents(hosts, c->address());
-  const v1::Job job = Register(admin.get(), SmallJobSpec("busy", "team-a"));
+  const v1::Job job = Register(admin.get(), GptJobSpec("busy", "team-a"));
   std::map<std::string, int64_t> epochs;
   for (const std::string& h : hosts) epochs[h] = agent(h)->epoch();
 
