@@ -387,7 +387,7 @@ TEST_F(ClientTest, JobCallsAndHosts) {
   for (const v1::Host& h : hosts->hosts()) EXPECT_EQ(h.state(), v1::HOST_STATE_ALIVE);
 
   v1::RegisterJobRequest reg;
-  *reg.mutable_spec() = coordinator::testing::SmallJobSpec("gpt", "team-a", {"h0", "h1"});
+  *reg.mutable_spec() = test_support::GptJobSpec("gpt", "team-a", {"h0", "h1"});
   absl::StatusOr<v1::Job> job = client_->RegisterJob(reg);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->generation(), 1);
@@ -406,7 +406,7 @@ TEST_F(ClientTest, JobCallsAndHosts) {
   EXPECT_EQ(CountAttempts("RegisterJob"), 1);
 
   v1::RegisterJobRequest reg2;
-  *reg2.mutable_spec() = coordinator::testing::SmallJobSpec("gpt", "team-b", {"h0", "h1"});
+  *reg2.mutable_spec() = test_support::GptJobSpec("gpt", "team-b", {"h0", "h1"});
   ASSERT_TRUE(client_->RegisterJob(reg2).ok());
 
   v1::ListJobsRequest list;
@@ -447,7 +447,7 @@ TEST_F(ClientTest, ErrorCodesPassThroughWithoutRetry) {
   EXPECT_EQ(client_->CancelOperation("no-such-op").status().code(), absl::StatusCode::kNotFound);
 
   v1::RegisterJobRequest reg;
-  *reg.mutable_spec() = coordinator::testing::SmallJobSpec("gpt", "errors", {"h0", "h1"});
+  *reg.mutable_spec() = test_support::GptJobSpec("gpt", "errors", {"h0", "h1"});
   absl::StatusOr<v1::Job> job = client_->RegisterJob(reg);
   ASSERT_TRUE(job.ok()) << job.status();
   job_id_ = job->id();
@@ -475,7 +475,7 @@ TEST_F(ClientTest, SecondOperationConflictsDeadlineAndCancel) {
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "conflict", {"h0", "h1"})));
+      RegisterAndPublish(test_support::GptJobSpec("gpt", "conflict", {"h0", "h1"})));
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
 
   absl::StatusOr<v1::Operation> first =
@@ -523,7 +523,7 @@ TEST_F(ClientTest, SecondOperationConflictsDeadlineAndCancel) {
 TEST_F(ClientTest, WatchSeesProgressAndWorkerLoadsResizedState) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "watch", {"h0", "h1"})));
+      RegisterAndPublish(test_support::GptJobSpec("gpt", "watch", {"h0", "h1"})));
   ASSERT_NO_FATAL_FAILURE(ExpectLoaded(1, contents_));
 
   const v1::Layout target = MakeLayout(4, 1, 2, {"h1", "h0"}, 4);  // tp up, pp down, moved
@@ -591,7 +591,7 @@ TEST_F(ClientTest, StopFreeResizePreparesThenCutsOverAtACheckpoint) {
   data.mutable_order()->set_seed(7);
   data.mutable_order()->set_shuffle(v1::SHUFFLE_FULL);
   data.set_global_batch(kBatch);
-  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "stop-free", {"h0", "h1"});
+  const v1::JobSpec spec = test_support::GptJobSpec("gpt", "stop-free", {"h0", "h1"});
   ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &data));
   absl::StatusOr<v1::Job> job = client_->GetJob(job_id_);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -709,7 +709,7 @@ TEST_F(ClientTest, StopFreeResizePreparesThenCutsOverAtACheckpoint) {
 TEST_F(ClientTest, WorkerRejectsWrongSizesAndUnsealedLoads) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}));
   v1::RegisterJobRequest reg;
-  *reg.mutable_spec() = coordinator::testing::SmallJobSpec("gpt", "worker", {"h0", "h1"});
+  *reg.mutable_spec() = test_support::GptJobSpec("gpt", "worker", {"h0", "h1"});
   absl::StatusOr<v1::Job> job = client_->RegisterJob(reg);
   ASSERT_TRUE(job.ok()) << job.status();
   WorkerClient::Options worker_options;
@@ -733,7 +733,7 @@ TEST_F(ClientTest, WorkerRejectsWrongSizesAndUnsealedLoads) {
 TEST_F(ClientTest, RecoverAfterLosingAHost) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1", "h2", "h3"}));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "recover")));
+      RegisterAndPublish(test_support::ReplicatedGptJobSpec("gpt-replicated", "recover")));
   agents_["h1"]->Kill();
   absl::Status get_job;
   const bool lost = test_support::Eventually(
@@ -771,7 +771,7 @@ TEST_F(ClientTest, RecoverAfterLosingAHost) {
 TEST_F(ClientTest, RetryAfterALostReplyReturnsTheSameOperation) {
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "lost-reply", {"h0", "h1"})));
+      RegisterAndPublish(test_support::GptJobSpec("gpt", "lost-reply", {"h0", "h1"})));
   DroppingProxy proxy(coordinator_->port());
   CoordinatorClient via_proxy(absl::StrCat("127.0.0.1:", proxy.port()), Options());
   ASSERT_TRUE(via_proxy.ListHosts().ok());  // the connection is up and idle
@@ -837,7 +837,7 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "reconnect", {"h0", "h1"})));
+      RegisterAndPublish(test_support::GptJobSpec("gpt", "reconnect", {"h0", "h1"})));
   CoordinatorClient::Options o = Options();
   o.retry.max_attempts = 60;
   o.retry.initial_backoff = absl::Milliseconds(50);
@@ -900,7 +900,7 @@ TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "slots", {"h0", "h1"})));
+      RegisterAndPublish(test_support::GptJobSpec("gpt", "slots", {"h0", "h1"})));
   ASSERT_EQ(kill(agents_["h1"]->pid(), SIGSTOP), 0);
   absl::StatusOr<v1::Operation> op =
       client_->Resize(ResizeTo(MakeLayout(2, 2, 2, {"h1", "h0"}, 4), 1));

@@ -41,7 +41,7 @@ TEST_F(CrashTest, KilledWhileTransferringResumesAfterRestart) {
   auto stub = CoordinatorClient(first->address());
   StartAgents({"h0", "h1", "h2"}, first->address());
   HoldAgents(true);  // they fetch their tasks but do not finish
-  const v1::Job job = Register(stub.get(), SmallJobSpec("crash", "t"));
+  const v1::Job job = Register(stub.get(), test_support::GptJobSpec("crash", "t"));
   const v1::Operation op =
       Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());
@@ -80,7 +80,7 @@ TEST_F(CrashTest, KilledWhilePendingResumesAfterRestart) {
   ASSERT_NE(first, nullptr);
   auto stub = CoordinatorClient(first->address());
   StartAgents({"h0", "h1", "h2"}, first->address());
-  const v1::Job job = Register(stub.get(), SmallJobSpec("pending", "t"));
+  const v1::Job job = Register(stub.get(), test_support::GptJobSpec("pending", "t"));
   const v1::Operation op =
       Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   EXPECT_EQ(op.state(), v1::OPERATION_STATE_PENDING);
@@ -115,7 +115,7 @@ TEST_F(CrashTest, AgentsGoneDuringTheCrashAbortWithAReason) {
   auto stub = CoordinatorClient(first->address());
   StartAgents({"h0", "h1", "h2"}, first->address());
   HoldAgents(true);
-  const v1::Job job = Register(stub.get(), SmallJobSpec("orphan", "t"));
+  const v1::Job job = Register(stub.get(), test_support::GptJobSpec("orphan", "t"));
   const v1::Operation op =
       Resize(stub.get(), job.id(), job.generation(), MakeLayout(2, 2, 1, {"h2"}, 4));
   ASSERT_TRUE(WaitState(stub.get(), op.id(), v1::OPERATION_STATE_TRANSFERRING).ok());

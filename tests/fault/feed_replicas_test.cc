@@ -20,7 +20,7 @@ TEST_F(FeedReplicasTest, AWatcherResumesOnAnotherReplicaAndMissesNothing) {
   ASSERT_NE(b, nullptr);
   auto via_a = CoordinatorClient(a->address());
   auto via_b = CoordinatorClient(b->address());
-  const v1::Job job = Register(via_a.get(), SmallJobSpec("replicas", "team-a"));
+  const v1::Job job = Register(via_a.get(), test_support::GptJobSpec("replicas", "team-a"));
 
   auto on_a = std::make_unique<JobWatch>(via_a.get(), job.id());
   JobWatch on_b(via_b.get(), job.id());

@@ -48,7 +48,7 @@ TEST_F(ReplicasTest, OneLeaderAndFailover) {
   // Everything goes through the follower; the leader drives.
   auto stub = CoordinatorClient(follower->address());
   StartAgents({"h0", "h1", "h2", "h3"}, follower->address());
-  const v1::Job job = Register(stub.get(), SmallJobSpec("replicated", "t"));
+  const v1::Job job = Register(stub.get(), test_support::GptJobSpec("replicated", "t"));
   absl::StatusOr<v1::Operation> op =
       ResizeAndWait(stub.get(), job.id(), 1, MakeLayout(2, 2, 1, {"h2"}, 4));
   ASSERT_TRUE(op.ok()) << op.status();

@@ -33,15 +33,13 @@ namespace {
 using coordinator::testing::MakeLayout;
 
 TEST_F(AgentE2eTest, PublishedGenerationIsLoadable) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   absl::Status v = Verify(sockets_, job_id_, 1, contents_);
   EXPECT_TRUE(v.ok()) << v;
 }
 
 TEST_F(AgentE2eTest, ResizesTpPpDpAndMigrates) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   // Start: tp 2, pp 2, dp 2 on h0, h1 x 4.
   ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(4, 2, 1, {"h0", "h1"}, 4)));              // TP up
   ASSERT_NO_FATAL_FAILURE(ResizeTo(MakeLayout(2, 2, 2, {"h0", "h1"}, 4)));              // TP down
@@ -58,7 +56,7 @@ TEST_F(AgentE2eTest, ResizesTpPpDpAndMigrates) {
 TEST_F(AgentE2eTest, RecoversFromALostHost) {
   // One data-parallel replica of one stage per host: h1 holds a copy of h0's.
   ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "e2e")));
+      RegisterAndPublish(test_support::ReplicatedGptJobSpec("gpt-replicated", "e2e")));
   agents_["h1"]->Kill();
   ASSERT_NO_FATAL_FAILURE(WaitLost("h1"));
 
@@ -67,8 +65,7 @@ TEST_F(AgentE2eTest, RecoversFromALostHost) {
 }
 
 TEST_F(AgentE2eTest, AgentKilledMidTransferAbortsAndRetrySucceeds) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   // Every new rank on h2, h3: both old hosts send, both new hosts receive.
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
   v1::Operation op = StartResize(target);
@@ -91,7 +88,7 @@ TEST_F(AgentE2eTest, AgentKilledMidTransferAbortsAndRetrySucceeds) {
 }
 
 TEST_F(AgentE2eTest, WorkerServiceRefusesBadRequests) {
-  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"});
+  const v1::JobSpec spec = test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"});
   v1::RegisterJobRequest rj;
   *rj.mutable_spec() = spec;
   v1::RegisterJobResponse job;
@@ -179,8 +176,7 @@ TEST_F(AgentE2eTest, WorkerSocketNeedsTheJobsWorkerToken) {
   std::vector<v1::RegisterJobResponse> jobs(2);
   for (int i = 0; i < 2; ++i) {
     v1::RegisterJobRequest rj;
-    *rj.mutable_spec() =
-        coordinator::testing::SmallJobSpec(absl::StrCat("tok", i), "e2e", {"h0", "h1"});
+    *rj.mutable_spec() = test_support::GptJobSpec(absl::StrCat("tok", i), "e2e", {"h0", "h1"});
     grpc::ClientContext rctx;
     ASSERT_TRUE(stub_->RegisterJob(&rctx, rj, &jobs[i]).ok());
     ASSERT_FALSE(jobs[i].worker_token().empty());

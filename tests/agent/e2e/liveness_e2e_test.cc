@@ -79,7 +79,7 @@ class LivenessE2eTest : public AgentE2eTest {
   // current generation.
   void ReplicatedJobAtGeneration2() {
     ASSERT_NO_FATAL_FAILURE(
-        RegisterAndPublish(coordinator::testing::ReplicatedJobSpec("gpt-replicated", "e2e")));
+        RegisterAndPublish(test_support::ReplicatedGptJobSpec("gpt-replicated", "e2e")));
     const v1::Layout target = MakeLayout(2, 2, 2, {"h1", "h0", "h3", "h2"}, 2);
     ASSERT_NO_FATAL_FAILURE(MigrateTo(target));
     ASSERT_EQ(generation_, 2);
@@ -89,8 +89,7 @@ class LivenessE2eTest : public AgentE2eTest {
 // ---- Defect 3 ----------------------------------------------------------------
 
 TEST_F(LivenessE2eTest, DeleteJobReleasesEveryHostsMemory) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   for (const std::string h : {"h0", "h1"}) {
     ASSERT_GT(ShardFiles(h), 0) << h;
     std::optional<double> used = AgentMetric(h, "reshard_agent_shard_store_used_bytes");
@@ -114,8 +113,7 @@ TEST_F(LivenessE2eTest, DeleteJobReleasesEveryHostsMemory) {
 }
 
 TEST_F(LivenessE2eTest, AgentDownDuringDeleteJobDropsItWhenItComesBack) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   ASSERT_GT(ShardFiles("h1"), 0);
   agents_["h1"]->Kill();
   ASSERT_NO_FATAL_FAILURE(DeleteJob());
@@ -147,8 +145,7 @@ class RestartWithinLeaseTest : public LivenessE2eTest {
 };
 
 TEST_F(RestartWithinLeaseTest, DestinationRestartedWithinItsLeaseAbortsAtOnceAndRetryCommits) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
   v1::Operation op = StartResize(target);
   ASSERT_FALSE(op.id().empty());

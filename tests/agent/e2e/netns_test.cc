@@ -154,7 +154,7 @@ TEST_F(NetnsTest, LinkCutMidTransferAbortsAndOldGenerationSurvives) {
       },
       absl::Seconds(10)))
       << alive << " of 3 hosts alive";
-  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "netns", {"h0", "h1"});
+  const v1::JobSpec spec = test_support::GptJobSpec("gpt", "netns", {"h0", "h1"});
   v1::RegisterJobRequest req;
   *req.mutable_spec() = spec;
   v1::RegisterJobResponse resp;

@@ -66,7 +66,7 @@ class RegenerateE2eTest : public AgentE2eTest {
 TEST_F(RegenerateE2eTest, OpenGenerationReportsExactlyTheRegeneratedBlobs) {
   // tp 2, pp 2, dp 2 on h0..h3 (two ranks a host): every tensor has a
   // data-parallel replica on another host, the per-rank rng_state none.
-  v1::JobSpec spec = coordinator::testing::ReplicatedJobSpec("gpt-rng", "e2e");
+  v1::JobSpec spec = test_support::ReplicatedGptJobSpec("gpt-rng", "e2e");
   v1::BlobSpec* rng = spec.mutable_ptc()->add_blobs();
   rng->set_name("rng_state");
   rng->set_size_bytes(64);

@@ -68,8 +68,7 @@ class RegroupE2eTest : public AgentE2eTest {
 
 TEST_F(RegroupE2eTest, ARestartedAgentGivesOlderFilesAndItsSocketTheConfiguredGroupAndMode) {
   if (::geteuid() != 0) GTEST_SKIP() << "giving files another group needs root";
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   const gid_t own = ::getegid();
   auto before = Files("h0");
   ASSERT_GT(before.size(), 1u) << "no shard files on h0";

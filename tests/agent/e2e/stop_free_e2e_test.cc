@@ -95,8 +95,7 @@ class StopFreeE2eTest : public AgentE2eTest {
 };
 
 TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterWithData(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   // tp 2 -> 4 onto h0 and h2: local copies on h0, h1 and h0 send to h2.
   const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
   const v1::Operation started = StartResize(target, /*stop_free=*/true);
@@ -158,8 +157,7 @@ TEST_F(StopFreeE2eTest, PreCopyThenOnlyTheChangedShardsMoveAtTheCutOver) {
 // that error, and the job stays on the checkpoint's generation, intact.
 // (Before the check the operation COMMITTED generation 3 with the byte.)
 TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterWithData(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   const v1::Layout target = MakeLayout(4, 2, 1, {"h0", "h2"}, 4);
   const v1::Operation started = StartResize(target, /*stop_free=*/true);
   ASSERT_FALSE(started.id().empty());
@@ -218,8 +216,7 @@ TEST_F(StopFreeE2eTest, APreCopyChangedAfterThePrepareIsNotCommitted) {
 }
 
 TEST_F(StopFreeE2eTest, CancelledAfterItsPrepareLeavesNoBufferOfThePendingGeneration) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterWithData(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterWithData(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h3"}, 4);
   const v1::Operation started = StartResize(target, /*stop_free=*/true);
   ASSERT_FALSE(started.id().empty());

@@ -67,8 +67,7 @@ class TamperedTransferE2eTest : public AgentE2eTest {
 v1::Layout Target() { return coordinator::testing::MakeLayout(2, 2, 2, {"h2", "h3"}, 4); }
 
 TEST_F(TamperedTransferE2eTest, AWrongTransferProofIsRefusedAndNothingIsCommitted) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   ASSERT_NO_FATAL_FAILURE(StartRogue("h1", "proof"));
   ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
   const std::string error = ExpectAborted(Target());
@@ -80,8 +79,7 @@ TEST_F(TamperedTransferE2eTest, AWrongTransferProofIsRefusedAndNothingIsCommitte
 }
 
 TEST_F(TamperedTransferE2eTest, BytesAlteredAfterTheSourceReadAreDataLossAndNothingIsCommitted) {
-  ASSERT_NO_FATAL_FAILURE(
-      RegisterAndPublish(coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"})));
+  ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"})));
   ASSERT_NO_FATAL_FAILURE(StartRogue("h1", "data"));
   ASSERT_NO_FATAL_FAILURE(WaitHostsAlive());
   const std::string error = ExpectAborted(Target());

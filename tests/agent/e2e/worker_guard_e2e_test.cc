@@ -144,7 +144,7 @@ class WorkerGuardE2eTest : public AgentE2eTest {
 // then killed the agent or failed the operation.
 TEST_F(WorkerGuardE2eTest, AWorkerCannotSealOrPublishAPreparedBuffer) {
   const v1::DatasetState d = TokensDataset(kBatch);
-  const v1::JobSpec spec = coordinator::testing::SmallJobSpec("gpt", "e2e", {"h0", "h1"});
+  const v1::JobSpec spec = test_support::GptJobSpec("gpt", "e2e", {"h0", "h1"});
   v1::Job job;
   ASSERT_NO_FATAL_FAILURE(RegisterAndPublish(spec, &d, &job));
   // tp 2 -> 4 onto h0 and h2 (ranks 0-3 on h0, 4-7 on h2).

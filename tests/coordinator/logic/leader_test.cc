@@ -6,8 +6,9 @@
 #include <memory>
 
 #include "gtest/gtest.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 #include "tests/support/wait.h"
 
 namespace reshard::coordinator::testing {
@@ -67,9 +68,10 @@ class LeaderLoopTest : public LogicTest {
 };
 
 TEST_F(LeaderLoopTest, DrivesOnlyWhileHoldingTheLock) {
-  const v1::Job job = Register(SmallJob("led"));
+  const v1::Job job = Register(test_support::TwoLayerJob("led"));
   RegisterAgents({"h0", "h1", "h2"});
-  absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  absl::StatusOr<v1::Operation> op =
+      ResizeTo(job, test_support::MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
 
   auto state = std::make_shared<ScriptedLock::State>();
@@ -131,9 +133,10 @@ TEST_F(LeaderLoopTest, AnotherReplicaTakesOverWhenTheLeaderStops) {
   ASSERT_TRUE(test_support::Eventually([&] { return b_refusals >= 3; }, kDeadline, kPoll));
   EXPECT_FALSE(b.IsLeader());
 
-  const v1::Job job = Register(SmallJob("failover"));
+  const v1::Job job = Register(test_support::TwoLayerJob("failover"));
   RegisterAgents({"h0", "h1", "h2"});
-  absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+  absl::StatusOr<v1::Operation> op =
+      ResizeTo(job, test_support::MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
   ASSERT_TRUE(op.ok()) << op.status();
   ASSERT_TRUE(test_support::Eventually(
       [&] { return Op(op->id()).state() == v1::OPERATION_STATE_TRANSFERRING; }, kDeadline, kPoll));

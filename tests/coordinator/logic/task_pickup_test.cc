@@ -18,8 +18,9 @@
 #include "services/coordinator/store/pg_listener.h"
 #include "tests/coordinator/harness/eventually.h"
 #include "tests/coordinator/logic/feed_fixture.h"
-#include "tests/coordinator/logic/job_builders.h"
 #include "tests/coordinator/logic/logic_fixture.h"
+#include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator::testing {
 namespace {
@@ -96,9 +97,10 @@ class TaskPickupTest : public LogicTest {
   /// A resize whose tasks go to h0..h2, planned (PENDING -> PLANNED) but
   /// with no task yet; the driver's next tick creates them.
   v1::Operation PlannedResize() {
-    const v1::Job job = Register(SmallJob("pickup"));
+    const v1::Job job = Register(test_support::TwoLayerJob("pickup"));
     RegisterAgents({"h0", "h1", "h2"});
-    absl::StatusOr<v1::Operation> op = ResizeTo(job, MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
+    absl::StatusOr<v1::Operation> op =
+        ResizeTo(job, test_support::MakeLayout(1, 2, 2, {"h1", "h2"}, 2));
     EXPECT_TRUE(op.ok()) << op.status();
     return op.ok() ? *op : v1::Operation();
   }

@@ -39,7 +39,7 @@ TEST_P(AuditStoreTest, MutationWritesTheScopeRecordInItsTransaction) {
   AuditRecord record = Record("RegisterJob");
   {
     AuditScope scope(&record);
-    ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("one", "team-a"), {}).ok());
+    ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("one", "team-a"), {}).ok());
   }
   EXPECT_TRUE(record.committed);
   EXPECT_GT(record.id, 0);
@@ -52,8 +52,10 @@ TEST_P(AuditStoreTest, MutationWritesTheScopeRecordInItsTransaction) {
   EXPECT_EQ(page->records[0].code, "OK");
 
   // Without a scope (the operation driver), no row.
-  ASSERT_TRUE(
-      store_->CreateOperation(Resize("op-1", "job-1", 1, Layout(2, 2, 1, {"h1"}, 4), {})).ok());
+  ASSERT_TRUE(store_
+                  ->CreateOperation(
+                      Resize("op-1", "job-1", 1, test_support::MakeLayout(2, 2, 1, {"h1"}, 4), {}))
+                  .ok());
   EXPECT_EQ(AuditRows(), 1);
 
   // DeleteJob writes its row, then finds the active operation: the refusal

@@ -10,7 +10,7 @@ namespace {
 using DeleteIdempotencyTest = StoreContractTest;
 
 TEST_P(DeleteIdempotencyTest, RetryWithTheSameKeyAnswersOkAgain) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
   const Idempotency key = Key("dk", "DeleteJob", "hash-of-delete-job-1");
   ASSERT_TRUE(store_->DeleteJob("job-1", key).ok());
   EXPECT_EQ(store_->GetJob("job-1", false).status().code(), absl::StatusCode::kNotFound);
@@ -29,9 +29,9 @@ TEST_P(DeleteIdempotencyTest, RetryWithTheSameKeyAnswersOkAgain) {
 }
 
 TEST_P(DeleteIdempotencyTest, KeyOfAnotherRequestDeletesNothing) {
-  ASSERT_TRUE(store_->CreateJob("job-a", SmallSpec("a"), {}).ok());
-  ASSERT_TRUE(store_->CreateJob("job-b", SmallSpec("b"), {}).ok());
-  const v1::Layout target = Layout(2, 2, 1, {"h0", "h2"}, 2);
+  ASSERT_TRUE(store_->CreateJob("job-a", test_support::StoreSmallSpec("a"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-b", test_support::StoreSmallSpec("b"), {}).ok());
+  const v1::Layout target = test_support::MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
   ASSERT_TRUE(
       store_->CreateOperation(Resize("op-1", "job-a", 1, target, Key("k", "Resize", "h1"))).ok());
 
@@ -43,14 +43,14 @@ TEST_P(DeleteIdempotencyTest, KeyOfAnotherRequestDeletesNothing) {
 
   // A DeleteJob key reused for a different DeleteJob request.
   ASSERT_TRUE(store_->DeleteJob("job-b", Key("dk", "DeleteJob", "delete-b")).ok());
-  ASSERT_TRUE(store_->CreateJob("job-c", SmallSpec("c"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-c", test_support::StoreSmallSpec("c"), {}).ok());
   EXPECT_EQ(store_->DeleteJob("job-c", Key("dk", "DeleteJob", "delete-c")).code(),
             absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(store_->GetJob("job-c", false).ok());
 }
 
 TEST_P(DeleteIdempotencyTest, RefusedDeleteRecordsNoKey) {
-  const v1::JobSpec spec = SmallSpec("llama");
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama");
   ASSERT_TRUE(store_->CreateJob("job-1", spec, {}).ok());
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, spec.layout())).ok());
   EXPECT_EQ(store_->DeleteJob("job-1", Key("dk", "DeleteJob", "h")).code(),

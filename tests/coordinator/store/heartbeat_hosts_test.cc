@@ -23,11 +23,11 @@ HostHeartbeat Beat(const std::string& host, int64_t epoch, std::vector<std::stri
 }
 
 TEST_P(HeartbeatHostsTest, EachHostIsAnsweredAloneInTheBatchsOrder) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("m1"), {}).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1500, 11500).ok());  // epoch 2
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 0, 1000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h2"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("m1"), {}).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1500, 11500).ok());  // epoch 2
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h1"), 0, 1000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h2"), 1000, 11000).ok());
   ASSERT_EQ(*store_->ExpireLeases(2000), std::vector<std::string>{"h1"});
 
   absl::StatusOr<std::vector<HostHeartbeatResult>> results = store_->HeartbeatHosts(
@@ -61,8 +61,8 @@ TEST_P(HeartbeatHostsTest, EachHostIsAnsweredAloneInTheBatchsOrder) {
 // told its lists. Before, the first bad beat was the whole batch's error and
 // every live host's heartbeat failed with it.
 TEST_P(HeartbeatHostsTest, ABadBeatIsRefusedAloneAndTheOthersAreRecorded) {
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h1"), 1000, 11000).ok());
   const std::string nul("\0", 1);
 
   absl::StatusOr<std::vector<HostHeartbeatResult>> results = store_->HeartbeatHosts(
@@ -89,7 +89,7 @@ TEST_P(HeartbeatHostsTest, ABadBeatIsRefusedAloneAndTheOthersAreRecorded) {
 // store cannot hold names no host, has none assigned, and does not fail the
 // others' read.
 TEST_P(HeartbeatHostsTest, AnUnstorableHostIdDoesNotFailABatchedTaskRead) {
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 11000).ok());
   absl::StatusOr<std::map<std::string, std::vector<std::string>>> assigned =
       store_->AssignedOperationsOfHosts({"h0", std::string("h\0", 2)});
   ASSERT_TRUE(assigned.ok()) << assigned.status();

@@ -12,13 +12,13 @@ using google::protobuf::util::MessageDifferencer;
 using HostsTest = StoreContractTest;
 
 TEST_P(HostsTest, RegisterReturnsAnIncreasingEpoch) {
-  EXPECT_EQ(*store_->RegisterHost(MakeHost("h0"), 1000, 11000), 1);
-  EXPECT_EQ(*store_->RegisterHost(MakeHost("h0"), 2000, 12000), 2);
-  EXPECT_EQ(*store_->RegisterHost(MakeHost("h1"), 2000, 12000), 1);
+  EXPECT_EQ(*store_->RegisterHost(test_support::MakeHost("h0"), 1000, 11000), 1);
+  EXPECT_EQ(*store_->RegisterHost(test_support::MakeHost("h0"), 2000, 12000), 2);
+  EXPECT_EQ(*store_->RegisterHost(test_support::MakeHost("h1"), 2000, 12000), 1);
 
   absl::StatusOr<v1::Host> h0 = store_->GetHost("h0");
   ASSERT_TRUE(h0.ok()) << h0.status();
-  v1::Host expected = MakeHost("h0");
+  v1::Host expected = test_support::MakeHost("h0");
   expected.set_state(v1::HOST_STATE_ALIVE);
   expected.set_last_heartbeat_unix_ms(2000);
   expected.set_lease_expires_unix_ms(12000);
@@ -33,8 +33,8 @@ TEST_P(HostsTest, RegisterReturnsAnIncreasingEpoch) {
 }
 
 TEST_P(HostsTest, HeartbeatExtendsTheLeaseOfTheLatestEpochOnly) {
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 11000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1500, 11500).ok());  // epoch 2
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 11000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1500, 11500).ok());  // epoch 2
   ASSERT_TRUE(store_->Heartbeat("h0", 2, 5000, 15000).ok());
   EXPECT_EQ(store_->GetHost("h0")->lease_expires_unix_ms(), 15000);
   EXPECT_EQ(store_->GetHost("h0")->last_heartbeat_unix_ms(), 5000);
@@ -49,8 +49,8 @@ TEST_P(HostsTest, HeartbeatExtendsTheLeaseOfTheLatestEpochOnly) {
 }
 
 TEST_P(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 0, 1000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 0, 5000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 0, 1000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h1"), 0, 5000).ok());
   absl::StatusOr<std::vector<std::string>> expired = store_->ExpireLeases(2000);
   ASSERT_TRUE(expired.ok()) << expired.status();
   EXPECT_EQ(*expired, std::vector<std::string>{"h0"});
@@ -62,7 +62,7 @@ TEST_P(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
   EXPECT_EQ(beat.code(), absl::StatusCode::kFailedPrecondition) << beat;
   EXPECT_NE(beat.message().find("LOST"), absl::string_view::npos);
 
-  EXPECT_EQ(*store_->RegisterHost(MakeHost("h0"), 3000, 13000), 2);
+  EXPECT_EQ(*store_->RegisterHost(test_support::MakeHost("h0"), 3000, 13000), 2);
   EXPECT_EQ(store_->GetHost("h0")->state(), v1::HOST_STATE_ALIVE);
   EXPECT_TRUE(store_->Heartbeat("h0", 2, 4000, 14000).ok());
 }
@@ -72,13 +72,13 @@ TEST_P(HostsTest, ExpiredLeasesMakeHostsLostUntilTheyRegisterAgain) {
 TEST_P(HostsTest, RegistrationsMarkMovesOnRegistrationsOnly) {
   using Mark = Store::RegistrationsMark;
   EXPECT_TRUE(*store_->HostRegistrations() == (Mark{0, 0}));
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 0, 1000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 0, 5000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 0, 1000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h1"), 0, 5000).ok());
   EXPECT_TRUE(*store_->HostRegistrations() == (Mark{2, 2}));
   ASSERT_TRUE(store_->Heartbeat("h1", 1, 900, 6000).ok());
   ASSERT_EQ(*store_->ExpireLeases(2000), std::vector<std::string>{"h0"});
   EXPECT_TRUE(*store_->HostRegistrations() == (Mark{2, 2}));
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 3000, 13000).ok());  // epoch 2
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 3000, 13000).ok());  // epoch 2
   const absl::StatusOr<Mark> mark = store_->HostRegistrations();
   ASSERT_TRUE(mark.ok()) << mark.status();
   EXPECT_EQ(mark->hosts, 2);
@@ -87,15 +87,15 @@ TEST_P(HostsTest, RegistrationsMarkMovesOnRegistrationsOnly) {
 
 TEST_P(HostsTest, LostHostsShowOnTheirJobsAndOperations) {
   // job-1 on h0, h1; job-2 on h2, h3.
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("m1"), {}).ok());
-  v1::JobSpec other = SmallSpec("m2");
-  *other.mutable_layout() = Layout(2, 2, 1, {"h2", "h3"}, 2);
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("m1"), {}).ok());
+  v1::JobSpec other = test_support::StoreSmallSpec("m2");
+  *other.mutable_layout() = test_support::MakeLayout(2, 2, 1, {"h2", "h3"}, 2);
   ASSERT_TRUE(store_->CreateJob("job-2", other, {}).ok());
   for (const char* h : {"h0", "h1", "h2", "h3", "h4"}) {
-    ASSERT_TRUE(store_->RegisterHost(MakeHost(h), 0, 10000).ok());
+    ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost(h), 0, 10000).ok());
   }
   // job-1 moves to h1, h4; the transfer involves h0, h1 and h4.
-  const v1::Layout target = Layout(2, 2, 1, {"h1", "h4"}, 2);
+  const v1::Layout target = test_support::MakeLayout(2, 2, 1, {"h1", "h4"}, 2);
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target)).ok());
   ASSERT_TRUE(store_
                   ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING,

@@ -37,22 +37,23 @@ void ExpectRefused(const absl::Status& s, const std::string& key, const std::str
 using IdempotencyScopeTest = StoreContractTest;
 
 TEST_P(IdempotencyScopeTest, RegisterKeyOfAnotherScopeIsFree) {
-  absl::StatusOr<v1::Job> a =
-      store_->CreateJob("job-a", SmallSpec("a", "tenant-a"), Scoped(kA, "k", "RegisterJob", "ha"));
+  absl::StatusOr<v1::Job> a = store_->CreateJob(
+      "job-a", test_support::StoreSmallSpec("a", "tenant-a"), Scoped(kA, "k", "RegisterJob", "ha"));
   ASSERT_TRUE(a.ok()) << a.status();
   // Another tenant, another request, the same key: a job of its own.
-  absl::StatusOr<v1::Job> b =
-      store_->CreateJob("job-b", SmallSpec("b", "tenant-b"), Scoped(kB, "k", "RegisterJob", "hb"));
+  absl::StatusOr<v1::Job> b = store_->CreateJob(
+      "job-b", test_support::StoreSmallSpec("b", "tenant-b"), Scoped(kB, "k", "RegisterJob", "hb"));
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->id(), "job-b");
   EXPECT_EQ(b->tenant(), "tenant-b");
   // The admin's scope and a scope of two tenants are scopes of their own.
-  absl::StatusOr<v1::Job> c = store_->CreateJob("job-c", SmallSpec("c", "tenant-a"),
-                                                Scoped(kAdmin, "k", "RegisterJob", "hc"));
+  absl::StatusOr<v1::Job> c =
+      store_->CreateJob("job-c", test_support::StoreSmallSpec("c", "tenant-a"),
+                        Scoped(kAdmin, "k", "RegisterJob", "hc"));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->id(), "job-c");
   absl::StatusOr<v1::Job> d =
-      store_->CreateJob("job-d", SmallSpec("d", "tenant-b"),
+      store_->CreateJob("job-d", test_support::StoreSmallSpec("d", "tenant-b"),
                         Scoped({"tenant-a", "tenant-b"}, "k", "RegisterJob", "hd"));
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->id(), "job-d");
@@ -64,26 +65,27 @@ TEST_P(IdempotencyScopeTest, RegisterKeyOfAnotherScopeIsFree) {
   EXPECT_EQ(**store_->LookupIdempotencyKey(Scoped(kAdmin, "k", "RegisterJob", "hc")), "job-c");
 
   // Within a scope the rules are unchanged: a retry gets the first job...
-  absl::StatusOr<v1::Job> retry =
-      store_->CreateJob("job-x", SmallSpec("a", "tenant-a"), Scoped(kA, "k", "RegisterJob", "ha"));
+  absl::StatusOr<v1::Job> retry = store_->CreateJob(
+      "job-x", test_support::StoreSmallSpec("a", "tenant-a"), Scoped(kA, "k", "RegisterJob", "ha"));
   ASSERT_TRUE(retry.ok()) << retry.status();
   EXPECT_EQ(retry->id(), "job-a");
-  absl::StatusOr<v1::Job> retry_b =
-      store_->CreateJob("job-y", SmallSpec("b", "tenant-b"), Scoped(kB, "k", "RegisterJob", "hb"));
+  absl::StatusOr<v1::Job> retry_b = store_->CreateJob(
+      "job-y", test_support::StoreSmallSpec("b", "tenant-b"), Scoped(kB, "k", "RegisterJob", "hb"));
   ASSERT_TRUE(retry_b.ok()) << retry_b.status();
   EXPECT_EQ(retry_b->id(), "job-b");
   // ... and another request with the key is refused, naming the method.
-  ExpectRefused(store_->CreateJob("job-z", SmallSpec("z", "tenant-a"),
-                                  Scoped(kA, "k", "RegisterJob", "other"))
+  ExpectRefused(store_
+                    ->CreateJob("job-z", test_support::StoreSmallSpec("z", "tenant-a"),
+                                Scoped(kA, "k", "RegisterJob", "other"))
                     .status(),
                 "k", "RegisterJob");
   EXPECT_EQ(store_->GetJob("job-z", false).status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST_P(IdempotencyScopeTest, OperationAndDeleteKeysOfAnotherScopeAreFree) {
-  ASSERT_TRUE(store_->CreateJob("job-a", SmallSpec("a", "tenant-a"), {}).ok());
-  ASSERT_TRUE(store_->CreateJob("job-b", SmallSpec("b", "tenant-b"), {}).ok());
-  const v1::Layout target = Layout(2, 2, 1, {"h0", "h2"}, 2);
+  ASSERT_TRUE(store_->CreateJob("job-a", test_support::StoreSmallSpec("a", "tenant-a"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-b", test_support::StoreSmallSpec("b", "tenant-b"), {}).ok());
+  const v1::Layout target = test_support::MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
   ASSERT_TRUE(
       store_->CreateOperation(Resize("op-a", "job-a", 1, target, Scoped(kA, "r", "Resize", "ra")))
           .ok());
@@ -103,8 +105,8 @@ TEST_P(IdempotencyScopeTest, OperationAndDeleteKeysOfAnotherScopeAreFree) {
                 "r", "Resize");
 
   // DeleteJob: tenant A's delete key, then tenant B's delete with it.
-  ASSERT_TRUE(store_->CreateJob("job-a2", SmallSpec("a2", "tenant-a"), {}).ok());
-  ASSERT_TRUE(store_->CreateJob("job-b2", SmallSpec("b2", "tenant-b"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-a2", test_support::StoreSmallSpec("a2", "tenant-a"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-b2", test_support::StoreSmallSpec("b2", "tenant-b"), {}).ok());
   ASSERT_TRUE(store_->DeleteJob("job-a2", Scoped(kA, "d", "DeleteJob", "da")).ok());
   const absl::Status deleted_b = store_->DeleteJob("job-b2", Scoped(kB, "d", "DeleteJob", "db"));
   EXPECT_TRUE(deleted_b.ok()) << deleted_b;
@@ -115,9 +117,11 @@ TEST_P(IdempotencyScopeTest, OperationAndDeleteKeysOfAnotherScopeAreFree) {
 }
 
 TEST_P(IdempotencyScopeTest, TransitionClaimsTheKeyWithItsMove) {
-  const v1::Layout target = Layout(2, 2, 1, {"h0", "h2"}, 2);
+  const v1::Layout target = test_support::MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
   for (const char* j : {"1", "2", "3"}) {
-    ASSERT_TRUE(store_->CreateJob(absl::StrCat("job-", j), SmallSpec(j, "tenant-a"), {}).ok());
+    ASSERT_TRUE(
+        store_->CreateJob(absl::StrCat("job-", j), test_support::StoreSmallSpec(j, "tenant-a"), {})
+            .ok());
     ASSERT_TRUE(store_
                     ->CreateOperation(Resize(absl::StrCat("op-", j), absl::StrCat("job-", j), 1,
                                              target))

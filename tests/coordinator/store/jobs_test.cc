@@ -16,11 +16,11 @@ using google::protobuf::util::MessageDifferencer;
 using JobsTest = StoreContractTest;
 
 TEST_P(JobsTest, SmallSpecIsValid) {
-  EXPECT_TRUE(planner::ValidateJobSpec(SmallSpec("small")).ok());
+  EXPECT_TRUE(planner::ValidateJobSpec(test_support::StoreSmallSpec("small")).ok());
 }
 
 TEST_P(JobsTest, CreateThenGetReturnsTheJobAtGenerationOne) {
-  const v1::JobSpec spec = SmallSpec("llama");
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama");
   absl::StatusOr<v1::Job> created = store_->CreateJob("job-1", spec, {});
   ASSERT_TRUE(created.ok()) << created.status();
   EXPECT_EQ(created->id(), "job-1");
@@ -52,7 +52,7 @@ TEST_P(JobsTest, CreateThenGetReturnsTheJobAtGenerationOne) {
 // Issue 13: bucket groups, regenerable blobs and a cp layout survive the
 // store (migrations/0010_ptc_buckets.sql); bucket rows go with the job.
 TEST_P(JobsTest, BucketGroupsRegenerableBlobsAndContextParallelRoundTrip) {
-  v1::JobSpec spec = SmallSpec("fsdp");
+  v1::JobSpec spec = test_support::StoreSmallSpec("fsdp");
   v1::BucketGroup* g = spec.mutable_ptc()->add_buckets();
   g->set_name("dense.master");
   g->set_reverse_order(true);
@@ -87,30 +87,38 @@ TEST_P(JobsTest, MissingJobIsNotFound) {
 }
 
 TEST_P(JobsTest, SameTenantAndNameIsAlreadyExists) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
-  const absl::Status dup = store_->CreateJob("job-2", SmallSpec("llama"), {}).status();
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
+  const absl::Status dup =
+      store_->CreateJob("job-2", test_support::StoreSmallSpec("llama"), {}).status();
   EXPECT_EQ(dup.code(), absl::StatusCode::kAlreadyExists) << dup;
   EXPECT_EQ(dup.message(), "job \"llama\" of tenant \"tenant-a\" already exists");
   // Nothing of the failed call was kept; another tenant may use the name.
   EXPECT_EQ(store_->GetJob("job-2", false).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_TRUE(store_->CreateJob("job-3", SmallSpec("llama", "tenant-b"), {}).ok());
+  EXPECT_TRUE(
+      store_->CreateJob("job-3", test_support::StoreSmallSpec("llama", "tenant-b"), {}).ok());
 }
 
 TEST_P(JobsTest, RetriedCreateWithTheSameKeyReturnsTheFirstJob) {
   const Idempotency key = Key("k1", "RegisterJob", "hash-1");
-  absl::StatusOr<v1::Job> first = store_->CreateJob("job-1", SmallSpec("llama"), key);
+  absl::StatusOr<v1::Job> first =
+      store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), key);
   ASSERT_TRUE(first.ok()) << first.status();
   // The retry comes with a new random job id; the first job is the answer.
-  absl::StatusOr<v1::Job> again = store_->CreateJob("job-2", SmallSpec("llama"), key);
+  absl::StatusOr<v1::Job> again =
+      store_->CreateJob("job-2", test_support::StoreSmallSpec("llama"), key);
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->id(), "job-1");
   EXPECT_EQ(store_->GetJob("job-2", false).status().code(), absl::StatusCode::kNotFound);
 
-  const absl::Status other_request =
-      store_->CreateJob("job-3", SmallSpec("other"), Key("k1", "RegisterJob", "hash-2")).status();
+  const absl::Status other_request = store_
+                                         ->CreateJob("job-3", test_support::StoreSmallSpec("other"),
+                                                     Key("k1", "RegisterJob", "hash-2"))
+                                         .status();
   EXPECT_EQ(other_request.code(), absl::StatusCode::kInvalidArgument) << other_request;
   const absl::Status other_method =
-      store_->CreateJob("job-3", SmallSpec("other"), Key("k1", "Resize", "hash-1")).status();
+      store_
+          ->CreateJob("job-3", test_support::StoreSmallSpec("other"), Key("k1", "Resize", "hash-1"))
+          .status();
   EXPECT_EQ(other_method.code(), absl::StatusCode::kInvalidArgument) << other_method;
 }
 
@@ -120,7 +128,8 @@ TEST_P(JobsTest, ConcurrentCreatesWithOneKeyMakeOneJob) {
   std::vector<std::thread> threads;
   for (size_t i = 0; i < results.size(); ++i) {
     threads.emplace_back([&, i] {
-      results[i] = store_->CreateJob("job-" + std::to_string(i), SmallSpec("llama"), key);
+      results[i] =
+          store_->CreateJob("job-" + std::to_string(i), test_support::StoreSmallSpec("llama"), key);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -134,13 +143,16 @@ TEST_P(JobsTest, ConcurrentCreatesWithOneKeyMakeOneJob) {
 
 TEST_P(JobsTest, ListJobsPagesInIdOrderAndFilters) {
   for (int i = 1; i <= 5; ++i) {
-    ASSERT_TRUE(
-        store_->CreateJob("a-" + std::to_string(i), SmallSpec("m" + std::to_string(i)), {}).ok());
+    ASSERT_TRUE(store_
+                    ->CreateJob("a-" + std::to_string(i),
+                                test_support::StoreSmallSpec("m" + std::to_string(i)), {})
+                    .ok());
   }
   for (int i = 1; i <= 3; ++i) {
     ASSERT_TRUE(store_
                     ->CreateJob("b-" + std::to_string(i),
-                                SmallSpec("m" + std::to_string(i), "tenant-b"), {})
+                                test_support::StoreSmallSpec("m" + std::to_string(i), "tenant-b"),
+                                {})
                     .ok());
   }
   ASSERT_TRUE(store_->SetJobState("a-2", v1::JOB_STATE_DEGRADED).ok());
@@ -180,9 +192,9 @@ TEST_P(JobsTest, ListJobsPagesInIdOrderAndFilters) {
 }
 
 TEST_P(JobsTest, CountJobsByState) {
-  ASSERT_TRUE(store_->CreateJob("j1", SmallSpec("m1"), {}).ok());
-  ASSERT_TRUE(store_->CreateJob("j2", SmallSpec("m2"), {}).ok());
-  ASSERT_TRUE(store_->CreateJob("j3", SmallSpec("m3"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("j1", test_support::StoreSmallSpec("m1"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("j2", test_support::StoreSmallSpec("m2"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("j3", test_support::StoreSmallSpec("m3"), {}).ok());
   ASSERT_TRUE(store_->SetJobState("j3", v1::JOB_STATE_DEGRADED).ok());
   absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> counts = store_->CountJobsByState();
   ASSERT_TRUE(counts.ok()) << counts.status();
@@ -191,7 +203,7 @@ TEST_P(JobsTest, CountJobsByState) {
 }
 
 TEST_P(JobsTest, DeleteWithAnActiveOperationIsRefused) {
-  const v1::JobSpec spec = SmallSpec("llama");
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama");
   ASSERT_TRUE(store_->CreateJob("job-1", spec, {}).ok());
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, spec.layout())).ok());
   const absl::Status s = store_->DeleteJob("job-1");
@@ -201,8 +213,8 @@ TEST_P(JobsTest, DeleteWithAnActiveOperationIsRefused) {
 }
 
 TEST_P(JobsTest, DeleteRemovesEverythingUnderTheJob) {
-  const v1::JobSpec spec = SmallSpec("llama");
-  const v1::Layout target = Layout(2, 2, 2, {"h2", "h3", "h4", "h5"}, 2);
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama");
+  const v1::Layout target = test_support::MakeLayout(2, 2, 2, {"h2", "h3", "h4", "h5"}, 2);
   ASSERT_TRUE(store_->CreateJob("job-1", spec, Key("k-job", "RegisterJob", "h")).ok());
   ASSERT_TRUE(
       store_->CreateOperation(Resize("op-1", "job-1", 1, target, Key("k-op", "Resize", "h"))).ok());
@@ -237,7 +249,8 @@ TEST_P(JobsTest, DeleteRemovesEverythingUnderTheJob) {
 
 TEST_P(JobsTest, TextWithANulByteIsInvalidArgument) {
   const absl::Status s =
-      store_->CreateJob("job-1", SmallSpec(std::string("bad\0name", 8)), {}).status();
+      store_->CreateJob("job-1", test_support::StoreSmallSpec(std::string("bad\0name", 8)), {})
+          .status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
 }
 

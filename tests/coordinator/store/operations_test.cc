@@ -14,8 +14,8 @@ class OperationsTest : public StoreContractTest {
  protected:
   void SetUp() override {
     StoreContractTest::SetUp();
-    spec_ = SmallSpec("llama");
-    target_ = Layout(2, 2, 2, {"h2", "h3", "h4", "h5"}, 2);
+    spec_ = test_support::StoreSmallSpec("llama");
+    target_ = test_support::MakeLayout(2, 2, 2, {"h2", "h3", "h4", "h5"}, 2);
     ASSERT_TRUE(store_->CreateJob("job-1", spec_, {}).ok());
   }
 

@@ -74,7 +74,7 @@ TEST_F(DeadlinesTest, FrozenServerMakesCallsUnavailableWithinTheStatementTimeout
   options.outage_after_ms = 300;
   std::shared_ptr<PgStore> store = ConnectWith(options);
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE(store->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
   PgLeaderLock lock(
       dsn_, 11,
       PgLeaderLockOptions{.statement_timeout_ms = kStatementTimeoutMs, .connect_timeout_s = 2});
@@ -134,7 +134,7 @@ TEST_F(DeadlinesTest, ClientCallsCannotTakeTheConnectionsKeptForAgents) {
   options.statement_timeout_ms = 30000;  // the blocked clients wait on a lock, not a silence
   std::shared_ptr<PgStore> store = ConnectWith(options);
   ASSERT_NE(store, nullptr);
-  ASSERT_TRUE(store->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE(store->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
 
   // Another session holds the job's row lock: every client SetJobState waits
   // for it holding its connection.
@@ -167,7 +167,7 @@ TEST_F(DeadlinesTest, ClientCallsCannotTakeTheConnectionsKeptForAgents) {
   absl::Status agent_call;
   {
     CallClassScope agent(CallClass::kAgent);
-    agent_call = store->RegisterHost(MakeHost("h0"), 1000, 5000).status();
+    agent_call = store->RegisterHost(test_support::MakeHost("h0"), 1000, 5000).status();
   }
   const int64_t agent_ms = MsSince(start);
   EXPECT_TRUE(agent_call.ok()) << agent_call << " after " << agent_ms << " ms";

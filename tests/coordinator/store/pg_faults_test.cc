@@ -19,7 +19,7 @@ namespace {
 using FaultsTest = PgStoreTest;
 
 TEST_F(FaultsTest, TerminatedConnectionsAreReplacedTransparently) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
   // Open all four pooled connections.
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) {
@@ -54,12 +54,12 @@ TEST(ServerDownTest, CallsAreUnavailableWhileTheServerIsDownAndRecover) {
   options.pool_size = 2;
   absl::StatusOr<std::shared_ptr<PgStore>> store = PgStore::Connect(options);
   ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE((*store)->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
 
   ASSERT_TRUE((*pg)->Kill().ok());
   const absl::Status down = (*store)->GetJob("job-1", false).status();
   EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
-  EXPECT_EQ((*store)->CreateJob("job-2", SmallSpec("other"), {}).status().code(),
+  EXPECT_EQ((*store)->CreateJob("job-2", test_support::StoreSmallSpec("other"), {}).status().code(),
             absl::StatusCode::kUnavailable);
   PgLeaderLock lock((*pg)->dsn(), 7);
   EXPECT_EQ(lock.TryAcquire().status().code(), absl::StatusCode::kUnavailable);
@@ -67,14 +67,14 @@ TEST(ServerDownTest, CallsAreUnavailableWhileTheServerIsDownAndRecover) {
   ASSERT_TRUE((*pg)->Restart().ok());
   absl::StatusOr<v1::Job> back = (*store)->GetJob("job-1", false);
   EXPECT_TRUE(back.ok()) << back.status();
-  EXPECT_TRUE((*store)->CreateJob("job-2", SmallSpec("other"), {}).ok());
+  EXPECT_TRUE((*store)->CreateJob("job-2", test_support::StoreSmallSpec("other"), {}).ok());
   absl::StatusOr<bool> got = lock.TryAcquire();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_TRUE(*got);
 }
 
 TEST_F(FaultsTest, ObserverSeesEveryStatementByName) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
   ASSERT_TRUE(store_->GetJob("job-1", true).ok());
   const std::vector<std::string> seen = Observed();
   const std::vector<std::string> names = PgStore::StatementNames();

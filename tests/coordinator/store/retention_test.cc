@@ -28,7 +28,8 @@ class RetentionTest : public StoreContractTest {
   // transfer and commits it (from becomes RETIRED) or aborts it (its pending
   // generation becomes DISCARDED).
   void Run(const std::string& job_id, const std::string& op, int64_t from, bool commit) {
-    const v1::Layout target = Layout(2, 2, 1, {from % 2 == 0 ? "h0" : "h2", "h3"}, 2);
+    const v1::Layout target =
+        test_support::MakeLayout(2, 2, 1, {from % 2 == 0 ? "h0" : "h2", "h3"}, 2);
     ASSERT_TRUE(
         store_->CreateOperation(Resize(op, job_id, from, target, Key("key-" + op, "Resize", op)))
             .ok());
@@ -48,7 +49,7 @@ class RetentionTest : public StoreContractTest {
   }
   // A job with `commits` committed resizes: generations 1..commits RETIRED.
   void JobWithCommits(const std::string& job_id, int commits) {
-    ASSERT_TRUE(store_->CreateJob(job_id, SmallSpec(job_id), {}).ok());
+    ASSERT_TRUE(store_->CreateJob(job_id, test_support::StoreSmallSpec(job_id), {}).ok());
     for (int g = 1; g <= commits; ++g) Run(job_id, absl::StrCat(job_id, "-op", g), g, true);
   }
   // Every generation's and operation's time `interval` ("2 hours", `ms`)
@@ -144,7 +145,7 @@ TEST_P(RetentionTest, RetiredWithinTheAgeAreKeptEvenBeyondN) {
 }
 
 TEST_P(RetentionTest, DiscardedGenerationsArePrunedAfterTheirAge) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("job-1"), {}).ok());
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("job-1"), {}).ok());
   Run("job-1", "op-a", 1, false);  // generation 2 DISCARDED
   AgeEverything("20 minutes", 20 * 60 * 1000);
   Run("job-1", "op-b", 1, false);  // generation 3 DISCARDED just now
@@ -162,7 +163,7 @@ TEST_P(RetentionTest, FinishedOperationsBeyondTheNewestNAndOldArePruned) {
   JobWithCommits("job-1", 5);
   AgeEverything("8 days", 8LL * 24 * 3600 * 1000);
   // An active operation, as old as can be, is never pruned.
-  const v1::Layout target = Layout(2, 2, 1, {"h5", "h6"}, 2);
+  const v1::Layout target = test_support::MakeLayout(2, 2, 1, {"h5", "h6"}, 2);
   ASSERT_TRUE(store_->CreateOperation(Resize("op-active", "job-1", 6, target)).ok());
   if (IsPostgres()) Sql("UPDATE operations SET created_at = created_at - interval '30 days'");
 

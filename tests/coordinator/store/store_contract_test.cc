@@ -42,15 +42,17 @@ int64_t OpVersion(Store& store, const std::string& operation_id) {
 // tenants' changes (issue 31, defect 8: one global sequence told it how many
 // changes others committed between two of its own versions).
 TEST_P(ContractTest, EveryChangeOfAJobAdvancesItsOwnVersionByOne) {
-  const v1::JobSpec spec = SmallSpec("llama", "team-a");
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama", "team-a");
   const v1::DatasetState dataset = Dataset();
   ASSERT_TRUE(store_->CreateJob("job-1", spec, {}, &dataset).ok());
-  ASSERT_TRUE(store_->CreateJob("job-2", SmallSpec("other", "team-b"), {}, &dataset).ok());
+  ASSERT_TRUE(
+      store_->CreateJob("job-2", test_support::StoreSmallSpec("other", "team-b"), {}, &dataset)
+          .ok());
   EXPECT_EQ(JobVersion(*store_, "job-1"), 1);  // its dataset state is the same change
   EXPECT_EQ(JobVersion(*store_, "job-2"), 1);
   EXPECT_EQ(JobVersion(*store_, "job-1"), 1);  // a read changes nothing
 
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 2000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 2000).ok());
   ASSERT_TRUE(store_->Heartbeat("h0", 1, 1500, 3000).ok());
   EXPECT_EQ(JobVersion(*store_, "job-1"), 1);
 
@@ -76,7 +78,7 @@ TEST_P(ContractTest, EveryChangeOfAJobAdvancesItsOwnVersionByOne) {
 
   // A new operation and each of its moves: the operation's own versions
   // count from 1; the job shows its active operation (one change each).
-  const v1::Layout target = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
+  const v1::Layout target = test_support::MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target)).ok());
   EXPECT_EQ(OpVersion(*store_, "op-1"), 1);
   EXPECT_EQ(JobVersion(*store_, "job-1"), 6);
@@ -110,12 +112,12 @@ TEST_P(ContractTest, EveryChangeOfAJobAdvancesItsOwnVersionByOne) {
   ASSERT_TRUE(store_->ExpireLeases(1'000'000).ok());
   EXPECT_EQ(JobVersion(*store_, "job-1"), before_commit + 2);
   EXPECT_EQ(JobVersion(*store_, "job-2"), 9);  // h0 holds ranks of job-2 too
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 2000, 3000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 2000, 3000).ok());
   EXPECT_EQ(JobVersion(*store_, "job-1"), before_commit + 3);
 }
 
 TEST_P(ContractTest, DatasetStepsRankFailuresAndLostHostsOfAJob) {
-  const v1::JobSpec spec = SmallSpec("llama");
+  const v1::JobSpec spec = test_support::StoreSmallSpec("llama");
   const v1::DatasetState dataset = Dataset();
   ASSERT_TRUE(store_->CreateJob("job-1", spec, {}, &dataset).ok());
   absl::StatusOr<v1::DatasetState> stepped = store_->CommitStep(Step(1, 2));
@@ -148,15 +150,15 @@ TEST_P(ContractTest, DatasetStepsRankFailuresAndLostHostsOfAJob) {
 
   // h0 holds ranks of generation 1: its lease runs out, the job is DEGRADED
   // until the host comes back with the shards and is restored.
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 1000, 2000).ok());
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h1"), 1000, 9000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 1000, 2000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h1"), 1000, 9000).ok());
   EXPECT_EQ(*store_->ExpireLeases(3000), std::vector<std::string>{"h0"});
   EXPECT_EQ(*store_->JobsLostOnHost("h0"), std::vector<std::string>{"job-1"});
   EXPECT_EQ(*store_->SettleJobLiveness("job-1"), v1::JOB_STATE_DEGRADED);
   job = store_->GetJob("job-1", false);
   EXPECT_EQ(std::vector<std::string>(job->lost_hosts().begin(), job->lost_hosts().end()),
             std::vector<std::string>{"h0"});
-  ASSERT_TRUE(store_->RegisterHost(MakeHost("h0"), 3500, 9000).ok());
+  ASSERT_TRUE(store_->RegisterHost(test_support::MakeHost("h0"), 3500, 9000).ok());
   EXPECT_EQ(store_->GetJob("job-1", false)->state(), v1::JOB_STATE_DEGRADED);  // still persisted
   ASSERT_TRUE(store_->RestoreLostHost("job-1", "h0").ok());
   EXPECT_EQ(store_->GetJob("job-1", false)->state(), v1::JOB_STATE_ACTIVE);
@@ -169,8 +171,8 @@ TEST_P(ContractTest, DatasetStepsRankFailuresAndLostHostsOfAJob) {
 // Operation.phase is derived, not stored: both stores fill it from the row
 // (SetDerivedFields, operation_machine.h) on every read.
 TEST_P(ContractTest, OperationPhaseIsReadOffTheRow) {
-  ASSERT_TRUE(store_->CreateJob("job-1", SmallSpec("llama"), {}).ok());
-  const v1::Layout target = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
+  ASSERT_TRUE(store_->CreateJob("job-1", test_support::StoreSmallSpec("llama"), {}).ok());
+  const v1::Layout target = test_support::MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
   absl::StatusOr<v1::Operation> created =
       store_->CreateOperation(Resize("op-1", "job-1", 1, target));
   ASSERT_TRUE(created.ok()) << created.status();

@@ -102,21 +102,8 @@ std::string StoreParamName(const ::testing::TestParamInfo<std::string>& info);
 
 // ---- Builders ----------------------------------------------------------------
 
-// The job and host builders are tests/support's, under this suite's names.
-
-/// tp x pp x dp over `hosts` with `per_host` devices each (compact form).
-inline v1::Layout Layout(int tp, int pp, int dp, const std::vector<std::string>& hosts,
-                         int per_host) {
-  return ::reshard::test_support::MakeLayout(tp, pp, dp, hosts, per_host);
-}
-
-/// A valid 2-layer job: tp 2 x pp 2 x dp 1 on hosts h0, h1 (2 devices each).
-inline v1::JobSpec SmallSpec(const std::string& name, const std::string& tenant = "tenant-a") {
-  return ::reshard::test_support::StoreSmallSpec(name, tenant);
-}
-
-/// Two 80 GiB H100s over UCX.
-using ::reshard::test_support::MakeHost;
+// The job, layout and host builders are tests/support's (job_builders.h:
+// MakeLayout, MakeHost; jobs.h: StoreSmallSpec).
 
 Idempotency Key(const std::string& key, const std::string& method, const std::string& hash);
 

@@ -23,9 +23,9 @@ class TransferTest : public StoreContractTest {
  protected:
   void SetUp() override {
     StoreContractTest::SetUp();
-    spec_ = SmallSpec("llama");
+    spec_ = test_support::StoreSmallSpec("llama");
     // dp 1 -> 2: gen 2 puts ranks 0-3 on h0, h1 (as before) and 4-7 on h2, h3.
-    target_ = Layout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
+    target_ = test_support::MakeLayout(2, 2, 2, {"h0", "h1", "h2", "h3"}, 2);
     ASSERT_TRUE(store_->CreateJob("job-1", spec_, {}).ok());
     ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
     OperationUpdate u;
