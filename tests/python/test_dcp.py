@@ -155,6 +155,24 @@ def load_at(rank, world, dims, ckpt):
 # ------------------------------------------------------------- round trip
 
 
+def holds_reference(cluster, job_id, token, ptc, lay, ref):
+    """Generation 1 of `job_id` at `lay` holds, rank by rank, the reference
+    shard of what mesh A saved (tensors byte for byte, the blobs equal)."""
+    want = {n: v.reshape(v.shape or (1,)) for n, v in ref["tensors"].items()}  # 0-d: [1]
+    for host in layout.hosts_of(lay):
+        with cluster.worker(host, job_id, ptc=ptc, worker_token=token) as w:
+            for rank, _ in layout.ranks_on_host(lay, host):
+                got = w.load(rank, 1)
+                for t in ptc.tensors:
+                    local = layout.local_tensor(t, lay.config, rank, want[t.name], ptc)
+                    if local.size:
+                        assert layout.same_bytes(got[t.name], local), (rank, t.name)
+                assert rdcp.decode_blob("sched", got["sched"]) == ref["sched"]
+                assert rdcp.decode_blob("counter", got["counter"]) == {"step": 2}
+                assert rdcp.decode_blob("optim.param_groups", got["optim.param_groups"]) == \
+                    ref["param_groups"]
+
+
 def test_dcp_save_import_resize_export_dcp_load(cluster, client, job_name, tmp_path):
     ck_a, ck_d = str(tmp_path / "a"), str(tmp_path / "d")
     saved = spawn(save_at, tmp_path, [("dp", 2), ("tp", 2)], ck_a, world=4)
@@ -176,19 +194,7 @@ def test_dcp_save_import_resize_export_dcp_load(cluster, client, job_name, tmp_p
         result.ignored == []
 
     # Generation 1 holds the reference shard of what mesh A saved.
-    want = {n: v.reshape(v.shape or (1,)) for n, v in ref["tensors"].items()}  # 0-d: [1]
-    for host in layout.hosts_of(lay_b):
-        with cluster.worker(host, job.id, ptc=ptc, worker_token=token) as w:
-            for rank, _ in layout.ranks_on_host(lay_b, host):
-                got = w.load(rank, 1)
-                for t in ptc.tensors:
-                    local = layout.local_tensor(t, lay_b.config, rank, want[t.name], ptc)
-                    if local.size:
-                        assert layout.same_bytes(got[t.name], local), (rank, t.name)
-                assert rdcp.decode_blob("sched", got["sched"]) == ref["sched"]
-                assert rdcp.decode_blob("counter", got["counter"]) == {"step": 2}
-                assert rdcp.decode_blob("optim.param_groups", got["optim.param_groups"]) == \
-                    ref["param_groups"]
+    holds_reference(cluster, job.id, token, ptc, lay_b, ref)
 
     # Resize to C through the agents, export C, dcp.load at mesh D.
     lay_c = layout.make_layout(1, 1, 3, cluster.host_ids[1:4], 1)
@@ -198,6 +204,28 @@ def test_dcp_save_import_resize_export_dcp_load(cluster, client, job_name, tmp_p
     # every region once: dp 3 chunks of a dim-0-sharded tensor, one of a scalar
     assert len(md.state_dict_metadata["model.0.weight"].chunks) == 3
     assert len(md.state_dict_metadata["optim.state.0.weight.step"].chunks) == 1
+    # A complete DCP checkpoint: the metadata names each key's nested path
+    # (planner_data), so torch's converter rebuilds the nested state dict
+    # that dcp.save was given, and reshard imports its own export.
+    assert tuple(md.planner_data["optim.state.0.weight.exp_avg"]) == \
+        ("optim", "state", "0.weight", "exp_avg")
+    assert tuple(md.planner_data["model.0.weight"]) == ("model", "0.weight")
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+    dcp_to_torch_save(ck_d, str(tmp_path / "d.pt"))
+    whole = torch.load(str(tmp_path / "d.pt"), weights_only=False)
+    assert set(whole) == {"model", "optim", "sched", "counter"}, sorted(whole)
+    for name, value in ref["tensors"].items():
+        node = whole
+        for part in md.planner_data[name]:
+            node = node[part]
+        assert node.numpy().tobytes() == value.tobytes(), name
+    assert whole["sched"] == ref["sched"] and whole["counter"] == {"step": 2}
+    again = register(client, cluster, job_name + "-again", ptc, lay_c)
+    again_token = cluster.worker_token(again.id)
+    result = rdcp.import_dcp(ck_d, again.id, ptc, lay_c, 1, socks, worker_token=again_token)
+    assert sorted(result.ranks) == [0, 1, 2] and result.missing == [] and \
+        result.ignored == []
+    holds_reference(cluster, again.id, again_token, ptc, lay_c, ref)
 
     loaded = spawn(load_at, tmp_path, [("dp", 3)], ck_d, world=3)
     for got in loaded:

@@ -448,6 +448,13 @@ def _save_planner_class():
 
         def __init__(self, chunks, objects, key_paths):
             super().__init__(flatten_state_dict=False, flatten_sharded_tensors=False)
+            # The keys are flat already (set_up_planner and create_local_plan
+            # are this class's own); what the flag still does is merge the
+            # plans' planner_data (each key's nested path) into the Metadata,
+            # which DefaultSavePlanner does only for a flattening planner.
+            # Without it planner_data is None, and DCP readers that rebuild
+            # the nested state dict (dcp_to_torch_save, import_dcp) cannot.
+            self.flatten_state_dict = True
             self.chunks = chunks    # {key: (global size, [(offsets, sizes, view)])}
             self.objects = objects  # {key: object}
             self.key_paths = key_paths
