@@ -5,7 +5,14 @@
 #     python3-venv), only those that are missing;
 #  2. the project's Python environment <repo>/.venv, from the exact pins in
 #     requirements/python.txt (torch 2, numpy, grpcio, ...). Nothing is
-#     installed into the system Python.
+#     installed into the system Python;
+#  3. the project itself in that venv, as an editable install would: a .pth
+#     file puts the package staged by the build (<repo>/build/python) on the
+#     venv's path, and .venv/bin gets the console script `reshard` (`reshard
+#     run`, the launcher) and a link `reshardctl` to build/client/cli/
+#     reshardctl, so `.venv/bin/python -c "import reshard"`, `reshard run` and
+#     `reshardctl` work once the build is done (after `. .venv/bin/activate`,
+#     by their names). Written every run (cheap), so a new build needs nothing.
 # A venv that already matches the requirements (a stamp holds the hash of the
 # requirements file and the base interpreter) is left alone, so re-runs take
 # well under a second. Otherwise the venv is made anew, from wheels kept in
@@ -101,9 +108,34 @@ setup_venv() {
   echo "bootstrap: $VENV ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'), $((SECONDS - start)) s)"
 }
 
+# Step 3: the staged package and its commands in the venv (see the head).
+# Only files that differ are written, so a re-run changes nothing.
+install_project() {
+  local site
+  site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+  write_if_changed "$site/reshard-build.pth" "$ROOT/build/python"
+  write_if_changed "$VENV/bin/reshard" "#!$VENV/bin/python
+# reshard's console script (client/python/pyproject.toml), made by scripts/bootstrap.sh.
+import sys
+
+from reshard.launcher.launch import main
+
+sys.exit(main())"
+  chmod 755 "$VENV/bin/reshard"
+  ln -sfn "$ROOT/build/client/cli/reshardctl" "$VENV/bin/reshardctl"
+}
+
+write_if_changed() {
+  if [ "$(cat "$1" 2>/dev/null)" != "$2" ]; then
+    printf '%s\n' "$2" >"$1.tmp.$$"
+    mv "$1.tmp.$$" "$1"
+  fi
+}
+
 install_debian_packages
 # Two bootstraps of one checkout at once (say build.sh and bench_cluster.sh)
 # must not build the same venv together: hold a lock on the requirements file.
 exec 9<"$REQUIREMENTS"
 flock 9
 setup_venv
+install_project

@@ -17,13 +17,28 @@ authentication), for suites that are not about security.
 
 Used by the main job (deploy/local/main_job.py), the Python and reshardctl
 test suites and the Prometheus test. As a program it starts a cluster and
-waits until interrupted, printing how to reach it:
+waits until interrupted, printing how to reach it, among that one line to
+paste into another shell (`export RESHARD_COORDINATOR=... RESHARD_TLS_CA=...
+RESHARD_TLS_CERT=... RESHARD_TLS_KEY=... RESHARD_LOCAL_CLUSTER=WORK_DIR`;
+reshardctl and reshard.Client.from_env() read it); --insecure runs it in
+plaintext. It imports the reshard package staged under --build itself:
 
-    .venv/bin/python deploy/local/cluster.py --build build --hosts 4
+    .venv/bin/python deploy/local/cluster.py --build build --hosts 4 [--insecure]
+
+A host of a running cluster fails on demand (kill_host, stop_host,
+continue_host, restart_host: its agent and the processes that use its
+worker socket, such as a `reshard run` launcher and its ranks), from Python
+or from another shell through the cluster's control socket:
+
+    .venv/bin/python deploy/local/cluster.py kill-host host-1     [--work DIR]
+    .venv/bin/python deploy/local/cluster.py stop-host host-1     (SIGSTOP)
+    .venv/bin/python deploy/local/cluster.py continue-host host-1 (SIGCONT)
+    .venv/bin/python deploy/local/cluster.py restart-host host-1  [--empty]
 """
 
 import argparse
 import atexit
+import json
 import os
 import pwd
 import shutil
@@ -731,12 +746,123 @@ class LocalCluster:
         self.kill_agent(host_id)
         shutil.rmtree(self.agents[host_id].shm_dir, ignore_errors=True)
 
+    # ------------------------------------------------------- host failures
+    # A whole host fails: its agent and every process that uses the host's
+    # worker socket (a `reshard run` launcher names it in --worker-socket,
+    # its ranks have it in $RESHARD_WORKER_SOCKET) with their descendants,
+    # found in /proc. The cluster starts none of them; restart_host() starts
+    # the launchers it killed again, with their command line, directory and
+    # environment, as the host's init system would.
+
+    def host_processes(self, host_id):
+        """[pid] of the live processes that use `host_id`'s worker socket
+        and of their descendants, launchers first (the agent not included)."""
+        sock = os.path.realpath(self.agents[host_id].worker_socket)
+        table = _proc_table()
+        skip = {os.getpid(), self.agents[host_id].pid}
+        users = [pid for pid, p in table.items() if pid not in skip and _uses_socket(pid, p, sock)]
+        out, seen = [], set()
+        todo = sorted(users, key=lambda pid: table[pid]["ppid"] in users)  # launchers first
+        while todo:
+            pid = todo.pop(0)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            out.append(pid)
+            todo += sorted(c for c, p in table.items() if p["ppid"] == pid and c not in skip)
+        return out
+
+    def _launchers(self, host_id, pids):
+        """(argv, cwd, env) of each launcher among `pids`: a process that
+        names the worker socket on its command line and whose parent is none
+        of `pids`."""
+        sock = os.path.realpath(self.agents[host_id].worker_socket)
+        table = _proc_table()
+        out = []
+        for pid in pids:
+            p = table.get(pid)
+            if p and p["ppid"] not in pids and _socket_arg(p["argv"], p["cwd"]) == sock:
+                out.append((p["argv"], p["cwd"], p["env"]))
+        return out
+
+    def _signal_pids(self, pids, sig):
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill_host(self, host_id, keep_shm=True):
+        """The host crashes: SIGKILL to its agent and every process of the
+        host (host_processes), frozen first so that none reacts to another's
+        death. Its shared memory stays (keep_shm=False deletes it: the host
+        is lost for good, as lose_host). Returns the pids killed, agent
+        first; the launchers among them are remembered for restart_host."""
+        agent = self.agents[host_id]
+        pids = self.host_processes(host_id)
+        self._signal_pids(pids, signal.SIGSTOP)
+        launchers = self._launchers(host_id, pids)
+        if launchers:
+            self.__dict__.setdefault("_killed_launchers", {})[host_id] = launchers
+        killed = [agent.pid] if agent.alive() else []
+        self.kill_agent(host_id)
+        self._signal_pids(pids, signal.SIGKILL)
+        for pid in pids:
+            _wait_gone(pid, 10.0)
+        if not keep_shm:
+            shutil.rmtree(agent.shm_dir, ignore_errors=True)
+        self._log(f"cluster: host {host_id} killed (agent and {len(pids)} processes, "
+                  f"{'shm kept' if keep_shm else 'shm removed'})")
+        return killed + pids
+
+    def stop_host(self, host_id):
+        """The host freezes: SIGSTOP to its agent and every process of the
+        host; its sockets stay open and it misses its heartbeats. Returns
+        the pids stopped, agent first."""
+        pids = self.host_processes(host_id)
+        self._signal_pids(pids, signal.SIGSTOP)
+        self.stop_agent(host_id)
+        self._log(f"cluster: host {host_id} stopped (agent and {len(pids)} processes)")
+        return [self.agents[host_id].pid] + pids
+
+    def continue_host(self, host_id):
+        """SIGCONT after stop_host, agent first. Returns the pids continued."""
+        self.continue_agent(host_id)
+        pids = self.host_processes(host_id)
+        self._signal_pids(pids, signal.SIGCONT)
+        self._log(f"cluster: host {host_id} continued (agent and {len(pids)} processes)")
+        return [self.agents[host_id].pid] + pids
+
+    def restart_host(self, host_id, keep_shm=True):
+        """The host reboots: kill_host (if anything of it still runs), its
+        agent started again (same host id, worker socket and shm_dir; with
+        keep_shm=False the host comes back empty), then every launcher the
+        kill found, with its command line, directory and environment; their
+        output goes to WORK_DIR/<host>-launcher-<n>.log. Returns the new
+        Agent."""
+        if self.agents[host_id].alive() or self.host_processes(host_id):
+            self.kill_host(host_id, keep_shm=keep_shm)
+        elif not keep_shm:
+            shutil.rmtree(self.agents[host_id].shm_dir, ignore_errors=True)
+        agent = self.restart_agent(host_id, keep_shm=keep_shm)
+        relaunched = self.__dict__.setdefault("_relaunched", {}).setdefault(host_id, [])
+        for argv, cwd, env in self.__dict__.get("_killed_launchers", {}).pop(host_id, []):
+            n = len(relaunched)
+            relaunched.append(_Process(f"{host_id} launcher {n}", argv,
+                                       os.path.join(self.work_dir, f"{host_id}-launcher-{n}.log"),
+                                       env=env, cwd=cwd))
+        self._log(f"cluster: host {host_id} restarted ({len(relaunched)} launchers started again)")
+        return agent
+
     # ------------------------------------------------------------------ stop
     def stop(self):
         with self._lock:
             if self._stopped:
                 return
             self._stopped = True
+        for launchers in self.__dict__.get("_relaunched", {}).values():
+            for p in launchers:
+                p.stop()
         for agent in self.agents.values():
             if agent.process:
                 agent.process.stop()
@@ -759,6 +885,65 @@ class LocalCluster:
             if p:
                 parts.append(f"--- {p.name} ---\n{p.tail(lines)}")
         return "\n".join(parts)
+
+
+def _proc_table():
+    """{pid: {"ppid", "argv", "cwd", "env"}} of the live processes this
+    process may inspect (zombies and unreadable ones left out)."""
+    out = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        base = f"/proc/{entry}"
+        try:
+            with open(f"{base}/stat", "rb") as f:
+                stat = f.read().decode("utf-8", "replace")
+            fields = stat[stat.rindex(")") + 2:].split()
+            if fields[0] == "Z":
+                continue
+            with open(f"{base}/cmdline", "rb") as f:
+                argv = [a.decode("utf-8", "surrogateescape") for a in f.read().split(b"\0")[:-1]]
+            with open(f"{base}/environ", "rb") as f:
+                env = dict(kv.decode("utf-8", "surrogateescape").partition("=")[::2]
+                           for kv in f.read().split(b"\0") if b"=" in kv)
+            cwd = os.readlink(f"{base}/cwd")
+        except (OSError, ValueError):
+            continue  # gone meanwhile, or not ours
+        out[int(entry)] = {"ppid": int(fields[1]), "argv": argv, "cwd": cwd, "env": env}
+    return out
+
+
+def _socket_arg(argv, cwd):
+    """The real path of the --worker-socket argument on a command line, or None."""
+    for i, a in enumerate(argv):
+        if a == "--worker-socket" and i + 1 < len(argv):
+            return os.path.realpath(os.path.join(cwd, argv[i + 1]))
+        if a.startswith("--worker-socket="):
+            return os.path.realpath(os.path.join(cwd, a.split("=", 1)[1]))
+    return None
+
+
+def _uses_socket(pid, p, sock):
+    """Whether process `p` (from _proc_table) uses the worker socket `sock`:
+    names it on its command line or in $RESHARD_WORKER_SOCKET."""
+    named = p["env"].get("RESHARD_WORKER_SOCKET")
+    if named and os.path.realpath(os.path.join(p["cwd"], named)) == sock:
+        return True
+    return _socket_arg(p["argv"], p["cwd"]) == sock
+
+
+def _wait_gone(pid, timeout):
+    """Waits until `pid` is gone or a zombie (its parent reaps it, not us)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                stat = f.read().decode("utf-8", "replace")
+        except OSError:
+            return
+        if stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X"):
+            return
+        time.sleep(0.01)
 
 
 def scrape_metrics(address, timeout=5.0):
@@ -789,27 +974,147 @@ def install_signal_handlers():
     signal.signal(signal.SIGHUP, _raise_keyboard_interrupt)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+# ------------------------------------------------------------ the program
+# `cluster.py [--build B] [--hosts N] ...` runs a cluster until interrupted;
+# `cluster.py kill-host|stop-host|continue-host|restart-host HOST [--work DIR]`
+# asks a running one, through WORK_DIR/control.sock (one JSON line each way).
+
+CONTROL_SOCKET = "control.sock"
+HOST_COMMANDS = {
+    "kill-host": "SIGKILL the host's agent and the processes using its worker socket "
+                 "(launcher, ranks); its shared memory stays unless --empty",
+    "stop-host": "SIGSTOP the host's agent and processes (it misses its heartbeats)",
+    "continue-host": "SIGCONT after stop-host",
+    "restart-host": "kill-host (what still runs), then start its agent and the launchers "
+                    "killed again; --empty: its shared memory is deleted in between",
+}
+
+
+def use_staged_package(build_dir):
+    """Puts <build_dir>/python (the staged reshard package) first on sys.path,
+    so that the program needs no PYTHONPATH."""
+    staged = os.path.join(os.path.abspath(build_dir), "python")
+    if os.path.isdir(os.path.join(staged, "reshard")) and staged not in sys.path:
+        sys.path.insert(0, staged)
+
+
+def export_line(cluster, identity=LocalCluster.ADMIN):
+    """The shell line that points reshardctl, reshard.Client.from_env() and
+    `cluster.py kill-host` at `cluster` (credentials of `identity`)."""
+    env = {"RESHARD_COORDINATOR": cluster.coordinator}
+    env.update(cluster.ctl_env(identity))
+    env["RESHARD_LOCAL_CLUSTER"] = cluster.work_dir
+    return "export " + " ".join(f"{k}={v}" for k, v in env.items())
+
+
+def _serve_control(cluster, server):
+    """Answers control requests in this (the main) thread until interrupted:
+    agents and launchers it restarts die with this thread (PR_SET_PDEATHSIG)."""
+    actions = {"kill-host": lambda h, empty: cluster.kill_host(h, keep_shm=not empty),
+               "stop-host": lambda h, empty: cluster.stop_host(h),
+               "continue-host": lambda h, empty: cluster.continue_host(h),
+               "restart-host": lambda h, empty: cluster.restart_host(h, keep_shm=not empty).pid}
+    while True:
+        conn, _ = server.accept()
+        with conn:
+            req = None
+            try:
+                req = json.loads(conn.makefile("r").readline())
+                command, host = req["command"], req["host"]
+                if command not in actions:
+                    raise ClusterError(f"unknown command {command!r} (known: {', '.join(actions)})")
+                if host not in cluster.agents:
+                    raise ClusterError(f"unknown host {host!r} (hosts: {', '.join(cluster.host_ids)})")
+                result = actions[command](host, bool(req.get("empty")))
+                reply = {"ok": True, "pids": result if isinstance(result, list) else [result]}
+            except Exception as e:  # the cluster keeps serving whatever a request did
+                reply = {"ok": False, "error": str(e)}
+            print(f"cluster: {req.get('command') if isinstance(req, dict) else '?'} -> {reply}",
+                  flush=True)
+            try:
+                conn.sendall((json.dumps(reply) + "\n").encode())
+            except OSError:
+                pass
+
+
+def control(work_dir, command, host, empty=False, timeout=120.0):
+    """Sends `command` for `host` to the cluster running in `work_dir`;
+    returns its reply {"ok", "pids"} or {"ok": False, "error"}."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        s.connect(os.path.join(work_dir, CONTROL_SOCKET))
+        s.sendall((json.dumps({"command": command, "host": host, "empty": empty}) + "\n").encode())
+        return json.loads(s.makefile("r").readline())
+
+
+def _control_main(argv):
+    parser = argparse.ArgumentParser(prog=f"cluster.py {argv[0]}", description=HOST_COMMANDS[argv[0]])
+    parser.add_argument("host", help="the host id, e.g. host-1")
+    parser.add_argument("--work", default=os.environ.get("RESHARD_LOCAL_CLUSTER"),
+                        help="the running cluster's work directory (default $RESHARD_LOCAL_CLUSTER, "
+                             "as the cluster's export line sets it)")
+    if argv[0] in ("kill-host", "restart-host"):
+        parser.add_argument("--empty", action="store_true", help="delete the host's shared memory")
+    args = parser.parse_args(argv[1:])
+    if not args.work:
+        parser.error("--work DIR or $RESHARD_LOCAL_CLUSTER: which cluster")
+    try:
+        reply = control(args.work, argv[0], args.host, getattr(args, "empty", False))
+    except OSError as e:
+        print(f"cluster.py {argv[0]}: no cluster answers at {args.work}/{CONTROL_SOCKET}: {e}",
+              file=sys.stderr)
+        return 1
+    if not reply.get("ok"):
+        print(f"cluster.py {argv[0]}: {reply.get('error')}", file=sys.stderr)
+        return 1
+    print(f"{argv[0]} {args.host}: pids {' '.join(str(p) for p in reply['pids'])}")
+    return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in HOST_COMMANDS:
+        return _control_main(argv)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="commands for a running cluster: " + ", ".join(HOST_COMMANDS) +
+               " (cluster.py kill-host --help)")
     parser.add_argument("--build", default=os.path.join(os.path.dirname(__file__), "../../build"))
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--devices-per-host", type=int, default=2)
     parser.add_argument("--worker-group", default=None,
                         help="group (name or gid) whose processes may use the agents")
-    args = parser.parse_args()
+    parser.add_argument("--insecure", action="store_true",
+                        help="plaintext gRPC everywhere, no certificates (default: mutual TLS)")
+    parser.add_argument("--work", default=None,
+                        help="work directory (default: a new /dev/shm/reshard-local-XXXX, removed "
+                             "at the end)")
+    args = parser.parse_args(argv)
+    use_staged_package(args.build)
     install_signal_handlers()
     try:
         with LocalCluster(args.build, hosts=args.hosts, devices_per_host=args.devices_per_host,
-                          log=print, worker_group=args.worker_group) as c:
+                          log=print, worker_group=args.worker_group, tls=not args.insecure,
+                          work_dir=args.work) as c:
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            control_path = os.path.join(c.work_dir, CONTROL_SOCKET)
+            if os.path.exists(control_path):
+                os.unlink(control_path)
+            server.bind(control_path)
+            os.chmod(control_path, 0o600)
+            server.listen(8)
             print(f"coordinator {c.coordinator}  metrics http://{c.coordinator_metrics}/metrics")
             for a in c.agents.values():
                 print(f"{a.host_id}: worker socket {a.worker_socket}"
                       + (f"  metrics http://{a.metrics}/metrics" if a.metrics else ""))
+            print(f"work directory {c.work_dir}")
+            print("in another shell (reshardctl, reshard.Client.from_env(), cluster.py kill-host ...):")
+            print(export_line(c))
             print(f"try: {c.reshardctl} --coordinator {c.coordinator} "
                   f"{' '.join(c.ctl_args())} hosts list")
             print("Ctrl-C stops and removes everything.", flush=True)
-            while True:
-                time.sleep(3600)
+            with server:
+                _serve_control(c, server)
     except KeyboardInterrupt:
         print("\ncluster: stopped")
     return 0

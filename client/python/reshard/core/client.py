@@ -70,6 +70,26 @@ def tls_credentials(ca, cert=None, key=None):
         certificate_chain=None if cert is None else _read(cert, "tls cert"))
 
 
+# ------------------------------------------- Client.from_env, operator side
+
+
+def _operator_credentials(env):
+    """Client kwargs of an operator's environment without a worker token:
+    {"credentials": mutual TLS} when $RESHARD_TLS_CERT or $RESHARD_TLS_KEY is
+    set, {"insecure": True} when $RESHARD_INSECURE is 1/true, else None."""
+    cert, key = env.get("RESHARD_TLS_CERT", ""), env.get("RESHARD_TLS_KEY", "")
+    if cert or key:
+        missing = [n for n in ("RESHARD_TLS_CA", "RESHARD_TLS_CERT", "RESHARD_TLS_KEY")
+                   if not env.get(n, "")]
+        if missing:
+            raise ValueError(f"Client.from_env: {', '.join(missing)} not set (mutual TLS needs "
+                             "RESHARD_TLS_CA, RESHARD_TLS_CERT and RESHARD_TLS_KEY)")
+        return {"credentials": tls_credentials(env["RESHARD_TLS_CA"], cert, key)}
+    if env.get("RESHARD_INSECURE", "").lower() in ("1", "true"):
+        return {"insecure": True}
+    return None
+
+
 def is_terminal(operation):
     """True when the Operation is COMMITTED, ABORTED or FAILED."""
     return operation.state in TERMINAL_STATES
@@ -152,17 +172,29 @@ class Client:
         `env`: a mapping to read instead of os.environ; `kwargs` go to
         Client (timeout=, max_attempts=, ...; credentials=, insecure= or
         token= override what the environment says). ValueError names a
-        missing variable or an unreadable CA file."""
+        missing variable or an unreadable CA file.
+
+        Without a worker token, an operator's or a scheduler's shell (the
+        variables reshardctl reads; the line `deploy/local/cluster.py`
+        prints): mutual TLS with $RESHARD_TLS_CA, $RESHARD_TLS_CERT and
+        $RESHARD_TLS_KEY, or plaintext with RESHARD_INSECURE=1."""
         env = os.environ if env is None else env
         address = env.get("RESHARD_COORDINATOR", "")
         if not address:
             raise ValueError("Client.from_env: RESHARD_COORDINATOR is not set "
                              "(the coordinator's host:port)")
+        if "token" not in kwargs and not env.get("RESHARD_WORKER_TOKEN", ""):
+            own = _operator_credentials(env)
+            if own is not None:
+                if not {"credentials", "insecure", "channel"} & set(kwargs):
+                    kwargs.update(own)
+                return cls(address, **kwargs)
         if "token" not in kwargs:
             token = env.get("RESHARD_WORKER_TOKEN", "")
             if not token:
                 raise ValueError("Client.from_env: RESHARD_WORKER_TOKEN is not set "
-                                 "(the job's worker token)")
+                                 "(the job's worker token; an operator gives RESHARD_TLS_CERT "
+                                 "and RESHARD_TLS_KEY, or RESHARD_INSECURE=1, instead)")
             kwargs["token"] = token
         if "credentials" not in kwargs and "insecure" not in kwargs and "channel" not in kwargs:
             ca = env.get("RESHARD_TLS_CA", "")
