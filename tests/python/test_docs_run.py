@@ -183,6 +183,7 @@ def test_the_markers_are_well_formed():
     assert kinds["README.md"][:1] == ["cluster"], kinds
     assert all(k != "cluster" for k in kinds["README.md"][1:] + kinds["docs/pytorch.md"]), kinds
     assert "python" in kinds["README.md"] and "sh" in kinds["README.md"], kinds
+    assert "sh" in kinds["docs/pytorch.md"], kinds
 
 
 @pytest.mark.parametrize("page", PAGES)
