@@ -6,7 +6,7 @@ it (an AppState instead of a state dict).
 Ranks of the layout that trains now wrap their loop in a Loop: it follows
 the job with Client.watch_job (a server stream: no polling) and each of its
 operations with Client.watch_operation. At every step boundary
-Loop.boundary() agrees with the other ranks (one all-reduce of four flags
+Loop.boundary() agrees with the other ranks (one all-reduce of a few flags
 over the process group) on what happens there:
   - a prepared stop-free operation (its new workers are warm): every rank
     publishes the state of that step into the cut-over checkpoint rank 0
@@ -15,14 +15,16 @@ over the process group) on what happens there:
   - a stop-the-world operation that asked to stop at the next step boundary
     (at_step_boundary): the same, with a final checkpoint folded into that
     operation; the loop waits for it to commit and ends (a Cut, stopped).
-  - a periodic checkpoint is due (every_steps / every_seconds): rank 0
-    creates it with the step's dataset state (so the data position commits
-    in the same transaction as the model of that step, docs/data.md), every
-    rank copies its local tensors into the agent's shared-memory buffer of
-    that generation (the snapshot: Worker.publish(seal=False)) and a
-    background thread seals it and waits for the commit while training goes
-    on. The next checkpoint, cut-over or
-    finish() first waits for it.
+  - a periodic checkpoint is due (every_steps / every_seconds): every rank
+    copies its local state into host memory (the snapshot; the only work on
+    the step) and a background thread does the rest while training goes
+    on: rank 0 creates the checkpoint with that step's dataset state (so
+    the data position commits in the same transaction as the model of that
+    step, docs/data.md) and hands the answer to the other ranks through the
+    process group's store; every rank publishes its snapshot into that
+    generation and waits for the commit. The first boundary after every
+    rank's thread ended agrees on the outcome; the next checkpoint,
+    cut-over or finish() first waits for it.
 Loop.finish() publishes the final step the same way and waits for its commit.
 
 Failures are collective: whatever fails on one rank (the checkpoint refused
@@ -216,54 +218,134 @@ class Cut:
 def snapshot(state_dict):
     """A copy of a state dict (torch tensors, numpy arrays, bytes) that later
     steps do not change: what an asynchronous checkpoint publishes."""
-    out = {}
-    for name, v in state_dict.items():
-        if isinstance(v, (bytes, bytearray, memoryview)):
-            out[name] = bytes(v)
-        elif type(v).__module__.startswith("torch"):
-            out[name] = v.detach().clone()
-        elif v is None:
-            out[name] = None
+    return _Staging().copy(state_dict)[0]
+
+
+class _Staging:
+    """The snapshot of an asynchronous checkpoint: a copy of one rank's state
+    in host memory, taken at the step boundary, into buffers that are kept
+    for the next checkpoint (one checkpoint is in flight at a time, so the
+    copy of the last one is free again by then). CUDA tensors are copied
+    into pinned host buffers without waiting: the copy is ordered before the
+    next step's kernels on the tensor's stream, and the returned events are
+    waited for (off the training thread) before the bytes are published."""
+
+    def __init__(self):
+        self._buffers = {}
+
+    def copy(self, state_dict):
+        """Returns ({name: copy}, [CUDA events to wait for before reading it])."""
+        out, devices = {}, {}
+        for name, v in state_dict.items():
+            if v is None or isinstance(v, bytes):
+                out[name] = v  # immutable
+            elif isinstance(v, (bytearray, memoryview)):
+                out[name] = bytes(v)
+            elif type(v).__module__.startswith("torch"):
+                out[name] = self._copy_tensor(name, v.detach(), devices)
+            else:
+                out[name] = self._copy_array(name, v)
+        events = []
+        for device in devices.values():
+            import torch
+            event = torch.cuda.Event()
+            event.record(torch.cuda.current_stream(device))
+            events.append(event)
+        return out, events
+
+    def _copy_tensor(self, name, t, devices):
+        import torch
+        buf = self._buffers.get(name)
+        if (not isinstance(buf, torch.Tensor) or buf.shape != t.shape or buf.dtype != t.dtype
+                or buf.is_pinned() != t.is_cuda):
+            buf = torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda)
+            self._buffers[name] = buf
+        if t.is_cuda:
+            devices[t.device] = t.device
+            buf.copy_(t, non_blocking=True)
         else:
-            import numpy as np
-            out[name] = np.array(v, copy=True)
-    return out
+            buf.copy_(t)
+        return buf
+
+    def _copy_array(self, name, v):
+        import numpy as np
+        a = np.asarray(v)
+        buf = self._buffers.get(name)
+        if not isinstance(buf, np.ndarray) or buf.shape != a.shape or buf.dtype != a.dtype:
+            buf = np.empty(a.shape, a.dtype)
+            self._buffers[name] = buf
+        np.copyto(buf, a, casting="no")
+        return buf
 
 
-class _Publish(threading.Thread):
-    """One rank's share of an asynchronous checkpoint. At the boundary (the
-    constructor, on the training thread) the rank's state is written into
-    the agent's shared-memory rank buffer of the checkpoint's generation:
-    that copy is the snapshot. The thread then seals it and waits for the
-    checkpoint's operation to commit. A worker without publish(seal=False)
-    gets a copy in process memory instead, published by the thread."""
+class _Checkpoint(threading.Thread):
+    """One rank's share of a periodic asynchronous checkpoint, after the
+    step boundary that took its snapshot (the only part on the training
+    thread). Rank 0 asks the coordinator for it (the Checkpoint RPC, with
+    the step's dataset state) and leaves the answer under `key` in the
+    process group's store; the other ranks wait there for it, so no
+    collective runs off the training thread. Then every rank publishes its
+    snapshot into the checkpoint's generation and waits for its commit. A
+    checkpoint folded into an operation's cut-over publishes nothing.
+    Whatever fails is kept in `error` (rank 0: a refused Checkpoint) and
+    agreed on at the next collective point (Loop.wait)."""
 
-    def __init__(self, loop, generation, checkpoint_id, shard):
-        super().__init__(daemon=True, name=f"reshard-checkpoint-{generation}")
-        self.loop, self.generation, self.checkpoint_id = loop, generation, checkpoint_id
-        self.error, self._unsealed, self._state = None, None, None
-        import inspect
-        try:
-            if "seal" in inspect.signature(loop.worker.publish).parameters:
-                self._unsealed = loop.worker.publish(loop.rank, generation, shard(), seal=False)
-            else:  # a Worker-like object without seal=
-                self._state = snapshot(shard())
-        except Exception as e:  # noqa: BLE001: agreed on at the next collective point
-            self.error = e
+    def __init__(self, loop, state, snapshot, events, store, key, stale_key):
+        super().__init__(daemon=True, name=f"reshard-checkpoint-{state.step}")
+        self.loop, self.state, self.step = loop, state, state.step
+        self._snapshot, self._events = snapshot, events
+        self._store, self._key, self._stale_key = store, key, stale_key
+        self.checkpoint_id, self.generation, self.folded = None, None, False
+        self.error = None
 
     def run(self):
-        if self.error is not None:
-            return
         try:
-            if self._unsealed is not None:
-                self._unsealed.seal()
-            else:
-                self.loop.worker.publish(self.loop.rank, self.generation, self._state)
-                self._state = None
-            self.loop.client.wait(self.checkpoint_id, timeout=self.loop.timeout,
-                                  raise_on_failure=True)
+            answer = self._answer()
+            if answer is None:
+                return  # rank 0's Checkpoint failed: rank 0 reports it
+            self.checkpoint_id, self.generation, own = answer
+            if not own:
+                # Folded into an active operation's cut-over: that cut-over
+                # publishes this layout's state (docs/coordinator.md).
+                self.folded = True
+                return
+            for event in self._events:
+                event.synchronize()
+            loop = self.loop
+            loop.worker.publish(loop.rank, self.generation, self._snapshot)
+            loop.client.wait(self.checkpoint_id, timeout=loop.timeout, raise_on_failure=True)
         except Exception as e:  # noqa: BLE001: agreed on at the next collective point
             self.error = e
+        finally:
+            self._snapshot = None
+
+    def _answer(self):
+        """(operation id, generation, own) of this checkpoint, or None when
+        rank 0's Checkpoint failed."""
+        import pickle
+        loop = self.loop
+        if loop.rank == 0:
+            try:
+                op = loop.client.checkpoint(loop.job_id, dataset_state=self.state)
+                answer = (op.id, op.to_generation, not _folded(op))
+            except Exception as e:  # noqa: BLE001: agreed on at the next collective point
+                self.error, answer = e, None
+            if self._store is not None:
+                if self._stale_key is not None:
+                    # Every rank read the last answer before this checkpoint
+                    # began (Loop.wait joined them all).
+                    self._store.delete_key(self._stale_key)
+                self._store.set(self._key, pickle.dumps(answer))
+            return answer
+        import datetime
+        try:
+            self._store.wait([self._key], datetime.timedelta(seconds=loop.timeout))
+        except Exception as e:  # noqa: BLE001: the store's own error types vary
+            raise _errors.DeadlineExceeded(
+                f"rank {loop.rank} of job {loop.job_id!r}: rank 0's answer to the checkpoint of "
+                f"step {self.step} did not come within {loop.timeout} s "
+                f"({type(e).__name__}: {e})", method="Checkpoint") from None
+        return pickle.loads(self._store.get(self._key))
 
 
 class Collectives:
@@ -348,7 +430,13 @@ class Loop(Collectives):
         self.every_steps, self.every_seconds = every_steps, every_seconds
         self.checkpoints = []   # (step, generation, operation id) of each committed periodic one
         self.folded = []        # (step, operation id): periodic checkpoints folded into a cut-over
-        self._pending = None    # (_Publish, step) of the checkpoint in flight
+        self._pending = None    # the _Checkpoint in flight
+        self._staging = _Staging()
+        # Rank 0's answers go through the process group's store under keys
+        # of this loop: a number rank 0 draws, learnt at the first boundary.
+        import random
+        self._nonce = random.randrange(1, 1 << 62) if rank == 0 else 0
+        self._started = 0       # periodic checkpoints started
         self._steps_since, self._last_t = 0, time.monotonic()
         self._watch = _Watch(client, job_id)
         self._watch.start()
@@ -361,17 +449,29 @@ class Loop(Collectives):
         (the dict Worker.publish takes). Collective. None: train on (a
         periodic checkpoint may have started). A Cut: the loop ends here (a
         prepared stop-free operation cut over, or a stop-the-world operation
-        stopped it); this rank published `shard()` into that generation."""
+        stopped it); this rank published `shard()` into that generation.
+
+        The only collective of an ordinary boundary is one all-reduce of a
+        few flags. A periodic checkpoint adds, on the training thread, the
+        copy of `shard()` (its snapshot) and nothing else: no coordinator
+        call is waited for. Its Checkpoint RPC, publish and commit run on a
+        background thread; the first boundary after every rank's thread
+        ended agrees on its outcome (one more all-reduce) and raises its
+        failure on every rank. A checkpoint due while the last one is still
+        in flight waits for it (one at a time, in order)."""
         torch, dist = _dist()
         self._steps_since += 1
         due = ((self.every_steps is not None and self._steps_since >= self.every_steps) or
                (self.every_seconds is not None and
                 time.monotonic() - self._last_t >= self.every_seconds))
+        busy = self._pending is not None and self._pending.is_alive()
         flags = torch.tensor([self._watch.prepared is not None, self._watch.stop is not None,
-                              due, self._watch.error is not None], dtype=torch.int64)
+                              due, self._watch.error is not None, busy, self._nonce],
+                             dtype=torch.int64)
         self._collective("the step-boundary all-reduce", dist.all_reduce, flags,
                          op=dist.ReduceOp.MAX, group=self.group)
-        prepared, stop, due, watch_error = (bool(int(x)) for x in flags)
+        prepared, stop, due, watch_error, busy = (bool(int(x)) for x in flags[:5])
+        self._nonce = int(flags[5])
         if watch_error:
             self._agree(self._watch.error)
         if stop or prepared:
@@ -382,25 +482,26 @@ class Loop(Collectives):
                 op = self._watch.wait_for(what, self.timeout)
             self.wait()
             return self._publish(state, shard, op, what, stop)
+        if self._pending is not None and not busy:
+            self.wait()  # every rank's share ended: its outcome, raised on every rank
         if due:
             self.wait()
             self._start_checkpoint(state, shard)
         return None
 
     def _start_checkpoint(self, state, shard):
-        def create():
-            op = self.client.checkpoint(self.job_id, dataset_state=state)
-            return (op.id, op.to_generation, not _folded(op))
-        op_id, generation, own = self._from_rank0(create)
+        _, dist = _dist()
         self._steps_since, self._last_t = 0, time.monotonic()
-        if not own:
-            # Folded into an active stop-free operation's cut-over: that
-            # cut-over will publish this layout's state (docs/coordinator.md).
-            self.folded.append((state.step, op_id))
-            return
-        pub = _Publish(self, generation, op_id, shard)
-        pub.start()
-        self._pending = (pub, state.step)
+        copy, events = self._staging.copy(shard())
+        store = None
+        if dist.get_world_size(self.group) > 1:
+            store = dist.distributed_c10d._get_default_store()
+        prefix = f"reshard/loop/{self.job_id}/{self._nonce:x}/"
+        stale = prefix + str(self._started - 1) if self._started else None
+        self._pending = _Checkpoint(self, state, copy, events, store,
+                                    prefix + str(self._started), stale)
+        self._started += 1
+        self._pending.start()
 
     def wait(self):
         """Waits for the asynchronous checkpoint in flight (if any) to be
@@ -408,11 +509,13 @@ class Loop(Collectives):
         every rank."""
         if self._pending is None:
             return
-        pub, step = self._pending
-        self._pending = None
-        pub.join()
-        self._agree(pub.error)
-        self.checkpoints.append((step, pub.generation, pub.checkpoint_id))
+        ck, self._pending = self._pending, None
+        ck.join()
+        self._agree(ck.error)
+        if ck.folded:
+            self.folded.append((ck.step, ck.checkpoint_id))
+        else:
+            self.checkpoints.append((ck.step, ck.generation, ck.checkpoint_id))
 
     def finish(self, state, shard):
         """Publishes the state after the last step with a plain checkpoint
