@@ -141,17 +141,24 @@ const std::vector<CommandSpec>& Specs() {
        {"JOB"},
        Joined({"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
               AdviseValueFlags()),
-       Joined({"no-wait", "choose"}, AdviseBoolFlags()),
+       Joined({"no-wait", "choose", "accept-degraded"}, AdviseBoolFlags()),
        {"lost"},
        absl::StrCat(
-           "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--no-wait]\n"
+           "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--accept-degraded]\n"
+           "         [--no-wait]\n"
            "       reshardctl recover JOB --lost HOSTS --choose --gpus N [advise flags]\n"
            "\nRebuilds a job's state from the survivors after hosts or ranks were lost.\n"
            "  --lost LIST    comma-separated hosts or old ranks (rank:N is always a rank)\n"
            "  --to FILE      the new layout; default: the coordinator keeps the current\n"
-           "                 config and shrinks data parallelism to the surviving devices\n"
+           "                 config and shrinks data parallelism to the surviving devices.\n"
+           "                 A crashed rank restarts in place when the layout keeps its\n"
+           "                 device on a live host (--to with the current layout)\n"
            "  --choose       the coordinator's advisor picks the layout on the surviving\n"
-           "                 hosts instead (see reshardctl advise --help)\n",
+           "                 hosts instead (see reshardctl advise --help)\n"
+           "  --accept-degraded\n"
+           "                 recover even when the new layout gives up the job's HSDP\n"
+           "                 replicas or its surviving the loss of any one host (refused\n"
+           "                 otherwise, naming what is lost and a layout that keeps it)\n",
            kWaitHelp)},
       {"preview",
        {"JOB"},

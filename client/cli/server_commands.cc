@@ -249,6 +249,7 @@ class Runner {
       if (!advise.ok()) return LocalError(advise.status(), kExitUsage);
       *req.mutable_choose() = *std::move(advise);
     }  // else the coordinator picks the survivors (planner/survivor.h)
+    req.set_accept_degraded(Has("accept-degraded"));
     req.set_idempotency_key(Flag("idempotency-key"));
     return Started(client_.RecoverFromFailure(std::move(req)));
   }

@@ -754,6 +754,7 @@ TEST_F(ClientTest, RecoverAfterLosingAHost) {
   req.set_expected_generation(1);
   req.add_lost_hosts("h1");
   *req.mutable_target() = target;
+  req.set_accept_degraded(true);  // dp 1: one copy left, accepted
   absl::StatusOr<v1::Operation> op = client_->RecoverFromFailure(req);
   ASSERT_TRUE(op.ok()) << op.status();
   absl::StatusOr<v1::Operation> final_op = client_->WaitForOperation(op->id(), absl::Seconds(90));

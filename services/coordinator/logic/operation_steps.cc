@@ -17,6 +17,7 @@
 #include "planner/planner.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/redundancy.h"
 #include "services/coordinator/logic/task.h"
 
 namespace reshard::coordinator {
@@ -77,8 +78,12 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
     }
   }
   lost.ranks = record.lost_ranks;
+  // A lost rank whose device the target reuses, on a host not lost, crashed
+  // on a healthy host: it restarts in place and its agent's buffer of the
+  // current generation stays a source (redundancy.h).
   absl::StatusOr<planner::Plan> plan =
-      planner::MakePlan(*ptc, job->layout(), op.target_layout(), lost);
+      planner::MakePlan(*ptc, job->layout(), op.target_layout(),
+                        PlannerLostSet(job->layout(), op.target_layout(), lost));
   if (!plan.ok()) {
     // Invalid targets and lost data alike end the operation: retrying the
     // same inputs gives the same answer.

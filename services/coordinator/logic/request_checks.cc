@@ -100,7 +100,8 @@ absl::Status CheckLostFields(const google::protobuf::RepeatedPtrField<std::strin
 
 absl::Status CheckLostAgainst(const v1::Layout& current, const v1::Layout& target,
                               const google::protobuf::RepeatedPtrField<std::string>& lost_hosts,
-                              const google::protobuf::RepeatedField<int32_t>& lost_ranks) {
+                              const google::protobuf::RepeatedField<int32_t>& lost_ranks,
+                              const std::set<std::string>& in_place_hosts) {
   const std::vector<v1::DeviceSlot> old_slots = planner::ExpandPlacement(current.placement());
   const std::vector<v1::DeviceSlot> new_slots = planner::ExpandPlacement(target.placement());
   std::set<std::string> old_hosts;
@@ -118,6 +119,7 @@ absl::Status CheckLostAgainst(const v1::Layout& current, const v1::Layout& targe
                                                      " is out of range: the current layout has ",
                                                      old_slots.size(), " ranks"));
     }
+    if (in_place_hosts.count(old_slots[rank].host()) > 0) continue;  // restarts in place
     lost_devices.emplace(old_slots[rank].host(), old_slots[rank].device());
   }
   const std::set<std::string> lost_host_set(lost_hosts.begin(), lost_hosts.end());
@@ -130,7 +132,9 @@ absl::Status CheckLostAgainst(const v1::Layout& current, const v1::Layout& targe
     if (lost_devices.count({s.host(), s.device()}) > 0) {
       return absl::InvalidArgumentError(absl::StrCat("target.placement: rank ", r, " is on host \"",
                                                      s.host(), "\" device ", s.device(),
-                                                     ", the device of a lost rank"));
+                                                     ", the device of a lost rank (a rank restarts "
+                                                     "in place only on an ALIVE host that no "
+                                                     "lost_hosts name)"));
     }
   }
   return absl::OkStatus();

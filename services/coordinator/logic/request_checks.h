@@ -3,6 +3,7 @@
 // Every failure is InvalidArgument naming the field and value. Pure.
 #pragma once
 
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -52,11 +53,14 @@ inline constexpr int64_t kMaxLostEntries = 1 << 20;
     const google::protobuf::RepeatedField<int32_t>& lost_ranks);
 
 /// The lost set against the generation it is about (`current`): every lost
-/// host holds a rank of it, every lost rank exists, and `target` uses neither
-/// a lost host nor the device of a lost rank.
+/// host holds a rank of it, every lost rank exists, and `target` uses no
+/// lost host, nor the device of a lost rank unless that rank's host is in
+/// `in_place_hosts` (ALIVE and named lost nowhere: the rank restarts in
+/// place, docs/coordinator.md, "Recovery keeps the job's redundancy").
 [[nodiscard]] absl::Status CheckLostAgainst(
     const v1::Layout& current, const v1::Layout& target,
     const google::protobuf::RepeatedPtrField<std::string>& lost_hosts,
-    const google::protobuf::RepeatedField<int32_t>& lost_ranks);
+    const google::protobuf::RepeatedField<int32_t>& lost_ranks,
+    const std::set<std::string>& in_place_hosts = {});
 
 }  // namespace reshard::coordinator

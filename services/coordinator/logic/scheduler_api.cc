@@ -2,11 +2,16 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/log.h"
 #include "common/rpc/enum_name.h"
+#include "planner/layout.h"
 #include "planner/planner.h"
 #include "planner/survivor.h"
 #include "planner/validate.h"
@@ -17,8 +22,10 @@
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/redundancy.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/logic/task.h"
+#include "services/coordinator/store/audit.h"
 #include "services/coordinator/store/state_memory.h"
 
 namespace reshard::coordinator {
@@ -311,6 +318,67 @@ absl::StatusOr<v1::Layout> SchedulerApi::RecoveryTarget(
   return target;
 }
 
+// The hosts of the request's lost ranks where a rank may restart in place:
+// ALIVE, and named lost neither by the request nor by the job.
+absl::StatusOr<std::set<std::string>> SchedulerApi::InPlaceHosts(
+    const v1::RecoverFromFailureRequest& request, const v1::Job& job) {
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
+  std::set<std::string> candidates;
+  for (int32_t rank : request.lost_ranks()) {
+    if (rank < 0 || rank >= static_cast<int64_t>(slots.size())) continue;
+    const std::string& host = slots[rank].host();
+    const auto named = [&](const auto& hosts) {
+      return std::find(hosts.begin(), hosts.end(), host) != hosts.end();
+    };
+    if (!named(request.lost_hosts()) && !named(job.lost_hosts())) candidates.insert(host);
+  }
+  std::set<std::string> alive;
+  for (const std::string& host : candidates) {
+    absl::StatusOr<v1::Host> h = store_->GetHost(host);
+    if (absl::IsNotFound(h.status())) continue;
+    if (!h.ok()) return h.status();
+    if (h->state() == v1::HOST_STATE_ALIVE) alive.insert(host);
+  }
+  return alive;
+}
+
+// A recovery keeps the job's redundancy (HSDP replicas, surviving the loss
+// of any one host) unless the request accepts the loss; an accepted one is
+// written to the audit trail and the log.
+absl::Status SchedulerApi::CheckKeepsRedundancy(const v1::RecoverFromFailureRequest& request,
+                                                const v1::Job& job, const v1::Layout& target,
+                                                const std::set<std::string>& in_place_hosts) {
+  absl::StatusOr<std::vector<std::string>> lost = RedundancyLost(job.ptc(), job.layout(), target);
+  if (!lost.ok()) return lost.status();
+  if (lost->empty()) return absl::OkStatus();
+  const std::string what = absl::StrJoin(*lost, " and ");
+  if (request.accept_degraded()) {
+    const std::string note =
+        absl::StrCat("accept_degraded: the recovery to ", LayoutText(target), " gives up ", what);
+    if (AuditRecord* audit = AuditScope::Current(); audit != nullptr) audit->message = note;
+    RESHARD_LOG(WARNING) << "job=" << job.id() << " " << note;
+    return absl::OkStatus();
+  }
+  planner::LostSet lost_set;
+  lost_set.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
+  for (const std::string& h : job.lost_hosts()) {
+    if (std::find(lost_set.hosts.begin(), lost_set.hosts.end(), h) == lost_set.hosts.end()) {
+      lost_set.hosts.push_back(h);
+    }
+  }
+  lost_set.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+  std::optional<v1::Layout> keeping =
+      KeepingLayout(job.ptc(), job.layout(), lost_set, in_place_hosts);
+  if (keeping.has_value() && !capacities_.CheckFits(job.ptc(), *keeping, "target").ok()) {
+    keeping.reset();
+  }
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job \"", job.id(), "\": the recovery to ", LayoutText(target), " loses ", what,
+      keeping.has_value() ? absl::StrCat("; a target that keeps it: ", LayoutText(*keeping))
+                          : "; no layout on the surviving hosts keeps it",
+      "; set accept_degraded to recover anyway"));
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
     const v1::RecoverFromFailureRequest& request, const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
@@ -329,9 +397,14 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   // the survivors still hold everything is the planner's call (the
   // operation FAILS, naming the tensors, when they do not).
   if (job->generation() == request.expected_generation()) {
-    if (absl::Status s =
-            CheckLostAgainst(job->layout(), *target, request.lost_hosts(), request.lost_ranks());
+    absl::StatusOr<std::set<std::string>> in_place = InPlaceHosts(request, *job);
+    if (!in_place.ok()) return in_place.status();
+    if (absl::Status s = CheckLostAgainst(job->layout(), *target, request.lost_hosts(),
+                                          request.lost_ranks(), *in_place);
         !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = CheckKeepsRedundancy(request, *job, *target, *in_place); !s.ok()) {
       return s;
     }
   }
@@ -447,8 +520,11 @@ absl::StatusOr<v1::PreviewPlanResponse> SchedulerApi::PreviewPlan(
   planner::LostSet lost;
   lost.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
   lost.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+  // As the driver plans it: a lost rank whose device the target reuses
+  // restarts in place from its agent's buffer (redundancy.h).
   absl::StatusOr<planner::Plan> plan =
-      planner::MakePlan(job->ptc(), job->layout(), request.target(), lost);
+      planner::MakePlan(job->ptc(), job->layout(), request.target(),
+                        PlannerLostSet(job->layout(), request.target(), lost));
   if (!plan.ok()) return plan.status();
   v1::PreviewPlanResponse response;
   *response.mutable_stats() = StatsOf(*plan);

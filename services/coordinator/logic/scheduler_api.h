@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/status.h"
@@ -98,6 +99,14 @@ class SchedulerApi {
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
   [[nodiscard]] absl::StatusOr<v1::Layout> RecoveryTarget(
       const v1::RecoverFromFailureRequest& request, const v1::Job& job);
+  /// The hosts where a lost rank of the request may restart in place.
+  [[nodiscard]] absl::StatusOr<std::set<std::string>> InPlaceHosts(
+      const v1::RecoverFromFailureRequest& request, const v1::Job& job);
+  /// FailedPrecondition when `target` gives up the job's redundancy and the
+  /// request does not accept it (redundancy.h).
+  [[nodiscard]] absl::Status CheckKeepsRedundancy(const v1::RecoverFromFailureRequest& request,
+                                                  const v1::Job& job, const v1::Layout& target,
+                                                  const std::set<std::string>& in_place_hosts);
 
   /// Resize with `choose`: the advisor's best layout for the horizon.
   [[nodiscard]] absl::StatusOr<v1::Operation> ResizeChosen(const v1::ResizeRequest& request,

@@ -291,7 +291,8 @@ AuditRecord SucceededAudit(const AuditRecord& scope, const std::string& job_id,
   if (r.operation_id.empty()) r.operation_id = operation_id;
   if (r.target.empty()) r.target = target;
   r.code = "OK";
-  r.message.clear();
+  // A status message is a refusal's; a success keeps only a note its logic
+  // left on the scope (an accepted degradation of a recovery), else none.
   return r;
 }
 

@@ -143,7 +143,8 @@ int64_t NewOperationToGeneration(bool queued, int64_t reserved_generation, bool 
 
 /// The audit row a successful call writes: the thread's `scope` record
 /// (audit.h) with code OK, naming `job_id`, `operation_id` and `target`
-/// where it does not already.
+/// where it does not already; its message is the note the call's logic left
+/// on the scope (an accepted degradation of a recovery), usually none.
 AuditRecord SucceededAudit(const AuditRecord& scope, const std::string& job_id,
                            const std::string& operation_id, const std::string& target);
 

@@ -177,6 +177,9 @@ TEST_P(CheckpointMeetingTest, ARecoveryAbortsTheCheckpointInsteadOfWaitingBehind
   r.set_job_id(job.id());
   r.set_expected_generation(1);
   r.add_lost_hosts("h1");
+  // h0 alone cannot survive another host's loss: accepted (docs/coordinator.md,
+  // "Recovery keeps the job's redundancy").
+  r.set_accept_degraded(true);
   absl::StatusOr<v1::Operation> recover = api_->RecoverFromFailure(r);
   ASSERT_TRUE(recover.ok()) << recover.status();
   EXPECT_EQ(recover->queued_behind_operation_id(), "");

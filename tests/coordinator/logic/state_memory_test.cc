@@ -179,6 +179,7 @@ TEST_P(StateMemoryTest, ARecoverysTasksFollowTheJob) {
   request.set_job_id(job.id());
   request.set_expected_generation(1);
   request.add_lost_hosts("h1");
+  request.set_accept_degraded(true);  // h0 alone: one copy left, accepted
   absl::StatusOr<v1::Operation> recover = api_->RecoverFromFailure(request);
   ASSERT_TRUE(recover.ok()) << recover.status();
   Tick();

@@ -311,6 +311,10 @@ TEST(RequestChecks, LostSets) {
   ranks.Add(1);  // h0 device 1
   EXPECT_THAT(CheckLostAgainst(current, current, hosts, ranks).message(),
               HasSubstr("rank 1 is on host \"h0\" device 1, the device of a lost rank"));
+  // On a live host that no lost_hosts name, the rank restarts in place.
+  EXPECT_TRUE(CheckLostAgainst(current, current, hosts, ranks, {"h0"}).ok());
+  EXPECT_THAT(CheckLostAgainst(current, current, hosts, ranks, {"h1"}).message(),
+              HasSubstr("the device of a lost rank"));
 }
 
 TEST(NameNotFound, RewritesOnlyNotFound) {

@@ -157,6 +157,7 @@ TEST_F(ApiTest, EveryCoordinatorCallHappyPath) {
     request.set_expected_generation(1);
     request.add_lost_hosts("h1");
     *request.mutable_target() = MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
+    request.set_accept_degraded(true);  // dp 1: one copy left, accepted
     v1::Operation op;
     const grpc::Status s = stub->RecoverFromFailure(Ctx().get(), request, &op);
     ASSERT_TRUE(s.ok()) << s.error_message();

@@ -273,6 +273,7 @@ TEST_F(DatasetStateTest, RecoverCarriesTheStepCommittedDuringTheTransfer) {
   recover.set_expected_generation(1);
   recover.add_lost_hosts("h1");
   *recover.mutable_target() = MakeLayout(2, 2, 1, {"h0", "h2"}, 2);
+  recover.set_accept_degraded(true);  // dp 1: one copy left, accepted
   v1::Operation op;
   grpc::Status s = admin_->RecoverFromFailure(Ctx().get(), recover, &op);
   ASSERT_TRUE(s.ok()) << s.error_message();
