@@ -182,7 +182,7 @@ def test_the_markers_are_well_formed():
     kinds = {page: [b[1] for b in runnable_blocks(page)] for page in PAGES}
     assert kinds["README.md"][:1] == ["cluster"], kinds
     assert all(k != "cluster" for k in kinds["README.md"][1:] + kinds["docs/pytorch.md"]), kinds
-    assert "python" in kinds["README.md"] and "sh" in kinds["README.md"], kinds
+    assert {"python", "sh", "file"} <= set(kinds["README.md"]), kinds
     assert "sh" in kinds["docs/pytorch.md"], kinds
 
 
