@@ -1,5 +1,7 @@
-"""`python -m reshard run ...` (the launcher, reshard.launch) and `python -m
-reshard dcp import|export ...` (reshard.dcp)."""
+"""`python -m reshard run ...` (the launcher, reshard.launch), `python -m
+reshard register ...` (a job registered from its training script's
+describe(), reshard.launcher.register) and `python -m reshard dcp
+import|export ...` (reshard.dcp)."""
 
 import sys
 

@@ -156,6 +156,8 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     reshard.launch.rank_env()). Returns a Run."""
     from reshard.frameworks import pytorch
     env = env or _launch.rank_env()
+    if os.environ.get("RESHARD_REGISTER_DIR") and not env.job_id:
+        env = _register(app, dataset, mesh, group, env, timeout)
     _exit_on_peer_lost(env.rank, env.job_id)
     client = env.client()  # the job's worker token only
     # The job's own PTC (registered from pytorch.describe of this model:
@@ -195,6 +197,39 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     loop = _elastic.Loop(client, env.job_id, rank, worker, group=group, timeout=timeout,
                          every_steps=every_steps, every_seconds=every_seconds)
     return Run(app, spec, env, client, worker, loop, state, started, regenerated, generation)
+
+
+def _register(app, dataset, mesh, group, env, timeout):
+    """The ranks of a job that does not exist yet (`reshard run --job-name`
+    set $RESHARD_REGISTER_DIR and no job id): describe `app` (collective),
+    rank 0 hands the PTC and `dataset` to its launcher, which registers the
+    job, and broadcasts the answer: the job id and worker token, which this
+    rank then uses (RankEnv and os.environ), or the refusal, raised on every
+    rank. `reshard register -- COMMAND` ($RESHARD_REGISTER_DESCRIBE) only
+    wants the description: the rank ends (status 0) once it is written."""
+    import dataclasses
+    import torch.distributed as dist
+    from reshard.frameworks import pytorch
+    from reshard.launcher import register
+    directory = os.environ["RESHARD_REGISTER_DIR"]
+    spec = pytorch.describe(app, mesh=mesh, group=group)
+    describe_only = bool(os.environ.get("RESHARD_REGISTER_DESCRIBE"))
+    reply = [None]
+    if env.rank == 0:
+        try:
+            register.request(directory, spec, env.layout, dataset)
+            reply[0] = {} if describe_only else register.answer(directory, max(timeout, 600.0))
+        except ValueError as e:
+            reply[0] = {"code": _errors.InvalidArgument.code.value[0], "message": str(e)}
+    dist.broadcast_object_list(reply, src=0, group=group)
+    got = reply[0]
+    if "code" in got:
+        raise register.error_of(got)
+    if describe_only:
+        raise SystemExit(0)
+    os.environ.update(RESHARD_JOB_ID=got["job_id"], RESHARD_WORKER_TOKEN=got["worker_token"])
+    os.environ.pop("RESHARD_REGISTER_DIR", None)
+    return dataclasses.replace(env, job_id=got["job_id"], worker_token=got["worker_token"])
 
 
 def _load(probe, pytorch, worker, app, spec, rank, generation):

@@ -66,6 +66,7 @@ from reshard.launcher._launch_env import (  # noqa: F401
     EXIT_JOB_FAILED, EXIT_OK, EXIT_PEER_LOST, EXIT_RANK_FAILED, EXIT_USAGE, LaunchError, RankEnv,
     rank_env)
 from reshard.launcher._launch_follow import Launcher  # noqa: F401
+from reshard.launcher import register as _register
 from reshard.launcher._launch_ranks import World  # noqa: F401
 from reshard.launcher._launch_rdzv import (  # noqa: F401
     DEFAULT_PORT_RANGE, Addresses, parse_port_range, rendezvous_port)
@@ -80,7 +81,7 @@ def _parser():
         description="Start this host's ranks of a reshard job and follow its reconfigurations "
                     "(docs/pytorch.md, \"The launcher\").")
     p.add_argument("--coordinator", required=True, help="HOST:PORT of a reshard-coordinator")
-    p.add_argument("--job", required=True, help="the job id")
+    p.add_argument("--job", default="", help="the job id (or --job-name, below)")
     p.add_argument("--host", required=True, help="this host's id (its agent's --host-id)")
     p.add_argument("--worker-socket", required=True, help="this host agent's --worker-socket")
     p.add_argument("--token-file", help="the credential for the coordinator, normally the job's "
@@ -110,6 +111,7 @@ def _parser():
     p.add_argument("--log-dir", help="each rank's output to DIR/<world>-rank<R>.log instead of "
                    "the launcher's")
     p.add_argument("--events", help="append what the launcher does as JSON lines to this file")
+    _register.add_run_flags(p)  # --job-name, --tenant, --register-token-file, first layout
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command line")
     return p
 
@@ -148,6 +150,19 @@ def run(argv):
         from reshard.core.client import Client, tls_credentials
         kwargs = {"insecure": True} if args.insecure else {
             "credentials": tls_credentials(os.path.abspath(args.tls_ca))}
+        # Registration (reshard.launcher.register): the job by (--tenant,
+        # --job-name), registered from its ranks' describe() when absent.
+        registration = None
+        if args.job_name:
+            registration = _register.prepare_run(
+                args, command, kwargs,
+                lambda list_hosts: Addresses(explicit, args.rdzv_host_pattern, list_hosts),
+                port_range)
+            args.job = registration.job_id
+            token = worker_token = registration.worker_token
+        elif not args.job:
+            raise LaunchError("give --job ID, or --job-name NAME --tenant T (registered "
+                              "when it does not exist)")
         client = Client(args.coordinator, token=token or None, **kwargs)
     except (LaunchError, ValueError) as e:
         print(f"reshard run: {e}", file=sys.stderr)
@@ -168,9 +183,13 @@ def run(argv):
               file=sys.stderr)
         return EXIT_USAGE
     try:
+        if registration is not None:
+            registration.hand_over(launcher)
         return launcher.run()
     finally:
         client.close()
+        if registration is not None:
+            registration.close()
 
 
 def main(argv=None):
@@ -179,12 +198,16 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: reshard run [options] -- COMMAND ...   (reshard run --help)\n"
+              "       reshard register [options] (--ptc F | -- COMMAND ...)  (reshard register "
+              "--help)\n"
               "       reshard dcp import|export DIR ...     (reshard dcp import --help)")
         return 0 if argv else EXIT_USAGE
+    if argv[0] == "register":
+        return _register.main(argv[1:])
     if argv[0] == "dcp":
         from reshard.frameworks import dcp  # torch.distributed.checkpoint: only when asked for
         return dcp.main(argv[1:])
     if argv[0] != "run":
-        print(f"reshard: unknown command {argv[0]!r} (known: run, dcp)", file=sys.stderr)
+        print(f"reshard: unknown command {argv[0]!r} (known: run, register, dcp)", file=sys.stderr)
         return EXIT_USAGE
     return run(argv[1:])
