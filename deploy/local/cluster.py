@@ -817,21 +817,27 @@ class LocalCluster:
 
     def stop_host(self, host_id):
         """The host freezes: SIGSTOP to its agent and every process of the
-        host; its sockets stay open and it misses its heartbeats. Returns
-        the pids stopped, agent first."""
+        host, returning once they are all stopped; its sockets stay open and
+        it misses its heartbeats. Returns the pids stopped, agent first."""
         pids = self.host_processes(host_id)
         self._signal_pids(pids, signal.SIGSTOP)
         self.stop_agent(host_id)
+        everything = [self.agents[host_id].pid] + pids
+        for pid in everything:  # a signal takes effect when its process next runs
+            _wait_state(pid, lambda state: state in ("T", "t", "Z", "X", None), 10.0)
         self._log(f"cluster: host {host_id} stopped (agent and {len(pids)} processes)")
-        return [self.agents[host_id].pid] + pids
+        return everything
 
     def continue_host(self, host_id):
         """SIGCONT after stop_host, agent first. Returns the pids continued."""
         self.continue_agent(host_id)
         pids = self.host_processes(host_id)
         self._signal_pids(pids, signal.SIGCONT)
+        everything = [self.agents[host_id].pid] + pids
+        for pid in everything:
+            _wait_state(pid, lambda state: state != "T", 10.0)
         self._log(f"cluster: host {host_id} continued (agent and {len(pids)} processes)")
-        return [self.agents[host_id].pid] + pids
+        return everything
 
     def restart_host(self, host_id, keep_shm=True):
         """The host reboots: kill_host (if anything of it still runs), its
@@ -932,18 +938,29 @@ def _uses_socket(pid, p, sock):
     return _socket_arg(p["argv"], p["cwd"]) == sock
 
 
+def _proc_state(pid):
+    """The state letter of `pid` in /proc (R, S, T, Z, ...), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[0]
+
+
+def _wait_state(pid, wanted, timeout):
+    """Waits until wanted(state of `pid`) holds (None: gone); False after `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not wanted(_proc_state(pid)):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.01)
+    return True
+
+
 def _wait_gone(pid, timeout):
     """Waits until `pid` is gone or a zombie (its parent reaps it, not us)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with open(f"/proc/{pid}/stat", "rb") as f:
-                stat = f.read().decode("utf-8", "replace")
-        except OSError:
-            return
-        if stat[stat.rindex(")") + 2:].split()[0] in ("Z", "X"):
-            return
-        time.sleep(0.01)
+    _wait_state(pid, lambda state: state in (None, "Z", "X"), timeout)
 
 
 def scrape_metrics(address, timeout=5.0):

@@ -288,6 +288,16 @@ def test_a_host_fails_and_comes_back_from_the_command_line(session):
                                                  "--worker-socket", sock]
         out = session.run("(host command)", 0, "sh", [], "reshardctl hosts list")
         assert re.search(r"^host-2\s+ALIVE\s", out, re.M), out
+
+        # --empty: the host comes back without its shared memory (README.md's
+        # job left ranks 4 and 5 there).
+        shm = f"{work}/host-2/shm"
+        assert any(n.startswith("reshard-host-2-") for n in os.listdir(shm)), os.listdir(shm)
+        killed = _host_command(session, "kill-host", "host-2", "--empty")
+        assert killed[0] == new_agent and relaunched[0] in killed, (killed, relaunched)
+        assert not os.path.exists(shm)
+        _host_command(session, "restart-host", "host-2")
+        assert os.listdir(shm) == []
     finally:
         if launcher.poll() is None:
             launcher.kill()
