@@ -14,7 +14,10 @@ start() reads the launcher's environment (reshard.launch.rank_env(): RANK,
 RESHARD_COORDINATOR, RESHARD_JOB_ID, RESHARD_WORKER_TOKEN,
 RESHARD_WORKER_SOCKET, RESHARD_GENERATION, RESHARD_OPERATION_ID, ...),
 describes the AppState (pytorch.describe: collective) and brings it to the
-job's state: a rank started in warm-up of a stop-free operation joins it
+job's state: a rank of a job that does not exist yet (`reshard run
+--job-name`, $RESHARD_REGISTER_DIR) has its launcher register it from this
+describe() and `dataset` first (reshard.launcher.register), then goes on as
+a fresh job's; a rank started in warm-up of a stop-free operation joins it
 (marks it prepared, waits for its commit, loads the new generation); a rank
 started after a reconfiguration loads RESHARD_GENERATION; a fresh job's
 ranks publish their initial state as its first generation. Then every
