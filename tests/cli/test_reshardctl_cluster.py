@@ -400,8 +400,17 @@ def test_lost_host_and_recover(ctl, cluster, files):
     assert shown["lost_hosts"] == ["host-1"]
     assert shown["state"] == "JOB_STATE_DEGRADED"
 
-    # Without --to: the same config with dp shrunk onto the survivors (host-0).
+    # Without --to: the same config with dp shrunk onto the survivors
+    # (host-0), one copy where the job had a replica on each host: refused
+    # (exit 5, FAILED_PRECONDITION naming what is lost) unless accepted.
     rc, out, err = ctl("recover", job_id, "--lost", "host-1", "--output", "json")
+    assert rc == CONFLICT, (rc, out, err)
+    assert ("the recovery to tp 2 pp 1 dp 1 on host-0:0 host-0:1 loses its ability to survive "
+            "the loss of any one host") in err, err
+    assert "set accept_degraded to recover anyway" in err, err
+    assert int(ctl.json("jobs", "show", job_id)["generation"]) == 1
+    rc, out, err = ctl("recover", job_id, "--lost", "host-1", "--accept-degraded", "--output",
+                       "json")
     assert rc == OK, err
     op = json.loads(out)
     assert op["state"] == "OPERATION_STATE_COMMITTED", op

@@ -107,7 +107,10 @@ def test_recover_choose_picks_on_the_survivors(cluster, client, job_name):
                                    "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)})
     publish_all(cluster, created.id, ptc, lay, sd)
     lost = cluster.host_ids[1]  # holds one of the two data-parallel replicas
-    op = client.recover(created.id, [lost], choose=True, gpus=6, model=MODEL)
+    # The advisor picks for speed; one copy on the survivors is accepted
+    # (docs/coordinator.md, "Recovery keeps the job's redundancy").
+    op = client.recover(created.id, [lost], choose=True, gpus=6, model=MODEL,
+                        accept_degraded=True)
     target = op.target_layout
     assert lost not in layout.hosts_of(target)
     assert len(layout.slots(target)) <= 6

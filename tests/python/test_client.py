@@ -10,7 +10,7 @@ import time
 import grpc
 import pytest
 
-from helpers import every_kind_ptc, publish_all
+from helpers import check_generation, every_kind_ptc, publish_all
 import reshard
 from reshard import layout, megatron
 from reshard.v1 import agent_pb2, coordinator_pb2, ptc_pb2
@@ -353,6 +353,30 @@ def test_every_status_code_has_its_class():
         err = reshard.errors.from_rpc_error(FakeRpcError(code), "M")
         assert type(err) is cls and err.code == code and err.message == "what went wrong"
         assert str(err) == f"M: {code.name}: what went wrong"
+
+
+def test_crashed_rank_restarts_in_place_with_its_state(cluster, client, job_name):
+    """A rank that crashed on a live host (its agent alive) restarts in place:
+    recover(lost_ranks=[rank], layout=the current layout). One copy of
+    everything (dp 1), so its state can only come from its own agent's
+    buffer: the new generation is every rank's bytes exactly, none crossed
+    hosts. Before, the current layout was refused ("the device of a lost
+    rank")."""
+    hosts = cluster.host_ids[:2]
+    spec, ptc, _, sd = small_spec(job_name, cluster.host_ids)
+    lay = layout.make_layout(2, 2, 1, hosts, 2)
+    spec["layout"] = reshard.to_dict(lay)
+    job = client.register_job(spec)
+    publish_all(cluster, job.id, ptc, lay, sd)
+    op = client.recover(job.id, lost_ranks=[3], layout=client.get_job(job.id).layout)
+    final = client.wait(op.id, timeout=120, raise_on_failure=True)
+    assert (final.kind, final.from_generation, final.to_generation) == (
+        OP.OPERATION_KIND_RECOVER, 1, 2)
+    assert layout.slots(final.target_layout) == layout.slots(lay)
+    assert final.stats.bytes_cross_host == 0 and final.stats.bytes_zero_filled == 0
+    assert check_generation(cluster, job.id, ptc, lay, sd, 2) == []
+    after = client.get_job(job.id)
+    assert after.state == OP.JOB_STATE_ACTIVE and after.generation == 2
 
 
 # ----------------------------------------------------- last: loses a host

@@ -485,3 +485,59 @@ def test_export_refuses_a_blob_that_would_run_code(cluster, client, job_name, tm
         'which reshard does not call (it loads only containers, numbers, strings, torch '
         'tensors, dtypes and devices, numpy arrays and scalars)'], r.stderr
     assert not marker.exists() and not (tmp_path / "c").exists()
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_export_refuses_to_miss_state(cluster, client, job_name, tmp_path):
+    """An export that would miss state is refused before anything is
+    written, by export_dcp (ValueError) and `reshard dcp export` (one line,
+    exit 1): a rank's region without a reachable worker socket (host-1's
+    rank holds the last row of w), or no socket for any host of the layout
+    (0 keys). Before, both printed "exported" and exited 0."""
+    import subprocess
+    import sys
+    from reshard.v1 import ptc_pb2
+    dcp.save({"model": {"w": torch.arange(12.0).reshape(3, 4)}, "counter": {"step": 4}},
+             checkpoint_id=str(tmp_path / "a"), no_dist=True)
+    ptc = rdcp.ptc_from_checkpoint(tmp_path / "a")
+    h0, h1 = cluster.host_ids[:2]
+    lay = layout.make_layout(1, 1, 2, [h0, h1], 1)
+    job, token = client.register_job(ptc_pb2.JobSpec(name=job_name, tenant="pytest", ptc=ptc,
+                                                      layout=lay), with_token=True)
+    socks = {h: cluster.agents[h].worker_socket for h in (h0, h1)}
+    rdcp.import_dcp(tmp_path / "a", job.id, ptc, lay, 1, socks, worker_token=token)
+    missing = (f"export of job {job.id} generation 1 would miss state: 1 of 1 tensors have "
+               f"regions that only ranks without a worker socket hold (e.g. \"model.w\": 1 of 2 "
+               f"regions); ranks 1 on hosts {h1} were not reached: give a worker socket for "
+               f"those hosts")
+    with pytest.raises(ValueError) as refused:
+        rdcp.export_dcp(tmp_path / "b", job.id, ptc, lay, 1, {h0: socks[h0]},
+                        worker_token=token)
+    assert str(refused.value) == missing
+    assert not (tmp_path / "b").exists()
+
+    def cli(out, *sockets):
+        return subprocess.run(
+            [sys.executable, "-m", "reshard", "dcp", "export", str(tmp_path / out),
+             "--coordinator", cluster.coordinator, "--ca", cluster.pki.ca, "--job", job.id,
+             *[a for s in sockets for a in ("--socket", s)]],
+            env=dict(os.environ, RESHARD_WORKER_TOKEN=token), capture_output=True, text=True,
+            timeout=120)
+
+    r = cli("c", f"{h0}={socks[h0]}")
+    assert (r.returncode, r.stdout, r.stderr.splitlines()) == (
+        1, "", [f"reshard dcp export: {missing}"]), r.stderr
+    r = cli("d", f"host-gone={socks[h0]}")
+    assert (r.returncode, r.stdout, r.stderr.splitlines()) == (1, "", [
+        f"reshard dcp export: export of job {job.id} generation 1: no host of its layout has a "
+        f"worker socket (the layout's hosts: {h0}, {h1}; sockets given for: host-gone): the "
+        f"checkpoint would hold 0 keys"]), r.stderr
+    assert not (tmp_path / "c").exists() and not (tmp_path / "d").exists()
+    # Both hosts reached: exported, and the line says how many keys.
+    r = cli("e", f"{h0}={socks[h0]}", f"{h1}={socks[h1]}")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().endswith(": 2 keys"), r.stdout
+    out = {"model": {"w": torch.zeros(3, 4)}, "counter": {"step": 0}}
+    dcp.load(out, checkpoint_id=str(tmp_path / "e"), no_dist=True)
+    assert out["model"]["w"].tolist() == torch.arange(12.0).reshape(3, 4).tolist()
+    assert out["counter"] == {"step": 4}

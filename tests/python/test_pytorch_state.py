@@ -596,3 +596,34 @@ def test_a_one_rank_job_keeps_its_tp_and_dp_splits(tmp_path):
     assert spec.items["model.0.weight"].placements == (("dp", "Shard(0)"), ("tp", "Shard(0)"))
     assert modes(t["model.0.weight"]) == ("TP_SPLIT", 0, "DP_CHUNK", 0)
     assert modes(t["model.2.weight"]) == ("TP_SPLIT", 1, "DP_CHUNK", 0)
+
+
+def test_a_layout_that_cannot_survive_a_host_loss_warns(described):
+    """Spec.layout warns (HostLossWarning) when some state has its only copy
+    on one host: FSDP2 + TP (one copy of each shard) on two hosts, and any
+    layout on one host. HSDP with one replica per host does not warn."""
+    import warnings
+
+    def spec(scenario):
+        return pytorch.Spec(ptc_pb2.Ptc.FromString(described[0][scenario]["ptc"]),
+                            ptc_pb2.ParallelConfig.FromString(described[0][scenario]["config"]),
+                            {}, {})
+
+    hint = ("which no other host holds: this layout cannot survive the loss of any one host; "
+            "keep HSDP replicas on other hosts (dp_replicate > 1 across hosts) or an external "
+            "copy (docs/pytorch.md, \"What survives a host loss\")")
+    with pytest.warns(pytorch.HostLossWarning) as fsdp:
+        spec("fsdp_tp").layout(hosts=["h0", "h1"], devices_per_host=2)
+    assert [str(w.message) for w in fsdp] == [
+        f"layout ['h0', 'h1']: losing host \"h0\" loses tensor \"model.0.weight\" at offsets "
+        f"[0, 0] sizes [3, 6], {hint}"]
+    with pytest.warns(pytorch.HostLossWarning) as one_host:
+        spec("hsdp").layout()
+    assert [str(w.message) for w in one_host] == [
+        f"layout ['host-0']: losing host \"host-0\" loses every item, {hint}"]
+    # dp_replicate 2 x dp_shard 2: replica 0 on h0, replica 1 on h1.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", pytorch.HostLossWarning)
+        lay = spec("hsdp").layout(hosts=["h0", "h1"], devices_per_host=2)
+    assert (lay.config.dp, lay.config.dp_shard) == (4, 2)
+    assert pytorch.host_whose_loss_loses_state(spec("hsdp").ptc, lay) is None

@@ -249,8 +249,10 @@ def run(cluster, client, name, work_dir, hosts=None, log=lambda *a: None, phases
                     lost = how.split()[1]
                     if how.startswith("lose "):
                         cluster.lose_host(lost)  # agent SIGKILLed, its shared memory gone
-                    final = client.wait(client.recover(job.id, [lost]).id, timeout=120,
-                                        raise_on_failure=True)
+                    # The survivors' layout may keep one copy (dp 1):
+                    # accepted, the scenario trains on whatever is left.
+                    final = client.wait(client.recover(job.id, [lost], accept_degraded=True).id,
+                                        timeout=120, raise_on_failure=True)
                     lay = final.target_layout  # the coordinator's survivor policy
                 else:
                     final = client.wait(client.resize(job.id, lay).id, timeout=120,

@@ -456,7 +456,8 @@ class Client:
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
                 expected_generation=None, idempotency_key=None, timeout=None, choose=False,
-                gpus=None, hosts=None, horizon_s=None, devices=None, model=None):
+                gpus=None, hosts=None, horizon_s=None, devices=None, model=None,
+                accept_degraded=False):
         """Recovers from lost hosts/ranks onto `layout`. Without a layout the
         coordinator chooses (its one survivor policy, docs/coordinator.md):
         the current parallel config with dp shrunk to the surviving device
@@ -464,7 +465,15 @@ class Client:
         not even dp 1 fits. With choose=True (and no layout) the advisor picks
         instead, on the surviving hosts (arguments as resize(choose=True)),
         pricing each move as a recovery. FailedPrecondition from the planner
-        (via the Operation's error) when some state has no surviving holder."""
+        (via the Operation's error) when some state has no surviving holder.
+
+        A rank that crashed on a live host restarts in place: pass the
+        current layout (`get_job(job_id).layout`) with lost_ranks=[rank]; its
+        agent still holds its state. A recovery whose layout gives up the
+        job's redundancy (its HSDP replicas, or surviving the loss of any one
+        host) raises FailedPrecondition naming what is lost and a layout that
+        keeps it, if there is one, unless accept_degraded=True (then the
+        coordinator's audit trail records it)."""
         if choose and layout is not None:
             raise ValueError("recover: give a layout or choose=True, not both")
         key = idempotency_key or new_idempotency_key()
@@ -472,7 +481,7 @@ class Client:
             lost_hosts = [lost_hosts]
         req = _pb.RecoverFromFailureRequest(
             job_id=job_id, lost_hosts=list(lost_hosts), lost_ranks=list(lost_ranks),
-            idempotency_key=key)
+            idempotency_key=key, accept_degraded=bool(accept_degraded))
         if layout is not None:
             req.target.CopyFrom(as_message(layout, ptc_pb2.Layout, "layout"))
         if choose:

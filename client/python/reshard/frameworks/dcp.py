@@ -537,7 +537,13 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
     tensors (default: every optimizer state `step`, 0-d in torch; a 0-d
     tensor is an item of shape [1] in reshard.pytorch). With a
     process_group (one process per group of hosts), dcp.save gathers the
-    plans; each process passes its own hosts. Returns the DCP Metadata."""
+    plans; each process passes its own hosts. Returns the DCP Metadata.
+
+    An export that would miss state is refused with a ValueError before
+    anything is written: no host of the layout with a worker socket, a
+    region of a tensor that no loaded rank holds (its ranks' hosts have no
+    socket; a replica on a reached host is enough), or nothing to write
+    (0 keys). With a process_group each process checks its own hosts only."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint import FileSystemWriter
     from reshard.core.worker import Worker
@@ -545,6 +551,13 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
     lay = as_message(lay, ptc_pb2.Layout, "layout")
     socks = _sockets(sockets, lay)
     hosts = list(hosts) if hosts is not None else list(socks)
+    layout_hosts = rlayout.hosts_of(lay)
+    if not hosts:
+        given = sorted(sockets) if isinstance(sockets, dict) else []
+        raise ValueError(
+            f"export of job {job_id} generation {generation}: no host of its layout has a "
+            f"worker socket (the layout's hosts: {', '.join(layout_hosts)}; sockets given for: "
+            f"{', '.join(given) or 'none'}): the checkpoint would hold 0 keys")
     loaded = {}
     for h in hosts:
         if h not in socks:
@@ -553,12 +566,14 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
             for r, _ in rlayout.ranks_on_host(lay, h):
                 loaded[r] = w.load(r, generation, as_torch=True)
     # Each region is written by the lowest rank that holds it (every process
-    # computes the same owner from the PTC and layout alone).
+    # computes the same owner from the PTC and layout alone); in one process,
+    # by the lowest loaded rank that holds it, and one no loaded rank holds
+    # refuses the export.
     world = rlayout.world_size(lay)
     if scalars is None:
         scalars = {t.name for t in ptc.tensors if list(t.shape) == [1] and
                    t.name.startswith("optim.state.") and t.name.endswith(".step")}
-    chunks, key_paths = {}, {}
+    chunks, key_paths, missed = {}, {}, {}
     for t in ptc.tensors:
         owner = {}
         for r in range(world):
@@ -567,7 +582,14 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
                                                   t.partition.pipeline):
                 continue
             for reg in regions(t, lay.config, r, ptc):
-                owner.setdefault((reg.offsets, reg.sizes), (r, reg))
+                key = (reg.offsets, reg.sizes)
+                if key not in owner or (process_group is None and r in loaded and
+                                        owner[key][0] not in loaded):
+                    owner[key] = (r, reg)
+        if process_group is None:
+            lost = [r for r, _ in owner.values() if r not in loaded]
+            if lost:
+                missed[t.name] = (len(lost), len(owner))
         scalar = t.name in scalars
         boxes = []
         for (offsets, sizes), (r, reg) in sorted(owner.items()):
@@ -606,6 +628,21 @@ def export_dcp(path, job_id, ptc, lay, generation, sockets, hosts=None, process_
             chunks[k] = (list(v.shape), [((0,) * v.dim(), tuple(v.shape), v)])
         else:
             objects[k] = v
+    if missed:
+        unreached = sorted(set(range(world)) - set(loaded))
+        placed = rlayout.slots(lay)
+        where = sorted({placed[r][0] for r in unreached})
+        first = next(iter(missed))
+        raise ValueError(
+            f"export of job {job_id} generation {generation} would miss state: {len(missed)} "
+            f"of {len(ptc.tensors)} tensors have regions that only ranks without a worker "
+            f"socket hold (e.g. \"{first}\": {missed[first][0]} of {missed[first][1]} regions); "
+            f"ranks {','.join(map(str, unreached))} on hosts {', '.join(where)} were not "
+            f"reached: give a worker socket for those hosts")
+    keys = sum(1 for _, boxes in chunks.values() if boxes) + len(objects)
+    if keys == 0 and process_group is None:
+        raise ValueError(f"export of job {job_id} generation {generation}: nothing to write "
+                         f"(0 keys from ranks {sorted(loaded)} on hosts {', '.join(hosts)})")
     Planner = _save_planner_class()
     os.makedirs(os.fspath(path), exist_ok=True)
     return _dcp_call(dcp.save, {}, storage_writer=FileSystemWriter(os.fspath(path)),
@@ -750,7 +787,8 @@ def main(argv=None):
         print(f"imported {args.dir} into job {args.job} generation {gen}: ranks "
               f"{result.ranks}; regenerate {result.missing}; ignored keys {result.ignored}")
     else:
-        print(f"exported job {args.job} generation {gen} to {args.dir}")
+        print(f"exported job {args.job} generation {gen} to {args.dir}: "
+              f"{len(result.state_dict_metadata)} keys")
     return 0
 
 

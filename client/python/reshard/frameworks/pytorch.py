@@ -34,6 +34,7 @@ import pickle
 import random
 import re
 import struct
+import warnings
 
 import numpy as np
 
@@ -223,7 +224,10 @@ class Spec:
     def layout(self, hosts=None, devices_per_host=None, ranks=None):
         """A Layout of this config: `ranks` [(host, device)] per rank, or
         `hosts` x `devices_per_host` (default: one host "host-0" holding
-        every rank)."""
+        every rank). Warns (HostLossWarning) when the layout cannot survive
+        the loss of any one host: some state has its only copy on one host
+        (plain FSDP2 keeps one copy of each shard; docs/pytorch.md, "What
+        survives a host loss")."""
         c = self.config
         if ranks is None and hosts is None:
             hosts, devices_per_host = ["host-0"], self.world_size
@@ -231,6 +235,15 @@ class Spec:
                                  devices_per_host=devices_per_host, ranks=ranks,
                                  stage_starts=list(c.stage_starts), cp=max(c.cp, 1),
                                  dp_shard=c.dp_shard)
+        weak = host_whose_loss_loses_state(self.ptc, lay)
+        if weak is not None:
+            host, what = weak
+            warnings.warn(
+                f"layout {layout.hosts_of(lay)}: losing host \"{host}\" loses {what}, which no "
+                "other host holds: this layout cannot survive the loss of any one host; keep "
+                "HSDP replicas on other hosts (dp_replicate > 1 across hosts) or an external "
+                "copy (docs/pytorch.md, \"What survives a host loss\")",
+                HostLossWarning, stacklevel=2)
         return lay
 
     def holds(self, rank, name):
@@ -239,6 +252,45 @@ class Spec:
         pp_i = layout.rank_coords(self.config, rank).pp
         return pp_i in layout.stages_holding(self.config, self.ptc.num_layers,
                                              t.partition.pipeline)
+
+
+class HostLossWarning(UserWarning):
+    """A layout keeps some state on one host only (Spec.layout)."""
+
+
+def host_whose_loss_loses_state(ptc, lay):
+    """(host, what) for the first host of the layout `lay` whose loss alone
+    loses state no other host holds (`what` names the first such tensor
+    region or blob), or None when the layout survives the loss of any one
+    host: every region of every tensor is held by ranks on at least two
+    hosts, and no per-rank blob that cannot be regenerated is needed. The
+    same rule as the coordinator's recovery check (docs/coordinator.md,
+    "Recovery keeps the job's redundancy"), from the PTC and layout alone."""
+    from reshard.frameworks.dcp import regions
+    ptc = ptc if isinstance(ptc, ptc_pb2.Ptc) else ptc_pb2.Ptc.FromString(bytes(ptc))
+    placed = layout.slots(lay)
+    hosts = layout.hosts_of(lay)
+    if len(hosts) == 1:
+        return hosts[0], "every item"
+    holders = []  # (item, region key, hosts holding it)
+    for t in ptc.tensors:
+        where = {}
+        for r, (host, _) in enumerate(placed):
+            pp_i = layout.rank_coords(lay.config, r).pp
+            if pp_i not in layout.stages_holding(lay.config, ptc.num_layers,
+                                                 t.partition.pipeline):
+                continue
+            for reg in regions(t, lay.config, r, ptc):
+                where.setdefault((reg.offsets, reg.sizes), set()).add(host)
+        holders.extend((t.name, key, held) for key, held in where.items())
+    for host in hosts:
+        for name, (offsets, sizes), held in holders:
+            if held == {host}:
+                return host, f"tensor \"{name}\" at offsets {list(offsets)} sizes {list(sizes)}"
+        for b in ptc.blobs:
+            if b.scope == ptc_pb2.BLOB_PER_RANK and not b.regenerable:
+                return host, f"blob \"{b.name}\" (one value per rank)"
+    return None
 
 
 def mesh_dims(config):
