@@ -368,3 +368,49 @@ def test_run_registration_flags_refused(cluster, tmp_path):
         p = subprocess.run(base + extra + cmd, env=_env(), capture_output=True, text=True,
                            timeout=60)
         assert p.returncode == 2 and text in p.stderr, (extra, p.returncode, p.stderr)
+
+
+def test_run_follows_a_job_that_exists(cluster, tmp_path):
+    """`reshard run --job-name` of a job registered already (by `reshard
+    register`): found by name, nothing registered, its ranks started as
+    with --job (here a stand-in command), the launcher ends with the job."""
+    ptc, lay = _small_ptc()
+    sched = _token(cluster, tmp_path, "scheduler")
+    (tmp_path / "ptc.json").write_text(json.dumps(reshard.to_dict(ptc)))
+    name = f"exists-{os.getpid()}"
+    p = _run(_register_argv(cluster, name, sched, "--ptc", str(tmp_path / "ptc.json"),
+                            "--pp", "2"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    job_id = p.stdout.strip()
+    events = tmp_path / "events.jsonl"
+    argv = [sys.executable, "-m", "reshard", "run", "--coordinator", cluster.coordinator,
+            "--job-name", name, "--tenant", TENANT, "--register-token-file", sched,
+            "--host", "host-1", "--worker-socket", cluster.agents["host-1"].worker_socket,
+            "--tls-ca", cluster.pki.ca, "--events", str(events), "--rdzv-host-pattern", "127.0.0.1",
+            "--", "sh", "-c", "sleep 60"]
+    with open(tmp_path / "launcher.log", "w") as out:
+        launcher = subprocess.Popen(argv, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        end = time.monotonic() + 60
+        while True:
+            recs = [json.loads(line) for line in events.read_text().splitlines()] \
+                if events.exists() else []
+            worlds = [r for r in recs if r["event"] == "world"]
+            if worlds:
+                break
+            assert launcher.poll() is None, (tmp_path / "launcher.log").read_text()
+            assert time.monotonic() < end, (tmp_path / "launcher.log").read_text()
+            time.sleep(0.1)
+        assert [(r["event"], r.get("job_id")) for r in recs if r["event"] in (
+            "found", "registered", "start")] == [("found", job_id), ("start", job_id)]
+        assert [(w["world"], w["ranks"], w["generation"]) for w in worlds] == [
+            ("g1", [2, 3], 0)]
+        with cluster.client() as admin:
+            assert [j.id for j in _jobs_named(admin, name)] == [job_id]
+            admin.delete_job(job_id)
+        assert launcher.wait(timeout=60) == 0, (tmp_path / "launcher.log").read_text()
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()
