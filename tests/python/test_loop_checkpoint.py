@@ -65,8 +65,13 @@ def _wait(what, cond, procs, timeout):
 
 
 def _stopped(pid):
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "T"
+    """Whether every thread of process `pid` is stopped (a SIGSTOP takes
+    effect on each thread when it next runs)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return set(states) == {"T"}
 
 
 def test_checkpoint_step_end_waits_for_no_coordinator_call(cluster, client, job_name, tmp_path):
@@ -96,6 +101,7 @@ def test_checkpoint_step_end_waits_for_no_coordinator_call(cluster, client, job_
               lambda: all((talk / f"ready-{r}.json").exists() for r in range(2)), procs, 120)
         os.kill(pid, signal.SIGSTOP)
         try:
+            _wait("the coordinator stopped", lambda: _stopped(pid), procs, 10)
             (talk / "held").touch()
             _wait("the step ends of steps 2 (a checkpoint) and 3 with the coordinator stopped",
                   lambda: all(p.exists() for p in held), procs, HELD_DEADLINE_S)
