@@ -7,7 +7,13 @@ only the job's worker token.
 
 Each test: a stop-free dp change, a tp change stopped at a step boundary
 (stop-the-world), a lost host (its agent SIGKILLed with its shared memory,
-its launcher and ranks SIGKILLed) recovered onto the survivor. Asserted:
+its launcher and ranks SIGKILLed) recovered onto the survivor. The
+launchers keep warm rank processes (`reshard run --spares`, default): each
+reconfiguration's new ranks run in processes that had torch imported before
+it began, a survivor's rank process serves its next rank (same pid), and
+each test prints its pause, part by part, against the targets
+($RESHARD_TEST_SPARES=0 runs the same tests with cold starts, to compare;
+the warm-process assertions then do not apply). Asserted:
 every step's loss (each time it was trained, replays after the loss
 included) equals an uninterrupted one-process run of the same model to a
 relative 1e-9 (float64: only the order of the sums differs, dp
@@ -39,6 +45,10 @@ import tiny_transformer as my  # noqa: E402
 
 MIN_STEP_S = 0.3   # the first world's cadence (a real job's pace)
 STEPS = 70         # the job's step budget (train.py's $STEPS)
+# `reshard run --spares`: unset = the launcher's default (warm rank
+# processes); "0" = every rank a fresh interpreter (the cold-start figures).
+SPARES = os.environ.get("RESHARD_TEST_SPARES")
+WARM = SPARES != "0"
 
 
 def dataset():
@@ -140,6 +150,7 @@ class Job:
                 "--log-dir", os.path.join(self.work, "logs"),
                 "--events", os.path.join(self.work, f"events-{host}.jsonl"),
                 "--retire-timeout", "60", "--recovery-timeout", "60"]
+        argv += ["--spares", SPARES] if SPARES is not None else []
         argv += (["--tls-ca", self.cluster.pki.ca] if self.cluster.tls else ["--insecure"])
         argv += ["--", sys.executable, os.path.join(TORCH2, "train.py")]
         self.launchers[host] = subprocess.Popen(argv, env=env, cwd=TORCH2,
@@ -174,6 +185,21 @@ class Job:
             with open(os.path.join(logs, name), errors="replace") as f:
                 out.append(f"--- {name}\n" + "".join(f.readlines()[-15:]))
         return "\n".join(out)
+
+    def events(self, host):
+        """The launcher of `host`'s --events (JSON lines)."""
+        path = os.path.join(self.work, f"events-{host}.jsonl")
+        if not os.path.exists(path):
+            return []
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.endswith("\n")]
+
+    def wait_spares(self, host, n):
+        """Waits until `host` has n warm rank processes that never ran a
+        rank (torch imported, waiting): the pool a reconfiguration draws on."""
+        if WARM:
+            self.wait(f"{n} warm rank processes on {host}",
+                      lambda _: len(_idle_spares(self.events(host))) >= n, timeout=120)
 
     def kill_host(self, host):
         """The host is gone: its launcher and ranks SIGKILLed, its agent too."""
@@ -264,6 +290,63 @@ def _exits(events_path, world):
                 if e["event"] == "exit" and e["world"] == world]
 
 
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _idle_spares(events):
+    """Pids of the rank processes that said ready and never got a rank, still alive."""
+    ready = {e["pid"] for e in events if e["event"] == "spare_ready"}
+    used = {e["pid"] for e in events if e["event"] == "assign"}
+    ended = {e["pid"] for e in events if e["event"] in ("spare_end", "spare_exit")}
+    return ready - used - ended
+
+
+def _world_named(events, prefix):
+    """The launcher's "world" event of the world whose name starts with `prefix`."""
+    got = [e for e in events if e["event"] == "world" and e["world"].startswith(prefix)]
+    assert len(got) == 1, [e["world"] for e in events if e["event"] == "world"]
+    return got[0]
+
+
+def _assigns(events, world):
+    """{rank: (pid, warm, served)} of a world's ranks run in rank processes."""
+    return {e["rank"]: (e["pid"], e["warm"], e["served"]) for e in events
+            if e["event"] == "assign" and e["world"] == world}
+
+
+def _step_done(recs, key):
+    """{step: time its last rank reported it} of the world `key`."""
+    out = {}
+    for r in recs:
+        if "loss" in r and r["world_key"] == key:
+            out[r["step"]] = max(out.get(r["step"], 0.0), r["t"])
+    return out
+
+
+def _pause_table(what, target, recs, old_key, new_key, parts):
+    """Prints the pause of a reconfiguration: the old layout's last step
+    (its last rank's report) -> the new one's first, the parts in between
+    (`parts`: [(name, time)] in order, between those two), and the new
+    layout's first steps against its steady step (the median of the rest)."""
+    old, new = _step_done(recs, old_key), _step_done(recs, new_key)
+    last_old = old[max(old)]
+    steps = sorted(new)
+    done = [new[s] for s in steps]
+    gaps = [b - a for a, b in zip(done, done[1:])]
+    steady = sorted(gaps[2:])[len(gaps[2:]) // 2] if len(gaps) > 2 else float("nan")
+    marks = [("last old step", last_old)] + parts + [("first new step", done[0])]
+    split = "  ".join(f"{b[0]} +{b[1] - a[1]:.2f}" for a, b in zip(marks, marks[1:]))
+    print(f"PAUSE {what} ({'warm' if WARM else 'cold'} starts): {done[0] - last_old:.2f} s "
+          f"(target {target}); {split}; next steps "
+          f"{', '.join(f'{g:.2f}' for g in gaps[:2])} s, steady {steady:.2f} s "
+          f"(x{gaps[0] / steady:.1f})")
+
+
 def _run(cluster, client, name, ptc, tmp_path, first):
     return Job(cluster, client, name, ptc, first, str(tmp_path))
 
@@ -276,13 +359,37 @@ def test_stop_free_dp_change_fsdp2_tp(cluster, client, job_name, job_ptc, refere
     job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
     try:
         job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
+        job.wait_spares(hosts[0], 2)
+        spares = _idle_spares(job.events(hosts[0]))
         op = client.resize(job.job.id, second, stop_free=True)
         job.wait("every rank ended", lambda r: len(_ended(r)) == 4 + 2)
         final = client.wait(op.id, timeout=60, raise_on_failure=True)
         assert final.stop_free and final.cutover_operation_id
         recs = _check(job, reference, second)
+        job.wait("the old ranks retired", lambda _: all(
+            any(e["event"] == "retired" and e["world"] == "g1" for e in job.events(h))
+            for h in hosts))
+        events = {h: job.events(h) for h in hosts}
+        old_pids = {h: set(_world_named(events[h], "g1")["pids"].values()) for h in hosts}
+        # The old ranks' processes went back to their hosts' pools: alive, idle.
+        alive = {h: {p for p in old_pids[h] if _alive(p)} for h in hosts}
     finally:
         job.stop()
+    if WARM:
+        # The new layout's ranks ran in processes warm before the resize.
+        new = _world_named(events[hosts[0]], "op-")
+        got = _assigns(events[hosts[0]], new["world"])
+        assert sorted(got) == [0, 1] and {p for p, _, _ in got.values()} <= spares, (got, spares)
+        assert all(warm and served == 0 for _, warm, served in got.values()), got
+        assert alive == old_pids, (alive, old_pids)
+        for h in hosts:
+            kept = [e for e in events[h] if e["event"] in ("spare_end", "spare_exit") and
+                    e["pid"] in old_pids[h]]
+            assert kept == [], kept
+    _pause_table("stop-free", "<= 0.5 s, first new steps <= 2x steady", recs, "0/",
+                 f"{final.to_generation}/{op.id}",
+                 [("commit seen by the launcher", min(
+                     e["t"] for e in events[hosts[0]] if e["event"] == "committed"))])
     ends = _ended(recs)
     assert sorted(e["started"] for e in ends) == ["fresh"] * 4 + ["joined"] * 2
     # The old world trained on while the new one warmed up, and cut over at
@@ -303,13 +410,30 @@ def test_tp_change_stop_the_world(cluster, client, job_name, job_ptc, reference,
     job = _run(cluster, client, job_name, job_ptc, tmp_path, first)
     try:
         job.wait("the first world trains 4 steps", lambda r: _trained(r, 4))
+        job.wait_spares(hosts[1], 1)
+        spares = _idle_spares(job.events(hosts[1]))
         op = client.resize(job.job.id, second, at_step_boundary=True)
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
             [e for e in _ended(r) if e["started"] == "loaded"]) == 2)
         recs = _check(job, reference, second)
+        events = {h: job.events(h) for h in hosts}
     finally:
         job.stop()
+    old = _world_named(events[hosts[0]], "g1")
+    new = {h: _world_named(events[h], f"g{final.to_generation}") for h in hosts}
+    if WARM:
+        # host 0's new rank runs in one of the old ranks' processes (which
+        # ended at the boundary before the commit), host 1's in its spare.
+        reused = _assigns(events[hosts[0]], new[hosts[0]]["world"])
+        assert list(reused) == [0] and reused[0][0] in old["pids"].values(), (reused, old)
+        assert reused[0][1:] == (True, 1), reused
+        spare = _assigns(events[hosts[1]], new[hosts[1]]["world"])
+        assert list(spare) == [1] and spare[1] == (min(spares), True, 0), (spare, spares)
+    exits = [e["t"] for e in events[hosts[0]] if e["event"] == "exit" and e["world"] == "g1"]
+    _pause_table("stop-the-world", "<= 2 s", recs, "0/", f"{final.to_generation}/",
+                 [("old ranks ended", max(exits)),
+                  ("new ranks started", min(new[h]["t"] for h in hosts))])
     # The first world stopped at a step boundary with a final checkpoint
     # folded into the resize, which moved that step: no step trained twice.
     assert final.at_step_boundary
@@ -337,13 +461,28 @@ def test_lost_host_hsdp(cluster, client, job_name, job_ptc, reference, tmp_path)
         # fails (PeerLost, exit 75), before any recovery is asked for.
         events = os.path.join(job.work, f"events-{hosts[0]}.jsonl")
         job.wait("the survivors end", lambda _: len(_exits(events, "g1")) == 2, timeout=60)
-        op = client.recover(job.job.id, [hosts[1]])
+        asked = time.time()
+        # One replica survives: the recovery to plain FSDP on host 0 is accepted.
+        op = client.recover(job.job.id, [hosts[1]], accept_degraded=True)
         final = client.wait(op.id, timeout=120, raise_on_failure=True)
         job.wait("the job trained its steps", lambda r: len(
             [e for e in _ended(r) if e["started"] == "loaded"]) == final.target_layout.config.dp)
         recs = _check(job, reference, final.target_layout)
+        survivors = job.events(hosts[0])
     finally:
         job.stop()
+    old = _world_named(survivors, "g1")
+    new = _world_named(survivors, f"g{final.to_generation}")
+    if WARM:
+        # The survivors' processes (PeerLost, status 75) serve the new
+        # layout's ranks on their host: the same pids, each on its device.
+        got = _assigns(survivors, new["world"])
+        assert {p for p, _, _ in got.values()} == set(old["pids"].values()), (got, old)
+        assert all(warm and served == 1 for _, warm, served in got.values()), got
+    exits = [e["t"] for e in survivors if e["event"] == "exit" and e["world"] == "g1"]
+    _pause_table("host loss", "<= 3 s", recs, "0/", f"{final.to_generation}/",
+                 [("survivors ended (PeerLost)", max(exits)), ("recover asked (test)", asked),
+                  ("new ranks started", new["t"])])
     assert hosts[1] not in layout.hosts_of(final.target_layout)
     # The survivors' collectives failed: reshard.elastic.PeerLost, which
     # pytorch_loop turns into exit status 75 (the launcher's EXIT_PEER_LOST).

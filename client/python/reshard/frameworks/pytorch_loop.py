@@ -128,11 +128,19 @@ def _exit_on_peer_lost(rank, job_id):
     optimizer's collectives, outside the loop), ends the process as
     PeerLost (the backend's error as its cause) with status
     reshard.launch.EXIT_PEER_LOST (75): the launcher then knows this rank
-    did not fail by itself and does not report it."""
+    did not fail by itself and does not report it. In a warm rank process of
+    `reshard run` ($RESHARD_RANK_HOST, reshard.launcher._rank_host, which
+    runs the script with runpy and hands its uncaught exception to
+    sys.excepthook itself) the hook is installed afresh for each rank the
+    process runs and returns EXIT_PEER_LOST instead of ending the process,
+    which may then serve the next layout's rank."""
     import sys
     previous = sys.excepthook
+    in_host = os.environ.get("RESHARD_RANK_HOST") == "1"
     if getattr(previous, "_reshard_peer_lost", False):
-        return
+        if not in_host:
+            return
+        previous = previous._reshard_previous
 
     def hook(kind, value, tb):
         if not isinstance(value, _elastic.PeerLost) and _peer_failure(value):
@@ -145,8 +153,12 @@ def _exit_on_peer_lost(rank, job_id):
         if isinstance(value, _elastic.PeerLost):
             sys.stderr.flush()
             sys.stdout.flush()
+            if in_host:
+                return _launch.EXIT_PEER_LOST
             os._exit(_launch.EXIT_PEER_LOST)
+        return None
     hook._reshard_peer_lost = True
+    hook._reshard_previous = previous
     sys.excepthook = hook
 
 

@@ -40,7 +40,7 @@ class Launcher:
                  worker_token="", tls_ca="", addresses=None, port_range=DEFAULT_PORT_RANGE,
                  retire_timeout=120.0, recovery_timeout=60.0, grace=10.0, settle=1.0,
                  events_path=None,
-                 log_dir=None, log=None):
+                 log_dir=None, log=None, spares=0):
         self.client, self.job_id, self.host = client, job_id, host
         self.coordinator, self.tls = coordinator, bool(tls_ca)
         self.retire_timeout, self.recovery_timeout, self.grace = (
@@ -49,13 +49,14 @@ class Launcher:
         self._log = log or (lambda msg: print(f"reshard run [{job_id} {host}]: {msg}",
                                               file=sys.stderr, flush=True))
         self._events = open(events_path, "a", buffering=1) if events_path else None
+        self._events_lock = threading.Lock()  # the rank hosts' threads write events too
         self.queue = queue.Queue()
         self.starter = Starter(
             host, command, dict(coordinator=coordinator, job_id=job_id, worker_token=worker_token,
                                 worker_socket=worker_socket, tls_ca=tls_ca),
             addresses or Addresses(list_hosts=client.list_hosts), port_range,
             on_exit=lambda world, rank, code: self.queue.put(("exit", (world, rank, code))),
-            log=self._log, event=self.event, log_dir=log_dir)
+            log=self._log, event=self.event, log_dir=log_dir, spares=spares)
         self.job = None
         self.layout = None        # the job layout the launcher last followed (None: not yet)
         self.current = None       # World of that layout (possibly with no rank here)
@@ -71,8 +72,10 @@ class Launcher:
     # ------------------------------------------------------------- output
 
     def event(self, kind, **fields):
-        if self._events is not None:
-            self._events.write(json.dumps({"t": time.time(), "event": kind, **fields}) + "\n")
+        with self._events_lock:
+            if self._events is not None:
+                self._events.write(json.dumps({"t": time.time(), "event": kind, **fields}) +
+                                   "\n")
 
     # ------------------------------------------------------------ watchers
 
@@ -176,6 +179,7 @@ class Launcher:
         if _layout_key(job.layout) == _layout_key(self.layout) and made_by is None:
             return  # a checkpoint, or nothing that concerns the ranks
         if active is not None and self._reconfigures(active):
+            self.starter.hold_spares()  # the ranks it stops come back to the pool
             return  # start when it is over
         # The first layout, or a generation a stop-the-world operation or a
         # recovery committed (its layout may even be the same): this host's
@@ -193,10 +197,15 @@ class Launcher:
                      f"the job moved to generation {job.generation}")
         self.layout = job.layout
         # Generation 1 is the registered layout: nothing to load, its ranks
-        # publish it (RESHARD_GENERATION 0).
+        # publish it (RESHARD_GENERATION 0). The old ranks ending at the step
+        # boundary hand over their warm processes (--grace at most).
         gen = job.generation if job.generation > 1 else 0
+        old = self.current
         self.current = self.starter.start(f"g{job.generation}", job.layout, gen, "",
-                                         job.layout_epoch)
+                                         job.layout_epoch,
+                                         returning=old if at_boundary else None,
+                                         wait=self.grace)
+        self.starter.release_spares()
         if self.failure is not None:
             self._log(f"following the recovery to generation {job.generation}")
             self.event("recovered", generation=job.generation)
@@ -234,6 +243,9 @@ class Launcher:
             # started), so the job's epoch now is the running world's: read
             # it afresh rather than from a job update that may lag this one.
             epoch = self.client.get_job(self.job_id).layout_epoch + 1
+            # The old ranks' processes come back at the cut-over: no spare
+            # starts meanwhile (it would take the cores from the warm-up).
+            self.starter.hold_spares()
             self.warming = self.starter.start(
                 f"op-{op.id}", op.target_layout, op.to_generation, op.id, epoch)
         elif terminal and self.warming is not None and self.warming.operation_id == op.id:
@@ -248,6 +260,7 @@ class Launcher:
         if world is None or world.operation_id != op_id:
             return
         self.warming = None
+        self.starter.release_spares()
         old = self.current
         self.current, self.layout = world, world.layout
         self._log(f"operation {op_id} committed: {world.name} trains; waiting up to "
@@ -259,6 +272,7 @@ class Launcher:
         world.state = "abandoned"
         if world is self.warming:
             self.warming = None
+            self.starter.release_spares()
         self.event("abandoned", world=world.name, why=why)
         self._terminate(world, why)
 
@@ -290,6 +304,7 @@ class Launcher:
             self._log(f"{what} in warm-up: stopped this host's ranks of {world.name}; the "
                       f"current layout trains on")
             self.warming = None
+            self.starter.release_spares()
             return
         if code == EXIT_PEER_LOST:
             self._log(f"{what}: a peer died (PeerLost); this host's other ranks of "
@@ -476,9 +491,10 @@ class Launcher:
             self.starter.close()
             for s, h in previous.items():
                 signal.signal(s, h)
-            if self._events is not None:
-                self._events.close()
-                self._events = None
+            with self._events_lock:
+                if self._events is not None:
+                    self._events.close()
+                    self._events = None
 
 
 class _Exit(Exception):

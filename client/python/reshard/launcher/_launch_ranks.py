@@ -11,10 +11,21 @@ ends, whatever it left in its group is killed before the rank is reaped (its
 pid, the group's id, cannot be reused meanwhile); when the launcher itself
 dies, even by SIGKILL, a guard process (RankGroups) kills every group it
 still knew of.
+
+Warm rank processes (--spares): when the rank's command is `python
+script.py ...` or `python -m module ...`, the Starter keeps a pool of rank
+hosts (reshard.launcher._rank_host: an interpreter with torch and reshard
+imported, waiting for a rank) and runs each rank in one of them instead of a
+fresh interpreter; a rank that ends with status 0 or EXIT_PEER_LOST hands
+its process back to the pool, so the next layout's rank on this host starts
+in it. The pool keeps --spares idle processes (more are ended at once); a
+rank host that cannot take a rank leaves it to a cold start.
 """
 
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -64,6 +75,62 @@ _GUARD = ("import os, signal, sys\n"
           "        os.killpg(pgid, signal.SIGKILL)\n"
           "    except OSError:\n"
           "        pass\n")
+
+
+# A rank host (reshard.launcher._rank_host) started with the rank's own
+# python: argv STATUS_FD ASSIGN_FD and the directory of the launcher's reshard
+# package, used only when that python cannot import reshard by itself.
+_BOOT = ("import sys\n"
+         "try:\n"
+         "    import reshard.launcher._rank_host as h\n"
+         "except ImportError:\n"
+         "    sys.path.append(sys.argv[3])\n"
+         "    import reshard.launcher._rank_host as h\n"
+         "h.main(int(sys.argv[1]), int(sys.argv[2]))\n")
+
+
+def hosted_command(command):
+    """What a rank host runs of `command`: ("path", script, args) for `PYTHON
+    script args...`, ("module", name, args) for `PYTHON -m name args...`
+    (PYTHON: python, python3, python3.12, ... or this interpreter); None
+    for anything else (interpreter options, a shell script: a cold start)."""
+    if len(command) < 2 or shutil.which(command[0]) is None:
+        return None
+    exe = os.path.basename(command[0])
+    if not (re.fullmatch(r"python[0-9.]*", exe) or
+            os.path.realpath(shutil.which(command[0])) == os.path.realpath(sys.executable)):
+        return None
+    if command[1] == "-m" and len(command) > 2:
+        return ("module", command[2], list(command[3:]))
+    if command[1].startswith("-"):
+        return None
+    return ("path", command[1], list(command[2:]))
+
+
+QUIET_S = 10.0  # no new rank host for this long after a world starts (its ranks go first)
+
+
+class HostedRank:
+    """A rank that runs in a rank host: like a Popen, its pid (the rank
+    host's, a process group leader) and its returncode (None while it
+    runs); `warm`: the process had torch imported when it got the rank;
+    `served`: how many ranks it ran before."""
+
+    def __init__(self, pid, warm, served):
+        self.pid, self.warm, self.served = pid, warm, served
+        self.returncode = None
+
+
+class _Spare:
+    """A rank host of the pool: its Popen, the write end of its assignment
+    pipe, its status pipe (a file), whether it said ready, the device of the
+    last rank it ran, the (world, rank, HostedRank) it runs now."""
+
+    def __init__(self, proc, assign_w, status_r):
+        self.proc, self.pid, self.assign_w, self.status_r = proc, proc.pid, assign_w, status_r
+        self.ready, self.served, self.device, self.busy = False, 0, None, None
+        self.last_used = 0.0
+        self.ended = False
 
 
 class RankGroups:
@@ -188,29 +255,241 @@ class Starter:
     rank_environment's arguments that are the same for every rank of the job:
     coordinator, job_id, worker_token, worker_socket, tls_ca). A thread per
     rank waits for it, kills what it left in its process group, and calls
-    on_exit(world, rank, returncode). close() ends the groups' guard."""
+    on_exit(world, rank, returncode). close() ends the groups' guard.
+
+    `spares`: 0 starts every rank cold (a fresh `command`); N > 0 (None:
+    as many as this host had ranks in one layout so far, at least 1) runs
+    the ranks in warm rank hosts and keeps N idle ones ready (see the
+    module doc), when the command is a python script or module."""
 
     def __init__(self, host, command, job_env, addresses, port_range, on_exit, log, event,
-                 log_dir=None):
+                 log_dir=None, spares=0):
         self.host, self.command, self.job_env = host, list(command), dict(job_env)
         self.addresses, self.port_range = addresses, port_range
         self.on_exit, self._log, self._event = on_exit, log, event
         self.log_dir = log_dir
         self.groups = RankGroups()
+        self.hosted = hosted_command(self.command) if spares != 0 else None
+        if spares and self.hosted is None:  # asked for explicitly
+            self._log(f"{self.command[0]!r} is not `python script.py ...` or `python -m module "
+                      f"...`: every rank starts cold")
+        self.spares = spares
+        self._most = 0           # the most ranks of one layout on this host so far
+        self._pool = []          # live rank hosts (_Spare), idle or busy
+        self._pool_lock = threading.Lock()
+        self._changed = threading.Condition(self._pool_lock)  # a rank host got ready or idle
+        self._closed = False
+        self._held = False       # hold_spares(): no new rank host until release_spares()
+        self._quiet_until = 0.0  # nor before this (time.monotonic()): a world just started
 
     def close(self):
+        with self._pool_lock:
+            self._closed = True
+            pool = list(self._pool)
+        for spare in pool:
+            self._kill(spare)
+        for spare in pool:
+            spare.proc.wait()
         self.groups.close()
 
-    def start(self, name, lay, generation, operation_id, epoch):
+    # ------------------------------------------------------------ the pool
+
+    def _target(self):
+        """How many idle rank hosts the pool keeps."""
+        return self.spares if self.spares is not None else max(self._most, 1)
+
+    def _kill(self, spare):
+        try:
+            os.killpg(spare.pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+    def _spawn_spare(self):
+        """A new rank host in the pool (not ready yet); None when it cannot
+        start (the ranks then start cold)."""
+        import reshard
+        root = os.path.dirname(os.path.dirname(os.path.abspath(reshard.__file__)))
+        status_r, status_w = os.pipe()
+        assign_r, assign_w = os.pipe()
+        argv = [self.command[0], "-c", _BOOT, str(status_w), str(assign_r), root]
+        env = dict(os.environ, RESHARD_RANK_HOST="1")
+        try:
+            proc = self._spawn_argv(argv, env, os.path.join(self.log_dir, "spares.log")
+                                    if self.log_dir else None, (status_w, assign_r), "a rank host")
+        except LaunchError as e:
+            for fd in (status_r, status_w, assign_r, assign_w):
+                os.close(fd)
+            self._log(f"{e}: ranks start cold")
+            return None
+        os.close(status_w)
+        os.close(assign_r)
+        spare = _Spare(proc, assign_w, os.fdopen(status_r, "r"))
+        self._pool.append(spare)
+        self._event("spare", pid=proc.pid)
+        threading.Thread(target=self._serve, args=(spare,), daemon=True,
+                         name=f"rank-host-{proc.pid}").start()
+        return spare
+
+    def _refill(self):
+        """Starts the rank hosts missing to the target of idle ones once
+        none is starting (the ranks just started import first: each import
+        of torch takes the cores); ends idle ones beyond the target, the
+        least useful first. Holds the pool lock."""
+        if self._closed or self.hosted is None:
+            return
+        idle = sorted((s for s in self._pool if s.busy is None and not s.ended),
+                      key=self._preference(None))
+        for spare in idle[self._target():]:
+            spare.ended = True
+            self._event("spare_end", pid=spare.pid, why="more idle rank hosts than --spares")
+            self._kill(spare)
+        if self._held or time.monotonic() < self._quiet_until:
+            return
+        if all(s.ready for s in self._pool if not s.ended):
+            for _ in range(self._target() - len(idle)):
+                self._spawn_spare()
+
+    def hold_spares(self):
+        """No new rank host until release_spares(): a reconfiguration is
+        under way (the ranks it needs are started; the processes of the
+        ranks it retires come back to the pool), importing torch now would
+        only slow it down."""
+        with self._pool_lock:
+            self._held = True
+
+    def release_spares(self, after=QUIET_S):
+        """New rank hosts may start again, `after` seconds from now (the new
+        layout's first steps go first)."""
+        with self._pool_lock:
+            self._held = False
+            self._quiet(after)
+
+    def _quiet(self, seconds):
+        """No new rank host for `seconds`; the pool is refilled then. Holds the
+        pool lock."""
+        self._quiet_until = max(self._quiet_until, time.monotonic() + seconds)
+        timer = threading.Timer(seconds + 0.05, self._refill_now)
+        timer.daemon = True
+        timer.start()
+
+    def _refill_now(self):
+        with self._pool_lock:
+            self._refill()
+
+    @staticmethod
+    def _preference(device):
+        """Sort key, best first: ready, ran this device, ran a rank (its
+        process holds the user's modules), most recently used."""
+        return lambda s: (not s.ready, device is None or s.device != device, s.served == 0,
+                          -s.last_used)
+
+    def _take(self, device, returning, deadline):
+        """The best idle rank host for a rank on `device`; while none is
+        ready and a rank of the `returning` world (ending by itself) still
+        runs in a rank host, until `deadline`, waits for one of them to
+        come back; else a warming one, else a new one. None when none can
+        start. Holds the pool lock."""
+        while True:
+            idle = [s for s in self._pool if s.busy is None and not s.ended]
+            if any(s.ready for s in idle) or returning is None:
+                break
+            coming = [s for s in self._pool if s.busy is not None and s.busy[0] is returning]
+            left = deadline - time.monotonic()
+            if not coming or left <= 0:
+                break
+            self._changed.wait(left)
+        if idle:
+            return min(idle, key=self._preference(device))
+        return self._spawn_spare()
+
+    def _assign(self, world, name, rank, env, device, returning=None, deadline=0.0):
+        """Runs `rank` of `world` in a rank host; None when none takes it."""
+        with self._pool_lock:
+            for _ in range(3):
+                spare = self._take(device, returning, deadline)
+                if spare is None:
+                    return None
+                handle = HostedRank(spare.pid, spare.ready, spare.served)
+                log = os.path.join(self.log_dir, f"{name}-rank{rank}.log") if self.log_dir \
+                    else None
+                mode, target, args = self.hosted
+                job = {"env": env, "mode": mode, "target": target, "args": args,
+                       "cwd": os.getcwd(), "log": log}
+                try:
+                    os.write(spare.assign_w, (json.dumps(job) + "\n").encode())
+                except OSError:
+                    spare.ended = True  # it died meanwhile: its thread removes it
+                    continue
+                spare.busy, spare.device = (world, rank, handle), device
+                self._event("assign", world=name, rank=rank, pid=spare.pid, warm=spare.ready,
+                            served=spare.served)
+                return handle
+        return None
+
+    def _serve(self, spare):
+        """Follows a rank host's status pipe: "ready", "done STATUS" (its
+        rank ended, the process is idle again), its end (the process ended:
+        reaped like a cold rank)."""
+        for line in spare.status_r:
+            word, _, arg = line.strip().partition(" ")
+            if word == "ready":
+                with self._pool_lock:
+                    spare.ready = True
+                    self._event("spare_ready", pid=spare.pid)
+                    self._refill()
+                    self._changed.notify_all()
+            elif word == "done":
+                with self._pool_lock:
+                    world, rank, handle = spare.busy
+                    spare.busy, spare.served = None, spare.served + 1
+                    spare.last_used = time.monotonic()
+                    handle.returncode = int(arg)
+                    self._refill()
+                    self._changed.notify_all()
+                world.reaped[rank].set()
+                self.on_exit(world, rank, int(arg))
+        spare.status_r.close()
+        _wait_exited(spare.pid)
+        try:
+            os.killpg(spare.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        self.groups.discard(spare.pid)
+        spare.proc.wait()
+        with self._pool_lock:
+            os.close(spare.assign_w)
+            spare.ended = True
+            self._pool.remove(spare)
+            busy, spare.busy = spare.busy, None
+            if busy is not None:
+                busy[2].returncode = spare.proc.returncode
+            elif not self._closed:
+                self._event("spare_exit", pid=spare.pid, code=spare.proc.returncode)
+            self._refill()
+            self._changed.notify_all()
+        if busy is not None:
+            busy[0].reaped[busy[1]].set()
+            self.on_exit(busy[0], busy[1], spare.proc.returncode)
+
+    # --------------------------------------------------------------- ranks
+
+    def start(self, name, lay, generation, operation_id, epoch, returning=None, wait=0.0):
         """The World `name` of layout `lay` (generation to load, the stop-free
         operation it warms up for or "", its layout epoch), its ranks on
-        this host started. LaunchError when the command cannot start."""
+        this host started. `returning`: a World whose ranks end by
+        themselves now (stopped at a step boundary): a rank with no warm
+        process idle waits up to `wait` seconds for one of theirs.
+        LaunchError when the command cannot start."""
         world = World(name, lay, generation, operation_id, epoch)
         mine = _layout.ranks_on_host(lay, self.host)
         if not mine:
             self._event("world", world=name, ranks=[], generation=generation,
                         operation_id=operation_id)
+            if self.hosted:
+                with self._pool_lock:
+                    self._refill()  # a spare for a layout that uses this host later
             return world
+        self._most = max(self._most, len(mine))
         world_size = len(_layout.slots(lay))
         addr = master_addr(lay, self.host, self.addresses)
         port = rendezvous_port(epoch, self.port_range)
@@ -221,24 +500,39 @@ class Starter:
                 local_world_size=len(mine), master_addr=addr, master_port=port,
                 generation=generation, layout_json=layout_json, device=device,
                 operation_id=operation_id, **self.job_env)
-            world.procs[rank] = self._spawn(name, rank, env)
             world.reaped[rank] = threading.Event()
+            hosted = self._assign(world, name, rank, env, device, returning,
+                                  time.monotonic() + wait) if self.hosted else None
+            if hosted is not None:
+                world.procs[rank] = hosted
+                continue
+            world.procs[rank] = self._spawn(name, rank, env)
             threading.Thread(target=self._reap, args=(world, rank, world.procs[rank]),
                              daemon=True, name=f"reap-{name}-{rank}").start()
+        if self.hosted:
+            with self._pool_lock:
+                self._quiet(QUIET_S)
+                self._refill()
         self._log(f"started {name}: ranks {[r for r, _ in mine]} of {world_size} "
                   f"(generation {generation}{', operation ' + operation_id if operation_id else ''}"
                   f", MASTER_ADDR {addr} MASTER_PORT {port})")
         self._event("world", world=name, ranks=[r for r, _ in mine], generation=generation,
                     operation_id=operation_id, master_addr=addr, master_port=port,
-                    pids={str(r): p.pid for r, p in world.procs.items()})
+                    pids={str(r): p.pid for r, p in world.procs.items()},
+                    warm={str(r): getattr(p, "warm", False) for r, p in world.procs.items()})
         return world
 
     def _spawn(self, name, rank, env):
-        """The rank's process, leader of a new session (process group) that
-        the guard lists before the rank's command runs."""
+        """The rank's process (cold), leader of a new session (process group)
+        that the guard lists before the rank's command runs."""
+        log = os.path.join(self.log_dir, f"{name}-rank{rank}.log") if self.log_dir else None
+        return self._spawn_argv(self.command, env, log, (), f"rank {rank}")
+
+    def _spawn_argv(self, command, env, log, fds, what):
+        """`command` through the exec shim, leader of a new session that the
+        guard lists before the command runs; `fds` are passed to it."""
         out = None
-        if self.log_dir:
-            log = os.path.join(self.log_dir, f"{name}-rank{rank}.log")
+        if log:
             try:
                 os.makedirs(self.log_dir, exist_ok=True)
                 out = open(log, "ab")
@@ -248,14 +542,15 @@ class Starter:
         go_r, go_w = os.pipe() if linux else (None, None)
         try:
             argv = ([sys.executable, "-S", "-c", _SHIM, str(os.getpid()), str(go_r)] +
-                    self.command if linux else self.command)
+                    command if linux else command)
             proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
                                     stdout=out, stderr=subprocess.STDOUT if out else None,
-                                    start_new_session=True, pass_fds=(go_r,) if linux else ())
+                                    start_new_session=True,
+                                    pass_fds=((go_r,) if linux else ()) + tuple(fds))
         except OSError as e:
             if linux:
                 os.close(go_w)
-            raise LaunchError(f"rank {rank}: cannot start {self.command[0]!r}: "
+            raise LaunchError(f"{what}: cannot start {command[0]!r}: "
                               f"{e.strerror}") from None
         finally:
             if out is not None:

@@ -108,12 +108,28 @@ def _parser():
                         "rank of its world is reported dead within S seconds (it is then a "
                         "casualty); one killed by a signal is reported at once (default "
                         "%(default)s)")
+    p.add_argument("--spares", type=_spares, default=None, metavar="N",
+                   help="warm rank processes: run the ranks of a `python script.py` or `python "
+                        "-m module` command in interpreters that imported torch ahead of need, "
+                        "reused by the next layout's ranks, and keep N idle ones ready (default: "
+                        "as many as this host's ranks in a layout; 0: every rank a fresh "
+                        "process)")
     p.add_argument("--log-dir", help="each rank's output to DIR/<world>-rank<R>.log instead of "
                    "the launcher's")
     p.add_argument("--events", help="append what the launcher does as JSON lines to this file")
     _register.add_run_flags(p)  # --job-name, --tenant, --register-token-file, first layout
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command line")
     return p
+
+
+def _spares(text):
+    try:
+        n = int(text)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a count >= 0")
+    return n
 
 
 def _read_token(path):
@@ -176,7 +192,7 @@ def run(argv):
             port_range=port_range, retire_timeout=args.retire_timeout,
             recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
             events_path=args.events,
-            log_dir=args.log_dir)
+            log_dir=args.log_dir, spares=args.spares)
     except OSError as e:
         client.close()
         print(f"reshard run: --events \"{args.events}\": cannot open it: {e.strerror}",

@@ -1,0 +1,165 @@
+"""A warm rank process of `reshard run` (docs/pytorch.md, "The launcher"):
+the launcher starts it ahead of need as a spare. It imports torch,
+torch.distributed and reshard once, says "ready", then serves ranks one after
+another: for each assignment (one JSON line on its assignment pipe: the
+rank's environment, command line, working directory and log file) it sets
+os.environ, sys.argv and sys.path as `python script.py args` would and runs
+the user's script (or `-m module`) with runpy in this interpreter. So a rank
+it runs starts without an interpreter start or `import torch`, and a rank
+that ends at a reconfiguration hands its process, with every module it
+imported, to the next layout's rank on this host.
+
+When the script ends with status 0 or reshard.launch.EXIT_PEER_LOST (75, a
+peer died), the process tears the torch.distributed state down (every
+process group destroyed, DeviceMesh's registry emptied), reports
+"done STATUS" on its status pipe and waits for the next assignment. Any
+other end (an uncaught exception: status 1; sys.exit(N); a signal;
+os._exit) ends the process with that status, exactly as a cold rank would,
+and a teardown that does not finish within a few seconds ends it with the
+script's status. The launcher reads the status pipe: "ready", "done STATUS";
+its end means the process ended (then its exit status is the rank's).
+
+Run as: python -c <bootstrap> STATUS_FD ASSIGN_FD (reshard._launch_ranks).
+"""
+
+import gc
+import json
+import os
+import runpy
+import sys
+import threading
+import traceback
+
+TEARDOWN_S = 5.0   # a teardown that takes longer ends the process (same status)
+EXIT_PEER_LOST = 75
+
+
+def _warm():
+    """Imports what every PyTorch rank imports (minutes of CPU across a
+    host's ranks when they all start at once); none of it is required."""
+    for name in ("torch", "torch.distributed", "torch.distributed.device_mesh",
+                 "torch.distributed.tensor", "torch.distributed.tensor.parallel",
+                 "torch.distributed.fsdp", "torch.nn", "torch.optim", "numpy",
+                 "reshard", "reshard.frameworks.pytorch", "reshard.frameworks.pytorch_loop",
+                 "reshard.core.elastic", "reshard.core.data"):
+        try:
+            __import__(name)
+        except Exception:  # noqa: BLE001: a module this rank cannot import stays cold
+            pass
+
+
+def _teardown():
+    """Leaves torch.distributed as a fresh interpreter has it."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    mesh = sys.modules.get("torch.distributed.device_mesh")
+    env = getattr(mesh, "_mesh_resources", None) if mesh is not None else None
+    if env is not None:
+        try:
+            env.__init__()
+        except Exception:  # noqa: BLE001: another torch's registry: left as it is
+            pass
+    gc.collect()
+
+
+def _status_of(exc):
+    """The exit status a cold `python script.py` would have ended with."""
+    if isinstance(exc, SystemExit):
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code & 0xFF
+        print(code, file=sys.stderr)
+        return 1
+    # reshard.pytorch_loop's excepthook prints it (a collective that failed
+    # because a peer is gone as PeerLost) and answers EXIT_PEER_LOST in a
+    # rank host instead of ending the process.
+    got = sys.excepthook(type(exc), exc, exc.__traceback__)
+    return EXIT_PEER_LOST if got == EXIT_PEER_LOST else 1
+
+
+def _run(job):
+    """Runs one rank; returns its exit status."""
+    os.environ.clear()
+    os.environ.update(job["env"])
+    os.environ["RESHARD_RANK_HOST"] = "1"
+    threads = os.environ.get("OMP_NUM_THREADS", "")
+    torch = sys.modules.get("torch")
+    if torch is not None and threads.isdigit() and int(threads) > 0:
+        torch.set_num_threads(int(threads))
+    if job.get("cwd"):
+        os.chdir(job["cwd"])
+    saved_path, saved_argv = list(sys.path), list(sys.argv)
+    try:
+        if job["mode"] == "module":
+            sys.argv = [job["target"]] + job["args"]
+            sys.path[0] = os.getcwd()
+            runpy.run_module(job["target"], run_name="__main__", alter_sys=True)
+        else:
+            script = job["target"]
+            sys.argv = [script] + job["args"]
+            sys.path[0] = os.path.dirname(os.path.abspath(script))
+            runpy.run_path(script, run_name="__main__")
+        return 0
+    except BaseException as e:  # noqa: BLE001: the script's end, whatever it is
+        return _status_of(e)
+    finally:
+        sys.path[:] = saved_path
+        sys.argv = saved_argv
+
+
+def _redirect(path, saved):
+    for f in (sys.stdout, sys.stderr):
+        try:
+            f.flush()
+        except (OSError, ValueError):
+            pass
+    if path:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    else:
+        os.dup2(saved[0], 1)
+        os.dup2(saved[1], 2)
+
+
+def main(status_fd, assign_fd):
+    status = os.fdopen(status_fd, "w", buffering=1)
+    assign = os.fdopen(assign_fd, "r")
+    _warm()
+    status.write("ready\n")
+    saved = (os.dup(1), os.dup(2))
+    for line in assign:
+        job = json.loads(line)
+        _redirect(job.get("log"), saved)
+        code = _run(job)
+        for f in (sys.stdout, sys.stderr):
+            try:
+                f.flush()
+            except (OSError, ValueError):
+                pass
+        if code not in (0, EXIT_PEER_LOST):
+            os._exit(code)  # a real failure ends the process, as a cold rank's would
+        watchdog = threading.Timer(TEARDOWN_S, os._exit, args=(code,))
+        watchdog.daemon = True
+        watchdog.start()
+        try:
+            _teardown()
+        except Exception:  # noqa: BLE001: not reusable: end with the rank's status
+            traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(code)
+        watchdog.cancel()
+        _redirect(None, saved)
+        try:
+            status.write(f"done {code}\n")
+        except OSError:
+            os._exit(code)
+    os._exit(0)  # the launcher closed the pipe: no more ranks
+
+
+if __name__ == "__main__":
+    main(int(sys.argv[1]), int(sys.argv[2]))
