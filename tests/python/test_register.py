@@ -347,6 +347,9 @@ def test_register_from_files_and_its_refusals(cluster, tmp_path):
     (tmp_path / "garbage.json").write_text("{not json")
     refused("--ptc", str(tmp_path / "garbage.json"), contains=("--ptc", "garbage.json",
                                                                "not JSON"))
+    (tmp_path / "other.json").write_text('{"noSuchField": 1}')
+    refused("--ptc", str(tmp_path / "other.json"), contains=("--ptc", "other.json",
+                                                             "not a Ptc", "noSuchField"))
     refused(contains=("--ptc FILE, or -- COMMAND",))
     with cluster.client() as admin:
         assert [j.name for j in admin.iter_jobs(tenant=TENANT) if j.name.startswith(name)] == [
@@ -363,6 +366,7 @@ def test_run_registration_flags_refused(cluster, tmp_path):
     for extra, text in (
             (["--tenant", TENANT], "--register-token-file"),
             ([], "--job-name needs --tenant"),
+            (["--tenant", TENANT, "--token-file", "/dev/null"], "--register-token-file instead"),
             (["--tenant", TENANT, "--register-token-file", _token(cluster, tmp_path, "scheduler"),
               "--hosts", "host-0,host-1", "--devices-per-host", "2", "--tp", "3"], "--tp 3")):
         p = subprocess.run(base + extra + cmd, env=_env(), capture_output=True, text=True,

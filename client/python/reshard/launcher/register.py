@@ -32,6 +32,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -155,7 +156,9 @@ def answer(directory, timeout):
             return {"code": errors.DeadlineExceeded.code.value[0],
                     "message": f"no registration answer from the launcher within {timeout:g} s"}
         time.sleep(_POLL_S)
-    return _read(path)
+    reply = _read(path)
+    os.remove(path)  # it may hold the worker token: read once
+    return reply
 
 
 def error_of(reply):
@@ -323,7 +326,6 @@ class Registration:
         """Stops this host's registration ranks (a registration that failed)."""
         if self.world is not None and self._sink is None:
             from reshard.launcher._launch_ranks import stop_worlds
-            import signal
             stop_worlds([self.world], signal.SIGTERM, "registration failed", self.args.grace,
                         lambda *_, **__: None)
 
@@ -370,6 +372,9 @@ def prepare_run(args, command, kwargs, addresses_of, port_range, log=None):
         raise LaunchError("--job-name needs --tenant (the job's tenant)")
     if args.job:
         raise LaunchError("give --job ID or --job-name NAME, not both")
+    if args.token_file:
+        raise LaunchError("--token-file is the job's worker token, which --job-name gets from "
+                          "the coordinator: give --register-token-file instead")
     token = (read_token(args.register_token_file, "--register-token-file")
              if args.register_token_file else os.environ.get("RESHARD_REGISTER_TOKEN", ""))
     if not token:
@@ -518,13 +523,18 @@ def main(argv):
                               "token of the tenant or an admin's), $RESHARD_TOKEN, or "
                               "--tls-cert/--tls-key")
         if args.ptc:
-            try:
-                as_message(_read_json(args.ptc, "--ptc"), ptc_pb2.Ptc, "--ptc")
-            except (ValueError, TypeError) as e:
-                raise LaunchError(f"--ptc \"{args.ptc}\": not a PTC: {e}") from None
             req = {"ptc": _read_json(args.ptc, "--ptc"), "dataset_state": (
                 _read_json(args.dataset_state, "--dataset-state")
                 if args.dataset_state else None)}
+            for key, cls, flag, path in (("ptc", ptc_pb2.Ptc, "--ptc", args.ptc),
+                                         ("dataset_state", ptc_pb2.DatasetState,
+                                          "--dataset-state", args.dataset_state)):
+                try:
+                    if req[key] is not None:
+                        as_message(req[key], cls, flag)
+                except (ValueError, TypeError) as e:
+                    raise LaunchError(f"{flag} \"{path}\": not a {cls.DESCRIPTOR.name}: "
+                                      f"{' '.join(str(e).split())}") from None
         else:
             if shutil.which(command[0]) is None:
                 raise LaunchError(f"command {command[0]!r}: not found or not executable")
