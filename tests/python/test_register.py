@@ -310,6 +310,7 @@ def test_register_from_files_and_its_refusals(cluster, tmp_path):
         job = admin.get_job(job_id, include_ptc=True)
         assert (job.name, job.tenant, job.generation) == (name, TENANT, 1)
         assert job.ptc == ptc and job.layout == lay
+        assert job.state_memory == reshard.ptc_pb2.STATE_MEMORY_HOST
         committed = admin.dataset_state(job_id)
         assert committed == _dataset_at(committed, 0)
     assert (tmp_path / "wt").read_text() == cluster.worker_token(job_id) + "\n"
@@ -383,9 +384,11 @@ def test_run_follows_a_job_that_exists(cluster, tmp_path):
     (tmp_path / "ptc.json").write_text(json.dumps(reshard.to_dict(ptc)))
     name = f"exists-{os.getpid()}"
     p = _run(_register_argv(cluster, name, sched, "--ptc", str(tmp_path / "ptc.json"),
-                            "--pp", "2"), timeout=60)
+                            "--pp", "2", "--state-memory", "device"), timeout=60)
     assert p.returncode == 0, p.stderr
     job_id = p.stdout.strip()
+    with cluster.client() as admin:
+        assert admin.get_job(job_id).state_memory == reshard.ptc_pb2.STATE_MEMORY_DEVICE
     events = tmp_path / "events.jsonl"
     argv = [sys.executable, "-m", "reshard", "run", "--coordinator", cluster.coordinator,
             "--job-name", name, "--tenant", TENANT, "--register-token-file", sched,

@@ -64,6 +64,9 @@ def add_layout_flags(p):
                        ("--dp-shard", "HSDP: data-parallel ranks per shard group (default: "
                                       "dp, no replicas)")):
         p.add_argument(flag, type=int, default=0, metavar="N", help=f"the first layout's {what}")
+    p.add_argument("--state-memory", choices=("host", "device"), default="host",
+                   help="where the job's workers keep its state between steps (JobSpec."
+                        "state_memory, fixed at registration; default %(default)s)")
 
 
 def first_layout(args):
@@ -177,9 +180,10 @@ def find_job(client, tenant, name):
     return None
 
 
-def register(client, tenant, name, lay, req, idempotency_key=None):
+def register(client, tenant, name, lay, req, idempotency_key=None, state_memory="host"):
     """RegisterJob of a request.json; returns (Job, worker token)."""
-    spec = {"name": name, "tenant": tenant, "ptc": req["ptc"], "layout": to_dict(lay)}
+    spec = {"name": name, "tenant": tenant, "ptc": req["ptc"], "layout": to_dict(lay),
+            "stateMemory": f"STATE_MEMORY_{state_memory.upper()}"}
     return client.register_job(spec, dataset_state=req.get("dataset_state"),
                                idempotency_key=idempotency_key, with_token=True)
 
@@ -241,7 +245,8 @@ class Registration:
                              "rank 0's describe()")
             req = _read(os.path.join(self._dir, REQUEST))
             try:
-                job, token = register(self.client, a.tenant, a.job_name, lay, req)
+                job, token = register(self.client, a.tenant, a.job_name, lay, req,
+                                      state_memory=a.state_memory)
             except errors.ReshardError as e:
                 _write(os.path.join(self._dir, ANSWER),
                        {"code": e.code.value[0], "message": e.message})
@@ -546,7 +551,7 @@ def main(argv):
             os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
         client = Client(args.coordinator, token=token or None, **kwargs)
         job, worker_token = register(client, args.tenant, args.name, lay, req,
-                                     args.idempotency_key)
+                                     args.idempotency_key, args.state_memory)
         if args.worker_token_file:
             fd = os.open(args.worker_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:
