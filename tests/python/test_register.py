@@ -421,3 +421,68 @@ def test_run_follows_a_job_that_exists(cluster, tmp_path):
         if launcher.poll() is None:
             os.killpg(launcher.pid, 9)
             launcher.wait()
+
+
+@pytest.mark.parametrize("same_layout", [True, False])
+def test_run_on_another_host_waits_for_the_registration(cluster, tmp_path, same_layout):
+    """A launcher not on rank 0's host starts its ranks of the first layout
+    (here a stand-in command) and waits for the job to appear: registered at
+    its flags' layout, it follows those same ranks (no second world); at
+    another layout, it exits 2 naming both and stops them."""
+    ptc, lay = _small_ptc()  # tp 2 x pp 2 on host-0, host-1
+    sched = _token(cluster, tmp_path, "scheduler")
+    (tmp_path / "ptc.json").write_text(json.dumps(reshard.to_dict(ptc)))
+    name = f"wait-{same_layout}-{os.getpid()}"
+    events = tmp_path / "events.jsonl"
+    argv = [sys.executable, "-m", "reshard", "run", "--coordinator", cluster.coordinator,
+            "--job-name", name, "--tenant", TENANT, "--register-token-file", sched,
+            "--hosts", ",".join(HOSTS), "--devices-per-host", "2", "--tp", "2",
+            "--pp" if same_layout else "--dp", "2",
+            "--host", "host-1", "--worker-socket", cluster.agents["host-1"].worker_socket,
+            "--tls-ca", cluster.pki.ca, "--events", str(events),
+            "--rdzv-host-pattern", "127.0.0.1", "--", "sh", "-c", "sleep 60"]
+    log = tmp_path / "launcher.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(argv, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+
+    def records(until):
+        end = time.monotonic() + 60
+        while True:
+            recs = [json.loads(line) for line in events.read_text().splitlines()] \
+                if events.exists() else []
+            if until(recs):
+                return recs
+            assert time.monotonic() < end, log.read_text()
+            time.sleep(0.1)
+
+    try:
+        worlds = [r for r in records(lambda rs: any(r["event"] == "world" for r in rs))
+                  if r["event"] == "world"]
+        assert [(w["world"], w["ranks"]) for w in worlds] == [("g1", [2, 3])]
+        assert launcher.poll() is None, log.read_text()
+        p = _run(_register_argv(cluster, name, sched, "--ptc", str(tmp_path / "ptc.json"),
+                                "--pp", "2"), timeout=60)
+        assert p.returncode == 0, p.stderr
+        job_id = p.stdout.strip()
+        if not same_layout:
+            assert launcher.wait(timeout=60) == 2, log.read_text()
+            text = log.read_text()
+            assert "tp 2 x pp 2 x dp 1" in text and "tp 2 x pp 1 x dp 2" in text, text
+            for pid in worlds[0]["pids"].values():
+                with pytest.raises(ProcessLookupError):
+                    os.kill(pid, 0)
+            return
+        recs = records(lambda rs: any(r["event"] == "start" for r in rs))
+        assert [(r["event"], r.get("job_id")) for r in recs if r["event"] in (
+            "found", "registered", "start")] == [("found", job_id), ("start", job_id)]
+        assert launcher.poll() is None, log.read_text()
+        with cluster.client() as admin:
+            admin.delete_job(job_id)
+        assert launcher.wait(timeout=60) == 0, log.read_text()
+        assert [r["event"] for r in map(json.loads, events.read_text().splitlines())].count(
+            "world") == 1
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()
