@@ -653,6 +653,80 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
         L.stop_all()
 
 
+# The rank script of the warm-process test: records its pid, argv, __name__
+# and whether torch was imported before its first line, then ends as
+# $WARM_END_<generation> says (a status, or "raise").
+_WARM_RANK = """
+import json, os, sys
+had_torch = "torch" in sys.modules
+gen = os.environ["RESHARD_GENERATION"]
+with open(os.path.join(os.environ["WARM_OUT"], f"g{gen}.json"), "w") as f:
+    json.dump({"pid": os.getpid(), "argv": sys.argv, "name": __name__, "torch": had_torch,
+               "rank": os.environ["RANK"], "device": os.environ["RESHARD_DEVICE"]}, f)
+end = os.environ.get("WARM_END_" + gen, "0")
+if end == "raise":
+    raise RuntimeError("the rank's own failure")
+sys.exit(int(end))
+"""
+
+
+def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
+        tmp_path, monkeypatch):
+    """--spares 1: a rank runs in a rank host (torch imported first, the
+    script as __main__ with its argv); ending with 0 it hands its process to
+    the next layout's rank (same pid, torch still imported); a rank that
+    raises ends that process with status 1, and the next rank gets a fresh
+    rank host; sys.exit(3) is status 3."""
+    script = tmp_path / "rank.py"
+    script.write_text(_WARM_RANK)
+    monkeypatch.setenv("WARM_OUT", str(tmp_path))
+    monkeypatch.setenv("WARM_END_3", "raise")
+    monkeypatch.setenv("WARM_END_4", "3")
+    given = _Given()
+    dev0 = layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    dev1 = layout.make_layout(1, 1, 1, ranks=[("h0", 1)])
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock",
+                        [sys.executable, str(script), "--flag", "x"], "coord:1",
+                        worker_token="wt-x", grace=1.0, recovery_timeout=30.0,
+                        events_path=str(tmp_path / "events.jsonl"), log=lambda msg: None,
+                        spares=1)
+
+    def record(gen):
+        with open(tmp_path / f"g{gen}.json") as f:
+            return json.load(f)
+
+    def exits(world):
+        return [e["code"] for e in _events(tmp_path) if e["event"] == "exit" and
+                e["world"] == world]
+
+    try:
+        L.on_job(_job(2, dev0))
+        _pump(L, lambda: exits("g2"), timeout=60)
+        first = record(2)
+        assert exits("g2") == [0]
+        assert first == {"pid": L.current.procs[0].pid, "argv": [str(script), "--flag", "x"],
+                         "name": "__main__", "torch": True, "rank": "0", "device": "0"}
+        assert _alive(first["pid"])  # back in the pool, idle
+
+        L.on_job(_job(3, dev1))
+        _pump(L, lambda: exits("g3"), timeout=60)
+        again = record(3)
+        assert (again["pid"], again["torch"], again["device"]) == (first["pid"], True, "1")
+        assert [(e["world"], e["pid"], e["warm"], e["served"]) for e in _events(tmp_path)
+                if e["event"] == "assign"] == [("g2", first["pid"], False, 0),
+                                               ("g3", first["pid"], True, 1)]
+        assert exits("g3") == [1]  # raised: the process ends with it
+        _pump(L, lambda: not _alive(first["pid"]), timeout=20)
+
+        L.on_job(_job(4, dev0))
+        _pump(L, lambda: exits("g4"), timeout=60)
+        last = record(4)
+        assert last["pid"] != first["pid"] and exits("g4") == [3]
+        _pump(L, lambda: not _alive(last["pid"]), timeout=20)
+    finally:
+        L.stop_all()
+
+
 _DYING_LAUNCHER = """
 import sys, time
 import reshard

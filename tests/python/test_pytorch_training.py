@@ -331,7 +331,7 @@ def _step_done(recs, key):
 def _pause_table(what, target, recs, old_key, new_key, parts):
     """Prints the pause of a reconfiguration: the old layout's last step
     (its last rank's report) -> the new one's first, the parts in between
-    (`parts`: [(name, time)] in order, between those two), and the new
+    (`parts`: [(name, time)], and the new ranks' phases), and the new
     layout's first steps against its steady step (the median of the rest)."""
     old, new = _step_done(recs, old_key), _step_done(recs, new_key)
     last_old = old[max(old)]
@@ -339,12 +339,22 @@ def _pause_table(what, target, recs, old_key, new_key, parts):
     done = [new[s] for s in steps]
     gaps = [b - a for a, b in zip(done, done[1:])]
     steady = sorted(gaps[2:])[len(gaps[2:]) // 2] if len(gaps) > 2 else float("nan")
-    marks = [("last old step", last_old)] + parts + [("first new step", done[0])]
+    first = f"x{gaps[0] / steady:.1f}" if gaps and steady == steady else "n/a"
+    # The new ranks' own parts (tiny_transformer's phase records, the
+    # slowest rank's): process group and mesh ready, parallelized, loaded.
+    names = {"build": "mesh ready", "optimizer": "parallelized", "first step": "loaded"}
+    phases = {}
+    for r in recs:
+        if r.get("world_key") == new_key and r.get("phase") in names:
+            phases[names[r["phase"]]] = max(phases.get(names[r["phase"]], 0.0), r["t"])
+    marks = sorted([("last old step", last_old)] + parts +
+                   [(n, t) for n, t in phases.items() if t > last_old] +
+                   [("first new step", done[0])], key=lambda m: m[1])
     split = "  ".join(f"{b[0]} +{b[1] - a[1]:.2f}" for a, b in zip(marks, marks[1:]))
     print(f"PAUSE {what} ({'warm' if WARM else 'cold'} starts): {done[0] - last_old:.2f} s "
           f"(target {target}); {split}; next steps "
           f"{', '.join(f'{g:.2f}' for g in gaps[:2])} s, steady {steady:.2f} s "
-          f"(x{gaps[0] / steady:.1f})")
+          f"({first})")
 
 
 def _run(cluster, client, name, ptc, tmp_path, first):

@@ -54,6 +54,7 @@ class Transformer(nn.Module):
 
 def build():
     """The same initial weights on every rank (and in the reference)."""
+    _phase("build")
     torch.manual_seed(SEED)
     return Transformer().double()
 
@@ -77,6 +78,7 @@ def parallelize(model, mesh):
 
 
 def optimizer(model):
+    _phase("optimizer")
     return torch.optim.Adam(model.parameters(), lr=LR)
 
 
@@ -94,6 +96,7 @@ def train_step(model, opt, ids, dp_size=1, tp_size=1):
     of GLOBAL_BATCH; returns the global batch's mean loss (the same on every
     rank). FSDP averages gradients over dp: the local loss is scaled so the
     average is the global batch's mean whatever each rank's share."""
+    _phase("first step")
     x = tokens(ids)
     logits = model(x[:, :-1])
     loss_sum = F.cross_entropy(logits.reshape(-1, VOCAB), x[:, 1:].reshape(-1),
@@ -109,6 +112,23 @@ def train_step(model, opt, ids, dp_size=1, tp_size=1):
 
 
 _last = [None]
+_phased = set()
+
+
+def _phase(name):
+    """Appends {"phase": name, "t", "rank", "world_key"} to $TRAIN_LOG the
+    first time this world's rank gets there (the test splits a pause into
+    its parts: process group and mesh ready at build(), parallelized at
+    optimizer(), loaded at the first train_step())."""
+    path = os.environ.get("TRAIN_LOG")
+    key = (f"{os.environ.get('RESHARD_GENERATION', '')}/"
+           f"{os.environ.get('RESHARD_OPERATION_ID', '')}")
+    if not path or (key, name) in _phased:
+        return
+    _phased.add((key, name))
+    with open(path, "a") as f:
+        f.write(json.dumps({"phase": name, "t": time.time(), "rank": os.environ.get("RANK"),
+                            "world_key": key}) + "\n")
 
 
 def report(**record):
