@@ -18,9 +18,14 @@ MASTER_ADDR, MASTER_PORT) plus reshard's (RESHARD_*; rank_env() reads it):
   themselves; once the operation commits the launcher waits for them
   (--retire-timeout) and then terminates them, saying so;
 - a stop-the-world operation or a recovery that commits: the ranks still
-  running are stopped and the new layout's ranks on this host start cold
+  running are stopped and the new layout's ranks on this host start
   (RESHARD_GENERATION = the committed generation); none when the host is
   not in the new layout (the launcher then waits for a layout that uses it);
+- warm rank processes (--spares N): a `python script.py` or `python -m
+  module` command runs in rank hosts (reshard.launcher._rank_host: torch
+  imported ahead of need, the script run with runpy); a rank that ends with
+  0 or EXIT_PEER_LOST hands its process back to the host's pool, where the
+  next layout's rank finds it; N idle ones are kept (reshard._launch_ranks);
 - a rank that exits non-zero or by a signal: this host's other ranks of
   that world are terminated (their collectives would hang or fail with
   gloo's "Connection closed by peer"; after --grace when it exited
