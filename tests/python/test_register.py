@@ -13,6 +13,7 @@ tenant; the ranks only ever hold the job's worker token.
 import dataclasses
 import json
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -486,3 +487,24 @@ def test_run_on_another_host_waits_for_the_registration(cluster, tmp_path, same_
         if launcher.poll() is None:
             os.killpg(launcher.pid, 9)
             launcher.wait()
+
+
+@pytest.mark.parametrize("status", [3, 0])
+def test_run_registration_world_that_ends_first(cluster, tmp_path, status):
+    """Ranks of the first layout that end before the job is registered (a
+    failure, or a script that never calls pytorch_loop.start): the launcher
+    exits 2 naming the rank and its status, and registers nothing."""
+    name = f"ends-{status}-{os.getpid()}"
+    argv = [sys.executable, "-m", "reshard", "run", "--coordinator", cluster.coordinator,
+            "--job-name", name, "--tenant", TENANT,
+            "--register-token-file", _token(cluster, tmp_path, "scheduler"),
+            "--hosts", "host-0", "--devices-per-host", "2", "--tp", "2",
+            "--host", "host-0", "--worker-socket", cluster.agents["host-0"].worker_socket,
+            "--tls-ca", cluster.pki.ca, "--rdzv-host-pattern", "127.0.0.1",
+            "--", "sh", "-c", f"exit {status}"]
+    p = subprocess.run(argv, env=_env(), capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert re.search(rf"rank [01] ended \(exit status {status}\) before the job was registered",
+                     p.stderr), p.stderr
+    with cluster.client() as admin:
+        assert _jobs_named(admin, name) == []

@@ -223,9 +223,15 @@ class Registration:
         self._sink(("exit", (world, rank, code)))
 
     def _failed(self):
-        """A rank of the registration world that ended (non-zero) before the job existed."""
+        """[(rank, status)] of the registration world's ranks that ended
+        before the job existed: those that failed, or all of them when every
+        one ended (status 0: a script that never called pytorch_loop.start)."""
         with self._lock:
-            return [(r, c) for _, r, c in self._exits if c != 0]
+            failed = [(r, c) for _, r, c in self._exits if c != 0]
+            if not failed and self.world is not None and len(self._exits) == len(
+                    self.world.procs):
+                failed = [(r, c) for _, r, c in self._exits]
+            return failed
 
     def prepare(self):
         """Finds the job (tenant, name) or registers it (see the module doc)."""
