@@ -508,3 +508,68 @@ def test_run_registration_world_that_ends_first(cluster, tmp_path, status):
                      p.stderr), p.stderr
     with cluster.client() as admin:
         assert _jobs_named(admin, name) == []
+
+
+# A stand-in rank 0 of `reshard run --job-name` (no torch): once the test
+# creates argv[1] it hands its launcher the PTC in argv[3] as describe()
+# would, and writes the launcher's answer to argv[2]. It ignores SIGTERM so
+# that the answer is written before the launcher's --grace SIGKILL.
+_STAND_IN_RANK = """
+import json, os, signal, sys, time
+from reshard.launcher import register
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
+d = os.environ["RESHARD_REGISTER_DIR"]
+register._write(os.path.join(d, register.REQUEST),
+                {"ptc": json.load(open(sys.argv[3])), "dataset_state": None})
+with open(sys.argv[2], "w") as f:
+    json.dump(register.answer(d, 60), f)
+"""
+
+
+def test_run_registration_lost_to_another_registrant(cluster, tmp_path):
+    """The job's name taken between the launcher's look-up and its
+    RegisterJob (a scheduler registered it meanwhile): ALREADY_EXISTS, which
+    the launcher hands its rank 0 (code and message) and prints, exit 2;
+    the job is the other registrant's."""
+    from helpers import tensor
+    ptc = {"numLayers": 1, "tensors": [tensor("w", "DTYPE_FLOAT64", [4],
+                                              pipeline="PIPELINE_EVERY_STAGE")]}
+    (tmp_path / "ptc.json").write_text(json.dumps(ptc))
+    sched = _token(cluster, tmp_path, "scheduler")
+    name = f"lost-{os.getpid()}"
+    go, answer = tmp_path / "go", tmp_path / "answer.json"
+    argv = [sys.executable, "-m", "reshard", "run", "--coordinator", cluster.coordinator,
+            "--job-name", name, "--tenant", TENANT, "--register-token-file", sched,
+            "--hosts", "host-0", "--devices-per-host", "1",
+            "--host", "host-0", "--worker-socket", cluster.agents["host-0"].worker_socket,
+            "--tls-ca", cluster.pki.ca, "--rdzv-host-pattern", "127.0.0.1", "--grace", "5",
+            "--", sys.executable, "-c", _STAND_IN_RANK, str(go), str(answer),
+            str(tmp_path / "ptc.json")]
+    log = tmp_path / "launcher.log"
+    with open(log, "w") as out:
+        launcher = subprocess.Popen(argv, env=_env(), stdout=out, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
+    try:
+        end = time.monotonic() + 60
+        while "registering it at" not in log.read_text():
+            assert launcher.poll() is None and time.monotonic() < end, log.read_text()
+            time.sleep(0.05)
+        other = _run(_register_argv(cluster, name, sched, "--ptc", str(tmp_path / "ptc.json"),
+                                    hosts=["host-0"], devices=1, tp=1), timeout=60)
+        assert other.returncode == 0, other.stderr
+        go.write_text("")
+        assert launcher.wait(timeout=60) == 2, log.read_text()
+        assert "ALREADY_EXISTS" in log.read_text() and name in log.read_text()
+        got = json.loads(answer.read_text())
+        assert got["code"] == grpc.StatusCode.ALREADY_EXISTS.value[0] and name in got["message"]
+        from reshard.launcher import register
+        error = register.error_of(got)
+        assert isinstance(error, reshard.AlreadyExists) and name in str(error)
+        with cluster.client() as admin:
+            assert [j.id for j in _jobs_named(admin, name)] == [other.stdout.strip()]
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, 9)
+            launcher.wait()
