@@ -653,16 +653,19 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
         L.stop_all()
 
 
-# The rank script of the warm-process test: records its pid, argv, __name__
-# and whether torch was imported before its first line, then ends as
-# $WARM_END_<generation> says (a status, or "raise").
+# The rank script of the warm-process test: records its pid, argv, __name__,
+# whether torch was imported before its first line and the pid of a `sleep`
+# it leaves running, then ends as $WARM_END_<generation> says (a status, or
+# "raise").
 _WARM_RANK = """
-import json, os, sys
+import json, os, subprocess, sys
 had_torch = "torch" in sys.modules
 gen = os.environ["RESHARD_GENERATION"]
+child = subprocess.Popen(["sleep", "120"])
 with open(os.path.join(os.environ["WARM_OUT"], f"g{gen}.json"), "w") as f:
     json.dump({"pid": os.getpid(), "argv": sys.argv, "name": __name__, "torch": had_torch,
-               "rank": os.environ["RANK"], "device": os.environ["RESHARD_DEVICE"]}, f)
+               "rank": os.environ["RANK"], "device": os.environ["RESHARD_DEVICE"],
+               "child": child.pid}, f)
 end = os.environ.get("WARM_END_" + gen, "0")
 if end == "raise":
     raise RuntimeError("the rank's own failure")
@@ -674,9 +677,9 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         tmp_path, monkeypatch):
     """--spares 1: a rank runs in a rank host (torch imported first, the
     script as __main__ with its argv); ending with 0 it hands its process to
-    the next layout's rank (same pid, torch still imported); a rank that
-    raises ends that process with status 1, and the next rank gets a fresh
-    rank host; sys.exit(3) is status 3."""
+    the next layout's rank (same pid, torch still imported), and what it
+    left running is gone; a rank that raises ends that process with status
+    1, and the next rank gets a fresh rank host; sys.exit(3) is status 3."""
     script = tmp_path / "rank.py"
     script.write_text(_WARM_RANK)
     monkeypatch.setenv("WARM_OUT", str(tmp_path))
@@ -704,9 +707,11 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         _pump(L, lambda: exits("g2"), timeout=60)
         first = record(2)
         assert exits("g2") == [0]
+        child = first.pop("child")
         assert first == {"pid": L.current.procs[0].pid, "argv": [str(script), "--flag", "x"],
                          "name": "__main__", "torch": True, "rank": "0", "device": "0"}
         assert _alive(first["pid"])  # back in the pool, idle
+        assert not _alive(child)     # what the rank left running ended with it
 
         L.on_job(_job(3, dev1))
         _pump(L, lambda: exits("g3"), timeout=60)

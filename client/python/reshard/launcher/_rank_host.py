@@ -10,8 +10,9 @@ that ends at a reconfiguration hands its process, with every module it
 imported, to the next layout's rank on this host.
 
 When the script ends with status 0 or reshard.launch.EXIT_PEER_LOST (75, a
-peer died), the process tears the torch.distributed state down (every
-process group destroyed, DeviceMesh's registry emptied), reports
+peer died), the process SIGKILLs what the rank left in its process group,
+tears the torch.distributed state down (every process group destroyed,
+DeviceMesh's registry emptied), reports
 "done STATUS" on its status pipe and waits for the next assignment. Any
 other end (an uncaught exception: status 1; sys.exit(N); a signal;
 os._exit) ends the process with that status, exactly as a cold rank would,
@@ -26,6 +27,7 @@ import gc
 import json
 import os
 import runpy
+import signal
 import sys
 import threading
 import traceback
@@ -61,6 +63,42 @@ def _teardown():
         except Exception:  # noqa: BLE001: another torch's registry: left as it is
             pass
     gc.collect()
+
+
+def _end_group():
+    """SIGKILLs what the rank started and left running in this process's
+    group (a data-loader worker, a grandchild), as the launcher does when a
+    cold rank ends, and reaps this process's children among them."""
+    me, killed = os.getpid(), []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                pgid = int(f.read().rsplit(")", 1)[1].split()[2])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pgid == me:
+            try:
+                os.kill(int(name), signal.SIGKILL)
+                killed.append(int(name))
+            except OSError:
+                pass
+    for pid in killed:
+        try:
+            os.waitpid(pid, 0)  # one of ours: reaped; another's: its parent's
+        except ChildProcessError:
+            pass
+    while True:  # children that ended before, left unreaped by the script
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 def _status_of(exc):
@@ -147,6 +185,7 @@ def main(status_fd, assign_fd):
         watchdog.daemon = True
         watchdog.start()
         try:
+            _end_group()
             _teardown()
         except Exception:  # noqa: BLE001: not reusable: end with the rank's status
             traceback.print_exc()
