@@ -732,6 +732,42 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         L.stop_all()
 
 
+def test_a_rank_host_that_dies_before_it_is_ready_leaves_the_ranks_to_cold_starts(
+        tmp_path, monkeypatch):
+    """A spare that ends before it said ready (here SIGKILLed while it imports
+    torch) turns the pool off (event spares_off, no new rank host: no restart
+    loop); the next rank starts cold, in a process of its own, and runs."""
+    script = tmp_path / "rank.py"
+    script.write_text(_WARM_RANK)
+    monkeypatch.setenv("WARM_OUT", str(tmp_path))
+    given = _Given()
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", [sys.executable, str(script)],
+                        "coord:1", worker_token="wt-x", grace=1.0, recovery_timeout=30.0,
+                        events_path=str(tmp_path / "events.jsonl"), log=lambda msg: None,
+                        spares=1)
+    try:
+        L.on_job(_job(2, layout.make_layout(1, 1, 1, ranks=[("h1", 0)])))  # none on h0
+        spares = [e["pid"] for e in _events(tmp_path) if e["event"] == "spare"]
+        assert len(spares) == 1
+        os.kill(spares[0], signal.SIGKILL)
+        _pump(L, lambda: any(e["event"] == "spares_off" for e in _events(tmp_path)))
+        off = [e for e in _events(tmp_path) if e["event"] == "spares_off"]
+        assert [(e["pid"], e["code"]) for e in off] == [(spares[0], -signal.SIGKILL)]
+        L.on_job(_job(3, layout.make_layout(1, 1, 1, ranks=[("h0", 0)])))
+        _pump(L, lambda: any(e["event"] == "exit" for e in _events(tmp_path)), timeout=60)
+        with open(tmp_path / "g3.json") as f:
+            ran = json.load(f)
+        world = [e for e in _events(tmp_path) if e["event"] == "world" and e["world"] == "g3"]
+        assert world[0]["pids"] == {"0": ran["pid"]} and world[0]["warm"] == {"0": False}
+        assert ran["torch"] is False  # a fresh interpreter
+        kinds = [e["event"] for e in _events(tmp_path)]
+        assert kinds.count("spare") == 1 and "assign" not in kinds
+        assert [(e["world"], e["code"]) for e in _events(tmp_path) if e["event"] == "exit"] == [
+            ("g3", 0)]
+    finally:
+        L.stop_all()
+
+
 _DYING_LAUNCHER = """
 import sys, time
 import reshard

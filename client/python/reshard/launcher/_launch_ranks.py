@@ -438,7 +438,7 @@ class Starter:
                     self._event("spare_ready", pid=spare.pid)
                     self._refill()
                     self._changed.notify_all()
-            elif word == "done":
+            elif word == "done" and arg.isdigit() and spare.busy is not None:
                 with self._pool_lock:
                     world, rank, handle = spare.busy
                     spare.busy, spare.served = None, spare.served + 1
@@ -458,6 +458,7 @@ class Starter:
         spare.proc.wait()
         with self._pool_lock:
             os.close(spare.assign_w)
+            unexpected = not spare.ended and not self._closed
             spare.ended = True
             self._pool.remove(spare)
             busy, spare.busy = spare.busy, None
@@ -465,6 +466,13 @@ class Starter:
                 busy[2].returncode = spare.proc.returncode
             elif not self._closed:
                 self._event("spare_exit", pid=spare.pid, code=spare.proc.returncode)
+            if unexpected and not spare.ready and busy is None and self.hosted is not None:
+                # It could not even import: no more rank hosts (no restart
+                # loop); every rank from now on starts cold.
+                self.hosted = None
+                self._log(f"rank host {spare.pid} ended ({describe_status(spare.proc.returncode)}) "
+                          f"before it was ready: ranks start cold from now on")
+                self._event("spares_off", pid=spare.pid, code=spare.proc.returncode)
             self._refill()
             self._changed.notify_all()
         if busy is not None:
