@@ -44,7 +44,8 @@ sys.path.insert(0, TORCH2)
 import tiny_transformer as my  # noqa: E402
 
 MIN_STEP_S = 0.3   # the first world's cadence (a real job's pace)
-STEPS = 70         # the job's step budget (train.py's $STEPS)
+STEPS = 100        # the job's step budget (train.py's $STEPS): the first world
+                   # still trains when the test reconfigures it, its spares warm
 # `reshard run --spares`: unset = the launcher's default (warm rank
 # processes); "0" = every rank a fresh interpreter (the cold-start figures).
 SPARES = os.environ.get("RESHARD_TEST_SPARES")
@@ -335,6 +336,10 @@ def _pause_table(what, target, recs, old_key, new_key, parts):
     layout's first steps against its steady step (the median of the rest)."""
     old, new = _step_done(recs, old_key), _step_done(recs, new_key)
     last_old = old[max(old)]
+    if not new:
+        print(f"PAUSE {what}: none, the new layout trained no step (the old one reached "
+              f"step {max(old)}, the last, first)")
+        return
     steps = sorted(new)
     done = [new[s] for s in steps]
     gaps = [b - a for a, b in zip(done, done[1:])]

@@ -1,6 +1,7 @@
 """A warm rank process of `reshard run` (docs/pytorch.md, "The launcher"):
 the launcher starts it ahead of need as a spare. It imports torch,
-torch.distributed and reshard once, says "ready", then serves ranks one after
+torch.distributed and reshard once, runs a one-rank FSDP2 + tensor-parallel
+step on its own (torch's lazy initialisation), says "ready", then serves ranks one after
 another: for each assignment (one JSON line on its assignment pipe: the
 rank's environment, command line, working directory and log file) it sets
 os.environ, sys.argv and sys.path as `python script.py args` would and runs
@@ -31,6 +32,7 @@ import signal
 import sys
 import threading
 import traceback
+import warnings
 
 TEARDOWN_S = 5.0   # a teardown that takes longer ends the process (same status)
 EXIT_PEER_LOST = 75
@@ -48,6 +50,42 @@ def _warm():
             __import__(name)
         except Exception:  # noqa: BLE001: a module this rank cannot import stays cold
             pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch's, about this toy model: not the user's
+            _exercise()
+    except Exception:  # noqa: BLE001: another torch, no gloo: the ranks initialise it
+        pass
+    try:
+        _teardown()
+    except Exception:  # noqa: BLE001
+        pass
+
+
+def _exercise():
+    """Runs once, on a one-rank world of this process, what a PyTorch 2
+    rank's first layout runs: a gloo process group, a DeviceMesh, tensor
+    parallel, FSDP2, a step of Adam. torch initialises much of that lazily
+    (op registrations, dispatch caches: most of a first parallelize and
+    step), which then happens here, before any rank needs it."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("dp", "tp"))
+    for dtype in (torch.float32, torch.float64):
+        model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)).to(dtype)
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "1": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        opt = torch.optim.Adam(model.parameters())
+        model(torch.ones(2, 8, dtype=dtype)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        model.state_dict()
+        opt.state_dict()
 
 
 def _teardown():
