@@ -100,7 +100,6 @@ def _teardown():
             env.__init__()
         except Exception:  # noqa: BLE001: another torch's registry: left as it is
             pass
-    gc.collect()
 
 
 def _end_group():
@@ -235,6 +234,7 @@ def main(status_fd, assign_fd):
             status.write(f"done {code}\n")
         except OSError:
             os._exit(code)
+        gc.collect()  # the rank's cycles (a model's hooks), once the launcher knows it ended
     os._exit(0)  # the launcher closed the pipe: no more ranks
 
 
