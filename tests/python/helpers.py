@@ -308,3 +308,25 @@ def check_device_generation(cluster, job_id, ptc, lay, globals_, generation):
                 resp = w.open_device(rank, generation)
             assert read_device(resp) == raws, (rank, host)
             assert list(resp.checksums) == [xxhash.xxh3_64_intdigest(r) for r in raws], (rank, host)
+
+
+def loop_job_config(cluster, client, job_name, tmp_path, dataset_state):
+    """Registers a one-tensor ("w", float64 [4]) job at two ranks on the
+    cluster's first host with `dataset_state`, and writes the config the
+    two-rank loop scripts of tests/python/torch2 read (torch2/loop_rank.py).
+    Returns (job, path of the config JSON)."""
+    ptc = reshard.as_message({"numLayers": 1, "tensors": [
+        tensor("w", "DTYPE_FLOAT64", [4], pipeline="PIPELINE_EVERY_STAGE")]}, ptc_pb2.Ptc)
+    host = cluster.host_ids[0]
+    lay = layout.make_layout(1, 1, 2, [host], 2)
+    job = client.register_job({"name": job_name, "tenant": "training",
+                               "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)},
+                              dataset_state=dataset_state)
+    cfg = {"store": str(tmp_path / "store"), "coordinator": cluster.coordinator,
+           "token": cluster.worker_token(job.id), "ca": cluster.pki.ca,
+           "socket": cluster.agents[host].worker_socket, "job_id": job.id,
+           "ptc": reshard.to_dict(ptc), "dataset": dataset_state.to_dict()}
+    path = str(tmp_path / "cfg.json")
+    with open(path, "w") as f:
+        json.dump(cfg, f)
+    return job, path

@@ -24,7 +24,7 @@ import time
 import pytest
 
 import reshard
-from reshard import data, layout
+from reshard import data
 
 torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -75,24 +75,11 @@ def _stopped(pid):
 
 
 def test_checkpoint_step_end_waits_for_no_coordinator_call(cluster, client, job_name, tmp_path):
-    from helpers import tensor
-    ptc = reshard.as_message({"numLayers": 1, "tensors": [
-        tensor("w", "DTYPE_FLOAT64", [4], pipeline="PIPELINE_EVERY_STAGE")]},
-        reshard.ptc_pb2.Ptc)
-    host = cluster.host_ids[0]
-    lay = layout.make_layout(1, 1, 2, [host], 2)
-    job = client.register_job({"name": job_name, "tenant": "training",
-                               "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)},
-                              dataset_state=_dataset())
-    cfg = {"store": str(tmp_path / "store"), "coordinator": cluster.coordinator,
-           "token": cluster.worker_token(job.id), "ca": cluster.pki.ca,
-           "socket": cluster.agents[host].worker_socket, "job_id": job.id,
-           "ptc": reshard.to_dict(ptc), "dataset": _dataset().to_dict()}
-    with open(tmp_path / "cfg.json", "w") as f:
-        json.dump(cfg, f)
+    from helpers import loop_job_config
+    job, cfg_path = loop_job_config(cluster, client, job_name, tmp_path, _dataset())
     talk = tmp_path / "talk"
     talk.mkdir()
-    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), str(tmp_path / "cfg.json"),
+    procs = [subprocess.Popen([sys.executable, SCRIPT, str(r), cfg_path,
                                str(talk)], env=_env()) for r in range(2)]
     pid = cluster.coordinator_pid
     held = [talk / f"held-{step}-{r}.json" for step in (2, 3) for r in range(2)]

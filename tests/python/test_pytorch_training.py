@@ -35,12 +35,13 @@ import numpy as np
 import pytest
 
 import reshard
-from reshard import data, layout
+from reshard import layout
 
 torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH2 = os.path.join(HERE, "torch2")
 sys.path.insert(0, TORCH2)
+import uninterrupted  # noqa: E402
 import tiny_transformer as my  # noqa: E402
 
 MIN_STEP_S = 0.3   # the first world's cadence (a real job's pace)
@@ -52,10 +53,7 @@ SPARES = os.environ.get("RESHARD_TEST_SPARES")
 WARM = SPARES != "0"
 
 
-def dataset():
-    """train.py's configured DatasetState."""
-    return data.DatasetState(data.DatasetDescriptor("tokens", my.NUM_SAMPLES, "v1"),
-                             data.Order(seed=5, shuffle="full"), global_batch=my.GLOBAL_BATCH)
+dataset = uninterrupted.dataset
 
 
 @pytest.fixture(scope="module")
@@ -80,13 +78,7 @@ def job_ptc(tmp_path_factory):
 def reference():
     """The uninterrupted run: one process, no parallelism. Per step its loss;
     its final model and Adam state as {item name: array}."""
-    model = my.build()
-    opt = my.optimizer(model)
-    state, losses = dataset(), []
-    for _ in range(STEPS):
-        sh = state.share(1, 0)
-        losses.append(my.train_step(model, opt, state.samples(sh.begin, sh.end)))
-        state = state.advanced()
+    losses, model, opt = uninterrupted.run(STEPS)
     names = {p: n for n, p in model.named_parameters()}
     final = {f"model.{k}": v.detach().numpy().copy() for k, v in model.state_dict().items()}
     for p, st in opt.state.items():
@@ -538,24 +530,11 @@ def test_quickstart_is_the_tested_script():
 def test_every_failure_on_every_rank(cluster, client, job_name, tmp_path):
     """A checkpoint refused on rank 0 (InvalidArgument) and a publish refused on rank 1 raise the
     same error on both ranks; a dead peer is PeerLost, not gloo's text."""
-    from helpers import tensor
-    ptc = reshard.as_message({"numLayers": 1, "tensors": [
-        tensor("w", "DTYPE_FLOAT64", [4], pipeline="PIPELINE_EVERY_STAGE")]},
-        reshard.ptc_pb2.Ptc)
-    host = cluster.host_ids[0]
-    lay = layout.make_layout(1, 1, 2, [host], 2)
-    job = client.register_job({"name": job_name, "tenant": "training",
-                               "ptc": reshard.to_dict(ptc), "layout": reshard.to_dict(lay)},
-                              dataset_state=dataset())
-    cfg = {"store": str(tmp_path / "store"), "coordinator": cluster.coordinator,
-           "token": cluster.worker_token(job.id), "ca": cluster.pki.ca,
-           "socket": cluster.agents[host].worker_socket, "job_id": job.id,
-           "ptc": reshard.to_dict(ptc), "dataset": dataset().to_dict()}
-    with open(tmp_path / "cfg.json", "w") as f:
-        json.dump(cfg, f)
+    from helpers import loop_job_config
+    job, cfg_path = loop_job_config(cluster, client, job_name, tmp_path, dataset())
     outs = [str(tmp_path / f"out{r}.json") for r in range(2)]
     procs = [subprocess.Popen([sys.executable, os.path.join(TORCH2, "loop_faults.py"), str(r),
-                               str(tmp_path / "cfg.json"), outs[r]], env=_env())
+                               cfg_path, outs[r]], env=_env())
              for r in range(2)]
     assert [p.wait(timeout=120) for p in procs] == [75, 0]
     got = []

@@ -23,12 +23,13 @@ import grpc
 import pytest
 
 import reshard
-from reshard import data, layout
+from reshard import layout
 
 torch = pytest.importorskip("torch")
 HERE = os.path.dirname(os.path.abspath(__file__))
 TORCH2 = os.path.join(HERE, "torch2")
 sys.path.insert(0, TORCH2)
+import uninterrupted  # noqa: E402
 import tiny_transformer as my  # noqa: E402
 
 TENANT = "training"
@@ -36,10 +37,7 @@ STEPS = 4
 HOSTS = ["host-0", "host-1"]
 
 
-def dataset():
-    """train.py's configured DatasetState."""
-    return data.DatasetState(data.DatasetDescriptor("tokens", my.NUM_SAMPLES, "v1"),
-                             data.Order(seed=5, shuffle="full"), global_batch=my.GLOBAL_BATCH)
+dataset = uninterrupted.dataset
 
 
 def _dataset_at(committed, step):
@@ -101,17 +99,6 @@ def _env(**extra):
 
 def _jobs_named(client, name):
     return [j for j in client.iter_jobs(tenant=TENANT) if j.name == name]
-
-
-def _reference_losses():
-    model = my.build()
-    opt = my.optimizer(model)
-    state, losses = dataset(), []
-    for _ in range(STEPS):
-        sh = state.share(1, 0)
-        losses.append(my.train_step(model, opt, state.samples(sh.begin, sh.end)))
-        state = state.advanced()
-    return losses
 
 
 def _register_argv(cluster, name, token_file, *extra, hosts=HOSTS, devices=2, tp=2):
@@ -189,7 +176,7 @@ def test_run_registers_and_trains_the_quickstart(cluster, tmp_path):
         ends = [r for r in recs if "end" in r]
         assert sorted(r["rank"] for r in ends) == [0, 1, 2, 3]
         assert {r["started"] for r in ends} == {"fresh"}
-        reference = _reference_losses()
+        reference = uninterrupted.run(STEPS)[0]
         for r in recs:
             if "loss" in r:
                 assert r["loss"] == pytest.approx(reference[r["step"] - 1], rel=1e-9), r

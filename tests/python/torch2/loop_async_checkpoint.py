@@ -25,7 +25,9 @@ import numpy as np
 import torch.distributed as dist
 
 import reshard
-from reshard import data, elastic
+from reshard import elastic
+
+import loop_rank
 
 DEADLINE_S = 60.0
 
@@ -53,16 +55,8 @@ def outcome(fn):
 
 
 def main():
-    rank, cfg_path, talk = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    with open(cfg_path) as f:
-        cfg = json.load(f)
-    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank,
-                            world_size=2)
-    client = reshard.Client(cfg["coordinator"], token=cfg["token"],
-                            credentials=reshard.tls_credentials(cfg["ca"]))
-    worker = reshard.Worker(cfg["socket"], cfg["job_id"], ptc=cfg["ptc"],
-                            worker_token=cfg["token"])
-    start = data.DatasetState.from_dict(cfg["dataset"])
+    rank, talk = int(sys.argv[1]), sys.argv[3]
+    cfg, client, worker, start = loop_rank.connect(rank, sys.argv[2])
     w = np.zeros(4)
     shard = lambda: {"w": w}  # noqa: E731
     worker.publish(rank, 1, shard())

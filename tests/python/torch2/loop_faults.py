@@ -17,20 +17,14 @@ import sys
 import numpy as np
 import torch.distributed as dist
 
-import reshard
-from reshard import data, elastic
+from reshard import elastic
+
+import loop_rank
 
 
 def main():
-    rank, cfg_path, out_path = int(sys.argv[1]), sys.argv[2], sys.argv[3]
-    cfg = json.load(open(cfg_path))
-    dist.init_process_group("gloo", init_method=f"file://{cfg['store']}", rank=rank,
-                            world_size=2)
-    client = reshard.Client(cfg["coordinator"], token=cfg["token"],
-                            credentials=reshard.tls_credentials(cfg["ca"]))
-    worker = reshard.Worker(cfg["socket"], cfg["job_id"], ptc=cfg["ptc"],
-                            worker_token=cfg["token"])
-    state = data.DatasetState.from_dict(cfg["dataset"])
+    rank, out_path = int(sys.argv[1]), sys.argv[3]
+    cfg, client, worker, state = loop_rank.connect(rank, sys.argv[2])
     worker.publish(rank, 1, {"w": np.full(4, float(rank == 0))})
     loop = elastic.Loop(client, cfg["job_id"], rank, worker)
     out = {}
