@@ -449,12 +449,7 @@ class Starter:
                 world.reaped[rank].set()
                 self.on_exit(world, rank, int(arg))
         spare.status_r.close()
-        _wait_exited(spare.pid)
-        try:
-            os.killpg(spare.pid, signal.SIGKILL)
-        except OSError:
-            pass
-        self.groups.discard(spare.pid)
+        self._end_group(spare.pid)
         spare.proc.wait()
         with self._pool_lock:
             os.close(spare.assign_w)
@@ -578,15 +573,19 @@ class Starter:
             os.close(go_w)
         return proc
 
-    def _reap(self, world, rank, proc):
-        _wait_exited(proc.pid)
-        # Whatever the rank started and left running (a data loader worker,
-        # a sleeping grandchild) is in its group: end it with the rank.
+    def _end_group(self, pid):
+        """Once process `pid` has exited: whatever it started and left
+        running (a data loader worker, a sleeping grandchild) is in its
+        process group; ends it with the process."""
+        _wait_exited(pid)
         try:
-            os.killpg(proc.pid, signal.SIGKILL)
+            os.killpg(pid, signal.SIGKILL)
         except OSError:
             pass
-        self.groups.discard(proc.pid)
+        self.groups.discard(pid)
+
+    def _reap(self, world, rank, proc):
+        self._end_group(proc.pid)
         proc.wait()
         world.reaped[rank].set()
         self.on_exit(world, rank, proc.returncode)
