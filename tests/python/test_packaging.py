@@ -75,17 +75,25 @@ def test_wheel_is_self_contained(tmp_path):
     assert r.stdout.strip().startswith(str(tmp_path / "unpacked"))
 
 
+# Modules written after the grouping: they never had a top-level path, so
+# they have no alias there.
+ADDED_AFTER_THE_GROUPING = {"launcher": {"_rank_host", "register"}}
+
+
 def test_old_module_paths_are_the_moved_modules():
     """Each module moved into core/, frameworks/ or launcher/ still imports
     under its old path as the very same module object (patches and
     isinstance checks see one module), and every top-level module other
-    than the package's own is such an alias."""
+    than the package's own is such an alias; a module added since lives
+    in its subpackage only."""
     import importlib
     moved = {}
     for sub in SUBPACKAGES:
         for n in os.listdir(os.path.join(SOURCES, "reshard", sub)):
-            if n.endswith(".py") and n != "__init__.py":
-                moved[n[:-3]] = f"reshard.{sub}.{n[:-3]}"
+            name = n[:-3]
+            if (n.endswith(".py") and n != "__init__.py"
+                    and name not in ADDED_AFTER_THE_GROUPING.get(sub, ())):
+                moved[name] = f"reshard.{sub}.{name}"
     top = {n[:-3] for n in os.listdir(os.path.join(SOURCES, "reshard"))
            if n.endswith(".py") and n not in ("__init__.py", "__main__.py")}
     assert top == set(moved), sorted(top ^ set(moved))
