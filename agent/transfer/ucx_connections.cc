@@ -198,7 +198,8 @@ void UcxConnections::OnEpError(void* arg, ucp_ep_h /*ep*/, ucs_status_t status) 
   if (e->retired) return;  // its peer has a newer endpoint
   // A receive is not bound to a peer, so fail the receives too: their data
   // may have been coming from this peer, and a task fails as a whole anyway.
-  e->owner->fail_receives_(absl::StrCat("peer connection failed: ", e->error));
+  e->owner->fail_receives_(
+      absl::StrCat("connection to peer \"", e->peer, "\" failed: ", e->error));
 }
 
 // Takes `e` from its peer (new sends get a new endpoint); CloseRetired
