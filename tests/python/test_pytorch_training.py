@@ -45,8 +45,9 @@ import uninterrupted  # noqa: E402
 import tiny_transformer as my  # noqa: E402
 
 MIN_STEP_S = 0.3   # the first world's cadence (a real job's pace)
-STEPS = 100        # the job's step budget (train.py's $STEPS): the first world
+STEPS = 150        # the job's step budget (train.py's $STEPS): the first world
                    # still trains when the test reconfigures it, its spares warm
+                   # and the stop-free operation's new ranks warm up
 # `reshard run --spares`: unset = the launcher's default (warm rank
 # processes); "0" = every rank a fresh interpreter (the cold-start figures).
 SPARES = os.environ.get("RESHARD_TEST_SPARES")
@@ -337,13 +338,17 @@ def _pause_table(what, target, recs, old_key, new_key, parts):
     gaps = [b - a for a, b in zip(done, done[1:])]
     steady = sorted(gaps[2:])[len(gaps[2:]) // 2] if len(gaps) > 2 else float("nan")
     first = f"x{gaps[0] / steady:.1f}" if gaps and steady == steady else "n/a"
-    # The new ranks' own parts (tiny_transformer's phase records, the
-    # slowest rank's): process group and mesh ready, parallelized, loaded.
-    names = {"build": "mesh ready", "optimizer": "parallelized", "first step": "loaded"}
+    # The new ranks' own parts, the slowest rank's: tiny_transformer's phase
+    # records (process group and mesh ready, parallelized, the first step
+    # began) and pytorch_loop's Run.phases (their end records).
+    names = {"build": "mesh ready", "optimizer": "parallelized", "first step": "stepping"}
     phases = {}
     for r in recs:
         if r.get("world_key") == new_key and r.get("phase") in names:
             phases[names[r["phase"]]] = max(phases.get(names[r["phase"]], 0.0), r["t"])
+        if r.get("world_key") == new_key and "phases" in r:
+            for name, t in r["phases"]:
+                phases[name] = max(phases.get(name, 0.0), t)
     marks = sorted([("last old step", last_old)] + parts +
                    [(n, t) for n, t in phases.items() if t > last_old] +
                    [("first new step", done[0])], key=lambda m: m[1])
@@ -405,12 +410,28 @@ def test_stop_free_dp_change_fsdp2_tp(cluster, client, job_name, job_ptc, refere
             if e["event"] == "exit" and e["world"] == "g1"]
     print(f"PAUSE stop-free: the old ranks left {min(stay):.2f}-{max(stay):.2f} s after their "
           f"loop ended")
-    _pause_table("stop-free", "<= 0.5 s, first new steps <= 2x steady", recs, "0/",
-                 f"{final.to_generation}/{op.id}",
-                 [("commit seen by the launcher", min(
-                     e["t"] for e in events[hosts[0]] if e["event"] == "committed"))])
+    last_old = max(r["t"] for r in recs if "loss" in r and r["world_key"] == "0/")
+    prepared = max(t for e in _ended(recs) if e["started"] == "joined"
+                   for n, t in e["phases"] if n == "prepared")
+    if prepared > last_old:
+        # The old layout ran out of steps before the new one was ready: its
+        # last step's commit folded into the cut-over, and what follows it
+        # is the wait for the prepare, not a pause.
+        print(f"PAUSE stop-free: not measured, the old layout trained its last step "
+              f"{prepared - last_old:.2f} s before the new ranks were prepared")
+    else:
+        _pause_table("stop-free", "<= 0.5 s, first new steps <= 2x steady", recs, "0/",
+                     f"{final.to_generation}/{op.id}",
+                     [("commit seen by the launcher", min(
+                         e["t"] for e in events[hosts[0]] if e["event"] == "committed"))])
     ends = _ended(recs)
     assert sorted(e["started"] for e in ends) == ["fresh"] * 4 + ["joined"] * 2
+    # The new ranks warmed up (train.py's warm_up: one step) before they
+    # said they were ready for the cut-over.
+    for e in ends:
+        if e["started"] == "joined":
+            assert [n for n, _ in e["phases"]] == [
+                "warmed up", "prepared", "committed", "loaded", "started"], e
     # The old world trained on while the new one warmed up, and cut over at
     # a step boundary (at the latest its last step: its final checkpoint
     # then folds into the cut-over).

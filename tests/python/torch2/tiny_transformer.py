@@ -136,6 +136,16 @@ def report(**record):
     The job's first world (a fresh start) keeps a cadence of $MIN_STEP_S
     per step, a real job's pace, so that it is still training when the test
     reconfigures it; later worlds run at full speed."""
+    # The pace first, as if the step had taken that long: a step's record is
+    # stamped when it ends, right before its step_end (the pauses are
+    # measured from it).
+    pace = float(os.environ.get("MIN_STEP_S", "0"))
+    if pace and "loss" in record and os.environ.get("RESHARD_GENERATION") == "0" and (
+            not os.environ.get("RESHARD_OPERATION_ID")):
+        now = time.monotonic()
+        if _last[0] is not None:
+            time.sleep(max(0.0, pace - (now - _last[0])))
+        _last[0] = time.monotonic()
     path = os.environ.get("TRAIN_LOG")
     record.setdefault("t", time.time())  # the test measures the pauses from it
     record["world_key"] = (f"{os.environ.get('RESHARD_GENERATION', '')}/"
@@ -143,10 +153,3 @@ def report(**record):
     if path:
         with open(path, "a") as f:
             f.write(json.dumps(record) + "\n")
-    pace = float(os.environ.get("MIN_STEP_S", "0"))
-    if pace and os.environ.get("RESHARD_GENERATION") == "0" and not os.environ.get(
-            "RESHARD_OPERATION_ID"):
-        now = time.monotonic()
-        if _last[0] is not None:
-            time.sleep(max(0.0, pace - (now - _last[0])))
-        _last[0] = time.monotonic()

@@ -16,9 +16,15 @@ app = pytorch.AppState(model, opt)                                     # reshard
 dataset = data.DatasetState(                                           # reshard
     data.DatasetDescriptor("tokens", my.NUM_SAMPLES, "v1"),            # reshard
     data.Order(seed=5, shuffle="full"), global_batch=my.GLOBAL_BATCH)  # reshard
-run = pytorch_loop.start(app, dataset, mesh=mesh,                      # reshard
-                         every_steps=int(os.environ.get("CKPT_EVERY", "2")))  # reshard
 dp, dp_rank = pytorch_loop.data_parallel(mesh)                         # reshard
+
+
+def warm_up():  # a stop-free resize's new ranks step once before the cut-over  # reshard
+    my.train_step(model, opt, range(my.GLOBAL_BATCH // dp), dp, mesh["tp"].size())
+
+
+run = pytorch_loop.start(app, dataset, mesh=mesh, warm_up=warm_up,     # reshard
+                         every_steps=int(os.environ.get("CKPT_EVERY", "2")))  # reshard
 state = run.state  # where the job's data stands (committed with the model)  # reshard
 while state.step < int(os.environ.get("STEPS", "8")):
     share = state.share(dp, dp_rank)                                   # reshard
@@ -32,6 +38,6 @@ while state.step < int(os.environ.get("STEPS", "8")):
 else:
     run.finish(state)  # the last step, committed                     # reshard
 my.report(rank=dist.get_rank(), end=repr(run.cut), started=run.started,
-          checkpoints=run.loop.checkpoints)
+          checkpoints=run.loop.checkpoints, phases=run.phases)
 run.close()                                                            # reshard
 dist.destroy_process_group()

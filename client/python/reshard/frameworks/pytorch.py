@@ -718,21 +718,21 @@ def publish(worker, app, spec, rank, generation):
     return worker.publish(rank, generation, local_items(app, spec, rank))
 
 
-def load(worker, app, spec, rank, generation):
+def load(worker, app, spec, rank, generation, target=None):
     """Loads `rank`'s buffer of `generation` into `app` in place: each
     DTensor's local tensor (and each optimizer state tensor) is copied into,
     so FSDP2's and the optimizer's storage stay the same objects; then the
     optimizer's hyperparameters, load_state_dict of every Stateful extra and
     the RNG (unless regenerated). Returns the frozenset of regenerated item
-    names (their bytes were zeros: no surviving holder)."""
+    names (their bytes were zeros: no surviving holder). `target`:
+    prepare_load()'s answer for this app, taken before the generation
+    existed (None: prepared now)."""
     torch = _torch()
     # Views of the agent's file (copy=False): each tensor is copied once,
     # straight from shared memory into the local tensor; the dtypes are the
     # Spec's. State on a GPU comes through the pinned mapping (device=: one
     # host-to-device copy each, then a device-local copy_).
-    if app.optimizer is not None and not app.optimizer.state:
-        _fresh_optimizer_state(app, spec)
-    tensors, blobs = _live_tensors(app)
+    tensors, blobs = target if target is not None else prepare_load(app, spec)
     cuda = next((_local(t).device for _, _, t in tensors if _local(t).is_cuda), None)
     got = worker.load(rank, generation, as_torch=True, copy=False, ptc=spec.ptc, device=cuda)
     regenerated = set(got.regenerated)
@@ -772,6 +772,18 @@ def load(worker, app, spec, rank, generation):
         else:
             app.stateful[name].load_state_dict(value)
     return frozenset(regenerated)
+
+
+def prepare_load(app, spec):
+    """Makes `app` ready for load() before the generation to load exists (a
+    rank waiting for a stop-free cut-over calls it then, so that the pause
+    does not pay it): a fresh optimizer gets the state the PTC names, as
+    zeros (DTensors of its parameters' placements), for load() to copy into;
+    returns load()'s `target`, the live tensors it copies into. It stays
+    valid while nothing steps the model or optimizer."""
+    if app.optimizer is not None and not app.optimizer.state:
+        _fresh_optimizer_state(app, spec)
+    return _live_tensors(app)
 
 
 def _fresh_optimizer_state(app, spec):

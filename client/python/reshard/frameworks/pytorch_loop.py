@@ -27,6 +27,7 @@ rank. It needs only the job's worker token.
 """
 
 import os
+import time
 
 from reshard.core import data as _data
 from reshard.core import elastic as _elastic
@@ -61,12 +62,18 @@ class Run:
     """One rank's run on the current layout: `state` (the DatasetState to
     train from), `spec` (pytorch.describe's), `started` ("fresh", "loaded"
     or "joined"), `regenerated` (item names load() left for the rank to
-    regenerate), `loop` (the reshard.elastic.Loop), `cut` once it ended.
-    Not thread-safe: the training thread calls it."""
+    regenerate), `loop` (the reshard.elastic.Loop), `cut` once it ended,
+    `phases` ([(name, time.time())] of start()'s parts, in order: "warmed
+    up" (the warm_up callable ended), "prepared" (this rank was ready for
+    the cut-over), "committed" (it saw the operation commit), "loaded"
+    (the generation is in the AppState), "started" (start() returns); a
+    rank has those its start went through). Not thread-safe: the training
+    thread calls it."""
 
     def __init__(self, app, spec, env, client, worker, loop, state, started, regenerated,
-                 generation):
+                 generation, phases):
         self.app, self.spec, self.env = app, spec, env
+        self.phases = phases
         self.generation, self.start_step = generation, state.step
         self.client, self.worker, self.loop = client, worker, loop
         self.state, self.started, self.regenerated = state, started, regenerated
@@ -163,13 +170,27 @@ def _exit_on_peer_lost(rank, job_id):
 
 
 def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=None,
-          env=None, timeout=120.0):
+          env=None, timeout=120.0, warm_up=None):
     """Describes `app` (a reshard.pytorch.AppState) and brings it to the job's
     state (see the module doc); `dataset` is the run's configured
     reshard.data.DatasetState (checked against the committed one). Collective
     over `group` (None: every rank); `env`: a reshard.launch.RankEnv (None:
-    reshard.launch.rank_env()). Returns a Run."""
+    reshard.launch.rank_env()). Returns a Run.
+
+    `warm_up`: a callable of no arguments, run (collectively: every rank
+    calls it) only by the ranks of a stop-free operation's new layout,
+    while the old layout still trains and before they tell the coordinator
+    they are prepared: one training step on any samples, so that the first
+    step after the cut-over pays none of torch's first-step costs
+    (DTensor's sharding propagation, FSDP2's lazy initialization, the
+    optimizer's state) inside the pause. What it changes in the AppState
+    (parameters, optimizer state and hyperparameters, Stateful extras) the
+    load then replaces; it runs under torch.random.fork_rng and the
+    gradients it leaves are dropped. State outside the AppState (an LR
+    scheduler not given as a Stateful extra, the user's own counters) it
+    must leave alone. A failure on any rank is raised on every rank."""
     from reshard.frameworks import pytorch
+    phases = []
     env = env or _launch.rank_env()
     if os.environ.get("RESHARD_REGISTER_DIR") and not env.job_id:
         env = _register(app, dataset, mesh, group, env, timeout)
@@ -185,19 +206,32 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     probe = _elastic.Collectives(rank, env.job_id, group)
     regenerated = frozenset()
     if env.operation_id:
-        # Warm-up of a stop-free operation: our model is built; tell the
-        # coordinator (rank 0, once every rank got here) and wait for the
-        # old layout's cut-over and the transfer.
-        probe.agree(None)
+        # Warm-up of a stop-free operation: our model is built; make it
+        # ready to step and to load, tell the coordinator (rank 0, once
+        # every rank got here) and wait for the old layout's cut-over and
+        # the transfer.
+        error, target = None, None
+        try:
+            if warm_up is not None:
+                _warm_up(app, warm_up)
+                phases.append(("warmed up", time.time()))
+            target = pytorch.prepare_load(app, spec)
+        except Exception as e:  # noqa: BLE001: agreed on below
+            error = e
+        probe.agree(error)
+        phases.append(("prepared", time.time()))
         if rank == 0:
             client.mark_prepared(env.operation_id)
         op = client.wait(env.operation_id, timeout=max(timeout, 600.0), raise_on_failure=True)
+        phases.append(("committed", time.time()))
         generation = op.to_generation
-        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
+        regenerated = _load(probe, pytorch, worker, app, spec, rank, generation, target)
+        phases.append(("loaded", time.time()))
         started = "joined"
     elif env.generation > 0:
         generation = env.generation
         regenerated = _load(probe, pytorch, worker, app, spec, rank, generation)
+        phases.append(("loaded", time.time()))
         started = "loaded"
     else:
         generation = client.get_job(env.job_id).generation
@@ -211,7 +245,21 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     state = _data.resume(client.dataset_state(env.job_id), dataset)
     loop = _elastic.Loop(client, env.job_id, rank, worker, group=group, timeout=timeout,
                          every_steps=every_steps, every_seconds=every_seconds)
-    return Run(app, spec, env, client, worker, loop, state, started, regenerated, generation)
+    phases.append(("started", time.time()))
+    return Run(app, spec, env, client, worker, loop, state, started, regenerated, generation,
+               phases)
+
+
+def _warm_up(app, fn):
+    """Runs start()'s warm_up callable with the RNG left as it was and drops
+    the gradients it left."""
+    import torch
+    cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if cuda else []):
+        fn()
+    app.model.zero_grad(set_to_none=True)
+    if app.optimizer is not None:
+        app.optimizer.zero_grad(set_to_none=True)
 
 
 def _register(app, dataset, mesh, group, env, timeout):
@@ -247,10 +295,10 @@ def _register(app, dataset, mesh, group, env, timeout):
     return dataclasses.replace(env, job_id=got["job_id"], worker_token=got["worker_token"])
 
 
-def _load(probe, pytorch, worker, app, spec, rank, generation):
+def _load(probe, pytorch, worker, app, spec, rank, generation, target=None):
     error, regenerated = None, frozenset()
     try:
-        regenerated = pytorch.load(worker, app, spec, rank, generation)
+        regenerated = pytorch.load(worker, app, spec, rank, generation, target)
     except Exception as e:  # noqa: BLE001: agreed on below
         error = e
     probe.agree(error)
