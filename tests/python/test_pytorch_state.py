@@ -364,6 +364,30 @@ def test_a_fresh_optimizers_state_is_a_fresh_start():
         assert a.numpy().tobytes() == b.numpy().tobytes(), name
 
 
+def test_build_skips_initial_weights_only_when_the_state_will_be_loaded():
+    """pytorch_loop.build: a fresh job's first layout builds as make() does
+    (its weights are the job's initial state); a rank whose state start()
+    loads builds on the meta device and gets empty storage on `device`."""
+    import types
+    from reshard import pytorch_loop
+    devices = []
+
+    def make():
+        devices.append(torch.empty(0).device.type)  # the default device make() ran under
+        torch.manual_seed(3)
+        return mlp(4)
+
+    fresh = pytorch_loop.build(make, env=types.SimpleNamespace(fresh=True))
+    torch.manual_seed(3)
+    want = mlp(4)
+    for (name, a), b in zip(want.state_dict().items(), fresh.state_dict().values()):
+        assert a.numpy().tobytes() == b.numpy().tobytes(), name
+    loaded = pytorch_loop.build(make, device="cpu", env=types.SimpleNamespace(fresh=False))
+    assert devices == ["cpu", "meta"]
+    assert {p.device.type for p in loaded.parameters()} == {"cpu"}
+    assert [p.shape for p in loaded.parameters()] == [p.shape for p in want.parameters()]
+
+
 def test_mesh_dims_inverts_the_config():
     hsdp = ptc_pb2.ParallelConfig(tp=2, pp=2, dp=4, dp_shard=2)
     assert pytorch.mesh_dims(hsdp) == [("pp", 2), ("dp_replicate", 2), ("dp_shard", 2),

@@ -10,7 +10,8 @@ import tiny_transformer as my  # your model, parallel plan and step
 
 dist.init_process_group("gloo")
 mesh = pytorch_loop.device_mesh("cpu")  # the job's layout as a DeviceMesh  # reshard
-model = my.parallelize(my.build(), mesh)
+# on the meta device when the job's state will be loaded into it  # reshard
+model = pytorch_loop.build(lambda: my.parallelize(my.build(), mesh))   # reshard
 opt = my.optimizer(model)
 app = pytorch.AppState(model, opt)                                     # reshard
 dataset = data.DatasetState(                                           # reshard

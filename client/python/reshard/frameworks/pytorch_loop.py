@@ -45,6 +45,27 @@ def device_mesh(device_type="cpu", env=None):
                             mesh_dim_names=tuple(n for n, _ in dims))
 
 
+def build(make, device="cpu", env=None):
+    """The model of this rank: `make()` (build and parallelize it, e.g.
+    `lambda: my.parallelize(my.build(), mesh)`), run on the meta device
+    and then given empty storage on `device` (Module.to_empty) when
+    start() will load the job's state into it (a rank started after a
+    reconfiguration or in warm-up of a stop-free operation; `env`, a
+    reshard.launch.RankEnv, is not .fresh): a new layout's rank then spends
+    nothing on initial weights it would overwrite. A fresh job's first
+    layout runs make() as it is (its weights are the job's initial
+    state). Every parameter and persistent
+    buffer is loaded; a non-persistent buffer (one not in the state dict)
+    is left uninitialised by to_empty, so a model with those must set them
+    itself after build (or not use it)."""
+    if (env or _launch.rank_env()).fresh:
+        return make()
+    import torch
+    with torch.device("meta"):
+        model = make()
+    return model.to_empty(device=device)
+
+
 def data_parallel(mesh):
     """(dp size, this rank's dp index) of a DeviceMesh: dp_replicate x
     dp_shard row-major (reshard's data-parallel rank, which the dataset's
