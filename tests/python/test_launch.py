@@ -660,10 +660,18 @@ def test_started_during_a_stop_the_world_operation_waits_for_it(tmp_path):
 _WARM_RANK = """
 import json, os, subprocess, sys
 had_torch = "torch" in sys.modules
+had_helper = "warm_helper" in sys.modules
+import warm_helper
+try:
+    import needs_rank_env
+except KeyError:
+    needs_rank_env = None
 gen = os.environ["RESHARD_GENERATION"]
 child = subprocess.Popen(["sleep", "120"])
 with open(os.path.join(os.environ["WARM_OUT"], f"g{gen}.json"), "w") as f:
     json.dump({"pid": os.getpid(), "argv": sys.argv, "name": __name__, "torch": had_torch,
+               "helper": had_helper, "helper_pid": warm_helper.PID,
+               "rank_env": needs_rank_env.RANK if needs_rank_env else None,
                "rank": os.environ["RANK"], "device": os.environ["RESHARD_DEVICE"],
                "child": child.pid}, f)
 end = os.environ.get("WARM_END_" + gen, "0")
@@ -673,15 +681,25 @@ sys.exit(int(end))
 """
 
 
+def _warm_rank_script(tmp_path):
+    """_WARM_RANK as tmp_path/rank.py, beside the two modules it imports: one
+    a spare can import ahead of the rank, one that needs the rank's RANK."""
+    (tmp_path / "warm_helper.py").write_text("import os\nPID = os.getpid()\n")
+    (tmp_path / "needs_rank_env.py").write_text("import os\nRANK = os.environ['RANK']\n")
+    script = tmp_path / "rank.py"
+    script.write_text(_WARM_RANK)
+    return script
+
+
 def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         tmp_path, monkeypatch):
-    """--spares 1: a rank runs in a rank host (torch imported first, the
-    script as __main__ with its argv); ending with 0 it hands its process to
+    """--spares 1: a rank runs in a rank host (torch imported first, and the
+    script's own top-level imports that can be; the script as __main__ with
+    its argv); ending with 0 it hands its process to
     the next layout's rank (same pid, torch still imported), and what it
     left running is gone; a rank that raises ends that process with status
     1, and the next rank gets a fresh rank host; sys.exit(3) is status 3."""
-    script = tmp_path / "rank.py"
-    script.write_text(_WARM_RANK)
+    script = _warm_rank_script(tmp_path)
     monkeypatch.setenv("WARM_OUT", str(tmp_path))
     monkeypatch.setenv("WARM_END_3", "raise")
     monkeypatch.setenv("WARM_END_4", "3")
@@ -709,7 +727,15 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         assert exits("g2") == [0]
         child = first.pop("child")
         assert first == {"pid": L.current.procs[0].pid, "argv": [str(script), "--flag", "x"],
-                         "name": "__main__", "torch": True, "rank": "0", "device": "0"}
+                         "name": "__main__", "torch": True, "helper": True,
+                         "helper_pid": L.current.procs[0].pid, "rank_env": "0", "rank": "0",
+                         "device": "0"}
+        # The spare imported the user's module before it said ready; the one
+        # that reads RANK failed there and was imported by the rank.
+        ready = [e for e in _events(tmp_path) if e["event"] == "spare_ready"]
+        assert ready[0]["pid"] == first["pid"]
+        assert "warm_helper" in ready[0]["modules"], ready[0]
+        assert "needs_rank_env" not in ready[0]["modules"], ready[0]
         assert _alive(first["pid"])  # back in the pool, idle
         assert not _alive(child)     # what the rank left running ended with it
 
@@ -732,13 +758,51 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         L.stop_all()
 
 
+def test_a_rank_host_outlives_the_thread_that_started_it(tmp_path, monkeypatch):
+    """The exec shim's PR_SET_PDEATHSIG (a rank dies with its launcher) fires
+    on Linux when the *thread* that started the process ends. A rank host
+    started by a thread of the pool that then ends (a timer; the status
+    reader of a rank host that ended) must live on and serve the next rank:
+    every process start runs on the launcher's one spawn thread."""
+    import threading
+    script = _warm_rank_script(tmp_path)
+    monkeypatch.setenv("WARM_OUT", str(tmp_path))
+    given = _Given()
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", [sys.executable, str(script)],
+                        "coord:1", worker_token="wt-x", grace=1.0, recovery_timeout=30.0,
+                        events_path=str(tmp_path / "events.jsonl"), log=lambda msg: None,
+                        spares=1)
+    starter, started = L.starter, []
+
+    def start_and_end():
+        # Ends only once the rank host is ready: its shim asked for the
+        # signal long before.
+        with starter._changed:
+            started.append(starter._spawn_spare())
+            assert starter._changed.wait_for(lambda: started[0].ready, timeout=60)
+
+    try:
+        t = threading.Thread(target=start_and_end)
+        t.start()
+        t.join()
+        pid = started[0].pid
+        L.on_job(_job(2, layout.make_layout(1, 1, 1, ranks=[("h0", 0)])))
+        _pump(L, lambda: [e for e in _events(tmp_path) if e["event"] == "exit"], timeout=60)
+        assert [(e["world"], e["code"]) for e in _events(tmp_path) if e["event"] == "exit"] == [
+            ("g2", 0)]
+        with open(tmp_path / "g2.json") as f:
+            assert json.load(f)["pid"] == pid
+        assert _alive(pid)
+    finally:
+        L.stop_all()
+
+
 def test_a_rank_host_that_dies_before_it_is_ready_leaves_the_ranks_to_cold_starts(
         tmp_path, monkeypatch):
     """A spare that ends before it said ready (here SIGKILLed while it imports
     torch) turns the pool off (event spares_off, no new rank host: no restart
     loop); the next rank starts cold, in a process of its own, and runs."""
-    script = tmp_path / "rank.py"
-    script.write_text(_WARM_RANK)
+    script = _warm_rank_script(tmp_path)
     monkeypatch.setenv("WARM_OUT", str(tmp_path))
     given = _Given()
     L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", [sys.executable, str(script)],

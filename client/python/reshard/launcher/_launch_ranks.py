@@ -24,6 +24,7 @@ rank host that cannot take a rank leaves it to a cold start.
 
 import json
 import os
+import queue
 import re
 import shutil
 import signal
@@ -108,6 +109,41 @@ def hosted_command(command):
 
 
 QUIET_S = 10.0  # no new rank host for this long after a world starts (its ranks go first)
+
+
+class _SpawnThread:
+    """Runs every process start of the launcher on one thread that lives as
+    long as the launcher. The exec shim's PR_SET_PDEATHSIG fires when the
+    *thread* that started the process ends (Linux), not the process: a rank
+    or rank host started from a short-lived thread (a timer, the status
+    reader of a rank host that then ended) was SIGKILLed when that thread
+    ended, a live rank killed under its launcher."""
+
+    def __init__(self):
+        self._requests = queue.Queue()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="reshard-spawn")
+        self._thread.start()
+
+    def call(self, fn):
+        """fn() on the spawn thread; its value, or its exception raised here."""
+        if threading.current_thread() is self._thread:
+            return fn()
+        box, done = {}, threading.Event()
+        self._requests.put((fn, box, done))
+        done.wait()
+        if "error" in box:
+            raise box["error"]
+        return box["value"]
+
+    def _run(self):
+        while True:
+            fn, box, done = self._requests.get()
+            try:
+                box["value"] = fn()
+            except BaseException as e:  # noqa: BLE001: raised in the caller's thread
+                box["error"] = e
+            finally:
+                done.set()
 
 
 class HostedRank:
@@ -269,6 +305,7 @@ class Starter:
         self.on_exit, self._log, self._event = on_exit, log, event
         self.log_dir = log_dir
         self.groups = RankGroups()
+        self._spawner = _SpawnThread()
         self.hosted = hosted_command(self.command) if spares != 0 else None
         if spares and self.hosted is None:  # asked for explicitly
             self._log(f"{self.command[0]!r} is not `python script.py ...` or `python -m module "
@@ -312,7 +349,9 @@ class Starter:
         status_r, status_w = os.pipe()
         assign_r, assign_w = os.pipe()
         argv = [self.command[0], "-c", _BOOT, str(status_w), str(assign_r), root]
-        env = dict(os.environ, RESHARD_RANK_HOST="1")
+        mode, target, _ = self.hosted
+        env = dict(os.environ, RESHARD_RANK_HOST="1", RESHARD_RANK_HOST_SCRIPT=json.dumps(
+            {"mode": mode, "target": target, "cwd": os.getcwd()}))
         try:
             proc = self._spawn_argv(argv, env, os.path.join(self.log_dir, "spares.log")
                                     if self.log_dir else None, (status_w, assign_r), "a rank host")
@@ -433,9 +472,13 @@ class Starter:
         for line in spare.status_r:
             word, _, arg = line.strip().partition(" ")
             if word == "ready":
+                try:
+                    modules = json.loads(arg) if arg else []
+                except ValueError:
+                    modules = []
                 with self._pool_lock:
                     spare.ready = True
-                    self._event("spare_ready", pid=spare.pid)
+                    self._event("spare_ready", pid=spare.pid, modules=modules)
                     self._refill()
                     self._changed.notify_all()
             elif word == "done" and arg.isdigit() and spare.busy is not None:
@@ -546,10 +589,10 @@ class Starter:
         try:
             argv = ([sys.executable, "-S", "-c", _SHIM, str(os.getpid()), str(go_r)] +
                     command if linux else command)
-            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,
-                                    stdout=out, stderr=subprocess.STDOUT if out else None,
-                                    start_new_session=True,
-                                    pass_fds=((go_r,) if linux else ()) + tuple(fds))
+            proc = self._spawner.call(lambda: subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=out,
+                stderr=subprocess.STDOUT if out else None, start_new_session=True,
+                pass_fds=((go_r,) if linux else ()) + tuple(fds)))
         except OSError as e:
             if linux:
                 os.close(go_w)

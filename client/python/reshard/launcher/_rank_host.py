@@ -1,7 +1,9 @@
 """A warm rank process of `reshard run` (docs/pytorch.md, "The launcher"):
 the launcher starts it ahead of need as a spare. It imports torch,
 torch.distributed and reshard once, runs a one-rank FSDP2 + tensor-parallel
-step on its own (torch's lazy initialisation), says "ready", then serves ranks one after
+step on its own (torch's lazy initialisation), imports what the rank's
+script imports at its top level ($RESHARD_RANK_HOST_SCRIPT: the user's own
+modules), says "ready MODULES", then serves ranks one after
 another: for each assignment (one JSON line on its assignment pipe: the
 rank's environment, command line, working directory and log file) it sets
 os.environ, sys.argv and sys.path as `python script.py args` would and runs
@@ -24,7 +26,9 @@ its end means the process ended (then its exit status is the rank's).
 Run as: python -c <bootstrap> STATUS_FD ASSIGN_FD (reshard._launch_ranks).
 """
 
+import ast
 import gc
+import importlib.util
 import json
 import os
 import runpy
@@ -60,6 +64,65 @@ def _warm():
         _teardown()
     except Exception:  # noqa: BLE001
         pass
+
+
+def _top_level_imports(source):
+    """The modules a script's source imports at its top level (`import a.b`,
+    `from a.b import c`, also inside a top-level try), in order; relative and
+    __future__ imports left out."""
+    names = []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return names
+    body = []
+    for node in tree.body:
+        body += node.body if isinstance(node, ast.Try) else [node]
+    for node in body:
+        if isinstance(node, ast.Import):
+            names += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append(node.module)
+    return [n for n in dict.fromkeys(names) if n != "__future__"]
+
+
+def _preimport(script):
+    """Imports the modules the rank's script (the launcher's {"mode":
+    "path"|"module", "target", "cwd"}) imports at its top level, with
+    sys.path[0] as running it will set it: the user's own modules (a
+    model library, transformers, torchtitan) are then imported once per
+    process, before any rank needs them. A module that cannot be imported
+    yet (it reads the rank's environment, say) is left to the rank. Returns
+    the names of those imported now."""
+    cwd = script.get("cwd") or os.getcwd()
+    target = script["target"]
+    saved = list(sys.path)
+    try:
+        if script["mode"] == "module":
+            sys.path[0] = cwd
+            spec = importlib.util.find_spec(target)
+            path = spec.origin if spec is not None else None
+        else:
+            path = os.path.join(cwd, target)
+            sys.path[0] = os.path.dirname(os.path.abspath(path))
+        if not path or not os.path.isfile(path):
+            return []
+        with open(path, encoding="utf-8") as f:
+            names = _top_level_imports(f.read())
+        done = []
+        for name in names:
+            if name in sys.modules:
+                continue
+            try:
+                __import__(name)
+                done.append(name)
+            except (Exception, SystemExit):  # noqa: BLE001: the rank imports it itself
+                pass
+        return done
+    except (Exception, SystemExit):  # noqa: BLE001: nothing pre-imported
+        return []
+    finally:
+        sys.path[:] = saved
 
 
 def _exercise():
@@ -205,7 +268,9 @@ def main(status_fd, assign_fd):
     status = os.fdopen(status_fd, "w", buffering=1)
     assign = os.fdopen(assign_fd, "r")
     _warm()
-    status.write("ready\n")
+    script = os.environ.pop("RESHARD_RANK_HOST_SCRIPT", "")
+    modules = _preimport(json.loads(script)) if script else []
+    status.write(f"ready {json.dumps(modules)}\n")
     saved = (os.dup(1), os.dup(2))
     for line in assign:
         job = json.loads(line)
