@@ -758,6 +758,49 @@ def test_warm_rank_process_serves_the_next_layouts_rank_and_dies_with_a_failure(
         L.stop_all()
 
 
+def test_a_rank_host_reads_the_scripts_top_level_imports():
+    """What a spare pre-imports of a script: its top-level `import` and
+    `from ... import` (also in a top-level try), in order, once; not what
+    a function or an `if` imports, not relative imports, not __future__."""
+    from reshard.launcher import _rank_host
+    source = ("from __future__ import annotations\n"
+              "import os, model_lib.layers as L\n"
+              "from data_lib.loader import Loader\n"
+              "from . import sibling\n"
+              "try:\n    import optional_lib\nexcept ImportError:\n    pass\n"
+              "if os.environ.get('X'):\n    import only_if_x\n"
+              "def main():\n    import inside_main\n"
+              "import os\n")
+    assert _rank_host._top_level_imports(source) == [
+        "os", "model_lib.layers", "data_lib.loader", "optional_lib"]
+    assert _rank_host._top_level_imports("def broken(:\n") == []
+
+
+def test_a_spare_pre_imports_a_module_commands_imports(tmp_path):
+    """`python -m pkg.train`: the spare reads pkg/train.py (found from the
+    launcher's directory, as -m finds it) and imports what it imports at its
+    top level, sys.path[0] being that directory; sys.path is left as it was."""
+    import importlib
+    from reshard.launcher import _rank_host
+    pkg = tmp_path / "preimport_pkg_a1"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "train.py").write_text("import preimport_lib_a1\nimport preimport_missing_a1\n")
+    (tmp_path / "preimport_lib_a1.py").write_text("VALUE = 7\n")
+    path = list(sys.path)
+    try:
+        got = _rank_host._preimport({"mode": "module", "target": "preimport_pkg_a1.train",
+                                     "cwd": str(tmp_path)})
+        assert got == ["preimport_lib_a1"]
+        assert sys.modules["preimport_lib_a1"].VALUE == 7
+        assert "preimport_pkg_a1.train" not in sys.modules  # read, not run
+        assert sys.path == path
+    finally:
+        for name in ("preimport_lib_a1", "preimport_pkg_a1"):
+            sys.modules.pop(name, None)
+        importlib.invalidate_caches()
+
+
 def test_a_rank_host_outlives_the_thread_that_started_it(tmp_path, monkeypatch):
     """The exec shim's PR_SET_PDEATHSIG (a rank dies with its launcher) fires
     on Linux when the *thread* that started the process ends. A rank host

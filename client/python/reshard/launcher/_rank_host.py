@@ -38,8 +38,11 @@ import threading
 import traceback
 import warnings
 
+# Importing this module (the bootstrap's `import reshard.launcher._rank_host`)
+# imported the reshard package already: the launcher's constant is free.
+from reshard.launcher._launch_env import EXIT_PEER_LOST
+
 TEARDOWN_S = 5.0   # a teardown that takes longer ends the process (same status)
-EXIT_PEER_LOST = 75
 
 
 def _warm():
