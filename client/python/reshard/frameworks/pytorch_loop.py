@@ -209,7 +209,9 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
     load then replaces; it runs under torch.random.fork_rng and the
     gradients it leaves are dropped. State outside the AppState (an LR
     scheduler not given as a Stateful extra, the user's own counters) it
-    must leave alone. A failure on any rank is raised on every rank."""
+    must leave alone. It fails as a training step does: the rank ends, its
+    peers lose a peer, the launcher stops the warm-up's ranks and the old
+    layout trains on (the operation cannot be prepared)."""
     from reshard.frameworks import pytorch
     phases = []
     env = env or _launch.rank_env()
@@ -231,11 +233,13 @@ def start(app, dataset, mesh=None, group=None, every_steps=None, every_seconds=N
         # ready to step and to load, tell the coordinator (rank 0, once
         # every rank got here) and wait for the old layout's cut-over and
         # the transfer.
+        if warm_up is not None:
+            # A failure ends this rank as a failed training step would (its
+            # peers, maybe inside a collective of it, then lose a peer).
+            _warm_up(app, warm_up)
+            phases.append(("warmed up", time.time()))
         error, target = None, None
         try:
-            if warm_up is not None:
-                _warm_up(app, warm_up)
-                phases.append(("warmed up", time.time()))
             target = pytorch.prepare_load(app, spec)
         except Exception as e:  # noqa: BLE001: agreed on below
             error = e
