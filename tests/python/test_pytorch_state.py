@@ -382,10 +382,17 @@ def test_build_skips_initial_weights_only_when_the_state_will_be_loaded():
     want = mlp(4)
     for (name, a), b in zip(want.state_dict().items(), fresh.state_dict().values()):
         assert a.numpy().tobytes() == b.numpy().tobytes(), name
-    loaded = pytorch_loop.build(make, device="cpu", env=types.SimpleNamespace(fresh=False))
+    loaded = pytorch_loop.build(make, device="cpu",
+                                env=types.SimpleNamespace(fresh=False, operation_id=""))
     assert devices == ["cpu", "meta"]
     assert {p.device.type for p in loaded.parameters()} == {"cpu"}
     assert [p.shape for p in loaded.parameters()] == [p.shape for p in want.parameters()]
+    # A stop-free operation's new rank steps on it in warm-up: zeros, not
+    # whatever the storage held.
+    joining = pytorch_loop.build(make, device="cpu",
+                                 env=types.SimpleNamespace(fresh=False, operation_id="op-1"))
+    assert devices == ["cpu", "meta", "meta"]
+    assert all(not p.detach().any() for p in joining.parameters())
 
 
 def test_mesh_dims_inverts_the_config():

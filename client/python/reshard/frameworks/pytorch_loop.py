@@ -53,17 +53,25 @@ def build(make, device="cpu", env=None):
     reconfiguration or in warm-up of a stop-free operation; `env`, a
     reshard.launch.RankEnv, is not .fresh): a new layout's rank then spends
     nothing on initial weights it would overwrite. A fresh job's first
-    layout runs make() as it is (its weights are the job's initial
-    state). Every parameter and persistent
-    buffer is loaded; a non-persistent buffer (one not in the state dict)
-    is left uninitialised by to_empty, so a model with those must set them
-    itself after build (or not use it)."""
-    if (env or _launch.rank_env()).fresh:
+    layout runs make() as it is (its weights are the job's initial state).
+    A stop-free operation's new ranks, whose warm_up steps on the model
+    before the load, get zeros rather than whatever the storage held (off
+    the pause). Every parameter and persistent buffer is loaded; a
+    non-persistent buffer (one not in the state dict) is left uninitialised
+    by to_empty, so a model with those must set them itself after build
+    (or not use it)."""
+    env = env or _launch.rank_env()
+    if env.fresh:
         return make()
     import torch
     with torch.device("meta"):
         model = make()
-    return model.to_empty(device=device)
+    model = model.to_empty(device=device)
+    if env.operation_id:
+        with torch.no_grad():
+            for t in list(model.parameters()) + list(model.buffers()):
+                t.zero_()
+    return model
 
 
 def data_parallel(mesh):
