@@ -47,8 +47,9 @@ using coordinator::testing::MakeLayout;
 
 constexpr int kLeaseMs = 3000;
 // For tests that hold an operation open by stopping an agent (SIGSTOP): a
-// lease no slow machine outlives, so the stopped host is never marked LOST
-// and its operation never aborted while the test looks at it.
+// lease and a stall timeout no slow machine outlives, so the stopped host is
+// never marked LOST and its task never aborts the operation (the default
+// stall timeout, 20 s, did once in CI) while the test looks at it.
 constexpr int kHeldLeaseMs = 120000;
 
 // A certificate of the shared test CA (issued once per name).
@@ -66,6 +67,13 @@ std::vector<std::string> CoordinatorArgs(const std::string& dsn, const std::stri
           // Mutual TLS with the test CA: the SDK as deployments use it.
           "--tls-cert", Cert("coordinator").cert, "--tls-key", Cert("coordinator").key, "--tls-ca",
           coordinator::testing::SharedTestPki().ca()};
+}
+
+// CoordinatorArgs for a test that holds an operation open (kHeldLeaseMs).
+std::vector<std::string> HeldCoordinatorArgs(const std::string& dsn, const std::string& listen) {
+  std::vector<std::string> args = CoordinatorArgs(dsn, listen, kHeldLeaseMs);
+  args.insert(args.end(), {"--stall-timeout-ms", std::to_string(kHeldLeaseMs)});
+  return args;
 }
 
 // Item names of a PTC in buffer order: tensors, then blobs.
@@ -470,7 +478,7 @@ TEST_F(ClientTest, ErrorCodesPassThroughWithoutRetry) {
 // FAILED_PRECONDITION (not retried), waiting for it hits its deadline, and a
 // cancel ends it ABORTED. The same idempotency key returns the first one.
 TEST_F(ClientTest, SecondOperationConflictsDeadlineAndCancel) {
-  auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, "127.0.0.1:0", kHeldLeaseMs));
+  auto c = CoordinatorProcess::Start(HeldCoordinatorArgs(dsn_, "127.0.0.1:0"));
   ASSERT_TRUE(c.ok()) << c.status();
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
@@ -833,7 +841,7 @@ TEST_F(ClientTest, CreateTokenWhoseReplyIsLostIsNotSentAgain) {
 // operation's final state.
 TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   const std::string address = absl::StrCat("127.0.0.1:", UnusedPort());
-  auto c = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address, kHeldLeaseMs));
+  auto c = CoordinatorProcess::Start(HeldCoordinatorArgs(dsn_, address));
   ASSERT_TRUE(c.ok()) << c.status();
   coordinator_ = std::move(*c);
   ASSERT_NO_FATAL_FAILURE(StartCluster({"h0", "h1"}, /*coordinator_started=*/true));
@@ -872,7 +880,7 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
   const bool watching = test_support::Eventually([&] { return updates_seen > 0; });
   coordinator_->Kill();
   const bool broke = watching && test_support::Eventually([&] { return broken_watches() > 0; });
-  auto restarted = CoordinatorProcess::Start(CoordinatorArgs(dsn_, address, kHeldLeaseMs));
+  auto restarted = CoordinatorProcess::Start(HeldCoordinatorArgs(dsn_, address));
   kill(agents_["h1"]->pid(), SIGCONT);
   ASSERT_TRUE(restarted.ok()) << restarted.status();
   coordinator_ = std::move(*restarted);
@@ -890,11 +898,13 @@ TEST_F(ClientTest, WatchReconnectsAcrossACoordinatorRestart) {
 // the same identity is refused RESOURCE_EXHAUSTED while the first watches a
 // resize held open by a stopped agent, more often than max_attempts allows
 // other errors, and gets the final state once the first watch ends and
-// frees the slot. Before, the refusal was returned at once. The lease is
-// long (kHeldLeaseMs): with the 3 s one, a loaded machine let h1's lease
-// expire before the third refusal, the resize aborted and the slot freed early.
+// frees the slot. Before, the refusal was returned at once. The lease and
+// stall timeout are long (HeldCoordinatorArgs): with a 3 s lease, a loaded
+// machine let h1's lease expire before the third refusal, and with the
+// default 20 s stall timeout a CI run saw 2 refusals in 30 s: either aborted
+// the resize and freed the slot early.
 TEST_F(ClientTest, AWatchRefusedForTheLimitsWaitsForASlot) {
-  std::vector<std::string> args = CoordinatorArgs(dsn_, "127.0.0.1:0", kHeldLeaseMs);
+  std::vector<std::string> args = HeldCoordinatorArgs(dsn_, "127.0.0.1:0");
   args.insert(args.end(), {"--max-watch-streams-per-identity", "1"});
   auto c = CoordinatorProcess::Start(args);
   ASSERT_TRUE(c.ok()) << c.status();
