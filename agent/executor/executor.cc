@@ -35,10 +35,11 @@ absl::StatusOr<std::vector<v1::ShardChecksum>> TaskExecutor::Execute(
     const std::function<void(int64_t done, int64_t total)>& progress,
     const std::function<bool()>& cancelled,
     const std::function<void(const std::string& what)>& waiting,
-    const std::function<void(const ExecuteInfo& info)>& routed) {
+    const std::function<void(const ExecuteInfo& info)>& routed, v1::TaskTimings* timings) {
   // Every route runs through TaskRun; a device route lends it the device
   // store, the route and the route's mover.
-  const TaskRun::Executor host{store_, transport_, &options_, copier_.get(), precopies_.get()};
+  TaskRun::Executor host{store_, transport_, &options_, copier_.get(), precopies_.get()};
+  host.timings = timings;
   auto run = [&](const DeviceRoute* route, Mover* mover) {
     TaskRun::Executor ex = host;
     if (route != nullptr) {

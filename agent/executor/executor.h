@@ -110,13 +110,16 @@ class TaskExecutor {
   /// may be device buffers (device_route.h); a task that cannot run on the
   /// devices directly calls `waiting("host-staged: <why>")` once first.
   /// `routed(info)`, if set, is called once, before any byte moves, with the
-  /// route the task takes (on this thread).
+  /// route the task takes (on this thread). `timings`, if set, gets the
+  /// seconds of each phase of the run (docs/agent.md, "Executing a
+  /// HostTask"; a host-staged run's are its host part's).
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> Execute(
       const std::string& host_id, const v1::HostTask& task,
       const std::function<void(int64_t done, int64_t total)>& progress,
       const std::function<bool()>& cancelled,
       const std::function<void(const std::string& what)>& waiting = nullptr,
-      const std::function<void(const ExecuteInfo& info)>& routed = nullptr);
+      const std::function<void(const ExecuteInfo& info)>& routed = nullptr,
+      v1::TaskTimings* timings = nullptr);
 
  private:
   ShardStore* store_;

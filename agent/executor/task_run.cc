@@ -69,11 +69,27 @@ TaskRun::TaskRun(Executor executor, const std::string& host_id, const v1::HostTa
 TaskRun::~TaskRun() = default;
 
 absl::StatusOr<std::vector<v1::ShardChecksum>> TaskRun::Run() {
+  // Each phase's seconds, for the coordinator's cost model (TaskTimings).
+  v1::TaskTimings unused;
+  v1::TaskTimings* t = ex_.timings != nullptr ? ex_.timings : &unused;
+  auto mark = std::chrono::steady_clock::now();
+  auto lap = [&mark] {
+    const auto now = std::chrono::steady_clock::now();
+    const double s = std::chrono::duration<double>(now - mark).count();
+    mark = now;
+    return s;
+  };
   if (absl::Status s = SetUp(); !s.ok()) return s;
+  t->set_setup_seconds(lap());
   if (absl::Status s = Prove(); !s.ok()) return s;
+  t->set_prove_seconds(lap());
   if (absl::Status s = Move(); !s.ok()) return s;
+  t->set_move_seconds(lap());
   if (absl::Status s = Verify(); !s.ok()) return s;
-  return Seal();
+  t->set_verify_seconds(lap());
+  absl::StatusOr<std::vector<v1::ShardChecksum>> sealed = Seal();
+  t->set_seal_seconds(lap());
+  return sealed;
 }
 
 absl::Status TaskRun::SetUp() {

@@ -81,6 +81,8 @@ class TaskRun {
     /// Movers besides the run's own UcxHostMover over `transport` (a device
     /// route's: DeviceCommMover, DeviceIpcMover); MoverFor picks among them.
     std::vector<Mover*> movers = {};
+    /// Where Run writes each phase's seconds (null: nowhere).
+    v1::TaskTimings* timings = nullptr;
   };
 
   /// The arguments of TaskExecutor::Execute; `task` and the callbacks

@@ -116,6 +116,10 @@ const ConfigTable<C>& Table() {
                         "shared memory kept allocated and zeroed ahead for new rank buffers "
                         "(within --memory-limit-bytes; tmpfs only); 0: none",
                         &C::spare_bytes, 0, kMaxBytes),
+          IntSetting<C>("probe-bytes", "RESHARD_PROBE_BYTES",
+                        "bytes the start-up probe copies and hashes to measure this host's rates "
+                        "for the coordinator's cost model; 0: no probe",
+                        &C::probe_bytes, 0, int64_t{1} << 30),
           [] {
             Setting<C> s =
                 StringSetting<C>("ucx-net-devices", "UCX_NET_DEVICES",

@@ -89,6 +89,7 @@ v1::Host CoordinatorSession::DescribeHost() const {
   h.set_host_id(options_.host_id);
   h.set_address(options_.address);
   h.set_memory_limit_bytes(options_.memory_limit_bytes);
+  *h.mutable_probe() = options_.probe;
   // The devices of the device API this agent uses (the one its store and
   // executor use), each with the bytes of rank buffers it may hold: the
   // store's limit (the per-device limit, else the device's total memory:

@@ -77,6 +77,8 @@ class CoordinatorSession {
     /// executor's timers that wait on peers read it (peer_wait.h). Not
     /// owned; null: not told.
     CoordinatorReach* coordinator_reach = nullptr;
+    /// Sent with every registration (host_probe.h); unset: none.
+    v1::HostProbe probe;
   };
 
   /// `transport` may be null (then only local plans can run); none are owned.

@@ -21,6 +21,7 @@
 #include "agent/executor/peer_wait.h"
 #include "agent/process/config.h"
 #include "agent/process/coordinator_session.h"
+#include "agent/process/host_probe.h"
 #include "agent/process/metrics.h"
 #include "agent/process/worker_fd_socket.h"
 #include "agent/process/worker_service.h"
@@ -171,6 +172,7 @@ CoordinatorSession::Options SessionOptions(const AgentConfig& config, AgentMetri
   o.device_comm = dev.comm.get();
   o.device_ipc = config.device_ipc;
   o.coordinator_reach = reach;
+  if (config.probe_bytes > 0) o.probe = MeasureHostProbe(config.probe_bytes);
   return o;
 }
 

@@ -10,6 +10,8 @@
 //   Report    the final PREPARED, DONE or FAILED report, and what it implies
 //             here (a prepared operation is held; an abort drops the buffers).
 // The executor's own phases (set up, prove, move, verify, seal) are task_run.h's.
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -151,7 +153,23 @@ class OperationRun {
       std::lock_guard<std::mutex> l(waiting_mu_);
       route_ = info;
     };
-    return s_.executor_->Execute(host_, task_, progress, cancelled, waiting, routed);
+    // The whole task's wall and CPU seconds besides its phases' (the cost
+    // model's TaskTimings).
+    const auto start = std::chrono::steady_clock::now();
+    const double cpu_start = ProcessCpuSeconds();
+    absl::StatusOr<Checksums> result =
+        s_.executor_->Execute(host_, task_, progress, cancelled, waiting, routed, &timings_);
+    timings_.set_total_seconds(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    timings_.set_cpu_seconds(std::max(0.0, ProcessCpuSeconds() - cpu_start));
+    return result;
+  }
+
+  static double ProcessCpuSeconds() {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+           static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
   }
 
   // RUNNING reports until Execute ends; an abort answer cancels the task.
@@ -193,6 +211,7 @@ class OperationRun {
       } else {
         req.set_state(v1::HOST_TASK_STATE_DONE);
         for (const v1::ShardChecksum& c : *result_) *req.add_checksums() = c;
+        *req.mutable_timings() = timings_;
         RESHARD_LOG(INFO) << "operation " << id_ << ": done, " << result_->size()
                           << " shards written here";
       }
@@ -284,6 +303,7 @@ class OperationRun {
   std::mutex waiting_mu_;
   std::string waiting_on_;  // what the task waits on, for the coordinator's stall message
   TaskExecutor::ExecuteInfo route_;  // the executor's route, sent with every report
+  v1::TaskTimings timings_;          // sent with DONE
   std::chrono::steady_clock::time_point started_;
   int64_t token_ = 0;
 };

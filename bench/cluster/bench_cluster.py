@@ -14,6 +14,7 @@ memcpy instead of the central baseline.
 
     scripts/bench_cluster.sh [--hosts 4] [--rate-gbit 2] [--cases 1,2,3,4] [--reps 3]
                              [--size full|half|quick] [--quick] [--unshaped] [--json FILE]
+                             [--predict]
 
 Exit status: 0 done, 1 failed (a transfer failed or a byte differs),
 77 skipped (namespaces, tc or nginx missing here).
@@ -45,11 +46,16 @@ def parse_args(argv=None):
     p.add_argument("--unshaped", action="store_true",
                    help="agents in the root namespace on loopback: CPU and rate yardsticks")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    p.add_argument("--predict", action="store_true",
+                   help="instead of the cases: the cost model's predictions against what a "
+                   "sequence of migrations, resizes and a recovery take (4 hosts)")
     p.add_argument("--perf", metavar="DIR", help="profile the agents during each resize with "
                    "perf (DIR/case<N>-rep<R>.data) and print where their CPU went per GB written")
     a = p.parse_args(argv)
     if a.quick:
         a.size, a.reps = "quick", 1
+    if a.predict and (a.unshaped or a.hosts != 4):
+        p.error("--predict runs on 4 shaped hosts (no --unshaped, --hosts 4)")
     a.cases = [int(c) for c in a.cases.split(",")]
     if any(c not in (1, 2, 3, 4) for c in a.cases) or a.reps < 1 or a.rate_gbit <= 0:
         p.error("--cases takes 1..4, --reps >= 1, --rate-gbit > 0")
@@ -93,8 +99,19 @@ def main(argv=None):
     bench = Bench(args, log=lambda m: print(m, flush=True))
     try:
         bench.start()
+        if args.predict:
+            import predict_run
+            rows = predict_run.run(bench)
+            print(predict_run.table(rows, f"\n== bench/cluster --predict: 4 hosts, links "
+                                          f"{args.rate_gbit:g} Gbit/s each way, size {args.size}"),
+                  flush=True)
+            if args.json:
+                with open(args.json, "w") as f:
+                    json.dump(dict(rate_gbit=args.rate_gbit, size=args.size, predict=rows), f,
+                              indent=1)
+            return 0
         results = [bench.run_case(c) for c in args.cases]
-    except BenchFailure as e:
+    except (BenchFailure, RuntimeError) as e:
         print(f"bench_cluster: FAILED: {e}", flush=True)
         return 1
     except KeyboardInterrupt:

@@ -22,6 +22,13 @@ def summarize(case, reps, static, rate_bytes, unshaped):
     # load(copy=False).
     out["reshard_total_zc_s"] = statistics.median(
         r["publish_zc_s"] + r["resize_s"] + r["load_zc_s"] for r in reps)
+    # Each repetition's prediction against what it took ("*": seeded rates).
+    out["predictions"] = " ".join(
+        f"{r['predicted_s']:.2f}/{r['op_actual_s']:.2f}{'' if r['calibrated'] else '*'}"
+        for r in reps)
+    calibrated = [r["op_actual_s"] / r["predicted_s"] for r in reps
+                  if r["calibrated"] and r["predicted_s"] > 0]
+    out["actual_over_predicted"] = statistics.median(calibrated) if calibrated else None
     busiest = max(max(h["in"], h["out"]) for h in static["hosts"].values())
     out["busiest_host_bytes"] = busiest
     if rate_bytes:
@@ -64,6 +71,10 @@ def _rows(unshaped):
         ("reshard resize (s)", s("resize_s")),
         ("reshard load (s)", s("load_s")),
         ("reshard total (s)", s("reshard_total_s")),
+        ("resize predicted / actual, each rep (s)", lambda r: r["predictions"]),
+        ("actual / predicted (calibrated reps)",
+         lambda r: "-" if r["actual_over_predicted"] is None
+         else f"{r['actual_over_predicted']:.2f}x"),
     ]
     if not unshaped:
         rows += [

@@ -259,6 +259,12 @@ class Bench:
         if final.state != reshard.OperationState.Value("OPERATION_STATE_COMMITTED"):
             raise BenchFailure(f"resize {op.id} ended {reshard.OperationState.Name(final.state)}: "
                                f"{final.error}")
+        # The coordinator's cost model (docs/scheduler.md): what it predicted
+        # when it planned the resize, and what it took (planned -> committed).
+        shown = self.client.get_operation(op.id)
+        times["predicted_s"] = shown.prediction.seconds
+        times["op_actual_s"] = shown.actual_seconds
+        times["calibrated"] = int(shown.prediction.calibrated)
         return final
 
     def _delete(self, job_id, timeout=120.0, only_its_files=False):

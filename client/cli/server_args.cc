@@ -167,7 +167,9 @@ const std::vector<CommandSpec>& Specs() {
        {"to"},
        "usage: reshardctl preview JOB --to LAYOUT.json [--lost LIST]\n"
        "\nPlans the move to LAYOUT.json against the current generation and shows\n"
-       "its traffic; nothing is stored or moved.\n"},
+       "its traffic and the coordinator's predicted seconds (critical host and\n"
+       "link, the plan's own bound, each host's phases); nothing is stored or\n"
+       "moved.\n"},
       {"hosts list",
        {},
        {},

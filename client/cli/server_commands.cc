@@ -272,7 +272,10 @@ class Runner {
     if (!preview.ok()) return Fail(preview.status());
     return Print(*preview,
                  absl::StrCat("preview of job ", req.job_id(), " -> ", FormatLayout(req.target()),
-                              "\n\n", FormatPlanStats(preview->stats())));
+                              "\n\n", FormatPlanStats(preview->stats()),
+                              preview->has_prediction()
+                                  ? absl::StrCat("\n", FormatCostPrediction(preview->prediction()))
+                                  : ""));
   }
 
   static std::string TokenLine(const v1::Token& t) {

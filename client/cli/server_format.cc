@@ -176,6 +176,21 @@ std::string FormatAuditTable(const v1::ListAuditResponse& audit) {
   return out;
 }
 
+namespace {
+
+std::string Secs(double s) { return absl::StrFormat("%.2fs", s); }
+
+std::string PredictionLine(const v1::CostPrediction& p) {
+  std::string line = absl::StrCat(Secs(p.seconds()), p.calibrated() ? "" : " (seeded rates)");
+  if (!p.critical_host().empty()) {
+    absl::StrAppend(&line, ", critical host ", p.critical_host());
+    if (!p.critical_link().empty()) absl::StrAppend(&line, " (link ", p.critical_link(), ")");
+  }
+  return line;
+}
+
+}  // namespace
+
 std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   std::string out;
   Field(&out, "id", op.id());
@@ -193,6 +208,18 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
     Field(&out, "bytes cross-host",
           absl::StrCat(FormatBytes(op.stats().bytes_cross_host()), " (lower bound ",
                        FormatBytes(op.stats().lower_bound_cross_host()), ")"));
+  }
+  if (op.has_prediction()) {
+    // docs/scheduler.md, "The cost of an operation".
+    Field(&out, "predicted", PredictionLine(op.prediction()));
+    Field(&out, "actual",
+          op.actual_seconds() > 0
+              ? absl::StrFormat("%.2fs (planned -> %s), %.2fx the prediction", op.actual_seconds(),
+                                op.stop_free() ? "agents prepared" : "committed",
+                                op.prediction().seconds() > 0
+                                    ? op.actual_seconds() / op.prediction().seconds()
+                                    : 0.0)
+              : "-");
   }
   if (op.stop_free()) {
     // The two phases (docs/coordinator.md, "Stop-free reconfiguration").
@@ -267,6 +294,27 @@ std::string FormatPlanStats(const v1::PlanStats& s) {
     for (const v1::HostTraffic& h : s.hosts()) {
       rows.push_back({h.host(), FormatBytes(h.bytes_in()), FormatBytes(h.bytes_out()),
                       FormatBytes(h.bytes_local())});
+    }
+    absl::StrAppend(&out, "\n", RenderTable(rows));
+  }
+  return out;
+}
+
+std::string FormatCostPrediction(const v1::CostPrediction& p) {
+  std::string out;
+  Field(&out, "predicted", PredictionLine(p));
+  Field(&out, "overhead", Secs(p.overhead_seconds()));
+  Field(
+      &out, "plan bound",
+      p.bound_host().empty() ? "-" : absl::StrCat(Secs(p.bound_seconds()), " on ", p.bound_host()));
+  Field(&out, "load after", Secs(p.load_seconds()));
+  if (!p.hosts().empty()) {
+    std::vector<std::vector<std::string>> rows = {
+        {"HOST", "SETUP", "MOVE", "VERIFY", "SEAL", "TOTAL", "ROUTE"}};
+    for (const v1::HostCost& h : p.hosts()) {
+      rows.push_back({h.host(), Secs(h.setup_seconds()), Secs(h.move_seconds()),
+                      Secs(h.verify_seconds()), Secs(h.seal_seconds()), Secs(h.total_seconds()),
+                      h.route()});
     }
     absl::StrAppend(&out, "\n", RenderTable(rows));
   }

@@ -42,6 +42,10 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms);
 /// PlanStats: totals, then traffic per host.
 std::string FormatPlanStats(const v1::PlanStats& stats);
 
+/// The cost model's prediction (docs/scheduler.md): the total, the critical
+/// host and link, the plan's own bound, then each host's phases.
+std::string FormatCostPrediction(const v1::CostPrediction& p);
+
 /// A snapshot of a running operation for the progress display.
 struct ProgressSample {
   v1::OperationState state = v1::OPERATION_STATE_UNSPECIFIED;

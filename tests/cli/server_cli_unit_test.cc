@@ -267,6 +267,56 @@ TEST(ServerFormatTest, OperationShowsEachHostsRoute) {
   EXPECT_THAT(text, HasSubstr("host h2:            UNSPECIFIED 0 B / 0 B, route -\n"));
 }
 
+v1::CostPrediction TwoHostPrediction() {
+  v1::CostPrediction p;
+  p.set_seconds(4.5);
+  p.set_overhead_seconds(0.25);
+  p.set_critical_host("h1");
+  p.set_critical_link("h0->h1");
+  p.set_bound_seconds(3.0);
+  p.set_bound_host("h1");
+  p.set_load_seconds(0.125);
+  v1::HostCost* h = p.add_hosts();
+  h->set_host("h1");
+  h->set_setup_seconds(0.5);
+  h->set_move_seconds(3.0);
+  h->set_verify_seconds(0.25);
+  h->set_seal_seconds(0.5);
+  h->set_total_seconds(4.25);
+  h->set_route("host");
+  return p;
+}
+
+TEST(ServerFormatTest, CostPredictionShowsTheCriticalHostAndEachHostsPhases) {
+  v1::CostPrediction p = TwoHostPrediction();
+  std::string text = FormatCostPrediction(p);
+  EXPECT_THAT(text, HasSubstr("predicted:          4.50s (seeded rates), critical host h1 (link "
+                              "h0->h1)\n"));
+  EXPECT_THAT(text, HasSubstr("overhead:           0.25s\n"));
+  EXPECT_THAT(text, HasSubstr("plan bound:         3.00s on h1\n"));
+  EXPECT_THAT(text, HasSubstr("load after:         0.12s\n"));
+  EXPECT_THAT(text, HasSubstr("HOST  SETUP  MOVE   VERIFY  SEAL   TOTAL  ROUTE"));
+  EXPECT_THAT(text, HasSubstr("h1    0.50s  3.00s  0.25s   0.50s  4.25s  host"));
+  p.set_calibrated(true);
+  EXPECT_THAT(FormatCostPrediction(p), HasSubstr("predicted:          4.50s, critical host h1"));
+}
+
+TEST(ServerFormatTest, OperationShowsItsPredictionAndWhatItTook) {
+  v1::Operation op;
+  op.set_id("op-1");
+  op.set_state(v1::OPERATION_STATE_TRANSFERRING);
+  EXPECT_THAT(FormatOperation(op, 20'000), Not(HasSubstr("predicted")));
+  *op.mutable_prediction() = TwoHostPrediction();
+  std::string text = FormatOperation(op, 20'000);
+  EXPECT_THAT(text, HasSubstr("predicted:          4.50s (seeded rates), critical host h1"));
+  EXPECT_THAT(text, HasSubstr("actual:             -\n"));
+  op.set_state(v1::OPERATION_STATE_COMMITTED);
+  op.set_actual_seconds(5.4);
+  text = FormatOperation(op, 20'000);
+  EXPECT_THAT(text, HasSubstr("actual:             5.40s (planned -> committed), 1.20x the "
+                              "prediction\n"));
+}
+
 TEST(ServerFormatTest, StopFreeOperationShowsItsPhases) {
   v1::Operation op;
   op.set_id("op-1");

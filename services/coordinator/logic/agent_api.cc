@@ -11,6 +11,7 @@
 #include "common/rpc/enum_name.h"
 #include "planner/layout.h"
 #include "services/coordinator/logic/cluster_secrets.h"
+#include "services/coordinator/logic/cost_estimates.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/request_checks.h"
@@ -487,6 +488,9 @@ absl::StatusOr<v1::ReportProgressResponse> AgentApi::ReportProgress(
     return AnswerAfterTransfer(now->op, host_id, state);
   }
   if (!recorded.ok()) return recorded;
+  if (state == v1::HOST_TASK_STATE_DONE && options_.cost != nullptr) {
+    LearnFromDone(*options_.cost, metrics_, op, request);
+  }
   if (state != v1::HOST_TASK_STATE_RUNNING) {
     RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op_id << " host=" << host_id
                       << " reported " << v1::HostTaskState_Name(state)

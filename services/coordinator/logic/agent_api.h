@@ -7,11 +7,12 @@
 #include <mutex>
 #include <set>
 #include <string>
-#include <vector>
 #include <utility>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "cost/model.h"
 #include "reshard/v1/agent.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/task_notifier.h"
@@ -57,6 +58,9 @@ class AgentApi {
     /// With one, it re-reads the store at least this often all the same, so
     /// that a lost notification costs at most this much.
     int safety_reread_ms = kTaskSafetyRereadMs;
+    /// The cost model (docs/scheduler.md; not owned, outlives this); null: DONE reports teach
+    /// nothing.
+    cost::CostModel* cost = nullptr;
   };
 
   /// `metrics` may be null.

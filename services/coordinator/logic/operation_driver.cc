@@ -237,7 +237,7 @@ absl::Status OperationDriver::Finish(const v1::Operation& op, v1::OperationState
                  : to == v1::OPERATION_STATE_FAILED  ? OpEvent::kFailed
                                                      : OpEvent::kAborted;
   ending.error = error;
-  return FinishOperation(*store_, metrics_, op, ending, now);
+  return FinishOperation(*store_, metrics_, op, ending, now, options_.cost);
 }
 
 absl::Status OperationDriver::DegradeJobsOn(const std::set<std::string>& lost_hosts) {

@@ -14,6 +14,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cost/model.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/driver_hosts.h"
 #include "services/coordinator/logic/lease_judge.h"
@@ -53,6 +54,9 @@ class OperationDriver {
     /// How long the oldest heartbeat not yet recorded has waited (the
     /// HeartbeatBatcher's LagMs); unset: none ever waits.
     std::function<int64_t()> heartbeat_lag_ms;
+    /// The cost model (docs/scheduler.md; not owned, outlives this); null: operations are planned
+    /// without a prediction.
+    cost::CostModel* cost = nullptr;
   };
 
   /// `metrics` may be null.

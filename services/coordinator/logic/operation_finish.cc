@@ -4,13 +4,15 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc/enum_name.h"
+#include "services/coordinator/logic/cost_estimates.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 
 namespace reshard::coordinator {
 
 absl::Status FinishOperation(Store& store, CoordinatorMetrics* metrics, const v1::Operation& op,
-                             const OperationEnding& ending, int64_t now_unix_ms) {
+                             const OperationEnding& ending, int64_t now_unix_ms,
+                             cost::CostModel* cost) {
   const OpPhase from = PhaseOf(op);
   OpPhase to_phase;
   if (!NextPhase(from, ending.event, &to_phase) || !IsTerminal(to_phase)) {
@@ -44,6 +46,18 @@ absl::Status FinishOperation(Store& store, CoordinatorMetrics* metrics, const v1
   }
   if (metrics != nullptr) {
     metrics->OperationFinished(op.kind(), to, SecondsSince(op.created_unix_ms(), now_unix_ms));
+  }
+  if (cost != nullptr) {
+    // As GetOperation reports it (actual_seconds by the store's clock).
+    absl::StatusOr<OperationRecord> ended = store.GetOperation(op.id(), /*include_plan=*/false);
+    if (ended.ok()) {
+      LearnFromEnd(*cost, metrics, ended->op);
+      if (ended->op.has_prediction() && ended->op.actual_seconds() > 0) {
+        RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " took "
+                          << ended->op.actual_seconds() << " s from planned, predicted "
+                          << ended->op.prediction().seconds() << " s";
+      }
+    }
   }
   if (to == v1::OPERATION_STATE_COMMITTED && op.stop_free()) {
     // As GetOperation reports them (the store's clock): the preparation

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "cost/model.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/metrics/metrics.h"
 #include "services/coordinator/store/operation_machine.h"
@@ -30,8 +31,9 @@ struct OperationEnding {
 /// has no such move (a terminal operation, or an event that does not end
 /// one); Aborted when the row moved under us (re-read and decide again);
 /// the store's error otherwise. `metrics` may be null.
+/// `cost` (may be null) learns from the end (cost_estimates.h).
 [[nodiscard]] absl::Status FinishOperation(Store& store, CoordinatorMetrics* metrics,
                                            const v1::Operation& op, const OperationEnding& ending,
-                                           int64_t now_unix_ms);
+                                           int64_t now_unix_ms, cost::CostModel* cost = nullptr);
 
 }  // namespace reshard::coordinator

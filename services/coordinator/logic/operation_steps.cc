@@ -15,6 +15,7 @@
 #include "common/rpc/enum_name.h"
 #include "google/protobuf/arena.h"
 #include "planner/planner.h"
+#include "services/coordinator/logic/cost_estimates.h"
 #include "services/coordinator/logic/operation_driver.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/redundancy.h"
@@ -94,6 +95,11 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
   update.plan = planner::ToProto(*plan, job->layout(), op.target_layout(), &arena);
   update.stats = update.plan->stats();
   update.bytes_total = BytesTotal(*update.plan);
+  // A checkpoint's hosts wait for the workers' publish: nothing to predict.
+  if (options_.cost != nullptr && op.kind() != v1::OPERATION_KIND_CHECKPOINT) {
+    update.prediction =
+        PredictPlan(*options_.cost, *store_, *plan, job->layout(), op.target_layout());
+  }
   const int64_t local = update.stats->bytes_local();
   const int64_t cross_host = update.stats->bytes_cross_host();
   if (absl::Status s = store_->TransitionOperation(op.id(), v1::OPERATION_STATE_PENDING,
@@ -104,7 +110,10 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
                     << " PENDING -> PLANNED: " << update.stats->steps() << " steps, " << cross_host
                     << " bytes cross-host, " << local << " local, " << *update.bytes_total
-                    << " bytes to write";
+                    << " bytes to write"
+                    << (update.prediction.has_value()
+                            ? absl::StrCat(", predicted ", update.prediction->seconds(), " s")
+                            : "");
   if (metrics_ != nullptr) metrics_->PlannedBytes(local, cross_host);
   return true;
 }

@@ -16,6 +16,7 @@
 #include "planner/survivor.h"
 #include "planner/validate.h"
 #include "services/coordinator/logic/capacity.h"
+#include "services/coordinator/logic/cost_estimates.h"
 #include "services/coordinator/logic/dataset_state.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
@@ -533,6 +534,10 @@ absl::StatusOr<v1::PreviewPlanResponse> SchedulerApi::PreviewPlan(
   if (!plan.ok()) return plan.status();
   v1::PreviewPlanResponse response;
   *response.mutable_stats() = StatsOf(*plan);
+  if (options_.cost != nullptr) {
+    *response.mutable_prediction() =
+        PredictPlan(*options_.cost, *store_, *plan, job->layout(), request.target());
+  }
   return response;
 }
 
@@ -601,7 +606,8 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
     ending.event = OpEvent::kCancelled;
     ending.error = kCancelledByClient;
     ending.idempotency = idem;  // claimed with the move
-    absl::Status moved = FinishOperation(*store_, metrics_, op, ending, clock_->NowUnixMs());
+    absl::Status moved =
+        FinishOperation(*store_, metrics_, op, ending, clock_->NowUnixMs(), options_.cost);
     // The driver moved it first, or a concurrent call took the key: look again.
     if (absl::IsAborted(moved)) continue;
     if (!moved.ok()) return moved;

@@ -11,6 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cost/model.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/advise_api.h"
@@ -31,6 +32,9 @@ class SchedulerApi {
     /// long for a checkpoint naming it (docs/coordinator.md, "Checkpoints
     /// and operations").
     int64_t step_boundary_timeout_ms = 120000;
+    /// The cost model (docs/scheduler.md; not owned, outlives this); null: PreviewPlan predicts
+    /// nothing.
+    cost::CostModel* cost = nullptr;
   };
 
   /// `metrics` may be null.

@@ -120,6 +120,16 @@ struct CoordinatorMetrics::Impl {
                       "prepared (new workers warm, the old layout training on), "
                       "phase=\"pause\" from the cut-over to the commit.")
                 .Register(*registry)),
+        prediction_ratio(prometheus::BuildHistogram()
+                             .Name("reshard_coordinator_operation_prediction_ratio")
+                             .Help("Committed operations with a cost prediction: actual seconds "
+                                   "(planned to committed) over predicted, by kind.")
+                             .Register(*registry)),
+        host_cpu_per_gb(prometheus::BuildGauge()
+                            .Name("reshard_coordinator_host_cpu_seconds_per_gb")
+                            .Help("The agent's CPU seconds per GB its tasks moved (in, out and "
+                                  "local), as the cost model learned it, by host.")
+                            .Register(*registry)),
         stop_free_bytes(prometheus::BuildCounter()
                             .Name("reshard_coordinator_stop_free_bytes_total")
                             .Help("Stop-free operations whose transfer started after their "
@@ -177,6 +187,8 @@ struct CoordinatorMetrics::Impl {
   prometheus::Family<prometheus::Gauge>& leader_family;
   prometheus::Family<prometheus::Counter>& retention_pruned;
   prometheus::Family<prometheus::Histogram>& stop_free_family;
+  prometheus::Family<prometheus::Histogram>& prediction_ratio;
+  prometheus::Family<prometheus::Gauge>& host_cpu_per_gb;
   prometheus::Family<prometheus::Counter>& stop_free_bytes;
   prometheus::Family<prometheus::Gauge>& watch_streams;
   prometheus::Family<prometheus::Counter>& watch_streams_refused;
@@ -238,6 +250,19 @@ void CoordinatorMetrics::StopFreeCommitted(double prepare_seconds, double pause_
       .Observe(prepare_seconds < 0 ? 0 : prepare_seconds);
   impl_->stop_free_family.Add({{"phase", "pause"}}, OperationBuckets())
       .Observe(pause_seconds < 0 ? 0 : pause_seconds);
+}
+
+void CoordinatorMetrics::PredictionChecked(v1::OperationKind kind, double actual_seconds,
+                                           double predicted_seconds) {
+  if (!(predicted_seconds > 0)) return;
+  static const prometheus::Histogram::BucketBoundaries kRatios = {0.5, 0.67, 0.8, 0.9, 1.0,
+                                                                  1.1, 1.25, 1.5, 2.0, 4.0};
+  impl_->prediction_ratio.Add({{"kind", rpc::EnumShortName(kind, rpc::NameCase::kLower)}}, kRatios)
+      .Observe(actual_seconds / predicted_seconds);
+}
+
+void CoordinatorMetrics::HostCpuPerByte(const std::string& host, double cpu_seconds_per_byte) {
+  impl_->host_cpu_per_gb.Add({{"host", host}}).Set(cpu_seconds_per_byte * 1e9);
 }
 
 void CoordinatorMetrics::PreparedBytes(int64_t precopied, int64_t skipped_unchanged) {

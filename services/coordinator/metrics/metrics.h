@@ -27,6 +27,14 @@ class CoordinatorMetrics {
   /// (histogram), at a stop-free operation's commit (Operation's
   /// prepare_seconds and pause_seconds).
   void StopFreeCommitted(double prepare_seconds, double pause_seconds);
+  /// reshard_coordinator_operation_prediction_ratio{kind} (histogram): a
+  /// committed operation's actual seconds over the cost model's prediction
+  /// (docs/scheduler.md); reshard_coordinator_host_cpu_seconds_per_gb{host}
+  /// (gauge) is set by HostCpuPerByte.
+  void PredictionChecked(v1::OperationKind kind, double actual_seconds, double predicted_seconds);
+  /// reshard_coordinator_host_cpu_seconds_per_gb{host}: the agent's CPU
+  /// seconds per GB its tasks moved, as the cost model learned it.
+  void HostCpuPerByte(const std::string& host, double cpu_seconds_per_byte);
   /// reshard_coordinator_stop_free_bytes_total{kind="precopied"|
   /// "skipped_unchanged"}: a prepared operation's transfer started.
   void PreparedBytes(int64_t precopied, int64_t skipped_unchanged);

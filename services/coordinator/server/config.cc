@@ -101,6 +101,14 @@ const ConfigTable<C>& Table() {
             };
             return s;
           }(),
+          IntSetting<C>("cost-link-mbit", "RESHARD_COST_LINK_MBIT",
+                        "the cost model's NIC rate of a host, each way, until an operation "
+                        "measured it (Mbit/s)",
+                        &C::cost_link_mbit, 1, 100000000, "V"),
+          IntSetting<C>("cost-overhead-ms", "RESHARD_COST_OVERHEAD_MS",
+                        "the cost model's time of an operation beyond its hosts' tasks, until a "
+                        "commit measured it",
+                        &C::cost_overhead_ms, 0, kDay, "V"),
           IntSetting<C>("leader-retry-ms", "RESHARD_LEADER_RETRY_MS",
                         "period of a follower's attempts to become leader", &C::leader_retry_ms, 1,
                         60000, "V"),

@@ -42,6 +42,13 @@ struct CoordinatorConfig {
   int64_t stall_timeout_ms = 20000;
   /// Period of the leader's OperationDriver::Tick.
   int tick_ms = 200;
+  // ---- The cost model's seeds (docs/scheduler.md, "The cost of an operation") ----
+  /// A host's NIC rate, each direction, until a committed operation
+  /// measured it (Mbit/s).
+  int64_t cost_link_mbit = 10000;
+  /// An operation's time beyond its hosts' tasks (hand-out, reports,
+  /// commit) until a commit measured it.
+  int64_t cost_overhead_ms = 500;
   /// Period of a follower's attempts to take the leader lock.
   int leader_retry_ms = 500;
   /// PostgreSQL connections held by the store.

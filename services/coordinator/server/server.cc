@@ -142,9 +142,14 @@ absl::StatusOr<PgStore*> CoordinatorServer::ConnectStore() {
 
 void CoordinatorServer::MakeApis() {
   TaskNotifier* notifier = task_notifier_.get();
+  cost::Defaults cost_defaults;
+  cost_defaults.link_bytes_per_s = static_cast<double>(config_.cost_link_mbit) * 1e6 / 8;
+  cost_defaults.overhead_seconds = static_cast<double>(config_.cost_overhead_ms) / 1000;
+  cost_model_ = std::make_unique<cost::CostModel>(cost_defaults);
   SchedulerApi::Options scheduler_options;
   scheduler_options.max_spec_bytes = config_.max_spec_bytes;
   scheduler_options.step_boundary_timeout_ms = config_.step_boundary_timeout_ms;
+  scheduler_options.cost = cost_model_.get();
   scheduler_api_ =
       std::make_unique<SchedulerApi>(store_, &clock_, metrics_.get(), scheduler_options);
   secrets_ = std::make_unique<ClusterSecrets>(store_);
@@ -152,6 +157,7 @@ void CoordinatorServer::MakeApis() {
   agent_options.lease_ms = config_.lease_ms;
   agent_options.secrets = secrets_.get();
   agent_options.notifier = notifier;
+  agent_options.cost = cost_model_.get();
   // A final report wakes the leader's driver (a no-op on other replicas).
   agent_options.on_final_report = [this] {
     if (LeaderLoop* leader = kick_target_.load(); leader != nullptr) leader->Kick();
@@ -164,6 +170,7 @@ void CoordinatorServer::MakeApis() {
   // After a failover, agents get one lease period to find the new leader.
   driver_options.lease_grace_ms = config_.lease_ms;
   driver_options.tick_ms = config_.tick_ms;
+  driver_options.cost = cost_model_.get();
   // The agent service is made below, before the leader loop starts.
   driver_options.heartbeat_lag_ms = [this] {
     return agent_service_ != nullptr ? agent_service_->heartbeat_lag_ms() : 0;

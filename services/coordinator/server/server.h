@@ -16,6 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "cost/model.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/server/config.h"
 
@@ -109,6 +110,8 @@ class CoordinatorServer {
   std::unique_ptr<ChangeFeed> change_feed_;
   // LISTENs for every replica's tasks and changes.
   std::unique_ptr<PgListener> listener_;
+  // The cost model the APIs and the driver share (docs/scheduler.md).
+  std::unique_ptr<cost::CostModel> cost_model_;
   std::unique_ptr<SchedulerApi> scheduler_api_;
   std::unique_ptr<AgentApi> agent_api_;
   std::unique_ptr<OperationDriver> driver_;

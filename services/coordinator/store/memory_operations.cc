@@ -233,8 +233,12 @@ absl::StatusOr<std::vector<std::string>> MemoryStore::ListActiveOperations() {
 void MemoryStore::EndOperation(Operation& op, v1::OperationState to,
                                const OperationUpdate& update) {
   op.row.set_state(to);
-  if (update.plan != nullptr) op.plan = *update.plan;
+  if (update.plan != nullptr) {
+    op.plan = *update.plan;
+    op.row.set_planned_unix_ms(Now());
+  }
   if (update.stats.has_value()) *op.row.mutable_stats() = *update.stats;
+  if (update.prediction.has_value()) *op.row.mutable_prediction() = *update.prediction;
   if (update.error.has_value()) op.row.set_error(mem::TruncateError(*update.error));
   if (update.bytes_total.has_value()) op.row.set_bytes_total(*update.bytes_total);
   if (IsTerminalState(to)) op.finished_unix_ms = Now();

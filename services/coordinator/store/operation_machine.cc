@@ -252,6 +252,15 @@ void SetDerivedFields(v1::Operation* op) {
     op->set_prepare_seconds(std::max<int64_t>(0, op->prepared_unix_ms() - op->created_unix_ms()) /
                             1000.0);
   }
+  // What the prediction is compared with: planned -> committed; a stop-free
+  // operation's whole plan moves in its agents' prepare.
+  const int64_t moved_unix_ms = op->stop_free() ? op->agents_prepared_unix_ms()
+                                : op->state() == v1::OPERATION_STATE_COMMITTED
+                                    ? op->updated_unix_ms()
+                                    : 0;
+  if (op->planned_unix_ms() > 0 && moved_unix_ms > 0) {
+    op->set_actual_seconds(std::max<int64_t>(0, moved_unix_ms - op->planned_unix_ms()) / 1000.0);
+  }
   if (op->cutover_unix_ms() > 0 && op->state() == v1::OPERATION_STATE_COMMITTED) {
     op->set_pause_seconds(std::max<int64_t>(0, op->updated_unix_ms() - op->cutover_unix_ms()) /
                           1000.0);

@@ -77,6 +77,9 @@ struct OperationUpdate {
   // halves the cost of building a large plan; planner::ToProto).
   const v1::TransferPlan* plan = nullptr;
   std::optional<v1::PlanStats> stats;
+  /// The cost model's prediction (docs/scheduler.md). A transition that
+  /// stores a plan also stamps Operation.planned_unix_ms.
+  std::optional<v1::CostPrediction> prediction;
   std::optional<std::string> error;
   std::optional<int64_t> bytes_total;
   /// A key claimed for the operation in the transition's transaction (a

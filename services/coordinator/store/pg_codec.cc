@@ -181,6 +181,16 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
   op.set_step_boundary_deadline_unix_ms(row[27].as<int64_t>());
   if (!row[28].is_null()) op.set_step_boundary_checkpoint_id(row[28].c_str());
   op.set_version(row[30].as<int64_t>());
+  // The cost model's prediction and when it was planned (migrations/0022).
+  if (!row[31].is_null()) {
+    if (absl::Status s =
+            ParseBytea(row[31], absl::StrCat("prediction of operation \"", op.id(), "\""),
+                       op.mutable_prediction());
+        !s.ok()) {
+      return s;
+    }
+  }
+  if (!row[32].is_null()) op.set_planned_unix_ms(row[32].as<int64_t>());
   SetDerivedFields(&op);
   return op;
 }

@@ -146,12 +146,15 @@ absl::Status PgStore::TransitionOperation(const std::string& operation_id, v1::O
   const pqxx::binarystring stats =
       update.stats ? pg::Bytea(*update.stats) : pg::Bytea(absl::string_view());
   const std::string error = update.error ? pg::TruncateError(*update.error) : std::string();
+  const pqxx::binarystring prediction =
+      update.prediction ? pg::Bytea(*update.prediction) : pg::Bytea(absl::string_view());
 
   return pool_->Transact("TransitionOperation", [&](pg::PgTx& tx) -> absl::Status {
-    const pqxx::result r = tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),
-                                   static_cast<int>(to), update.plan != nullptr, plan,
-                                   update.stats.has_value(), stats, update.error.has_value(), error,
-                                   update.bytes_total.has_value(), update.bytes_total.value_or(0));
+    const pqxx::result r =
+        tx.Exec(pg::kTransitionOperation, operation_id, static_cast<int>(from),
+                static_cast<int>(to), update.plan != nullptr, plan, update.stats.has_value(), stats,
+                update.error.has_value(), error, update.bytes_total.has_value(),
+                update.bytes_total.value_or(0), update.prediction.has_value(), prediction);
     if (r.empty()) {
       const pqxx::result now = tx.Exec(pg::kOperationState, operation_id);
       if (now.empty()) return pg::OperationNotFound(operation_id);

@@ -209,7 +209,7 @@ inline constexpr Statement kClaimIdempotencyKey{
   "reshard_unix_ms(o.agents_prepared_at), o.prepared_from_generation, o.bytes_precopied, "  \
   "o.bytes_skipped_unchanged, o.queued_behind_operation_id, o.step_boundary, "              \
   "o.step_boundary_deadline_unix_ms, o.step_boundary_checkpoint_id, "                       \
-  "o.step_boundary_timeout_ms, o.version "
+  "o.step_boundary_timeout_ms, o.version, o.prediction, reshard_unix_ms(o.planned_at) "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};
@@ -268,6 +268,8 @@ inline constexpr Statement kTransitionOperation{
     "stats = CASE WHEN $6::boolean THEN $7::bytea ELSE stats END, "
     "error = CASE WHEN $8::boolean THEN $9::text ELSE error END, "
     "bytes_total = CASE WHEN $10::boolean THEN $11::bigint ELSE bytes_total END, "
+    "prediction = CASE WHEN $12::boolean THEN $13::bytea ELSE prediction END, "
+    "planned_at = CASE WHEN $4::boolean THEN now() ELSE planned_at END, "
     "updated_at = now(), "
     "finished_at = CASE WHEN $3::smallint IN " RESHARD_SQL_OP_TERMINAL_LIST
     " THEN now() ELSE finished_at END "

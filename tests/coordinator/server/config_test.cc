@@ -54,7 +54,8 @@ TEST(ConfigTest, EveryFlagBothSpellings) {
       Parse({"serve", "--listen=127.0.0.1:0", "--dsn", "host=/tmp", "--metrics-listen", "[::1]:0",
              "--lease-ms=3000", "--transfer-timeout-ms", "60000", "--tick-ms=50",
              "--leader-retry-ms", "100", "--pool-size=3", "--max-spec-bytes", "4096",
-             "--replica-id=r1", "--log-level", "debug", "--insecure=true"});
+             "--replica-id=r1", "--log-level", "debug", "--insecure=true", "--cost-link-mbit",
+             "25000", "--cost-overhead-ms=0"});
   ASSERT_TRUE(cl.ok()) << cl.status();
   const CoordinatorConfig& c = cl->config;
   EXPECT_EQ(c.listen, "127.0.0.1:0");
@@ -63,6 +64,8 @@ TEST(ConfigTest, EveryFlagBothSpellings) {
   EXPECT_EQ(c.lease_ms, 3000);
   EXPECT_EQ(c.transfer_timeout_ms, 60000);
   EXPECT_EQ(c.tick_ms, 50);
+  EXPECT_EQ(c.cost_link_mbit, 25000);
+  EXPECT_EQ(c.cost_overhead_ms, 0);
   EXPECT_EQ(c.leader_retry_ms, 100);
   EXPECT_EQ(c.pool_size, 3);
   EXPECT_EQ(c.max_spec_bytes, 4096);
@@ -176,6 +179,8 @@ INSTANTIATE_TEST_SUITE_P(
                 {},
                 "--tick-ms"},
         BadCase{{"--insecure", "--dsn", "x", "--pool-size", "0"}, {}, "--pool-size"},
+        BadCase{{"--insecure", "--dsn", "x", "--cost-link-mbit", "0"}, {}, "--cost-link-mbit"},
+        BadCase{{"--insecure", "--dsn", "x", "--cost-overhead-ms", "-1"}, {}, "--cost-overhead-ms"},
         BadCase{{"--insecure", "--dsn", "x", "--pool-size", "2", "--pool-agent-reserve", "2"},
                 {},
                 "--pool-agent-reserve (RESHARD_POOL_AGENT_RESERVE) = 2"},

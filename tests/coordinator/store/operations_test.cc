@@ -176,6 +176,43 @@ TEST_P(OperationsTest, TransitionIsACompareAndSet) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_P(OperationsTest, ThePlanningTransitionStoresThePredictionAndItsTime) {
+  ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
+  absl::StatusOr<OperationRecord> r = store_->GetOperation("op-1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_FALSE(r->op.has_prediction());
+  EXPECT_EQ(r->op.planned_unix_ms(), 0);
+  OperationUpdate u;
+  const v1::TransferPlan plan = PlanFor(spec_, target_);
+  u.plan = &plan;
+  u.prediction.emplace();
+  u.prediction->set_seconds(2.5);
+  u.prediction->set_critical_host("h3");
+  u.prediction->add_hosts()->set_host("h3");
+  ASSERT_TRUE(
+      store_
+          ->TransitionOperation("op-1", v1::OPERATION_STATE_PENDING, v1::OPERATION_STATE_PLANNED, u)
+          .ok());
+  r = store_->GetOperation("op-1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(MessageDifferencer::Equals(r->op.prediction(), *u.prediction));
+  const int64_t planned = r->op.planned_unix_ms();
+  EXPECT_GE(planned, r->op.created_unix_ms());
+  EXPECT_EQ(r->op.actual_seconds(), 0);  // not over
+  // A later transition without a plan keeps both.
+  OperationUpdate abort;
+  abort.error = "cancelled by client";
+  ASSERT_TRUE(store_
+                  ->TransitionOperation("op-1", v1::OPERATION_STATE_PLANNED,
+                                        v1::OPERATION_STATE_ABORTED, abort)
+                  .ok());
+  r = store_->GetOperation("op-1", false);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->op.planned_unix_ms(), planned);
+  EXPECT_EQ(r->op.prediction().seconds(), 2.5);
+  EXPECT_EQ(r->op.actual_seconds(), 0);  // it did not commit
+}
+
 TEST_P(OperationsTest, AbortDuringTransferDiscardsThePendingGeneration) {
   ASSERT_TRUE(store_->CreateOperation(Resize("op-1", "job-1", 1, target_)).ok());
   Plan("op-1");

@@ -489,16 +489,22 @@ class Client:
         return self._call_at_generation("RecoverFromFailure", req, expected_generation,
                                         timeout, key)
 
-    def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):
+    def preview(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):
         """Plans current generation -> `layout` without running it; returns
-        the PlanStats. Planner errors pass through (InvalidArgument,
-        FailedPrecondition)."""
+        the PreviewPlanResponse: the PlanStats (`stats`) and the cost
+        model's CostPrediction (`prediction`: seconds, critical host and
+        link, the plan's bound, each host's phases; docs/scheduler.md).
+        Planner errors pass through (InvalidArgument, FailedPrecondition)."""
         if isinstance(lost_hosts, str):
             lost_hosts = [lost_hosts]
         req = _pb.PreviewPlanRequest(job_id=job_id,
                                      target=as_message(layout, ptc_pb2.Layout, "layout"),
                                      lost_hosts=list(lost_hosts), lost_ranks=list(lost_ranks))
-        return self._call("PreviewPlan", req, timeout).stats
+        return self._call("PreviewPlan", req, timeout)
+
+    def preview_plan(self, job_id, layout, lost_hosts=(), lost_ranks=(), timeout=None):
+        """preview(...).stats: the PlanStats only."""
+        return self.preview(job_id, layout, lost_hosts, lost_ranks, timeout).stats
 
     def advise(self, job_id, gpus, hosts=None, horizon_s=None, devices=None, timeout=None,
                **model):

@@ -1,0 +1,102 @@
+#include "cost/flow_sim.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace reshard::cost {
+
+std::vector<double> MaxMinRates(const std::vector<double>& capacities,
+                                const std::vector<Flow>& flows, const std::vector<int>& active) {
+  std::vector<double> rate(active.size(), 0);
+  std::vector<double> left = capacities;
+  std::vector<int> users(capacities.size(), 0);  // unfrozen flows per resource
+  std::vector<bool> frozen(active.size(), false);
+  size_t unfrozen = 0;
+  for (size_t i = 0; i < active.size(); ++i) {
+    const Flow& f = flows[active[i]];
+    if (f.resources.empty()) {
+      frozen[i] = true;  // unconstrained: SimulateFlows ends it at once
+      continue;
+    }
+    ++unfrozen;
+    for (int r : f.resources) ++users[r];
+  }
+  while (unfrozen > 0) {
+    // The smallest equal share any resource in use can still give.
+    double share = std::numeric_limits<double>::infinity();
+    for (size_t r = 0; r < left.size(); ++r) {
+      if (users[r] > 0) share = std::min(share, left[r] / users[r]);
+    }
+    share = std::max(share, 0.0);
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (!frozen[i]) rate[i] += share;
+    }
+    for (size_t r = 0; r < left.size(); ++r) left[r] -= share * users[r];
+    // Freeze the flows of every resource now full.
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (frozen[i]) continue;
+      const Flow& f = flows[active[i]];
+      bool full = false;
+      for (int r : f.resources) full = full || left[r] <= capacities[r] * 1e-12;
+      if (!full) continue;
+      frozen[i] = true;
+      --unfrozen;
+      for (int r : f.resources) --users[r];
+    }
+  }
+  return rate;
+}
+
+FlowResult SimulateFlows(const std::vector<double>& capacities, const std::vector<Flow>& flows) {
+  FlowResult out;
+  out.end.assign(flows.size(), 0);
+  std::vector<double> left(flows.size());
+  std::vector<int> pending;  // not started, by start time
+  for (size_t i = 0; i < flows.size(); ++i) {
+    left[i] = flows[i].bytes;
+    pending.push_back(static_cast<int>(i));
+  }
+  std::sort(pending.begin(), pending.end(), [&](int a, int b) {
+    return flows[a].start != flows[b].start ? flows[a].start > flows[b].start : a > b;
+  });
+  std::vector<int> active;
+  double now = 0;
+  while (!active.empty() || !pending.empty()) {
+    if (active.empty()) now = std::max(now, flows[pending.back()].start);
+    while (!pending.empty() && flows[pending.back()].start <= now) {
+      const int f = pending.back();
+      pending.pop_back();
+      if (left[f] <= 0 || flows[f].resources.empty()) {
+        out.end[f] = now;
+        continue;
+      }
+      active.push_back(f);
+    }
+    if (active.empty()) continue;
+    const std::vector<double> rate = MaxMinRates(capacities, flows, active);
+    ++out.events;
+    // Advance to the first end, or to the next start, whichever comes first.
+    double step = std::numeric_limits<double>::infinity();
+    for (size_t i = 0; i < active.size(); ++i) {
+      if (rate[i] > 0) step = std::min(step, left[active[i]] / rate[i]);
+    }
+    if (!pending.empty()) step = std::min(step, flows[pending.back()].start - now);
+    if (step == std::numeric_limits<double>::infinity()) break;  // no capacity: never ends
+    now += step;
+    std::vector<int> still;
+    for (size_t i = 0; i < active.size(); ++i) {
+      const int f = active[i];
+      left[f] -= rate[i] * step;
+      if (left[f] <= flows[f].bytes * 1e-12) {
+        out.end[f] = now;
+      } else {
+        still.push_back(f);
+      }
+    }
+    active.swap(still);
+  }
+  for (double e : out.end) out.makespan = std::max(out.makespan, e);
+  return out;
+}
+
+}  // namespace reshard::cost

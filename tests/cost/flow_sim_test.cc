@@ -1,0 +1,51 @@
+#include "cost/flow_sim.h"
+
+#include <gtest/gtest.h>
+
+namespace reshard::cost {
+namespace {
+
+TEST(FlowSimTest, FlowsSharingAResourceSplitItEvenly) {
+  // Two flows out of one 100 B/s NIC: 50 B/s each; the 100 B flow ends at 2 s,
+  // then the 200 B flow has the NIC alone: 100 B left at 100 B/s, ending at 3 s.
+  const FlowResult r = SimulateFlows({100, 1000, 1000}, {Flow{100, {0, 1}}, Flow{200, {0, 2}}});
+  ASSERT_EQ(r.end.size(), 2u);
+  EXPECT_DOUBLE_EQ(r.end[0], 2.0);
+  EXPECT_DOUBLE_EQ(r.end[1], 3.0);
+  EXPECT_DOUBLE_EQ(r.makespan, 3.0);
+  EXPECT_EQ(r.events, 2);
+}
+
+TEST(FlowSimTest, MaxMinGivesWhatABottleneckLeavesToTheOthers) {
+  // Resource 0 (10) is shared by flows a and b; resource 1 (100) by b and c.
+  // Max-min: a = b = 5 (resource 0 full), c takes the 95 that b leaves.
+  const std::vector<Flow> flows = {Flow{1, {0}}, Flow{1, {0, 1}}, Flow{1, {1}}};
+  const std::vector<double> rates = MaxMinRates({10, 100}, flows, {0, 1, 2});
+  ASSERT_EQ(rates.size(), 3u);
+  EXPECT_DOUBLE_EQ(rates[0], 5);
+  EXPECT_DOUBLE_EQ(rates[1], 5);
+  EXPECT_DOUBLE_EQ(rates[2], 95);
+}
+
+TEST(FlowSimTest, AFlowJoinsAtItsStartAndEmptyFlowsEndAtOnce) {
+  // The first flow runs alone at 10 B/s for 1 s (10 of 30 B), then shares
+  // with the second (5 B/s each): the second's 10 B end at 3 s, when the
+  // first has 10 B left, which it then moves alone by 4 s.
+  const FlowResult r = SimulateFlows(
+      {10}, {Flow{30, {0}, 0}, Flow{10, {0}, 1}, Flow{0, {0}, 0.5}, Flow{5, {}, 0.25}});
+  EXPECT_DOUBLE_EQ(r.end[0], 4.0);
+  EXPECT_DOUBLE_EQ(r.end[1], 3.0);
+  EXPECT_DOUBLE_EQ(r.end[2], 0.5);
+  EXPECT_DOUBLE_EQ(r.end[3], 0.25);
+  EXPECT_DOUBLE_EQ(r.makespan, 4.0);
+}
+
+TEST(FlowSimTest, NoFlowsTakeNoTime) {
+  const FlowResult r = SimulateFlows({1}, {});
+  EXPECT_TRUE(r.end.empty());
+  EXPECT_DOUBLE_EQ(r.makespan, 0);
+  EXPECT_EQ(r.events, 0);
+}
+
+}  // namespace
+}  // namespace reshard::cost
