@@ -1,9 +1,10 @@
 // planner_bench: how fast and how lean reshard::planner::MakePlan and
 // ToProto (the TransferPlan message) are on GPT-3 175B-shaped jobs (1024 GPUs
-// -> 768 and -> 1536), a 70B GPT at 1024 GPUs and GPT-3 XL; and how well rule
-// 5 balances the busiest sending host, before (the previous online policy) and
-// after (planner/balance.h), over the property-test population and a 70B
-// dp 4 -> 5 grow. Single thread. Exits non-zero when a plan fails, its
+// -> 768 and -> 1536), a 70B GPT at 1024 GPUs (dp changes, and tp 8 -> 4),
+// the same 70B as an HSDP job going tp 8 -> 4 at 1280 GPUs, and GPT-3 XL; and
+// how well rule 5 balances the busiest sending host, before (the previous
+// online policy) and after (planner/balance.h), over the property-test
+// population and a 70B dp 4 -> 5 grow. Single thread. Exits non-zero when a plan fails, its
 // cross-host bytes differ from the lower bound, or the balance misses 1.05x;
 // time and memory targets are printed, not enforced.
 #include <sys/resource.h>
@@ -177,6 +178,7 @@ int Main(int argc, char** argv) {
   const v1::Ptc gpt175b = BuildGptPtc(kGpt3_175b, 8);
   const v1::Ptc gpt_xl = BuildGptPtc(kGpt3Xl, 2);
   const v1::Ptc gpt70b = BuildGptPtc(kGpt70b, 8);
+  const v1::Ptc fsdp70b = BuildFsdpGptPtc(kGpt70b, 8);
   const v1::Layout from175 = MakeLayout(8, 16, 8, "host-", 0, 8);
   const v1::Layout from70 = MakeLayout(8, 8, 16, "host-", 0, 8);
   std::vector<Case> cases = {
@@ -188,6 +190,11 @@ int Main(int argc, char** argv) {
        big_reps},
       {"70b dp 16->20, +32 new hosts", &gpt70b, from70, MakeLayout(8, 8, 20, "host-", 0, 8), true,
        big_reps},
+      {"70b tp 8->4, 1024 GPUs", &gpt70b, MakeLayout(8, 1, 128, "host-", 0, 8),
+       MakeLayout(4, 1, 256, "host-", 0, 8), true, big_reps},
+      {"70b hsdp tp 8->4 ds 5->10, 1280", &fsdp70b,
+       WithDpShard(MakeLayout(8, 1, 160, "host-", 0, 8), 5),
+       WithDpShard(MakeLayout(4, 1, 320, "host-", 0, 8), 10), true, big_reps},
       {"gpt3-xl dp 4->2, 2 hosts->1", &gpt_xl, MakeLayout(2, 2, 4, "host-", 0, 8),
        MakeLayout(2, 2, 2, "host-", 0, 8), false, small_reps},
   };
@@ -206,6 +213,10 @@ int Main(int argc, char** argv) {
       "GPT-3 175B: %d tensors (fp16 weights; fp32 master + 2 Adam moments, DP_FLAT),"
       " vocab padded to %lld.\n",
       gpt175b.tensors_size(), static_cast<long long>(PaddedVocab(kGpt3_175b.vocab, 8)));
+  std::printf(
+      "70B hsdp: %d tensors (bf16 weights; fp32 master + 2 Adam moments, all DP_CHUNK on\n"
+      "axis 0), 32 replicas of 40 GPUs: tp 8 dp 160 dp_shard 5 -> tp 4 dp 320 dp_shard 10.\n",
+      fsdp70b.tensors_size());
   std::printf(
       "heap counted exactly by a replaced operator new/delete (malloc_usable_size), the\n"
       "returned Plan and TransferPlan included; plan size = steps*sizeof(Step) +\n"
