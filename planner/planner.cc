@@ -14,6 +14,7 @@
 #include "common/log.h"
 #include "planner/balance.h"
 #include "planner/bucket.h"
+#include "planner/host_runs.h"
 #include "planner/layout.h"
 #include "planner/overlap.h"
 #include "planner/shard.h"
@@ -51,11 +52,10 @@ Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, cons
 
 class PlanBuilder {
  public:
-  PlanBuilder(int num_hosts, Plan* plan) : plan_(plan) {
+  PlanBuilder(int num_hosts, Plan* plan) : plan_(plan), holders_by_host_(num_hosts) {
     out_.assign(num_hosts, 0);
     in_.assign(num_hosts, 0);
     local_.assign(num_hosts, 0);
-    send_of_host_.assign(num_hosts, -1);
     plan_->remote_sends.num_hosts = num_hosts;
     Plan::Strides flat;
     flat.v[0] = 1;
@@ -86,6 +86,9 @@ class PlanBuilder {
     if (holders.empty()) return false;
     std::sort(needers.begin(), needers.end(),
               [](const Endpoint& a, const Endpoint& b) { return a.host < b.host; });
+    holders_by_host_.Index(static_cast<int32_t>(holders.size()),
+                           [&](int32_t i) { return holders[i].host; });
+    region_candidates_ = -1;
     for (size_t begin = 0; begin < needers.size();) {
       size_t end = begin;
       const int host = needers[begin].host;
@@ -116,28 +119,21 @@ class PlanBuilder {
   void PlaceOnHost(int item, int ndim, const int64_t* shape, int64_t bytes, Endpoint* first,
                    Endpoint* last, const std::vector<Endpoint>& holders) {
     const int host = first->host;
-    int local_holders = 0;
-    for (const Endpoint& h : holders) local_holders += h.host == host;
+    const int local_holders = holders_by_host_.Count(host);
     if (local_holders > 0) {
-      // Rule 2: same device, else same host (spread over the local holders).
+      // Rule 2: same device, else same host (spread over the local holders,
+      // in the order of `holders`).
+      const int32_t* local = holders_by_host_.On(host);
       int next = 0;
       for (Endpoint* n = first; n != last; ++n) {
         const Endpoint* src = nullptr;
-        for (const Endpoint& h : holders) {
-          if (h.host == host && h.device == n->device) {
-            src = &h;
+        for (int k = 0; k < local_holders; ++k) {
+          if (holders[local[k]].device == n->device) {
+            src = &holders[local[k]];
             break;
           }
         }
-        if (src == nullptr) {
-          int k = next++ % local_holders;
-          for (const Endpoint& h : holders) {
-            if (h.host == host && k-- == 0) {
-              src = &h;
-              break;
-            }
-          }
-        }
+        if (src == nullptr) src = &holders[local[next++ % local_holders]];
         EmitStep(item, ndim, shape, bytes, *src, n, n + 1, /*cross=*/false);
       }
       return;
@@ -148,29 +144,29 @@ class PlanBuilder {
     AddRemoteSend(item, ndim, shape, bytes, holders, first, last);
   }
 
-  // The first holder on each holding host are the candidates; the step is
-  // emitted now from the first, and its source set by ChooseRemoteSources.
+  // The first holder on each holding host (in the order of `holders`) are
+  // the candidates; the step is emitted now from the first, and its source
+  // set by ChooseRemoteSources. Every send of a region has the same
+  // candidates: they are kept once.
   void AddRemoteSend(int item, int ndim, const int64_t* shape, int64_t bytes,
                      const std::vector<Endpoint>& holders, const Endpoint* first,
                      const Endpoint* last) {
-    candidate_hosts_.clear();
-    const size_t begin = candidates_.size();
-    const int64_t send = plan_->remote_sends.size();
-    for (const Endpoint& h : holders) {
-      if (send_of_host_[h.host] == send) continue;  // not the first holder on its host
-      send_of_host_[h.host] = send;
-      candidate_hosts_.push_back(h.host);
-      candidates_.push_back(Candidate{h.rank, h.strides, h.offset});
-    }
+    const std::vector<int32_t>& hosts = holders_by_host_.hosts();
     RemoteSends& sends = plan_->remote_sends;
-    sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
-    const bool choice = candidate_hosts_.size() > 1;
-    if (!choice) candidates_.resize(begin);  // only one host can send it
+    sends.Add(bytes, hosts.data(), hosts.data() + hosts.size());
+    const bool choice = hosts.size() > 1;  // else only one host can send it
     EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
              /*may_merge=*/!choice);
-    if (choice) {
-      pending_.push_back(PendingSend{sends.size() - 1, plan_->steps.size() - 1, begin});
+    if (!choice) return;
+    if (region_candidates_ < 0) {
+      region_candidates_ = static_cast<int64_t>(candidates_.size());
+      for (int32_t h : hosts) {
+        const Endpoint& e = holders[*holders_by_host_.On(h)];
+        candidates_.push_back(Candidate{e.rank, e.strides, e.offset});
+      }
     }
+    pending_.push_back(PendingSend{sends.size() - 1, plan_->steps.size() - 1,
+                                   static_cast<size_t>(region_candidates_)});
   }
 
   void ChooseRemoteSources() {
@@ -292,9 +288,10 @@ class PlanBuilder {
   std::vector<Candidate> candidates_;
   absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
   int32_t contiguous_ = 0;
-  std::vector<int32_t> candidate_hosts_;
-  // The last remote send that took a candidate on each host.
-  std::vector<int64_t> send_of_host_;
+  // The holders of the region being placed, by host, and where its
+  // candidates begin in candidates_ (-1 until a send needs them).
+  HostRuns holders_by_host_;
+  int64_t region_candidates_ = -1;
 };
 
 absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,
