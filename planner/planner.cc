@@ -557,7 +557,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   TemplateCache templates;
   const std::vector<const Template*> tensor_templates = BuildTemplates(
       ptc, old_layout, old_buckets, new_layout, new_buckets, &templates, &builder, &plan);
-  PlanPass pass{ptc, old_layout, new_layout, alive, builder, plan};
+  PlanPass pass{ptc, old_layout, new_layout, alive, builder, plan, {}, {}, {}, {}, {}};
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     pass.PlaceTensor(item, *tensor_templates[item]);
   }
