@@ -50,6 +50,16 @@ Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, cons
                   SubView(box, m.view, sub).offset};
 }
 
+// A region of an item being placed: its shape, the plan's index of that
+// shape, and the bytes of one copy of it.
+struct Region {
+  int item;
+  int ndim;
+  const int64_t* shape;
+  int32_t shape_index;
+  int64_t bytes;
+};
+
 class PlanBuilder {
  public:
   PlanBuilder(int num_hosts, Plan* plan) : plan_(plan), holders_by_host_(num_hosts) {
@@ -78,6 +88,19 @@ class PlanBuilder {
   // Strides {1, 0, ...}: a whole blob, or merged steps.
   int32_t contiguous() const { return contiguous_; }
 
+  // The plan's index of the shape `shape[0, ndim)`, added when new.
+  int32_t InternShape(int ndim, const int64_t* shape) {
+    std::array<int64_t, kMaxDims> key{};
+    std::copy(shape, shape + ndim, key.begin());
+    auto [it, inserted] =
+        shapes_index_.try_emplace(key, static_cast<int32_t>(plan_->shapes.size()));
+    if (inserted) {
+      Plan::Shape& sh = plan_->shapes.emplace_back();
+      std::copy(key.begin(), key.end(), sh.v);
+    }
+    return it->second;
+  }
+
   // Plans one region of item `item`: `needers` (new ranks) need it and
   // `holders` (surviving old ranks) hold it. Returns false when no holder.
   bool PlaceRegion(int item, int ndim, const int64_t* shape, int64_t bytes,
@@ -89,11 +112,12 @@ class PlanBuilder {
     holders_by_host_.Index(static_cast<int32_t>(holders.size()),
                            [&](int32_t i) { return holders[i].host; });
     region_candidates_ = -1;
+    const Region region{item, ndim, shape, InternShape(ndim, shape), bytes};
     for (size_t begin = 0; begin < needers.size();) {
       size_t end = begin;
       const int host = needers[begin].host;
       while (end < needers.size() && needers[end].host == host) ++end;
-      PlaceOnHost(item, ndim, shape, bytes, &needers[begin], &needers[end], holders);
+      PlaceOnHost(region, &needers[begin], &needers[end], holders);
       begin = end;
     }
     return true;
@@ -105,6 +129,7 @@ class PlanBuilder {
   }
 
   void Finish(const HostTable& hosts) {
+    FlushMerged();
     ChooseRemoteSources();
     plan_->hosts.resize(hosts.size());
     for (int h = 0; h < hosts.size(); ++h) {
@@ -116,8 +141,8 @@ class PlanBuilder {
   }
 
  private:
-  void PlaceOnHost(int item, int ndim, const int64_t* shape, int64_t bytes, Endpoint* first,
-                   Endpoint* last, const std::vector<Endpoint>& holders) {
+  void PlaceOnHost(const Region& region, Endpoint* first, Endpoint* last,
+                   const std::vector<Endpoint>& holders) {
     const int host = first->host;
     const int local_holders = holders_by_host_.Count(host);
     if (local_holders > 0) {
@@ -134,29 +159,27 @@ class PlanBuilder {
           }
         }
         if (src == nullptr) src = &holders[local[next++ % local_holders]];
-        EmitStep(item, ndim, shape, bytes, *src, n, n + 1, /*cross=*/false);
+        EmitStep(region, *src, n, n + 1, /*cross=*/false);
       }
       return;
     }
     // Rules 3-4: the region crosses to this host once. Rule 5 (which host
     // sends it) is decided in Finish, once every remote send is known.
-    plan_->lower_bound_cross_host += bytes;
-    AddRemoteSend(item, ndim, shape, bytes, holders, first, last);
+    plan_->lower_bound_cross_host += region.bytes;
+    AddRemoteSend(region, holders, first, last);
   }
 
   // The first holder on each holding host (in the order of `holders`) are
   // the candidates; the step is emitted now from the first, and its source
   // set by ChooseRemoteSources. Every send of a region has the same
   // candidates: they are kept once.
-  void AddRemoteSend(int item, int ndim, const int64_t* shape, int64_t bytes,
-                     const std::vector<Endpoint>& holders, const Endpoint* first,
-                     const Endpoint* last) {
+  void AddRemoteSend(const Region& region, const std::vector<Endpoint>& holders,
+                     const Endpoint* first, const Endpoint* last) {
     const std::vector<int32_t>& hosts = holders_by_host_.hosts();
     RemoteSends& sends = plan_->remote_sends;
-    sends.Add(bytes, hosts.data(), hosts.data() + hosts.size());
+    sends.Add(region.bytes, hosts.data(), hosts.data() + hosts.size());
     const bool choice = hosts.size() > 1;  // else only one host can send it
-    EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
-             /*may_merge=*/!choice);
+    EmitStep(region, holders[0], first, last, /*cross=*/true, /*may_merge=*/!choice);
     if (!choice) return;
     if (region_candidates_ < 0) {
       region_candidates_ = static_cast<int64_t>(candidates_.size());
@@ -199,50 +222,65 @@ class PlanBuilder {
   }
 
   // Extends the previous step when this one continues it in both buffers (a
-  // flat shard's range cut into boxes): one 1-d step instead of several.
-  bool MergeWithPrevious(int item, int ndim, const int64_t* shape, int64_t bytes,
-                         const Endpoint& src, const Endpoint& dst, bool cross) {
+  // flat shard's range cut into boxes): one 1-d step instead of several. The
+  // merged step's length is interned once its run ends (FlushMerged).
+  bool MergeWithPrevious(const Region& r, const Endpoint& src, const Endpoint& dst, bool cross) {
     if (plan_->steps.empty()) return false;
     // A step whose source is still to be chosen takes nothing else in.
     if (!pending_.empty() && pending_.back().step + 1 == plan_->steps.size()) return false;
     Plan::Step& p = plan_->steps.back();
-    if (p.item != item || p.src_rank != src.rank || p.cross_host != cross ||
+    if (p.item != r.item || p.src_rank != src.rank || p.cross_host != cross ||
         p.dst_end - p.dst_begin != 1 || plan_->dsts[p.dst_begin].rank != dst.rank) {
       return false;
     }
     Plan::Dst& pd = plan_->dsts[p.dst_begin];
-    if (!Contiguous(p.ndim, p.shape, p.src_strides) || !Contiguous(p.ndim, p.shape, pd.strides) ||
-        !Contiguous(ndim, shape, src.strides) || !Contiguous(ndim, shape, dst.strides)) {
+    // A merged step is 1-d and contiguous in both buffers.
+    if (merged_elements_ < 0 &&
+        (!Contiguous(p.ndim, plan_->ShapeOf(p), p.src_strides) ||
+         !Contiguous(p.ndim, plan_->ShapeOf(p), pd.strides))) {
       return false;
     }
-    int64_t n = 1;
-    for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
+    if (!Contiguous(r.ndim, r.shape, src.strides) || !Contiguous(r.ndim, r.shape, dst.strides)) {
+      return false;
+    }
+    int64_t n = merged_elements_;
+    if (n < 0) {
+      n = 1;
+      for (int d = 0; d < p.ndim; ++d) n *= plan_->ShapeOf(p)[d];
+    }
     if (p.src_offset + n != src.offset || pd.offset + n != dst.offset) return false;
     int64_t m = 1;
-    for (int d = 0; d < ndim; ++d) m *= shape[d];
+    for (int d = 0; d < r.ndim; ++d) m *= r.shape[d];
     p.ndim = 1;
-    p.shape[0] = n + m;
-    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = 0;
+    merged_elements_ = n + m;
     p.src_strides = pd.strides = contiguous_;
-    p.bytes += bytes;
+    p.bytes += r.bytes;
     return true;
   }
 
-  void EmitStep(int item, int ndim, const int64_t* shape, int64_t bytes, const Endpoint& src,
-                const Endpoint* first, const Endpoint* last, bool cross, bool may_merge = true) {
+  // Gives the last step, when merged, its 1-d shape.
+  void FlushMerged() {
+    if (merged_elements_ < 0) return;
+    plan_->steps.back().shape = InternShape(1, &merged_elements_);
+    merged_elements_ = -1;
+  }
+
+  void EmitStep(const Region& r, const Endpoint& src, const Endpoint* first, const Endpoint* last,
+                bool cross, bool may_merge = true) {
     const int64_t ndst = last - first;
-    if (may_merge && ndst == 1 && MergeWithPrevious(item, ndim, shape, bytes, src, *first, cross)) {
-      Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
+    if (may_merge && ndst == 1 && MergeWithPrevious(r, src, *first, cross)) {
+      Account(src, *first, r.bytes, ndst, cross, /*new_step=*/false);
       return;
     }
+    FlushMerged();
     // Written in place: the plan's arrays are the bulk of its memory traffic.
     Plan::Step& s = plan_->steps.emplace_back();
-    s.item = item;
+    s.item = r.item;
     s.src_rank = src.rank;
-    s.ndim = static_cast<int8_t>(ndim);
+    s.ndim = static_cast<int8_t>(r.ndim);
     s.cross_host = cross;
-    s.bytes = bytes;
-    for (int d = 0; d < kMaxDims; ++d) s.shape[d] = d < ndim ? shape[d] : 0;
+    s.bytes = r.bytes;
+    s.shape = r.shape_index;
     s.src_strides = src.strides;
     s.src_offset = src.offset;
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
@@ -250,7 +288,7 @@ class PlanBuilder {
       plan_->dsts.push_back(Plan::Dst{d->rank, d->strides, d->offset});
     }
     s.dst_end = static_cast<int32_t>(plan_->dsts.size());
-    Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
+    Account(src, *first, r.bytes, ndst, cross, /*new_step=*/true);
   }
 
   void Account(const Endpoint& src, const Endpoint& dst, int64_t bytes, int64_t ndst, bool cross,
@@ -287,6 +325,9 @@ class PlanBuilder {
   std::vector<PendingSend> pending_;
   std::vector<Candidate> candidates_;
   absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
+  absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> shapes_index_;
+  // The length of the last step while merged steps extend it, else -1.
+  int64_t merged_elements_ = -1;
   int32_t contiguous_ = 0;
   // The holders of the region being placed, by host, and where its
   // candidates begin in candidates_ (-1 until a send needs them).
