@@ -260,7 +260,10 @@ void BalanceSenders(RemoteSends* sends) {
   std::vector<std::vector<int32_t>> group_hosts(groups.size());
   std::vector<int32_t> group_of_host(sends->num_hosts, -1);
   for (size_t g = 0; g < groups.size(); ++g) {
+    int32_t last_set = -1;
     for (int64_t i : groups[g]) {
+      if (sends->set[i] == last_set) continue;  // the same hosts again
+      last_set = sends->set[i];
       const int32_t* c = sends->CandidatesBegin(i);
       for (int k = 0; k < sends->Candidates(i); ++k) {
         if (group_of_host[c[k]] < 0) {

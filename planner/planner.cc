@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -322,7 +323,8 @@ class PlanBuilder {
 
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
-  std::vector<PendingSend> pending_;
+  // Millions in a large plan: a deque grows without copying them.
+  std::deque<PendingSend> pending_;
   std::vector<Candidate> candidates_;
   absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
   absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> shapes_index_;
