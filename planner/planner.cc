@@ -102,9 +102,10 @@ class PlanBuilder {
     return it->second;
   }
 
-  // Plans one region of item `item`: `needers` (new ranks) need it and
-  // `holders` (surviving old ranks) hold it. Returns false when no holder.
-  bool PlaceRegion(int item, int ndim, const int64_t* shape, int64_t bytes,
+  // Plans one region of item `item` (its shape interned as `shape_index`):
+  // `needers` (new ranks) need it and `holders` (surviving old ranks) hold
+  // it. Returns false when no holder.
+  bool PlaceRegion(int item, int ndim, const int64_t* shape, int32_t shape_index, int64_t bytes,
                    std::vector<Endpoint>& needers, const std::vector<Endpoint>& holders) {
     if (needers.empty()) return true;
     if (holders.empty()) return false;
@@ -113,7 +114,7 @@ class PlanBuilder {
     holders_by_host_.Index(static_cast<int32_t>(holders.size()),
                            [&](int32_t i) { return holders[i].host; });
     region_candidates_ = -1;
-    const Region region{item, ndim, shape, InternShape(ndim, shape), bytes};
+    const Region region{item, ndim, shape, shape_index, bytes};
     for (size_t begin = 0; begin < needers.size();) {
       size_t end = begin;
       const int host = needers[begin].host;
@@ -433,7 +434,8 @@ std::vector<const Template*> BuildTemplates(const v1::Ptc& ptc, const ResolvedLa
           for (Member& m : g.members) m.strides = builder->InternStrides(m.view.strides);
         }
       }
-      for (const Overlap& ov : cached.tpl.overlaps) {
+      for (Overlap& ov : cached.tpl.overlaps) {
+        ov.shape = builder->InternShape(ov.region.ndim, ov.region.size);
         for (const Member& m : cached.tpl.new_groups[ov.new_group].members) {
           ++(m.stage < 0 ? cached.every_stage : cached.one_stage);
         }
@@ -501,7 +503,8 @@ struct PlanPass {
         for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
       }
       const int64_t bytes = ov.region.Elements() * ebytes;
-      if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, bytes, needers, holders)) {
+      if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, ov.shape, bytes, needers,
+                               holders)) {
         if (std::find(lost_groups.begin(), lost_groups.end(), ov.old_group) == lost_groups.end()) {
           lost_groups.push_back(ov.old_group);
         }
@@ -528,9 +531,11 @@ struct PlanPass {
 
   // Places the blob's needers (all of `needers`) or, with no holder left,
   // regenerates it or reports it lost. False when lost.
-  bool PlaceWholeBlob(int item, const v1::BlobSpec& blob) {
+  bool PlaceWholeBlob(int item, const v1::BlobSpec& blob, int32_t shape_index) {
     const int64_t shape[1] = {blob.size_bytes()};
-    if (builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) return true;
+    if (builder.PlaceRegion(item, 1, shape, shape_index, blob.size_bytes(), needers, holders)) {
+      return true;
+    }
     if (!blob.regenerable()) return false;
     Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
     return true;
@@ -540,6 +545,8 @@ struct PlanPass {
     const v1::BlobSpec& blob = ptc.blobs(b);
     const int item = ptc.tensors_size() + b;
     plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
+    const int64_t size = blob.size_bytes();
+    const int32_t shape = builder.InternShape(1, &size);
     if (blob.scope() == v1::BLOB_REPLICATED) {
       needers.clear();
       holders.clear();
@@ -547,7 +554,7 @@ struct PlanPass {
       for (int r = 0; r < old_layout.world(); ++r) {
         if (alive[r]) holders.push_back(WholeBlob(old_layout, r));
       }
-      if (!PlaceWholeBlob(item, blob)) {
+      if (!PlaceWholeBlob(item, blob, shape)) {
         missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
       }
       return;
@@ -560,7 +567,7 @@ struct PlanPass {
         needers.push_back(WholeBlob(new_layout, r));
       }
       if (alive[k]) holders.push_back(WholeBlob(old_layout, k));
-      if (!PlaceWholeBlob(item, blob)) lost_values.push_back(k);
+      if (!PlaceWholeBlob(item, blob, shape)) lost_values.push_back(k);
     }
     if (!lost_values.empty()) {
       missing.push_back(absl::StrCat("blob \"", blob.name(), "\" values of old ranks ",
