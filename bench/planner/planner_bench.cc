@@ -52,6 +52,8 @@ struct Result {
   // Highest heap above the level before MakePlan, with each message.
   int64_t peak_heap = 0, peak_arena = 0;  // max over runs
   int64_t plan_bytes = 0;
+  // The TransferPlan of the first run: serialized, and on its arena.
+  int64_t message_bytes = 0, arena_bytes = 0;
   int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0;
   int64_t local = 0, cross = 0, lower = 0;
   uint64_t fingerprint = 0;  // PlanFingerprint of the first run
@@ -119,6 +121,10 @@ Result RunCase(const Case& c) {
       r.arena_ms.push_back(ThreadCpuMs() - arena_start);
       r.peak_arena = std::max(r.peak_arena, HeapPeak() - base);
       if (proto->steps_size() != want_steps) r.error = "ToProto on an arena lost steps";
+      if (i == 0) {  // after the timing
+        r.message_bytes = static_cast<int64_t>(proto->ByteSizeLong());
+        r.arena_bytes = static_cast<int64_t>(arena.SpaceUsed());
+      }
     }
     if (!r.error.empty()) return r;
     r.plan_ms.push_back(cpu_planned - cpu_start);
@@ -273,6 +279,19 @@ int Main(int argc, char** argv) {
       " total = MakePlan + ToProto, +arena = MakePlan + arena; wall = elapsed MakePlan +\n"
       " ToProto, longer on a shared machine; peak = highest heap above the level before\n"
       " MakePlan with the heap message, +arena with the arena's.)\n");
+
+  // What the TransferPlan costs per step: most of ToProto's time and of the
+  // peak on the larger plans.
+  std::printf("\n%-34s %9s %12s %11s %11s %9s\n", "TransferPlan", "steps", "destinations",
+              "serialized", "on arena", "per step");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    if (!r.error.empty() || r.steps == 0) continue;
+    std::printf("%-34s %9lld %12lld %11s %11s %7lld B\n", cases[i].name.c_str(),
+                static_cast<long long>(r.steps), static_cast<long long>(r.dsts),
+                cli::FormatBytes(r.message_bytes).c_str(), cli::FormatBytes(r.arena_bytes).c_str(),
+                static_cast<long long>(r.arena_bytes / r.steps));
+  }
 
   // Issue 13's target, on the least disturbed run: medians on a shared
   // machine measure the neighbours as much as the planner.
