@@ -1,8 +1,9 @@
 // The planner plans exactly what it planned before: the fingerprints of the
 // benchmark's plans (175B and 70B at 1,024 GPUs, GPT-3 XL, 70B dp 4 -> 5
-// grows, 70B tp 8 -> 4 and its HSDP form at 1,280 GPUs) and of 900 random jobs (the property tests' populations: classic
-// kinds with losses and new hosts, and the kinds of issue 13) match the ones
-// recorded when the planner was last changed on purpose. A change meant only
+// grows, 70B tp 8 -> 4 and its HSDP form at 1,280 GPUs) and of 900 random
+// jobs (the property tests' populations: classic kinds with losses and new
+// hosts, and the kinds of issue 13) match the ones recorded when the planner
+// was last changed on purpose. A change meant only
 // to make planning faster must leave them as they are; a change to what the
 // planner plans updates them here, and says so in its commit.
 #include "bench/planner/plan_fingerprint.h"
