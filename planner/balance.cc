@@ -26,6 +26,7 @@ constexpr int64_t kLocalSearchWork = int64_t{20} << 20;
 
 using balance_search::CountBound;
 using balance_search::Flexible;
+using balance_search::LargestFirst;
 using balance_search::Room;
 using balance_search::SearchGroup;
 using balance_search::SendGroups;
@@ -39,7 +40,7 @@ bool IsCandidate(const RemoteSends& s, int64_t i, int host) {
 std::vector<int64_t> FixedLoads(const RemoteSends& s) {
   std::vector<int64_t> load(s.num_hosts, 0);
   for (int64_t i = 0; i < s.size(); ++i) {
-    if (!Flexible(s, i)) load[s.hosts[s.first[i]]] += s.bytes[i];
+    if (!Flexible(s, i)) load[*s.CandidatesBegin(i)] += s.bytes[i];
   }
   return load;
 }
@@ -214,11 +215,10 @@ std::vector<int64_t> Heuristic(RemoteSends* s) {
     if (Flexible(*s, i)) {
       order.push_back(i);
     } else {
-      s->chosen[i] = s->hosts[s->first[i]];
+      s->chosen[i] = *s->CandidatesBegin(i);
     }
   }
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int64_t a, int64_t b) { return s->bytes[a] > s->bytes[b]; });
+  LargestFirst(s->bytes, &order);
   for (int64_t i : order) {
     const int32_t* c = s->CandidatesBegin(i);
     int best = c[0];
@@ -237,12 +237,19 @@ std::vector<int64_t> Heuristic(RemoteSends* s) {
 void RemoteSends::Add(int64_t n, const int32_t* begin, const int32_t* end) {
   RESHARD_CHECK(end > begin) << "a remote send needs a candidate host";
   bytes.push_back(n);
+  const int64_t last = static_cast<int64_t>(first.size()) - 2;  // the newest set, if any
+  if (last >= 0 && first[last + 1] - first[last] == end - begin &&
+      std::equal(begin, end, hosts.begin() + first[last])) {
+    set.push_back(static_cast<int32_t>(last));
+    return;
+  }
   if (end - begin == 1) {
     hosts.push_back(*begin);  // most sends: one holding host, and cheaper than insert
   } else {
     hosts.insert(hosts.end(), begin, end);
   }
-  first.push_back(static_cast<int32_t>(hosts.size()));
+  set.push_back(static_cast<int32_t>(first.size() - 1));
+  first.push_back(static_cast<int64_t>(hosts.size()));
 }
 
 void BalanceSenders(RemoteSends* sends) {
@@ -253,7 +260,10 @@ void BalanceSenders(RemoteSends* sends) {
   std::vector<std::vector<int32_t>> group_hosts(groups.size());
   std::vector<int32_t> group_of_host(sends->num_hosts, -1);
   for (size_t g = 0; g < groups.size(); ++g) {
+    int32_t last_set = -1;
     for (int64_t i : groups[g]) {
+      if (sends->set[i] == last_set) continue;  // the same hosts again
+      last_set = sends->set[i];
       const int32_t* c = sends->CandidatesBegin(i);
       for (int k = 0; k < sends->Candidates(i); ++k) {
         if (group_of_host[c[k]] < 0) {

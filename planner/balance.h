@@ -22,17 +22,23 @@
 namespace reshard::planner {
 
 /// Every remote send of a plan, in planning order: its bytes, its candidate
-/// sending hosts (distinct), and the host chosen for it.
+/// sending hosts (distinct), and the host chosen for it. Consecutive sends
+/// with the same candidates (every host needing one region) share one
+/// candidate set: a region held on 32 hosts and needed on 32 others keeps its
+/// 32 candidates once, not 32 times.
 struct RemoteSends {
   int num_hosts = 0;
   std::vector<int64_t> bytes;
-  std::vector<int32_t> first = {0};  // candidates of send i: hosts[first[i], first[i + 1])
+  std::vector<int32_t> set;          // send i's candidate set
+  std::vector<int64_t> first = {0};  // candidates of set k: hosts[first[k], first[k + 1])
   std::vector<int32_t> hosts;
   std::vector<int32_t> chosen;  // filled by BalanceSenders / ChooseOnline
 
   int64_t size() const { return static_cast<int64_t>(bytes.size()); }
-  int Candidates(int64_t i) const { return first[i + 1] - first[i]; }
-  const int32_t* CandidatesBegin(int64_t i) const { return hosts.data() + first[i]; }
+  int Candidates(int64_t i) const {
+    return static_cast<int>(first[set[i] + 1] - first[set[i]]);
+  }
+  const int32_t* CandidatesBegin(int64_t i) const { return hosts.data() + first[set[i]]; }
 
   /// Appends a send of `n` bytes whose candidate hosts are [begin, end)
   /// (distinct, at least one).

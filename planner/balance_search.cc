@@ -1,6 +1,7 @@
 #include "planner/balance_search.h"
 
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -237,13 +238,47 @@ std::vector<std::vector<int64_t>> SendGroups(const RemoteSends& s) {
   }
   std::vector<std::vector<int64_t>> by_root(s.num_hosts);
   for (int64_t i = 0; i < s.size(); ++i) {
-    if (Flexible(s, i)) by_root[find(s.hosts[s.first[i]])].push_back(i);
+    if (Flexible(s, i)) by_root[find(*s.CandidatesBegin(i))].push_back(i);
   }
   std::vector<std::vector<int64_t>> out;  // in the order of their root host
   for (std::vector<int64_t>& sends : by_root) {
     if (!sends.empty()) out.push_back(std::move(sends));
   }
   return out;
+}
+
+void LargestFirst(const std::vector<int64_t>& bytes, std::vector<int64_t>* sends) {
+  // Distinct sizes, up to a few per hundred sends; past that, sort.
+  const size_t max_sizes = sends->size() / 64 + 16;
+  std::vector<int64_t> sizes;
+  for (int64_t i : *sends) {
+    if (sizes.empty() || sizes.back() != bytes[i]) sizes.push_back(bytes[i]);
+    if (sizes.size() > 4 * max_sizes) {
+      std::sort(sizes.begin(), sizes.end());
+      sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+      if (sizes.size() > max_sizes) {
+        std::stable_sort(sends->begin(), sends->end(),
+                         [&](int64_t a, int64_t b) { return bytes[a] > bytes[b]; });
+        return;
+      }
+    }
+  }
+  std::sort(sizes.begin(), sizes.end(), std::greater<int64_t>());
+  sizes.erase(std::unique(sizes.begin(), sizes.end()), sizes.end());
+  // A counting sort by the rank of each send's size, stable by construction.
+  std::vector<int64_t> begin(sizes.size() + 1, 0);
+  std::vector<int32_t> rank(sends->size());
+  for (size_t k = 0; k < sends->size(); ++k) {
+    const int64_t b = bytes[(*sends)[k]];
+    rank[k] = static_cast<int32_t>(std::lower_bound(sizes.begin(), sizes.end(), b,
+                                                    std::greater<int64_t>()) -
+                                   sizes.begin());
+    ++begin[rank[k] + 1];
+  }
+  std::partial_sum(begin.begin(), begin.end(), begin.begin());
+  std::vector<int64_t> out(sends->size());
+  for (size_t k = 0; k < sends->size(); ++k) out[begin[rank[k]]++] = (*sends)[k];
+  *sends = std::move(out);
 }
 
 bool SearchGroup(const RemoteSends& s, std::vector<int64_t> group, std::vector<int64_t>* load,

@@ -17,6 +17,11 @@ namespace reshard::planner::balance_search {
 /// True when send `i` has a choice of host.
 inline bool Flexible(const RemoteSends& s, int64_t i) { return s.Candidates(i) > 1; }
 
+/// `sends` (indices of `bytes`) largest first, in their given order among
+/// equal sizes: std::stable_sort by size, descending, in linear time when the
+/// sizes take few distinct values (a plan's sends do: a few per tensor shape).
+void LargestFirst(const std::vector<int64_t>& bytes, std::vector<int64_t>* sends);
+
 /// What a host at `load` can still take under `cap` when every send it could
 /// take is a multiple of `unit` bytes.
 int64_t Room(int64_t cap, int64_t load, int64_t unit);

@@ -36,6 +36,7 @@ struct Overlap {
   int old_group;
   int new_group;
   Box region;
+  int32_t shape = -1;  // index of region.size in the plan's shapes (set by MakePlan)
 };
 // Local positions of a new member's buffer that are padding.
 struct PadRun {

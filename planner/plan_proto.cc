@@ -35,8 +35,9 @@ void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
     auto* src_strides = src->mutable_strides();
     shape->Reserve(s.ndim);
     src_strides->Reserve(s.ndim);
+    const int64_t* step_shape = plan.ShapeOf(s);
     for (int d = 0; d < s.ndim; ++d) {
-      shape->AddAlreadyReserved(s.shape[d]);
+      shape->AddAlreadyReserved(step_shape[d]);
       src_strides->AddAlreadyReserved(src_stride[d]);
     }
     auto* dsts = cs->mutable_dsts();

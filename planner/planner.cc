@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <deque>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -14,6 +15,7 @@
 #include "common/log.h"
 #include "planner/balance.h"
 #include "planner/bucket.h"
+#include "planner/host_runs.h"
 #include "planner/layout.h"
 #include "planner/overlap.h"
 #include "planner/shard.h"
@@ -49,13 +51,22 @@ Endpoint EndpointOf(const ResolvedLayout& layout, int rank, const Box& box, cons
                   SubView(box, m.view, sub).offset};
 }
 
+// A region of an item being placed: its shape, the plan's index of that
+// shape, and the bytes of one copy of it.
+struct Region {
+  int item;
+  int ndim;
+  const int64_t* shape;
+  int32_t shape_index;
+  int64_t bytes;
+};
+
 class PlanBuilder {
  public:
-  PlanBuilder(int num_hosts, Plan* plan) : plan_(plan) {
+  PlanBuilder(int num_hosts, Plan* plan) : plan_(plan), holders_by_host_(num_hosts) {
     out_.assign(num_hosts, 0);
     in_.assign(num_hosts, 0);
     local_.assign(num_hosts, 0);
-    send_of_host_.assign(num_hosts, -1);
     plan_->remote_sends.num_hosts = num_hosts;
     Plan::Strides flat;
     flat.v[0] = 1;
@@ -78,19 +89,37 @@ class PlanBuilder {
   // Strides {1, 0, ...}: a whole blob, or merged steps.
   int32_t contiguous() const { return contiguous_; }
 
-  // Plans one region of item `item`: `needers` (new ranks) need it and
-  // `holders` (surviving old ranks) hold it. Returns false when no holder.
-  bool PlaceRegion(int item, int ndim, const int64_t* shape, int64_t bytes,
+  // The plan's index of the shape `shape[0, ndim)`, added when new.
+  int32_t InternShape(int ndim, const int64_t* shape) {
+    std::array<int64_t, kMaxDims> key{};
+    std::copy(shape, shape + ndim, key.begin());
+    auto [it, inserted] =
+        shapes_index_.try_emplace(key, static_cast<int32_t>(plan_->shapes.size()));
+    if (inserted) {
+      Plan::Shape& sh = plan_->shapes.emplace_back();
+      std::copy(key.begin(), key.end(), sh.v);
+    }
+    return it->second;
+  }
+
+  // Plans one region of item `item` (its shape interned as `shape_index`):
+  // `needers` (new ranks) need it and `holders` (surviving old ranks) hold
+  // it. Returns false when no holder.
+  bool PlaceRegion(int item, int ndim, const int64_t* shape, int32_t shape_index, int64_t bytes,
                    std::vector<Endpoint>& needers, const std::vector<Endpoint>& holders) {
     if (needers.empty()) return true;
     if (holders.empty()) return false;
     std::sort(needers.begin(), needers.end(),
               [](const Endpoint& a, const Endpoint& b) { return a.host < b.host; });
+    holders_by_host_.Index(static_cast<int32_t>(holders.size()),
+                           [&](int32_t i) { return holders[i].host; });
+    region_candidates_ = -1;
+    const Region region{item, ndim, shape, shape_index, bytes};
     for (size_t begin = 0; begin < needers.size();) {
       size_t end = begin;
       const int host = needers[begin].host;
       while (end < needers.size() && needers[end].host == host) ++end;
-      PlaceOnHost(item, ndim, shape, bytes, &needers[begin], &needers[end], holders);
+      PlaceOnHost(region, &needers[begin], &needers[end], holders);
       begin = end;
     }
     return true;
@@ -102,6 +131,7 @@ class PlanBuilder {
   }
 
   void Finish(const HostTable& hosts) {
+    FlushMerged();
     ChooseRemoteSources();
     plan_->hosts.resize(hosts.size());
     for (int h = 0; h < hosts.size(); ++h) {
@@ -113,64 +143,55 @@ class PlanBuilder {
   }
 
  private:
-  void PlaceOnHost(int item, int ndim, const int64_t* shape, int64_t bytes, Endpoint* first,
-                   Endpoint* last, const std::vector<Endpoint>& holders) {
+  void PlaceOnHost(const Region& region, Endpoint* first, Endpoint* last,
+                   const std::vector<Endpoint>& holders) {
     const int host = first->host;
-    int local_holders = 0;
-    for (const Endpoint& h : holders) local_holders += h.host == host;
+    const int local_holders = holders_by_host_.Count(host);
     if (local_holders > 0) {
-      // Rule 2: same device, else same host (spread over the local holders).
+      // Rule 2: same device, else same host (spread over the local holders,
+      // in the order of `holders`).
+      const int32_t* local = holders_by_host_.On(host);
       int next = 0;
       for (Endpoint* n = first; n != last; ++n) {
         const Endpoint* src = nullptr;
-        for (const Endpoint& h : holders) {
-          if (h.host == host && h.device == n->device) {
-            src = &h;
+        for (int k = 0; k < local_holders; ++k) {
+          if (holders[local[k]].device == n->device) {
+            src = &holders[local[k]];
             break;
           }
         }
-        if (src == nullptr) {
-          int k = next++ % local_holders;
-          for (const Endpoint& h : holders) {
-            if (h.host == host && k-- == 0) {
-              src = &h;
-              break;
-            }
-          }
-        }
-        EmitStep(item, ndim, shape, bytes, *src, n, n + 1, /*cross=*/false);
+        if (src == nullptr) src = &holders[local[next++ % local_holders]];
+        EmitStep(region, *src, n, n + 1, /*cross=*/false);
       }
       return;
     }
     // Rules 3-4: the region crosses to this host once. Rule 5 (which host
     // sends it) is decided in Finish, once every remote send is known.
-    plan_->lower_bound_cross_host += bytes;
-    AddRemoteSend(item, ndim, shape, bytes, holders, first, last);
+    plan_->lower_bound_cross_host += region.bytes;
+    AddRemoteSend(region, holders, first, last);
   }
 
-  // The first holder on each holding host are the candidates; the step is
-  // emitted now from the first, and its source set by ChooseRemoteSources.
-  void AddRemoteSend(int item, int ndim, const int64_t* shape, int64_t bytes,
-                     const std::vector<Endpoint>& holders, const Endpoint* first,
-                     const Endpoint* last) {
-    candidate_hosts_.clear();
-    const size_t begin = candidates_.size();
-    const int64_t send = plan_->remote_sends.size();
-    for (const Endpoint& h : holders) {
-      if (send_of_host_[h.host] == send) continue;  // not the first holder on its host
-      send_of_host_[h.host] = send;
-      candidate_hosts_.push_back(h.host);
-      candidates_.push_back(Candidate{h.rank, h.strides, h.offset});
-    }
+  // The first holder on each holding host (in the order of `holders`) are
+  // the candidates; the step is emitted now from the first, and its source
+  // set by ChooseRemoteSources. Every send of a region has the same
+  // candidates: they are kept once.
+  void AddRemoteSend(const Region& region, const std::vector<Endpoint>& holders,
+                     const Endpoint* first, const Endpoint* last) {
+    const std::vector<int32_t>& hosts = holders_by_host_.hosts();
     RemoteSends& sends = plan_->remote_sends;
-    sends.Add(bytes, candidate_hosts_.data(), candidate_hosts_.data() + candidate_hosts_.size());
-    const bool choice = candidate_hosts_.size() > 1;
-    if (!choice) candidates_.resize(begin);  // only one host can send it
-    EmitStep(item, ndim, shape, bytes, holders[0], first, last, /*cross=*/true,
-             /*may_merge=*/!choice);
-    if (choice) {
-      pending_.push_back(PendingSend{sends.size() - 1, plan_->steps.size() - 1, begin});
+    sends.Add(region.bytes, hosts.data(), hosts.data() + hosts.size());
+    const bool choice = hosts.size() > 1;  // else only one host can send it
+    EmitStep(region, holders[0], first, last, /*cross=*/true, /*may_merge=*/!choice);
+    if (!choice) return;
+    if (region_candidates_ < 0) {
+      region_candidates_ = static_cast<int64_t>(candidates_.size());
+      for (int32_t h : hosts) {
+        const Endpoint& e = holders[*holders_by_host_.On(h)];
+        candidates_.push_back(Candidate{e.rank, e.strides, e.offset});
+      }
     }
+    pending_.push_back(PendingSend{sends.size() - 1, plan_->steps.size() - 1,
+                                   static_cast<size_t>(region_candidates_)});
   }
 
   void ChooseRemoteSources() {
@@ -203,50 +224,65 @@ class PlanBuilder {
   }
 
   // Extends the previous step when this one continues it in both buffers (a
-  // flat shard's range cut into boxes): one 1-d step instead of several.
-  bool MergeWithPrevious(int item, int ndim, const int64_t* shape, int64_t bytes,
-                         const Endpoint& src, const Endpoint& dst, bool cross) {
+  // flat shard's range cut into boxes): one 1-d step instead of several. The
+  // merged step's length is interned once its run ends (FlushMerged).
+  bool MergeWithPrevious(const Region& r, const Endpoint& src, const Endpoint& dst, bool cross) {
     if (plan_->steps.empty()) return false;
     // A step whose source is still to be chosen takes nothing else in.
     if (!pending_.empty() && pending_.back().step + 1 == plan_->steps.size()) return false;
     Plan::Step& p = plan_->steps.back();
-    if (p.item != item || p.src_rank != src.rank || p.cross_host != cross ||
+    if (p.item != r.item || p.src_rank != src.rank || p.cross_host != cross ||
         p.dst_end - p.dst_begin != 1 || plan_->dsts[p.dst_begin].rank != dst.rank) {
       return false;
     }
     Plan::Dst& pd = plan_->dsts[p.dst_begin];
-    if (!Contiguous(p.ndim, p.shape, p.src_strides) || !Contiguous(p.ndim, p.shape, pd.strides) ||
-        !Contiguous(ndim, shape, src.strides) || !Contiguous(ndim, shape, dst.strides)) {
+    // A merged step is 1-d and contiguous in both buffers.
+    if (merged_elements_ < 0 &&
+        (!Contiguous(p.ndim, plan_->ShapeOf(p), p.src_strides) ||
+         !Contiguous(p.ndim, plan_->ShapeOf(p), pd.strides))) {
       return false;
     }
-    int64_t n = 1;
-    for (int d = 0; d < p.ndim; ++d) n *= p.shape[d];
+    if (!Contiguous(r.ndim, r.shape, src.strides) || !Contiguous(r.ndim, r.shape, dst.strides)) {
+      return false;
+    }
+    int64_t n = merged_elements_;
+    if (n < 0) {
+      n = 1;
+      for (int d = 0; d < p.ndim; ++d) n *= plan_->ShapeOf(p)[d];
+    }
     if (p.src_offset + n != src.offset || pd.offset + n != dst.offset) return false;
     int64_t m = 1;
-    for (int d = 0; d < ndim; ++d) m *= shape[d];
+    for (int d = 0; d < r.ndim; ++d) m *= r.shape[d];
     p.ndim = 1;
-    p.shape[0] = n + m;
-    for (int d = 1; d < kMaxDims; ++d) p.shape[d] = 0;
+    merged_elements_ = n + m;
     p.src_strides = pd.strides = contiguous_;
-    p.bytes += bytes;
+    p.bytes += r.bytes;
     return true;
   }
 
-  void EmitStep(int item, int ndim, const int64_t* shape, int64_t bytes, const Endpoint& src,
-                const Endpoint* first, const Endpoint* last, bool cross, bool may_merge = true) {
+  // Gives the last step, when merged, its 1-d shape.
+  void FlushMerged() {
+    if (merged_elements_ < 0) return;
+    plan_->steps.back().shape = InternShape(1, &merged_elements_);
+    merged_elements_ = -1;
+  }
+
+  void EmitStep(const Region& r, const Endpoint& src, const Endpoint* first, const Endpoint* last,
+                bool cross, bool may_merge = true) {
     const int64_t ndst = last - first;
-    if (may_merge && ndst == 1 && MergeWithPrevious(item, ndim, shape, bytes, src, *first, cross)) {
-      Account(src, *first, bytes, ndst, cross, /*new_step=*/false);
+    if (may_merge && ndst == 1 && MergeWithPrevious(r, src, *first, cross)) {
+      Account(src, *first, r.bytes, ndst, cross, /*new_step=*/false);
       return;
     }
+    FlushMerged();
     // Written in place: the plan's arrays are the bulk of its memory traffic.
     Plan::Step& s = plan_->steps.emplace_back();
-    s.item = item;
+    s.item = r.item;
     s.src_rank = src.rank;
-    s.ndim = static_cast<int8_t>(ndim);
+    s.ndim = static_cast<int8_t>(r.ndim);
     s.cross_host = cross;
-    s.bytes = bytes;
-    for (int d = 0; d < kMaxDims; ++d) s.shape[d] = d < ndim ? shape[d] : 0;
+    s.bytes = r.bytes;
+    s.shape = r.shape_index;
     s.src_strides = src.strides;
     s.src_offset = src.offset;
     s.dst_begin = static_cast<int32_t>(plan_->dsts.size());
@@ -254,7 +290,7 @@ class PlanBuilder {
       plan_->dsts.push_back(Plan::Dst{d->rank, d->strides, d->offset});
     }
     s.dst_end = static_cast<int32_t>(plan_->dsts.size());
-    Account(src, *first, bytes, ndst, cross, /*new_step=*/true);
+    Account(src, *first, r.bytes, ndst, cross, /*new_step=*/true);
   }
 
   void Account(const Endpoint& src, const Endpoint& dst, int64_t bytes, int64_t ndst, bool cross,
@@ -288,13 +324,18 @@ class PlanBuilder {
 
   Plan* plan_;
   std::vector<int64_t> out_, in_, local_;
-  std::vector<PendingSend> pending_;
+  // Millions in a large plan: a deque grows without copying them.
+  std::deque<PendingSend> pending_;
   std::vector<Candidate> candidates_;
   absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> strides_index_;
+  absl::flat_hash_map<std::array<int64_t, kMaxDims>, int32_t> shapes_index_;
+  // The length of the last step while merged steps extend it, else -1.
+  int64_t merged_elements_ = -1;
   int32_t contiguous_ = 0;
-  std::vector<int32_t> candidate_hosts_;
-  // The last remote send that took a candidate on each host.
-  std::vector<int64_t> send_of_host_;
+  // The holders of the region being placed, by host, and where its
+  // candidates begin in candidates_ (-1 until a send needs them).
+  HostRuns holders_by_host_;
+  int64_t region_candidates_ = -1;
 };
 
 absl::Status ResolveLost(const LostSet& lost, const HostTable& hosts, const ResolvedLayout& from,
@@ -393,7 +434,8 @@ std::vector<const Template*> BuildTemplates(const v1::Ptc& ptc, const ResolvedLa
           for (Member& m : g.members) m.strides = builder->InternStrides(m.view.strides);
         }
       }
-      for (const Overlap& ov : cached.tpl.overlaps) {
+      for (Overlap& ov : cached.tpl.overlaps) {
+        ov.shape = builder->InternShape(ov.region.ndim, ov.region.size);
         for (const Member& m : cached.tpl.new_groups[ov.new_group].members) {
           ++(m.stage < 0 ? cached.every_stage : cached.one_stage);
         }
@@ -461,7 +503,8 @@ struct PlanPass {
         for (int p : m.stage < 0 ? old_stages : kNoStages) hold(p);
       }
       const int64_t bytes = ov.region.Elements() * ebytes;
-      if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, bytes, needers, holders)) {
+      if (!builder.PlaceRegion(item, ov.region.ndim, ov.region.size, ov.shape, bytes, needers,
+                               holders)) {
         if (std::find(lost_groups.begin(), lost_groups.end(), ov.old_group) == lost_groups.end()) {
           lost_groups.push_back(ov.old_group);
         }
@@ -488,9 +531,11 @@ struct PlanPass {
 
   // Places the blob's needers (all of `needers`) or, with no holder left,
   // regenerates it or reports it lost. False when lost.
-  bool PlaceWholeBlob(int item, const v1::BlobSpec& blob) {
+  bool PlaceWholeBlob(int item, const v1::BlobSpec& blob, int32_t shape_index) {
     const int64_t shape[1] = {blob.size_bytes()};
-    if (builder.PlaceRegion(item, 1, shape, blob.size_bytes(), needers, holders)) return true;
+    if (builder.PlaceRegion(item, 1, shape, shape_index, blob.size_bytes(), needers, holders)) {
+      return true;
+    }
     if (!blob.regenerable()) return false;
     Regenerate(item, blob.size_bytes(), needers, &builder, &plan);
     return true;
@@ -500,6 +545,8 @@ struct PlanPass {
     const v1::BlobSpec& blob = ptc.blobs(b);
     const int item = ptc.tensors_size() + b;
     plan.items.push_back(Plan::Item{blob.name(), true, 1, 1});
+    const int64_t size = blob.size_bytes();
+    const int32_t shape = builder.InternShape(1, &size);
     if (blob.scope() == v1::BLOB_REPLICATED) {
       needers.clear();
       holders.clear();
@@ -507,7 +554,7 @@ struct PlanPass {
       for (int r = 0; r < old_layout.world(); ++r) {
         if (alive[r]) holders.push_back(WholeBlob(old_layout, r));
       }
-      if (!PlaceWholeBlob(item, blob)) {
+      if (!PlaceWholeBlob(item, blob, shape)) {
         missing.push_back(absl::StrCat("blob \"", blob.name(), "\" (every holder lost)"));
       }
       return;
@@ -520,7 +567,7 @@ struct PlanPass {
         needers.push_back(WholeBlob(new_layout, r));
       }
       if (alive[k]) holders.push_back(WholeBlob(old_layout, k));
-      if (!PlaceWholeBlob(item, blob)) lost_values.push_back(k);
+      if (!PlaceWholeBlob(item, blob, shape)) lost_values.push_back(k);
     }
     if (!lost_values.empty()) {
       missing.push_back(absl::StrCat("blob \"", blob.name(), "\" values of old ranks ",
@@ -560,7 +607,7 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   TemplateCache templates;
   const std::vector<const Template*> tensor_templates = BuildTemplates(
       ptc, old_layout, old_buckets, new_layout, new_buckets, &templates, &builder, &plan);
-  PlanPass pass{ptc, old_layout, new_layout, alive, builder, plan};
+  PlanPass pass{ptc, old_layout, new_layout, alive, builder, plan, {}, {}, {}, {}, {}};
   for (int item = 0; item < ptc.tensors_size(); ++item) {
     pass.PlaceTensor(item, *tensor_templates[item]);
   }

@@ -39,6 +39,11 @@ struct Plan {
   struct Strides {
     int64_t v[kMaxDims] = {};
   };
+  /// A step's shape (zero past its ndim), kept once per distinct shape in
+  /// `shapes` for the same reason.
+  struct Shape {
+    int64_t v[kMaxDims] = {};
+  };
   /// The region of destination rank `rank`: at `offset` with strides
   /// `strides[this->strides]` (View{offset, strides}).
   struct Dst {
@@ -51,12 +56,12 @@ struct Plan {
     int32_t src_rank;
     int32_t dst_begin;  // [dst_begin, dst_end) in `dsts`
     int32_t dst_end;
-    bool cross_host;
-    int8_t ndim;          // dimensions of the region (may be fewer than the item's)
     int32_t src_strides;  // the source region: at src_offset with strides[src_strides]
-    int64_t bytes;        // of one destination's copy
+    int32_t shape;        // shapes[shape]
+    bool cross_host;
+    int8_t ndim;    // dimensions of the region (may be fewer than the item's)
+    int64_t bytes;  // of one destination's copy
     int64_t src_offset;
-    int64_t shape[kMaxDims];
   };
   struct Fill {
     int32_t item;
@@ -74,6 +79,8 @@ struct Plan {
   std::vector<Dst> dsts;
   std::vector<Strides> strides;  // distinct
   const int64_t* StridesOf(int32_t index) const { return strides[index].v; }
+  std::vector<Shape> shapes;  // distinct
+  const int64_t* ShapeOf(const Step& s) const { return shapes[s.shape].v; }
   std::vector<Fill> fills;
   std::vector<int> lost_ranks;
   // (new rank, item) of regenerable blobs without a surviving holder,

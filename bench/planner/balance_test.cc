@@ -5,6 +5,7 @@
 #include "planner/balance.h"
 
 #include <algorithm>
+#include <random>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,7 @@
 #include "bench/planner/gpt_model.h"
 #include "bench/planner/random_jobs.h"
 #include "gtest/gtest.h"
+#include "planner/balance_search.h"
 #include "planner/planner.h"
 
 namespace reshard::bench {
@@ -109,6 +111,40 @@ TEST(BalanceTest, Gpt70bDpGrowWithinTarget) {
   EXPECT_GT(s.choices, 0);
   EXPECT_GT(s.OnlineRatio(), 1.15);
   EXPECT_LE(s.BalancedRatio(), kTarget) << "busiest " << s.balanced << " bound " << s.optimum;
+}
+
+TEST(BalanceTest, ConsecutiveSendsWithTheSameCandidatesShareThem) {
+  RemoteSends s = Sends(4, {{5, {2, 0, 1}}, {6, {2, 0, 1}}, {7, {2, 0}}, {8, {2, 0, 1}}, {9, {3}}});
+  EXPECT_EQ(s.first.size(), 5u);  // {2, 0, 1} twice, {2, 0}, {3}
+  EXPECT_EQ(s.hosts.size(), 9u);
+  const std::vector<std::vector<int32_t>> want = {{2, 0, 1}, {2, 0, 1}, {2, 0}, {2, 0, 1}, {3}};
+  ASSERT_EQ(s.size(), 5);
+  for (int64_t i = 0; i < s.size(); ++i) {
+    EXPECT_EQ(std::vector<int32_t>(s.CandidatesBegin(i), s.CandidatesBegin(i) + s.Candidates(i)),
+              want[i])
+        << i;
+  }
+}
+
+TEST(BalanceTest, LargestFirstIsAStableSortBySize) {
+  std::mt19937_64 rng(7);
+  // Few distinct sizes (counted), and many (sorted).
+  for (const int distinct : {1, 3, 40, 100000}) {
+    std::vector<int64_t> bytes(5000);
+    for (int64_t& b : bytes) b = static_cast<int64_t>(rng() % distinct) * 16;
+    std::vector<int64_t> sends;
+    for (int64_t i = 0; i < static_cast<int64_t>(bytes.size()); i += 1 + rng() % 3) {
+      sends.push_back(i);
+    }
+    std::vector<int64_t> want = sends;
+    std::stable_sort(want.begin(), want.end(),
+                     [&](int64_t a, int64_t b) { return bytes[a] > bytes[b]; });
+    planner::balance_search::LargestFirst(bytes, &sends);
+    EXPECT_EQ(sends, want) << distinct << " distinct sizes";
+  }
+  std::vector<int64_t> none;
+  planner::balance_search::LargestFirst({}, &none);
+  EXPECT_TRUE(none.empty());
 }
 
 }  // namespace

@@ -89,6 +89,19 @@ v1::Ptc BuildGptPtc(const GptShape& s, int tp, bool distributed_optimizer) {
   return ptc;
 }
 
+v1::Ptc BuildFsdpGptPtc(const GptShape& s, int tp) {
+  v1::Ptc ptc = BuildGptPtc(s, tp, /*distributed_optimizer=*/false);
+  for (v1::TensorSpec& t : *ptc.mutable_tensors()) {
+    // The optimizer's tensors were copied from the weights with fp32.
+    if (t.dtype() == v1::DTYPE_FLOAT16) t.set_dtype(v1::DTYPE_BFLOAT16);
+    v1::PartitionSpec* p = t.mutable_partition();
+    p->mutable_dp()->set_mode(v1::DP_CHUNK);
+    p->mutable_dp()->set_axis(0);
+    p->set_allow_empty(true);
+  }
+  return ptc;
+}
+
 v1::Layout MakeLayout(int tp, int pp, int dp, const std::string& prefix, int first_host,
                       int devices_per_host) {
   const int world = tp * pp * dp;
@@ -103,6 +116,13 @@ v1::Layout MakeLayout(int tp, int pp, int dp, const std::string& prefix, int fir
   for (int i = 0; i < world / devices_per_host; ++i) {
     placement->add_hosts(absl::StrCat(prefix, first_host + i));
   }
+  return layout;
+}
+
+v1::Layout WithDpShard(v1::Layout layout, int dp_shard) {
+  RESHARD_CHECK(dp_shard > 0 && layout.config().dp() % dp_shard == 0)
+      << "dp_shard " << dp_shard << " does not divide dp " << layout.config().dp();
+  layout.mutable_config()->set_dp_shard(dp_shard);
   return layout;
 }
 

@@ -37,9 +37,21 @@ int64_t PaddedVocab(int64_t vocab, int tp);
 /// weights.
 v1::Ptc BuildGptPtc(const GptShape& shape, int tp, bool distributed_optimizer = true);
 
+/// The same model as an FSDP2 / HSDP job with tensor parallelism
+/// (torchtitan's 2-d mesh): bf16 weights, fp32 `optimizer.master.` weights
+/// and Adam moments, every tensor DP_CHUNK on axis 0 (DTensor Shard(0) over
+/// the shard group) with allow_empty (torch.chunk leaves trailing ranks short
+/// or empty), as reshard.frameworks.fsdp.dtensor_ptc describes them. Blobs as
+/// BuildGptPtc.
+v1::Ptc BuildFsdpGptPtc(const GptShape& shape, int tp);
+
 /// tp x pp x dp on hosts `<prefix><first>` .. `<prefix><first + n - 1>`, each
 /// with `devices_per_host` devices (the compact placement).
 v1::Layout MakeLayout(int tp, int pp, int dp, const std::string& prefix, int first_host,
                       int devices_per_host);
+
+/// `layout` with HSDP shard groups of `dp_shard` data-parallel ranks
+/// (ParallelConfig.dp_shard): dp / dp_shard replicas.
+v1::Layout WithDpShard(v1::Layout layout, int dp_shard);
 
 }  // namespace reshard::bench

@@ -47,7 +47,7 @@ uint64_t PlanFingerprint(const planner::Plan& plan) {
     f.Add(s.cross_host);
     f.Add(s.ndim);
     f.Add(s.bytes);
-    for (int d = 0; d < s.ndim; ++d) f.Add(s.shape[d]);
+    for (int d = 0; d < s.ndim; ++d) f.Add(plan.ShapeOf(s)[d]);
     f.Add(s.src_offset, plan.StridesOf(s.src_strides), s.ndim);
     f.Add(s.dst_end - s.dst_begin);
     for (int32_t i = s.dst_begin; i < s.dst_end; ++i) {

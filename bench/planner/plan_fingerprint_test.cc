@@ -1,8 +1,9 @@
 // The planner plans exactly what it planned before: the fingerprints of the
 // benchmark's plans (175B and 70B at 1,024 GPUs, GPT-3 XL, 70B dp 4 -> 5
-// grows) and of 900 random jobs (the property tests' populations: classic
-// kinds with losses and new hosts, and the kinds of issue 13) match the ones
-// recorded when the planner was last changed on purpose. A change meant only
+// grows, 70B tp 8 -> 4 and its HSDP form at 1,280 GPUs) and of 900 random
+// jobs (the property tests' populations: classic kinds with losses and new
+// hosts, and the kinds of issue 13) match the ones recorded when the planner
+// was last changed on purpose. A change meant only
 // to make planning faster must leave them as they are; a change to what the
 // planner plans updates them here, and says so in its commit.
 #include "bench/planner/plan_fingerprint.h"
@@ -39,6 +40,7 @@ TEST(PlanFingerprintTest, BenchmarkPlansAreUnchanged) {
   const v1::Ptc gpt70b = BuildGptPtc(kGpt70b, 8);
   const v1::Ptc gpt70b_replicated = BuildGptPtc(kGpt70b, 8, /*distributed_optimizer=*/false);
   const v1::Ptc gpt_xl = BuildGptPtc(kGpt3Xl, 2);
+  const v1::Ptc fsdp70b = BuildFsdpGptPtc(kGpt70b, 8);
   const v1::Layout from175 = MakeLayout(8, 16, 8, "host-", 0, 8);
   const v1::Layout from70 = MakeLayout(8, 8, 16, "host-", 0, 8);
   struct Case {
@@ -59,6 +61,10 @@ TEST(PlanFingerprintTest, BenchmarkPlansAreUnchanged) {
        MakeLayout(8, 4, 5, "host-", 0, 8), "87613d21614d5a8c"},
       {"70b dp 4->5 replicated optimizer", &gpt70b_replicated, MakeLayout(8, 4, 4, "host-", 0, 8),
        MakeLayout(8, 4, 5, "host-", 0, 8), "66845ad38c8df705"},
+      {"70b tp 8->4", &gpt70b, MakeLayout(8, 1, 128, "host-", 0, 8),
+       MakeLayout(4, 1, 256, "host-", 0, 8), "a2178c7f0b4ab4b1"},
+      {"70b hsdp tp 8->4", &fsdp70b, WithDpShard(MakeLayout(8, 1, 160, "host-", 0, 8), 5),
+       WithDpShard(MakeLayout(4, 1, 320, "host-", 0, 8), 10), "788db4af573217f5"},
   };
   for (const Case& c : cases) {
     const absl::StatusOr<planner::Plan> plan = planner::MakePlan(*c.ptc, c.from, c.to, {});

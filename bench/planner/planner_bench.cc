@@ -1,9 +1,10 @@
 // planner_bench: how fast and how lean reshard::planner::MakePlan and
 // ToProto (the TransferPlan message) are on GPT-3 175B-shaped jobs (1024 GPUs
-// -> 768 and -> 1536), a 70B GPT at 1024 GPUs and GPT-3 XL; and how well rule
-// 5 balances the busiest sending host, before (the previous online policy) and
-// after (planner/balance.h), over the property-test population and a 70B
-// dp 4 -> 5 grow. Single thread. Exits non-zero when a plan fails, its
+// -> 768 and -> 1536), a 70B GPT at 1024 GPUs (dp changes, and tp 8 -> 4),
+// the same 70B as an HSDP job going tp 8 -> 4 at 1280 GPUs, and GPT-3 XL; and
+// how well rule 5 balances the busiest sending host, before (the previous
+// online policy) and after (planner/balance.h), over the property-test
+// population and a 70B dp 4 -> 5 grow. Single thread. Exits non-zero when a plan fails, its
 // cross-host bytes differ from the lower bound, or the balance misses 1.05x;
 // time and memory targets are printed, not enforced.
 #include <sys/resource.h>
@@ -51,6 +52,8 @@ struct Result {
   // Highest heap above the level before MakePlan, with each message.
   int64_t peak_heap = 0, peak_arena = 0;  // max over runs
   int64_t plan_bytes = 0;
+  // The TransferPlan of the first run: serialized, and on its arena.
+  int64_t message_bytes = 0, arena_bytes = 0;
   int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0;
   int64_t local = 0, cross = 0, lower = 0;
   uint64_t fingerprint = 0;  // PlanFingerprint of the first run
@@ -118,6 +121,10 @@ Result RunCase(const Case& c) {
       r.arena_ms.push_back(ThreadCpuMs() - arena_start);
       r.peak_arena = std::max(r.peak_arena, HeapPeak() - base);
       if (proto->steps_size() != want_steps) r.error = "ToProto on an arena lost steps";
+      if (i == 0) {  // after the timing
+        r.message_bytes = static_cast<int64_t>(proto->ByteSizeLong());
+        r.arena_bytes = static_cast<int64_t>(arena.SpaceUsed());
+      }
     }
     if (!r.error.empty()) return r;
     r.plan_ms.push_back(cpu_planned - cpu_start);
@@ -128,7 +135,8 @@ Result RunCase(const Case& c) {
       r.plan_bytes = r.steps * static_cast<int64_t>(sizeof(planner::Plan::Step)) +
                      r.dsts * static_cast<int64_t>(sizeof(planner::Plan::Dst)) +
                      r.fills * static_cast<int64_t>(sizeof(planner::Plan::Fill)) +
-                     static_cast<int64_t>(plan->strides.size() * sizeof(planner::Plan::Strides));
+                     static_cast<int64_t>(plan->strides.size() * sizeof(planner::Plan::Strides)) +
+                     static_cast<int64_t>(plan->shapes.size() * sizeof(planner::Plan::Shape));
       r.cross_steps = plan->cross_host_steps;
       r.local = plan->bytes_local;
       r.cross = plan->bytes_cross_host;
@@ -177,6 +185,7 @@ int Main(int argc, char** argv) {
   const v1::Ptc gpt175b = BuildGptPtc(kGpt3_175b, 8);
   const v1::Ptc gpt_xl = BuildGptPtc(kGpt3Xl, 2);
   const v1::Ptc gpt70b = BuildGptPtc(kGpt70b, 8);
+  const v1::Ptc fsdp70b = BuildFsdpGptPtc(kGpt70b, 8);
   const v1::Layout from175 = MakeLayout(8, 16, 8, "host-", 0, 8);
   const v1::Layout from70 = MakeLayout(8, 8, 16, "host-", 0, 8);
   std::vector<Case> cases = {
@@ -188,6 +197,11 @@ int Main(int argc, char** argv) {
        big_reps},
       {"70b dp 16->20, +32 new hosts", &gpt70b, from70, MakeLayout(8, 8, 20, "host-", 0, 8), true,
        big_reps},
+      {"70b tp 8->4, 1024 GPUs", &gpt70b, MakeLayout(8, 1, 128, "host-", 0, 8),
+       MakeLayout(4, 1, 256, "host-", 0, 8), true, big_reps},
+      {"70b hsdp tp 8->4 ds 5->10, 1280", &fsdp70b,
+       WithDpShard(MakeLayout(8, 1, 160, "host-", 0, 8), 5),
+       WithDpShard(MakeLayout(4, 1, 320, "host-", 0, 8), 10), true, big_reps},
       {"gpt3-xl dp 4->2, 2 hosts->1", &gpt_xl, MakeLayout(2, 2, 4, "host-", 0, 8),
        MakeLayout(2, 2, 2, "host-", 0, 8), false, small_reps},
   };
@@ -207,9 +221,13 @@ int Main(int argc, char** argv) {
       " vocab padded to %lld.\n",
       gpt175b.tensors_size(), static_cast<long long>(PaddedVocab(kGpt3_175b.vocab, 8)));
   std::printf(
+      "70B hsdp: %d tensors (bf16 weights; fp32 master + 2 Adam moments, all DP_CHUNK on\n"
+      "axis 0), 32 replicas of 40 GPUs: tp 8 dp 160 dp_shard 5 -> tp 4 dp 320 dp_shard 10.\n",
+      fsdp70b.tensors_size());
+  std::printf(
       "heap counted exactly by a replaced operator new/delete (malloc_usable_size), the\n"
       "returned Plan and TransferPlan included; plan size = steps*sizeof(Step) +\n"
-      "dsts*sizeof(Dst) + fills*sizeof(Fill) + the distinct strides.\n"
+      "dsts*sizeof(Dst) + fills*sizeof(Fill) + the distinct strides and shapes.\n"
       "targets (175B and 70B cases): median CPU time of MakePlan + building the\n"
       "TransferPlan <= %.0f ms, peak heap <= 1 GiB.\n\n",
       kTargetMs);
@@ -261,6 +279,19 @@ int Main(int argc, char** argv) {
       " total = MakePlan + ToProto, +arena = MakePlan + arena; wall = elapsed MakePlan +\n"
       " ToProto, longer on a shared machine; peak = highest heap above the level before\n"
       " MakePlan with the heap message, +arena with the arena's.)\n");
+
+  // What the TransferPlan costs per step: most of ToProto's time and of the
+  // peak on the larger plans.
+  std::printf("\n%-34s %9s %12s %11s %11s %9s\n", "TransferPlan", "steps", "destinations",
+              "serialized", "on arena", "per step");
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    if (!r.error.empty() || r.steps == 0) continue;
+    std::printf("%-34s %9lld %12lld %11s %11s %7lld B\n", cases[i].name.c_str(),
+                static_cast<long long>(r.steps), static_cast<long long>(r.dsts),
+                cli::FormatBytes(r.message_bytes).c_str(), cli::FormatBytes(r.arena_bytes).c_str(),
+                static_cast<long long>(r.arena_bytes / r.steps));
+  }
 
   // Issue 13's target, on the least disturbed run: medians on a shared
   // machine measure the neighbours as much as the planner.

@@ -104,7 +104,8 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
       return ::testing::AssertionFailure() << "step " << si << " reads a lost rank";
     const int eb = plan.items[s.item].element_bytes;
     int64_t n = 1;
-    for (int d = 0; d < s.ndim; ++d) n *= s.shape[d];
+    const int64_t* shape = plan.ShapeOf(s);
+    for (int d = 0; d < s.ndim; ++d) n *= shape[d];
     if (s.bytes != n * eb) return ::testing::AssertionFailure() << "step " << si << " bytes";
     if (s.cross_host) cross += s.bytes;
     for (int di = s.dst_begin; di < s.dst_end; ++di) {
@@ -146,7 +147,7 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
           return ::testing::AssertionFailure() << "step " << si << " ignores a same-host source";
         }
         for (int d = s.ndim - 1; d >= 0; --d) {
-          if (++idx[d] < s.shape[d]) break;
+          if (++idx[d] < shape[d]) break;
           idx[d] = 0;
         }
       }
