@@ -3,6 +3,7 @@
 #include <map>
 #include <string>
 
+#include "common/log.h"
 #include "cost/predict.h"
 
 namespace reshard::coordinator {
@@ -42,6 +43,16 @@ void LearnFromDone(cost::CostModel& model, CoordinatorMetrics* metrics, const v1
     o.route = done.route();
     o.timings = done.timings();
     model.ObserveTask(op.id(), o);
+    const v1::TaskTimings& t = o.timings;
+    RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id() << " host=" << o.host
+                      << " task took " << t.total_seconds() << " s (set up " << t.setup_seconds()
+                      << ", prove " << t.prove_seconds() << ", move " << t.move_seconds()
+                      << ", verify " << t.verify_seconds() << ", seal " << t.seal_seconds()
+                      << "; " << t.cpu_seconds() << " CPU-s), predicted " << h.total_seconds()
+                      << " s (set up " << h.setup_seconds() << ", move " << h.move_seconds()
+                      << ", verify " << h.verify_seconds() << ", seal " << h.seal_seconds()
+                      << "); bytes in " << o.bytes_in << ", out " << o.bytes_out << ", local "
+                      << o.bytes_local << ", new " << o.bytes_new;
     const double cpu = model.RatesOf(o.host, nullptr).cpu_seconds_per_byte;
     if (metrics != nullptr && cpu > 0) metrics->HostCpuPerByte(o.host, cpu);
     return;
