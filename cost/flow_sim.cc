@@ -1,6 +1,7 @@
 #include "cost/flow_sim.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 
 namespace reshard::cost {
@@ -9,7 +10,7 @@ std::vector<double> MaxMinRates(const std::vector<double>& capacities,
                                 const std::vector<Flow>& flows, const std::vector<int>& active) {
   std::vector<double> rate(active.size(), 0);
   std::vector<double> left = capacities;
-  std::vector<int> users(capacities.size(), 0);  // unfrozen flows per resource
+  std::vector<double> load(capacities.size(), 0);  // weight per unit of rate, unfrozen flows
   std::vector<bool> frozen(active.size(), false);
   size_t unfrozen = 0;
   for (size_t i = 0; i < active.size(); ++i) {
@@ -19,29 +20,39 @@ std::vector<double> MaxMinRates(const std::vector<double>& capacities,
       continue;
     }
     ++unfrozen;
-    for (int r : f.resources) ++users[r];
+    for (size_t k = 0; k < f.resources.size(); ++k) load[f.resources[k]] += f.WeightAt(k);
   }
   while (unfrozen > 0) {
-    // The smallest equal share any resource in use can still give.
+    // The largest equal raise every resource in use can still take.
     double share = std::numeric_limits<double>::infinity();
     for (size_t r = 0; r < left.size(); ++r) {
-      if (users[r] > 0) share = std::min(share, left[r] / users[r]);
+      if (load[r] > 0) share = std::min(share, left[r] / load[r]);
+    }
+    if (share == std::numeric_limits<double>::infinity()) {
+      // What is left takes nothing of any resource: unconstrained.
+      for (size_t i = 0; i < active.size(); ++i) {
+        if (!frozen[i]) rate[i] = share;
+      }
+      break;
     }
     share = std::max(share, 0.0);
     for (size_t i = 0; i < active.size(); ++i) {
       if (!frozen[i]) rate[i] += share;
     }
-    for (size_t r = 0; r < left.size(); ++r) left[r] -= share * users[r];
+    for (size_t r = 0; r < left.size(); ++r) left[r] -= share * load[r];
     // Freeze the flows of every resource now full.
     for (size_t i = 0; i < active.size(); ++i) {
       if (frozen[i]) continue;
       const Flow& f = flows[active[i]];
       bool full = false;
-      for (int r : f.resources) full = full || left[r] <= capacities[r] * 1e-12;
+      for (size_t k = 0; k < f.resources.size(); ++k) {
+        const int r = f.resources[k];
+        full = full || (f.WeightAt(k) > 0 && left[r] <= capacities[r] * 1e-12);
+      }
       if (!full) continue;
       frozen[i] = true;
       --unfrozen;
-      for (int r : f.resources) --users[r];
+      for (size_t k = 0; k < f.resources.size(); ++k) load[f.resources[k]] -= f.WeightAt(k);
     }
   }
   return rate;
@@ -86,7 +97,7 @@ FlowResult SimulateFlows(const std::vector<double>& capacities, const std::vecto
     std::vector<int> still;
     for (size_t i = 0; i < active.size(); ++i) {
       const int f = active[i];
-      left[f] -= rate[i] * step;
+      left[f] = std::isinf(rate[i]) ? 0 : left[f] - rate[i] * step;
       if (left[f] <= flows[f].bytes * 1e-12) {
         out.end[f] = now;
       } else {

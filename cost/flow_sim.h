@@ -1,14 +1,16 @@
 // Flow-level simulation of bulk transfers with max-min fair sharing: every
 // flow crosses a set of resources (a host's NIC out, a host's NIC in, a
-// network link), each with a capacity in bytes per second; at every moment
-// the flows' rates are the max-min fair allocation (progressive filling:
-// raise every unfrozen flow's rate alike until a resource is full, freeze
-// its flows, repeat), and the simulation advances from one flow's end to the
+// network link, a machine's CPUs), each with a capacity, and takes a weight
+// of each per byte (1 for a NIC: bytes per second); at every moment the
+// flows' rates are the max-min fair allocation (progressive filling: raise
+// every unfrozen flow's rate alike until a resource is full, freeze its
+// flows, repeat), and the simulation advances from one flow's end to the
 // next. What the cost model predicts a plan's cross-host moves with, and
 // what the scale simulator runs on a topology (docs/scheduler.md). Pure;
 // thread-compatible.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -18,6 +20,11 @@ struct Flow {
   double bytes = 0;
   std::vector<int> resources;  // indexes into FlowSim's capacities
   double start = 0;            // seconds; the flow joins at this time
+  // What a byte of the flow takes of each resource (parallel to
+  // `resources`; empty: 1 of each). A CPU, for one, gives CPU-seconds per
+  // second and a flow takes its CPU-seconds per byte of it.
+  std::vector<double> weights = {};
+  double WeightAt(size_t i) const { return weights.empty() ? 1.0 : weights[i]; }
 };
 
 struct FlowResult {

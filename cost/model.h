@@ -11,6 +11,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "reshard/v1/agent.pb.h"
 
@@ -38,8 +39,12 @@ struct HostRates {
   Rate verify;                      // per byte of the host's new ranks
   Rate seal;                        // per byte of the host's new ranks
   double prove_seconds = 0;         // reaching peers and proving (fixed)
-  double cpu_seconds_per_byte = 0;  // 0: never observed
+  double cpu_seconds_per_byte = 0;  // per byte in, out and local; 0: never observed
   std::string route;                // of its last task ("host" before any)
+  // Its machine (hosts with one machine id share its CPUs; empty: its own)
+  // and the CPUs the agent may use (HostProbe).
+  std::string machine;
+  int cpus = 1;
 };
 
 /// What one host's finished task moved (from the operation's plan) and took
@@ -56,8 +61,12 @@ class CostModel {
   explicit CostModel(Defaults defaults = {}) : defaults_(defaults) {}
 
   /// The rates of `host`: learned where a committed operation taught them,
-  /// else from `probe` (null: none) and the defaults.
+  /// else from `probe` (null: the last one NoteProbe kept, if any) and the
+  /// defaults.
   HostRates RatesOf(const std::string& host, const v1::HostProbe* probe) const;
+  /// Keeps `host`'s registration probe: its machine and CPUs, which
+  /// ObserveCommit needs to tell a CPU-bound operation.
+  void NoteProbe(const std::string& host, const v1::HostProbe& probe);
   double OverheadSeconds() const;
   bool OverheadLearned() const;
   const Defaults& defaults() const { return defaults_; }
@@ -65,14 +74,17 @@ class CostModel {
   /// Learns from one host's finished task. Tasks too small to time a rate
   /// (under kMinBytes in the phase) leave it as it was.
   void ObserveTask(const TaskObservation& o);
-  /// The same, and remembers the task's total seconds for the commit of
-  /// `operation_id` (ObserveCommit).
+  /// The same but for the NIC rates, which wait for the commit of
+  /// `operation_id` (ObserveCommit): only then is it known whether the
+  /// machines' CPUs, not the network, set the pace.
   void ObserveTask(const std::string& operation_id, const TaskObservation& o);
   /// Learns the overhead from one committed operation: `actual_seconds`
   /// (planned -> committed) minus its longest host task.
   void ObserveOperation(double actual_seconds, double longest_task_seconds);
-  /// ObserveOperation with the longest task ObserveTask saw for
-  /// `operation_id` (nothing when it saw none), then forgets the operation.
+  /// For `operation_id`'s tasks ObserveTask saw: the NIC rates of the hosts
+  /// whose machine was not CPU-bound (its hosts' CPU-seconds over its CPUs
+  /// under kCpuBoundShare of their longest task), and the overhead
+  /// (ObserveOperation); then forgets the operation. Nothing when it saw none.
   void ObserveCommit(const std::string& operation_id, double actual_seconds);
   /// Forgets an operation that ended without committing.
   void Forget(const std::string& operation_id);
@@ -81,6 +93,10 @@ class CostModel {
   static constexpr int64_t kMinBytes = 16 << 20;
   /// Weight of a new observation against what was learned before.
   static constexpr double kWeight = 0.5;
+  /// A machine whose hosts' tasks used at least this share of its CPUs over
+  /// their longest task was CPU-bound: its hosts' moves say nothing of
+  /// their NICs.
+  static constexpr double kCpuBoundShare = 0.6;
 
  private:
   const Defaults defaults_;
@@ -88,10 +104,11 @@ class CostModel {
   std::map<std::string, HostRates> learned_;  // only rates with learned = true are used
   double overhead_ = 0;
   bool overhead_learned_ = false;
-  // Operations with finished tasks and no end yet: their longest task, and
-  // the order they came in (the oldest are dropped beyond kMaxPending).
+  std::map<std::string, v1::HostProbe> probes_;
+  // Operations with finished tasks and no end yet: their tasks, and the
+  // order they came in (the oldest are dropped beyond kMaxPending).
   static constexpr size_t kMaxPending = 4096;
-  std::map<std::string, double> longest_;
+  std::map<std::string, std::vector<TaskObservation>> pending_;
   std::deque<std::string> pending_order_;
 };
 

@@ -64,41 +64,81 @@ v1::CostPrediction Predict(const Traffic& traffic, const CostModel& model,
     auto probe = probes.find(host);
     rates.push_back(model.RatesOf(host, probe == probes.end() ? nullptr : &probe->second));
   }
-  // Each host's NIC: resource 2i out, 2i + 1 in. A transfer starts once both
-  // of its ends set up their task and reached their peers.
+  const int n = static_cast<int>(names.size());
+  // Resources: host i's NIC out (2i) and in (2i + 1), its local copies
+  // (2n + i), then the CPUs of each machine (hosts of one machine id share
+  // them; a host without one has its own).
   std::vector<double> capacities;
-  std::vector<double> ready;
-  for (size_t i = 0; i < names.size(); ++i) {
-    const HostBytes& b = traffic.hosts.at(names[i]);
+  std::vector<double> ready;  // a host's transfers start once it set up and reached its peers
+  for (int i = 0; i < n; ++i) {
     capacities.push_back(rates[i].send.bytes_per_s);
     capacities.push_back(rates[i].receive.bytes_per_s);
-    ready.push_back(Seconds(b.written, rates[i].setup) + rates[i].prove_seconds);
+    ready.push_back(Seconds(traffic.hosts.at(names[i]).written, rates[i].setup) +
+                    rates[i].prove_seconds);
   }
+  for (int i = 0; i < n; ++i) capacities.push_back(rates[i].copy.bytes_per_s);
+  std::map<std::string, int> machine_index;
+  std::vector<int> cpu_of(n);
+  for (int i = 0; i < n; ++i) {
+    const std::string key = rates[i].machine.empty() ? "host:" + names[i] : rates[i].machine;
+    auto [it, added] = machine_index.emplace(key, static_cast<int>(capacities.size()));
+    if (added) capacities.push_back(rates[i].cpus);
+    capacities[it->second] = std::max<double>(capacities[it->second], rates[i].cpus);
+    cpu_of[i] = it->second;
+  }
+  // Adds host i's CPU per byte to a flow (nothing while it is not learned).
+  auto add_cpu = [&](Flow* f, int i) {
+    const double c = rates[i].cpu_seconds_per_byte;
+    if (!(c > 0)) return;
+    for (size_t k = 0; k < f->resources.size(); ++k) {
+      if (f->resources[k] == cpu_of[i]) {
+        f->weights[k] += c;
+        return;
+      }
+    }
+    f->resources.push_back(cpu_of[i]);
+    f->weights.push_back(c);
+  };
   std::vector<Flow> flows;
-  std::vector<std::pair<int, int>> ends;
+  std::vector<std::pair<int, int>> ends;  // (source, destination); a local copy: (i, i)
   for (const auto& [pair, bytes] : traffic.pairs) {
     const int a = index.at(pair.first), b = index.at(pair.second);
-    flows.push_back(
-        Flow{static_cast<double>(bytes), {2 * a, 2 * b + 1}, std::max(ready[a], ready[b])});
+    Flow f{static_cast<double>(bytes), {2 * a, 2 * b + 1}, std::max(ready[a], ready[b]), {1, 1}};
+    add_cpu(&f, a);
+    add_cpu(&f, b);
+    flows.push_back(std::move(f));
     ends.emplace_back(a, b);
   }
+  for (int i = 0; i < n; ++i) {
+    const int64_t local = traffic.hosts.at(names[i]).local;
+    if (local == 0) continue;
+    Flow f{static_cast<double>(local), {2 * n + i}, ready[i], {1}};
+    add_cpu(&f, i);
+    flows.push_back(std::move(f));
+    ends.emplace_back(i, i);
+  }
   const FlowResult sim = SimulateFlows(capacities, flows);
+  // Each machine's CPU-seconds over the whole operation, for the bound label.
+  std::map<int, double> machine_cpu;
+  for (int i = 0; i < n; ++i) {
+    const HostBytes& b = traffic.hosts.at(names[i]);
+    machine_cpu[cpu_of[i]] += rates[i].cpu_seconds_per_byte * (b.in + b.out + b.local);
+  }
   double critical = -1;
-  for (size_t i = 0; i < names.size(); ++i) {
+  for (int i = 0; i < n; ++i) {
     const HostBytes& b = traffic.hosts.at(names[i]);
     const HostRates& r = rates[i];
-    double net_end = ready[i];
+    double end = ready[i];
     bool crosses = false;
     for (size_t f = 0; f < flows.size(); ++f) {
-      if (ends[f].first != static_cast<int>(i) && ends[f].second != static_cast<int>(i)) continue;
-      net_end = std::max(net_end, sim.end[f]);
-      crosses = true;
+      if (ends[f].first != i && ends[f].second != i) continue;
+      end = std::max(end, sim.end[f]);
+      crosses = crosses || ends[f].first != ends[f].second;
     }
-    const double local = Seconds(b.local, r.copy);
     v1::HostCost* h = out.add_hosts();
     h->set_host(names[i]);
     h->set_setup_seconds(Seconds(b.written, r.setup));
-    h->set_move_seconds(std::max(net_end - ready[i], local));
+    h->set_move_seconds(end - ready[i]);
     h->set_verify_seconds(Seconds(b.written, r.verify));
     h->set_seal_seconds(Seconds(b.written, r.seal));
     h->set_total_seconds(ready[i] + h->move_seconds() + h->verify_seconds() + h->seal_seconds());
@@ -107,19 +147,29 @@ v1::CostPrediction Predict(const Traffic& traffic, const CostModel& model,
     h->set_bytes_out(b.out);
     h->set_bytes_local(b.local);
     h->set_bytes_new(b.written);
+    h->set_cpu_seconds(r.cpu_seconds_per_byte * (b.in + b.out + b.local));
+    // What alone would take longest: the NIC, the machine's CPUs, the copies.
+    const double network = std::max(Seconds(b.in, r.receive), Seconds(b.out, r.send));
+    const double cpu = machine_cpu[cpu_of[i]] / capacities[cpu_of[i]];
+    const double copy = Seconds(b.local, r.copy);
+    h->set_move_bound(b.in + b.out + b.local == 0     ? ""
+                      : cpu >= network && cpu >= copy ? "cpu"
+                      : network >= copy               ? "network"
+                                                      : "copy");
     if (h->total_seconds() > critical) {
       critical = h->total_seconds();
       out.set_critical_host(names[i]);
     }
-    const double bound = std::max(Seconds(b.in, r.receive), Seconds(b.out, r.send));
-    if (bound > out.bound_seconds() || out.bound_host().empty()) {
-      out.set_bound_seconds(bound);
+    if (network > out.bound_seconds() || out.bound_host().empty()) {
+      out.set_bound_seconds(network);
       out.set_bound_host(names[i]);
     }
     out.set_load_seconds(std::max(out.load_seconds(), Seconds(b.written, r.copy)));
-    // Only the rates this host's task uses must be learned.
-    const bool net_ok =
-        !crosses || ((b.out == 0 || r.send.learned) && (b.in == 0 || r.receive.learned));
+    // Only the rates this host's task uses must be learned; a NIC rate
+    // need not be where the machine's learned CPU cost bounds the move.
+    const bool net_ok = !crosses ||
+                        ((b.out == 0 || r.send.learned) && (b.in == 0 || r.receive.learned)) ||
+                        (r.cpu_seconds_per_byte > 0 && h->move_bound() == "cpu");
     const bool local_ok = b.local == 0 || crosses || r.copy.learned;
     const bool phases_ok =
         b.written == 0 || (r.setup.learned && r.verify.learned && r.seal.learned);
@@ -129,6 +179,7 @@ v1::CostPrediction Predict(const Traffic& traffic, const CostModel& model,
   double last = -1;
   const int crit = out.critical_host().empty() ? -1 : index.at(out.critical_host());
   for (size_t f = 0; f < flows.size(); ++f) {
+    if (ends[f].first == ends[f].second) continue;  // a local copy
     if (ends[f].first != crit && ends[f].second != crit) continue;
     if (sim.end[f] > last) {
       last = sim.end[f];

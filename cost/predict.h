@@ -1,7 +1,9 @@
 // A plan's predicted time (docs/scheduler.md, "The cost of an operation"):
-// its traffic per host and per host pair, its cross-host transfers run
-// through the flow simulator (flow_sim.h) on each host's NIC rates, and each
-// host's task phases at its rates (model.h). Pure; thread-safe.
+// its traffic per host and per host pair, its cross-host transfers and each
+// host's local copies run through the flow simulator (flow_sim.h) on each
+// host's NIC and copy rates and its machine's CPUs (shared by the hosts of
+// one machine), and each host's other phases at its rates (model.h). Pure;
+// thread-safe.
 #pragma once
 
 #include <cstdint>

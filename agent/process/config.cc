@@ -118,7 +118,7 @@ const ConfigTable<C>& Table() {
                         &C::spare_bytes, 0, kMaxBytes),
           IntSetting<C>("probe-bytes", "RESHARD_PROBE_BYTES",
                         "bytes the start-up probe copies and hashes to measure this host's rates "
-                        "for the coordinator's cost model; 0: no probe",
+                        "for the coordinator's cost model; 0: none measured",
                         &C::probe_bytes, 0, int64_t{1} << 30),
           [] {
             Setting<C> s =

@@ -10,9 +10,11 @@
 
 namespace reshard::agent {
 
-/// Copies `bytes` into freshly mapped pages (what making a new buffer and
-/// filling it costs) and hashes them with XXH3 (what sealing costs), each
-/// timed once (--probe-bytes, 32 MiB by default: about 15 ms on a server core).
+/// The machine (its boot id) and the CPUs this process may use; then, with
+/// `bytes` > 0, copies them into freshly mapped pages (what making a new
+/// buffer and filling it costs) and hashes them with XXH3 (what sealing
+/// costs), each timed once (--probe-bytes, 32 MiB by default: about 15 ms
+/// on a server core).
 v1::HostProbe MeasureHostProbe(int64_t bytes);
 
 }  // namespace reshard::agent

@@ -172,7 +172,7 @@ CoordinatorSession::Options SessionOptions(const AgentConfig& config, AgentMetri
   o.device_comm = dev.comm.get();
   o.device_ipc = config.device_ipc;
   o.coordinator_reach = reach;
-  if (config.probe_bytes > 0) o.probe = MeasureHostProbe(config.probe_bytes);
+  o.probe = MeasureHostProbe(config.probe_bytes);
   return o;
 }
 

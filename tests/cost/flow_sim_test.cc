@@ -40,6 +40,22 @@ TEST(FlowSimTest, AFlowJoinsAtItsStartAndEmptyFlowsEndAtOnce) {
   EXPECT_DOUBLE_EQ(r.makespan, 4.0);
 }
 
+TEST(FlowSimTest, WeightedResourcesShareWhatEachByteTakes) {
+  // A CPU of 10 CPU-seconds per second; flow a takes 1 per byte, flow b 3:
+  // equal rates r with 4r = 10.
+  const std::vector<Flow> flows = {Flow{1, {0}, 0, {1}}, Flow{1, {0}, 0, {3}}};
+  const std::vector<double> rates = MaxMinRates({10}, flows, {0, 1});
+  EXPECT_DOUBLE_EQ(rates[0], 2.5);
+  EXPECT_DOUBLE_EQ(rates[1], 2.5);
+  // Two flows of 100 B at 0.01 CPU-s per byte on 2 CPUs: 1 s each; on 1: 2 s.
+  const std::vector<Flow> two = {Flow{100, {0}, 0, {0.01}}, Flow{100, {0}, 0, {0.01}}};
+  EXPECT_DOUBLE_EQ(SimulateFlows({2}, two).makespan, 1.0);
+  EXPECT_DOUBLE_EQ(SimulateFlows({1}, two).makespan, 2.0);
+  // A flow that takes nothing of its resources is not held back by them.
+  const FlowResult free = SimulateFlows({1}, {Flow{100, {0}, 0.5, {0}}});
+  EXPECT_DOUBLE_EQ(free.end[0], 0.5);
+}
+
 TEST(FlowSimTest, NoFlowsTakeNoTime) {
   const FlowResult r = SimulateFlows({1}, {});
   EXPECT_TRUE(r.end.empty());

@@ -144,5 +144,41 @@ TEST(CostModelTest, ACommitLearnsFromItsLongestTaskOnly) {
   EXPECT_DOUBLE_EQ(model.OverheadSeconds(), 0.5);
 }
 
+TEST(CostModelTest, ACommitOnACpuBoundMachineTeachesNoNicRate) {
+  // Two hosts of one machine with 2 CPUs: their tasks used 3.2 of its
+  // 2 x 2 s, 80 % (CPU-bound); a third host on a machine of its own was not.
+  CostModel model;
+  v1::HostProbe shared;
+  shared.set_machine_id("m1");
+  shared.set_cpus(2);
+  model.NoteProbe("h0", shared);
+  model.NoteProbe("h1", shared);
+  v1::HostProbe alone;
+  alone.set_machine_id("m2");
+  alone.set_cpus(2);
+  model.NoteProbe("h2", alone);
+  auto task = [](const std::string& host, double cpu) {
+    TaskObservation o;
+    o.host = host;
+    o.bytes_in = 100 * kMiB;
+    o.timings = Timings(0, 2.0, 0, 0, cpu);
+    return o;
+  };
+  model.ObserveTask("op-1", task("h0", 1.6));
+  model.ObserveTask("op-1", task("h1", 1.6));
+  model.ObserveTask("op-1", task("h2", 0.4));
+  // Nothing of the network until the commit.
+  EXPECT_FALSE(model.RatesOf("h2", nullptr).receive.learned);
+  EXPECT_DOUBLE_EQ(model.RatesOf("h0", nullptr).cpu_seconds_per_byte, 1.6 / (100.0 * kMiB));
+  model.ObserveCommit("op-1", 2.5);
+  EXPECT_FALSE(model.RatesOf("h0", nullptr).receive.learned);
+  EXPECT_FALSE(model.RatesOf("h1", nullptr).receive.learned);
+  EXPECT_TRUE(model.RatesOf("h2", nullptr).receive.learned);
+  EXPECT_DOUBLE_EQ(model.RatesOf("h2", nullptr).receive.bytes_per_s, 50.0 * kMiB);
+  EXPECT_EQ(model.RatesOf("h0", nullptr).machine, "m1");
+  EXPECT_EQ(model.RatesOf("h0", nullptr).cpus, 2);
+  EXPECT_DOUBLE_EQ(model.OverheadSeconds(), 0.5);
+}
+
 }  // namespace
 }  // namespace reshard::cost

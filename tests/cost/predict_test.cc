@@ -114,5 +114,52 @@ TEST(PredictTest, LearnedRatesMakeItCalibratedAndMoveTheCriticalHost) {
   EXPECT_NEAR(p.seconds(), 1.35, 1e-12);
 }
 
+// Rates fast enough that only the CPU counts, and 0.25 s of CPU per MiB
+// the task moves, learned on both hosts.
+Defaults Fast() {
+  Defaults d;
+  d.link_bytes_per_s = d.copy_bytes_per_s = d.hash_bytes_per_s = 1e15;
+  d.overhead_seconds = 0;
+  return d;
+}
+
+void LearnCpu(CostModel* model) {
+  for (const std::string host : {"h0", "h1"}) {
+    TaskObservation o;
+    o.host = host;
+    o.bytes_local = 64 * kMiB;
+    o.timings.set_move_seconds(1);
+    o.timings.set_cpu_seconds(16);
+    model->ObserveTask(o);
+  }
+}
+
+TEST(PredictTest, HostsOfOneMachineShareItsCpus) {
+  const Traffic t = Split().Traffic_();
+  v1::HostProbe m1;
+  m1.set_machine_id("m1");
+  m1.set_cpus(1);
+  v1::HostProbe m2 = m1;
+  m2.set_machine_id("m2");
+  // Apart: the transfer takes 0.25 + 0.25 CPU-s per MiB of two machines'
+  // CPUs and h0's copy 0.25 of m1's: on m1, 0.5 r <= 1, so both run at
+  // 2 MiB/s and their 8 MiB take 4 s.
+  CostModel apart(Fast());
+  LearnCpu(&apart);
+  v1::CostPrediction p = Predict(t, apart, {{"h0", m1}, {"h1", m2}});
+  EXPECT_NEAR(p.hosts(0).move_seconds(), 4.0, 1e-6);
+  EXPECT_NEAR(p.hosts(1).move_seconds(), 4.0, 1e-6);
+  EXPECT_EQ(p.hosts(0).move_bound(), "cpu");
+  EXPECT_DOUBLE_EQ(p.hosts(0).cpu_seconds(), 4.0);  // 16 MiB out and local
+  EXPECT_DOUBLE_EQ(p.hosts(1).cpu_seconds(), 2.0);
+  // Together on one CPU: 0.75 r <= 1, 4/3 MiB/s, 6 s.
+  CostModel together(Fast());
+  LearnCpu(&together);
+  p = Predict(t, together, {{"h0", m1}, {"h1", m1}});
+  EXPECT_NEAR(p.hosts(0).move_seconds(), 6.0, 1e-6);
+  EXPECT_NEAR(p.hosts(1).move_seconds(), 6.0, 1e-6);
+  EXPECT_EQ(p.hosts(1).move_bound(), "cpu");
+}
+
 }  // namespace
 }  // namespace reshard::cost

@@ -16,14 +16,15 @@ bool MovesItsPlan(const v1::Operation& op) {
 
 }  // namespace
 
-v1::CostPrediction PredictPlan(const cost::CostModel& model, Store& store,
-                               const planner::Plan& plan, const v1::Layout& from,
-                               const v1::Layout& to) {
+v1::CostPrediction PredictPlan(cost::CostModel& model, Store& store, const planner::Plan& plan,
+                               const v1::Layout& from, const v1::Layout& to) {
   std::map<std::string, v1::HostProbe> probes;
   absl::StatusOr<std::vector<v1::Host>> hosts = store.ListHosts();
   if (hosts.ok()) {
     for (const v1::Host& h : *hosts) {
-      if (h.has_probe()) probes[h.host_id()] = h.probe();
+      if (!h.has_probe()) continue;
+      probes[h.host_id()] = h.probe();
+      model.NoteProbe(h.host_id(), h.probe());
     }
   }
   return cost::Predict(cost::TrafficOf(plan, from, to), model, probes);

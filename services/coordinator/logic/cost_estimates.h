@@ -14,11 +14,11 @@
 
 namespace reshard::coordinator {
 
-/// The prediction of moving `plan` from `from` to `to`. A store that cannot
-/// list the hosts leaves every host at the defaults.
-v1::CostPrediction PredictPlan(const cost::CostModel& model, Store& store,
-                               const planner::Plan& plan, const v1::Layout& from,
-                               const v1::Layout& to);
+/// The prediction of moving `plan` from `from` to `to`, with the hosts'
+/// registration probes (which the model keeps: NoteProbe). A store that
+/// cannot list the hosts leaves every host at the defaults.
+v1::CostPrediction PredictPlan(cost::CostModel& model, Store& store, const planner::Plan& plan,
+                               const v1::Layout& from, const v1::Layout& to);
 
 /// A host's DONE report of `op`'s transfer: its timings, with the host's
 /// bytes from the operation's prediction, teach the model (a checkpoint, a
