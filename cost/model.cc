@@ -69,6 +69,20 @@ void LearnNetwork(HostRates& r, const TaskObservation& o) {
   }
 }
 
+// A move the machine's CPUs paced still shows that each NIC went at least
+// as fast as it did: a rate below that (or none yet) is raised to it.
+void LearnNetworkAtLeast(HostRates& r, const TaskObservation& o) {
+  const double move = o.timings.move_seconds();
+  if (!(move > 0)) return;
+  for (auto [rate, bytes] : {std::pair{&r.receive, o.bytes_in}, {&r.send, o.bytes_out}}) {
+    if (bytes < CostModel::kMinBytes) continue;
+    if (!rate->learned || rate->bytes_per_s < bytes / move) {
+      rate->bytes_per_s = bytes / move;
+      rate->learned = true;
+    }
+  }
+}
+
 }  // namespace
 
 HostRates CostModel::RatesOf(const std::string& host, const v1::HostProbe* probe) const {
@@ -183,8 +197,11 @@ void CostModel::ObserveCommit(const std::string& operation_id, double actual_sec
     }
     for (const TaskObservation& o : tasks) {
       const Machine& m = machines[machine_of(o.host)];
-      if (m.longest > 0 && m.cpu / m.cpus >= kCpuBoundShare * m.longest) continue;
-      LearnNetwork(learned_[o.host], o);
+      if (m.longest > 0 && m.cpu / m.cpus >= kCpuBoundShare * m.longest) {
+        LearnNetworkAtLeast(learned_[o.host], o);
+      } else {
+        LearnNetwork(learned_[o.host], o);
+      }
     }
   }
   ObserveOperation(actual_seconds, longest);

@@ -83,8 +83,10 @@ class CostModel {
   void ObserveOperation(double actual_seconds, double longest_task_seconds);
   /// For `operation_id`'s tasks ObserveTask saw: the NIC rates of the hosts
   /// whose machine was not CPU-bound (its hosts' CPU-seconds over its CPUs
-  /// under kCpuBoundShare of their longest task), and the overhead
-  /// (ObserveOperation); then forgets the operation. Nothing when it saw none.
+  /// under kCpuBoundShare of their longest task); on a CPU-bound machine
+  /// only a floor (each NIC went at least as fast as the move: a lower rate,
+  /// or none, is raised to that); and the overhead (ObserveOperation); then
+  /// forgets the operation. Nothing when it saw none.
   void ObserveCommit(const std::string& operation_id, double actual_seconds);
   /// Forgets an operation that ended without committing.
   void Forget(const std::string& operation_id);
@@ -94,8 +96,8 @@ class CostModel {
   /// Weight of a new observation against what was learned before.
   static constexpr double kWeight = 0.5;
   /// A machine whose hosts' tasks used at least this share of its CPUs over
-  /// their longest task was CPU-bound: its hosts' moves say nothing of
-  /// their NICs.
+  /// their longest task was CPU-bound: its hosts' moves give their NICs only
+  /// a floor.
   static constexpr double kCpuBoundShare = 0.6;
 
  private:

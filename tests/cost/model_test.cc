@@ -144,7 +144,7 @@ TEST(CostModelTest, ACommitLearnsFromItsLongestTaskOnly) {
   EXPECT_DOUBLE_EQ(model.OverheadSeconds(), 0.5);
 }
 
-TEST(CostModelTest, ACommitOnACpuBoundMachineTeachesNoNicRate) {
+TEST(CostModelTest, ACommitOnACpuBoundMachineTeachesItsNicsOnlyAFloor) {
   // Two hosts of one machine with 2 CPUs: their tasks used 3.2 of its
   // 2 x 2 s, 80 % (CPU-bound); a third host on a machine of its own was not.
   CostModel model;
@@ -157,24 +157,30 @@ TEST(CostModelTest, ACommitOnACpuBoundMachineTeachesNoNicRate) {
   alone.set_machine_id("m2");
   alone.set_cpus(2);
   model.NoteProbe("h2", alone);
-  auto task = [](const std::string& host, double cpu) {
+  auto task = [](const std::string& host, double move, double cpu) {
     TaskObservation o;
     o.host = host;
     o.bytes_in = 100 * kMiB;
-    o.timings = Timings(0, 2.0, 0, 0, cpu);
+    o.timings = Timings(0, move, 0, 0, cpu);
     return o;
   };
-  model.ObserveTask("op-1", task("h0", 1.6));
-  model.ObserveTask("op-1", task("h1", 1.6));
-  model.ObserveTask("op-1", task("h2", 0.4));
+  model.ObserveTask(task("h0", 1.0, 0));  // h0 received at 100 MiB/s before
+  ASSERT_DOUBLE_EQ(model.RatesOf("h0", nullptr).receive.bytes_per_s, 100.0 * kMiB);
+  model.ObserveTask("op-1", task("h0", 2.0, 1.6));
+  model.ObserveTask("op-1", task("h1", 2.0, 1.6));
+  model.ObserveTask("op-1", task("h2", 4.0, 0.4));
   // Nothing of the network until the commit.
   EXPECT_FALSE(model.RatesOf("h2", nullptr).receive.learned);
-  EXPECT_DOUBLE_EQ(model.RatesOf("h0", nullptr).cpu_seconds_per_byte, 1.6 / (100.0 * kMiB));
-  model.ObserveCommit("op-1", 2.5);
-  EXPECT_FALSE(model.RatesOf("h0", nullptr).receive.learned);
   EXPECT_FALSE(model.RatesOf("h1", nullptr).receive.learned);
+  EXPECT_DOUBLE_EQ(model.RatesOf("h1", nullptr).cpu_seconds_per_byte, 1.6 / (100.0 * kMiB));
+  model.ObserveCommit("op-1", 4.5);
+  // CPU-bound: h0 keeps its faster rate, h1 gets the floor of 50 MiB/s.
+  EXPECT_DOUBLE_EQ(model.RatesOf("h0", nullptr).receive.bytes_per_s, 100.0 * kMiB);
+  EXPECT_TRUE(model.RatesOf("h1", nullptr).receive.learned);
+  EXPECT_DOUBLE_EQ(model.RatesOf("h1", nullptr).receive.bytes_per_s, 50.0 * kMiB);
+  // Not CPU-bound: h2 learns its rate, 25 MiB/s.
   EXPECT_TRUE(model.RatesOf("h2", nullptr).receive.learned);
-  EXPECT_DOUBLE_EQ(model.RatesOf("h2", nullptr).receive.bytes_per_s, 50.0 * kMiB);
+  EXPECT_DOUBLE_EQ(model.RatesOf("h2", nullptr).receive.bytes_per_s, 25.0 * kMiB);
   EXPECT_EQ(model.RatesOf("h0", nullptr).machine, "m1");
   EXPECT_EQ(model.RatesOf("h0", nullptr).cpus, 2);
   EXPECT_DOUBLE_EQ(model.OverheadSeconds(), 0.5);

@@ -43,7 +43,8 @@ absl::StatusOr<v1::Operation> FoldedCheckpoint(PgTx& tx, const NewOperation& op,
 void AbortCheckpointForRecovery(PgTx& tx, const std::string& job_id, const CheckpointAbort& abort) {
   tx.Exec(kTransitionOperation, abort.operation_id, static_cast<int>(abort.from),
           static_cast<int>(v1::OPERATION_STATE_ABORTED), false, Bytea(absl::string_view()), false,
-          Bytea(absl::string_view()), true, abort.error, false, int64_t{0});
+          Bytea(absl::string_view()), true, abort.error, false, int64_t{0}, false,
+          Bytea(absl::string_view()));
   tx.Exec(kDiscardPendingGeneration, job_id, abort.to_generation);
 }
 
