@@ -11,6 +11,9 @@ std::vector<double> MaxMinRates(const std::vector<double>& capacities,
   std::vector<double> rate(active.size(), 0);
   std::vector<double> left = capacities;
   std::vector<double> load(capacities.size(), 0);  // weight per unit of rate, unfrozen flows
+  // Unfrozen flows per resource: a resource none uses any more is out of
+  // the search even when rounding leaves its load a hair above 0.
+  std::vector<int> users(capacities.size(), 0);
   std::vector<bool> frozen(active.size(), false);
   size_t unfrozen = 0;
   for (size_t i = 0; i < active.size(); ++i) {
@@ -20,13 +23,20 @@ std::vector<double> MaxMinRates(const std::vector<double>& capacities,
       continue;
     }
     ++unfrozen;
-    for (size_t k = 0; k < f.resources.size(); ++k) load[f.resources[k]] += f.WeightAt(k);
+    for (size_t k = 0; k < f.resources.size(); ++k) {
+      load[f.resources[k]] += f.WeightAt(k);
+      ++users[f.resources[k]];
+    }
   }
   while (unfrozen > 0) {
     // The largest equal raise every resource in use can still take.
     double share = std::numeric_limits<double>::infinity();
+    size_t full_at = left.size();  // the resource that sets the share
     for (size_t r = 0; r < left.size(); ++r) {
-      if (load[r] > 0) share = std::min(share, left[r] / load[r]);
+      if (users[r] > 0 && load[r] > 0 && left[r] / load[r] < share) {
+        share = left[r] / load[r];
+        full_at = r;
+      }
     }
     if (share == std::numeric_limits<double>::infinity()) {
       // What is left takes nothing of any resource: unconstrained.
@@ -39,20 +49,28 @@ std::vector<double> MaxMinRates(const std::vector<double>& capacities,
     for (size_t i = 0; i < active.size(); ++i) {
       if (!frozen[i]) rate[i] += share;
     }
-    for (size_t r = 0; r < left.size(); ++r) left[r] -= share * load[r];
-    // Freeze the flows of every resource now full.
+    for (size_t r = 0; r < left.size(); ++r) {
+      if (users[r] > 0) left[r] -= share * load[r];
+    }
+    left[full_at] = 0;  // full by definition, whatever rounding left
+    // Freeze the flows of every resource now full (at least full_at's: each
+    // pass freezes some flow, so the loop ends).
     for (size_t i = 0; i < active.size(); ++i) {
       if (frozen[i]) continue;
       const Flow& f = flows[active[i]];
       bool full = false;
       for (size_t k = 0; k < f.resources.size(); ++k) {
         const int r = f.resources[k];
-        full = full || (f.WeightAt(k) > 0 && left[r] <= capacities[r] * 1e-12);
+        full = full || static_cast<size_t>(r) == full_at ||
+               (f.WeightAt(k) > 0 && left[r] <= capacities[r] * 1e-12);
       }
       if (!full) continue;
       frozen[i] = true;
       --unfrozen;
-      for (size_t k = 0; k < f.resources.size(); ++k) load[f.resources[k]] -= f.WeightAt(k);
+      for (size_t k = 0; k < f.resources.size(); ++k) {
+        const int r = f.resources[k];
+        load[r] = --users[r] == 0 ? 0 : load[r] - f.WeightAt(k);
+      }
     }
   }
   return rate;
