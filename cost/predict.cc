@@ -192,26 +192,4 @@ v1::CostPrediction Predict(const Traffic& traffic, const CostModel& model,
   return out;
 }
 
-TaskObservation ObservationOf(const Traffic& traffic, const std::string& host,
-                              const std::string& route, const v1::TaskTimings& timings) {
-  TaskObservation o;
-  o.host = host;
-  o.route = route;
-  o.timings = timings;
-  auto it = traffic.hosts.find(host);
-  if (it != traffic.hosts.end()) {
-    o.bytes_in = it->second.in;
-    o.bytes_out = it->second.out;
-    o.bytes_local = it->second.local;
-    o.bytes_new = it->second.written;
-  }
-  return o;
-}
-
-double LongestTask(const std::vector<v1::TaskTimings>& timings) {
-  double longest = 0;
-  for (const v1::TaskTimings& t : timings) longest = std::max(longest, t.total_seconds());
-  return longest;
-}
-
 }  // namespace reshard::cost

@@ -10,7 +10,6 @@
 #include <map>
 #include <string>
 #include <utility>
-#include <vector>
 
 #include "cost/model.h"
 #include "planner/planner.h"
@@ -39,14 +38,5 @@ Traffic TrafficOf(const planner::Plan& plan, const v1::Layout& from, const v1::L
 /// registration probe (a host without one takes the defaults).
 v1::CostPrediction Predict(const Traffic& traffic, const CostModel& model,
                            const std::map<std::string, v1::HostProbe>& probes);
-
-/// What the model learns from one host's finished task: its bytes in
-/// `traffic` and its agent's timings.
-TaskObservation ObservationOf(const Traffic& traffic, const std::string& host,
-                              const std::string& route, const v1::TaskTimings& timings);
-
-/// The longest task of an operation, from its hosts' timings: what
-/// CostModel::ObserveOperation subtracts.
-double LongestTask(const std::vector<v1::TaskTimings>& timings);
 
 }  // namespace reshard::cost

@@ -27,6 +27,21 @@ struct Split {
   }
 };
 
+// What a host's finished task of `traffic` teaches: its bytes and timings.
+TaskObservation ObservationOf(const Traffic& traffic, const std::string& host,
+                              const v1::TaskTimings& timings) {
+  const HostBytes& b = traffic.hosts.at(host);
+  TaskObservation o;
+  o.host = host;
+  o.route = "host";
+  o.timings = timings;
+  o.bytes_in = b.in;
+  o.bytes_out = b.out;
+  o.bytes_local = b.local;
+  o.bytes_new = b.written;
+  return o;
+}
+
 TEST(PredictTest, TrafficCountsEachHostAndPair) {
   const Traffic t = Split().Traffic_();
   ASSERT_EQ(t.hosts.size(), 2u);
@@ -97,9 +112,9 @@ TEST(PredictTest, LearnedRatesMakeItCalibratedAndMoveTheCriticalHost) {
   h1.set_move_seconds(4.0);  // 32 MiB in: a slow receiver
   h1.set_seal_seconds(0.4);  // and a slow sealer
   h1.set_total_seconds(4.6);
-  model.ObserveTask(ObservationOf(big, "h0", "host", h0));
-  model.ObserveTask(ObservationOf(big, "h1", "host", h1));
-  model.ObserveOperation(4.8, LongestTask({h0, h1}));
+  model.ObserveTask(ObservationOf(big, "h0", h0));
+  model.ObserveTask(ObservationOf(big, "h1", h1));
+  model.ObserveOperation(4.8, h1.total_seconds());  // the longer task
   const v1::CostPrediction p = Predict(t, model, {});
   EXPECT_TRUE(p.calibrated());
   EXPECT_NEAR(p.overhead_seconds(), 0.2, 1e-12);
