@@ -90,6 +90,7 @@ FlowResult SimulateFlows(const std::vector<double>& capacities, const std::vecto
   });
   std::vector<int> active;
   double now = 0;
+  const int64_t max_events = 2 * static_cast<int64_t>(flows.size()) + 2;
   while (!active.empty() || !pending.empty()) {
     if (active.empty()) now = std::max(now, flows[pending.back()].start);
     while (!pending.empty() && flows[pending.back()].start <= now) {
@@ -103,7 +104,15 @@ FlowResult SimulateFlows(const std::vector<double>& capacities, const std::vecto
     }
     if (active.empty()) continue;
     const std::vector<double> rate = MaxMinRates(capacities, flows, active);
-    ++out.events;
+    if (++out.events > max_events) {
+      out.cut_short = true;
+      for (size_t i = 0; i < active.size(); ++i) {
+        const int f = active[i];
+        out.end[f] = rate[i] > 0 && std::isfinite(rate[i]) ? now + left[f] / rate[i] : now;
+      }
+      for (int f : pending) out.end[f] = flows[f].start;
+      break;
+    }
     // Advance to the first end, or to the next start, whichever comes first.
     double step = std::numeric_limits<double>::infinity();
     for (size_t i = 0; i < active.size(); ++i) {

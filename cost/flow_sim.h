@@ -31,6 +31,11 @@ struct FlowResult {
   std::vector<double> end;  // per flow: when its last byte arrived (its start when empty)
   double makespan = 0;      // the latest end (0 without flows)
   int64_t events = 0;       // rate allocations computed
+  // Every event ends a flow or reaches a start, so a run takes at most two
+  // per flow; past that bound (rounding that never lets a flow end) the
+  // flows still running end at their current rates and this is set. A
+  // prediction must never hold up the planning it comes with.
+  bool cut_short = false;
 };
 
 /// Runs `flows` over resources of `capacities` (bytes per second, > 0).
