@@ -53,6 +53,14 @@ const char kStopFreeHelp[] =
     "                            follows the operation to its commit; the table shows its\n"
     "                            prepare and pause seconds (docs/coordinator.md)\n";
 
+const char kDeadlineHelp[] =
+    "  --deadline WHEN           the operation must end by WHEN: a duration from now\n"
+    "                            (90s, 10m) or an RFC 3339 time. The coordinator predicts\n"
+    "                            it first and refuses at once (exit 5), naming the\n"
+    "                            prediction and an alternative, when it would end later\n"
+    "  --abort-past-deadline     abort it cleanly if it still runs at WHEN (default: it\n"
+    "                            goes on; ops show gives its ETA) (docs/scheduler.md)\n";
+
 struct CommandSpec {
   const char* name;
   std::vector<std::string> args;  // positional argument names
@@ -108,15 +116,16 @@ const std::vector<CommandSpec>& Specs() {
        "their agent serves them only with it. Every call is audited.\n"},
       {"resize",
        {"JOB"},
-       Joined({"to", "expected-generation", "idempotency-key", "wait-timeout"}, AdviseValueFlags()),
-       Joined({"no-wait", "choose", "stop-free"}, AdviseBoolFlags()),
+       Joined({"to", "expected-generation", "idempotency-key", "wait-timeout", "deadline"},
+              AdviseValueFlags()),
+       Joined({"no-wait", "choose", "stop-free", "abort-past-deadline"}, AdviseBoolFlags()),
        {},
        absl::StrCat("usage: reshardctl resize JOB --to LAYOUT.json [--stop-free] [--no-wait]\n"
                     "       reshardctl resize JOB --choose --gpus N [advise flags] [--no-wait]\n"
                     "\nMoves a job to a new layout: a reshard.v1.Layout in JSON (a missing\n"
                     "config keeps the current one), or with --choose the one the coordinator's\n"
                     "advisor finds best for --horizon (see reshardctl advise --help).\n\n",
-                    kStopFreeHelp, kWaitHelp)},
+                    kStopFreeHelp, kDeadlineHelp, kWaitHelp)},
       {"advise",
        {"JOB"},
        AdviseValueFlags(),
@@ -130,18 +139,18 @@ const std::vector<CommandSpec>& Specs() {
                     AdviseFlagsHelp())},
       {"migrate",
        {"JOB"},
-       {"to", "expected-generation", "idempotency-key", "wait-timeout"},
-       {"no-wait", "stop-free"},
+       {"to", "expected-generation", "idempotency-key", "wait-timeout", "deadline"},
+       {"no-wait", "stop-free", "abort-past-deadline"},
        {"to"},
        absl::StrCat("usage: reshardctl migrate JOB --to LAYOUT.json [--stop-free] [--no-wait]\n"
                     "\nMoves a job's ranks to other devices, same config (the layout file's\n"
                     "placement is used; its world size must match).\n\n",
-                    kStopFreeHelp, kWaitHelp)},
+                    kStopFreeHelp, kDeadlineHelp, kWaitHelp)},
       {"recover",
        {"JOB"},
-       Joined({"lost", "to", "expected-generation", "idempotency-key", "wait-timeout"},
+       Joined({"lost", "to", "expected-generation", "idempotency-key", "wait-timeout", "deadline"},
               AdviseValueFlags()),
-       Joined({"no-wait", "choose", "accept-degraded"}, AdviseBoolFlags()),
+       Joined({"no-wait", "choose", "accept-degraded", "abort-past-deadline"}, AdviseBoolFlags()),
        {"lost"},
        absl::StrCat(
            "usage: reshardctl recover JOB --lost HOSTS [--to LAYOUT.json] [--accept-degraded]\n"
@@ -159,7 +168,7 @@ const std::vector<CommandSpec>& Specs() {
            "                 recover even when the new layout gives up the job's HSDP\n"
            "                 replicas or its surviving the loss of any one host (refused\n"
            "                 otherwise, naming what is lost and a layout that keeps it)\n",
-           kWaitHelp)},
+           kDeadlineHelp, kWaitHelp)},
       {"preview",
        {"JOB"},
        {"to", "lost"},
@@ -176,6 +185,18 @@ const std::vector<CommandSpec>& Specs() {
        {},
        {},
        "usage: reshardctl hosts list\n\nLists hosts and their agents' lease.\n"},
+      {"hosts notice",
+       {"HOST"},
+       {"leaves", "spare", "idempotency-key"},
+       {},
+       {"leaves"},
+       "usage: reshardctl hosts notice HOST --leaves WHEN [--spare H1,H2]\n"
+       "\nSays that HOST goes away at WHEN (a preemption, a spot reclaim, a drain; admin\n"
+       "only, audited): the coordinator moves every job on it off before then, onto a\n"
+       "spare or onto the job's other hosts, or says at once why it cannot and what\n"
+       "the job keeps when HOST goes. Prints one line per job (docs/scheduler.md).\n"
+       "  --leaves WHEN   a duration from now (90s, 10m) or an RFC 3339 time\n"
+       "  --spare LIST    hosts that may take HOST's place, in order, one per job\n"},
       {"ops show", {"OP"}, {}, {}, {}, "usage: reshardctl ops show OP\n\nShows an operation.\n"},
       {"ops watch",
        {"OP"},
@@ -292,18 +313,35 @@ absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text) {
   return d;
 }
 
-absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms) {
+namespace {
+
+// A time as a flag gives it: an RFC 3339 time, or a duration back from
+// `now_unix_ms` (`ahead` false) or ahead of it; unix milliseconds.
+absl::StatusOr<int64_t> ParseTimeFlag(const std::string& flag, const std::string& text,
+                                      int64_t now_unix_ms, bool ahead) {
   absl::Time t;
   std::string error;
   if (absl::ParseTime(absl::RFC3339_full, text, &t, &error)) return absl::ToUnixMillis(t);
-  absl::StatusOr<absl::Duration> back = ParseTimeout(text);
-  if (!back.ok()) {
+  absl::StatusOr<absl::Duration> d = ParseTimeout(text);
+  if (!d.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("--since \"", text,
-                     "\": expected a duration back from now (1h, 30m) or an RFC 3339 time "
-                     "(2026-01-02T15:04:05Z)"));
+        absl::StrCat("--", flag, " \"", text, "\": expected a duration ",
+                     ahead ? "from now (90s, 10m)" : "back from now (1h, 30m)",
+                     " or an RFC 3339 time (2026-01-02T15:04:05Z)"));
   }
-  return std::max<int64_t>(0, now_unix_ms - absl::ToInt64Milliseconds(*back));
+  const int64_t ms = absl::ToInt64Milliseconds(*d);
+  return ahead ? now_unix_ms + ms : std::max<int64_t>(0, now_unix_ms - ms);
+}
+
+}  // namespace
+
+absl::StatusOr<int64_t> ParseWhen(const std::string& flag, const std::string& text,
+                                  int64_t now_unix_ms) {
+  return ParseTimeFlag(flag, text, now_unix_ms, /*ahead=*/true);
+}
+
+absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms) {
+  return ParseTimeFlag("since", text, now_unix_ms, /*ahead=*/false);
 }
 
 namespace {
@@ -457,6 +495,16 @@ absl::Status CheckCommandFlags(const CommandSpec& spec, const ServerInvocation& 
   if (inv.command == "advise" || inv.flags.contains("choose")) {
     absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv.flags, "");
     if (!advise.ok()) return advise.status();
+  }
+  for (const char* flag : {"deadline", "leaves"}) {
+    if (auto it = inv.flags.find(flag); it != inv.flags.end()) {
+      if (absl::StatusOr<int64_t> when = ParseWhen(flag, it->second, 0); !when.ok()) {
+        return when.status();
+      }
+    }
+  }
+  if (inv.flags.contains("abort-past-deadline") && !inv.flags.contains("deadline")) {
+    return absl::InvalidArgumentError("--abort-past-deadline needs --deadline");
   }
   if (auto it = inv.flags.find("wait-timeout"); it != inv.flags.end()) {
     absl::StatusOr<absl::Duration> d = ParseTimeout(it->second);

@@ -59,6 +59,7 @@ class Runner {
     if (c == "recover") return Recover();
     if (c == "preview") return Preview();
     if (c == "hosts list") return HostsList();
+    if (c == "hosts notice") return HostsNotice();
     if (c == "ops show") return OpsShow();
     if (c == "ops watch") return Watch(inv_.positional[0]);
     if (c == "ops cancel") return OpsCancel();
@@ -174,6 +175,16 @@ class Runner {
     return g;
   }
 
+  // --deadline and --abort-past-deadline (checked when parsed).
+  v1::Deadline DeadlineFlags() const {
+    v1::Deadline d;
+    if (Has("deadline")) {
+      d.set_unix_ms(ParseWhen("deadline", Flag("deadline"), Now()).value_or(0));
+      d.set_abort_past(Has("abort-past-deadline"));
+    }
+    return d;
+  }
+
   int Resize() {
     if (Has("choose")) return ResizeChosen();
     v1::Layout target;
@@ -187,6 +198,7 @@ class Runner {
     if (target.has_config()) *req.mutable_config() = target.config();
     req.set_idempotency_key(Flag("idempotency-key"));
     req.set_stop_free(Has("stop-free"));
+    *req.mutable_deadline() = DeadlineFlags();
     return Started(client_.Resize(std::move(req)));
   }
 
@@ -202,6 +214,7 @@ class Runner {
     req.set_expected_generation(*gen);
     req.set_idempotency_key(Flag("idempotency-key"));
     req.set_stop_free(Has("stop-free"));
+    *req.mutable_deadline() = DeadlineFlags();
     return Started(client_.Resize(std::move(req)));
   }
 
@@ -224,6 +237,7 @@ class Runner {
     *req.mutable_placement() = target.placement();
     req.set_idempotency_key(Flag("idempotency-key"));
     req.set_stop_free(Has("stop-free"));
+    *req.mutable_deadline() = DeadlineFlags();
     return Started(client_.Migrate(std::move(req)));
   }
 
@@ -251,6 +265,7 @@ class Runner {
     }  // else the coordinator picks the survivors (planner/survivor.h)
     req.set_accept_degraded(Has("accept-degraded"));
     req.set_idempotency_key(Flag("idempotency-key"));
+    *req.mutable_deadline() = DeadlineFlags();
     return Started(client_.RecoverFromFailure(std::move(req)));
   }
 
@@ -352,6 +367,21 @@ class Runner {
     absl::StatusOr<v1::ListHostsResponse> hosts = client_.ListHosts();
     if (!hosts.ok()) return Fail(hosts.status());
     return Print(*hosts, FormatHostsTable(*hosts, Now()));
+  }
+
+  int HostsNotice() {
+    v1::NoticeHostRequest req;
+    req.set_host_id(inv_.positional[0]);
+    req.set_leaves_unix_ms(ParseWhen("leaves", Flag("leaves"), Now()).value_or(0));
+    if (Has("spare")) {
+      for (absl::string_view h : absl::StrSplit(Flag("spare"), ',', absl::SkipEmpty())) {
+        req.add_spare_hosts(std::string(h));
+      }
+    }
+    req.set_idempotency_key(Flag("idempotency-key"));
+    absl::StatusOr<v1::NoticeHostResponse> reply = client_.NoticeHost(req);
+    if (!reply.ok()) return Fail(reply.status());
+    return Print(*reply, FormatHostNotice(*reply));
   }
 
   int OpsShow() {

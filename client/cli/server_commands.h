@@ -66,6 +66,12 @@ using GetEnv = std::function<const char*(const char*)>;
 /// `--timeout`: an absl duration ("30s", "1m", "500ms") or plain seconds ("2.5").
 [[nodiscard]] absl::StatusOr<absl::Duration> ParseTimeout(const std::string& text);
 
+/// `--deadline`, `--leaves`: a duration from `now_unix_ms` (as
+/// ParseTimeout) or an RFC 3339 time; unix milliseconds. InvalidArgument
+/// naming the flag and the text.
+[[nodiscard]] absl::StatusOr<int64_t> ParseWhen(const std::string& flag, const std::string& text,
+                                                int64_t now_unix_ms);
+
 /// `audit --since`: a duration back from `now_unix_ms` (as ParseTimeout)
 /// or an RFC 3339 time; unix milliseconds. InvalidArgument naming the text.
 [[nodiscard]] absl::StatusOr<int64_t> ParseSince(const std::string& text, int64_t now_unix_ms);

@@ -191,6 +191,22 @@ std::string PredictionLine(const v1::CostPrediction& p) {
 
 }  // namespace
 
+std::string FormatHostNotice(const v1::NoticeHostResponse& notice) {
+  std::vector<std::vector<std::string>> rows = {{"JOB", "OPERATION", "PREDICTED", "TARGET"}};
+  std::string refusals;
+  for (const v1::HostNoticeJob& j : notice.jobs()) {
+    if (j.operation_id().empty()) {
+      rows.push_back({j.job_id(), "-", "-", "not moved (below)"});
+      absl::StrAppend(&refusals, j.job_id(), ": ", j.refused(), "\n");
+    } else {
+      rows.push_back(
+          {j.job_id(), j.operation_id(), PredictionLine(j.prediction()), FormatLayout(j.target())});
+    }
+  }
+  if (notice.jobs().empty()) return "(no job has ranks on the host)\n";
+  return RenderTable(rows) + refusals;
+}
+
 std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
   std::string out;
   Field(&out, "id", op.id());
@@ -221,6 +237,13 @@ std::string FormatOperation(const v1::Operation& op, int64_t now_unix_ms) {
                                     : 0.0)
               : "-");
   }
+  if (op.has_deadline()) {
+    // docs/scheduler.md, "Deadlines".
+    Field(&out, "deadline",
+          absl::StrCat(FormatRelativeTime(op.deadline().unix_ms(), now_unix_ms),
+                       op.deadline().abort_past() ? " (aborts past it)" : " (goes on past it)"));
+  }
+  if (op.eta_unix_ms() > 0) Field(&out, "eta", FormatRelativeTime(op.eta_unix_ms(), now_unix_ms));
   if (op.stop_free()) {
     // The two phases (docs/coordinator.md, "Stop-free reconfiguration").
     Field(&out, "stop-free", "yes");

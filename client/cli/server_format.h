@@ -45,6 +45,9 @@ std::string FormatPlanStats(const v1::PlanStats& stats);
 /// The cost model's prediction (docs/scheduler.md): the total, the critical
 /// host and link, the plan's own bound, then each host's phases.
 std::string FormatCostPrediction(const v1::CostPrediction& p);
+/// `hosts notice`: a row per job (its operation, predicted seconds and
+/// target), then why each job not moved was not.
+std::string FormatHostNotice(const v1::NoticeHostResponse& notice);
 
 /// A snapshot of a running operation for the progress display.
 struct ProgressSample {

@@ -316,6 +316,17 @@ absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
   return response;
 }
 
+absl::StatusOr<v1::NoticeHostResponse> CoordinatorClient::NoticeHost(
+    v1::NoticeHostRequest request) {
+  EnsureKey(&request);  // a retry gets the same operations
+  v1::NoticeHostResponse response;
+  absl::Status s = Call("NoticeHost", [&](grpc::ClientContext* c) {
+    return stub_->NoticeHost(c, request, &response);
+  });
+  if (!s.ok()) return s;
+  return response;
+}
+
 absl::StatusOr<v1::ListAuditResponse> CoordinatorClient::ListAudit(
     const v1::ListAuditRequest& request) {
   v1::ListAuditResponse response;

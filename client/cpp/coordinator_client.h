@@ -122,6 +122,10 @@ class CoordinatorClient {
 
   /// Hosts and their agents' state.
   [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts();
+  /// Host `host_id` goes away at `leaves_unix_ms` (admin; docs/scheduler.md,
+  /// "Host notices"): each job on it, moved off or why not. A key is made
+  /// when the request has none, so that a retry gets the same operations.
+  [[nodiscard]] absl::StatusOr<v1::NoticeHostResponse> NoticeHost(v1::NoticeHostRequest request);
 
   /// One page of the audit trail, newest first (docs/security.md, "Audit"):
   /// an admin sees every tenant, a scheduler or viewer its own.

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/log.h"
 #include "common/rpc/enum_name.h"
+#include "services/coordinator/logic/deadlines.h"
 #include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
 
@@ -174,6 +175,12 @@ absl::Status OperationDriver::Advance(const std::string& operation_id, HostMap& 
           PhaseName(phase), ", which the operation state machine has no path for"));
     }
     moved_from = phase;
+    // Past a deadline that asked for it, whatever the phase (deadlines.h).
+    if (std::optional<std::string> why = DeadlineAbort(record->op, now); why.has_value()) {
+      absl::Status ended = Finish(record->op, v1::OPERATION_STATE_ABORTED, *why, now);
+      if (absl::IsAborted(ended)) continue;  // moved under us: look again
+      return ended;
+    }
     absl::StatusOr<bool> moved;
     switch (phase) {
       case OpPhase::kQueued:

@@ -18,6 +18,7 @@
 #include "services/coordinator/logic/capacity.h"
 #include "services/coordinator/logic/cost_estimates.h"
 #include "services/coordinator/logic/dataset_state.h"
+#include "services/coordinator/logic/deadlines.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
@@ -77,6 +78,7 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
   op.target_layout = std::move(target);
   op.idempotency = std::move(idempotency);
   op.stop_free = request.stop_free();
+  op.deadline = request.deadline();
   op.at_step_boundary = request.at_step_boundary();
   if (op.at_step_boundary) {
     op.step_boundary_timeout_ms = request.step_boundary_timeout_ms() > 0
@@ -85,6 +87,22 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
     op.step_boundary_deadline_unix_ms = now_ms + op.step_boundary_timeout_ms;
   }
   return op;
+}
+
+// The lost set the driver plans with: the request's lost `hosts` and
+// `ranks`, and the job's lost hosts (never sources).
+planner::LostSet LostOf(const v1::Job& job,
+                        const google::protobuf::RepeatedPtrField<std::string>& hosts,
+                        const google::protobuf::RepeatedField<int32_t>& ranks) {
+  planner::LostSet lost;
+  lost.hosts.assign(hosts.begin(), hosts.end());
+  for (const std::string& h : job.lost_hosts()) {
+    if (std::find(lost.hosts.begin(), lost.hosts.end(), h) == lost.hosts.end()) {
+      lost.hosts.push_back(h);
+    }
+  }
+  lost.ranks.assign(ranks.begin(), ranks.end());
+  return lost;
 }
 
 }  // namespace
@@ -206,10 +224,31 @@ absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& tar
   return capacities_.CheckFits(ptc, target, "target");
 }
 
+absl::Status SchedulerApi::CheckMeetsDeadline(const v1::Deadline& deadline, const v1::Job& job,
+                                              const v1::Layout& target, planner::LostSet lost,
+                                              bool could_be_stop_free) {
+  if (deadline.unix_ms() == 0) return absl::OkStatus();
+  if (options_.cost == nullptr) {
+    return absl::UnimplementedError(
+        "deadline: this coordinator runs without a cost model and cannot predict the operation");
+  }
+  DeadlineCase c;
+  c.job = &job;
+  c.target = &target;
+  c.lost = std::move(lost);
+  c.could_be_stop_free = could_be_stop_free;
+  absl::Status s = CheckDeadline(deadline, c, *options_.cost, *store_, clock_->NowUnixMs());
+  if (!s.ok()) RESHARD_LOG(INFO) << "job=" << job.id() << " refused by its deadline: " << s;
+  return s;
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& request,
                                                    const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = CheckStepBoundary(request); !s.ok()) return s;
+  if (absl::Status s = CheckDeadlineField(request.deadline(), clock_->NowUnixMs()); !s.ok()) {
+    return s;
+  }
   if (request.has_choose()) return ResizeChosen(request, keys);
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
@@ -224,6 +263,13 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   // the first result, so do not judge it against another generation.
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
+  }
+  if (job->generation() == request.expected_generation()) {
+    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, target, LostOf(*job, {}, {}),
+                                            !request.stop_free());
+        !s.ok()) {
+      return s;
+    }
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
                                             MakeIdempotency(keys, request),
@@ -254,6 +300,11 @@ absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest
     absl::StatusOr<v1::Layout> chosen = advise_.Choose(request.choose(), *job);
     if (!chosen.ok()) return chosen.status();
     if (absl::Status s = CheckTarget(job->ptc(), *chosen); !s.ok()) return s;
+    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, *chosen, LostOf(*job, {}, {}),
+                                            !request.stop_free());
+        !s.ok()) {
+      return s;
+    }
     target = *std::move(chosen);
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_RESIZE, request, std::move(target),
@@ -266,6 +317,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
                                                     const KeyScope& keys) {
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = CheckStepBoundary(request); !s.ok()) return s;
+  if (absl::Status s = CheckDeadlineField(request.deadline(), clock_->NowUnixMs()); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<v1::Job> job =
       LoadForNewPlacement(request.job_id(), request.has_placement(), request.expected_generation());
   if (!job.ok()) return job.status();
@@ -277,6 +331,11 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
+    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, target, LostOf(*job, {}, {}),
+                                            !request.stop_free());
+        !s.ok()) {
+      return s;
+    }
   }
   return CreateOperation(PlacementOperation(v1::OPERATION_KIND_MIGRATE, request, std::move(target),
                                             MakeIdempotency(keys, request),
@@ -299,14 +358,7 @@ absl::StatusOr<v1::Layout> SchedulerApi::RecoveryTarget(
         "; without a target the coordinator recovers the current generation's survivors"));
   }
   if (request.has_choose()) {
-    planner::LostSet lost;
-    lost.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
-    lost.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
-    for (const std::string& h : job.lost_hosts()) {
-      if (std::find(lost.hosts.begin(), lost.hosts.end(), h) == lost.hosts.end()) {
-        lost.hosts.push_back(h);
-      }
-    }
+    planner::LostSet lost = LostOf(job, request.lost_hosts(), request.lost_ranks());
     return advise_.Choose(request.choose(), job, &lost);
   }
   absl::StatusOr<v1::Layout> target = planner::SurvivorLayout(
@@ -365,14 +417,7 @@ absl::Status SchedulerApi::CheckKeepsRedundancy(const v1::RecoverFromFailureRequ
     RESHARD_LOG(WARNING) << "job=" << job.id() << " " << note;
     return absl::OkStatus();
   }
-  planner::LostSet lost_set;
-  lost_set.hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
-  for (const std::string& h : job.lost_hosts()) {
-    if (std::find(lost_set.hosts.begin(), lost_set.hosts.end(), h) == lost_set.hosts.end()) {
-      lost_set.hosts.push_back(h);
-    }
-  }
-  lost_set.ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
+  const planner::LostSet lost_set = LostOf(job, request.lost_hosts(), request.lost_ranks());
   std::optional<v1::Layout> keeping =
       KeepingLayout(job.ptc(), job.layout(), lost_set, in_place_hosts);
   if (keeping.has_value() && !capacities_.CheckFits(job.ptc(), *keeping, "target").ok()) {
@@ -393,6 +438,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   }
   if (absl::Status s = CheckExpectedGeneration(request.expected_generation()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  if (absl::Status s = CheckDeadlineField(request.deadline(), clock_->NowUnixMs()); !s.ok()) {
+    return s;
+  }
   absl::StatusOr<v1::Job> job = LoadJobWithPtc(request.job_id());
   if (!job.ok()) return job.status();
 
@@ -413,6 +461,12 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
     if (absl::Status s = CheckKeepsRedundancy(request, *job, *target, *in_place); !s.ok()) {
       return s;
     }
+    if (absl::Status s =
+            CheckMeetsDeadline(request.deadline(), *job, *target,
+                               LostOf(*job, request.lost_hosts(), request.lost_ranks()), false);
+        !s.ok()) {
+      return s;
+    }
   }
   NewOperation op;
   op.kind = v1::OPERATION_KIND_RECOVER;
@@ -422,6 +476,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::RecoverFromFailure(
   op.lost_hosts.assign(request.lost_hosts().begin(), request.lost_hosts().end());
   op.lost_ranks.assign(request.lost_ranks().begin(), request.lost_ranks().end());
   op.idempotency = MakeIdempotency(keys, request);
+  op.deadline = request.deadline();
   return CreateOperation(std::move(op));
 }
 
@@ -561,6 +616,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::GetOperation(const v1::GetOperationR
     out->set_route_reason(h.route_reason);
     out->set_error(h.error);
   }
+  record->op.set_eta_unix_ms(EtaUnixMs(record->op, clock_->NowUnixMs()));
   return std::move(record->op);
 }
 

@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "cost/model.h"
+#include "planner/planner.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/clock.h"
 #include "services/coordinator/logic/advise_api.h"
@@ -72,6 +73,11 @@ class SchedulerApi {
       const v1::CancelOperationRequest& request, const KeyScope& keys = {});
   [[nodiscard]] absl::StatusOr<v1::ListHostsResponse> ListHosts(
       const v1::ListHostsRequest& request);
+  /// Host `host_id` leaves at `leaves_unix_ms`: every job on it is moved
+  /// off before then, or told why not (host_notice.cc; docs/scheduler.md,
+  /// "Host notices").
+  [[nodiscard]] absl::StatusOr<v1::NoticeHostResponse> NoticeHost(
+      const v1::NoticeHostRequest& request, const KeyScope& keys = {});
   /// Commits a step boundary's dataset cursor with the current generation
   /// (docs/data.md; rules: store/dataset_commit.h).
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
@@ -95,6 +101,13 @@ class SchedulerApi {
   /// A Resize, Migrate or Recover target: a valid layout for `ptc`
   /// (InvalidArgument) whose hosts can hold it (ResourceExhausted).
   [[nodiscard]] absl::Status CheckTarget(const v1::Ptc& ptc, const v1::Layout& target);
+  /// OK when `deadline` is unset or the cost model predicts the move of
+  /// `job` to `target` (`lost`: as the driver plans it) ends by it;
+  /// FailedPrecondition naming the prediction and the alternative
+  /// otherwise (deadlines.h); Unimplemented without a cost model.
+  [[nodiscard]] absl::Status CheckMeetsDeadline(const v1::Deadline& deadline, const v1::Job& job,
+                                                const v1::Layout& target, planner::LostSet lost,
+                                                bool could_be_stop_free);
   /// Whether `operation_id` is an operation asked to stop at a step
   /// boundary (its checkpoint needs no with_step).
   bool NamesStepBoundaryOperation(const std::string& operation_id);

@@ -60,6 +60,8 @@ const std::vector<MethodRule>& Rules() {
       {"CommitStep", {Role::kScheduler, Role::kWorker}, false, kAll},
       // Hands out a secret: every call recorded.
       {"GetWorkerToken", {Role::kScheduler}, false, kAll},
+      // Moves the jobs of every tenant on a host: admin only, recorded.
+      {"NoticeHost", {}, false, kAll},
       // AgentService.
       {"RegisterAgent", {Role::kAgent}, true, kAll},
       {"Heartbeat", {Role::kAgent}, true, kRefused},

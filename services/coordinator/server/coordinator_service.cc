@@ -381,6 +381,16 @@ grpc::Status CoordinatorServiceImpl::ListHosts(grpc::ServerContext* context,
                      [&](const Principal&) { return Unwrap(api_->ListHosts(*request), reply); });
 }
 
+grpc::Status CoordinatorServiceImpl::NoticeHost(grpc::ServerContext* context,
+                                                const v1::NoticeHostRequest* request,
+                                                v1::NoticeHostResponse* reply) {
+  // Admin only (auth.cc): it moves the jobs of every tenant on the host.
+  return RunAdmitted(authorizer_, context, metrics_, "NoticeHost", *request, "",
+                     [&](const Principal& p) {
+                       return Unwrap(api_->NoticeHost(*request, KeysOf(*authorizer_, p)), reply);
+                     });
+}
+
 grpc::Status CoordinatorServiceImpl::ListAudit(grpc::ServerContext* context,
                                                const v1::ListAuditRequest* request,
                                                v1::ListAuditResponse* reply) {

@@ -70,6 +70,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceBase {
                                v1::Operation* reply) override;
   grpc::Status ListHosts(grpc::ServerContext* context, const v1::ListHostsRequest* request,
                          v1::ListHostsResponse* reply) override;
+  grpc::Status NoticeHost(grpc::ServerContext* context, const v1::NoticeHostRequest* request,
+                          v1::NoticeHostResponse* reply) override;
   grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
                          v1::ListAuditResponse* reply) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::CommitStepRequest* request,

@@ -100,6 +100,7 @@ MemoryStore::Operation& MemoryStore::WriteCreation(const NewOperation& op, const
   row.set_step_boundary(plan.row.step_boundary);
   row.set_step_boundary_deadline_unix_ms(plan.row.step_boundary_deadline_unix_ms);
   row.set_stop_free(op.stop_free);
+  if (op.deadline.unix_ms() > 0) *row.mutable_deadline() = op.deadline;
   created.step_boundary_timeout_ms = plan.row.step_boundary_timeout_ms;
   created.lost_hosts = op.lost_hosts;
   created.lost_ranks = op.lost_ranks;

@@ -51,6 +51,10 @@ struct NewOperation {
   bool at_step_boundary = false;
   int64_t step_boundary_timeout_ms = 0;
   int64_t step_boundary_deadline_unix_ms = 0;
+  /// Resize / migrate / recover: the request's deadline (unix_ms 0: none;
+  /// docs/scheduler.md, "Deadlines"), checked before the operation is
+  /// created (logic/deadlines.h); the driver acts on it past its time.
+  v1::Deadline deadline;
 };
 
 /// An operation with what only the coordinator needs.

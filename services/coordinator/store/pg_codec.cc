@@ -191,6 +191,11 @@ absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,
     }
   }
   if (!row[32].is_null()) op.set_planned_unix_ms(row[32].as<int64_t>());
+  // The request's deadline (migrations/0023).
+  if (const int64_t deadline = row[33].as<int64_t>(); deadline > 0) {
+    op.mutable_deadline()->set_unix_ms(deadline);
+    op.mutable_deadline()->set_abort_past(row[34].as<bool>());
+  }
   SetDerivedFields(&op);
   return op;
 }

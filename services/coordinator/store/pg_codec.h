@@ -47,7 +47,7 @@ std::vector<int64_t> ParseIntArray(const pqxx::field& field);
 /// Row of RESHARD_PG_JOB_COLUMNS.
 [[nodiscard]] absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row);
 /// How many columns RESHARD_PG_OPERATION_COLUMNS has (the plan follows).
-inline constexpr int kOperationColumns = 33;
+inline constexpr int kOperationColumns = 35;
 /// Row of RESHARD_PG_OPERATION_COLUMNS; also fills lost hosts/ranks when
 /// the pointers are non-null.
 [[nodiscard]] absl::StatusOr<v1::Operation> OperationFromRow(const pqxx::row& row,

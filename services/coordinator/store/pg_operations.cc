@@ -75,6 +75,10 @@ absl::StatusOr<v1::Operation> WriteCreation(PgTx& tx, const NewOperation& op,
     tx.Exec(kSetOperationStep, op.operation_id, op.step->step, op.step->cursor);
   }
   if (op.stop_free) tx.Exec(kSetOperationStopFree, op.operation_id);
+  if (op.deadline.unix_ms() > 0) {
+    tx.Exec(kSetOperationDeadline, op.operation_id, op.deadline.unix_ms(),
+            op.deadline.abort_past());
+  }
   if (plan.cut_over.has_value()) WriteCutOver(tx, *plan.cut_over);
   if (plan.boundary_checkpoint.has_value()) {
     if (absl::Status s = NameBoundaryCheckpoint(tx, *plan.boundary_checkpoint); !s.ok()) return s;

@@ -119,6 +119,7 @@ const std::vector<Statement>& AllStatements() {
       kPendingCheckpointOfJob,
       // Stop-free reconfiguration (issue 12).
       kSetOperationStopFree,
+      kSetOperationDeadline,
       kLockStopFreeOperation,
       kCutOverOperation,
       kMarkPrepared,

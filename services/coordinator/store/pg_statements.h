@@ -209,7 +209,8 @@ inline constexpr Statement kClaimIdempotencyKey{
   "reshard_unix_ms(o.agents_prepared_at), o.prepared_from_generation, o.bytes_precopied, "  \
   "o.bytes_skipped_unchanged, o.queued_behind_operation_id, o.step_boundary, "              \
   "o.step_boundary_deadline_unix_ms, o.step_boundary_checkpoint_id, "                       \
-  "o.step_boundary_timeout_ms, o.version, o.prediction, reshard_unix_ms(o.planned_at) "
+  "o.step_boundary_timeout_ms, o.version, o.prediction, reshard_unix_ms(o.planned_at), "    \
+  "o.deadline_unix_ms, o.deadline_abort "
 
 inline constexpr Statement kSelectOperation{
     "select_operation", "SELECT " RESHARD_PG_OPERATION_COLUMNS "FROM operations o WHERE o.id = $1"};

@@ -10,6 +10,11 @@ namespace reshard::coordinator::pg {
 inline constexpr Statement kSetOperationStopFree{
     "set_operation_stop_free", "UPDATE operations SET stop_free = true WHERE id = $1"};
 
+// $1 operation, $2 deadline (unix ms), $3 abort past it (migrations/0023).
+inline constexpr Statement kSetOperationDeadline{
+    "set_operation_deadline",
+    "UPDATE operations SET deadline_unix_ms = $2, deadline_abort = $3 WHERE id = $1"};
+
 // $1 operation, $2 job: what a cut-over checks, locked.
 inline constexpr Statement kLockStopFreeOperation{
     "lock_stop_free_operation",

@@ -285,13 +285,15 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
                                                "CommitStep",     "ReportRankFailure"};
   const std::set<std::string> kAgent = {"RegisterAgent", "Heartbeat", "GetTask", "ReportProgress",
                                         "WaitForTasks"};
-  const std::set<std::string> kAuth = {"CreateToken", "ListTokens", "RevokeToken"};
+  // Admin only: AuthService, and NoticeHost (it moves every tenant's jobs).
+  const std::set<std::string> kAdminOnly = {"CreateToken", "ListTokens", "RevokeToken",
+                                            "NoticeHost"};
   auto both = [](std::set<std::string> a, const std::set<std::string>& b) {
     a.insert(b.begin(), b.end());
     return a;
   };
   const std::vector<std::pair<Caller, std::set<std::string>>> callers = {
-      {{kAdminIdentity, ""}, both(both(kReads, kWrites), kAuth)},
+      {{kAdminIdentity, ""}, both(both(kReads, kWrites), kAdminOnly)},
       {{"scheduler:s@team-a", ""}, both(kReads, kWrites)},
       {{"scheduler:s@team-c,team-a", ""}, both(kReads, kWrites)},
       {{"viewer:v@team-a", ""}, kReads},
@@ -301,7 +303,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       {{"agent:h7", ""}, {}},  // no job of its host; speaks for h0 below
       {{kAnonymousIdentity, Token("scheduler", {"team-a"})}, both(kReads, kWrites)},
       {{kAnonymousIdentity, Token("viewer", {"team-a"})}, kReads},
-      {{kAnonymousIdentity, Token("admin", {})}, both(both(kReads, kWrites), kAuth)},
+      {{kAnonymousIdentity, Token("admin", {})}, both(both(kReads, kWrites), kAdminOnly)},
       {{kAnonymousIdentity, Token("viewer", {"team-b"})}, {"ListHosts"}},
       {{kAnonymousIdentity, ""}, {}},
       {{kAnonymousIdentity, revoked}, {}},
@@ -343,6 +345,14 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
          v1::ListHostsResponse reply;
          return CoordinatorClient(address, c.identity)
              ->ListHosts(CallCtx(c).get(), v1::ListHostsRequest(), &reply);
+       }},
+      {"NoticeHost",
+       [&](const Caller& c) {
+         // Admitted, then refused by the logic (no leaving time): no job moves.
+         v1::NoticeHostRequest r;
+         r.set_host_id("h0");
+         v1::NoticeHostResponse reply;
+         return CoordinatorClient(address, c.identity)->NoticeHost(CallCtx(c).get(), r, &reply);
        }},
       {"ListAudit",
        [&](const Caller& c) {

@@ -369,7 +369,8 @@ class Client:
 
     def resize(self, job_id, layout=None, expected_generation=None, idempotency_key=None,
                timeout=None, choose=False, gpus=None, hosts=None, horizon_s=None, devices=None,
-               model=None, stop_free=False, at_step_boundary=False, step_boundary_timeout=None):
+               model=None, stop_free=False, at_step_boundary=False, step_boundary_timeout=None,
+               deadline_unix_ms=None, abort_past_deadline=False):
         """Starts a resize to `layout` (Layout: config + placement; a Layout
         without config, or a bare Placement, keeps the current config).
         With choose=True and no layout the coordinator picks it: the advisor's
@@ -386,7 +387,13 @@ class Client:
         one within step_boundary_timeout seconds (None: the coordinator's
         --step-boundary-timeout-ms) it moves the last committed generation.
         Requested while a checkpoint is in flight, any resize is queued behind
-        it (docs/coordinator.md, "Checkpoints and operations")."""
+        it (docs/coordinator.md, "Checkpoints and operations").
+        deadline_unix_ms (coordinator clock): the operation must end by then;
+        the coordinator predicts it first and raises FailedPrecondition,
+        naming the prediction and an alternative, when it would not; with
+        abort_past_deadline=True it is aborted cleanly if still running at
+        the deadline, else it goes on (Operation.eta_unix_ms;
+        docs/scheduler.md, "Deadlines")."""
         if choose == (layout is not None):
             raise ValueError("resize: give a layout, or choose=True with gpus")
         key = idempotency_key or new_idempotency_key()
@@ -400,6 +407,7 @@ class Client:
                 req.config.CopyFrom(config)
         req.stop_free = stop_free
         _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
+        _set_deadline(req, deadline_unix_ms, abort_past_deadline)
         return self._call_at_generation("Resize", req, expected_generation, timeout, key)
 
     def checkpoint(self, job_id, dataset_state=None, expected_generation=None,
@@ -443,21 +451,23 @@ class Client:
 
     def migrate(self, job_id, layout, expected_generation=None, idempotency_key=None,
                 timeout=None, stop_free=False, at_step_boundary=False,
-                step_boundary_timeout=None):
+                step_boundary_timeout=None, deadline_unix_ms=None, abort_past_deadline=False):
         """Moves the job to another placement (Layout or Placement) with the
-        same config and world size (stop_free, at_step_boundary and
-        step_boundary_timeout as in resize). Returns the new Operation."""
+        same config and world size (stop_free, at_step_boundary,
+        step_boundary_timeout and the deadline as in resize). Returns the new
+        Operation."""
         key = idempotency_key or new_idempotency_key()
         _, placement = _split_layout(layout)
         req = _pb.MigrateRequest(job_id=job_id, placement=placement, idempotency_key=key)
         req.stop_free = stop_free
         _set_step_boundary(req, at_step_boundary, step_boundary_timeout)
+        _set_deadline(req, deadline_unix_ms, abort_past_deadline)
         return self._call_at_generation("Migrate", req, expected_generation, timeout, key)
 
     def recover(self, job_id, lost_hosts=(), layout=None, lost_ranks=(),
                 expected_generation=None, idempotency_key=None, timeout=None, choose=False,
                 gpus=None, hosts=None, horizon_s=None, devices=None, model=None,
-                accept_degraded=False):
+                accept_degraded=False, deadline_unix_ms=None, abort_past_deadline=False):
         """Recovers from lost hosts/ranks onto `layout`. Without a layout the
         coordinator chooses (its one survivor policy, docs/coordinator.md):
         the current parallel config with dp shrunk to the surviving device
@@ -473,7 +483,7 @@ class Client:
         job's redundancy (its HSDP replicas, or surviving the loss of any one
         host) raises FailedPrecondition naming what is lost and a layout that
         keeps it, if there is one, unless accept_degraded=True (then the
-        coordinator's audit trail records it)."""
+        coordinator's audit trail records it). The deadline as in resize."""
         if choose and layout is not None:
             raise ValueError("recover: give a layout or choose=True, not both")
         key = idempotency_key or new_idempotency_key()
@@ -486,6 +496,7 @@ class Client:
             req.target.CopyFrom(as_message(layout, ptc_pb2.Layout, "layout"))
         if choose:
             req.choose.CopyFrom(_advise_request("", gpus, hosts, horizon_s, devices, model or {}))
+        _set_deadline(req, deadline_unix_ms, abort_past_deadline)
         return self._call_at_generation("RecoverFromFailure", req, expected_generation,
                                         timeout, key)
 
@@ -708,6 +719,23 @@ class Client:
         """Every registered host (agent) with its state and devices."""
         return list(self._call("ListHosts", _pb.ListHostsRequest(), timeout).hosts)
 
+    def notice_host(self, host_id, leaves_unix_ms, spare_hosts=(), idempotency_key=None,
+                    timeout=None):
+        """Host `host_id` goes away at `leaves_unix_ms` (coordinator clock; a
+        preemption, a spot reclaim, a drain; admin only): the coordinator
+        moves every job on it off before then, onto one of `spare_hosts` or
+        onto the job's other hosts. Returns the NoticeHostResponse: per job
+        the operation started (its target and prediction), or `refused`
+        saying why none was and what the job keeps when the host goes
+        (docs/scheduler.md, "Host notices"). A retry with the same key gets
+        the same operations."""
+        if isinstance(spare_hosts, str):
+            spare_hosts = [spare_hosts]
+        key = idempotency_key or new_idempotency_key()
+        req = _pb.NoticeHostRequest(host_id=host_id, leaves_unix_ms=int(leaves_unix_ms),
+                                    spare_hosts=list(spare_hosts), idempotency_key=key)
+        return self._call("NoticeHost", req, timeout, key)
+
     # ----------------------------------------------------------------- audit
 
     def iter_audit(self, tenant="", job_id="", since_unix_ms=0, page_size=100, timeout=None):
@@ -803,6 +831,16 @@ def _advise_request(job_id, gpus, hosts, horizon_s, devices, model):
     req.model.CopyFrom(as_message(model, _pb.AdviseModel, "model"))
     req.devices.CopyFrom(as_message(devices or {}, _pb.AdviseDevices, "devices"))
     return req
+
+
+def _set_deadline(req, deadline_unix_ms, abort_past):
+    """The request's Deadline (docs/scheduler.md, "Deadlines")."""
+    if deadline_unix_ms is None:
+        if abort_past:
+            raise ValueError("abort_past_deadline needs deadline_unix_ms")
+        return
+    req.deadline.unix_ms = int(deadline_unix_ms)
+    req.deadline.abort_past = bool(abort_past)
 
 
 def _set_step_boundary(req, at_step_boundary, step_boundary_timeout):
