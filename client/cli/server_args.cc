@@ -105,6 +105,17 @@ const std::vector<CommandSpec>& Specs() {
        {},
        {},
        "usage: reshardctl jobs delete JOB\n\nDeletes a job.\n"},
+      {"jobs policy",
+       {"JOB"},
+       {"policy"},
+       {"clear"},
+       {},
+       "usage: reshardctl jobs policy JOB --policy POLICY.json | --clear\n"
+       "\nSets the job's elastic policy (a reshard.v1.ElasticPolicy in JSON: heal, grow,\n"
+       "minDevices, maxDevices, spareHosts, growAt, acceptDegraded) or clears it. The\n"
+       "coordinator then heals the job after a host loss and grows it onto free\n"
+       "spares by itself; jobs show gives the policy's status, audit its actions\n"
+       "(docs/scheduler.md, \"Elastic policies\"). Prints the job.\n"},
       {"jobs worker-token",
        {"JOB"},
        {},

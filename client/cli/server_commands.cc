@@ -54,6 +54,7 @@ class Runner {
     if (c == "jobs register") return JobsRegister();
     if (c == "jobs delete") return JobsDelete();
     if (c == "jobs worker-token") return JobsWorkerToken();
+    if (c == "jobs policy") return JobsPolicy();
     if (c == "resize") return Resize();
     if (c == "migrate") return Migrate();
     if (c == "recover") return Recover();
@@ -150,6 +151,24 @@ class Runner {
     req.set_idempotency_key(Flag("idempotency-key"));
     if (absl::Status s = client_.DeleteJob(std::move(req)); !s.ok()) return Fail(s);
     return Print(v1::DeleteJobResponse(), absl::StrCat("deleted job ", inv_.positional[0], "\n"));
+  }
+
+  int JobsPolicy() {
+    if (Has("policy") == Has("clear")) {
+      return LocalError(absl::InvalidArgumentError("jobs policy: give --policy FILE or --clear"),
+                        kExitUsage);
+    }
+    v1::SetPolicyRequest req;
+    req.set_job_id(inv_.positional[0]);
+    if (Has("policy")) {
+      if (absl::Status s = ReadJsonMessage(Flag("policy"), "--policy", req.mutable_policy());
+          !s.ok()) {
+        return LocalError(s);
+      }
+    }
+    absl::StatusOr<v1::Job> job = client_.SetPolicy(std::move(req));
+    if (!job.ok()) return Fail(job.status());
+    return Print(*job, FormatJob(*job, Now()));
   }
 
   int JobsWorkerToken() {

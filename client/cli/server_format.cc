@@ -113,6 +113,25 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
   Field(&out, "lost hosts", job.lost_hosts().empty() ? "-" : absl::StrJoin(job.lost_hosts(), ", "));
   Field(&out, "created", FormatRelativeTime(job.created_unix_ms(), now_unix_ms));
   Field(&out, "updated", FormatRelativeTime(job.updated_unix_ms(), now_unix_ms));
+  if (job.has_policy()) {
+    // docs/scheduler.md, "Elastic policies".
+    const v1::ElasticPolicy& p = job.policy();
+    std::vector<std::string> what;
+    if (p.heal()) what.push_back("heal");
+    if (p.grow()) {
+      what.push_back(
+          absl::StrCat("grow ", p.grow_at() == v1::ElasticPolicy::GROW_STOP_FREE ? "stop-free"
+                                : p.grow_at() == v1::ElasticPolicy::GROW_NOW ? "now"
+                                                                             : "at step boundary"));
+    }
+    if (p.min_devices() > 0) what.push_back(absl::StrCat("min ", p.min_devices()));
+    if (p.max_devices() > 0) what.push_back(absl::StrCat("max ", p.max_devices()));
+    if (!p.spare_hosts().empty()) {
+      what.push_back(absl::StrCat("spares ", absl::StrJoin(p.spare_hosts(), ",")));
+    }
+    Field(&out, "policy", what.empty() ? "(does nothing)" : absl::StrJoin(what, ", "));
+    Field(&out, "policy status", job.policy_status().empty() ? "-" : job.policy_status());
+  }
   // Ranks per host, in rank order.
   const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
   if (!slots.empty()) {

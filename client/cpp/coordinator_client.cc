@@ -316,6 +316,15 @@ absl::StatusOr<v1::ListHostsResponse> CoordinatorClient::ListHosts() {
   return response;
 }
 
+absl::StatusOr<v1::Job> CoordinatorClient::SetPolicy(v1::SetPolicyRequest request) {
+  EnsureKey(&request);
+  v1::Job job;
+  absl::Status s =
+      Call("SetPolicy", [&](grpc::ClientContext* c) { return stub_->SetPolicy(c, request, &job); });
+  if (!s.ok()) return s;
+  return job;
+}
+
 absl::StatusOr<v1::NoticeHostResponse> CoordinatorClient::NoticeHost(
     v1::NoticeHostRequest request) {
   EnsureKey(&request);  // a retry gets the same operations

@@ -126,6 +126,9 @@ class CoordinatorClient {
   /// "Host notices"): each job on it, moved off or why not. A key is made
   /// when the request has none, so that a retry gets the same operations.
   [[nodiscard]] absl::StatusOr<v1::NoticeHostResponse> NoticeHost(v1::NoticeHostRequest request);
+  /// Sets (or, without one, clears) the job's elastic policy
+  /// (docs/scheduler.md, "Elastic policies"); returns the job.
+  [[nodiscard]] absl::StatusOr<v1::Job> SetPolicy(v1::SetPolicyRequest request);
 
   /// One page of the audit trail, newest first (docs/security.md, "Audit"):
   /// an admin sees every tenant, a scheduler or viewer its own.

@@ -144,6 +144,83 @@ TEST(ParseSinceTest, DurationBackFromNowOrRfc3339) {
   EXPECT_NE(s.message().find("--since \"yesterday\""), std::string::npos) << s;
 }
 
+TEST(ParseWhenTest, DurationFromNowOrRfc3339) {
+  EXPECT_EQ(*ParseWhen("deadline", "10m", 1000), 1000 + 600'000);
+  EXPECT_EQ(*ParseWhen("leaves", "1970-01-01T00:00:02Z", 5), 2000);
+  const absl::Status s = ParseWhen("deadline", "soon", 0).status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_EQ(s.message(),
+            "--deadline \"soon\": expected a duration from now (90s, 10m) or an RFC 3339 time "
+            "(2026-01-02T15:04:05Z)");
+}
+
+TEST(ParseServerArgsTest, DeadlinesNoticesAndPolicies) {
+  absl::StatusOr<ServerInvocation> inv = ParseServerArgs(
+      "migrate", {"J", "--to", "l.json", "--deadline", "90s", "--abort-past-deadline"}, "");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->flags.at("deadline"), "90s");
+  EXPECT_TRUE(inv->flags.contains("abort-past-deadline"));
+  absl::Status s =
+      ParseServerArgs("resize", {"J", "--to", "l.json", "--abort-past-deadline"}, "").status();
+  EXPECT_EQ(s.message(), "--abort-past-deadline needs --deadline");
+  s = ParseServerArgs("recover", {"J", "--lost", "h1", "--deadline", "never"}, "").status();
+  EXPECT_TRUE(absl::IsInvalidArgument(s));
+  EXPECT_THAT(s.message(), HasSubstr("--deadline \"never\""));
+  inv = ParseServerArgs("hosts", {"notice", "h3", "--leaves", "2m", "--spare", "h7,h8"}, "");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->command, "hosts notice");
+  EXPECT_EQ(inv->flags.at("spare"), "h7,h8");
+  EXPECT_FALSE(ParseServerArgs("hosts", {"notice", "h3"}, "").ok());  // --leaves is required
+  inv = ParseServerArgs("jobs", {"policy", "J", "--clear"}, "");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_EQ(inv->command, "jobs policy");
+}
+
+TEST(ServerFormatTest, HostNoticeShowsEachJobsMoveOrWhyNot) {
+  v1::NoticeHostResponse notice;
+  EXPECT_EQ(FormatHostNotice(notice), "(no job has ranks on the host)\n");
+  v1::HostNoticeJob* moved = notice.add_jobs();
+  moved->set_job_id("j1");
+  moved->set_operation_id("op-1");
+  moved->mutable_prediction()->set_seconds(2.5);
+  moved->mutable_prediction()->set_critical_host("h9");
+  *moved->mutable_target() = test_support::MakeLayout(1, 1, 2, {"h0", "h9"}, 1);
+  v1::HostNoticeJob* kept = notice.add_jobs();
+  kept->set_job_id("j2");
+  kept->set_refused("no spare host was offered; when h3 goes, ...");
+  const std::string text = FormatHostNotice(notice);
+  EXPECT_THAT(text, HasSubstr("j1"));
+  EXPECT_THAT(text, HasSubstr("op-1"));
+  EXPECT_THAT(text, HasSubstr("2.50s (seeded rates), critical host h9"));
+  EXPECT_THAT(text, HasSubstr("not moved (below)"));
+  EXPECT_THAT(text, HasSubstr("j2: no spare host was offered; when h3 goes, ...\n"));
+}
+
+TEST(ServerFormatTest, JobShowsItsPolicyAndOperationItsDeadline) {
+  v1::Job job;
+  job.set_id("j1");
+  EXPECT_THAT(FormatJob(job, 0), Not(HasSubstr("policy")));
+  job.mutable_policy()->set_heal(true);
+  job.mutable_policy()->set_grow(true);
+  job.mutable_policy()->set_grow_at(v1::ElasticPolicy::GROW_STOP_FREE);
+  job.mutable_policy()->set_min_devices(2);
+  job.mutable_policy()->add_spare_hosts("h7");
+  job.set_policy_status("waiting: h1 lost; ...");
+  const std::string text = FormatJob(job, 0);
+  EXPECT_THAT(text, HasSubstr("policy:             heal, grow stop-free, min 2, spares h7\n"));
+  EXPECT_THAT(text, HasSubstr("policy status:      waiting: h1 lost; ...\n"));
+
+  v1::Operation op;
+  op.set_id("op-1");
+  op.set_state(v1::OPERATION_STATE_TRANSFERRING);
+  op.mutable_deadline()->set_unix_ms(30'000);
+  op.mutable_deadline()->set_abort_past(true);
+  op.set_eta_unix_ms(25'000);
+  const std::string shown = FormatOperation(op, 20'000);
+  EXPECT_THAT(shown, HasSubstr("deadline:           in 10s (aborts past it)\n"));
+  EXPECT_THAT(shown, HasSubstr("eta:                in 5.0s\n"));
+}
+
 TEST(ParseServerArgsTest, AuditFlagsAndJsonAlias) {
   absl::StatusOr<ServerInvocation> inv = ParseServerArgs(
       "audit", {"--job", "J", "--tenant", "T", "--since", "1h", "--limit", "5", "--json"}, "");

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import grpc
 import numpy as np
@@ -119,6 +120,18 @@ def worker_channel(cluster, host):
     """A channel to `host`'s worker socket whose calls carry their job's token."""
     channel = grpc.insecure_channel("unix:" + os.path.abspath(cluster.agents[host].worker_socket))
     return grpc.intercept_channel(channel, WorkerTokenInterceptor(cluster))
+
+
+def wait_for(what, predicate, timeout=30.0):
+    """Polls `predicate` until it returns a true value, which it returns;
+    fails naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
+        time.sleep(0.05)
 
 
 def register(client, cluster, name, ptc, lay, state_memory=ptc_pb2.STATE_MEMORY_UNSPECIFIED):

@@ -37,6 +37,8 @@ import time
 
 import pytest
 
+from helpers import wait_for
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PAGES = ("README.md", "docs/pytorch.md")
 KINDS = ("cluster", "sh", "python", "file")
@@ -216,16 +218,6 @@ def _children(pid):
                                            text=True).stdout.split()]
 
 
-def _wait(what, predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what}: not within {timeout} s"
-        time.sleep(0.05)
-
-
 def _with_argv_tail(tail):
     """Pids of the live processes whose command line ends with `tail`."""
     out = []
@@ -261,7 +253,7 @@ def test_a_host_fails_and_comes_back_from_the_command_line(session):
     launcher = subprocess.Popen([sys.executable, "-c", FAKE_LAUNCHER, "--worker-socket", sock],
                                 cwd=session.dir, env=session.env, start_new_session=True)
     try:
-        rank = _wait("the rank starts", lambda: _children(launcher.pid))[0]
+        rank = wait_for("the rank starts", lambda: _children(launcher.pid))[0]
         stopped = _host_command(session, "stop-host", "host-2")
         agent = stopped[0]
         with open(f"/proc/{agent}/cmdline") as f:
@@ -274,15 +266,15 @@ def test_a_host_fails_and_comes_back_from_the_command_line(session):
 
         assert _host_command(session, "kill-host", "host-2") == stopped
         assert launcher.wait(10) == -signal.SIGKILL
-        _wait("the rank is gone", lambda: _state(rank) in (None, "Z"))
+        wait_for("the rank is gone", lambda: _state(rank) in (None, "Z"))
         assert _state(agent) in (None, "Z")
 
         new_agent = _host_command(session, "restart-host", "host-2")[0]
         assert new_agent not in stopped and _state(new_agent) not in (None, "Z", "T")
-        relaunched = _wait("the launcher is started again",
+        relaunched = wait_for("the launcher is started again",
                            lambda: _with_argv_tail(["--worker-socket", sock]))
         assert len(relaunched) == 1 and relaunched[0] != launcher.pid
-        _wait("its rank starts again", lambda: _children(relaunched[0]))
+        wait_for("its rank starts again", lambda: _children(relaunched[0]))
         with open(f"/proc/{relaunched[0]}/cmdline") as f:
             assert f.read().split("\0")[:-1] == [sys.executable, "-c", FAKE_LAUNCHER,
                                                  "--worker-socket", sock]
@@ -318,7 +310,7 @@ def test_insecure_cluster_and_from_env_without_a_worker_token(tmp_path):
                                  build_dir(), "--hosts", "1", "--insecure"], env=env, stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        line = _wait("the export line", lambda: [ln for ln in out.read_text().splitlines()
+        line = wait_for("the export line", lambda: [ln for ln in out.read_text().splitlines()
                                                  if ln.startswith("export ")], CLUSTER_START_S)[0]
         exported = dict(kv.split("=", 1) for kv in line.split()[1:])
         assert sorted(exported) == ["RESHARD_COORDINATOR", "RESHARD_INSECURE",

@@ -119,12 +119,13 @@ def _free_port_range(n):
 class Job:
     """A registered job and one `reshard run` launcher per host."""
 
-    def __init__(self, cluster, client, name, ptc, lay, work):
+    def __init__(self, cluster, client, name, ptc, lay, work, policy=None):
         self.cluster, self.client, self.work = cluster, client, work
-        self.job = client.register_job({"name": name, "tenant": "training",
-                                        "ptc": reshard.to_dict(ptc),
-                                        "layout": reshard.to_dict(lay)},
-                                       dataset_state=dataset())
+        spec = {"name": name, "tenant": "training", "ptc": reshard.to_dict(ptc),
+                "layout": reshard.to_dict(lay)}
+        if policy is not None:
+            spec["policy"] = policy  # an ElasticPolicy (docs/scheduler.md)
+        self.job = client.register_job(spec, dataset_state=dataset())
         self.ptc = ptc
         self.log = os.path.join(work, "train.jsonl")
         self.launchers = {}

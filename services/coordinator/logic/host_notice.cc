@@ -19,56 +19,19 @@
 #include "services/coordinator/logic/redundancy.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/logic/scheduler_api.h"
+#include "services/coordinator/logic/spares.h"
 #include "services/coordinator/store/audit.h"
 
 namespace reshard::coordinator {
 namespace {
-
-// A registered, ALIVE spare and the devices it offers.
-struct Spare {
-  std::string host;
-  std::vector<int> devices;  // accelerator indexes, ascending (none: host memory only)
-};
 
 // One way off the leaving host.
 struct Move {
   v1::OperationKind kind = v1::OPERATION_KIND_MIGRATE;
   v1::Layout target;
   int spare = -1;    // index in the spares it takes; -1: none
-  std::string what;  // "onto spare h9", "onto its other hosts"
+  std::string what;  // "onto spare h9", "onto the job's other hosts"
 };
-
-// The job's layout with the ranks on `leaving` moved to `spare`'s devices,
-// in order (same config): nullopt when the job uses the spare already or
-// the spare has too few devices.
-std::optional<v1::Layout> OntoSpare(const v1::Layout& layout, const std::string& leaving,
-                                    const Spare& spare) {
-  std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(layout.placement());
-  std::vector<int> on_leaving;  // device indexes there, in first-use order
-  for (const v1::DeviceSlot& s : slots) {
-    if (s.host() == spare.host) return std::nullopt;
-    if (s.host() == leaving &&
-        std::find(on_leaving.begin(), on_leaving.end(), s.device()) == on_leaving.end()) {
-      on_leaving.push_back(s.device());
-    }
-  }
-  // A spare without accelerators (host memory only) takes the same device
-  // indexes; one with them needs as many as the job uses on the leaving host.
-  const std::vector<int>& devices = spare.devices.empty() ? on_leaving : spare.devices;
-  if (on_leaving.size() > devices.size()) return std::nullopt;
-  v1::Layout target;
-  *target.mutable_config() = layout.config();
-  for (v1::DeviceSlot s : slots) {
-    if (s.host() == leaving) {
-      const size_t i =
-          std::find(on_leaving.begin(), on_leaving.end(), s.device()) - on_leaving.begin();
-      s.set_host(spare.host);
-      s.set_device(devices[i]);
-    }
-    *target.mutable_placement()->add_ranks() = s;
-  }
-  return target;
-}
 
 // What the job keeps if `leaving` goes with its state still there.
 std::string WhatItKeeps(const v1::Job& job, const std::string& leaving) {
@@ -122,21 +85,9 @@ absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
     return NameNotFound(host.status(), absl::NotFoundError(absl::StrCat("host \"", leaving,
                                                                         "\" is not registered")));
   }
-  std::vector<Spare> spares;
-  for (const std::string& h : request.spare_hosts()) {
-    absl::StatusOr<v1::Host> spare = store_->GetHost(h);
-    if (absl::IsNotFound(spare.status())) continue;
-    if (!spare.ok()) return spare.status();
-    if (spare->state() != v1::HOST_STATE_ALIVE) continue;
-    Spare s{h, {}};
-    // A "cpu" device is host memory, not a slot (the agent reports one
-    // when it has no accelerator).
-    for (const v1::Device& d : spare->devices()) {
-      if (d.kind() != "cpu") s.devices.push_back(d.index());
-    }
-    std::sort(s.devices.begin(), s.devices.end());
-    spares.push_back(std::move(s));
-  }
+  absl::StatusOr<std::vector<Spare>> alive = AliveSpares(*store_, request.spare_hosts());
+  if (!alive.ok()) return alive.status();
+  const std::vector<Spare>& spares = *alive;
   std::vector<bool> taken(spares.size(), false);
   absl::StatusOr<std::vector<std::string>> jobs = store_->JobsOnHosts({leaving});
   if (!jobs.ok()) return jobs.status();

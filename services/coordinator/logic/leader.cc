@@ -26,6 +26,11 @@ void LeaderLoop::WatchStoreHealth(StoreHealthFn health, std::function<absl::Stat
   probe_ = std::move(probe);
 }
 
+void LeaderLoop::EnablePolicies(std::function<absl::Status()> pass) {
+  RESHARD_CHECK(!thread_.joinable()) << "LeaderLoop::EnablePolicies after Start";
+  policies_ = std::move(pass);
+}
+
 bool LeaderLoop::StoreAnswers(bool* resumed) {
   if (!health_) return true;
   StoreHealth health = health_();
@@ -158,6 +163,9 @@ void LeaderLoop::Run() {
       } else {
         if (absl::Status s = driver_->Tick(); !s.ok()) {
           RESHARD_LOG(WARNING) << "driver tick: " << s;
+        }
+        if (policies_) {
+          if (absl::Status s = policies_(); !s.ok()) RESHARD_LOG(WARNING) << "policies: " << s;
         }
         MaybePrune();
       }

@@ -54,6 +54,11 @@ class LeaderLoop {
   /// restarted PostgreSQL) grants hosts the grace.
   void WatchStoreHealth(StoreHealthFn health, std::function<absl::Status()> probe);
 
+  /// Runs `pass` after each driver tick while leader (the elastic policies:
+  /// PolicyEngine::MaybePass, which keeps its own period); its errors are
+  /// logged. Call before Start.
+  void EnablePolicies(std::function<absl::Status()> pass);
+
   void Start();
   void Stop();
   bool IsLeader() const { return leader_.load(); }
@@ -78,6 +83,7 @@ class LeaderLoop {
   std::condition_variable cv_;
   bool stop_ = false;
   bool kicked_ = false;  // guarded by mu_
+  std::function<absl::Status()> policies_;  // set before Start
   std::thread thread_;
   StorePtr retention_store_;  // null: retention off
   Retention retention_;

@@ -24,6 +24,7 @@
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/operation_finish.h"
 #include "services/coordinator/logic/operation_states.h"
+#include "services/coordinator/logic/policy_engine.h"
 #include "services/coordinator/logic/redundancy.h"
 #include "services/coordinator/logic/request_checks.h"
 #include "services/coordinator/logic/task.h"
@@ -129,6 +130,9 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   if (absl::Status s = planner::ValidateJobSpec(request.spec()); !s.ok()) return s;
   if (absl::Status s = CheckStateMemory(request.spec().state_memory()); !s.ok()) return s;
+  if (request.spec().has_policy()) {
+    if (absl::Status s = CheckPolicy(request.spec().policy(), "spec.policy"); !s.ok()) return s;
+  }
   std::optional<v1::DatasetState> dataset_state;
   if (request.has_dataset_state()) {
     dataset_state = request.dataset_state();
@@ -542,7 +546,26 @@ absl::StatusOr<v1::Operation> SchedulerApi::MarkPrepared(const v1::MarkPreparedR
   return op;
 }
 
+void SchedulerApi::SupersedePolicyOperation(const std::string& job_id) {
+  absl::StatusOr<v1::Job> job = store_->GetJob(job_id, /*include_ptc=*/false);
+  if (!job.ok() || job->active_operation_id().empty()) return;
+  absl::StatusOr<OperationRecord> active = store_->GetOperation(job->active_operation_id(), false);
+  if (!active.ok() || !IsPolicyKey(active->op.idempotency_key())) return;
+  OperationEnding ending;
+  ending.event = OpEvent::kCancelled;
+  ending.error = "superseded by a scheduler's call (docs/scheduler.md, \"Elastic policies\")";
+  absl::Status s =
+      FinishOperation(*store_, metrics_, active->op, ending, clock_->NowUnixMs(), options_.cost);
+  RESHARD_LOG(INFO) << "job=" << job_id << " operation=" << active->op.id()
+                    << " of the job's policy superseded by a scheduler's call: " << s;
+}
+
 absl::StatusOr<v1::Operation> SchedulerApi::CreateOperation(NewOperation op) {
+  // A scheduler's own call always wins over the job's policy; a checkpoint
+  // is the training loop's, and may be the policy's operation's cut-over.
+  if (op.kind != v1::OPERATION_KIND_CHECKPOINT && !IsPolicyKey(op.idempotency.key)) {
+    SupersedePolicyOperation(op.job_id);
+  }
   op.operation_id = NewId();
   const std::string minted = op.operation_id;
   absl::StatusOr<v1::Operation> created = store_->CreateOperation(op);
@@ -673,6 +696,25 @@ absl::StatusOr<v1::Operation> SchedulerApi::CancelOperation(
   }
   return absl::AbortedError(absl::StrCat("operation \"", id, "\" kept changing during ",
                                          kCancelAttempts, " cancel attempts; retry"));
+}
+
+absl::StatusOr<v1::Job> SchedulerApi::SetPolicy(const v1::SetPolicyRequest& request) {
+  if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
+  if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
+  // The job first: a missing one answers as another tenant's does.
+  if (absl::StatusOr<v1::Job> found = store_->GetJob(request.job_id(), /*include_ptc=*/false);
+      !found.ok()) {
+    return NameNotFound(found.status(), JobNotFound(request.job_id()));
+  }
+  if (request.has_policy()) {
+    if (absl::Status s = CheckPolicy(request.policy(), "policy"); !s.ok()) return s;
+  }
+  absl::StatusOr<v1::Job> job =
+      store_->SetJobPolicy(request.job_id(), request.has_policy() ? &request.policy() : nullptr);
+  if (!job.ok()) return NameNotFound(job.status(), JobNotFound(request.job_id()));
+  RESHARD_LOG(INFO) << "job=" << job->id() << " policy "
+                    << (request.has_policy() ? "set" : "cleared");
+  return job;
 }
 
 absl::StatusOr<v1::ListHostsResponse> SchedulerApi::ListHosts(const v1::ListHostsRequest&) {

@@ -78,6 +78,10 @@ class SchedulerApi {
   /// "Host notices").
   [[nodiscard]] absl::StatusOr<v1::NoticeHostResponse> NoticeHost(
       const v1::NoticeHostRequest& request, const KeyScope& keys = {});
+  /// Sets or clears the job's elastic policy (policy_engine.h); returns the
+  /// job. InvalidArgument naming a bad field (CheckPolicy); NotFound.
+  /// Setting a policy is idempotent: the key is only checked.
+  [[nodiscard]] absl::StatusOr<v1::Job> SetPolicy(const v1::SetPolicyRequest& request);
   /// Commits a step boundary's dataset cursor with the current generation
   /// (docs/data.md; rules: store/dataset_commit.h).
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const v1::CommitStepRequest& request);
@@ -111,8 +115,13 @@ class SchedulerApi {
   /// Whether `operation_id` is an operation asked to stop at a step
   /// boundary (its checkpoint needs no with_step).
   bool NamesStepBoundaryOperation(const std::string& operation_id);
+  /// Cancels the job's active operation when its elastic policy made it:
+  /// a scheduler's own call always wins. Errors only logged.
+  void SupersedePolicyOperation(const std::string& job_id);
   /// Mints the id and asks the store (which checks existence, idempotency,
-  /// generation and the active operation atomically).
+  /// generation and the active operation atomically); a call that is not
+  /// the policy's own and not a checkpoint first supersedes the policy's
+  /// operation in flight.
   [[nodiscard]] absl::StatusOr<v1::Operation> CreateOperation(NewOperation op);
   [[nodiscard]] absl::StatusOr<v1::Layout> RecoveryTarget(
       const v1::RecoverFromFailureRequest& request, const v1::Job& job);

@@ -50,6 +50,7 @@ const std::vector<MethodRule>& Rules() {
       {"Resize", {Role::kScheduler}, false, kAll},
       {"Migrate", {Role::kScheduler}, false, kAll},
       {"RecoverFromFailure", {Role::kScheduler}, false, kAll},
+      {"SetPolicy", {Role::kScheduler}, false, kAll},
       // A training process's own calls on its job (the loop API,
       // docs/pytorch.md): the job's worker token suffices.
       {"Checkpoint", {Role::kScheduler, Role::kWorker}, false, kAll},

@@ -381,6 +381,18 @@ grpc::Status CoordinatorServiceImpl::ListHosts(grpc::ServerContext* context,
                      [&](const Principal&) { return Unwrap(api_->ListHosts(*request), reply); });
 }
 
+grpc::Status CoordinatorServiceImpl::SetPolicy(grpc::ServerContext* context,
+                                               const v1::SetPolicyRequest* request,
+                                               v1::Job* reply) {
+  return RunAdmitted(
+      authorizer_, context, metrics_, "SetPolicy", *request, "", [&](const Principal& p) {
+        if (absl::Status s = InJobTenant(p, "SetPolicy", request->job_id()); !s.ok()) {
+          return s;
+        }
+        return Unwrap(api_->SetPolicy(*request), reply);
+      });
+}
+
 grpc::Status CoordinatorServiceImpl::NoticeHost(grpc::ServerContext* context,
                                                 const v1::NoticeHostRequest* request,
                                                 v1::NoticeHostResponse* reply) {

@@ -72,6 +72,8 @@ class CoordinatorServiceImpl final : public CoordinatorServiceBase {
                          v1::ListHostsResponse* reply) override;
   grpc::Status NoticeHost(grpc::ServerContext* context, const v1::NoticeHostRequest* request,
                           v1::NoticeHostResponse* reply) override;
+  grpc::Status SetPolicy(grpc::ServerContext* context, const v1::SetPolicyRequest* request,
+                         v1::Job* reply) override;
   grpc::Status ListAudit(grpc::ServerContext* context, const v1::ListAuditRequest* request,
                          v1::ListAuditResponse* reply) override;
   grpc::Status CommitStep(grpc::ServerContext* context, const v1::CommitStepRequest* request,

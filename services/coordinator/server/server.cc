@@ -19,6 +19,7 @@
 #include "services/coordinator/logic/cluster_secrets.h"
 #include "services/coordinator/logic/leader.h"
 #include "services/coordinator/logic/operation_driver.h"
+#include "services/coordinator/logic/policy_engine.h"
 #include "services/coordinator/logic/scheduler_api.h"
 #include "services/coordinator/logic/task_notifier.h"
 #include "services/coordinator/logic/tokens.h"
@@ -260,6 +261,9 @@ void CoordinatorServer::StartLeader(PgStore* health_of) {
   retention.batches_per_round = static_cast<int>(config_.retention_batches);
   retention.interval_ms = static_cast<int>(config_.retention_interval_ms);
   leader_->EnableRetention(store_, retention);
+  policies_ = std::make_unique<PolicyEngine>(store_, scheduler_api_.get(), &clock_,
+                                             PolicyEngine::Options{});
+  leader_->EnablePolicies([engine = policies_.get()] { return engine->MaybePass(); });
   leader_->Start();
   kick_target_ = leader_.get();
 }

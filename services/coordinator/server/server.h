@@ -31,6 +31,7 @@ class Registry;
 namespace reshard::coordinator {
 
 class AgentApi;
+class PolicyEngine;
 class AgentServiceImpl;
 class AuditApi;
 class Authorizer;
@@ -115,6 +116,7 @@ class CoordinatorServer {
   std::unique_ptr<SchedulerApi> scheduler_api_;
   std::unique_ptr<AgentApi> agent_api_;
   std::unique_ptr<OperationDriver> driver_;
+  std::unique_ptr<PolicyEngine> policies_;  // the leader's (elastic policies)
   std::unique_ptr<LeaderLoop> leader_;
   // What AgentApi's final reports kick: leader_ while it runs, else null
   // (read on gRPC threads).

@@ -91,6 +91,17 @@ class JobStore {
                                                const Idempotency& idem = {}) = 0;
   /// Sets a job's state (e.g. DEGRADED when its hosts are lost).
   [[nodiscard]] virtual absl::Status SetJobState(const std::string& job_id, v1::JobState state) = 0;
+  /// Sets the job's elastic policy (null: none) with the caller's audit
+  /// row, and returns the job. NotFound for a missing job.
+  [[nodiscard]] virtual absl::StatusOr<v1::Job> SetJobPolicy(const std::string& job_id,
+                                                             const v1::ElasticPolicy* policy) = 0;
+  /// Sets what the policy did last or waits for (Job.policy_status); a
+  /// status equal to the stored one changes nothing (the job keeps its
+  /// version). NotFound for a missing job.
+  [[nodiscard]] virtual absl::Status SetPolicyStatus(const std::string& job_id,
+                                                     const std::string& status) = 0;
+  /// The ids of the jobs that have a policy, ascending.
+  [[nodiscard]] virtual absl::StatusOr<std::vector<std::string>> JobsWithPolicy() = 0;
   /// Commits a step boundary's cursor with the job's current generation
   /// (CheckStepCommit's rules, dataset_commit.h, under the job's row lock)
   /// and returns the dataset state. NotFound for a missing job;

@@ -100,6 +100,7 @@ absl::StatusOr<v1::Job> MemoryStore::CreateJob(const std::string& job_id, const 
   job.row.set_tensor_count(spec.ptc().tensors_size());
   job.row.set_total_bytes(*total_bytes);
   job.row.set_created_unix_ms(now);
+  if (spec.has_policy()) *job.row.mutable_policy() = spec.policy();
   job.ptc = StoredPtc(spec.ptc());
   InsertGeneration(job, 1, spec.layout(), GenerationState::kCurrent, "");
   if (dataset_state != nullptr) {
@@ -193,6 +194,42 @@ absl::Status MemoryStore::SetJobState(const std::string& job_id, v1::JobState st
   job->row.set_state(state);
   TouchJob(*job);
   return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Job> MemoryStore::SetJobPolicy(const std::string& job_id,
+                                                  const v1::ElasticPolicy* policy) {
+  std::lock_guard<CallLock> l(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return mem::JobNotFound(job_id);
+  Tx tx;
+  if (policy == nullptr) {
+    job->row.clear_policy();
+  } else {
+    *job->row.mutable_policy() = *policy;
+  }
+  TouchJob(*job);
+  WriteAudit(tx, job_id, "");
+  Commit(tx);
+  return JobView(*job);
+}
+
+absl::Status MemoryStore::SetPolicyStatus(const std::string& job_id, const std::string& status) {
+  std::lock_guard<CallLock> l(mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return mem::JobNotFound(job_id);
+  if (job->row.policy_status() == status) return absl::OkStatus();
+  job->row.set_policy_status(status);
+  TouchJob(*job);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> MemoryStore::JobsWithPolicy() {
+  std::lock_guard<CallLock> l(mu_);
+  std::vector<std::string> ids;
+  for (const auto& [id, job] : jobs_) {
+    if (job.row.has_policy()) ids.push_back(id);
+  }
+  return ids;
 }
 
 absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> MemoryStore::CountJobsByState() {

@@ -56,6 +56,11 @@ class MemoryStore : public Store {
   [[nodiscard]] absl::Status DeleteJob(const std::string& job_id,
                                        const Idempotency& idem = {}) override;
   [[nodiscard]] absl::Status SetJobState(const std::string& job_id, v1::JobState state) override;
+  [[nodiscard]] absl::StatusOr<v1::Job> SetJobPolicy(const std::string& job_id,
+                                                     const v1::ElasticPolicy* policy) override;
+  [[nodiscard]] absl::Status SetPolicyStatus(const std::string& job_id,
+                                             const std::string& status) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsWithPolicy() override;
   [[nodiscard]] absl::StatusOr<v1::DatasetState> CommitStep(const StepCommit& commit) override;
   [[nodiscard]] absl::StatusOr<v1::RankFailure> RecordRankFailure(
       const RankFailureReport& report) override;

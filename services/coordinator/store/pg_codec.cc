@@ -126,6 +126,15 @@ absl::StatusOr<v1::Job> JobFromRow(const pqxx::row& row) {
   job.set_layout_epoch(row[14].as<int64_t>());
   job.set_version(row[15].as<int64_t>());
   job.set_state_memory(static_cast<v1::StateMemory>(row[16].as<int>()));  // migrations/0019
+  // Its elastic policy and the policy's status (migrations/0024).
+  if (!row[17].is_null()) {
+    if (absl::Status s = ParseBytea(row[17], absl::StrCat("policy of job \"", job.id(), "\""),
+                                    job.mutable_policy());
+        !s.ok()) {
+      return s;
+    }
+  }
+  job.set_policy_status(row[18].c_str());
   return job;
 }
 

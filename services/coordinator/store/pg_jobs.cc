@@ -119,6 +119,9 @@ absl::StatusOr<v1::Job> PgStore::CreateJob(const std::string& job_id, const v1::
         if (!ptc->bucket_specs.empty()) tx.Exec(pg::kInsertPtcBuckets, job_id, ptc->bucket_specs);
         pg::InsertGeneration(tx, job_id, 1, layout_bytes, *generation, GenerationState::kCurrent,
                              "");
+        if (spec.has_policy()) {
+          tx.Exec(pg::kSetJobPolicy, job_id, pg::Bytea(spec.policy()));
+        }
         if (dataset_state != nullptr) pg::InsertDatasetState(tx, job_id, 1, *dataset_state);
         if (!idem.key.empty()) {
           if (absl::Status s = pg::ClaimIdempotencyKey(tx, idem, job_id, job_id); !s.ok()) return s;
@@ -242,6 +245,35 @@ absl::Status PgStore::SetJobState(const std::string& job_id, v1::JobState state)
       return pg::JobNotFound(job_id);
     }
     return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<v1::Job> PgStore::SetJobPolicy(const std::string& job_id,
+                                              const v1::ElasticPolicy* policy) {
+  return pg::TransactFor<v1::Job>(
+      *pool_, "SetJobPolicy", [&](pg::PgTx& tx) -> absl::StatusOr<v1::Job> {
+        const pqxx::result r = policy != nullptr
+                                   ? tx.Exec(pg::kSetJobPolicy, job_id, pg::Bytea(*policy))
+                                   : tx.Exec(pg::kClearJobPolicy, job_id);
+        if (r.empty()) return pg::JobNotFound(job_id);
+        pg::WriteAudit(tx, job_id, "");
+        return pg::ReadJob(tx, job_id);
+      });
+}
+
+absl::Status PgStore::SetPolicyStatus(const std::string& job_id, const std::string& status) {
+  return pool_->Transact("SetPolicyStatus", [&](pg::PgTx& tx) -> absl::Status {
+    if (tx.Exec(pg::kSetPolicyStatus, job_id, status).empty()) return pg::JobNotFound(job_id);
+    return absl::OkStatus();
+  });
+}
+
+absl::StatusOr<std::vector<std::string>> PgStore::JobsWithPolicy() {
+  using Ids = std::vector<std::string>;
+  return pg::TransactFor<Ids>(*pool_, "JobsWithPolicy", [&](pg::PgTx& tx) -> absl::StatusOr<Ids> {
+    Ids ids;
+    for (const pqxx::row& row : tx.Exec(pg::kJobsWithPolicy)) ids.push_back(row[0].c_str());
+    return ids;
   });
 }
 

@@ -25,7 +25,7 @@ namespace reshard::coordinator::pg {
 // a job at each of its changes); active operation: PENDING/PLANNED/TRANSFERRING; the
 // operation waiting for its step boundary (migrations/0013); state_memory
 // (migrations/0019).
-#define RESHARD_PG_JOB_COLUMNS                                                              \
+#define RESHARD_PG_JOB_COLUMNS \
   "j.id, j.tenant, j.name, j.state, j.generation, j.num_layers, j.tensor_count, "           \
   "j.total_bytes, reshard_unix_ms(j.created_at), reshard_unix_ms(j.updated_at), g.layout, " \
   "(SELECT o.id FROM operations o WHERE o.job_id = j.id AND " RESHARD_SQL_OP_ACTIVE("o.") " " \
@@ -37,7 +37,7 @@ namespace reshard::coordinator::pg {
   RESHARD_SQL_OP_IS_PENDING("o.") " AND "                                                   \
   "o.step_boundary = 1 AND NOT EXISTS (SELECT 1 FROM operations c WHERE "                   \
   "c.id = o.queued_behind_operation_id AND " RESHARD_SQL_OP_ACTIVE("c.") ") LIMIT 1), "     \
-  "j.layout_epoch, j.version, j.state_memory "                                              \
+  "j.layout_epoch, j.version, j.state_memory, j.policy, j.policy_status "                                              \
   "FROM jobs j JOIN generations g ON g.job_id = j.id AND g.generation = j.generation "
 
 inline constexpr Statement kSelectJob{"select_job",
@@ -70,6 +70,21 @@ inline constexpr Statement kDeleteJob{"delete_job", "DELETE FROM jobs WHERE id =
 
 inline constexpr Statement kSetJobState{
     "set_job_state", "UPDATE jobs SET state = $2, updated_at = now() WHERE id = $1 RETURNING id"};
+
+// Elastic policies (migrations/0024): $2 the ElasticPolicy (NULL: none).
+inline constexpr Statement kSetJobPolicy{
+    "set_job_policy", "UPDATE jobs SET policy = $2, updated_at = now() WHERE id = $1 RETURNING id"};
+inline constexpr Statement kClearJobPolicy{
+    "clear_job_policy",
+    "UPDATE jobs SET policy = NULL, updated_at = now() WHERE id = $1 RETURNING id"};
+// Only when it changes: an unchanged status keeps the job's version.
+inline constexpr Statement kSetPolicyStatus{
+    "set_policy_status",
+    "WITH j AS (SELECT id FROM jobs WHERE id = $1), "
+    "u AS (UPDATE jobs SET policy_status = $2 WHERE id = $1 AND policy_status <> $2 RETURNING id) "
+    "SELECT id FROM j"};
+inline constexpr Statement kJobsWithPolicy{
+    "jobs_with_policy", "SELECT id FROM jobs WHERE policy IS NOT NULL ORDER BY id"};
 
 // Whether job `j` has lost hosts: persisted ones (job_lost_hosts) or hosts
 // of its current generation that are LOST now.

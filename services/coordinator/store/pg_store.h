@@ -136,6 +136,11 @@ class PgStore : public Store {
   [[nodiscard]] absl::Status DeleteJob(const std::string& job_id,
                                        const Idempotency& idem = {}) override;
   [[nodiscard]] absl::Status SetJobState(const std::string& job_id, v1::JobState state) override;
+  [[nodiscard]] absl::StatusOr<v1::Job> SetJobPolicy(const std::string& job_id,
+                                                     const v1::ElasticPolicy* policy) override;
+  [[nodiscard]] absl::Status SetPolicyStatus(const std::string& job_id,
+                                             const std::string& status) override;
+  [[nodiscard]] absl::StatusOr<std::vector<std::string>> JobsWithPolicy() override;
   [[nodiscard]] absl::StatusOr<std::vector<std::pair<v1::JobState, int64_t>>> CountJobsByState()
       override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::ShardChecksum>> GetGenerationChecksums(

@@ -196,6 +196,14 @@ std::map<std::string, JobCall> JobScopedCalls(const std::string& address,
          }
          return reader->Finish();
        }},
+      {"SetPolicy",
+       [=](const Caller& c, const std::string& job, const std::string&) {
+         v1::SetPolicyRequest r;
+         r.set_job_id(job);
+         r.mutable_policy()->set_min_devices(-1);  // refused by the logic
+         v1::Job reply;
+         return stub(c)->SetPolicy(CallCtx(c).get(), r, &reply);
+       }},
       {"CancelOperation",
        [=](const Caller& c, const std::string&, const std::string& op) {
          v1::CancelOperationRequest r;
@@ -277,7 +285,7 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
   const std::set<std::string> kWrites = {"RegisterJob",  "DeleteJob",          "Resize",
                                          "Migrate",      "RecoverFromFailure", "CancelOperation",
                                          "CommitStep",   "GetWorkerToken",     "Checkpoint",
-                                         "MarkPrepared", "ReportRankFailure"};
+                                         "MarkPrepared", "ReportRankFailure",  "SetPolicy"};
   // A job's worker token: what a training process does on its own job
   // (docs/security.md, "Worker tokens"), and nothing else.
   const std::set<std::string> kWorkerOwnJob = {"GetJob",         "WatchJob",         "GetOperation",
@@ -446,7 +454,8 @@ TEST_F(AuthTest, RoleTimesRpcMatrix) {
       "GetJob",       "WatchJob",       "PreviewPlan",        "Advise",
       "GetOperation", "WatchOperation", "CancelOperation",    "DeleteJob",
       "Resize",       "Migrate",        "RecoverFromFailure", "GetWorkerToken",
-      "Checkpoint",   "MarkPrepared",   "CommitStep",         "ReportRankFailure"};
+      "Checkpoint",   "MarkPrepared",   "CommitStep",         "ReportRankFailure",
+      "SetPolicy"};
   std::set<std::string> job_call_names;
   for (const auto& [method, call] : job_calls) job_call_names.insert(method);
   EXPECT_EQ(job_call_names, kJobScoped) << "JobScopedCalls makes every job-scoped call";

@@ -719,6 +719,19 @@ class Client:
         """Every registered host (agent) with its state and devices."""
         return list(self._call("ListHosts", _pb.ListHostsRequest(), timeout).hosts)
 
+    def set_policy(self, job_id, policy=None, idempotency_key=None, timeout=None):
+        """Sets the job's elastic policy (an ElasticPolicy, or a dict of its
+        fields: heal, grow, min_devices, max_devices, spare_hosts, grow_at,
+        accept_degraded), or clears it with None. The coordinator's leader
+        then heals the job after a host loss and grows it onto free spares
+        by itself (docs/scheduler.md, "Elastic policies"); Job.policy_status
+        says what it did last or waits for. Returns the Job."""
+        key = idempotency_key or new_idempotency_key()
+        req = _pb.SetPolicyRequest(job_id=job_id, idempotency_key=key)
+        if policy is not None:
+            req.policy.CopyFrom(as_message(policy, ptc_pb2.ElasticPolicy, "policy"))
+        return self._call("SetPolicy", req, timeout, key)
+
     def notice_host(self, host_id, leaves_unix_ms, spare_hosts=(), idempotency_key=None,
                     timeout=None):
         """Host `host_id` goes away at `leaves_unix_ms` (coordinator clock; a

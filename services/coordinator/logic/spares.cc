@@ -1,0 +1,55 @@
+#include "services/coordinator/logic/spares.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "planner/layout.h"
+
+namespace reshard::coordinator {
+
+absl::StatusOr<std::vector<Spare>> AliveSpares(
+    HostStore& hosts, const google::protobuf::RepeatedPtrField<std::string>& names) {
+  std::vector<Spare> spares;
+  for (const std::string& name : names) {
+    absl::StatusOr<v1::Host> host = hosts.GetHost(name);
+    if (absl::IsNotFound(host.status())) continue;
+    if (!host.ok()) return host.status();
+    if (host->state() != v1::HOST_STATE_ALIVE) continue;
+    Spare s{name, {}};
+    for (const v1::Device& d : host->devices()) {
+      if (d.kind() != "cpu") s.devices.push_back(d.index());
+    }
+    std::sort(s.devices.begin(), s.devices.end());
+    spares.push_back(std::move(s));
+  }
+  return spares;
+}
+
+std::optional<v1::Layout> OntoSpare(const v1::Layout& layout, const std::string& leaving,
+                                    const Spare& spare) {
+  const std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(layout.placement());
+  std::vector<int> on_leaving;  // device indexes there, in first-use order
+  for (const v1::DeviceSlot& s : slots) {
+    if (s.host() == spare.host) return std::nullopt;
+    if (s.host() == leaving &&
+        std::find(on_leaving.begin(), on_leaving.end(), s.device()) == on_leaving.end()) {
+      on_leaving.push_back(s.device());
+    }
+  }
+  const std::vector<int>& devices = spare.devices.empty() ? on_leaving : spare.devices;
+  if (on_leaving.size() > devices.size()) return std::nullopt;
+  v1::Layout target;
+  *target.mutable_config() = layout.config();
+  for (v1::DeviceSlot s : slots) {
+    if (s.host() == leaving) {
+      const size_t i =
+          std::find(on_leaving.begin(), on_leaving.end(), s.device()) - on_leaving.begin();
+      s.set_host(spare.host);
+      s.set_device(devices[i]);
+    }
+    *target.mutable_placement()->add_ranks() = s;
+  }
+  return target;
+}
+
+}  // namespace reshard::coordinator
