@@ -112,9 +112,9 @@ const std::vector<CommandSpec>& Specs() {
        {},
        "usage: reshardctl jobs policy JOB --policy POLICY.json | --clear\n"
        "\nSets the job's elastic policy (a reshard.v1.ElasticPolicy in JSON: heal, grow,\n"
-       "minDevices, maxDevices, spareHosts, growAt, acceptDegraded) or clears it. The\n"
-       "coordinator then heals the job after a host loss and grows it onto free\n"
-       "spares by itself; jobs show gives the policy's status, audit its actions\n"
+       "minDevices, maxDevices, spareHosts, growAt, acceptDegraded, allowed) or clears\n"
+       "it. The coordinator then heals the job after a host loss and grows it onto\n"
+       "free spares by itself; jobs show gives the policy's status, audit its actions\n"
        "(docs/scheduler.md, \"Elastic policies\"). Prints the job.\n"},
       {"jobs worker-token",
        {"JOB"},

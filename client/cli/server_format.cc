@@ -129,6 +129,13 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
     if (!p.spare_hosts().empty()) {
       what.push_back(absl::StrCat("spares ", absl::StrJoin(p.spare_hosts(), ",")));
     }
+    if (!p.allowed().empty()) {
+      std::vector<std::string> configs;
+      for (const v1::ParallelConfig& c : p.allowed()) {
+        configs.push_back(absl::StrCat("tp", c.tp(), " pp", c.pp(), " dp", c.dp()));
+      }
+      what.push_back(absl::StrCat("allowed ", absl::StrJoin(configs, " | ")));
+    }
     Field(&out, "policy", what.empty() ? "(does nothing)" : absl::StrJoin(what, ", "));
     Field(&out, "policy status", job.policy_status().empty() ? "-" : job.policy_status());
   }

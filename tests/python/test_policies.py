@@ -77,5 +77,5 @@ def test_a_free_spare_grows_the_job(cluster, client, job_name):
                          client.get_job(job.id)), timeout=TIMEOUT)
     want = layout.make_layout(1, 1, 2, ["host-0", "host-3"], 1)
     assert grown.layout.config.dp == 2
-    assert "policy grow: onto free spare host-3; dp 1 -> 2" in grown.policy_status
+    assert "policy grow: onto free spare host-3; 1 -> 2 devices, dp 1 -> 2" in grown.policy_status
     assert check_generation(cluster, job.id, ptc, want, sd, 2) == []

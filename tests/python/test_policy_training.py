@@ -52,7 +52,7 @@ def test_grown_by_policy_at_a_step_boundary(cluster, client, job_name, job_ptc, 
         job.stop()
     assert grown.layout.config.dp == 4
     assert layout.hosts_of(grown.layout) == hosts[:2]
-    assert "policy grow: onto free spare host-1; dp 2 -> 4" in grown.policy_status, \
+    assert "policy grow: onto free spare host-1; 2 -> 4 devices, dp 2 -> 4" in grown.policy_status, \
         grown.policy_status
     assert _policy_actions(client, job.job.id) == [("Resize", "OK")]
 

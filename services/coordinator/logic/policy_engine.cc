@@ -43,6 +43,14 @@ absl::Status CheckPolicy(const v1::ElasticPolicy& policy, absl::string_view fiel
                                                    policy.spare_hosts_size(), " hosts; at most ",
                                                    kMaxPolicySpares));
   }
+  for (int i = 0; i < policy.allowed_size(); ++i) {
+    const v1::ParallelConfig& c = policy.allowed(i);
+    if (c.tp() < 1 || c.pp() < 1 || c.dp() < 1) {
+      return absl::InvalidArgumentError(absl::StrCat(field, ".allowed[", i, "] is tp ", c.tp(),
+                                                     " pp ", c.pp(), " dp ", c.dp(),
+                                                     "; each must be >= 1"));
+    }
+  }
   std::set<std::string> seen;
   for (const std::string& h : policy.spare_hosts()) {
     if (absl::Status s = RequireNonEmpty(absl::StrCat(field, ".spare_hosts[]"), h); !s.ok()) {
@@ -182,44 +190,130 @@ std::string PolicyEngine::Act(const v1::Job& job, const std::string& method, con
   return absl::StrCat(reason, " (operation ", op->id(), ")");
 }
 
+namespace {
+
+// Every slot of `spares`: its accelerators, or without any as many device
+// indexes as the job has ranks on one host.
+void AppendSpareSlots(const std::vector<Spare>& spares, int per_host,
+                      std::vector<v1::DeviceSlot>* slots) {
+  for (const Spare& s : spares) {
+    std::vector<int> devices = s.devices;
+    if (devices.empty()) {
+      for (int d = 0; d < per_host; ++d) devices.push_back(d);
+    }
+    for (int d : devices) {
+      v1::DeviceSlot slot;
+      slot.set_host(s.host);
+      slot.set_device(d);
+      slots->push_back(std::move(slot));
+    }
+  }
+}
+
+// Among the policy's allowed configs, the one with the most ranks that fit
+// `devices` within min_devices and max_devices (the first listed on a tie).
+std::optional<v1::ParallelConfig> PickAllowed(const v1::ElasticPolicy& p, int64_t devices) {
+  std::optional<v1::ParallelConfig> best;
+  for (const v1::ParallelConfig& c : p.allowed()) {
+    const int64_t world = planner::WorldSize(c);
+    if (world > devices || world < std::max(1, p.min_devices())) continue;
+    if (p.max_devices() > 0 && world > p.max_devices()) continue;
+    if (!best.has_value() || world > planner::WorldSize(*best)) best = c;
+  }
+  return best;
+}
+
+// `config` on the first of `slots`, in order.
+v1::Layout Placed(const v1::ParallelConfig& config, const std::vector<v1::DeviceSlot>& slots) {
+  v1::Layout l;
+  *l.mutable_config() = config;
+  const int64_t world = planner::WorldSize(config);
+  for (int64_t r = 0; r < world; ++r) *l.mutable_placement()->add_ranks() = slots[r];
+  return l;
+}
+
+// The hosts `target` adds to `current`, in order.
+std::vector<std::string> NewHosts(const v1::Layout& current, const v1::Layout& target) {
+  std::set<std::string> had;
+  for (const v1::DeviceSlot& s : planner::ExpandPlacement(current.placement()))
+    had.insert(s.host());
+  std::vector<std::string> added;
+  for (const v1::DeviceSlot& s : planner::ExpandPlacement(target.placement())) {
+    if (had.insert(s.host()).second) added.push_back(s.host());
+  }
+  return added;
+}
+
+}  // namespace
+
 std::string PolicyEngine::Heal(const v1::Job& job) {
   const v1::ElasticPolicy& policy = job.policy();
   absl::StatusOr<std::vector<Spare>> spares = FreeSpares(*store_, job);
-  if (!spares.ok())
+  if (!spares.ok()) {
     return absl::StrCat("heal: the spares could not be read: ", spares.status().message());
-  // Each lost host's ranks onto a free spare while there is one, the rest
-  // onto the survivors.
-  v1::Layout target = job.layout();
-  std::vector<std::string> onto, left;
-  std::vector<bool> taken(spares->size(), false);
-  for (const std::string& lost : job.lost_hosts()) {
-    bool placed = false;
-    for (size_t i = 0; i < spares->size() && !placed; ++i) {
-      if (taken[i]) continue;
-      if (std::optional<v1::Layout> t = OntoSpare(target, lost, (*spares)[i])) {
-        target = *std::move(t);
-        taken[i] = placed = true;
-        onto.push_back(absl::StrCat(lost, " onto spare ", (*spares)[i].host));
+  }
+  const std::string lost_text = absl::StrJoin(job.lost_hosts(), ", ");
+  const int min = std::max(1, policy.min_devices());
+  v1::Layout target;
+  std::string how;
+  if (policy.allowed_size() > 0) {
+    // The allowed layout with the most ranks on the survivors' devices,
+    // then the free spares'.
+    std::vector<v1::DeviceSlot> slots;
+    for (const v1::DeviceSlot& s : planner::ExpandPlacement(job.layout().placement())) {
+      if (std::find(job.lost_hosts().begin(), job.lost_hosts().end(), s.host()) ==
+          job.lost_hosts().end()) {
+        slots.push_back(s);
       }
     }
-    if (!placed) left.push_back(lost);
-  }
-  if (!left.empty()) {
-    absl::StatusOr<v1::Layout> survivors = planner::SurvivorLayout(target, left, {});
-    if (!survivors.ok()) {
-      return absl::StrCat("waiting: ", absl::StrJoin(left, ", "),
-                          " lost and no free spare takes its ranks; the survivors cannot hold "
-                          "the job: ",
-                          survivors.status().message());
+    AppendSpareSlots(*spares, RanksPerHost(job.layout()), &slots);
+    std::optional<v1::ParallelConfig> config = PickAllowed(policy, slots.size());
+    if (!config.has_value()) {
+      return absl::StrCat("waiting: ", lost_text, " lost; the survivors and free spares hold ",
+                          slots.size(), " devices and no allowed layout fits them (min_devices ",
+                          min, ")");
     }
-    target = *std::move(survivors);
+    target = Placed(*config, slots);
+    const std::vector<std::string> added = NewHosts(job.layout(), target);
+    how = added.empty()
+              ? "onto the survivors as an allowed layout"
+              : absl::StrCat("onto the survivors and spare", added.size() > 1 ? "s " : " ",
+                             absl::StrJoin(added, ", "), " as an allowed layout");
+  } else {
+    // Each lost host's ranks onto a free spare while there is one, the
+    // rest onto the survivors.
+    target = job.layout();
+    std::vector<std::string> onto, left;
+    std::vector<bool> taken(spares->size(), false);
+    for (const std::string& lost : job.lost_hosts()) {
+      bool placed = false;
+      for (size_t i = 0; i < spares->size() && !placed; ++i) {
+        if (taken[i]) continue;
+        if (std::optional<v1::Layout> t = OntoSpare(target, lost, (*spares)[i])) {
+          target = *std::move(t);
+          taken[i] = placed = true;
+          onto.push_back(absl::StrCat(lost, " onto spare ", (*spares)[i].host));
+        }
+      }
+      if (!placed) left.push_back(lost);
+    }
+    if (!left.empty()) {
+      absl::StatusOr<v1::Layout> survivors = planner::SurvivorLayout(target, left, {});
+      if (!survivors.ok()) {
+        return absl::StrCat("waiting: ", absl::StrJoin(left, ", "),
+                            " lost and no free spare takes its ranks; the survivors cannot hold "
+                            "the job: ",
+                            survivors.status().message());
+      }
+      target = *std::move(survivors);
+      onto.push_back(absl::StrCat(absl::StrJoin(left, ", "), " onto the survivors"));
+    }
+    how = absl::StrJoin(onto, "; ");
   }
   const int64_t world = planner::WorldSize(target.config());
-  const int min = std::max(1, policy.min_devices());
   if (world < min) {
-    return absl::StrCat("waiting: ", absl::StrJoin(job.lost_hosts(), ", "),
-                        " lost; the survivors and free spares hold ", world, " devices (",
-                        LayoutText(target), "), below min_devices ", min);
+    return absl::StrCat("waiting: ", lost_text, " lost; the survivors and free spares hold ", world,
+                        " devices (", LayoutText(target), "), below min_devices ", min);
   }
   v1::RecoverFromFailureRequest request;
   request.set_job_id(job.id());
@@ -227,11 +321,8 @@ std::string PolicyEngine::Heal(const v1::Job& job) {
   for (const std::string& h : job.lost_hosts()) request.add_lost_hosts(h);
   *request.mutable_target() = target;
   request.set_accept_degraded(policy.accept_degraded());
-  std::vector<std::string> how = onto;
-  if (!left.empty()) how.push_back(absl::StrCat(absl::StrJoin(left, ", "), " onto the survivors"));
-  const std::string reason =
-      absl::StrCat("policy heal: ", absl::StrJoin(job.lost_hosts(), ", "), " lost; recovering ",
-                   absl::StrJoin(how, "; "), " (", LayoutText(target), ")");
+  const std::string reason = absl::StrCat("policy heal: ", lost_text, " lost; recovering ", how,
+                                          " (", LayoutText(target), ")");
   return Act(job, "RecoverFromFailure", OperationKey("heal", job), reason,
              [&](const std::string& key) {
                request.set_idempotency_key(key);
@@ -242,42 +333,31 @@ std::string PolicyEngine::Heal(const v1::Job& job) {
 std::string PolicyEngine::Grow(const v1::Job& job) {
   const v1::ElasticPolicy& policy = job.policy();
   absl::StatusOr<std::vector<Spare>> spares = FreeSpares(*store_, job);
-  if (!spares.ok())
+  if (!spares.ok()) {
     return absl::StrCat("grow: the spares could not be read: ", spares.status().message());
+  }
   if (spares->empty()) return "";
   const v1::ParallelConfig& config = job.layout().config();
   const int64_t world = planner::WorldSize(config);
-  const int64_t group = world / std::max(1, config.dp());  // ranks per data-parallel replica
   std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
-  const int per_host = RanksPerHost(job.layout());
-  for (const Spare& s : *spares) {
-    std::vector<int> devices = s.devices;
-    if (devices.empty()) {
-      for (int d = 0; d < per_host; ++d) devices.push_back(d);
-    }
-    for (int d : devices) {
-      v1::DeviceSlot slot;
-      slot.set_host(s.host);
-      slot.set_device(d);
-      slots.push_back(std::move(slot));
-    }
-  }
-  int64_t dp = static_cast<int64_t>(slots.size()) / group;
-  if (policy.max_devices() > 0) dp = std::min<int64_t>(dp, policy.max_devices() / group);
-  if (dp <= config.dp()) return "";  // no room for another replica
+  AppendSpareSlots(*spares, RanksPerHost(job.layout()), &slots);
   v1::Layout target;
-  *target.mutable_config() = config;
-  target.mutable_config()->set_dp(static_cast<int32_t>(dp));
-  target.mutable_config()->set_dp_shard(advisor::KeptDpShard(&job.layout(), static_cast<int>(dp)));
-  std::vector<std::string> used;  // the spares the new ranks take
-  const int64_t before =
-      static_cast<int64_t>(planner::ExpandPlacement(job.layout().placement()).size());
-  for (int64_t r = 0; r < dp * group; ++r) {
-    *target.mutable_placement()->add_ranks() = slots[r];
-    if (r >= before && (used.empty() || used.back() != slots[r].host())) {
-      used.push_back(slots[r].host());
-    }
+  if (policy.allowed_size() > 0) {
+    std::optional<v1::ParallelConfig> chosen = PickAllowed(policy, slots.size());
+    if (!chosen.has_value() || planner::WorldSize(*chosen) <= world) return "";
+    target = Placed(*chosen, slots);
+  } else {
+    // dp grows, the same tp, pp and cp: whole replicas onto the new slots.
+    const int64_t group = world / std::max(1, config.dp());
+    int64_t dp = static_cast<int64_t>(slots.size()) / group;
+    if (policy.max_devices() > 0) dp = std::min<int64_t>(dp, policy.max_devices() / group);
+    if (dp <= config.dp()) return "";  // no room for another replica
+    v1::ParallelConfig grown = config;
+    grown.set_dp(static_cast<int32_t>(dp));
+    grown.set_dp_shard(advisor::KeptDpShard(&job.layout(), static_cast<int>(dp)));
+    target = Placed(grown, slots);
   }
+  const std::vector<std::string> used = NewHosts(job.layout(), target);
   v1::ResizeRequest request;
   request.set_job_id(job.id());
   request.set_expected_generation(job.generation());
@@ -286,8 +366,9 @@ std::string PolicyEngine::Grow(const v1::Job& job) {
   request.set_at_step_boundary(policy.grow_at() == v1::ElasticPolicy::GROW_AT_STEP_BOUNDARY);
   request.set_stop_free(policy.grow_at() == v1::ElasticPolicy::GROW_STOP_FREE);
   const std::string reason = absl::StrCat(
-      "policy grow: onto free spare", used.size() > 1 ? "s " : " ", absl::StrJoin(used, ", "),
-      "; dp ", config.dp(), " -> ", dp, " (", LayoutText(target), ") ",
+      "policy grow: onto free spare", used.size() > 1 ? "s " : " ", absl::StrJoin(used, ", "), "; ",
+      world, " -> ", planner::WorldSize(target.config()), " devices, dp ", config.dp(), " -> ",
+      target.config().dp(), " (", LayoutText(target), ") ",
       policy.grow_at() == v1::ElasticPolicy::GROW_AT_STEP_BOUNDARY ? "at the next step boundary"
       : policy.grow_at() == v1::ElasticPolicy::GROW_STOP_FREE      ? "stop-free"
                                                                    : "now");

@@ -199,11 +199,53 @@ TEST_P(PolicyTest, FreeSparesGrowTheJobUpToMaxDevices) {
   EXPECT_FALSE(op.at_step_boundary());
   EXPECT_EQ(op.target_layout().config().dp(), 2);
   EXPECT_EQ(SlotsOf(op.target_layout()), (std::vector<std::string>{"h0:0", "h1:0"}));
-  EXPECT_THAT(growing.policy_status(), HasSubstr("policy grow: onto free spare h1; dp 1 -> 2"));
+  EXPECT_THAT(growing.policy_status(),
+              HasSubstr("policy grow: onto free spare h1; 1 -> 2 devices, dp 1 -> 2"));
   RunActive(job.id());
   Pass();  // at max_devices: nothing more
   EXPECT_EQ(Job(job.id()).active_operation_id(), "");
   EXPECT_EQ(Job(job.id()).layout().config().dp(), 2);
+}
+
+TEST_P(PolicyTest, AllowedLayoutsTakeTheLargestThatFitsTheDevicesAtHand) {
+  v1::ElasticPolicy policy;
+  policy.set_grow(true);
+  policy.set_grow_at(v1::ElasticPolicy::GROW_NOW);
+  policy.set_heal(true);
+  policy.set_accept_degraded(true);
+  policy.add_spare_hosts("h1");
+  policy.add_spare_hosts("h2");
+  *policy.add_allowed() = test_support::Config(1, 2, 1);  // 2 ranks
+  *policy.add_allowed() = test_support::Config(1, 1, 3);  // 3 ranks
+  *policy.add_allowed() = test_support::Config(1, 1, 4);  // 4: more than there are
+  v1::JobSpec spec = ReplicatedTwoLayerJob("allowed");
+  *spec.mutable_layout() = MakeLayout(1, 1, 1, {"h0"}, 1);
+  const v1::Job job = RegisterWith(spec, policy);
+  RegisterAgents({"h0", "h1", "h2"});
+
+  // Three devices (h0's and one each on the spares): dp 3.
+  Pass();
+  v1::Job now = Job(job.id());
+  ASSERT_FALSE(now.active_operation_id().empty()) << now.policy_status();
+  EXPECT_EQ(SlotsOf(Op(now.active_operation_id()).target_layout()),
+            (std::vector<std::string>{"h0:0", "h1:0", "h2:0"}));
+  EXPECT_THAT(now.policy_status(),
+              HasSubstr("policy grow: onto free spares h1, h2; 1 -> 3 devices, dp 1 -> 3"));
+  RunActive(job.id());
+
+  // h2 lost: two devices left, and pp 2 is the allowed layout that fits.
+  Lose("h2", {"h0", "h1"});
+  Pass();
+  now = Job(job.id());
+  ASSERT_FALSE(now.active_operation_id().empty()) << now.policy_status();
+  const v1::Layout healed = Op(now.active_operation_id()).target_layout();
+  EXPECT_EQ(healed.config().pp(), 2);
+  EXPECT_EQ(SlotsOf(healed), (std::vector<std::string>{"h0:0", "h1:0"}));
+  EXPECT_THAT(now.policy_status(),
+              HasSubstr("policy heal: h2 lost; recovering onto the survivors as an allowed "
+                        "layout"));
+  RunActive(job.id());
+  EXPECT_EQ(Job(job.id()).layout().config().pp(), 2);
 }
 
 TEST_P(PolicyTest, ASchedulersCallSupersedesThePolicysOperation) {
@@ -245,6 +287,11 @@ TEST_P(PolicyTest, APolicyIsCheckedStoredAndCleared) {
   set.mutable_policy()->add_spare_hosts("s");
   EXPECT_THAT(api_->SetPolicy(set).status(),
               StatusIs(absl::StatusCode::kInvalidArgument, "policy.spare_hosts names \"s\" twice"));
+  set.clear_policy();
+  set.mutable_policy()->add_allowed()->set_tp(2);
+  EXPECT_THAT(api_->SetPolicy(set).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "policy.allowed[0] is tp 2 pp 0 dp 0; each must be >= 1"));
   *set.mutable_policy() = Heal({"h9"});
   absl::StatusOr<v1::Job> with = api_->SetPolicy(set);
   ASSERT_TRUE(with.ok()) << with.status();
