@@ -487,6 +487,8 @@ class Starter:
                     spare.busy, spare.served = None, spare.served + 1
                     spare.last_used = time.monotonic()
                     handle.returncode = int(arg)
+                    self._event("rank_host_idle", pid=spare.pid, world=world.name, rank=rank,
+                                code=int(arg))
                     self._refill()
                     self._changed.notify_all()
                 world.reaped[rank].set()

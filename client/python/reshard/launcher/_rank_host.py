@@ -251,6 +251,15 @@ def _run(job):
         sys.argv = saved_argv
 
 
+def _too_long(code):
+    """The teardown's watchdog: says so in the rank's log, then ends the
+    process with the rank's status (it is not reusable)."""
+    sys.stderr.write(f"reshard: rank host {os.getpid()}: tearing the rank's torch.distributed "
+                     f"state down took over {TEARDOWN_S:g} s: ending with status {code}\n")
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def _redirect(path, saved):
     for f in (sys.stdout, sys.stderr):
         try:
@@ -286,7 +295,7 @@ def main(status_fd, assign_fd):
                 pass
         if code not in (0, EXIT_PEER_LOST):
             os._exit(code)  # a real failure ends the process, as a cold rank's would
-        watchdog = threading.Timer(TEARDOWN_S, os._exit, args=(code,))
+        watchdog = threading.Timer(TEARDOWN_S, _too_long, args=(code,))
         watchdog.daemon = True
         watchdog.start()
         try:
