@@ -11,8 +11,10 @@ rate); the rest from rates measured by the ones before. At the end every
 byte of the final generation is loaded and checked.
 """
 
+import json
 import os
 import shutil
+import subprocess
 import time
 
 import reshard
@@ -44,6 +46,47 @@ def steps(h):
         # layout puts stage 0 on h2 and stage 1 on h0, so both cross.
         ("recover h1 lost, onto h2,h0", "recover", _layout(2, 2, 1, [h[2], h[0]]), (h[1],)),
     ]
+
+
+def simulate(bench, ptc, old, new, lost, prediction, n):
+    """The scale simulator's time for the same move (bench/scale,
+    reshard_scale_sim --plane host-memory) on this cluster's topology: 4
+    hosts of 2 devices, one NIC each at the shaped rate, the machine's cores
+    shared by the 4 agents, and the per-byte costs the coordinator predicted
+    this operation with (its learned CPU per byte and check rates, its
+    overhead). Returns its total seconds, or None when the binary is not
+    built."""
+    binary = os.path.join(os.path.abspath(bench.args.build), "bench", "scale", "reshard_scale_sim")
+    if not os.path.exists(binary):
+        return None
+    files = {}
+    for name, msg in (("ptc", ptc), ("from", old), ("to", new)):
+        files[name] = os.path.join(bench.work_dir, f"sim-{n}-{name}.bin")
+        with open(files[name], "wb") as f:
+            f.write(msg.SerializeToString())
+    cores = (os.cpu_count() or 1) / 4
+    cpu = [h.cpu_seconds / (h.bytes_in + h.bytes_out + h.bytes_local) for h in prediction.hosts
+           if h.cpu_seconds > 0 and h.bytes_in + h.bytes_out + h.bytes_local > 0]
+    checks = [h.bytes_new / (h.verify_seconds + h.seal_seconds) for h in prediction.hosts
+              if h.verify_seconds + h.seal_seconds > 0 and h.bytes_new > 0]
+    sets = [f"nic={bench.args.rate_gbit:g}Gb/s", f"agent_cores={cores:g}",
+            f"overhead={prediction.overhead_seconds:.6f}s"]
+    if cpu:
+        per_gb = max(cpu) * 1e9
+        sets += [f"cpu_per_byte={per_gb:.6f}s/GB", f"cpu_per_local_byte={per_gb:.6f}s/GB"]
+    if checks:
+        sets.append(f"hash={min(checks) / cores / 1e9:.6f}GB/s")
+    argv = [binary, "--ptc", files["ptc"], "--from", files["from"], "--to", files["to"],
+            "--topology", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                       "emulated.topo"), "--plane", "host-memory", "--json"]
+    for x in lost:
+        argv += ["--lost", x]
+    for x in sets:
+        argv += ["--set", x]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    if out.returncode != 0:
+        raise RuntimeError(f"reshard_scale_sim: {out.stderr.strip()}")
+    return json.loads(out.stdout)["total_seconds"]
 
 
 def run(bench):
@@ -84,10 +127,12 @@ def run(bench):
                                    f"{done.error}")
             shown = client.get_operation(op.id)
             p = shown.prediction
+            simulated = simulate(bench, bench.ptc, current.layout, done.target_layout, lost, p,
+                                 len(rows))
             rows.append(dict(what=what, kind=kind, cross_gb=shown.stats.bytes_cross_host / GB,
                              predicted_s=p.seconds, actual_s=shown.actual_seconds,
                              bound_s=p.bound_seconds, critical=p.critical_host,
-                             calibrated=p.calibrated))
+                             calibrated=p.calibrated, simulated_s=simulated))
             bench.log(f"   {what}: {rows[-1]['cross_gb']:.2f} GB cross-host, predicted "
                       f"{p.seconds:.2f} s ({'calibrated' if p.calibrated else 'seeded'}), "
                       f"took {shown.actual_seconds:.2f} s")
@@ -125,10 +170,15 @@ def _wait_lost(client, hosts, timeout=120.0):
 
 def table(rows, title):
     head = ["operation", "cross GB", "predicted s", "actual s", "actual/pred", "bound s",
-            "rates"]
+            "rates", "simulated s", "actual/sim"]
+
+    def sim(r):
+        s = r.get("simulated_s")
+        return ([f"{s:.2f}", f"{r['actual_s'] / s:.2f}x"] if s else ["-", "-"])
     body = [[r["what"], f"{r['cross_gb']:.2f}", f"{r['predicted_s']:.2f}", f"{r['actual_s']:.2f}",
              f"{r['actual_s'] / r['predicted_s']:.2f}x" if r["predicted_s"] > 0 else "-",
-             f"{r['bound_s']:.2f}", "learned" if r["calibrated"] else "seeds"] for r in rows]
+             f"{r['bound_s']:.2f}", "learned" if r["calibrated"] else "seeds"] + sim(r)
+            for r in rows]
     widths = [max(len(x[i]) for x in [head] + body) for i in range(len(head))]
     lines = [title, "  " + "  ".join(c.ljust(w) if i == 0 else c.rjust(w)
                                      for i, (c, w) in enumerate(zip(head, widths)))]
@@ -141,4 +191,11 @@ def table(rows, title):
         within = sum(1 for x in learned if 0.75 <= x <= 1.25)
         lines.append(f"  learned rates, >= 1 GB: {within} of {len(learned)} within +-25% "
                      f"(actual/predicted {min(learned):.2f}x .. {max(learned):.2f}x)")
+    simulated = [r["actual_s"] / r["simulated_s"] for r in rows
+                 if r["calibrated"] and r.get("simulated_s") and r["cross_gb"] >= 1]
+    if simulated:
+        within = sum(1 for x in simulated if 0.75 <= x <= 1.25)
+        lines.append(f"  scale simulator, learned costs, >= 1 GB: {within} of {len(simulated)} "
+                     f"within +-25% (actual/simulated {min(simulated):.2f}x .. "
+                     f"{max(simulated):.2f}x)")
     return "\n".join(lines)
