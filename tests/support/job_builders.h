@@ -184,6 +184,19 @@ inline void Place(v1::Layout* l, int per_host, int first_host = 0) {
   }
 }
 
+/// "host:device" of each rank of `l`, in rank order (either placement form:
+/// one slot per rank, or hosts x devices_per_host).
+inline std::vector<std::string> SlotsOf(const v1::Layout& l) {
+  std::vector<std::string> out;
+  const v1::Placement& p = l.placement();
+  for (const v1::DeviceSlot& s : p.ranks())
+    out.push_back(s.host() + ":" + std::to_string(s.device()));
+  for (const std::string& h : p.hosts()) {
+    for (int d = 0; d < p.devices_per_host(); ++d) out.push_back(h + ":" + std::to_string(d));
+  }
+  return out;
+}
+
 /// The parallel sizes of issue 13 (0 keeps the default).
 struct Extra {
   int cp = 0, vpp = 0, ep = 0, expert_tp = 0;

@@ -4,7 +4,6 @@
 // told at once why not and what it keeps when the host goes.
 #include <algorithm>
 #include <optional>
-#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -69,16 +68,9 @@ absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
         "leaves_unix_ms ", request.leaves_unix_ms(), " (", UnixMsText(request.leaves_unix_ms()),
         ") is not in the future: the coordinator's clock reads ", UnixMsText(now)));
   }
-  std::set<std::string> named;
-  for (const std::string& h : request.spare_hosts()) {
-    if (absl::Status s = RequireNonEmpty("spare_hosts[]", h); !s.ok()) return s;
-    if (h == request.host_id()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("spare_hosts names the leaving host \"", h, "\""));
-    }
-    if (!named.insert(h).second) {
-      return absl::InvalidArgumentError(absl::StrCat("spare_hosts names \"", h, "\" twice"));
-    }
+  if (absl::Status s = CheckSpareHosts("spare_hosts", request.spare_hosts(), request.host_id());
+      !s.ok()) {
+    return s;
   }
   const std::string& leaving = request.host_id();
   if (absl::StatusOr<v1::Host> host = store_->GetHost(leaving); !host.ok()) {
@@ -138,7 +130,7 @@ absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
       DeadlineCase c;
       c.job = &*job;
       c.target = &m.target;
-      c.lost = planner::LostSet{{job->lost_hosts().begin(), job->lost_hosts().end()}, {}};
+      c.lost = JobLostSet(job->lost_hosts(), {}, {});
       absl::Status meets =
           options_.cost == nullptr
               ? absl::UnimplementedError("no cost model to predict the move")
@@ -161,23 +153,22 @@ absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
       op.expected_generation = job->generation();
       op.target_layout = m.target;
       op.deadline = deadline;
+      // The request a scheduler would have sent (its fingerprint is what a
+      // retry is matched by).
+      const auto as_request = [&](auto request_of_kind) {
+        request_of_kind.set_job_id(job_id);
+        request_of_kind.set_expected_generation(job->generation());
+        *request_of_kind.mutable_placement() = m.target.placement();
+        *request_of_kind.mutable_deadline() = deadline;
+        request_of_kind.set_idempotency_key(key);
+        return MakeIdempotency(keys, request_of_kind);
+      };
       if (m.kind == v1::OPERATION_KIND_MIGRATE) {
-        v1::MigrateRequest as_request;
-        as_request.set_job_id(job_id);
-        as_request.set_expected_generation(job->generation());
-        *as_request.mutable_placement() = m.target.placement();
-        *as_request.mutable_deadline() = deadline;
-        as_request.set_idempotency_key(key);
-        op.idempotency = MakeIdempotency(keys, as_request);
+        op.idempotency = as_request(v1::MigrateRequest());
       } else {
-        v1::ResizeRequest as_request;
-        as_request.set_job_id(job_id);
-        as_request.set_expected_generation(job->generation());
-        *as_request.mutable_placement() = m.target.placement();
-        *as_request.mutable_config() = m.target.config();
-        *as_request.mutable_deadline() = deadline;
-        as_request.set_idempotency_key(key);
-        op.idempotency = MakeIdempotency(keys, as_request);
+        v1::ResizeRequest resize;
+        *resize.mutable_config() = m.target.config();
+        op.idempotency = as_request(std::move(resize));
       }
       absl::StatusOr<v1::Operation> created = CreateOperation(std::move(op));
       if (!created.ok()) {

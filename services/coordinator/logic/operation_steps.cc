@@ -69,16 +69,7 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
   absl::StatusOr<v1::Ptc> ptc = store_->GetPtc(op.job_id());
   if (!ptc.ok()) return ptc.status();
 
-  // Hosts of the current generation already known LOST are never sources,
-  // whatever the request said: planning from them would only abort later.
-  planner::LostSet lost;
-  lost.hosts = record.lost_hosts;
-  for (const std::string& host : job->lost_hosts()) {
-    if (std::find(lost.hosts.begin(), lost.hosts.end(), host) == lost.hosts.end()) {
-      lost.hosts.push_back(host);
-    }
-  }
-  lost.ranks = record.lost_ranks;
+  const planner::LostSet lost = JobLostSet(job->lost_hosts(), record.lost_hosts, record.lost_ranks);
   // A lost rank whose device the target reuses, on a host not lost, crashed
   // on a healthy host: it restarts in place and its agent's buffer of the
   // current generation stays a source (redundancy.h).

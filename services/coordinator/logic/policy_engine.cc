@@ -51,17 +51,7 @@ absl::Status CheckPolicy(const v1::ElasticPolicy& policy, absl::string_view fiel
                                                      "; each must be >= 1"));
     }
   }
-  std::set<std::string> seen;
-  for (const std::string& h : policy.spare_hosts()) {
-    if (absl::Status s = RequireNonEmpty(absl::StrCat(field, ".spare_hosts[]"), h); !s.ok()) {
-      return s;
-    }
-    if (!seen.insert(h).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(field, ".spare_hosts names \"", h, "\" twice"));
-    }
-  }
-  return absl::OkStatus();
+  return CheckSpareHosts(absl::StrCat(field, ".spare_hosts"), policy.spare_hosts());
 }
 
 PolicyEngine::PolicyEngine(StorePtr store, SchedulerApi* api, const Clock* clock, Options options)

@@ -93,6 +93,17 @@ std::vector<int> InPlaceRanks(const v1::Layout& current, const v1::Layout& targe
   return in_place;
 }
 
+planner::LostSet JobLostSet(const google::protobuf::RepeatedPtrField<std::string>& job_lost_hosts,
+                            std::vector<std::string> hosts, std::vector<int> ranks) {
+  planner::LostSet lost;
+  lost.hosts = std::move(hosts);
+  for (const std::string& h : job_lost_hosts) {
+    if (!Contains(lost.hosts, h)) lost.hosts.push_back(h);
+  }
+  lost.ranks = std::move(ranks);
+  return lost;
+}
+
 planner::LostSet PlannerLostSet(const v1::Layout& current, const v1::Layout& target,
                                 const planner::LostSet& lost) {
   const std::vector<int> in_place = InPlaceRanks(current, target, lost);

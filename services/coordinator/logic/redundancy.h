@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "google/protobuf/repeated_ptr_field.h"
 #include "planner/planner.h"
 #include "reshard/v1/ptc.pb.h"
 
@@ -25,6 +26,13 @@ int ReplicasOf(const v1::ParallelConfig& c);
 /// current generation, which stays a source.
 std::vector<int> InPlaceRanks(const v1::Layout& current, const v1::Layout& target,
                               const planner::LostSet& lost);
+
+/// The lost set an operation plans with: the `hosts` and `ranks` its
+/// request named, and the job's hosts already known LOST (`job_lost_hosts`,
+/// Job.lost_hosts: never sources, whatever the request said; planning from
+/// them would only abort later).
+planner::LostSet JobLostSet(const google::protobuf::RepeatedPtrField<std::string>& job_lost_hosts,
+                            std::vector<std::string> hosts, std::vector<int> ranks);
 
 /// `lost` as the planner takes it: without the ranks that restart in place.
 planner::LostSet PlannerLostSet(const v1::Layout& current, const v1::Layout& target,

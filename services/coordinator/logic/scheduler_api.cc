@@ -90,20 +90,11 @@ NewOperation PlacementOperation(v1::OperationKind kind, const Request& request, 
   return op;
 }
 
-// The lost set the driver plans with: the request's lost `hosts` and
-// `ranks`, and the job's lost hosts (never sources).
+// JobLostSet of a request's lost hosts and ranks.
 planner::LostSet LostOf(const v1::Job& job,
                         const google::protobuf::RepeatedPtrField<std::string>& hosts,
                         const google::protobuf::RepeatedField<int32_t>& ranks) {
-  planner::LostSet lost;
-  lost.hosts.assign(hosts.begin(), hosts.end());
-  for (const std::string& h : job.lost_hosts()) {
-    if (std::find(lost.hosts.begin(), lost.hosts.end(), h) == lost.hosts.end()) {
-      lost.hosts.push_back(h);
-    }
-  }
-  lost.ranks.assign(ranks.begin(), ranks.end());
-  return lost;
+  return JobLostSet(job.lost_hosts(), {hosts.begin(), hosts.end()}, {ranks.begin(), ranks.end()});
 }
 
 }  // namespace
@@ -269,8 +260,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
   }
   if (job->generation() == request.expected_generation()) {
-    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, target, LostOf(*job, {}, {}),
-                                            !request.stop_free());
+    if (absl::Status s =
+            CheckMeetsDeadline(request.deadline(), *job, target,
+                               JobLostSet(job->lost_hosts(), {}, {}), !request.stop_free());
         !s.ok()) {
       return s;
     }
@@ -304,8 +296,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest
     absl::StatusOr<v1::Layout> chosen = advise_.Choose(request.choose(), *job);
     if (!chosen.ok()) return chosen.status();
     if (absl::Status s = CheckTarget(job->ptc(), *chosen); !s.ok()) return s;
-    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, *chosen, LostOf(*job, {}, {}),
-                                            !request.stop_free());
+    if (absl::Status s =
+            CheckMeetsDeadline(request.deadline(), *job, *chosen,
+                               JobLostSet(job->lost_hosts(), {}, {}), !request.stop_free());
         !s.ok()) {
       return s;
     }
@@ -335,8 +328,9 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
-    if (absl::Status s = CheckMeetsDeadline(request.deadline(), *job, target, LostOf(*job, {}, {}),
-                                            !request.stop_free());
+    if (absl::Status s =
+            CheckMeetsDeadline(request.deadline(), *job, target,
+                               JobLostSet(job->lost_hosts(), {}, {}), !request.stop_free());
         !s.ok()) {
       return s;
     }

@@ -1,11 +1,30 @@
 #include "services/coordinator/logic/spares.h"
 
 #include <algorithm>
+#include <set>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "planner/layout.h"
+#include "services/coordinator/logic/request_checks.h"
 
 namespace reshard::coordinator {
+
+absl::Status CheckSpareHosts(absl::string_view field,
+                             const google::protobuf::RepeatedPtrField<std::string>& names,
+                             const std::string& leaving) {
+  std::set<std::string> seen;
+  for (const std::string& h : names) {
+    if (absl::Status s = RequireNonEmpty(absl::StrCat(field, "[]"), h); !s.ok()) return s;
+    if (!leaving.empty() && h == leaving) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " names the leaving host \"", h, "\""));
+    }
+    if (!seen.insert(h).second) {
+      return absl::InvalidArgumentError(absl::StrCat(field, " names \"", h, "\" twice"));
+    }
+  }
+  return absl::OkStatus();
+}
 
 absl::StatusOr<std::vector<Spare>> AliveSpares(
     HostStore& hosts, const google::protobuf::RepeatedPtrField<std::string>& names) {

@@ -23,6 +23,13 @@ struct Spare {
   std::vector<int> devices;
 };
 
+/// `names` as a list of spares in the request field `field`: no empty
+/// name, none twice, not `leaving` (when given). INVALID_ARGUMENT naming
+/// the field and the host.
+[[nodiscard]] absl::Status CheckSpareHosts(
+    absl::string_view field, const google::protobuf::RepeatedPtrField<std::string>& names,
+    const std::string& leaving = "");
+
 /// The hosts of `names`, in order, that are registered and ALIVE.
 [[nodiscard]] absl::StatusOr<std::vector<Spare>> AliveSpares(
     HostStore& hosts, const google::protobuf::RepeatedPtrField<std::string>& names);

@@ -9,6 +9,7 @@ namespace reshard::coordinator {
 namespace {
 
 using test_support::MakeLayout;
+using test_support::SlotsOf;
 
 v1::Layout OnSlots(const v1::ParallelConfig& config,
                    const std::vector<std::pair<std::string, int>>& slots) {
@@ -20,14 +21,6 @@ v1::Layout OnSlots(const v1::ParallelConfig& config,
     s->set_device(device);
   }
   return l;
-}
-
-std::vector<std::string> SlotsOf(const v1::Layout& l) {
-  std::vector<std::string> out;
-  for (const v1::DeviceSlot& s : l.placement().ranks()) {
-    out.push_back(s.host() + ":" + std::to_string(s.device()));
-  }
-  return out;
 }
 
 TEST(DeadlineFieldTest, UnsetIsFineAndAPastOrPresentTimeIsNamed) {

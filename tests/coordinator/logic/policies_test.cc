@@ -9,7 +9,6 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "planner/layout.h"
 #include "services/coordinator/logic/policy_engine.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 #include "tests/support/jobs.h"
@@ -19,17 +18,10 @@ namespace {
 
 using test_support::MakeLayout;
 using test_support::ReplicatedTwoLayerJob;
+using test_support::SlotsOf;
 using test_support::TwoLayerJob;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
-
-std::vector<std::string> SlotsOf(const v1::Layout& l) {
-  std::vector<std::string> out;
-  for (const v1::DeviceSlot& s : planner::ExpandPlacement(l.placement())) {
-    out.push_back(s.host() + ":" + std::to_string(s.device()));
-  }
-  return out;
-}
 
 class PolicyTest : public LogicTest {
  protected:
@@ -51,6 +43,9 @@ class PolicyTest : public LogicTest {
     clock_.Advance(kLeaseMs / 2 + 1);
     for (const std::string& h : alive) ASSERT_TRUE(Heartbeat(h).ok()) << h;
     Tick();
+    absl::StatusOr<v1::Host> host = store_->GetHost(lost);
+    ASSERT_TRUE(host.ok()) << host.status();
+    ASSERT_EQ(host->state(), v1::HOST_STATE_LOST) << lost;
   }
 
   void Pass() {
