@@ -1032,6 +1032,70 @@ def test_the_ranks_beside_a_peer_lost_rank_get_grace_to_end(tmp_path, sibling):
         L.stop_all()
 
 
+_PEER_RANKS = """
+import json, os, sys, threading, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+group = dist.new_group([0, 1])
+out = os.environ["PEER_OUT"]
+if dist.get_rank() == 0:
+    if os.environ["PEER_HOLD"] == "1":
+        # A thread the rank leaves running holds its group: nothing frees it.
+        threading.Thread(target=lambda g=group: time.sleep(600), daemon=True).start()
+    sys.exit(75)  # this rank lost a peer (EXIT_PEER_LOST)
+t0 = time.monotonic()
+try:
+    dist.recv(torch.zeros(1), src=0, group=group)  # rank 0 never sends
+    waited = None
+except Exception as e:  # noqa: BLE001: gloo's "Connection closed by peer"
+    waited = time.monotonic() - t0
+with open(os.path.join(out, "rank1.json"), "w") as f:
+    json.dump({"waited": waited, "pid": os.getpid()}, f)
+sys.exit(75)
+"""
+
+
+@pytest.mark.parametrize("hold", ["freed", "held by a thread"])
+def test_a_peer_blocked_on_a_rank_that_ended_fails_at_once(tmp_path, monkeypatch, hold):
+    """Rank 0 ends (75) in a warm rank host while rank 1 of the same world,
+    on the same host, is blocked receiving from it: the rank host frees
+    rank 0's process groups as it tears the rank down, so the connection
+    closes and rank 1 fails at once (75, well within --grace) instead of
+    waiting until the launcher terminates it. When something rank 0 left
+    (a thread) still holds its group, the rank host ends the process
+    instead of reporting it idle, with the same effect."""
+    script = tmp_path / "peer.py"
+    script.write_text(_PEER_RANKS)
+    monkeypatch.setenv("PEER_OUT", str(tmp_path))
+    monkeypatch.setenv("PEER_HOLD", "1" if hold == "held by a thread" else "0")
+    given = _Given()
+    lay = layout.make_layout(1, 1, 2, ranks=[("h0", 0), ("h0", 1)])
+    L = launch.Launcher(given, "job-1", "h0", "/run/worker.sock", [sys.executable, str(script)],
+                        "coord:1", grace=60.0, recovery_timeout=120.0,
+                        events_path=str(tmp_path / "events.jsonl"), log=lambda msg: None,
+                        spares=2, log_dir=str(tmp_path / "logs"))
+    try:
+        L.on_job(_job(1, lay))
+        world = L.current
+        _pump(L, lambda: not world.alive(), timeout=90)
+        exits = sorted((e["rank"], e["code"]) for e in _events(tmp_path) if e["event"] == "exit")
+        assert exits == [(0, launch.EXIT_PEER_LOST), (1, launch.EXIT_PEER_LOST)], exits
+        with open(tmp_path / "rank1.json") as f:
+            rank1 = json.load(f)
+        assert rank1["waited"] is not None and rank1["waited"] < 30, rank1
+        idle = {e["pid"] for e in _events(tmp_path) if e["event"] == "rank_host_idle"}
+        rank0 = world.procs[0].pid
+        log = (tmp_path / "logs" / "g1-rank0.log").read_text()
+        if hold == "freed":
+            assert rank0 in idle and _alive(rank0), (idle, log)
+        else:
+            assert rank0 not in idle, idle
+            assert "of the rank's process groups and stores are still referenced" in log, log
+            _pump(L, lambda: not _alive(rank0), timeout=20)
+    finally:
+        L.stop_all()
+
+
 # ---- nothing a rank started outlives it (each rank leads a process group;
 # a guard kills the groups when the launcher dies)
 

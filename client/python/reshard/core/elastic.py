@@ -341,6 +341,12 @@ class _Checkpoint(threading.Thread):
         try:
             self._store.wait([self._key], datetime.timedelta(seconds=loop.timeout))
         except Exception as e:  # noqa: BLE001: the store's own error types vary
+            import torch.distributed as dist
+            if isinstance(e, getattr(dist, "DistNetworkError", ())):
+                # Rank 0's store closed: rank 0 is gone (it lost a peer, or died).
+                raise PeerLost(f"rank {loop.rank} of job {loop.job_id!r}: rank 0's store closed "
+                               f"while this rank waited for its answer to the checkpoint of "
+                               f"step {self.step} ({type(e).__name__})") from e
             raise _errors.DeadlineExceeded(
                 f"rank {loop.rank} of job {loop.job_id!r}: rank 0's answer to the checkpoint of "
                 f"step {self.step} did not come within {loop.timeout} s "

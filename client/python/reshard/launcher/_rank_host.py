@@ -15,7 +15,10 @@ imported, to the next layout's rank on this host.
 When the script ends with status 0 or reshard.launch.EXIT_PEER_LOST (75, a
 peer died), the process SIGKILLs what the rank left in its process group,
 tears the torch.distributed state down (every process group destroyed,
-DeviceMesh's registry emptied), reports
+DeviceMesh's registry emptied), collects the rank's garbage so that the
+groups' connections and stores close (a peer blocked on one of them fails
+at once, as it would if the process had ended; if anything still holds one,
+the process ends instead), reports
 "done STATUS" on its status pipe and waits for the next assignment. Any
 other end (an uncaught exception: status 1; sys.exit(N); a signal;
 os._exit) ends the process with that status, exactly as a cold rank would,
@@ -37,6 +40,7 @@ import sys
 import threading
 import traceback
 import warnings
+import weakref
 
 # Importing this module (the bootstrap's `import reshard.launcher._rank_host`)
 # imported the reshard package already: the launcher's constant is free.
@@ -155,9 +159,21 @@ def _exercise():
 
 
 def _teardown():
-    """Leaves torch.distributed as a fresh interpreter has it."""
+    """Leaves torch.distributed as a fresh interpreter has it. Returns weak
+    references to the process groups it destroyed and their stores: once
+    nothing else holds them, their connections close (a peer blocked on
+    one learns at once that this rank is gone)."""
+    refs = []
     dist = sys.modules.get("torch.distributed")
     if dist is not None and dist.is_available() and dist.is_initialized():
+        c10d = sys.modules.get("torch.distributed.distributed_c10d")
+        pg_map = getattr(getattr(c10d, "_world", None), "pg_map", None) or {}
+        for pg, entry in list(pg_map.items()):
+            for obj in (pg, entry[1] if isinstance(entry, tuple) and len(entry) > 1 else None):
+                try:
+                    refs.append(weakref.ref(obj))
+                except TypeError:  # None, or a type without weak references
+                    pass
         dist.destroy_process_group()
     mesh = sys.modules.get("torch.distributed.device_mesh")
     env = getattr(mesh, "_mesh_resources", None) if mesh is not None else None
@@ -166,6 +182,7 @@ def _teardown():
             env.__init__()
         except Exception:  # noqa: BLE001: another torch's registry: left as it is
             pass
+    return refs
 
 
 def _end_group():
@@ -300,9 +317,20 @@ def main(status_fd, assign_fd):
         watchdog.start()
         try:
             _end_group()
-            _teardown()
+            groups = _teardown()
+            gc.collect()  # the rank's cycles (a model's hooks, its loop): its groups with them
         except Exception:  # noqa: BLE001: not reusable: end with the rank's status
             traceback.print_exc()
+            sys.stderr.flush()
+            os._exit(code)
+        held = sum(1 for r in groups if r() is not None)
+        if held:
+            # Something the rank left (a thread still running, a cache) holds
+            # them: their connections stay open and a peer blocked on one
+            # would wait for its timeout. Ending the process closes them.
+            sys.stderr.write(f"reshard: rank host {os.getpid()}: {held} of the rank's process "
+                             f"groups and stores are still referenced after it ended: ending "
+                             f"the process (status {code}) so that its peers see them close\n")
             sys.stderr.flush()
             os._exit(code)
         watchdog.cancel()
@@ -311,7 +339,6 @@ def main(status_fd, assign_fd):
             status.write(f"done {code}\n")
         except OSError:
             os._exit(code)
-        gc.collect()  # the rank's cycles (a model's hooks), once the launcher knows it ended
     os._exit(0)  # the launcher closed the pipe: no more ranks
 
 
