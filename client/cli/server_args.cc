@@ -199,15 +199,18 @@ const std::vector<CommandSpec>& Specs() {
       {"hosts notice",
        {"HOST"},
        {"leaves", "spare", "idempotency-key"},
+       {"withdraw"},
        {},
-       {"leaves"},
        "usage: reshardctl hosts notice HOST --leaves WHEN [--spare H1,H2]\n"
+       "       reshardctl hosts notice HOST --withdraw\n"
        "\nSays that HOST goes away at WHEN (a preemption, a spot reclaim, a drain; admin\n"
        "only, audited): the coordinator moves every job on it off before then, onto a\n"
        "spare or onto the job's other hosts, or says at once why it cannot and what\n"
        "the job keeps when HOST goes. Prints one line per job (docs/scheduler.md).\n"
+       "Until then HOST is no spare and no resize or migration places ranks on it.\n"
        "  --leaves WHEN   a duration from now (90s, 10m) or an RFC 3339 time\n"
-       "  --spare LIST    hosts that may take HOST's place, in order, one per job\n"},
+       "  --spare LIST    hosts that may take HOST's place, in order, one per job\n"
+       "  --withdraw      withdraws HOST's notice (moves already started go on)\n"},
       {"ops show", {"OP"}, {}, {}, {}, "usage: reshardctl ops show OP\n\nShows an operation.\n"},
       {"ops watch",
        {"OP"},

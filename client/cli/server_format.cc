@@ -136,6 +136,11 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
       }
       what.push_back(absl::StrCat("allowed ", absl::StrJoin(configs, " | ")));
     }
+    if (p.has_advise()) {
+      what.push_back(absl::StrCat("as the advisor recommends (horizon ",
+                                  p.advise().horizon_s() > 0 ? p.advise().horizon_s() : 3600,
+                                  " s)"));
+    }
     Field(&out, "policy", what.empty() ? "(does nothing)" : absl::StrJoin(what, ", "));
     Field(&out, "policy status", job.policy_status().empty() ? "-" : job.policy_status());
   }
@@ -163,7 +168,7 @@ std::string FormatJob(const v1::Job& job, int64_t now_unix_ms) {
 
 std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_unix_ms) {
   std::vector<std::vector<std::string>> rows = {
-      {"HOST", "STATE", "ADDRESS", "DEVICES", "TRANSPORTS", "HEARTBEAT", "LEASE"}};
+      {"HOST", "STATE", "ADDRESS", "DEVICES", "TRANSPORTS", "HEARTBEAT", "LEASE", "LEAVES"}};
   for (const v1::Host& h : hosts.hosts()) {
     std::string lease = FormatRelativeTime(h.lease_expires_unix_ms(), now_unix_ms);
     if (h.lease_expires_unix_ms() > 0 && h.lease_expires_unix_ms() <= now_unix_ms) {
@@ -172,7 +177,9 @@ std::string FormatHostsTable(const v1::ListHostsResponse& hosts, int64_t now_uni
     rows.push_back({h.host_id(), rpc::EnumShortName(h.state()),
                     h.address().empty() ? "-" : h.address(), absl::StrCat(h.devices_size()),
                     h.transports().empty() ? "-" : absl::StrJoin(h.transports(), ","),
-                    FormatRelativeTime(h.last_heartbeat_unix_ms(), now_unix_ms), lease});
+                    FormatRelativeTime(h.last_heartbeat_unix_ms(), now_unix_ms), lease,
+                    h.leaves_unix_ms() == 0 ? std::string("-")
+                                            : FormatRelativeTime(h.leaves_unix_ms(), now_unix_ms)});
   }
   std::string out = RenderTable(rows);
   if (hosts.hosts().empty()) absl::StrAppend(&out, "(no hosts)\n");

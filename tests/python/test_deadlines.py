@@ -119,3 +119,16 @@ def test_a_host_notice_moves_the_job_onto_a_spare_or_says_what_it_keeps(
     assert check_generation(cluster, job.id, ptc, on("host-3"), sd, 2) == []
     # Nothing of the job is left on host-2.
     assert client.notice_host("host-2", now_ms() + 60_000, ["host-1"]).jobs == []
+    # host-2 is marked as leaving: a migration back onto it is refused
+    # until the notice is withdrawn (reshardctl hosts notice --withdraw).
+    hosts = {h.host_id: h for h in client.list_hosts()}
+    assert hosts["host-2"].leaves_unix_ms > now_ms() and hosts["host-3"].leaves_unix_ms == 0
+    with pytest.raises(reshard.errors.FailedPrecondition, match='host "host-2" leaves at '):
+        client.migrate(job.id, on("host-2"))
+    out = subprocess.run([ctl, "--coordinator", cluster.coordinator, *cluster.ctl_args(),
+                          "hosts", "notice", "host-2", "--withdraw"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout == "host host-2: notice withdrawn\n", out
+    assert {h.host_id: h for h in client.list_hosts()}["host-2"].leaves_unix_ms == 0
+    back = client.wait(client.migrate(job.id, on("host-2")).id, timeout=120)
+    assert back.state == coordinator_pb2.OPERATION_STATE_COMMITTED, back.error

@@ -7,6 +7,8 @@ status, and the audit trail each action with its reason."""
 import os
 import subprocess
 
+import pytest
+
 import reshard
 from reshard import layout
 from reshard.v1 import coordinator_pb2, ptc_pb2
@@ -79,3 +81,24 @@ def test_a_free_spare_grows_the_job(cluster, client, job_name):
     assert grown.layout.config.dp == 2
     assert "policy grow: onto free spare host-3; 1 -> 2 devices, dp 1 -> 2" in grown.policy_status
     assert check_generation(cluster, job.id, ptc, want, sd, 2) == []
+
+
+def test_a_policy_may_leave_the_layout_to_the_advisor(cluster, client, job_name):
+    """ElasticPolicy.advise: checked when set (a figure the advisor needs and
+    the PTC does not say is refused, naming the field), shown by reshardctl."""
+    ptc = replicated_ptc()
+    job = register(client, job_name, ptc, layout.make_layout(1, 1, 1, ["host-0"], 1), {})
+    model = {"hidden": 1024, "heads": 8, "vocab": 2048, "seqLength": 256, "globalBatch": 8}
+    with pytest.raises(reshard.errors.InvalidArgument,
+                       match=r"policy\.advise\.model\.heads 0: required"):
+        client.set_policy(job.id, {"heal": True, "advise": {"model": dict(model, heads=0)}})
+    with pytest.raises(reshard.errors.InvalidArgument, match="exclude one another"):
+        client.set_policy(job.id, {"heal": True, "advise": {"model": model},
+                                   "allowed": [{"tp": 1, "pp": 1, "dp": 1}]})
+    job = client.set_policy(job.id, {"heal": True, "advise": {"model": model, "horizonS": 600}})
+    assert job.policy.advise.model.heads == 8 and job.policy.advise.horizon_s == 600
+    ctl = os.path.join(os.environ["RESHARD_BUILD_DIR"], "client", "cli", "reshardctl")
+    out = subprocess.run([ctl, "--coordinator", cluster.coordinator, *cluster.ctl_args(),
+                          "jobs", "show", job.id], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "heal, as the advisor recommends (horizon 600 s)" in out.stdout, out.stdout

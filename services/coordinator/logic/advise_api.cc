@@ -100,6 +100,31 @@ absl::StatusOr<advisor::ModelSpec> ModelOf(const v1::AdviseModel& m, const v1::P
   return spec;
 }
 
+}  // namespace
+
+v1::AdviseRequest AdviceRequest(const v1::PolicyAdvice& advice, const std::string& job_id, int gpus,
+                                const std::vector<std::string>& hosts) {
+  v1::AdviseRequest r;
+  r.set_job_id(job_id);
+  r.set_gpus(gpus);
+  for (const std::string& h : hosts) r.add_hosts(h);
+  *r.mutable_model() = advice.model();
+  *r.mutable_devices() = advice.devices();
+  r.set_horizon_s(advice.horizon_s());
+  return r;
+}
+
+absl::Status CheckPolicyAdvice(const v1::PolicyAdvice& advice, const v1::Ptc& ptc,
+                               absl::string_view field) {
+  const v1::AdviseRequest r = AdviceRequest(advice, "", 1, {});
+  absl::Status s = CheckNumbers(r);
+  if (s.ok()) s = ModelOf(r.model(), ptc).status();
+  if (s.ok()) return s;
+  return absl::InvalidArgumentError(absl::StrCat(field, ".advise.", s.message()));
+}
+
+namespace {
+
 // Hosts of `layout` in placement order, and the most ranks on one of them.
 std::pair<std::vector<std::string>, int> CurrentHosts(const v1::Layout& layout) {
   std::vector<std::string> order;
@@ -162,14 +187,16 @@ absl::StatusOr<std::vector<const v1::Host*>> OfferedHosts(
       offered.push_back(it->second);
     }
   } else {
+    // The live hosts, but those with a notice (they are going).
     for (const std::string& id : current_hosts) {
       auto it = by_id.find(id);
-      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE && !is_lost(id)) {
+      if (it != by_id.end() && it->second->state() == v1::HOST_STATE_ALIVE && !is_lost(id) &&
+          it->second->leaves_unix_ms() == 0) {
         offered.push_back(it->second);
       }
     }
     for (const v1::Host& h : registered) {
-      if (h.state() == v1::HOST_STATE_ALIVE && !is_lost(h.host_id()) &&
+      if (h.state() == v1::HOST_STATE_ALIVE && !is_lost(h.host_id()) && h.leaves_unix_ms() == 0 &&
           std::find(current_hosts.begin(), current_hosts.end(), h.host_id()) ==
               current_hosts.end()) {
         offered.push_back(&h);

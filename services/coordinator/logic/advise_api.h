@@ -7,8 +7,10 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "planner/planner.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/store/store.h"
@@ -23,6 +25,16 @@ inline constexpr char kDefaultGpuType[] = "A100";
 /// Limits of AdviseRequest fields (InvalidArgument above them).
 inline constexpr int kMaxAdviseGpus = 1 << 16;
 inline constexpr int kMaxAdviseHosts = 1 << 14;
+
+/// A policy's advice (ElasticPolicy.advise) for a job of `ptc`: the facts
+/// the advisor needs are given or the PTC says them, and none is negative.
+/// INVALID_ARGUMENT naming `field`.advise's field.
+[[nodiscard]] absl::Status CheckPolicyAdvice(const v1::PolicyAdvice& advice, const v1::Ptc& ptc,
+                                             absl::string_view field);
+
+/// The AdviseRequest of a policy's advice for `gpus` devices on `hosts`.
+v1::AdviseRequest AdviceRequest(const v1::PolicyAdvice& advice, const std::string& job_id, int gpus,
+                                const std::vector<std::string>& hosts);
 
 class AdviseApi {
  public:

@@ -53,11 +53,30 @@ std::string WhatItKeeps(const v1::Job& job, const std::string& leaving) {
 
 }  // namespace
 
+absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::WithdrawNotice(
+    const v1::NoticeHostRequest& request) {
+  if (request.leaves_unix_ms() != 0 || request.spare_hosts_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("withdraw takes only host_id: leaves_unix_ms is ", request.leaves_unix_ms(),
+                     " and spare_hosts names ", request.spare_hosts_size(), " hosts"));
+  }
+  if (absl::Status s = store_->SetHostLeaves(request.host_id(), 0); !s.ok()) {
+    return NameNotFound(
+        s, absl::NotFoundError(absl::StrCat("host \"", request.host_id(), "\" is not registered")));
+  }
+  RESHARD_LOG(INFO) << "host " << request.host_id() << ": notice withdrawn";
+  if (AuditRecord* audit = AuditScope::Current(); audit != nullptr) {
+    audit->message = "notice withdrawn";
+  }
+  return v1::NoticeHostResponse();
+}
+
 absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
     const v1::NoticeHostRequest& request, const KeyScope& keys) {
   if (absl::Status s = RequireNonEmpty("host_id", request.host_id()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   const int64_t now = clock_->NowUnixMs();
+  if (request.withdraw()) return WithdrawNotice(request);
   v1::Deadline deadline;
   deadline.set_unix_ms(request.leaves_unix_ms());
   if (request.leaves_unix_ms() == 0) {
@@ -76,6 +95,11 @@ absl::StatusOr<v1::NoticeHostResponse> SchedulerApi::NoticeHost(
   if (absl::StatusOr<v1::Host> host = store_->GetHost(leaving); !host.ok()) {
     return NameNotFound(host.status(), absl::NotFoundError(absl::StrCat("host \"", leaving,
                                                                         "\" is not registered")));
+  }
+  // Marked first: from now on the host is no spare, and no Resize or
+  // Migrate places ranks on it.
+  if (absl::Status s = store_->SetHostLeaves(leaving, request.leaves_unix_ms()); !s.ok()) {
+    return s;
   }
   absl::StatusOr<std::vector<Spare>> alive = AliveSpares(*store_, request.spare_hosts());
   if (!alive.ok()) return alive.status();

@@ -12,6 +12,7 @@
 #include "common/log.h"
 #include "planner/layout.h"
 #include "planner/survivor.h"
+#include "services/coordinator/logic/advise_api.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/operation_states.h"
 #include "services/coordinator/logic/redundancy.h"
@@ -37,6 +38,11 @@ absl::Status CheckPolicy(const v1::ElasticPolicy& policy, absl::string_view fiel
   if (!v1::ElasticPolicy::GrowAt_IsValid(policy.grow_at())) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, ".grow_at is ", policy.grow_at(), ", not a GrowAt"));
+  }
+  if (policy.has_advise() && policy.allowed_size() > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ".allowed and ", field,
+                     ".advise exclude one another: list the layouts, or let the advisor choose"));
   }
   if (policy.spare_hosts_size() > kMaxPolicySpares) {
     return absl::InvalidArgumentError(absl::StrCat(field, ".spare_hosts has ",
@@ -213,6 +219,21 @@ std::optional<v1::ParallelConfig> PickAllowed(const v1::ElasticPolicy& p, int64_
   return best;
 }
 
+// The devices a policy may use of `at_hand`: at most max_devices.
+int GpusWithin(const v1::ElasticPolicy& p, size_t at_hand) {
+  const int64_t n = static_cast<int64_t>(at_hand);
+  return static_cast<int>(p.max_devices() > 0 ? std::min<int64_t>(n, p.max_devices()) : n);
+}
+
+// The hosts of `slots`, in order.
+std::vector<std::string> HostsOf(const std::vector<v1::DeviceSlot>& slots) {
+  std::vector<std::string> hosts;
+  for (const v1::DeviceSlot& s : slots) {
+    if (std::find(hosts.begin(), hosts.end(), s.host()) == hosts.end()) hosts.push_back(s.host());
+  }
+  return hosts;
+}
+
 // `config` on the first of `slots`, in order.
 v1::Layout Placed(const v1::ParallelConfig& config, const std::vector<v1::DeviceSlot>& slots) {
   v1::Layout l;
@@ -244,19 +265,44 @@ std::string PolicyEngine::Heal(const v1::Job& job) {
   }
   const std::string lost_text = absl::StrJoin(job.lost_hosts(), ", ");
   const int min = std::max(1, policy.min_devices());
+  // The devices at hand: the survivors', then the free spares'.
+  std::vector<v1::DeviceSlot> slots;
+  for (const v1::DeviceSlot& s : planner::ExpandPlacement(job.layout().placement())) {
+    if (std::find(job.lost_hosts().begin(), job.lost_hosts().end(), s.host()) ==
+        job.lost_hosts().end()) {
+      slots.push_back(s);
+    }
+  }
+  AppendSpareSlots(*spares, RanksPerHost(job.layout()), &slots);
+  v1::RecoverFromFailureRequest request;
+  request.set_job_id(job.id());
+  request.set_expected_generation(job.generation());
+  for (const std::string& h : job.lost_hosts()) request.add_lost_hosts(h);
+  request.set_accept_degraded(policy.accept_degraded());
+  if (policy.has_advise()) {
+    // The advisor's best layout for those devices (RecoverFromFailure with
+    // choose: every move priced as a recovery from the survivors).
+    const int gpus = GpusWithin(policy, slots.size());
+    const std::vector<std::string> hosts = HostsOf(slots);
+    if (gpus < min) {
+      return absl::StrCat("waiting: ", lost_text, " lost; the survivors and free spares hold ",
+                          slots.size(), " devices, below min_devices ", min);
+    }
+    *request.mutable_choose() = AdviceRequest(policy.advise(), job.id(), gpus, hosts);
+    const std::string reason = absl::StrCat("policy heal: ", lost_text,
+                                            " lost; recovering onto the advisor's best layout "
+                                            "for ",
+                                            gpus, " devices on ", absl::StrJoin(hosts, ", "));
+    return Act(job, "RecoverFromFailure", OperationKey("heal", job), reason,
+               [&](const std::string& key) {
+                 request.set_idempotency_key(key);
+                 return api_->RecoverFromFailure(request);
+               });
+  }
   v1::Layout target;
   std::string how;
   if (policy.allowed_size() > 0) {
-    // The allowed layout with the most ranks on the survivors' devices,
-    // then the free spares'.
-    std::vector<v1::DeviceSlot> slots;
-    for (const v1::DeviceSlot& s : planner::ExpandPlacement(job.layout().placement())) {
-      if (std::find(job.lost_hosts().begin(), job.lost_hosts().end(), s.host()) ==
-          job.lost_hosts().end()) {
-        slots.push_back(s);
-      }
-    }
-    AppendSpareSlots(*spares, RanksPerHost(job.layout()), &slots);
+    // The allowed layout with the most ranks on those devices.
     std::optional<v1::ParallelConfig> config = PickAllowed(policy, slots.size());
     if (!config.has_value()) {
       return absl::StrCat("waiting: ", lost_text, " lost; the survivors and free spares hold ",
@@ -305,12 +351,7 @@ std::string PolicyEngine::Heal(const v1::Job& job) {
     return absl::StrCat("waiting: ", lost_text, " lost; the survivors and free spares hold ", world,
                         " devices (", LayoutText(target), "), below min_devices ", min);
   }
-  v1::RecoverFromFailureRequest request;
-  request.set_job_id(job.id());
-  request.set_expected_generation(job.generation());
-  for (const std::string& h : job.lost_hosts()) request.add_lost_hosts(h);
   *request.mutable_target() = target;
-  request.set_accept_degraded(policy.accept_degraded());
   const std::string reason = absl::StrCat("policy heal: ", lost_text, " lost; recovering ", how,
                                           " (", LayoutText(target), ")");
   return Act(job, "RecoverFromFailure", OperationKey("heal", job), reason,
@@ -332,7 +373,39 @@ std::string PolicyEngine::Grow(const v1::Job& job) {
   std::vector<v1::DeviceSlot> slots = planner::ExpandPlacement(job.layout().placement());
   AppendSpareSlots(*spares, RanksPerHost(job.layout()), &slots);
   v1::Layout target;
-  if (policy.allowed_size() > 0) {
+  if (policy.has_advise()) {
+    // The advisor's best layout for the job's and the free spares' devices,
+    // if it has more ranks than the job.
+    const int gpus = GpusWithin(policy, slots.size());
+    if (gpus <= world) return "";
+    const std::vector<std::string> hosts = HostsOf(slots);
+    const std::string asked =
+        absl::StrCat(OperationKey("grow", job), ":", absl::StrJoin(hosts, ","), ":", gpus);
+    if (auto it = declined_.find(job.id()); it != declined_.end() && it->second.first == asked) {
+      return it->second.second;
+    }
+    absl::StatusOr<v1::AdviseResponse> advice =
+        api_->Advise(AdviceRequest(policy.advise(), job.id(), gpus, hosts));
+    std::string declined;
+    if (!advice.ok()) {
+      declined = absl::StrCat("grow: the advisor cannot advise on ", gpus,
+                              " devices: ", advice.status().message());
+    } else if (advice->best() < 0) {
+      declined = absl::StrCat("grow: no layout on ", gpus,
+                              " devices completes a step within the advice's horizon");
+    } else {
+      target = advice->candidates(advice->best()).layout();
+      if (planner::WorldSize(target.config()) <= world) {
+        declined = absl::StrCat("grow: the advisor's best layout for ", gpus, " devices (",
+                                LayoutText(target), ") has no more than the job's ", world,
+                                " ranks: not grown");
+      }
+    }
+    if (!declined.empty()) {
+      declined_[job.id()] = {asked, declined};
+      return declined;
+    }
+  } else if (policy.allowed_size() > 0) {
     std::optional<v1::ParallelConfig> chosen = PickAllowed(policy, slots.size());
     if (!chosen.has_value() || planner::WorldSize(*chosen) <= world) return "";
     target = Placed(*chosen, slots);
@@ -358,7 +431,8 @@ std::string PolicyEngine::Grow(const v1::Job& job) {
   const std::string reason = absl::StrCat(
       "policy grow: onto free spare", used.size() > 1 ? "s " : " ", absl::StrJoin(used, ", "), "; ",
       world, " -> ", planner::WorldSize(target.config()), " devices, dp ", config.dp(), " -> ",
-      target.config().dp(), " (", LayoutText(target), ") ",
+      target.config().dp(), " (", policy.has_advise() ? "the advisor's best: " : "",
+      LayoutText(target), ") ",
       policy.grow_at() == v1::ElasticPolicy::GROW_AT_STEP_BOUNDARY ? "at the next step boundary"
       : policy.grow_at() == v1::ElasticPolicy::GROW_STOP_FREE      ? "stop-free"
                                                                    : "now");

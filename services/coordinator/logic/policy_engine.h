@@ -79,6 +79,10 @@ class PolicyEngine {
     std::string operation_id;
   };
   std::map<std::string, Acted> acted_;
+  // By job: what the advisor was last asked for a grow (the action's key,
+  // the hosts and devices) and the status when it did not grow the job, so
+  // that a pass asks it again only when one of those changes.
+  std::map<std::string, std::pair<std::string, std::string>> declined_;
 };
 
 }  // namespace reshard::coordinator

@@ -123,6 +123,13 @@ absl::StatusOr<v1::RegisterJobResponse> SchedulerApi::RegisterJob(
   if (absl::Status s = CheckStateMemory(request.spec().state_memory()); !s.ok()) return s;
   if (request.spec().has_policy()) {
     if (absl::Status s = CheckPolicy(request.spec().policy(), "spec.policy"); !s.ok()) return s;
+    if (request.spec().policy().has_advise()) {
+      if (absl::Status s = CheckPolicyAdvice(request.spec().policy().advise(), request.spec().ptc(),
+                                             "spec.policy");
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   std::optional<v1::DatasetState> dataset_state;
   if (request.has_dataset_state()) {
@@ -219,6 +226,24 @@ absl::Status SchedulerApi::CheckTarget(const v1::Ptc& ptc, const v1::Layout& tar
   return capacities_.CheckFits(ptc, target, "target");
 }
 
+absl::Status SchedulerApi::CheckNoLeavingHost(const v1::Layout& target) {
+  std::vector<std::string> ids;
+  for (const v1::DeviceSlot& s : planner::ExpandPlacement(target.placement())) {
+    if (std::find(ids.begin(), ids.end(), s.host()) == ids.end()) ids.push_back(s.host());
+  }
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->GetHosts(ids);
+  if (!hosts.ok()) return hosts.status();
+  for (const v1::Host& h : *hosts) {
+    if (h.leaves_unix_ms() == 0) continue;
+    return absl::FailedPreconditionError(absl::StrCat(
+        "target.placement: host \"", h.host_id(), "\" leaves at ", UnixMsText(h.leaves_unix_ms()),
+        " (a host notice): no new layout places ranks on it; withdraw the notice first "
+        "(NoticeHost withdraw, reshardctl hosts notice ",
+        h.host_id(), " --withdraw)"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status SchedulerApi::CheckMeetsDeadline(const v1::Deadline& deadline, const v1::Job& job,
                                               const v1::Layout& target, planner::LostSet lost,
                                               bool could_be_stop_free) {
@@ -258,6 +283,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Resize(const v1::ResizeRequest& requ
   // the first result, so do not judge it against another generation.
   if (request.has_config() || job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
+    if (absl::Status s = CheckNoLeavingHost(target); !s.ok()) return s;
   }
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s =
@@ -296,6 +322,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::ResizeChosen(const v1::ResizeRequest
     absl::StatusOr<v1::Layout> chosen = advise_.Choose(request.choose(), *job);
     if (!chosen.ok()) return chosen.status();
     if (absl::Status s = CheckTarget(job->ptc(), *chosen); !s.ok()) return s;
+    if (absl::Status s = CheckNoLeavingHost(*chosen); !s.ok()) return s;
     if (absl::Status s =
             CheckMeetsDeadline(request.deadline(), *job, *chosen,
                                JobLostSet(job->lost_hosts(), {}, {}), !request.stop_free());
@@ -328,6 +355,7 @@ absl::StatusOr<v1::Operation> SchedulerApi::Migrate(const v1::MigrateRequest& re
   if (job->generation() == request.expected_generation()) {
     if (absl::Status s = CheckMigrateWorld(target.config(), target.placement()); !s.ok()) return s;
     if (absl::Status s = CheckTarget(job->ptc(), target); !s.ok()) return s;
+    if (absl::Status s = CheckNoLeavingHost(target); !s.ok()) return s;
     if (absl::Status s =
             CheckMeetsDeadline(request.deadline(), *job, target,
                                JobLostSet(job->lost_hosts(), {}, {}), !request.stop_free());
@@ -696,12 +724,17 @@ absl::StatusOr<v1::Job> SchedulerApi::SetPolicy(const v1::SetPolicyRequest& requ
   if (absl::Status s = RequireNonEmpty("job_id", request.job_id()); !s.ok()) return s;
   if (absl::Status s = CheckIdempotencyKey(request.idempotency_key()); !s.ok()) return s;
   // The job first: a missing one answers as another tenant's does.
-  if (absl::StatusOr<v1::Job> found = store_->GetJob(request.job_id(), /*include_ptc=*/false);
-      !found.ok()) {
-    return NameNotFound(found.status(), JobNotFound(request.job_id()));
-  }
+  const bool advised = request.has_policy() && request.policy().has_advise();
+  absl::StatusOr<v1::Job> found = store_->GetJob(request.job_id(), /*include_ptc=*/advised);
+  if (!found.ok()) return NameNotFound(found.status(), JobNotFound(request.job_id()));
   if (request.has_policy()) {
     if (absl::Status s = CheckPolicy(request.policy(), "policy"); !s.ok()) return s;
+    if (advised) {
+      if (absl::Status s = CheckPolicyAdvice(request.policy().advise(), found->ptc(), "policy");
+          !s.ok()) {
+        return s;
+      }
+    }
   }
   absl::StatusOr<v1::Job> job =
       store_->SetJobPolicy(request.job_id(), request.has_policy() ? &request.policy() : nullptr);

@@ -105,6 +105,11 @@ class SchedulerApi {
   /// A Resize, Migrate or Recover target: a valid layout for `ptc`
   /// (InvalidArgument) whose hosts can hold it (ResourceExhausted).
   [[nodiscard]] absl::Status CheckTarget(const v1::Ptc& ptc, const v1::Layout& target);
+  /// FAILED_PRECONDITION when `target` places ranks on a host with a notice
+  /// (Host.leaves_unix_ms): what a Resize or Migrate may not do. A recovery
+  /// may (the host is still the job's until it goes).
+  [[nodiscard]] absl::Status CheckNoLeavingHost(const v1::Layout& target);
+  absl::StatusOr<v1::NoticeHostResponse> WithdrawNotice(const v1::NoticeHostRequest& request);
   /// OK when `deadline` is unset or the cost model predicts the move of
   /// `job` to `target` (`lost`: as the driver plans it) ends by it;
   /// FailedPrecondition naming the prediction and the alternative

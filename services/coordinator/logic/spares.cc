@@ -33,7 +33,8 @@ absl::StatusOr<std::vector<Spare>> AliveSpares(
     absl::StatusOr<v1::Host> host = hosts.GetHost(name);
     if (absl::IsNotFound(host.status())) continue;
     if (!host.ok()) return host.status();
-    if (host->state() != v1::HOST_STATE_ALIVE) continue;
+    // A host with a notice is going: it takes no one's ranks.
+    if (host->state() != v1::HOST_STATE_ALIVE || host->leaves_unix_ms() != 0) continue;
     Spare s{name, {}};
     for (const v1::Device& d : host->devices()) {
       if (d.kind() != "cpu") s.devices.push_back(d.index());

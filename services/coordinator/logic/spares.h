@@ -30,7 +30,8 @@ struct Spare {
     absl::string_view field, const google::protobuf::RepeatedPtrField<std::string>& names,
     const std::string& leaving = "");
 
-/// The hosts of `names`, in order, that are registered and ALIVE.
+/// The hosts of `names`, in order, that are registered, ALIVE and without
+/// a host notice (Host.leaves_unix_ms).
 [[nodiscard]] absl::StatusOr<std::vector<Spare>> AliveSpares(
     HostStore& hosts, const google::protobuf::RepeatedPtrField<std::string>& names);
 

@@ -61,6 +61,11 @@ class HostStore {
     return hosts;
   }
   [[nodiscard]] virtual absl::StatusOr<v1::Host> GetHost(const std::string& host_id) = 0;
+  /// A host notice: the host goes at `leaves_unix_ms` (0: no notice;
+  /// Host.leaves_unix_ms). A registration before that time keeps it, one
+  /// after clears it. NotFound for an unknown host.
+  [[nodiscard]] virtual absl::Status SetHostLeaves(const std::string& host_id,
+                                                   int64_t leaves_unix_ms) = 0;
   /// Moves whenever a host registers (a new host, or a new epoch of one) and
   /// at no other time (heartbeats and lease expiry leave it): a cache of what
   /// hosts register (their capacity, logic/capacity.h) is current while it

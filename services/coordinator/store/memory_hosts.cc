@@ -31,10 +31,13 @@ absl::StatusOr<int64_t> MemoryStore::RegisterHost(const v1::Host& host, int64_t 
   std::lock_guard<CallLock> l(mu_);
   HostRecord& h = hosts_[host.host_id()];
   const bool was_lost = h.state == v1::HOST_STATE_LOST;
+  // A notice still ahead stays; one whose time has passed is over.
+  const int64_t leaves = h.info.leaves_unix_ms() > now_unix_ms ? h.info.leaves_unix_ms() : 0;
   h.info = host;
   h.info.clear_state();
   h.info.clear_last_heartbeat_unix_ms();
   h.info.clear_lease_expires_unix_ms();
+  h.info.set_leaves_unix_ms(leaves);
   h.state = v1::HOST_STATE_ALIVE;
   ++h.epoch;
   h.last_heartbeat_unix_ms = now_unix_ms;
@@ -93,6 +96,14 @@ absl::StatusOr<v1::Host> MemoryStore::GetHost(const std::string& host_id) {
   if (it == hosts_.end()) return HostNotFound(host_id);
   const HostRecord& h = it->second;
   return HostView(h.info, h.state, h.last_heartbeat_unix_ms, h.lease_expires_unix_ms);
+}
+
+absl::Status MemoryStore::SetHostLeaves(const std::string& host_id, int64_t leaves_unix_ms) {
+  std::lock_guard<CallLock> l(mu_);
+  auto it = hosts_.find(host_id);
+  if (it == hosts_.end()) return HostNotFound(host_id);
+  it->second.info.set_leaves_unix_ms(leaves_unix_ms);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<Store::RegistrationsMark> MemoryStore::HostRegistrations() {

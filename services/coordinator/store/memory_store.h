@@ -118,6 +118,8 @@ class MemoryStore : public Store {
                                        int64_t now_unix_ms, int64_t lease_expires_unix_ms) override;
   [[nodiscard]] absl::StatusOr<std::vector<v1::Host>> ListHosts() override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::Status SetHostLeaves(const std::string& host_id,
+                                           int64_t leaves_unix_ms) override;
   [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
       int64_t now_unix_ms) override;

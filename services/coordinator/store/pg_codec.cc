@@ -227,6 +227,7 @@ absl::StatusOr<v1::Host> HostFromRow(const pqxx::row& row) {
   host.set_state(static_cast<v1::HostState>(row[1].as<int>()));
   host.set_last_heartbeat_unix_ms(row[2].as<int64_t>());
   host.set_lease_expires_unix_ms(row[3].as<int64_t>());
+  host.set_leaves_unix_ms(row[4].as<int64_t>());
   return host;
 }
 

@@ -40,6 +40,7 @@ absl::StatusOr<int64_t> PgStore::RegisterHost(const v1::Host& host, int64_t now_
   info.clear_state();
   info.clear_last_heartbeat_unix_ms();
   info.clear_lease_expires_unix_ms();
+  info.clear_leaves_unix_ms();  // its own column: a notice outlives a registration before it
   const std::string info_bytes = info.SerializeAsString();
   return pg::TransactFor<int64_t>(*pool_, "RegisterHost", [&](pg::PgTx& tx) {
     const pqxx::result r = tx.Exec(pg::kUpsertHost, host.host_id(), host.address(),
@@ -109,6 +110,15 @@ absl::StatusOr<v1::Host> PgStore::GetHost(const std::string& host_id) {
         }
         return pg::HostFromRow(r[0]);
       });
+}
+
+absl::Status PgStore::SetHostLeaves(const std::string& host_id, int64_t leaves_unix_ms) {
+  return pool_->Transact("SetHostLeaves", [&](pg::PgTx& tx) -> absl::Status {
+    if (tx.Exec(pg::kSetHostLeaves, host_id, leaves_unix_ms).empty()) {
+      return absl::NotFoundError(absl::StrCat("host \"", host_id, "\" not found"));
+    }
+    return absl::OkStatus();
+  });
 }
 
 absl::StatusOr<Store::RegistrationsMark> PgStore::HostRegistrations() {

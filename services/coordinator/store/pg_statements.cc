@@ -71,6 +71,7 @@ const std::vector<Statement>& AllStatements() {
       kAssignedOperations,
       kNotifyTasks,
       kUpsertHost,
+      kSetHostLeaves,
       kHeartbeatHost,
       kHostEpochState,
       kListHosts,

@@ -364,8 +364,13 @@ inline constexpr Statement kUpsertHost{
     "lease_expires_unix_ms) VALUES ($1, $2, $3, 1, 1, $4, $5) ON CONFLICT (id) DO UPDATE SET "
     "address = EXCLUDED.address, info = EXCLUDED.info, state = 1, epoch = hosts.epoch + 1, "
     "last_heartbeat_unix_ms = EXCLUDED.last_heartbeat_unix_ms, "
-    "lease_expires_unix_ms = EXCLUDED.lease_expires_unix_ms, registered_at = now() "
+    "lease_expires_unix_ms = EXCLUDED.lease_expires_unix_ms, registered_at = now(), "
+    "leaves_unix_ms = CASE WHEN hosts.leaves_unix_ms > $4 THEN hosts.leaves_unix_ms ELSE 0 END "
     "RETURNING epoch"};
+
+// A host notice: when the host goes (0: none).
+inline constexpr Statement kSetHostLeaves{
+    "set_host_leaves", "UPDATE hosts SET leaves_unix_ms = $2 WHERE id = $1 RETURNING id"};
 
 inline constexpr Statement kHeartbeatHost{
     "heartbeat_host",
@@ -376,7 +381,8 @@ inline constexpr Statement kHostEpochState{"host_epoch_state",
                                            "SELECT epoch, state FROM hosts WHERE id = $1"};
 
 // The columns HostFromRow (pg_codec.h) reads.
-#define RESHARD_PG_HOST_COLUMNS "info, state, last_heartbeat_unix_ms, lease_expires_unix_ms "
+#define RESHARD_PG_HOST_COLUMNS \
+  "info, state, last_heartbeat_unix_ms, lease_expires_unix_ms, leaves_unix_ms "
 
 // ---- Bearer tokens (migrations/0004) ----------------------------------------
 

@@ -206,6 +206,8 @@ class PgStore : public Store {
       const std::vector<std::string>& host_ids) override;
   [[nodiscard]] absl::StatusOr<std::map<std::string, v1::HostState>> HostStates() override;
   [[nodiscard]] absl::StatusOr<v1::Host> GetHost(const std::string& host_id) override;
+  [[nodiscard]] absl::Status SetHostLeaves(const std::string& host_id,
+                                           int64_t leaves_unix_ms) override;
   [[nodiscard]] absl::StatusOr<RegistrationsMark> HostRegistrations() override;
   [[nodiscard]] absl::StatusOr<std::vector<std::string>> ExpiredLeases(
       int64_t now_unix_ms) override;

@@ -182,6 +182,13 @@ TEST_P(AdviseApiTest, BadInputIsInvalidArgumentNamingTheField) {
   }
 }
 
+TEST_P(AdviseApiTest, AHostWithANoticeIsNotOfferedByDefault) {
+  ASSERT_TRUE(store_->SetHostLeaves("h2", clock_.NowUnixMs() + 60000).ok());
+  absl::StatusOr<v1::AdviseResponse> advice = api_->Advise(Request(6));
+  ASSERT_TRUE(advice.ok()) << advice.status();
+  EXPECT_THAT(advice->hosts(), ElementsAre("h0", "h1", "h3"));
+}
+
 TEST_P(AdviseApiTest, ALostHostIsNotOfferedAndNamingItIsFailedPrecondition) {
   clock_.Advance(kLeaseMs / 2);
   for (const std::string h : {"h0", "h1", "h2"}) ASSERT_TRUE(Heartbeat(h).ok());

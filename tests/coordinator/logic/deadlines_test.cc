@@ -291,7 +291,7 @@ TEST_P(OperationDeadlinesTest, ANoticeTooShortIsAnsweredAtOnceWithWhatTheJobKeep
   *split.mutable_layout() = MakeLayout(1, 1, 2, {"h0", "h1"}, 1);
   const v1::Job halves = Register(split);
   RegisterAgents({"h0", "h1"});
-  const DatabaseSnapshot before = Snapshot();
+  DatabaseSnapshot before = Snapshot();
   absl::StatusOr<v1::NoticeHostResponse> notice = Notice("h1", 100, {});
   ASSERT_TRUE(notice.ok()) << notice.status();
   ASSERT_EQ(notice->jobs_size(), 3);
@@ -311,7 +311,94 @@ TEST_P(OperationDeadlinesTest, ANoticeTooShortIsAnsweredAtOnceWithWhatTheJobKeep
       EXPECT_THAT(j.refused(), HasSubstr("when h1 goes, no layout is left"));
     }
   }
-  EXPECT_TRUE(Snapshot() == before);
+  // No job or operation changed; only h1 is marked as leaving.
+  const DatabaseSnapshot after = Snapshot();
+  EXPECT_TRUE(after.jobs == before.jobs);
+  EXPECT_TRUE(after.operations == before.operations);
+  absl::StatusOr<v1::Host> h1 = store_->GetHost("h1");
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  EXPECT_EQ(h1->leaves_unix_ms(), clock_.NowUnixMs() + 100);
+}
+
+// The leaving host is marked: no spare for another notice, no target of a
+// Resize or Migrate (a recovery still may); withdrawn, it is both again.
+TEST_P(OperationDeadlinesTest, ALeavingHostIsNoSpareAndNoTargetUntilTheNoticeIsWithdrawn) {
+  const v1::Job job = Register(ReplicatedTwoLayerJob("stays"));  // dp 2 on h0:0, h1:0
+  RegisterAgents({"h0", "h1"});
+  RegisterHostWithDevices("h8", 2);
+  RegisterHostWithDevices("h9", 2);
+  // h8 goes in a minute: it has no job, so nothing moves; it is marked.
+  absl::StatusOr<v1::NoticeHostResponse> notice = Notice("h8", 60000, {});
+  ASSERT_TRUE(notice.ok()) << notice.status();
+  EXPECT_EQ(notice->jobs_size(), 0);
+  absl::StatusOr<std::vector<v1::Host>> hosts = store_->ListHosts();
+  ASSERT_TRUE(hosts.ok()) << hosts.status();
+  for (const v1::Host& h : *hosts) {
+    EXPECT_EQ(h.leaves_unix_ms(), h.host_id() == "h8" ? clock_.NowUnixMs() + 60000 : 0)
+        << h.host_id();
+  }
+  // h1's notice skips h8 as a spare and takes h9.
+  notice = Notice("h1", 60000, {"h8", "h9"});
+  ASSERT_TRUE(notice.ok()) << notice.status();
+  ASSERT_EQ(notice->jobs_size(), 1);
+  EXPECT_EQ(test_support::SlotsOf(notice->jobs(0).target()),
+            (std::vector<std::string>{"h0:0", "h9:0"}));
+  ASSERT_TRUE(api_->CancelOperation([&] {
+                    v1::CancelOperationRequest c;
+                    c.set_operation_id(notice->jobs(0).operation_id());
+                    return c;
+                  }())
+                  .ok());
+  // A Migrate or Resize onto h8 (or onto h1, leaving too) is refused.
+  v1::MigrateRequest migrate;
+  migrate.set_job_id(job.id());
+  migrate.set_expected_generation(1);
+  *migrate.mutable_placement() = MakeLayout(1, 1, 2, {"h0", "h8"}, 1).placement();
+  EXPECT_THAT(
+      api_->Migrate(migrate).status(),
+      StatusIs(absl::StatusCode::kFailedPrecondition, "target.placement: host \"h8\" leaves at "));
+  v1::ResizeRequest resize;
+  resize.set_job_id(job.id());
+  resize.set_expected_generation(1);
+  *resize.mutable_placement() = MakeLayout(1, 1, 2, {"h9", "h1"}, 1).placement();
+  EXPECT_THAT(api_->Resize(resize).status(),
+              StatusIs(absl::StatusCode::kFailedPrecondition, "host \"h1\" leaves at "));
+  // Withdrawn: h8 takes ranks again.
+  v1::NoticeHostRequest withdraw;
+  withdraw.set_host_id("h8");
+  withdraw.set_withdraw(true);
+  ASSERT_TRUE(api_->NoticeHost(withdraw).ok());
+  absl::StatusOr<v1::Host> h8 = store_->GetHost("h8");
+  ASSERT_TRUE(h8.ok()) << h8.status();
+  EXPECT_EQ(h8->leaves_unix_ms(), 0);
+  absl::StatusOr<v1::Operation> moved = api_->Migrate(migrate);
+  EXPECT_TRUE(moved.ok()) << moved.status();
+  // A withdraw takes only the host.
+  withdraw.add_spare_hosts("h9");
+  EXPECT_THAT(api_->NoticeHost(withdraw).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "withdraw takes only host_id"));
+  withdraw.clear_spare_hosts();
+  withdraw.set_host_id("nowhere");
+  EXPECT_THAT(api_->NoticeHost(withdraw).status(),
+              StatusIs(absl::StatusCode::kNotFound, "host \"nowhere\" is not registered"));
+}
+
+// An agent registering again before the leaving time keeps the mark; one
+// registering at or after it starts afresh.
+TEST_P(OperationDeadlinesTest, ARegistrationAfterTheLeavingTimeClearsTheMark) {
+  RegisterHostWithDevices("h8", 2);
+  ASSERT_TRUE(Notice("h8", 60000, {}).ok());
+  const int64_t leaves = clock_.NowUnixMs() + 60000;
+  RegisterHostWithDevices("h8", 2);
+  absl::StatusOr<v1::Host> h8 = store_->GetHost("h8");
+  ASSERT_TRUE(h8.ok()) << h8.status();
+  EXPECT_EQ(h8->leaves_unix_ms(), leaves);
+  clock_.Advance(59999);
+  RegisterHostWithDevices("h8", 2);
+  EXPECT_EQ(store_->GetHost("h8")->leaves_unix_ms(), leaves);
+  clock_.Advance(1);  // the leaving time: the host has gone
+  RegisterHostWithDevices("h8", 2);
+  EXPECT_EQ(store_->GetHost("h8")->leaves_unix_ms(), 0);
 }
 
 TEST_P(OperationDeadlinesTest, ANoticeNamesItsBadFields) {

@@ -4,12 +4,16 @@
 // or onto the survivors; min_devices out of reach leaves the job DEGRADED
 // saying why; free spares grow the job; every action is audited; a
 // scheduler's own call supersedes the policy's operation.
+#include <set>
 #include <string>
 #include <vector>
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/layout.h"
+#include "services/coordinator/logic/advise_api.h"
 #include "services/coordinator/logic/policy_engine.h"
+#include "services/coordinator/logic/redundancy.h"
 #include "tests/coordinator/logic/logic_fixture.h"
 #include "tests/support/jobs.h"
 
@@ -202,6 +206,78 @@ TEST_P(PolicyTest, FreeSparesGrowTheJobUpToMaxDevices) {
   EXPECT_EQ(Job(job.id()).layout().config().dp(), 2);
 }
 
+// The model behind TwoLayerPtc (hidden 8, vocab 32) as the advisor needs it.
+v1::PolicyAdvice Advice() {
+  v1::PolicyAdvice a;
+  a.mutable_model()->set_hidden(8);
+  a.mutable_model()->set_heads(2);
+  a.mutable_model()->set_vocab(32);
+  a.mutable_model()->set_seq_length(64);
+  a.mutable_model()->set_global_batch(16);
+  return a;
+}
+
+std::set<std::string> HostsIn(const v1::Layout& l) {
+  std::set<std::string> hosts;
+  for (const std::string& slot : SlotsOf(l)) hosts.insert(slot.substr(0, slot.find(':')));
+  return hosts;
+}
+
+TEST_P(PolicyTest, AnAdvisedHealRecoversOntoTheAdvisorsBestForTheDevicesAtHand) {
+  v1::ElasticPolicy policy = Heal({"h5"});
+  *policy.mutable_advise() = Advice();
+  const v1::Job job = RegisterWith(ReplicatedTwoLayerJob("advised-heal"), policy);
+  RegisterAgents({"h0", "h1", "h5"});
+  Lose("h1", {"h0", "h5"});
+  Pass();
+  const v1::Job healing = Job(job.id());
+  ASSERT_FALSE(healing.active_operation_id().empty()) << healing.policy_status();
+  const v1::Operation op = Op(healing.active_operation_id());
+  EXPECT_EQ(op.kind(), v1::OPERATION_KIND_RECOVER);
+  // h0's slot and the spare's: the advisor's best on those hosts.
+  EXPECT_THAT(healing.policy_status(),
+              HasSubstr("policy heal: h1 lost; recovering onto the advisor's best layout for 2 "
+                        "devices on h0, h5"));
+  const std::set<std::string> used = HostsIn(op.target_layout());
+  EXPECT_TRUE(used.count("h1") == 0 && !used.empty()) << LayoutText(op.target_layout());
+  EXPECT_LE(planner::WorldSize(op.target_layout().config()), 2);
+  RunActive(job.id());
+  EXPECT_EQ(Job(job.id()).state(), v1::JOB_STATE_ACTIVE);
+}
+
+TEST_P(PolicyTest, AnAdvisedGrowTakesTheAdvisorsBestWhenItHasMoreRanks) {
+  v1::ElasticPolicy policy;
+  policy.set_grow(true);
+  policy.set_grow_at(v1::ElasticPolicy::GROW_NOW);
+  policy.add_spare_hosts("h2");
+  policy.add_spare_hosts("h3");
+  *policy.mutable_advise() = Advice();
+  const v1::Job job = RegisterWith(TwoLayerJob("advised-grow"), policy);  // 4 ranks on h0, h1
+  RegisterAgents({"h0", "h1", "h2", "h3"});
+  // What the advisor answers for the job's and the spares' 8 devices.
+  absl::StatusOr<v1::AdviseResponse> advice =
+      api_->Advise(AdviceRequest(policy.advise(), job.id(), 8, {"h0", "h1", "h2", "h3"}));
+  ASSERT_TRUE(advice.ok()) << advice.status();
+  ASSERT_GE(advice->best(), 0);
+  const v1::Layout best = advice->candidates(advice->best()).layout();
+  ASSERT_GT(planner::WorldSize(best.config()), 4) << LayoutText(best);
+
+  Pass();
+  const v1::Job growing = Job(job.id());
+  ASSERT_FALSE(growing.active_operation_id().empty()) << growing.policy_status();
+  const v1::Operation op = Op(growing.active_operation_id());
+  EXPECT_EQ(op.kind(), v1::OPERATION_KIND_RESIZE);
+  EXPECT_EQ(SlotsOf(op.target_layout()), SlotsOf(best));
+  EXPECT_EQ(op.target_layout().config().tp(), best.config().tp());
+  EXPECT_EQ(op.target_layout().config().pp(), best.config().pp());
+  EXPECT_EQ(op.target_layout().config().dp(), best.config().dp());
+  EXPECT_THAT(growing.policy_status(), HasSubstr("(the advisor's best: "));
+  RunActive(job.id());
+  // Grown onto every device: the advisor has nothing more to offer.
+  Pass();
+  EXPECT_EQ(Job(job.id()).active_operation_id(), "");
+}
+
 TEST_P(PolicyTest, AllowedLayoutsTakeTheLargestThatFitsTheDevicesAtHand) {
   v1::ElasticPolicy policy;
   policy.set_grow(true);
@@ -287,6 +363,22 @@ TEST_P(PolicyTest, APolicyIsCheckedStoredAndCleared) {
   EXPECT_THAT(api_->SetPolicy(set).status(),
               StatusIs(absl::StatusCode::kInvalidArgument,
                        "policy.allowed[0] is tp 2 pp 0 dp 0; each must be >= 1"));
+  set.clear_policy();
+  *set.mutable_policy()->mutable_advise() = Advice();
+  set.mutable_policy()->add_allowed()->set_tp(1);
+  set.mutable_policy()->mutable_allowed(0)->set_pp(1);
+  set.mutable_policy()->mutable_allowed(0)->set_dp(1);
+  EXPECT_THAT(api_->SetPolicy(set).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "policy.allowed and policy.advise exclude one another"));
+  set.mutable_policy()->clear_allowed();
+  set.mutable_policy()->mutable_advise()->mutable_model()->clear_heads();
+  EXPECT_THAT(api_->SetPolicy(set).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument,
+                       "policy.advise.model.heads 0: required (the job's PTC does not say it)"));
+  set.mutable_policy()->mutable_advise()->set_horizon_s(-1);
+  EXPECT_THAT(api_->SetPolicy(set).status(),
+              StatusIs(absl::StatusCode::kInvalidArgument, "policy.advise.horizon_s -1"));
   *set.mutable_policy() = Heal({"h9"});
   absl::StatusOr<v1::Job> with = api_->SetPolicy(set);
   ASSERT_TRUE(with.ok()) << with.status();

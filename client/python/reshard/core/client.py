@@ -749,6 +749,12 @@ class Client:
                                     spare_hosts=list(spare_hosts), idempotency_key=key)
         return self._call("NoticeHost", req, timeout, key)
 
+    def withdraw_notice(self, host_id, timeout=None):
+        """Withdraws host `host_id`'s notice (admin only): it may be a spare
+        and take new ranks again; moves already started go on."""
+        req = _pb.NoticeHostRequest(host_id=host_id, withdraw=True)
+        return self._call("NoticeHost", req, timeout)
+
     # ----------------------------------------------------------------- audit
 
     def iter_audit(self, tenant="", job_id="", since_unix_ms=0, page_size=100, timeout=None):
@@ -841,8 +847,8 @@ def _advise_request(job_id, gpus, hosts, horizon_s, devices, model):
         hosts = [hosts]
     req = _pb.AdviseRequest(job_id=job_id, gpus=gpus, hosts=list(hosts or ()),
                             horizon_s=horizon_s or 0)
-    req.model.CopyFrom(as_message(model, _pb.AdviseModel, "model"))
-    req.devices.CopyFrom(as_message(devices or {}, _pb.AdviseDevices, "devices"))
+    req.model.CopyFrom(as_message(model, ptc_pb2.AdviseModel, "model"))
+    req.devices.CopyFrom(as_message(devices or {}, ptc_pb2.AdviseDevices, "devices"))
     return req
 
 
