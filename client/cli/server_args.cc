@@ -506,6 +506,15 @@ absl::Status CheckCommandFlags(const CommandSpec& spec, const ServerInvocation& 
       }
     }
   }
+  if (inv.command == "hosts notice") {
+    const bool withdraw = inv.flags.contains("withdraw");
+    if (withdraw && (inv.flags.contains("leaves") || inv.flags.contains("spare"))) {
+      return absl::InvalidArgumentError("hosts notice: --withdraw takes no --leaves or --spare");
+    }
+    if (!withdraw && (!inv.flags.contains("leaves") || inv.flags.at("leaves").empty())) {
+      return absl::InvalidArgumentError("hosts notice: give --leaves WHEN, or --withdraw");
+    }
+  }
   if (inv.command == "advise" || inv.flags.contains("choose")) {
     absl::StatusOr<v1::AdviseRequest> advise = AdviseRequestFromFlags(inv.flags, "");
     if (!advise.ok()) return advise.status();

@@ -391,16 +391,12 @@ class Runner {
   int HostsNotice() {
     v1::NoticeHostRequest req;
     req.set_host_id(inv_.positional[0]);
-    if (Has("withdraw")) {
-      if (Has("leaves") || Has("spare")) {
-        return Fail(absl::InvalidArgumentError("--withdraw takes no --leaves or --spare"));
-      }
+    if (Has("withdraw")) {  // alone: checked with the arguments
       req.set_withdraw(true);
       absl::StatusOr<v1::NoticeHostResponse> reply = client_.NoticeHost(req);
       if (!reply.ok()) return Fail(reply.status());
       return Print(*reply, absl::StrCat("host ", req.host_id(), ": notice withdrawn\n"));
     }
-    if (!Has("leaves")) return Fail(absl::InvalidArgumentError("--leaves WHEN is required"));
     req.set_leaves_unix_ms(ParseWhen("leaves", Flag("leaves"), Now()).value_or(0));
     if (Has("spare")) {
       for (absl::string_view h : absl::StrSplit(Flag("spare"), ',', absl::SkipEmpty())) {

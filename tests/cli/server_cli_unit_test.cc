@@ -170,7 +170,15 @@ TEST(ParseServerArgsTest, DeadlinesNoticesAndPolicies) {
   ASSERT_TRUE(inv.ok()) << inv.status();
   EXPECT_EQ(inv->command, "hosts notice");
   EXPECT_EQ(inv->flags.at("spare"), "h7,h8");
-  EXPECT_FALSE(ParseServerArgs("hosts", {"notice", "h3"}, "").ok());  // --leaves is required
+  EXPECT_EQ(ParseServerArgs("hosts", {"notice", "h3"}, "").status().message(),
+            "hosts notice: give --leaves WHEN, or --withdraw");
+  inv = ParseServerArgs("hosts", {"notice", "h3", "--withdraw"}, "");
+  ASSERT_TRUE(inv.ok()) << inv.status();
+  EXPECT_TRUE(inv->flags.contains("withdraw"));
+  EXPECT_EQ(ParseServerArgs("hosts", {"notice", "h3", "--withdraw", "--leaves", "2m"}, "")
+                .status()
+                .message(),
+            "hosts notice: --withdraw takes no --leaves or --spare");
   inv = ParseServerArgs("jobs", {"policy", "J", "--clear"}, "");
   ASSERT_TRUE(inv.ok()) << inv.status();
   EXPECT_EQ(inv->command, "jobs policy");

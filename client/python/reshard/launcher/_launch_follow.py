@@ -67,6 +67,10 @@ class Launcher:
         self._started_ops = set()  # stop-free operations whose ranks were started
         self._handled_ops = set()  # stop-the-world operations whose ranks were started
         self.pending = []          # (deadline, world, rank, what): reports held for --settle
+        # The generation the ranks follow now at the least: a job update
+        # below it is older than a commit the operation's own stream showed
+        # first (the job's stream lags) and says nothing new.
+        self._generation_floor = 0
         self._stop = threading.Event()
 
     # ------------------------------------------------------------- output
@@ -163,6 +167,9 @@ class Launcher:
                 op.state not in _TERMINAL)
 
     def on_job(self, job):
+        if job.generation < self._generation_floor:
+            return  # stale: a promoted operation's generation is newer
+        self._generation_floor = job.generation
         self.job = job
         self._check_casualties()
         if job.state == _pb.JOB_STATE_FAILED:
@@ -261,6 +268,7 @@ class Launcher:
             return
         self.warming = None
         self.starter.release_spares()
+        self._generation_floor = max(self._generation_floor, world.generation)
         old = self.current
         self.current, self.layout = world, world.layout
         self._log(f"operation {op_id} committed: {world.name} trains; waiting up to "
