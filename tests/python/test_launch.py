@@ -582,6 +582,33 @@ def test_aborted_stop_free_operation_stops_its_warm_up_ranks_only(tmp_path):
         L.stop_all()
 
 
+def test_a_job_update_older_than_a_promoted_operation_changes_nothing(tmp_path):
+    """The stop-free operation commits on its own stream first (its world
+    trains); then the job's stream, which lags, delivers an older generation
+    (a checkpoint of the old layout): the launcher starts nothing for it,
+    and the job's own update of the operation's generation changes nothing."""
+    given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
+    lay2 = layout.make_layout(1, 1, 1, ranks=[("h0", 1)])
+    L = _launcher(tmp_path, given)
+    try:
+        L.on_job(_job(1, lay1))
+        op = _pb.Operation(id="op-7", job_id="job-1", kind=_pb.OPERATION_KIND_RESIZE,
+                           state=_pb.OPERATION_STATE_PLANNED, stop_free=True, to_generation=3,
+                           prepared_from_generation=1, from_generation=1, target_layout=lay2)
+        _begin(L, given, op, 1, lay1)
+        warm = L.warming
+        L.on_op(_with_state(op, _pb.OPERATION_STATE_COMMITTED))
+        assert L.current is warm and L.layout == lay2
+        L.on_job(_job(2, lay1))  # late: a checkpoint before the commit
+        assert L.current is warm and L.layout == lay2
+        L.on_job(_job(3, lay2, epoch=1))
+        assert L.current is warm
+        assert [e["world"] for e in _events(tmp_path) if e["event"] == "world"] == [
+            "g1", "op-op-7"]
+    finally:
+        L.stop_all()
+
+
 def test_failed_warm_up_rank_is_not_reported_and_the_old_layout_trains_on(tmp_path, monkeypatch):
     monkeypatch.setenv("FAIL_WARM_UP", "1")
     given, lay1 = _Given(), layout.make_layout(1, 1, 1, ranks=[("h0", 0)])
