@@ -31,23 +31,23 @@ Traffic TrafficOf(const planner::Plan& plan, const v1::Layout& from, const v1::L
   const std::vector<std::string> src_host = HostOfRank(from);
   const std::vector<std::string> dst_host = HostOfRank(to);
   Traffic t;
-  for (const planner::Plan::Step& s : plan.steps) {
-    const std::string& src = At(src_host, s.src_rank);
+  planner::ForEachStep(plan, [&](const planner::Plan::Step& s, const planner::ReplicaShift& at) {
+    const std::string& src = At(src_host, s.src_rank + at.src);
     for (int32_t d = s.dst_begin; d < s.dst_end; ++d) {
-      const std::string& dst = At(dst_host, plan.dsts[d].rank);
+      const std::string& dst = At(dst_host, plan.dsts[d].rank + at.dst);
       t.hosts[dst].written += s.bytes;
       if (!s.cross_host) t.hosts[src].local += s.bytes;
     }
     if (s.cross_host && s.dst_end > s.dst_begin) {
-      const std::string& dst = At(dst_host, plan.dsts[s.dst_begin].rank);
+      const std::string& dst = At(dst_host, plan.dsts[s.dst_begin].rank + at.dst);
       t.hosts[src].out += s.bytes;
       t.hosts[dst].in += s.bytes;
       t.pairs[{src, dst}] += s.bytes;
     }
-  }
-  for (const planner::Plan::Fill& f : plan.fills) {
-    t.hosts[At(dst_host, f.rank)].written += f.count * plan.items[f.item].element_bytes;
-  }
+  });
+  planner::ForEachFill(plan, [&](const planner::Plan::Fill& f, const planner::ReplicaShift& at) {
+    t.hosts[At(dst_host, f.rank + at.dst)].written += f.count * plan.items[f.item].element_bytes;
+  });
   return t;
 }
 

@@ -195,29 +195,31 @@ absl::StatusOr<ScaleResult> SimulateScale(const planner::Plan& plan, const v1::L
   // new rank written.
   std::map<std::pair<int, int>, int64_t> cross, local;  // (src gid, dst gid)
   std::vector<int64_t> read(src.size(), 0), written(dst.size(), 0);
-  for (const planner::Plan::Step& s : plan.steps) {
-    if (s.dst_end <= s.dst_begin) continue;
-    const Gpu& a = src[s.src_rank];
-    read[s.src_rank] += s.bytes;
-    const int first = plan.dsts[s.dst_begin].rank;
-    for (int32_t d = s.dst_begin; d < s.dst_end; ++d) written[plan.dsts[d].rank] += s.bytes;
+  planner::ForEachStep(plan, [&](const planner::Plan::Step& s, const planner::ReplicaShift& at) {
+    if (s.dst_end <= s.dst_begin) return;
+    const int from_rank = s.src_rank + at.src;
+    const Gpu& a = src[from_rank];
+    read[from_rank] += s.bytes;
+    const int first = plan.dsts[s.dst_begin].rank + at.dst;
+    for (int32_t d = s.dst_begin; d < s.dst_end; ++d)
+      written[plan.dsts[d].rank + at.dst] += s.bytes;
     if (s.cross_host) {
       out.bytes_cross_host += s.bytes;
       cross[{res.Gid(a), res.Gid(dst[first])}] += s.bytes;
       for (int32_t d = s.dst_begin + 1; d < s.dst_end; ++d) {
         out.bytes_local += s.bytes;
-        local[{res.Gid(dst[first]), res.Gid(dst[plan.dsts[d].rank])}] += s.bytes;
+        local[{res.Gid(dst[first]), res.Gid(dst[plan.dsts[d].rank + at.dst])}] += s.bytes;
       }
     } else {
       for (int32_t d = s.dst_begin; d < s.dst_end; ++d) {
         out.bytes_local += s.bytes;
-        local[{res.Gid(a), res.Gid(dst[plan.dsts[d].rank])}] += s.bytes;
+        local[{res.Gid(a), res.Gid(dst[plan.dsts[d].rank + at.dst])}] += s.bytes;
       }
     }
-  }
-  for (const planner::Plan::Fill& f : plan.fills) {
-    written[f.rank] += f.count * plan.items[f.item].element_bytes;
-  }
+  });
+  planner::ForEachFill(plan, [&](const planner::Plan::Fill& f, const planner::ReplicaShift& at) {
+    written[f.rank + at.dst] += f.count * plan.items[f.item].element_bytes;
+  });
   const int per = topology.gpus_per_host;
   const auto gpu = [per](int gid) { return Gpu{gid / per, gid % per}; };
 

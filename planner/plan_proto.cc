@@ -10,6 +10,23 @@
 namespace reshard::planner {
 namespace {
 
+void FillStats(const Plan& plan, v1::PlanStats* st) {
+  st->set_bytes_local(plan.bytes_local);
+  st->set_bytes_cross_host(plan.bytes_cross_host);
+  st->set_lower_bound_cross_host(plan.lower_bound_cross_host);
+  st->set_bytes_zero_filled(plan.bytes_zero_filled);
+  st->set_steps(plan.TotalSteps());
+  st->set_cross_host_steps(plan.cross_host_steps);
+  st->set_zero_fills(plan.TotalFills());
+  for (const Plan::HostStats& h : plan.hosts) {
+    v1::HostTraffic* ht = st->add_hosts();
+    ht->set_host(h.host);
+    ht->set_bytes_in(h.bytes_in);
+    ht->set_bytes_out(h.bytes_out);
+    ht->set_bytes_local(h.bytes_local);
+  }
+}
+
 void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
                v1::TransferPlan* out) {
   *out->mutable_source_layout() = from;
@@ -73,24 +90,22 @@ void FillProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to,
     g->set_rank(rank);
     g->set_item(item);
   }
-  v1::PlanStats* st = out->mutable_stats();
-  st->set_bytes_local(plan.bytes_local);
-  st->set_bytes_cross_host(plan.bytes_cross_host);
-  st->set_lower_bound_cross_host(plan.lower_bound_cross_host);
-  st->set_bytes_zero_filled(plan.bytes_zero_filled);
-  st->set_steps(static_cast<int64_t>(plan.steps.size()));
-  st->set_cross_host_steps(plan.cross_host_steps);
-  st->set_zero_fills(static_cast<int64_t>(plan.fills.size()));
-  for (const Plan::HostStats& h : plan.hosts) {
-    v1::HostTraffic* ht = st->add_hosts();
-    ht->set_host(h.host);
-    ht->set_bytes_in(h.bytes_in);
-    ht->set_bytes_out(h.bytes_out);
-    ht->set_bytes_local(h.bytes_local);
+  if (plan.replicas.count > 1) {
+    v1::ReplicaRepeat* r = out->mutable_replicas();
+    r->set_count(plan.replicas.count);
+    r->set_src_rank_stride(plan.replicas.src_stride);
+    r->set_dst_rank_stride(plan.replicas.dst_stride);
   }
+  FillStats(plan, out->mutable_stats());
 }
 
 }  // namespace
+
+v1::PlanStats StatsOf(const Plan& plan) {
+  v1::PlanStats stats;
+  FillStats(plan, &stats);
+  return stats;
+}
 
 v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to) {
   v1::TransferPlan out;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <deque>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <utility>
@@ -18,6 +19,7 @@
 #include "planner/host_runs.h"
 #include "planner/layout.h"
 #include "planner/overlap.h"
+#include "planner/replicas.h"
 #include "planner/shard.h"
 #include "planner/validate.h"
 
@@ -576,14 +578,9 @@ struct PlanPass {
   }
 };
 
-}  // namespace
-
-absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
-                              const LostSet& lost) {
-  if (absl::Status s = ValidatePtc(ptc); !s.ok()) return s;
-  if (absl::Status s = ValidateLayout(ptc, from, "layout"); !s.ok()) return s;
-  if (absl::Status s = ValidateLayout(ptc, to, "target"); !s.ok()) return s;
-
+// MakePlan on validated inputs, the job as one.
+absl::StatusOr<Plan> PlanWhole(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                               const LostSet& lost) {
   HostTable hosts;
   const ResolvedLayout old_layout = ResolvedLayout::Resolve(from, ptc.num_layers(), &hosts);
   const ResolvedLayout new_layout = ResolvedLayout::Resolve(to, ptc.num_layers(), &hosts);
@@ -621,6 +618,21 @@ absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const 
   std::sort(plan.regenerate.begin(), plan.regenerate.end());
   builder.Finish(hosts);
   return plan;
+}
+
+}  // namespace
+
+absl::StatusOr<Plan> MakePlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
+                              const LostSet& lost) {
+  if (absl::Status s = ValidatePtc(ptc); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, from, "layout"); !s.ok()) return s;
+  if (absl::Status s = ValidateLayout(ptc, to, "target"); !s.ok()) return s;
+  if (std::optional<ReplicaSplit> split = SplitReplicas(ptc, from, to, lost)) {
+    absl::StatusOr<Plan> one = PlanWhole(ptc, split->from, split->to, {});
+    if (!one.ok()) return one.status();
+    return RepeatOverReplicas(*std::move(one), *split);
+  }
+  return PlanWhole(ptc, from, to, lost);
 }
 
 absl::StatusOr<v1::TransferPlan> PlanTransfer(const v1::Ptc& ptc, const v1::Layout& from,

@@ -13,6 +13,7 @@
 #include "google/protobuf/arena.h"
 #include "planner/balance.h"
 #include "planner/geometry.h"
+#include "planner/plan_steps.h"
 #include "reshard/v1/plan.pb.h"
 #include "reshard/v1/ptc.pb.h"
 
@@ -74,7 +75,19 @@ struct Plan {
     int64_t bytes_in = 0, bytes_out = 0, bytes_local = 0;
   };
 
+  /// When the job's replicas plan alone (replicas.h): `steps`, `dsts`,
+  /// `fills` and `regenerate` are replica 0's, and replica k's are the same
+  /// with every source rank plus k * src_stride and every destination rank
+  /// plus k * dst_stride. The totals, `hosts` and `cross_host_steps` are the
+  /// whole plan's; `remote_sends` is replica 0's (its own host indices).
+  struct Replicas {
+    int32_t count = 1;
+    int32_t src_stride = 0;
+    int32_t dst_stride = 0;
+  };
+
   std::vector<Item> items;
+  Replicas replicas;
   std::vector<Step> steps;
   std::vector<Dst> dsts;
   std::vector<Strides> strides;  // distinct
@@ -93,9 +106,33 @@ struct Plan {
   int64_t bytes_zero_filled = 0;
   int64_t cross_host_steps = 0;
   std::vector<HostStats> hosts;
+  /// Steps of the whole plan (every replica's).
+  int64_t TotalSteps() const { return static_cast<int64_t>(steps.size()) * replicas.count; }
+  int64_t TotalFills() const { return static_cast<int64_t>(fills.size()) * replicas.count; }
   // Every cross-host send, its candidate hosts and the one chosen (rule 5).
   RemoteSends remote_sends;
 };
+
+/// Calls fn(step, shift) for every step of the whole plan, replica by
+/// replica (Plan::replicas): the step's source rank plus shift.src and its
+/// destinations' ranks plus shift.dst are its ranks there.
+template <typename Fn>
+void ForEachStep(const Plan& plan, Fn&& fn) {
+  for (int k = 0; k < plan.replicas.count; ++k) {
+    const ReplicaShift shift{k * plan.replicas.src_stride, k * plan.replicas.dst_stride,
+                             static_cast<int64_t>(k) * static_cast<int64_t>(plan.steps.size())};
+    for (const Plan::Step& step : plan.steps) fn(step, shift);
+  }
+}
+
+/// The same for every zero fill: its rank plus shift.dst.
+template <typename Fn>
+void ForEachFill(const Plan& plan, Fn&& fn) {
+  for (int k = 0; k < plan.replicas.count; ++k) {
+    const ReplicaShift shift{k * plan.replicas.src_stride, k * plan.replicas.dst_stride, 0};
+    for (const Plan::Fill& fill : plan.fills) fn(fill, shift);
+  }
+}
 
 /// Plans `from` -> `to` for `ptc`. Validates its inputs (InvalidArgument);
 /// FailedPrecondition, listing every tensor and region, when some needed
@@ -104,6 +141,9 @@ struct Plan {
                                             const v1::Layout& to, const LostSet& lost);
 
 v1::TransferPlan ToProto(const Plan& plan, const v1::Layout& from, const v1::Layout& to);
+
+/// The plan's totals (TransferPlan.stats, PreviewPlan's stats).
+v1::PlanStats StatsOf(const Plan& plan);
 
 /// The same message allocated on `arena` (owned by it): several times fewer
 /// heap allocations for a large plan, and freed with the arena at once.

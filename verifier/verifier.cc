@@ -394,11 +394,57 @@ absl::Status CheckStats(const Model& m, const v1::TransferPlan& plan, const Tall
   return absl::OkStatus();
 }
 
+// Every replica's steps, fills and regenerated blobs of a plan whose
+// replicas repeat: replica k's are replica 0's with source ranks plus
+// k * src_rank_stride, destination ranks plus k * dst_rank_stride and step
+// indexes plus k * (replica 0's steps).
+v1::TransferPlan WriteOutReplicas(const v1::TransferPlan& plan) {
+  v1::TransferPlan out = plan;
+  out.clear_replicas();
+  out.clear_steps();
+  out.clear_zero_fills();
+  out.clear_regenerate();
+  const v1::ReplicaRepeat& r = plan.replicas();
+  for (int k = 0; k < r.count(); ++k) {
+    for (const v1::CopyStep& step : plan.steps()) {
+      v1::CopyStep* s = out.add_steps();
+      *s = step;
+      s->set_src_rank(step.src_rank() + k * r.src_rank_stride());
+      for (v1::Destination& d : *s->mutable_dsts()) d.set_rank(d.rank() + k * r.dst_rank_stride());
+      s->set_index(step.index() + int64_t{k} * plan.steps_size());
+    }
+    for (const v1::ZeroFill& fill : plan.zero_fills()) {
+      v1::ZeroFill* f = out.add_zero_fills();
+      *f = fill;
+      f->set_rank(fill.rank() + k * r.dst_rank_stride());
+    }
+    for (const v1::Regenerate& g : plan.regenerate()) {
+      v1::Regenerate* e = out.add_regenerate();
+      *e = g;
+      e->set_rank(g.rank() + k * r.dst_rank_stride());
+    }
+  }
+  std::sort(out.mutable_regenerate()->begin(), out.mutable_regenerate()->end(),
+            [](const v1::Regenerate& a, const v1::Regenerate& b) {
+              return std::make_pair(a.rank(), a.item()) < std::make_pair(b.rank(), b.item());
+            });
+  return out;
+}
+
 }  // namespace
 
 absl::Status VerifyPlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::Layout& to,
                         const std::vector<std::string>& lost_hosts,
-                        const std::vector<int>& lost_ranks, const v1::TransferPlan& plan) {
+                        const std::vector<int>& lost_ranks, const v1::TransferPlan& compact) {
+  // A plan whose replicas repeat is checked written out (its own reading of
+  // TransferPlan.replicas, not the planner's).
+  if (compact.replicas().count() < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("replicas.count is ", compact.replicas().count()));
+  }
+  const v1::TransferPlan written_out =
+      compact.replicas().count() > 1 ? WriteOutReplicas(compact) : v1::TransferPlan();
+  const v1::TransferPlan& plan = compact.replicas().count() > 1 ? written_out : compact;
   absl::StatusOr<Model> model = BuildModel(ptc, from, to, lost_hosts, lost_ranks);
   if (!model.ok()) return model.status();
   const Model& m = *model;

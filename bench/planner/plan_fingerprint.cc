@@ -40,6 +40,11 @@ uint64_t PlanFingerprint(const planner::Plan& plan) {
     f.Add(it.element_bytes);
     f.Add(it.ndim);
   }
+  if (plan.replicas.count > 1) {  // left out otherwise: the older fingerprints stand
+    f.Add(plan.replicas.count);
+    f.Add(plan.replicas.src_stride);
+    f.Add(plan.replicas.dst_stride);
+  }
   f.Add(static_cast<int64_t>(plan.steps.size()));
   for (const planner::Plan::Step& s : plan.steps) {
     f.Add(s.item);

@@ -54,7 +54,10 @@ struct Result {
   int64_t plan_bytes = 0;
   // The TransferPlan of the first run: serialized, and on its arena.
   int64_t message_bytes = 0, arena_bytes = 0;
-  int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0;
+  // steps, dsts, fills: the Plan's (replica 0's when its replicas repeat);
+  // total_steps: the whole plan's.
+  int64_t steps = 0, cross_steps = 0, dsts = 0, fills = 0, total_steps = 0;
+  int replicas = 1;
   int64_t local = 0, cross = 0, lower = 0;
   uint64_t fingerprint = 0;  // PlanFingerprint of the first run
 
@@ -130,6 +133,8 @@ Result RunCase(const Case& c) {
     r.plan_ms.push_back(cpu_planned - cpu_start);
     if (i == 0) {
       r.steps = static_cast<int64_t>(plan->steps.size());
+      r.total_steps = plan->TotalSteps();
+      r.replicas = plan->replicas.count;
       r.dsts = static_cast<int64_t>(plan->dsts.size());
       r.fills = static_cast<int64_t>(plan->fills.size());
       r.plan_bytes = r.steps * static_cast<int64_t>(sizeof(planner::Plan::Step)) +
@@ -235,7 +240,9 @@ int Main(int argc, char** argv) {
   std::printf(
       "heap counted exactly by a replaced operator new/delete (malloc_usable_size), the\n"
       "returned Plan and TransferPlan included; plan size = steps*sizeof(Step) +\n"
-      "dsts*sizeof(Dst) + fills*sizeof(Fill) + the distinct strides and shapes.\n"
+      "dsts*sizeof(Dst) + fills*sizeof(Fill) + the distinct strides and shapes;\n"
+      "steps = the whole plan's; replicas > 1: the replicas plan alone and the Plan\n"
+      "and TransferPlan hold replica 0's steps (docs/partitioning.md).\n"
       "targets (175B and 70B cases): median CPU time of MakePlan + building the\n"
       "TransferPlan <= %.0f ms, peak heap <= 1 GiB.\n\n",
       kTargetMs);
@@ -248,9 +255,9 @@ int Main(int argc, char** argv) {
   }
 
   int failures = 0;
-  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s %10s %16s\n", "case", "ranks", "steps",
-              "cross steps", "local", "cross-host", "lower bound", "cross/lb", "plan size",
-              "fingerprint");
+  std::printf("%-36s %-13s %9s %11s %10s %10s %11s %8s %8s %10s %16s\n", "case", "ranks", "steps",
+              "cross steps", "local", "cross-host", "lower bound", "cross/lb", "replicas",
+              "plan size", "fingerprint");
   for (size_t i = 0; i < results.size(); ++i) {
     const Case& c = cases[i];
     const Result& r = results[i];
@@ -260,12 +267,12 @@ int Main(int argc, char** argv) {
       ++failures;
       continue;
     }
-    std::printf("%-36s %-13s %9lld %11lld %10s %10s %11s %8s %10s %016llx\n", c.name.c_str(),
-                ranks.c_str(), static_cast<long long>(r.steps),
-                static_cast<long long>(r.cross_steps), cli::FormatBytes(r.local).c_str(),
-                cli::FormatBytes(r.cross).c_str(), cli::FormatBytes(r.lower).c_str(),
-                cli::FormatRatio(r.cross, r.lower).c_str(), cli::FormatBytes(r.plan_bytes).c_str(),
-                static_cast<unsigned long long>(r.fingerprint));
+    std::printf(
+        "%-36s %-13s %9lld %11lld %10s %10s %11s %8s %8d %10s %016llx\n", c.name.c_str(),
+        ranks.c_str(), static_cast<long long>(r.total_steps), static_cast<long long>(r.cross_steps),
+        cli::FormatBytes(r.local).c_str(), cli::FormatBytes(r.cross).c_str(),
+        cli::FormatBytes(r.lower).c_str(), cli::FormatRatio(r.cross, r.lower).c_str(), r.replicas,
+        cli::FormatBytes(r.plan_bytes).c_str(), static_cast<unsigned long long>(r.fingerprint));
   }
   std::printf("\n%-34s %9s %9s %9s %9s %9s %9s %9s %9s %-9s %-9s\n", "case", "MakePlan", "ToProto",
               "arena", "total", "+arena", "wall", "peak", "+arena", "vs target", "+arena");

@@ -64,8 +64,48 @@ int64_t Key(int item, int64_t g) { return (int64_t{item} << 40) | g; }
 
 }  // namespace
 
+Plan WrittenOut(const Plan& plan) {
+  Plan out = plan;
+  out.replicas = Plan::Replicas{};
+  out.steps.clear();
+  out.dsts.clear();
+  out.fills.clear();
+  out.regenerate.clear();
+  ForEachStep(plan, [&](const Plan::Step& s, const ReplicaShift& at) {
+    Plan::Step step = s;
+    step.src_rank += at.src;
+    step.dst_begin = static_cast<int32_t>(out.dsts.size());
+    for (int32_t d = s.dst_begin; d < s.dst_end; ++d) {
+      Plan::Dst dst = plan.dsts[d];
+      dst.rank += at.dst;
+      out.dsts.push_back(dst);
+    }
+    step.dst_end = static_cast<int32_t>(out.dsts.size());
+    out.steps.push_back(step);
+  });
+  ForEachFill(plan, [&](const Plan::Fill& f, const ReplicaShift& at) {
+    Plan::Fill fill = f;
+    fill.rank += at.dst;
+    out.fills.push_back(fill);
+  });
+  for (int k = 0; k < plan.replicas.count; ++k) {
+    for (const auto& [rank, item] : plan.regenerate) {
+      out.regenerate.emplace_back(rank + k * plan.replicas.dst_stride, item);
+    }
+  }
+  std::sort(out.regenerate.begin(), out.regenerate.end());
+  return out;
+}
+
 ::testing::AssertionResult CheckPlan(const v1::Ptc& ptc, const v1::Layout& from,
-                                     const v1::Layout& to, const LostSet& lost, const Plan& plan) {
+                                     const v1::Layout& to, const LostSet& lost,
+                                     const Plan& compact) {
+  // A plan whose replicas repeat is replayed written out.
+  const Plan whole = compact.replicas.count > 1 ? WrittenOut(compact) : Plan{};
+  const Plan& plan = compact.replicas.count > 1 ? whole : compact;
+  if (!std::is_sorted(compact.regenerate.begin(), compact.regenerate.end())) {
+    return ::testing::AssertionFailure() << "regenerate is not sorted";
+  }
   HostTable hosts;
   const ResolvedLayout ol = ResolvedLayout::Resolve(from, ptc.num_layers(), &hosts);
   const ResolvedLayout nl = ResolvedLayout::Resolve(to, ptc.num_layers(), &hosts);

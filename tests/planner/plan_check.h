@@ -21,6 +21,10 @@ namespace reshard::planner::testing {
 ::testing::AssertionResult CheckPlan(const v1::Ptc& ptc, const v1::Layout& from,
                                      const v1::Layout& to, const LostSet& lost, const Plan& plan);
 
+/// The plan of every replica written out (Plan::replicas back to one): the
+/// plan as the job would have it without the repeat.
+Plan WrittenOut(const Plan& plan);
+
 /// MakePlan + both checks: CheckPlan above and the independent
 /// verifier::VerifyPlan. Failures are EXPECT failures; an empty Plan when
 /// MakePlan fails.

@@ -184,6 +184,19 @@ inline void Place(v1::Layout* l, int per_host, int first_host = 0) {
   }
 }
 
+/// An HSDP layout: tp x pp x dp in `order`, `dp_shard` dp ranks per shard
+/// group (dp / dp_shard replicas), one slot per rank on hosts
+/// "h<first_host>".. with `per_host` devices each.
+inline v1::Layout HsdpLayout(int tp, int pp, int dp, int dp_shard, int per_host, int first_host = 0,
+                             v1::RankOrder order = v1::RANK_ORDER_TP_DP_PP) {
+  v1::Layout l;
+  *l.mutable_config() = Config(tp, pp, dp);
+  l.mutable_config()->set_dp_shard(dp_shard);
+  l.mutable_config()->set_order(order);
+  Place(&l, per_host, first_host);
+  return l;
+}
+
 /// "host:device" of each rank of `l`, in rank order (either placement form:
 /// one slot per rank, or hosts x devices_per_host).
 inline std::vector<std::string> SlotsOf(const v1::Layout& l) {

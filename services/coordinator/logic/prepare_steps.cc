@@ -72,7 +72,7 @@ absl::StatusOr<bool> OperationDriver::StartPreparedTransfer(const OperationRecor
                     << " PLANNED -> TRANSFERRING (prepared from generation "
                     << op.prepared_from_generation() << ", cut over at " << op.from_generation()
                     << ") on " << rows->size() << " hosts: " << steps.skipped.size() << " of "
-                    << record.plan->steps_size() << " steps skipped unchanged ("
+                    << record.plan->stats().steps() << " steps skipped unchanged ("
                     << steps.bytes_skipped << " bytes)";
   if (metrics_ != nullptr) metrics_->PreparedBytes(op.bytes_precopied(), steps.bytes_skipped);
   return true;

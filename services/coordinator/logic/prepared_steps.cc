@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "planner/plan_steps.h"
 #include "services/coordinator/logic/task.h"
 
 namespace reshard::coordinator {
@@ -37,13 +38,13 @@ PreparedSteps ComputePreparedSteps(const v1::TransferPlan& plan,
   *left.mutable_target_layout() = plan.target_layout();
   *left.mutable_items() = plan.items();
   PreparedSteps out;
-  for (const v1::CopyStep& step : plan.steps()) {
-    if (unchanged({step.item(), step.src_rank()})) {
-      out.skipped.push_back(step.index());
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
+    if (unchanged({step.item(), step.src_rank() + at.src})) {
+      out.skipped.push_back(step.index() + at.index);
     } else {
-      *left.add_steps() = step;
+      planner::AddShifted(step, at, left.mutable_steps());
     }
-  }
+  });
   std::sort(out.skipped.begin(), out.skipped.end());
   const std::map<std::string, int64_t> whole = BytesWrittenByHost(plan);
   const std::map<std::string, int64_t> remaining = BytesWrittenByHost(left);

@@ -633,7 +633,7 @@ absl::StatusOr<v1::PreviewPlanResponse> SchedulerApi::PreviewPlan(
                         PlannerLostSet(job->layout(), request.target(), lost));
   if (!plan.ok()) return plan.status();
   v1::PreviewPlanResponse response;
-  *response.mutable_stats() = StatsOf(*plan);
+  *response.mutable_stats() = planner::StatsOf(*plan);
   if (options_.cost != nullptr) {
     *response.mutable_prediction() =
         PredictPlan(*options_.cost, *store_, *plan, job->layout(), request.target());

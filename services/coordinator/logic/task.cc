@@ -1,6 +1,10 @@
 #include "services/coordinator/logic/task.h"
 
+#include <algorithm>
+#include <utility>
+
 #include "planner/layout.h"
+#include "planner/plan_steps.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -33,11 +37,13 @@ std::vector<std::string> HostsTakingPart(const v1::TransferPlan& plan) {
   const RankHosts old_host(plan.source_layout());
   const RankHosts new_host(plan.target_layout());
   std::set<std::string> hosts;
-  for (const v1::CopyStep& step : plan.steps()) {
-    hosts.insert(old_host(step.src_rank()));
-    for (const v1::Destination& dst : step.dsts()) hosts.insert(new_host(dst.rank()));
-  }
-  for (const v1::ZeroFill& fill : plan.zero_fills()) hosts.insert(new_host(fill.rank()));
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
+    hosts.insert(old_host(step.src_rank() + at.src));
+    for (const v1::Destination& dst : step.dsts()) hosts.insert(new_host(dst.rank() + at.dst));
+  });
+  planner::ForEachZeroFill(plan, [&](const v1::ZeroFill& fill, const planner::ReplicaShift& at) {
+    hosts.insert(new_host(fill.rank() + at.dst));
+  });
   hosts.erase("");
   return {hosts.begin(), hosts.end()};
 }
@@ -51,20 +57,24 @@ v1::TransferPlan SliceForHost(const v1::TransferPlan& plan, const std::string& h
   *out.mutable_items() = plan.items();
   *out.mutable_stats() = plan.stats();
   *out.mutable_lost_ranks() = plan.lost_ranks();
-  for (const v1::CopyStep& step : plan.steps()) {
-    bool mine = old_host(step.src_rank()) == host;
+  // A slice never repeats: a host's steps, fills and blobs are written out.
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
+    bool mine = old_host(step.src_rank() + at.src) == host;
     for (const v1::Destination& dst : step.dsts()) {
       if (mine) break;
-      mine = new_host(dst.rank()) == host;
+      mine = new_host(dst.rank() + at.dst) == host;
     }
-    if (mine) *out.add_steps() = step;
-  }
-  for (const v1::ZeroFill& fill : plan.zero_fills()) {
-    if (new_host(fill.rank()) == host) *out.add_zero_fills() = fill;
-  }
-  for (const v1::Regenerate& g : plan.regenerate()) {
-    if (new_host(g.rank()) == host) *out.add_regenerate() = g;
-  }
+    if (mine) planner::AddShifted(step, at, out.mutable_steps());
+  });
+  planner::ForEachZeroFill(plan, [&](const v1::ZeroFill& fill, const planner::ReplicaShift& at) {
+    if (new_host(fill.rank() + at.dst) == host) {
+      planner::AddShifted(fill, at, out.mutable_zero_fills());
+    }
+  });
+  planner::ForEachRegenerate(plan, [&](const v1::Regenerate& g, const planner::ReplicaShift& at) {
+    if (new_host(g.rank() + at.dst) == host) planner::AddShifted(g, at, out.mutable_regenerate());
+  });
+  planner::SortRegenerate(out.mutable_regenerate());
   return out;
 }
 
@@ -72,12 +82,14 @@ std::map<std::string, int64_t> BytesWrittenByHost(const v1::TransferPlan& plan) 
   const RankHosts new_host(plan.target_layout());
   std::map<std::string, int64_t> bytes;
   for (const std::string& host : HostsTakingPart(plan)) bytes[host] = 0;
-  for (const v1::CopyStep& step : plan.steps()) {
-    for (const v1::Destination& dst : step.dsts()) bytes[new_host(dst.rank())] += step.bytes();
-  }
-  for (const v1::ZeroFill& fill : plan.zero_fills()) {
-    bytes[new_host(fill.rank())] += fill.count() * ElementBytes(plan, fill.item());
-  }
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
+    for (const v1::Destination& dst : step.dsts()) {
+      bytes[new_host(dst.rank() + at.dst)] += step.bytes();
+    }
+  });
+  planner::ForEachZeroFill(plan, [&](const v1::ZeroFill& fill, const planner::ReplicaShift& at) {
+    bytes[new_host(fill.rank() + at.dst)] += fill.count() * ElementBytes(plan, fill.item());
+  });
   bytes.erase("");
   return bytes;
 }
@@ -92,14 +104,16 @@ std::set<std::pair<int, int>> ShardsWrittenOnHost(const v1::TransferPlan& plan,
                                                   const std::string& host) {
   const RankHosts new_host(plan.target_layout());
   std::set<std::pair<int, int>> shards;
-  for (const v1::CopyStep& step : plan.steps()) {
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
     for (const v1::Destination& dst : step.dsts()) {
-      if (new_host(dst.rank()) == host) shards.emplace(step.item(), dst.rank());
+      const int rank = dst.rank() + at.dst;
+      if (new_host(rank) == host) shards.emplace(step.item(), rank);
     }
-  }
-  for (const v1::ZeroFill& fill : plan.zero_fills()) {
-    if (new_host(fill.rank()) == host) shards.emplace(fill.item(), fill.rank());
-  }
+  });
+  planner::ForEachZeroFill(plan, [&](const v1::ZeroFill& fill, const planner::ReplicaShift& at) {
+    const int rank = fill.rank() + at.dst;
+    if (new_host(rank) == host) shards.emplace(fill.item(), rank);
+  });
   return shards;
 }
 
@@ -107,29 +121,11 @@ std::set<std::pair<int, int>> ShardsReadOnHost(const v1::TransferPlan& plan,
                                                const std::string& host) {
   const RankHosts old_host(plan.source_layout());
   std::set<std::pair<int, int>> shards;
-  for (const v1::CopyStep& step : plan.steps()) {
-    if (old_host(step.src_rank()) == host) shards.emplace(step.item(), step.src_rank());
-  }
+  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
+    const int rank = step.src_rank() + at.src;
+    if (old_host(rank) == host) shards.emplace(step.item(), rank);
+  });
   return shards;
-}
-
-v1::PlanStats StatsOf(const planner::Plan& plan) {
-  v1::PlanStats stats;
-  stats.set_bytes_local(plan.bytes_local);
-  stats.set_bytes_cross_host(plan.bytes_cross_host);
-  stats.set_lower_bound_cross_host(plan.lower_bound_cross_host);
-  stats.set_bytes_zero_filled(plan.bytes_zero_filled);
-  stats.set_steps(static_cast<int64_t>(plan.steps.size()));
-  stats.set_cross_host_steps(plan.cross_host_steps);
-  stats.set_zero_fills(static_cast<int64_t>(plan.fills.size()));
-  for (const planner::Plan::HostStats& h : plan.hosts) {
-    v1::HostTraffic* traffic = stats.add_hosts();
-    traffic->set_host(h.host);
-    traffic->set_bytes_in(h.bytes_in);
-    traffic->set_bytes_out(h.bytes_out);
-    traffic->set_bytes_local(h.bytes_local);
-  }
-  return stats;
 }
 
 }  // namespace reshard::coordinator

@@ -43,8 +43,4 @@ std::set<std::pair<int, int>> ShardsWrittenOnHost(const v1::TransferPlan& plan,
 std::set<std::pair<int, int>> ShardsReadOnHost(const v1::TransferPlan& plan,
                                                const std::string& host);
 
-/// The PlanStats of a compact plan, equal to ToProto(plan, ...).stats()
-/// without building the whole proto (PreviewPlan returns only the stats).
-v1::PlanStats StatsOf(const planner::Plan& plan);
-
 }  // namespace reshard::coordinator

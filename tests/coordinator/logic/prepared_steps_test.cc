@@ -5,7 +5,10 @@
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "planner/plan_steps.h"
+#include "planner/planner.h"
 #include "tests/support/job_builders.h"
+#include "tests/support/jobs.h"
 
 namespace reshard::coordinator {
 namespace {
@@ -87,6 +90,32 @@ TEST(PreparedStepsTest, NothingChangedLeavesNoBytesButEveryHost) {
   EXPECT_THAT(out.skipped, ElementsAre(0, 1, 2));
   EXPECT_EQ(out.bytes_skipped, 240);  // 110 + 130: the whole plan
   EXPECT_THAT(out.bytes_by_host, ElementsAre(Pair("a", 0), Pair("b", 0)));
+}
+
+TEST(PreparedStepsTest, ARepeatingPlanSkipsAsItsWrittenOutForm) {
+  // An HSDP job whose 2 replicas plan alone (TransferPlan.replicas).
+  absl::StatusOr<v1::TransferPlan> plan =
+      planner::PlanTransfer(test_support::TwoLayerPtc(), test_support::HsdpLayout(2, 2, 4, 2, 2),
+                            test_support::HsdpLayout(1, 2, 8, 4, 2), {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(plan->replicas().count(), 2);
+  // Every source shard prepared; those of items 0-2 kept their checksums.
+  std::vector<v1::ShardChecksum> prepared, checkpoint;
+  for (int item = 0; item < plan->items_size(); ++item) {
+    for (int rank = 0; rank < 16; ++rank) {
+      prepared.push_back(Sum(item, rank, 1, 64));
+      checkpoint.push_back(Sum(item, rank, item < 3 ? 1 : 2, 64));
+    }
+  }
+  const PreparedSteps out = ComputePreparedSteps(*plan, prepared, checkpoint);
+  const PreparedSteps want =
+      ComputePreparedSteps(planner::ExpandReplicas(*plan), prepared, checkpoint);
+  EXPECT_EQ(out.skipped, want.skipped);
+  EXPECT_EQ(out.bytes_skipped, want.bytes_skipped);
+  EXPECT_EQ(out.bytes_by_host, want.bytes_by_host);
+  EXPECT_FALSE(out.skipped.empty());
+  EXPECT_GT(out.bytes_skipped, 0);
+  EXPECT_LT(static_cast<int64_t>(out.skipped.size()), plan->stats().steps());
 }
 
 TEST(PreparedStepsTest, WithoutSkippedDropsSkippedStepsFillsAndRegenerates) {

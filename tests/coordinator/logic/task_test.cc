@@ -12,12 +12,14 @@
 #include "google/protobuf/util/message_differencer.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
+#include "planner/plan_steps.h"
 #include "planner/planner.h"
 #include "reshard/v1/coordinator.pb.h"
 #include "services/coordinator/logic/error_text.h"
 #include "services/coordinator/logic/idempotency.h"
 #include "services/coordinator/logic/ids.h"
 #include "services/coordinator/logic/request_checks.h"
+#include "tests/support/job_builders.h"
 #include "tests/support/jobs.h"
 
 namespace reshard::coordinator {
@@ -163,13 +165,48 @@ TEST(ShardsWrittenOnHost, CoverEveryNewShardOnce) {
   for (int rank = 0; rank < 4; ++rank) EXPECT_EQ(all.count({blob, rank}), 1u) << rank;
 }
 
+// An HSDP job whose 2 replicas plan alone (TransferPlan.replicas): tp 2 pp
+// 2 dp 4 dp_shard 2 -> tp 1 pp 2 dp 8 dp_shard 4 on h0..h7.
+v1::TransferPlan RepeatingPlan() {
+  absl::StatusOr<v1::TransferPlan> plan =
+      planner::PlanTransfer(TwoLayerPtc(), test_support::HsdpLayout(2, 2, 4, 2, 2),
+                            test_support::HsdpLayout(1, 2, 8, 4, 2), {});
+  EXPECT_TRUE(plan.ok()) << plan.status();
+  return plan.ok() ? *plan : v1::TransferPlan();
+}
+
+TEST(RepeatingPlan, EveryReadingEqualsTheWrittenOutPlans) {
+  const v1::TransferPlan plan = RepeatingPlan();
+  ASSERT_EQ(plan.replicas().count(), 2);
+  const v1::TransferPlan whole = planner::ExpandReplicas(plan);
+  ASSERT_EQ(whole.steps_size(), 2 * plan.steps_size());
+  EXPECT_EQ(HostsTakingPart(plan), HostsTakingPart(whole));
+  EXPECT_EQ(HostsTakingPart(plan).size(), 8u);
+  EXPECT_EQ(BytesWrittenByHost(plan), BytesWrittenByHost(whole));
+  EXPECT_EQ(BytesTotal(plan), BytesTotal(whole));
+  int64_t sliced_steps = 0;
+  for (const std::string& host : HostsTakingPart(whole)) {
+    SCOPED_TRACE(host);
+    const v1::TransferPlan slice = SliceForHost(plan, host);
+    EXPECT_FALSE(slice.has_replicas());
+    EXPECT_TRUE(MessageDifferencer::Equals(slice, SliceForHost(whole, host)));
+    EXPECT_EQ(ShardsWrittenOnHost(plan, host), ShardsWrittenOnHost(whole, host));
+    EXPECT_EQ(ShardsReadOnHost(plan, host), ShardsReadOnHost(whole, host));
+    EXPECT_FALSE(ShardsWrittenOnHost(plan, host).empty());
+    sliced_steps += slice.steps_size();
+  }
+  // A local step is in its host's slice, a cross-host step in two.
+  EXPECT_EQ(sliced_steps, whole.steps_size() + plan.stats().cross_host_steps());
+  EXPECT_GT(plan.stats().cross_host_steps(), 0);
+}
+
 TEST(StatsOf, EqualsToProtoStats) {
   const v1::Layout from = MakeLayout(2, 2, 1, {"h0", "h1"}, 2);
   const v1::Layout to = MakeLayout(1, 2, 2, {"h1", "h2"}, 2);
   absl::StatusOr<planner::Plan> plan = planner::MakePlan(TwoLayerPtc(), from, to, {});
   ASSERT_TRUE(plan.ok()) << plan.status();
-  EXPECT_TRUE(
-      MessageDifferencer::Equals(StatsOf(*plan), planner::ToProto(*plan, from, to).stats()));
+  EXPECT_TRUE(MessageDifferencer::Equals(planner::StatsOf(*plan),
+                                         planner::ToProto(*plan, from, to).stats()));
 }
 
 TEST(RequestHash, IgnoresTheKeyAndNamesTheContent) {

@@ -1,0 +1,71 @@
+#include "planner/plan_steps.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace reshard::planner {
+
+int ReplicaCount(const v1::TransferPlan& plan) {
+  return plan.replicas().count() > 1 ? plan.replicas().count() : 1;
+}
+
+ReplicaShift ShiftOf(const v1::TransferPlan& plan, int k) {
+  if (k == 0 || ReplicaCount(plan) == 1) return {};
+  const v1::ReplicaRepeat& r = plan.replicas();
+  return ReplicaShift{k * r.src_rank_stride(), k * r.dst_rank_stride(),
+                      static_cast<int64_t>(k) * plan.steps_size()};
+}
+
+void AddShifted(const v1::CopyStep& step, const ReplicaShift& shift,
+                google::protobuf::RepeatedPtrField<v1::CopyStep>* out) {
+  v1::CopyStep* s = out->Add();
+  *s = step;
+  s->set_src_rank(step.src_rank() + shift.src);
+  for (v1::Destination& d : *s->mutable_dsts()) d.set_rank(d.rank() + shift.dst);
+  s->set_index(step.index() + shift.index);
+}
+
+void AddShifted(const v1::ZeroFill& fill, const ReplicaShift& shift,
+                google::protobuf::RepeatedPtrField<v1::ZeroFill>* out) {
+  v1::ZeroFill* f = out->Add();
+  *f = fill;
+  f->set_rank(fill.rank() + shift.dst);
+}
+
+void AddShifted(const v1::Regenerate& g, const ReplicaShift& shift,
+                google::protobuf::RepeatedPtrField<v1::Regenerate>* out) {
+  v1::Regenerate* r = out->Add();
+  *r = g;
+  r->set_rank(g.rank() + shift.dst);
+}
+
+void SortRegenerate(google::protobuf::RepeatedPtrField<v1::Regenerate>* list) {
+  std::sort(list->begin(), list->end(), [](const v1::Regenerate& a, const v1::Regenerate& b) {
+    return std::make_pair(a.rank(), a.item()) < std::make_pair(b.rank(), b.item());
+  });
+}
+
+v1::TransferPlan ExpandReplicas(const v1::TransferPlan& plan) {
+  if (ReplicaCount(plan) == 1) return plan;
+  v1::TransferPlan out;
+  *out.mutable_source_layout() = plan.source_layout();
+  *out.mutable_target_layout() = plan.target_layout();
+  *out.mutable_items() = plan.items();
+  *out.mutable_stats() = plan.stats();
+  *out.mutable_lost_ranks() = plan.lost_ranks();
+  const int n = ReplicaCount(plan);
+  out.mutable_steps()->Reserve(plan.steps_size() * n);
+  ForEachStep(plan, [&](const v1::CopyStep& s, const ReplicaShift& sh) {
+    AddShifted(s, sh, out.mutable_steps());
+  });
+  ForEachZeroFill(plan, [&](const v1::ZeroFill& f, const ReplicaShift& sh) {
+    AddShifted(f, sh, out.mutable_zero_fills());
+  });
+  ForEachRegenerate(plan, [&](const v1::Regenerate& g, const ReplicaShift& sh) {
+    AddShifted(g, sh, out.mutable_regenerate());
+  });
+  SortRegenerate(out.mutable_regenerate());
+  return out;
+}
+
+}  // namespace reshard::planner
