@@ -234,6 +234,19 @@ TEST(ReplicasTest, TheLargestSplitWhoseReplicasHaveHostsOfTheirOwn) {
   EXPECT_EQ(plan.replicas.src_stride, 8);
 }
 
+TEST(ReplicasTest, ThePythonHsdpResizeSplits) {
+  // tests/python/test_reshard_compare.py, test_hsdp_resizes, generation 4:
+  // tp 2 dp 4 dp_shard 2 -> tp 1 cp 2 dp 4 dp_shard 2 on 4 hosts x 2.
+  const v1::Ptc ptc = Model(1);
+  v1::Layout to = test_support::HsdpLayout(1, 1, 4, 2, 2);
+  to.mutable_config()->set_cp(2);
+  test_support::Place(&to, 2);
+  const Plan plan = PlanAndCheck(ptc, test_support::HsdpLayout(2, 1, 4, 2, 2), to);
+  EXPECT_EQ(plan.replicas.count, 2);
+  EXPECT_EQ(plan.replicas.src_stride, 4);
+  EXPECT_EQ(plan.replicas.dst_stride, 4);
+}
+
 TEST(ReplicasTest, TheLargestCommonSplitIsTaken) {
   // 4 replicas -> 2 replicas: gcd 2, each new replica of 2 old ones.
   const v1::Ptc ptc = Model(1);

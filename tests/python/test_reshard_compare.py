@@ -122,7 +122,8 @@ def hsdp_ptc():
 
 def test_hsdp_resizes(cluster, client, hosts, job_name):
     """HSDP (dp_shard) and dp-only splits through HSDP -> FSDP -> HSDP at
-    another tp and cp -> a smaller shard group on fewer hosts, every new rank
+    another tp -> HSDP at cp 2 (replicas that plan alone) -> a smaller shard
+    group on fewer hosts, every new rank
     compared byte for byte with reshard.layout's reading of the page."""
     ptc = hsdp_ptc()
     lay = layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2)
@@ -136,8 +137,15 @@ def test_hsdp_resizes(cluster, client, hosts, job_name):
     assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host
     g, _ = reshard_and_check(cluster, client, job, ptc, g,
                              layout.make_layout(2, 1, 4, hosts, 2, dp_shard=2), 3)
+    # HSDP -> HSDP, a replica on each pair of hosts on both sides: the two
+    # replicas plan alone (TransferPlan.replicas; the planner's
+    # ReplicasTest.ThePythonHsdpResizeSplits pins the split), the agents get
+    # their hosts' slices written out.
+    g, op = reshard_and_check(cluster, client, job, ptc, g,
+                              layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2), 4)
+    assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host
     reshard_and_check(cluster, client, job, ptc, g,
-                      layout.make_layout(1, 1, 2, hosts[:2], 2, cp=2, dp_shard=1), 4)
+                      layout.make_layout(1, 1, 2, hosts[:2], 2, cp=2, dp_shard=1), 5)
 
 
 def test_recover_after_lost_host(cluster, client, hosts, job_name):

@@ -99,9 +99,12 @@ absl::StatusOr<bool> OperationDriver::PlanOperation(const OperationRecord& recor
     return s;
   }
   RESHARD_LOG(INFO) << "job=" << op.job_id() << " operation=" << op.id()
-                    << " PENDING -> PLANNED: " << update.stats->steps() << " steps, " << cross_host
-                    << " bytes cross-host, " << local << " local, " << *update.bytes_total
-                    << " bytes to write"
+                    << " PENDING -> PLANNED: " << update.stats->steps() << " steps"
+                    << (plan->replicas.count > 1
+                            ? absl::StrCat(" (", plan->replicas.count, " replicas planned alone)")
+                            : "")
+                    << ", " << cross_host << " bytes cross-host, " << local << " local, "
+                    << *update.bytes_total << " bytes to write"
                     << (update.prediction.has_value()
                             ? absl::StrCat(", predicted ", update.prediction->seconds(), " s")
                             : "");
