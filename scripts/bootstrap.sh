@@ -32,6 +32,7 @@ PACKAGES=(
   openssl postgresql prometheus nginx-light sshfs openssh-sftp-server python3 python3-venv
   util-linux  # setpriv: the local cluster starts its processes through it
   stress-ng   # bench/load: the product beside CPU, memory and thread-churn hogs
+  slurm-wlm munge  # deploy/slurm: a real Slurm driving reshard (docs/slurm.md)
 )
 
 install_debian_packages() {

@@ -167,10 +167,11 @@ class Node:
 class Topology:
     """Bridge + one namespace per host (+ storage), links shaped to rate_gbit."""
 
-    def __init__(self, hosts, rate_gbit, storage=True, log=lambda m: None):
+    def __init__(self, hosts, rate_gbit, storage=True, log=lambda m: None, instance=""):
+        # `instance` (a letter) tells apart several Topologies of one process.
         self.rate_gbit = rate_gbit
         self._log = log
-        self._tag = f"{PREFIX}{os.getpid()}"
+        self._tag = f"{PREFIX}{os.getpid()}{instance}"
         self.bridge = f"{self._tag}br"
         self.nodes = {}
         self._created_ns = []
