@@ -5,6 +5,10 @@ on exactly the nodes Slurm gives them; a host whose processes are SIGKILLed
 is marked down by Slurm while the others stay idle; close() leaves no
 namespace, link, daemon or directory behind.
 
+The launcher's reading of a Slurm allocation (`reshard run --slurm`):
+hostlists expanded as scontrol expands them, and each step of a real
+sbatch job finding its node and the job's nodes.
+
 Skipped, with the reason, only where namespaces or the Slurm packages are
 missing (scripts/bootstrap.sh installs slurm-wlm and munge)."""
 
@@ -18,6 +22,8 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "deploy", "slurm"))
 import cluster as slurm  # noqa: E402
+from reshard.launcher import slurm as launcher_slurm  # noqa: E402
+from reshard.launcher._launch_env import LaunchError  # noqa: E402
 
 MISSING = slurm.missing_capability()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Slurm cannot run here: {MISSING}")
@@ -69,6 +75,54 @@ def test_an_sbatch_job_from_a_node_runs_its_steps_on_its_allocation(c):
     assert lines[0] == "nodes=host-[0-1]"
     assert lines[1] == "nnodes=2"
     assert sorted(lines[2:]) == ["host-0", "host-1"]
+
+
+HOSTLISTS = ["host-[0-2,5]", "gpu[01-03],login", "a[1-2]b[3-4]", "n1", "h[8-10]",
+             "rack1-n[001-002],rack2-n[9-11]"]
+
+
+@pytest.mark.parametrize("text", HOSTLISTS)
+def test_the_launchers_hostlist_expands_as_scontrol_does(c, text):
+    want = c.run(["scontrol", "show", "hostnames", text]).split()
+    assert launcher_slurm.expand_hostlist(text) == want
+
+
+@pytest.mark.parametrize("text", ["host-[0-2", "host-0]", "h[[1]]", "h[3-1]", "h[a-b]", "a,,b",
+                                  ""])
+def test_a_bad_hostlist_is_named(text):
+    with pytest.raises(ValueError, match="hostlist"):
+        launcher_slurm.expand_hostlist(text)
+
+
+def test_outside_a_step_or_off_the_allocation_is_named():
+    with pytest.raises(LaunchError, match=r"\$SLURMD_NODENAME is not set"):
+        launcher_slurm.allocation({"SLURM_JOB_NODELIST": "host-[0-1]"})
+    with pytest.raises(LaunchError, match=r"\$SLURM_JOB_NODELIST is not set"):
+        launcher_slurm.allocation({"SLURMD_NODENAME": "host-0"})
+    with pytest.raises(LaunchError, match=r"'host-7' \(\$SLURMD_NODENAME\) is not in the job's "
+                                          r"nodes 'host-\[0-1\]'"):
+        launcher_slurm.allocation({"SLURMD_NODENAME": "host-7", "SLURM_JOB_NODELIST": "host-[0-1]"})
+
+    class Args:
+        host, hosts = "host-1", ""
+    with pytest.raises(LaunchError, match=r"--host 'host-1' with --slurm: this step runs on "
+                                          r"'host-0'"):
+        launcher_slurm.apply(Args(), {"SLURMD_NODENAME": "host-0",
+                                      "SLURM_JOB_NODELIST": "host-[0-1]"})
+
+
+def test_each_step_of_an_sbatch_job_reads_its_node_and_the_jobs_nodes(c):
+    # What `reshard run --slurm` reads, on every node of a real allocation.
+    out_file = os.path.join(c.workdir, "alloc-%j.out")
+    probe = ("from reshard.launcher import slurm; a = slurm.allocation(); "
+             "print(a.host, ','.join(a.hosts), a.job_name)")
+    sub = c.on("host-1", ["sbatch", "--parsable", "-N2", "-J", "probe", "-o", out_file, "--wrap",
+                          f"srun {sys.executable} -c \"{probe}\""])
+    job = sub.strip().split(";")[0]
+    wait_for(f"job {job} completed", lambda: job_state(c, job) == "COMPLETED", 60)
+    with open(out_file.replace("%j", job)) as f:
+        lines = sorted(f.read().splitlines())
+    assert lines == ["host-0 host-0,host-1 probe", "host-1 host-0,host-1 probe"], lines
 
 
 def test_a_host_killed_is_down_and_the_others_stay_idle(c):
@@ -133,3 +187,18 @@ def test_a_cluster_whose_process_was_killed_is_removed_by_the_next():
     wait_for("the killed cluster's daemons gone", lambda: daemons_of(child.pid) == [], 10)
     listed = subprocess.run(["ip", "netns", "list"], stdout=subprocess.PIPE).stdout.decode()
     assert f"rsbc{child.pid}" not in listed, listed
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--slurm"], "reshard run: --slurm: $SLURMD_NODENAME is not set: run it inside a Slurm "
+                  "job step (srun ... reshard run --slurm ...)"),
+    ([], "reshard run: --host: this host's id is required (or --slurm inside a Slurm job step)"),
+])
+def test_reshard_run_outside_a_step_is_a_usage_error(flags, message):
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    r = subprocess.run([sys.executable, "-m", "reshard", "run", "--coordinator", "127.0.0.1:1",
+                        "--job", "j", "--worker-socket", "/nonexistent", "--insecure"] + flags +
+                       ["--", sys.executable, "-c", "pass"],
+                       env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=60)
+    assert r.returncode == 2, r.stderr.decode()
+    assert r.stderr.decode().strip() == message

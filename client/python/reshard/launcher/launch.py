@@ -72,6 +72,7 @@ from reshard.launcher._launch_env import (  # noqa: F401
     rank_env)
 from reshard.launcher._launch_follow import Launcher  # noqa: F401
 from reshard.launcher import register as _register
+from reshard.launcher import slurm as _slurm
 from reshard.launcher._launch_ranks import World  # noqa: F401
 from reshard.launcher._launch_rdzv import (  # noqa: F401
     DEFAULT_PORT_RANGE, Addresses, parse_port_range, rendezvous_port)
@@ -87,7 +88,12 @@ def _parser():
                     "(docs/pytorch.md, \"The launcher\").")
     p.add_argument("--coordinator", required=True, help="HOST:PORT of a reshard-coordinator")
     p.add_argument("--job", default="", help="the job id (or --job-name, below)")
-    p.add_argument("--host", required=True, help="this host's id (its agent's --host-id)")
+    p.add_argument("--host", default="", help="this host's id (its agent's --host-id); "
+                   "required unless --slurm")
+    p.add_argument("--slurm", action="store_true",
+                   help="inside a Slurm job step: --host is this node ($SLURMD_NODENAME) and "
+                        "the first layout's --hosts the job's nodes ($SLURM_JOB_NODELIST), "
+                        "where not given (docs/slurm.md)")
     p.add_argument("--worker-socket", required=True, help="this host agent's --worker-socket")
     p.add_argument("--token-file", help="the credential for the coordinator, normally the job's "
                    "worker token (default $RESHARD_WORKER_TOKEN)")
@@ -154,6 +160,11 @@ def run(argv):
             raise LaunchError("no command: reshard run [options] -- python train.py ...")
         if shutil.which(command[0]) is None:
             raise LaunchError(f"command {command[0]!r}: not found or not executable")
+        if args.slurm:
+            _slurm.apply(args)
+        elif not args.host:
+            raise LaunchError("--host: this host's id is required (or --slurm inside a Slurm "
+                              "job step)")
         if bool(args.tls_ca) == bool(args.insecure):
             raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
         token = _read_token(args.token_file) if args.token_file else os.environ.get(

@@ -1,0 +1,112 @@
+"""Slurm's allocation as `reshard run`'s placement (`reshard run --slurm`,
+docs/slurm.md): inside a Slurm job step, this host is the node the step runs
+on (SLURMD_NODENAME) and the first layout's hosts are the job's nodes in
+Slurm's order (SLURM_JOB_NODELIST, expanded as `scontrol show hostnames`
+expands it), so that the launchers of every node agree without a hand-written
+host list. Flags given explicitly win.
+"""
+
+import os
+import re
+
+from reshard.launcher._launch_env import LaunchError
+
+_RANGE = re.compile(r"^(\d+)(?:-(\d+))?$")
+
+
+def expand_hostlist(text):
+    """Slurm's hostlist expression -> host names, in order: `host-[0-2,5]`,
+    `gpu[01-03],login`, `a[1-2]b[3-4]` (each bracket a cross product, zero
+    padding kept from the range's start). ValueError names what is wrong."""
+    hosts = []
+    for item in _split_top(text):
+        hosts.extend(_expand_one(item))
+    return hosts
+
+
+def _split_top(text):
+    """Splits at commas outside brackets."""
+    items, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        if ch == "[":
+            depth += 1
+            if depth > 1:
+                raise ValueError(f"hostlist {text!r}: nested brackets")
+        elif ch == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"hostlist {text!r}: ']' without '['")
+        elif ch == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth:
+        raise ValueError(f"hostlist {text!r}: '[' without ']'")
+    items.append(text[start:])
+    if any(not item for item in items):
+        raise ValueError(f"hostlist {text!r}: an empty name")
+    return items
+
+
+def _expand_one(item):
+    open_ = item.find("[")
+    if open_ < 0:
+        return [item]
+    close = item.index("]", open_)
+    prefix, ranges, rest = item[:open_], item[open_ + 1:close], item[close + 1:]
+    middles = []
+    for part in ranges.split(","):
+        m = _RANGE.match(part)
+        if not m:
+            raise ValueError(f"hostlist {item!r}: {part!r} is not a number or a range")
+        lo, hi = m.group(1), m.group(2) if m.group(2) is not None else m.group(1)
+        if int(hi) < int(lo):
+            raise ValueError(f"hostlist {item!r}: range {part!r} runs backwards")
+        width = len(lo)
+        middles.extend(str(n).zfill(width) for n in range(int(lo), int(hi) + 1))
+    tails = _expand_one(rest) if rest else [""]
+    return [prefix + mid + tail for mid in middles for tail in tails]
+
+
+class Allocation:
+    """This step's node and the job's nodes."""
+
+    def __init__(self, host, hosts, job_id, job_name):
+        self.host, self.hosts, self.job_id, self.job_name = host, hosts, job_id, job_name
+
+    def __repr__(self):
+        return (f"Allocation(host={self.host!r}, hosts={self.hosts!r}, job_id={self.job_id!r}, "
+                f"job_name={self.job_name!r})")
+
+
+def allocation(env=None):
+    """The allocation the environment of a Slurm job step describes;
+    LaunchError naming the variable when it is not one."""
+    env = os.environ if env is None else env
+    node = env.get("SLURMD_NODENAME", "")
+    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
+    if not node or not nodelist:
+        missing = "SLURMD_NODENAME" if not node else "SLURM_JOB_NODELIST"
+        raise LaunchError(f"--slurm: ${missing} is not set: run it inside a Slurm job step "
+                          "(srun ... reshard run --slurm ...)")
+    try:
+        hosts = expand_hostlist(nodelist)
+    except ValueError as e:
+        raise LaunchError(f"--slurm: $SLURM_JOB_NODELIST: {e}") from None
+    if node not in hosts:
+        raise LaunchError(f"--slurm: this node {node!r} ($SLURMD_NODENAME) is not in the job's "
+                          f"nodes {nodelist!r} ($SLURM_JOB_NODELIST)")
+    return Allocation(node, hosts, env.get("SLURM_JOB_ID", ""), env.get("SLURM_JOB_NAME", ""))
+
+
+def apply(args, env=None):
+    """Fills `reshard run`'s --host and (registering) --hosts from the
+    allocation where they were not given; an explicit --host must be this
+    node. Returns the Allocation."""
+    a = allocation(env)
+    if args.host and args.host != a.host:
+        raise LaunchError(f"--host {args.host!r} with --slurm: this step runs on {a.host!r} "
+                          "($SLURMD_NODENAME); leave --host out")
+    args.host = a.host
+    if not getattr(args, "hosts", ""):
+        args.hosts = ",".join(a.hosts)
+    return a
