@@ -16,6 +16,37 @@ ReplicaShift ShiftOf(const v1::TransferPlan& plan, int k) {
                       static_cast<int64_t>(k) * plan.steps_size()};
 }
 
+std::vector<int> ReplicasNaming(const v1::TransferPlan& plan, const std::vector<int>& old_ranks,
+                                const std::vector<int>& new_ranks) {
+  const int n = ReplicaCount(plan);
+  if (n == 1) return {0};
+  // The ranks replica 0's entries name, as sources and as destinations.
+  std::vector<bool> src, dst;
+  auto mark = [](std::vector<bool>* set, int rank) {
+    if (rank < 0) return;
+    if (static_cast<size_t>(rank) >= set->size()) set->resize(rank + 1, false);
+    (*set)[rank] = true;
+  };
+  auto has = [](const std::vector<bool>& set, int64_t rank) {
+    return rank >= 0 && static_cast<size_t>(rank) < set.size() && set[rank];
+  };
+  for (const v1::CopyStep& step : plan.steps()) {
+    mark(&src, step.src_rank());
+    for (const v1::Destination& d : step.dsts()) mark(&dst, d.rank());
+  }
+  for (const v1::ZeroFill& f : plan.zero_fills()) mark(&dst, f.rank());
+  for (const v1::Regenerate& g : plan.regenerate()) mark(&dst, g.rank());
+  std::vector<int> out;
+  for (int k = 0; k < n; ++k) {
+    const ReplicaShift shift = ShiftOf(plan, k);
+    bool names = false;
+    for (int r : old_ranks) names = names || has(src, int64_t{r} - shift.src);
+    for (int r : new_ranks) names = names || has(dst, int64_t{r} - shift.dst);
+    if (names) out.push_back(k);
+  }
+  return out;
+}
+
 void AddShifted(const v1::CopyStep& step, const ReplicaShift& shift,
                 google::protobuf::RepeatedPtrField<v1::CopyStep>* out) {
   v1::CopyStep* s = out->Add();

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "reshard/v1/plan.pb.h"
 
@@ -51,6 +52,13 @@ template <typename Fn>
 void ForEachRegenerate(const v1::TransferPlan& plan, Fn&& fn) {
   ForEachInPlan(plan, plan.regenerate(), fn);
 }
+
+/// The replicas (ascending) whose steps, fills or regenerated blobs may
+/// name one of `old_ranks` (as a source) or `new_ranks` (as a destination):
+/// replica k when such a rank less k's shift is one replica 0's entries
+/// name. {0} for a plan that does not repeat. What a host's slice reads.
+std::vector<int> ReplicasNaming(const v1::TransferPlan& plan, const std::vector<int>& old_ranks,
+                                const std::vector<int>& new_ranks);
 
 /// Replica k's copies, as its own plan would have them.
 void AddShifted(const v1::CopyStep& step, const ReplicaShift& shift,

@@ -138,6 +138,24 @@ TEST(ReplicasTest, TheMessageRepeatsAndWritesOutToTheWholePlan) {
   EXPECT_EQ(next, whole.steps_size());
 }
 
+TEST(ReplicasTest, ReplicasNamingFindsTheReplicasOfAHostsRanks) {
+  const v1::Ptc ptc = Model(1);
+  const v1::Layout from = Hsdp(4, 1, 8, 2, 4);
+  const v1::Layout to = Hsdp(2, 1, 16, 4, 4);
+  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const v1::TransferPlan proto = ToProto(*plan, from, to);
+  ASSERT_EQ(proto.replicas().count(), 4);
+  // Host h2 (replica 1) holds old and new ranks 8-11; h7 (replica 3) 28-31.
+  EXPECT_EQ(ReplicasNaming(proto, {8, 9, 10, 11}, {8, 9, 10, 11}), std::vector<int>{1});
+  EXPECT_EQ(ReplicasNaming(proto, {}, {28, 31}), std::vector<int>{3});
+  EXPECT_EQ(ReplicasNaming(proto, {0}, {31}), (std::vector<int>{0, 3}));
+  EXPECT_EQ(ReplicasNaming(proto, {40}, {-1}), std::vector<int>{});
+  // A plan that does not repeat: replica 0, whatever the ranks.
+  v1::TransferPlan whole = ExpandReplicas(proto);
+  EXPECT_EQ(ReplicasNaming(whole, {28}, {}), std::vector<int>{0});
+}
+
 TEST(ReplicasTest, TheVerifierCatchesAWrongStride) {
   const v1::Ptc ptc = Model(1);
   const v1::Layout from = Hsdp(4, 1, 8, 2, 4);

@@ -18,6 +18,13 @@ class RankHosts {
       hosts_.push_back(slot.host());
     }
   }
+  std::vector<int> RanksOn(const std::string& host) const {
+    std::vector<int> ranks;
+    for (size_t r = 0; r < hosts_.size(); ++r) {
+      if (hosts_[r] == host) ranks.push_back(static_cast<int>(r));
+    }
+    return ranks;
+  }
   const std::string& operator()(int rank) const {
     static const std::string kNone;
     return rank >= 0 && rank < static_cast<int>(hosts_.size()) ? hosts_[rank] : kNone;
@@ -57,23 +64,28 @@ v1::TransferPlan SliceForHost(const v1::TransferPlan& plan, const std::string& h
   *out.mutable_items() = plan.items();
   *out.mutable_stats() = plan.stats();
   *out.mutable_lost_ranks() = plan.lost_ranks();
-  // A slice never repeats: a host's steps, fills and blobs are written out.
-  planner::ForEachStep(plan, [&](const v1::CopyStep& step, const planner::ReplicaShift& at) {
-    bool mine = old_host(step.src_rank() + at.src) == host;
-    for (const v1::Destination& dst : step.dsts()) {
-      if (mine) break;
-      mine = new_host(dst.rank() + at.dst) == host;
+  // A slice never repeats: a host's steps, fills and blobs are written out,
+  // read from the replicas that name its ranks only (one, when the replicas
+  // have hosts of their own: planner/replicas.h).
+  for (int k : planner::ReplicasNaming(plan, old_host.RanksOn(host), new_host.RanksOn(host))) {
+    const planner::ReplicaShift at = planner::ShiftOf(plan, k);
+    for (const v1::CopyStep& step : plan.steps()) {
+      bool mine = old_host(step.src_rank() + at.src) == host;
+      for (const v1::Destination& dst : step.dsts()) {
+        if (mine) break;
+        mine = new_host(dst.rank() + at.dst) == host;
+      }
+      if (mine) planner::AddShifted(step, at, out.mutable_steps());
     }
-    if (mine) planner::AddShifted(step, at, out.mutable_steps());
-  });
-  planner::ForEachZeroFill(plan, [&](const v1::ZeroFill& fill, const planner::ReplicaShift& at) {
-    if (new_host(fill.rank() + at.dst) == host) {
-      planner::AddShifted(fill, at, out.mutable_zero_fills());
+    for (const v1::ZeroFill& fill : plan.zero_fills()) {
+      if (new_host(fill.rank() + at.dst) == host) {
+        planner::AddShifted(fill, at, out.mutable_zero_fills());
+      }
     }
-  });
-  planner::ForEachRegenerate(plan, [&](const v1::Regenerate& g, const planner::ReplicaShift& at) {
-    if (new_host(g.rank() + at.dst) == host) planner::AddShifted(g, at, out.mutable_regenerate());
-  });
+    for (const v1::Regenerate& g : plan.regenerate()) {
+      if (new_host(g.rank() + at.dst) == host) planner::AddShifted(g, at, out.mutable_regenerate());
+    }
+  }
   planner::SortRegenerate(out.mutable_regenerate());
   return out;
 }
