@@ -1,6 +1,7 @@
 #include "planner/plan_steps.h"
 
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 namespace reshard::planner {
@@ -85,7 +86,8 @@ v1::TransferPlan ExpandReplicas(const v1::TransferPlan& plan) {
   *out.mutable_stats() = plan.stats();
   *out.mutable_lost_ranks() = plan.lost_ranks();
   const int n = ReplicaCount(plan);
-  out.mutable_steps()->Reserve(plan.steps_size() * n);
+  out.mutable_steps()->Reserve(static_cast<int>(
+      std::min<int64_t>(int64_t{plan.steps_size()} * n, std::numeric_limits<int>::max())));
   ForEachStep(plan, [&](const v1::CopyStep& s, const ReplicaShift& sh) {
     AddShifted(s, sh, out.mutable_steps());
   });

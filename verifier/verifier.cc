@@ -394,6 +394,12 @@ absl::Status CheckStats(const Model& m, const v1::TransferPlan& plan, const Tall
   return absl::OkStatus();
 }
 
+// The slots a layout's placement gives (either form): its ranks.
+int64_t ExpandedWorld(const v1::Layout& l) {
+  const v1::Placement& p = l.placement();
+  return p.ranks_size() > 0 ? p.ranks_size() : int64_t{p.hosts_size()} * p.devices_per_host();
+}
+
 // Every replica's steps, fills and regenerated blobs of a plan whose
 // replicas repeat: replica k's are replica 0's with source ranks plus
 // k * src_rank_stride, destination ranks plus k * dst_rank_stride and step
@@ -409,19 +415,21 @@ v1::TransferPlan WriteOutReplicas(const v1::TransferPlan& plan) {
     for (const v1::CopyStep& step : plan.steps()) {
       v1::CopyStep* s = out.add_steps();
       *s = step;
-      s->set_src_rank(step.src_rank() + k * r.src_rank_stride());
-      for (v1::Destination& d : *s->mutable_dsts()) d.set_rank(d.rank() + k * r.dst_rank_stride());
+      s->set_src_rank(static_cast<int32_t>(step.src_rank() + int64_t{k} * r.src_rank_stride()));
+      for (v1::Destination& d : *s->mutable_dsts()) {
+        d.set_rank(static_cast<int32_t>(d.rank() + int64_t{k} * r.dst_rank_stride()));
+      }
       s->set_index(step.index() + int64_t{k} * plan.steps_size());
     }
     for (const v1::ZeroFill& fill : plan.zero_fills()) {
       v1::ZeroFill* f = out.add_zero_fills();
       *f = fill;
-      f->set_rank(fill.rank() + k * r.dst_rank_stride());
+      f->set_rank(static_cast<int32_t>(fill.rank() + int64_t{k} * r.dst_rank_stride()));
     }
     for (const v1::Regenerate& g : plan.regenerate()) {
       v1::Regenerate* e = out.add_regenerate();
       *e = g;
-      e->set_rank(g.rank() + k * r.dst_rank_stride());
+      e->set_rank(static_cast<int32_t>(g.rank() + int64_t{k} * r.dst_rank_stride()));
     }
   }
   std::sort(out.mutable_regenerate()->begin(), out.mutable_regenerate()->end(),
@@ -438,9 +446,21 @@ absl::Status VerifyPlan(const v1::Ptc& ptc, const v1::Layout& from, const v1::La
                         const std::vector<int>& lost_ranks, const v1::TransferPlan& compact) {
   // A plan whose replicas repeat is checked written out (its own reading of
   // TransferPlan.replicas, not the planner's).
-  if (compact.replicas().count() < 0) {
+  // Replica k's ranks must stay ranks of the layouts: k * stride (k <
+  // count) fits in each world, so that writing the plan out stays bounded.
+  const v1::ReplicaRepeat& repeat = compact.replicas();
+  const int64_t old_world = ExpandedWorld(compact.source_layout());
+  const int64_t new_world = ExpandedWorld(compact.target_layout());
+  if (repeat.count() < 0 || repeat.count() > std::max<int64_t>(new_world, 1) ||
+      (repeat.count() > 1 &&
+       (repeat.src_rank_stride() < 0 || repeat.dst_rank_stride() < 0 ||
+        int64_t{repeat.count() - 1} * repeat.src_rank_stride() >= std::max<int64_t>(old_world, 1) ||
+        int64_t{repeat.count() - 1} * repeat.dst_rank_stride() >=
+            std::max<int64_t>(new_world, 1)))) {
     return absl::FailedPreconditionError(
-        absl::StrCat("replicas.count is ", compact.replicas().count()));
+        absl::StrCat("replicas: count ", repeat.count(), ", strides ", repeat.src_rank_stride(),
+                     " and ", repeat.dst_rank_stride(), " reach beyond the worlds of ", old_world,
+                     " and ", new_world, " ranks"));
   }
   const v1::TransferPlan written_out =
       compact.replicas().count() > 1 ? WriteOutReplicas(compact) : v1::TransferPlan();

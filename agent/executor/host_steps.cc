@@ -35,6 +35,14 @@ namespace {
 // The PTC, both layouts, and one plan item per PTC tensor and blob.
 absl::Status CheckTaskShape(const v1::HostTask& task) {
   const v1::TransferPlan& plan = task.plan();
+  // A host's task is its slice of the plan, written out: a plan whose
+  // replicas repeat here would move replica 0's bytes only.
+  if (plan.replicas().count() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("operation ", task.operation_id(), ": the task's plan repeats over ",
+                     plan.replicas().count(),
+                     " replicas (TransferPlan.replicas); a host's task must be written out"));
+  }
   if (absl::Status s = planner::ValidatePtc(task.ptc()); !s.ok()) return s;
   for (const v1::Layout* l : {&plan.source_layout(), &plan.target_layout()}) {
     if (absl::Status s = planner::ValidateLayout(task.ptc(), *l,

@@ -248,8 +248,9 @@ int Table(const Args& a) {
         }
         rows.push_back({c.what, PlaneName(p), *r});
         if (p == DataPlane::kDirect) {
-          std::printf("   %s: planned in %.0f ms (%zu steps), simulated in %.0f ms (%d flows)\n",
-                      c.what.c_str(), plan_ms, plan->steps.size(), sim_ms, r->flows);
+          std::printf("   %s: planned in %.0f ms (%lld steps), simulated in %.0f ms (%d flows)\n",
+                      c.what.c_str(), plan_ms, static_cast<long long>(plan->TotalSteps()), sim_ms,
+                      r->flows);
         }
       }
     }

@@ -119,7 +119,10 @@ absl::Status RunPlan(const PlanOptions& options, std::ostream& out) {
     print.add_whitespace = true;
     print.preserve_proto_field_names = true;
     std::string json;
-    const auto printed = google::protobuf::util::MessageToJsonString(proto, &json, print);
+    // The whole plan: every replica's steps written out (a plan whose
+    // replicas plan alone repeats replica 0's; docs/partitioning.md).
+    const auto printed =
+        google::protobuf::util::MessageToJsonString(planner::ExpandReplicas(proto), &json, print);
     if (!printed.ok()) {
       return absl::InternalError(
           absl::StrCat("printing the plan as JSON: ", std::string(printed.message())));

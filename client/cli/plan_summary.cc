@@ -175,6 +175,10 @@ std::string FormatPlanSummary(const SummaryContext& context, const v1::TransferP
       {"zero-filled", FormatBytes(s.bytes_zero_filled()), absl::StrCat(s.zero_fills(), " fills")});
   totals.AddRow(
       {"steps", absl::StrCat(s.steps()), absl::StrCat(s.cross_host_steps(), " cross-host")});
+  if (plan.replicas().count() > 1) {  // docs/partitioning.md, "Replicas plan alone"
+    totals.AddRow({"replicas planned alone", absl::StrCat(plan.replicas().count()),
+                   absl::StrCat(plan.steps_size(), " steps each")});
+  }
   totals.AddRow({"plan time", absl::StrFormat("%.2f ms", context.plan_ms),
                  absl::StrFormat("+%.2f ms to TransferPlan", context.to_proto_ms)});
   absl::StrAppend(&out, totals.Render("  "));

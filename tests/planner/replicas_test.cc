@@ -7,6 +7,7 @@
 
 #include <set>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "gmock/gmock.h"
@@ -98,17 +99,28 @@ TEST(ReplicasTest, AnHsdpTpChangePlansOneReplicaAndRepeatsIt) {
   }
 }
 
-TEST(ReplicasTest, TheMessageRepeatsAndWritesOutToTheWholePlan) {
+// The tp change of the first test: 4 replicas of 2 hosts x 4 devices, tp 4
+// ds 2 -> tp 2 ds 4.
+class TpChange : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<Plan> made = MakePlan(ptc, from, to, {});
+    ASSERT_TRUE(made.ok()) << made.status();
+    plan = *std::move(made);
+    proto = ToProto(plan, from, to);
+  }
   const v1::Ptc ptc = Model(1);
   const v1::Layout from = Hsdp(4, 1, 8, 2, 4);
   const v1::Layout to = Hsdp(2, 1, 16, 4, 4);
-  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const v1::TransferPlan proto = ToProto(*plan, from, to);
+  Plan plan;
+  v1::TransferPlan proto;
+};
+
+TEST_F(TpChange, TheMessageRepeatsAndWritesOutToTheWholePlan) {
   EXPECT_EQ(proto.replicas().count(), 4);
   EXPECT_EQ(proto.replicas().src_rank_stride(), 8);
   EXPECT_EQ(proto.replicas().dst_rank_stride(), 8);
-  EXPECT_EQ(proto.steps_size(), static_cast<int>(plan->steps.size()));
+  EXPECT_EQ(proto.steps_size(), static_cast<int>(plan.steps.size()));
   EXPECT_EQ(proto.stats().steps(), 4 * proto.steps_size());
   EXPECT_EQ(proto.stats().zero_fills(), 4 * proto.zero_fills_size());
 
@@ -138,13 +150,7 @@ TEST(ReplicasTest, TheMessageRepeatsAndWritesOutToTheWholePlan) {
   EXPECT_EQ(next, whole.steps_size());
 }
 
-TEST(ReplicasTest, ReplicasNamingFindsTheReplicasOfAHostsRanks) {
-  const v1::Ptc ptc = Model(1);
-  const v1::Layout from = Hsdp(4, 1, 8, 2, 4);
-  const v1::Layout to = Hsdp(2, 1, 16, 4, 4);
-  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  const v1::TransferPlan proto = ToProto(*plan, from, to);
+TEST_F(TpChange, ReplicasNamingFindsTheReplicasOfAHostsRanks) {
   ASSERT_EQ(proto.replicas().count(), 4);
   // Host h2 (replica 1) holds old and new ranks 8-11; h7 (replica 3) 28-31.
   EXPECT_EQ(ReplicasNaming(proto, {8, 9, 10, 11}, {8, 9, 10, 11}), std::vector<int>{1});
@@ -156,19 +162,27 @@ TEST(ReplicasTest, ReplicasNamingFindsTheReplicasOfAHostsRanks) {
   EXPECT_EQ(ReplicasNaming(whole, {28}, {}), std::vector<int>{0});
 }
 
-TEST(ReplicasTest, TheVerifierCatchesAWrongStride) {
-  const v1::Ptc ptc = Model(1);
-  const v1::Layout from = Hsdp(4, 1, 8, 2, 4);
-  const v1::Layout to = Hsdp(2, 1, 16, 4, 4);
-  absl::StatusOr<Plan> plan = MakePlan(ptc, from, to, {});
-  ASSERT_TRUE(plan.ok()) << plan.status();
-  v1::TransferPlan proto = ToProto(*plan, from, to);
+TEST_F(TpChange, TheVerifierCatchesAWrongStride) {
   ASSERT_TRUE(verifier::VerifyPlan(ptc, from, to, {}, {}, proto).ok());
   proto.mutable_replicas()->set_dst_rank_stride(0);
   EXPECT_FALSE(verifier::VerifyPlan(ptc, from, to, {}, {}, proto).ok());
   proto.mutable_replicas()->set_dst_rank_stride(8);
   proto.mutable_replicas()->set_count(3);
   EXPECT_FALSE(verifier::VerifyPlan(ptc, from, to, {}, {}, proto).ok());
+  // Counts and strides past the worlds are refused before the plan is
+  // written out (no loop over 2^31 replicas, no overflow).
+  for (const auto& [count, src, dst] :
+       {std::tuple{5, 8, 8}, std::tuple{4, 11, 8}, std::tuple{4, 8, 1 << 30},
+        std::tuple{2147483647, 8, 8}, std::tuple{4, -8, 8}}) {
+    proto.mutable_replicas()->set_count(count);
+    proto.mutable_replicas()->set_src_rank_stride(src);
+    proto.mutable_replicas()->set_dst_rank_stride(dst);
+    const absl::Status s = verifier::VerifyPlan(ptc, from, to, {}, {}, proto);
+    EXPECT_TRUE(absl::IsFailedPrecondition(s)) << count << " " << src << " " << dst << ": " << s;
+    EXPECT_NE(std::string(s.message()).find("reach beyond the worlds of 32 and 32 ranks"),
+              std::string::npos)
+        << s;
+  }
 }
 
 TEST(ReplicasTest, PipelineStagesAndEitherRankOrderSplit) {

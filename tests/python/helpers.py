@@ -80,6 +80,25 @@ def every_kind_ptc():
     return reshard.as_message({"numLayers": 5, "tensors": t, "blobs": blobs}, ptc_pb2.Ptc)
 
 
+def hsdp_ptc():
+    """every_kind_ptc plus FSDP2-style Shard(0) tensors split over dp x cp and
+    over dp only, and a flat optimizer state over dp only."""
+    ptc = every_kind_ptc()
+    for name, over in (("fsdp.w", "DP_OVER_DP_CP"), ("fsdp.m", "DP_OVER_DP")):
+        ptc.tensors.append(reshard.as_message(
+            {"name": name, "dtype": "DTYPE_FLOAT32", "shape": [10, 6], "partition": {
+                "tp": {"mode": "TP_SPLIT", "axis": 1},
+                "pipeline": {"mode": "PIPELINE_EVERY_STAGE"},
+                "dp": {"mode": "DP_CHUNK", "axis": 0, "over": over}, "allowEmpty": True}},
+            ptc_pb2.TensorSpec))
+    ptc.tensors.append(reshard.as_message(
+        {"name": "opt.dp", "dtype": "DTYPE_FLOAT64", "shape": [9], "partition": {
+            "pipeline": {"mode": "PIPELINE_LAST_STAGE"},
+            "dp": {"mode": "DP_FLAT", "over": "DP_OVER_DP"}, "allowEmpty": True}},
+        ptc_pb2.TensorSpec))
+    return ptc
+
+
 def random_globals(ptc, world, seed=0):
     """Random global arrays (raw dtypes) for every tensor, and blob values
     (per-rank blobs: one value per rank of a world of `world`)."""

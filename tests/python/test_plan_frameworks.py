@@ -32,7 +32,8 @@ def reshardctl():
     return os.path.join(build, "client", "cli", "reshardctl")
 
 
-def plan(ptc, old, new):
+def reshardctl_plan(ptc, old, new, *flags):
+    """`reshardctl plan` of old -> new with `flags`: its standard output."""
     spec = ptc_pb2.JobSpec(name="x", tenant="t", ptc=ptc, layout=old)
     with tempfile.TemporaryDirectory() as d:
         paths = []
@@ -40,10 +41,15 @@ def plan(ptc, old, new):
             paths.append(os.path.join(d, name))
             with open(paths[-1], "w") as f:
                 json.dump(json_format.MessageToDict(msg), f)
-        out = subprocess.run([reshardctl(), "plan", "--spec", paths[0], "--to", paths[1],
-                              "--format", "json"], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([reshardctl(), "plan", "--spec", paths[0], "--to", paths[1]] +
+                             list(flags), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
-    return json_format.Parse(out.stdout, plan_pb2.TransferPlan(), ignore_unknown_fields=True)
+    return out.stdout
+
+
+def plan(ptc, old, new):
+    return json_format.Parse(reshardctl_plan(ptc, old, new, "--format", "json"),
+                             plan_pb2.TransferPlan(), ignore_unknown_fields=True)
 
 
 def raw(value, element_bytes):
@@ -117,3 +123,25 @@ def test_committed_json_files_are_generated():
     for rel, text in frameworks.files().items():
         with open(os.path.join(REPO, "examples", rel)) as f:
             assert f.read() == text, f"{rel}: run .venv/bin/python examples/frameworks.py --write"
+
+
+def test_a_plan_whose_replicas_plan_alone_is_printed_whole():
+    """HSDP -> HSDP on 4 hosts x 2, a replica on each pair of hosts on both
+    sides: the planner plans one replica and repeats it (docs/partitioning.md,
+    "Replicas plan alone"). The summary says so; `--format json` writes out
+    every replica's steps, which apply exactly as the reference says."""
+    from helpers import hsdp_ptc
+    ptc = hsdp_ptc()
+    hosts = [f"h{i}" for i in range(4)]
+    old = layout.make_layout(2, 1, 4, hosts, 2, dp_shard=2)
+    new = layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2)
+    summary = reshardctl_plan(ptc, old, new)
+    tp = plan(ptc, old, new)
+    assert not tp.HasField("replicas")
+    assert len(tp.steps) == tp.stats.steps
+    assert [s.index for s in tp.steps] == list(range(len(tp.steps)))
+    each = len(tp.steps) // 2
+    rows = [line.split() for line in summary.splitlines()]
+    assert ["replicas", "planned", "alone", "2", str(each), "steps", "each"] in rows, summary
+    g = megatron.synthetic_state(ptc, layout.world_size(old), seed=5)
+    assert execute(tp, ptc, old, new, g) == []

@@ -3,9 +3,12 @@ the C++ planner and agents: publish shard(old layout) on a real cluster,
 reshard, load every new rank and compare its bytes with shard(new layout).
 Any disagreement between the two readings of the docs fails here."""
 
+import os
+
 import pytest
 
-from helpers import check_generation, every_kind_ptc, publish_all, random_globals, register
+from helpers import (check_generation, every_kind_ptc, hsdp_ptc, publish_all, random_globals,
+                     register)
 import reshard
 from reshard import layout, megatron
 from reshard.v1 import coordinator_pb2, ptc_pb2
@@ -101,25 +104,6 @@ def test_megatron_spec_reshards(cluster, client, hosts, job_name):
     reshard_and_check(cluster, client, job, ptc, sd, layout.make_layout(4, 1, 2, hosts, 2), 2)
 
 
-def hsdp_ptc():
-    """every_kind_ptc plus FSDP2-style Shard(0) tensors split over dp x cp and
-    over dp only, and a flat optimizer state over dp only."""
-    ptc = every_kind_ptc()
-    for name, over in (("fsdp.w", "DP_OVER_DP_CP"), ("fsdp.m", "DP_OVER_DP")):
-        ptc.tensors.append(reshard.as_message(
-            {"name": name, "dtype": "DTYPE_FLOAT32", "shape": [10, 6], "partition": {
-                "tp": {"mode": "TP_SPLIT", "axis": 1},
-                "pipeline": {"mode": "PIPELINE_EVERY_STAGE"},
-                "dp": {"mode": "DP_CHUNK", "axis": 0, "over": over}, "allowEmpty": True}},
-            ptc_pb2.TensorSpec))
-    ptc.tensors.append(reshard.as_message(
-        {"name": "opt.dp", "dtype": "DTYPE_FLOAT64", "shape": [9], "partition": {
-            "pipeline": {"mode": "PIPELINE_LAST_STAGE"},
-            "dp": {"mode": "DP_FLAT", "over": "DP_OVER_DP"}, "allowEmpty": True}},
-        ptc_pb2.TensorSpec))
-    return ptc
-
-
 def test_hsdp_resizes(cluster, client, hosts, job_name):
     """HSDP (dp_shard) and dp-only splits through HSDP -> FSDP -> HSDP at
     another tp -> HSDP at cp 2 (replicas that plan alone) -> a smaller shard
@@ -144,6 +128,9 @@ def test_hsdp_resizes(cluster, client, hosts, job_name):
     g, op = reshard_and_check(cluster, client, job, ptc, g,
                               layout.make_layout(1, 1, 4, hosts, 2, cp=2, dp_shard=2), 4)
     assert op.stats.bytes_cross_host == op.stats.lower_bound_cross_host
+    with open(os.path.join(cluster.work_dir, "coordinator.log")) as f:
+        assert f"operation={op.id} PENDING -> PLANNED: {op.stats.steps} steps (2 replicas " \
+               "planned alone)" in f.read()
     reshard_and_check(cluster, client, job, ptc, g,
                       layout.make_layout(1, 1, 2, hosts[:2], 2, cp=2, dp_shard=1), 5)
 

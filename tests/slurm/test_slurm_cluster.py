@@ -13,6 +13,7 @@ Skipped, with the reason, only where namespaces or the Slurm packages are
 missing (scripts/bootstrap.sh installs slurm-wlm and munge)."""
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -95,34 +96,55 @@ def test_a_bad_hostlist_is_named(text):
 
 
 def test_outside_a_step_or_off_the_allocation_is_named():
-    with pytest.raises(LaunchError, match=r"\$SLURMD_NODENAME is not set"):
-        launcher_slurm.allocation({"SLURM_JOB_NODELIST": "host-[0-1]"})
-    with pytest.raises(LaunchError, match=r"\$SLURM_JOB_NODELIST is not set"):
-        launcher_slurm.allocation({"SLURMD_NODENAME": "host-0"})
-    with pytest.raises(LaunchError, match=r"'host-7' \(\$SLURMD_NODENAME\) is not in the job's "
+    step = {"SLURMD_NODENAME": "host-0", "SLURM_STEP_NODELIST": "host-[0-1]"}
+    a = launcher_slurm.allocation(dict(step, SLURM_STEP_TASKS_PER_NODE="1(x2)"))
+    assert (a.host, a.hosts) == ("host-0", ["host-0", "host-1"])
+    with pytest.raises(LaunchError, match=r"\$SLURMD_NODENAME is not set: run it as a Slurm job "
+                                          r"step, one task per node"):
+        launcher_slurm.allocation({"SLURM_STEP_NODELIST": "host-[0-1]"})
+    # A batch script: the job's nodes, but no step.
+    with pytest.raises(LaunchError, match=r"\$SLURM_STEP_NODELIST is not set"):
+        launcher_slurm.allocation({"SLURMD_NODENAME": "host-0", "SLURM_JOB_NODELIST": "host-0"})
+    with pytest.raises(LaunchError, match=r"'host-7' \(\$SLURMD_NODENAME\) is not in the step's "
                                           r"nodes 'host-\[0-1\]'"):
-        launcher_slurm.allocation({"SLURMD_NODENAME": "host-7", "SLURM_JOB_NODELIST": "host-[0-1]"})
+        launcher_slurm.allocation(dict(step, SLURMD_NODENAME="host-7"))
+    for tasks in ("2(x2)", "1,2"):
+        with pytest.raises(LaunchError, match=rf"the step runs {re.escape(tasks)} tasks per node"):
+            launcher_slurm.allocation(dict(step, SLURM_STEP_TASKS_PER_NODE=tasks))
+    with pytest.raises(LaunchError, match=r"\$SLURM_STEP_TASKS_PER_NODE 'x': 'x' is not COUNT"):
+        launcher_slurm.allocation(dict(step, SLURM_STEP_TASKS_PER_NODE="x"))
 
     class Args:
         host, hosts = "host-1", ""
     with pytest.raises(LaunchError, match=r"--host 'host-1' with --slurm: this step runs on "
                                           r"'host-0'"):
-        launcher_slurm.apply(Args(), {"SLURMD_NODENAME": "host-0",
-                                      "SLURM_JOB_NODELIST": "host-[0-1]"})
+        launcher_slurm.apply(Args(), step)
 
 
 def test_each_step_of_an_sbatch_job_reads_its_node_and_the_jobs_nodes(c):
     # What `reshard run --slurm` reads, on every node of a real allocation.
     out_file = os.path.join(c.workdir, "alloc-%j.out")
-    probe = ("from reshard.launcher import slurm; a = slurm.allocation(); "
-             "print(a.host, ','.join(a.hosts), a.job_name)")
+    probe = ("from reshard.launcher import slurm\n"
+             "try:\n"
+             "    a = slurm.allocation()\n"
+             "    print(a.host, ','.join(a.hosts), a.job_name)\n"
+             "except Exception as e:\n"
+             "    print('refused:', e)\n")
+    script = os.path.join(c.workdir, "probe.py")
+    with open(script, "w") as f:
+        f.write(probe)
+    # The batch script itself (not a step) is refused; each step reads its
+    # node and the step's nodes; a step of one node sees that node only.
     sub = c.on("host-1", ["sbatch", "--parsable", "-N2", "-J", "probe", "-o", out_file, "--wrap",
-                          f"srun {sys.executable} -c \"{probe}\""])
+                          f"{sys.executable} {script}; srun --ntasks-per-node=1 {sys.executable} "
+                          f"{script}; srun -N1 -w host-1 {sys.executable} {script}"])
     job = sub.strip().split(";")[0]
     wait_for(f"job {job} completed", lambda: job_state(c, job) == "COMPLETED", 60)
     with open(out_file.replace("%j", job)) as f:
-        lines = sorted(f.read().splitlines())
-    assert lines == ["host-0 host-0,host-1 probe", "host-1 host-0,host-1 probe"], lines
+        lines = f.read().splitlines()
+    assert lines[0].startswith("refused: --slurm: $SLURM_STEP_NODELIST is not set"), lines
+    assert sorted(lines[1:3]) == ["host-0 host-0,host-1 probe", "host-1 host-0,host-1 probe"], lines
+    assert lines[3:] == ["host-1 host-1 probe"], lines
 
 
 def test_a_host_killed_is_down_and_the_others_stay_idle(c):
@@ -190,8 +212,8 @@ def test_a_cluster_whose_process_was_killed_is_removed_by_the_next():
 
 
 @pytest.mark.parametrize("flags,message", [
-    (["--slurm"], "reshard run: --slurm: $SLURMD_NODENAME is not set: run it inside a Slurm "
-                  "job step (srun ... reshard run --slurm ...)"),
+    (["--slurm"], "reshard run: --slurm: $SLURMD_NODENAME is not set: run it as a Slurm job "
+                  "step, one task per node (srun --ntasks-per-node=1 reshard run --slurm ...)"),
     ([], "reshard run: --host: this host's id is required (or --slurm inside a Slurm job step)"),
 ])
 def test_reshard_run_outside_a_step_is_a_usage_error(flags, message):

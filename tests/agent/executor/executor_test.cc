@@ -131,6 +131,19 @@ TEST_F(ExecutorTest, StepIndexBeyondTheTagIsInvalidArgumentBeforeAnythingIsMade)
   EXPECT_EQ(NewBuffers(hosts_[0]), 0);
 }
 
+TEST_F(ExecutorTest, ATaskWhosePlanRepeatsIsInvalidArgumentBeforeAnythingIsMade) {
+  MakeHosts();
+  FillOld();
+  v1::HostTask task = Slice(WholeTask(), "h0", Addresses());
+  task.mutable_plan()->mutable_replicas()->set_count(2);
+  auto result = hosts_[0].executor->Execute("h0", task, nullptr, [] { return false; });
+  ASSERT_TRUE(absl::IsInvalidArgument(result.status())) << result.status();
+  EXPECT_NE(std::string(result.status().message()).find("repeats over 2 replicas"),
+            std::string::npos)
+      << result.status();
+  EXPECT_EQ(NewBuffers(hosts_[0]), 0);
+}
+
 TEST_F(ExecutorTest, MissingOldShardIsNotFoundAndLeavesNoNewBuffers) {
   MakeHosts();
   FillOld(/*skip_rank=*/1);

@@ -91,9 +91,9 @@ def _parser():
     p.add_argument("--host", default="", help="this host's id (its agent's --host-id); "
                    "required unless --slurm")
     p.add_argument("--slurm", action="store_true",
-                   help="inside a Slurm job step: --host is this node ($SLURMD_NODENAME) and "
-                        "the first layout's --hosts the job's nodes ($SLURM_JOB_NODELIST), "
-                        "where not given (docs/slurm.md)")
+                   help="as a Slurm job step (srun --ntasks-per-node=1): --host is this node "
+                        "($SLURMD_NODENAME) and the first layout's --hosts the step's nodes "
+                        "($SLURM_STEP_NODELIST), where not given (docs/slurm.md)")
     p.add_argument("--worker-socket", required=True, help="this host agent's --worker-socket")
     p.add_argument("--token-file", help="the credential for the coordinator, normally the job's "
                    "worker token (default $RESHARD_WORKER_TOKEN)")

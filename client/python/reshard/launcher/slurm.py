@@ -1,7 +1,7 @@
 """Slurm's allocation as `reshard run`'s placement (`reshard run --slurm`,
 docs/slurm.md): inside a Slurm job step, this host is the node the step runs
-on (SLURMD_NODENAME) and the first layout's hosts are the job's nodes in
-Slurm's order (SLURM_JOB_NODELIST, expanded as `scontrol show hostnames`
+on (SLURMD_NODENAME) and the first layout's hosts are the step's nodes in
+Slurm's order (SLURM_STEP_NODELIST, expanded as `scontrol show hostnames`
 expands it), so that the launchers of every node agree without a hand-written
 host list. Flags given explicitly win.
 """
@@ -78,23 +78,47 @@ class Allocation:
                 f"job_name={self.job_name!r})")
 
 
+def _tasks_per_node(text):
+    """Slurm's tasks-per-node list ("1(x2)", "2,1") -> counts, one per node."""
+    counts = []
+    for item in text.split(","):
+        m = re.match(r"^(\d+)(?:\(x(\d+)\))?$", item)
+        if not m:
+            raise ValueError(f"{item!r} is not COUNT or COUNT(xNODES)")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
 def allocation(env=None):
-    """The allocation the environment of a Slurm job step describes;
-    LaunchError naming the variable when it is not one."""
+    """The allocation the environment of a Slurm job step describes: this
+    node, and the step's nodes in Slurm's order. LaunchError naming the
+    variable when it is not a step (a batch script is not one: its launchers
+    start with srun), or when the step runs more than one task on a node
+    (one launcher per node starts that node's ranks)."""
     env = os.environ if env is None else env
     node = env.get("SLURMD_NODENAME", "")
-    nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST", "")
-    if not node or not nodelist:
-        missing = "SLURMD_NODENAME" if not node else "SLURM_JOB_NODELIST"
-        raise LaunchError(f"--slurm: ${missing} is not set: run it inside a Slurm job step "
-                          "(srun ... reshard run --slurm ...)")
+    nodelist = env.get("SLURM_STEP_NODELIST", "")
+    for name, value in (("SLURMD_NODENAME", node), ("SLURM_STEP_NODELIST", nodelist)):
+        if not value:
+            raise LaunchError(f"--slurm: ${name} is not set: run it as a Slurm job step, one "
+                              "task per node (srun --ntasks-per-node=1 reshard run --slurm ...)")
     try:
         hosts = expand_hostlist(nodelist)
     except ValueError as e:
-        raise LaunchError(f"--slurm: $SLURM_JOB_NODELIST: {e}") from None
+        raise LaunchError(f"--slurm: $SLURM_STEP_NODELIST: {e}") from None
     if node not in hosts:
-        raise LaunchError(f"--slurm: this node {node!r} ($SLURMD_NODENAME) is not in the job's "
-                          f"nodes {nodelist!r} ($SLURM_JOB_NODELIST)")
+        raise LaunchError(f"--slurm: this node {node!r} ($SLURMD_NODENAME) is not in the step's "
+                          f"nodes {nodelist!r} ($SLURM_STEP_NODELIST)")
+    tasks = env.get("SLURM_STEP_TASKS_PER_NODE", "")
+    if tasks:
+        try:
+            counts = _tasks_per_node(tasks)
+        except ValueError as e:
+            raise LaunchError(f"--slurm: $SLURM_STEP_TASKS_PER_NODE {tasks!r}: {e}") from None
+        if any(c != 1 for c in counts):
+            raise LaunchError(f"--slurm: the step runs {tasks} tasks per node "
+                              "($SLURM_STEP_TASKS_PER_NODE); one launcher per node starts its "
+                              "ranks: srun --ntasks-per-node=1")
     return Allocation(node, hosts, env.get("SLURM_JOB_ID", ""), env.get("SLURM_JOB_NAME", ""))
 
 
