@@ -5,11 +5,14 @@
 // crosses between replicas; and every case that must not split does not.
 #include "planner/replicas.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <set>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "planner/layout.h"
@@ -17,6 +20,7 @@
 #include "planner/planner.h"
 #include "tests/planner/plan_check.h"
 #include "tests/support/job_builders.h"
+#include "tests/verifier/random_jobs.h"
 #include "verifier/verifier.h"
 
 namespace reshard::planner {
@@ -286,6 +290,95 @@ TEST(ReplicasTest, TheLargestCommonSplitIsTaken) {
   EXPECT_EQ(plan.replicas.count, 2);
   EXPECT_EQ(plan.replicas.src_stride, 16);
   EXPECT_EQ(plan.replicas.dst_stride, 16);
+}
+
+// A random HSDP layout of `replicas` replicas (tp, cp, pp, the shard group
+// and the rank order drawn), one slot per rank on hosts "<prefix><i>" of a
+// per-host count that divides a replica's ranks in a stage, so that no host
+// holds ranks of two replicas. With `like`: pp 1 and the ranks per replica
+// and per host of `like` (a pp-1 layout), so that each replica keeps its
+// hosts.
+v1::Layout RandomReplicaLayout(verifier::testing::internal::Rng& rng, int replicas, int num_layers,
+                               const std::string& prefix, const v1::Layout* like = nullptr) {
+  using verifier::testing::internal::Pick;
+  const int keep = like == nullptr ? 0
+                                   : like->config().tp() * std::max(1, like->config().cp()) *
+                                         like->config().dp_shard();
+  int tp, cp, ds;
+  do {
+    tp = 1 << Pick(rng, 0, 1);
+    cp = Pick(rng, 1, 2);
+    ds = Pick(rng, 1, 3);
+  } while (keep != 0 && tp * cp * ds != keep);
+  const int pp = like != nullptr ? 1 : Pick(rng, 1, std::min(2, num_layers));
+  const int block = tp * cp * ds;  // a replica's ranks in one stage
+  int per_host;
+  if (like != nullptr) {
+    per_host = like->placement().ranks_size() > 1 ? 0 : 1;
+    while (per_host < like->placement().ranks_size() &&
+           like->placement().ranks(per_host).host() == like->placement().ranks(0).host()) {
+      ++per_host;
+    }
+  } else {
+    std::vector<int> divisors;
+    for (int d = 1; d <= block; ++d) {
+      if (block % d == 0) divisors.push_back(d);
+    }
+    per_host = divisors[Pick(rng, 0, static_cast<int>(divisors.size()) - 1)];
+  }
+  v1::Layout l;
+  *l.mutable_config() = test_support::Config(tp, pp, ds * replicas);
+  l.mutable_config()->set_cp(cp);
+  l.mutable_config()->set_dp_shard(ds);
+  l.mutable_config()->set_order(verifier::testing::internal::Coin(rng, 0.5)
+                                    ? v1::RANK_ORDER_TP_DP_PP
+                                    : v1::RANK_ORDER_TP_PP_DP);
+  test_support::Place(&l, per_host);
+  for (v1::DeviceSlot& slot : *l.mutable_placement()->mutable_ranks()) {
+    slot.set_host(prefix + slot.host().substr(1));
+  }
+  return l;
+}
+
+TEST(ReplicasPropertyTest, RandomJobsWhoseReplicasPlanAloneAreExact) {
+  // Random PTCs of the property tests (expert tensors left out: they never
+  // split), between HSDP layouts of the same number of replicas: onto new
+  // hosts, or onto the same hosts with a replica's ranks per stage kept. Each
+  // plan is replayed and verified written out; most of them split.
+  int planned = 0, split = 0, invalid = 0;
+  for (uint64_t seed = 5000; seed < 5300; ++seed) {
+    verifier::testing::internal::Rng rng(seed);
+    v1::Ptc ptc = verifier::testing::internal::RandomPtc(rng);
+    auto* tensors = ptc.mutable_tensors();
+    tensors->erase(
+        std::remove_if(tensors->begin(), tensors->end(),
+                       [](const v1::TensorSpec& t) { return t.partition().has_expert(); }),
+        tensors->end());
+    if (ptc.tensors_size() == 0 && ptc.blobs_size() == 0) continue;  // all experts: no job
+    const int replicas = verifier::testing::internal::Pick(rng, 2, 4);
+    const v1::Layout from = RandomReplicaLayout(rng, replicas, ptc.num_layers(), "h");
+    // The same hosts where the old layout has one stage, else new hosts.
+    const bool same_hosts = from.config().pp() == 1 && verifier::testing::internal::Coin(rng, 0.5);
+    const v1::Layout to = RandomReplicaLayout(rng, replicas, ptc.num_layers(),
+                                              same_hosts ? "h" : "n", same_hosts ? &from : nullptr);
+    SCOPED_TRACE(absl::StrCat("seed ", seed, "\nptc { ", ptc.ShortDebugString(), " }\nfrom { ",
+                              from.ShortDebugString(), " }\nto { ", to.ShortDebugString(), " }"));
+    absl::StatusOr<Plan> plan;
+    if (testing::AgreeOnRefusal(ptc, from, to, {}, &plan) != testing::PlanOutcome::kPlanned) {
+      ++invalid;
+      continue;
+    }
+    ++planned;
+    split += plan->replicas.count > 1;
+    EXPECT_TRUE(testing::CheckPlan(ptc, from, to, {}, *plan));
+    const absl::Status verified =
+        verifier::VerifyPlan(ptc, from, to, {}, {}, ToProto(*plan, from, to));
+    EXPECT_TRUE(verified.ok()) << verified;
+    if (HasFailure()) break;
+  }
+  std::printf("planned %d (replicas planned alone %d), invalid %d\n", planned, split, invalid);
+  EXPECT_GE(planned, 240);
+  EXPECT_GE(split, planned / 2);
 }
 
 }  // namespace
