@@ -1,4 +1,4 @@
-"""The Slurm cluster of deploy/slurm/cluster.py, for real: munged, slurmctld
+"""The Slurm cluster of deploy/slurm/slurm_cluster.py, for real: munged, slurmctld
 and one slurmd per emulated host in its own network namespace and hostname.
 Every node comes up idle; srun and an sbatch job submitted from a node run
 on exactly the nodes Slurm gives them; a host whose processes are SIGKILLed
@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "deploy", "slurm"))
-import cluster as slurm  # noqa: E402
+import slurm_cluster as slurm  # noqa: E402
 from reshard.launcher import slurm as launcher_slurm  # noqa: E402
 from reshard.launcher._launch_env import LaunchError  # noqa: E402
 

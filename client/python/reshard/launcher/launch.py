@@ -94,7 +94,8 @@ def _parser():
                    help="as a Slurm job step (srun --ntasks-per-node=1): --host is this node "
                         "($SLURMD_NODENAME) and the first layout's --hosts the step's nodes "
                         "($SLURM_STEP_NODELIST), where not given (docs/slurm.md)")
-    p.add_argument("--worker-socket", required=True, help="this host agent's --worker-socket")
+    p.add_argument("--worker-socket", required=True, help="this host agent's --worker-socket "
+                   "({host} is replaced by this host's id)")
     p.add_argument("--token-file", help="the credential for the coordinator, normally the job's "
                    "worker token (default $RESHARD_WORKER_TOKEN)")
     p.add_argument("--tls-ca", help="PEM CA of the coordinator's certificate (TLS)")
@@ -127,7 +128,8 @@ def _parser():
                         "process)")
     p.add_argument("--log-dir", help="each rank's output to DIR/<world>-rank<R>.log instead of "
                    "the launcher's")
-    p.add_argument("--events", help="append what the launcher does as JSON lines to this file")
+    p.add_argument("--events", help="append what the launcher does as JSON lines to this file "
+                   "({host} is replaced by this host's id)")
     _register.add_run_flags(p)  # --job-name, --tenant, --register-token-file, first layout
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- the rank's command line")
     return p
@@ -151,6 +153,15 @@ def _read_token(path):
         raise LaunchError(f"--token-file \"{path}\": cannot read it: {e.strerror}") from None
 
 
+def _with_host(path, flag, host):
+    """`path` with {host} replaced by this host's id (a shared file system's
+    per-host paths); LaunchError naming the flag for another {...}."""
+    try:
+        return path.format(host=host)
+    except (KeyError, IndexError, ValueError) as e:
+        raise LaunchError(f"{flag} {path!r}: only {{host}} may be replaced ({e!r})") from None
+
+
 def run(argv):
     """`reshard run ARGS -- COMMAND...`; returns the exit status."""
     args = _parser().parse_args(argv)
@@ -160,11 +171,15 @@ def run(argv):
             raise LaunchError("no command: reshard run [options] -- python train.py ...")
         if shutil.which(command[0]) is None:
             raise LaunchError(f"command {command[0]!r}: not found or not executable")
+        allocation = None
         if args.slurm:
-            _slurm.apply(args)
+            allocation = _slurm.apply(args)
         elif not args.host:
             raise LaunchError("--host: this host's id is required (or --slurm inside a Slurm "
                               "job step)")
+        args.worker_socket = _with_host(args.worker_socket, "--worker-socket", args.host)
+        if args.events:
+            args.events = _with_host(args.events, "--events", args.host)
         if bool(args.tls_ca) == bool(args.insecure):
             raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
         token = _read_token(args.token_file) if args.token_file else os.environ.get(
@@ -179,6 +194,9 @@ def run(argv):
                 raise LaunchError(f"--rdzv-host {item!r}: expected HOST=ADDR")
             explicit[host] = addr
         port_range = parse_port_range(args.rdzv_port_range)
+        # Under Slurm a world meets at its rank 0's node's NodeAddr.
+        slurm_nodes = _slurm.node_addresses if allocation and not args.rdzv_host_pattern \
+            else None
         from reshard.core.client import Client, tls_credentials
         kwargs = {"insecure": True} if args.insecure else {
             "credentials": tls_credentials(os.path.abspath(args.tls_ca))}
@@ -188,7 +206,8 @@ def run(argv):
         if args.job_name:
             registration = _register.prepare_run(
                 args, command, kwargs,
-                lambda list_hosts: Addresses(explicit, args.rdzv_host_pattern, list_hosts),
+                lambda list_hosts: Addresses(explicit, args.rdzv_host_pattern,
+                                             slurm_nodes or list_hosts),
                 port_range)
             args.job = registration.job_id
             token = worker_token = registration.worker_token
@@ -204,7 +223,8 @@ def run(argv):
             client, args.job, args.host, os.path.abspath(args.worker_socket), command,
             args.coordinator, worker_token=worker_token,
             tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
-            addresses=Addresses(explicit, args.rdzv_host_pattern, client.list_hosts),
+            addresses=Addresses(explicit, args.rdzv_host_pattern,
+                                slurm_nodes or client.list_hosts),
             port_range=port_range, retire_timeout=args.retire_timeout,
             recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
             events_path=args.events,
@@ -217,6 +237,9 @@ def run(argv):
     try:
         if registration is not None:
             registration.hand_over(launcher)
+        if allocation is not None and allocation.job_id:
+            _slurm.tag_job(allocation.job_id, args.job, lambda msg: print(
+                f"reshard run [{args.host}]: {msg}", file=sys.stderr, flush=True))
         return launcher.run()
     finally:
         client.close()
@@ -232,14 +255,19 @@ def main(argv=None):
         print("usage: reshard run [options] -- COMMAND ...   (reshard run --help)\n"
               "       reshard register [options] (--ptc F | -- COMMAND ...)  (reshard register "
               "--help)\n"
-              "       reshard dcp import|export DIR ...     (reshard dcp import --help)")
+              "       reshard dcp import|export DIR ...     (reshard dcp import --help)\n"
+              "       reshard slurm watch|shrink ...        (reshard slurm --help)")
         return 0 if argv else EXIT_USAGE
     if argv[0] == "register":
         return _register.main(argv[1:])
+    if argv[0] == "slurm":
+        from reshard.launcher import slurm_adapter
+        return slurm_adapter.main(argv[1:])
     if argv[0] == "dcp":
         from reshard.frameworks import dcp  # torch.distributed.checkpoint: only when asked for
         return dcp.main(argv[1:])
     if argv[0] != "run":
-        print(f"reshard: unknown command {argv[0]!r} (known: run, register, dcp)", file=sys.stderr)
+        print(f"reshard: unknown command {argv[0]!r} (known: run, register, dcp, slurm)",
+              file=sys.stderr)
         return EXIT_USAGE
     return run(argv[1:])

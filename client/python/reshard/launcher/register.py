@@ -67,6 +67,31 @@ def add_layout_flags(p):
     p.add_argument("--state-memory", choices=("host", "device"), default="host",
                    help="where the job's workers keep its state between steps (JobSpec."
                         "state_memory, fixed at registration; default %(default)s)")
+    p.add_argument("--policy", default="", metavar="JSON|@FILE",
+                   help="the job's elastic policy at registration, an ElasticPolicy as JSON "
+                        "(e.g. '{\"heal\": true, \"grow\": true}'; docs/scheduler.md, "
+                        "\"Elastic policies\")")
+
+
+def read_policy(text):
+    """The --policy flag as a dict of ElasticPolicy's JSON fields, or None
+    when not given; LaunchError names what is wrong."""
+    if not text:
+        return None
+    where = "--policy"
+    if text.startswith("@"):
+        where = f"--policy \"{text[1:]}\""
+        try:
+            with open(text[1:]) as f:
+                text = f.read()
+        except OSError as e:
+            raise LaunchError(f"{where}: cannot read it: {e.strerror}") from None
+    try:
+        value = json.loads(text)
+        as_message(value, ptc_pb2.ElasticPolicy, "policy")
+    except (ValueError, TypeError) as e:
+        raise LaunchError(f"{where}: not an ElasticPolicy: {' '.join(str(e).split())}") from None
+    return value
 
 
 def first_layout(args):
@@ -180,10 +205,14 @@ def find_job(client, tenant, name):
     return None
 
 
-def register(client, tenant, name, lay, req, idempotency_key=None, state_memory="host"):
-    """RegisterJob of a request.json; returns (Job, worker token)."""
+def register(client, tenant, name, lay, req, idempotency_key=None, state_memory="host",
+             policy=None):
+    """RegisterJob of a request.json (with the job's elastic policy, a dict
+    of ElasticPolicy's JSON fields, when given); returns (Job, worker token)."""
     spec = {"name": name, "tenant": tenant, "ptc": req["ptc"], "layout": to_dict(lay),
             "stateMemory": f"STATE_MEMORY_{state_memory.upper()}"}
+    if policy is not None:
+        spec["policy"] = policy
     return client.register_job(spec, dataset_state=req.get("dataset_state"),
                                idempotency_key=idempotency_key, with_token=True)
 
@@ -252,7 +281,7 @@ class Registration:
             req = _read(os.path.join(self._dir, REQUEST))
             try:
                 job, token = register(self.client, a.tenant, a.job_name, lay, req,
-                                      state_memory=a.state_memory)
+                                      state_memory=a.state_memory, policy=read_policy(a.policy))
             except errors.ReshardError as e:
                 _write(os.path.join(self._dir, ANSWER),
                        {"code": e.code.value[0], "message": e.message})
@@ -383,6 +412,7 @@ def prepare_run(args, command, kwargs, addresses_of, port_range, log=None):
         raise LaunchError("--job-name needs --tenant (the job's tenant)")
     if args.job:
         raise LaunchError("give --job ID or --job-name NAME, not both")
+    read_policy(args.policy)  # a bad --policy is said before any rank starts
     if args.token_file:
         raise LaunchError("--token-file is the job's worker token, which --job-name gets from "
                           "the coordinator: give --register-token-file instead")
@@ -527,6 +557,7 @@ def main(argv):
         if bool(args.tls_cert) != bool(args.tls_key):
             raise LaunchError("--tls-cert and --tls-key go together")
         lay = first_layout(args)
+        policy = read_policy(args.policy)
         token = (read_token(args.token_file, "--token-file") if args.token_file
                  else os.environ.get("RESHARD_TOKEN", ""))
         if not token and not args.tls_cert:
@@ -557,7 +588,7 @@ def main(argv):
             os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
         client = Client(args.coordinator, token=token or None, **kwargs)
         job, worker_token = register(client, args.tenant, args.name, lay, req,
-                                     args.idempotency_key, args.state_memory)
+                                     args.idempotency_key, args.state_memory, policy)
         if args.worker_token_file:
             fd = os.open(args.worker_token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -4,10 +4,18 @@ on (SLURMD_NODENAME) and the first layout's hosts are the step's nodes in
 Slurm's order (SLURM_STEP_NODELIST, expanded as `scontrol show hostnames`
 expands it), so that the launchers of every node agree without a hand-written
 host list. Flags given explicitly win.
+
+Two more things come from Slurm: a world's MASTER_ADDR is its rank 0's
+node's NodeAddr (`scontrol show node`, node_addresses()) unless
+--rdzv-host/--rdzv-host-pattern say otherwise, and the launcher marks its
+Slurm job as the reshard job's (the job's Comment `reshard:<job id>`,
+tag_job()), which is how `reshard slurm watch` finds a Slurm job's reshard
+job.
 """
 
 import os
 import re
+import subprocess
 
 from reshard.launcher._launch_env import LaunchError
 
@@ -134,3 +142,81 @@ def apply(args, env=None):
     if not getattr(args, "hosts", ""):
         args.hosts = ",".join(a.hosts)
     return a
+
+
+class NodeAddress:
+    """A Slurm node as Addresses reads a listed host: host_id, address."""
+
+    def __init__(self, host_id, address):
+        self.host_id, self.address = host_id, address
+
+
+def parse_nodes(text):
+    """`scontrol show node -o` -> {NodeName: {field: value}} (one line per
+    node; a value never holds a space except Reason=..., the last field)."""
+    nodes = {}
+    for line in text.splitlines():
+        fields = {}
+        for word in line.split():
+            key, sep, value = word.partition("=")
+            if sep and key[:1].isupper():
+                fields[key] = value
+        if "NodeName" in fields:
+            nodes[fields["NodeName"]] = fields
+    return nodes
+
+
+def scontrol(argv, env=None, timeout=30):
+    """`scontrol ARGV` -> stdout; LaunchError with scontrol's words when it fails."""
+    try:
+        r = subprocess.run(["scontrol"] + list(argv), stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, timeout=timeout, env=env)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise LaunchError(f"scontrol {' '.join(argv)}: {e}") from None
+    out = r.stdout.decode(errors="replace")
+    if r.returncode != 0:
+        raise LaunchError(f"scontrol {' '.join(argv)}: exit {r.returncode}: "
+                          f"{' '.join(out.split())}")
+    return out
+
+
+def node_addresses():
+    """[NodeAddress] of every Slurm node: its NodeAddr, where its ranks
+    listen (the launcher's MASTER_ADDR under --slurm)."""
+    nodes = parse_nodes(scontrol(["-o", "show", "node"]))
+    return [NodeAddress(name, f.get("NodeAddr") or name) for name, f in nodes.items()]
+
+
+TAG = "reshard:"
+
+
+def tag_job(slurm_job_id, job_id, log):
+    """Marks Slurm job `slurm_job_id` as reshard job `job_id`'s (its
+    Comment), once: what `reshard slurm watch` reads. A failure is said and
+    the launcher goes on (the job trains; the adapter cannot follow it)."""
+    want = f"{TAG}{job_id}"
+    try:
+        shown = parse_job(scontrol(["-o", "show", "job", slurm_job_id]))
+        if shown.get("Comment") == want:
+            return True
+        scontrol(["update", f"JobId={slurm_job_id}", f"Comment={want}"])
+        return True
+    except LaunchError as e:
+        log(f"could not mark Slurm job {slurm_job_id} as reshard job {job_id} (its Comment), "
+            f"so `reshard slurm watch` will not follow it: {e}")
+        return False
+
+
+def parse_job(text):
+    """`scontrol show job -o J` -> {field: value}. Comment= and Reason= may
+    hold spaces; a field starts at a word `Key=` whose key is a known
+    CamelCase name, so such values are read up to the next field."""
+    fields, key = {}, None
+    for word in text.split():
+        k, sep, v = word.partition("=")
+        if sep and re.match(r"^[A-Z][A-Za-z:/]*$", k):
+            key = k
+            fields[key] = v
+        elif key is not None:
+            fields[key] += " " + word
+    return fields

@@ -5,6 +5,12 @@ directory that close() removes. Nothing on the machine is configured: the
 configuration, key, sockets, spool and logs live in the work directory and
 the client commands find them through SLURM_CONF (env()).
 
+With `reshard_build_dir`, reshard runs beside Slurm as a site would deploy
+it: PostgreSQL and the coordinator on the bridge's address (the controller
+host), and a reshard-agent beside each slurmd, in the node's namespace, with
+the node's name as its host id (bench/cluster/parts.py's NamespacedCluster
+over this cluster's namespaces; `reshard` is that LocalCluster).
+
   with SlurmCluster(hosts=3).start() as c:
       c.run(["sinfo"])            # the client commands, with SLURM_CONF set
       c.on("host-0", ["sbatch", ...])   # as from a node (a login node)
@@ -76,9 +82,14 @@ def _free_port():
 
 
 class SlurmCluster:
-    def __init__(self, hosts, log=lambda m: None, slurmd_timeout_s=10):
+    def __init__(self, hosts, log=lambda m: None, slurmd_timeout_s=10, grace_time_s=30,
+                 reshard_build_dir=None, reshard_args=None):
         self.hosts = [f"host-{i}" for i in range(hosts)]
         self._log = log
+        self._grace_time_s = grace_time_s
+        self._reshard_build_dir = reshard_build_dir
+        self._reshard_args = dict(reshard_args or {})
+        self.reshard = None  # the reshard LocalCluster, with reshard_build_dir
         self._slurmd_timeout_s = slurmd_timeout_s
         global _instances
         self.topology = netns.Topology(hosts, None, storage=False, log=log,
@@ -103,6 +114,8 @@ class SlurmCluster:
             for h in self.hosts:
                 self.start_slurmd(h)
             self.wait_nodes("idle", self.hosts, timeout)
+            if self._reshard_build_dir:
+                self._start_reshard()
         except BaseException:
             self.close()
             raise
@@ -120,6 +133,8 @@ class SlurmCluster:
         if self._closed:
             return
         self._closed = True
+        if self.reshard is not None:
+            self.reshard.stop()
         for name, p in reversed(list(self._procs.items())):
             self._stop(p)
         for node in self.topology.nodes.values():
@@ -207,11 +222,23 @@ class SlurmCluster:
             f"SlurmdTimeout={self._slurmd_timeout_s}",
             "TreeWidth=65533",
             "SchedulerParameters=permit_job_expansion",
+            # Preemption by partition: `urgent` preempts `spot` (cancelled
+            # after GraceTime); `main` is never preempted.
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=CANCEL",
+            "KillWait=5",
         ]
         for h in self.hosts:
             lines.append(f"NodeName={h} NodeAddr={self.topology.host(h).address} CPUs=1 "
                          "State=UNKNOWN")
-        lines.append("PartitionName=main Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        lines += [
+            "PartitionName=main Nodes=ALL Default=YES PriorityTier=5 PreemptMode=OFF "
+            "MaxTime=INFINITE State=UP",
+            f"PartitionName=spot Nodes=ALL PriorityTier=1 PreemptMode=CANCEL "
+            f"GraceTime={self._grace_time_s} MaxTime=INFINITE State=UP",
+            "PartitionName=urgent Nodes=ALL PriorityTier=10 PreemptMode=OFF MaxTime=INFINITE "
+            "State=UP",
+        ]
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(self.workdir, "cgroup.conf"), "w") as f:
@@ -233,6 +260,20 @@ class SlurmCluster:
                 raise SlurmError(f"slurmctld not accepting within 30 s: {self.tail('slurmctld')}")
             time.sleep(0.05)  # polling for the port, not a synchronisation
 
+    def _start_reshard(self):
+        import parts  # bench/cluster/parts.py
+        args = dict(heartbeat_ms=200, log=self._log)
+        args.update(self._reshard_args)
+        self.reshard = parts.NamespacedCluster(self._reshard_build_dir, self.topology, **args)
+        self.reshard.start()
+
+    def worker_socket_pattern(self):
+        """--worker-socket of `reshard run` on every node: the agents share
+        this machine's file system, so each node's socket has its own path
+        ({host} is the node's name)."""
+        sample = self.reshard.agents[self.hosts[0]].worker_socket
+        return sample.replace(f"/{self.hosts[0]}/", "/{host}/")
+
     def start_slurmd(self, host):
         """Starts (or restarts) the slurmd of `host` in its namespace."""
         node = self.topology.host(host)
@@ -247,6 +288,18 @@ class SlurmCluster:
         p = self._procs.get(f"slurmd-{host}")
         if p is not None:
             p.wait()
+        if self.reshard is not None:
+            self.reshard.lose_host(host)  # its agent died with it; its memory goes too
+
+    def restart_host(self, host, timeout=60):
+        """A failed host back: its slurmd (Slurm returns it to service) and
+        its agent, afresh; waits until Slurm has it idle."""
+        if self._procs.get(f"slurmd-{host}") and self._procs[f"slurmd-{host}"].poll() is None:
+            return
+        self.start_slurmd(host)
+        if self.reshard is not None:
+            self.reshard.start_agent(host)
+        self.wait_nodes("idle", [host], timeout)
 
     # ---- the client side ----
 
@@ -305,21 +358,30 @@ def main(argv=None):
     ap = argparse.ArgumentParser(
         description="Start a Slurm cluster of emulated hosts on this machine, until Ctrl-C.")
     ap.add_argument("--hosts", type=int, default=3, help="emulated hosts (slurmd), default 3")
+    ap.add_argument("--reshard", metavar="BUILD_DIR",
+                    help="also reshard: PostgreSQL, the coordinator and an agent beside each "
+                         "slurmd, from this build directory (e.g. build)")
     args = ap.parse_args(argv)
     missing = missing_capability()
     if missing:
-        print(f"cluster.py: cannot run here: {missing}", file=sys.stderr)
+        print(f"slurm_cluster.py: cannot run here: {missing}", file=sys.stderr)
         return 2
     def stop(signum, frame):
         raise KeyboardInterrupt
     # Ctrl-C, and SIGTERM alike (a background job ignores SIGINT).
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
-    with SlurmCluster(args.hosts, log=print).start() as c:
+    with SlurmCluster(args.hosts, log=print, reshard_build_dir=args.reshard).start() as c:
         print(f"Slurm is up: {c.node_states()}\n"
               f"  export SLURM_CONF={c.conf}   # then sinfo, srun, sbatch, scontrol\n"
               f"  a node's shell: nsenter --net=/run/netns/{c.topology.host('host-0').netns}"
-              f" bash\nCtrl-C (or SIGTERM) stops it and removes everything.", flush=True)
+              f" bash", flush=True)
+        if c.reshard is not None:
+            r = c.reshard
+            env = " ".join(f"{k}={v}" for k, v in r.ctl_env().items())
+            print(f"reshard is up: export RESHARD_COORDINATOR={r.coordinator} {env} "
+                  f"RESHARD_WORKER_SOCKET={c.worker_socket_pattern()}", flush=True)
+        print("Ctrl-C (or SIGTERM) stops it and removes everything.", flush=True)
         try:
             signal.pause()
         except KeyboardInterrupt:

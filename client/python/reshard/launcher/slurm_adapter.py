@@ -1,0 +1,338 @@
+"""`reshard slurm`: Slurm's events as reshard operations (docs/slurm.md,
+"The adapter"). It runs where the Slurm client commands do (the controller
+host), with an admin credential of the coordinator:
+
+    reshard slurm watch  --coordinator C --tls-ca CA (--tls-cert F --tls-key F | --token-file F)
+    reshard slurm shrink SLURM_JOB (--nodes N | --release H,...) [same flags]
+
+Which reshard job a Slurm job holds is the Slurm job's Comment,
+`reshard:<job id>`, which `reshard run --slurm` sets. A reshard job's nodes
+are those of every RUNNING Slurm job so marked: the batch job it was
+submitted as, and any allocation submitted later to grow it (the same
+`srun reshard run --slurm ...` on its nodes).
+
+`watch` looks every --interval seconds (Watcher.poll_once):
+- **Spares.** The job's policy's `spare_hosts` become its nodes that its
+  current layout does not use, in Slurm's order, leaving out nodes that are
+  DOWN or whose allocation is being preempted. The policy's heal takes them
+  after a node failure, its grow when the job was given more nodes.
+- **Preemption.** A marked Slurm job with a PreemptTime is cancelled at its
+  EndTime (Slurm pulled EndTime in to the grace time's end). Each of its
+  nodes that the reshard job uses gets a host notice that leaves then
+  (NoticeHost): the job moves off before Slurm kills it, onto a spare or
+  onto its other nodes.
+- **A node failure** needs nothing of the adapter: the node's agent dies
+  with it, the coordinator's lease finds the host lost and the policy heals
+  the job; Slurm (`--no-kill`) takes the node out of the job, which runs on.
+- **A job without a policy** is said once; nothing is done for it.
+
+`shrink` is what an admin runs instead of `scontrol update JobId=J
+NumNodes=N`: the released nodes (Slurm's choice for NumNodes: the batch
+host and the first nodes are kept) get host notices, the job's state moves
+off them, and only then does it run `scontrol update JobId=J NodeList=...`
+and withdraw the notices.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+from reshard.core import errors
+from reshard.core import layout as _layout
+from reshard.launcher._launch_env import EXIT_OK, EXIT_USAGE, LaunchError
+from reshard.launcher import slurm as _slurm
+
+
+# ------------------------------------------------------- Slurm's state
+
+
+class SlurmJob:
+    """One Slurm job as the adapter reads it."""
+
+    def __init__(self, fields):
+        self.id = fields.get("JobId", "")
+        self.state = fields.get("JobState", "")
+        nodes = fields.get("NodeList", "")
+        self.nodes = _slurm.expand_hostlist(nodes) if nodes and nodes != "(null)" else []
+        comment = fields.get("Comment", "")
+        self.reshard_job = comment[len(_slurm.TAG):] if comment.startswith(_slurm.TAG) else ""
+        self.batch_host = fields.get("BatchHost", "")
+        self.preempt_time = _slurm_time(fields.get("PreemptTime", ""))
+        self.end_time = _slurm_time(fields.get("EndTime", ""))
+
+    @property
+    def running(self):
+        return self.state == "RUNNING"
+
+
+def _slurm_time(text):
+    """Slurm's local "YYYY-MM-DDTHH:MM:SS" -> unix ms; None for None/Unknown."""
+    try:
+        return int(time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S")) * 1000)
+    except ValueError:
+        return None
+
+
+def read_jobs():
+    """{Slurm job id: SlurmJob} of every job slurmctld knows."""
+    text = _slurm.scontrol(["-o", "show", "job"])
+    if text.strip() == "No jobs in the system":
+        return {}
+    jobs = [SlurmJob(_slurm.parse_job(line)) for line in text.splitlines() if line.strip()]
+    return {j.id: j for j in jobs}
+
+
+def read_down_nodes():
+    """The nodes Slurm holds DOWN (or not responding, or draining out)."""
+    nodes = _slurm.parse_nodes(_slurm.scontrol(["-o", "show", "node"]))
+    return {name for name, f in nodes.items()
+            if any(s in f.get("State", "") for s in ("DOWN", "NOT_RESPONDING", "FAIL"))}
+
+
+# ------------------------------------------------------------- the rules
+
+
+def spares_of(slurm_jobs, layout_hosts, down):
+    """A reshard job's spares: the nodes of its RUNNING, unpreempted Slurm
+    jobs that its layout does not use and Slurm does not hold DOWN, in
+    order of the Slurm jobs and their node lists."""
+    out = []
+    for j in slurm_jobs:
+        if not j.running or j.preempt_time is not None:
+            continue
+        for n in j.nodes:
+            if n not in layout_hosts and n not in down and n not in out:
+                out.append(n)
+    return out
+
+
+def released_by(job, nodes=None, release=None):
+    """The nodes `scontrol update NumNodes=nodes` would release from Slurm
+    job `job` (it keeps the batch host, then the first nodes in order), or
+    the named `release` checked against the job; ValueError says why not."""
+    if (nodes is None) == (release is None):
+        raise ValueError("give --nodes N or --release H,..., one of them")
+    if release is not None:
+        unknown = [n for n in release if n not in job.nodes]
+        if unknown:
+            raise ValueError(f"--release {','.join(release)}: {','.join(unknown)} not in Slurm "
+                             f"job {job.id}'s nodes {','.join(job.nodes)}")
+        if job.batch_host in release:
+            raise ValueError(f"--release {','.join(release)}: {job.batch_host} is Slurm job "
+                             f"{job.id}'s batch host, which Slurm never releases")
+        if not release:
+            raise ValueError("--release: no node named")
+        return list(release)
+    if not 1 <= nodes < len(job.nodes):
+        raise ValueError(f"--nodes {nodes}: Slurm job {job.id} has {len(job.nodes)} nodes; a "
+                         f"shrink keeps 1 to {len(job.nodes) - 1}")
+    keep = [job.batch_host] if job.batch_host in job.nodes else []
+    keep += [n for n in job.nodes if n not in keep][:nodes - len(keep)]
+    return [n for n in job.nodes if n not in keep]
+
+
+# ----------------------------------------------------------- the watcher
+
+
+class Watcher:
+    """`reshard slurm watch`: poll_once() reads Slurm and the coordinator
+    once and acts (the module doc). `read_jobs`, `read_down` and `now_ms`
+    are Slurm and the clock (replaced in unit tests)."""
+
+    def __init__(self, client, log, read_jobs=read_jobs, read_down=read_down_nodes,
+                 now_ms=lambda: int(time.time() * 1000)):
+        self.client, self.log = client, log
+        self._read_jobs, self._read_down, self._now_ms = read_jobs, read_down, now_ms
+        self._said_no_policy = set()
+        self._noticed = {}  # (node, leaves ms) -> reshard job id
+
+    def poll_once(self):
+        by_job = {}
+        for j in self._read_jobs().values():
+            if j.reshard_job:
+                by_job.setdefault(j.reshard_job, []).append(j)
+        down = self._read_down()
+        for job_id, slurm_jobs in sorted(by_job.items()):
+            if not any(j.running for j in slurm_jobs):
+                continue
+            try:
+                job = self.client.get_job(job_id)
+            except errors.NotFound:
+                continue  # ended, or another coordinator's
+            self._sync_spares(job, slurm_jobs, down)
+            self._notice_preempted(job, slurm_jobs)
+
+    def _sync_spares(self, job, slurm_jobs, down):
+        if not job.HasField("policy"):
+            if job.id not in self._said_no_policy:
+                self._said_no_policy.add(job.id)
+                self.log(f"job {job.id} (Slurm job {','.join(j.id for j in slurm_jobs)}) has no "
+                         "elastic policy: a node failure, preemption or grow cannot move it; "
+                         "give it one (reshard run --policy, or reshardctl jobs policy)")
+            return
+        hosts = set(_layout.hosts_of(job.layout))
+        spares = spares_of(slurm_jobs, hosts, down)
+        if list(job.policy.spare_hosts) == spares:
+            return
+        policy = type(job.policy)()
+        policy.CopyFrom(job.policy)
+        del policy.spare_hosts[:]
+        policy.spare_hosts.extend(spares)
+        self.client.set_policy(job.id, policy)
+        self.log(f"job {job.id}: spares {','.join(spares) or '(none)'} (Slurm's nodes it does "
+                 f"not use)")
+
+    def _notice_preempted(self, job, slurm_jobs):
+        hosts = set(_layout.hosts_of(job.layout))
+        spares = list(job.policy.spare_hosts) if job.HasField("policy") else []
+        for j in slurm_jobs:
+            if not j.running or j.preempt_time is None:
+                continue
+            leaves = j.end_time or self._now_ms()
+            for node in j.nodes:
+                if node not in hosts or (node, leaves) in self._noticed:
+                    continue
+                self._noticed[(node, leaves)] = job.id
+                reply = self.client.notice_host(node, leaves, spare_hosts=spares)
+                said = "; ".join(f"{r.job_id}: {r.refused or 'operation ' + r.operation_id}"
+                                 for r in reply.jobs)
+                self.log(f"Slurm job {j.id} preempted: {node} leaves in "
+                         f"{(leaves - self._now_ms()) / 1000:.0f} s: noticed ({said})")
+
+
+# -------------------------------------------------------------- shrink
+
+
+def shrink(client, slurm_job_id, nodes, release, timeout, log, read_jobs=read_jobs):
+    """`reshard slurm shrink`: returns the nodes released. LaunchError when
+    it cannot; then Slurm was not touched and the notices are withdrawn."""
+    jobs = read_jobs()
+    job = jobs.get(slurm_job_id)
+    if job is None:
+        raise LaunchError(f"Slurm job {slurm_job_id}: no such job")
+    if not job.running:
+        raise LaunchError(f"Slurm job {slurm_job_id} is {job.state}, not RUNNING")
+    if not job.reshard_job:
+        raise LaunchError(f"Slurm job {slurm_job_id} is no reshard job's (its Comment is not "
+                          f"'{_slurm.TAG}<job id>'; `reshard run --slurm` sets it)")
+    try:
+        gone = released_by(job, nodes, release)
+    except ValueError as e:
+        raise LaunchError(str(e)) from None
+    keep = [n for n in job.nodes if n not in gone]
+    leaves = int(time.time() * 1000 + timeout * 1000)
+    log(f"Slurm job {slurm_job_id} (reshard job {job.reshard_job}): releasing "
+        f"{','.join(gone)}, keeping {','.join(keep)}; moving the job off first")
+    try:
+        for node in gone:
+            reply = client.notice_host(node, leaves)
+            for r in reply.jobs:
+                if r.refused:
+                    raise LaunchError(f"{node}: job {r.job_id} cannot move off it: {r.refused}")
+        end = time.monotonic() + timeout
+        while True:
+            rjob = client.get_job(job.reshard_job)
+            on = sorted(set(gone) & set(_layout.hosts_of(rjob.layout)))
+            if not on and not rjob.active_operation_id:
+                break
+            if time.monotonic() > end:
+                raise LaunchError(f"job {job.reshard_job} still on {','.join(on) or 'its hosts'} "
+                                  f"after {timeout:g} s (operation "
+                                  f"{rjob.active_operation_id or 'none'})")
+            time.sleep(0.2)  # polling the job's layout, not a synchronisation
+        _slurm.scontrol(["update", f"JobId={slurm_job_id}", f"NodeList={','.join(keep)}"])
+        log(f"Slurm job {slurm_job_id} now on {','.join(keep)}")
+    finally:
+        for node in gone:
+            try:
+                client.withdraw_notice(node)
+            except errors.ReshardError as e:
+                log(f"withdrawing {node}'s notice: {e}")
+    return gone
+
+
+# ----------------------------------------------------------------- CLI
+
+
+def _parser():
+    p = argparse.ArgumentParser(prog="reshard slurm",
+                                description="Slurm's events as reshard operations "
+                                            "(docs/slurm.md, \"The adapter\").")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    for name, text in (("watch", "follow Slurm: spares, preemptions (until SIGTERM)"),
+                       ("shrink", "release nodes of a Slurm job once reshard moved off them")):
+        s = sub.add_parser(name, help=text)
+        s.add_argument("--coordinator", required=True, help="HOST:PORT of a reshard-coordinator")
+        s.add_argument("--tls-ca", help="PEM CA of the coordinator's certificate (TLS)")
+        s.add_argument("--tls-cert", help="an admin's client certificate")
+        s.add_argument("--tls-key", help="its key")
+        s.add_argument("--token-file", help="an admin's bearer token (default $RESHARD_TOKEN)")
+        s.add_argument("--insecure", action="store_true", help="plaintext")
+        if name == "watch":
+            s.add_argument("--interval", type=float, default=5.0, metavar="S",
+                           help="seconds between looks at Slurm (default %(default)s)")
+        else:
+            s.add_argument("job", help="the Slurm job id")
+            s.add_argument("--nodes", type=int, help="the node count to keep (as scontrol's "
+                           "NumNodes: the batch host and the first nodes stay)")
+            s.add_argument("--release", help="the nodes to release, comma-separated")
+            s.add_argument("--timeout", type=float, default=300.0, metavar="S",
+                           help="how long the job may take to move off (default %(default)s)")
+    return p
+
+
+def _client(args):
+    from reshard.core.client import Client, tls_credentials
+    if bool(args.tls_ca) == bool(args.insecure):
+        raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise LaunchError("--tls-cert and --tls-key go together")
+    token = ""
+    if args.token_file:
+        with open(args.token_file) as f:
+            token = f.read().strip()
+    token = token or os.environ.get("RESHARD_TOKEN", "")
+    if not token and not args.tls_cert:
+        raise LaunchError("an admin's credential: --tls-cert/--tls-key, --token-file or "
+                          "$RESHARD_TOKEN")
+    kwargs = {"insecure": True} if args.insecure else {"credentials": tls_credentials(
+        os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
+    return Client(args.coordinator, token=token or None, **kwargs)
+
+
+def main(argv):
+    args = _parser().parse_args(argv)
+
+    def log(msg):
+        print(f"reshard slurm {args.cmd}: {msg}", file=sys.stderr, flush=True)
+    try:
+        client = _client(args)
+    except (LaunchError, OSError) as e:
+        print(f"reshard slurm: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        if args.cmd == "shrink":
+            release = [n for n in args.release.split(",") if n] if args.release else None
+            shrink(client, args.job, args.nodes, release, args.timeout, log)
+            return EXIT_OK
+        watcher = Watcher(client, log)
+        log(f"following Slurm every {args.interval:g} s")
+        while True:
+            try:
+                watcher.poll_once()
+            except LaunchError as e:   # Slurm not answering: said, tried again
+                log(f"Slurm: {e}")
+            except errors.ReshardError as e:  # the coordinator: said, tried again
+                log(f"coordinator: {' '.join(str(e).split())}")
+            time.sleep(args.interval)
+    except LaunchError as e:
+        print(f"reshard slurm {args.cmd}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except errors.ReshardError as e:
+        print(f"reshard slurm {args.cmd}: {' '.join(str(e).split())}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_OK
+    finally:
+        client.close()
