@@ -226,6 +226,10 @@ class SlurmCluster:
             # after GraceTime); `main` is never preempted.
             "PreemptType=preempt/partition_prio",
             "PreemptMode=CANCEL",
+            # A preempted job's --signal goes out at once (to the batch shell
+            # with B:), not SIGTERM to its tasks: they run on through the
+            # grace time while reshard moves the job off them.
+            "SlurmctldParameters=preempt_send_user_signal",
             "KillWait=5",
         ]
         for h in self.hosts:
@@ -244,10 +248,11 @@ class SlurmCluster:
         with open(os.path.join(self.workdir, "cgroup.conf"), "w") as f:
             f.write("CgroupPlugin=cgroup/v1\n")
 
-    def _start_slurmctld(self):
+    def _start_slurmctld(self, clear=True):
+        flags = "-c -i" if clear else "-i"  # -c: a fresh cluster forgets old state
         p = self._spawn("slurmctld", [
             "unshare", "--uts", "sh", "-c",
-            f'hostname {self.controller} && exec slurmctld -D -c -i -f "$0"', self.conf])
+            f'hostname {self.controller} && exec slurmctld -D {flags} -f "$0"', self.conf])
         deadline = time.monotonic() + 30
         while True:
             if p.poll() is not None:
@@ -290,6 +295,26 @@ class SlurmCluster:
             p.wait()
         if self.reshard is not None:
             self.reshard.lose_host(host)  # its agent died with it; its memory goes too
+
+    def wait_state_saved(self, since, timeout=60):
+        """Waits until slurmctld saved its jobs' state after `since` (time.time()):
+        what a restart recovers (it saves a few seconds after a change)."""
+        path = os.path.join(self.workdir, "state", "job_state")
+        deadline = time.monotonic() + timeout
+        while not (os.path.exists(path) and os.path.getmtime(path) > since):
+            if time.monotonic() > deadline:
+                raise SlurmError(f"slurmctld saved no job state within {timeout} s")
+            time.sleep(0.2)  # polling the state file, not a synchronisation
+
+    def kill_slurmctld(self):
+        """A Slurm outage: slurmctld SIGKILLed (jobs and slurmds run on)."""
+        p = self._procs["slurmctld"]
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+
+    def start_slurmctld(self):
+        """slurmctld again after an outage, from its saved state."""
+        self._start_slurmctld(clear=False)
 
     def restart_host(self, host, timeout=60):
         """A failed host back: its slurmd (Slurm returns it to service) and

@@ -42,7 +42,7 @@ import time
 
 from reshard.core import errors
 from reshard.core import layout as _layout
-from reshard.core._proto import as_message, ptc_pb2, to_dict
+from reshard.core._proto import agent_pb2, as_message, ptc_pb2, to_dict
 from reshard.launcher._launch_env import EXIT_OK, EXIT_USAGE, LaunchError, rank_environment
 
 REQUEST, ANSWER = "request.json", "answer.json"
@@ -271,6 +271,7 @@ class Registration:
             return self._found(job)
         lay = first_layout(a)
         registrar = _layout.slots(lay)[0][0] == a.host
+        self._check_agents(lay)
         self._start_world(lay, registrar)
         end = time.monotonic() + a.register_timeout
         if registrar:
@@ -304,6 +305,32 @@ class Registration:
                 f"{list(_layout.hosts_of(lay))}: give every launcher the same --hosts, "
                 f"--devices-per-host, --tp, --pp, --dp, --dp-shard")
         return self._found(job)
+
+    def _check_agents(self, lay):
+        """Before the first layout's ranks start: this host's agent answers
+        at --worker-socket, and every host of the layout is a registered,
+        live agent (a node list that does not match the agents, as when a
+        scheduler allocates a node whose agent is down, would otherwise
+        leave the ranks waiting for peers that never start)."""
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(10)
+                s.connect(self.worker_socket)
+        except OSError as e:
+            raise LaunchError(f"--worker-socket \"{self.worker_socket}\": no agent answers "
+                              f"there ({e.strerror or e}): start host {self.args.host}'s "
+                              "reshard-agent with that --worker-socket first") from None
+        try:
+            hosts = {h.host_id: h for h in self.client.list_hosts()}
+        except errors.PermissionDenied:
+            return  # a credential that may not list hosts: the registration checks what it can
+        for host in _layout.hosts_of(lay):
+            h = hosts.get(host)
+            if h is None or h.state != agent_pb2.HOST_STATE_ALIVE:
+                said = "no agent registered" if h is None else "its agent's lease expired (LOST)"
+                live = sorted(k for k, v in hosts.items() if v.state == agent_pb2.HOST_STATE_ALIVE)
+                raise LaunchError(f"the first layout's host {host!r}: {said}, so its ranks "
+                                  f"cannot start (live hosts: {', '.join(live) or 'none'})")
 
     def _found(self, job):
         self.job, self.job_id = job, job.id

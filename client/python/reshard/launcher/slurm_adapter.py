@@ -58,6 +58,7 @@ class SlurmJob:
         comment = fields.get("Comment", "")
         self.reshard_job = comment[len(_slurm.TAG):] if comment.startswith(_slurm.TAG) else ""
         self.batch_host = fields.get("BatchHost", "")
+        self.partition = fields.get("Partition", "")
         self.preempt_time = _slurm_time(fields.get("PreemptTime", ""))
         self.end_time = _slurm_time(fields.get("EndTime", ""))
 
@@ -81,6 +82,21 @@ def read_jobs():
         return {}
     jobs = [SlurmJob(_slurm.parse_job(line)) for line in text.splitlines() if line.strip()]
     return {j.id: j for j in jobs}
+
+
+def read_grace_times():
+    """{partition: GraceTime in seconds} (a preempted job's time left when
+    Slurm has not yet pulled its EndTime in: a job without a time limit
+    shows EndTime=Unknown at first)."""
+    out = {}
+    for line in _slurm.scontrol(["-o", "show", "partition"]).splitlines():
+        f = _slurm.parse_job(line)
+        if f.get("PartitionName"):
+            try:
+                out[f["PartitionName"]] = int(f.get("GraceTime", "0"))
+            except ValueError:
+                out[f["PartitionName"]] = 0
+    return out
 
 
 def read_down_nodes():
@@ -141,11 +157,12 @@ class Watcher:
     are Slurm and the clock (replaced in unit tests)."""
 
     def __init__(self, client, log, read_jobs=read_jobs, read_down=read_down_nodes,
-                 now_ms=lambda: int(time.time() * 1000)):
+                 read_grace=read_grace_times, now_ms=lambda: int(time.time() * 1000)):
         self.client, self.log = client, log
         self._read_jobs, self._read_down, self._now_ms = read_jobs, read_down, now_ms
+        self._read_grace = read_grace
         self._said_no_policy = set()
-        self._noticed = {}  # (node, leaves ms) -> reshard job id
+        self._noticed = set()  # (node, Slurm job id) given a notice
 
     def poll_once(self):
         by_job = {}
@@ -189,16 +206,22 @@ class Watcher:
         for j in slurm_jobs:
             if not j.running or j.preempt_time is None:
                 continue
-            leaves = j.end_time or self._now_ms()
+            now = self._now_ms()
+            if j.end_time and j.end_time > now:
+                leaves = j.end_time
+            else:  # EndTime not pulled in yet: the grace time from PreemptTime
+                leaves = j.preempt_time + 1000 * self._read_grace().get(j.partition, 0)
+            leaves = max(leaves, now + 1000)  # a notice leaves in the future
             for node in j.nodes:
-                if node not in hosts or (node, leaves) in self._noticed:
+                if node not in hosts or (node, j.id) in self._noticed:
                     continue
-                self._noticed[(node, leaves)] = job.id
+                self.log(f"Slurm job {j.id} preempted: {node} leaves in "
+                         f"{(leaves - now) / 1000:.0f} s; noticing it")
                 reply = self.client.notice_host(node, leaves, spare_hosts=spares)
+                self._noticed.add((node, j.id))
                 said = "; ".join(f"{r.job_id}: {r.refused or 'operation ' + r.operation_id}"
                                  for r in reply.jobs)
-                self.log(f"Slurm job {j.id} preempted: {node} leaves in "
-                         f"{(leaves - self._now_ms()) / 1000:.0f} s: noticed ({said})")
+                self.log(f"{node} noticed: {said}")
 
 
 # -------------------------------------------------------------- shrink
@@ -318,10 +341,15 @@ def main(argv):
             return EXIT_OK
         watcher = Watcher(client, log)
         log(f"following Slurm every {args.interval:g} s")
+        slurm_down = False
         while True:
             try:
                 watcher.poll_once()
+                if slurm_down:
+                    log("Slurm answers again")
+                slurm_down = False
             except LaunchError as e:   # Slurm not answering: said, tried again
+                slurm_down = True
                 log(f"Slurm: {e}")
             except errors.ReshardError as e:  # the coordinator: said, tried again
                 log(f"coordinator: {' '.join(str(e).split())}")
