@@ -231,6 +231,9 @@ class SlurmCluster:
             # grace time while reshard moves the job off them.
             "SlurmctldParameters=preempt_send_user_signal",
             "KillWait=5",
+            # deploy/slurm/job_submit.lua: an admin's shrink of an elastic
+            # job waits for reshard to move its state off first.
+            "JobSubmitPlugins=lua",
         ]
         for h in self.hosts:
             lines.append(f"NodeName={h} NodeAddr={self.topology.host(h).address} CPUs=1 "
@@ -247,6 +250,8 @@ class SlurmCluster:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(self.workdir, "cgroup.conf"), "w") as f:
             f.write("CgroupPlugin=cgroup/v1\n")
+        shutil.copy(os.path.join(os.path.dirname(os.path.abspath(__file__)), "job_submit.lua"),
+                    os.path.join(self.workdir, "job_submit.lua"))
 
     def _start_slurmctld(self, clear=True):
         flags = "-c -i" if clear else "-i"  # -c: a fresh cluster forgets old state

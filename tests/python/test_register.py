@@ -340,9 +340,21 @@ def test_register_from_files_and_its_refusals(cluster, tmp_path):
     refused("--ptc", str(tmp_path / "other.json"), contains=("--ptc", "other.json",
                                                              "not a Ptc", "noSuchField"))
     refused(contains=("--ptc FILE, or -- COMMAND",))
+    refused(*files, "--pp", "2", "--policy", '{"heal": true, "noSuchField": 1}',
+            job=name + "-policy", contains=("--policy: not an ElasticPolicy", "noSuchField"))
+    refused(*files, "--pp", "2", "--policy", f"@{tmp_path / 'none.json'}", job=name + "-policy",
+            contains=(f"--policy \"{tmp_path / 'none.json'}\": cannot read it",))
     with cluster.client() as admin:
         assert [j.name for j in admin.iter_jobs(tenant=TENANT) if j.name.startswith(name)] == [
             name]
+    # The job's elastic policy at registration (--policy JSON or @FILE).
+    (tmp_path / "policy.json").write_text('{"heal": true, "spareHosts": ["host-1"]}')
+    p = _run(_register_argv(cluster, name + "-policy", sched, *files, "--pp", "2",
+                            "--policy", f"@{tmp_path / 'policy.json'}"), timeout=60)
+    assert p.returncode == 0, p.stderr
+    with cluster.client() as admin:
+        policy = admin.get_job(p.stdout.strip()).policy
+    assert (policy.heal, list(policy.spare_hosts)) == (True, ["host-1"])
 
 
 def test_run_registration_flags_refused(cluster, tmp_path):

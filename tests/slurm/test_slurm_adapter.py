@@ -160,3 +160,20 @@ def test_shrink_refuses_a_job_slurm_does_not_run():
         with pytest.raises(LaunchError, match=said):
             a.shrink(coord, "9", 1, None, 10, lambda m: None, read_jobs=lambda: jobs)
     assert coord.calls == []
+
+
+def test_an_admins_request_releases_what_it_names():
+    j = _job("9", "h0,h1,h2,h3", batch="h0")
+    for request, gone in (("shrink:2", ["h2", "h3"]), ("keep:h[0-1],h3", ["h2"])):
+        j.request = request
+        assert a.released_by_request(j) == gone
+    for request, said in (("shrink:4", "NumNodes=4: --nodes 4: Slurm job 9 has 4 nodes"),
+                          ("shrink:x", "NumNodes=x"),
+                          ("keep:h1,h2", "h0 is Slurm job 9's batch host"),
+                          ("grow:2", "unknown request 'grow:2'")):
+        j.request = request
+        with pytest.raises(ValueError, match=re.escape(said)):
+            a.released_by_request(j)
+    tagged = a.SlurmJob(lslurm.parse_job(JOB_LINE.replace(
+        "Comment=reshard:abc123", "Comment=reshard:abc123 shrink:2")))
+    assert (tagged.reshard_job, tagged.request) == ("abc123", "shrink:2")

@@ -274,11 +274,12 @@ def test_a_node_failure_heals_onto_the_allocations_spare(c, client, watcher, ref
 def test_a_shrink_moves_state_off_before_slurm_releases(c, client, watcher, reference,
                                                         scheduler_token, tmp_path):
     """sbatch -N3; HSDP over the three nodes (3 replicas), registered with
-    no policy (the adapter says so and leaves the job alone). An admin runs
-    `reshard slurm shrink J --nodes 2`: host-2 gets a host notice, the job
-    resizes onto host-0 and host-1 while host-2 is still allocated, and only
-    then does Slurm release host-2; the job stays RUNNING on two nodes and
-    trains on with exact losses."""
+    no policy (the adapter says so; a shrink needs none). An admin runs
+    `scontrol update JobId=J NumNodes=2`: job_submit.lua keeps the job's
+    nodes and records the request, the adapter gives host-2 a host notice,
+    the job resizes onto host-0 and host-1 while host-2 is still allocated,
+    and only then does the adapter have Slurm release host-2. The job stays
+    RUNNING on two nodes and trains on with exact losses."""
     job = SlurmJob(c, client, str(tmp_path), "slurm-shrink", scheduler_token,
                    ["-N3", "-w", "host-0,host-1,host-2"], ["--dp-shard", "2"])
     try:
@@ -286,25 +287,25 @@ def test_a_shrink_moves_state_off_before_slurm_releases(c, client, watcher, refe
         assert layout.hosts_of(rjob.layout) == ["host-0", "host-1", "host-2"]
         watcher.wait(f"job {rjob.id} (Slurm job {job.slurm_id}) has no elastic policy")
         job.wait("the first world trains 5 steps", _trained(5))
-        out = subprocess.run([sys.executable, "-m", "reshard", "slurm", "shrink", job.slurm_id,
-                              "--nodes", "2", "--coordinator", c.reshard.coordinator,
-                              *c.reshard.ctl_args(), "--timeout", "120"], env=c.env(),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=180)
-        said = out.stdout.decode()
-        assert out.returncode == 0, said
-        assert f"releasing host-2, keeping host-0,host-1; moving the job off first" in said, said
+        c.run(["scontrol", "update", f"JobId={job.slurm_id}", "NumNodes=2"])
+        assert job.slurm()["NodeList"] == "host-[0-2]", "Slurm waits for reshard"
+        watcher.wait(f"Slurm job {job.slurm_id} (reshard job {rjob.id}): releasing host-2, "
+                     "keeping host-0,host-1; moving the job off first")
+        watcher.wait(f"Slurm job {job.slurm_id} now on host-0,host-1", timeout=120)
         shrunk = client.get_job(rjob.id)
         assert layout.hosts_of(shrunk.layout) == ["host-0", "host-1"]
         assert shrunk.layout.config.dp == 4 and shrunk.layout.config.dp_shard == 2
         assert job.slurm()["NodeList"] == "host-[0-1]"
+        assert job.slurm()["Comment"] == f"reshard:{rjob.id}", "the request is done"
         assert job.slurm()["JobState"] == "RUNNING"
-        # Slurm released host-2 only once reshard had moved off it: the
-        # operation that took the job off it committed before the update.
+        # host-2's ranks had left the job before Slurm killed its launcher.
+        out = job.output()
+        moved = out.index(f"[{rjob.id} host-2]: terminating g1 ranks [4, 5]")
+        assert moved < out.index("srun: error: host-2: task 2: Killed"), out
+        assert all(h.leaves_unix_ms == 0 for h in client.list_hosts()), "notices withdrawn"
         job.finish(reference)
     finally:
         job.cancel()
-    assert all(h.leaves_unix_ms == 0 for h in client.list_hosts()), "notices withdrawn"
-
 
 
 def test_grown_by_a_second_allocation_then_preempted_within_its_grace_time(
@@ -362,7 +363,7 @@ def test_grown_by_a_second_allocation_then_preempted_within_its_grace_time(
                 c.run(["scancel", j], check=False)
         job.cancel()
 
-def test_shrink_refuses_what_it_cannot_do(c, client, scheduler_token, tmp_path):
+def test_shrink_refuses_what_it_cannot_do(c, client, scheduler_token, tmp_path, monkeypatch):
     """Bad input, each refused with exit 2 and a line naming what is wrong,
     and Slurm untouched: a Slurm job that holds no reshard job, a node count
     that is no shrink, a node not in the job, the batch host."""
@@ -388,6 +389,22 @@ def test_shrink_refuses_what_it_cannot_do(c, client, scheduler_token, tmp_path):
         code, said = shrink("--release", "host-0")
         assert code == 2 and "host-0 is Slurm job" in said and "batch host" in said, said
         assert slurm_job(c, plain)["NodeList"] == "host-[0-1]"
+        # An admin's shrink of a reshard job, by count or by list, is held
+        # as a request (job_submit.lua) for the adapter: Slurm keeps the
+        # nodes. (This job's reshard job does not exist: nothing carries it out.)
+        c.run(["scontrol", "update", f"JobId={plain}", "NumNodes=1"])
+        assert (slurm_job(c, plain)["NodeList"], slurm_job(c, plain)["Comment"]) == (
+            "host-[0-1]", "reshard:no-such-job shrink:1")
+        c.run(["scontrol", "update", f"JobId={plain}", "NodeList=host-0"])
+        assert (slurm_job(c, plain)["NodeList"], slurm_job(c, plain)["Comment"]) == (
+            "host-[0-1]", "reshard:no-such-job keep:host-0")
+        # The adapter's own update passes.
+        from reshard.launcher import slurm_adapter
+        monkeypatch.setenv("SLURM_CONF", c.conf)
+        slurm_adapter.Shrink(None, slurm_adapter.read_jobs()[plain], ["host-1"], 60,
+                             print).finish()
+        assert (slurm_job(c, plain)["NodeList"], slurm_job(c, plain)["Comment"]) == (
+            "host-0", "reshard:no-such-job")
     finally:
         c.run(["scancel", plain], check=False)
 

@@ -197,8 +197,8 @@ def tag_job(slurm_job_id, job_id, log):
     want = f"{TAG}{job_id}"
     try:
         shown = parse_job(scontrol(["-o", "show", "job", slurm_job_id]))
-        if shown.get("Comment") == want:
-            return True
+        if shown.get("Comment", "").split(" ")[0] == want:
+            return True  # tagged already (perhaps with an admin's request after it)
         scontrol(["update", f"JobId={slurm_job_id}", f"Comment={want}"])
         return True
     except LaunchError as e:

@@ -26,11 +26,15 @@ submitted as, and any allocation submitted later to grow it (the same
   the job; Slurm (`--no-kill`) takes the node out of the job, which runs on.
 - **A job without a policy** is said once; nothing is done for it.
 
-`shrink` is what an admin runs instead of `scontrol update JobId=J
-NumNodes=N`: the released nodes (Slurm's choice for NumNodes: the batch
-host and the first nodes are kept) get host notices, the job's state moves
-off them, and only then does it run `scontrol update JobId=J NodeList=...`
-and withdraw the notices.
+**Shrinking.** An admin's `scontrol update JobId=J NumNodes=N` (or
+NodeList=...) of such a job is held by deploy/slurm/job_submit.lua as a
+request in the Comment (`reshard:<job> shrink:N`, `keep:LIST`), the job
+keeping its nodes. The watcher carries it out (Shrink): the nodes that go
+(Slurm's choice for NumNodes: the batch host and the first nodes stay) get
+host notices, the job's state moves off them, and only then does the
+adapter run `scontrol update JobId=J NodeList=... AdminComment=
+reshard-moved-off`, which the hook lets through, and withdraw the notices.
+`reshard slurm shrink` does the same at once from the command line.
 """
 
 import argparse
@@ -56,7 +60,11 @@ class SlurmJob:
         nodes = fields.get("NodeList", "")
         self.nodes = _slurm.expand_hostlist(nodes) if nodes and nodes != "(null)" else []
         comment = fields.get("Comment", "")
-        self.reshard_job = comment[len(_slurm.TAG):] if comment.startswith(_slurm.TAG) else ""
+        # "reshard:<job id>", then an admin's shrink that job_submit.lua
+        # turned into a request: " shrink:N" or " keep:NODELIST".
+        tagged = comment[len(_slurm.TAG):].split() if comment.startswith(_slurm.TAG) else []
+        self.reshard_job = tagged[0] if tagged else ""
+        self.request = tagged[1] if len(tagged) > 1 else ""
         self.batch_host = fields.get("BatchHost", "")
         self.partition = fields.get("Partition", "")
         self.preempt_time = _slurm_time(fields.get("PreemptTime", ""))
@@ -163,6 +171,8 @@ class Watcher:
         self._read_grace = read_grace
         self._said_no_policy = set()
         self._noticed = set()  # (node, Slurm job id) given a notice
+        self._shrinks = {}  # Slurm job id -> (its request, Shrink)
+        self.shrink_timeout_s = 300.0
 
     def poll_once(self):
         by_job = {}
@@ -179,6 +189,33 @@ class Watcher:
                 continue  # ended, or another coordinator's
             self._sync_spares(job, slurm_jobs, down)
             self._notice_preempted(job, slurm_jobs)
+            for j in slurm_jobs:
+                if j.running and j.request:
+                    self._shrink_requested(j)
+
+    def _shrink_requested(self, j):
+        """An admin's shrink (job_submit.lua made it a request), a step per look."""
+        request, s = self._shrinks.get(j.id, (None, None))
+        if request != j.request:
+            try:
+                gone = released_by_request(j)
+            except ValueError as e:
+                Shrink(self.client, j, [], 0, self.log).abandon(str(e))
+                return
+            s = Shrink(self.client, j, gone, self.shrink_timeout_s, self.log)
+            self._shrinks[j.id] = (j.request, s)
+            try:
+                s.begin()
+            except LaunchError as e:
+                del self._shrinks[j.id]
+                s.abandon(str(e))
+                return
+        if s.moved():
+            del self._shrinks[j.id]
+            s.finish()
+        elif s.late():
+            del self._shrinks[j.id]
+            s.abandon(s.late())
 
     def _sync_spares(self, job, slurm_jobs, down):
         if not job.HasField("policy"):
@@ -226,6 +263,92 @@ class Watcher:
 
 # -------------------------------------------------------------- shrink
 
+MOVED = "reshard-moved-off"  # the AdminComment job_submit.lua lets through
+
+
+class Shrink:
+    """One shrink of a Slurm job, in steps: begin() gives the nodes that go
+    host notices (the job moves off them), moved() says when the job no
+    longer uses them, finish() has Slurm release them; abandon() withdraws
+    the notices and drops the request, Slurm untouched."""
+
+    def __init__(self, client, job, gone, timeout_s, log):
+        self.client, self.job, self.gone, self.log = client, job, list(gone), log
+        self.keep = [n for n in job.nodes if n not in self.gone]
+        self.timeout_s = timeout_s
+        self.deadline = time.monotonic() + timeout_s
+        self._noticed = []
+
+    def begin(self):
+        leaves = int(time.time() * 1000 + self.timeout_s * 1000)
+        self.log(f"Slurm job {self.job.id} (reshard job {self.job.reshard_job}): releasing "
+                 f"{','.join(self.gone)}, keeping {','.join(self.keep)}; moving the job off first")
+        for node in self.gone:
+            reply = self.client.notice_host(node, leaves)
+            self._noticed.append(node)
+            for r in reply.jobs:
+                if r.refused:
+                    raise LaunchError(f"{node}: job {r.job_id} cannot move off it: {r.refused}")
+
+    def moved(self):
+        rjob = self.client.get_job(self.job.reshard_job)
+        self.on = sorted(set(self.gone) & set(_layout.hosts_of(rjob.layout)))
+        self.operation = rjob.active_operation_id
+        return not self.on and not self.operation
+
+    def late(self):
+        if time.monotonic() <= self.deadline:
+            return None
+        return (f"job {self.job.reshard_job} still on {','.join(self.on) or 'its hosts'} after "
+                f"{self.timeout_s:g} s (operation {self.operation or 'none'})")
+
+    def finish(self, retry_s=60.0):
+        argv = ["update", f"JobId={self.job.id}", f"NodeList={','.join(self.keep)}",
+                f"AdminComment={MOVED}", f"Comment={_slurm.TAG}{self.job.reshard_job}"]
+        end = time.monotonic() + retry_s
+        while True:
+            try:
+                _slurm.scontrol(argv)
+                break
+            except LaunchError as e:
+                # Right after a job's resize Slurm answers "Job update not
+                # available right now, ... try again in a bit".
+                if "try again" not in str(e) or time.monotonic() > end:
+                    raise
+                time.sleep(0.5)  # Slurm asked to try again: a retry's pace
+        self.log(f"Slurm job {self.job.id} now on {','.join(self.keep)}")
+        self._withdraw()
+
+    def abandon(self, why):
+        self.log(f"Slurm job {self.job.id}: not shrunk: {why}")
+        self._withdraw()
+        if self.job.request:
+            _slurm.scontrol(["update", f"JobId={self.job.id}",
+                             f"Comment={_slurm.TAG}{self.job.reshard_job}"])
+
+    def _withdraw(self):
+        for node in self._noticed:
+            try:
+                self.client.withdraw_notice(node)
+            except errors.ReshardError as e:
+                self.log(f"withdrawing {node}'s notice: {e}")
+        self._noticed = []
+
+
+def released_by_request(job):
+    """The nodes an admin's request (job_submit.lua's `shrink:N` or
+    `keep:NODELIST`) releases; ValueError says why not."""
+    kind, _, value = job.request.partition(":")
+    if kind == "shrink":
+        try:
+            return released_by(job, nodes=int(value))
+        except ValueError as e:
+            raise ValueError(f"NumNodes={value}: {e}") from None
+    if kind == "keep":
+        keep = _slurm.expand_hostlist(value)
+        return released_by(job, release=[n for n in job.nodes if n not in keep])
+    raise ValueError(f"unknown request {job.request!r} in Slurm job {job.id}'s Comment")
+
 
 def shrink(client, slurm_job_id, nodes, release, timeout, log, read_jobs=read_jobs):
     """`reshard slurm shrink`: returns the nodes released. LaunchError when
@@ -243,35 +366,18 @@ def shrink(client, slurm_job_id, nodes, release, timeout, log, read_jobs=read_jo
         gone = released_by(job, nodes, release)
     except ValueError as e:
         raise LaunchError(str(e)) from None
-    keep = [n for n in job.nodes if n not in gone]
-    leaves = int(time.time() * 1000 + timeout * 1000)
-    log(f"Slurm job {slurm_job_id} (reshard job {job.reshard_job}): releasing "
-        f"{','.join(gone)}, keeping {','.join(keep)}; moving the job off first")
+    s = Shrink(client, job, gone, timeout, log)
     try:
-        for node in gone:
-            reply = client.notice_host(node, leaves)
-            for r in reply.jobs:
-                if r.refused:
-                    raise LaunchError(f"{node}: job {r.job_id} cannot move off it: {r.refused}")
-        end = time.monotonic() + timeout
-        while True:
-            rjob = client.get_job(job.reshard_job)
-            on = sorted(set(gone) & set(_layout.hosts_of(rjob.layout)))
-            if not on and not rjob.active_operation_id:
-                break
-            if time.monotonic() > end:
-                raise LaunchError(f"job {job.reshard_job} still on {','.join(on) or 'its hosts'} "
-                                  f"after {timeout:g} s (operation "
-                                  f"{rjob.active_operation_id or 'none'})")
+        s.begin()
+        while not s.moved():
+            late = s.late()
+            if late:
+                raise LaunchError(late)
             time.sleep(0.2)  # polling the job's layout, not a synchronisation
-        _slurm.scontrol(["update", f"JobId={slurm_job_id}", f"NodeList={','.join(keep)}"])
-        log(f"Slurm job {slurm_job_id} now on {','.join(keep)}")
-    finally:
-        for node in gone:
-            try:
-                client.withdraw_notice(node)
-            except errors.ReshardError as e:
-                log(f"withdrawing {node}'s notice: {e}")
+        s.finish()
+    except BaseException as e:
+        s.abandon(str(e) if isinstance(e, LaunchError) else repr(e))
+        raise
     return gone
 
 
