@@ -3,14 +3,14 @@ shrink of a running elastic job becomes a request that `reshard slurm watch`
 carries out, so that the job's state moves off the released nodes before
 Slurm releases them.
 
-  scontrol update JobId=J NumNodes=N      -> Comment "reshard:<job> shrink:N"
-  scontrol update JobId=J NodeList=LIST   -> Comment "reshard:<job> keep:LIST"
+  scontrol update JobId=J NumNodes=N      -> Comment "reshard:<mark> shrink:N"
+  scontrol update JobId=J NodeList=LIST   -> Comment "reshard:<mark> keep:LIST"
 
 The job keeps its nodes; the adapter gives the nodes that go host notices,
 waits until the job no longer uses them, and then updates the job itself,
 with AdminComment=reshard-moved-off, which this hook lets through. A job
-that holds no reshard job (its Comment is not "reshard:<job id>"), or that
-is not running, is left alone.
+that holds no reshard job (its Comment is not "reshard:<job id>:<proof>"),
+or that is not running, is left alone.
 
 Install: JobSubmitPlugins=lua in slurm.conf, this file as job_submit.lua in
 slurm.conf's directory (or merged into the site's own job_submit.lua). ]]
@@ -25,11 +25,12 @@ end
 
 function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
   local comment = job_rec.comment
-  if comment == nil or string.sub(comment, 1, #TAG) ~= TAG or
-      job_rec.job_state ~= JOB_RUNNING or job_desc.admin_comment == MOVED then
+  local job = comment and string.match(comment, "^reshard:(%S+)")
+  -- The state's base (its low byte) without flags such as RESIZING.
+  if job == nil or (job_rec.job_state or 0) % 256 ~= JOB_RUNNING or
+      job_desc.admin_comment == MOVED then
     return slurm.SUCCESS
   end
-  local job = string.match(comment, "^reshard:(%S+)")
   local n = job_desc.min_nodes
   if n ~= nil and n ~= slurm.NO_VAL then
     job_desc.min_nodes = slurm.NO_VAL

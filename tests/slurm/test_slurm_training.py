@@ -36,6 +36,7 @@ sys.path.insert(0, TORCH2)
 import slurm_cluster as slurm  # noqa: E402
 
 from reshard import layout  # noqa: E402
+from reshard.launcher.slurm import mark_of  # noqa: E402
 
 MISSING = slurm.missing_capability()
 pytestmark = pytest.mark.skipif(MISSING is not None, reason=f"Slurm cannot run here: {MISSING}")
@@ -296,7 +297,8 @@ def test_a_shrink_moves_state_off_before_slurm_releases(c, client, watcher, refe
         assert layout.hosts_of(shrunk.layout) == ["host-0", "host-1"]
         assert shrunk.layout.config.dp == 4 and shrunk.layout.config.dp_shard == 2
         assert job.slurm()["NodeList"] == "host-[0-1]"
-        assert job.slurm()["Comment"] == f"reshard:{rjob.id}", "the request is done"
+        assert job.slurm()["Comment"] == mark_of(rjob.id, client.worker_token(rjob.id),
+                                                 job.slurm_id), "the request is done"
         assert job.slurm()["JobState"] == "RUNNING"
         # host-2's ranks had left the job before Slurm killed its launcher.
         out = job.output()
@@ -332,7 +334,8 @@ def test_grown_by_a_second_allocation_then_preempted_within_its_grace_time(
                 client.get_job(rjob.id)), 180, also=job._alive)
         assert layout.hosts_of(grown.layout) == ["host-0", "host-1", "host-2"]
         assert grown.layout.config.dp == 6 and grown.layout.config.dp_shard == 2
-        assert slurm_job(c, spot)["Comment"] == f"reshard:{rjob.id}"
+        assert slurm_job(c, spot)["Comment"] == mark_of(rjob.id, client.worker_token(rjob.id),
+                                                        spot)
         wait_for("the grown world trains", lambda: client.get_job(rjob.id).dataset_state.step
                  >= job.committed_step() and any(
                      r.get("world", 0) == 6 for r in job.records() if "loss" in r), 120,
@@ -345,8 +348,12 @@ def test_grown_by_a_second_allocation_then_preempted_within_its_grace_time(
             j = client.get_job(rjob.id)
             return j if "host-2" not in layout.hosts_of(j.layout) and \
                 not j.active_operation_id else None
-        shrunk = wait_for(f"the job moves off host-2 within the grace time\n{watcher.text()}",
-                          moved_off, 30, also=job._alive)
+        try:
+            shrunk = wait_for("the job moves off host-2 within the grace time", moved_off, 30,
+                              also=job._alive)
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{watcher.text()}\ncoordinator:\n"
+                                 f"{c.reshard._coordinator_proc.tail(60)}") from None
         print(f"moved off host-2 {time.monotonic() - preempting:.1f} s after the urgent job's "
               "submission (grace time 30 s)")
         assert slurm_job(c, spot)["JobState"] == "RUNNING", "moved off before the grace ended"
@@ -355,6 +362,8 @@ def test_grown_by_a_second_allocation_then_preempted_within_its_grace_time(
             "JobState") == "RUNNING", 120)
         wait_for("Slurm ends the spot job PREEMPTED", lambda: slurm_job(c, spot).get(
             "JobState") == "PREEMPTED", 60)
+        watcher.wait(f"Slurm job {spot} ended: host-2's notice withdrawn")
+        assert [h.leaves_unix_ms for h in client.list_hosts() if h.host_id == "host-2"] == [0]
         assert job.slurm()["JobState"] == "RUNNING"
         job.finish(reference)
     finally:

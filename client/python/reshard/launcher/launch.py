@@ -195,8 +195,17 @@ def run(argv):
             explicit[host] = addr
         port_range = parse_port_range(args.rdzv_port_range)
         # Under Slurm a world meets at its rank 0's node's NodeAddr.
-        slurm_nodes = _slurm.node_addresses if allocation and not args.rdzv_host_pattern \
-            else None
+        slurm_nodes = None
+        if allocation and not args.rdzv_host_pattern:
+            def slurm_nodes(fallback):
+                """Slurm's NodeAddr; while slurmctld does not answer, the
+                agents' addresses the coordinator lists."""
+                def list_nodes():
+                    try:
+                        return _slurm.node_addresses()
+                    except LaunchError:
+                        return fallback()
+                return list_nodes
         from reshard.core.client import Client, tls_credentials
         kwargs = {"insecure": True} if args.insecure else {
             "credentials": tls_credentials(os.path.abspath(args.tls_ca))}
@@ -206,8 +215,9 @@ def run(argv):
         if args.job_name:
             registration = _register.prepare_run(
                 args, command, kwargs,
-                lambda list_hosts: Addresses(explicit, args.rdzv_host_pattern,
-                                             slurm_nodes or list_hosts),
+                lambda list_hosts: Addresses(
+                    explicit, args.rdzv_host_pattern,
+                    slurm_nodes(list_hosts) if slurm_nodes else list_hosts),
                 port_range)
             args.job = registration.job_id
             token = worker_token = registration.worker_token
@@ -223,8 +233,8 @@ def run(argv):
             client, args.job, args.host, os.path.abspath(args.worker_socket), command,
             args.coordinator, worker_token=worker_token,
             tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
-            addresses=Addresses(explicit, args.rdzv_host_pattern,
-                                slurm_nodes or client.list_hosts),
+            addresses=Addresses(explicit, args.rdzv_host_pattern, slurm_nodes(
+                client.list_hosts) if slurm_nodes else client.list_hosts),
             port_range=port_range, retire_timeout=args.retire_timeout,
             recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
             events_path=args.events,
@@ -238,7 +248,7 @@ def run(argv):
         if registration is not None:
             registration.hand_over(launcher)
         if allocation is not None and allocation.job_id:
-            _slurm.tag_job(allocation.job_id, args.job, lambda msg: print(
+            _slurm.tag_job(allocation.job_id, args.job, worker_token, lambda msg: print(
                 f"reshard run [{args.host}]: {msg}", file=sys.stderr, flush=True))
         return launcher.run()
     finally:

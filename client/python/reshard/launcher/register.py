@@ -271,7 +271,8 @@ class Registration:
             return self._found(job)
         lay = first_layout(a)
         registrar = _layout.slots(lay)[0][0] == a.host
-        self._check_agents(lay)
+        if getattr(a, "slurm", False):
+            self._check_agents(lay)
         self._start_world(lay, registrar)
         end = time.monotonic() + a.register_timeout
         if registrar:
@@ -307,11 +308,12 @@ class Registration:
         return self._found(job)
 
     def _check_agents(self, lay):
-        """Before the first layout's ranks start: this host's agent answers
-        at --worker-socket, and every host of the layout is a registered,
-        live agent (a node list that does not match the agents, as when a
-        scheduler allocates a node whose agent is down, would otherwise
-        leave the ranks waiting for peers that never start)."""
+        """Under Slurm (--slurm: the allocation chose the hosts), before the
+        first layout's ranks start: this host's agent answers at
+        --worker-socket, and every host of the layout is a registered, live
+        agent. A node list that does not match the agents (a node whose
+        agent is down) would otherwise leave the ranks waiting for peers
+        that never start."""
         try:
             with socket.socket(socket.AF_UNIX) as s:
                 s.settimeout(10)

@@ -7,12 +7,15 @@ host list. Flags given explicitly win.
 
 Two more things come from Slurm: a world's MASTER_ADDR is its rank 0's
 node's NodeAddr (`scontrol show node`, node_addresses()) unless
---rdzv-host/--rdzv-host-pattern say otherwise, and the launcher marks its
-Slurm job as the reshard job's (the job's Comment `reshard:<job id>`,
-tag_job()), which is how `reshard slurm watch` finds a Slurm job's reshard
-job.
+--rdzv-host/--rdzv-host-pattern say otherwise (the agents' addresses the
+coordinator lists while slurmctld does not answer), and the launcher marks
+its Slurm job as the reshard job's (the job's Comment
+`reshard:<job id>:<proof>`, mark_of() and tag_job()), which is how
+`reshard slurm watch` finds a Slurm job's reshard job.
 """
 
+import hashlib
+import hmac
 import os
 import re
 import subprocess
@@ -190,15 +193,28 @@ def node_addresses():
 TAG = "reshard:"
 
 
-def tag_job(slurm_job_id, job_id, log):
+def mark_of(job_id, worker_token, slurm_job_id):
+    """The Comment that marks Slurm job `slurm_job_id` as reshard job
+    `job_id`'s: `reshard:<job id>:<proof>`, the proof an HMAC of the Slurm
+    job id under the job's worker token. Only the job's launchers (and the
+    coordinator's admins) hold that token, so a user cannot mark a Slurm job
+    of theirs as another tenant's job and have the adapter move that job
+    onto their nodes."""
+    proof = hmac.new(worker_token.encode(), f"slurm-job:{slurm_job_id}".encode(),
+                     hashlib.sha256).hexdigest()[:16]
+    return f"{TAG}{job_id}:{proof}"
+
+
+def tag_job(slurm_job_id, job_id, worker_token, log):
     """Marks Slurm job `slurm_job_id` as reshard job `job_id`'s (its
-    Comment), once: what `reshard slurm watch` reads. A failure is said and
-    the launcher goes on (the job trains; the adapter cannot follow it)."""
-    want = f"{TAG}{job_id}"
+    Comment, mark_of()), once: what `reshard slurm watch` reads. A failure
+    is said and the launcher goes on (the job trains; the adapter cannot
+    follow it)."""
+    want = mark_of(job_id, worker_token, slurm_job_id)
     try:
         shown = parse_job(scontrol(["-o", "show", "job", slurm_job_id]))
         if shown.get("Comment", "").split(" ")[0] == want:
-            return True  # tagged already (perhaps with an admin's request after it)
+            return True  # marked already (perhaps with an admin's request after it)
         scontrol(["update", f"JobId={slurm_job_id}", f"Comment={want}"])
         return True
     except LaunchError as e:
@@ -208,13 +224,15 @@ def tag_job(slurm_job_id, job_id, log):
 
 
 def parse_job(text):
-    """`scontrol show job -o J` -> {field: value}. Comment= and Reason= may
-    hold spaces; a field starts at a word `Key=` whose key is a known
-    CamelCase name, so such values are read up to the next field."""
+    """`scontrol show job -o J` -> {field: value}. A field starts at a word
+    `Key=` with a CamelCase key; a word without one continues the value
+    before it (Comment= and Reason= may hold spaces). The first of a key
+    wins: slurmctld prints its own fields before the user's Comment, so a
+    Comment holding `NodeList=...` cannot stand for the job's nodes."""
     fields, key = {}, None
     for word in text.split():
         k, sep, v = word.partition("=")
-        if sep and re.match(r"^[A-Z][A-Za-z:/]*$", k):
+        if sep and re.match(r"^[A-Z][A-Za-z:/]*$", k) and k not in fields:
             key = k
             fields[key] = v
         elif key is not None:

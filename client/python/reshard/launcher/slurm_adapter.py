@@ -6,7 +6,9 @@ host), with an admin credential of the coordinator:
     reshard slurm shrink SLURM_JOB (--nodes N | --release H,...) [same flags]
 
 Which reshard job a Slurm job holds is the Slurm job's Comment,
-`reshard:<job id>`, which `reshard run --slurm` sets. A reshard job's nodes
+`reshard:<job id>:<proof>`, which `reshard run --slurm` sets; the proof (an
+HMAC of the Slurm job id under the job's worker token, slurm.mark_of) keeps
+a user from marking a Slurm job of theirs as another tenant's job. A reshard job's nodes
 are those of every RUNNING Slurm job so marked: the batch job it was
 submitted as, and any allocation submitted later to grow it (the same
 `srun reshard run --slurm ...` on its nodes).
@@ -48,6 +50,8 @@ from reshard.launcher._launch_env import EXIT_OK, EXIT_USAGE, LaunchError
 from reshard.launcher import slurm as _slurm
 
 
+CALL_TIMEOUT_S = 10.0  # a coordinator call of the watcher; a late one is tried at the next look
+
 # ------------------------------------------------------- Slurm's state
 
 
@@ -58,13 +62,18 @@ class SlurmJob:
         self.id = fields.get("JobId", "")
         self.state = fields.get("JobState", "")
         nodes = fields.get("NodeList", "")
-        self.nodes = _slurm.expand_hostlist(nodes) if nodes and nodes != "(null)" else []
+        try:
+            self.nodes = _slurm.expand_hostlist(nodes) if nodes and nodes != "(null)" else []
+        except ValueError:
+            self.nodes = []  # not Slurm's (slurmctld prints valid lists): no nodes to act on
         comment = fields.get("Comment", "")
         # "reshard:<job id>", then an admin's shrink that job_submit.lua
         # turned into a request: " shrink:N" or " keep:NODELIST".
         tagged = comment[len(_slurm.TAG):].split() if comment.startswith(_slurm.TAG) else []
-        self.reshard_job = tagged[0] if tagged else ""
+        job, _, self.proof = (tagged[0] if tagged else "").partition(":")
+        self.reshard_job = job
         self.request = tagged[1] if len(tagged) > 1 else ""
+        self.mark = f"{_slurm.TAG}{tagged[0]}" if tagged else ""  # without the request
         self.batch_host = fields.get("BatchHost", "")
         self.partition = fields.get("Partition", "")
         self.preempt_time = _slurm_time(fields.get("PreemptTime", ""))
@@ -111,7 +120,7 @@ def read_down_nodes():
     """The nodes Slurm holds DOWN (or not responding, or draining out)."""
     nodes = _slurm.parse_nodes(_slurm.scontrol(["-o", "show", "node"]))
     return {name for name, f in nodes.items()
-            if any(s in f.get("State", "") for s in ("DOWN", "NOT_RESPONDING", "FAIL"))}
+            if any(s in f.get("State", "") for s in ("DOWN", "NOT_RESPONDING", "FAIL", "DRAIN"))}
 
 
 # ------------------------------------------------------------- the rules
@@ -119,8 +128,9 @@ def read_down_nodes():
 
 def spares_of(slurm_jobs, layout_hosts, down):
     """A reshard job's spares: the nodes of its RUNNING, unpreempted Slurm
-    jobs that its layout does not use and Slurm does not hold DOWN, in
-    order of the Slurm jobs and their node lists."""
+    jobs that its layout does not use and that are not in `down` (Slurm
+    holds them DOWN or draining, or a shrink is releasing them), in order
+    of the Slurm jobs and their node lists."""
     out = []
     for j in slurm_jobs:
         if not j.running or j.preempt_time is not None:
@@ -162,91 +172,153 @@ def released_by(job, nodes=None, release=None):
 class Watcher:
     """`reshard slurm watch`: poll_once() reads Slurm and the coordinator
     once and acts (the module doc). `read_jobs`, `read_down` and `now_ms`
-    are Slurm and the clock (replaced in unit tests)."""
+    are Slurm and the clock (replaced in unit tests). One job's error is
+    said and the others are served; it is tried again at the next look."""
 
     def __init__(self, client, log, read_jobs=read_jobs, read_down=read_down_nodes,
                  read_grace=read_grace_times, now_ms=lambda: int(time.time() * 1000)):
         self.client, self.log = client, log
         self._read_jobs, self._read_down, self._now_ms = read_jobs, read_down, now_ms
         self._read_grace = read_grace
-        self._said_no_policy = set()
-        self._noticed = set()  # (node, Slurm job id) given a notice
-        self._shrinks = {}  # Slurm job id -> (its request, Shrink)
+        self._said = set()       # what was said once (no policy, a false mark)
+        self._noticed = {}       # (node, Slurm job id) -> its notice, until the job ends
+        self._shrinks = {}       # Slurm job id -> (its request, Shrink)
+        self._tokens = {}        # reshard job id -> its worker token (the marks' key)
         self.shrink_timeout_s = 300.0
 
-    def poll_once(self):
-        by_job = {}
-        for j in self._read_jobs().values():
-            if j.reshard_job:
-                by_job.setdefault(j.reshard_job, []).append(j)
-        down = self._read_down()
-        for job_id, slurm_jobs in sorted(by_job.items()):
-            if not any(j.running for j in slurm_jobs):
-                continue
-            try:
-                job = self.client.get_job(job_id)
-            except errors.NotFound:
-                continue  # ended, or another coordinator's
-            self._sync_spares(job, slurm_jobs, down)
-            self._notice_preempted(job, slurm_jobs)
-            for j in slurm_jobs:
-                if j.running and j.request:
-                    self._shrink_requested(j)
+    def _once(self, key, msg):
+        if key not in self._said:
+            self._said.add(key)
+            self.log(msg)
 
-    def _shrink_requested(self, j):
-        """An admin's shrink (job_submit.lua made it a request), a step per look."""
+    def _marked(self, j):
+        """Whether Slurm job j's mark is the reshard job's own (its proof made
+        with the job's worker token, which only the job's launchers hold)."""
+        if j.reshard_job not in self._tokens:
+            self._tokens[j.reshard_job] = self.client.worker_token(j.reshard_job)
+        if _slurm.mark_of(j.reshard_job, self._tokens[j.reshard_job], j.id) == \
+                f"{_slurm.TAG}{j.reshard_job}:{j.proof}":
+            return True
+        self._once(("mark", j.id), f"Slurm job {j.id} is marked as reshard job {j.reshard_job} "
+                                   "without the job's proof: ignored")
+        return False
+
+    def poll_once(self):
+        jobs = self._read_jobs()
+        down = self._read_down()
+        by_job = {}
+        for j in jobs.values():
+            if j.reshard_job and j.running:
+                by_job.setdefault(j.reshard_job, []).append(j)
+        for job_id, slurm_jobs in sorted(by_job.items()):
+            try:
+                slurm_jobs = [j for j in slurm_jobs if self._marked(j)]
+                if not slurm_jobs:
+                    continue
+                job = self.client.get_job(job_id)
+                requested = [j for j in slurm_jobs if j.request]
+                for j in requested:
+                    self._shrink_begin(j)
+                # Nodes a shrink releases are no spares, from its notices
+                # until Slurm has them back.
+                leaving = {n for _, sh in self._shrinks.values() for n in sh.gone}
+                spares = self._sync_spares(job, slurm_jobs, down | leaving)
+                self._notice_preempted(job, slurm_jobs, spares)
+                for j in requested:
+                    self._shrink_step(j)
+            except errors.NotFound:
+                continue  # deleted, or another coordinator's job
+            except (errors.ReshardError, LaunchError, ValueError) as e:
+                self.log(f"job {job_id}: {' '.join(str(e).split())} (tried again next look)")
+        self._end_what_ended(jobs)
+
+    def _end_what_ended(self, jobs):
+        """Withdraws the notices of preempted Slurm jobs that ended (their
+        nodes serve others now), and drops shrinks whose request is gone."""
+        for key in [k for k in self._noticed if not (
+                jobs.get(k[1]) is not None and jobs[k[1]].running)]:
+            del self._noticed[key]
+            try:
+                self.client.withdraw_notice(key[0])
+                self.log(f"Slurm job {key[1]} ended: {key[0]}'s notice withdrawn")
+            except errors.ReshardError as e:
+                self.log(f"withdrawing {key[0]}'s notice: {e}")
+        for sid in [sid for sid, (req, _) in self._shrinks.items() if not (
+                jobs.get(sid) is not None and jobs[sid].running and jobs[sid].request == req)]:
+            _, sh = self._shrinks.pop(sid)
+            sh.abandon("the request is gone", reset_comment=False)
+
+    def _shrink_begin(self, j):
+        """An admin's shrink (job_submit.lua made it a request): notices."""
         request, s = self._shrinks.get(j.id, (None, None))
-        if request != j.request:
+        if request == j.request:
+            return
+        if s is not None:
+            del self._shrinks[j.id]
+            s.abandon(f"replaced by {j.request}", reset_comment=False)
+        try:
+            gone = released_by_request(j)
+        except ValueError as e:
+            Shrink(self.client, j, [], 0, self.log).abandon(str(e))
+            return
+        s = Shrink(self.client, j, gone, self.shrink_timeout_s, self.log)
+        self._shrinks[j.id] = (j.request, s)
+        try:
+            s.begin()
+        except (LaunchError, errors.ReshardError) as e:
+            del self._shrinks[j.id]
+            s.abandon(str(e))
+
+    def _shrink_step(self, j):
+        """Once the job is off the nodes: Slurm releases them."""
+        if j.id not in self._shrinks:
+            return
+        s = self._shrinks[j.id][1]
+        if s.moved():
             try:
-                gone = released_by_request(j)
-            except ValueError as e:
-                Shrink(self.client, j, [], 0, self.log).abandon(str(e))
-                return
-            s = Shrink(self.client, j, gone, self.shrink_timeout_s, self.log)
-            self._shrinks[j.id] = (j.request, s)
-            try:
-                s.begin()
+                s.finish(j, retry_s=0)
             except LaunchError as e:
+                if "try again" in str(e):
+                    return  # Slurm asked to: the next look does
                 del self._shrinks[j.id]
                 s.abandon(str(e))
                 return
-        if s.moved():
             del self._shrinks[j.id]
-            s.finish()
         elif s.late():
             del self._shrinks[j.id]
             s.abandon(s.late())
 
-    def _sync_spares(self, job, slurm_jobs, down):
+    def _sync_spares(self, job, slurm_jobs, leave_out):
+        """Sets the policy's spares; returns them ([] without a policy)."""
         if not job.HasField("policy"):
-            if job.id not in self._said_no_policy:
-                self._said_no_policy.add(job.id)
-                self.log(f"job {job.id} (Slurm job {','.join(j.id for j in slurm_jobs)}) has no "
-                         "elastic policy: a node failure, preemption or grow cannot move it; "
-                         "give it one (reshard run --policy, or reshardctl jobs policy)")
-            return
+            self._once(("policy", job.id),
+                       f"job {job.id} (Slurm job {','.join(j.id for j in slurm_jobs)}) has no "
+                       "elastic policy: a node failure, preemption or grow cannot move it; "
+                       "give it one (reshard run --policy, or reshardctl jobs policy)")
+            return []
         hosts = set(_layout.hosts_of(job.layout))
-        spares = spares_of(slurm_jobs, hosts, down)
-        if list(job.policy.spare_hosts) == spares:
-            return
-        policy = type(job.policy)()
-        policy.CopyFrom(job.policy)
-        del policy.spare_hosts[:]
-        policy.spare_hosts.extend(spares)
-        self.client.set_policy(job.id, policy)
-        self.log(f"job {job.id}: spares {','.join(spares) or '(none)'} (Slurm's nodes it does "
-                 f"not use)")
+        spares = spares_of(slurm_jobs, hosts, leave_out)
+        if list(job.policy.spare_hosts) != spares:
+            policy = type(job.policy)()
+            policy.CopyFrom(job.policy)
+            del policy.spare_hosts[:]
+            policy.spare_hosts.extend(spares)
+            self.client.set_policy(job.id, policy)
+            self.log(f"job {job.id}: spares {','.join(spares) or '(none)'} (Slurm's nodes it "
+                     "does not use)")
+        return spares
 
-    def _notice_preempted(self, job, slurm_jobs):
+    def _notice_preempted(self, job, slurm_jobs, spares):
         hosts = set(_layout.hosts_of(job.layout))
-        spares = list(job.policy.spare_hosts) if job.HasField("policy") else []
         for j in slurm_jobs:
-            if not j.running or j.preempt_time is None:
+            if j.preempt_time is None:
                 continue
             now = self._now_ms()
+            # Slurm pulls EndTime in to the grace time's end; a job without
+            # a time limit shows EndTime=Unknown at first.
             if j.end_time and j.end_time > now:
                 leaves = j.end_time
-            else:  # EndTime not pulled in yet: the grace time from PreemptTime
+            else:
                 leaves = j.preempt_time + 1000 * self._read_grace().get(j.partition, 0)
             leaves = max(leaves, now + 1000)  # a notice leaves in the future
             for node in j.nodes:
@@ -254,8 +326,12 @@ class Watcher:
                     continue
                 self.log(f"Slurm job {j.id} preempted: {node} leaves in "
                          f"{(leaves - now) / 1000:.0f} s; noticing it")
-                reply = self.client.notice_host(node, leaves, spare_hosts=spares)
-                self._noticed.add((node, j.id))
+                # A call that does not answer in time is tried again at the
+                # next look, with the same key: the same operations.
+                reply = self.client.notice_host(
+                    node, leaves, spare_hosts=spares, timeout=CALL_TIMEOUT_S,
+                    idempotency_key=f"slurm-preempt-{j.id}-{node}-{j.preempt_time}")
+                self._noticed[(node, j.id)] = leaves
                 said = "; ".join(f"{r.job_id}: {r.refused or 'operation ' + r.operation_id}"
                                  for r in reply.jobs)
                 self.log(f"{node} noticed: {said}")
@@ -284,7 +360,7 @@ class Shrink:
         self.log(f"Slurm job {self.job.id} (reshard job {self.job.reshard_job}): releasing "
                  f"{','.join(self.gone)}, keeping {','.join(self.keep)}; moving the job off first")
         for node in self.gone:
-            reply = self.client.notice_host(node, leaves)
+            reply = self.client.notice_host(node, leaves, timeout=CALL_TIMEOUT_S)
             self._noticed.append(node)
             for r in reply.jobs:
                 if r.refused:
@@ -302,9 +378,13 @@ class Shrink:
         return (f"job {self.job.reshard_job} still on {','.join(self.on) or 'its hosts'} after "
                 f"{self.timeout_s:g} s (operation {self.operation or 'none'})")
 
-    def finish(self, retry_s=60.0):
+    def finish(self, now=None, retry_s=60.0):
+        """Slurm releases the nodes: those of the job as it is `now` (a kept
+        node Slurm took out since, a failed one, stays out)."""
+        if now is not None:
+            self.keep = [n for n in now.nodes if n not in self.gone]
         argv = ["update", f"JobId={self.job.id}", f"NodeList={','.join(self.keep)}",
-                f"AdminComment={MOVED}", f"Comment={_slurm.TAG}{self.job.reshard_job}"]
+                f"AdminComment={MOVED}", f"Comment={self.job.mark}"]
         end = time.monotonic() + retry_s
         while True:
             try:
@@ -319,12 +399,15 @@ class Shrink:
         self.log(f"Slurm job {self.job.id} now on {','.join(self.keep)}")
         self._withdraw()
 
-    def abandon(self, why):
+    def abandon(self, why, reset_comment=True):
+        """Withdraws the notices; drops the request from the Comment."""
         self.log(f"Slurm job {self.job.id}: not shrunk: {why}")
         self._withdraw()
-        if self.job.request:
-            _slurm.scontrol(["update", f"JobId={self.job.id}",
-                             f"Comment={_slurm.TAG}{self.job.reshard_job}"])
+        if self.job.request and reset_comment:
+            try:
+                _slurm.scontrol(["update", f"JobId={self.job.id}", f"Comment={self.job.mark}"])
+            except LaunchError as e:
+                self.log(f"Slurm job {self.job.id}: dropping the request: {e}")
 
     def _withdraw(self):
         for node in self._noticed:
@@ -376,7 +459,7 @@ def shrink(client, slurm_job_id, nodes, release, timeout, log, read_jobs=read_jo
             time.sleep(0.2)  # polling the job's layout, not a synchronisation
         s.finish()
     except BaseException as e:
-        s.abandon(str(e) if isinstance(e, LaunchError) else repr(e))
+        s.abandon(str(e) if isinstance(e, (LaunchError, errors.ReshardError)) else repr(e))
         raise
     return gone
 
