@@ -33,7 +33,8 @@ void ParallelFor(size_t n, int threads, const std::function<void(size_t)>& fn) {
 // The new buffers of this host's new ranks, all or none. Executing a task
 // is idempotent: buffers of an earlier attempt of this generation (an agent
 // that died, or a task run again) are discarded first. Pages are reserved
-// now (a full shm_dir fails here; those of spare files exist already) and
+// now (a full shm_dir fails here; those of spare files, or of a buffer
+// dropped a moment ago, exist already) and
 // mapped by a background thread while the first transfers run: fresh pages
 // cost about as much as moving the bytes over loopback, so overlapping the
 // two saves most of it.
@@ -49,7 +50,13 @@ absl::StatusOr<std::vector<RankBufferPtr>> CreateNewBuffers(ShardStore* store,
       store->Drop(k);
     }
   }
-  return store->CreateAll(keys, hs.new_item_bytes, ShardStore::Backing::kReserved);
+  // Every item byte is written by the plan's steps (moves and zero fills),
+  // so pages of a dropped buffer will do; items left for workers to
+  // regenerate must read zero.
+  const ShardStore::Backing backing = task.plan().regenerate_size() == 0
+                                          ? ShardStore::Backing::kOverwritten
+                                          : ShardStore::Backing::kReserved;
+  return store->CreateAll(keys, hs.new_item_bytes, backing);
 }
 
 }  // namespace

@@ -116,6 +116,11 @@ const ConfigTable<C>& Table() {
                         "shared memory kept allocated and zeroed ahead for new rank buffers "
                         "(within --memory-limit-bytes; tmpfs only); 0: none",
                         &C::spare_bytes, 0, kMaxBytes),
+          IntSetting<C>("keep-dropped-ms", "RESHARD_KEEP_DROPPED_MS",
+                        "how long a dropped rank buffer's pages are kept for a new buffer the "
+                        "agent overwrites whole (within --memory-limit-bytes; tmpfs only); 0: "
+                        "freed at once",
+                        &C::keep_dropped_ms, 0, int64_t{24} * 3600 * 1000),
           IntSetting<C>("probe-bytes", "RESHARD_PROBE_BYTES",
                         "bytes the start-up probe copies and hashes to measure this host's rates "
                         "for the coordinator's cost model; 0: none measured",

@@ -24,6 +24,7 @@ struct AgentConfig {
   std::string shm_dir = "/dev/shm";  // --shm-dir, RESHARD_SHM_DIR
   int64_t memory_limit_bytes = int64_t{64} << 30;  // --memory-limit-bytes
   int64_t spare_bytes = int64_t{1} << 30;          // --spare-bytes, RESHARD_SPARE_BYTES
+  int64_t keep_dropped_ms = 60'000;                // --keep-dropped-ms, RESHARD_KEEP_DROPPED_MS
   int64_t probe_bytes = int64_t{32} << 20;         // --probe-bytes, RESHARD_PROBE_BYTES
   std::string ucx_net_devices;                     // --ucx-net-devices, UCX_NET_DEVICES
   std::string ucx_tls;                             // --ucx-tls, UCX_TLS

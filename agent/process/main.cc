@@ -144,6 +144,7 @@ ShardStore::Options StoreOptions(const AgentConfig& config) {
   o.host_id = config.host_id;
   o.memory_limit_bytes = config.memory_limit_bytes;
   o.spare_bytes = config.spare_bytes;
+  o.keep_dropped_s = static_cast<double>(config.keep_dropped_ms) / 1000.0;
   return o;
 }
 

@@ -54,8 +54,31 @@ const char* TaskResultLabel(TaskResult result) {
 }
 
 struct AgentMetrics::Impl : public prometheus::Collectable {
-  explicit Impl(std::shared_ptr<prometheus::Registry> r)
+  Impl(std::shared_ptr<prometheus::Registry> r, std::function<ProcessUsage()> usage)
       : registry(std::move(r)),
+        meter(std::move(usage)),
+        task_cpu_family(prometheus::BuildCounter()
+                            .Name("reshard_agent_task_cpu_seconds_total")
+                            .Help("CPU seconds (user + system, every thread) the agent spent "
+                                  "while host tasks ran; added when the last running task ends.")
+                            .Register(*registry)),
+        task_switches(prometheus::BuildCounter()
+                          .Name("reshard_agent_task_context_switches_total")
+                          .Help("The agent's context switches while host tasks ran, by kind: "
+                                "voluntary (a thread waited: each is a wake-up) or involuntary "
+                                "(a thread was preempted).")
+                          .Register(*registry)),
+        cpu_per_gb_family(prometheus::BuildGauge()
+                              .Name("reshard_agent_task_cpu_seconds_per_gb")
+                              .Help("The last busy period's CPU seconds per GB (1e9 bytes) the "
+                                    "host tasks wrote; a period is a task, or overlapping tasks "
+                                    "together.")
+                              .Register(*registry)),
+        wakeups_per_mb_family(prometheus::BuildGauge()
+                                  .Name("reshard_agent_task_wakeups_per_mb")
+                                  .Help("The last busy period's voluntary context switches per "
+                                        "MB (1e6 bytes) the host tasks wrote.")
+                                  .Register(*registry)),
         tasks_started_family(prometheus::BuildCounter()
                                  .Name("reshard_agent_tasks_started_total")
                                  .Help("Host tasks (this host's slice of an operation) started.")
@@ -148,6 +171,11 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
                 .Name("reshard_agent_worker_cache_entries")
                 .Help("Entries of the worker service's job cache, by kind (generation, token).")
                 .Register(*registry)),
+        task_cpu(task_cpu_family.Add({})),
+        task_voluntary(task_switches.Add({{"kind", "voluntary"}})),
+        task_involuntary(task_switches.Add({{"kind", "involuntary"}})),
+        cpu_per_gb(cpu_per_gb_family.Add({})),
+        wakeups_per_mb(wakeups_per_mb_family.Add({})),
         tasks_started(tasks_started_family.Add({})),
         bytes_written(bytes_written_family.Add({})),
         tasks_running(tasks_running_family.Add({})),
@@ -191,6 +219,11 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   }
 
   std::shared_ptr<prometheus::Registry> registry;
+  BusyMeter meter;
+  prometheus::Family<prometheus::Counter>& task_cpu_family;
+  prometheus::Family<prometheus::Counter>& task_switches;
+  prometheus::Family<prometheus::Gauge>& cpu_per_gb_family;
+  prometheus::Family<prometheus::Gauge>& wakeups_per_mb_family;
   prometheus::Family<prometheus::Counter>& tasks_started_family;
   prometheus::Family<prometheus::Counter>& tasks_finished;
   prometheus::Family<prometheus::Counter>& tasks_by_route;
@@ -212,6 +245,11 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   prometheus::Family<prometheus::Histogram>& worker_rpc;
   prometheus::Family<prometheus::Gauge>& worker_cache_bytes_family;
   prometheus::Family<prometheus::Gauge>& worker_cache_entries_family;
+  prometheus::Counter& task_cpu;
+  prometheus::Counter& task_voluntary;
+  prometheus::Counter& task_involuntary;
+  prometheus::Gauge& cpu_per_gb;
+  prometheus::Gauge& wakeups_per_mb;
   prometheus::Counter& tasks_started;
   prometheus::Counter& bytes_written;
   prometheus::Gauge& tasks_running;
@@ -239,12 +277,14 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   std::map<prometheus::Labels, prometheus::Histogram*> rpc_series;
 };
 
-AgentMetrics::AgentMetrics(std::shared_ptr<prometheus::Registry> registry)
-    : impl_(std::make_shared<Impl>(std::move(registry))) {}
+AgentMetrics::AgentMetrics(std::shared_ptr<prometheus::Registry> registry,
+                           std::function<ProcessUsage()> usage)
+    : impl_(std::make_shared<Impl>(std::move(registry), std::move(usage))) {}
 
 AgentMetrics::~AgentMetrics() = default;
 
 int64_t AgentMetrics::TaskStarted() {
+  impl_->meter.TaskStarted();
   impl_->tasks_started.Increment();
   impl_->tasks_running.Increment();
   std::lock_guard<std::mutex> l(impl_->mu);
@@ -257,6 +297,7 @@ void AgentMetrics::TaskProgress(int64_t done_delta, int64_t total_delta) {
   if (done_delta != 0) impl_->progress.Increment(static_cast<double>(done_delta));
   if (done_delta > 0) {
     impl_->bytes_written.Increment(static_cast<double>(done_delta));
+    impl_->meter.Wrote(done_delta);
   }
   if (total_delta != 0) impl_->total.Increment(static_cast<double>(total_delta));
 }
@@ -270,6 +311,17 @@ void AgentMetrics::TaskFinished(int64_t token, TaskResult result, double seconds
   impl_->tasks_finished.Add({{"result", label}}).Increment();
   impl_->task_duration.Add({{"result", label}}, TaskBuckets()).Observe(seconds < 0 ? 0 : seconds);
   impl_->tasks_running.Decrement();
+  BusyPeriod period;
+  if (impl_->meter.TaskFinished(&period)) {
+    impl_->task_cpu.Increment(period.cpu_seconds > 0 ? period.cpu_seconds : 0);
+    impl_->task_voluntary.Increment(static_cast<double>(std::max<int64_t>(period.voluntary, 0)));
+    impl_->task_involuntary.Increment(
+        static_cast<double>(std::max<int64_t>(period.involuntary, 0)));
+    if (period.bytes > 0) {
+      impl_->cpu_per_gb.Set(period.CpuSecondsPerGb());
+      impl_->wakeups_per_mb.Set(period.WakeupsPerMb());
+    }
+  }
   std::lock_guard<std::mutex> l(impl_->mu);
   impl_->running.erase(token);
 }

@@ -8,6 +8,8 @@
 #include <memory>
 #include <string>
 
+#include "agent/process/busy_meter.h"
+
 namespace prometheus {
 class Collectable;
 class Registry;
@@ -24,13 +26,15 @@ const char* TaskResultLabel(TaskResult result);
 class AgentMetrics {
  public:
   /// Registers every family in `registry`.
-  explicit AgentMetrics(std::shared_ptr<prometheus::Registry> registry);
+  explicit AgentMetrics(std::shared_ptr<prometheus::Registry> registry,
+                        std::function<ProcessUsage()> usage = SampleProcessUsage);
   ~AgentMetrics();
   AgentMetrics(const AgentMetrics&) = delete;
   AgentMetrics& operator=(const AgentMetrics&) = delete;
 
   /// reshard_agent_tasks_started_total, reshard_agent_tasks_running +1.
-  /// Returns the task's token for TaskFinished.
+  /// Returns the task's token for TaskFinished. The first task of a busy
+  /// period (no task ran before it) starts the period's cost (BusyMeter).
   int64_t TaskStarted();
   /// reshard_agent_task_progress_bytes / reshard_agent_task_total_bytes
   /// (gauges, summed over running tasks) move by the deltas;
@@ -42,7 +46,13 @@ class AgentMetrics {
   int64_t bytes_written() const;
   /// reshard_agent_tasks_finished_total{result},
   /// reshard_agent_task_duration_seconds{result} (histogram),
-  /// reshard_agent_tasks_running -1.
+  /// reshard_agent_tasks_running -1. The last task of a busy period adds
+  /// its cost: reshard_agent_task_cpu_seconds_total and
+  /// reshard_agent_task_context_switches_total{kind} (counters), and
+  /// reshard_agent_task_cpu_seconds_per_gb and
+  /// reshard_agent_task_wakeups_per_mb (gauges: the period's CPU seconds per
+  /// GB written and voluntary context switches per MB written; unchanged by
+  /// a period that wrote nothing).
   void TaskFinished(int64_t token, TaskResult result, double seconds);
   /// reshard_agent_tasks_by_route_total{route}: a task took `route`
   /// (TaskExecutor::ExecuteInfo::route).

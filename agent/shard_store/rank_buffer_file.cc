@@ -64,6 +64,19 @@ absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t si
   return data;
 }
 
+void ZeroOutsideItems(uint8_t* data, const std::vector<ItemSlot>& slots, int64_t bytes) {
+  int64_t at = 0;
+  auto zero_to = [&](int64_t end) {
+    end = std::min(end, bytes);
+    if (end > at) std::memset(data + at, 0, static_cast<size_t>(end - at));
+  };
+  for (const ItemSlot& slot : slots) {
+    zero_to(slot.offset);
+    at = std::max(at, slot.offset + slot.bytes);
+  }
+  zero_to(bytes);
+}
+
 absl::Status Populate(uint8_t* data, int64_t bytes, int advice) {
   if (bytes <= 0) return absl::OkStatus();
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

@@ -249,6 +249,10 @@ FileId IdOf(int fd);
 absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t size,
                                      bool writable = true);
 
+// Zeroes the bytes of [data, data + bytes) outside the items of `slots`
+// (laid out in order: LayoutItems).
+void ZeroOutsideItems(uint8_t* data, const std::vector<ItemSlot>& slots, int64_t bytes);
+
 // madvise(`advice`) over the pages of [data, data + bytes).
 absl::Status Populate(uint8_t* data, int64_t bytes, int advice);
 

@@ -14,6 +14,7 @@
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <thread>
 #include <tuple>
@@ -52,6 +53,7 @@ using store_internal::Regroup;
 using store_internal::RemapReadOnly;
 using store_internal::SealedAgain;
 using store_internal::SealPublished;
+using store_internal::ZeroOutsideItems;
 
 constexpr char kMetaSuffix[] = ".meta";
 // CreateAll makes files in parallel from this many bytes in all.
@@ -88,6 +90,7 @@ class ShmShardStore final : public ShardStore {
     o.host_id = options_.host_id;
     o.target_bytes = options_.spare_bytes;
     o.room = [this] { return options_.memory_limit_bytes - accounting_->used.load(); };
+    o.keep_dropped_s = options_.keep_dropped_s;
     pool_ = std::make_unique<SparePool>(std::move(o));
   }
 
@@ -190,17 +193,20 @@ class ShmShardStore final : public ShardStore {
     std::vector<absl::StatusOr<std::shared_ptr<MappedRankBuffer>>> results(
         keys.size(), absl::UnknownError("not created"));
     std::vector<int64_t> spare(keys.size(), 0);
+    std::vector<char> used_spare(keys.size(), 0);  // pages holding a dropped buffer's bytes
+    const bool used_ok = backing == Backing::kOverwritten && writer == Writer::kAgent;
     std::vector<size_t> order(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
     for (size_t i : order) {
       if (sizes[i] < kMinSpareUse) break;
-      absl::StatusOr<int64_t> taken = pool_->TakeInto(sizes[i], PathOf(keys[i]));
+      absl::StatusOr<SparePool::Taken> taken = pool_->TakeInto(sizes[i], PathOf(keys[i]), used_ok);
       if (!taken.ok()) {
         results[i] = absl::AlreadyExistsError(
             absl::StrCat(Describe(keys[i]), ": file \"", PathOf(keys[i]), "\" already exists"));
       } else {
-        spare[i] = *taken;
+        spare[i] = taken->bytes;
+        used_spare[i] = taken->used ? 1 : 0;
       }
     }
     pool_->ShrinkTo(options_.memory_limit_bytes - accounting_->used);
@@ -213,11 +219,12 @@ class ShmShardStore final : public ShardStore {
     auto create = [&](size_t first) {
       for (size_t i = first; i < keys.size(); i += threads) {
         if (!results[i].ok() && absl::IsAlreadyExists(results[i].status())) continue;
-        results[i] = CreateOne(keys[i], slots[i], sizes[i], backing, writer, spare[i]);
+        results[i] =
+            CreateOne(keys[i], slots[i], sizes[i], backing, writer, spare[i], used_spare[i] != 0);
         if (absl::IsResourceExhausted(results[i].status()) && pool_->bytes() > 0) {
           // shm_dir full: the spares' pages go first.
           pool_->ShrinkTo(0);
-          results[i] = CreateOne(keys[i], slots[i], sizes[i], backing, writer, 0);
+          results[i] = CreateOne(keys[i], slots[i], sizes[i], backing, writer, 0, false);
         }
       }
     };
@@ -458,11 +465,12 @@ class ShmShardStore final : public ShardStore {
   void DropGeneration(const std::string& job_id, int64_t generation) override {
     DropListener listener;
     bool job_held = false;
+    std::vector<Dropped> dropped;
     {
       std::lock_guard<std::mutex> lock(mu_);
       for (auto it = buffers_.begin(); it != buffers_.end();) {
         if (it->first.job_id == job_id && it->first.generation == generation) {
-          Unlink(it->second->path());
+          dropped.push_back(Release(std::move(it->second)));
           it = buffers_.erase(it);
         } else {
           ++it;
@@ -472,30 +480,33 @@ class ShmShardStore final : public ShardStore {
         const bool of_it = it->first.job_id == job_id && it->first.generation == generation;
         it = of_it ? refused_.erase(it) : std::next(it);
       }
-      pool_->Wake();
       job_held = HoldsJobLocked(job_id);
       listener = drop_listener_;
     }
+    for (Dropped& d : dropped) KeepOrFree(std::move(d));
+    pool_->Wake();  // once the buffers are gone: their room is free
     if (listener) listener(job_id, generation, job_held);
   }
 
   void Drop(const RankBufferKey& key) override {
     DropListener listener;
     bool job_held = false;
-    bool dropped = false;
+    std::optional<Dropped> dropped;
     {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = buffers_.find(key);
       if (it != buffers_.end()) {
-        Unlink(it->second->path());
+        dropped = Release(std::move(it->second));
         buffers_.erase(it);
-        dropped = true;
       }
       refused_.erase(key);
       job_held = HoldsJobLocked(key.job_id);
       listener = drop_listener_;
     }
-    if (dropped) pool_->Wake();
+    if (dropped) {
+      KeepOrFree(*std::move(dropped));
+      pool_->Wake();
+    }
     if (listener) listener(key.job_id, key.generation, job_held);
   }
 
@@ -626,6 +637,52 @@ class ShmShardStore final : public ShardStore {
     ::unlink((path + kMetaSuffix).c_str());
   }
 
+  // A dropped buffer whose file may become a used spare: renamed to `spare`
+  // (empty: unlinked already).
+  struct Dropped {
+    std::shared_ptr<MappedRankBuffer> buffer;
+    std::string spare;
+  };
+
+  // Takes `b` out of the store's names, under mu_: its sidecar goes, and its
+  // file is unlinked or, when the pool keeps dropped buffers, renamed to a
+  // name of the pool's (so that the buffer's name is free at once either
+  // way). KeepOrFree, outside mu_, finishes.
+  Dropped Release(std::shared_ptr<MappedRankBuffer> b) {
+    Dropped d;
+    const std::string& path = b->path();
+    ::unlink((path + kMetaSuffix).c_str());
+    if (pool_->keeps() && b->size() >= kMinSpareUse) {
+      d.spare = pool_->NewName();
+      if (::rename(path.c_str(), d.spare.c_str()) != 0) d.spare.clear();
+    }
+    if (d.spare.empty()) ::unlink(path.c_str());
+    d.buffer = std::move(b);
+    return d;
+  }
+
+  // Lets go of a Released buffer; its file becomes a used spare when nobody
+  // else has it open or mapped (a write lease proves it: the kernel grants
+  // one only to the file's sole holder, and no worker can open it by name),
+  // else it is unlinked (its pages freed when the last holder lets go).
+  void KeepOrFree(Dropped d) {
+    if (d.spare.empty()) return;
+    const int64_t size = d.buffer->size();
+    d.buffer.reset();  // the last reference unmaps it
+    bool kept = false;
+    const int fd = ::open(d.spare.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+    if (fd >= 0) {
+      struct stat st {};
+      if (::fcntl(fd, F_SETLEASE, F_WRLCK) == 0) {
+        kept = ::fstat(fd, &st) == 0 && st.st_size == size &&
+               ::fchmod(fd, kUnsealedMode) == 0;  // a sealed file's mode was read-only
+        (void)::fcntl(fd, F_SETLEASE, F_UNLCK);
+      }
+      ::close(fd);
+    }
+    if (!kept || !pool_->Keep(d.spare, size)) ::unlink(d.spare.c_str());
+  }
+
   // An unsealed sidecar of this host's buffer `key`.
   Sidecar MakeSidecar(const RankBufferKey& key, std::vector<int64_t> item_bytes,
                       bool published) const {
@@ -673,11 +730,13 @@ class ShmShardStore final : public ShardStore {
 
   // Creates, sizes and maps one file (its unsealed sidecar is written
   // already: WriteUnsealedSidecars). The caller has reserved `size` bytes and, when `spare` > 0,
-  // renamed a spare file of `spare` bytes (pages allocated and zeroed) to the buffer's path.
+  // renamed a spare file of `spare` bytes (pages allocated, and zeroed unless `used`: a dropped
+  // buffer's, for Backing::kOverwritten) to the buffer's path.
   absl::StatusOr<std::shared_ptr<MappedRankBuffer>> CreateOne(const RankBufferKey& key,
                                                               std::vector<ItemSlot> slots,
                                                               int64_t size, Backing backing,
-                                                              Writer writer, int64_t spare) {
+                                                              Writer writer, int64_t spare,
+                                                              bool used) {
     const std::string path = PathOf(key);
     const int fd = spare > 0
                        ? ::open(path.c_str(), O_RDWR | O_CLOEXEC)
@@ -708,7 +767,9 @@ class ShmShardStore final : public ShardStore {
       ::unlink(path.c_str());
       return data.status();
     }
-    const int64_t kept = std::min(spare, size);  // allocated and zeroed already
+    const int64_t kept = std::min(spare, size);  // allocated (and zeroed unless `used`) already
+    // The bytes no item covers read zero, whatever the dropped buffer held.
+    if (used) ZeroOutsideItems(*data, slots, kept);
     absl::Status s = Allocate(*data, kept, size, path, backing == Backing::kPrefaulted);
     if (s.ok() && kept > 0 && backing == Backing::kPrefaulted && writer == Writer::kAgent) {
       // Only page tables to fill; harmless if unsupported (writes map them).

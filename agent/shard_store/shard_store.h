@@ -141,6 +141,12 @@ class ShardStore {
     /// against memory_limit_bytes and are removed first when a CreateAll
     /// needs the room. 0: no spare pool.
     int64_t spare_bytes = 0;
+    /// How long the file of a dropped rank buffer is kept, pages and all,
+    /// for a new buffer made with Backing::kOverwritten to take (its pages
+    /// are not allocated again); within memory_limit_bytes like a spare,
+    /// freed first when a CreateAll needs the room. Only a file no process
+    /// has open or mapped any more is kept. 0: freed at once.
+    double keep_dropped_s = 0;
   };
   // Rank buffer files have no configurable group or mode (docs/security.md,
   // "Workers"): 0600 until sealed, 0400 after, in the agent's own group, so
@@ -160,6 +166,12 @@ class ShardStore {
     /// Pages reserved (a full shm_dir fails CreateAll, never a later write)
     /// but mapped by the first write, or by PrefaultPages meanwhile.
     kReserved,
+    /// As kReserved, for an agent-written buffer whose every item byte the
+    /// caller writes before it is sealed: its pages may be those of a
+    /// buffer dropped a moment ago (Options::keep_dropped_s), holding that
+    /// buffer's bytes until overwritten; the bytes between and after the
+    /// items are zeroed.
+    kOverwritten,
   };
 
   /// Who writes a new buffer's bytes before it is sealed.
@@ -175,9 +187,10 @@ class ShardStore {
 
   /// Creates all the buffers or none: ResourceExhausted naming the bytes
   /// needed, used and the limit (or the shm_dir) when they do not fit;
-  /// AlreadyExists when one exists. New buffers are zeroed. Spare files are
-  /// taken first (renamed to the buffer's name, resized); fresh files cover
-  /// the rest.
+  /// AlreadyExists when one exists. New buffers are zeroed
+  /// (Backing::kOverwritten: outside their items). Spare files are taken
+  /// first (renamed to the buffer's name, resized); fresh files cover the
+  /// rest.
   [[nodiscard]] virtual absl::StatusOr<std::vector<RankBufferPtr>> CreateAll(
       const std::vector<RankBufferKey>& keys, const std::vector<std::vector<int64_t>>& item_bytes,
       Backing backing = Backing::kPrefaulted, Writer writer = Writer::kAgent) = 0;

@@ -16,6 +16,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "absl/strings/ascii.h"
@@ -68,17 +69,37 @@ bool PopulateWrite(int fd, uint8_t* data, int64_t at, int64_t bytes) {
   return true;
 }
 
+// Bytes this host can give to used spares: MemAvailable (/proc/meminfo) less
+// a quarter of MemTotal, left for the host's other work (data loaders,
+// compilers); tmpfs pages are not "available", so every kept spare lowers it.
+// Unknown (no /proc): no limit but the memory limit.
+int64_t HostMemoryToSpare() {
+  FILE* f = ::fopen("/proc/meminfo", "re");
+  if (f == nullptr) return std::numeric_limits<int64_t>::max();
+  int64_t total_kb = -1, available_kb = -1;
+  char name[64];
+  long long kb = 0;
+  while (::fscanf(f, "%63s %lld kB\n", name, &kb) == 2) {
+    if (std::strcmp(name, "MemTotal:") == 0) total_kb = kb;
+    if (std::strcmp(name, "MemAvailable:") == 0) available_kb = kb;
+  }
+  ::fclose(f);
+  if (total_kb < 0 || available_kb < 0) return std::numeric_limits<int64_t>::max();
+  return (available_kb - total_kb / 4) * 1024;
+}
+
 }  // namespace
 
 SparePool::SparePool(Options options) : options_(std::move(options)) {
   RemoveStale();
-  if (options_.target_bytes <= 0) return;
+  if (options_.target_bytes <= 0 && options_.keep_dropped_s <= 0) return;
   // Elsewhere a spare's pages would be written back to a disk, not kept.
   struct statfs fs {};
   if (::statfs(options_.shm_dir.c_str(), &fs) != 0 || fs.f_type != TMPFS_MAGIC) {
     RESHARD_LOG(INFO) << "shard store: \"" << options_.shm_dir << "\" is not tmpfs; no spare pool";
     return;
   }
+  keeping_ = options_.keep_dropped_s > 0;
   thread_ = std::thread([this] { Run(); });
 }
 
@@ -113,22 +134,27 @@ void SparePool::RemoveStale() {
   }
 }
 
-absl::StatusOr<int64_t> SparePool::TakeInto(int64_t bytes, const std::string& path) {
+absl::StatusOr<SparePool::Taken> SparePool::TakeInto(int64_t bytes, const std::string& path,
+                                                     bool used_ok) {
   std::lock_guard<std::mutex> l(mu_);
-  if (ready_.empty()) return 0;
+  // Best: the smallest as large (a used one first at equal size, keeping
+  // the clean ones for buffers that need zeros); else the largest.
   size_t best = ready_.size();
-  for (size_t i = 0; i < ready_.size(); ++i) {
-    if (ready_[i].bytes >= bytes &&
-        (best == ready_.size() || ready_[i].bytes < ready_[best].bytes)) {
-      best = i;
+  auto better = [&](size_t i, bool fits) {
+    if (best == ready_.size()) return true;
+    const Spare& a = ready_[i];
+    const Spare& b = ready_[best];
+    if (a.bytes != b.bytes) return fits ? a.bytes < b.bytes : a.bytes > b.bytes;
+    return a.used && !b.used;
+  };
+  for (int pass = 0; pass < 2 && best == ready_.size(); ++pass) {
+    const bool fits = pass == 0;
+    for (size_t i = 0; i < ready_.size(); ++i) {
+      if ((ready_[i].used && !used_ok) || (fits && ready_[i].bytes < bytes)) continue;
+      if (better(i, fits)) best = i;
     }
   }
-  if (best == ready_.size()) {  // none large enough: the largest, extended by the caller
-    best = 0;
-    for (size_t i = 1; i < ready_.size(); ++i) {
-      if (ready_[i].bytes > ready_[best].bytes) best = i;
-    }
-  }
+  if (best == ready_.size()) return Taken{};
   const Spare s = ready_[best];
   // Never replaces `path`: a buffer of that name is someone else's.
   if (::renameat2(AT_FDCWD, s.path.c_str(), AT_FDCWD, path.c_str(), RENAME_NOREPLACE) != 0) {
@@ -143,14 +169,54 @@ absl::StatusOr<int64_t> SparePool::TakeInto(int64_t bytes, const std::string& pa
     if (err != 0) {
       RESHARD_LOG(WARNING) << "shard store: cannot rename spare \"" << s.path << "\" to \"" << path
                            << "\": " << std::strerror(err);
-      return 0;
+      return Taken{};
     }
   }
   ready_.erase(ready_.begin() + static_cast<std::ptrdiff_t>(best));
   bytes_ -= s.bytes;
+  if (s.used) used_bytes_ -= s.bytes;
   idle_ = false;
   cv_.notify_all();
-  return s.bytes;
+  return Taken{s.bytes, s.used};
+}
+
+std::string SparePool::NewName() {
+  std::lock_guard<std::mutex> l(mu_);
+  return absl::StrCat(options_.shm_dir, "/reshard-", options_.host_id, "-spare-", next_id_++);
+}
+
+bool SparePool::Keep(const std::string& path, int64_t bytes) {
+  if (!keeping_ || bytes <= 0) return false;
+  // Within the memory limit, and only while the host has memory to spare:
+  // a limit set above what the host really has must not make the kept
+  // pages push out its other work.
+  if (bytes > HostMemoryToSpare()) return false;
+  const int64_t room = options_.room ? options_.room() : 0;
+  std::lock_guard<std::mutex> l(mu_);
+  if (stop_ || bytes_ + bytes > room) return false;
+  const auto keep = std::chrono::duration_cast<Clock::duration>(
+      std::chrono::duration<double>(options_.keep_dropped_s));
+  ready_.push_back(Spare{path, bytes, /*used=*/true, Clock::now() + keep});
+  bytes_ += bytes;
+  used_bytes_ += bytes;
+  cv_.notify_all();  // the thread's next expiry may be this one's
+  return true;
+}
+
+SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now) {
+  Clock::time_point next = now + std::chrono::hours(1);
+  for (auto it = ready_.begin(); it != ready_.end();) {
+    if (it->used && it->expires <= now) {
+      ::unlink(it->path.c_str());
+      bytes_ -= it->bytes;
+      used_bytes_ -= it->bytes;
+      it = ready_.erase(it);
+      continue;
+    }
+    if (it->used) next = std::min(next, it->expires);
+    ++it;
+  }
+  return next;
 }
 
 void SparePool::ShrinkTo(int64_t max_bytes) {
@@ -161,11 +227,14 @@ void SparePool::ShrinkTo(int64_t max_bytes) {
     cv_.notify_all();
     cv_.wait(l, [&] { return filling_bytes_ == 0; });
   }
-  std::sort(ready_.begin(), ready_.end(),
-            [](const Spare& a, const Spare& b) { return a.bytes > b.bytes; });
+  // The used spares first (they expire anyway), then the smallest.
+  std::sort(ready_.begin(), ready_.end(), [](const Spare& a, const Spare& b) {
+    return a.used != b.used ? b.used : a.bytes > b.bytes;
+  });
   while (bytes_ > max_bytes && !ready_.empty()) {
     ::unlink(ready_.back().path.c_str());
     bytes_ -= ready_.back().bytes;
+    if (ready_.back().used) used_bytes_ -= ready_.back().bytes;
     ready_.pop_back();
   }
   idle_ = false;
@@ -222,8 +291,14 @@ int64_t SparePool::bytes() const {
   return bytes_;
 }
 
+int64_t SparePool::used_bytes() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return used_bytes_;
+}
+
 int64_t SparePool::NextSize(int64_t cap) const {
   const int64_t target = options_.target_bytes / kGranule * kGranule;
+  if (target <= 0) return 0;  // used spares only (Keep)
   // The spares wanted: the sizes of the last buffers made, repeated; before
   // any, a mix of sizes (a quarter of the target twice, an eighth twice, ...)
   // so that both one large buffer and several small ones find a spare.
@@ -245,7 +320,9 @@ int64_t SparePool::NextSize(int64_t cap) const {
     }
   }
   std::multiset<int64_t> have;
-  for (const Spare& s : ready_) have.insert(s.bytes);
+  for (const Spare& s : ready_) {
+    if (!s.used) have.insert(s.bytes);  // a used spare serves fewer buffers
+  }
   for (int64_t s : want) {
     auto it = have.find(s);
     if (it != have.end()) {
@@ -260,13 +337,18 @@ int64_t SparePool::NextSize(int64_t cap) const {
 void SparePool::Run() {
   LowerPriority();
   std::unique_lock<std::mutex> l(mu_);
+  Clock::time_point retry_at;  // after a failed fill: when to try again
   while (!stop_) {
+    const Clock::time_point expiry = ExpireLocked(Clock::now());
     if (failed_) {
-      if (!cv_.wait_for(l, kFailedBackoff, [&] { return stop_ || !failed_; })) failed_ = false;
+      if (retry_at == Clock::time_point()) retry_at = Clock::now() + kFailedBackoff;
+      cv_.wait_until(l, std::min(expiry, retry_at), [&] { return stop_ || !failed_; });
+      if (failed_ && Clock::now() >= retry_at) failed_ = false;
+      if (!failed_) retry_at = Clock::time_point();
       continue;
     }
     if (pauses_ > 0) {
-      cv_.wait(l, [&] { return stop_ || pauses_ == 0; });
+      cv_.wait_until(l, expiry, [&] { return stop_ || pauses_ == 0; });
       continue;
     }
     const int64_t cap = std::min(options_.target_bytes, options_.room ? options_.room() : 0);
@@ -274,7 +356,7 @@ void SparePool::Run() {
     if (size == 0) {
       idle_ = true;
       cv_.notify_all();
-      cv_.wait_for(l, kRecheck, [&] { return stop_ || !idle_; });
+      cv_.wait_until(l, std::min(expiry, Clock::now() + kRecheck), [&] { return stop_ || !idle_; });
       continue;
     }
     idle_ = false;

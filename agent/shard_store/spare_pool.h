@@ -1,9 +1,13 @@
-// Spare shared-memory files whose pages are allocated and zeroed ahead of
-// time, so that a new rank buffer made from one pays neither (see
-// docs/agent.md, "Shard store"). Internal to the shard store. Thread-safe;
-// the destructor stops the fill thread and removes the spare files.
+// Spare shared-memory files whose pages are allocated ahead of time, so
+// that a new rank buffer made from one does not pay for them (see
+// docs/agent.md, "Shard store"): clean spares, allocated and zeroed by a
+// background thread, and used ones, the files of rank buffers just dropped,
+// kept a while with their pages (and bytes) for buffers whose writer
+// overwrites them whole. Internal to the shard store. Thread-safe; the
+// destructor stops the thread and removes the spare files.
 #pragma once
 
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -26,6 +30,15 @@ class SparePool {
     /// Bytes the pool may hold at most right now (the memory limit less the
     /// rank buffers); called from the fill thread.
     std::function<int64_t()> room;
+    /// How long a used spare (Keep) is kept before its pages are freed;
+    /// 0: Keep keeps nothing.
+    double keep_dropped_s = 0;
+  };
+
+  /// What TakeInto renamed.
+  struct Taken {
+    int64_t bytes = 0;  // 0: nothing (the pool had no spare to give)
+    bool used = false;  // a used spare: its pages hold a dropped buffer's bytes
   };
 
   /// Removes the spare files of `host_id` that a previous agent left in
@@ -37,10 +50,21 @@ class SparePool {
   SparePool& operator=(const SparePool&) = delete;
 
   /// Renames the spare that best fits `bytes` (the smallest as large, else
-  /// the largest) to `path`, which must not exist. Returns the spare's size
-  /// (the caller truncates or extends it), 0 when the pool has none, or
+  /// the largest; a used one first at equal size) to `path`, which must not
+  /// exist; used spares only when `used_ok`. Returns the spare's size (the
+  /// caller truncates or extends it), 0 when the pool has none, or
   /// AlreadyExists when `path` exists (the spare stays in the pool).
-  absl::StatusOr<int64_t> TakeInto(int64_t bytes, const std::string& path);
+  absl::StatusOr<Taken> TakeInto(int64_t bytes, const std::string& path, bool used_ok);
+  /// Whether Keep may keep anything (keep_dropped_s > 0 and a pool thread
+  /// to free what expires).
+  bool keeps() const { return keeping_; }
+  /// A fresh name in the pool for a dropped buffer's file (the caller renames
+  /// the file to it, then calls Keep or unlinks it).
+  std::string NewName();
+  /// Keeps the file at `path` (a NewName, `bytes` long, nobody else's) as a
+  /// used spare for keep_dropped_s when the room allows; false when not (the
+  /// caller unlinks it).
+  bool Keep(const std::string& path, int64_t bytes);
   /// Removes spare files (a fill in progress first, then the smallest) until
   /// the pool holds at most `max_bytes`. Returns once they are gone.
   void ShrinkTo(int64_t max_bytes);
@@ -57,11 +81,16 @@ class SparePool {
   bool WaitFilled(double timeout_s);
   /// Bytes of spare files, those being filled included.
   int64_t bytes() const;
+  /// Bytes of used spares (part of bytes()).
+  int64_t used_bytes() const;
 
  private:
+  using Clock = std::chrono::steady_clock;
   struct Spare {
     std::string path;
     int64_t bytes = 0;
+    bool used = false;
+    Clock::time_point expires;  // a used spare's
   };
   void Run();
   // The next size to fill, or 0 when the pool has what it wants. Under mu_.
@@ -69,12 +98,18 @@ class SparePool {
   // Creates and populates one spare of `bytes`; false when it was given up.
   bool Fill(int64_t bytes);
   void RemoveStale();
+  // Unlinks the used spares whose time is up; the next expiry (at most an
+  // hour away).
+  // Under mu_.
+  Clock::time_point ExpireLocked(Clock::time_point now);
 
   const Options options_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<Spare> ready_;
+  bool keeping_ = false;       // Keep keeps (set once, by the constructor)
   int64_t bytes_ = 0;          // ready_ and the fill in progress
+  int64_t used_bytes_ = 0;     // the used spares of ready_
   int64_t filling_bytes_ = 0;  // the fill in progress, 0 when none
   bool cancel_fill_ = false;   // the fill in progress must give up
   int pauses_ = 0;

@@ -40,6 +40,10 @@ def parse_args(argv=None):
     p.add_argument("--cases", default="1,2,3,4", help="comma-separated: 1 transition, 2 dp, "
                    "3 tp, 4 pp")
     p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--spare-bytes", type=int, default=None,
+                   help="each agent's --spare-bytes (default: the agent's own default)")
+    p.add_argument("--keep-dropped-ms", type=int, default=None,
+                   help="each agent's --keep-dropped-ms (default: the agent's own default)")
     p.add_argument("--size", choices=("full", "half", "quick"), default="full")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: --size quick --reps 1 (all cases unless --cases)")

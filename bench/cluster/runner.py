@@ -75,7 +75,8 @@ class Bench:
         tag = f"{netns.PREFIX}{os.getpid()}"
         self.work_dir = tempfile.mkdtemp(prefix=f"{tag}-work-", dir="/dev/shm")
         cluster_args = dict(devices_per_host=DEVICES_PER_HOST, memory_limit_bytes=8 << 30,
-                            log=self.log, work_dir=os.path.join(self.work_dir, "cluster"))
+                            spare_bytes=self.args.spare_bytes,
+                            keep_dropped_ms=self.args.keep_dropped_ms, log=self.log, work_dir=os.path.join(self.work_dir, "cluster"))
         if self.args.unshaped:
             netns.remove_stale_directories(self.log)  # dead runs' agents' shared memory
             self.cluster = parts.local.LocalCluster(self.args.build, hosts=self.args.hosts,
@@ -85,6 +86,12 @@ class Bench:
             self._start_network(tag)
             self.cluster = parts.NamespacedCluster(self.args.build, self.topology,
                                                    **cluster_args)
+        if self.args.unshaped:
+            # Before the agents start: their spare pools fill in the
+            # background at first, and would share the CPU with it.
+            self.ucx_bw = yardsticks.ucx_tag_bandwidth()
+            self.log(f"ucx_perftest tag_bw (lo, tcp, 64 MiB messages): "
+                     f"{self.ucx_bw / 1e9:.2f} GB/s")
         self.cluster.start()
         self.client = self.cluster.client(timeout=120.0)
         with open(os.path.join(self.work_dir, "ptc.bin"), "wb") as f:
@@ -92,10 +99,6 @@ class Bench:
         self.hosts = parts.HostWorkers(self.cluster.host_ids,
                                        os.path.join(os.path.abspath(self.args.build), "python"),
                                        self.topology, log_dir=self.work_dir)
-        if self.args.unshaped:
-            self.ucx_bw = yardsticks.ucx_tag_bandwidth()
-            self.log(f"ucx_perftest tag_bw (lo, tcp, 64 MiB messages): "
-                     f"{self.ucx_bw / 1e9:.2f} GB/s")
 
     def _start_network(self, tag):
         self.topology = netns.Topology(self.args.hosts, self.args.rate_gbit, log=self.log).start()
@@ -215,7 +218,7 @@ class Bench:
             times["publish_zc_bytes"] = sum(x["bytes"] for x in r.values())
         finally:
             self.hosts.all("drop_buffers")
-            self._delete(job.id, only_its_files=True)
+            self._delete(job.id)
 
     def _timed(self, op, **kwargs):
         t0 = time.monotonic()
@@ -267,10 +270,11 @@ class Bench:
         times["calibrated"] = int(shown.prediction.calibrated)
         return final
 
-    def _delete(self, job_id, timeout=120.0, only_its_files=False):
+    def _delete(self, job_id, timeout=120.0):
         """Deletes the job and waits until every agent has released its
-        shared memory (the next repetition needs it); only_its_files: the
-        files of this job only (another job still holds its own)."""
+        rank buffers (the next repetition needs the memory). Spare files
+        stay: an agent keeps them within its memory limit and frees them
+        when a new buffer needs the room (docs/agent.md, "Shard store")."""
         try:
             self.client.delete_job(job_id)
         except reshard.ReshardError as e:
@@ -279,8 +283,7 @@ class Bench:
         deadline = time.monotonic() + timeout
 
         def held(h):
-            files = self.cluster.shm_files(h)
-            return [f for f in files if f"-{job_id}-" in f] if only_its_files else files
+            return [f for f in self.cluster.shm_files(h) if f"-{job_id}-" in f]
         while any(held(h) for h in self.cluster.host_ids):
             if time.monotonic() > deadline:
                 raise BenchFailure(f"agents still hold {self._shm_bytes() / 1e9:.2f} GB "

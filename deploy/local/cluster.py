@@ -231,7 +231,7 @@ class LocalCluster:
     ADMIN = "admin:local"
 
     def __init__(self, build_dir, hosts=4, devices_per_host=2, work_dir=None, agent_metrics=True,
-                 memory_limit_bytes=4 << 30, spare_bytes=0, lease_ms=None, tick_ms=None, log=None,
+                 memory_limit_bytes=4 << 30, spare_bytes=0, keep_dropped_ms=0, lease_ms=None, tick_ms=None, log=None,
                  tls=True, coordinator_host="127.0.0.1", worker_group=None, heartbeat_ms=None,
                  coordinator_args=(), agent_device=None):
         self.build_dir = os.path.abspath(build_dir)
@@ -255,8 +255,11 @@ class LocalCluster:
         self.agent_metrics = agent_metrics
         self.memory_limit_bytes = memory_limit_bytes
         # Pre-zeroed shared memory each agent keeps ready (reshard-agent
-        # --spare-bytes); off by default so that test clusters stay small.
+        # --spare-bytes); off by default so that test clusters stay small;
+        # None: the agent's own default (as deployed). Likewise how long a
+        # dropped buffer's pages are kept for the next (--keep-dropped-ms).
         self.spare_bytes = spare_bytes
+        self.keep_dropped_ms = keep_dropped_ms
         # The coordinator's own defaults (a 10 s lease, 200 ms ticks), as
         # deployed, unless the caller or the environment says otherwise: the
         # test suites set RESHARD_LOCAL_LEASE_MS / RESHARD_LOCAL_TICK_MS (3 s,
@@ -692,9 +695,12 @@ class LocalCluster:
         agent = self.agents[host_id]
         argv = [self.agent_bin, "--host-id", host_id, "--coordinator", self.coordinator,
                 "--worker-socket", agent.worker_socket, "--shm-dir", agent.shm_dir,
-                "--memory-limit-bytes", str(self.memory_limit_bytes),
-                "--spare-bytes", str(self.spare_bytes), "--ucx-net-devices", "lo",
+                "--memory-limit-bytes", str(self.memory_limit_bytes), "--ucx-net-devices", "lo",
                 "--ucx-tls", "tcp", "--heartbeat-ms", str(self.heartbeat_ms)]
+        if self.spare_bytes is not None:
+            argv += ["--spare-bytes", str(self.spare_bytes)]
+        if self.keep_dropped_ms is not None:
+            argv += ["--keep-dropped-ms", str(self.keep_dropped_ms)]
         if agent.metrics:
             argv += ["--metrics-listen", agent.metrics]
         if self.worker_group is not None:

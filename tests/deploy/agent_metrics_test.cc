@@ -2,9 +2,12 @@
 // after tasks, heartbeats and worker RPCs.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "agent/process/metrics.h"
@@ -47,18 +50,29 @@ std::map<std::string, double> Scrape(const AgentMetrics& m) {
 TEST(AgentMetricsTest, ExportsEveryFamilyBeforeAnythingHappens) {
   AgentMetrics m(std::make_shared<prometheus::Registry>());
   std::map<std::string, double> s = Scrape(m);
-  for (const char* key :
-       {"reshard_agent_tasks_started_total{}", "reshard_agent_tasks_finished_total{result=done}",
-        "reshard_agent_tasks_finished_total{result=failed}",
-        "reshard_agent_tasks_finished_total{result=aborted}",
-        "reshard_agent_task_duration_seconds{result=done}",
-        "reshard_agent_task_bytes_written_total{}", "reshard_agent_tasks_running{}",
-        "reshard_agent_task_progress_bytes{}", "reshard_agent_task_total_bytes{}",
-        "reshard_agent_task_oldest_running_seconds{}", "reshard_agent_shard_store_used_bytes{}",
-        "reshard_agent_shard_store_limit_bytes{}", "reshard_agent_generations_held{}",
-        "reshard_agent_rank_buffers_held{}", "reshard_agent_coordinator_reachable{}",
-        "reshard_agent_heartbeat_failures_total{}", "reshard_agent_registrations_total{result=ok}",
-        "reshard_agent_registrations_total{result=error}"}) {
+  for (const char* key : {"reshard_agent_tasks_started_total{}",
+                          "reshard_agent_tasks_finished_total{result=done}",
+                          "reshard_agent_tasks_finished_total{result=failed}",
+                          "reshard_agent_tasks_finished_total{result=aborted}",
+                          "reshard_agent_task_duration_seconds{result=done}",
+                          "reshard_agent_task_bytes_written_total{}",
+                          "reshard_agent_tasks_running{}",
+                          "reshard_agent_task_progress_bytes{}",
+                          "reshard_agent_task_total_bytes{}",
+                          "reshard_agent_task_oldest_running_seconds{}",
+                          "reshard_agent_shard_store_used_bytes{}",
+                          "reshard_agent_shard_store_limit_bytes{}",
+                          "reshard_agent_generations_held{}",
+                          "reshard_agent_rank_buffers_held{}",
+                          "reshard_agent_coordinator_reachable{}",
+                          "reshard_agent_heartbeat_failures_total{}",
+                          "reshard_agent_registrations_total{result=ok}",
+                          "reshard_agent_registrations_total{result=error}",
+                          "reshard_agent_task_cpu_seconds_total{}",
+                          "reshard_agent_task_context_switches_total{kind=voluntary}",
+                          "reshard_agent_task_context_switches_total{kind=involuntary}",
+                          "reshard_agent_task_cpu_seconds_per_gb{}",
+                          "reshard_agent_task_wakeups_per_mb{}"}) {
     ASSERT_EQ(s.count(key), 1u) << key;
     EXPECT_EQ(s[key], 0) << key;
   }
@@ -100,6 +114,69 @@ TEST(AgentMetricsTest, TasksProgressAndFinish) {
   EXPECT_EQ(s["reshard_agent_task_duration_seconds{result=done}"], 1);
   EXPECT_DOUBLE_EQ(s["reshard_agent_task_duration_seconds_sum{result=done}"], 2.5);
   EXPECT_EQ(s["reshard_agent_task_oldest_running_seconds{}"], 0);
+}
+
+// A process whose usage the test sets.
+struct FakeUsage {
+  ProcessUsage now;
+  std::function<ProcessUsage()> sampler() {
+    return [this] { return now; };
+  }
+};
+
+TEST(AgentMetricsTest, CpuAndWakeupsPerByteOfABusyPeriod) {
+  FakeUsage usage;
+  usage.now = {10.0, 1000, 50};
+  AgentMetrics m(std::make_shared<prometheus::Registry>(), usage.sampler());
+  // Two overlapping tasks make one period: 2 GB written, 3 CPU-s, 4000
+  // voluntary and 10 involuntary switches.
+  const int64_t a = m.TaskStarted();
+  usage.now = {11.0, 2000, 55};
+  const int64_t b = m.TaskStarted();  // not the first: samples nothing
+  m.TaskProgress(1'500'000'000, 0);
+  m.TaskFinished(a, TaskResult::kDone, 1);
+  std::map<std::string, double> s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_task_cpu_seconds_total{}"], 0);  // b still runs
+  m.TaskProgress(500'000'000, 0);
+  usage.now = {13.0, 5000, 60};
+  m.TaskFinished(b, TaskResult::kDone, 1);
+  s = Scrape(m);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_cpu_seconds_total{}"], 3.0);
+  EXPECT_EQ(s["reshard_agent_task_context_switches_total{kind=voluntary}"], 4000);
+  EXPECT_EQ(s["reshard_agent_task_context_switches_total{kind=involuntary}"], 10);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_cpu_seconds_per_gb{}"], 1.5);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_wakeups_per_mb{}"], 2.0);
+
+  // A period that writes nothing adds its CPU but keeps the last ratios;
+  // bytes written between periods count in neither.
+  m.TaskProgress(7'000'000'000, 0);
+  const int64_t c = m.TaskStarted();
+  usage.now = {13.5, 5100, 60};
+  m.TaskFinished(c, TaskResult::kFailed, 1);
+  s = Scrape(m);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_cpu_seconds_total{}"], 3.5);
+  EXPECT_EQ(s["reshard_agent_task_context_switches_total{kind=voluntary}"], 4100);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_cpu_seconds_per_gb{}"], 1.5);
+  EXPECT_DOUBLE_EQ(s["reshard_agent_task_wakeups_per_mb{}"], 2.0);
+}
+
+TEST(BusyMeterTest, RealUsageOfAPeriodThatSpinsAndSleeps) {
+  BusyMeter meter;  // getrusage
+  meter.TaskStarted();
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(50);
+  volatile uint64_t x = 0;
+  while (std::chrono::steady_clock::now() < until) x = x + 1;
+  // The measured thread waits (a sleep is a voluntary context switch, the
+  // wake-up the metric counts), not a synchronisation.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  meter.Wrote(1'000'000);
+  BusyPeriod p;
+  ASSERT_TRUE(meter.TaskFinished(&p));
+  EXPECT_GT(p.cpu_seconds, 0.03);  // 50 ms of spinning, at a 1 ms or 4 ms tick
+  EXPECT_GT(p.voluntary, 0);
+  EXPECT_EQ(p.bytes, 1'000'000);
+  EXPECT_DOUBLE_EQ(p.WakeupsPerMb(), static_cast<double>(p.voluntary));
+  EXPECT_FALSE(meter.TaskFinished(&p));  // no task runs
 }
 
 TEST(AgentMetricsTest, RefreshHookRunsAtEveryCollection) {

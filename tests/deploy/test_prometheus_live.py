@@ -104,6 +104,16 @@ def test_agents_export_what_happened(cluster):
         assert total(a, "reshard_agent_coordinator_reachable") == 1
         assert total(a, "reshard_agent_task_duration_seconds_count", 'result="done"') == 1
         assert total(a, "reshard_agent_shard_store_limit_bytes") > 0
+        # What the task cost: CPU and wake-ups, and per byte written.
+        cpu = total(a, "reshard_agent_task_cpu_seconds_total")
+        assert cpu > 0
+        assert total(a, "reshard_agent_task_context_switches_total", 'kind="voluntary"') > 0
+        mine = total(a, "reshard_agent_task_bytes_written_total")
+        per_gb = total(a, "reshard_agent_task_cpu_seconds_per_gb")
+        if mine > 0:  # one task, so its period's ratio is the totals'
+            assert per_gb == pytest.approx(cpu / (mine / 1e9), rel=1e-6)
+        else:
+            assert per_gb == 0
     # The second host holds only the new generation's rank 1; its bytes are
     # the tensor's (float32, padded to 64 bytes).
     assert total(a1, "reshard_agent_generations_held") == 1

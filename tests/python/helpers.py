@@ -25,6 +25,15 @@ def read_vectors(file_name):
         return json.load(f)
 
 
+def read_json_lines(path):
+    """The complete JSON lines of `path` (a launcher's --events; a line still
+    being written is left out); [] when there is no file yet."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.endswith("\n")]
+
+
 def check_vectors_reproduce(generator, file_name, tmp_path):
     """tests/data/<generator>, run afresh into tmp_path, writes exactly the
     checked-in <file_name>: the file has no hand edits."""

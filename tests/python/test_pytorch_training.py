@@ -34,6 +34,7 @@ import time
 import numpy as np
 import pytest
 
+import helpers
 import reshard
 from reshard import layout
 
@@ -152,10 +153,7 @@ class Job:
                                                 start_new_session=True)
 
     def records(self):
-        if not os.path.exists(self.log):
-            return []
-        with open(self.log) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
+        return helpers.read_json_lines(self.log)
 
     def wait(self, what, until, timeout=180):
         """Waits (deadline `timeout` s) until until(records) holds; a launcher
@@ -183,11 +181,7 @@ class Job:
 
     def events(self, host):
         """The launcher of `host`'s --events (JSON lines)."""
-        path = os.path.join(self.work, f"events-{host}.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
+        return helpers.read_json_lines(os.path.join(self.work, f"events-{host}.jsonl"))
 
     def wait_spares(self, host, n):
         """Waits until `host` has n warm rank processes that never ran a

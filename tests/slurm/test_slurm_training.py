@@ -33,6 +33,8 @@ ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
 TORCH2 = os.path.join(ROOT, "tests", "python", "torch2")
 sys.path.insert(0, os.path.join(ROOT, "deploy", "slurm"))
 sys.path.insert(0, TORCH2)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+import helpers  # noqa: E402
 import slurm_cluster as slurm  # noqa: E402
 
 from reshard import layout  # noqa: E402
@@ -161,10 +163,7 @@ class SlurmJob:
                           env=self.env).strip()
 
     def records(self):
-        if not os.path.exists(self.log):
-            return []
-        with open(self.log) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
+        return helpers.read_json_lines(self.log)
 
     def slurm(self):
         return slurm_job(self.c, self.slurm_id)
@@ -194,11 +193,7 @@ class SlurmJob:
             self.client, "training", self.name), 120, also=self._alive)
 
     def events(self, host):
-        path = os.path.join(self.work, f"events-{host}.jsonl")
-        if not os.path.exists(path):
-            return []
-        with open(path) as f:
-            return [json.loads(line) for line in f if line.endswith("\n")]
+        return helpers.read_json_lines(os.path.join(self.work, f"events-{host}.jsonl"))
 
     def committed_step(self):
         return self.client.get_job(self.job().id).dataset_state.step

@@ -1,5 +1,6 @@
 // The shard store's spare pool: buffers made from spare files, refills,
 // memory accounting, stale spares and restarts.
+#include <fcntl.h>
 #include <linux/magic.h>
 #include <sys/stat.h>
 #include <sys/statfs.h>
@@ -18,6 +19,7 @@
 #include "agent/shard_store/shard_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/support/wait.h"
 
 namespace reshard::agent {
 namespace {
@@ -37,12 +39,14 @@ class SparePoolTest : public ::testing::Test {
   }
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
-  std::unique_ptr<ShardStore> OpenStore(int64_t spare, int64_t limit = int64_t{1} << 30) {
+  std::unique_ptr<ShardStore> OpenStore(int64_t spare, int64_t limit = int64_t{1} << 30,
+                                        double keep_dropped_s = 0) {
     ShardStore::Options o;
     o.shm_dir = dir_;
     o.host_id = "host-a";
     o.memory_limit_bytes = limit;
     o.spare_bytes = spare;
+    o.keep_dropped_s = keep_dropped_s;
     absl::StatusOr<std::unique_ptr<ShardStore>> s = ShardStore::Open(o);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
@@ -55,6 +59,16 @@ class SparePoolTest : public ::testing::Test {
       if (e.path().filename().string().rfind("reshard-host-a-spare-", 0) != 0) continue;
       struct stat st {};
       if (::stat(e.path().c_str(), &st) == 0) out.insert(st.st_ino);
+    }
+    return out;
+  }
+
+  std::set<std::string> SparePaths() const {
+    std::set<std::string> out;
+    for (const auto& e : std::filesystem::directory_iterator(dir_)) {
+      if (e.path().filename().string().rfind("reshard-host-a-spare-", 0) == 0) {
+        out.insert(e.path().string());
+      }
     }
     return out;
   }
@@ -175,6 +189,118 @@ TEST_F(SparePoolTest, SparesCountAgainstTheLimitAndMakeRoom) {
   EXPECT_EQ(store->used_bytes(), 0);
   EXPECT_GT(store->spare_bytes(), 0);
   EXPECT_LE(store->spare_bytes(), 64 * kMiB);
+}
+
+// A rank buffer of `item_bytes` made with `backing`, filled with `fill`
+// and sealed; its file's inode.
+ino_t MakeSealed(ShardStore& store, const RankBufferKey& key, std::vector<int64_t> item_bytes,
+                 uint8_t fill) {
+  auto made = store.CreateAll({key}, {item_bytes}, ShardStore::Backing::kOverwritten);
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return 0;
+  RankBufferPtr b = (*made)[0];
+  std::memset(b->data(), fill, static_cast<size_t>(b->size()));
+  auto sealed = store.Seal(key, {});
+  EXPECT_TRUE(sealed.ok()) << sealed.status();
+  struct stat st {};
+  EXPECT_EQ(::stat(b->path().c_str(), &st), 0);
+  return st.st_ino;
+}
+
+TEST_F(SparePoolTest, ADroppedBuffersPagesServeTheNextBufferItsWriterOverwrites) {
+  auto store = OpenStore(/*spare=*/0, int64_t{1} << 30, /*keep_dropped_s=*/600);
+  const ino_t old = MakeSealed(*store, Key(0), {8 * kMiB + 3, 100}, 0xAB);
+  const int64_t old_size = 8 * kMiB + 192;  // items at 64-byte offsets, the end too
+  store->DropGeneration("job-1", 1);
+  // Its name is gone at once; its file is a used spare, counted as a spare.
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/reshard-host-a-job-1-g1-r0"));
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/reshard-host-a-job-1-g1-r0.meta"));
+  EXPECT_EQ(SpareInodes(), std::set<ino_t>{old});
+  EXPECT_EQ(store->spare_bytes(), old_size);
+  EXPECT_EQ(store->used_bytes(), 0);
+  EXPECT_EQ(Stat(*SparePaths().begin()).st_mode & 07777, 0600u);  // writable again
+
+  // A buffer that must read zero (a worker writes it, or kReserved) never
+  // takes it.
+  auto zeroed = store->CreateAll({Key(0, 2)}, {{8 * kMiB}}, ShardStore::Backing::kReserved);
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  EXPECT_NE(Stat((*zeroed)[0]->path()).st_ino, old);
+  ExpectZero(*(*zeroed)[0]);
+  EXPECT_EQ(store->spare_bytes(), old_size);
+
+  // One its writer overwrites takes it: the old bytes stay in its items
+  // until overwritten; between and after them it reads zero.
+  auto reused =
+      store->CreateAll({Key(1, 2)}, {{4 * kMiB + 1, 4 * kMiB}}, ShardStore::Backing::kOverwritten);
+  ASSERT_TRUE(reused.ok()) << reused.status();
+  RankBufferPtr b = (*reused)[0];
+  EXPECT_EQ(Stat(b->path()).st_ino, old);
+  ASSERT_EQ(b->size(), 8 * kMiB + 64);
+  EXPECT_EQ(Stat(b->path()).st_size, b->size());
+  EXPECT_EQ(b->data()[0], 0xAB);
+  EXPECT_EQ(b->data()[4 * kMiB], 0xAB);
+  for (int64_t i = 4 * kMiB + 1; i < 4 * kMiB + 64; ++i) ASSERT_EQ(b->data()[i], 0) << i;
+  EXPECT_EQ(b->items()[1].offset, 4 * kMiB + 64);
+  EXPECT_EQ(b->data()[b->size() - 1], 0xAB);
+  EXPECT_EQ(store->spare_bytes(), 0);
+  EXPECT_TRUE(SpareInodes().empty());
+  EXPECT_EQ(store->used_bytes(), 8 * kMiB + (8 * kMiB + 64));
+}
+
+TEST_F(SparePoolTest, ADroppedBufferAnotherProcessHoldsIsFreedNotKept) {
+  auto store = OpenStore(0, int64_t{1} << 30, 600);
+  MakeSealed(*store, Key(0), {8 * kMiB}, 0x5A);
+  // A worker still holding the file (a zero-copy load keeps it mapped; an
+  // open descriptor counts alike): its bytes must never be reused.
+  const int held = ::open((dir_ + "/reshard-host-a-job-1-g1-r0").c_str(), O_RDONLY);
+  ASSERT_GE(held, 0) << std::strerror(errno);
+  store->DropGeneration("job-1", 1);
+  EXPECT_TRUE(SpareInodes().empty());
+  EXPECT_EQ(store->spare_bytes(), 0);
+  struct stat st {};
+  ASSERT_EQ(::fstat(held, &st), 0);
+  EXPECT_EQ(st.st_nlink, 0u);  // unlinked: its pages go when the holder lets go
+  uint8_t byte = 0;
+  ASSERT_EQ(::pread(held, &byte, 1, 4 * kMiB), 1);
+  EXPECT_EQ(byte, 0x5A);
+  ::close(held);
+
+  // A buffer the agent itself still uses (a task holds it) likewise.
+  MakeSealed(*store, Key(1), {8 * kMiB}, 0x11);
+  absl::StatusOr<RankBufferPtr> in_use = store->Get(Key(1));
+  ASSERT_TRUE(in_use.ok()) << in_use.status();
+  store->Drop(Key(1));
+  EXPECT_TRUE(SpareInodes().empty());
+  EXPECT_EQ((*in_use)->data()[8 * kMiB - 1], 0x11);
+}
+
+TEST_F(SparePoolTest, UsedSparesAreFreedWhenTheirTimeIsUpOrTheRoomIsNeeded) {
+  {
+    auto store = OpenStore(0, int64_t{1} << 30, /*keep_dropped_s=*/0.2);
+    MakeSealed(*store, Key(0), {8 * kMiB}, 1);
+    store->DropGeneration("job-1", 1);
+    EXPECT_EQ(store->spare_bytes(), 8 * kMiB);
+    EXPECT_TRUE(test_support::Eventually(
+        [&] { return store->spare_bytes() == 0 && SpareInodes().empty(); }, absl::Seconds(30)));
+  }
+  // Within the memory limit, and freed first when a buffer needs the room.
+  auto store = OpenStore(0, /*limit=*/20 * kMiB, 600);
+  MakeSealed(*store, Key(0), {16 * kMiB}, 2);
+  store->DropGeneration("job-1", 1);
+  EXPECT_EQ(store->spare_bytes(), 16 * kMiB);
+  auto zeroed = store->CreateAll({Key(0, 2)}, {{12 * kMiB}}, ShardStore::Backing::kReserved);
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  EXPECT_EQ(store->spare_bytes(), 0);
+  EXPECT_TRUE(SpareInodes().empty());
+  ExpectZero(*(*zeroed)[0]);
+  // Kept beside the buffers while the limit allows: 12 MiB used + 6 kept.
+  MakeSealed(*store, Key(1, 2), {6 * kMiB}, 3);
+  store->Drop(Key(1, 2));
+  EXPECT_EQ(store->spare_bytes(), 6 * kMiB);
+  zeroed->clear();
+  store->Drop(Key(0, 2));
+  EXPECT_EQ(store->spare_bytes(), 18 * kMiB);
+  EXPECT_EQ(store->used_bytes(), 0);
 }
 
 TEST_F(SparePoolTest, StaleSparesAreRemovedAtOpen) {

@@ -195,17 +195,21 @@ def run(argv):
             explicit[host] = addr
         port_range = parse_port_range(args.rdzv_port_range)
         # Under Slurm a world meets at its rank 0's node's NodeAddr.
-        slurm_nodes = None
-        if allocation and not args.rdzv_host_pattern:
-            def slurm_nodes(fallback):
-                """Slurm's NodeAddr; while slurmctld does not answer, the
-                agents' addresses the coordinator lists."""
-                def list_nodes():
-                    try:
-                        return _slurm.node_addresses()
-                    except LaunchError:
-                        return fallback()
-                return list_nodes
+        use_slurm = bool(allocation and not args.rdzv_host_pattern)
+
+        def listing(list_hosts):
+            """How the launcher lists the hosts' addresses: the agents' the
+            coordinator lists (`list_hosts`), or under Slurm its NodeAddr
+            (the agents' while slurmctld does not answer)."""
+            if not use_slurm:
+                return list_hosts
+
+            def list_nodes():
+                try:
+                    return _slurm.node_addresses()
+                except LaunchError:
+                    return list_hosts()
+            return list_nodes
         from reshard.core.client import Client, tls_credentials
         kwargs = {"insecure": True} if args.insecure else {
             "credentials": tls_credentials(os.path.abspath(args.tls_ca))}
@@ -215,9 +219,8 @@ def run(argv):
         if args.job_name:
             registration = _register.prepare_run(
                 args, command, kwargs,
-                lambda list_hosts: Addresses(
-                    explicit, args.rdzv_host_pattern,
-                    slurm_nodes(list_hosts) if slurm_nodes else list_hosts),
+                lambda list_hosts: Addresses(explicit, args.rdzv_host_pattern,
+                                             listing(list_hosts)),
                 port_range)
             args.job = registration.job_id
             token = worker_token = registration.worker_token
@@ -233,8 +236,7 @@ def run(argv):
             client, args.job, args.host, os.path.abspath(args.worker_socket), command,
             args.coordinator, worker_token=worker_token,
             tls_ca=os.path.abspath(args.tls_ca) if args.tls_ca else "",
-            addresses=Addresses(explicit, args.rdzv_host_pattern, slurm_nodes(
-                client.list_hosts) if slurm_nodes else client.list_hosts),
+            addresses=Addresses(explicit, args.rdzv_host_pattern, listing(client.list_hosts)),
             port_range=port_range, retire_timeout=args.retire_timeout,
             recovery_timeout=args.recovery_timeout, grace=args.grace, settle=args.settle,
             events_path=args.events,

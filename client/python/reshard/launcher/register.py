@@ -142,6 +142,33 @@ def read_token(path, flag):
         raise LaunchError(f"{flag} \"{path}\": cannot read it: {e.strerror}") from None
 
 
+# The coordinator connection of `reshard register` and `reshard slurm`: the
+# same flags (--coordinator, --tls-ca or --insecure, --tls-cert/--tls-key,
+# --token-file, $RESHARD_TOKEN), read the same way.
+def check_transport(args):
+    if bool(args.tls_ca) == bool(args.insecure):
+        raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise LaunchError("--tls-cert and --tls-key go together")
+
+
+def token_of(args, missing):
+    """--token-file's token, else $RESHARD_TOKEN's; LaunchError(`missing`)
+    when neither gives one and there is no client certificate either."""
+    token = (read_token(args.token_file, "--token-file") if args.token_file
+             else os.environ.get("RESHARD_TOKEN", ""))
+    if not token and not args.tls_cert:
+        raise LaunchError(missing)
+    return token
+
+
+def connect(args, token):
+    from reshard.core.client import Client, tls_credentials
+    kwargs = {"insecure": True} if args.insecure else {"credentials": tls_credentials(
+        os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
+    return Client(args.coordinator, token=token or None, **kwargs)
+
+
 # ---------------------------------------------------- the rank's side
 
 
@@ -581,18 +608,12 @@ def main(argv):
             raise LaunchError("give --ptc FILE, or -- COMMAND (the training script), one of them")
         if args.dataset_state and not args.ptc:
             raise LaunchError("--dataset-state goes with --ptc (a script gives its own dataset)")
-        if bool(args.tls_ca) == bool(args.insecure):
-            raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
-        if bool(args.tls_cert) != bool(args.tls_key):
-            raise LaunchError("--tls-cert and --tls-key go together")
+        check_transport(args)
         lay = first_layout(args)
         policy = read_policy(args.policy)
-        token = (read_token(args.token_file, "--token-file") if args.token_file
-                 else os.environ.get("RESHARD_TOKEN", ""))
-        if not token and not args.tls_cert:
-            raise LaunchError("a credential allowed to register: --token-file (a scheduler "
-                              "token of the tenant or an admin's), $RESHARD_TOKEN, or "
-                              "--tls-cert/--tls-key")
+        token = token_of(args, "a credential allowed to register: --token-file (a scheduler "
+                               "token of the tenant or an admin's), $RESHARD_TOKEN, or "
+                               "--tls-cert/--tls-key")
         if args.ptc:
             req = {"ptc": _read_json(args.ptc, "--ptc"), "dataset_state": (
                 _read_json(args.dataset_state, "--dataset-state")
@@ -612,10 +633,7 @@ def main(argv):
             req = describe_locally(command, lay, args.coordinator,
                                    os.path.abspath(args.tls_ca) if args.tls_ca else "",
                                    args.timeout)
-        from reshard.core.client import Client, tls_credentials
-        kwargs = {"insecure": True} if args.insecure else {"credentials": tls_credentials(
-            os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
-        client = Client(args.coordinator, token=token or None, **kwargs)
+        client = connect(args, token)
         job, worker_token = register(client, args.tenant, args.name, lay, req,
                                      args.idempotency_key, args.state_memory, policy)
         if args.worker_token_file:

@@ -47,6 +47,7 @@ import time
 from reshard.core import errors
 from reshard.core import layout as _layout
 from reshard.launcher._launch_env import EXIT_OK, EXIT_USAGE, LaunchError
+from reshard.launcher import register
 from reshard.launcher import slurm as _slurm
 
 
@@ -495,22 +496,10 @@ def _parser():
 
 
 def _client(args):
-    from reshard.core.client import Client, tls_credentials
-    if bool(args.tls_ca) == bool(args.insecure):
-        raise LaunchError("give --tls-ca FILE (TLS) or --insecure (plaintext), one of them")
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise LaunchError("--tls-cert and --tls-key go together")
-    token = ""
-    if args.token_file:
-        with open(args.token_file) as f:
-            token = f.read().strip()
-    token = token or os.environ.get("RESHARD_TOKEN", "")
-    if not token and not args.tls_cert:
-        raise LaunchError("an admin's credential: --tls-cert/--tls-key, --token-file or "
-                          "$RESHARD_TOKEN")
-    kwargs = {"insecure": True} if args.insecure else {"credentials": tls_credentials(
-        os.path.abspath(args.tls_ca), args.tls_cert, args.tls_key)}
-    return Client(args.coordinator, token=token or None, **kwargs)
+    register.check_transport(args)
+    token = register.token_of(args, "an admin's credential: --tls-cert/--tls-key, --token-file "
+                                    "or $RESHARD_TOKEN")
+    return register.connect(args, token)
 
 
 def main(argv):
