@@ -77,6 +77,14 @@ void ZeroOutsideItems(uint8_t* data, const std::vector<ItemSlot>& slots, int64_t
   zero_to(bytes);
 }
 
+void ZeroPages(uint8_t* data, int64_t bytes) {
+  if (bytes <= 0) return;
+#ifdef MADV_POPULATE_WRITE
+  (void)Populate(data, bytes, MADV_POPULATE_WRITE);  // else the writes fault them in
+#endif
+  std::memset(data, 0, static_cast<size_t>(bytes));
+}
+
 absl::Status Populate(uint8_t* data, int64_t bytes, int advice) {
   if (bytes <= 0) return absl::OkStatus();
   const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));

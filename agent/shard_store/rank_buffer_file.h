@@ -253,6 +253,10 @@ absl::StatusOr<uint8_t*> MapAndClose(int fd, const std::string& path, int64_t si
 // (laid out in order: LayoutItems).
 void ZeroOutsideItems(uint8_t* data, const std::vector<ItemSlot>& slots, int64_t bytes);
 
+// Zeroes [data, data + bytes) of a writable mapping of existing pages,
+// mapping them in one call first (no fault per page).
+void ZeroPages(uint8_t* data, int64_t bytes);
+
 // madvise(`advice`) over the pages of [data, data + bytes).
 absl::Status Populate(uint8_t* data, int64_t bytes, int advice);
 

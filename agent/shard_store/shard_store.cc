@@ -54,6 +54,7 @@ using store_internal::RemapReadOnly;
 using store_internal::SealedAgain;
 using store_internal::SealPublished;
 using store_internal::ZeroOutsideItems;
+using store_internal::ZeroPages;
 
 constexpr char kMetaSuffix[] = ".meta";
 // CreateAll makes files in parallel from this many bytes in all.
@@ -194,13 +195,14 @@ class ShmShardStore final : public ShardStore {
         keys.size(), absl::UnknownError("not created"));
     std::vector<int64_t> spare(keys.size(), 0);
     std::vector<char> used_spare(keys.size(), 0);  // pages holding a dropped buffer's bytes
-    const bool used_ok = backing == Backing::kOverwritten && writer == Writer::kAgent;
+    const bool overwritten = backing == Backing::kOverwritten && writer == Writer::kAgent;
     std::vector<size_t> order(keys.size());
     for (size_t i = 0; i < keys.size(); ++i) order[i] = i;
     std::sort(order.begin(), order.end(), [&](size_t a, size_t b) { return sizes[a] > sizes[b]; });
     for (size_t i : order) {
       if (sizes[i] < kMinSpareUse) break;
-      absl::StatusOr<SparePool::Taken> taken = pool_->TakeInto(sizes[i], PathOf(keys[i]), used_ok);
+      absl::StatusOr<SparePool::Taken> taken =
+          pool_->TakeInto(sizes[i], PathOf(keys[i]), overwritten);
       if (!taken.ok()) {
         results[i] = absl::AlreadyExistsError(
             absl::StrCat(Describe(keys[i]), ": file \"", PathOf(keys[i]), "\" already exists"));
@@ -768,8 +770,16 @@ class ShmShardStore final : public ShardStore {
       return data.status();
     }
     const int64_t kept = std::min(spare, size);  // allocated (and zeroed unless `used`) already
-    // The bytes no item covers read zero, whatever the dropped buffer held.
-    if (used) ZeroOutsideItems(*data, slots, kept);
+    if (used) {
+      // Whatever the dropped buffer held: a buffer its writer overwrites
+      // reads zero outside its items, any other one everywhere (clearing
+      // existing pages costs a fraction of allocating them).
+      if (backing == Backing::kOverwritten && writer == Writer::kAgent) {
+        ZeroOutsideItems(*data, slots, kept);
+      } else {
+        ZeroPages(*data, kept);
+      }
+    }
     absl::Status s = Allocate(*data, kept, size, path, backing == Backing::kPrefaulted);
     if (s.ok() && kept > 0 && backing == Backing::kPrefaulted && writer == Writer::kAgent) {
       // Only page tables to fill; harmless if unsupported (writes map them).

@@ -142,10 +142,11 @@ class ShardStore {
     /// needs the room. 0: no spare pool.
     int64_t spare_bytes = 0;
     /// How long the file of a dropped rank buffer is kept, pages and all,
-    /// for a new buffer made with Backing::kOverwritten to take (its pages
-    /// are not allocated again); within memory_limit_bytes like a spare,
-    /// freed first when a CreateAll needs the room. Only a file no process
-    /// has open or mapped any more is kept. 0: freed at once.
+    /// for a new buffer to take (its pages are not allocated again: a
+    /// Backing::kOverwritten buffer clears only what lies outside its
+    /// items, any other clears it whole); within memory_limit_bytes like a
+    /// spare, freed first when a CreateAll needs the room. Only a file no
+    /// process has open or mapped any more is kept. 0: freed at once.
     double keep_dropped_s = 0;
   };
   // Rank buffer files have no configurable group or mode (docs/security.md,
@@ -167,10 +168,10 @@ class ShardStore {
     /// but mapped by the first write, or by PrefaultPages meanwhile.
     kReserved,
     /// As kReserved, for an agent-written buffer whose every item byte the
-    /// caller writes before it is sealed: its pages may be those of a
-    /// buffer dropped a moment ago (Options::keep_dropped_s), holding that
-    /// buffer's bytes until overwritten; the bytes between and after the
-    /// items are zeroed.
+    /// caller writes before it is sealed: when its pages are those of a
+    /// buffer dropped a moment ago (Options::keep_dropped_s), its items
+    /// hold that buffer's bytes until overwritten (only the bytes between
+    /// and after the items are zeroed), and such pages are its first pick.
     kOverwritten,
   };
 

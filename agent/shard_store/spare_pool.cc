@@ -135,22 +135,23 @@ void SparePool::RemoveStale() {
 }
 
 absl::StatusOr<SparePool::Taken> SparePool::TakeInto(int64_t bytes, const std::string& path,
-                                                     bool used_ok) {
+                                                     bool prefer_used) {
   std::lock_guard<std::mutex> l(mu_);
-  // Best: the smallest as large (a used one first at equal size, keeping
-  // the clean ones for buffers that need zeros); else the largest.
+  // Best: the smallest as large, else the largest; at equal size the kind
+  // the caller prefers (a used one costs a buffer that must read zero a
+  // clearing pass; a clean one is wasted on a buffer overwritten anyway).
   size_t best = ready_.size();
   auto better = [&](size_t i, bool fits) {
     if (best == ready_.size()) return true;
     const Spare& a = ready_[i];
     const Spare& b = ready_[best];
     if (a.bytes != b.bytes) return fits ? a.bytes < b.bytes : a.bytes > b.bytes;
-    return a.used && !b.used;
+    return a.used != b.used && a.used == prefer_used;
   };
   for (int pass = 0; pass < 2 && best == ready_.size(); ++pass) {
     const bool fits = pass == 0;
     for (size_t i = 0; i < ready_.size(); ++i) {
-      if ((ready_[i].used && !used_ok) || (fits && ready_[i].bytes < bytes)) continue;
+      if (fits && ready_[i].bytes < bytes) continue;
       if (better(i, fits)) best = i;
     }
   }

@@ -50,11 +50,12 @@ class SparePool {
   SparePool& operator=(const SparePool&) = delete;
 
   /// Renames the spare that best fits `bytes` (the smallest as large, else
-  /// the largest; a used one first at equal size) to `path`, which must not
-  /// exist; used spares only when `used_ok`. Returns the spare's size (the
-  /// caller truncates or extends it), 0 when the pool has none, or
-  /// AlreadyExists when `path` exists (the spare stays in the pool).
-  absl::StatusOr<Taken> TakeInto(int64_t bytes, const std::string& path, bool used_ok);
+  /// the largest; at equal size a used one when `prefer_used`, else a clean
+  /// one) to `path`, which must not exist. Returns the spare's size (the
+  /// caller truncates or extends it, and clears a used one as it needs), 0
+  /// when the pool has none, or AlreadyExists when `path` exists (the spare
+  /// stays in the pool).
+  absl::StatusOr<Taken> TakeInto(int64_t bytes, const std::string& path, bool prefer_used);
   /// Whether Keep may keep anything (keep_dropped_s > 0 and a pool thread
   /// to free what expires).
   bool keeps() const { return keeping_; }

@@ -220,16 +220,8 @@ TEST_F(SparePoolTest, ADroppedBuffersPagesServeTheNextBufferItsWriterOverwrites)
   EXPECT_EQ(store->used_bytes(), 0);
   EXPECT_EQ(Stat(*SparePaths().begin()).st_mode & 07777, 0600u);  // writable again
 
-  // A buffer that must read zero (a worker writes it, or kReserved) never
-  // takes it.
-  auto zeroed = store->CreateAll({Key(0, 2)}, {{8 * kMiB}}, ShardStore::Backing::kReserved);
-  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
-  EXPECT_NE(Stat((*zeroed)[0]->path()).st_ino, old);
-  ExpectZero(*(*zeroed)[0]);
-  EXPECT_EQ(store->spare_bytes(), old_size);
-
-  // One its writer overwrites takes it: the old bytes stay in its items
-  // until overwritten; between and after them it reads zero.
+  // A buffer its writer overwrites takes it: the old bytes stay in its
+  // items until overwritten; between and after them it reads zero.
   auto reused =
       store->CreateAll({Key(1, 2)}, {{4 * kMiB + 1, 4 * kMiB}}, ShardStore::Backing::kOverwritten);
   ASSERT_TRUE(reused.ok()) << reused.status();
@@ -244,7 +236,31 @@ TEST_F(SparePoolTest, ADroppedBuffersPagesServeTheNextBufferItsWriterOverwrites)
   EXPECT_EQ(b->data()[b->size() - 1], 0xAB);
   EXPECT_EQ(store->spare_bytes(), 0);
   EXPECT_TRUE(SpareInodes().empty());
-  EXPECT_EQ(store->used_bytes(), 8 * kMiB + (8 * kMiB + 64));
+  EXPECT_EQ(store->used_bytes(), 8 * kMiB + 64);
+
+  // Dropped again (filled with 0xCD), the pages serve a buffer that must
+  // read zero (kReserved; a worker's publish alike): cleared whole.
+  std::memset(b->data(), 0xCD, static_cast<size_t>(b->size()));
+  b.reset();
+  reused->clear();
+  store->Drop(Key(1, 2));
+  EXPECT_EQ(SpareInodes(), std::set<ino_t>{old});
+  auto zeroed = store->CreateAll({Key(0, 3)}, {{8 * kMiB}}, ShardStore::Backing::kReserved);
+  ASSERT_TRUE(zeroed.ok()) << zeroed.status();
+  EXPECT_EQ(Stat((*zeroed)[0]->path()).st_ino, old);
+  ExpectZero(*(*zeroed)[0]);
+  for (int64_t i = 0; i < 8 * kMiB; i += 4096) ASSERT_EQ((*zeroed)[0]->data()[i], 0) << i;
+  // And a worker's publish buffer (mapped read-only by the agent) likewise.
+  std::memset((*zeroed)[0]->data(), 0xEE, 8 * kMiB);
+  zeroed->clear();
+  store->Drop(Key(0, 3));
+  EXPECT_EQ(SpareInodes(), std::set<ino_t>{old});
+  auto published = store->CreateAll({Key(1, 3)}, {{8 * kMiB}}, ShardStore::Backing::kPrefaulted,
+                                    ShardStore::Writer::kWorker);
+  ASSERT_TRUE(published.ok()) << published.status();
+  EXPECT_EQ(Stat((*published)[0]->path()).st_ino, old);
+  ExpectZero(*(*published)[0]);
+  for (int64_t i = 0; i < 8 * kMiB; i += 4096) ASSERT_EQ((*published)[0]->data()[i], 0) << i;
 }
 
 TEST_F(SparePoolTest, ADroppedBufferAnotherProcessHoldsIsFreedNotKept) {
