@@ -92,6 +92,7 @@ class ShmShardStore final : public ShardStore {
     o.target_bytes = options_.spare_bytes;
     o.room = [this] { return options_.memory_limit_bytes - accounting_->used.load(); };
     o.keep_dropped_s = options_.keep_dropped_s;
+    o.host_memory = options_.host_memory;
     pool_ = std::make_unique<SparePool>(std::move(o));
   }
 

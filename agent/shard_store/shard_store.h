@@ -148,6 +148,10 @@ class ShardStore {
     /// spare, freed first when a CreateAll needs the room. Only a file no
     /// process has open or mapped any more is kept. 0: freed at once.
     double keep_dropped_s = 0;
+    /// Bytes of the host's memory spares may still take; below zero, spares
+    /// are freed until it is not. Null: MemAvailable less a quarter of
+    /// MemTotal (/proc/meminfo).
+    std::function<int64_t()> host_memory;
   };
   // Rank buffer files have no configurable group or mode (docs/security.md,
   // "Workers"): 0600 until sealed, 0400 after, in the agent's own group, so

@@ -191,7 +191,7 @@ bool SparePool::Keep(const std::string& path, int64_t bytes) {
   // Within the memory limit, and only while the host has memory to spare:
   // a limit set above what the host really has must not make the kept
   // pages push out its other work.
-  if (bytes > HostMemoryToSpare()) return false;
+  if (bytes > HostMemory()) return false;
   const int64_t room = options_.room ? options_.room() : 0;
   std::lock_guard<std::mutex> l(mu_);
   if (stop_ || bytes_ + bytes > room) return false;
@@ -204,7 +204,33 @@ bool SparePool::Keep(const std::string& path, int64_t bytes) {
   return true;
 }
 
+int64_t SparePool::HostMemory() const {
+  return options_.host_memory ? options_.host_memory() : HostMemoryToSpare();
+}
+
 SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now) {
+  // The host needs memory back: spares go, used ones (then the smallest)
+  // first, until it does not.
+  if (!ready_.empty()) {
+    int64_t short_by = -HostMemory();
+    if (short_by > 0) {
+      std::sort(ready_.begin(), ready_.end(), [](const Spare& a, const Spare& b) {
+        return a.used != b.used ? b.used : a.bytes > b.bytes;
+      });
+      int64_t freed = 0;
+      while (short_by > 0 && !ready_.empty()) {
+        const Spare& s = ready_.back();
+        ::unlink(s.path.c_str());
+        bytes_ -= s.bytes;
+        if (s.used) used_bytes_ -= s.bytes;
+        short_by -= s.bytes;
+        freed += s.bytes;
+        ready_.pop_back();
+      }
+      RESHARD_LOG(INFO) << "shard store: the host is short of memory: freed " << freed
+                        << " bytes of spares";
+    }
+  }
   Clock::time_point next = now + std::chrono::hours(1);
   for (auto it = ready_.begin(); it != ready_.end();) {
     if (it->used && it->expires <= now) {
@@ -349,10 +375,14 @@ void SparePool::Run() {
       continue;
     }
     if (pauses_ > 0) {
-      cv_.wait_until(l, expiry, [&] { return stop_ || pauses_ == 0; });
+      cv_.wait_until(l, std::min(expiry, Clock::now() + kRecheck),
+                     [&] { return stop_ || pauses_ == 0; });
       continue;
     }
-    const int64_t cap = std::min(options_.target_bytes, options_.room ? options_.room() : 0);
+    const int64_t host = HostMemory();
+    const int64_t cap =
+        std::min({options_.target_bytes, options_.room ? options_.room() : 0,
+                  host > std::numeric_limits<int64_t>::max() - bytes_ ? host : bytes_ + host});
     const int64_t size = NextSize(cap);
     if (size == 0) {
       idle_ = true;

@@ -30,6 +30,11 @@ class SparePool {
     /// Bytes the pool may hold at most right now (the memory limit less the
     /// rank buffers); called from the fill thread.
     std::function<int64_t()> room;
+    /// Bytes of the host's memory the pool may still take (null: MemAvailable
+    /// less a quarter of MemTotal, from /proc/meminfo). Below zero the host
+    /// needs memory back: the thread frees used spares, then clean ones,
+    /// until it is not, and nothing is kept or filled meanwhile.
+    std::function<int64_t()> host_memory;
     /// How long a used spare (Keep) is kept before its pages are freed;
     /// 0: Keep keeps nothing.
     double keep_dropped_s = 0;
@@ -99,10 +104,12 @@ class SparePool {
   // Creates and populates one spare of `bytes`; false when it was given up.
   bool Fill(int64_t bytes);
   void RemoveStale();
-  // Unlinks the used spares whose time is up; the next expiry (at most an
-  // hour away).
+  // Unlinks the used spares whose time is up and, while the host needs
+  // memory back (host_memory() < 0), spares (used ones first, then the
+  // smallest); the next expiry (at most an hour away).
   // Under mu_.
   Clock::time_point ExpireLocked(Clock::time_point now);
+  int64_t HostMemory() const;
 
   const Options options_;
   mutable std::mutex mu_;

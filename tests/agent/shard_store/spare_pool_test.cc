@@ -6,12 +6,14 @@
 #include <sys/statfs.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <set>
 #include <string>
 #include <vector>
@@ -40,13 +42,15 @@ class SparePoolTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::unique_ptr<ShardStore> OpenStore(int64_t spare, int64_t limit = int64_t{1} << 30,
-                                        double keep_dropped_s = 0) {
+                                        double keep_dropped_s = 0,
+                                        std::function<int64_t()> host_memory = nullptr) {
     ShardStore::Options o;
     o.shm_dir = dir_;
     o.host_id = "host-a";
     o.memory_limit_bytes = limit;
     o.spare_bytes = spare;
     o.keep_dropped_s = keep_dropped_s;
+    o.host_memory = std::move(host_memory);
     absl::StatusOr<std::unique_ptr<ShardStore>> s = ShardStore::Open(o);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? *std::move(s) : nullptr;
@@ -317,6 +321,32 @@ TEST_F(SparePoolTest, UsedSparesAreFreedWhenTheirTimeIsUpOrTheRoomIsNeeded) {
   store->Drop(Key(0, 2));
   EXPECT_EQ(store->spare_bytes(), 18 * kMiB);
   EXPECT_EQ(store->used_bytes(), 0);
+}
+
+TEST_F(SparePoolTest, SparesGoWhenTheHostNeedsItsMemoryBack) {
+  std::atomic<int64_t> host{int64_t{1} << 40};
+  auto store = OpenStore(32 * kMiB, int64_t{1} << 30, 600, [&] { return host.load(); });
+  ASSERT_TRUE(store->WaitForSpares(kWait));
+  MakeSealed(*store, Key(0), {8 * kMiB}, 1);
+  store->DropGeneration("job-1", 1);
+  ASSERT_TRUE(store->WaitForSpares(kWait));
+  ASSERT_GT(store->spare_bytes(), 8 * kMiB);  // clean ones and the used one
+  // The host needs memory back (and goes on needing it): every spare goes.
+  host = -1;
+  ASSERT_TRUE(
+      test_support::Eventually([&] { return store->spare_bytes() == 0 && SpareInodes().empty(); }));
+  // While it is short nothing is kept or filled.
+  host = 0;
+  MakeSealed(*store, Key(1), {8 * kMiB}, 2);
+  const int64_t before = store->spare_bytes();
+  store->Drop(Key(1));
+  EXPECT_EQ(store->spare_bytes(), before);
+  ASSERT_TRUE(store->WaitForSpares(kWait));
+  EXPECT_EQ(store->spare_bytes(), before);
+  // Room again: the clean pool refills.
+  host = int64_t{1} << 40;
+  store->WaitForSpares(0);  // wakes the thread
+  ASSERT_TRUE(test_support::Eventually([&] { return store->spare_bytes() == 32 * kMiB; }));
 }
 
 TEST_F(SparePoolTest, StaleSparesAreRemovedAtOpen) {
