@@ -169,6 +169,13 @@ TEST_F(NetnsTest, LinkCutMidTransferAbortsAndOldGenerationSurvives) {
   ASSERT_TRUE(p.ok()) << p;
 
   // Move stage 0 to h2 (h0 sends to it), then cut h0 off the network.
+  // h0 sends at 1 Mbit/s: its few hundred KB then take a second or more,
+  // so that the cut lands in the transfer, not after it (unshaped, the
+  // whole transfer can end between the poll that sees TRANSFERRING and the
+  // cut).
+  ASSERT_EQ(Sh("ip netns exec " + Ns(0) + " tc qdisc add dev " + NsIf(0) +
+               " root tbf rate 1mbit burst 16kb latency 2s"),
+            0);
   const v1::Layout target = MakeLayout(2, 2, 2, {"h2", "h1"}, 4);
   v1::ResizeRequest rr;
   rr.set_job_id(job);
