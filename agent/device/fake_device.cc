@@ -415,6 +415,7 @@ absl::StatusOr<void*> FakeDeviceApi::MallocHost(size_t bytes) {
   if (p == nullptr) {
     return absl::ResourceExhaustedError(absl::StrCat("cudaMallocHost (fake): ", bytes, " bytes"));
   }
+  host_registrations_.fetch_add(1);
   return p;
 }
 

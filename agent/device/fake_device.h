@@ -23,6 +23,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -89,6 +90,9 @@ class FakeDeviceApi : public DeviceApi {
   /// Bytes allocated on `device` (each allocation rounded up to
   /// kDeviceAlignment; IPC-opened memory not counted).
   int64_t used_bytes(int device) const;
+  /// MallocHost calls that succeeded: each pins host memory on a real device
+  /// (cudaMallocHost), which costs more than a copy, so a test counts them.
+  int64_t host_registrations() const { return host_registrations_.load(); }
 
  private:
   struct Allocation {
@@ -130,6 +134,7 @@ class FakeDeviceApi : public DeviceApi {
   Allocations allocations_;
   std::vector<int64_t> used_;                    // per device
   std::set<Stream*> streams_;
+  std::atomic<int64_t> host_registrations_{0};
 };
 
 }  // namespace reshard::agent

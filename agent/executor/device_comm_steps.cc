@@ -75,23 +75,17 @@ struct Chunk {
   int64_t bytes = 0;
 };
 
-// Device (or pinned host) memory owned for a run.
+// Device memory owned for a run.
 class Owned {
  public:
-  Owned(DeviceApi* api, bool host) : api_(api), host_(host) {}
+  explicit Owned(DeviceApi* api) : api_(api) {}
   Owned(const Owned&) = delete;
   ~Owned() {
-    if (p_ == nullptr) return;
-    if (host_) {
-      (void)api_->FreeHost(p_);
-    } else {
-      (void)api_->Free(kCommDevice, p_);
-    }
+    if (p_ != nullptr) (void)api_->Free(kCommDevice, p_);
   }
   absl::Status Allocate(int64_t bytes) {
     if (bytes <= 0) return absl::OkStatus();
-    absl::StatusOr<void*> p = host_ ? api_->MallocHost(static_cast<size_t>(bytes))
-                                    : api_->Malloc(kCommDevice, static_cast<size_t>(bytes));
+    absl::StatusOr<void*> p = api_->Malloc(kCommDevice, static_cast<size_t>(bytes));
     if (!p.ok()) return p.status();
     p_ = *p;
     return absl::OkStatus();
@@ -100,7 +94,6 @@ class Owned {
 
  private:
   DeviceApi* api_;
-  bool host_;
   void* p_ = nullptr;
 };
 
@@ -302,18 +295,21 @@ class CommSteps : public DeviceCrossHostSteps {
     staging_reservation_ = *std::move(reserved);
     for (const auto& [p, n] : need) {
       Staging& s = staging[p];
-      s.send = std::make_unique<Owned>(api_, false);
-      s.receive = std::make_unique<Owned>(api_, false);
-      s.send_host = std::make_unique<Owned>(api_, true);
-      s.receive_host = std::make_unique<Owned>(api_, true);
-      for (auto [o, bytes] : {std::pair{s.send.get(), n.first},
-                              {s.receive.get(), n.second},
-                              {s.send_host.get(), sealed ? n.first : 0},
-                              {s.receive_host.get(), sealed ? n.second : 0}}) {
-        if (absl::Status st = o->Allocate(bytes); !st.ok()) {
-          return absl::Status(st.code(), absl::StrCat("device communicator staging for host \"", p,
-                                                      "\": ", st.message()));
-        }
+      s.send = std::make_unique<Owned>(api_);
+      s.receive = std::make_unique<Owned>(api_);
+      auto failed = [&](const absl::Status& st) {
+        return absl::Status(st.code(), absl::StrCat("device communicator staging for host \"", p,
+                                                    "\": ", st.message()));
+      };
+      for (auto [o, bytes] : {std::pair{s.send.get(), n.first}, {s.receive.get(), n.second}}) {
+        if (absl::Status st = o->Allocate(bytes); !st.ok()) return failed(st);
+      }
+      // The host copies come from the store's pinned pool: registered once
+      // for the agent's life, not per run.
+      for (auto [lease, bytes] : {std::pair{&s.send_host, n.first}, {&s.receive_host, n.second}}) {
+        absl::StatusOr<PinnedHostPool::Lease> got = devices_.pinned().Take(sealed ? bytes : 0);
+        if (!got.ok()) return failed(got.status());
+        *lease = *std::move(got);
       }
     }
     for (size_t k = 0; k < rounds; ++k) {
@@ -331,7 +327,7 @@ class CommSteps : public DeviceCrossHostSteps {
         }
         if (sealed && at > 0) {
           if (absl::Status st =
-                  api_->MemcpyAsync(s.send_host->data(), s.send->data(), static_cast<size_t>(at),
+                  api_->MemcpyAsync(s.send_host.data(), s.send->data(), static_cast<size_t>(at),
                                     CopyKind::kDeviceToHost, *stream_);
               !st.ok()) {
             return st;
@@ -352,7 +348,7 @@ class CommSteps : public DeviceCrossHostSteps {
         const int64_t bytes = WindowBytes(*w);
         if (sealed && bytes > 0) {
           if (absl::Status st =
-                  api_->MemcpyAsync(s.receive_host->data(), s.receive->data(),
+                  api_->MemcpyAsync(s.receive_host.data(), s.receive->data(),
                                     static_cast<size_t>(bytes), CopyKind::kDeviceToHost, *stream_);
               !st.ok()) {
             return st;
@@ -373,8 +369,8 @@ class CommSteps : public DeviceCrossHostSteps {
       queued_ = false;
       if (sealed) {
         for (const auto& [p, s] : staging) {
-          for (const auto& [ws, host] : {std::pair{&send_windows_, s.send_host.get()},
-                                         {&receive_windows_, s.receive_host.get()}}) {
+          for (const auto& [ws, host] :
+               {std::pair{&send_windows_, &s.send_host}, {&receive_windows_, &s.receive_host}}) {
             const std::vector<Chunk>* w = Window(*ws, p, k);
             if (w == nullptr) continue;
             int64_t at = 0;
@@ -424,7 +420,8 @@ class CommSteps : public DeviceCrossHostSteps {
   // Per peer: staging as large as its largest window, each direction (and
   // its pinned host copy with seals). Released by ReleaseStaging.
   struct Staging {
-    std::unique_ptr<Owned> send, receive, send_host, receive_host;
+    std::unique_ptr<Owned> send, receive;
+    PinnedHostPool::Lease send_host, receive_host;
   };
   std::map<std::string, Staging> staging_;
   bool queued_ = false;  // work that may use staging_ is queued on stream_, not yet synced

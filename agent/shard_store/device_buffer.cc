@@ -44,21 +44,6 @@ class ScopedStream {
   DeviceStream s_;
 };
 
-// Host staging memory (MallocHost), freed on scope exit.
-class Staging {
- public:
-  Staging(DeviceApi* api, void* p) : api_(api), p_(p) {}
-  Staging(const Staging&) = delete;
-  ~Staging() {
-    if (p_ != nullptr) (void)api_->FreeHost(p_);
-  }
-  uint8_t* data() const { return static_cast<uint8_t*>(p_); }
-
- private:
-  DeviceApi* api_;
-  void* p_;
-};
-
 }  // namespace
 
 DeviceRankBuffer::DeviceRankBuffer(RankBufferKey key, int device, void* data, int64_t size,
@@ -93,7 +78,8 @@ DeviceBufferStore::DeviceBufferStore(DeviceApi* api, const Options& options,
     : api_(api),
       options_(options),
       limits_(std::move(limits)),
-      accounting_(std::make_shared<DeviceRankBuffer::Accounting>()) {
+      accounting_(std::make_shared<DeviceRankBuffer::Accounting>()),
+      pinned_(std::make_unique<PinnedHostPool>(api, options.pinned_keep_bytes)) {
   accounting_->used.assign(limits_.size(), 0);
 }
 
@@ -107,6 +93,10 @@ absl::StatusOr<std::unique_ptr<DeviceBufferStore>> DeviceBufferStore::Open(
   if (options.staging_bytes < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("staging_bytes ", options.staging_bytes, " is below 1"));
+  }
+  if (options.pinned_keep_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pinned_keep_bytes ", options.pinned_keep_bytes, " is negative"));
   }
   std::vector<int64_t> limits;
   for (int d = 0; d < api->capabilities().device_count; ++d) {
@@ -327,13 +317,12 @@ absl::StatusOr<std::vector<uint64_t>> DeviceBufferStore::ChecksumItems(
   std::vector<uint64_t> sums(b.items().size(), Checksum(nullptr, 0));
   if (chunks.empty()) return sums;
   const int64_t chunk_bytes = std::min<int64_t>(options_.staging_bytes, b.size());
-  absl::StatusOr<void*> a = api_->MallocHost(chunk_bytes);
-  if (!a.ok()) return a.status();
-  Staging first(api_, *a);
-  absl::StatusOr<void*> c = api_->MallocHost(chunk_bytes);
-  if (!c.ok()) return c.status();
-  Staging second(api_, *c);
-  uint8_t* const staging[2] = {first.data(), second.data()};
+  // Pinned once (the store's pool), not per seal.
+  absl::StatusOr<PinnedHostPool::Lease> first = pinned_->Take(chunk_bytes);
+  if (!first.ok()) return first.status();
+  absl::StatusOr<PinnedHostPool::Lease> second = pinned_->Take(chunk_bytes);
+  if (!second.ok()) return second.status();
+  uint8_t* const staging[2] = {first->data(), second->data()};
   absl::StatusOr<ScopedStream> s = ScopedStream::Create(api_, b.device());
   if (!s.ok()) return s.status();
   auto enqueue = [&](size_t i) {

@@ -24,6 +24,7 @@
 #include "absl/status/statusor.h"
 #include "agent/device/device_api.h"
 #include "agent/device/memory_kind.h"
+#include "agent/device/pinned_host_pool.h"
 #include "agent/shard_store/shard_store.h"
 
 namespace reshard::agent {
@@ -100,6 +101,9 @@ class DeviceBufferStore {
     int64_t memory_limit_bytes_per_device = 0;
     /// Bytes of each of the two host staging chunks Seal hashes through.
     int64_t staging_bytes = int64_t{8} << 20;
+    /// Pinned host memory kept registered between uses (pinned()); 0: every
+    /// use registers its own.
+    int64_t pinned_keep_bytes = int64_t{1} << 30;
   };
 
   /// `api` (not null) must outlive the store and every buffer it made.
@@ -159,6 +163,9 @@ class DeviceBufferStore {
   /// The device API the buffers live in (the executor's device path copies
   /// between them through it).
   DeviceApi* api() const { return api_; }
+  /// Pinned host memory registered once and lent again: the staging Seal
+  /// hashes through, and that of the executor's device paths.
+  PinnedHostPool& pinned() const { return *pinned_; }
 
  private:
   using KeyTuple = std::tuple<std::string, int64_t, int32_t>;
@@ -172,6 +179,7 @@ class DeviceBufferStore {
   const Options options_;
   const std::vector<int64_t> limits_;  // per device
   const std::shared_ptr<DeviceRankBuffer::Accounting> accounting_;
+  const std::unique_ptr<PinnedHostPool> pinned_;
   std::map<KeyTuple, DeviceRankBufferPtr> buffers_;  // guarded by accounting_->mu
 };
 

@@ -138,8 +138,9 @@ absl::StatusOr<SparePool::Taken> SparePool::TakeInto(int64_t bytes, const std::s
                                                      bool prefer_used) {
   std::lock_guard<std::mutex> l(mu_);
   // Best: the smallest as large, else the largest; at equal size the kind
-  // the caller prefers (a used one costs a buffer that must read zero a
-  // clearing pass; a clean one is wasted on a buffer overwritten anyway).
+  // the caller prefers (a used spare given to a buffer that must read zero
+  // costs a clearing pass; a clean one given to a buffer its writer
+  // overwrites whole wastes the zeroing the pool did).
   size_t best = ready_.size();
   auto better = [&](size_t i, bool fits) {
     if (best == ready_.size()) return true;
@@ -175,7 +176,6 @@ absl::StatusOr<SparePool::Taken> SparePool::TakeInto(int64_t bytes, const std::s
   }
   ready_.erase(ready_.begin() + static_cast<std::ptrdiff_t>(best));
   bytes_ -= s.bytes;
-  if (s.used) used_bytes_ -= s.bytes;
   idle_ = false;
   cv_.notify_all();
   return Taken{s.bytes, s.used};
@@ -199,7 +199,6 @@ bool SparePool::Keep(const std::string& path, int64_t bytes) {
       std::chrono::duration<double>(options_.keep_dropped_s));
   ready_.push_back(Spare{path, bytes, /*used=*/true, Clock::now() + keep});
   bytes_ += bytes;
-  used_bytes_ += bytes;
   cv_.notify_all();  // the thread's next expiry may be this one's
   return true;
 }
@@ -208,25 +207,26 @@ int64_t SparePool::HostMemory() const {
   return options_.host_memory ? options_.host_memory() : HostMemoryToSpare();
 }
 
+int64_t SparePool::FreeLocked(const std::function<bool(int64_t freed)>& more) {
+  std::sort(ready_.begin(), ready_.end(), [](const Spare& a, const Spare& b) {
+    return a.used != b.used ? b.used : a.bytes > b.bytes;
+  });
+  int64_t freed = 0;
+  while (!ready_.empty() && more(freed)) {
+    ::unlink(ready_.back().path.c_str());
+    bytes_ -= ready_.back().bytes;
+    freed += ready_.back().bytes;
+    ready_.pop_back();
+  }
+  return freed;
+}
+
 SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now) {
-  // The host needs memory back: spares go, used ones (then the smallest)
-  // first, until it does not.
+  // The host needs memory back: spares go until it does not.
   if (!ready_.empty()) {
-    int64_t short_by = -HostMemory();
+    const int64_t short_by = -HostMemory();
     if (short_by > 0) {
-      std::sort(ready_.begin(), ready_.end(), [](const Spare& a, const Spare& b) {
-        return a.used != b.used ? b.used : a.bytes > b.bytes;
-      });
-      int64_t freed = 0;
-      while (short_by > 0 && !ready_.empty()) {
-        const Spare& s = ready_.back();
-        ::unlink(s.path.c_str());
-        bytes_ -= s.bytes;
-        if (s.used) used_bytes_ -= s.bytes;
-        short_by -= s.bytes;
-        freed += s.bytes;
-        ready_.pop_back();
-      }
+      const int64_t freed = FreeLocked([&](int64_t n) { return n < short_by; });
       RESHARD_LOG(INFO) << "shard store: the host is short of memory: freed " << freed
                         << " bytes of spares";
     }
@@ -236,7 +236,6 @@ SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now) {
     if (it->used && it->expires <= now) {
       ::unlink(it->path.c_str());
       bytes_ -= it->bytes;
-      used_bytes_ -= it->bytes;
       it = ready_.erase(it);
       continue;
     }
@@ -254,16 +253,7 @@ void SparePool::ShrinkTo(int64_t max_bytes) {
     cv_.notify_all();
     cv_.wait(l, [&] { return filling_bytes_ == 0; });
   }
-  // The used spares first (they expire anyway), then the smallest.
-  std::sort(ready_.begin(), ready_.end(), [](const Spare& a, const Spare& b) {
-    return a.used != b.used ? b.used : a.bytes > b.bytes;
-  });
-  while (bytes_ > max_bytes && !ready_.empty()) {
-    ::unlink(ready_.back().path.c_str());
-    bytes_ -= ready_.back().bytes;
-    if (ready_.back().used) used_bytes_ -= ready_.back().bytes;
-    ready_.pop_back();
-  }
+  FreeLocked([&](int64_t) { return bytes_ > max_bytes; });
   idle_ = false;
 }
 
@@ -316,11 +306,6 @@ bool SparePool::WaitFilled(double timeout_s) {
 int64_t SparePool::bytes() const {
   std::lock_guard<std::mutex> l(mu_);
   return bytes_;
-}
-
-int64_t SparePool::used_bytes() const {
-  std::lock_guard<std::mutex> l(mu_);
-  return used_bytes_;
 }
 
 int64_t SparePool::NextSize(int64_t cap) const {
@@ -449,7 +434,7 @@ bool SparePool::Fill(int64_t bytes) {
     return false;
   }
   std::lock_guard<std::mutex> l(mu_);
-  ready_.push_back(Spare{path, bytes});
+  ready_.push_back(Spare{path, bytes, /*used=*/false, {}});
   return true;
 }
 

@@ -87,8 +87,6 @@ class SparePool {
   bool WaitFilled(double timeout_s);
   /// Bytes of spare files, those being filled included.
   int64_t bytes() const;
-  /// Bytes of used spares (part of bytes()).
-  int64_t used_bytes() const;
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -105,10 +103,12 @@ class SparePool {
   bool Fill(int64_t bytes);
   void RemoveStale();
   // Unlinks the used spares whose time is up and, while the host needs
-  // memory back (host_memory() < 0), spares (used ones first, then the
-  // smallest); the next expiry (at most an hour away).
-  // Under mu_.
+  // memory back (host_memory() < 0), spares (FreeLocked's order); the next
+  // expiry (at most an hour away). Under mu_.
   Clock::time_point ExpireLocked(Clock::time_point now);
+  // Unlinks spares, the used ones first, then the smallest, while `more()`;
+  // the bytes freed. Under mu_.
+  int64_t FreeLocked(const std::function<bool(int64_t freed)>& more);
   int64_t HostMemory() const;
 
   const Options options_;
@@ -117,7 +117,6 @@ class SparePool {
   std::vector<Spare> ready_;
   bool keeping_ = false;       // Keep keeps (set once, by the constructor)
   int64_t bytes_ = 0;          // ready_ and the fill in progress
-  int64_t used_bytes_ = 0;     // the used spares of ready_
   int64_t filling_bytes_ = 0;  // the fill in progress, 0 when none
   bool cancel_fill_ = false;   // the fill in progress must give up
   int pauses_ = 0;

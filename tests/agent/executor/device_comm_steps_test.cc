@@ -187,6 +187,25 @@ TEST_F(DeviceCommStepsTest, TwoHostsMoveDeviceBuffersOverTheCommunicator) {
   for (int h = 0; h < 2; ++h) EXPECT_TRUE(Waited(h, "step seals")) << h;
 }
 
+TEST_F(DeviceCommStepsTest, TheHostCopiesArePinnedOnceForTheAgentsLife) {
+  // The sealed windows' host copies and the seals' staging are pinned host
+  // memory from the device store's pool: a second operation on the same
+  // agents registers none (the fake device counts cudaMallocHost calls).
+  ASSERT_NO_FATAL_FAILURE(ExpectHostsMoveOver("device communicator"));
+  std::vector<int64_t> first;
+  for (int h = 0; h < 2; ++h) {
+    first.push_back(apis_[h]->host_registrations());
+    EXPECT_GT(first[h], 0) << h;  // the first run registered its staging
+    devices_[h]->DropGeneration(kJob, 2);
+  }
+  const std::vector<Result> again = RunAll(kSecret);
+  for (int h = 0; h < 2; ++h) {
+    ASSERT_NO_FATAL_FAILURE(ExpectResult(h, again[h]));
+    EXPECT_EQ(apis_[h]->host_registrations(), first[h]) << h;
+    EXPECT_EQ(devices_[h]->pinned().registrations(), first[h]) << h;
+  }
+}
+
 TEST_F(DeviceCommStepsTest, ThreeHostsInACycleMoveOverOneCommunicator) {
   ExpectThreeHostsInACycleMoveOver("device communicator");
 }

@@ -110,6 +110,47 @@ TEST_F(DeviceBufferTest, SealsToTheChecksumsOfAHostBufferWithTheSameBytes) {
   }
 }
 
+TEST_F(DeviceBufferTest, SealsStageThroughPinnedMemoryRegisteredOnce) {
+  // Each seal hashes through two staging chunks of pinned host memory; the
+  // store registers them once (cudaMallocHost costs more than the copy),
+  // whatever the number of seals.
+  const std::vector<int64_t> items = {70001, 64};
+  std::unique_ptr<DeviceBufferStore> devices = OpenDevices(0, 4000);
+  ASSERT_NE(devices, nullptr);
+  for (int rank = 0; rank < 5; ++rank) {
+    ASSERT_TRUE(devices->CreateAll({Key(rank)}, {rank % 2}, {items}).ok());
+    for (size_t i = 0; i < items.size(); ++i) {
+      std::vector<uint8_t> bytes = Pattern(items[i], rank * 13 + static_cast<int>(i));
+      ASSERT_TRUE(
+          devices->WriteItem(Key(rank), static_cast<int>(i), 0, bytes.data(), items[i]).ok());
+    }
+    absl::StatusOr<std::vector<uint64_t>> sums = devices->Seal(Key(rank), {});
+    ASSERT_TRUE(sums.ok()) << sums.status();
+    EXPECT_EQ((*sums)[0], Checksum(Pattern(items[0], rank * 13).data(), items[0])) << rank;
+  }
+  EXPECT_EQ(api_.host_registrations(), 2);
+  EXPECT_EQ(devices->pinned().registrations(), 2);
+  EXPECT_EQ(devices->pinned().idle_bytes(), 2 * PinnedHostPool::kMinBlock);
+}
+
+TEST_F(DeviceBufferTest, KeepingNoPinnedMemoryRegistersPerSeal) {
+  DeviceBufferStore::Options o;
+  o.staging_bytes = 4000;
+  o.pinned_keep_bytes = 0;
+  absl::StatusOr<std::unique_ptr<DeviceBufferStore>> devices = DeviceBufferStore::Open(&api_, o);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE((*devices)->CreateAll({Key(rank)}, {0}, {{5000}}).ok());
+    ASSERT_TRUE((*devices)->Seal(Key(rank), {}).ok());
+  }
+  EXPECT_EQ(api_.host_registrations(), 6);
+  o.pinned_keep_bytes = -1;
+  absl::StatusOr<std::unique_ptr<DeviceBufferStore>> bad = DeviceBufferStore::Open(&api_, o);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(bad.status())) << bad.status();
+  EXPECT_NE(bad.status().message().find("pinned_keep_bytes -1"), std::string::npos) << bad.status();
+}
+
 TEST_F(DeviceBufferTest, TheMemoryLimitCountsDeviceBytesPerDevice) {
   std::unique_ptr<DeviceBufferStore> devices = OpenDevices(64 << 10, 1 << 20);
   ASSERT_NE(devices, nullptr);
