@@ -188,6 +188,10 @@ int DTypeBytes(int dtype) {
 }
 
 absl::Status CheckPtcTensors(const v1::Ptc& ptc) {
+  // A job holds some state: an empty PTC has nothing to lay out.
+  if (ptc.tensors_size() == 0 && ptc.blobs_size() == 0) {
+    return absl::InvalidArgumentError("the PTC holds no tensor and no blob");
+  }
   for (const auto& t : ptc.tensors()) {
     if (DTypeBytes(t.dtype()) == 0) return Invalid(t, absl::StrCat("unknown dtype ", t.dtype()));
     for (int d = 0; d < t.shape_size(); ++d) {

@@ -354,7 +354,6 @@ TEST(ReplicasPropertyTest, RandomJobsWhoseReplicasPlanAloneAreExact) {
         std::remove_if(tensors->begin(), tensors->end(),
                        [](const v1::TensorSpec& t) { return t.partition().has_expert(); }),
         tensors->end());
-    if (ptc.tensors_size() == 0 && ptc.blobs_size() == 0) continue;  // all experts: no job
     const int replicas = verifier::testing::internal::Pick(rng, 2, 4);
     const v1::Layout from = RandomReplicaLayout(rng, replicas, ptc.num_layers(), "h");
     // The same hosts where the old layout has one stage, else new hosts.

@@ -358,6 +358,7 @@ TEST(ModelTest, InvalidInputsOfTheNewKinds) {
     std::function<void(v1::Ptc*, v1::Layout*)> mutate;
   };
   const std::vector<Bad> bad = {
+      {"the PTC holds no tensor and no blob", [](v1::Ptc* p, v1::Layout*) { p->clear_tensors(); }},
       {"cp is -1", [](v1::Ptc*, v1::Layout* l) { l->mutable_config()->set_cp(-1); }},
       {"vpp is -2", [](v1::Ptc*, v1::Layout* l) { l->mutable_config()->set_vpp(-2); }},
       {"not a multiple of expert_tp 2 x ep 3",
