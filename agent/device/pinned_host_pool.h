@@ -2,7 +2,7 @@
 // and lent again and again: the staging a seal hashes device bytes through
 // and the host copies of the device communicator's windows. Pinning costs
 // more than the copy it speeds up (the driver walks and locks every page:
-// tens of milliseconds per 64 MiB on a PCIe host), so a block taken once
+// several times the copy's time on 4 KiB pages), so a block taken once
 // stays registered after its lease ends, and the next lease of a size it
 // fits gets it back without a new registration. Blocks are sized in powers
 // of two (at least kMinBlock) so that near sizes share them; idle blocks
