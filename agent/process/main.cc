@@ -111,6 +111,10 @@ void WatchStores(AgentMetrics* metrics, ShardStore* shard_store, const Devices& 
     for (int d = 0; d < device_count; ++d) {
       metrics->SetDeviceStore(d, device_store->used_bytes(d), device_store->limit_bytes(d));
     }
+    if (device_store != nullptr) {
+      metrics->SetPinnedHost(device_store->pinned().registered_bytes(),
+                             device_store->pinned().registrations());
+    }
     std::set<std::pair<std::string, int64_t>> generations;
     const std::vector<RankBufferKey> keys = shard_store->List();
     for (const RankBufferKey& k : keys) generations.insert({k.job_id, k.generation});

@@ -142,6 +142,16 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
                                 .Help("The device store's limit on each device "
                                       "(--device-memory-limit-bytes).")
                                 .Register(*registry)),
+        pinned_bytes_family(prometheus::BuildGauge()
+                                .Name("reshard_agent_pinned_host_bytes")
+                                .Help("Pinned host memory the device store holds registered "
+                                      "(lent and idle).")
+                                .Register(*registry)),
+        pinned_registrations_family(prometheus::BuildCounter()
+                                        .Name("reshard_agent_pinned_host_registrations_total")
+                                        .Help("Registrations of pinned host memory "
+                                              "(cudaMallocHost) by the device store's pool.")
+                                        .Register(*registry)),
         reachable_family(prometheus::BuildGauge()
                              .Name("reshard_agent_coordinator_reachable")
                              .Help("1 when the last heartbeat reached the coordinator, else 0.")
@@ -239,6 +249,8 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
   prometheus::Family<prometheus::Gauge>& buffers_family;
   prometheus::Family<prometheus::Gauge>& device_used_family;
   prometheus::Family<prometheus::Gauge>& device_limit_family;
+  prometheus::Family<prometheus::Gauge>& pinned_bytes_family;
+  prometheus::Family<prometheus::Counter>& pinned_registrations_family;
   prometheus::Family<prometheus::Gauge>& reachable_family;
   prometheus::Family<prometheus::Counter>& heartbeat_failures_family;
   prometheus::Family<prometheus::Counter>& registrations;
@@ -270,6 +282,7 @@ struct AgentMetrics::Impl : public prometheus::Collectable {
 
   mutable std::mutex mu;
   std::function<void()> refresh;                 // guarded by mu
+  int64_t pinned_registrations = 0;              // counted so far; guarded by mu
   std::map<int64_t, Clock::time_point> running;  // token -> start; guarded by mu
   int64_t next_token = 1;                        // guarded by mu
   // Family::Add builds a throw-away Histogram even when the series exists,
@@ -338,6 +351,16 @@ void AgentMetrics::SetDeviceStore(int device, int64_t used_bytes, int64_t limit_
   const std::map<std::string, std::string> labels{{"device", std::to_string(device)}};
   impl_->device_used_family.Add(labels).Set(static_cast<double>(used_bytes));
   impl_->device_limit_family.Add(labels).Set(static_cast<double>(limit_bytes));
+}
+
+void AgentMetrics::SetPinnedHost(int64_t registered_bytes, int64_t registrations) {
+  impl_->pinned_bytes_family.Add({}).Set(static_cast<double>(registered_bytes));
+  prometheus::Counter& counter = impl_->pinned_registrations_family.Add({});
+  std::lock_guard<std::mutex> l(impl_->mu);
+  if (registrations > impl_->pinned_registrations) {
+    counter.Increment(static_cast<double>(registrations - impl_->pinned_registrations));
+    impl_->pinned_registrations = registrations;
+  }
 }
 
 void AgentMetrics::SetWorkerCache(int64_t bytes, int64_t generations, int64_t tokens) {

@@ -68,6 +68,14 @@ class AgentMetrics {
   /// device store's rank buffers on each device, and its limit there.
   void SetDeviceStore(int device, int64_t used_bytes, int64_t limit_bytes);
 
+  /// reshard_agent_pinned_host_bytes (gauge) and
+  /// reshard_agent_pinned_host_registrations_total (counter): the device
+  /// store's pinned host memory registered now, and the registrations made
+  /// since the agent started (`registrations`, a running total: the counter
+  /// advances by what it grew). Agents without a device API never call it,
+  /// so they export neither series.
+  void SetPinnedHost(int64_t registered_bytes, int64_t registrations);
+
   /// reshard_agent_worker_cache_bytes and
   /// reshard_agent_worker_cache_entries{kind="generation"|"token"} (gauges):
   /// what the worker service's job cache holds (job_cache.h).

@@ -202,6 +202,25 @@ TEST(AgentMetricsTest, RefreshHookRunsAtEveryCollection) {
   EXPECT_EQ(Scrape(m)["reshard_agent_shard_store_used_bytes{}"], 70);
 }
 
+TEST(AgentMetricsTest, PinnedHostMemoryAndItsRegistrations) {
+  AgentMetrics m(std::make_shared<prometheus::Registry>());
+  // An agent without a device API exports neither series.
+  std::map<std::string, double> s = Scrape(m);
+  EXPECT_EQ(s.count("reshard_agent_pinned_host_bytes{}"), 0u);
+  EXPECT_EQ(s.count("reshard_agent_pinned_host_registrations_total{}"), 0u);
+  // The pool's running total becomes a counter: it advances by what it grew.
+  m.SetPinnedHost(2 << 20, 2);
+  s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_pinned_host_bytes{}"], 2 << 20);
+  EXPECT_EQ(s["reshard_agent_pinned_host_registrations_total{}"], 2);
+  m.SetPinnedHost(2 << 20, 2);
+  EXPECT_EQ(Scrape(m)["reshard_agent_pinned_host_registrations_total{}"], 2);
+  m.SetPinnedHost(1 << 20, 5);  // freed a block past the keep limit, registered three
+  s = Scrape(m);
+  EXPECT_EQ(s["reshard_agent_pinned_host_bytes{}"], 1 << 20);
+  EXPECT_EQ(s["reshard_agent_pinned_host_registrations_total{}"], 5);
+}
+
 TEST(AgentMetricsTest, HeartbeatsRegistrationsAndWorkerRpcs) {
   AgentMetrics m(std::make_shared<prometheus::Registry>());
   m.RegisterDone(true);

@@ -236,6 +236,14 @@ def _device_used(cluster, host="host-0"):
     return sum(v for k, v in m.items() if k.startswith("reshard_agent_device_used_bytes{"))
 
 
+def _pinned(cluster, host="host-0"):
+    """(registrations so far, bytes registered now) of the agent's pinned
+    host memory pool, as its metrics say."""
+    m = cluster.metrics_of(host)
+    return (m["reshard_agent_pinned_host_registrations_total"],
+            m["reshard_agent_pinned_host_bytes"])
+
+
 def test_resize_of_device_published_state_matches_the_host_path(cluster, client, job_name):
     """tp=2 -> dp=2 on host-0 of device-published ranks: the new generation
     is made on the devices (the placement rule: device sources, device
@@ -256,10 +264,17 @@ def test_resize_of_device_published_state_matches_the_host_path(cluster, client,
                 w.publish_device(rank, 1, items, device=rank)
                 wt.publish(rank, 1, want)
             used = _device_used(cluster)
+            # The seals so far staged through pinned host memory: 1 MiB
+            # blocks (the buffers are small), registered once.
+            registrations, pinned_bytes = _pinned(cluster)
+            assert registrations > 0
+            assert pinned_bytes == registrations * (1 << 20)
             for job in (j, twin):
                 final = client.wait(client.resize(job.id, target).id, timeout=120)
                 assert final.state == OP.OPERATION_STATE_COMMITTED, final.error
             assert _device_used(cluster) > used  # generation 2 lives on the devices
+            # The resize sealed new device buffers through the same blocks.
+            assert _pinned(cluster) == (registrations, pinned_bytes)
             for rank in (0, 1):
                 names, raws = item_raws(ptc, layout.shard(ptc, target, rank, g))
                 resp = w.open_device(rank, 2)
