@@ -221,10 +221,10 @@ int64_t SparePool::FreeLocked(const std::function<bool(int64_t freed)>& more) {
   return freed;
 }
 
-SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now) {
+SparePool::Clock::time_point SparePool::ExpireLocked(Clock::time_point now, int64_t host) {
   // The host needs memory back: spares go until it does not.
   if (!ready_.empty()) {
-    const int64_t short_by = -HostMemory();
+    const int64_t short_by = -host;
     if (short_by > 0) {
       const int64_t freed = FreeLocked([&](int64_t n) { return n < short_by; });
       RESHARD_LOG(INFO) << "shard store: the host is short of memory: freed " << freed
@@ -351,7 +351,11 @@ void SparePool::Run() {
   std::unique_lock<std::mutex> l(mu_);
   Clock::time_point retry_at;  // after a failed fill: when to try again
   while (!stop_) {
-    const Clock::time_point expiry = ExpireLocked(Clock::now());
+    // One reading of the host's memory per pass (it reads /proc/meminfo),
+    // for the pressure release and for the fill's cap. The cap uses it as
+    // read before the release: a pass that found the host short fills nothing.
+    const int64_t host = HostMemory();
+    const Clock::time_point expiry = ExpireLocked(Clock::now(), host);
     if (failed_) {
       if (retry_at == Clock::time_point()) retry_at = Clock::now() + kFailedBackoff;
       cv_.wait_until(l, std::min(expiry, retry_at), [&] { return stop_ || !failed_; });
@@ -364,7 +368,6 @@ void SparePool::Run() {
                      [&] { return stop_ || pauses_ == 0; });
       continue;
     }
-    const int64_t host = HostMemory();
     const int64_t cap =
         std::min({options_.target_bytes, options_.room ? options_.room() : 0,
                   host > std::numeric_limits<int64_t>::max() - bytes_ ? host : bytes_ + host});

@@ -103,9 +103,10 @@ class SparePool {
   bool Fill(int64_t bytes);
   void RemoveStale();
   // Unlinks the used spares whose time is up and, while the host needs
-  // memory back (host_memory() < 0), spares (FreeLocked's order); the next
-  // expiry (at most an hour away). Under mu_.
-  Clock::time_point ExpireLocked(Clock::time_point now);
+  // memory back (`host`, this pass's reading of HostMemory(), below zero),
+  // spares (FreeLocked's order); the next expiry (at most an hour away).
+  // Under mu_.
+  Clock::time_point ExpireLocked(Clock::time_point now, int64_t host);
   // Unlinks spares, the used ones first, then the smallest, while `more()`;
   // the bytes freed. Under mu_.
   int64_t FreeLocked(const std::function<bool(int64_t freed)>& more);
